@@ -1,0 +1,81 @@
+// CpuDevice: the Device interface on the host, with GPU semantics (see kernels/device.h).
+//
+//  - The arena is one real fixed-size allocation; a plan that does not fit fails loudly.
+//  - Each stream is a worker thread running its queue in order.
+//  - Compute runs on a ThreadPool owned by the device.
+//  - An optional link model throttles host<->device copies to a configured bandwidth, so overlap
+//    and transfer priorities are testable without a GPU.
+//  - Test hook: random delays before each stream task (seeded) to shake out missing
+//    synchronization; a race on a GPU must fail here too.
+//
+// Thread-safety: as Device.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/device.h"
+
+namespace ferry {
+
+struct CpuDeviceOptions {
+  std::string name = "cpu0";
+  size_t memory_bytes = size_t(256) << 20;  // arena capacity
+  size_t alignment = 256;                   // every allocation is rounded up to this
+  int compute_threads = 1;                  // size of the device's ThreadPool
+  double upload_bytes_per_s = 0;            // link model host->device; 0 = unthrottled
+  double download_bytes_per_s = 0;          // link model device->host; 0 = unthrottled
+  uint32_t max_random_delay_us = 0;         // test hook: 0 = off
+  uint64_t random_delay_seed = 1;
+};
+
+class CpuDevice final : public Device {
+ public:
+  // Errors: InvalidArgument for a zero capacity, threads < 1 or a non-power-of-two alignment;
+  // OutOfMemory when the arena cannot be mapped.
+  static Result<std::unique_ptr<CpuDevice>> Create(const CpuDeviceOptions& options);
+  ~CpuDevice() override;
+
+  DeviceKind kind() const override { return DeviceKind::kCpu; }
+  const std::string& name() const override;
+  size_t capacity() const override;
+
+  Result<DeviceBuffer> Allocate(size_t bytes, std::string_view requester) override;
+  ArenaStats arena_stats() const override;
+  std::vector<ArenaRecord> arena_log() const override;
+  void ResetPeak() override;
+  Result<std::unique_ptr<HostRegistration>> RegisterHost(const HostAllocation& a) override;
+
+  Result<Event> CreateEvent() override;
+  Status Record(Event& event, StreamId stream) override;
+  Status Wait(StreamId stream, const Event& event) override;
+  Status Synchronize(const Event& event) override;
+  Status Synchronize(StreamId stream) override;
+  Status Synchronize() override;
+  Result<bool> Query(const Event& event) override;
+
+  Status CopyToDevice(DevicePtr<std::byte> dst, HostSpan src, size_t bytes,
+                      StreamId stream = StreamId::kUpload) override;
+  Status CopyToHost(HostSpan dst, DevicePtr<const std::byte> src, size_t bytes,
+                    StreamId stream = StreamId::kDownload) override;
+  Status Zero(DevicePtr<std::byte> dst, size_t bytes, StreamId stream = StreamId::kCompute) override;
+  Status LaunchHostFunc(StreamId stream, std::function<Status()> fn) override;
+
+  // Enqueues a kernel on the compute stream; used by the op dispatchers (kernels/ops). `op`
+  // names the kernel in errors. The kernel gets the device's pool.
+  Status EnqueueCompute(std::string_view op, std::function<Status(ThreadPool&)> kernel);
+  ThreadPool& pool();
+  const CpuDeviceOptions& options() const;
+
+ private:
+  struct Impl;
+  explicit CpuDevice(std::unique_ptr<Impl> impl);
+  void Free(size_t handle) override;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ferry

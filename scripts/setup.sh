@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs ferry's build dependencies (Debian packages) and builds it into build/.
+# Usage: scripts/setup.sh [extra cmake args...]
+# Environment: FERRY_BUILD_DIR (default build), FERRY_SKIP_APT=1 to skip apt-get.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_dir=${FERRY_BUILD_DIR:-build}
+
+packages=(build-essential cmake ninja-build pkg-config git
+  libopenblas-serial-dev libopenblas0-pthread liburing-dev libzstd-dev
+  libcli11-dev nlohmann-json3-dev libfmt-dev libgtest-dev libgmock-dev fio python3)
+if [[ "${FERRY_SKIP_APT:-0}" != 1 ]]; then
+  missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    SUDO=""
+    [[ $(id -u) -ne 0 ]] && SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+fi
+
+jobs=$(nproc)
+cmake -S . -B "$build_dir" -G Ninja "$@" >/dev/null
+cmake --build "$build_dir" -j "$jobs"

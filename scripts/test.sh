@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs ferry's whole test suite: the normal build (CUDA code compiled when
+# nvcc is found; GPU tests skip without a GPU), then the ASan+UBSan and TSan builds of the CPU code.
+# Environment: FERRY_SANITIZERS=0 skips the sanitizer builds (for a quick local loop).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+
+scripts/setup.sh
+echo "== tests (build) =="
+ctest --test-dir build --output-on-failure -j "$jobs" --timeout 600
+
+if [[ "${FERRY_SANITIZERS:-1}" != 0 ]]; then
+  for san in address thread; do
+    echo "== tests (build-$san: FERRY_SANITIZE=$san) =="
+    FERRY_SKIP_APT=1 FERRY_BUILD_DIR=build-$san scripts/setup.sh -DFERRY_SANITIZE=$san \
+      -DFERRY_CUDA=OFF -DFERRY_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+    ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1" \
+      ctest --test-dir build-$san --output-on-failure -j "$jobs" --timeout 900 -LE no_sanitizer
+  done
+fi
