@@ -13,4 +13,4 @@ namespace ferry::cpu {
 Status RopeForward(ThreadPool &pool, const RopeArgs &a);
 Status RopeBackward(ThreadPool &pool, const RopeArgs &a);
 
-} // namespace ferry::cpu
+}  // namespace ferry::cpu

@@ -33,16 +33,16 @@ namespace ferry {
 inline constexpr int64_t kRopeMaxHeadDim = 1024;
 
 struct RopeArgs {
-  Tensor in;  // (N, H*D) f32|bf16: x in forward, dy in backward
-  Tensor out; // (N, H*D) same dtype: y in forward, dx in backward (=); may
-              // alias `in`
-  Tensor positions;       // i32 (N): position id of each token
-  Tensor inv_freq;        // f32 (R/2), optional: null data means
-                          // RopeInverseFrequencies(theta, R)
-  int64_t num_heads = 0;  // H
-  int64_t head_dim = 0;   // D: even, <= kRopeMaxHeadDim
-  int64_t rotary_dim = 0; // R: even, <= D; 0 means D
-  float theta = 10000.0f; // base, used only without inv_freq
+  Tensor in;               // (N, H*D) f32|bf16: x in forward, dy in backward
+  Tensor out;              // (N, H*D) same dtype: y in forward, dx in backward (=); may
+                           // alias `in`
+  Tensor positions;        // i32 (N): position id of each token
+  Tensor inv_freq;         // f32 (R/2), optional: null data means
+                           // RopeInverseFrequencies(theta, R)
+  int64_t num_heads = 0;   // H
+  int64_t head_dim = 0;    // D: even, <= kRopeMaxHeadDim
+  int64_t rotary_dim = 0;  // R: even, <= D; 0 means D
+  float theta = 10000.0f;  // base, used only without inv_freq
 
   int64_t rotary() const { return rotary_dim == 0 ? head_dim : rotary_dim; }
 };
@@ -60,4 +60,4 @@ Status RopeForward(Device &d, const RopeArgs &a);
 // stream.
 Status RopeBackward(Device &d, const RopeArgs &a);
 
-} // namespace ferry
+}  // namespace ferry

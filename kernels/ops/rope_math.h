@@ -18,21 +18,17 @@ namespace ferry {
 
 inline float RopeInverseFrequency(float theta, int64_t i, int64_t rotary_dim) {
   const float exponent = float(2 * i) / float(rotary_dim);
-  return 1.0f /
-         std::pow(theta, exponent); // float overload: powf, as torch's fp32 pow
+  return 1.0f / std::pow(theta, exponent);  // float overload: powf, as torch's fp32 pow
 }
 
 // The rotary_dim/2 inverse frequencies HF computes for a plain (unscaled) RoPE.
-inline std::vector<float> RopeInverseFrequencies(float theta,
-                                                 int64_t rotary_dim) {
+inline std::vector<float> RopeInverseFrequencies(float theta, int64_t rotary_dim) {
   std::vector<float> f(size_t(rotary_dim / 2));
   for (int64_t i = 0; i < rotary_dim / 2; ++i)
     f[size_t(i)] = RopeInverseFrequency(theta, i, rotary_dim);
   return f;
 }
 
-inline float RopeAngle(int32_t position, float inv_freq) {
-  return float(position) * inv_freq;
-}
+inline float RopeAngle(int32_t position, float inv_freq) { return float(position) * inv_freq; }
 
-} // namespace ferry
+}  // namespace ferry
