@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels/backend_access.h"
+#include "kernels/cpu/attention_tile_gemm.h"
 
 namespace ferry::cpu {
 namespace {
@@ -82,14 +83,15 @@ Tiles Carve(float* f, int64_t dp) {
   return t;
 }
 
-// dst (rows, dp) = scale * src rows (stride `stride`, d valid columns), zero-padded to dp.
+// dst (rows_padded, dp) = scale * src rows (stride `stride`, d valid columns); padding zero.
 template <typename T>
-void LoadRows(const T* src, int64_t stride, int64_t rows, int64_t d, int64_t dp, float scale,
-              float* dst) {
+void LoadRows(const T* src, int64_t stride, int64_t rows, int64_t rows_padded, int64_t d,
+              int64_t dp, float scale, float* dst) {
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < d; ++c) dst[r * dp + c] = scale * ToFloat(src[r * stride + c]);
-    for (int64_t c = d; c < dp; ++c) dst[r * dp + c] = 0.0f;
+    std::fill(dst + r * dp + d, dst + (r + 1) * dp, 0.0f);
   }
+  std::fill(dst + rows * dp, dst + rows_padded * dp, 0.0f);
 }
 
 // dst (d, kBK) = transpose of src rows [0, rows), columns past `rows` zeroed.
@@ -98,34 +100,17 @@ void LoadTransposed(const T* src, int64_t stride, int64_t rows, int64_t d, float
   for (int64_t c = 0; c < rows; ++c) {
     for (int64_t k = 0; k < d; ++k) dst[k * kBK + c] = ToFloat(src[c * stride + k]);
   }
-  for (int64_t k = 0; k < d; ++k) {
-    for (int64_t c = rows; c < kBK; ++c) dst[k * kBK + c] = 0.0f;
-  }
+  for (int64_t k = 0; k < d; ++k) std::fill(dst + k * kBK + rows, dst + (k + 1) * kBK, 0.0f);
 }
 
-// s[c] = sum_k x[k] * t[k][c] for all kBK columns of a transposed tile t (d, kBK).
-inline void RowTimesTile(const float* __restrict x, const float* __restrict t, int64_t d,
-                         float* __restrict s) {
-  for (int64_t c = 0; c < kBK; ++c) s[c] = 0.0f;
-  for (int64_t k = 0; k < d; ++k) {
-    const float a = x[k];
-    const float* __restrict tk = t + k * kBK;
-    for (int64_t c = 0; c < kBK; ++c) s[c] += a * tk[c];
-  }
-}
-
-// y[0, dp) += a * x[0, dp). REQUIRES: dp % kLanes == 0.
-inline void Axpy(float* __restrict y, const float* __restrict x, float a, int64_t dp) {
-  for (int64_t b = 0; b < dp; b += kLanes) {
-    for (int64_t k = 0; k < kLanes; ++k) y[b + k] += a * x[b + k];
-  }
-}
+int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 // Everything a work item needs; pointers into the caller's tensors and the scratch.
 template <typename T>
 struct Problem {
   int64_t batch, seq, hq, hkv, group, d, dp;
   float scale;
+  TileGemmBlock gemm;
   const T* q;         // (N, Hq*D)
   const T* k;         // (N, Hkv*D)
   const T* v;         // (N, Hkv*D)
@@ -147,6 +132,11 @@ struct Problem {
   Tiles tiles(int w) const {
     return Carve(reinterpret_cast<float*>(worker + size_t(w) * worker_bytes), dp);
   }
+  // S (rows x cols) = Q K^T of a query tile (w.q) and a key tile (w.kt).
+  void Scores(const Tiles& w, float* s, int64_t rows, int64_t cols, const float* x) const {
+    std::fill(s, s + rows * kBK, 0.0f);
+    TileGemm(gemm, rows, cols, x, dp, 1, w.kt, kBK, 0, d, s, kBK);
+  }
 };
 
 template <typename T>
@@ -157,6 +147,7 @@ Problem<T> MakeProblem(const AttentionShape& s, float scale, const Tensor& scrat
   p.batch = s.batch, p.seq = s.seq_len, p.hq = s.q_heads, p.hkv = s.kv_heads;
   p.group = s.q_heads / s.kv_heads, p.d = s.head_dim, p.dp = PaddedDim(s.head_dim);
   p.scale = scale;
+  p.gemm = SelectTileGemmBlock();
   p.lo = reinterpret_cast<int32_t*>(base);
   p.delta = reinterpret_cast<float*>(base + l.delta);
   p.worker = base + l.workers;
@@ -179,35 +170,46 @@ void ComputeMaskBounds(const int32_t* doc_ids, int64_t batch, int64_t seq, int64
   }
 }
 
-// The columns [begin, end) of a key tile starting at j0 (nk keys) that query i may see.
-struct ColumnRange {
-  int64_t begin, end;
+// A half-open index range; also the union of such ranges.
+struct Range {
+  int64_t begin = 0, end = 0;
   bool empty() const { return begin >= end; }
+  void Add(Range r) {
+    if (r.empty()) return;
+    if (empty()) *this = r;
+    begin = std::min(begin, r.begin), end = std::max(end, r.end);
+  }
 };
-inline ColumnRange VisibleColumns(int64_t i, int64_t lo_i, int64_t j0, int64_t nk) {
+
+// The columns of a key tile starting at j0 (nk keys) that query i may see.
+inline Range VisibleColumns(int64_t i, int64_t lo_i, int64_t j0, int64_t nk) {
   return {std::max<int64_t>(lo_i - j0, 0), std::min<int64_t>(i - j0 + 1, nk)};
 }
 
 // Forward of one (sequence, query head, query tile): online softmax over the visible key tiles.
 template <typename T>
 void ForwardItem(const Problem<T>& p, int64_t b, int64_t h, int64_t qt, const Tiles& w) {
-  const int64_t i0 = qt * kBQ, nq = std::min(kBQ, p.seq - i0), hk = h / p.group;
-  const int64_t row0 = b * p.seq + i0, dp = p.dp;
+  const int64_t i0 = qt * kBQ, nq = std::min(kBQ, p.seq - i0), nq4 = RoundUp(nq, 4);
+  const int64_t hk = h / p.group, row0 = b * p.seq + i0, dp = p.dp;
   const int32_t* lo = p.lo + b * p.seq;  // (T) of this sequence
-  LoadRows(p.q + row0 * p.qstride() + h * p.d, p.qstride(), nq, p.d, dp, p.scale, w.q);
+  LoadRows(p.q + row0 * p.qstride() + h * p.d, p.qstride(), nq, nq4, p.d, dp, p.scale, w.q);
   std::fill(w.m, w.m + nq, -std::numeric_limits<float>::infinity());
   std::fill(w.l, w.l + nq, 0.0f);
-  std::fill(w.acc, w.acc + nq * dp, 0.0f);
+  std::fill(w.acc, w.acc + nq4 * dp, 0.0f);
   const int64_t key_end = i0 + nq;
   for (int64_t j0 = lo[i0]; j0 < key_end; j0 += kBK) {
-    const int64_t nk = std::min(kBK, key_end - j0), krow = b * p.seq + j0;
+    const int64_t nk = std::min(kBK, key_end - j0), nk8 = RoundUp(nk, 8), krow = b * p.seq + j0;
     LoadTransposed(p.k + krow * p.kstride() + hk * p.d, p.kstride(), nk, p.d, w.kt);
-    LoadRows(p.v + krow * p.kstride() + hk * p.d, p.kstride(), nk, p.d, dp, 1.0f, w.kv);
-    for (int64_t r = 0; r < nq; ++r) {
-      const ColumnRange cols = VisibleColumns(i0 + r, lo[i0 + r], j0, nk);
-      if (cols.empty()) continue;
+    LoadRows(p.v + krow * p.kstride() + hk * p.d, p.kstride(), nk, nk, p.d, dp, 1.0f, w.kv);
+    p.Scores(w, w.s, nq4, nk8, w.q);
+    Range used;  // columns any row uses
+    for (int64_t r = 0; r < nq4; ++r) {
       float* s = w.s + r * kBK;
-      RowTimesTile(w.q + r * dp, w.kt, p.d, s);
+      const Range cols = r < nq ? VisibleColumns(i0 + r, lo[i0 + r], j0, nk) : Range{};
+      if (cols.empty()) {
+        std::fill(s, s + nk8, 0.0f);
+        continue;
+      }
       float mx = s[cols.begin];
       for (int64_t c = cols.begin + 1; c < cols.end; ++c) mx = std::max(mx, s[c]);
       const float m_new = std::max(w.m[r], mx);
@@ -217,14 +219,18 @@ void ForwardItem(const Problem<T>& p, int64_t b, int64_t h, int64_t qt, const Ti
         s[c] = std::exp(s[c] - m_new);
         sum += s[c];
       }
+      std::fill(s, s + cols.begin, 0.0f);
+      std::fill(s + cols.end, s + nk8, 0.0f);
       w.l[r] = w.l[r] * correction + sum;
       w.m[r] = m_new;
-      float* acc = w.acc + r * dp;
       if (correction != 1.0f) {
-        for (int64_t k = 0; k < dp; ++k) acc[k] *= correction;
+        for (int64_t k = 0; k < dp; ++k) w.acc[r * dp + k] *= correction;
       }
-      for (int64_t c = cols.begin; c < cols.end; ++c) Axpy(acc, w.kv + c * dp, s[c], dp);
+      used.Add(cols);
     }
+    // acc += P V over the used columns (P is zero outside each row's own).
+    if (!used.empty())
+      TileGemm(p.gemm, nq4, dp, w.s, kBK, 1, w.kv, dp, used.begin, used.end, w.acc, dp);
   }
   for (int64_t r = 0; r < nq; ++r) {  // every query sees itself: l[r] >= 1
     const float inv = 1.0f / w.l[r];
@@ -234,53 +240,73 @@ void ForwardItem(const Problem<T>& p, int64_t b, int64_t h, int64_t qt, const Ti
   }
 }
 
-// Loads the backward's per-query rows of a tile: scaled q, dO, lse and Delta.
+// Loads the backward's per-query rows of a tile: scaled q, dO (both zero-padded to a multiple of
+// 4 rows), lse and Delta.
 template <typename T>
 void LoadQueryTile(const Problem<T>& p, int64_t row0, int64_t nq, int64_t h, const Tiles& w) {
-  LoadRows(p.q + row0 * p.qstride() + h * p.d, p.qstride(), nq, p.d, p.dp, p.scale, w.q);
-  LoadRows(p.d_o + row0 * p.qstride() + h * p.d, p.qstride(), nq, p.d, p.dp, 1.0f, w.dout);
+  const int64_t nq4 = RoundUp(nq, 4);
+  LoadRows(p.q + row0 * p.qstride() + h * p.d, p.qstride(), nq, nq4, p.d, p.dp, p.scale, w.q);
+  LoadRows(p.d_o + row0 * p.qstride() + h * p.d, p.qstride(), nq, nq4, p.d, p.dp, 1.0f, w.dout);
   for (int64_t r = 0; r < nq; ++r) {
     w.lse[r] = p.lse[(row0 + r) * p.hq + h];
     w.delta[r] = p.delta[(row0 + r) * p.hq + h];
   }
 }
 
-// For query row r against the tile in w.kt / w.vt: probabilities P into w.s and
-// dS = P * (dP - Delta) into w.dp, on the visible columns.
-inline void ProbabilitiesAndScoreGradients(const Tiles& w, int64_t r, int64_t d, ColumnRange cols) {
-  float* s = w.s + r * kBK;
-  float* dp = w.dp + r * kBK;
-  RowTimesTile(w.q + r * PaddedDim(d), w.kt, d, s);
-  RowTimesTile(w.dout + r * PaddedDim(d), w.vt, d, dp);
-  for (int64_t c = cols.begin; c < cols.end; ++c) {
-    s[c] = std::exp(s[c] - w.lse[r]);
-    dp[c] = s[c] * (dp[c] - w.delta[r]);
+// The columns and rows of a (query tile, key tile) pair that carry probability mass.
+struct UsedSpan {
+  Range cols, rows;
+};
+
+// For the query tile in w.q / w.dout (nq rows from position i0) against the key tile in
+// w.kt / w.vt (nk keys from j0): P into w.s and dS = P * (dP - Delta) into w.dp, both zero
+// outside each row's visible columns (and on padding rows).
+template <typename T>
+UsedSpan ProbabilitiesAndScoreGradients(const Problem<T>& p, const Tiles& w, const int32_t* lo,
+                                        int64_t i0, int64_t nq, int64_t j0, int64_t nk) {
+  const int64_t nq4 = RoundUp(nq, 4), nk8 = RoundUp(nk, 8);
+  p.Scores(w, w.s, nq4, nk8, w.q);
+  std::fill(w.dp, w.dp + nq4 * kBK, 0.0f);
+  TileGemm(p.gemm, nq4, nk8, w.dout, p.dp, 1, w.vt, kBK, 0, p.d, w.dp, kBK);  // dP = dO V^T
+  UsedSpan used;
+  for (int64_t r = 0; r < nq4; ++r) {
+    float* s = w.s + r * kBK;
+    float* ds = w.dp + r * kBK;
+    const Range cols = r < nq ? VisibleColumns(i0 + r, lo[i0 + r], j0, nk) : Range{};
+    for (int64_t c = cols.begin; c < cols.end; ++c) {
+      s[c] = std::exp(s[c] - w.lse[r]);
+      ds[c] = s[c] * (ds[c] - w.delta[r]);
+    }
+    const int64_t begin = std::max<int64_t>(cols.begin, 0), end = std::max(begin, cols.end);
+    for (float* row : {s, ds}) {
+      std::fill(row, row + std::min(begin, nk8), 0.0f);
+      std::fill(row + std::min(end, nk8), row + nk8, 0.0f);
+    }
+    used.cols.Add(cols);
+    used.rows.Add(cols.empty() ? Range{} : Range{r, r + 1});
   }
+  return used;
 }
 
 // dq of one (sequence, query head, query tile).
 template <typename T>
 void QueryGradientItem(const Problem<T>& p, int64_t b, int64_t h, int64_t qt, const Tiles& w) {
-  const int64_t i0 = qt * kBQ, nq = std::min(kBQ, p.seq - i0), hk = h / p.group;
-  const int64_t row0 = b * p.seq + i0, dp = p.dp;
+  const int64_t i0 = qt * kBQ, nq = std::min(kBQ, p.seq - i0), nq4 = RoundUp(nq, 4);
+  const int64_t hk = h / p.group, row0 = b * p.seq + i0, dp = p.dp;
   const int32_t* lo = p.lo + b * p.seq;
   LoadQueryTile(p, row0, nq, h, w);
-  std::fill(w.acc, w.acc + nq * dp, 0.0f);
+  std::fill(w.acc, w.acc + nq4 * dp, 0.0f);
   const int64_t key_end = i0 + nq;
   for (int64_t j0 = lo[i0]; j0 < key_end; j0 += kBK) {
     const int64_t nk = std::min(kBK, key_end - j0), krow = b * p.seq + j0;
     const T* k = p.k + krow * p.kstride() + hk * p.d;
     LoadTransposed(k, p.kstride(), nk, p.d, w.kt);
     LoadTransposed(p.v + krow * p.kstride() + hk * p.d, p.kstride(), nk, p.d, w.vt);
-    LoadRows(k, p.kstride(), nk, p.d, dp, 1.0f, w.kv);
-    for (int64_t r = 0; r < nq; ++r) {
-      const ColumnRange cols = VisibleColumns(i0 + r, lo[i0 + r], j0, nk);
-      if (cols.empty()) continue;
-      ProbabilitiesAndScoreGradients(w, r, p.d, cols);
-      const float* ds = w.dp + r * kBK;
-      for (int64_t c = cols.begin; c < cols.end; ++c)
-        Axpy(w.acc + r * dp, w.kv + c * dp, ds[c], dp);
-    }
+    LoadRows(k, p.kstride(), nk, nk, p.d, dp, 1.0f, w.kv);
+    const UsedSpan used = ProbabilitiesAndScoreGradients(p, w, lo, i0, nq, j0, nk);
+    if (used.cols.empty()) continue;
+    // dq += dS K over the used key columns.
+    TileGemm(p.gemm, nq4, dp, w.dp, kBK, 1, w.kv, dp, used.cols.begin, used.cols.end, w.acc, dp);
   }
   for (int64_t r = 0; r < nq; ++r) {
     T* dq = p.dq + (row0 + r) * p.qstride() + h * p.d;
@@ -291,30 +317,25 @@ void QueryGradientItem(const Problem<T>& p, int64_t b, int64_t h, int64_t qt, co
 // dk and dv of one (sequence, KV head, key tile), summed over the group's query heads.
 template <typename T>
 void KeyValueGradientItem(const Problem<T>& p, int64_t b, int64_t hk, int64_t kt, const Tiles& w) {
-  const int64_t j0 = kt * kBK, nk = std::min(kBK, p.seq - j0), dp = p.dp;
-  const int64_t krow = b * p.seq + j0;
+  const int64_t j0 = kt * kBK, nk = std::min(kBK, p.seq - j0), nk4 = RoundUp(nk, 4);
+  const int64_t krow = b * p.seq + j0, dp = p.dp;
   const int32_t* lo = p.lo + b * p.seq;
   LoadTransposed(p.k + krow * p.kstride() + hk * p.d, p.kstride(), nk, p.d, w.kt);
   LoadTransposed(p.v + krow * p.kstride() + hk * p.d, p.kstride(), nk, p.d, w.vt);
-  std::fill(w.dk, w.dk + nk * dp, 0.0f);
-  std::fill(w.dv, w.dv + nk * dp, 0.0f);
+  std::fill(w.dk, w.dk + nk4 * dp, 0.0f);
+  std::fill(w.dv, w.dv + nk4 * dp, 0.0f);
   for (int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
     // Queries before j0 see none of these keys; lo is non-decreasing, so the walk stops at the
     // first tile whose first query's bound is past the tile's last key.
     for (int64_t i0 = j0; i0 < p.seq && lo[i0] < j0 + nk; i0 += kBQ) {
       const int64_t nq = std::min(kBQ, p.seq - i0);
       LoadQueryTile(p, b * p.seq + i0, nq, h, w);
-      for (int64_t r = 0; r < nq; ++r) {
-        const ColumnRange cols = VisibleColumns(i0 + r, lo[i0 + r], j0, nk);
-        if (cols.empty()) continue;
-        ProbabilitiesAndScoreGradients(w, r, p.d, cols);
-        const float* prob = w.s + r * kBK;
-        const float* ds = w.dp + r * kBK;
-        for (int64_t c = cols.begin; c < cols.end; ++c) {
-          Axpy(w.dv + c * dp, w.dout + r * dp, prob[c], dp);
-          Axpy(w.dk + c * dp, w.q + r * dp, ds[c], dp);  // q is pre-scaled: dk = scale * dS^T q
-        }
-      }
+      const UsedSpan used = ProbabilitiesAndScoreGradients(p, w, lo, i0, nq, j0, nk);
+      if (used.rows.empty()) continue;
+      // dv += P^T dO and dk += dS^T q (q is pre-scaled: dk = scale * dS^T q), over used rows.
+      const Range r = used.rows;
+      TileGemm(p.gemm, nk4, dp, w.s, 1, kBK, w.dout, dp, r.begin, r.end, w.dv, dp);
+      TileGemm(p.gemm, nk4, dp, w.dp, 1, kBK, w.q, dp, r.begin, r.end, w.dk, dp);
     }
   }
   for (int64_t c = 0; c < nk; ++c) {

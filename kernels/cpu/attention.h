@@ -25,7 +25,7 @@
 
 namespace ferry::cpu {
 
-inline constexpr int64_t kAttentionQueryTile = 32;
+inline constexpr int64_t kAttentionQueryTile = 64;
 inline constexpr int64_t kAttentionKeyTile = 64;
 
 // Scratch bytes the kernels need on a pool of `threads` workers.
