@@ -430,6 +430,19 @@ Status Backward(ThreadPool& pool, const AttentionBackwardArgs& a) {
   return Status::Ok();
 }
 
+// fn(T{}) for the storage type T of `t` (f32 or bf16).
+template <typename Fn>
+Status ByStorage(const Tensor& t, Fn&& fn) {
+  switch (t.dtype) {
+    case DType::kF32:
+      return fn(float{});
+    case DType::kBF16:
+      return fn(bf16{});
+    default:
+      return Status::InvalidArgument("attention: unsupported dtype " + t.ToString());
+  }
+}
+
 }  // namespace
 
 size_t AttentionScratchBytes(int threads, const AttentionShape& shape) {
@@ -438,26 +451,12 @@ size_t AttentionScratchBytes(int threads, const AttentionShape& shape) {
 
 Status AttentionForward(ThreadPool& pool, const AttentionForwardArgs& a) {
   FERRY_RETURN_IF_ERROR(CheckScratch(a.scratch, pool.size(), a.shape));
-  switch (a.q.dtype) {
-    case DType::kF32:
-      return Forward<float>(pool, a);
-    case DType::kBF16:
-      return Forward<bf16>(pool, a);
-    default:
-      return Status::InvalidArgument("attention: unsupported dtype " + a.q.ToString());
-  }
+  return ByStorage(a.q, [&](auto tag) { return Forward<decltype(tag)>(pool, a); });
 }
 
 Status AttentionBackward(ThreadPool& pool, const AttentionBackwardArgs& a) {
   FERRY_RETURN_IF_ERROR(CheckScratch(a.scratch, pool.size(), a.shape));
-  switch (a.q.dtype) {
-    case DType::kF32:
-      return Backward<float>(pool, a);
-    case DType::kBF16:
-      return Backward<bf16>(pool, a);
-    default:
-      return Status::InvalidArgument("attention: unsupported dtype " + a.q.ToString());
-  }
+  return ByStorage(a.q, [&](auto tag) { return Backward<decltype(tag)>(pool, a); });
 }
 
 }  // namespace ferry::cpu

@@ -10,7 +10,7 @@
 
 namespace ferry::cpu {
 
-Status RopeForward(ThreadPool &pool, const RopeArgs &a);
-Status RopeBackward(ThreadPool &pool, const RopeArgs &a);
+Status RopeForward(ThreadPool& pool, const RopeArgs& a);
+Status RopeBackward(ThreadPool& pool, const RopeArgs& a);
 
 }  // namespace ferry::cpu

@@ -22,11 +22,11 @@ using testing::Rounded;
 
 std::vector<float> Positions(int64_t n, uint64_t seed, int32_t max_pos) {
   std::vector<float> p = RandomVector(size_t(n), seed, 0.0f, float(max_pos));
-  for (auto &x : p) x = std::floor(x);
+  for (auto& x : p) x = std::floor(x);
   return p;
 }
 
-std::vector<int32_t> ToInt(const std::vector<float> &v) {
+std::vector<int32_t> ToInt(const std::vector<float>& v) {
   return std::vector<int32_t>(v.begin(), v.end());
 }
 
@@ -41,7 +41,7 @@ struct RopeCase {
 
 // Runs the fast forward and backward and compares each against the double
 // reference on the same (storage-rounded) inputs.
-void CheckAgainstReference(const RopeCase &c) {
+void CheckAgainstReference(const RopeCase& c) {
   SCOPED_TRACE(::testing::Message()
                << "n=" << c.n << " H=" << c.heads << " D=" << c.head_dim << " R=" << c.rotary_dim
                << " " << DTypeName(c.dtype) << (c.table ? " table" : "")

@@ -8,7 +8,7 @@
 namespace ferry {
 namespace {
 
-Status ExpectTensor(const Tensor &t, std::string_view name, DType dtype, const Shape &shape) {
+Status ExpectTensor(const Tensor& t, std::string_view name, DType dtype, const Shape& shape) {
   if (t.data.is_null())
     return Status::InvalidArgument("rope: tensor '" + std::string(name) + "' is null");
   if (t.dtype != dtype || !(t.shape == shape)) {
@@ -21,7 +21,7 @@ Status ExpectTensor(const Tensor &t, std::string_view name, DType dtype, const S
 
 }  // namespace
 
-Status ValidateRope(const RopeArgs &a) {
+Status ValidateRope(const RopeArgs& a) {
   if (a.num_heads < 1 || a.head_dim < 2 || a.head_dim % 2 != 0 || a.head_dim > kRopeMaxHeadDim) {
     return Status::InvalidArgument("rope: need num_heads >= 1 and an even head_dim in [2, " +
                                    std::to_string(kRopeMaxHeadDim) + "], got num_heads " +
@@ -52,19 +52,19 @@ Status ValidateRope(const RopeArgs &a) {
   return Status::Ok();
 }
 
-size_t RopeScratchBytes(const Device &) { return 0; }
+size_t RopeScratchBytes(const Device&) { return 0; }
 
-Status RopeForward(Device &d, const RopeArgs &a) {
+Status RopeForward(Device& d, const RopeArgs& a) {
   FERRY_RETURN_IF_ERROR(ValidateRope(a));
   if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "rope_forward");
-  return EnqueueCpuKernel(d, "rope_forward", [a](ThreadPool &p) { return cpu::RopeForward(p, a); });
+  return EnqueueCpuKernel(d, "rope_forward", [a](ThreadPool& p) { return cpu::RopeForward(p, a); });
 }
 
-Status RopeBackward(Device &d, const RopeArgs &a) {
+Status RopeBackward(Device& d, const RopeArgs& a) {
   FERRY_RETURN_IF_ERROR(ValidateRope(a));
   if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "rope_backward");
   return EnqueueCpuKernel(d, "rope_backward",
-                          [a](ThreadPool &p) { return cpu::RopeBackward(p, a); });
+                          [a](ThreadPool& p) { return cpu::RopeBackward(p, a); });
 }
 
 }  // namespace ferry

@@ -49,15 +49,15 @@ struct RopeArgs {
 
 // Shapes, dtypes and parameters; InvalidArgument naming the tensor and expected
 // vs actual.
-Status ValidateRope(const RopeArgs &a);
+Status ValidateRope(const RopeArgs& a);
 
 // RoPE needs no scratch (reported for the planner's uniformity).
-size_t RopeScratchBytes(const Device &d);
+size_t RopeScratchBytes(const Device& d);
 
 // out = rope(in). Validates, then enqueues on d's compute stream.
-Status RopeForward(Device &d, const RopeArgs &a);
+Status RopeForward(Device& d, const RopeArgs& a);
 // out (= dx) = rope^-1(in (= dy)). Validates, then enqueues on d's compute
 // stream.
-Status RopeBackward(Device &d, const RopeArgs &a);
+Status RopeBackward(Device& d, const RopeArgs& a);
 
 }  // namespace ferry

@@ -18,15 +18,15 @@ struct RopeDims {
 // y = x*cos + rotate_half(x)*sin on the first R dims of each head; the rest
 // copied.
 template <typename R>
-void RopeForward(const R *x,             // (N, H*D)
-                 const int32_t *pos,     // (N)
-                 const float *inv_freq,  // (R/2)
-                 const RopeDims &dims,
-                 R *y);  // (N, H*D)
+void RopeForward(const R* x,             // (N, H*D)
+                 const int32_t* pos,     // (N)
+                 const float* inv_freq,  // (R/2)
+                 const RopeDims& dims,
+                 R* y);  // (N, H*D)
 
 // dx = the transpose (= inverse) of the forward rotation applied to dy.
 template <typename R>
-void RopeBackward(const R *dy, const int32_t *pos, const float *inv_freq, const RopeDims &dims,
-                  R *dx);
+void RopeBackward(const R* dy, const int32_t* pos, const float* inv_freq, const RopeDims& dims,
+                  R* dx);
 
 }  // namespace ferry::ref
