@@ -139,22 +139,6 @@ struct Problem {
   }
 };
 
-template <typename T>
-Problem<T> MakeProblem(const AttentionShape& s, float scale, const Tensor& scratch, int threads) {
-  const ScratchLayout l = Layout(threads, s);
-  std::byte* base = BackendAccess::Raw(scratch.data);
-  Problem<T> p{};
-  p.batch = s.batch, p.seq = s.seq_len, p.hq = s.q_heads, p.hkv = s.kv_heads;
-  p.group = s.q_heads / s.kv_heads, p.d = s.head_dim, p.dp = PaddedDim(s.head_dim);
-  p.scale = scale;
-  p.gemm = SelectTileGemmBlock();
-  p.lo = reinterpret_cast<int32_t*>(base);
-  p.delta = reinterpret_cast<float*>(base + l.delta);
-  p.worker = base + l.workers;
-  p.worker_bytes = l.worker_bytes;
-  return p;
-}
-
 // lo[n] for every token: the first key position its mask allows (start of its document run,
 // raised to t - W + 1 under a window). Non-decreasing within a sequence, which is what lets a
 // tile's key range start at its first query's bound.
@@ -168,6 +152,32 @@ void ComputeMaskBounds(const int32_t* doc_ids, int64_t batch, int64_t seq, int64
       lo[n] = int32_t(window > 0 ? std::max(run_start, t - window + 1) : run_start);
     }
   }
+}
+
+const int32_t* DocIds(const Tensor& t) {
+  return t.data.is_null() ? nullptr : BackendAccess::Data<const int32_t>(t);
+}
+
+// The problem's shape, inputs shared by forward and backward, scratch carving and mask bounds.
+template <typename T, typename Args>
+Problem<T> MakeProblem(const Args& a, int threads) {
+  const AttentionShape& s = a.shape;
+  const ScratchLayout l = Layout(threads, s);
+  std::byte* base = BackendAccess::Raw(a.scratch.data);
+  Problem<T> p{};
+  p.batch = s.batch, p.seq = s.seq_len, p.hq = s.q_heads, p.hkv = s.kv_heads;
+  p.group = s.q_heads / s.kv_heads, p.d = s.head_dim, p.dp = PaddedDim(s.head_dim);
+  p.scale = a.scale;
+  p.gemm = SelectTileGemmBlock();
+  p.q = BackendAccess::Data<const T>(a.q);
+  p.k = BackendAccess::Data<const T>(a.k);
+  p.v = BackendAccess::Data<const T>(a.v);
+  p.lo = reinterpret_cast<int32_t*>(base);
+  p.delta = reinterpret_cast<float*>(base + l.delta);
+  p.worker = base + l.workers;
+  p.worker_bytes = l.worker_bytes;
+  ComputeMaskBounds(DocIds(a.doc_ids), p.batch, p.seq, a.window, p.lo);
+  return p;
 }
 
 // A half-open index range; also the union of such ranges.
@@ -360,44 +370,38 @@ Status CheckScratch(const Tensor& scratch, int threads, const AttentionShape& s)
   return Status::Ok();
 }
 
-const int32_t* DocIds(const Tensor& t) {
-  return t.data.is_null() ? nullptr : BackendAccess::Data<const int32_t>(t);
-}
-
-template <typename T>
-Status Forward(ThreadPool& pool, const AttentionForwardArgs& a) {
-  Problem<T> p = MakeProblem<T>(a.shape, a.scale, a.scratch, pool.size());
-  p.q = BackendAccess::Data<const T>(a.q);
-  p.k = BackendAccess::Data<const T>(a.k);
-  p.v = BackendAccess::Data<const T>(a.v);
-  p.o_out = BackendAccess::Data<T>(a.o);
-  p.lse = BackendAccess::Data<float>(a.lse);
-  ComputeMaskBounds(DocIds(a.doc_ids), p.batch, p.seq, a.window, p.lo);
-  // Items ordered heaviest (last query tile) first so the pool's dynamic chunks balance.
+// Runs item(b, h, qt, tiles) for every (sequence, query head, query tile), heaviest (last query
+// tile) first so the pool's dynamic chunks balance.
+template <typename T, typename Item>
+void ForEachQueryTile(ThreadPool& pool, const Problem<T>& p, const Item& item) {
   const int64_t per_tile = p.batch * p.hq, tiles = p.query_tiles();
   pool.ParallelFor(per_tile * tiles, 1, [&](int64_t begin, int64_t end, int worker) {
     const Tiles w = p.tiles(worker);
     for (int64_t i = begin; i < end; ++i) {
       const int64_t bh = i % per_tile;
-      ForwardItem(p, bh / p.hq, bh % p.hq, tiles - 1 - i / per_tile, w);
+      item(p, bh / p.hq, bh % p.hq, tiles - 1 - i / per_tile, w);
     }
   });
+}
+
+template <typename T>
+Status Forward(ThreadPool& pool, const AttentionForwardArgs& a) {
+  Problem<T> p = MakeProblem<T>(a, pool.size());
+  p.o_out = BackendAccess::Data<T>(a.o);
+  p.lse = BackendAccess::Data<float>(a.lse);
+  ForEachQueryTile(pool, p, ForwardItem<T>);
   return Status::Ok();
 }
 
 template <typename T>
 Status Backward(ThreadPool& pool, const AttentionBackwardArgs& a) {
-  Problem<T> p = MakeProblem<T>(a.shape, a.scale, a.scratch, pool.size());
-  p.q = BackendAccess::Data<const T>(a.q);
-  p.k = BackendAccess::Data<const T>(a.k);
-  p.v = BackendAccess::Data<const T>(a.v);
+  Problem<T> p = MakeProblem<T>(a, pool.size());
   p.o = BackendAccess::Data<const T>(a.o);
   p.d_o = BackendAccess::Data<const T>(a.d_o);
   p.dq = BackendAccess::Data<T>(a.dq);
   p.dk = BackendAccess::Data<T>(a.dk);
   p.dv = BackendAccess::Data<T>(a.dv);
-  p.lse = const_cast<float*>(BackendAccess::Data<const float>(a.lse));
-  ComputeMaskBounds(DocIds(a.doc_ids), p.batch, p.seq, a.window, p.lo);
+  p.lse = const_cast<float*>(BackendAccess::Data<const float>(a.lse));  // only read
   const int64_t n = p.batch * p.seq, width = p.qstride();
   pool.ParallelFor(n, 64, [&](int64_t begin, int64_t end, int) {
     for (int64_t t = begin; t < end; ++t) {
@@ -410,14 +414,7 @@ Status Backward(ThreadPool& pool, const AttentionBackwardArgs& a) {
       }
     }
   });
-  const int64_t per_tile = p.batch * p.hq, tiles = p.query_tiles();
-  pool.ParallelFor(per_tile * tiles, 1, [&](int64_t begin, int64_t end, int worker) {
-    const Tiles w = p.tiles(worker);
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t bh = i % per_tile;
-      QueryGradientItem(p, bh / p.hq, bh % p.hq, tiles - 1 - i / per_tile, w);
-    }
-  });
+  ForEachQueryTile(pool, p, QueryGradientItem<T>);
   // Key tiles in ascending order: the first ones are seen by the most queries (heaviest first).
   const int64_t per_key_tile = p.batch * p.hkv, key_tiles = (p.seq + kBK - 1) / kBK;
   pool.ParallelFor(per_key_tile * key_tiles, 1, [&](int64_t begin, int64_t end, int worker) {
