@@ -35,8 +35,8 @@ TEST(ByteSize, RoundsFractionsToTheNearestByte) {
 }
 
 TEST(ByteSize, RejectsMalformedInputWithAMessage) {
-  for (std::string_view bad : {"", "GiB", "-1GiB", "12 parsecs", "1.2.3GB", "24GiB extra", "1e3",
-                               "20000000000TiB"}) {
+  for (std::string_view bad :
+       {"", "GiB", "-1GiB", "12 parsecs", "1.2.3GB", "24GiB extra", "1e3", "20000000000TiB"}) {
     Result<uint64_t> r = ParseByteSize(bad);
     ASSERT_FALSE(r.ok()) << "'" << bad << "' parsed as " << *r;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);

@@ -3,10 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/plan/byte_size.h"
 
@@ -39,8 +38,10 @@ class FieldReader {
       *out = *r;
       return Status::Ok();
     }
-    return Error(key, "expected a byte count (a non-negative integer or a string like \"24GiB\"), "
-                      "got " + v->dump());
+    return Error(key,
+                 "expected a byte count (a non-negative integer or a string like \"24GiB\"), "
+                 "got " +
+                     v->dump());
   }
   Status Number(const char* key, double* out) const {
     const json* v = nullptr;
@@ -131,8 +132,8 @@ Status ParseInto(const json& root, const std::string& origin, HardwareProfile& p
   FERRY_RETURN_IF_ERROR(gpu.Int("count", &p.gpu.count));
   FERRY_RETURN_IF_ERROR(gpu.Bytes("memory_label_bytes", &p.gpu.memory_label_bytes));
   FERRY_RETURN_IF_ERROR(gpu.OptionalBytes("memory_reserve_bytes", &p.gpu.memory_reserve_bytes));
-  p.gpu.memory_usable_bytes = p.gpu.memory_label_bytes - std::min(p.gpu.memory_reserve_bytes,
-                                                                  p.gpu.memory_label_bytes);
+  p.gpu.memory_usable_bytes =
+      p.gpu.memory_label_bytes - std::min(p.gpu.memory_reserve_bytes, p.gpu.memory_label_bytes);
   FERRY_RETURN_IF_ERROR(gpu.OptionalBytes("memory_usable_bytes", &p.gpu.memory_usable_bytes));
   FERRY_RETURN_IF_ERROR(gpu.Number("bf16_flops", &p.gpu.bf16_flops));
   FERRY_RETURN_IF_ERROR(gpu.OptionalNumber("fp16_fp16acc_flops", &p.gpu.fp16_fp16acc_flops));
@@ -179,14 +180,14 @@ Status ParseInto(const json& root, const std::string& origin, HardwareProfile& p
 }  // namespace
 
 Status ValidateHardwareProfile(const HardwareProfile& p) {
-  if (p.gpu.count < 1) return Invalid("gpu.count", "must be at least 1, got " +
-                                                       std::to_string(p.gpu.count));
+  if (p.gpu.count < 1)
+    return Invalid("gpu.count", "must be at least 1, got " + std::to_string(p.gpu.count));
   if (p.gpu.memory_label_bytes == 0) return Invalid("gpu.memory_label_bytes", "must be > 0");
   if (p.gpu.memory_usable_bytes == 0) return Invalid("gpu.memory_usable_bytes", "must be > 0");
   if (p.gpu.memory_usable_bytes > p.gpu.memory_label_bytes) {
-    return Invalid("gpu.memory_usable_bytes",
-                   FormatByteSize(p.gpu.memory_usable_bytes) + " exceeds the label memory " +
-                       FormatByteSize(p.gpu.memory_label_bytes));
+    return Invalid("gpu.memory_usable_bytes", FormatByteSize(p.gpu.memory_usable_bytes) +
+                                                  " exceeds the label memory " +
+                                                  FormatByteSize(p.gpu.memory_label_bytes));
   }
   FERRY_RETURN_IF_ERROR(RequirePositive("gpu.bf16_flops", p.gpu.bf16_flops));
   if (p.gpu.fp16_fp16acc_flops < 0) {
@@ -256,9 +257,12 @@ std::string HardwareProfileToJson(const HardwareProfile& p) {
               {"memory_bandwidth", p.gpu.memory_bandwidth},
               {"peer_access", p.gpu.peer_access},
               {"source", p.gpu.source}};
-  j["pcie"] = {{"generation", p.pcie.generation},     {"lanes", p.pcie.lanes},
-               {"h2d_pinned", p.pcie.h2d_pinned},     {"d2h_pinned", p.pcie.d2h_pinned},
-               {"h2d_pageable", p.pcie.h2d_pageable}, {"d2h_pageable", p.pcie.d2h_pageable},
+  j["pcie"] = {{"generation", p.pcie.generation},
+               {"lanes", p.pcie.lanes},
+               {"h2d_pinned", p.pcie.h2d_pinned},
+               {"d2h_pinned", p.pcie.d2h_pinned},
+               {"h2d_pageable", p.pcie.h2d_pageable},
+               {"d2h_pageable", p.pcie.d2h_pageable},
                {"source", p.pcie.source}};
   j["host"] = {{"ram_bytes", p.host.ram_bytes},
                {"ram_usable_bytes", p.host.ram_usable_bytes},
@@ -316,8 +320,8 @@ Status ApplyBudgetOverrides(const BudgetOverrides& o, HardwareProfile& p) {
     if (*o.gpu_memory == 0) return Status::InvalidArgument("--gpu-memory must be > 0");
     if (*o.gpu_memory > p.gpu.memory_label_bytes) {
       return Status::InvalidArgument(
-          "--gpu-memory " + FormatByteSize(*o.gpu_memory) + " exceeds the " + p.gpu.model +
-          "'s " + FormatByteSize(p.gpu.memory_label_bytes) +
+          "--gpu-memory " + FormatByteSize(*o.gpu_memory) + " exceeds the " + p.gpu.model + "'s " +
+          FormatByteSize(p.gpu.memory_label_bytes) +
           "; a budget can only lower what the device has (use a profile for another GPU)");
     }
     p.gpu.memory_usable_bytes = *o.gpu_memory;

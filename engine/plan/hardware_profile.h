@@ -57,10 +57,10 @@ struct HostSpec {
 };
 
 struct NvmeSpec {
-  std::string dir;             // where ferry may write; empty = no NVMe tier
-  uint64_t space_bytes = 0;    // what ferry may use in `dir`
-  double read_rate = 0;        // bytes/s
-  double write_rate = 0;       // while the drive's write cache lasts
+  std::string dir;           // where ferry may write; empty = no NVMe tier
+  uint64_t space_bytes = 0;  // what ferry may use in `dir`
+  double read_rate = 0;      // bytes/s
+  double write_rate = 0;     // while the drive's write cache lasts
   double sustained_write_rate = 0;
   uint64_t endurance_bytes_written = 0;  // rated total writes (0 = unknown)
   std::string source;

@@ -30,11 +30,11 @@ TEST(HardwareProfile, ParsesSizesAsStringsAndFillsDefaults) {
   EXPECT_EQ(p->gpu.count, 2);
   EXPECT_EQ(p->gpu.memory_label_bytes, 24ull << 30);
   EXPECT_EQ(p->gpu.memory_usable_bytes, 23ull << 30);  // label - reserve when not given
-  EXPECT_DOUBLE_EQ(p->gpu.fp16_fp16acc_flops, 0.0);     // unknown
+  EXPECT_DOUBLE_EQ(p->gpu.fp16_fp16acc_flops, 0.0);    // unknown
   EXPECT_EQ(p->host.ram_usable_bytes, 120ull << 30);
   EXPECT_EQ(p->nvme.space_bytes, 2'000'000'000'000u);
   EXPECT_DOUBLE_EQ(p->nvme.sustained_write_rate, 6.6e9);  // defaults to the write rate
-  EXPECT_FALSE(p->HasNvme());                              // no directory named
+  EXPECT_FALSE(p->HasNvme());                             // no directory named
   EXPECT_DOUBLE_EQ(p->gpu.EffectiveBf16Flops(), 165e12 * 0.65);
 }
 
@@ -149,8 +149,7 @@ TEST(HardwareProfile, ShippedProfilesLoad) {
     if (entry.path().extension() != ".json") continue;
     Result<HardwareProfile> p = LoadHardwareProfile(entry.path().string());
     ASSERT_TRUE(p.ok()) << p.status().ToString();
-    EXPECT_EQ(p->gpu.memory_usable_bytes + p->gpu.memory_reserve_bytes,
-              p->gpu.memory_label_bytes)
+    EXPECT_EQ(p->gpu.memory_usable_bytes + p->gpu.memory_reserve_bytes, p->gpu.memory_label_bytes)
         << entry.path();
     EXPECT_FALSE(p->gpu.source.empty() || p->pcie.source.empty() || p->host.source.empty() ||
                  p->nvme.source.empty() || p->optimizer.source.empty())

@@ -64,38 +64,32 @@ Result<Schedule> BuildPinned(const char* name, const std::vector<StageCost>& sta
   for (int st = 0; st < p; ++st) {
     const LaneId compute{LaneKind::kCompute, st}, h2d{LaneKind::kHostToDevice, st},
         d2h{LaneKind::kDeviceToHost, st};
-    const double in_bytes = st > 0 ? stages[st - 1].output_bytes : 0;       // from stage st-1
-    const double out_bytes = st < p - 1 ? stages[st].output_bytes : 0;      // to stage st+1
+    const double in_bytes = st > 0 ? stages[st - 1].output_bytes : 0;   // from stage st-1
+    const double out_bytes = st < p - 1 ? stages[st].output_bytes : 0;  // to stage st+1
+    // Adds a transfer of `bytes` (none when 0) and returns its index or kNone.
+    auto transfer = [&](char letter, TaskKind kind, LaneId lane, double bytes, int stage, int j) {
+      if (bytes <= 0) return kNone;
+      SimTask t = MakeTask(Tag(letter, stage, j), kind, lane, stage, j);
+      t.bytes = bytes;
+      return s.Add(std::move(t));
+    };
+    auto run = [&](char letter, TaskKind kind, double seconds, int stage, int j) {
+      SimTask t = MakeTask(Tag(letter, stage, j), kind, compute, stage, j);
+      t.duration_s = seconds;
+      return s.Add(std::move(t));
+    };
     for (const Step& step : order[st]) {
       const int j = step.micro_batch;
       if (!step.backward) {
-        if (in_bytes > 0) {
-          SimTask t = MakeTask(Tag('I', st, j), TaskKind::kActivationUpload, h2d, st, j);
-          t.bytes = in_bytes;
-          f_in[st][j] = s.Add(std::move(t));
-        }
-        SimTask t = MakeTask(Tag('F', st, j), TaskKind::kForward, compute, st, j);
-        t.duration_s = stages[st].fwd_s;
-        f[st][j] = s.Add(std::move(t));
-        if (out_bytes > 0) {
-          SimTask o = MakeTask(Tag('O', st, j), TaskKind::kActivationDownload, d2h, st, j);
-          o.bytes = out_bytes;
-          f_out[st][j] = s.Add(std::move(o));
-        }
+        // Forward: the boundary activation comes in from stage st-1 and goes out to st+1.
+        f_in[st][j] = transfer('I', TaskKind::kActivationUpload, h2d, in_bytes, st, j);
+        f[st][j] = run('F', TaskKind::kForward, stages[st].fwd_s, st, j);
+        f_out[st][j] = transfer('O', TaskKind::kActivationDownload, d2h, out_bytes, st, j);
       } else {
-        if (out_bytes > 0) {  // the gradient of this stage's output, from stage st+1
-          SimTask t = MakeTask(Tag('I', st, j), TaskKind::kActivationUpload, h2d, st, j);
-          t.bytes = out_bytes;
-          b_in[st][j] = s.Add(std::move(t));
-        }
-        SimTask t = MakeTask(Tag('B', st, j), TaskKind::kBackward, compute, st, j);
-        t.duration_s = stages[st].bwd_s;
-        b[st][j] = s.Add(std::move(t));
-        if (in_bytes > 0) {  // the gradient of this stage's input, to stage st-1
-          SimTask o = MakeTask(Tag('O', st, j), TaskKind::kActivationDownload, d2h, st, j);
-          o.bytes = in_bytes;
-          b_out[st][j] = s.Add(std::move(o));
-        }
+        // Backward: the gradient of the output comes back from st+1; the input's goes to st-1.
+        b_in[st][j] = transfer('I', TaskKind::kActivationUpload, h2d, out_bytes, st, j);
+        b[st][j] = run('B', TaskKind::kBackward, stages[st].bwd_s, st, j);
+        b_out[st][j] = transfer('O', TaskKind::kActivationDownload, d2h, in_bytes, st, j);
       }
     }
     if (stages[st].gpu_optimizer_s > 0) {
@@ -220,9 +214,9 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
     }
     for (int j = 0; j < m; ++j) {
       SimTask t = MakeTask(name_of(letter_of(k), k, j), kind_of(k), {LaneKind::kCompute, d}, k, j);
-      t.duration_s = kind_of(k) == TaskKind::kForward  ? c.fwd_s
-                     : kind_of(k) == TaskKind::kTail ? c.fwd_s + c.bwd_s
-                                                     : c.bwd_s;
+      t.duration_s = kind_of(k) == TaskKind::kForward ? c.fwd_s
+                     : kind_of(k) == TaskKind::kTail  ? c.fwd_s + c.bwd_s
+                                                      : c.bwd_s;
       if (in[k][j] != kNone) {
         t.deps.push_back(in[k][j]);
       } else if (k > 0) {
@@ -249,8 +243,8 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
       grads = s.Add(std::move(t));
     }
     if (c.param_count > 0) {
-      SimTask t = MakeTask(name_of('U', k, -1), TaskKind::kOptimizer,
-                           {LaneKind::kCpuOptimizer, 0}, k, -1);
+      SimTask t =
+          MakeTask(name_of('U', k, -1), TaskKind::kOptimizer, {LaneKind::kCpuOptimizer, 0}, k, -1);
       t.bytes = c.param_count * kAdamWBytesPerParameter;
       t.deps.push_back(grads != kNone ? grads : compute[k][m - 1]);
       s.Add(std::move(t));

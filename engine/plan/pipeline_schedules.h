@@ -18,15 +18,15 @@
 namespace ferry::plan {
 
 struct StageCost {
-  double fwd_s = 0;         // compute per micro-batch, forward (tail: its forward)
-  double bwd_s = 0;         // compute per micro-batch, backward (with any recompute)
-  double weight_bytes = 0;  // uploaded once per stage (round-robin); resident in the baselines
-  double input_bytes = 0;   // round-robin: uploaded per micro-batch before the stage runs
-  double output_bytes = 0;  // round-robin: downloaded per micro-batch after it runs.
-                            // Baselines: the stage's boundary activation per micro-batch, sent
-                            // forward to stage s+1 and its gradient sent back (via host RAM).
-  double grad_bytes = 0;    // downloaded once after the last micro-batch (round-robin)
-  double param_count = 0;   // parameters the CPU optimizer updates after the gradients land
+  double fwd_s = 0;            // compute per micro-batch, forward (tail: its forward)
+  double bwd_s = 0;            // compute per micro-batch, backward (with any recompute)
+  double weight_bytes = 0;     // uploaded once per stage (round-robin); resident in the baselines
+  double input_bytes = 0;      // round-robin: uploaded per micro-batch before the stage runs
+  double output_bytes = 0;     // round-robin: downloaded per micro-batch after it runs.
+                               // Baselines: the stage's boundary activation per micro-batch, sent
+                               // forward to stage s+1 and its gradient sent back (via host RAM).
+  double grad_bytes = 0;       // downloaded once after the last micro-batch (round-robin)
+  double param_count = 0;      // parameters the CPU optimizer updates after the gradients land
   double gpu_optimizer_s = 0;  // baselines: on-GPU optimizer step after the last backward
 };
 

@@ -129,8 +129,8 @@ TEST(PipelineSchedules, RoundRobinHidesWeightUploadsBehindCompute) {
 
 TEST(PipelineSchedules, RoundRobinDownloadsGradientsAndUpdatesOnTheCpu) {
   RoundRobinJob job = EqualRoundRobin(2, 4);
-  job.backward.back().grad_bytes = 3e9;    // 3 s at 1 GB/s
-  job.backward.back().param_count = 2e9;   // 2 s at 1e9 parameters/s
+  job.backward.back().grad_bytes = 3e9;   // 3 s at 1 GB/s
+  job.backward.back().param_count = 2e9;  // 2 s at 1e9 parameters/s
   Result<Schedule> s = BuildRoundRobinSchedule(job);
   ASSERT_TRUE(s.ok());
   Result<SimResult> r = Simulate(*s, FastLinks());

@@ -17,13 +17,20 @@ int LaneSlot(LaneId lane, int gpus) {
 
 double LaneRate(LaneKind kind, const LaneRates& r) {
   switch (kind) {
-    case LaneKind::kCompute: return 0;
-    case LaneKind::kHostToDevice: return r.host_to_device;
-    case LaneKind::kDeviceToHost: return r.device_to_host;
-    case LaneKind::kHostMemory: return r.host_memory;
-    case LaneKind::kCpuOptimizer: return r.cpu_optimizer;
-    case LaneKind::kNvmeRead: return r.nvme_read;
-    case LaneKind::kNvmeWrite: return r.nvme_write;
+    case LaneKind::kCompute:
+      return 0;
+    case LaneKind::kHostToDevice:
+      return r.host_to_device;
+    case LaneKind::kDeviceToHost:
+      return r.device_to_host;
+    case LaneKind::kHostMemory:
+      return r.host_memory;
+    case LaneKind::kCpuOptimizer:
+      return r.cpu_optimizer;
+    case LaneKind::kNvmeRead:
+      return r.nvme_read;
+    case LaneKind::kNvmeWrite:
+      return r.nvme_write;
   }
   return 0;
 }
@@ -76,13 +83,20 @@ std::vector<double> FairShare(const std::vector<double>& caps, double capacity) 
 
 std::string_view LaneKindName(LaneKind kind) {
   switch (kind) {
-    case LaneKind::kCompute: return "compute";
-    case LaneKind::kHostToDevice: return "host->device";
-    case LaneKind::kDeviceToHost: return "device->host";
-    case LaneKind::kHostMemory: return "host memory";
-    case LaneKind::kCpuOptimizer: return "CPU optimizer";
-    case LaneKind::kNvmeRead: return "NVMe read";
-    case LaneKind::kNvmeWrite: return "NVMe write";
+    case LaneKind::kCompute:
+      return "compute";
+    case LaneKind::kHostToDevice:
+      return "host->device";
+    case LaneKind::kDeviceToHost:
+      return "device->host";
+    case LaneKind::kHostMemory:
+      return "host memory";
+    case LaneKind::kCpuOptimizer:
+      return "CPU optimizer";
+    case LaneKind::kNvmeRead:
+      return "NVMe read";
+    case LaneKind::kNvmeWrite:
+      return "NVMe write";
   }
   return "?";
 }
@@ -101,17 +115,28 @@ std::string LaneLabel(LaneId lane) {
 
 std::string_view TaskKindName(TaskKind kind) {
   switch (kind) {
-    case TaskKind::kForward: return "forward";
-    case TaskKind::kBackward: return "backward";
-    case TaskKind::kTail: return "head+loss (fwd+bwd)";
-    case TaskKind::kWeightUpload: return "weight upload";
-    case TaskKind::kActivationUpload: return "activation upload";
-    case TaskKind::kActivationDownload: return "activation download";
-    case TaskKind::kGradientDownload: return "gradient download";
-    case TaskKind::kOptimizer: return "CPU optimizer";
-    case TaskKind::kNvmeRead: return "NVMe read";
-    case TaskKind::kNvmeWrite: return "NVMe write";
-    case TaskKind::kOther: return "other";
+    case TaskKind::kForward:
+      return "forward";
+    case TaskKind::kBackward:
+      return "backward";
+    case TaskKind::kTail:
+      return "head+loss (fwd+bwd)";
+    case TaskKind::kWeightUpload:
+      return "weight upload";
+    case TaskKind::kActivationUpload:
+      return "activation upload";
+    case TaskKind::kActivationDownload:
+      return "activation download";
+    case TaskKind::kGradientDownload:
+      return "gradient download";
+    case TaskKind::kOptimizer:
+      return "CPU optimizer";
+    case TaskKind::kNvmeRead:
+      return "NVMe read";
+    case TaskKind::kNvmeWrite:
+      return "NVMe write";
+    case TaskKind::kOther:
+      return "other";
   }
   return "?";
 }

@@ -118,9 +118,9 @@ struct LaneUsage {
 struct SimResult {
   std::vector<TaskTiming> timing;  // parallel to Schedule::tasks
   double makespan_s = 0;
-  std::vector<LaneUsage> lanes;              // every lane that ran a task, plus every compute lane
-  std::vector<double> gpu_bubble_fraction;   // per GPU
-  double mean_bubble_fraction = 0;           // over GPUs
+  std::vector<LaneUsage> lanes;             // every lane that ran a task, plus every compute lane
+  std::vector<double> gpu_bubble_fraction;  // per GPU
+  double mean_bubble_fraction = 0;          // over GPUs
 
   double BusySeconds(LaneId lane) const;  // 0 for a lane that ran nothing
 };

@@ -5,10 +5,9 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-
-#include <nlohmann/json.hpp>
 
 namespace ferry::plan {
 namespace {
@@ -41,11 +40,20 @@ std::string Escape(std::string_view text) {
   std::string out;
   for (char c : text) {
     switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -104,15 +112,15 @@ std::string TimelineSvg(const Schedule& s, const SimResult& r, const SvgOptions&
   std::vector<int> row_y;
   int y = top;
   for (size_t i = 0; i < rows.size(); ++i) {
-    if (i > 0 && (rows[i].gpu != rows[i - 1].gpu || IsPerGpuLane(rows[i].kind) !=
-                                                         IsPerGpuLane(rows[i - 1].kind))) {
+    if (i > 0 && (rows[i].gpu != rows[i - 1].gpu ||
+                  IsPerGpuLane(rows[i].kind) != IsPerGpuLane(rows[i - 1].kind))) {
       y += group_gap;
     }
     row_y.push_back(y);
     y += row_h + row_gap;
   }
   const int axis_y = y + 4;
-  const int legend_y = axis_y + 40;
+  const int legend_y = axis_y + 56;
   const int height = legend_y + 30;
   const double span = r.makespan_s > 0 ? r.makespan_s : 1.0;
   const TimeUnit unit = PickUnit(span);
@@ -125,21 +133,20 @@ std::string TimelineSvg(const Schedule& s, const SimResult& r, const SvgOptions&
   o << "<rect x=\"0\" y=\"0\" width=\"" << width << "\" height=\"" << height
     << "\" fill=\"white\"/>\n";
   const std::string title = opt.title.empty() ? s.name : opt.title;
-  o << "<text x=\"" << left << "\" y=\"22\" font-size=\"16\" font-weight=\"bold\">"
-    << Escape(title) << "</text>\n";
-  std::string summary = "makespan " + Num(r.makespan_s * unit.scale) + " " + unit.name +
-                        "; GPU bubble fraction:";
+  o << "<text x=\"" << left << "\" y=\"22\" font-size=\"16\" font-weight=\"bold\">" << Escape(title)
+    << "</text>\n";
+  std::string summary =
+      "makespan " + Num(r.makespan_s * unit.scale) + " " + unit.name + "; GPU bubble fraction:";
   for (int g = 0; g < s.gpus; ++g) {
-    summary += " GPU" + std::to_string(g) + " " +
-               Num(100.0 * r.gpu_bubble_fraction[g]) + "%";
+    summary += " GPU" + std::to_string(g) + " " + Num(100.0 * r.gpu_bubble_fraction[g]) + "%";
   }
   summary += " (mean " + Num(100.0 * r.mean_bubble_fraction) + "%)";
   o << "<text x=\"" << left << "\" y=\"42\" fill=\"#333\">" << Escape(summary) << "</text>\n";
 
   // Lane backgrounds and labels: grey = idle.
   for (size_t i = 0; i < rows.size(); ++i) {
-    o << "<rect x=\"" << left << "\" y=\"" << row_y[i] << "\" width=\"" << plot_w
-      << "\" height=\"" << row_h << "\" fill=\"#EEEEEE\"/>\n";
+    o << "<rect x=\"" << left << "\" y=\"" << row_y[i] << "\" width=\"" << plot_w << "\" height=\""
+      << row_h << "\" fill=\"#EEEEEE\"/>\n";
     o << "<text x=\"" << left - 8 << "\" y=\"" << row_y[i] + row_h / 2 + 4
       << "\" text-anchor=\"end\">" << Escape(LaneLabel(rows[i])) << "</text>\n";
   }
@@ -174,10 +181,9 @@ std::string TimelineSvg(const Schedule& s, const SimResult& r, const SvgOptions&
       << Hex(kKindColour[static_cast<int>(t.kind)], shade)
       << "\" stroke=\"white\" stroke-width=\"0.5\"><title>"
       << Escape(t.name + " (" + std::string(TaskKindName(t.kind)) + "): " +
-                Num(tm.start_s * unit.scale) + " - " + Num(tm.end_s * unit.scale) + " " +
-                unit.name)
+                Num(tm.start_s * unit.scale) + " - " + Num(tm.end_s * unit.scale) + " " + unit.name)
       << "</title></rect>\n";
-    if (w >= 7.0 * static_cast<double>(t.name.size()) + 4) {
+    if (w >= 6.5 * static_cast<double>(t.name.size()) + 4) {
       o << "<text x=\"" << Num(x0 + w / 2) << "\" y=\"" << row_y[row] + row_h / 2 + 4
         << "\" text-anchor=\"middle\" font-size=\"11\" fill=\"white\">" << Escape(t.name)
         << "</text>\n";
@@ -205,16 +211,25 @@ std::string ChromeTraceJson(const Schedule& s, const SimResult& r) {
   const int host_pid = s.gpus;
   auto pid_of = [&](LaneId lane) { return IsPerGpuLane(lane.kind) ? lane.gpu : host_pid; };
   for (int g = 0; g <= s.gpus; ++g) {
-    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", g}, {"tid", 0},
+    events.push_back({{"name", "process_name"},
+                      {"ph", "M"},
+                      {"pid", g},
+                      {"tid", 0},
                       {"args", {{"name", g < s.gpus ? "GPU " + std::to_string(g) : "host"}}}});
-    events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", g}, {"tid", 0},
+    events.push_back({{"name", "process_sort_index"},
+                      {"ph", "M"},
+                      {"pid", g},
+                      {"tid", 0},
                       {"args", {{"sort_index", g}}}});
   }
   std::set<std::pair<int, int>> named;
   for (const SimTask& t : s.tasks) {
     const int pid = pid_of(t.lane), tid = static_cast<int>(t.lane.kind);
     if (named.insert({pid, tid}).second) {
-      events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", tid},
+      events.push_back({{"name", "thread_name"},
+                        {"ph", "M"},
+                        {"pid", pid},
+                        {"tid", tid},
                         {"args", {{"name", std::string(LaneKindName(t.lane.kind))}}}});
     }
   }
