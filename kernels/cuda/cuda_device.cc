@@ -75,6 +75,7 @@ struct HostItem {
   std::shared_ptr<StreamErrorBook> book;
   int stream = 0;
   uint64_t seq = 0;
+  std::string where;                    // "<device>/<stream>", for errors
   std::function<Status()> fn;           // a LaunchHostFunc item
   std::optional<RecordInfo> propagate;  // a Wait item
 };
@@ -91,9 +92,7 @@ void CUDART_CB RunHostItem(void* arg) {
     return;
   }
   Status status = item->fn();
-  item->book->Finish(item->stream, item->seq,
-                     status.WithContext("host function on stream " +
-                                        std::string(StreamName(StreamId(item->stream)))));
+  item->book->Finish(item->stream, item->seq, status.WithContext(item->where + ": host function"));
 }
 
 bool IsPowerOfTwo(size_t v) { return v != 0 && (v & (v - 1)) == 0; }
@@ -122,8 +121,24 @@ struct CudaDevice::Impl {
   }
   cudaStream_t stream(StreamId s) const { return streams[int(s)].get(); }
   std::byte* base() const { return memory.get(); }
-  std::string Where(StreamId s) const {
-    return "device '" + name + "' stream " + std::string(StreamName(s));
+  std::string Where(StreamId s) const { return name + "/" + std::string(StreamName(s)); }
+  // InvalidArgument unless [p, p + bytes) lies inside the arena (a stray pointer would fault the
+  // GPU and lose the whole CUDA context).
+  Status CheckRange(DevicePtr<const std::byte> p, size_t bytes, std::string_view what) const {
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(base());
+    const uintptr_t a = p.address();
+    if (a < lo || a > lo + capacity || bytes > lo + capacity - a) {
+      return Status::InvalidArgument(std::string(what) + ": " + FormatBytes(bytes) +
+                                     " at a pointer outside device '" + name + "' memory");
+    }
+    return Status::Ok();
+  }
+  // InvalidArgument when a host span is shorter than a copy.
+  static Status CheckSpan(HostSpan span, size_t bytes, std::string_view what) {
+    if (span.size() >= bytes) return Status::Ok();
+    return Status::InvalidArgument(std::string(what) + ": host span of " +
+                                   FormatBytes(span.size()) + " is smaller than the copy (" +
+                                   FormatBytes(bytes) + ")");
   }
   // Enqueues a host item (already numbered) on `s`. REQUIRES: enqueue_mu[s] held.
   Status LaunchHostItem(StreamId s, std::unique_ptr<HostItem> item) {
@@ -242,7 +257,10 @@ int CudaDevice::ordinal() const { return impl_->options.ordinal; }
 // ---- memory ------------------------------------------------------------------------------
 
 Result<DeviceBuffer> CudaDevice::Allocate(size_t bytes, std::string_view requester) {
-  assert(bytes > 0);
+  if (bytes == 0) {
+    return Status::InvalidArgument("device '" + impl_->name + "': zero-byte allocation for '" +
+                                   std::string(requester) + "'");
+  }
   FERRY_ASSIGN_OR_RETURN(Arena::Block block, impl_->arena->Allocate(bytes, requester));
   return MakeBuffer(this, BackendAccess::Wrap(impl_->base() + block.offset), bytes, block.handle);
 }
@@ -364,7 +382,8 @@ Result<bool> CudaDevice::Query(const Event& event) {
 
 Status CudaDevice::CopyToDevice(DevicePtr<std::byte> dst, HostSpan src, size_t bytes,
                                 StreamId stream) {
-  assert(src.size() >= bytes);
+  FERRY_RETURN_IF_ERROR(impl_->CheckRange(dst, bytes, "CopyToDevice"));
+  FERRY_RETURN_IF_ERROR(Impl::CheckSpan(src, bytes, "CopyToDevice"));
   FERRY_RETURN_IF_ERROR(impl_->MakeCurrent());
   return CudaStatus(cudaMemcpyAsync(BackendAccess::Raw(dst), src.data(), bytes,
                                     cudaMemcpyHostToDevice, impl_->stream(stream)),
@@ -373,7 +392,8 @@ Status CudaDevice::CopyToDevice(DevicePtr<std::byte> dst, HostSpan src, size_t b
 
 Status CudaDevice::CopyToHost(HostSpan dst, DevicePtr<const std::byte> src, size_t bytes,
                               StreamId stream) {
-  assert(dst.size() >= bytes);
+  FERRY_RETURN_IF_ERROR(impl_->CheckRange(src, bytes, "CopyToHost"));
+  FERRY_RETURN_IF_ERROR(Impl::CheckSpan(dst, bytes, "CopyToHost"));
   FERRY_RETURN_IF_ERROR(impl_->MakeCurrent());
   return CudaStatus(cudaMemcpyAsync(dst.data(), BackendAccess::Raw(src), bytes,
                                     cudaMemcpyDeviceToHost, impl_->stream(stream)),
@@ -381,6 +401,7 @@ Status CudaDevice::CopyToHost(HostSpan dst, DevicePtr<const std::byte> src, size
 }
 
 Status CudaDevice::Zero(DevicePtr<std::byte> dst, size_t bytes, StreamId stream) {
+  FERRY_RETURN_IF_ERROR(impl_->CheckRange(dst, bytes, "Zero"));
   FERRY_RETURN_IF_ERROR(impl_->MakeCurrent());
   return CudaStatus(cudaMemsetAsync(BackendAccess::Raw(dst), 0, bytes, impl_->stream(stream)),
                     "cudaMemsetAsync of " + FormatBytes(bytes) + " on " + impl_->Where(stream));
@@ -393,6 +414,7 @@ Status CudaDevice::LaunchHostFunc(StreamId stream, std::function<Status()> fn) {
   item->book = impl_->errors;
   item->stream = int(stream);
   item->seq = impl_->errors->EnqueueHostItem(int(stream));
+  item->where = impl_->Where(stream);
   item->fn = std::move(fn);
   return impl_->LaunchHostItem(stream, std::move(item));
 }

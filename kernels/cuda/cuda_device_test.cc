@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <thread>
@@ -29,8 +30,12 @@ class CudaDeviceTest : public ::testing::Test {
   void SetUp() override {
     int count = 0;
     const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess) GTEST_SKIP() << "no GPU: " << cudaGetErrorString(err);
-    if (count == 0) GTEST_SKIP() << "no GPU: no CUDA device is visible";
+    if (err != cudaSuccess || count == 0) {
+      const std::string why = err != cudaSuccess ? cudaGetErrorString(err) : "no device visible";
+      // scripts/gpu_check.sh sets FERRY_REQUIRE_GPU: there a missing GPU is a failure.
+      if (std::getenv("FERRY_REQUIRE_GPU") != nullptr) FAIL() << "no GPU: " << why;
+      GTEST_SKIP() << "no GPU: " << why;
+    }
     CudaDeviceOptions options;
     options.memory_bytes = 320 * kMiB;
     options.cublas_workspace_bytes = kMiB;
@@ -191,6 +196,7 @@ TEST_F(CudaDeviceTest, HostFunctionErrorSurfacesAtNextCoveringSynchronize) {
   EXPECT_TRUE(device_->Synchronize(*before).ok());  // recorded before the failure
   Status st = device_->Synchronize(*after);
   EXPECT_NE(st.message().find("boom"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find(device_->name() + "/compute"), std::string::npos) << st.ToString();
   st = device_->Synchronize(StreamId::kDownload);  // poisoned through the wait
   EXPECT_NE(st.message().find("boom"), std::string::npos) << st.ToString();
   EXPECT_TRUE(device_->Synchronize(StreamId::kUpload).ok());
@@ -227,6 +233,20 @@ TEST_F(CudaDeviceTest, ArenaCapFailsNamingRequesterAndNumbers) {
   EXPECT_NE(st.message().find(device_->name()), std::string::npos) << st.message();
   EXPECT_NE(st.message().find(FormatBytes(device_->capacity())), std::string::npos)
       << st.message();
+}
+
+TEST_F(CudaDeviceTest, RejectsPointersOutsideItsMemoryAndShortSpans) {
+  auto buffer = device_->Allocate(4096, "range");
+  ASSERT_TRUE(buffer.ok());
+  HostAllocation host = Pinned(4096);
+  const DevicePtr<std::byte> past_end = buffer->data() + std::ptrdiff_t(device_->capacity());
+  EXPECT_EQ(device_->CopyToDevice(past_end, host.Whole(), 16).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(device_->Zero(buffer->data(), device_->capacity()).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(device_->CopyToHost(host.Span(0, 8), buffer->data().As<const std::byte>(), 16).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(device_->Synchronize().ok());  // nothing was enqueued
 }
 
 TEST_F(CudaDeviceTest, CreateRejectsMissingOrdinalAndOversizedCap) {
