@@ -14,11 +14,11 @@ namespace ferry {
 struct CudaContext {
   int ordinal = 0;
   cudaStream_t compute = nullptr;
-  cublasHandle_t cublas = nullptr;      // bound to `compute`, workspace set
+  cublasHandle_t cublas = nullptr;       // bound to `compute`, workspace set
   cublasLtHandle_t cublas_lt = nullptr;  // pass `workspace` to cublasLtMatmul on `compute`
   void* workspace = nullptr;             // shared by cuBLAS and cuBLASLt (same stream, in order)
   size_t workspace_bytes = 0;
-  int multiprocessors = 0;               // for grid sizing
+  int multiprocessors = 0;  // for grid sizing
 };
 
 }  // namespace ferry

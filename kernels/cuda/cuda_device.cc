@@ -227,8 +227,8 @@ Result<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaDeviceOptions& 
   c.cublas = cublas;
   c.cublas_lt = cublas_lt;
   if (options.cublas_workspace_bytes > 0) {
-    FERRY_ASSIGN_OR_RETURN(Arena::Block ws,
-                           impl->arena->Allocate(options.cublas_workspace_bytes, "cublas workspace"));
+    FERRY_ASSIGN_OR_RETURN(
+        Arena::Block ws, impl->arena->Allocate(options.cublas_workspace_bytes, "cublas workspace"));
     impl->workspace_handle = ws.handle;
     c.workspace = impl->base() + ws.offset;
     c.workspace_bytes = options.cublas_workspace_bytes;
@@ -272,9 +272,9 @@ void CudaDevice::ResetPeak() { impl_->arena->ResetPeak(); }
 
 Result<std::unique_ptr<HostRegistration>> CudaDevice::RegisterHost(const HostAllocation& a) {
   FERRY_RETURN_IF_ERROR(impl_->MakeCurrent());
-  FERRY_RETURN_IF_ERROR(CudaStatus(cudaHostRegister(a.data(), a.size(), cudaHostRegisterPortable),
-                                   "cudaHostRegister of host allocation '" + a.name() + "' (" +
-                                       FormatBytes(a.size()) + ")"));
+  FERRY_RETURN_IF_ERROR(CudaStatus(
+      cudaHostRegister(a.data(), a.size(), cudaHostRegisterPortable),
+      "cudaHostRegister of host allocation '" + a.name() + "' (" + FormatBytes(a.size()) + ")"));
   return std::unique_ptr<HostRegistration>(std::make_unique<CudaHostRegistration>(a.data()));
 }
 
@@ -425,8 +425,8 @@ Status CudaDevice::EnqueueCompute(std::string_view op,
   std::lock_guard<std::mutex> enqueue(impl_->enqueue_mu[int(StreamId::kCompute)]);
   FERRY_RETURN_IF_ERROR(launch(impl_->context).WithContext("op '" + std::string(op) + "'"));
   // Configuration errors are reported at launch, by cudaGetLastError.
-  return CudaStatus(cudaGetLastError(),
-                    "kernel launch of op '" + std::string(op) + "' on device '" + impl_->name + "'");
+  return CudaStatus(cudaGetLastError(), "kernel launch of op '" + std::string(op) +
+                                            "' on device '" + impl_->name + "'");
 }
 
 }  // namespace ferry

@@ -36,13 +36,13 @@ namespace ferry {
 struct CudaContext;  // raw CUDA handles, for kernels only (kernels/cuda/cuda_context.h)
 
 struct CudaDeviceOptions {
-  int ordinal = 0;  // CUDA device index
+  int ordinal = 0;   // CUDA device index
   std::string name;  // empty: "cuda<ordinal>"
   // Arena capacity: memory_bytes when non-zero, else memory_fraction of the free memory that
   // cudaMemGetInfo reports at creation; rounded down to the alignment.
   size_t memory_bytes = 0;
   double memory_fraction = 0.9;
-  size_t alignment = 256;                          // every allocation is rounded up to this
+  size_t alignment = 256;                            // every allocation is rounded up to this
   size_t cublas_workspace_bytes = size_t(32) << 20;  // carved from the arena; 32 MiB suits sm_90
 };
 
@@ -79,14 +79,16 @@ class CudaDevice final : public Device {
                       StreamId stream = StreamId::kUpload) override;
   Status CopyToHost(HostSpan dst, DevicePtr<const std::byte> src, size_t bytes,
                     StreamId stream = StreamId::kDownload) override;
-  Status Zero(DevicePtr<std::byte> dst, size_t bytes, StreamId stream = StreamId::kCompute) override;
+  Status Zero(DevicePtr<std::byte> dst, size_t bytes,
+              StreamId stream = StreamId::kCompute) override;
   Status LaunchHostFunc(StreamId stream, std::function<Status()> fn) override;
 
   // Enqueues kernels on the compute stream; used by the op implementations (kernels/cuda/*.cu).
   // `launch` runs on the calling thread with this device current and the compute stream locked
   // against other enqueuers (the cuBLAS handles are not thread-safe), and launches its kernels on
   // context.compute. Launch errors come back named by `op`.
-  Status EnqueueCompute(std::string_view op, const std::function<Status(const CudaContext&)>& launch);
+  Status EnqueueCompute(std::string_view op,
+                        const std::function<Status(const CudaContext&)>& launch);
 
  private:
   struct Impl;

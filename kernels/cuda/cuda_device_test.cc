@@ -58,8 +58,8 @@ class CudaDeviceTest : public ::testing::Test {
   void Upload(const DeviceBuffer& buffer, DType t, const std::vector<float>& values) {
     HostAllocation staging = Pinned(values.size() * DTypeSize(t));
     ConvertFromFloat(values.data(), t, staging.data(), values.size());
-    ASSERT_TRUE(device_->CopyToDevice(buffer.data(), staging.Whole(), values.size() * DTypeSize(t))
-                    .ok());
+    ASSERT_TRUE(
+        device_->CopyToDevice(buffer.data(), staging.Whole(), values.size() * DTypeSize(t)).ok());
     ASSERT_TRUE(device_->Synchronize(StreamId::kUpload).ok());
   }
 
@@ -70,7 +70,9 @@ class CudaDeviceTest : public ::testing::Test {
     EXPECT_TRUE(device_->Record(*done, StreamId::kCompute).ok());
     EXPECT_TRUE(device_->Wait(StreamId::kDownload, *done).ok());
     HostAllocation staging = Pinned(n * DTypeSize(t));
-    EXPECT_TRUE(device_->CopyToHost(staging.Whole(), buffer.data().As<const std::byte>(), n * DTypeSize(t)).ok());
+    EXPECT_TRUE(
+        device_->CopyToHost(staging.Whole(), buffer.data().As<const std::byte>(), n * DTypeSize(t))
+            .ok());
     Status st = device_->Synchronize(StreamId::kDownload);
     EXPECT_TRUE(st.ok()) << st.ToString();
     return std::vector<std::byte>(staging.data(), staging.data() + n * DTypeSize(t));
@@ -114,17 +116,24 @@ TEST_F(CudaDeviceTest, WaitOrdersWorkAcrossStreams) {
   int seen = -1;
   auto e = device_->CreateEvent();
   ASSERT_TRUE(e.ok());
-  ASSERT_TRUE(device_->LaunchHostFunc(StreamId::kUpload, [&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    flag = 1;
-    return Status::Ok();
-  }).ok());
+  ASSERT_TRUE(device_
+                  ->LaunchHostFunc(StreamId::kUpload,
+                                   [&] {
+                                     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                                     flag = 1;
+                                     return Status::Ok();
+                                   })
+                  .ok());
   ASSERT_TRUE(device_->Record(*e, StreamId::kUpload).ok());
   ASSERT_TRUE(device_->Wait(StreamId::kCompute, *e).ok());
-  ASSERT_TRUE(device_->LaunchHostFunc(StreamId::kCompute, [&] {
-    seen = flag.load();  // without the wait this runs at once and sees 0
-    return Status::Ok();
-  }).ok());
+  ASSERT_TRUE(
+      device_
+          ->LaunchHostFunc(StreamId::kCompute,
+                           [&] {
+                             seen = flag.load();  // without the wait this runs at once and sees 0
+                             return Status::Ok();
+                           })
+          .ok());
   ASSERT_TRUE(device_->Synchronize(StreamId::kCompute).ok());
   EXPECT_EQ(seen, 1);
   auto done = device_->Query(*e);
@@ -140,10 +149,13 @@ TEST_F(CudaDeviceTest, WaitOnNeverRecordedEventIsNoOp) {
   EXPECT_TRUE(*done);
   ASSERT_TRUE(device_->Wait(StreamId::kCompute, *e).ok());
   bool ran = false;
-  ASSERT_TRUE(device_->LaunchHostFunc(StreamId::kCompute, [&] {
-    ran = true;
-    return Status::Ok();
-  }).ok());
+  ASSERT_TRUE(device_
+                  ->LaunchHostFunc(StreamId::kCompute,
+                                   [&] {
+                                     ran = true;
+                                     return Status::Ok();
+                                   })
+                  .ok());
   EXPECT_TRUE(device_->Synchronize(StreamId::kCompute).ok());
   EXPECT_TRUE(ran);
   EXPECT_TRUE(device_->Synchronize(*e).ok());
@@ -178,20 +190,25 @@ TEST_F(CudaDeviceTest, HostFunctionErrorSurfacesAtNextCoveringSynchronize) {
   auto after = device_->CreateEvent();
   ASSERT_TRUE(before.ok() && after.ok());
   ASSERT_TRUE(device_->Record(*before, StreamId::kCompute).ok());
-  ASSERT_TRUE(device_->LaunchHostFunc(StreamId::kCompute, [] {
-    return Status::Internal("boom");
-  }).ok());
+  ASSERT_TRUE(
+      device_->LaunchHostFunc(StreamId::kCompute, [] { return Status::Internal("boom"); }).ok());
   bool later_ran = false, waiter_ran = false;
-  ASSERT_TRUE(device_->LaunchHostFunc(StreamId::kCompute, [&] {
-    later_ran = true;
-    return Status::Ok();
-  }).ok());
+  ASSERT_TRUE(device_
+                  ->LaunchHostFunc(StreamId::kCompute,
+                                   [&] {
+                                     later_ran = true;
+                                     return Status::Ok();
+                                   })
+                  .ok());
   ASSERT_TRUE(device_->Record(*after, StreamId::kCompute).ok());
   ASSERT_TRUE(device_->Wait(StreamId::kDownload, *after).ok());
-  ASSERT_TRUE(device_->LaunchHostFunc(StreamId::kDownload, [&] {
-    waiter_ran = true;
-    return Status::Ok();
-  }).ok());
+  ASSERT_TRUE(device_
+                  ->LaunchHostFunc(StreamId::kDownload,
+                                   [&] {
+                                     waiter_ran = true;
+                                     return Status::Ok();
+                                   })
+                  .ok());
 
   EXPECT_TRUE(device_->Synchronize(*before).ok());  // recorded before the failure
   Status st = device_->Synchronize(*after);
@@ -208,10 +225,13 @@ TEST_F(CudaDeviceTest, HostFunctionErrorSurfacesAtNextCoveringSynchronize) {
   EXPECT_NE(st.message().find("boom"), std::string::npos) << st.ToString();
   EXPECT_TRUE(device_->Synchronize().ok()) << "the error is cleared";
   bool ran_again = false;
-  ASSERT_TRUE(device_->LaunchHostFunc(StreamId::kCompute, [&] {
-    ran_again = true;
-    return Status::Ok();
-  }).ok());
+  ASSERT_TRUE(device_
+                  ->LaunchHostFunc(StreamId::kCompute,
+                                   [&] {
+                                     ran_again = true;
+                                     return Status::Ok();
+                                   })
+                  .ok());
   EXPECT_TRUE(device_->Synchronize(StreamId::kCompute).ok());
   EXPECT_TRUE(ran_again);
 }
@@ -231,8 +251,7 @@ TEST_F(CudaDeviceTest, ArenaCapFailsNamingRequesterAndNumbers) {
   EXPECT_EQ(st.code(), StatusCode::kOutOfMemory);
   EXPECT_NE(st.message().find("too big"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find(device_->name()), std::string::npos) << st.message();
-  EXPECT_NE(st.message().find(FormatBytes(device_->capacity())), std::string::npos)
-      << st.message();
+  EXPECT_NE(st.message().find(FormatBytes(device_->capacity())), std::string::npos) << st.message();
 }
 
 TEST_F(CudaDeviceTest, RejectsPointersOutsideItsMemoryAndShortSpans) {
@@ -240,8 +259,7 @@ TEST_F(CudaDeviceTest, RejectsPointersOutsideItsMemoryAndShortSpans) {
   ASSERT_TRUE(buffer.ok());
   HostAllocation host = Pinned(4096);
   const DevicePtr<std::byte> past_end = buffer->data() + std::ptrdiff_t(device_->capacity());
-  EXPECT_EQ(device_->CopyToDevice(past_end, host.Whole(), 16).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(device_->CopyToDevice(past_end, host.Whole(), 16).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(device_->Zero(buffer->data(), device_->capacity()).code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(device_->CopyToHost(host.Span(0, 8), buffer->data().As<const std::byte>(), 16).code(),
@@ -265,8 +283,20 @@ TEST_F(CudaDeviceTest, CreateRejectsMissingOrdinalAndOversizedCap) {
 // Finite values that exercise rounding: ties in bf16 and f16, f16 subnormals and overflow,
 // signed zeros, infinities; then random values of several magnitudes.
 std::vector<float> CastInputs(size_t n) {
-  std::vector<float> v = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.0f, 65520.0f, 1e6f, -1e30f,
-                          6e-8f, 3e-8f, 2.98e-8f, 1e-40f, -1e-45f,
+  std::vector<float> v = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          -1.0f,
+                          65504.0f,
+                          65519.0f,
+                          65520.0f,
+                          1e6f,
+                          -1e30f,
+                          6e-8f,
+                          3e-8f,
+                          2.98e-8f,
+                          1e-40f,
+                          -1e-45f,
                           std::numeric_limits<float>::infinity(),
                           -std::numeric_limits<float>::infinity()};
   for (uint32_t bits : {0x3f808000u, 0x3f818000u, 0xbf808000u, 0x3f801000u, 0x3f803000u}) {

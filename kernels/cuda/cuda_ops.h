@@ -11,7 +11,8 @@
 namespace ferry::cuda {
 
 // dst = src converted to dst.dtype, rounding to nearest even (f32 <-> bf16 <-> f16; the same
-// dtype copies). REQUIRES: src.numel() == dst.numel(); both on `d`; no overlap.
+// dtype copies; a same-dtype cast onto itself does nothing). REQUIRES: src.numel() ==
+// dst.numel(); both on `d`; no overlap unless dst is src itself.
 Status Cast(CudaDevice& d, const Tensor& src, const Tensor& dst);
 
 // y = a + b element-wise, math in fp32, stored rounded to nearest even. y may alias a or b.

@@ -6,8 +6,8 @@ namespace ferry {
 
 Status CudaStatus(cudaError_t err, std::string_view what) {
   if (err == cudaSuccess) return Status::Ok();
-  std::string msg = std::string(what) + ": " + cudaGetErrorName(err) + " (" +
-                    cudaGetErrorString(err) + ")";
+  std::string msg =
+      std::string(what) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
   switch (err) {
     case cudaErrorMemoryAllocation:
       return Status::OutOfMemory(std::move(msg) + "; lower the memory cap or the plan's size");
@@ -30,8 +30,8 @@ Status CudaStatus(cudaError_t err, std::string_view what) {
 
 Status CublasStatus(cublasStatus_t err, std::string_view what) {
   if (err == CUBLAS_STATUS_SUCCESS) return Status::Ok();
-  std::string msg = std::string(what) + ": " + cublasGetStatusName(err) + " (" +
-                    cublasGetStatusString(err) + ")";
+  std::string msg =
+      std::string(what) + ": " + cublasGetStatusName(err) + " (" + cublasGetStatusString(err) + ")";
   switch (err) {
     case CUBLAS_STATUS_ALLOC_FAILED:
       return Status::OutOfMemory(std::move(msg));

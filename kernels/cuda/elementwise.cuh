@@ -22,21 +22,28 @@ __device__ __forceinline__ float LoadFloat(__half v) { return __half2float(v); }
 template <typename T>
 __device__ __forceinline__ T StoreFloat(float v);
 template <>
-__device__ __forceinline__ float StoreFloat<float>(float v) { return v; }
+__device__ __forceinline__ float StoreFloat<float>(float v) {
+  return v;
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 StoreFloat<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 template <>
-__device__ __forceinline__ __half StoreFloat<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half StoreFloat<__half>(float v) {
+  return __float2half_rn(v);
+}
 
 // Calls fn(T{}) with T the CUDA storage type of `t`.
 template <typename Fn>
 decltype(auto) WithStorageType(DType t, Fn&& fn) {
   switch (t) {
-    case DType::kBF16: return fn(__nv_bfloat16{});
-    case DType::kF16: return fn(__half{});
-    case DType::kF32: break;
+    case DType::kBF16:
+      return fn(__nv_bfloat16{});
+    case DType::kF16:
+      return fn(__half{});
+    case DType::kF32:
+      break;
   }
   return fn(float{});
 }

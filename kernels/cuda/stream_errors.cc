@@ -5,6 +5,17 @@
 
 namespace ferry {
 
+std::pair<std::unique_lock<std::mutex>, std::unique_lock<std::mutex>> StreamErrorBook::LockBoth(
+    const StreamErrorBook& a, const StreamErrorBook& b) {
+  std::unique_lock<std::mutex> la(a.mu_, std::defer_lock), lb(b.mu_, std::defer_lock);
+  if (&a == &b) {
+    la.lock();
+  } else {
+    std::lock(la, lb);  // deadlock-free whatever the order other threads use
+  }
+  return {std::move(la), std::move(lb)};
+}
+
 uint64_t StreamErrorBook::EnqueueHostItem(int stream) {
   std::lock_guard<std::mutex> lock(mu_);
   StreamState& s = streams_[stream];
@@ -28,13 +39,7 @@ void StreamErrorBook::SetErrorLocked(int stream, const Status& status, uint64_t 
 
 bool StreamErrorBook::Wait(StreamErrorBook& src, const Mark& mark, StreamErrorBook& dst,
                            int dst_stream) {
-  std::unique_lock<std::mutex> src_lock(src.mu_, std::defer_lock);
-  std::unique_lock<std::mutex> dst_lock(dst.mu_, std::defer_lock);
-  if (&src == &dst) {
-    src_lock.lock();
-  } else {
-    std::lock(src_lock, dst_lock);
-  }
+  auto locks = LockBoth(src, dst);
   const StreamState& s = src.streams_[mark.stream];
   if (!s.error.ok() && s.error_seq < mark.seq) {
     // Known failed: everything dst runs after this wait is poisoned.
@@ -59,15 +64,9 @@ void StreamErrorBook::Finish(int stream, uint64_t seq, const Status& status) {
   s.done_seq = std::max(s.done_seq, seq);
 }
 
-void StreamErrorBook::Propagate(const StreamErrorBook& src, const Mark& mark,
-                                StreamErrorBook& dst, int dst_stream, uint64_t dst_seq) {
-  std::unique_lock<std::mutex> src_lock(src.mu_, std::defer_lock);
-  std::unique_lock<std::mutex> dst_lock(dst.mu_, std::defer_lock);
-  if (&src == &dst) {
-    src_lock.lock();
-  } else {
-    std::lock(src_lock, dst_lock);
-  }
+void StreamErrorBook::Propagate(const StreamErrorBook& src, const Mark& mark, StreamErrorBook& dst,
+                                int dst_stream, uint64_t dst_seq) {
+  auto locks = LockBoth(src, dst);
   const StreamState& s = src.streams_[mark.stream];
   if (!s.error.ok() && s.error_seq < mark.seq) dst.SetErrorLocked(dst_stream, s.error, dst_seq);
   StreamState& d = dst.streams_[dst_stream];

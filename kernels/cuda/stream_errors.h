@@ -18,6 +18,7 @@
 #include <array>
 #include <cstdint>
 #include <mutex>
+#include <utility>
 
 #include "kernels/device.h"
 #include "kernels/status.h"
@@ -70,6 +71,9 @@ class StreamErrorBook {
     uint64_t error_order = 0;     // device-wide order of errors, to find the first
   };
   void SetErrorLocked(int stream, const Status& status, uint64_t seq);
+  // Locks the mutexes of two books (once when they are the same book).
+  static std::pair<std::unique_lock<std::mutex>, std::unique_lock<std::mutex>> LockBoth(
+      const StreamErrorBook& a, const StreamErrorBook& b);
 
   mutable std::mutex mu_;
   std::array<StreamState, kNumStreams> streams_;  // guarded by mu_
