@@ -26,6 +26,8 @@ __global__ void CastKernel(const Src* __restrict__ src,  // (n)
 
 Status Cast(CudaDevice& d, const Tensor& src, const Tensor& dst) {
   assert(src.numel() == dst.numel());
+  FERRY_RETURN_IF_ERROR(RequireFloatStorage("cast", src.dtype));
+  FERRY_RETURN_IF_ERROR(RequireFloatStorage("cast", dst.dtype));
   const int64_t n = src.numel();
   if (n == 0 || (src.dtype == dst.dtype && src.data == dst.data)) return Status::Ok();
   return d.EnqueueCompute("cast", [&](const CudaContext& c) -> Status {

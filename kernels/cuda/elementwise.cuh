@@ -9,9 +9,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 #include "kernels/cuda/cuda_context.h"
 #include "kernels/dtype.h"
+#include "kernels/status.h"
 
 namespace ferry::cuda {
 
@@ -34,7 +37,17 @@ __device__ __forceinline__ __half StoreFloat<__half>(float v) {
   return __float2half_rn(v);
 }
 
-// Calls fn(T{}) with T the CUDA storage type of `t`.
+// The dtypes these kernels store (floating point; index dtypes are not element-wise data).
+inline bool IsFloatStorage(DType t) {
+  return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16;
+}
+inline Status RequireFloatStorage(std::string_view op, DType t) {
+  if (IsFloatStorage(t)) return Status::Ok();
+  return Status::InvalidArgument(std::string(op) + ": dtype " + std::string(DTypeName(t)) +
+                                 " is not a floating-point storage dtype");
+}
+
+// Calls fn(T{}) with T the CUDA storage type of `t`. REQUIRES: IsFloatStorage(t).
 template <typename Fn>
 decltype(auto) WithStorageType(DType t, Fn&& fn) {
   switch (t) {

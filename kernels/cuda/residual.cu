@@ -27,6 +27,7 @@ __global__ void ResidualKernel(const T* a,  // (n)
 Status Residual(CudaDevice& d, const Tensor& a, const Tensor& b, const Tensor& y) {
   assert(a.dtype == b.dtype && a.dtype == y.dtype);
   assert(a.numel() == b.numel() && a.numel() == y.numel());
+  FERRY_RETURN_IF_ERROR(RequireFloatStorage("residual", y.dtype));
   const int64_t n = y.numel();
   if (n == 0) return Status::Ok();
   return d.EnqueueCompute("residual", [&](const CudaContext& c) -> Status {
