@@ -11,10 +11,12 @@
 //   (1) s <= t                                  (causal),
 //   (2) t - W < s      when window W > 0        (sliding window: W keys, itself included), and
 //   (3) s and t lie in one document: doc_ids[b*T + u] is the same for every u in [s, t].
-// (2) is Hugging Face's `sliding_window` as its eager/SDPA mask builds it for Mistral/Qwen2
-// (kv_idx > q_idx - sliding_window); W = 0 means no window. (3) takes documents to be contiguous
-// runs of equal ids (a packed batch: ids change at each document start); an id that reappears
-// after a different one starts a new document. Without doc_ids each sequence is one document.
+// (2) is Hugging Face's `sliding_window` exactly as transformers' masking_utils builds it for
+// Mistral/Qwen2 (sliding_window_overlay: kv_idx > q_idx - sliding_window); W = 0 means no window.
+// (3) takes documents to be contiguous runs of equal ids (a packed batch: the id changes at each
+// document start); an id that reappears after a different one starts a new document. This equals
+// HF's packed-sequence mask (equal ids) whenever ids increase from document to document, as HF
+// derives them from position-id resets. Without doc_ids each sequence is one document.
 // Every query sees at least itself, so no row of the softmax is empty.
 //
 // Saved for backward: o and the per-(token, head) log-sum-exp lse_i = log sum_j exp(scale q_i.k_j)
