@@ -12,8 +12,8 @@ namespace ferry::cpu {
 namespace {
 
 constexpr int64_t kBQ = kAttentionQueryTile, kBK = kAttentionKeyTile;
-// Rows of head_dim are zero-padded to a multiple of kLanes so the inner loops run over fixed
-// blocks the compiler vectorizes at -O2.
+// Rows of head_dim are zero-padded to a multiple of kLanes: the tile products
+// (attention_tile_gemm.h) work on 8-column blocks.
 constexpr int64_t kLanes = 8;
 constexpr size_t kAlign = 64;
 

@@ -9,6 +9,9 @@
 //    items as the forward, and a dk/dv pass over (sequence, KV head, key tile) items that walk
 //    the query tiles (of every query head in the group) that can see the key tile. Two passes
 //    recompute the probabilities twice but need no atomics and are deterministic.
+// The tile products run on register-blocked kernels (kernels/cpu/attention_tile_gemm.h). Each
+// output element is computed by one work item in a fixed order: results do not depend on the
+// number of threads or on scheduling.
 // dq, dk, dv are activation gradients: written (=).
 //
 // Scratch (the args' scratch tensor, carved; nothing allocated): the per-token mask lower bound

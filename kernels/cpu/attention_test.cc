@@ -235,6 +235,22 @@ TEST(AttentionTest, PackedBatchEqualsSeparateDocuments) {
   }
 }
 
+// Each output element comes from one work item in a fixed order: the thread count cannot change
+// a single bit.
+TEST(AttentionTest, ResultsDoNotDependOnThreadCount) {
+  const AttnCase one{2, 130, 6, 2, 24, 40, true, DType::kBF16, 1};
+  AttnCase three = one;
+  three.threads = 3;
+  AttnRun a = RandomInputs(one, 77), b = RandomInputs(three, 77);
+  RunFast(one, a);
+  RunFast(three, b);
+  ExpectClose(b.o, a.o, 0, 0, "o");
+  ExpectClose(b.lse, a.lse, 0, 0, "lse");
+  ExpectClose(b.dq, a.dq, 0, 0, "dq");
+  ExpectClose(b.dk, a.dk, 0, 0, "dk");
+  ExpectClose(b.dv, a.dv, 0, 0, "dv");
+}
+
 TEST(AttentionTest, ScratchIsLinearInSequenceLength) {
   const AttentionShape s1{1, 4096, 8, 2, 64}, s2{1, 8192, 8, 2, 64};
   const size_t b1 = cpu::AttentionScratchBytes(4, s1), b2 = cpu::AttentionScratchBytes(4, s2);
