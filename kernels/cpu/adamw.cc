@@ -134,7 +134,8 @@ inline void AccumulateSquares(Vf x, Vd& lo, Vd& hi) {
 inline double SumD(Vd a) {
   alignas(64) double lanes[8];
   _mm512_store_pd(lanes, a);
-  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+         ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 #include "kernels/cpu/adamw_simd.inc"
 }  // namespace avx512
@@ -168,12 +169,16 @@ constexpr AdamWIsa kAvx512Isa{avx512::AdamWUpdateF32, avx512::AdamWUpdateBF16,
 
 const AdamWIsa* IsaFor(SimdLevel level) {
   switch (level) {
-    case SimdLevel::kGeneric: return &kGenericIsa;
+    case SimdLevel::kGeneric:
+      return &kGenericIsa;
 #if defined(__x86_64__)
-    case SimdLevel::kAvx2: return &kAvx2Isa;
-    case SimdLevel::kAvx512: return &kAvx512Isa;
+    case SimdLevel::kAvx2:
+      return &kAvx2Isa;
+    case SimdLevel::kAvx512:
+      return &kAvx512Isa;
 #else
-    default: break;
+    default:
+      break;
 #endif
   }
   return &kGenericIsa;
@@ -198,16 +203,20 @@ void RunOver(ThreadPool* pool, int64_t n, int64_t grain,
 
 std::string_view SimdLevelName(SimdLevel level) {
   switch (level) {
-    case SimdLevel::kGeneric: return "generic";
-    case SimdLevel::kAvx2: return "avx2";
-    case SimdLevel::kAvx512: return "avx512";
+    case SimdLevel::kGeneric:
+      return "generic";
+    case SimdLevel::kAvx2:
+      return "avx2";
+    case SimdLevel::kAvx512:
+      return "avx512";
   }
   return "?";
 }
 
 bool SimdLevelSupported(SimdLevel level) {
   switch (level) {
-    case SimdLevel::kGeneric: return true;
+    case SimdLevel::kGeneric:
+      return true;
 #if defined(__x86_64__)
     case SimdLevel::kAvx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -215,7 +224,8 @@ bool SimdLevelSupported(SimdLevel level) {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
              __builtin_cpu_supports("fma");
 #else
-    default: return false;
+    default:
+      return false;
 #endif
   }
   return false;
@@ -240,8 +250,12 @@ Status AdamWKernel::Update(const AdamWHyperparameters& h, const AdamWHostTensor&
   }
   UpdateFn fn;
   switch (t.g_dtype) {
-    case DType::kF32: fn = isa_->update_f32; break;
-    case DType::kBF16: fn = isa_->update_bf16; break;
+    case DType::kF32:
+      fn = isa_->update_f32;
+      break;
+    case DType::kBF16:
+      fn = isa_->update_bf16;
+      break;
     default:
       return Status::InvalidArgument("AdamW: gradient dtype " + std::string(DTypeName(t.g_dtype)) +
                                      " is not supported; use f32 or bf16");
@@ -264,8 +278,8 @@ double AdamWKernel::SumOfSquares(const void* g, DType g_dtype, int64_t n, Thread
   RunOver(pool, blocks, 1, [&](int64_t b, int64_t e, int) {
     for (int64_t k = b; k < e; ++k) {
       const int64_t begin = k * kSumBlock;
-      partial[size_t(k)] =
-          fn(static_cast<const std::byte*>(g) + size_t(begin) * gsize, std::min(n - begin, kSumBlock));
+      partial[size_t(k)] = fn(static_cast<const std::byte*>(g) + size_t(begin) * gsize,
+                              std::min(n - begin, kSumBlock));
     }
   });
   double sum = 0;

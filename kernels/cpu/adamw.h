@@ -34,12 +34,12 @@ SimdLevel BestSimdLevel();
 
 // One parameter tensor in host memory.
 struct AdamWHostTensor {
-  float* p = nullptr;         // (n) fp32 master weights, updated in place
-  const void* g = nullptr;    // (n) gradient in g_dtype (f32 | bf16), read only
+  float* p = nullptr;       // (n) fp32 master weights, updated in place
+  const void* g = nullptr;  // (n) gradient in g_dtype (f32 | bf16), read only
   DType g_dtype = DType::kF32;
-  float* m = nullptr;         // (n) first moment, updated in place
-  float* v = nullptr;         // (n) second moment, updated in place
-  bf16* p_bf16 = nullptr;     // (n) optional: the updated p rounded to nearest even
+  float* m = nullptr;      // (n) first moment, updated in place
+  float* v = nullptr;      // (n) second moment, updated in place
+  bf16* p_bf16 = nullptr;  // (n) optional: the updated p rounded to nearest even
   int64_t n = 0;
 };
 

@@ -26,7 +26,7 @@ constexpr float kU = DTypeEpsilon(DType::kF32);
 // One instantiation per instruction-set variant; a variant this CPU cannot run
 // reports a skip.
 class AdamWLevelTest : public ::testing::TestWithParam<SimdLevel> {
-protected:
+ protected:
   void SetUp() override {
     if (!cpu::SimdLevelSupported(GetParam())) {
       GTEST_SKIP() << "this CPU lacks " << cpu::SimdLevelName(GetParam());
@@ -35,8 +35,7 @@ protected:
   SimdLevel level() const { return GetParam(); }
 };
 
-INSTANTIATE_TEST_SUITE_P(Levels, AdamWLevelTest,
-                         ::testing::ValuesIn(cpu::kAllSimdLevels),
+INSTANTIATE_TEST_SUITE_P(Levels, AdamWLevelTest, ::testing::ValuesIn(cpu::kAllSimdLevels),
                          [](const ::testing::TestParamInfo<SimdLevel> &info) {
                            return std::string(cpu::SimdLevelName(info.param));
                          });
@@ -72,12 +71,10 @@ TEST_P(AdamWLevelTest, MatchesHandComputedElement) {
     for (int t = 0; t < 2; ++t) {
       std::vector<float> g(n, grads[t]);
       h.step = t + 1;
-      AdamWHostTensor ht{p.data(), g.data(), DType::kF32, m.data(), v.data(),
-                         nullptr,  n};
+      AdamWHostTensor ht{p.data(), g.data(), DType::kF32, m.data(), v.data(), nullptr, n};
       ASSERT_TRUE(AdamWKernel(level()).Update(h, ht, nullptr).ok());
       for (int64_t i = 0; i < n; ++i) {
-        EXPECT_NEAR(p[i], want_p[t], 16 * kU)
-            << "step " << t + 1 << " [" << i << "]";
+        EXPECT_NEAR(p[i], want_p[t], 16 * kU) << "step " << t + 1 << " [" << i << "]";
         EXPECT_NEAR(m[i], want_m[t], 16 * kU * want_m[t]) << "step " << t + 1;
         EXPECT_NEAR(v[i], want_v[t], 16 * kU * want_v[t]) << "step " << t + 1;
       }
@@ -89,20 +86,18 @@ TEST_P(AdamWLevelTest, MatchesHandComputedElement) {
 // bits: both perform the same correctly rounded IEEE operations in the same
 // order on the same fp32 scalars (no contraction: -ffp-contract=off), so any
 // difference is a bug, not rounding.
-void ExpectBitIdenticalToReference(SimdLevel level, DType g_dtype, int64_t n,
-                                   double weight_decay, double grad_scale,
-                                   int threads) {
+void ExpectBitIdenticalToReference(SimdLevel level, DType g_dtype, int64_t n, double weight_decay,
+                                   double grad_scale, int threads) {
   ThreadPool pool(threads);
-  SCOPED_TRACE(std::string(cpu::SimdLevelName(level)) + " g=" +
-               std::string(DTypeName(g_dtype)) + " n=" + std::to_string(n) +
-               " threads=" + std::to_string(threads));
+  SCOPED_TRACE(std::string(cpu::SimdLevelName(level)) + " g=" + std::string(DTypeName(g_dtype)) +
+               " n=" + std::to_string(n) + " threads=" + std::to_string(threads));
   std::vector<float> p = RandomVector(size_t(n), 11, -2.0f, 2.0f);
   std::vector<float> m(size_t(n), 0.0f), v(size_t(n), 0.0f);
   std::vector<float> rp = p, rm = m, rv = v;
   std::vector<bf16> p_bf16(static_cast<size_t>(n));
   for (int t = 1; t <= 4; ++t) {
     AdamWHyperparameters h;
-    h.lr = 1e-3 * t; // a schedule: the scalars change per step
+    h.lr = 1e-3 * t;  // a schedule: the scalars change per step
     h.beta1 = 0.9;
     h.beta2 = 0.95;
     h.eps = 1e-6;
@@ -111,11 +106,9 @@ void ExpectBitIdenticalToReference(SimdLevel level, DType g_dtype, int64_t n,
     h.step = t;
     // Mixed magnitudes, with exact zeros, so sqrt(v) spans many binades.
     std::vector<float> g = RandomVector(size_t(n), 100 + t, -3.0f, 3.0f);
-    for (size_t i = 0; i < g.size(); i += 5)
-      g[i] *= 1e-4f;
-    for (size_t i = 3; i < g.size(); i += 11)
-      g[i] = 0.0f;
-    g = testing::Rounded(g, g_dtype); // what the stored gradient holds
+    for (size_t i = 0; i < g.size(); i += 5) g[i] *= 1e-4f;
+    for (size_t i = 3; i < g.size(); i += 11) g[i] = 0.0f;
+    g = testing::Rounded(g, g_dtype);  // what the stored gradient holds
     testing::HostTensor g_store(g_dtype, Shape{n}, g);
     AdamWHostTensor ht{p.data(), BackendAccess::Raw(g_store.tensor().data),
                        g_dtype,  m.data(),
@@ -126,12 +119,9 @@ void ExpectBitIdenticalToReference(SimdLevel level, DType g_dtype, int64_t n,
     for (int64_t i = 0; i < n; ++i) {
       ASSERT_EQ(std::memcmp(&p[i], &rp[i], 4), 0)
           << "p[" << i << "] step " << t << ": " << p[i] << " vs " << rp[i];
-      ASSERT_EQ(std::memcmp(&m[i], &rm[i], 4), 0)
-          << "m[" << i << "] step " << t;
-      ASSERT_EQ(std::memcmp(&v[i], &rv[i], 4), 0)
-          << "v[" << i << "] step " << t;
-      ASSERT_EQ(p_bf16[i].bits, FloatToBF16(rp[i]).bits)
-          << "p_bf16[" << i << "] step " << t;
+      ASSERT_EQ(std::memcmp(&m[i], &rm[i], 4), 0) << "m[" << i << "] step " << t;
+      ASSERT_EQ(std::memcmp(&v[i], &rv[i], 4), 0) << "v[" << i << "] step " << t;
+      ASSERT_EQ(p_bf16[i].bits, FloatToBF16(rp[i]).bits) << "p_bf16[" << i << "] step " << t;
     }
   }
 }
@@ -166,9 +156,10 @@ TEST_P(AdamWLevelTest, SplitOverThreads) {
 // (|p| + 1) of the double one.
 TEST(AdamWTest, FloatReferenceTracksDouble) {
   const int64_t n = 513;
-  std::vector<float> pf = RandomVector(size_t(n), 5, -2.0f, 2.0f),
-                     mf(static_cast<size_t>(n)), vf(static_cast<size_t>(n));
-  std::vector<double> pd(pf.begin(), pf.end()), md(static_cast<size_t>(n)), vd(static_cast<size_t>(n));
+  std::vector<float> pf = RandomVector(size_t(n), 5, -2.0f, 2.0f), mf(static_cast<size_t>(n)),
+                     vf(static_cast<size_t>(n));
+  std::vector<double> pd(pf.begin(), pf.end()), md(static_cast<size_t>(n)),
+      vd(static_cast<size_t>(n));
   for (int t = 1; t <= 4; ++t) {
     AdamWHyperparameters h;
     h.lr = 1e-2;
@@ -192,8 +183,7 @@ TEST_P(AdamWLevelTest, SumOfSquaresMatchesReference) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (int64_t n : {0, 1, 15, 16, 17, 64, 1000, 100001}) {
       SCOPED_TRACE(std::string(DTypeName(dt)) + " n=" + std::to_string(n));
-      const std::vector<float> g =
-          testing::Rounded(RandomVector(size_t(n), 9, -4, 4), dt);
+      const std::vector<float> g = testing::Rounded(RandomVector(size_t(n), 9, -4, 4), dt);
       testing::HostTensor store(dt, Shape{n}, g);
       const void *raw = BackendAccess::Raw(store.tensor().data);
       const double want = ref::SumOfSquares<float>(g.data(), n);
@@ -202,8 +192,7 @@ TEST_P(AdamWLevelTest, SumOfSquaresMatchesReference) {
       const double got3 = k.SumOfSquares(raw, dt, n, &pool3);
       EXPECT_NEAR(got1, want, double(n) * 1.2e-16 * want);
       // Fixed blocks summed in order: the pool size must not change a bit.
-      EXPECT_EQ(std::memcmp(&got1, &got3, sizeof(double)), 0)
-          << got1 << " vs " << got3;
+      EXPECT_EQ(std::memcmp(&got1, &got3, sizeof(double)), 0) << got1 << " vs " << got3;
     }
   }
 }
@@ -212,8 +201,7 @@ TEST(AdamWTest, RejectsBadHyperparameters) {
   AdamWHyperparameters h;
   EXPECT_TRUE(ValidateAdamWHyperparameters(h).ok());
   h.step = 0;
-  EXPECT_EQ(ValidateAdamWHyperparameters(h).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateAdamWHyperparameters(h).code(), StatusCode::kInvalidArgument);
   h = {};
   h.beta2 = 1.0;
   const Status s = ValidateAdamWHyperparameters(h);
@@ -237,7 +225,7 @@ TEST(AdamWTest, ValidateNamesMismatchedTensor) {
   EXPECT_NE(s.message().find("v is"), std::string::npos) << s.ToString();
   a.v = m.tensor();
   EXPECT_TRUE(ValidateAdamW(a).ok());
-  a.m = g.tensor(); // bf16 moments are not allowed
+  a.m = g.tensor();  // bf16 moments are not allowed
   EXPECT_FALSE(ValidateAdamW(a).ok());
 }
 
@@ -245,13 +233,10 @@ TEST(AdamWTest, ValidateNamesMismatchedTensor) {
 // reference.
 TEST(AdamWTest, TensorKernelMatchesReference) {
   const int64_t n = 300;
-  const std::vector<float> p0 = RandomVector(size_t(n), 1),
-                           g = RandomVector(size_t(n), 2);
-  testing::HostTensor p(DType::kF32, Shape{n}, p0),
-      gt(DType::kF32, Shape{n}, g),
+  const std::vector<float> p0 = RandomVector(size_t(n), 1), g = RandomVector(size_t(n), 2);
+  testing::HostTensor p(DType::kF32, Shape{n}, p0), gt(DType::kF32, Shape{n}, g),
       m(DType::kF32, Shape{n}, std::vector<float>(size_t(n), 0.0f)),
-      v(DType::kF32, Shape{n}, std::vector<float>(size_t(n), 0.0f)),
-      pb(DType::kBF16, Shape{n});
+      v(DType::kF32, Shape{n}, std::vector<float>(size_t(n), 0.0f)), pb(DType::kBF16, Shape{n});
   AdamWHyperparameters h;
   h.weight_decay = 0.05;
   AdamWArgs a{p.tensor(), gt.tensor(), m.tensor(), v.tensor(), pb.tensor(), h};
@@ -264,9 +249,8 @@ TEST(AdamWTest, TensorKernelMatchesReference) {
   testing::ExpectClose(p.Get(), rp, 0, 0, "p");
   testing::ExpectClose(m.Get(), rm, 0, 0, "m");
   testing::ExpectClose(v.Get(), rv, 0, 0, "v");
-  testing::ExpectClose(pb.Get(), testing::Rounded(rp, DType::kBF16), 0, 0,
-                       "p_bf16");
+  testing::ExpectClose(pb.Get(), testing::Rounded(rp, DType::kBF16), 0, 0, "p_bf16");
 }
 
-} // namespace
-} // namespace ferry
+}  // namespace
+}  // namespace ferry

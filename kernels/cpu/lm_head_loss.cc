@@ -110,9 +110,9 @@ Status CheckTargets(const int32_t* targets, int64_t N, int64_t V) {
   for (int64_t i = 0; i < N; ++i) {
     const int32_t t = targets[i];
     if (t != kIgnoreIndex && (t < 0 || t >= V)) {
-      return Status::InvalidArgument("lm_head_loss: target[" + std::to_string(i) + "] = " +
-                                     std::to_string(t) + " is outside [0, " + std::to_string(V) +
-                                     ") and is not the ignore index " +
+      return Status::InvalidArgument("lm_head_loss: target[" + std::to_string(i) +
+                                     "] = " + std::to_string(t) + " is outside [0, " +
+                                     std::to_string(V) + ") and is not the ignore index " +
                                      std::to_string(kIgnoreIndex));
     }
   }
@@ -124,15 +124,15 @@ Status Run(ThreadPool& pool, const LmHeadLossArgs& a, bool backward) {
   const int64_t N = a.h.dim(0), C = a.h.dim(1), V = a.w.dim(0);
   const int64_t chunk = a.chunk_tokens;
   const int parts = pool.size();
-  const ScratchLayout L = MakeLayout(parts, chunk, V, C, a.h.dtype,
-                                     backward ? a.dw.dtype : DType::kF32, backward);
+  const ScratchLayout L =
+      MakeLayout(parts, chunk, V, C, a.h.dtype, backward ? a.dw.dtype : DType::kF32, backward);
   if (a.scratch.bytes() < L.total) {
-    return Status::InvalidArgument("lm_head_loss: scratch has " + std::to_string(a.scratch.bytes()) +
-                                   " bytes; " + std::to_string(L.total) +
-                                   " needed (LmHeadLossScratchBytes)");
+    return Status::InvalidArgument("lm_head_loss: scratch has " +
+                                   std::to_string(a.scratch.bytes()) + " bytes; " +
+                                   std::to_string(L.total) + " needed (LmHeadLossScratchBytes)");
   }
-  const T* h = BackendAccess::Data<T>(a.h);   // (N, C)
-  const T* w = BackendAccess::Data<T>(a.w);   // (V, C)
+  const T* h = BackendAccess::Data<T>(a.h);                                  // (N, C)
+  const T* w = BackendAccess::Data<T>(a.w);                                  // (V, C)
   const int32_t* targets = N > 0 ? BackendAccess::Raw(a.targets) : nullptr;  // (N)
   FERRY_RETURN_IF_ERROR(CheckTargets(targets, N, V));
   T* dh = backward ? BackendAccess::Data<T>(a.dh) : nullptr;  // (N, C)
@@ -148,7 +148,8 @@ Status Run(ThreadPool& pool, const LmHeadLossArgs& a, bool backward) {
     return reinterpret_cast<float*>(base + L.per_thread + size_t(k) * L.thread_stride + offset);
   };
   if (backward) {
-    for (int k = 0; k < parts; ++k) std::memset(thread_piece(k, L.dh_partial), 0, size_t(chunk * C) * 4);
+    for (int k = 0; k < parts; ++k)
+      std::memset(thread_piece(k, L.dh_partial), 0, size_t(chunk * C) * 4);
   }
   auto part_begin = [&](int64_t k) { return k * V / parts; };
   const float s = float(a.loss_scale / a.normalizer);
@@ -162,11 +163,10 @@ Status Run(ThreadPool& pool, const LmHeadLossArgs& a, bool backward) {
     if constexpr (std::is_same_v<T, float>) {
       hc = h + n0 * C;
     } else {
-      pool.ParallelFor(cn, std::max<int64_t>(1, 4096 / std::max<int64_t>(C, 1)),
-                       [&](int64_t b, int64_t e, int) {
-                         ConvertToFloat(DType::kBF16, h + (n0 + b) * C, h_panel + b * C,
-                                        size_t((e - b) * C));
-                       });
+      pool.ParallelFor(
+          cn, std::max<int64_t>(1, 4096 / std::max<int64_t>(C, 1)), [&](int64_t b, int64_t e, int) {
+            ConvertToFloat(DType::kBF16, h + (n0 + b) * C, h_panel + b * C, size_t((e - b) * C));
+          });
       hc = h_panel;
     }
     // A: logits (cn, V), each part its vocabulary range.
@@ -177,8 +177,8 @@ Status Run(ThreadPool& pool, const LmHeadLossArgs& a, bool backward) {
         for (int64_t v0 = part_begin(k); v0 < v_end; v0 += block) {
           const int64_t rows = std::min(block, v_end - v0);
           const float* wr = WeightRows(w, v0, rows, C, thread_piece(worker, L.w_panel));
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(cn), int(rows), int(C), 1.0f,
-                      hc, int(C), wr, int(C), 0.0f, logits + v0, int(V));
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(cn), int(rows), int(C), 1.0f, hc,
+                      int(C), wr, int(C), 0.0f, logits + v0, int(V));
         }
       }
     });
@@ -206,7 +206,8 @@ Status Run(ThreadPool& pool, const LmHeadLossArgs& a, bool backward) {
         float* partial = thread_piece(int(k), L.dh_partial);  // (cn, C)
         for (int64_t v0 = part_begin(k); v0 < v_end; v0 += block) {
           const int64_t rows = std::min(block, v_end - v0);
-          AccumulateWeightGrad(dw, logits, hc, cn, V, C, v0, rows, thread_piece(worker, L.dw_panel));
+          AccumulateWeightGrad(dw, logits, hc, cn, V, C, v0, rows,
+                               thread_piece(worker, L.dw_panel));
           const float* wr = WeightRows(w, v0, rows, C, thread_piece(worker, L.w_panel));
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(cn), int(C), int(rows), 1.0f,
                       logits + v0, int(V), wr, int(C), 1.0f, partial, int(C));
@@ -216,18 +217,18 @@ Status Run(ThreadPool& pool, const LmHeadLossArgs& a, bool backward) {
     // D: dh rows = sum of partials in part order; partials are cleared for the next chunk.
     pool.ParallelFor(cn, std::max<int64_t>(1, 4096 / std::max<int64_t>(C, 1)),
                      [&](int64_t b, int64_t e, int) {
-      for (int64_t r = b; r < e; ++r) {
-        float* p0 = thread_piece(0, L.dh_partial) + r * C;
-        T* out = dh + (n0 + r) * C;
-        for (int k = 1; k < parts; ++k) {
-          float* pk = thread_piece(k, L.dh_partial) + r * C;
-          for (int64_t c = 0; c < C; ++c) p0[c] += pk[c];
-          std::memset(pk, 0, size_t(C) * 4);
-        }
-        for (int64_t c = 0; c < C; ++c) out[c] = FromFloat<T>(p0[c]);
-        std::memset(p0, 0, size_t(C) * 4);
-      }
-    });
+                       for (int64_t r = b; r < e; ++r) {
+                         float* p0 = thread_piece(0, L.dh_partial) + r * C;
+                         T* out = dh + (n0 + r) * C;
+                         for (int k = 1; k < parts; ++k) {
+                           float* pk = thread_piece(k, L.dh_partial) + r * C;
+                           for (int64_t c = 0; c < C; ++c) p0[c] += pk[c];
+                           std::memset(pk, 0, size_t(C) * 4);
+                         }
+                         for (int64_t c = 0; c < C; ++c) out[c] = FromFloat<T>(p0[c]);
+                         std::memset(p0, 0, size_t(C) * 4);
+                       }
+                     });
   }
   if (!a.loss_sum.data.is_null()) {
     *BackendAccess::Data<float>(a.loss_sum) = float(loss_sum / a.normalizer);

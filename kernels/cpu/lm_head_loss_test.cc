@@ -61,18 +61,17 @@ void CheckCase(const Case& c) {
   const std::vector<float> w = Rounded(RandomVector(size_t(V * C), 2), c.dtype);
   const std::vector<float> dw0 = Rounded(RandomVector(size_t(V * C), 3, -0.1f, 0.1f), c.dw_dtype);
   const std::vector<int32_t> targets = MakeTargets(N, V, c.ignore_every, 4);
-  const int64_t valid = std::count_if(targets.begin(), targets.end(),
-                                      [](int32_t t) { return t != kIgnoreIndex; });
+  const int64_t valid =
+      std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != kIgnoreIndex; });
   // The global batch has more tokens than this micro-batch.
   const double normalizer = double(valid + 3);
 
   // Reference in double.
   std::vector<double> ref_loss(static_cast<size_t>(N)), ref_dh(static_cast<size_t>(N * C));
   std::vector<double> ref_dw = ToDouble(dw0);
-  const double ref_sum =
-      ref::LmHeadLoss<double>(ToDouble(h).data(), ToDouble(w).data(), targets.data(), N, V, C,
-                              normalizer, c.loss_scale, ref_loss.data(), ref_dh.data(),
-                              ref_dw.data());
+  const double ref_sum = ref::LmHeadLoss<double>(ToDouble(h).data(), ToDouble(w).data(),
+                                                 targets.data(), N, V, C, normalizer, c.loss_scale,
+                                                 ref_loss.data(), ref_dh.data(), ref_dw.data());
 
   ThreadPool pool(c.threads);
   HostTensor th(c.dtype, Shape{N, C}, h), tw(c.dtype, Shape{V, C}, w);
@@ -170,9 +169,10 @@ TEST(LmHeadLossTest, DeterministicForAPoolSize) {
   for (int run = 0; run < 2; ++run) {
     HostTensor th(DType::kF32, Shape{N, C}, h), tw(DType::kF32, Shape{V, C}, w);
     HostTensor tdh(DType::kF32, Shape{N, C}), tdw(DType::kF32, Shape{V, C});
-    HostTensor scratch(DType::kF32,
-                       Shape{int64_t(cpu::LmHeadLossScratchBytes(3, 4, V, C, DType::kF32,
-                                                                 DType::kF32, true) / 4)});
+    HostTensor scratch(
+        DType::kF32,
+        Shape{
+            int64_t(cpu::LmHeadLossScratchBytes(3, 4, V, C, DType::kF32, DType::kF32, true) / 4)});
     LmHeadLossArgs a;
     a.h = th.tensor();
     a.w = tw.tensor();

@@ -11,15 +11,16 @@ namespace ferry {
 namespace {
 
 Status CheckTensor(const Tensor& t, const char* name, int64_t n, bool allow_bf16) {
-  if (t.data.is_null()) return Status::InvalidArgument(std::string("AdamW: ") + name + " is missing");
+  if (t.data.is_null())
+    return Status::InvalidArgument(std::string("AdamW: ") + name + " is missing");
   if (!(t.dtype == DType::kF32 || (allow_bf16 && t.dtype == DType::kBF16))) {
     return Status::InvalidArgument(std::string("AdamW: ") + name + " is " + t.ToString() +
                                    "; expected " + (allow_bf16 ? "f32 or bf16" : "f32"));
   }
   if (t.numel() != n) {
     return Status::InvalidArgument(std::string("AdamW: ") + name + " is " + t.ToString() +
-                                   " with " + std::to_string(t.numel()) +
-                                   " elements; expected " + std::to_string(n) + " (as p)");
+                                   " with " + std::to_string(t.numel()) + " elements; expected " +
+                                   std::to_string(n) + " (as p)");
   }
   return Status::Ok();
 }
@@ -56,8 +57,9 @@ Status ValidateAdamW(const AdamWArgs& a) {
   FERRY_RETURN_IF_ERROR(CheckTensor(a.v, "v", n, false));
   if (!a.p_bf16.data.is_null()) {
     if (a.p_bf16.dtype != DType::kBF16 || a.p_bf16.numel() != n) {
-      return Status::InvalidArgument("AdamW: p_bf16 is " + a.p_bf16.ToString() + "; expected bf16 with " +
-                                     std::to_string(n) + " elements (as p)");
+      return Status::InvalidArgument("AdamW: p_bf16 is " + a.p_bf16.ToString() +
+                                     "; expected bf16 with " + std::to_string(n) +
+                                     " elements (as p)");
     }
   }
   return ValidateAdamWHyperparameters(a.hyper);

@@ -1,5 +1,6 @@
 // AdamW through its dispatcher on a CpuDevice: two steps on device tensors against the fp32
-// reference, bit for bit (the kernel's rounding order is the reference's; kernels/cpu/adamw_test.cc).
+// reference, bit for bit (the kernel's rounding order is the reference's;
+// kernels/cpu/adamw_test.cc).
 #include "kernels/ops/adamw.h"
 
 #include <gtest/gtest.h>
@@ -41,8 +42,8 @@ TEST(AdamWOp, TwoStepsOnACpuDeviceMatchReference) {
     h.weight_decay = 0.1;
     h.grad_scale = 0.5;
     h.step = t;
-    const Status s = AdamWStep(dev, {tp.tensor(), tg.tensor(), tm.tensor(), tv.tensor(),
-                                     tpb.tensor(), h});
+    const Status s =
+        AdamWStep(dev, {tp.tensor(), tg.tensor(), tm.tensor(), tv.tensor(), tpb.tensor(), h});
     ASSERT_TRUE(s.ok()) << s.ToString();
     ASSERT_TRUE(dev.Synchronize().ok());
     ref::AdamWStep<float>(h, p.data(), g.data(), m.data(), v.data(), n);

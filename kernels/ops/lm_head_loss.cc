@@ -48,7 +48,8 @@ Status ValidateLmHeadLoss(const LmHeadLossArgs& a, bool backward) {
   if (!(a.loss_scale > 0) || !std::isfinite(a.loss_scale)) {
     return Bad("loss_scale = " + std::to_string(a.loss_scale) + "; expected > 0");
   }
-  if (a.chunk_tokens < 1) return Bad("chunk_tokens = " + std::to_string(a.chunk_tokens) + "; expected >= 1");
+  if (a.chunk_tokens < 1)
+    return Bad("chunk_tokens = " + std::to_string(a.chunk_tokens) + "; expected >= 1");
   if (!a.token_loss.data.is_null()) {
     FERRY_RETURN_IF_ERROR(CheckTensor(a.token_loss, "token_loss", Shape{N}, DType::kF32));
   }
@@ -95,8 +96,6 @@ Status Enqueue(Device& d, const LmHeadLossArgs& a, bool backward) {
 
 Status LmHeadLossForward(Device& d, const LmHeadLossArgs& a) { return Enqueue(d, a, false); }
 
-Status LmHeadLossForwardBackward(Device& d, const LmHeadLossArgs& a) {
-  return Enqueue(d, a, true);
-}
+Status LmHeadLossForwardBackward(Device& d, const LmHeadLossArgs& a) { return Enqueue(d, a, true); }
 
 }  // namespace ferry

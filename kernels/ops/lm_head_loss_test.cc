@@ -38,13 +38,15 @@ TEST(LmHeadLossOp, RunsInAnArenaSmallerThanTheLogits) {
   const std::vector<float> h = testing::Rounded(RandomVector(size_t(N * C), 1), DType::kBF16);
   const std::vector<float> w = testing::Rounded(RandomVector(size_t(V * C), 2), DType::kBF16);
   std::vector<int32_t> targets(static_cast<size_t>(N));
-  for (int64_t i = 0; i < N; ++i) targets[size_t(i)] = i % 7 == 3 ? kIgnoreIndex : int32_t(i * 37 % V);
+  for (int64_t i = 0; i < N; ++i)
+    targets[size_t(i)] = i % 7 == 3 ? kIgnoreIndex : int32_t(i * 37 % V);
   const std::vector<float> dw0 = RandomVector(size_t(V * C), 3, -0.1f, 0.1f);
 
   DeviceTensor th(dev, DType::kBF16, Shape{N, C}, "h"), tw(dev, DType::kBF16, Shape{V, C}, "w");
   DeviceTensor tt(dev, DType::kF32, Shape{N}, "targets");  // int32 bytes in an f32-sized buffer
   DeviceTensor tdh(dev, DType::kBF16, Shape{N, C}, "dh"), tdw(dev, DType::kF32, Shape{V, C}, "dw");
-  DeviceTensor tloss(dev, DType::kF32, Shape{N}, "token_loss"), tsum(dev, DType::kF32, Shape{1}, "loss");
+  DeviceTensor tloss(dev, DType::kF32, Shape{N}, "token_loss"),
+      tsum(dev, DType::kF32, Shape{1}, "loss");
   DeviceTensor scratch(dev, DType::kF32, Shape{int64_t(scratch_bytes / 4)}, "lm_head scratch");
   ASSERT_TRUE(th.ok() && tw.ok() && tt.ok() && tdh.ok() && tdw.ok() && tloss.ok() && tsum.ok() &&
               scratch.ok());

@@ -23,7 +23,7 @@ struct AdamWScalars {
   R one_minus_beta1;
   R beta2;
   R one_minus_beta2;
-  R bc2_sqrt;       // sqrt(1 - beta2^t)
+  R bc2_sqrt;  // sqrt(1 - beta2^t)
   R eps;
   R neg_step_size;  // -lr / (1 - beta1^t)
 };
@@ -33,10 +33,14 @@ AdamWScalars<R> MakeAdamWScalars(const AdamWHyperparameters& h) {
   const double t = double(h.step);
   const double bc1 = 1.0 - std::pow(h.beta1, t);
   const double bc2 = 1.0 - std::pow(h.beta2, t);
-  return AdamWScalars<R>{R(h.grad_scale),        h.weight_decay != 0.0,
-                         R(1.0 - h.lr * h.weight_decay), R(1.0 - h.beta1),
-                         R(h.beta2),             R(1.0 - h.beta2),
-                         R(std::sqrt(bc2)),      R(h.eps),
+  return AdamWScalars<R>{R(h.grad_scale),
+                         h.weight_decay != 0.0,
+                         R(1.0 - h.lr * h.weight_decay),
+                         R(1.0 - h.beta1),
+                         R(h.beta2),
+                         R(1.0 - h.beta2),
+                         R(std::sqrt(bc2)),
+                         R(h.eps),
                          R(-(h.lr / bc1))};
 }
 
