@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -13,11 +12,13 @@
 #include "kernels/cpu/rope.h"
 #include "kernels/ops/attention.h"
 #include "kernels/ops/rope.h"
+#include "kernels/testing/device_staging.h"
 #include "kernels/testing/op_testing.h"
 
 namespace ferry {
 namespace {
 
+using testing::DeviceTensor;
 using testing::HostTensor;
 using testing::RandomVector;
 using testing::Rounded;
@@ -31,45 +32,12 @@ std::unique_ptr<CpuDevice> MakeDevice(size_t bytes, int threads) {
   return d.ok() ? std::move(d).value() : nullptr;
 }
 
-// A device buffer holding one tensor.
-struct DeviceTensor {
-  DeviceBuffer buffer;
-  Tensor tensor;
-};
-
-// Allocates `h`'s shape on d (requester `name`) and uploads its contents through a host mapping.
-DeviceTensor Upload(Device& d, HostTensor& h, const char* name) {
-  const Tensor src = h.tensor();
-  DeviceTensor out;
-  auto buf = d.Allocate(src.bytes(), name);
-  EXPECT_TRUE(buf.ok()) << buf.status().ToString();
-  if (!buf.ok()) return out;
-  auto staging = HostAllocation::Map(src.bytes(), name);
-  EXPECT_TRUE(staging.ok());
-  std::memcpy(staging->data(), BackendAccess::Raw(src.data), src.bytes());
-  EXPECT_TRUE(d.CopyToDevice(buf->data(), staging->Span(0, src.bytes()), src.bytes()).ok());
-  EXPECT_TRUE(d.Synchronize(StreamId::kUpload).ok());
-  out.tensor = buf->View(src.dtype, src.shape);
-  out.buffer = std::move(buf).value();
-  return out;
-}
-
-DeviceTensor UploadValues(Device& d, DType t, Shape s, const std::vector<float>& v,
-                          const char* name) {
-  HostTensor h(t, s, v);
-  return Upload(d, h, name);
-}
-
-// Waits for the device's work and downloads a tensor's values as floats.
-std::vector<float> Download(Device& d, const Tensor& t) {
-  EXPECT_TRUE(d.Synchronize().ok());
-  auto staging = HostAllocation::Map(t.bytes(), "download");
-  EXPECT_TRUE(staging.ok());
-  EXPECT_TRUE(d.CopyToHost(staging->Span(0, t.bytes()), t.data, t.bytes()).ok());
-  EXPECT_TRUE(d.Synchronize(StreamId::kDownload).ok());
-  std::vector<float> v(size_t(t.numel()));
-  ConvertToFloat(t.dtype, staging->data(), v.data(), v.size());
-  return v;
+// A device tensor holding `v` (rounded to dtype t).
+DeviceTensor Uploaded(Device& d, DType t, Shape shape, const std::vector<float>& v,
+                      const char* name) {
+  DeviceTensor dt(d, t, shape, name);
+  dt.Upload(v);
+  return dt;
 }
 
 // RoPE on q and k, attention forward and backward, RoPE backward on dq and dk: on the device
@@ -125,51 +93,44 @@ TEST(AttentionDispatchTest, RopeThenAttentionMatchesDirectKernels) {
   auto dev = MakeDevice(size_t(8) << 20, threads);
   ASSERT_NE(dev, nullptr);
   Device& d = *dev;
-  DeviceTensor dq_in = UploadValues(d, t, {n, qw}, q, "q"),
-               dk_in = UploadValues(d, t, {n, kw}, k, "k");
-  DeviceTensor dv_in = UploadValues(d, t, {n, kw}, v, "v");
-  DeviceTensor ddo = UploadValues(d, t, {n, qw}, d_o, "d_o");
-  DeviceTensor dpos = UploadValues(d, DType::kI32, {n}, pos, "positions");
-  DeviceTensor ddocs = UploadValues(d, DType::kI32, {n}, docs, "doc_ids");
-  auto alloc = [&](DType dt, Shape sh, const char* name) {
-    auto b = d.Allocate(size_t(sh.numel()) * DTypeSize(dt), name);
-    EXPECT_TRUE(b.ok()) << b.status().ToString();
-    DeviceTensor out;
-    out.tensor = b->View(dt, sh);
-    out.buffer = std::move(b).value();
-    return out;
-  };
-  DeviceTensor o = alloc(t, {n, qw}, "o"), lse = alloc(DType::kF32, {n, s.q_heads}, "lse");
-  DeviceTensor dq = alloc(t, {n, qw}, "dq"), dk = alloc(t, {n, kw}, "dk"),
-               dv = alloc(t, {n, kw}, "dv");
-  DeviceTensor scratch = alloc(DType::kF32, {int64_t(AttentionScratchBytes(d, s) / 4)}, "scratch");
-  const Tensor dpos_t = dpos.tensor;
+  DeviceTensor dq_in = Uploaded(d, t, {n, qw}, q, "q"), dk_in = Uploaded(d, t, {n, kw}, k, "k");
+  DeviceTensor dv_in = Uploaded(d, t, {n, kw}, v, "v");
+  DeviceTensor ddo = Uploaded(d, t, {n, qw}, d_o, "d_o");
+  DeviceTensor dpos = Uploaded(d, DType::kI32, {n}, pos, "positions");
+  DeviceTensor ddocs = Uploaded(d, DType::kI32, {n}, docs, "doc_ids");
+  DeviceTensor o(d, t, {n, qw}, "o"), lse(d, DType::kF32, {n, s.q_heads}, "lse");
+  DeviceTensor dq(d, t, {n, qw}, "dq"), dk(d, t, {n, kw}, "dk"), dv(d, t, {n, kw}, "dv");
+  DeviceTensor scratch(d, DType::kF32, {int64_t(AttentionScratchBytes(d, s) / 4)}, "scratch");
+  const Tensor dpos_t = dpos.tensor();
   ASSERT_TRUE(
-      RopeForward(d, {dq_in.tensor, dq_in.tensor, dpos_t, {}, s.q_heads, s.head_dim, 0, 1e4f})
+      RopeForward(d, {dq_in.tensor(), dq_in.tensor(), dpos_t, {}, s.q_heads, s.head_dim, 0, 1e4f})
           .ok());
   ASSERT_TRUE(
-      RopeForward(d, {dk_in.tensor, dk_in.tensor, dpos_t, {}, s.kv_heads, s.head_dim, 0, 1e4f})
+      RopeForward(d, {dk_in.tensor(), dk_in.tensor(), dpos_t, {}, s.kv_heads, s.head_dim, 0, 1e4f})
           .ok());
-  ASSERT_TRUE(AttentionForward(d, {s, dq_in.tensor, dk_in.tensor, dv_in.tensor, ddocs.tensor,
-                                   o.tensor, lse.tensor, scratch.tensor, scale, window})
-                  .ok());
-  ASSERT_TRUE(AttentionBackward(d, {s, dq_in.tensor, dk_in.tensor, dv_in.tensor, ddocs.tensor,
-                                    o.tensor, lse.tensor, ddo.tensor, dq.tensor, dk.tensor,
-                                    dv.tensor, scratch.tensor, scale, window})
-                  .ok());
   ASSERT_TRUE(
-      RopeBackward(d, {dq.tensor, dq.tensor, dpos_t, {}, s.q_heads, s.head_dim, 0, 1e4f}).ok());
+      AttentionForward(d, {s, dq_in.tensor(), dk_in.tensor(), dv_in.tensor(), ddocs.tensor(),
+                           o.tensor(), lse.tensor(), scratch.tensor(), scale, window})
+          .ok());
   ASSERT_TRUE(
-      RopeBackward(d, {dk.tensor, dk.tensor, dpos_t, {}, s.kv_heads, s.head_dim, 0, 1e4f}).ok());
+      AttentionBackward(d, {s, dq_in.tensor(), dk_in.tensor(), dv_in.tensor(), ddocs.tensor(),
+                            o.tensor(), lse.tensor(), ddo.tensor(), dq.tensor(), dk.tensor(),
+                            dv.tensor(), scratch.tensor(), scale, window})
+          .ok());
+  ASSERT_TRUE(
+      RopeBackward(d, {dq.tensor(), dq.tensor(), dpos_t, {}, s.q_heads, s.head_dim, 0, 1e4f}).ok());
+  ASSERT_TRUE(
+      RopeBackward(d, {dk.tensor(), dk.tensor(), dpos_t, {}, s.kv_heads, s.head_dim, 0, 1e4f})
+          .ok());
 
   // Identical code on identical inputs: exact equality (tolerance 0).
-  testing::ExpectClose(Download(d, dq_in.tensor), hq.Get(), 0, 0, "rope(q)");
-  testing::ExpectClose(Download(d, dk_in.tensor), hk.Get(), 0, 0, "rope(k)");
-  testing::ExpectClose(Download(d, o.tensor), ho.Get(), 0, 0, "o");
-  testing::ExpectClose(Download(d, lse.tensor), hlse.Get(), 0, 0, "lse");
-  testing::ExpectClose(Download(d, dq.tensor), hdq.Get(), 0, 0, "dq");
-  testing::ExpectClose(Download(d, dk.tensor), hdk.Get(), 0, 0, "dk");
-  testing::ExpectClose(Download(d, dv.tensor), hdv.Get(), 0, 0, "dv");
+  testing::ExpectClose(dq_in.Download(), hq.Get(), 0, 0, "rope(q)");
+  testing::ExpectClose(dk_in.Download(), hk.Get(), 0, 0, "rope(k)");
+  testing::ExpectClose(o.Download(), ho.Get(), 0, 0, "o");
+  testing::ExpectClose(lse.Download(), hlse.Get(), 0, 0, "lse");
+  testing::ExpectClose(dq.Download(), hdq.Get(), 0, 0, "dq");
+  testing::ExpectClose(dk.Download(), hdk.Get(), 0, 0, "dk");
+  testing::ExpectClose(dv.Download(), hdv.Get(), 0, 0, "dv");
 }
 
 // T = 4096 with small heads, forward and backward through the dispatchers on a device whose
@@ -191,35 +152,26 @@ TEST(AttentionDispatchTest, LongSequenceRunsInArenaSmallerThanTxT) {
                            v = RandomVector(size_t(n * kw), 23);
   const std::vector<float> d_o = RandomVector(size_t(n * qw), 24);
   const DType f32 = DType::kF32;
-  DeviceTensor tq = UploadValues(d, f32, {n, qw}, q, "q"),
-               tk = UploadValues(d, f32, {n, kw}, k, "k");
-  DeviceTensor tv = UploadValues(d, f32, {n, kw}, v, "v"),
-               tdo = UploadValues(d, f32, {n, qw}, d_o, "d_o");
-  std::vector<DeviceBuffer> keep;
-  auto alloc = [&](DType dt, Shape sh, const char* name) {
-    auto b = d.Allocate(size_t(sh.numel()) * DTypeSize(dt), name);
-    EXPECT_TRUE(b.ok()) << b.status().ToString();
-    if (!b.ok()) return Tensor{};
-    const Tensor view = b->View(dt, sh);
-    keep.push_back(std::move(b).value());
-    return view;
-  };
-  const Tensor o = alloc(f32, {n, qw}, "o"), lse = alloc(f32, {n, s.q_heads}, "lse");
-  const Tensor dq = alloc(f32, {n, qw}, "dq"), dk = alloc(f32, {n, kw}, "dk");
-  const Tensor dv = alloc(f32, {n, kw}, "dv");
-  const Tensor scratch = alloc(f32, {int64_t(AttentionScratchBytes(d, s) / 4)}, "scratch");
+  DeviceTensor tq = Uploaded(d, f32, {n, qw}, q, "q"), tk = Uploaded(d, f32, {n, kw}, k, "k");
+  DeviceTensor tv = Uploaded(d, f32, {n, kw}, v, "v"), tdo = Uploaded(d, f32, {n, qw}, d_o, "d_o");
+  DeviceTensor o_buf(d, f32, {n, qw}, "o"), lse_buf(d, f32, {n, s.q_heads}, "lse");
+  DeviceTensor dq_buf(d, f32, {n, qw}, "dq"), dk_buf(d, f32, {n, kw}, "dk");
+  DeviceTensor dv_buf(d, f32, {n, kw}, "dv");
+  DeviceTensor scratch_buf(d, f32, {int64_t(AttentionScratchBytes(d, s) / 4)}, "scratch");
+  const Tensor o = o_buf.tensor(), lse = lse_buf.tensor(), dq = dq_buf.tensor();
+  const Tensor dk = dk_buf.tensor(), dv = dv_buf.tensor(), scratch = scratch_buf.tensor();
   ASSERT_FALSE(HasFailure());
   ASSERT_TRUE(
-      AttentionForward(d, {s, tq.tensor, tk.tensor, tv.tensor, {}, o, lse, scratch, scale, 0})
+      AttentionForward(d, {s, tq.tensor(), tk.tensor(), tv.tensor(), {}, o, lse, scratch, scale, 0})
           .ok());
   ASSERT_TRUE(AttentionBackward(d, {s,
-                                    tq.tensor,
-                                    tk.tensor,
-                                    tv.tensor,
+                                    tq.tensor(),
+                                    tk.tensor(),
+                                    tv.tensor(),
                                     {},
                                     o,
                                     lse,
-                                    tdo.tensor,
+                                    tdo.tensor(),
                                     dq,
                                     dk,
                                     dv,
@@ -227,8 +179,9 @@ TEST(AttentionDispatchTest, LongSequenceRunsInArenaSmallerThanTxT) {
                                     scale,
                                     0})
                   .ok());
-  const std::vector<float> go = Download(d, o), glse = Download(d, lse), gdq = Download(d, dq);
-  const std::vector<float> gdk = Download(d, dk), gdv = Download(d, dv);
+  const std::vector<float> go = o_buf.Download(), glse = lse_buf.Download();
+  const std::vector<float> gdq = dq_buf.Download(), gdk = dk_buf.Download();
+  const std::vector<float> gdv = dv_buf.Download();
   EXPECT_LT(d.arena_stats().peak, arena);
 
   auto dot = [&](const std::vector<float>& a, int64_t ai, const std::vector<float>& b, int64_t bi) {
@@ -306,14 +259,8 @@ TEST(AttentionDispatchTest, ValidationNamesTheProblem) {
   ASSERT_NE(dev, nullptr);
   Device& d = *dev;
   const AttentionShape s{1, 4, 2, 1, 8};
-  std::vector<DeviceBuffer> keep;
-  auto alloc = [&](DType dt, Shape sh) {
-    auto b = d.Allocate(size_t(sh.numel()) * DTypeSize(dt), "t");
-    EXPECT_TRUE(b.ok());
-    const Tensor view = b->View(dt, sh);
-    keep.push_back(std::move(b).value());
-    return view;
-  };
+  std::vector<DeviceTensor> keep;
+  auto alloc = [&](DType dt, Shape sh) { return keep.emplace_back(d, dt, sh, "t").tensor(); };
   const Tensor q = alloc(DType::kF32, {4, 16}), k = alloc(DType::kF32, {4, 8});
   const Tensor bad_v = alloc(DType::kF32, {4, 16}), o = alloc(DType::kF32, {4, 16});
   const Tensor lse = alloc(DType::kF32, {4, 2});
