@@ -120,7 +120,8 @@ void NvmeStore::Impl::Enqueue(std::shared_ptr<Transfer> t) {
       t->handle->Finish(Status::Cancelled("the NVMe store is shutting down"));
       return;
     }
-    queues.Push(t->priority, std::move(t));
+    const TransferPriority p = t->priority;
+    queues.Push(p, std::move(t));
   }
   engine->Wake();
 }
