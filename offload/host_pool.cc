@@ -16,10 +16,10 @@ namespace {
 constexpr int kMpolBind = 2;  // MPOL_BIND from <linux/mempolicy.h>
 
 std::string Bytes(size_t n) {
-  if (n >= (size_t{1} << 30) && n % (size_t{1} << 20) == 0) {
+  if (n >= (size_t{1} << 20) && n % (size_t{1} << 20) == 0) {
     return std::to_string(n >> 20) + " MiB";
   }
-  if (n >= (size_t{1} << 20)) return std::to_string(n >> 10) + " KiB";
+  if (n >= 1024 && n % 1024 == 0) return std::to_string(n >> 10) + " KiB";
   return std::to_string(n) + " bytes";
 }
 

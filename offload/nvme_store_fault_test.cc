@@ -213,17 +213,16 @@ TEST(StoreFull, FileSizeLimitIsNoSpaceAndEarlierEntriesStayReadable) {
   ASSERT_FALSE(dir.path().empty());
   const std::string msg = testing::RunInChild([&]() -> std::string {
     std::signal(SIGXFSZ, SIG_IGN);  // so the limit gives EFBIG instead of killing the process
-    rlimit rl{1 << 20, 1 << 20};
-    if (setrlimit(RLIMIT_FSIZE, &rl) != 0) return "SKIP: cannot set RLIMIT_FSIZE";
     auto o = SmallStoreOptions(dir.path(), StoreBackend::kAuto);
-    o.segment_bytes = 2 << 20;  // each segment file passes the 1 MiB limit
+    o.segment_bytes = 512 << 10;
+    o.reserve_bytes = 512 << 10;  // segment 0 exists before the limit is set
     auto store = NvmeStore::Open(o);
     if (!store.ok()) return "open: " + store.status().ToString();
-    auto data = Pattern(100, 1);
-    const Status s = (*store)->Write("first", data);
-    if (s.code() != StatusCode::kNoSpace) return "expected NoSpace, got " + s.ToString();
-    if (s.message().find("segment-00000") == std::string::npos) return "no file named: " + s.ToString();
-    return "";
+    // Writes at or past 256 KiB of any file now fail with EFBIG: the second entry fails at the
+    // completion level, and a new segment could not be reserved either.
+    rlimit rl{256 << 10, 256 << 10};
+    if (setrlimit(RLIMIT_FSIZE, &rl) != 0) return "SKIP: cannot set RLIMIT_FSIZE";
+    return FillUntilFull(**store, 64);
   });
   if (msg.rfind("SKIP: ", 0) == 0) GTEST_SKIP() << msg.substr(6);
   EXPECT_EQ(msg, "");
