@@ -29,6 +29,7 @@ Result<StoreRate> MeasureStoreRate(
     x ^= x << 17;
     words[i] = x;
   }
+  std::memset(dst.data(), 0, dst.size());  // fault the pages in now, not inside the timing
   const auto data = std::span<const std::byte>(src.data(), bytes);
   const std::string name = "store-rate";
   FERRY_RETURN_IF_ERROR(store->Write(name, data, TransferPriority::kSpill));  // lay out
