@@ -86,13 +86,11 @@ void NvmeStore::Impl::Run() {
       }
     }
     for (auto& t : finished) Finalize(t);
-    for (Work& w : work) Start(w.t, w.block, w.buffer);
-    if (!work.empty()) {
-      if (Status s = engine->Flush(); !s.ok()) {
-        // The ring itself failed: fail what was just queued; completions may still arrive.
-        for (Work& w : work) {
-          if (w.t->status.ok()) w.t->status = s.WithContext("NVMe store dispatcher");
-        }
+    // Submit each block as soon as it is prepared, so the disk starts while the next is copied.
+    for (Work& w : work) {
+      Start(w.t, w.block, w.buffer);
+      if (Status s = engine->Flush(); !s.ok() && w.t->status.ok()) {
+        w.t->status = s.WithContext("NVMe store dispatcher");  // its completions still arrive
       }
     }
     if (inflight_count == 0 && stopping) return;
