@@ -17,6 +17,14 @@ std::shared_ptr<TransferHandle::State> NewHandleState() {
   return std::make_shared<TransferHandle::State>();
 }
 
+std::shared_ptr<Transfer> NewTransfer(Transfer::Kind kind, TransferPriority priority) {
+  auto t = std::make_shared<Transfer>();
+  t->kind = kind;
+  t->priority = priority;
+  t->handle = NewHandleState();
+  return t;
+}
+
 TransferHandle Failed(Status s) {
   auto st = NewHandleState();
   st->Finish(std::move(s));
@@ -111,6 +119,16 @@ void NvmeStore::Impl::Log(std::string_view line) const {
   } else {
     std::fprintf(stderr, "ferry: %.*s\n", int(line.size()), line.data());
   }
+}
+
+TransferHandle NvmeStore::Impl::Submit(std::shared_ptr<Transfer> t) {
+  TransferHandle h(t->handle);
+  if (t->num_blocks == 0) {
+    Finalize(t);
+  } else {
+    Enqueue(std::move(t));
+  }
+  return h;
 }
 
 void NvmeStore::Impl::Enqueue(std::shared_ptr<Transfer> t) {
@@ -212,14 +230,11 @@ TransferHandle NvmeStore::WriteAsync(std::string name, std::span<const std::byte
                                      TransferPriority priority, Compression compression) {
   Impl& s = *impl_;
   const size_t B = s.options.block_bytes;
-  auto t = std::make_shared<Transfer>();
-  t->kind = Transfer::Kind::kWrite;
-  t->priority = priority;
+  auto t = NewTransfer(Transfer::Kind::kWrite, priority);
   t->name = std::move(name);
   t->src = src;
   t->compression = compression;
   t->num_blocks = (src.size() + B - 1) / B;
-  t->handle = NewHandleState();
   auto slots = s.allocator->Allocate(t->num_blocks);
   if (!slots.ok()) return Failed(slots.status().WithContext("writing entry '" + t->name + "'"));
   t->version = std::make_shared<EntryVersion>();
@@ -227,24 +242,15 @@ TransferHandle NvmeStore::WriteAsync(std::string name, std::span<const std::byte
   t->version->allocator = s.allocator.get();
   t->version->blocks.resize(t->num_blocks);
   for (size_t i = 0; i < t->num_blocks; ++i) t->version->blocks[i].slot = (*slots)[i];
-  TransferHandle h(t->handle);
-  if (t->num_blocks == 0) {
-    s.Finalize(t);
-  } else {
-    s.Enqueue(std::move(t));
-  }
-  return h;
+  return s.Submit(std::move(t));
 }
 
 TransferHandle NvmeStore::ReadAsync(const std::string& name, std::span<std::byte> dst,
                                     TransferPriority priority) {
   Impl& s = *impl_;
-  auto t = std::make_shared<Transfer>();
-  t->kind = Transfer::Kind::kRead;
-  t->priority = priority;
+  auto t = NewTransfer(Transfer::Kind::kRead, priority);
   t->name = name;
   t->dst = dst;
-  t->handle = NewHandleState();
   {
     std::lock_guard lock(s.mu);
     auto it = s.index.find(name);
@@ -259,13 +265,7 @@ TransferHandle NvmeStore::ReadAsync(const std::string& name, std::span<std::byte
         " bytes into a buffer of " + std::to_string(dst.size())));
   }
   t->num_blocks = t->version->blocks.size();
-  TransferHandle h(t->handle);
-  if (t->num_blocks == 0) {
-    s.Finalize(t);
-  } else {
-    s.Enqueue(std::move(t));
-  }
-  return h;
+  return s.Submit(std::move(t));
 }
 
 Status NvmeStore::Write(std::string name, std::span<const std::byte> src,
@@ -336,12 +336,9 @@ Result<uint64_t> NvmeStore::ExternalSize(int file) const {
 TransferHandle NvmeStore::ReadExternalAsync(int file, uint64_t offset, std::span<std::byte> dst,
                                             TransferPriority priority) {
   Impl& s = *impl_;
-  auto t = std::make_shared<Transfer>();
-  t->kind = Transfer::Kind::kReadExternal;
-  t->priority = priority;
+  auto t = NewTransfer(Transfer::Kind::kReadExternal, priority);
   t->dst = dst;
   t->offset = offset;
-  t->handle = NewHandleState();
   {
     std::lock_guard lock(s.mu);
     if (file < 0 || size_t(file) >= s.externals.size()) {
@@ -360,13 +357,7 @@ TransferHandle NvmeStore::ReadExternalAsync(int file, uint64_t offset, std::span
   t->aligned_end = AlignUp(offset + dst.size(), kDirectAlign);
   const size_t B = s.options.block_bytes;
   t->num_blocks = dst.empty() ? 0 : (t->aligned_end - t->aligned_begin + B - 1) / B;
-  TransferHandle h(t->handle);
-  if (t->num_blocks == 0) {
-    s.Finalize(t);
-  } else {
-    s.Enqueue(std::move(t));
-  }
-  return h;
+  return s.Submit(std::move(t));
 }
 
 // ---- introspection --------------------------------------------------------------------------

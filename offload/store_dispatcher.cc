@@ -36,6 +36,15 @@ std::string Where(const Transfer& t, size_t block, uint64_t offset, const std::s
   return "";
 }
 
+// Points a block's I/O at its slot: the stored payload rounded up to the O_DIRECT alignment.
+void AimAtSlot(const StoredBlock& sb, IoKind kind, InflightBlock& b) {
+  b.io_len = uint32_t(AlignUp(sb.stored_len, kDirectAlign));
+  b.needed = b.io_len;
+  b.file_offset = sb.slot.offset;
+  b.request.kind = kind;
+  b.request.fd = sb.slot.fd;
+}
+
 }  // namespace
 
 double NvmeStore::Impl::DiskRate() const {
@@ -151,22 +160,13 @@ void NvmeStore::Impl::Start(const std::shared_ptr<Transfer>& tp, size_t block, u
         std::memcpy(b.buf, data.data(), data.size());
         sb.stored_len = uint32_t(data.size());
       }
-      b.io_len = uint32_t(AlignUp(sb.stored_len, kDirectAlign));
+      AimAtSlot(sb, IoKind::kWrite, b);
       std::memset(b.buf + sb.stored_len, 0, b.io_len - sb.stored_len);
       sb.crc = Crc32c({b.buf, sb.stored_len});
-      b.needed = b.io_len;
-      b.file_offset = sb.slot.offset;
-      r.kind = IoKind::kWrite;
-      r.fd = sb.slot.fd;
       break;
     }
     case Transfer::Kind::kRead: {
-      const StoredBlock& sb = t.version->blocks[block];
-      b.io_len = uint32_t(AlignUp(sb.stored_len, kDirectAlign));
-      b.needed = b.io_len;
-      b.file_offset = sb.slot.offset;
-      r.kind = IoKind::kRead;
-      r.fd = sb.slot.fd;
+      AimAtSlot(t.version->blocks[block], IoKind::kRead, b);
       break;
     }
     case Transfer::Kind::kReadExternal: {

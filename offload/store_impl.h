@@ -125,6 +125,8 @@ struct NvmeStore::Impl {
 
   explicit Impl(NvmeStoreOptions o);
   ~Impl();
+  // Queues the transfer (or finishes it at once when it has no blocks); returns its handle.
+  TransferHandle Submit(std::shared_ptr<Transfer> t);
   void Enqueue(std::shared_ptr<Transfer> t);
   void Log(std::string_view line) const;
   // store_dispatcher.cc
