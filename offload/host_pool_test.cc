@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <cstring>
+#include <fstream>
 
 #include "offload/offload_test_util.h"
 
@@ -145,7 +146,17 @@ TEST(HostPool, LockLimitIsReportedWithTheFix) {
     auto pool = HostPool::Create(o);
     if (!pool.ok()) return pool.status().ToString();
     auto b = (*pool)->Allocate(kMiB, HostMemoryKind::kPinned, "upload staging");
-    if (b.ok()) return "locking 4 MiB under a 64 KiB limit succeeded";
+    if (b.ok()) {
+      // ASan replaces mlock with a no-op: nothing is locked, so no limit can be hit.
+      std::ifstream status("/proc/self/status");
+      for (std::string line; std::getline(status, line);) {
+        if (line.rfind("VmLck:", 0) == 0 && line.find(" 0 kB") != std::string::npos) {
+          return "SKIP: mlock does nothing in this build (sanitizer interceptor), so the "
+                 "memory-lock limit cannot be hit";
+        }
+      }
+      return "locking 4 MiB under a 64 KiB limit succeeded";
+    }
     const std::string m = b.status().message();
     for (const char* part : {"'upload staging'", "RLIMIT_MEMLOCK is 64 KiB", "ulimit -l",
                              "limits.conf"}) {
