@@ -1,0 +1,41 @@
+// CPU cast kernel, and the bulk conversions every CPU kernel in this directory uses to read
+// storage dtypes as fp32 and to write fp32 results back (round to nearest even). The conversion
+// loops are written in blocks of 8 so the compiler vectorizes them at -O2.
+// Thread-safety: pure functions over caller-owned memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/dtype.h"
+#include "kernels/ops/cast.h"
+#include "kernels/status.h"
+#include "kernels/tensor.h"
+
+namespace ferry::cpu {
+
+// Elements per fp32 staging buffer on the stack (kernels process rows in pieces of this size).
+inline constexpr int64_t kStageElems = 512;
+
+// dst[i] = float(src[i]) for n elements of storage dtype t (f32, bf16 or f16).
+void ConvertRowToFloat(DType t, const void* src, float* dst, int64_t n);
+// dst[i] = round(src[i]) into storage dtype t. src and dst must not overlap.
+void ConvertRowFromFloat(const float* src, DType t, void* dst, int64_t n);
+
+// Reads n elements starting at element `offset` of `t` as fp32: returns the tensor's own memory
+// when it is f32 (no copy), otherwise converts into `stage` (>= n floats) and returns it.
+const float* LoadFloats(const Tensor& t, int64_t offset, int64_t n, float* stage);
+// Where a kernel should write n fp32 results destined for element `offset` of `t`: the tensor's
+// own memory when it is f32, otherwise `stage`; StoreFloats then rounds `stage` into the tensor
+// (a no-op for f32).
+float* OutputFloats(const Tensor& t, int64_t offset, float* stage);
+void StoreFloats(const float* results, const Tensor& t, int64_t offset, int64_t n);
+
+// Raw address of element `offset` of a tensor (any dtype).
+std::byte* ElementAddress(const Tensor& t, int64_t offset);
+
+// dst = cast(src), in parallel over the pool.
+Status Cast(ThreadPool& pool, const CastArgs& a);
+
+}  // namespace ferry::cpu
