@@ -1,0 +1,207 @@
+// kernels_bench: CPU-device kernel rates next to the machine's own ceiling, measured in the same
+// run so each figure reads as a ratio.
+//
+//  - GEMM: ferry's GEMM on a CpuDevice (its ThreadPool of --threads workers, serial OpenBLAS per
+//    block) at transformer shapes, f32 and bf16 storage, and a large square; beside it the plain
+//    multithreaded OpenBLAS (the pthread build, loaded privately with dlopen so it does not clash
+//    with the serial one ferry links) with the same thread count on the same f32 shape.
+//    ratio = ferry / plain.
+//  - AdamW versus a memory-bandwidth triad: BenchAdamWVsTriad below (its own program,
+//    bench/adamw_bench.cc, owns the measurement).
+//
+// Usage: kernels_bench [--threads N] [--quick]
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_device.h"
+#include "kernels/host_memory.h"
+#include "kernels/ops/gemm.h"
+
+namespace ferry {
+namespace {
+
+constexpr const char* kPthreadOpenBlas =
+    "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0";
+
+// The pthread OpenBLAS, loaded into its own symbol scope. Owns the dlopen handle.
+class PlainOpenBlas {
+ public:
+  using SgemmFn = void (*)(int, int, int, int, int, int, float, const float*, int, const float*,
+                           int, float, float*, int);
+  static std::unique_ptr<PlainOpenBlas> Load(int threads) {
+    void* h = dlopen(kPthreadOpenBlas, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    if (h == nullptr) {
+      std::fprintf(stderr, "plain OpenBLAS unavailable (%s): no ceiling column\n", dlerror());
+      return nullptr;
+    }
+    auto set_threads = reinterpret_cast<void (*)(int)>(dlsym(h, "openblas_set_num_threads"));
+    auto sgemm = reinterpret_cast<SgemmFn>(dlsym(h, "cblas_sgemm"));
+    if (set_threads == nullptr || sgemm == nullptr) {
+      std::fprintf(stderr, "plain OpenBLAS lacks cblas_sgemm/openblas_set_num_threads\n");
+      dlclose(h);
+      return nullptr;
+    }
+    set_threads(threads);
+    return std::unique_ptr<PlainOpenBlas>(new PlainOpenBlas(h, sgemm));
+  }
+  ~PlainOpenBlas() { dlclose(handle_); }
+  PlainOpenBlas(const PlainOpenBlas&) = delete;
+  PlainOpenBlas& operator=(const PlainOpenBlas&) = delete;
+
+  // Row-major C = op(A) op(B), as cblas (CblasRowMajor = 101, NoTrans = 111, Trans = 112).
+  void Sgemm(bool ta, bool tb, int m, int n, int k, const float* a, const float* b, float* c) {
+    sgemm_(101, ta ? 112 : 111, tb ? 112 : 111, m, n, k, 1.0f, a, ta ? m : k, b, tb ? k : n, 0.0f,
+           c, n);
+  }
+
+ private:
+  PlainOpenBlas(void* h, SgemmFn f) : handle_(h), sgemm_(f) {}
+  void* handle_;
+  SgemmFn sgemm_;
+};
+
+// Best seconds per call over `reps` calls after one warm-up call.
+double BestSeconds(int reps, const std::function<void()>& fn) {
+  fn();
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                              .count());
+  }
+  return best;
+}
+
+struct GemmShape {
+  const char* what;
+  int64_t m, n, k;
+  bool ta, tb;
+};
+
+void Check(const Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+// Uploads n random values of dtype t into buf at byte offset 0.
+void FillRandom(Device& dev, const DeviceBuffer& buf, DType t, int64_t n, HostAllocation& host) {
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = u(rng);
+  ConvertFromFloat(v.data(), t, host.data(), v.size());
+  Check(dev.CopyToDevice(buf.data(), host.Span(0, size_t(n) * DTypeSize(t)), size_t(n) * DTypeSize(t)),
+        "upload");
+  Check(dev.Synchronize(), "upload");
+}
+
+void BenchGemm(CpuDevice& dev, PlainOpenBlas* plain, int threads, bool quick) {
+  std::vector<GemmShape> shapes;
+  const std::vector<int64_t> tokens = quick ? std::vector<int64_t>{256, 1024}
+                                            : std::vector<int64_t>{256, 1024, 2048};
+  for (int64_t h : {int64_t(768), int64_t(2048)}) {
+    for (int64_t t : tokens) {
+      shapes.push_back({"fwd y=xW^T up  ", t, 4 * h, h, false, true});
+      shapes.push_back({"bwd dW+=dy^T x  ", 4 * h, h, t, true, false});
+    }
+  }
+  shapes.push_back({"square          ", 2048, 2048, 2048, false, false});
+
+  const int reps = quick ? 1 : 2;
+  size_t max_elems = 0;
+  for (const auto& s : shapes) max_elems = std::max({max_elems, size_t(s.m * s.k), size_t(s.k * s.n), size_t(s.m * s.n)});
+  auto host = HostAllocation::Map(max_elems * 4, "bench host staging");
+  Check(host.status(), "host staging");
+  std::vector<float> pa(max_elems), pb(max_elems), pc(max_elems);
+  for (size_t i = 0; i < max_elems; ++i) pa[i] = pb[i] = float(i % 7) * 0.1f;
+
+  std::printf("GEMM on CpuDevice, %d threads (plain = pthread OpenBLAS, %d threads, f32)\n",
+              threads, threads);
+  std::printf("%-16s %5s %5s %5s %-5s %10s %10s %6s\n", "shape", "M", "N", "K", "dtype",
+              "ferry GF/s", "plain GF/s", "ratio");
+  for (const auto& s : shapes) {
+    const double flops = 2.0 * double(s.m) * double(s.n) * double(s.k);
+    const double plain_s = plain == nullptr ? 0 : BestSeconds(reps, [&] {
+      plain->Sgemm(s.ta, s.tb, int(s.m), int(s.n), int(s.k), pa.data(), pb.data(), pc.data());
+    });
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      const Shape sa = s.ta ? Shape{s.k, s.m} : Shape{s.m, s.k};
+      const Shape sb = s.tb ? Shape{s.n, s.k} : Shape{s.k, s.n};
+      const size_t scratch = GemmScratchBytes(dev, s.m, s.n, s.k, {dt, dt, dt});
+      auto a = dev.Allocate(size_t(sa.numel()) * DTypeSize(dt), "a");
+      auto b = dev.Allocate(size_t(sb.numel()) * DTypeSize(dt), "b");
+      auto c = dev.Allocate(size_t(s.m * s.n) * DTypeSize(dt), "c");
+      auto w = dev.Allocate(std::max<size_t>(scratch, 4), "scratch");
+      Check(a.status(), "alloc a");
+      Check(b.status(), "alloc b");
+      Check(c.status(), "alloc c");
+      Check(w.status(), "alloc scratch");
+      FillRandom(dev, *a, dt, sa.numel(), *host);
+      FillRandom(dev, *b, dt, sb.numel(), *host);
+      GemmArgs g{.a = a->View(dt, sa), .b = b->View(dt, sb), .c = c->View(dt, {s.m, s.n}),
+                 .scratch = w->View(DType::kF32, {int64_t(std::max<size_t>(scratch, 4) / 4)}),
+                 .trans_a = s.ta, .trans_b = s.tb};
+      const double ferry_s = BestSeconds(reps, [&] {
+        Check(Gemm(dev, g), "gemm");
+        Check(dev.Synchronize(), "gemm");
+      });
+      const double ferry_gf = flops / ferry_s * 1e-9;
+      const double plain_gf = plain_s > 0 ? flops / plain_s * 1e-9 : 0;
+      std::printf("%-16s %5lld %5lld %5lld %-5s %10.1f %10.1f %6.2f\n", s.what, (long long)s.m,
+                  (long long)s.n, (long long)s.k, std::string(DTypeName(dt)).c_str(), ferry_gf,
+                  plain_gf, plain_gf > 0 ? ferry_gf / plain_gf : 0.0);
+      std::fflush(stdout);
+    }
+  }
+}
+
+// AdamW versus a memory-bandwidth triad (a[i] = b[i] + s * c[i], the optimizer step's ceiling):
+// measured by bench/adamw_bench.cc, which owns the optimizer kernels. When that section moves
+// here, it goes in this function, which main() already calls.
+void BenchAdamWVsTriad(CpuDevice& dev, int threads) {
+  (void)dev;
+  std::printf("\nAdamW vs triad (%d threads): run build/bench/adamw_bench\n", threads);
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  int threads = 2;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+      threads = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else {
+      std::fprintf(stderr, "usage: %s [--threads N] [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  ferry::CpuDeviceOptions o;
+  o.name = "bench-cpu";
+  o.memory_bytes = size_t(1) << 30;
+  o.compute_threads = threads;
+  auto dev = ferry::CpuDevice::Create(o);
+  if (!dev.ok()) {
+    std::fprintf(stderr, "CpuDevice: %s\n", dev.status().ToString().c_str());
+    return 1;
+  }
+  auto plain = ferry::PlainOpenBlas::Load(threads);
+  ferry::BenchGemm(**dev, plain.get(), threads, quick);
+  ferry::BenchAdamWVsTriad(**dev, threads);
+  return 0;
+}
