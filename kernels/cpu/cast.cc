@@ -70,13 +70,10 @@ Status Cast(ThreadPool& pool, const CastArgs& a) {
     });
     return Status::Ok();
   }
-  pool.ParallelFor(n, 1 << 14, [&](int64_t begin, int64_t end, int) {
+  ParallelPieces(pool, n, [&](int64_t i, int64_t len) {
     float stage[kStageElems];
-    for (int64_t i = begin; i < end; i += kStageElems) {
-      const int64_t len = std::min(kStageElems, end - i);
-      const float* x = LoadFloats(a.src, i, len, stage);
-      ConvertRowFromFloat(x, a.dst.dtype, ElementAddress(a.dst, i), len);
-    }
+    const float* x = LoadFloats(a.src, i, len, stage);
+    ConvertRowFromFloat(x, a.dst.dtype, ElementAddress(a.dst, i), len);
   });
   return Status::Ok();
 }

@@ -4,6 +4,7 @@
 // Thread-safety: pure functions over caller-owned memory.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -34,6 +35,15 @@ void StoreFloats(const float* results, const Tensor& t, int64_t offset, int64_t 
 
 // Raw address of element `offset` of a tensor (any dtype).
 std::byte* ElementAddress(const Tensor& t, int64_t offset);
+
+// Runs fn(offset, len) over [0, n) in pieces of at most kStageElems elements, in parallel over
+// the pool (for elementwise kernels: each piece fits the stack staging buffers).
+template <typename Fn>
+void ParallelPieces(ThreadPool& pool, int64_t n, const Fn& fn) {
+  pool.ParallelFor(n, int64_t(1) << 14, [&](int64_t begin, int64_t end, int) {
+    for (int64_t i = begin; i < end; i += kStageElems) fn(i, std::min(kStageElems, end - i));
+  });
+}
 
 // dst = cast(src), in parallel over the pool.
 Status Cast(ThreadPool& pool, const CastArgs& a);
