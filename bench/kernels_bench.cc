@@ -76,8 +76,8 @@ double BestSeconds(int reps, const std::function<void()>& fn) {
   for (int r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     fn();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-                              .count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
 }
@@ -102,15 +102,16 @@ void FillRandom(Device& dev, const DeviceBuffer& buf, DType t, int64_t n, HostAl
   std::vector<float> v(static_cast<size_t>(n));
   for (auto& x : v) x = u(rng);
   ConvertFromFloat(v.data(), t, host.data(), v.size());
-  Check(dev.CopyToDevice(buf.data(), host.Span(0, size_t(n) * DTypeSize(t)), size_t(n) * DTypeSize(t)),
+  Check(dev.CopyToDevice(buf.data(), host.Span(0, size_t(n) * DTypeSize(t)),
+                         size_t(n) * DTypeSize(t)),
         "upload");
   Check(dev.Synchronize(), "upload");
 }
 
 void BenchGemm(CpuDevice& dev, PlainOpenBlas* plain, int threads, bool quick) {
   std::vector<GemmShape> shapes;
-  const std::vector<int64_t> tokens = quick ? std::vector<int64_t>{256, 1024}
-                                            : std::vector<int64_t>{256, 1024, 2048};
+  const std::vector<int64_t> tokens =
+      quick ? std::vector<int64_t>{256, 1024} : std::vector<int64_t>{256, 1024, 2048};
   for (int64_t h : {int64_t(768), int64_t(2048)}) {
     for (int64_t t : tokens) {
       shapes.push_back({"fwd y=xW^T up  ", t, 4 * h, h, false, true});
@@ -121,7 +122,8 @@ void BenchGemm(CpuDevice& dev, PlainOpenBlas* plain, int threads, bool quick) {
 
   const int reps = quick ? 1 : 2;
   size_t max_elems = 0;
-  for (const auto& s : shapes) max_elems = std::max({max_elems, size_t(s.m * s.k), size_t(s.k * s.n), size_t(s.m * s.n)});
+  for (const auto& s : shapes)
+    max_elems = std::max({max_elems, size_t(s.m * s.k), size_t(s.k * s.n), size_t(s.m * s.n)});
   auto host = HostAllocation::Map(max_elems * 4, "bench host staging");
   Check(host.status(), "host staging");
   std::vector<float> pa(max_elems), pb(max_elems), pc(max_elems);
@@ -150,9 +152,12 @@ void BenchGemm(CpuDevice& dev, PlainOpenBlas* plain, int threads, bool quick) {
       Check(w.status(), "alloc scratch");
       FillRandom(dev, *a, dt, sa.numel(), *host);
       FillRandom(dev, *b, dt, sb.numel(), *host);
-      GemmArgs g{.a = a->View(dt, sa), .b = b->View(dt, sb), .c = c->View(dt, {s.m, s.n}),
+      GemmArgs g{.a = a->View(dt, sa),
+                 .b = b->View(dt, sb),
+                 .c = c->View(dt, {s.m, s.n}),
                  .scratch = w->View(DType::kF32, {int64_t(std::max<size_t>(scratch, 4) / 4)}),
-                 .trans_a = s.ta, .trans_b = s.tb};
+                 .trans_a = s.ta,
+                 .trans_b = s.tb};
       const double ferry_s = BestSeconds(reps, [&] {
         Check(Gemm(dev, g), "gemm");
         Check(dev.Synchronize(), "gemm");

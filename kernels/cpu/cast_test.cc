@@ -18,8 +18,14 @@ using testing::HostTensor;
 
 std::vector<float> Values(size_t n) {
   std::vector<float> v = testing::RandomVector(n, 1, -70000, 70000);  // past fp16's range
-  const float specials[] = {0.0f, -0.0f, 1.0f, 1.00390625f /* bf16 tie */, 1.01171875f,
-                            65504.0f, 65520.0f /* f16 overflow tie */, 1e-8f /* f16 subnormal */,
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            1.0f,
+                            1.00390625f /* bf16 tie */,
+                            1.01171875f,
+                            65504.0f,
+                            65520.0f /* f16 overflow tie */,
+                            1e-8f /* f16 subnormal */,
                             std::numeric_limits<float>::infinity(),
                             -std::numeric_limits<float>::infinity(),
                             std::numeric_limits<float>::quiet_NaN()};
@@ -45,8 +51,8 @@ TEST(CpuCast, EveryPairMatchesScalarConversion) {
         for (size_t i = 0; i < in.size(); ++i) {
           // Exact: the kernel must round exactly as the scalar conversion does.
           if (!SameValue(out[i], RoundTo(to, in[i])) && bad++ < 5) {
-            ADD_FAILURE() << DTypeName(from) << "->" << DTypeName(to) << " [" << i << "] "
-                          << in[i] << " -> " << out[i] << ", want " << RoundTo(to, in[i]);
+            ADD_FAILURE() << DTypeName(from) << "->" << DTypeName(to) << " [" << i << "] " << in[i]
+                          << " -> " << out[i] << ", want " << RoundTo(to, in[i]);
           }
         }
         EXPECT_EQ(bad, 0);

@@ -7,9 +7,9 @@
 namespace ferry::cpu {
 namespace {
 
-constexpr float kSqrtHalf = 0.70710678118654752f;      // 1 / sqrt(2)
-constexpr float kInvSqrt2Pi = 0.39894228040143268f;    // 1 / sqrt(2 pi)
-constexpr float kSqrt2OverPi = 0.79788456080286536f;   // sqrt(2 / pi)
+constexpr float kSqrtHalf = 0.70710678118654752f;     // 1 / sqrt(2)
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;   // 1 / sqrt(2 pi)
+constexpr float kSqrt2OverPi = 0.79788456080286536f;  // sqrt(2 / pi)
 constexpr float kCubic = 0.044715f;
 
 void ForwardPiece(GeluApprox approx, const float* x, float* y, int64_t n) {
@@ -35,7 +35,8 @@ void BackwardPiece(GeluApprox approx, const float* x, const float* dy, float* dx
   } else {
     for (int64_t j = 0; j < n; ++j) {
       const float v = x[j];
-      const float d = 0.5f * (1.0f + std::erf(v * kSqrtHalf)) + v * std::exp(-0.5f * v * v) * kInvSqrt2Pi;
+      const float d =
+          0.5f * (1.0f + std::erf(v * kSqrtHalf)) + v * std::exp(-0.5f * v * v) * kInvSqrt2Pi;
       dx[j] = dy[j] * d;
     }
   }

@@ -20,8 +20,8 @@ struct Tiling {
   int64_t mb = 0, nb = 0, kb = 0;  // tile rows, tile columns, panel depth
   int64_t tiles_m = 0, tiles_n = 0;
   bool direct_a = true, direct_b = true, direct_c = true;  // f32: used in place
-  int64_t a_floats = 0, b_floats = 0, c_floats = 0;         // per-worker scratch parts
-  int64_t worker_floats = 0;                                // their sum, 64-byte aligned
+  int64_t a_floats = 0, b_floats = 0, c_floats = 0;        // per-worker scratch parts
+  int64_t worker_floats = 0;                               // their sum, 64-byte aligned
 };
 
 Tiling PlanTiling(int threads, int64_t m, int64_t n, int64_t k, GemmDTypes dt) {
@@ -159,7 +159,8 @@ Status Gemm(ThreadPool& pool, const GemmArgs& g) {
                                    " bytes, this product needs " + std::to_string(need) +
                                    " (size it with GemmScratchBytes)");
   }
-  float* scratch = need == 0 ? nullptr : reinterpret_cast<float*>(BackendAccess::Raw(g.scratch.data));
+  float* scratch =
+      need == 0 ? nullptr : reinterpret_cast<float*>(BackendAccess::Raw(g.scratch.data));
   pool.ParallelFor(t.tiles_m * t.tiles_n, 1, [&](int64_t begin, int64_t end, int worker) {
     for (int64_t tile = begin; tile < end; ++tile) {
       const int64_t m0 = (tile / t.tiles_n) * t.mb;

@@ -38,11 +38,11 @@ struct Case {
 // |beta||c| + |bias| (the classic gamma_k bound, plus one rounding each for alpha, beta*c and
 // the bias add) and u_c is the unit roundoff of C's dtype (one final rounding to storage).
 void CheckGemm(const Case& cs, GemmDTypes dt, int threads, uint64_t seed) {
-  SCOPED_TRACE(::testing::Message() << "m=" << cs.m << " n=" << cs.n << " k=" << cs.k
-                                    << " ta=" << cs.ta << " tb=" << cs.tb << " alpha=" << cs.alpha
-                                    << " beta=" << cs.beta << " bias=" << cs.bias << " dtypes="
-                                    << DTypeName(dt.a) << "," << DTypeName(dt.b) << ","
-                                    << DTypeName(dt.c) << " threads=" << threads);
+  SCOPED_TRACE(::testing::Message()
+               << "m=" << cs.m << " n=" << cs.n << " k=" << cs.k << " ta=" << cs.ta
+               << " tb=" << cs.tb << " alpha=" << cs.alpha << " beta=" << cs.beta
+               << " bias=" << cs.bias << " dtypes=" << DTypeName(dt.a) << "," << DTypeName(dt.b)
+               << "," << DTypeName(dt.c) << " threads=" << threads);
   const Shape sa = cs.ta ? Shape{cs.k, cs.m} : Shape{cs.m, cs.k};
   const Shape sb = cs.tb ? Shape{cs.n, cs.k} : Shape{cs.k, cs.n};
   const auto a = Rounded(RandomVector(size_t(cs.m * cs.k), seed), dt.a);
@@ -54,11 +54,13 @@ void CheckGemm(const Case& cs, GemmDTypes dt, int threads, uint64_t seed) {
   const auto bias = Rounded(RandomVector(size_t(cs.n), seed + 3), dt.c);
 
   ThreadPool pool(threads);
-  HostTensor ta(dt.a, sa, a), tb(dt.b, sb, b), tc(dt.c, {cs.m, cs.n}, c0), tbias(dt.c, {cs.n}, bias);
+  HostTensor ta(dt.a, sa, a), tb(dt.b, sb, b), tc(dt.c, {cs.m, cs.n}, c0),
+      tbias(dt.c, {cs.n}, bias);
   const size_t scratch_bytes = cpu::GemmScratchBytes(threads, cs.m, cs.n, cs.k, dt);
   HostTensor scratch(DType::kF32, {int64_t(scratch_bytes / 4) + 1});
-  GemmArgs g{ta.tensor(), tb.tensor(), tc.tensor(), cs.bias ? tbias.tensor() : Tensor{},
-             scratch.tensor(), cs.ta, cs.tb, cs.alpha, cs.beta};
+  GemmArgs g{ta.tensor(),      tb.tensor(), tc.tensor(), cs.bias ? tbias.tensor() : Tensor{},
+             scratch.tensor(), cs.ta,       cs.tb,       cs.alpha,
+             cs.beta};
   ASSERT_TRUE(ValidateGemm(g).ok()) << ValidateGemm(g).ToString();
   ASSERT_TRUE(cpu::Gemm(pool, g).ok());
   const std::vector<float> got = tc.Get();
@@ -94,8 +96,11 @@ TEST(CpuGemm, AllTransposesAlphaBetaSmallAwkwardShapes) {
   for (GemmDTypes dt : {kF32s, kBF16s}) {
     for (bool ta : {false, true}) {
       for (bool tb : {false, true}) {
-        for (auto [m, n, k] : {std::array<int64_t, 3>{1, 1, 1}, {7, 13, 5}, {37, 61, 129},
-                               {17, 1, 31}, {1, 29, 3}}) {
+        for (auto [m, n, k] : {std::array<int64_t, 3>{1, 1, 1},
+                               {7, 13, 5},
+                               {37, 61, 129},
+                               {17, 1, 31},
+                               {1, 29, 3}}) {
           CheckGemm({m, n, k, ta, tb, 1.0f, 0.0f, false}, dt, 3, seed++);
           CheckGemm({m, n, k, ta, tb, -0.75f, 1.0f, false}, dt, 2, seed++);
           CheckGemm({m, n, k, ta, tb, 2.5f, -0.5f, true}, dt, 1, seed++);
@@ -212,7 +217,8 @@ TEST(RefGemm, LinearLayerBackwardMatchesFiniteDifferences) {
   // L is linear in each parameter, so central differences are exact up to double rounding of
   // the O(1) loss divided by the 2e-5 step: ~1e-16 / 1e-5 = 1e-11; 1e-8 leaves ample margin.
   auto expect = [](const std::vector<double>& fd, const std::vector<double>& an, const char* what) {
-    for (size_t i = 0; i < fd.size(); ++i) EXPECT_NEAR(fd[i], an[i], 1e-8) << what << "[" << i << "]";
+    for (size_t i = 0; i < fd.size(); ++i)
+      EXPECT_NEAR(fd[i], an[i], 1e-8) << what << "[" << i << "]";
   };
   expect(testing::FiniteDifference(x, loss), dx, "dx");
   expect(testing::FiniteDifference(w, loss), dw, "dw");

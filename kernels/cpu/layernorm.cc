@@ -9,7 +9,9 @@
 namespace ferry::cpu {
 namespace {
 
-int64_t RowGrain(int64_t c) { return std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, c)); }
+int64_t RowGrain(int64_t c) {
+  return std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, c));
+}
 
 // sum over row r of (x - shift)^p for p = 1 or 2, in fp32 with 8 partial sums.
 template <int P>

@@ -39,8 +39,8 @@ void CheckForward(int64_t n, int64_t c, DType dt, int threads) {
   HostTensor tx(dt, {n, c}, x), tw(dt, {c}, w), tb(dt, {c}, b), ty(dt, {n, c}),
       tmean(DType::kF32, {n}), trstd(DType::kF32, {n});
   ThreadPool pool(threads);
-  LayerNormForwardArgs a{tx.tensor(), tw.tensor(), tb.tensor(), ty.tensor(), tmean.tensor(),
-                         trstd.tensor(), kEps};
+  LayerNormForwardArgs a{tx.tensor(),    tw.tensor(),    tb.tensor(), ty.tensor(),
+                         tmean.tensor(), trstd.tensor(), kEps};
   ASSERT_TRUE(ValidateLayerNormForward(a).ok());
   ASSERT_TRUE(cpu::LayerNormForward(pool, a).ok());
   auto y = Zeros(n * c), mean = Zeros(n), rstd = Zeros(n);
@@ -56,8 +56,8 @@ void CheckForward(int64_t n, int64_t c, DType dt, int threads) {
   const float mean_atol = float(c + 2) * u32 * float(MaxAbs(D(x)));
   ExpectClose(tmean.Get(), F(mean), mean_atol, 0, "mean");
   ExpectClose(trstd.Get(), F(rstd), 0, float(c + 6) * u32, "rstd");
-  const float y_scale = float(MaxAbs(rstd) * MaxAbs(D(w)) * (MaxAbs(D(x)) + MaxAbs(mean)) +
-                              MaxAbs(D(b)));
+  const float y_scale =
+      float(MaxAbs(rstd) * MaxAbs(D(w)) * (MaxAbs(D(x)) + MaxAbs(mean)) + MaxAbs(D(b)));
   ExpectClose(ty.Get(), F(y), mean_atol * y_scale + float(c + 8) * u32 * y_scale, ud, "y");
 }
 
@@ -71,8 +71,8 @@ TEST(CpuLayerNorm, ForwardMatchesReference) {
 }
 
 void CheckBackward(int64_t n, int64_t c, DType dt, int threads, bool in_place) {
-  SCOPED_TRACE(::testing::Message() << n << "x" << c << " " << DTypeName(dt)
-                                    << (in_place ? " dx aliases dy" : ""));
+  SCOPED_TRACE(::testing::Message()
+               << n << "x" << c << " " << DTypeName(dt) << (in_place ? " dx aliases dy" : ""));
   const auto x = Rounded(RandomVector(size_t(n * c), 4, -2, 2), dt);
   const auto w = Rounded(RandomVector(size_t(c), 5, 0.5f, 1.5f), dt);
   const auto dy = Rounded(RandomVector(size_t(n * c), 6), dt);
@@ -90,8 +90,9 @@ void CheckBackward(int64_t n, int64_t c, DType dt, int threads, bool in_place) {
       tdw(dt, {c}, dw0), tdb(dt, {c}, db0), tmean(DType::kF32, {n}, mean_f),
       trstd(DType::kF32, {n}, rstd_f);
   ThreadPool pool(threads);
-  LayerNormBackwardArgs a{tdy.tensor(), tx.tensor(), tw.tensor(), tmean.tensor(), trstd.tensor(),
-                          in_place ? tdy.tensor() : tdx.tensor(), tdw.tensor(), tdb.tensor()};
+  LayerNormBackwardArgs a{tdy.tensor(),   tx.tensor(),    tw.tensor(),
+                          tmean.tensor(), trstd.tensor(), in_place ? tdy.tensor() : tdx.tensor(),
+                          tdw.tensor(),   tdb.tensor()};
   ASSERT_TRUE(ValidateLayerNormBackward(a).ok());
   ASSERT_TRUE(cpu::LayerNormBackward(pool, a).ok());
   // dx = rstd (g - mean(g) - xhat mean(g xhat)): two fp32 sums of c terms, each within

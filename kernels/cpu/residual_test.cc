@@ -22,8 +22,8 @@ std::vector<double> D(const std::vector<float>& v) { return {v.begin(), v.end()}
 std::vector<float> F(const std::vector<double>& v) { return {v.begin(), v.end()}; }
 
 void Check(int64_t n, DType dt_in, DType dt_out, int threads) {
-  SCOPED_TRACE(::testing::Message() << "n=" << n << " " << DTypeName(dt_in) << "->"
-                                    << DTypeName(dt_out));
+  SCOPED_TRACE(::testing::Message()
+               << "n=" << n << " " << DTypeName(dt_in) << "->" << DTypeName(dt_out));
   const auto a = Rounded(RandomVector(size_t(n), 1), dt_in);
   const auto b = Rounded(RandomVector(size_t(n), 2), dt_in);
   const auto acc = Rounded(RandomVector(size_t(n), 3), dt_out);

@@ -10,7 +10,9 @@ namespace ferry::cpu {
 namespace {
 
 // Rows per parallel chunk: about 16K elements of work.
-int64_t RowGrain(int64_t c) { return std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, c)); }
+int64_t RowGrain(int64_t c) {
+  return std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, c));
+}
 
 // sum of x[i]^2 over row r of x, in fp32 with 8 partial sums.
 float RowSumOfSquares(const Tensor& x, int64_t r, int64_t c) {

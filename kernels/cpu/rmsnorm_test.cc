@@ -30,8 +30,8 @@ double MaxAbs(const std::vector<double>& v) {
 constexpr float kEps = 1e-5f;
 
 void CheckForward(int64_t n, int64_t c, DType dt, int threads) {
-  SCOPED_TRACE(::testing::Message() << n << "x" << c << " " << DTypeName(dt) << " threads "
-                                    << threads);
+  SCOPED_TRACE(::testing::Message()
+               << n << "x" << c << " " << DTypeName(dt) << " threads " << threads);
   const auto x = Rounded(RandomVector(size_t(n * c), 1, -2, 2), dt);
   const auto w = Rounded(RandomVector(size_t(c), 2, 0.5f, 1.5f), dt);
   HostTensor tx(dt, {n, c}, x), tw(dt, {c}, w), ty(dt, {n, c}), trstd(DType::kF32, {n});
@@ -55,7 +55,8 @@ void CheckForward(int64_t n, int64_t c, DType dt, int threads) {
     std::vector<float> hf(got.size());
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t j = 0; j < c; ++j) {
-        hf[size_t(i * c + j)] = RoundTo(dt, w[size_t(j)] * RoundTo(dt, x[size_t(i * c + j)] * got_rstd[size_t(i)]));
+        hf[size_t(i * c + j)] =
+            RoundTo(dt, w[size_t(j)] * RoundTo(dt, x[size_t(i * c + j)] * got_rstd[size_t(i)]));
       }
     }
     // Same fp32 operations in the same order: bit-identical.
@@ -90,8 +91,12 @@ void CheckBackward(int64_t n, int64_t c, DType dt, int threads, bool in_place) {
   HostTensor tx(dt, {n, c}, x), tw(dt, {c}, w), tdy(dt, {n, c}, dy), tdx(dt, {n, c}),
       tdw(dt, {c}, dw0), trstd(DType::kF32, {n}, rstd_f);
   ThreadPool pool(threads);
-  RmsNormBackwardArgs a{tdy.tensor(), tx.tensor(), tw.tensor(), trstd.tensor(),
-                        in_place ? tdy.tensor() : tdx.tensor(), tdw.tensor()};
+  RmsNormBackwardArgs a{tdy.tensor(),
+                        tx.tensor(),
+                        tw.tensor(),
+                        trstd.tensor(),
+                        in_place ? tdy.tensor() : tdx.tensor(),
+                        tdw.tensor()};
   ASSERT_TRUE(ValidateRmsNormBackward(a).ok());
   ASSERT_TRUE(cpu::RmsNormBackward(pool, a).ok());
   const auto got_dx = in_place ? tdy.Get() : tdx.Get();
@@ -134,7 +139,8 @@ TEST(RefRmsNorm, BackwardMatchesFiniteDifferences) {
     for (size_t i = 0; i < y.size(); ++i) l += g[i] * y[i];
     return l;
   };
-  std::vector<double> y(static_cast<size_t>(n * c)), rstd(static_cast<size_t>(n)), dx(static_cast<size_t>(n * c)), dw(size_t(c), 0);
+  std::vector<double> y(static_cast<size_t>(n * c)), rstd(static_cast<size_t>(n)),
+      dx(static_cast<size_t>(n * c)), dw(size_t(c), 0);
   ref::RmsNormForward<double>(n, c, x.data(), w.data(), 1e-5, y.data(), rstd.data());
   ref::RmsNormBackward<double>(n, c, g.data(), x.data(), w.data(), rstd.data(), dx.data(),
                                dw.data());

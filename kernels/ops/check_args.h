@@ -22,8 +22,9 @@ inline bool IsFloatDType(DType t) {
 inline Status CheckFloatTensor(std::string_view op, std::string_view name, const Tensor& t,
                                const Shape& want) {
   if (!(t.shape == want)) {
-    return Status::InvalidArgument(std::string(op) + ": " + std::string(name) + " must have shape " +
-                                   want.ToString() + ", got " + t.shape.ToString());
+    return Status::InvalidArgument(std::string(op) + ": " + std::string(name) +
+                                   " must have shape " + want.ToString() + ", got " +
+                                   t.shape.ToString());
   }
   if (!IsFloatDType(t.dtype)) {
     return Status::InvalidArgument(std::string(op) + ": " + std::string(name) +

@@ -29,14 +29,15 @@ Status ValidateGemm(const GemmArgs& g) {
 
 size_t GemmScratchBytes(const Device& d, int64_t m, int64_t n, int64_t k, GemmDTypes dtypes) {
   if (d.kind() != DeviceKind::kCpu) return 0;
-  return cpu::GemmScratchBytes(static_cast<const CpuDevice&>(d).options().compute_threads, m, n,
-                               k, dtypes);
+  return cpu::GemmScratchBytes(static_cast<const CpuDevice&>(d).options().compute_threads, m, n, k,
+                               dtypes);
 }
 
 Status Gemm(Device& d, const GemmArgs& g) {
   FERRY_RETURN_IF_ERROR(ValidateGemm(g));
   const GemmDims dims = GemmDimsOf(g);
-  const size_t need = GemmScratchBytes(d, dims.m, dims.n, dims.k, {g.a.dtype, g.b.dtype, g.c.dtype});
+  const size_t need =
+      GemmScratchBytes(d, dims.m, dims.n, dims.k, {g.a.dtype, g.b.dtype, g.c.dtype});
   const size_t have = g.scratch.data.is_null() ? 0 : g.scratch.bytes();
   if (have < need) {
     return Status::InvalidArgument("gemm: scratch holds " + std::to_string(have) +

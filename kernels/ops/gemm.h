@@ -25,12 +25,12 @@
 namespace ferry {
 
 struct GemmArgs {
-  Tensor a;        // (M, K), or (K, M) when trans_a
-  Tensor b;        // (K, N), or (N, K) when trans_b
-  Tensor c;        // (M, N): read when beta != 0, then written
-  Tensor bias{};   // (N) or not given (null data): added to every row of C
-  Tensor scratch{};// >= GemmScratchBytes(device, M, N, K, dtypes) bytes, any dtype; may be absent
-                   // when that is 0
+  Tensor a;          // (M, K), or (K, M) when trans_a
+  Tensor b;          // (K, N), or (N, K) when trans_b
+  Tensor c;          // (M, N): read when beta != 0, then written
+  Tensor bias{};     // (N) or not given (null data): added to every row of C
+  Tensor scratch{};  // >= GemmScratchBytes(device, M, N, K, dtypes) bytes, any dtype; may be absent
+                     // when that is 0
   bool trans_a = false;
   bool trans_b = false;
   float alpha = 1.0f;

@@ -91,7 +91,8 @@ TEST(DenseOpsOnCpuDevice, GemmMatchesDirectKernel) {
       hs(DType::kF32, {int64_t(scratch_bytes / 4)});
   ThreadPool pool(kThreads);
   ASSERT_TRUE(cpu::Gemm(pool, {hx.tensor(), hw.tensor(), hy.tensor(), hb.tensor(), hs.tensor(),
-                               false, true}).ok());
+                               false, true})
+                  .ok());
   ExpectClose(dy.Get(), hy.Get(), 0, 0, "y");  // same code and tiling: bit-identical
 
   // Errors at enqueue: scratch too small, then a shape mismatch naming the tensor.
@@ -116,23 +117,26 @@ TEST(DenseOpsOnCpuDevice, RmsNormMatchesDirectKernel) {
       ddw(*dev, DType::kF32, {c}, dw0);
   ASSERT_TRUE(RmsNormForward(*dev, {dx.tensor(), dw.tensor(), dy.tensor(), drstd.tensor()}).ok());
   ASSERT_TRUE(RmsNormBackward(*dev, {dgrad.tensor(), dx.tensor(), dw.tensor(), drstd.tensor(),
-                                     ddx.tensor(), ddw.tensor()}).ok());
+                                     ddx.tensor(), ddw.tensor()})
+                  .ok());
   ASSERT_TRUE(dev->Synchronize().ok());
 
   HostTensor hx(bf, {n, c}, x), hw(bf, {c}, w), hy(bf, {n, c}), hrstd(DType::kF32, {n}),
       hgrad(bf, {n, c}, dyv), hdx(bf, {n, c}), hdw(DType::kF32, {c}, dw0);
   ThreadPool pool(kThreads);
-  ASSERT_TRUE(cpu::RmsNormForward(pool, {hx.tensor(), hw.tensor(), hy.tensor(), hrstd.tensor()}).ok());
+  ASSERT_TRUE(
+      cpu::RmsNormForward(pool, {hx.tensor(), hw.tensor(), hy.tensor(), hrstd.tensor()}).ok());
   ASSERT_TRUE(cpu::RmsNormBackward(pool, {hgrad.tensor(), hx.tensor(), hw.tensor(), hrstd.tensor(),
-                                          hdx.tensor(), hdw.tensor()}).ok());
+                                          hdx.tensor(), hdw.tensor()})
+                  .ok());
   ExpectClose(dy.Get(), hy.Get(), 0, 0, "y");
   ExpectClose(drstd.Get(), hrstd.Get(), 0, 0, "rstd");
   ExpectClose(ddx.Get(), hdx.Get(), 0, 0, "dx");
   ExpectClose(ddw.Get(), hdw.Get(), 0, 0, "dweight");
 
   // rstd must be f32: the error names it.
-  const Status s = RmsNormForward(*dev, {dx.tensor(), dw.tensor(), dy.tensor(),
-                                         dx.tensor().Reshape({n * c}).Rows(0, n)});
+  const Status s = RmsNormForward(
+      *dev, {dx.tensor(), dw.tensor(), dy.tensor(), dx.tensor().Reshape({n * c}).Rows(0, n)});
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("rstd"), std::string::npos) << s.ToString();
 }

@@ -11,7 +11,8 @@ Status ValidateRmsNormForward(const RmsNormForwardArgs& a) {
   FERRY_RETURN_IF_ERROR(CheckMatrix("rmsnorm_forward", "x", a.x, &n, &c));
   FERRY_RETURN_IF_ERROR(CheckFloatTensor("rmsnorm_forward", "weight", a.weight, Shape{c}));
   FERRY_RETURN_IF_ERROR(CheckFloatTensor("rmsnorm_forward", "y", a.y, Shape{n, c}));
-  FERRY_RETURN_IF_ERROR(CheckTensorOfType("rmsnorm_forward", "rstd", a.rstd, Shape{n}, DType::kF32));
+  FERRY_RETURN_IF_ERROR(
+      CheckTensorOfType("rmsnorm_forward", "rstd", a.rstd, Shape{n}, DType::kF32));
   if (!(a.eps >= 0.0f)) return Status::InvalidArgument("rmsnorm_forward: eps must be >= 0");
   return Status::Ok();
 }
@@ -21,7 +22,8 @@ Status ValidateRmsNormBackward(const RmsNormBackwardArgs& a) {
   FERRY_RETURN_IF_ERROR(CheckMatrix("rmsnorm_backward", "x", a.x, &n, &c));
   FERRY_RETURN_IF_ERROR(CheckFloatTensor("rmsnorm_backward", "dy", a.dy, Shape{n, c}));
   FERRY_RETURN_IF_ERROR(CheckFloatTensor("rmsnorm_backward", "weight", a.weight, Shape{c}));
-  FERRY_RETURN_IF_ERROR(CheckTensorOfType("rmsnorm_backward", "rstd", a.rstd, Shape{n}, DType::kF32));
+  FERRY_RETURN_IF_ERROR(
+      CheckTensorOfType("rmsnorm_backward", "rstd", a.rstd, Shape{n}, DType::kF32));
   FERRY_RETURN_IF_ERROR(CheckFloatTensor("rmsnorm_backward", "dx", a.dx, Shape{n, c}));
   return CheckFloatTensor("rmsnorm_backward", "dweight", a.dweight, Shape{c});
 }

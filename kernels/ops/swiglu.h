@@ -23,9 +23,9 @@ struct SwiGluForwardArgs {
 };
 
 struct SwiGluBackwardArgs {
-  Tensor gate_up;       // (N, 2I), the forward's input
-  Tensor dh;            // (N, I)
-  Tensor dgate_up;      // (N, 2I), written (=): [dgate | dup] per row
+  Tensor gate_up;   // (N, 2I), the forward's input
+  Tensor dh;        // (N, I)
+  Tensor dgate_up;  // (N, 2I), written (=): [dgate | dup] per row
 };
 
 Status ValidateSwiGluForward(const SwiGluForwardArgs& a);

@@ -30,8 +30,8 @@ void BiasGrad(int64_t n, int64_t c, const R* dy, R* db) {
   }
 }
 
-template void Gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*,
-                          const float*, float, float*, const float*);
+template void Gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, const float*,
+                          float, float*, const float*);
 template void Gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*,
                            const double*, double, double*, const double*);
 template void BiasGrad<float>(int64_t, int64_t, const float*, float*);

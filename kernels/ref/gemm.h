@@ -11,9 +11,9 @@ namespace ferry::ref {
 // beta == 0 does not read c.
 template <typename R>
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, R alpha,
-          const R* a,  // (m, k), or (k, m) when trans_a
-          const R* b,  // (k, n), or (n, k) when trans_b
-          R beta, R* c,  // (m, n)
+          const R* a,      // (m, k), or (k, m) when trans_a
+          const R* b,      // (k, n), or (n, k) when trans_b
+          R beta, R* c,    // (m, n)
           const R* bias);  // (n) or null
 
 // db += column sums of dy (parameter gradient: +=).

@@ -18,8 +18,8 @@ void LayerNormForward(int64_t n, int64_t c, const R* x,  // (n, c)
 
 template <typename R>
 void LayerNormBackward(int64_t n, int64_t c, const R* dy, const R* x,  // (n, c) each
-                       const R* w, const R* mean, const R* rstd,      // (c), (n), (n)
-                       R* dx,                                         // (n, c), =
-                       R* dw, R* db);                                 // (c) each, +=
+                       const R* w, const R* mean, const R* rstd,       // (c), (n), (n)
+                       R* dx,                                          // (n, c), =
+                       R* dw, R* db);                                  // (c) each, +=
 
 }  // namespace ferry::ref

@@ -40,7 +40,7 @@ template void RmsNormForward<double>(int64_t, int64_t, const double*, const doub
                                      double*, double*);
 template void RmsNormBackward<float>(int64_t, int64_t, const float*, const float*, const float*,
                                      const float*, float*, float*);
-template void RmsNormBackward<double>(int64_t, int64_t, const double*, const double*,
-                                      const double*, const double*, double*, double*);
+template void RmsNormBackward<double>(int64_t, int64_t, const double*, const double*, const double*,
+                                      const double*, double*, double*);
 
 }  // namespace ferry::ref
