@@ -1,5 +1,6 @@
 #include "kernels/cpu/cast.h"
 
+#include <cassert>
 #include <cstring>
 
 #include "kernels/backend_access.h"
@@ -57,6 +58,15 @@ float* OutputFloats(const Tensor& t, int64_t offset, float* stage) {
 void StoreFloats(const float* results, const Tensor& t, int64_t offset, int64_t n) {
   if (t.dtype == DType::kF32) return;  // results already are the tensor's memory
   ConvertRowFromFloat(results, t.dtype, ElementAddress(t, offset), n);
+}
+
+void AccumulateFloats(const float* add, const Tensor& t, int64_t offset, int64_t n) {
+  assert(n <= kStageElems);
+  float stage[kStageElems];
+  const float* old = LoadFloats(t, offset, n, stage);
+  float* out = OutputFloats(t, offset, stage);
+  for (int64_t j = 0; j < n; ++j) out[j] = old[j] + add[j];
+  StoreFloats(out, t, offset, n);
 }
 
 Status Cast(ThreadPool& pool, const CastArgs& a) {

@@ -33,6 +33,10 @@ const float* LoadFloats(const Tensor& t, int64_t offset, int64_t n, float* stage
 float* OutputFloats(const Tensor& t, int64_t offset, float* stage);
 void StoreFloats(const float* results, const Tensor& t, int64_t offset, int64_t n);
 
+// t[offset, offset + n) += add[0, n) in fp32, rounded once to t's dtype (the parameter-gradient
+// accumulation step). REQUIRES: n <= kStageElems.
+void AccumulateFloats(const float* add, const Tensor& t, int64_t offset, int64_t n);
+
 // Raw address of element `offset` of a tensor (any dtype).
 std::byte* ElementAddress(const Tensor& t, int64_t offset);
 

@@ -8,17 +8,20 @@
 
 #include "kernels/ref/gelu.h"
 #include "kernels/testing/op_testing.h"
+#include "kernels/testing/real_vectors.h"
 
 namespace ferry {
 namespace {
 
+using testing::Dot;
 using testing::ExpectClose;
 using testing::HostTensor;
+using testing::MaxAbs;
 using testing::RandomVector;
 using testing::Rounded;
-
-std::vector<double> D(const std::vector<float>& v) { return {v.begin(), v.end()}; }
-std::vector<float> F(const std::vector<double>& v) { return {v.begin(), v.end()}; }
+using testing::ToDouble;
+using testing::ToFloat;
+using testing::Zeros;
 
 void Check(int64_t n, DType dt, GeluApprox approx, int threads, bool in_place) {
   SCOPED_TRACE(::testing::Message() << "n=" << n << " " << DTypeName(dt) << " tanh="
@@ -27,8 +30,8 @@ void Check(int64_t n, DType dt, GeluApprox approx, int threads, bool in_place) {
   const auto x = Rounded(RandomVector(size_t(n), 1, -5, 5), dt);
   const auto dy = Rounded(RandomVector(size_t(n), 2), dt);
   std::vector<double> y(x.size()), dx(x.size());
-  ref::GeluForward<double>(n, D(x).data(), y.data(), tanh);
-  ref::GeluBackward<double>(n, D(x).data(), D(dy).data(), dx.data(), tanh);
+  ref::GeluForward<double>(n, ToDouble(x).data(), y.data(), tanh);
+  ref::GeluBackward<double>(n, ToDouble(x).data(), ToDouble(dy).data(), dx.data(), tanh);
 
   ThreadPool pool(threads);
   HostTensor tx(dt, {n}, x), ty(dt, {n}), tdy(dt, {n}, dy), tdx(dt, {n});
@@ -43,8 +46,8 @@ void Check(int64_t n, DType dt, GeluApprox approx, int threads, bool in_place) {
   // absolute there, relative to the largest term |x| <= 5: 16 u32 * 5. bf16 storage adds one
   // rounding of the output (relative u_bf16).
   const float u32 = DTypeEpsilon(DType::kF32), ud = dt == DType::kF32 ? 0 : DTypeEpsilon(dt);
-  ExpectClose(in_place ? tx.Get() : ty.Get(), F(y), 80 * u32, 16 * u32 + ud, "y");
-  ExpectClose(in_place ? tdy.Get() : tdx.Get(), F(dx), 80 * u32, 16 * u32 + ud, "dx");
+  ExpectClose(in_place ? tx.Get() : ty.Get(), ToFloat(y), 80 * u32, 16 * u32 + ud, "y");
+  ExpectClose(in_place ? tdy.Get() : tdx.Get(), ToFloat(dx), 80 * u32, 16 * u32 + ud, "dx");
 }
 
 TEST(CpuGelu, MatchesReference) {
@@ -59,20 +62,18 @@ TEST(CpuGelu, MatchesReference) {
 
 TEST(RefGelu, DerivativeMatchesFiniteDifferences) {
   for (bool tanh : {false, true}) {
-    auto x = D(RandomVector(64, 3, -5, 5));
-    const auto g = D(RandomVector(64, 4));
+    auto x = ToDouble(RandomVector(64, 3, -5, 5));
+    const auto g = ToDouble(RandomVector(64, 4));
     auto loss = [&] {
       std::vector<double> y(x.size());
       ref::GeluForward<double>(int64_t(x.size()), x.data(), y.data(), tanh);
-      double l = 0;
-      for (size_t i = 0; i < y.size(); ++i) l += g[i] * y[i];
-      return l;
+      return Dot(g, y);
     };
     std::vector<double> dx(x.size());
     ref::GeluBackward<double>(int64_t(x.size()), x.data(), g.data(), dx.data(), tanh);
     // Central differences, 1e-5 relative step on |x| <= 5: truncation ~h^2 |x|^2 |f'''| ~ 1e-8,
     // rounding ~1e-11; 1e-6 bounds both.
-    ExpectClose(F(testing::FiniteDifference(x, loss)), F(dx), 1e-6f, 1e-6f,
+    ExpectClose(ToFloat(testing::FiniteDifference(x, loss)), ToFloat(dx), 1e-6f, 1e-6f,
                 tanh ? "dx (tanh)" : "dx (erf)");
   }
 }

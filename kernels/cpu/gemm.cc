@@ -186,10 +186,7 @@ Status BiasGrad(ThreadPool& pool, const BiasGradArgs& a) {
         const float* dy = LoadFloats(a.dy, r * cols + j0, len, stage);
         for (int64_t j = 0; j < len; ++j) sum[j] += dy[j];
       }
-      const float* db_old = LoadFloats(a.db, j0, len, stage);
-      float* db = OutputFloats(a.db, j0, stage);
-      for (int64_t j = 0; j < len; ++j) db[j] = db_old[j] + sum[j];
-      StoreFloats(db, a.db, j0, len);
+      AccumulateFloats(sum, a.db, j0, len);
     }
   });
   return Status::Ok();

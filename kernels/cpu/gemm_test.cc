@@ -11,15 +11,20 @@
 
 #include "kernels/ref/gemm.h"
 #include "kernels/testing/op_testing.h"
+#include "kernels/testing/real_vectors.h"
 
 namespace ferry {
 namespace {
 
+using testing::Dot;
 using testing::HostTensor;
+using testing::MaxAbs;
 using testing::RandomVector;
 using testing::Rounded;
+using testing::ToDouble;
+using testing::ToFloat;
+using testing::Zeros;
 
-std::vector<double> ToDouble(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 std::vector<double> Abs(std::vector<double> v) {
   for (auto& x : v) x = std::fabs(x);
   return v;
@@ -203,9 +208,7 @@ TEST(RefGemm, LinearLayerBackwardMatchesFiniteDifferences) {
   auto loss = [&] {
     std::vector<double> y(size_t(n * out));
     ref::Gemm<double>(false, true, n, out, in, 1.0, x.data(), w.data(), 0.0, y.data(), b.data());
-    double l = 0;
-    for (size_t i = 0; i < y.size(); ++i) l += g[i] * y[i];
-    return l;
+    return Dot(g, y);
   };
   std::vector<double> dx(x.size()), dw(w.size(), 0.5), db(b.size(), -0.25);
   const std::vector<double> dw0 = dw, db0 = db;

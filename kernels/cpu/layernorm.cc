@@ -85,14 +85,8 @@ Status LayerNormBackward(ThreadPool& pool, const LayerNormBackwardArgs& a) {
           acc_b[j] += dy[j];
         }
       }
-      const float* dw_old = LoadFloats(a.dweight, j0, len, xs);
-      float* dw = OutputFloats(a.dweight, j0, xs);
-      for (int64_t j = 0; j < len; ++j) dw[j] = dw_old[j] + acc_w[j];
-      StoreFloats(dw, a.dweight, j0, len);
-      const float* db_old = LoadFloats(a.dbias, j0, len, dys);
-      float* db = OutputFloats(a.dbias, j0, dys);
-      for (int64_t j = 0; j < len; ++j) db[j] = db_old[j] + acc_b[j];
-      StoreFloats(db, a.dbias, j0, len);
+      AccumulateFloats(acc_w, a.dweight, j0, len);
+      AccumulateFloats(acc_b, a.dbias, j0, len);
     }
   });
   pool.ParallelFor(n, RowGrain(c), [&](int64_t begin, int64_t end, int) {

@@ -10,23 +10,20 @@
 
 #include "kernels/ref/layernorm.h"
 #include "kernels/testing/op_testing.h"
+#include "kernels/testing/real_vectors.h"
 
 namespace ferry {
 namespace {
 
+using testing::Dot;
 using testing::ExpectClose;
 using testing::HostTensor;
+using testing::MaxAbs;
 using testing::RandomVector;
 using testing::Rounded;
-
-std::vector<double> D(const std::vector<float>& v) { return {v.begin(), v.end()}; }
-std::vector<float> F(const std::vector<double>& v) { return {v.begin(), v.end()}; }
-std::vector<double> Zeros(int64_t n) { return std::vector<double>(static_cast<size_t>(n), 0.0); }
-double MaxAbs(const std::vector<double>& v) {
-  double m = 0;
-  for (double x : v) m = std::max(m, std::fabs(x));
-  return m;
-}
+using testing::ToDouble;
+using testing::ToFloat;
+using testing::Zeros;
 
 constexpr float kEps = 1e-5f;
 
@@ -44,8 +41,8 @@ void CheckForward(int64_t n, int64_t c, DType dt, int threads) {
   ASSERT_TRUE(ValidateLayerNormForward(a).ok());
   ASSERT_TRUE(cpu::LayerNormForward(pool, a).ok());
   auto y = Zeros(n * c), mean = Zeros(n), rstd = Zeros(n);
-  ref::LayerNormForward<double>(n, c, D(x).data(), D(w).data(), D(b).data(), kEps, y.data(),
-                                mean.data(), rstd.data());
+  ref::LayerNormForward<double>(n, c, ToDouble(x).data(), ToDouble(w).data(), ToDouble(b).data(),
+                                kEps, y.data(), mean.data(), rstd.data());
   // mean: a sum of c terms in fp32 errs by <= c u32 * max|x| (absolute, the terms have mixed
   // signs after the offset is removed only in the variance pass). The variance sums c positive
   // squares of (x - mean): relative (c + 4) u32, plus the mean's error enters squared-weighted
@@ -53,12 +50,13 @@ void CheckForward(int64_t n, int64_t c, DType dt, int threads) {
   // subtraction's absolute error is the mean's, scaled by rstd*|w|; each output then has a few
   // more fp32 roundings and, in bf16, one rounding to storage.
   const float u32 = DTypeEpsilon(DType::kF32), ud = dt == DType::kF32 ? 0 : DTypeEpsilon(dt);
-  const float mean_atol = float(c + 2) * u32 * float(MaxAbs(D(x)));
-  ExpectClose(tmean.Get(), F(mean), mean_atol, 0, "mean");
-  ExpectClose(trstd.Get(), F(rstd), 0, float(c + 6) * u32, "rstd");
+  const float mean_atol = float(c + 2) * u32 * float(MaxAbs(ToDouble(x)));
+  ExpectClose(tmean.Get(), ToFloat(mean), mean_atol, 0, "mean");
+  ExpectClose(trstd.Get(), ToFloat(rstd), 0, float(c + 6) * u32, "rstd");
   const float y_scale =
-      float(MaxAbs(rstd) * MaxAbs(D(w)) * (MaxAbs(D(x)) + MaxAbs(mean)) + MaxAbs(D(b)));
-  ExpectClose(ty.Get(), F(y), mean_atol * y_scale + float(c + 8) * u32 * y_scale, ud, "y");
+      float(MaxAbs(rstd) * MaxAbs(ToDouble(w)) * (MaxAbs(ToDouble(x)) + MaxAbs(mean)) +
+            MaxAbs(ToDouble(b)));
+  ExpectClose(ty.Get(), ToFloat(y), mean_atol * y_scale + float(c + 8) * u32 * y_scale, ud, "y");
 }
 
 TEST(CpuLayerNorm, ForwardMatchesReference) {
@@ -79,13 +77,15 @@ void CheckBackward(int64_t n, int64_t c, DType dt, int threads, bool in_place) {
   const auto dw0 = Rounded(RandomVector(size_t(c), 7), dt);
   const auto db0 = Rounded(RandomVector(size_t(c), 8), dt);
   auto y = Zeros(n * c), mean = Zeros(n), rstd = Zeros(n), b = Zeros(c);
-  ref::LayerNormForward<double>(n, c, D(x).data(), D(w).data(), b.data(), kEps, y.data(),
-                                mean.data(), rstd.data());
-  const auto mean_f = F(mean), rstd_f = F(rstd);  // the saved statistics, as the kernel sees them
-  const auto mean_used = D(mean_f), rstd_used = D(rstd_f);
-  auto dx = Zeros(n * c), dw = D(dw0), db = D(db0);
-  ref::LayerNormBackward<double>(n, c, D(dy).data(), D(x).data(), D(w).data(), mean_used.data(),
-                                 rstd_used.data(), dx.data(), dw.data(), db.data());
+  ref::LayerNormForward<double>(n, c, ToDouble(x).data(), ToDouble(w).data(), b.data(), kEps,
+                                y.data(), mean.data(), rstd.data());
+  const auto mean_f = ToFloat(mean),
+             rstd_f = ToFloat(rstd);  // the saved statistics, as the kernel sees them
+  const auto mean_used = ToDouble(mean_f), rstd_used = ToDouble(rstd_f);
+  auto dx = Zeros(n * c), dw = ToDouble(dw0), db = ToDouble(db0);
+  ref::LayerNormBackward<double>(n, c, ToDouble(dy).data(), ToDouble(x).data(), ToDouble(w).data(),
+                                 mean_used.data(), rstd_used.data(), dx.data(), dw.data(),
+                                 db.data());
   HostTensor tx(dt, {n, c}, x), tw(dt, {c}, w), tdy(dt, {n, c}, dy), tdx(dt, {n, c}),
       tdw(dt, {c}, dw0), tdb(dt, {c}, db0), tmean(DType::kF32, {n}, mean_f),
       trstd(DType::kF32, {n}, rstd_f);
@@ -99,16 +99,16 @@ void CheckBackward(int64_t n, int64_t c, DType dt, int threads, bool in_place) {
   // (c + 4) u32 of the sum of |terms|, and a cancelling subtraction: absolute bound scaled by
   // S = max rstd (max|g| (1 + max|xhat|^2)); then one rounding to storage (relative).
   const float u32 = DTypeEpsilon(DType::kF32), ud = dt == DType::kF32 ? 0 : DTypeEpsilon(dt);
-  const double g = MaxAbs(D(dy)) * MaxAbs(D(w));
-  const double xhat = (MaxAbs(D(x)) + MaxAbs(mean)) * MaxAbs(rstd);
+  const double g = MaxAbs(ToDouble(dy)) * MaxAbs(ToDouble(w));
+  const double xhat = (MaxAbs(ToDouble(x)) + MaxAbs(mean)) * MaxAbs(rstd);
   const double s = MaxAbs(rstd) * g * (1 + xhat * xhat);
-  ExpectClose(in_place ? tdy.Get() : tdx.Get(), F(dx), float((c + 8) * u32 * s), ud, "dx");
+  ExpectClose(in_place ? tdy.Get() : tdx.Get(), ToFloat(dx), float((c + 8) * u32 * s), ud, "dx");
   // dw, db: n terms summed onto the old value in fp32, (n + 2) u32 times the magnitude sum; then
   // one rounding to storage.
-  const double dw_scale = MaxAbs(D(dw0)) + double(n) * MaxAbs(D(dy)) * xhat;
-  const double db_scale = MaxAbs(D(db0)) + double(n) * MaxAbs(D(dy));
-  ExpectClose(tdw.Get(), F(dw), float((n + 4) * u32 * dw_scale), ud, "dweight");
-  ExpectClose(tdb.Get(), F(db), float((n + 2) * u32 * db_scale), ud, "dbias");
+  const double dw_scale = MaxAbs(ToDouble(dw0)) + double(n) * MaxAbs(ToDouble(dy)) * xhat;
+  const double db_scale = MaxAbs(ToDouble(db0)) + double(n) * MaxAbs(ToDouble(dy));
+  ExpectClose(tdw.Get(), ToFloat(dw), float((n + 4) * u32 * dw_scale), ud, "dweight");
+  ExpectClose(tdb.Get(), ToFloat(db), float((n + 2) * u32 * db_scale), ud, "dbias");
 }
 
 TEST(CpuLayerNorm, BackwardMatchesReference) {
@@ -123,17 +123,15 @@ TEST(CpuLayerNorm, BackwardMatchesReference) {
 // L = sum(G o y(x, w, b)); the reference backward must match central differences.
 TEST(RefLayerNorm, BackwardMatchesFiniteDifferences) {
   const int64_t n = 3, c = 7;
-  auto x = D(RandomVector(size_t(n * c), 9, -2, 2));
-  auto w = D(RandomVector(size_t(c), 10, 0.5f, 1.5f));
-  auto b = D(RandomVector(size_t(c), 11));
-  const auto g = D(RandomVector(size_t(n * c), 12));
+  auto x = ToDouble(RandomVector(size_t(n * c), 9, -2, 2));
+  auto w = ToDouble(RandomVector(size_t(c), 10, 0.5f, 1.5f));
+  auto b = ToDouble(RandomVector(size_t(c), 11));
+  const auto g = ToDouble(RandomVector(size_t(n * c), 12));
   auto y = Zeros(n * c), mean = Zeros(n), rstd = Zeros(n);
   auto loss = [&] {
     ref::LayerNormForward<double>(n, c, x.data(), w.data(), b.data(), 1e-5, y.data(), mean.data(),
                                   rstd.data());
-    double l = 0;
-    for (size_t i = 0; i < y.size(); ++i) l += g[i] * y[i];
-    return l;
+    return Dot(g, y);
   };
   loss();
   auto dx = Zeros(n * c), dw = Zeros(c), db = Zeros(c);
@@ -141,9 +139,9 @@ TEST(RefLayerNorm, BackwardMatchesFiniteDifferences) {
                                  dx.data(), dw.data(), db.data());
   // Central differences, 1e-5 relative step: truncation ~1e-9, rounding ~1e-11 for O(1) values;
   // 1e-6 bounds both and still catches a wrong term.
-  ExpectClose(F(testing::FiniteDifference(x, loss)), F(dx), 1e-6f, 1e-6f, "dx");
-  ExpectClose(F(testing::FiniteDifference(w, loss)), F(dw), 1e-6f, 1e-6f, "dw");
-  ExpectClose(F(testing::FiniteDifference(b, loss)), F(db), 1e-6f, 1e-6f, "db");
+  ExpectClose(ToFloat(testing::FiniteDifference(x, loss)), ToFloat(dx), 1e-6f, 1e-6f, "dx");
+  ExpectClose(ToFloat(testing::FiniteDifference(w, loss)), ToFloat(dw), 1e-6f, 1e-6f, "dw");
+  ExpectClose(ToFloat(testing::FiniteDifference(b, loss)), ToFloat(db), 1e-6f, 1e-6f, "db");
 }
 
 }  // namespace

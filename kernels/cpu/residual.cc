@@ -18,12 +18,9 @@ Status ResidualAdd(ThreadPool& pool, const ResidualAddArgs& a) {
 
 Status ResidualAccumulate(ThreadPool& pool, const ResidualAccumulateArgs& a) {
   ParallelPieces(pool, a.dx.numel(), [&](int64_t i, int64_t len) {
-    float dys[kStageElems], dxs[kStageElems];
+    float dys[kStageElems];
     const float* dy = LoadFloats(a.dy, i, len, dys);
-    const float* dx_old = LoadFloats(a.dx, i, len, dxs);
-    float* dx = OutputFloats(a.dx, i, dxs);
-    for (int64_t j = 0; j < len; ++j) dx[j] = dx_old[j] + dy[j];
-    StoreFloats(dx, a.dx, i, len);
+    AccumulateFloats(dy, a.dx, i, len);
   });
   return Status::Ok();
 }

@@ -9,17 +9,20 @@
 
 #include "kernels/ref/residual.h"
 #include "kernels/testing/op_testing.h"
+#include "kernels/testing/real_vectors.h"
 
 namespace ferry {
 namespace {
 
+using testing::Dot;
 using testing::ExpectClose;
 using testing::HostTensor;
+using testing::MaxAbs;
 using testing::RandomVector;
 using testing::Rounded;
-
-std::vector<double> D(const std::vector<float>& v) { return {v.begin(), v.end()}; }
-std::vector<float> F(const std::vector<double>& v) { return {v.begin(), v.end()}; }
+using testing::ToDouble;
+using testing::ToFloat;
+using testing::Zeros;
 
 void Check(int64_t n, DType dt_in, DType dt_out, int threads) {
   SCOPED_TRACE(::testing::Message()
@@ -27,9 +30,9 @@ void Check(int64_t n, DType dt_in, DType dt_out, int threads) {
   const auto a = Rounded(RandomVector(size_t(n), 1), dt_in);
   const auto b = Rounded(RandomVector(size_t(n), 2), dt_in);
   const auto acc = Rounded(RandomVector(size_t(n), 3), dt_out);
-  std::vector<double> y(a.size()), acc_want = D(acc);
-  ref::ResidualAdd<double>(n, D(a).data(), D(b).data(), y.data());
-  ref::Accumulate<double>(n, D(a).data(), acc_want.data());
+  std::vector<double> y(a.size()), acc_want = ToDouble(acc);
+  ref::ResidualAdd<double>(n, ToDouble(a).data(), ToDouble(b).data(), y.data());
+  ref::Accumulate<double>(n, ToDouble(a).data(), acc_want.data());
   ThreadPool pool(threads);
   HostTensor ta(dt_in, {n}, a), tb(dt_in, {n}, b), ty(dt_out, {n}), tacc(dt_out, {n}, acc);
   ResidualAddArgs add{ta.tensor(), tb.tensor(), ty.tensor()};
@@ -40,8 +43,8 @@ void Check(int64_t n, DType dt_in, DType dt_out, int threads) {
   ASSERT_TRUE(cpu::ResidualAccumulate(pool, accum).ok());
   // One fp32 add of exact inputs (u32 relative) and one rounding to the output dtype.
   const float tol = DTypeEpsilon(DType::kF32) + DTypeEpsilon(dt_out);
-  ExpectClose(ty.Get(), F(y), 0, tol, "y");
-  ExpectClose(tacc.Get(), F(acc_want), 0, tol, "dx");
+  ExpectClose(ty.Get(), ToFloat(y), 0, tol, "y");
+  ExpectClose(tacc.Get(), ToFloat(acc_want), 0, tol, "dx");
   // In place: a += b through ResidualAdd with y aliasing a.
   ASSERT_TRUE(cpu::ResidualAdd(pool, {ta.tensor(), tb.tensor(), ta.tensor()}).ok());
   if (dt_in == dt_out) ExpectClose(ta.Get(), ty.Get(), 0, 0, "in-place y");
@@ -57,18 +60,16 @@ TEST(CpuResidual, MatchesReference) {
 }
 
 TEST(RefResidual, AddBackwardIsIdentityToBothInputs) {
-  auto a = D(RandomVector(9, 4)), b = D(RandomVector(9, 5));
-  const auto g = D(RandomVector(9, 6));
+  auto a = ToDouble(RandomVector(9, 4)), b = ToDouble(RandomVector(9, 5));
+  const auto g = ToDouble(RandomVector(9, 6));
   auto loss = [&] {
     std::vector<double> y(a.size());
     ref::ResidualAdd<double>(int64_t(a.size()), a.data(), b.data(), y.data());
-    double l = 0;
-    for (size_t i = 0; i < y.size(); ++i) l += g[i] * y[i];
-    return l;
+    return Dot(g, y);
   };
   // Linear loss: central differences are exact up to rounding (~1e-11).
-  ExpectClose(F(testing::FiniteDifference(a, loss)), F(g), 1e-8f, 0, "da");
-  ExpectClose(F(testing::FiniteDifference(b, loss)), F(g), 1e-8f, 0, "db");
+  ExpectClose(ToFloat(testing::FiniteDifference(a, loss)), ToFloat(g), 1e-8f, 0, "da");
+  ExpectClose(ToFloat(testing::FiniteDifference(b, loss)), ToFloat(g), 1e-8f, 0, "db");
 }
 
 TEST(CpuResidual, ValidationNamesTheMismatch) {

@@ -79,10 +79,7 @@ Status RmsNormBackward(ThreadPool& pool, const RmsNormBackwardArgs& a) {
         RoundLikeInput(a.x.dtype, xhat, len);
         for (int64_t j = 0; j < len; ++j) acc[j] += dy[j] * xhat[j];
       }
-      const float* dw_old = LoadFloats(a.dweight, j0, len, xs);
-      float* dw = OutputFloats(a.dweight, j0, xs);
-      for (int64_t j = 0; j < len; ++j) dw[j] = dw_old[j] + acc[j];
-      StoreFloats(dw, a.dweight, j0, len);
+      AccumulateFloats(acc, a.dweight, j0, len);
     }
   });
   pool.ParallelFor(n, RowGrain(c), [&](int64_t begin, int64_t end, int) {

@@ -10,22 +10,20 @@
 
 #include "kernels/ref/rmsnorm.h"
 #include "kernels/testing/op_testing.h"
+#include "kernels/testing/real_vectors.h"
 
 namespace ferry {
 namespace {
 
+using testing::Dot;
 using testing::ExpectClose;
 using testing::HostTensor;
+using testing::MaxAbs;
 using testing::RandomVector;
 using testing::Rounded;
-
-std::vector<double> D(const std::vector<float>& v) { return {v.begin(), v.end()}; }
-std::vector<float> F(const std::vector<double>& v) { return {v.begin(), v.end()}; }
-double MaxAbs(const std::vector<double>& v) {
-  double m = 0;
-  for (double x : v) m = std::max(m, std::fabs(x));
-  return m;
-}
+using testing::ToDouble;
+using testing::ToFloat;
+using testing::Zeros;
 
 constexpr float kEps = 1e-5f;
 
@@ -40,15 +38,16 @@ void CheckForward(int64_t n, int64_t c, DType dt, int threads) {
   ASSERT_TRUE(ValidateRmsNormForward(a).ok());
   ASSERT_TRUE(cpu::RmsNormForward(pool, a).ok());
   std::vector<double> y(static_cast<size_t>(n * c)), rstd(static_cast<size_t>(n));
-  ref::RmsNormForward<double>(n, c, D(x).data(), D(w).data(), kEps, y.data(), rstd.data());
+  ref::RmsNormForward<double>(n, c, ToDouble(x).data(), ToDouble(w).data(), kEps, y.data(),
+                              rstd.data());
   // fp32 sum of c squares: relative error <= c u32 (positive terms, no cancellation); the mean,
   // eps add, sqrt and divide add ~4 u32 and the square root halves the sum's error, so rstd is
   // within (c + 4) u32 relative. y = w * (x * rstd) adds 2 roundings; in bf16 the normalized
   // value and y are each rounded once more (u_bf16 each, the Hugging Face rule).
   const float u32 = DTypeEpsilon(DType::kF32);
-  ExpectClose(trstd.Get(), F(rstd), 0, float(c + 4) * u32, "rstd");
+  ExpectClose(trstd.Get(), ToFloat(rstd), 0, float(c + 4) * u32, "rstd");
   const float rounding = dt == DType::kF32 ? 0 : 2 * DTypeEpsilon(dt);
-  ExpectClose(ty.Get(), F(y), 0, float(c + 8) * u32 + rounding, "y");
+  ExpectClose(ty.Get(), ToFloat(y), 0, float(c + 8) * u32 + rounding, "y");
   if (dt != DType::kF32) {
     // The Hugging Face rule exactly: y = round(w * round(x * rstd)) with fp32 products.
     const auto got = ty.Get(), got_rstd = trstd.Get();
@@ -81,12 +80,13 @@ void CheckBackward(int64_t n, int64_t c, DType dt, int threads, bool in_place) {
   const auto dy = Rounded(RandomVector(size_t(n * c), 5), dt);
   const auto dw0 = Rounded(RandomVector(size_t(c), 6), dt);
   std::vector<double> y(static_cast<size_t>(n * c)), rstd(static_cast<size_t>(n));
-  ref::RmsNormForward<double>(n, c, D(x).data(), D(w).data(), kEps, y.data(), rstd.data());
-  const auto rstd_f = F(rstd);
+  ref::RmsNormForward<double>(n, c, ToDouble(x).data(), ToDouble(w).data(), kEps, y.data(),
+                              rstd.data());
+  const auto rstd_f = ToFloat(rstd);
   std::vector<double> rstd_used(rstd_f.begin(), rstd_f.end());  // what the kernel sees
-  std::vector<double> dx(static_cast<size_t>(n * c)), dw = D(dw0);
-  ref::RmsNormBackward<double>(n, c, D(dy).data(), D(x).data(), D(w).data(), rstd_used.data(),
-                               dx.data(), dw.data());
+  std::vector<double> dx(static_cast<size_t>(n * c)), dw = ToDouble(dw0);
+  ref::RmsNormBackward<double>(n, c, ToDouble(dy).data(), ToDouble(x).data(), ToDouble(w).data(),
+                               rstd_used.data(), dx.data(), dw.data());
 
   HostTensor tx(dt, {n, c}, x), tw(dt, {c}, w), tdy(dt, {n, c}, dy), tdx(dt, {n, c}),
       tdw(dt, {c}, dw0), trstd(DType::kF32, {n}, rstd_f);
@@ -105,16 +105,17 @@ void CheckBackward(int64_t n, int64_t c, DType dt, int threads, bool in_place) {
   // the sum of |terms|, and the subtraction can cancel, so the bound is absolute, scaled by the
   // largest term magnitude S = max rstd * (max|g| + max|xhat| * max|g xhat|); then one rounding
   // to the storage dtype (relative).
-  const double gmax = MaxAbs(D(dy)) * MaxAbs(D(w)), xhat_max = MaxAbs(D(x)) * MaxAbs(rstd);
+  const double gmax = MaxAbs(ToDouble(dy)) * MaxAbs(ToDouble(w)),
+               xhat_max = MaxAbs(ToDouble(x)) * MaxAbs(rstd);
   const double s = MaxAbs(rstd) * (gmax + xhat_max * gmax * xhat_max);
   const float u32 = DTypeEpsilon(DType::kF32), ud = DTypeEpsilon(dt);
-  ExpectClose(got_dx, F(dx), float((c + 8) * u32 * s), dt == DType::kF32 ? 0 : ud, "dx");
+  ExpectClose(got_dx, ToFloat(dx), float((c + 8) * u32 * s), dt == DType::kF32 ? 0 : ud, "dx");
   // dw: n products summed onto dw0 in fp32: <= (n + 2) u32 * (|dw0| + n max|dy xhat|); in bf16
   // each xhat is rounded first (HF rule, u_bf16 relative per term) and dw is stored once more.
-  const double term = MaxAbs(D(dy)) * xhat_max;
-  const double dw_scale = MaxAbs(D(dw0)) + double(n) * term;
+  const double term = MaxAbs(ToDouble(dy)) * xhat_max;
+  const double dw_scale = MaxAbs(ToDouble(dw0)) + double(n) * term;
   const float dw_atol = float((n + 2) * u32 * dw_scale + (dt == DType::kF32 ? 0 : ud * n * term));
-  ExpectClose(tdw.Get(), F(dw), dw_atol, dt == DType::kF32 ? 0 : ud, "dweight");
+  ExpectClose(tdw.Get(), ToFloat(dw), dw_atol, dt == DType::kF32 ? 0 : ud, "dweight");
 }
 
 TEST(CpuRmsNorm, BackwardMatchesReference) {
@@ -129,15 +130,13 @@ TEST(CpuRmsNorm, BackwardMatchesReference) {
 // L = sum(G o y(x, w)); the reference backward's dx and dw must match central differences.
 TEST(RefRmsNorm, BackwardMatchesFiniteDifferences) {
   const int64_t n = 3, c = 7;
-  auto x = D(RandomVector(size_t(n * c), 7, -2, 2));
-  auto w = D(RandomVector(size_t(c), 8, 0.5f, 1.5f));
-  const auto g = D(RandomVector(size_t(n * c), 9));
+  auto x = ToDouble(RandomVector(size_t(n * c), 7, -2, 2));
+  auto w = ToDouble(RandomVector(size_t(c), 8, 0.5f, 1.5f));
+  const auto g = ToDouble(RandomVector(size_t(n * c), 9));
   auto loss = [&] {
     std::vector<double> y(static_cast<size_t>(n * c)), rstd(static_cast<size_t>(n));
     ref::RmsNormForward<double>(n, c, x.data(), w.data(), 1e-5, y.data(), rstd.data());
-    double l = 0;
-    for (size_t i = 0; i < y.size(); ++i) l += g[i] * y[i];
-    return l;
+    return Dot(g, y);
   };
   std::vector<double> y(static_cast<size_t>(n * c)), rstd(static_cast<size_t>(n)),
       dx(static_cast<size_t>(n * c)), dw(size_t(c), 0);
@@ -147,8 +146,8 @@ TEST(RefRmsNorm, BackwardMatchesFiniteDifferences) {
   // Central differences with a 1e-5 relative step: truncation ~h^2 |L'''| ~ 1e-9 for O(1)
   // inputs, rounding ~1e-16 / 1e-5 = 1e-11; 1e-6 bounds both with margin and still catches a
   // wrong term (errors of order 1e-2 or more).
-  ExpectClose(F(testing::FiniteDifference(x, loss)), F(dx), 1e-6f, 1e-6f, "dx");
-  ExpectClose(F(testing::FiniteDifference(w, loss)), F(dw), 1e-6f, 1e-6f, "dw");
+  ExpectClose(ToFloat(testing::FiniteDifference(x, loss)), ToFloat(dx), 1e-6f, 1e-6f, "dx");
+  ExpectClose(ToFloat(testing::FiniteDifference(w, loss)), ToFloat(dw), 1e-6f, 1e-6f, "dw");
 }
 
 }  // namespace

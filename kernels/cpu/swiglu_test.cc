@@ -8,25 +8,28 @@
 
 #include "kernels/ref/swiglu.h"
 #include "kernels/testing/op_testing.h"
+#include "kernels/testing/real_vectors.h"
 
 namespace ferry {
 namespace {
 
+using testing::Dot;
 using testing::ExpectClose;
 using testing::HostTensor;
+using testing::MaxAbs;
 using testing::RandomVector;
 using testing::Rounded;
-
-std::vector<double> D(const std::vector<float>& v) { return {v.begin(), v.end()}; }
-std::vector<float> F(const std::vector<double>& v) { return {v.begin(), v.end()}; }
+using testing::ToDouble;
+using testing::ToFloat;
+using testing::Zeros;
 
 void Check(int64_t n, int64_t inter, DType dt, int threads) {
   SCOPED_TRACE(::testing::Message() << n << "x" << inter << " " << DTypeName(dt));
   const auto gu = Rounded(RandomVector(size_t(n * 2 * inter), 1, -6, 6), dt);
   const auto dh = Rounded(RandomVector(size_t(n * inter), 2), dt);
   std::vector<double> h(dh.size()), dgu(gu.size());
-  ref::SwiGluForward<double>(n, inter, D(gu).data(), h.data());
-  ref::SwiGluBackward<double>(n, inter, D(gu).data(), D(dh).data(), dgu.data());
+  ref::SwiGluForward<double>(n, inter, ToDouble(gu).data(), h.data());
+  ref::SwiGluBackward<double>(n, inter, ToDouble(gu).data(), ToDouble(dh).data(), dgu.data());
   ThreadPool pool(threads);
   HostTensor tgu(dt, {n, 2 * inter}, gu), th(dt, {n, inter}), tdh(dt, {n, inter}, dh),
       tdgu(dt, {n, 2 * inter});
@@ -41,8 +44,8 @@ void Check(int64_t n, int64_t inter, DType dt, int threads) {
   // absolute, scaled by the largest term (|dh u g| <= 6 * 6): 16 u32 * 36. bf16 storage adds one
   // output rounding (relative).
   const float u32 = DTypeEpsilon(DType::kF32), ud = dt == DType::kF32 ? 0 : DTypeEpsilon(dt);
-  ExpectClose(th.Get(), F(h), 16 * u32, 16 * u32 + ud, "h");
-  ExpectClose(tdgu.Get(), F(dgu), 16 * 36 * u32, 16 * u32 + ud, "dgate_up");
+  ExpectClose(th.Get(), ToFloat(h), 16 * u32, 16 * u32 + ud, "h");
+  ExpectClose(tdgu.Get(), ToFloat(dgu), 16 * 36 * u32, 16 * u32 + ud, "dgate_up");
 }
 
 TEST(CpuSwiGlu, MatchesReference) {
@@ -55,19 +58,17 @@ TEST(CpuSwiGlu, MatchesReference) {
 
 TEST(RefSwiGlu, BackwardMatchesFiniteDifferences) {
   const int64_t n = 3, inter = 5;
-  auto gu = D(RandomVector(size_t(n * 2 * inter), 3, -4, 4));
-  const auto g = D(RandomVector(size_t(n * inter), 4));
+  auto gu = ToDouble(RandomVector(size_t(n * 2 * inter), 3, -4, 4));
+  const auto g = ToDouble(RandomVector(size_t(n * inter), 4));
   auto loss = [&] {
     std::vector<double> h(g.size());
     ref::SwiGluForward<double>(n, inter, gu.data(), h.data());
-    double l = 0;
-    for (size_t i = 0; i < h.size(); ++i) l += g[i] * h[i];
-    return l;
+    return Dot(g, h);
   };
   std::vector<double> dgu(gu.size());
   ref::SwiGluBackward<double>(n, inter, gu.data(), g.data(), dgu.data());
   // Central differences, 1e-5 relative step on |x| <= 4: truncation ~1e-8, rounding ~1e-11.
-  ExpectClose(F(testing::FiniteDifference(gu, loss)), F(dgu), 1e-6f, 1e-6f, "dgate_up");
+  ExpectClose(ToFloat(testing::FiniteDifference(gu, loss)), ToFloat(dgu), 1e-6f, 1e-6f, "dgate_up");
 }
 
 }  // namespace
