@@ -69,6 +69,30 @@ void AccumulateFloats(const float* add, const Tensor& t, int64_t offset, int64_t
   StoreFloats(out, t, offset, n);
 }
 
+float RowMoment(const Tensor& x, int64_t row, int64_t c, float shift, int power) {
+  float stage[kStageElems];
+  float acc[8] = {};
+  float tail = 0;
+  for (int64_t j0 = 0; j0 < c; j0 += kStageElems) {
+    const int64_t len = std::min(kStageElems, c - j0);
+    const float* v = LoadFloats(x, row * c + j0, len, stage);
+    int64_t j = 0;
+    if (power == 1) {
+      for (; j + 8 <= len; j += 8) {
+        for (int k = 0; k < 8; ++k) acc[k] += v[j + k] - shift;
+      }
+      for (; j < len; ++j) tail += v[j] - shift;
+    } else {
+      for (; j + 8 <= len; j += 8) {
+        for (int k = 0; k < 8; ++k) acc[k] += (v[j + k] - shift) * (v[j + k] - shift);
+      }
+      for (; j < len; ++j) tail += (v[j] - shift) * (v[j] - shift);
+    }
+  }
+  for (float a : acc) tail += a;
+  return tail;
+}
+
 Status Cast(ThreadPool& pool, const CastArgs& a) {
   const int64_t n = a.src.numel();
   if (a.src.dtype == a.dst.dtype) {

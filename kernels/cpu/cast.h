@@ -1,5 +1,6 @@
-// CPU cast kernel, and the bulk conversions every CPU kernel in this directory uses to read
-// storage dtypes as fp32 and to write fp32 results back (round to nearest even). The conversion
+// CPU cast kernel, and the staging helpers the dense CPU kernels in this directory share: bulk
+// conversions that read storage dtypes as fp32 and write fp32 results back (round to nearest
+// even), the fp32 accumulate step, and row reductions. The conversion
 // loops are written in blocks of 8 so the compiler vectorizes them at -O2.
 // Thread-safety: pure functions over caller-owned memory.
 #pragma once
@@ -39,6 +40,15 @@ void AccumulateFloats(const float* add, const Tensor& t, int64_t offset, int64_t
 
 // Raw address of element `offset` of a tensor (any dtype).
 std::byte* ElementAddress(const Tensor& t, int64_t offset);
+
+// Rows of length c per parallel chunk for row-wise kernels: about 16K elements of work each.
+inline int64_t RowGrain(int64_t c) {
+  return std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, c));
+}
+
+// sum over j of (x[row, j] - shift)^power, power 1 or 2, for a (?, c) tensor: fp32 with 8
+// partial sums (vectorizable, and a smaller error than one running sum).
+float RowMoment(const Tensor& x, int64_t row, int64_t c, float shift, int power);
 
 // Runs fn(offset, len) over [0, n) in pieces of at most kStageElems elements, in parallel over
 // the pool (for elementwise kernels: each piece fits the stack staging buffers).

@@ -16,12 +16,10 @@ namespace {
 using testing::Dot;
 using testing::ExpectClose;
 using testing::HostTensor;
-using testing::MaxAbs;
 using testing::RandomVector;
 using testing::Rounded;
 using testing::ToDouble;
 using testing::ToFloat;
-using testing::Zeros;
 
 void Check(int64_t n, DType dt, GeluApprox approx, int threads, bool in_place) {
   SCOPED_TRACE(::testing::Message() << "n=" << n << " " << DTypeName(dt) << " tanh="

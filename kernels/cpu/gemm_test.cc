@@ -18,12 +18,9 @@ namespace {
 
 using testing::Dot;
 using testing::HostTensor;
-using testing::MaxAbs;
 using testing::RandomVector;
 using testing::Rounded;
 using testing::ToDouble;
-using testing::ToFloat;
-using testing::Zeros;
 
 std::vector<double> Abs(std::vector<double> v) {
   for (auto& x : v) x = std::fabs(x);

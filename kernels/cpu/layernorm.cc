@@ -5,41 +5,7 @@
 
 #include "kernels/backend_access.h"
 #include "kernels/cpu/cast.h"
-
 namespace ferry::cpu {
-namespace {
-
-int64_t RowGrain(int64_t c) {
-  return std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, c));
-}
-
-// sum over row r of (x - shift)^p for p = 1 or 2, in fp32 with 8 partial sums.
-template <int P>
-float RowMoment(const Tensor& x, int64_t r, int64_t c, float shift) {
-  float stage[kStageElems];
-  float acc[8] = {};
-  float tail = 0;
-  for (int64_t j0 = 0; j0 < c; j0 += kStageElems) {
-    const int64_t len = std::min(kStageElems, c - j0);
-    const float* v = LoadFloats(x, r * c + j0, len, stage);
-    int64_t j = 0;
-    for (; j + 8 <= len; j += 8) {
-      for (int k = 0; k < 8; ++k) {
-        const float d = v[j + k] - shift;
-        acc[k] += P == 1 ? d : d * d;
-      }
-    }
-    for (; j < len; ++j) {
-      const float d = v[j] - shift;
-      tail += P == 1 ? d : d * d;
-    }
-  }
-  for (float a : acc) tail += a;
-  return tail;
-}
-
-}  // namespace
-
 Status LayerNormForward(ThreadPool& pool, const LayerNormForwardArgs& a) {
   const int64_t n = a.x.dim(0), c = a.x.dim(1);
   float* mean = BackendAccess::Data<float>(a.mean);
@@ -47,8 +13,8 @@ Status LayerNormForward(ThreadPool& pool, const LayerNormForwardArgs& a) {
   pool.ParallelFor(n, RowGrain(c), [&](int64_t begin, int64_t end, int) {
     float xs[kStageElems], ws[kStageElems], bs[kStageElems], ys[kStageElems];
     for (int64_t r = begin; r < end; ++r) {
-      const float m = RowMoment<1>(a.x, r, c, 0.0f) / float(c);
-      const float rs = 1.0f / std::sqrt(RowMoment<2>(a.x, r, c, m) / float(c) + a.eps);
+      const float m = RowMoment(a.x, r, c, 0.0f, 1) / float(c);
+      const float rs = 1.0f / std::sqrt(RowMoment(a.x, r, c, m, 2) / float(c) + a.eps);
       mean[r] = m;
       rstd[r] = rs;
       for (int64_t j0 = 0; j0 < c; j0 += kStageElems) {

@@ -17,12 +17,10 @@ namespace {
 using testing::Dot;
 using testing::ExpectClose;
 using testing::HostTensor;
-using testing::MaxAbs;
 using testing::RandomVector;
 using testing::Rounded;
 using testing::ToDouble;
 using testing::ToFloat;
-using testing::Zeros;
 
 void Check(int64_t n, DType dt_in, DType dt_out, int threads) {
   SCOPED_TRACE(::testing::Message()

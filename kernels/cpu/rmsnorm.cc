@@ -9,29 +9,6 @@
 namespace ferry::cpu {
 namespace {
 
-// Rows per parallel chunk: about 16K elements of work.
-int64_t RowGrain(int64_t c) {
-  return std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, c));
-}
-
-// sum of x[i]^2 over row r of x, in fp32 with 8 partial sums.
-float RowSumOfSquares(const Tensor& x, int64_t r, int64_t c) {
-  float stage[kStageElems];
-  float acc[8] = {};
-  float tail = 0;
-  for (int64_t j0 = 0; j0 < c; j0 += kStageElems) {
-    const int64_t len = std::min(kStageElems, c - j0);
-    const float* v = LoadFloats(x, r * c + j0, len, stage);
-    int64_t j = 0;
-    for (; j + 8 <= len; j += 8) {
-      for (int k = 0; k < 8; ++k) acc[k] += v[j + k] * v[j + k];
-    }
-    for (; j < len; ++j) tail += v[j] * v[j];
-  }
-  for (float a : acc) tail += a;
-  return tail;
-}
-
 // xhat rounded to the activations' dtype (the Hugging Face cast), in place on n values.
 void RoundLikeInput(DType t, float* v, int64_t n) {
   if (t == DType::kF32) return;
@@ -46,7 +23,7 @@ Status RmsNormForward(ThreadPool& pool, const RmsNormForwardArgs& a) {
   pool.ParallelFor(n, RowGrain(c), [&](int64_t begin, int64_t end, int) {
     float xs[kStageElems], ws[kStageElems], ys[kStageElems], xhat[kStageElems];
     for (int64_t r = begin; r < end; ++r) {
-      const float rs = 1.0f / std::sqrt(RowSumOfSquares(a.x, r, c) / float(c) + a.eps);
+      const float rs = 1.0f / std::sqrt(RowMoment(a.x, r, c, 0.0f, 2) / float(c) + a.eps);
       rstd[r] = rs;
       for (int64_t j0 = 0; j0 < c; j0 += kStageElems) {
         const int64_t len = std::min(kStageElems, c - j0);

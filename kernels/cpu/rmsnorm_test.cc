@@ -23,7 +23,6 @@ using testing::RandomVector;
 using testing::Rounded;
 using testing::ToDouble;
 using testing::ToFloat;
-using testing::Zeros;
 
 constexpr float kEps = 1e-5f;
 

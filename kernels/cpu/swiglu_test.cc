@@ -16,12 +16,10 @@ namespace {
 using testing::Dot;
 using testing::ExpectClose;
 using testing::HostTensor;
-using testing::MaxAbs;
 using testing::RandomVector;
 using testing::Rounded;
 using testing::ToDouble;
 using testing::ToFloat;
-using testing::Zeros;
 
 void Check(int64_t n, int64_t inter, DType dt, int threads) {
   SCOPED_TRACE(::testing::Message() << n << "x" << inter << " " << DTypeName(dt));
