@@ -5,7 +5,9 @@
 
 #include "kernels/backend_access.h"
 #include "kernels/cpu/cast.h"
+
 namespace ferry::cpu {
+
 Status LayerNormForward(ThreadPool& pool, const LayerNormForwardArgs& a) {
   const int64_t n = a.x.dim(0), c = a.x.dim(1);
   float* mean = BackendAccess::Data<float>(a.mean);
