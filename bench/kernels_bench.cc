@@ -69,15 +69,19 @@ class PlainOpenBlas {
   SgemmFn sgemm_;
 };
 
-// Best seconds per call over `reps` calls after one warm-up call.
-double BestSeconds(int reps, const std::function<void()>& fn) {
-  fn();
-  double best = 1e30;
+// Best seconds per call of each function over `reps` rounds, after one warm-up call each. The
+// functions take turns within a round, so load from other processes hits them alike.
+std::vector<double> BestSecondsInterleaved(int reps,
+                                           const std::vector<std::function<void()>>& fns) {
+  std::vector<double> best(fns.size(), 1e30);
+  for (const auto& fn : fns) fn();
   for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    best = std::min(best,
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    for (size_t i = 0; i < fns.size(); ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      fns[i]();
+      best[i] = std::min(
+          best[i], std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
   }
   return best;
 }
@@ -120,7 +124,7 @@ void BenchGemm(CpuDevice& dev, PlainOpenBlas* plain, int threads, bool quick) {
   }
   shapes.push_back({"square          ", 2048, 2048, 2048, false, false});
 
-  const int reps = quick ? 1 : 2;
+  const int reps = quick ? 1 : 3;
   size_t max_elems = 0;
   for (const auto& s : shapes)
     max_elems = std::max({max_elems, size_t(s.m * s.k), size_t(s.k * s.n), size_t(s.m * s.n)});
@@ -133,42 +137,54 @@ void BenchGemm(CpuDevice& dev, PlainOpenBlas* plain, int threads, bool quick) {
               threads, threads);
   std::printf("%-16s %5s %5s %5s %-5s %10s %10s %6s\n", "shape", "M", "N", "K", "dtype",
               "ferry GF/s", "plain GF/s", "ratio");
+  const DType dtypes[] = {DType::kF32, DType::kBF16};
   for (const auto& s : shapes) {
     const double flops = 2.0 * double(s.m) * double(s.n) * double(s.k);
-    const double plain_s = plain == nullptr ? 0 : BestSeconds(reps, [&] {
-      plain->Sgemm(s.ta, s.tb, int(s.m), int(s.n), int(s.k), pa.data(), pb.data(), pc.data());
-    });
-    for (DType dt : {DType::kF32, DType::kBF16}) {
-      const Shape sa = s.ta ? Shape{s.k, s.m} : Shape{s.m, s.k};
-      const Shape sb = s.tb ? Shape{s.n, s.k} : Shape{s.k, s.n};
-      const size_t scratch = GemmScratchBytes(dev, s.m, s.n, s.k, {dt, dt, dt});
-      auto a = dev.Allocate(size_t(sa.numel()) * DTypeSize(dt), "a");
-      auto b = dev.Allocate(size_t(sb.numel()) * DTypeSize(dt), "b");
-      auto c = dev.Allocate(size_t(s.m * s.n) * DTypeSize(dt), "c");
-      auto w = dev.Allocate(std::max<size_t>(scratch, 4), "scratch");
-      Check(a.status(), "alloc a");
-      Check(b.status(), "alloc b");
-      Check(c.status(), "alloc c");
-      Check(w.status(), "alloc scratch");
+    const Shape sa = s.ta ? Shape{s.k, s.m} : Shape{s.m, s.k};
+    const Shape sb = s.tb ? Shape{s.n, s.k} : Shape{s.k, s.n};
+    std::vector<DeviceBuffer> buffers;  // released at the end of the shape
+    buffers.reserve(4 * std::size(dtypes));  // no reallocation: the runs hold views into them
+    std::vector<std::function<void()>> runs;
+    for (DType dt : dtypes) {
+      const size_t scratch =
+          std::max<size_t>(GemmScratchBytes(dev, s.m, s.n, s.k, {dt, dt, dt}), 4);
+      auto alloc = [&](size_t bytes, const char* what) {
+        auto buf = dev.Allocate(bytes, what);
+        Check(buf.status(), what);
+        buffers.push_back(std::move(buf).value());
+        return &buffers.back();
+      };
+      const DeviceBuffer* a = alloc(size_t(sa.numel()) * DTypeSize(dt), "a");
+      const DeviceBuffer* b = alloc(size_t(sb.numel()) * DTypeSize(dt), "b");
+      const DeviceBuffer* c = alloc(size_t(s.m * s.n) * DTypeSize(dt), "c");
+      const DeviceBuffer* w = alloc(scratch, "scratch");
       FillRandom(dev, *a, dt, sa.numel(), *host);
       FillRandom(dev, *b, dt, sb.numel(), *host);
       GemmArgs g{.a = a->View(dt, sa),
                  .b = b->View(dt, sb),
                  .c = c->View(dt, {s.m, s.n}),
-                 .scratch = w->View(DType::kF32, {int64_t(std::max<size_t>(scratch, 4) / 4)}),
+                 .scratch = w->View(DType::kF32, {int64_t(scratch / 4)}),
                  .trans_a = s.ta,
                  .trans_b = s.tb};
-      const double ferry_s = BestSeconds(reps, [&] {
+      runs.push_back([&dev, g] {
         Check(Gemm(dev, g), "gemm");
         Check(dev.Synchronize(), "gemm");
       });
-      const double ferry_gf = flops / ferry_s * 1e-9;
-      const double plain_gf = plain_s > 0 ? flops / plain_s * 1e-9 : 0;
-      std::printf("%-16s %5lld %5lld %5lld %-5s %10.1f %10.1f %6.2f\n", s.what, (long long)s.m,
-                  (long long)s.n, (long long)s.k, std::string(DTypeName(dt)).c_str(), ferry_gf,
-                  plain_gf, plain_gf > 0 ? ferry_gf / plain_gf : 0.0);
-      std::fflush(stdout);
     }
+    if (plain != nullptr) {
+      runs.push_back([&] {
+        plain->Sgemm(s.ta, s.tb, int(s.m), int(s.n), int(s.k), pa.data(), pb.data(), pc.data());
+      });
+    }
+    const std::vector<double> best = BestSecondsInterleaved(reps, runs);
+    const double plain_gf = plain != nullptr ? flops / best.back() * 1e-9 : 0;
+    for (size_t i = 0; i < std::size(dtypes); ++i) {
+      const double ferry_gf = flops / best[i] * 1e-9;
+      std::printf("%-16s %5lld %5lld %5lld %-5s %10.1f %10.1f %6.2f\n", s.what, (long long)s.m,
+                  (long long)s.n, (long long)s.k, std::string(DTypeName(dtypes[i])).c_str(),
+                  ferry_gf, plain_gf, plain_gf > 0 ? ferry_gf / plain_gf : 0.0);
+    }
+    std::fflush(stdout);
   }
 }
 
