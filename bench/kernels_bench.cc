@@ -3,14 +3,17 @@
 //
 //  - GEMM: ferry's GEMM on a CpuDevice (its ThreadPool of --threads workers, serial OpenBLAS per
 //    block) at transformer shapes, f32 and bf16 storage, and a large square; beside it the plain
-//    multithreaded OpenBLAS (the pthread build, loaded privately with dlopen so it does not clash
-//    with the serial one ferry links) with the same thread count on the same f32 shape.
+//    multithreaded OpenBLAS (the pthread build, a private copy loaded with dlopen so its thread
+//    count is its own: ferry links the same library set to one thread per call) with the same
+//    thread count on the same f32 shape.
 //    ratio = ferry / plain.
 //  - AdamW versus a memory-bandwidth triad: BenchAdamWVsTriad below (its own program,
 //    bench/adamw_bench.cc, owns the measurement).
 //
 // Usage: kernels_bench [--threads N] [--quick]
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -32,13 +35,41 @@ namespace {
 constexpr const char* kPthreadOpenBlas =
     "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0";
 
+bool CopyFile(const char* from, int to_fd) {
+  const int in = open(from, O_RDONLY);
+  if (in < 0) return false;
+  char buf[1 << 16];
+  ssize_t n;
+  bool ok = true;
+  while ((n = read(in, buf, sizeof buf)) > 0) {
+    if (write(to_fd, buf, size_t(n)) != n) {
+      ok = false;
+      break;
+    }
+  }
+  close(in);
+  return ok && n == 0;
+}
+
 // The pthread OpenBLAS, loaded into its own symbol scope. Owns the dlopen handle.
 class PlainOpenBlas {
  public:
   using SgemmFn = void (*)(int, int, int, int, int, int, float, const float*, int, const float*,
                            int, float, float*, int);
   static std::unique_ptr<PlainOpenBlas> Load(int threads) {
-    void* h = dlopen(kPthreadOpenBlas, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    // ferry itself links this library (set to one thread per call), and dlopen of the same file
+    // would return that instance, so load a private copy: its own thread count and thread pool.
+    char path[] = "/tmp/ferry-bench-openblas-XXXXXX.so";
+    const int fd = mkstemps(path, 3);
+    if (fd < 0 || !CopyFile(kPthreadOpenBlas, fd)) {
+      std::fprintf(stderr, "cannot copy %s to %s: no ceiling column\n", kPthreadOpenBlas, path);
+      if (fd >= 0) close(fd);
+      unlink(path);
+      return nullptr;
+    }
+    close(fd);
+    void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    unlink(path);  // the mapping stays valid
     if (h == nullptr) {
       std::fprintf(stderr, "plain OpenBLAS unavailable (%s): no ceiling column\n", dlerror());
       return nullptr;
@@ -142,7 +173,7 @@ void BenchGemm(CpuDevice& dev, PlainOpenBlas* plain, int threads, bool quick) {
     const double flops = 2.0 * double(s.m) * double(s.n) * double(s.k);
     const Shape sa = s.ta ? Shape{s.k, s.m} : Shape{s.m, s.k};
     const Shape sb = s.tb ? Shape{s.n, s.k} : Shape{s.k, s.n};
-    std::vector<DeviceBuffer> buffers;  // released at the end of the shape
+    std::vector<DeviceBuffer> buffers;       // released at the end of the shape
     buffers.reserve(4 * std::size(dtypes));  // no reallocation: the runs hold views into them
     std::vector<std::function<void()>> runs;
     for (DType dt : dtypes) {

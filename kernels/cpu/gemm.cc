@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include "kernels/backend_access.h"
@@ -11,6 +12,14 @@
 
 namespace ferry::cpu {
 namespace {
+
+// The pthread OpenBLAS runs each call on the calling thread only once set to one thread; its
+// thread count is process-wide library state, set here once (idempotent, and every ferry caller
+// wants 1).
+void UseCallingThreadOnlyInBlas() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t RoundUp(int64_t a, int64_t b) { return CeilDiv(a, b) * b; }
@@ -150,6 +159,7 @@ size_t GemmScratchBytes(int threads, int64_t m, int64_t n, int64_t k, GemmDTypes
 Status Gemm(ThreadPool& pool, const GemmArgs& g) {
   const GemmDims d = GemmDimsOf(g);
   if (d.m == 0 || d.n == 0) return Status::Ok();
+  UseCallingThreadOnlyInBlas();
   const GemmDTypes dt{g.a.dtype, g.b.dtype, g.c.dtype};
   const Tiling t = PlanTiling(pool.size(), d.m, d.n, d.k, dt);
   const size_t need = GemmScratchBytes(pool.size(), d.m, d.n, d.k, dt);

@@ -1,7 +1,8 @@
 // CPU GEMM and bias-gradient kernels (semantics: kernels/ops/gemm.h, gemm_bias_grad.h).
 //
-// The product runs on the serial OpenBLAS sgemm, called on blocks of C in parallel from the
-// device's ThreadPool (never a global BLAS pool):
+// The product runs on OpenBLAS sgemm restricted to the calling thread (the pthread build set to
+// one thread: Debian's serial build is not safe to call concurrently, see CMakeLists.txt), called
+// on blocks of C in parallel from the device's ThreadPool (never a global BLAS pool):
 //  - all of A, B, C f32: C is split along its larger dimension into one block per worker and
 //    each block goes straight to sgemm on the tensors' own memory (no copies, no scratch);
 //  - otherwise C is cut into tiles (kGemmTileM x kGemmTileN), and for each K panel

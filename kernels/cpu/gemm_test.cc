@@ -144,6 +144,26 @@ TEST(CpuGemm, EmptyInnerDimensionScalesC) {
   }
 }
 
+// Every worker calls sgemm at once, thousands of times: a BLAS that shares internal buffers
+// between concurrent calls (Debian's serial OpenBLAS does) gives wrong blocks here. Each result
+// must equal the first bit for bit (same blocks, same code).
+TEST(CpuGemm, ConcurrentBlasCallsAreSafe) {
+  const int64_t m = 64, n = 32, k = 129;  // m >= n: four 16-row blocks, one per worker
+  ThreadPool pool(4);
+  HostTensor a(DType::kF32, {k, m}, RandomVector(size_t(m * k), 1)),
+      b(DType::kF32, {n, k}, RandomVector(size_t(n * k), 2)), c(DType::kF32, {m, n});
+  const GemmArgs g{.a = a.tensor(), .b = b.tensor(), .c = c.tensor(), .trans_a = true,
+                   .trans_b = true};
+  ASSERT_TRUE(cpu::Gemm(pool, g).ok());
+  const std::vector<float> first = c.Get();
+  int bad = 0;
+  for (int it = 0; it < 3000; ++it) {  // ~0.1 s
+    ASSERT_TRUE(cpu::Gemm(pool, g).ok());
+    if (c.Get() != first) ++bad;
+  }
+  EXPECT_EQ(bad, 0) << "concurrent sgemm calls corrupted " << bad << " of 3000 products";
+}
+
 TEST(CpuGemm, RejectsTooSmallScratch) {
   ThreadPool pool(2);
   HostTensor a(DType::kBF16, {4, 8}), b(DType::kBF16, {8, 4}), c(DType::kBF16, {4, 4});
