@@ -56,8 +56,12 @@ void CheckGemm(const Case& cs, GemmDTypes dt, int threads, uint64_t seed) {
   const auto bias = Rounded(RandomVector(size_t(cs.n), seed + 3), dt.c);
 
   ThreadPool pool(threads);
-  HostTensor ta(dt.a, sa, a), tb(dt.b, sb, b), tc(dt.c, {cs.m, cs.n}, c0),
-      tbias(dt.c, {cs.n}, bias);
+  // Empty operands (k == 0) are left unset: staging an empty vector hands memcpy a null pointer.
+  auto stage = [](DType t, Shape shape, const std::vector<float>& v) {
+    return v.empty() ? HostTensor(t, shape) : HostTensor(t, shape, v);
+  };
+  HostTensor ta = stage(dt.a, sa, a), tb = stage(dt.b, sb, b);
+  HostTensor tc(dt.c, {cs.m, cs.n}, c0), tbias(dt.c, {cs.n}, bias);
   const size_t scratch_bytes = cpu::GemmScratchBytes(threads, cs.m, cs.n, cs.k, dt);
   HostTensor scratch(DType::kF32, {int64_t(scratch_bytes / 4) + 1});
   GemmArgs g{ta.tensor(),      tb.tensor(), tc.tensor(), cs.bias ? tbias.tensor() : Tensor{},
@@ -152,8 +156,8 @@ TEST(CpuGemm, ConcurrentBlasCallsAreSafe) {
   ThreadPool pool(4);
   HostTensor a(DType::kF32, {k, m}, RandomVector(size_t(m * k), 1)),
       b(DType::kF32, {n, k}, RandomVector(size_t(n * k), 2)), c(DType::kF32, {m, n});
-  const GemmArgs g{.a = a.tensor(), .b = b.tensor(), .c = c.tensor(), .trans_a = true,
-                   .trans_b = true};
+  const GemmArgs g{
+      .a = a.tensor(), .b = b.tensor(), .c = c.tensor(), .trans_a = true, .trans_b = true};
   ASSERT_TRUE(cpu::Gemm(pool, g).ok());
   const std::vector<float> first = c.Get();
   int bad = 0;
