@@ -12,6 +12,7 @@
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/ops/gemm.h"
 #include "kernels/ops/rmsnorm.h"
+#include "kernels/testing/device_staging.h"
 #include "kernels/testing/op_testing.h"
 
 namespace ferry {
@@ -34,42 +35,12 @@ std::unique_ptr<CpuDevice> MakeDevice() {
   return std::move(d).value();
 }
 
-// A device tensor with its buffer, filled from and read back to host floats through a
-// HostAllocation span (converted to the dtype on the host).
-class DeviceTensor {
- public:
-  DeviceTensor(Device& d, DType t, Shape s, const std::vector<float>& values = {})
-      : device_(d), dtype_(t), shape_(s) {
-    bytes_ = std::max<size_t>(size_t(s.numel()) * DTypeSize(t), 1);
-    auto buf = d.Allocate(bytes_, "test tensor");
-    EXPECT_TRUE(buf.ok()) << buf.status().ToString();
-    buffer_ = std::move(buf).value();
-    auto host = HostAllocation::Map(bytes_, "test staging");
-    EXPECT_TRUE(host.ok());
-    host_ = std::move(host).value();
-    if (!values.empty()) {
-      ConvertFromFloat(values.data(), t, host_.data(), values.size());
-      EXPECT_TRUE(d.CopyToDevice(buffer_.data(), host_.Span(0, bytes_), bytes_).ok());
-      EXPECT_TRUE(d.Synchronize().ok());
-    }
-  }
-  Tensor tensor() const { return buffer_.View(dtype_, shape_); }
-  std::vector<float> Get() {
-    EXPECT_TRUE(device_.CopyToHost(host_.Span(0, bytes_), buffer_.data(), bytes_).ok());
-    EXPECT_TRUE(device_.Synchronize().ok());
-    std::vector<float> v(static_cast<size_t>(shape_.numel()));
-    ConvertToFloat(dtype_, host_.data(), v.data(), v.size());
-    return v;
-  }
-
- private:
-  Device& device_;
-  DType dtype_;
-  Shape shape_;
-  size_t bytes_ = 0;
-  DeviceBuffer buffer_;
-  HostAllocation host_;
-};
+// A device tensor holding `values` (rounded to its dtype), or uninitialized when none are given.
+testing::DeviceTensor Staged(Device& d, DType t, Shape s, const std::vector<float>& values = {}) {
+  testing::DeviceTensor x(d, t, s, "test tensor");
+  if (!values.empty()) x.Upload(values);
+  return x;
+}
 
 TEST(DenseOpsOnCpuDevice, GemmMatchesDirectKernel) {
   auto dev = MakeDevice();
@@ -81,8 +52,11 @@ TEST(DenseOpsOnCpuDevice, GemmMatchesDirectKernel) {
   const size_t scratch_bytes = GemmScratchBytes(*dev, m, n, k, dt);
   ASSERT_EQ(scratch_bytes, cpu::GemmScratchBytes(kThreads, m, n, k, dt));
   ASSERT_GT(scratch_bytes, 0u);
-  DeviceTensor dx(*dev, bf, {m, k}, x), dw(*dev, bf, {n, k}, w), db(*dev, bf, {n}, b),
-      dy(*dev, bf, {m, n}), ds(*dev, DType::kF32, {int64_t(scratch_bytes / 4)});
+  auto dx = Staged(*dev, bf, {m, k}, x);
+  auto dw = Staged(*dev, bf, {n, k}, w);
+  auto db = Staged(*dev, bf, {n}, b);
+  auto dy = Staged(*dev, bf, {m, n});
+  auto ds = Staged(*dev, DType::kF32, {int64_t(scratch_bytes / 4)});
   GemmArgs g{dx.tensor(), dw.tensor(), dy.tensor(), db.tensor(), ds.tensor(), false, true};
   ASSERT_TRUE(Gemm(*dev, g).ok());
   ASSERT_TRUE(dev->Synchronize().ok());
@@ -93,7 +67,7 @@ TEST(DenseOpsOnCpuDevice, GemmMatchesDirectKernel) {
   ASSERT_TRUE(cpu::Gemm(pool, {hx.tensor(), hw.tensor(), hy.tensor(), hb.tensor(), hs.tensor(),
                                false, true})
                   .ok());
-  ExpectClose(dy.Get(), hy.Get(), 0, 0, "y");  // same code and tiling: bit-identical
+  ExpectClose(dy.Download(), hy.Get(), 0, 0, "y");  // same code and tiling: bit-identical
 
   // Errors at enqueue: scratch too small, then a shape mismatch naming the tensor.
   g.scratch = Tensor{};
@@ -112,9 +86,13 @@ TEST(DenseOpsOnCpuDevice, RmsNormMatchesDirectKernel) {
   const DType bf = DType::kBF16;
   const auto x = RandomVector(size_t(n * c), 4, -2, 2), w = RandomVector(size_t(c), 5),
              dyv = RandomVector(size_t(n * c), 6), dw0 = RandomVector(size_t(c), 7);
-  DeviceTensor dx(*dev, bf, {n, c}, x), dw(*dev, bf, {c}, w), dy(*dev, bf, {n, c}),
-      drstd(*dev, DType::kF32, {n}), dgrad(*dev, bf, {n, c}, dyv), ddx(*dev, bf, {n, c}),
-      ddw(*dev, DType::kF32, {c}, dw0);
+  auto dx = Staged(*dev, bf, {n, c}, x);
+  auto dw = Staged(*dev, bf, {c}, w);
+  auto dy = Staged(*dev, bf, {n, c});
+  auto drstd = Staged(*dev, DType::kF32, {n});
+  auto dgrad = Staged(*dev, bf, {n, c}, dyv);
+  auto ddx = Staged(*dev, bf, {n, c});
+  auto ddw = Staged(*dev, DType::kF32, {c}, dw0);
   ASSERT_TRUE(RmsNormForward(*dev, {dx.tensor(), dw.tensor(), dy.tensor(), drstd.tensor()}).ok());
   ASSERT_TRUE(RmsNormBackward(*dev, {dgrad.tensor(), dx.tensor(), dw.tensor(), drstd.tensor(),
                                      ddx.tensor(), ddw.tensor()})
@@ -129,10 +107,10 @@ TEST(DenseOpsOnCpuDevice, RmsNormMatchesDirectKernel) {
   ASSERT_TRUE(cpu::RmsNormBackward(pool, {hgrad.tensor(), hx.tensor(), hw.tensor(), hrstd.tensor(),
                                           hdx.tensor(), hdw.tensor()})
                   .ok());
-  ExpectClose(dy.Get(), hy.Get(), 0, 0, "y");
-  ExpectClose(drstd.Get(), hrstd.Get(), 0, 0, "rstd");
-  ExpectClose(ddx.Get(), hdx.Get(), 0, 0, "dx");
-  ExpectClose(ddw.Get(), hdw.Get(), 0, 0, "dweight");
+  ExpectClose(dy.Download(), hy.Get(), 0, 0, "y");
+  ExpectClose(drstd.Download(), hrstd.Get(), 0, 0, "rstd");
+  ExpectClose(ddx.Download(), hdx.Get(), 0, 0, "dx");
+  ExpectClose(ddw.Download(), hdw.Get(), 0, 0, "dweight");
 
   // rstd must be f32: the error names it.
   const Status s = RmsNormForward(
