@@ -74,6 +74,7 @@ f16 FloatToF16(float f) {
 }
 
 void ConvertToFloat(DType src_type, const void* src, float* dst, size_t n) {
+  if (n == 0) return;
   switch (src_type) {
     case DType::kF32:
       std::memcpy(dst, src, n * 4);
@@ -97,6 +98,7 @@ void ConvertToFloat(DType src_type, const void* src, float* dst, size_t n) {
 }
 
 void ConvertFromFloat(const float* src, DType dst_type, void* dst, size_t n) {
+  if (n == 0) return;
   switch (dst_type) {
     case DType::kF32:
       std::memcpy(dst, src, n * 4);

@@ -8,18 +8,11 @@
 #include <string>
 
 #include "kernels/backend_access.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/cast.h"
 
 namespace ferry::cpu {
 namespace {
-
-// The pthread OpenBLAS runs each call on the calling thread only once set to one thread; its
-// thread count is process-wide library state, set here once (idempotent, and every ferry caller
-// wants 1).
-void UseCallingThreadOnlyInBlas() {
-  static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
-}
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t RoundUp(int64_t a, int64_t b) { return CeilDiv(a, b) * b; }

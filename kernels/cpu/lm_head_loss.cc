@@ -1,3 +1,4 @@
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/lm_head_loss.h"
 
 #include <cblas.h>
@@ -121,6 +122,7 @@ Status CheckTargets(const int32_t* targets, int64_t N, int64_t V) {
 
 template <typename T, typename G>
 Status Run(ThreadPool& pool, const LmHeadLossArgs& a, bool backward) {
+  UseCallingThreadOnlyInBlas();
   const int64_t N = a.h.dim(0), C = a.h.dim(1), V = a.w.dim(0);
   const int64_t chunk = a.chunk_tokens;
   const int parts = pool.size();

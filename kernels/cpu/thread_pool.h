@@ -1,6 +1,7 @@
 // A fixed pool of worker threads owned by one CpuDevice. Never process-global: several devices
 // in one process each own theirs, so they don't oversubscribe each other and TSan stays
-// meaningful. BLAS calls made inside ParallelFor use a serial BLAS.
+// meaningful. BLAS calls made inside ParallelFor run on the calling worker only
+// (kernels/cpu/blas.h).
 //
 // Thread-safety: ParallelFor may be called from one thread at a time (the device's compute
 // stream worker); it blocks until every chunk has run.
