@@ -17,7 +17,7 @@ std::string ByteTokenizer::Decode(const std::vector<int32_t>& ids) {
       out.push_back(static_cast<char>(static_cast<unsigned char>(id)));
     } else if (id < 0 || id >= kVocabSize) {
       out += "\xEF\xBF\xBD";  // U+FFFD replacement character
-    }  // special tokens: skipped
+    }                         // special tokens: skipped
   }
   return out;
 }

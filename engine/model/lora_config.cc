@@ -11,9 +11,9 @@ struct TargetName {
   std::string_view hf_name;
 };
 constexpr TargetName kTargets[] = {
-    {kLoraQ, "q", "q_proj"},          {kLoraK, "k", "k_proj"},   {kLoraV, "v", "v_proj"},
-    {kLoraO, "o", "o_proj"},          {kLoraGate, "gate", "gate_proj"},
-    {kLoraUp, "up", "up_proj"},       {kLoraDown, "down", "down_proj"},
+    {kLoraQ, "q", "q_proj"},          {kLoraK, "k", "k_proj"},          {kLoraV, "v", "v_proj"},
+    {kLoraO, "o", "o_proj"},          {kLoraGate, "gate", "gate_proj"}, {kLoraUp, "up", "up_proj"},
+    {kLoraDown, "down", "down_proj"},
 };
 
 std::string_view Trim(std::string_view s) {

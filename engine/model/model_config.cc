@@ -53,8 +53,7 @@ class Fields {
                                    what + " is required)");
   }
   static Status WrongType(const char* key, const char* what) {
-    return Status::InvalidArgument(std::string("config.json: field '") + key + "' must be " +
-                                   what);
+    return Status::InvalidArgument(std::string("config.json: field '") + key + "' must be " + what);
   }
   const json& j_;
 };
@@ -68,7 +67,8 @@ Status ParseRope(const json& j, const Fields& f, ModelConfig* c) {
   FERRY_ASSIGN_OR_RETURN(c->rope_theta, f.Number("rope_theta", 10000.0));
   auto check_type = [](const json& obj, const char* field) -> Status {
     if (obj.is_null()) return Status::Ok();
-    if (!obj.is_object()) return Unsupported(std::string("field '") + field + "'", "must be an object");
+    if (!obj.is_object())
+      return Unsupported(std::string("field '") + field + "'", "must be an object");
     for (const char* key : {"rope_type", "type"}) {
       auto t = obj.find(key);
       if (t != obj.end() && !(t->is_string() && t->get<std::string>() == "default")) {
@@ -126,7 +126,8 @@ Status ParseLlamaFamily(const json& j, const Fields& f, ModelConfig* c) {
   if (c->model_type == "qwen2" || c->model_type == "qwen3") {
     FERRY_ASSIGN_OR_RETURN(bool sliding, f.Bool("use_sliding_window", false));
     if (sliding) {
-      return Unsupported("field 'use_sliding_window' = true", "is not supported yet; set it to false");
+      return Unsupported("field 'use_sliding_window' = true",
+                         "is not supported yet; set it to false");
     }
   }
   if (f.Has("sliding_window") && c->model_type == "mistral") {
@@ -181,8 +182,8 @@ Status ParseGpt2(const json& j, const Fields& f, ModelConfig* c) {
 
 Status Positive(const char* field, int64_t v) {
   if (v > 0) return Status::Ok();
-  return Status::InvalidArgument(std::string("model config: ") + field + " = " +
-                                 std::to_string(v) + " must be positive");
+  return Status::InvalidArgument(std::string("model config: ") + field + " = " + std::to_string(v) +
+                                 " must be positive");
 }
 
 }  // namespace
@@ -198,8 +199,8 @@ Result<ModelConfig> ParseHfConfig(std::string_view json_text) {
   Fields f(j);
   ModelConfig c;
   FERRY_ASSIGN_OR_RETURN(c.model_type, f.String("model_type", ""));
-  if (auto it = j.find("architectures"); it != j.end() && it->is_array() && !it->empty() &&
-                                         (*it)[0].is_string()) {
+  if (auto it = j.find("architectures");
+      it != j.end() && it->is_array() && !it->empty() && (*it)[0].is_string()) {
     c.architecture = (*it)[0].get<std::string>();
   }
   if (c.model_type.empty()) {
@@ -243,15 +244,14 @@ Status ValidateModelConfig(const ModelConfig& c) {
   FERRY_RETURN_IF_ERROR(Positive("head_dim", c.head_dim));
   FERRY_RETURN_IF_ERROR(Positive("max_position_embeddings", c.max_position_embeddings));
   if (c.num_heads % c.num_kv_heads != 0) {
-    return Status::InvalidArgument("model config: num_attention_heads = " +
-                                   std::to_string(c.num_heads) +
-                                   " must be a multiple of num_key_value_heads = " +
-                                   std::to_string(c.num_kv_heads));
+    return Status::InvalidArgument(
+        "model config: num_attention_heads = " + std::to_string(c.num_heads) +
+        " must be a multiple of num_key_value_heads = " + std::to_string(c.num_kv_heads));
   }
   if (c.family == ModelFamily::kGpt2 && c.num_heads * c.head_dim != c.hidden_size) {
-    return Status::InvalidArgument("model config: n_embd = " + std::to_string(c.hidden_size) +
-                                   " must be a multiple of n_head = " +
-                                   std::to_string(c.num_heads));
+    return Status::InvalidArgument(
+        "model config: n_embd = " + std::to_string(c.hidden_size) +
+        " must be a multiple of n_head = " + std::to_string(c.num_heads));
   }
   if (!c.learned_positions && c.head_dim % 2 != 0) {
     return Status::InvalidArgument("model config: head_dim = " + std::to_string(c.head_dim) +

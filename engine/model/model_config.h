@@ -39,26 +39,26 @@ struct ModelConfig {
   int64_t hidden_size = 0;        // C
   int64_t intermediate_size = 0;  // MLP width (GPT-2: n_inner, default 4 C)
   int64_t num_layers = 0;
-  int64_t num_heads = 0;     // query heads H
-  int64_t num_kv_heads = 0;  // KV heads, divides H
-  int64_t head_dim = 0;      // need not be C / H (Qwen3, Gemma-style configs)
+  int64_t num_heads = 0;                // query heads H
+  int64_t num_kv_heads = 0;             // KV heads, divides H
+  int64_t head_dim = 0;                 // need not be C / H (Qwen3, Gemma-style configs)
   int64_t max_position_embeddings = 0;  // GPT-2: n_positions (the learned table's rows)
 
   NormKind norm = NormKind::kRmsNorm;
   double norm_eps = 1e-5;
   Activation activation = Activation::kSiluGlu;
   bool tie_word_embeddings = false;
-  bool qk_norm = false;          // RMSNorm over head_dim on q and k before RoPE (Qwen3)
-  bool qkv_bias = false;         // q/k/v projections have biases (Qwen2; Llama attention_bias)
-  bool o_bias = false;           // output projection has a bias (Llama attention_bias)
-  bool mlp_bias = false;         // Llama mlp_bias
+  bool qk_norm = false;            // RMSNorm over head_dim on q and k before RoPE (Qwen3)
+  bool qkv_bias = false;           // q/k/v projections have biases (Qwen2; Llama attention_bias)
+  bool o_bias = false;             // output projection has a bias (Llama attention_bias)
+  bool mlp_bias = false;           // Llama mlp_bias
   bool learned_positions = false;  // GPT-2's wpe table instead of RoPE
   double rope_theta = 10000.0;
 
   // Recorded, not yet supported beyond "off": dropout is run at 0 (DESIGN.md, "Model").
   double dropout = 0.0;
 
-  int64_t q_dim() const { return num_heads * head_dim; }     // width of q and of o's input
+  int64_t q_dim() const { return num_heads * head_dim; }      // width of q and of o's input
   int64_t kv_dim() const { return num_kv_heads * head_dim; }  // width of k and v
 };
 

@@ -84,8 +84,8 @@ TEST(ModelConfigTest, LegacyFieldsAndDefaults) {
       "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
       "num_attention_heads": 2, "num_key_value_heads": 1})");
   ASSERT_TRUE(q2.ok()) << q2.status().ToString();
-  EXPECT_TRUE(q2->qkv_bias);   // Qwen2: always q/k/v biases
-  EXPECT_FALSE(q2->o_bias);    // and none on o_proj
+  EXPECT_TRUE(q2->qkv_bias);  // Qwen2: always q/k/v biases
+  EXPECT_FALSE(q2->o_bias);   // and none on o_proj
 }
 
 TEST(ModelConfigTest, RefusesWhatItCannotRun) {

@@ -57,8 +57,14 @@ class SpecBuilder {
     out_->push_back({std::move(name), {n}, dtype_, trainable_, /*decays=*/false, "", false, false});
   }
   void Matrix(std::string name, int64_t rows, int64_t cols, bool transposed = false) {
-    out_->push_back(
-        {std::move(name), {rows, cols}, dtype_, trainable_, /*decays=*/true, "", transposed, false});
+    out_->push_back({std::move(name),
+                     {rows, cols},
+                     dtype_,
+                     trainable_,
+                     /*decays=*/true,
+                     "",
+                     transposed,
+                     false});
   }
   void Projection(const Linear& l, const LoraConfig& lora) {
     if (l.transposed) {
@@ -69,8 +75,10 @@ class SpecBuilder {
     if (l.bias) Vector(l.module + ".bias", l.out);
     if (HasLora(lora, l)) {
       const std::string peft = "base_model.model." + l.module;
-      out_->push_back({peft + ".lora_A.weight", {lora.rank, l.in}, dtype_, true, true, "", false, true});
-      out_->push_back({peft + ".lora_B.weight", {l.out, lora.rank}, dtype_, true, true, "", false, true});
+      out_->push_back(
+          {peft + ".lora_A.weight", {lora.rank, l.in}, dtype_, true, true, "", false, true});
+      out_->push_back(
+          {peft + ".lora_B.weight", {l.out, lora.rank}, dtype_, true, true, "", false, true});
     }
   }
 

@@ -28,11 +28,11 @@ struct DTypeRow {
   size_t size;
 };
 constexpr DTypeRow kDTypes[] = {
-    {SafetensorsDType::kF64, "F64", 8},  {SafetensorsDType::kF32, "F32", 4},
-    {SafetensorsDType::kF16, "F16", 2},  {SafetensorsDType::kBF16, "BF16", 2},
-    {SafetensorsDType::kI64, "I64", 8},  {SafetensorsDType::kI32, "I32", 4},
-    {SafetensorsDType::kI16, "I16", 2},  {SafetensorsDType::kI8, "I8", 1},
-    {SafetensorsDType::kU8, "U8", 1},    {SafetensorsDType::kBool, "BOOL", 1},
+    {SafetensorsDType::kF64, "F64", 8}, {SafetensorsDType::kF32, "F32", 4},
+    {SafetensorsDType::kF16, "F16", 2}, {SafetensorsDType::kBF16, "BF16", 2},
+    {SafetensorsDType::kI64, "I64", 8}, {SafetensorsDType::kI32, "I32", 4},
+    {SafetensorsDType::kI16, "I16", 2}, {SafetensorsDType::kI8, "I8", 1},
+    {SafetensorsDType::kU8, "U8", 1},   {SafetensorsDType::kBool, "BOOL", 1},
 };
 
 Status Bad(std::string_view what, std::string_view tensor, std::string_view problem) {
@@ -57,9 +57,8 @@ bool AsCount(const json& v, uint64_t* out) {
   return false;
 }
 
-Result<SafetensorsTensorInfo> ParseEntry(const std::string& name, const json& v,
-                                         size_t data_begin, size_t data_bytes,
-                                         std::string_view what) {
+Result<SafetensorsTensorInfo> ParseEntry(const std::string& name, const json& v, size_t data_begin,
+                                         size_t data_bytes, std::string_view what) {
   if (name.empty()) return Bad(what, name, "empty tensor name");
   if (!v.is_object()) return Bad(what, name, "entry is not a JSON object");
   auto dt = v.find("dtype");
@@ -125,26 +124,33 @@ Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
 }  // namespace
 
 std::string_view SafetensorsDTypeName(SafetensorsDType t) {
-  for (const DTypeRow& r : kDTypes) if (r.type == t) return r.name;
+  for (const DTypeRow& r : kDTypes)
+    if (r.type == t) return r.name;
   return "?";
 }
 
 size_t SafetensorsDTypeSize(SafetensorsDType t) {
-  for (const DTypeRow& r : kDTypes) if (r.type == t) return r.size;
+  for (const DTypeRow& r : kDTypes)
+    if (r.type == t) return r.size;
   return 0;
 }
 
 Result<SafetensorsDType> ParseSafetensorsDType(std::string_view name) {
-  for (const DTypeRow& r : kDTypes) if (r.name == name) return r.type;
-  return Status::InvalidArgument("unsupported dtype '" + std::string(name) +
-                                 "' (ferry reads F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL)");
+  for (const DTypeRow& r : kDTypes)
+    if (r.name == name) return r.type;
+  return Status::InvalidArgument(
+      "unsupported dtype '" + std::string(name) +
+      "' (ferry reads F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL)");
 }
 
 SafetensorsDType ToSafetensorsDType(DType t) {
   switch (t) {
-    case DType::kF32: return SafetensorsDType::kF32;
-    case DType::kBF16: return SafetensorsDType::kBF16;
-    case DType::kF16: return SafetensorsDType::kF16;
+    case DType::kF32:
+      return SafetensorsDType::kF32;
+    case DType::kBF16:
+      return SafetensorsDType::kBF16;
+    case DType::kF16:
+      return SafetensorsDType::kF16;
   }
   return SafetensorsDType::kF32;
 }
@@ -169,10 +175,12 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> file
   if (file.size() < 8) return Bad(what, "", "shorter than the 8-byte header length");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | uint64_t(file[size_t(i)]);  // little-endian
-  if (n > kMaxHeaderBytes) return Bad(what, "", "header length " + std::to_string(n) + " too large");
+  if (n > kMaxHeaderBytes)
+    return Bad(what, "", "header length " + std::to_string(n) + " too large");
   if (n > file.size() - 8) {
-    return Bad(what, "", "header length " + std::to_string(n) + " runs past the end of the file (" +
-                             std::to_string(file.size()) + " bytes)");
+    return Bad(what, "",
+               "header length " + std::to_string(n) + " runs past the end of the file (" +
+                   std::to_string(file.size()) + " bytes)");
   }
   const char* text = reinterpret_cast<const char*>(file.data() + 8);
   json root = json::parse(text, text + n, /*cb=*/nullptr, /*allow_exceptions=*/false);
@@ -186,7 +194,8 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> file
     if (it.key() == "__metadata__") {
       if (!it->is_object()) return Bad(what, "", "__metadata__ is not an object");
       for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string()) return Bad(what, "", "__metadata__ value '" + m.key() + "' is not a string");
+        if (!m->is_string())
+          return Bad(what, "", "__metadata__ value '" + m.key() + "' is not a string");
         header.metadata[m.key()] = m->get<std::string>();
       }
       continue;
@@ -197,7 +206,8 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> file
   }
   // No two ranges may overlap (empty tensors occupy nothing).
   std::vector<const SafetensorsTensorInfo*> by_offset;
-  for (const auto& t : header.tensors) if (t.bytes > 0) by_offset.push_back(&t);
+  for (const auto& t : header.tensors)
+    if (t.bytes > 0) by_offset.push_back(&t);
   std::sort(by_offset.begin(), by_offset.end(),
             [](auto* a, auto* b) { return a->offset < b->offset; });
   for (size_t i = 1; i < by_offset.size(); ++i) {
@@ -336,11 +346,21 @@ Result<std::vector<int64_t>> SafetensorsFile::ReadInts(std::string_view name) co
     }
   };
   switch (info->dtype) {
-    case SafetensorsDType::kI64: load(int64_t{}); break;
-    case SafetensorsDType::kI32: load(int32_t{}); break;
-    case SafetensorsDType::kI16: load(int16_t{}); break;
-    case SafetensorsDType::kI8: load(int8_t{}); break;
-    case SafetensorsDType::kU8: load(uint8_t{}); break;
+    case SafetensorsDType::kI64:
+      load(int64_t{});
+      break;
+    case SafetensorsDType::kI32:
+      load(int32_t{});
+      break;
+    case SafetensorsDType::kI16:
+      load(int16_t{});
+      break;
+    case SafetensorsDType::kI8:
+      load(int8_t{});
+      break;
+    case SafetensorsDType::kU8:
+      load(uint8_t{});
+      break;
     default:
       return Status::InvalidArgument("tensor '" + info->name + "' in " + path_ + " is " +
                                      std::string(SafetensorsDTypeName(info->dtype)) +

@@ -31,7 +31,18 @@
 namespace ferry {
 
 // Every dtype the format names that ferry can at least carry as bytes.
-enum class SafetensorsDType : uint8_t { kF64, kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool };
+enum class SafetensorsDType : uint8_t {
+  kF64,
+  kF32,
+  kF16,
+  kBF16,
+  kI64,
+  kI32,
+  kI16,
+  kI8,
+  kU8,
+  kBool
+};
 
 std::string_view SafetensorsDTypeName(SafetensorsDType t);  // "F32", "BF16", ...
 size_t SafetensorsDTypeSize(SafetensorsDType t);
@@ -116,7 +127,9 @@ class SafetensorsWriter {
   // REQUIRES: values.size() equals the product of shape.
   void Add(std::string name, std::vector<int64_t> shape, std::span<const float> values,
            DType dtype = DType::kF32);
-  void SetMetadata(std::string key, std::string value) { metadata_[std::move(key)] = std::move(value); }
+  void SetMetadata(std::string key, std::string value) {
+    metadata_[std::move(key)] = std::move(value);
+  }
   Status Write(const std::string& path) const;
 
  private:

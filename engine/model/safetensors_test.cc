@@ -48,13 +48,14 @@ TEST(SafetensorsTest, ReadsGoldenWrittenByPython) {
   for (float v : *w) sq += double(v) * v;
   EXPECT_NEAR(std::sqrt(sq / double(w->size())), 0.08, 0.01);
 
-  Result<SafetensorsFile> io = SafetensorsFile::Open(testing::GoldenPath("llama", "io.safetensors"));
+  Result<SafetensorsFile> io =
+      SafetensorsFile::Open(testing::GoldenPath("llama", "io.safetensors"));
   ASSERT_TRUE(io.ok()) << io.status().ToString();
   Result<std::vector<int64_t>> targets = io->ReadInts("targets");
   ASSERT_TRUE(targets.ok());
   ASSERT_EQ(targets->size(), 22u);
-  EXPECT_EQ((*targets)[0], -100);  // the masked prompt of row 0
-  EXPECT_FALSE(io->ReadInts("logits").ok());     // F32 is not an integer dtype
+  EXPECT_EQ((*targets)[0], -100);                  // the masked prompt of row 0
+  EXPECT_FALSE(io->ReadInts("logits").ok());       // F32 is not an integer dtype
   EXPECT_FALSE(io->ReadFloats("input_ids").ok());  // I64 is not a float dtype
   EXPECT_EQ(io->ReadFloats("nope").status().code(), StatusCode::kNotFound);
   std::vector<int64_t> wrong = {2, 11};

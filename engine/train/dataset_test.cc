@@ -25,8 +25,16 @@ TEST(ByteTokenizerTest, RoundTripsAnyBytes) {
 TEST(TokenStreamTest, SplitsDocumentsAtBlankLines) {
   TokenStream s = TokenStream::FromText("ab\ncd\n\n  \n\nef");
   EXPECT_EQ(s.documents(), 2);
-  const std::vector<int32_t> want = {ByteTokenizer::kBos, 'a', 'b', '\n', 'c', 'd',
-                                     ByteTokenizer::kEos, ByteTokenizer::kBos, 'e', 'f',
+  const std::vector<int32_t> want = {ByteTokenizer::kBos,
+                                     'a',
+                                     'b',
+                                     '\n',
+                                     'c',
+                                     'd',
+                                     ByteTokenizer::kEos,
+                                     ByteTokenizer::kBos,
+                                     'e',
+                                     'f',
                                      ByteTokenizer::kEos};
   EXPECT_EQ(s.tokens(), want);
 }
