@@ -88,7 +88,10 @@ class [[nodiscard]] Result {
 
   bool ok() const { return std::holds_alternative<T>(v_); }
   // The error, or ok when a value is held.
-  Status status() const { return ok() ? Status() : std::get<Status>(v_); }
+  const Status& status() const {
+    static const Status kOk;  // immutable
+    return ok() ? kOk : std::get<Status>(v_);
+  }
 
   // REQUIRES: ok().
   T& value() & { assert(ok()); return std::get<T>(v_); }

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 
 #include "kernels/dtype.h"
 
@@ -34,6 +35,10 @@ class DevicePtr {
   // The address as a number, for logs, alignment checks and comparisons only.
   uintptr_t address() const { return reinterpret_cast<uintptr_t>(p_); }
   bool operator==(const DevicePtr& o) const { return p_ == o.p_; }
+  // A pointer to mutable memory converts to a pointer to const memory, as T* does.
+  operator DevicePtr<const T>() const requires(!std::is_const_v<T>) {  // NOLINT
+    return DevicePtr<const T>(p_);
+  }
 
  private:
   template <typename U> friend class DevicePtr;

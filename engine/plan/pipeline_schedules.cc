@@ -1,0 +1,256 @@
+#include "engine/plan/pipeline_schedules.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+namespace ferry::plan {
+namespace {
+
+constexpr int kNone = -1;
+
+SimTask MakeTask(std::string name, TaskKind kind, LaneId lane, int stage, int micro_batch) {
+  SimTask t;
+  t.name = std::move(name);
+  t.kind = kind;
+  t.lane = lane;
+  t.stage = stage;
+  t.micro_batch = micro_batch;
+  return t;
+}
+
+std::string Tag(char letter, int stage, int micro_batch) {
+  std::string s = letter + std::to_string(stage);
+  if (micro_batch >= 0) s += "." + std::to_string(micro_batch);
+  return s;
+}
+
+void AddDep(Schedule& s, int task, int dep) {
+  if (task != kNone && dep != kNone) s.tasks[task].deps.push_back(dep);
+}
+
+Status CheckStages(const std::vector<StageCost>& stages, int micro_batches, const char* what) {
+  if (micro_batches < 1) {
+    return Status::InvalidArgument(std::string(what) + ": micro_batches must be >= 1");
+  }
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const StageCost& c = stages[i];
+    for (double v : {c.fwd_s, c.bwd_s, c.weight_bytes, c.input_bytes, c.output_bytes, c.grad_bytes,
+                     c.param_count, c.gpu_optimizer_s}) {
+      if (!(v >= 0)) {
+        return Status::InvalidArgument(std::string(what) + ": stage " + std::to_string(i) +
+                                       " has a negative or NaN cost");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// One entry of a GPU's compute order in a pinned-stage schedule.
+struct Step {
+  bool backward;
+  int micro_batch;
+};
+
+// Builds a schedule with stage s pinned to GPU s, running the steps in `order[s]`.
+Result<Schedule> BuildPinned(const char* name, const std::vector<StageCost>& stages, int m,
+                             const std::vector<std::vector<Step>>& order) {
+  const int p = static_cast<int>(stages.size());
+  Schedule s;
+  s.name = name;
+  s.gpus = p;
+  using Table = std::vector<std::vector<int>>;
+  Table f(p, std::vector<int>(m, kNone)), b = f, f_in = f, f_out = f, b_in = f, b_out = f;
+  for (int st = 0; st < p; ++st) {
+    const LaneId compute{LaneKind::kCompute, st}, h2d{LaneKind::kHostToDevice, st},
+        d2h{LaneKind::kDeviceToHost, st};
+    const double in_bytes = st > 0 ? stages[st - 1].output_bytes : 0;   // from stage st-1
+    const double out_bytes = st < p - 1 ? stages[st].output_bytes : 0;  // to stage st+1
+    // Adds a transfer of `bytes` (none when 0) and returns its index or kNone.
+    auto transfer = [&](char letter, TaskKind kind, LaneId lane, double bytes, int stage, int j) {
+      if (bytes <= 0) return kNone;
+      SimTask t = MakeTask(Tag(letter, stage, j), kind, lane, stage, j);
+      t.bytes = bytes;
+      return s.Add(std::move(t));
+    };
+    auto run = [&](char letter, TaskKind kind, double seconds, int stage, int j) {
+      SimTask t = MakeTask(Tag(letter, stage, j), kind, compute, stage, j);
+      t.duration_s = seconds;
+      return s.Add(std::move(t));
+    };
+    for (const Step& step : order[st]) {
+      const int j = step.micro_batch;
+      if (!step.backward) {
+        // Forward: the boundary activation comes in from stage st-1 and goes out to st+1.
+        f_in[st][j] = transfer('I', TaskKind::kActivationUpload, h2d, in_bytes, st, j);
+        f[st][j] = run('F', TaskKind::kForward, stages[st].fwd_s, st, j);
+        f_out[st][j] = transfer('O', TaskKind::kActivationDownload, d2h, out_bytes, st, j);
+      } else {
+        // Backward: the gradient of the output comes back from st+1; the input's goes to st-1.
+        b_in[st][j] = transfer('I', TaskKind::kActivationUpload, h2d, out_bytes, st, j);
+        b[st][j] = run('B', TaskKind::kBackward, stages[st].bwd_s, st, j);
+        b_out[st][j] = transfer('O', TaskKind::kActivationDownload, d2h, in_bytes, st, j);
+      }
+    }
+    if (stages[st].gpu_optimizer_s > 0) {
+      SimTask t = MakeTask(Tag('U', st, -1), TaskKind::kOptimizer, compute, st, -1);
+      t.duration_s = stages[st].gpu_optimizer_s;
+      s.Add(std::move(t));  // after the last backward by lane order
+    }
+  }
+  for (int st = 0; st < p; ++st) {
+    for (int j = 0; j < m; ++j) {
+      if (st > 0) {
+        AddDep(s, f_in[st][j], f_out[st - 1][j]);
+        AddDep(s, f[st][j], f_in[st][j] != kNone ? f_in[st][j] : f[st - 1][j]);
+      }
+      AddDep(s, f_out[st][j], f[st][j]);
+      AddDep(s, b[st][j], f[st][j]);
+      if (st < p - 1) {
+        AddDep(s, b_in[st][j], b_out[st + 1][j]);
+        AddDep(s, b[st][j], b_in[st][j] != kNone ? b_in[st][j] : b[st + 1][j]);
+      }
+      AddDep(s, b_out[st][j], b[st][j]);
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+Result<Schedule> BuildGpipeSchedule(const std::vector<StageCost>& stages, int micro_batches) {
+  FERRY_RETURN_IF_ERROR(CheckStages(stages, micro_batches, "GPipe"));
+  if (stages.empty()) return Status::InvalidArgument("GPipe: needs at least one stage");
+  std::vector<std::vector<Step>> order(stages.size());
+  for (auto& o : order) {
+    for (int j = 0; j < micro_batches; ++j) o.push_back({false, j});
+    for (int j = 0; j < micro_batches; ++j) o.push_back({true, j});
+  }
+  return BuildPinned("GPipe", stages, micro_batches, order);
+}
+
+Result<Schedule> Build1F1BSchedule(const std::vector<StageCost>& stages, int micro_batches) {
+  FERRY_RETURN_IF_ERROR(CheckStages(stages, micro_batches, "1F1B"));
+  if (stages.empty()) return Status::InvalidArgument("1F1B: needs at least one stage");
+  const int p = static_cast<int>(stages.size());
+  const int m = micro_batches;
+  std::vector<std::vector<Step>> order(p);
+  for (int st = 0; st < p; ++st) {
+    const int warmup = std::min(p - st - 1, m);
+    for (int j = 0; j < warmup; ++j) order[st].push_back({false, j});
+    for (int i = 0; i < m - warmup; ++i) {
+      order[st].push_back({false, warmup + i});
+      order[st].push_back({true, i});
+    }
+    for (int j = m - warmup; j < m; ++j) order[st].push_back({true, j});
+  }
+  return BuildPinned("1F1B", stages, m, order);
+}
+
+Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
+  if (job.gpus < 1) return Status::InvalidArgument("round-robin: gpus must be >= 1");
+  std::vector<StageCost> all = job.forward;
+  all.push_back(job.tail);
+  all.insert(all.end(), job.backward.begin(), job.backward.end());
+  FERRY_RETURN_IF_ERROR(CheckStages(all, job.micro_batches, "round-robin"));
+  if (job.weight_chunks < 0) {
+    return Status::InvalidArgument("round-robin: weight_chunks must be >= 0");
+  }
+  const int K = static_cast<int>(all.size());
+  const int G = job.gpus;
+  const int m = job.micro_batches;
+  const int nf = static_cast<int>(job.forward.size());
+  const int chunks = job.weight_chunks > 0 ? job.weight_chunks : m;
+
+  auto kind_of = [&](int k) {
+    return k < nf ? TaskKind::kForward : k == nf ? TaskKind::kTail : TaskKind::kBackward;
+  };
+  auto letter_of = [&](int k) { return k < nf ? 'F' : k == nf ? 'T' : 'B'; };
+  auto local_index = [&](int k) { return k < nf ? k : k == nf ? 0 : k - nf - 1; };
+  auto name_of = [&](char prefix, int k, int j) {
+    std::string n(1, prefix);
+    if (prefix != letter_of(k)) n += letter_of(k);  // e.g. "IB2.0": input of backward stage 2
+    if (kind_of(k) != TaskKind::kTail) n += std::to_string(local_index(k));
+    if (j >= 0) n += "." + std::to_string(j);
+    return n;
+  };
+
+  Schedule s;
+  s.name = "round-robin";
+  s.gpus = G;
+  std::vector<std::vector<int>> compute(K, std::vector<int>(m, kNone)), in = compute, out = compute;
+  std::vector<int> weights_last(K, kNone);
+
+  auto add_weight_chunk = [&](int k, int c) {
+    const int d = k % G;
+    SimTask t = MakeTask(name_of('W', k, -1) + "/" + std::to_string(c), TaskKind::kWeightUpload,
+                         {LaneKind::kHostToDevice, d}, k, -1);
+    t.bytes = all[k].weight_bytes / chunks;
+    if (k - 2 * G >= 0) t.deps.push_back(compute[k - 2 * G][m - 1]);  // buffer is free
+    weights_last[k] = s.Add(std::move(t));
+  };
+
+  for (int k = 0; k < K; ++k) {
+    const int d = k % G;
+    const StageCost& c = all[k];
+    if (k < G && c.weight_bytes > 0) {
+      for (int ch = 0; ch < chunks; ++ch) add_weight_chunk(k, ch);
+    }
+    const int next = k + G < K ? k + G : kNone;
+    int next_chunk = 0;
+    for (int j = 0; j < m; ++j) {
+      if (c.input_bytes > 0) {
+        SimTask t = MakeTask(name_of('I', k, j), TaskKind::kActivationUpload,
+                             {LaneKind::kHostToDevice, d}, k, j);
+        t.bytes = c.input_bytes;
+        if (k > 0) t.deps.push_back(out[k - 1][j] != kNone ? out[k - 1][j] : compute[k - 1][j]);
+        in[k][j] = s.Add(std::move(t));
+      }
+      // The next stage's weight chunks queue behind this stage's activation uploads.
+      while (next != kNone && all[next].weight_bytes > 0 && next_chunk < chunks &&
+             static_cast<long>(next_chunk) * m / chunks <= j) {
+        add_weight_chunk(next, next_chunk++);
+      }
+    }
+    for (int j = 0; j < m; ++j) {
+      SimTask t = MakeTask(name_of(letter_of(k), k, j), kind_of(k), {LaneKind::kCompute, d}, k, j);
+      t.duration_s = kind_of(k) == TaskKind::kForward ? c.fwd_s
+                     : kind_of(k) == TaskKind::kTail  ? c.fwd_s + c.bwd_s
+                                                      : c.bwd_s;
+      if (in[k][j] != kNone) {
+        t.deps.push_back(in[k][j]);
+      } else if (k > 0) {
+        t.deps.push_back(out[k - 1][j] != kNone ? out[k - 1][j] : compute[k - 1][j]);
+      }
+      if (weights_last[k] != kNone) t.deps.push_back(weights_last[k]);
+      compute[k][j] = s.Add(std::move(t));
+    }
+    if (c.output_bytes > 0) {
+      for (int j = 0; j < m; ++j) {
+        SimTask t = MakeTask(name_of('O', k, j), TaskKind::kActivationDownload,
+                             {LaneKind::kDeviceToHost, d}, k, j);
+        t.bytes = c.output_bytes;
+        t.deps.push_back(compute[k][j]);
+        out[k][j] = s.Add(std::move(t));
+      }
+    }
+    int grads = kNone;
+    if (c.grad_bytes > 0) {
+      SimTask t = MakeTask(name_of('G', k, -1), TaskKind::kGradientDownload,
+                           {LaneKind::kDeviceToHost, d}, k, -1);
+      t.bytes = c.grad_bytes;
+      t.deps.push_back(compute[k][m - 1]);
+      grads = s.Add(std::move(t));
+    }
+    if (c.param_count > 0) {
+      SimTask t =
+          MakeTask(name_of('U', k, -1), TaskKind::kOptimizer, {LaneKind::kCpuOptimizer, 0}, k, -1);
+      t.bytes = c.param_count * kAdamWBytesPerParameter;
+      t.deps.push_back(grads != kNone ? grads : compute[k][m - 1]);
+      s.Add(std::move(t));
+    }
+  }
+  return s;
+}
+
+}  // namespace ferry::plan

@@ -1,0 +1,63 @@
+// Schedule builders: ferry's round-robin dispatch (DESIGN.md, "Execution") and the weight-bound
+// baselines GPipe and 1F1B (each stage pinned to one GPU), as task graphs for the simulator.
+// Inputs are plain per-stage numbers (seconds and bytes), so the builders are testable without
+// model code; the planner fills them from the model's per-layer costs.
+//
+// Task names: F<s>.<j> forward of stage s on micro-batch j, B<s>.<j> backward, T.<j> the fused
+// head+loss tail, W<s>[.<c>] weight upload (chunk c), I<s>.<j> activation upload, O<s>.<j>
+// activation download, G<s> gradient download, U<s> optimizer update.
+//
+// Pure functions; thread-safe.
+#pragma once
+
+#include <vector>
+
+#include "engine/plan/simulator.h"
+#include "kernels/status.h"
+
+namespace ferry::plan {
+
+struct StageCost {
+  double fwd_s = 0;            // compute per micro-batch, forward (tail: its forward)
+  double bwd_s = 0;            // compute per micro-batch, backward (with any recompute)
+  double weight_bytes = 0;     // uploaded once per stage (round-robin); resident in the baselines
+  double input_bytes = 0;      // round-robin: uploaded per micro-batch before the stage runs
+  double output_bytes = 0;     // round-robin: downloaded per micro-batch after it runs.
+                               // Baselines: the stage's boundary activation per micro-batch, sent
+                               // forward to stage s+1 and its gradient sent back (via host RAM).
+  double grad_bytes = 0;       // downloaded once after the last micro-batch (round-robin)
+  double param_count = 0;      // parameters the CPU optimizer updates after the gradients land
+  double gpu_optimizer_s = 0;  // baselines: on-GPU optimizer step after the last backward
+};
+
+// GPipe: stage s on GPU s (p = stages.size() GPUs); all forwards, then all backwards. Activations
+// and their gradients between stages go device->host->device (no peer access on GeForce cards).
+[[nodiscard]] Result<Schedule> BuildGpipeSchedule(const std::vector<StageCost>& stages,
+                                                  int micro_batches);
+
+// 1F1B (PipeDream-flush): stage s runs min(p - s - 1, m) warm-up forwards, then alternates one
+// forward and one backward, then drains the remaining backwards. Same placement and transfers.
+[[nodiscard]] Result<Schedule> Build1F1BSchedule(const std::vector<StageCost>& stages,
+                                                 int micro_batches);
+
+struct RoundRobinJob {
+  int gpus = 1;
+  int micro_batches = 1;
+  std::vector<StageCost> forward;   // forward stages in layer order (fwd_s used)
+  StageCost tail;                   // head + loss, fwd_s + bwd_s per micro-batch on one device
+  std::vector<StageCost> backward;  // backward stages in execution order, last layers first
+  // Weight uploads are split into this many chunks queued behind the activation uploads of the
+  // stage that runs before (0 = one chunk per micro-batch).
+  int weight_chunks = 0;
+};
+
+// Round-robin dispatch: a global counter hands stage k (forward stages, the tail, then backward
+// stages) to GPU k mod gpus, which runs it for every micro-batch. Each GPU holds two weight
+// buffers: stage k's weights upload (in chunks, behind the activation uploads of the stage the GPU
+// runs before it) once stage k - 2*gpus has finished with the buffer. Micro-batch j of stage k
+// uploads its input after stage k-1 downloaded its output for j. Gradients download once per
+// stage after its last micro-batch; the CPU optimizer then updates that stage's parameters, in
+// the order the gradients land.
+[[nodiscard]] Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job);
+
+}  // namespace ferry::plan

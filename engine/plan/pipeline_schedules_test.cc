@@ -1,0 +1,159 @@
+#include "engine/plan/pipeline_schedules.h"
+
+#include <gtest/gtest.h>
+
+namespace ferry::plan {
+namespace {
+
+// Simulated times are sums of at most a few hundred doubles of integral value; exact in practice,
+// 1e-9 relative leaves room for the simulator's completion epsilon.
+constexpr double kTol = 1e-9;
+
+LaneRates FastLinks() {
+  LaneRates r;
+  r.host_to_device = r.device_to_host = 1e9;
+  r.host_memory = 1e12;
+  r.cpu_optimizer = 30e9;  // 1e9 parameters/s
+  r.nvme_read = r.nvme_write = 1e9;
+  return r;
+}
+
+std::vector<StageCost> EqualStages(int p, double fwd, double bwd) {
+  std::vector<StageCost> stages(p);
+  for (StageCost& c : stages) {
+    c.fwd_s = fwd;
+    c.bwd_s = bwd;
+  }
+  return stages;
+}
+
+TEST(PipelineSchedules, GpipeBubbleMatchesTheFormula) {
+  for (int p : {2, 4}) {
+    for (int m : {1, 4, 8}) {
+      Result<Schedule> s = BuildGpipeSchedule(EqualStages(p, 1.0, 2.0), m);
+      ASSERT_TRUE(s.ok()) << s.status().ToString();
+      Result<SimResult> r = Simulate(*s, FastLinks());
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_NEAR(r->makespan_s, (m + p - 1) * 3.0, kTol) << "p=" << p << " m=" << m;
+      const double expected = static_cast<double>(p - 1) / (m + p - 1);
+      for (int g = 0; g < p; ++g) {
+        EXPECT_NEAR(r->gpu_bubble_fraction[g], expected, kTol) << "p=" << p << " m=" << m;
+      }
+    }
+  }
+}
+
+TEST(PipelineSchedules, OneFOneBHasGpipesMakespanWithEqualStages) {
+  for (int p : {2, 3, 4}) {
+    for (int m : {1, 2, 4, 9}) {
+      Result<Schedule> g = BuildGpipeSchedule(EqualStages(p, 1.0, 2.0), m);
+      Result<Schedule> f = Build1F1BSchedule(EqualStages(p, 1.0, 2.0), m);
+      ASSERT_TRUE(g.ok() && f.ok());
+      Result<SimResult> rg = Simulate(*g, FastLinks());
+      Result<SimResult> rf = Simulate(*f, FastLinks());
+      ASSERT_TRUE(rg.ok() && rf.ok()) << rf.status().ToString();
+      EXPECT_NEAR(rf->makespan_s, rg->makespan_s, kTol) << "p=" << p << " m=" << m;
+      EXPECT_NEAR(rf->mean_bubble_fraction, rg->mean_bubble_fraction, kTol);
+    }
+  }
+}
+
+TEST(PipelineSchedules, BaselineActivationsCrossHostRam) {
+  // Two stages, one micro-batch, 1 GB boundary activation at 1 GB/s each way: forward pays a
+  // download and an upload (2 s), backward the same for the gradient.
+  std::vector<StageCost> stages = EqualStages(2, 1.0, 1.0);
+  stages[0].output_bytes = 1e9;
+  Result<Schedule> s = BuildGpipeSchedule(stages, 1);
+  ASSERT_TRUE(s.ok());
+  Result<SimResult> r = Simulate(*s, FastLinks());
+  ASSERT_TRUE(r.ok());
+  EXPECT_NEAR(r->makespan_s, 1 + 2 + 1 + 1 + 2 + 1, kTol);
+}
+
+RoundRobinJob EqualRoundRobin(int gpus, int micro_batches) {
+  RoundRobinJob job;
+  job.gpus = gpus;
+  job.micro_batches = micro_batches;
+  job.forward = EqualStages(3, 1.0, 0.0);
+  job.tail.fwd_s = 0.5;
+  job.tail.bwd_s = 0.5;
+  job.backward = EqualStages(4, 0.0, 1.0);
+  return job;
+}
+
+TEST(PipelineSchedules, RoundRobinWithFreeTransfersHasASmallBubble) {
+  // 8 stages of 1 s per micro-batch on 2 GPUs, 16 micro-batches: each GPU computes 64 s; the
+  // only idle time is GPU 1 waiting for the first micro-batch and GPU 0 after its last stage.
+  Result<Schedule> s = BuildRoundRobinSchedule(EqualRoundRobin(2, 16));
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  Result<SimResult> r = Simulate(*s, FastLinks());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_NEAR(r->makespan_s, 65.0, kTol);
+  EXPECT_NEAR(r->gpu_bubble_fraction[0], 1.0 / 65, kTol);
+  EXPECT_NEAR(r->gpu_bubble_fraction[1], 1.0 / 65, kTol);
+  // Versus 1F1B on the same two GPUs with the same total work (4 s + 4 s... per micro-batch).
+  Result<Schedule> b = Build1F1BSchedule(EqualStages(2, 2.0, 2.0), 16);
+  ASSERT_TRUE(b.ok());
+  Result<SimResult> rb = Simulate(*b, FastLinks());
+  ASSERT_TRUE(rb.ok());
+  EXPECT_LT(r->mean_bubble_fraction, rb->mean_bubble_fraction);
+}
+
+TEST(PipelineSchedules, RoundRobinBubbleShrinksWithMoreMicroBatches) {
+  double previous = 1.0;
+  for (int m : {2, 4, 8, 32}) {
+    Result<Schedule> s = BuildRoundRobinSchedule(EqualRoundRobin(4, m));
+    ASSERT_TRUE(s.ok());
+    Result<SimResult> r = Simulate(*s, FastLinks());
+    ASSERT_TRUE(r.ok());
+    EXPECT_LT(r->mean_bubble_fraction, previous) << "m=" << m;
+    previous = r->mean_bubble_fraction;
+  }
+  EXPECT_LT(previous, 0.1);
+}
+
+TEST(PipelineSchedules, RoundRobinHidesWeightUploadsBehindCompute) {
+  // 2 GB of weights per stage at 1 GB/s = 2 s, each stage computes 16 s: only the first uploads
+  // (one per GPU, in parallel) show; the rest load into the second buffer while the GPU computes.
+  RoundRobinJob job = EqualRoundRobin(2, 16);
+  for (StageCost* c : {&job.forward[0], &job.forward[1], &job.forward[2], &job.tail,
+                       &job.backward[0], &job.backward[1], &job.backward[2], &job.backward[3]}) {
+    c->weight_bytes = 2e9;
+  }
+  Result<Schedule> s = BuildRoundRobinSchedule(job);
+  ASSERT_TRUE(s.ok());
+  Result<SimResult> r = Simulate(*s, FastLinks());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_NEAR(r->makespan_s, 65.0 + 2.0, kTol);
+}
+
+TEST(PipelineSchedules, RoundRobinDownloadsGradientsAndUpdatesOnTheCpu) {
+  RoundRobinJob job = EqualRoundRobin(2, 4);
+  job.backward.back().grad_bytes = 3e9;   // 3 s at 1 GB/s
+  job.backward.back().param_count = 2e9;  // 2 s at 1e9 parameters/s
+  Result<Schedule> s = BuildRoundRobinSchedule(job);
+  ASSERT_TRUE(s.ok());
+  Result<SimResult> r = Simulate(*s, FastLinks());
+  ASSERT_TRUE(r.ok());
+  double last_compute = 0;
+  for (size_t i = 0; i < s->tasks.size(); ++i) {
+    if (s->tasks[i].lane.kind == LaneKind::kCompute) {
+      last_compute = std::max(last_compute, r->timing[i].end_s);
+    }
+  }
+  EXPECT_NEAR(r->makespan_s, last_compute + 3.0 + 2.0, kTol);
+  EXPECT_NEAR(r->BusySeconds({LaneKind::kCpuOptimizer, 0}), 2.0, kTol);
+}
+
+TEST(PipelineSchedules, RejectsBadInput) {
+  EXPECT_FALSE(BuildGpipeSchedule({}, 4).ok());
+  EXPECT_FALSE(BuildGpipeSchedule(EqualStages(2, 1, 1), 0).ok());
+  std::vector<StageCost> negative = EqualStages(2, 1, 1);
+  negative[1].fwd_s = -1;
+  EXPECT_FALSE(Build1F1BSchedule(negative, 2).ok());
+  RoundRobinJob job = EqualRoundRobin(0, 2);
+  EXPECT_FALSE(BuildRoundRobinSchedule(job).ok());
+}
+
+}  // namespace
+}  // namespace ferry::plan

@@ -1,0 +1,100 @@
+// CudaDevice: the Device interface (kernels/device.h) on one NVIDIA GPU, through the CUDA runtime
+// API (never the driver library).
+//
+//  - The arena is ONE cudaMalloc of the capacity, handed out by the shared offset allocator
+//    (kernels/arena.h); the cuBLAS(Lt) workspace is the arena's first allocation
+//    ("cublas workspace"), so capacity() counts it and arena_stats() shows it in use.
+//  - Streams are three non-blocking cudaStream_t; events wrap cudaEvent_t (timing disabled), so
+//    Record/Wait/Query follow CUDA's own rules, which are the interface's rules.
+//  - Errors: a CUDA fault (bad kernel, failed copy) is sticky in the CUDA context and comes back
+//    from every later synchronize, named by the call that saw it. A host function's error is kept
+//    by ferry per stream (mutex-guarded): it comes back from the next Synchronize of that stream,
+//    of an event recorded on it after the failure, or of the device; later host functions on the
+//    poisoned stream are skipped, and a stream that waits on an event recorded after the failure
+//    is poisoned too. Kernels and copies already enqueued behind a failed host function still run
+//    on the GPU (CUDA cannot skip them); their results are not to be used, the error is reported.
+//    Device::Synchronize() returns the first error and clears the host-function errors.
+//  - Several CudaDevices may live in one process (one per GPU): every call sets its device first.
+//
+// Ownership: every CUDA handle (arena memory, streams, events, cuBLAS handles) is owned by a
+// RAII member and released in reverse order of creation. DeviceBuffers and Events must be
+// destroyed before their device. Thread-safety: as Device; calls enqueueing on one stream from
+// several threads are serialized per stream, so a stream's order is the order calls returned.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kernels/device.h"
+
+namespace ferry {
+
+struct CudaContext;  // raw CUDA handles, for kernels only (kernels/cuda/cuda_context.h)
+
+struct CudaDeviceOptions {
+  int ordinal = 0;   // CUDA device index
+  std::string name;  // empty: "cuda<ordinal>"
+  // Arena capacity: memory_bytes when non-zero, else memory_fraction of the free memory that
+  // cudaMemGetInfo reports at creation; rounded down to the alignment.
+  size_t memory_bytes = 0;
+  double memory_fraction = 0.9;
+  size_t alignment = 256;                            // every allocation is rounded up to this
+  size_t cublas_workspace_bytes = size_t(32) << 20;  // carved from the arena; 32 MiB suits sm_90
+};
+
+class CudaDevice final : public Device {
+ public:
+  // Number of CUDA devices, or Unavailable (with CUDA's reason) when there is none or no driver.
+  static Result<int> CountDevices();
+  // Errors: Unavailable when the ordinal names no GPU; InvalidArgument for a bad fraction,
+  // alignment or a workspace larger than the capacity; OutOfMemory when the arena cannot be
+  // allocated (names the request and the free memory).
+  static Result<std::unique_ptr<CudaDevice>> Create(const CudaDeviceOptions& options);
+  ~CudaDevice() override;
+
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  const std::string& name() const override;
+  size_t capacity() const override;
+  int ordinal() const;
+
+  Result<DeviceBuffer> Allocate(size_t bytes, std::string_view requester) override;
+  ArenaStats arena_stats() const override;
+  std::vector<ArenaRecord> arena_log() const override;
+  void ResetPeak() override;
+  Result<std::unique_ptr<HostRegistration>> RegisterHost(const HostAllocation& a) override;
+
+  Result<Event> CreateEvent() override;
+  Status Record(Event& event, StreamId stream) override;
+  Status Wait(StreamId stream, const Event& event) override;
+  Status Synchronize(const Event& event) override;
+  Status Synchronize(StreamId stream) override;
+  Status Synchronize() override;
+  Result<bool> Query(const Event& event) override;
+
+  Status CopyToDevice(DevicePtr<std::byte> dst, HostSpan src, size_t bytes,
+                      StreamId stream = StreamId::kUpload) override;
+  Status CopyToHost(HostSpan dst, DevicePtr<const std::byte> src, size_t bytes,
+                    StreamId stream = StreamId::kDownload) override;
+  Status Zero(DevicePtr<std::byte> dst, size_t bytes,
+              StreamId stream = StreamId::kCompute) override;
+  Status LaunchHostFunc(StreamId stream, std::function<Status()> fn) override;
+
+  // Enqueues kernels on the compute stream; used by the op implementations (kernels/cuda/*.cu).
+  // `launch` runs on the calling thread with this device current and the compute stream locked
+  // against other enqueuers (the cuBLAS handles are not thread-safe), and launches its kernels on
+  // context.compute. Launch errors come back named by `op`.
+  Status EnqueueCompute(std::string_view op,
+                        const std::function<Status(const CudaContext&)>& launch);
+
+ private:
+  struct Impl;
+  explicit CudaDevice(std::unique_ptr<Impl> impl);
+  void Free(size_t handle) override;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ferry

@@ -1,0 +1,22 @@
+// CUDA implementations of the ops, called by the op dispatchers (kernels/ops/<op>.cc) behind
+// `#ifdef FERRY_WITH_CUDA` after they have validated the arguments. Each enqueues on the device's
+// compute stream and returns launch errors; faults during the run come back from the next
+// synchronize (kernels/device.h).
+#pragma once
+
+#include "kernels/cuda/cuda_device.h"
+#include "kernels/status.h"
+#include "kernels/tensor.h"
+
+namespace ferry::cuda {
+
+// dst = src converted to dst.dtype, rounding to nearest even (f32 <-> bf16 <-> f16; the same
+// dtype copies; a same-dtype cast onto itself does nothing). REQUIRES: src.numel() ==
+// dst.numel(); both on `d`; no overlap unless dst is src itself.
+Status Cast(CudaDevice& d, const Tensor& src, const Tensor& dst);
+
+// y = a + b element-wise, math in fp32, stored rounded to nearest even. y may alias a or b.
+// REQUIRES: a, b and y have one dtype and one element count; all on `d`.
+Status Residual(CudaDevice& d, const Tensor& a, const Tensor& b, const Tensor& y);
+
+}  // namespace ferry::cuda
