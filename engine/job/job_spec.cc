@@ -25,6 +25,7 @@ Result<ModelConfig> ResolveModel(const JobSpec& job) {
 }
 
 Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
+  FERRY_RETURN_IF_ERROR(CheckTrainable(model));
   if (job.data != "builtin") {
     return Bad("--data '" + job.data + "' is not available yet; only 'builtin' is");
   }

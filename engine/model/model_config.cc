@@ -62,29 +62,69 @@ Status Unsupported(const std::string& field, const std::string& why) {
   return Status::InvalidArgument("config.json: " + field + " " + why);
 }
 
-// rope_theta from the older fields or transformers 5's rope_parameters; any RoPE scaling refused.
+// One RoPE description: null, {"rope_type"|"type": "default"} or a llama3 scaling; transformers
+// 5's rope_parameters also carries rope_theta.
+Status ParseRopeObject(const json& obj, const std::string& field, ModelConfig* c) {
+  if (obj.is_null()) return Status::Ok();
+  if (!obj.is_object()) return Unsupported("field '" + field + "'", "must be an object or null");
+  std::string type = "default";
+  for (const char* key : {"rope_type", "type"}) {
+    auto t = obj.find(key);
+    if (t == obj.end()) continue;
+    if (!t->is_string())
+      return Unsupported("field '" + field + "." + key + "'", "must be a string");
+    type = t->get<std::string>();
+  }
+  Fields f(obj);
+  FERRY_ASSIGN_OR_RETURN(c->rope_theta, f.Number("rope_theta", c->rope_theta));
+  if (type == "default") return Status::Ok();
+  if (type != "llama3") {
+    return Unsupported("field '" + field + "' has rope type \"" + type + "\"",
+                       "which ferry does not support (default and llama3 are)");
+  }
+  RopeScaling& r = c->rope_scaling;
+  r.kind = RopeScaling::Kind::kLlama3;
+  FERRY_ASSIGN_OR_RETURN(r.factor, f.Number("factor", 0.0));
+  FERRY_ASSIGN_OR_RETURN(r.low_freq_factor, f.Number("low_freq_factor", 0.0));
+  FERRY_ASSIGN_OR_RETURN(r.high_freq_factor, f.Number("high_freq_factor", 0.0));
+  FERRY_ASSIGN_OR_RETURN(r.original_max_position_embeddings,
+                         f.Int("original_max_position_embeddings"));
+  if (!(r.factor > 0) || !(r.low_freq_factor > 0) || !(r.high_freq_factor > r.low_freq_factor) ||
+      r.original_max_position_embeddings <= 0) {
+    return Unsupported("field '" + field + "'",
+                       "needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
+                       "original_max_position_embeddings > 0 for llama3 scaling");
+  }
+  return Status::Ok();
+}
+
+// rope_theta and scaling from the older fields or transformers 5's rope_parameters.
 Status ParseRope(const json& j, const Fields& f, ModelConfig* c) {
   FERRY_ASSIGN_OR_RETURN(c->rope_theta, f.Number("rope_theta", 10000.0));
-  auto check_type = [](const json& obj, const char* field) -> Status {
-    if (obj.is_null()) return Status::Ok();
-    if (!obj.is_object())
-      return Unsupported(std::string("field '") + field + "'", "must be an object");
-    for (const char* key : {"rope_type", "type"}) {
-      auto t = obj.find(key);
-      if (t != obj.end() && !(t->is_string() && t->get<std::string>() == "default")) {
-        return Unsupported(std::string("field '") + field + "." + key + "' = " + t->dump(),
-                           "is not supported yet (only default RoPE, without scaling)");
-      }
-    }
-    return Status::Ok();
-  };
   if (auto it = j.find("rope_scaling"); it != j.end()) {
-    FERRY_RETURN_IF_ERROR(check_type(*it, "rope_scaling"));
+    FERRY_RETURN_IF_ERROR(ParseRopeObject(*it, "rope_scaling", c));
   }
-  if (auto it = j.find("rope_parameters"); it != j.end() && !it->is_null()) {
-    FERRY_RETURN_IF_ERROR(check_type(*it, "rope_parameters"));
-    Fields rp(*it);
-    FERRY_ASSIGN_OR_RETURN(c->rope_theta, rp.Number("rope_theta", c->rope_theta));
+  if (auto it = j.find("rope_parameters"); it != j.end()) {
+    FERRY_RETURN_IF_ERROR(ParseRopeObject(*it, "rope_parameters", c));
+  }
+  return Status::Ok();
+}
+
+// torch_dtype (transformers 4) or dtype (transformers 5); float32 when absent.
+Status ParseWeightsDType(const Fields& f, ModelConfig* c) {
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    if (!f.Has(key)) continue;
+    FERRY_ASSIGN_OR_RETURN(std::string name, f.String(key, ""));
+    if (name == "float32") {
+      c->weights_dtype = DType::kF32;
+    } else if (name == "bfloat16") {
+      c->weights_dtype = DType::kBF16;
+    } else if (name == "float16") {
+      c->weights_dtype = DType::kF16;
+    } else {
+      return Unsupported(std::string("field '") + key + "' = \"" + name + "\"",
+                         "is not supported (float32, bfloat16 or float16)");
+    }
   }
   return Status::Ok();
 }
@@ -123,19 +163,17 @@ Status ParseLlamaFamily(const json& j, const Fields& f, ModelConfig* c) {
   }
   c->qk_norm = c->model_type == "qwen3";
 
+  // Mistral applies sliding_window whenever it is set; Qwen2/3 only with use_sliding_window.
+  bool windowed = c->model_type == "mistral";
   if (c->model_type == "qwen2" || c->model_type == "qwen3") {
-    FERRY_ASSIGN_OR_RETURN(bool sliding, f.Bool("use_sliding_window", false));
-    if (sliding) {
-      return Unsupported("field 'use_sliding_window' = true",
-                         "is not supported yet; set it to false");
-    }
+    FERRY_ASSIGN_OR_RETURN(windowed, f.Bool("use_sliding_window", false));
   }
-  if (f.Has("sliding_window") && c->model_type == "mistral") {
-    FERRY_ASSIGN_OR_RETURN(int64_t window, f.Int("sliding_window"));
-    if (window < c->max_position_embeddings) {
-      return Unsupported("field 'sliding_window' = " + std::to_string(window),
-                         "(shorter than max_position_embeddings) is not supported yet");
+  if (windowed && f.Has("sliding_window")) {
+    FERRY_ASSIGN_OR_RETURN(c->sliding_window, f.Int("sliding_window"));
+    if (c->sliding_window <= 0) {
+      return Unsupported("field 'sliding_window'", "must be positive or null");
     }
+    if (c->sliding_window >= c->max_position_embeddings) c->sliding_window = 0;  // no effect
   }
   return Status::Ok();
 }
@@ -217,6 +255,7 @@ Result<ModelConfig> ParseHfConfig(std::string_view json_text) {
                                    " is not supported; ferry runs llama, mistral, qwen2, qwen3 "
                                    "and gpt2");
   }
+  FERRY_RETURN_IF_ERROR(ParseWeightsDType(f, &c));
   if (c.architecture.empty()) {
     c.architecture = c.family == ModelFamily::kGpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM";
   }
@@ -232,6 +271,20 @@ Result<ModelConfig> LoadHfConfig(const std::string& path) {
   Result<ModelConfig> c = ParseHfConfig(ss.str());
   if (!c.ok()) return c.status().WithContext(path);
   return c;
+}
+
+Status CheckTrainable(const ModelConfig& c) {
+  if (c.rope_scaling.kind != RopeScaling::Kind::kNone) {
+    return Status::InvalidArgument(
+        "model config: rope_scaling (llama3) is not supported for "
+        "training yet");
+  }
+  if (c.sliding_window > 0) {
+    return Status::InvalidArgument(
+        "model config: sliding_window = " + std::to_string(c.sliding_window) +
+        " is not supported for training yet");
+  }
+  return Status::Ok();
 }
 
 Status ValidateModelConfig(const ModelConfig& c) {
@@ -284,7 +337,9 @@ nlohmann::json ToHfConfigJson(const ModelConfig& c) {
   j["model_type"] = c.model_type;
   j["vocab_size"] = c.vocab_size;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  j["torch_dtype"] = "float32";
+  j["torch_dtype"] = c.weights_dtype == DType::kF32    ? "float32"
+                     : c.weights_dtype == DType::kBF16 ? "bfloat16"
+                                                       : "float16";
   if (c.family == ModelFamily::kGpt2) {
     j["n_embd"] = c.hidden_size;
     j["n_layer"] = c.num_layers;
@@ -306,6 +361,18 @@ nlohmann::json ToHfConfigJson(const ModelConfig& c) {
   j["rms_norm_eps"] = c.norm_eps;
   j["rope_theta"] = c.rope_theta;
   j["rope_scaling"] = nullptr;
+  if (c.rope_scaling.kind == RopeScaling::Kind::kLlama3) {
+    j["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", c.rope_scaling.factor},
+        {"low_freq_factor", c.rope_scaling.low_freq_factor},
+        {"high_freq_factor", c.rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+  }
+  if (c.sliding_window > 0) {
+    j["sliding_window"] = c.sliding_window;
+    if (c.model_type != "mistral") j["use_sliding_window"] = true;
+  }
   j["hidden_act"] = "silu";
   j["attention_dropout"] = c.dropout;
   if (c.model_type != "qwen2") j["attention_bias"] = c.qkv_bias;

@@ -8,9 +8,11 @@
 //  - GPT-2: LayerNorm with biases, learned positions, tanh GELU MLP, biases everywhere, Conv1D
 //    weights stored (in, out), tied embeddings.
 //
-// A config comes from a Hugging Face config.json (ParseHfConfig) or a built-in preset. Parsing
-// refuses what ferry cannot run with an InvalidArgument naming the field or the architecture
-// (rope scaling, sliding windows and dropout are recorded so later work can lift the refusals).
+// A config comes from a Hugging Face config.json (ParseHfConfig; the presets in configs/models/
+// are such files) or a built-in preset. Parsing refuses what ferry cannot describe with an
+// InvalidArgument naming the field or the architecture. Features ferry can describe (the planner
+// counts them) but not yet train — Llama 3 RoPE scaling, sliding windows — are recorded, and
+// CheckTrainable refuses them naming the field.
 //
 // Plain value type; thread-compatible.
 #pragma once
@@ -20,6 +22,7 @@
 #include <string>
 #include <string_view>
 
+#include "kernels/dtype.h"
 #include "kernels/status.h"
 
 namespace ferry {
@@ -29,6 +32,15 @@ enum class NormKind { kRmsNorm, kLayerNorm };
 enum class Activation { kSiluGlu, kGeluTanh, kGeluExact };  // SwiGLU | GPT-2 "gelu_new" | "gelu"
 
 std::string_view ModelFamilyName(ModelFamily f);  // "llama", "gpt2"
+
+// Llama 3's RoPE frequency scaling (rope_type "llama3"); kind kNone: plain RoPE.
+struct RopeScaling {
+  enum class Kind { kNone, kLlama3 } kind = Kind::kNone;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 1.0;
+  int64_t original_max_position_embeddings = 0;
+};
 
 struct ModelConfig {
   std::string architecture;  // Hugging Face class, e.g. "LlamaForCausalLM", "GPT2LMHeadModel"
@@ -54,6 +66,9 @@ struct ModelConfig {
   bool mlp_bias = false;           // Llama mlp_bias
   bool learned_positions = false;  // GPT-2's wpe table instead of RoPE
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  int64_t sliding_window = 0;  // attention window in tokens (Mistral); 0: full causal attention
+  DType weights_dtype = DType::kF32;  // the checkpoint's torch_dtype / dtype
 
   // Recorded, not yet supported beyond "off": dropout is run at 0 (DESIGN.md, "Model").
   double dropout = 0.0;
@@ -68,6 +83,10 @@ struct ModelConfig {
 Result<ModelConfig> ParseHfConfig(std::string_view json_text);
 // Reads and parses `path` (errors name the file).
 Result<ModelConfig> LoadHfConfig(const std::string& path);
+
+// Ok when ferry can train this config now; otherwise InvalidArgument naming the field that is
+// not supported yet (rope_scaling, sliding_window).
+Status CheckTrainable(const ModelConfig& c);
 
 // Shapes and values that make sense: positive sizes, heads dividing evenly, eps > 0, ...
 // Errors name the field and say what to change.

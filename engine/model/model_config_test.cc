@@ -97,7 +97,7 @@ TEST(ModelConfigTest, RefusesWhatItCannotRun) {
   ExpectRefused(std::string(kLlama) + R"(, "num_key_value_heads": 3})", "num_key_value_heads");
   ExpectRefused(std::string(kLlama) + R"(, "hidden_act": "gelu"})", "hidden_act");
   ExpectRefused(std::string(kLlama) + R"(, "rope_scaling": {"rope_type": "llama3"}})",
-                "rope_scaling");
+                "original_max_position_embeddings");
   ExpectRefused(std::string(kLlama) + R"(, "rope_parameters": {"rope_type": "yarn"}})",
                 "rope_parameters");
   ExpectRefused(std::string(kLlama) + R"(, "rms_norm_eps": 0})", "epsilon");
@@ -108,10 +108,38 @@ TEST(ModelConfigTest, RefusesWhatItCannotRun) {
   ExpectRefused(R"({"model_type": "gpt2", "vocab_size": 10, "n_embd": 12, "n_layer": 1,
       "n_head": 3, "n_positions": 8, "activation_function": "relu"})",
                 "activation_function");
-  ExpectRefused(R"({"model_type": "mistral", "vocab_size": 10, "hidden_size": 8,
-      "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
-      "max_position_embeddings": 4096, "sliding_window": 1024})",
-                "sliding_window");
+  ExpectRefused(std::string(kLlama) + R"(, "torch_dtype": "int8"})", "torch_dtype");
+}
+
+TEST(ModelConfigTest, RecordsWhatItCannotTrainYet) {
+  Result<ModelConfig> m = ParseHfConfig(R"({"model_type": "mistral", "vocab_size": 10,
+      "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+      "max_position_embeddings": 4096, "sliding_window": 1024})");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->sliding_window, 1024);
+  Status s = CheckTrainable(*m);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("sliding_window"), std::string::npos);
+
+  Result<ModelConfig> l = ParseHfConfig(std::string(kLlama) + R"(, "rope_scaling": {
+      "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 8192}})");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->rope_scaling.kind, RopeScaling::Kind::kLlama3);
+  EXPECT_DOUBLE_EQ(l->rope_scaling.factor, 8.0);
+  EXPECT_EQ(l->rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_NE(CheckTrainable(*l).message().find("rope_scaling"), std::string::npos);
+  Result<ModelConfig> back = ParseHfConfig(ToHfConfigJson(*l).dump());
+  ASSERT_TRUE(back.ok());
+  EXPECT_DOUBLE_EQ(back->rope_scaling.high_freq_factor, 4.0);
+
+  for (const char* model : {"llama", "qwen3", "gpt2"}) {
+    Result<ModelConfig> g = Golden(model);
+    ASSERT_TRUE(g.ok());
+    EXPECT_TRUE(CheckTrainable(*g).ok()) << model;
+    EXPECT_EQ(g->weights_dtype, DType::kF32) << model;
+  }
+  EXPECT_TRUE(CheckTrainable(TinyLlamaPreset()).ok());
 }
 
 TEST(ModelConfigTest, HfJsonRoundTrips) {

@@ -142,6 +142,33 @@ TEST(ParamSpecTest, LlamaBlockCostByHand) {
   EXPECT_DOUBLE_EQ(lh.backward_flops, 2.0 * 22 * 64 * 97);  // frozen head: dX only
 }
 
+// Every preset in configs/models/ parses, and its parameter count equals the count in that
+// folder's README (which equals what each model's card or loader reports).
+TEST(ParamSpecTest, PresetParameterCounts) {
+  const std::pair<const char*, int64_t> presets[] = {
+      {"gpt2", 124439808},
+      {"gpt2-medium", 354823168},
+      {"gpt2-large", 774030080},
+      {"gpt2-xl", 1557611200},
+      {"llama-3.2-1b", 1235814400},
+      {"llama-3.2-3b", 3212749824},
+      {"llama-3.1-8b", 8030261248},
+      {"llama-3.1-70b", 70553706496},
+      {"qwen3-0.6b", 596049920},
+      {"qwen3-1.7b", 1720574976},
+      {"qwen3-8b", 8190735360},
+      {"qwen3-32b", 32762123264},
+      {"mistral-7b-v0.1", 7241732096},
+      {"smollm2-135m", 134515008},
+  };
+  for (auto [name, count] : presets) {
+    Result<ModelConfig> c =
+        LoadHfConfig(testing::SourceDir() + "/configs/models/" + name + ".json");
+    ASSERT_TRUE(c.ok()) << name << ": " << c.status().ToString();
+    EXPECT_EQ(CountParameters(BuildLayerSpecs(*c, LoraConfig{})), count) << name;
+  }
+}
+
 TEST(ParamSpecTest, Gpt2LoraSharesFusedQkv) {
   Golden g = Load("gpt2", "gpt2");
   LoraConfig lora{.rank = 2, .alpha = 4, .targets = kLoraQ};
