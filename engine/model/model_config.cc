@@ -4,6 +4,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 namespace ferry {
 namespace {
@@ -110,18 +111,23 @@ Status ParseRope(const json& j, const Fields& f, ModelConfig* c) {
   return Status::Ok();
 }
 
+// Hugging Face's names of the checkpoint dtypes.
+constexpr std::pair<DType, const char*> kTorchDTypes[] = {
+    {DType::kF32, "float32"}, {DType::kBF16, "bfloat16"}, {DType::kF16, "float16"}};
+
 // torch_dtype (transformers 4) or dtype (transformers 5); float32 when absent.
 Status ParseWeightsDType(const Fields& f, ModelConfig* c) {
   for (const char* key : {"torch_dtype", "dtype"}) {
     if (!f.Has(key)) continue;
     FERRY_ASSIGN_OR_RETURN(std::string name, f.String(key, ""));
-    if (name == "float32") {
-      c->weights_dtype = DType::kF32;
-    } else if (name == "bfloat16") {
-      c->weights_dtype = DType::kBF16;
-    } else if (name == "float16") {
-      c->weights_dtype = DType::kF16;
-    } else {
+    bool known = false;
+    for (auto [dtype, torch_name] : kTorchDTypes) {
+      if (name == torch_name) {
+        c->weights_dtype = dtype;
+        known = true;
+      }
+    }
+    if (!known) {
       return Unsupported(std::string("field '") + key + "' = \"" + name + "\"",
                          "is not supported (float32, bfloat16 or float16)");
     }
@@ -337,9 +343,9 @@ nlohmann::json ToHfConfigJson(const ModelConfig& c) {
   j["model_type"] = c.model_type;
   j["vocab_size"] = c.vocab_size;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  j["torch_dtype"] = c.weights_dtype == DType::kF32    ? "float32"
-                     : c.weights_dtype == DType::kBF16 ? "bfloat16"
-                                                       : "float16";
+  for (auto [dtype, torch_name] : kTorchDTypes) {
+    if (dtype == c.weights_dtype) j["torch_dtype"] = torch_name;
+  }
   if (c.family == ModelFamily::kGpt2) {
     j["n_embd"] = c.hidden_size;
     j["n_layer"] = c.num_layers;
