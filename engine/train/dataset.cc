@@ -1,18 +1,11 @@
 #include "engine/train/dataset.h"
 
 #include "engine/model/byte_tokenizer.h"
+#include "engine/model/counter_rng.h"
 #include "engine/train/builtin_text.h"
 
 namespace ferry {
 namespace {
-
-// SplitMix64's finalizer: a well-mixed 64-bit hash, the counter-based RNG of the batcher.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 bool IsBlank(std::string_view line) {
   for (char ch : line) {
@@ -81,10 +74,10 @@ MicroBatch Batcher::MakeMicroBatch(int64_t step, int64_t micro) const {
   mb.tokens.resize(size_t(micro_batch_ * seq_len_));
   mb.targets.resize(mb.tokens.size());
   for (int64_t row = 0; row < micro_batch_; ++row) {
-    uint64_t h = Mix(seed_);
-    h = Mix(h ^ uint64_t(step));
-    h = Mix(h ^ uint64_t(micro));
-    h = Mix(h ^ uint64_t(row));
+    uint64_t h = Mix64(seed_);
+    h = Mix64(h ^ uint64_t(step));
+    h = Mix64(h ^ uint64_t(micro));
+    h = Mix64(h ^ uint64_t(row));
     const size_t start = size_t(h % starts);
     for (int64_t t = 0; t < seq_len_; ++t) {
       const size_t i = size_t(row * seq_len_ + t);
