@@ -23,6 +23,11 @@ Layout, for each MODEL in llama, qwen3, gpt2 (tests/goldens/MODEL/):
                        (a tied embedding's gradient holds both uses, under the embedding's name)
   final.safetensors    every parameter after the AdamW steps (same names)
   golden.json          configs, hyperparameters, counts, per-step lr / loss / grad norm
+and tests/goldens/adamw/ (the optimizer alone: clipping + schedule + torch.optim.AdamW on three
+tensors with given gradients, so the trainer's update can be checked without a model):
+  steps.safetensors    init.{w,b,e}; step{k}.grad.{w,b,e} (the raw gradient of update k, before
+                       clipping); step{k}.param.{w,b,e} (the parameters after update k)
+  golden.json          hyperparameters, per-step lr, grad_norm, clip coefficient
 and tests/goldens/llama_lora/ (base weights: ../llama/model.safetensors):
   adapter_config.json, adapter_model.safetensors   PEFT's own output: initial LoRA A/B
   io.safetensors       input_ids, targets, logits (with the adapter applied)
@@ -165,6 +170,46 @@ def train(model, params, input_ids, targets):
     return steps, first_logits, first_grads
 
 
+def make_optimizer(out):
+    """AdamW + clipping + schedule on fixed tensors with fixed gradients; w and e decay, b not."""
+    d = os.path.join(out, "adamw")
+    os.makedirs(d, exist_ok=True)
+    g = torch.Generator().manual_seed(SEED + 3)
+    shapes = {"w": (7, 5), "b": (5,), "e": (11, 3)}
+    params = {n: torch.nn.Parameter(torch.randn(s, generator=g) * 0.5) for n, s in shapes.items()}
+    tensors = {f"init.{n}": p.detach().clone() for n, p in params.items()}
+    groups = [{"params": [params["w"], params["e"]], "weight_decay": OPT["weight_decay"]},
+              {"params": [params["b"]], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=OPT["lr"], betas=tuple(OPT["betas"]), eps=OPT["eps"],
+                            foreach=False, fused=False)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda k: lr_factor(k, OPT["warmup_steps"], OPT["total_steps"], OPT["min_lr_ratio"]))
+    # Gradient scales chosen so that some updates clip (norm > 1) and some do not.
+    scales = [0.05, 0.5, 0.02, 1.0, 0.1]
+    steps = []
+    for k in range(OPT["total_steps"]):
+        for n, p in params.items():
+            p.grad = torch.randn(p.shape, generator=g) * scales[k]
+            tensors[f"step{k}.grad.{n}"] = p.grad.detach().clone()
+        norm = torch.nn.utils.clip_grad_norm_(list(params.values()), OPT["max_grad_norm"])
+        coef = min(1.0, OPT["max_grad_norm"] / (norm.item() + 1e-6))
+        steps.append({"step": k, "lr": f32(opt.param_groups[0]["lr"]),
+                      "grad_norm": f32(norm.item()), "clip_coef": f32(coef),
+                      "clipped": bool(norm.item() > OPT["max_grad_norm"])})
+        opt.step()
+        sched.step()
+        for n, p in params.items():
+            tensors[f"step{k}.param.{n}"] = p.detach().clone()
+    save_file(tensors, os.path.join(d, "steps.safetensors"))
+    info = {"versions": versions(), "seed": SEED + 3,
+            "optimizer": dict(OPT, no_decay="b (1-D)",
+                              clip="g *= min(1, max_grad_norm / (norm + 1e-6))"),
+            "decay": {"w": True, "b": False, "e": True}, "steps": steps}
+    with open(os.path.join(d, "golden.json"), "w") as f:
+        json.dump(info, f, indent=1)
+    return info
+
+
 def versions():
     import peft
     import safetensors
@@ -283,6 +328,13 @@ def make_lora(out):
     for extra in ("README.md",):
         if os.path.exists(os.path.join(d, extra)):
             os.remove(os.path.join(d, extra))
+    # PEFT writes target_modules from a set (order varies run to run): sort it for stable files.
+    cfg_path = os.path.join(d, "adapter_config.json")
+    with open(cfg_path) as f:
+        adapter_cfg = json.load(f)
+    adapter_cfg["target_modules"] = sorted(adapter_cfg["target_modules"])
+    with open(cfg_path, "w") as f:
+        json.dump(adapter_cfg, f, indent=2, sort_keys=True)
     input_ids, targets = make_tokens()
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
@@ -323,6 +375,8 @@ def main():
         info = make_full(kind, args.out)
         print(f"{kind}: {info['num_parameters']} parameters, loss {info['loss']}, "
               f"final loss {info['steps'][-1]['loss']}")
+    info = make_optimizer(args.out)
+    print(f"adamw: clipped {[s['clipped'] for s in info['steps']]}")
     info = make_lora(args.out)
     print(f"llama_lora: {info['num_trainable']} trainable, loss {info['loss']}, "
           f"final loss {info['steps'][-1]['loss']}")
