@@ -10,6 +10,7 @@ std::string_view DTypeName(DType t) {
     case DType::kF32: return "f32";
     case DType::kBF16: return "bf16";
     case DType::kF16: return "f16";
+    case DType::kI32: return "i32";
   }
   return "?";
 }
@@ -18,8 +19,9 @@ Result<DType> ParseDType(std::string_view name) {
   if (name == "f32" || name == "fp32" || name == "float32" || name == "F32") return DType::kF32;
   if (name == "bf16" || name == "bfloat16" || name == "BF16") return DType::kBF16;
   if (name == "f16" || name == "fp16" || name == "float16" || name == "F16") return DType::kF16;
+  if (name == "i32" || name == "int32" || name == "I32") return DType::kI32;
   return Status::InvalidArgument("unknown dtype '" + std::string(name) +
-                                 "': use f32, bf16 or f16");
+                                 "': use f32, bf16, f16 or i32");
 }
 
 float F16ToFloat(f16 v) {
@@ -86,6 +88,11 @@ void ConvertToFloat(DType src_type, const void* src, float* dst, size_t n) {
       for (size_t i = 0; i < n; ++i) dst[i] = F16ToFloat(s[i]);
       return;
     }
+    case DType::kI32: {
+      const auto* s = static_cast<const int32_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = float(s[i]);
+      return;
+    }
   }
 }
 
@@ -102,6 +109,11 @@ void ConvertFromFloat(const float* src, DType dst_type, void* dst, size_t n) {
     case DType::kF16: {
       auto* d = static_cast<f16*>(dst);
       for (size_t i = 0; i < n; ++i) d[i] = FloatToF16(src[i]);
+      return;
+    }
+    case DType::kI32: {
+      auto* d = static_cast<int32_t*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = int32_t(src[i]);
       return;
     }
   }

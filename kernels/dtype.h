@@ -12,15 +12,21 @@
 
 namespace ferry {
 
-enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+// kI32 is index storage (token ids, position ids, document ids), not a float format: the float
+// conversions below convert its values exactly up to 2^24 (tests stage indices through them).
+enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3 };
 
-constexpr size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
-std::string_view DTypeName(DType t);             // "f32", "bf16", "f16"
+constexpr size_t DTypeSize(DType t) { return t == DType::kF32 || t == DType::kI32 ? 4 : 2; }
+std::string_view DTypeName(DType t);             // "f32", "bf16", "f16", "i32"
 Result<DType> ParseDType(std::string_view name);  // accepts the names above and "fp32"/"fp16"/...
 
 // Unit roundoff (half an ulp at 1.0) of a storage dtype: tolerances are derived from it.
+// (0 for kI32.)
 constexpr float DTypeEpsilon(DType t) {
-  return t == DType::kF32 ? 5.96e-8f : (t == DType::kBF16 ? 3.90625e-3f : 4.8828125e-4f);
+  return t == DType::kF32    ? 5.96e-8f
+         : t == DType::kBF16 ? 3.90625e-3f
+         : t == DType::kF16  ? 4.8828125e-4f
+                             : 0.0f;
 }
 
 struct bf16 {
@@ -57,6 +63,7 @@ inline float RoundTo(DType t, float v) {
     case DType::kF32: return v;
     case DType::kBF16: return BF16ToFloat(FloatToBF16(v));
     case DType::kF16: return F16ToFloat(FloatToF16(v));
+    case DType::kI32: return float(int32_t(v));
   }
   return v;
 }

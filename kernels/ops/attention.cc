@@ -1,0 +1,110 @@
+#include "kernels/ops/attention.h"
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/ops/dispatch.h"
+
+namespace ferry {
+namespace {
+
+Status ExpectTensor(const Tensor& t, std::string_view name, DType dtype, const Shape& shape) {
+  if (t.data.is_null()) {
+    return Status::InvalidArgument("attention: tensor '" + std::string(name) + "' is null");
+  }
+  if (t.dtype != dtype || !(t.shape == shape)) {
+    return Status::InvalidArgument("attention: tensor '" + std::string(name) + "' must be " +
+                                   std::string(DTypeName(dtype)) + shape.ToString() + ", got " +
+                                   t.ToString());
+  }
+  return Status::Ok();
+}
+
+// The checks forward and backward share: shape parameters, q/k/v, doc_ids, lse, scale, window.
+Status ValidateCommon(const AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
+                      const Tensor& doc_ids, const Tensor& lse, float scale, int64_t window) {
+  if (s.batch < 1 || s.seq_len < 1 || s.q_heads < 1 || s.kv_heads < 1 || s.head_dim < 1 ||
+      s.q_heads % s.kv_heads != 0) {
+    return Status::InvalidArgument(
+        "attention: need batch, seq_len, heads, head_dim >= 1 and q_heads a multiple of "
+        "kv_heads, got B=" +
+        std::to_string(s.batch) + " T=" + std::to_string(s.seq_len) +
+        " Hq=" + std::to_string(s.q_heads) + " Hkv=" + std::to_string(s.kv_heads) +
+        " D=" + std::to_string(s.head_dim));
+  }
+  if (s.tokens() > int64_t(INT32_MAX)) {
+    return Status::InvalidArgument("attention: more than 2^31 tokens; split the batch");
+  }
+  if (!std::isfinite(scale) || !(scale > 0.0f)) {
+    return Status::InvalidArgument("attention: scale must be finite and > 0 (usually 1/sqrt(D))");
+  }
+  if (window < 0) return Status::InvalidArgument("attention: window must be >= 0 (0 = none)");
+  if (q.dtype != DType::kF32 && q.dtype != DType::kBF16) {
+    return Status::InvalidArgument("attention: tensor 'q' must be f32 or bf16, got " +
+                                   q.ToString());
+  }
+  const int64_t n = s.tokens();
+  FERRY_RETURN_IF_ERROR(ExpectTensor(q, "q", q.dtype, Shape{n, s.q_heads * s.head_dim}));
+  FERRY_RETURN_IF_ERROR(ExpectTensor(k, "k", q.dtype, Shape{n, s.kv_heads * s.head_dim}));
+  FERRY_RETURN_IF_ERROR(ExpectTensor(v, "v", q.dtype, Shape{n, s.kv_heads * s.head_dim}));
+  if (!doc_ids.data.is_null()) {
+    FERRY_RETURN_IF_ERROR(ExpectTensor(doc_ids, "doc_ids", DType::kI32, Shape{n}));
+  }
+  return ExpectTensor(lse, "lse", DType::kF32, Shape{n, s.q_heads});
+}
+
+Status ValidateScratch(const Device& d, const AttentionShape& s, const Tensor& scratch) {
+  const size_t need = AttentionScratchBytes(d, s);
+  if (need > 0 && (scratch.data.is_null() || scratch.bytes() < need)) {
+    return Status::InvalidArgument("attention: scratch tensor holds " +
+                                   std::to_string(scratch.data.is_null() ? 0 : scratch.bytes()) +
+                                   " bytes, device '" + d.name() + "' needs " +
+                                   std::to_string(need) + ": size it with AttentionScratchBytes");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ValidateAttentionForward(const AttentionForwardArgs& a) {
+  FERRY_RETURN_IF_ERROR(
+      ValidateCommon(a.shape, a.q, a.k, a.v, a.doc_ids, a.lse, a.scale, a.window));
+  return ExpectTensor(a.o, "o", a.q.dtype, a.q.shape);
+}
+
+Status ValidateAttentionBackward(const AttentionBackwardArgs& a) {
+  FERRY_RETURN_IF_ERROR(
+      ValidateCommon(a.shape, a.q, a.k, a.v, a.doc_ids, a.lse, a.scale, a.window));
+  FERRY_RETURN_IF_ERROR(ExpectTensor(a.o, "o", a.q.dtype, a.q.shape));
+  FERRY_RETURN_IF_ERROR(ExpectTensor(a.d_o, "d_o", a.q.dtype, a.q.shape));
+  FERRY_RETURN_IF_ERROR(ExpectTensor(a.dq, "dq", a.q.dtype, a.q.shape));
+  FERRY_RETURN_IF_ERROR(ExpectTensor(a.dk, "dk", a.q.dtype, a.k.shape));
+  return ExpectTensor(a.dv, "dv", a.q.dtype, a.v.shape);
+}
+
+size_t AttentionScratchBytes(const Device& d, const AttentionShape& shape) {
+  if (d.kind() != DeviceKind::kCpu) return 0;  // no CUDA kernel yet
+  return cpu::AttentionScratchBytes(static_cast<const CpuDevice&>(d).options().compute_threads,
+                                    shape);
+}
+
+Status AttentionForward(Device& d, const AttentionForwardArgs& a) {
+  FERRY_RETURN_IF_ERROR(ValidateAttentionForward(a));
+  if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "attention_forward");
+  FERRY_RETURN_IF_ERROR(ValidateScratch(d, a.shape, a.scratch));
+  return EnqueueCpuKernel(d, "attention_forward",
+                          [a](ThreadPool& p) { return cpu::AttentionForward(p, a); });
+}
+
+Status AttentionBackward(Device& d, const AttentionBackwardArgs& a) {
+  FERRY_RETURN_IF_ERROR(ValidateAttentionBackward(a));
+  if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "attention_backward");
+  FERRY_RETURN_IF_ERROR(ValidateScratch(d, a.shape, a.scratch));
+  return EnqueueCpuKernel(d, "attention_backward",
+                          [a](ThreadPool& p) { return cpu::AttentionBackward(p, a); });
+}
+
+}  // namespace ferry

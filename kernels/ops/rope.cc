@@ -1,0 +1,70 @@
+#include "kernels/ops/rope.h"
+
+#include <string>
+
+#include "kernels/cpu/rope.h"
+#include "kernels/ops/dispatch.h"
+
+namespace ferry {
+namespace {
+
+Status ExpectTensor(const Tensor& t, std::string_view name, DType dtype, const Shape& shape) {
+  if (t.data.is_null())
+    return Status::InvalidArgument("rope: tensor '" + std::string(name) + "' is null");
+  if (t.dtype != dtype || !(t.shape == shape)) {
+    return Status::InvalidArgument("rope: tensor '" + std::string(name) + "' must be " +
+                                   std::string(DTypeName(dtype)) + shape.ToString() + ", got " +
+                                   t.ToString());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ValidateRope(const RopeArgs& a) {
+  if (a.num_heads < 1 || a.head_dim < 2 || a.head_dim % 2 != 0 || a.head_dim > kRopeMaxHeadDim) {
+    return Status::InvalidArgument("rope: need num_heads >= 1 and an even head_dim in [2, " +
+                                   std::to_string(kRopeMaxHeadDim) + "], got num_heads " +
+                                   std::to_string(a.num_heads) + ", head_dim " +
+                                   std::to_string(a.head_dim));
+  }
+  const int64_t r = a.rotary();
+  if (r < 2 || r % 2 != 0 || r > a.head_dim) {
+    return Status::InvalidArgument("rope: rotary_dim must be even and in [2, head_dim = " +
+                                   std::to_string(a.head_dim) + "], got " + std::to_string(r));
+  }
+  if (a.in.dtype != DType::kF32 && a.in.dtype != DType::kBF16) {
+    return Status::InvalidArgument("rope: tensor 'in' must be f32 or bf16, got " + a.in.ToString());
+  }
+  if (a.in.shape.rank() != 2) {
+    return Status::InvalidArgument("rope: tensor 'in' must be (N, H*D), got " + a.in.ToString());
+  }
+  const int64_t n = a.in.dim(0);
+  const Shape act{n, a.num_heads * a.head_dim};
+  FERRY_RETURN_IF_ERROR(ExpectTensor(a.in, "in", a.in.dtype, act));
+  FERRY_RETURN_IF_ERROR(ExpectTensor(a.out, "out", a.in.dtype, act));
+  FERRY_RETURN_IF_ERROR(ExpectTensor(a.positions, "positions", DType::kI32, Shape{n}));
+  if (!a.inv_freq.data.is_null()) {
+    FERRY_RETURN_IF_ERROR(ExpectTensor(a.inv_freq, "inv_freq", DType::kF32, Shape{r / 2}));
+  } else if (!(a.theta > 0.0f)) {
+    return Status::InvalidArgument("rope: theta must be > 0 when no inv_freq table is given");
+  }
+  return Status::Ok();
+}
+
+size_t RopeScratchBytes(const Device&) { return 0; }
+
+Status RopeForward(Device& d, const RopeArgs& a) {
+  FERRY_RETURN_IF_ERROR(ValidateRope(a));
+  if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "rope_forward");
+  return EnqueueCpuKernel(d, "rope_forward", [a](ThreadPool& p) { return cpu::RopeForward(p, a); });
+}
+
+Status RopeBackward(Device& d, const RopeArgs& a) {
+  FERRY_RETURN_IF_ERROR(ValidateRope(a));
+  if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "rope_backward");
+  return EnqueueCpuKernel(d, "rope_backward",
+                          [a](ThreadPool& p) { return cpu::RopeBackward(p, a); });
+}
+
+}  // namespace ferry
