@@ -124,7 +124,8 @@ Status WriteSafetensors(const std::string& path, std::span<const SafetensorsWrit
 // writes them in insertion order.
 class SafetensorsWriter {
  public:
-  // REQUIRES: values.size() equals the product of shape.
+  // REQUIRES: values.size() equals the product of shape; dtype is a float dtype (write integer
+  // tensors with WriteSafetensors).
   void Add(std::string name, std::vector<int64_t> shape, std::span<const float> values,
            DType dtype = DType::kF32);
   void SetMetadata(std::string key, std::string value) {
