@@ -1,0 +1,157 @@
+// nvme_bench: sequential write and read rate of the NVMe store at several block sizes and queue
+// depths, next to fio (io_uring, O_DIRECT) on the same file, block size and queue depth, and next
+// to a plain synchronous pread/pwrite loop, all in the same run.
+//
+// Usage: nvme_bench [directory] — default $FERRY_BENCH_DIR, else a fresh directory under
+// /var/tmp (usually disk-backed; /tmp may be tmpfs). $FERRY_BENCH_MIB sets the bytes per
+// measurement (default 256). Every read is of data written first (no holes).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "kernels/host_memory.h"
+#include "offload/store_rate.h"
+
+namespace {
+
+using ferry::HostAllocation;
+
+// fio's bandwidth in bytes/s for one run, or a negative number (and the reason) when it fails.
+double RunFio(const std::string& file, const char* rw, size_t bs, unsigned qd, size_t bytes,
+              std::string* why) {
+  const std::string cmd = "fio --name=x --filename=" + file + " --rw=" + rw +
+                          " --bs=" + std::to_string(bs) + " --iodepth=" + std::to_string(qd) +
+                          " --ioengine=io_uring --direct=1 --size=" + std::to_string(bytes) +
+                          " --output-format=json 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) {
+    *why = "popen failed";
+    return -1;
+  }
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int rc = pclose(p);
+  if (rc != 0) {
+    *why = "fio exited with " + std::to_string(rc) + " (is fio installed?)";
+    return -1;
+  }
+  const auto j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.contains("jobs") || j["jobs"].empty()) {
+    *why = "could not parse fio's JSON";
+    return -1;
+  }
+  const auto& job = j["jobs"][0][std::string(rw) == "read" ? "read" : "write"];
+  return job.value("bw_bytes", 0.0);
+}
+
+// A plain synchronous O_DIRECT pread/pwrite loop over the file; bytes/s.
+double SyncLoop(const std::string& file, bool write, size_t bs, size_t bytes) {
+  const int fd = open(file.c_str(), O_RDWR | O_DIRECT);
+  if (fd < 0) return -1;
+  auto buf = HostAllocation::Map(bs, "sync loop buffer");
+  if (!buf.ok()) return -1;
+  std::memset(buf->data(), 0x5A, bs);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t off = 0; off + bs <= bytes; off += bs) {
+    const ssize_t n = write ? pwrite(fd, buf->data(), bs, off_t(off))
+                            : pread(fd, buf->data(), bs, off_t(off));
+    if (n != ssize_t(bs)) {
+      close(fd);
+      return -1;
+    }
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  close(fd);
+  return double(bytes / bs * bs) / s;
+}
+
+std::string Gb(double bytes_per_s) {
+  if (bytes_per_s < 0) return "   n/a";
+  char b[16];
+  std::snprintf(b, sizeof b, "%6.2f", bytes_per_s / 1e9);
+  return b;
+}
+std::string Pct(double a, double b) {
+  if (a < 0 || b <= 0) return "  n/a";
+  char s[16];
+  std::snprintf(s, sizeof s, "%4.0f%%", 100.0 * a / b);
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dir;
+  bool made_dir = false;
+  if (argc > 1) {
+    dir = argv[1];
+  } else if (const char* e = std::getenv("FERRY_BENCH_DIR")) {
+    dir = e;
+  } else {
+    char tmpl[] = "/var/tmp/ferry-nvme-bench-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) {
+      std::perror("mkdtemp under /var/tmp");
+      return 1;
+    }
+    dir = tmpl;
+    made_dir = true;
+  }
+  const char* mib_env = std::getenv("FERRY_BENCH_MIB");
+  const size_t bytes = size_t(mib_env ? std::atoi(mib_env) : 256) << 20;
+  std::printf("nvme_bench: directory %s, %zu MiB per measurement, GB/s = 1e9 bytes/s\n",
+              dir.c_str(), bytes >> 20);
+  std::printf("%8s %4s | %6s %6s %5s | %6s %6s %5s | %6s %6s\n", "block", "QD", "st.W", "fio.W",
+              "W%", "st.R", "fio.R", "R%", "syncW", "syncR");
+  bool printed_backend = false;
+  int rc = 0;
+  for (size_t bs : {size_t{256} << 10, size_t{1} << 20, size_t{4} << 20}) {
+    double sync_w = -1, sync_r = -1;
+    for (unsigned qd : {1u, 8u, 32u}) {
+      ferry::NvmeStoreOptions o;
+      o.directory = dir + "/store";
+      o.block_bytes = bs;
+      o.queue_depth = qd;
+      o.max_registered_bytes = size_t{256} << 20;
+      double fio_w = -1, fio_r = -1;
+      std::string why;
+      auto rate = ferry::MeasureStoreRate(o, bytes, [&](const std::string& file, size_t n) {
+        fio_w = RunFio(file, "write", bs, qd, n, &why);
+        fio_r = RunFio(file, "read", bs, qd, n, &why);
+        if (qd == 1) {
+          sync_w = SyncLoop(file, true, bs, n);
+          sync_r = SyncLoop(file, false, bs, n);
+        }
+      });
+      if (!rate.ok()) {
+        std::fprintf(stderr, "store measurement failed: %s\n", rate.status().ToString().c_str());
+        rc = 1;
+        break;
+      }
+      if (!printed_backend) {
+        std::printf("# %s\n", rate->report.c_str());
+        printed_backend = true;
+      }
+      if (!why.empty()) std::printf("# fio: %s\n", why.c_str());
+      std::printf("%5zu KiB %4u | %s %s %s | %s %s %s | %s %s\n", bs >> 10, qd,
+                  Gb(rate->write_bytes_per_s).c_str(), Gb(fio_w).c_str(),
+                  Pct(rate->write_bytes_per_s, fio_w).c_str(), Gb(rate->read_bytes_per_s).c_str(),
+                  Gb(fio_r).c_str(), Pct(rate->read_bytes_per_s, fio_r).c_str(),
+                  qd == 1 ? Gb(sync_w).c_str() : "     -", qd == 1 ? Gb(sync_r).c_str() : "     -");
+      std::fflush(stdout);
+    }
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir + "/store", ec);
+  if (made_dir) std::filesystem::remove(dir, ec);
+  return rc;
+}

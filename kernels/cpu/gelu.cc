@@ -1,0 +1,70 @@
+#include "kernels/cpu/gelu.h"
+
+#include <cmath>
+
+#include "kernels/cpu/cast.h"
+
+namespace ferry::cpu {
+namespace {
+
+constexpr float kSqrtHalf = 0.70710678118654752f;     // 1 / sqrt(2)
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;   // 1 / sqrt(2 pi)
+constexpr float kSqrt2OverPi = 0.79788456080286536f;  // sqrt(2 / pi)
+constexpr float kCubic = 0.044715f;
+
+void ForwardPiece(GeluApprox approx, const float* x, float* y, int64_t n) {
+  if (approx == GeluApprox::kTanh) {
+    for (int64_t j = 0; j < n; ++j) {
+      const float v = x[j];
+      y[j] = 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + kCubic * v * v * v)));
+    }
+  } else {
+    for (int64_t j = 0; j < n; ++j) y[j] = 0.5f * x[j] * (1.0f + std::erf(x[j] * kSqrtHalf));
+  }
+}
+
+void BackwardPiece(GeluApprox approx, const float* x, const float* dy, float* dx, int64_t n) {
+  if (approx == GeluApprox::kTanh) {
+    for (int64_t j = 0; j < n; ++j) {
+      const float v = x[j];
+      const float t = std::tanh(kSqrt2OverPi * (v + kCubic * v * v * v));
+      const float d = 0.5f * (1.0f + t) +
+                      0.5f * v * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kCubic * v * v);
+      dx[j] = dy[j] * d;
+    }
+  } else {
+    for (int64_t j = 0; j < n; ++j) {
+      const float v = x[j];
+      const float d =
+          0.5f * (1.0f + std::erf(v * kSqrtHalf)) + v * std::exp(-0.5f * v * v) * kInvSqrt2Pi;
+      dx[j] = dy[j] * d;
+    }
+  }
+}
+
+}  // namespace
+
+Status GeluForward(ThreadPool& pool, const GeluForwardArgs& a) {
+  ParallelPieces(pool, a.x.numel(), [&](int64_t i, int64_t len) {
+    float xs[kStageElems], ys[kStageElems];
+    const float* x = LoadFloats(a.x, i, len, xs);
+    float* y = OutputFloats(a.y, i, ys);
+    ForwardPiece(a.approx, x, y, len);
+    StoreFloats(y, a.y, i, len);
+  });
+  return Status::Ok();
+}
+
+Status GeluBackward(ThreadPool& pool, const GeluBackwardArgs& a) {
+  ParallelPieces(pool, a.x.numel(), [&](int64_t i, int64_t len) {
+    float xs[kStageElems], dys[kStageElems], dxs[kStageElems];
+    const float* x = LoadFloats(a.x, i, len, xs);
+    const float* dy = LoadFloats(a.dy, i, len, dys);
+    float* dx = OutputFloats(a.dx, i, dxs);
+    BackwardPiece(a.approx, x, dy, dx, len);
+    StoreFloats(dx, a.dx, i, len);
+  });
+  return Status::Ok();
+}
+
+}  // namespace ferry::cpu

@@ -1,0 +1,51 @@
+#include "kernels/ops/gemm.h"
+
+#include <string>
+
+#include "kernels/cpu/gemm.h"
+#include "kernels/ops/check_args.h"
+#include "kernels/ops/dispatch.h"
+
+namespace ferry {
+
+Status ValidateGemm(const GemmArgs& g) {
+  int64_t ar, ac, br, bc, cr, cc;
+  FERRY_RETURN_IF_ERROR(CheckMatrix("gemm", "a", g.a, &ar, &ac));
+  FERRY_RETURN_IF_ERROR(CheckMatrix("gemm", "b", g.b, &br, &bc));
+  FERRY_RETURN_IF_ERROR(CheckMatrix("gemm", "c", g.c, &cr, &cc));
+  const GemmDims d = GemmDimsOf(g);
+  const int64_t b_k = g.trans_b ? bc : br;
+  if (b_k != d.k) {
+    return Status::InvalidArgument(
+        "gemm: inner dimensions differ: op(a) is (" + std::to_string(d.m) + ", " +
+        std::to_string(d.k) + ") from a " + g.a.ToString() + (g.trans_a ? " transposed" : "") +
+        ", op(b) is (" + std::to_string(b_k) + ", " + std::to_string(d.n) + ") from b " +
+        g.b.ToString() + (g.trans_b ? " transposed" : ""));
+  }
+  FERRY_RETURN_IF_ERROR(CheckFloatTensor("gemm", "c", g.c, Shape{d.m, d.n}));
+  if (Given(g.bias)) FERRY_RETURN_IF_ERROR(CheckFloatTensor("gemm", "bias", g.bias, Shape{d.n}));
+  return Status::Ok();
+}
+
+size_t GemmScratchBytes(const Device& d, int64_t m, int64_t n, int64_t k, GemmDTypes dtypes) {
+  if (d.kind() != DeviceKind::kCpu) return 0;
+  return cpu::GemmScratchBytes(static_cast<const CpuDevice&>(d).options().compute_threads, m, n, k,
+                               dtypes);
+}
+
+Status Gemm(Device& d, const GemmArgs& g) {
+  FERRY_RETURN_IF_ERROR(ValidateGemm(g));
+  const GemmDims dims = GemmDimsOf(g);
+  const size_t need =
+      GemmScratchBytes(d, dims.m, dims.n, dims.k, {g.a.dtype, g.b.dtype, g.c.dtype});
+  const size_t have = g.scratch.data.is_null() ? 0 : g.scratch.bytes();
+  if (have < need) {
+    return Status::InvalidArgument("gemm: scratch holds " + std::to_string(have) +
+                                   " bytes, this product needs " + std::to_string(need) +
+                                   " on device '" + d.name() + "' (size it with GemmScratchBytes)");
+  }
+  if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "gemm");
+  return EnqueueCpuKernel(d, "gemm", [g](ThreadPool& p) { return cpu::Gemm(p, g); });
+}
+
+}  // namespace ferry

@@ -1,0 +1,65 @@
+// GEMM: C = alpha * op(A) op(B) + beta * C (+ bias broadcast over rows), op(X) = X or X^T.
+//
+// The matrix product of the linear layers, with weights stored (out, in) as in PyTorch:
+//   forward      y  = x W^T (+ b):  A = x (N, in), B = W (out, in), trans_b, beta = 0
+//   backward dx  dx = dy W:         A = dy (N, out), B = W (out, in), beta = 0    (activation: =)
+//   backward dW  dW += dy^T x:      A = dy (N, out), B = x (N, in), trans_a, beta = 1 (param: +=)
+// The bias gradient (db += column sums of dy) is BiasGrad (kernels/ops/gemm_bias_grad.h).
+//
+// Storage: each of A, B, C and bias may be f32, bf16 or f16; math is fp32 (OpenBLAS sgemm) and
+// C is rounded to its dtype once, at the end (round to nearest even). When beta == 0, C is not
+// read (NaNs in it do not propagate). When A, B and C are all f32 the kernel reads and writes the
+// tensors in place; otherwise it converts panels into `scratch`, whose size GemmScratchBytes
+// reports for a device (0 when no conversion is needed).
+//
+// Thread-safety: pure; the caller owns the tensors. C must not overlap A, B or bias.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/device.h"
+#include "kernels/status.h"
+#include "kernels/tensor.h"
+
+namespace ferry {
+
+struct GemmArgs {
+  Tensor a;          // (M, K), or (K, M) when trans_a
+  Tensor b;          // (K, N), or (N, K) when trans_b
+  Tensor c;          // (M, N): read when beta != 0, then written
+  Tensor bias{};     // (N) or not given (null data): added to every row of C
+  Tensor scratch{};  // >= GemmScratchBytes(device, M, N, K, dtypes) bytes, any dtype; may be absent
+                     // when that is 0
+  bool trans_a = false;
+  bool trans_b = false;
+  float alpha = 1.0f;
+  float beta = 0.0f;
+};
+
+// The storage dtypes of a GEMM's operands (what its scratch size depends on).
+struct GemmDTypes {
+  DType a = DType::kF32;
+  DType b = DType::kF32;
+  DType c = DType::kF32;
+};
+
+// Product dimensions implied by the arguments' shapes (valid after ValidateGemm).
+struct GemmDims {
+  int64_t m = 0, n = 0, k = 0;
+};
+inline GemmDims GemmDimsOf(const GemmArgs& g) {
+  return {g.trans_a ? g.a.dim(1) : g.a.dim(0), g.trans_b ? g.b.dim(0) : g.b.dim(1),
+          g.trans_a ? g.a.dim(0) : g.a.dim(1)};
+}
+
+// Shapes, dtypes, transposes; InvalidArgument naming the tensor and expected vs actual shape.
+Status ValidateGemm(const GemmArgs& g);
+
+// Scratch bytes a GEMM of these dimensions and dtypes needs on `d`.
+size_t GemmScratchBytes(const Device& d, int64_t m, int64_t n, int64_t k, GemmDTypes dtypes);
+
+// Validates (including the scratch size), then enqueues on d's compute stream.
+Status Gemm(Device& d, const GemmArgs& g);
+
+}  // namespace ferry

@@ -1,0 +1,297 @@
+// NvmeStore's dispatcher thread: picks blocks from the priority queues, prepares them in bounce
+// buffers (copy or compress, checksum), drives the IoEngine, checks every completion, resubmits
+// short transfers and -EAGAIN, verifies and delivers reads, and finishes transfers.
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "offload/crc32c.h"
+#include "offload/store_impl.h"
+
+namespace ferry {
+namespace {
+
+constexpr int kMaxRetries = 1000;  // per block, for -EAGAIN, -EINTR and zero-byte progress
+constexpr double kDefaultDiskRate = 1e9;  // until the store has measured its own
+constexpr size_t kRemeasureBytes = size_t{256} << 20;
+
+std::string Hex(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08x", v);
+  return buf;
+}
+
+std::string Where(const Transfer& t, size_t block, uint64_t offset, const std::string& path) {
+  switch (t.kind) {
+    case Transfer::Kind::kWrite:
+      return "writing block " + std::to_string(block) + " of entry '" + t.name + "' to " + path +
+             " at offset " + std::to_string(offset);
+    case Transfer::Kind::kRead:
+      return "reading block " + std::to_string(block) + " of entry '" + t.name + "' from " +
+             path + " at offset " + std::to_string(offset);
+    case Transfer::Kind::kReadExternal:
+      return "reading " + t.name + " at offset " + std::to_string(offset);
+  }
+  return "";
+}
+
+// Points a block's I/O at its slot: the stored payload rounded up to the O_DIRECT alignment.
+void AimAtSlot(const StoredBlock& sb, IoKind kind, InflightBlock& b) {
+  b.io_len = uint32_t(AlignUp(sb.stored_len, kDirectAlign));
+  b.needed = b.io_len;
+  b.file_offset = sb.slot.offset;
+  b.request.kind = kind;
+  b.request.fd = sb.slot.fd;
+}
+
+}  // namespace
+
+double NvmeStore::Impl::DiskRate() const {
+  if (options.disk_bytes_per_s > 0) return options.disk_bytes_per_s;
+  const double bytes = double(disk_written.load() + disk_read.load());
+  if (busy_seconds < 0.01 || bytes < double(64 << 20)) return kDefaultDiskRate;
+  return bytes / busy_seconds;
+}
+
+void NvmeStore::Impl::Run() {
+  std::vector<IoCompletion> completions;
+  struct Work {
+    std::shared_ptr<Transfer> t;
+    size_t block;
+    unsigned buffer;
+  };
+  std::vector<Work> work;
+  std::vector<std::shared_ptr<Transfer>> finished;
+  for (;;) {
+    work.clear();
+    finished.clear();
+    bool stopping;
+    {
+      std::lock_guard lock(mu);
+      stopping = stop;
+      if (stopping) {
+        queues.Drain([&](std::shared_ptr<Transfer>& t) {
+          if (t->status.ok()) t->status = Status::Cancelled("the NVMe store is shutting down");
+          t->next_block = t->num_blocks;  // nothing more dispatched; the last completion finishes it
+          if (t->inflight == 0) finished.push_back(t);
+        });
+      }
+      while (!free_buffers.empty()) {
+        const int q = queues.Pick();
+        if (q < 0) break;
+        std::shared_ptr<Transfer>& t = queues.Front(q);
+        if (!t->status.ok()) {  // failed earlier: dispatch nothing more
+          t->next_block = t->num_blocks;  // the last completion in flight finishes it
+          if (t->inflight == 0) finished.push_back(t);
+          queues.PopFront(q);
+          continue;
+        }
+        const unsigned buffer = free_buffers.back();
+        free_buffers.pop_back();
+        ++t->inflight;
+        work.push_back({t, t->next_block++, buffer});
+        if (t->next_block == t->num_blocks) queues.PopFront(q);
+      }
+    }
+    for (auto& t : finished) Finalize(t);
+    // Submit each block as soon as it is prepared, so the disk starts while the next is copied.
+    for (Work& w : work) {
+      Start(w.t, w.block, w.buffer);
+      if (Status s = engine->Flush(); !s.ok() && w.t->status.ok()) {
+        w.t->status = s.WithContext("NVMe store dispatcher");  // its completions still arrive
+      }
+    }
+    if (inflight_count == 0 && stopping) return;
+    completions.clear();
+    const auto wait_start = std::chrono::steady_clock::now();
+    if (Status s = engine->Wait(completions); !s.ok()) {
+      Log("NVMe store: waiting for completions failed: " + s.ToString());
+    }
+    if (inflight_count > 0) {
+      busy_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
+    }
+    for (const IoCompletion& c : completions) OnCompletion(c);
+  }
+}
+
+void NvmeStore::Impl::Start(const std::shared_ptr<Transfer>& tp, size_t block, unsigned buffer) {
+  Transfer& t = *tp;
+  const size_t B = options.block_bytes;
+  InflightBlock& b = inflight[buffer];
+  b.transfer = tp;
+  b.block = block;
+  b.buf = bounce.data() + size_t(buffer) * B;
+  b.done = 0;
+  b.retries = 0;
+  IoRequest& r = b.request;
+  r.user_data = buffer;
+  r.buf_index = buffer < engine->registered_buffers() ? int(buffer) : -1;
+  r.buf = b.buf;
+  switch (t.kind) {
+    case Transfer::Kind::kWrite: {
+      StoredBlock& sb = t.version->blocks[block];
+      const auto data = t.src.subspan(block * B, std::min(B, t.src.size() - block * B));
+      if (block == 0 && t.compression == Compression::kAuto) {
+        if (auto_bytes_left == 0) {
+          const CodecMeasurement m = codec.Measure(data);
+          auto_decision = ZstdCodec::Pays(m, DiskRate());
+          auto_bytes_left = kRemeasureBytes;
+        }
+        auto_bytes_left -= std::min(auto_bytes_left, t.src.size());
+        (auto_decision ? decisions_yes : decisions_no).fetch_add(1, std::memory_order_relaxed);
+      }
+      if (block == 0) {
+        t.compress = t.compression == Compression::kAlways ||
+                     (t.compression == Compression::kAuto && auto_decision);
+      }
+      sb.compressed = false;
+      if (t.compress && data.size() > kDirectAlign) {
+        // Compression must save at least one aligned page to be worth a decompression.
+        auto n = codec.Compress(data, {b.buf, AlignUp(data.size(), kDirectAlign) - kDirectAlign});
+        if (n.ok()) {
+          sb.compressed = true;
+          sb.stored_len = uint32_t(*n);
+          compressed_blocks.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
+      if (!sb.compressed) {
+        std::memcpy(b.buf, data.data(), data.size());
+        sb.stored_len = uint32_t(data.size());
+      }
+      AimAtSlot(sb, IoKind::kWrite, b);
+      std::memset(b.buf + sb.stored_len, 0, b.io_len - sb.stored_len);
+      sb.crc = Crc32c({b.buf, sb.stored_len});
+      break;
+    }
+    case Transfer::Kind::kRead: {
+      AimAtSlot(t.version->blocks[block], IoKind::kRead, b);
+      break;
+    }
+    case Transfer::Kind::kReadExternal: {
+      b.file_offset = t.aligned_begin + block * B;
+      b.io_len = uint32_t(std::min<uint64_t>(B, t.aligned_end - b.file_offset));
+      b.needed = uint32_t(std::min<uint64_t>(b.io_len, t.file_size - b.file_offset));
+      r.kind = IoKind::kRead;
+      r.fd = t.fd;
+      break;
+    }
+  }
+  r.len = b.io_len;
+  r.offset = b.file_offset;
+  ++inflight_count;
+  engine->Push(r);
+}
+
+void NvmeStore::Impl::OnCompletion(const IoCompletion& c) {
+  InflightBlock& b = inflight[c.user_data];
+  Transfer& t = *b.transfer;
+  const int res = c.res;
+  Status error;
+  const auto where = [&] {
+    std::string path = t.kind == Transfer::Kind::kReadExternal
+                           ? t.name
+                           : allocator->SegmentPath(t.version->blocks[b.block].slot.segment);
+    return Where(t, b.block, b.file_offset, path);
+  };
+  bool resubmit = false;
+  if (res == -EAGAIN || res == -EINTR) {
+    again_resubmits.fetch_add(1, std::memory_order_relaxed);
+    resubmit = true;
+  } else if (res < 0) {
+    error = Status::FromErrno(-res, where());
+  } else {
+    const uint32_t total = b.done + uint32_t(res);
+    if (total < b.needed) {
+      // Short transfer: go on from the last aligned byte (O_DIRECT needs aligned offsets;
+      // re-transferring a few bytes is harmless for reads and writes alike).
+      short_resubmits.fetch_add(1, std::memory_order_relaxed);
+      const uint32_t restart = direct ? total / kDirectAlign * kDirectAlign : total;
+      if (res == 0 || restart == b.done) ++b.retries;  // no usable progress
+      b.done = restart;
+      b.request.buf = b.buf + restart;
+      b.request.len = b.io_len - restart;
+      b.request.offset = b.file_offset + restart;
+      resubmit = true;
+    }
+  }
+  if (resubmit) {
+    if (++b.retries > kMaxRetries) {
+      error = Status::IOError(where() + ": no progress after " + std::to_string(kMaxRetries) +
+                              " resubmissions (last result " + std::to_string(res) + ")");
+    } else if (t.status.ok()) {
+      // The engine slot was freed with this completion; the next Flush or Wait submits it.
+      engine->Push(b.request);
+      return;
+    }  // else the transfer already failed: stop here
+  }
+  if (error.ok() && !resubmit) error = FinishBlock(b);
+  if (!error.ok() && t.status.ok()) t.status = std::move(error);
+
+  --inflight_count;
+  --t.inflight;
+  std::shared_ptr<Transfer> tp = std::move(b.transfer);
+  free_buffers.push_back(unsigned(c.user_data));
+  // A failed transfer that is still queued is popped (and finished) by the dispatch loop.
+  if (t.inflight == 0 && t.next_block == t.num_blocks) Finalize(tp);
+}
+
+Status NvmeStore::Impl::FinishBlock(InflightBlock& b) {
+  Transfer& t = *b.transfer;
+  const size_t B = options.block_bytes;
+  switch (t.kind) {
+    case Transfer::Kind::kWrite: {
+      bytes_written.fetch_add(std::min(B, t.src.size() - b.block * B), std::memory_order_relaxed);
+      disk_written.fetch_add(b.io_len, std::memory_order_relaxed);
+      return Status::Ok();
+    }
+    case Transfer::Kind::kRead: {
+      const StoredBlock& sb = t.version->blocks[b.block];
+      disk_read.fetch_add(b.io_len, std::memory_order_relaxed);
+      const uint32_t crc = Crc32c({b.buf, sb.stored_len});
+      if (crc != sb.crc) {
+        checksum_failures.fetch_add(1, std::memory_order_relaxed);
+        return Status::Corruption(
+            "block " + std::to_string(b.block) + " of entry '" + t.name + "' (" +
+            allocator->SegmentPath(sb.slot.segment) + " at offset " +
+            std::to_string(sb.slot.offset) + ") failed its CRC-32C check: stored " + Hex(sb.crc) +
+            ", read " + Hex(crc) + "; the data on disk is damaged (check the drive's health)");
+      }
+      const auto out = t.dst.subspan(b.block * B, std::min(B, t.dst.size() - b.block * B));
+      if (sb.compressed) {
+        FERRY_RETURN_IF_ERROR(codec.Decompress({b.buf, sb.stored_len}, out).WithContext(
+            "block " + std::to_string(b.block) + " of entry '" + t.name + "'"));
+      } else {
+        std::memcpy(out.data(), b.buf, out.size());
+      }
+      bytes_read.fetch_add(out.size(), std::memory_order_relaxed);
+      return Status::Ok();
+    }
+    case Transfer::Kind::kReadExternal: {
+      disk_read.fetch_add(b.needed, std::memory_order_relaxed);
+      // The block covers file bytes [file_offset, file_offset + io_len); copy the part asked for.
+      const uint64_t lo = std::max<uint64_t>(b.file_offset, t.offset);
+      const uint64_t hi = std::min<uint64_t>(b.file_offset + b.io_len, t.offset + t.dst.size());
+      std::memcpy(t.dst.data() + (lo - t.offset), b.buf + (lo - b.file_offset), hi - lo);
+      bytes_read.fetch_add(hi - lo, std::memory_order_relaxed);
+      return Status::Ok();
+    }
+  }
+  return Status::Internal("unknown transfer kind");
+}
+
+void NvmeStore::Impl::Finalize(const std::shared_ptr<Transfer>& t) {
+  Status s = t->status;
+  if (t->kind == Transfer::Kind::kWrite && s.ok()) {
+    std::shared_ptr<EntryVersion> replaced;  // released outside the lock
+    std::lock_guard lock(mu);
+    auto& slot = index[t->name];
+    replaced = std::move(slot);
+    slot = std::move(t->version);
+  }
+  t->version.reset();  // a failed write frees its slots; a read lets go of its snapshot
+  t->handle->Finish(std::move(s));
+}
+
+}  // namespace ferry
