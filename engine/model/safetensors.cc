@@ -426,7 +426,7 @@ void SafetensorsWriter::Add(std::string name, std::vector<int64_t> shape,
   (void)n;
   Entry e{std::move(name), dtype, std::move(shape), {}};
   e.bytes.resize(values.size() * DTypeSize(dtype));
-  ConvertFromFloat(values.data(), dtype, e.bytes.data(), values.size());
+  if (!values.empty()) ConvertFromFloat(values.data(), dtype, e.bytes.data(), values.size());
   entries_.push_back(std::move(e));
 }
 
