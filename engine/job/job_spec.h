@@ -1,0 +1,59 @@
+// JobSpec: one training job, resolved — the model, the data, the training hyperparameters and the
+// output folder — as `ferry train` flags and job files (CLI11 config files: every key is also a
+// flag) set it. ValidateJobSpec checks it against the model; errors are one line that names the
+// option and says what to change.
+//
+// Plain value type; thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+
+#include "engine/model/lora_config.h"
+#include "engine/model/model_config.h"
+#include "kernels/status.h"
+
+namespace ferry {
+
+struct JobSpec {
+  // Model: "tiny" (the built-in preset) for now; a Hugging Face folder later (--model DIR).
+  std::string model = "tiny";
+  // Data: "builtin" (the built-in dataset) for now; a file later (--data FILE).
+  std::string data = "builtin";
+
+  int64_t steps = 300;        // optimizer updates
+  int64_t batch_size = 16;    // sequences per optimizer update (the global batch)
+  int64_t micro_batches = 1;  // the global batch is split into this many micro-batches
+  int64_t seq_len = 128;      // tokens per sequence
+  double lr = 3e-3;           // peak learning rate
+  int64_t warmup_steps = 20;
+  double min_lr_ratio = 0.1;  // the cosine ends at min_lr_ratio * lr
+  double weight_decay = 0.1;  // decoupled; never on norms and biases
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double adam_eps = 1e-8;
+  double grad_clip = 1.0;  // global-norm clipping threshold; 0 disables
+  uint64_t seed = 1234;
+  LoraConfig lora;                // rank 0: full fine-tuning
+  int64_t threads = 0;            // CPU device threads; 0: all cores
+  std::string out = "ferry-run";  // run folder (created)
+
+  int64_t micro_batch_size() const { return batch_size / micro_batches; }
+};
+
+// The model the job names (a preset or, later, a folder's config.json).
+Result<ModelConfig> ResolveModel(const JobSpec& job);
+
+// Checks sizes and hyperparameters against each other and the model.
+Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model);
+
+// Creates the run folder (and its parents) and proves it writable by creating and removing a
+// file in it. Errors name the folder and say to choose another --out.
+Status PrepareRunFolder(const std::string& dir);
+
+// The resolved job (and the model it trains) as JSON, written to <out>/job.json.
+nlohmann::json JobSpecToJson(const JobSpec& job, const ModelConfig& model);
+Status WriteJobJson(const JobSpec& job, const ModelConfig& model);
+
+}  // namespace ferry

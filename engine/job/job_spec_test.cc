@@ -1,0 +1,78 @@
+#include "engine/job/job_spec.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "engine/testing/golden_files.h"
+
+namespace ferry {
+namespace {
+
+// Expects `job` to be refused with a message that names `option`.
+void ExpectRefused(const JobSpec& job, const std::string& option) {
+  Status s = ValidateJobSpec(job, TinyLlamaPreset());
+  ASSERT_FALSE(s.ok()) << option;
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find(option), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find('\n'), std::string::npos) << "errors are one line";
+}
+
+TEST(JobSpecTest, DefaultsAreValid) {
+  JobSpec job;
+  Result<ModelConfig> m = ResolveModel(job);
+  ASSERT_TRUE(m.ok());
+  EXPECT_TRUE(ValidateJobSpec(job, *m).ok());
+}
+
+TEST(JobSpecTest, RefusesImpossibleSizes) {
+  auto with = [](auto edit) {
+    JobSpec j;
+    edit(j);
+    return j;
+  };
+  ExpectRefused(with([](JobSpec& j) { j.steps = 0; }), "--steps");
+  ExpectRefused(with([](JobSpec& j) { j.batch_size = 0; }), "--batch-size");
+  ExpectRefused(with([](JobSpec& j) { j.batch_size = 10, j.micro_batches = 4; }),
+                "--micro-batches");
+  ExpectRefused(with([](JobSpec& j) { j.seq_len = 4096; }), "--seq-len");
+  ExpectRefused(with([](JobSpec& j) { j.lr = -1; }), "--lr");
+  ExpectRefused(with([](JobSpec& j) { j.warmup_steps = 500; }), "--warmup-steps");
+  ExpectRefused(with([](JobSpec& j) { j.weight_decay = -0.1; }), "--weight-decay");
+  ExpectRefused(with([](JobSpec& j) { j.grad_clip = -1; }), "--grad-clip");
+  ExpectRefused(with([](JobSpec& j) { j.beta2 = 1.0; }), "--beta1 and --beta2");
+  ExpectRefused(with([](JobSpec& j) { j.lora.rank = -2; }), "--lora-rank");
+  ExpectRefused(with([](JobSpec& j) { j.data = "x.jsonl"; }), "--data");
+  EXPECT_FALSE(ResolveModel(with([](JobSpec& j) { j.model = "/nonexistent"; })).ok());
+}
+
+TEST(JobSpecTest, RunFolderMustBeWritable) {
+  const std::string base = ::testing::TempDir() + "/ferry_job_" + std::to_string(::getpid());
+  EXPECT_TRUE(PrepareRunFolder(base + "/a/b").ok());
+  EXPECT_TRUE(std::filesystem::is_directory(base + "/a/b"));
+  // A regular file where the folder should be (works even as root, unlike permissions).
+  { std::ofstream(base + "/file") << "x"; }
+  Status s = PrepareRunFolder(base + "/file");
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("--out"), std::string::npos) << s.message();
+  EXPECT_FALSE(PrepareRunFolder(base + "/file/sub").ok());
+
+  JobSpec job;
+  job.out = base + "/a/b";
+  job.lora = {.rank = 8, .alpha = 16, .targets = kLoraQ | kLoraV};
+  ASSERT_TRUE(WriteJobJson(job, TinyLlamaPreset()).ok());
+  nlohmann::json j =
+      nlohmann::json::parse(testing::ReadTextFile(job.out + "/job.json"), nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j["steps"], job.steps);
+  EXPECT_EQ(j["lora_rank"], 8);
+  EXPECT_EQ(j["lora_targets"], "q,v");
+  EXPECT_EQ(j["model_config"]["hidden_size"], TinyLlamaPreset().hidden_size);
+  std::filesystem::remove_all(base);
+}
+
+}  // namespace
+}  // namespace ferry

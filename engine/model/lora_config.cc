@@ -1,0 +1,78 @@
+#include "engine/model/lora_config.h"
+
+#include <cmath>
+
+namespace ferry {
+namespace {
+
+struct TargetName {
+  LoraTarget bit;
+  std::string_view shortname;
+  std::string_view hf_name;
+};
+constexpr TargetName kTargets[] = {
+    {kLoraQ, "q", "q_proj"},          {kLoraK, "k", "k_proj"},          {kLoraV, "v", "v_proj"},
+    {kLoraO, "o", "o_proj"},          {kLoraGate, "gate", "gate_proj"}, {kLoraUp, "up", "up_proj"},
+    {kLoraDown, "down", "down_proj"},
+};
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+}  // namespace
+
+Result<uint32_t> ParseLoraTargets(std::string_view list) {
+  uint32_t bits = 0;
+  while (true) {
+    size_t comma = list.find(',');
+    std::string_view item = Trim(list.substr(0, comma));
+    if (item == "all") {
+      bits |= kLoraAll;
+    } else {
+      bool found = false;
+      for (const TargetName& t : kTargets) {
+        if (item == t.shortname || item == t.hf_name) {
+          bits |= t.bit;
+          found = true;
+        }
+      }
+      if (!found) {
+        return Status::InvalidArgument("unknown LoRA target '" + std::string(item) +
+                                       "'; use a comma-separated list of q,k,v,o,gate,up,down "
+                                       "or all");
+      }
+    }
+    if (comma == std::string_view::npos) break;
+    list.remove_prefix(comma + 1);
+  }
+  return bits;
+}
+
+std::string LoraTargetsToString(uint32_t targets) {
+  if ((targets & kLoraAll) == kLoraAll) return "all";
+  std::string s;
+  for (const TargetName& t : kTargets) {
+    if (targets & t.bit) {
+      if (!s.empty()) s += ",";
+      s += t.shortname;
+    }
+  }
+  return s;
+}
+
+Status ValidateLoraConfig(const LoraConfig& c) {
+  if (c.rank < 0) return Status::InvalidArgument("--lora-rank must be 0 (off) or positive");
+  if (!c.enabled()) return Status::Ok();
+  if (!(c.alpha > 0) || !std::isfinite(c.alpha)) {
+    return Status::InvalidArgument("--lora-alpha must be a positive number");
+  }
+  if ((c.targets & kLoraAll) == 0) {
+    return Status::InvalidArgument("--lora-targets selects no projection; use e.g. q,v or all");
+  }
+  return Status::Ok();
+}
+
+}  // namespace ferry

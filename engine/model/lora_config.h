@@ -1,0 +1,50 @@
+// LoraConfig: which linear projections get a LoRA adapter, its rank and alpha.
+//
+// A LoRA'd projection computes y = x W^T + scaling * (x A^T) B^T with A (r, in), B (out, r) and
+// scaling = alpha / r (PEFT's convention, no rsLoRA); the base weight W is frozen (no gradient, no
+// optimizer state), A and B train. Targets are named by the Llama projection they wrap; on GPT-2,
+// q, k or v select the fused c_attn, o selects attn.c_proj, up mlp.c_fc, down mlp.c_proj (GPT-2
+// has no gate projection).
+//
+// Plain value type; thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "kernels/status.h"
+
+namespace ferry {
+
+enum LoraTarget : uint32_t {
+  kLoraQ = 1u << 0,
+  kLoraK = 1u << 1,
+  kLoraV = 1u << 2,
+  kLoraO = 1u << 3,
+  kLoraGate = 1u << 4,
+  kLoraUp = 1u << 5,
+  kLoraDown = 1u << 6,
+  kLoraAll = (1u << 7) - 1,
+};
+
+struct LoraConfig {
+  int64_t rank = 0;  // 0: no LoRA, full fine-tuning
+  double alpha = 16.0;
+  uint32_t targets = kLoraAll;  // a set of LoraTarget bits
+
+  bool enabled() const { return rank > 0; }
+  double scaling() const { return alpha / double(rank); }  // REQUIRES: enabled()
+  bool Targets(LoraTarget t) const { return enabled() && (targets & t) != 0; }
+};
+
+// Parses a comma-separated list: q,k,v,o,gate,up,down (the Hugging Face names q_proj, ...,
+// down_proj work too) or "all". Errors name the unknown entry and list the valid ones.
+Result<uint32_t> ParseLoraTargets(std::string_view list);
+// "q,k,v,o,gate,up,down" order; "all" when every target is set.
+std::string LoraTargetsToString(uint32_t targets);
+
+// rank >= 0, alpha > 0 when rank > 0, at least one target.
+Status ValidateLoraConfig(const LoraConfig& c);
+
+}  // namespace ferry

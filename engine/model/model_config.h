@@ -1,0 +1,107 @@
+// ModelConfig: the architecture of a decoder language model, everything the layers, the
+// parameter specs and the planner need to know about its shapes and numerics.
+//
+// Two families:
+//  - Llama family (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM): RMSNorm, RoPE (rotate-half),
+//    SwiGLU MLP, grouped KV heads, optional q/k RMSNorm (Qwen3), optional q/k/v (Qwen2) or
+//    q/k/v/o (Llama attention_bias) biases, tied or untied embeddings.
+//  - GPT-2: LayerNorm with biases, learned positions, tanh GELU MLP, biases everywhere, Conv1D
+//    weights stored (in, out), tied embeddings.
+//
+// A config comes from a Hugging Face config.json (ParseHfConfig; the presets in configs/models/
+// are such files) or a built-in preset. Parsing refuses what ferry cannot describe with an
+// InvalidArgument naming the field or the architecture. Features ferry can describe (the planner
+// counts them) but not yet train — Llama 3 RoPE scaling, sliding windows — are recorded, and
+// CheckTrainable refuses them naming the field.
+//
+// Plain value type; thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <string_view>
+
+#include "kernels/dtype.h"
+#include "kernels/status.h"
+
+namespace ferry {
+
+enum class ModelFamily { kLlama, kGpt2 };
+enum class NormKind { kRmsNorm, kLayerNorm };
+enum class Activation { kSiluGlu, kGeluTanh, kGeluExact };  // SwiGLU | GPT-2 "gelu_new" | "gelu"
+
+std::string_view ModelFamilyName(ModelFamily f);  // "llama", "gpt2"
+
+// Llama 3's RoPE frequency scaling (rope_type "llama3"); kind kNone: plain RoPE.
+struct RopeScaling {
+  enum class Kind { kNone, kLlama3 } kind = Kind::kNone;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 1.0;
+  int64_t original_max_position_embeddings = 0;
+};
+
+struct ModelConfig {
+  std::string architecture;  // Hugging Face class, e.g. "LlamaForCausalLM", "GPT2LMHeadModel"
+  std::string model_type;    // "llama", "mistral", "qwen2", "qwen3", "gpt2"
+  ModelFamily family = ModelFamily::kLlama;
+
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;        // C
+  int64_t intermediate_size = 0;  // MLP width (GPT-2: n_inner, default 4 C)
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;                // query heads H
+  int64_t num_kv_heads = 0;             // KV heads, divides H
+  int64_t head_dim = 0;                 // need not be C / H (Qwen3, Gemma-style configs)
+  int64_t max_position_embeddings = 0;  // GPT-2: n_positions (the learned table's rows)
+
+  NormKind norm = NormKind::kRmsNorm;
+  double norm_eps = 1e-5;
+  Activation activation = Activation::kSiluGlu;
+  bool tie_word_embeddings = false;
+  bool qk_norm = false;            // RMSNorm over head_dim on q and k before RoPE (Qwen3)
+  bool qkv_bias = false;           // q/k/v projections have biases (Qwen2; Llama attention_bias)
+  bool o_bias = false;             // output projection has a bias (Llama attention_bias)
+  bool mlp_bias = false;           // Llama mlp_bias
+  bool learned_positions = false;  // GPT-2's wpe table instead of RoPE
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  int64_t sliding_window = 0;  // attention window in tokens (Mistral); 0: full causal attention
+  DType weights_dtype = DType::kF32;  // the checkpoint's torch_dtype / dtype
+
+  // Recorded, not yet supported beyond "off": dropout is run at 0 (DESIGN.md, "Model").
+  double dropout = 0.0;
+
+  int64_t q_dim() const { return num_heads * head_dim; }      // width of q and of o's input
+  int64_t kv_dim() const { return num_kv_heads * head_dim; }  // width of k and v
+};
+
+// Parses a Hugging Face config.json. Accepts model_type llama, mistral (without a sliding window
+// shorter than max_position_embeddings), qwen2, qwen3 and gpt2; RoPE given either as the older
+// `rope_theta` / `rope_scaling` fields or transformers 5's `rope_parameters`.
+Result<ModelConfig> ParseHfConfig(std::string_view json_text);
+// Reads and parses `path` (errors name the file).
+Result<ModelConfig> LoadHfConfig(const std::string& path);
+
+// Ok when ferry can train this config now; otherwise InvalidArgument naming the field that is
+// not supported yet (rope_scaling, sliding_window).
+Status CheckTrainable(const ModelConfig& c);
+
+// Shapes and values that make sense: positive sizes, heads dividing evenly, eps > 0, ...
+// Errors name the field and say what to change.
+Status ValidateModelConfig(const ModelConfig& c);
+
+// The config as a Hugging Face config.json object (what transformers needs to load the weights
+// ferry writes).
+nlohmann::json ToHfConfigJson(const ModelConfig& c);
+
+// Byte-level vocabulary of the built-in tiny model: 256 bytes, then the special tokens.
+inline constexpr int64_t kByteVocabBytes = 256;
+inline constexpr int64_t kTinyVocabSize = 260;  // 256 bytes + <bos> <eos> <pad> + one spare
+
+// `ferry train`'s default model: a small Llama-style model (about 1.7 M parameters) that learns
+// the built-in byte-level dataset on the CPU in a minute or two.
+ModelConfig TinyLlamaPreset();
+
+}  // namespace ferry

@@ -1,0 +1,267 @@
+#include "engine/model/param_spec.h"
+
+#include <cassert>
+
+namespace ferry {
+namespace {
+
+// One linear projection of a decoder block, family-agnostic: parameter specs and FLOPs are both
+// derived from this list, so they cannot disagree.
+struct Linear {
+  std::string module;  // Hugging Face module path, e.g. "model.layers.0.self_attn.q_proj"
+  int64_t in = 0;
+  int64_t out = 0;
+  bool bias = false;
+  uint32_t lora_bits = 0;  // LoraTarget bits that select this projection
+  bool transposed = false;
+};
+
+std::string BlockPrefix(const ModelConfig& c, int64_t i) {
+  return c.family == ModelFamily::kGpt2 ? "transformer.h." + std::to_string(i) + "."
+                                        : "model.layers." + std::to_string(i) + ".";
+}
+
+std::vector<Linear> BlockLinears(const ModelConfig& c, int64_t i) {
+  const std::string p = BlockPrefix(c, i);
+  const int64_t C = c.hidden_size, I = c.intermediate_size;
+  if (c.family == ModelFamily::kGpt2) {
+    return {
+        {p + "attn.c_attn", C, 3 * C, true, kLoraQ | kLoraK | kLoraV, true},
+        {p + "attn.c_proj", C, C, true, kLoraO, true},
+        {p + "mlp.c_fc", C, I, true, kLoraUp, true},
+        {p + "mlp.c_proj", I, C, true, kLoraDown, true},
+    };
+  }
+  return {
+      {p + "self_attn.q_proj", C, c.q_dim(), c.qkv_bias, kLoraQ, false},
+      {p + "self_attn.k_proj", C, c.kv_dim(), c.qkv_bias, kLoraK, false},
+      {p + "self_attn.v_proj", C, c.kv_dim(), c.qkv_bias, kLoraV, false},
+      {p + "self_attn.o_proj", c.q_dim(), C, c.o_bias, kLoraO, false},
+      {p + "mlp.gate_proj", C, I, c.mlp_bias, kLoraGate, false},
+      {p + "mlp.up_proj", C, I, c.mlp_bias, kLoraUp, false},
+      {p + "mlp.down_proj", I, C, c.mlp_bias, kLoraDown, false},
+  };
+}
+
+bool HasLora(const LoraConfig& lora, const Linear& l) {
+  return lora.enabled() && (lora.targets & l.lora_bits) != 0;
+}
+
+// Specs for the weights of one module; `trainable` is false for base weights under LoRA.
+class SpecBuilder {
+ public:
+  SpecBuilder(std::vector<ParamSpec>* out, DType dtype, bool trainable)
+      : out_(out), dtype_(dtype), trainable_(trainable) {}
+
+  void Vector(std::string name, int64_t n) {
+    out_->push_back({std::move(name), {n}, dtype_, trainable_, /*decays=*/false, "", false, false});
+  }
+  void Matrix(std::string name, int64_t rows, int64_t cols, bool transposed = false) {
+    out_->push_back({std::move(name),
+                     {rows, cols},
+                     dtype_,
+                     trainable_,
+                     /*decays=*/true,
+                     "",
+                     transposed,
+                     false});
+  }
+  void Projection(const Linear& l, const LoraConfig& lora) {
+    if (l.transposed) {
+      Matrix(l.module + ".weight", l.in, l.out, /*transposed=*/true);
+    } else {
+      Matrix(l.module + ".weight", l.out, l.in);
+    }
+    if (l.bias) Vector(l.module + ".bias", l.out);
+    if (HasLora(lora, l)) {
+      const std::string peft = "base_model.model." + l.module;
+      out_->push_back(
+          {peft + ".lora_A.weight", {lora.rank, l.in}, dtype_, true, true, "", false, true});
+      out_->push_back(
+          {peft + ".lora_B.weight", {l.out, lora.rank}, dtype_, true, true, "", false, true});
+    }
+  }
+
+ private:
+  std::vector<ParamSpec>* out_;
+  DType dtype_;
+  bool trainable_;
+};
+
+LayerSpec EmbeddingLayer(const ModelConfig& c, bool trainable, DType dtype) {
+  LayerSpec l{LayerKind::kEmbedding, -1, "embedding", {}};
+  SpecBuilder b(&l.params, dtype, trainable);
+  if (c.family == ModelFamily::kGpt2) {
+    b.Matrix("transformer.wte.weight", c.vocab_size, c.hidden_size);
+    b.Matrix("transformer.wpe.weight", c.max_position_embeddings, c.hidden_size);
+  } else {
+    b.Matrix("model.embed_tokens.weight", c.vocab_size, c.hidden_size);
+  }
+  return l;
+}
+
+LayerSpec BlockLayer(const ModelConfig& c, const LoraConfig& lora, int64_t i, DType dtype) {
+  LayerSpec l{LayerKind::kBlock, i, "block." + std::to_string(i), {}};
+  SpecBuilder b(&l.params, dtype, !lora.enabled());
+  const std::string p = BlockPrefix(c, i);
+  const std::vector<Linear> lin = BlockLinears(c, i);
+  if (c.family == ModelFamily::kGpt2) {
+    b.Vector(p + "ln_1.weight", c.hidden_size);
+    b.Vector(p + "ln_1.bias", c.hidden_size);
+    b.Projection(lin[0], lora);
+    b.Projection(lin[1], lora);
+    b.Vector(p + "ln_2.weight", c.hidden_size);
+    b.Vector(p + "ln_2.bias", c.hidden_size);
+    b.Projection(lin[2], lora);
+    b.Projection(lin[3], lora);
+    return l;
+  }
+  b.Vector(p + "input_layernorm.weight", c.hidden_size);
+  for (int k = 0; k < 3; ++k) b.Projection(lin[size_t(k)], lora);  // q, k, v
+  if (c.qk_norm) {
+    b.Vector(p + "self_attn.q_norm.weight", c.head_dim);
+    b.Vector(p + "self_attn.k_norm.weight", c.head_dim);
+  }
+  b.Projection(lin[3], lora);  // o
+  b.Vector(p + "post_attention_layernorm.weight", c.hidden_size);
+  for (int k = 4; k < 7; ++k) b.Projection(lin[size_t(k)], lora);  // gate, up, down
+  return l;
+}
+
+LayerSpec HeadLayer(const ModelConfig& c, bool trainable, DType dtype) {
+  LayerSpec l{LayerKind::kHead, -1, "head", {}};
+  SpecBuilder b(&l.params, dtype, trainable);
+  if (c.family == ModelFamily::kGpt2) {
+    b.Vector("transformer.ln_f.weight", c.hidden_size);
+    b.Vector("transformer.ln_f.bias", c.hidden_size);
+  } else {
+    b.Vector("model.norm.weight", c.hidden_size);
+  }
+  b.Matrix("lm_head.weight", c.vocab_size, c.hidden_size);
+  if (c.tie_word_embeddings) {
+    l.params.back().tied_to =
+        c.family == ModelFamily::kGpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
+  }
+  return l;
+}
+
+// Bytes a block keeps for its backward beyond its input (see LayerCost::saved_bytes). This is the
+// contract the block implementations allocate by:
+//   Llama: rstd of both norms (fp32 per token), both normed inputs, q and k after RoPE, v, the
+//   attention output and its log-sum-exp (fp32 per token and head), the residual after attention,
+//   gate, up and the SwiGLU product; Qwen3's q/k norms add q and k before the norm and their rstd
+//   (fp32 per token and head). GPT-2: mean and rstd of both LayerNorms, both normed inputs, the
+//   fused qkv, the attention output and its log-sum-exp, the residual after attention, the fc
+//   output before and after GELU. LoRA: x A^T (r per token) for each adapted projection.
+size_t BlockSavedBytes(const ModelConfig& c, const LoraConfig& lora, int64_t i, int64_t n,
+                       size_t a) {
+  const size_t f = 4;  // fp32 statistics
+  const int64_t C = c.hidden_size, I = c.intermediate_size, H = c.num_heads;
+  size_t elems = 0, stats = 0;  // activation elements, fp32 values
+  if (c.family == ModelFamily::kGpt2) {
+    elems = size_t(n * (C + 3 * C + C + C + C + I + I));
+    stats = size_t(n * (2 + 2 + H));
+  } else {
+    elems = size_t(n * (C + c.q_dim() + 2 * c.kv_dim() + c.q_dim() + C + C + 3 * I));
+    stats = size_t(n * (1 + 1 + H));
+    if (c.qk_norm) {
+      elems += size_t(n * (c.q_dim() + c.kv_dim()));
+      stats += size_t(n * (H + c.num_kv_heads));
+    }
+  }
+  for (const Linear& l : BlockLinears(c, i)) {
+    if (HasLora(lora, l)) elems += size_t(n * lora.rank);
+  }
+  return elems * a + stats * f;
+}
+
+}  // namespace
+
+int64_t ParamSpec::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<LayerSpec> BuildLayerSpecs(const ModelConfig& c, const LoraConfig& lora,
+                                       DType param_dtype) {
+  assert(ValidateModelConfig(c).ok() && ValidateLoraConfig(lora).ok());
+  const bool full = !lora.enabled();
+  std::vector<LayerSpec> layers;
+  layers.reserve(size_t(c.num_layers) + 2);
+  layers.push_back(EmbeddingLayer(c, full, param_dtype));
+  for (int64_t i = 0; i < c.num_layers; ++i) layers.push_back(BlockLayer(c, lora, i, param_dtype));
+  layers.push_back(HeadLayer(c, full, param_dtype));
+  return layers;
+}
+
+LayerCost ComputeLayerCost(const ModelConfig& c, const LoraConfig& lora, const LayerSpec& layer,
+                           BatchShape shape, DType activation_dtype) {
+  const size_t a = DTypeSize(activation_dtype);
+  const double n = double(shape.tokens());
+  const int64_t tokens = shape.tokens();
+  const size_t hidden_bytes = size_t(tokens * c.hidden_size) * a;
+  LayerCost cost;
+  switch (layer.kind) {
+    case LayerKind::kEmbedding:
+      cost.input_bytes = size_t(tokens) * sizeof(int32_t);  // token ids (and positions)
+      cost.output_bytes = hidden_bytes;
+      return cost;  // a gather and a scatter-add on the host: no FLOPs counted
+    case LayerKind::kHead: {
+      const double gemm = 2.0 * n * double(c.hidden_size) * double(c.vocab_size);
+      const bool trainable = !lora.enabled();
+      cost.forward_flops = gemm;
+      cost.backward_flops = gemm + (trainable ? gemm : 0.0);
+      cost.input_bytes = hidden_bytes;
+      // Norm statistics (LayerNorm: mean and rstd), the normed input, per-token log-sum-exp.
+      const size_t stats = c.norm == NormKind::kLayerNorm ? 2 : 1;
+      cost.saved_bytes = hidden_bytes + size_t(tokens) * 4 * (stats + 1);
+      cost.output_bytes = size_t(tokens) * 4;
+      return cost;
+    }
+    case LayerKind::kBlock:
+      break;
+  }
+  for (const Linear& l : BlockLinears(c, layer.block)) {
+    const double gemm = 2.0 * n * double(l.in) * double(l.out);
+    cost.forward_flops += gemm;
+    cost.backward_flops += gemm + (lora.enabled() ? 0.0 : gemm);  // dX, and dW when trainable
+    if (HasLora(lora, l)) {
+      const double low_rank = 2.0 * n * double(lora.rank) * double(l.in + l.out);
+      cost.forward_flops += low_rank;
+      cost.backward_flops += 2.0 * low_rank;  // dA, dB and the input gradient through A and B
+    }
+  }
+  // Causal attention: per sequence and head, T(T+1)/2 (query, key) pairs, each 2*head_dim FLOPs
+  // for Q K^T and 2*head_dim for P V; the backward's four products cost twice the forward.
+  const double pairs = double(shape.batch) * double(c.num_heads) * double(shape.seq_len) *
+                       double(shape.seq_len + 1) / 2.0;
+  cost.forward_flops += 4.0 * double(c.head_dim) * pairs;
+  cost.backward_flops += 8.0 * double(c.head_dim) * pairs;
+  cost.input_bytes = hidden_bytes;
+  cost.saved_bytes = BlockSavedBytes(c, lora, layer.block, tokens, a);
+  cost.output_bytes = hidden_bytes;
+  return cost;
+}
+
+int64_t CountParameters(const std::vector<LayerSpec>& layers) {
+  int64_t n = 0;
+  for (const LayerSpec& l : layers) {
+    for (const ParamSpec& p : l.params) {
+      if (p.tied_to.empty()) n += p.numel();
+    }
+  }
+  return n;
+}
+
+int64_t CountTrainableParameters(const std::vector<LayerSpec>& layers) {
+  int64_t n = 0;
+  for (const LayerSpec& l : layers) {
+    for (const ParamSpec& p : l.params) {
+      if (p.tied_to.empty() && p.trainable) n += p.numel();
+    }
+  }
+  return n;
+}
+
+}  // namespace ferry

@@ -1,0 +1,85 @@
+// The model as a flat sequence of layers — embedding, N decoder blocks, head (final norm +
+// LM head + loss) — with, for each layer, its parameters (Hugging Face names and shapes, tied and
+// frozen ones marked, which ones decay), its FLOPs and the bytes it keeps for backward.
+//
+// Everything here is a pure function of ModelConfig + LoraConfig + batch shape: the planner sizes
+// a plan from it before anything is allocated, and the layer implementations must allocate
+// exactly what SavedBytes() says (the exact memory model depends on it; see ComputeLayerCost).
+//
+// Plain value types; thread-compatible.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/model/lora_config.h"
+#include "engine/model/model_config.h"
+#include "kernels/dtype.h"
+
+namespace ferry {
+
+enum class LayerKind { kEmbedding, kBlock, kHead };
+
+struct ParamSpec {
+  std::string name;            // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;  // as stored in Hugging Face checkpoints
+  DType dtype = DType::kF32;   // storage dtype of the copy a device computes with
+  bool trainable = true;       // false: frozen (LoRA base weight): no gradient, no optimizer state
+  bool decays = true;          // AdamW weight decay applies (matrices yes; norms and biases no)
+  // Non-empty: this is the same tensor as the parameter of that name (owned by the embedding
+  // layer): it has no storage, gradient buffer or optimizer state of its own, and its gradient is
+  // added to the owner's on the host before the update.
+  std::string tied_to;
+  bool transposed = false;  // stored (in, out) (GPT-2 Conv1D); the GEMM wants (out, in)
+  bool lora = false;        // a LoRA A or B matrix (PEFT adapter name)
+
+  int64_t numel() const;
+  size_t bytes() const { return size_t(numel()) * DTypeSize(dtype); }
+};
+
+struct LayerSpec {
+  LayerKind kind = LayerKind::kBlock;
+  int64_t block = -1;  // decoder block index, -1 for embedding and head
+  std::string name;    // "embedding", "block.3", "head"
+  std::vector<ParamSpec> params;
+};
+
+struct BatchShape {
+  int64_t batch = 1;    // sequences in one micro-batch (B)
+  int64_t seq_len = 1;  // tokens per sequence (T)
+  int64_t tokens() const { return batch * seq_len; }
+};
+
+// What one layer costs for one micro-batch.
+struct LayerCost {
+  // Algorithmic FLOPs (a multiply-add is 2): matrix products and attention's two products over
+  // the causal (i >= j) pairs; element-wise work and recomputation are not counted. Backward
+  // counts the input-gradient products, plus the weight-gradient products of trainable weights
+  // only (a frozen base weight under LoRA has no weight-gradient GEMM).
+  double forward_flops = 0;
+  double backward_flops = 0;
+  // Bytes of the layer's input (the hidden state, or the token ids for the embedding): what
+  // recomputation keeps.
+  size_t input_bytes = 0;
+  // Bytes the forward keeps, beyond the input, for the backward when the layer is not
+  // recomputed (activations in the activation dtype, per-row statistics in fp32).
+  size_t saved_bytes = 0;
+  // Bytes of the layer's output (the hidden state passed to the next layer; the head's is the
+  // per-token loss, fp32).
+  size_t output_bytes = 0;
+};
+
+// REQUIRES: ValidateModelConfig(c) and ValidateLoraConfig(lora) are ok.
+std::vector<LayerSpec> BuildLayerSpecs(const ModelConfig& c, const LoraConfig& lora,
+                                       DType param_dtype = DType::kF32);
+
+LayerCost ComputeLayerCost(const ModelConfig& c, const LoraConfig& lora, const LayerSpec& layer,
+                           BatchShape shape, DType activation_dtype = DType::kF32);
+
+// Parameter counts over all layers; tied aliases count once (as transformers' num_parameters()).
+int64_t CountParameters(const std::vector<LayerSpec>& layers);
+int64_t CountTrainableParameters(const std::vector<LayerSpec>& layers);
+
+}  // namespace ferry
