@@ -1,0 +1,83 @@
+// ModelRunner: runs a whole model's forward and backward for micro-batches on ONE device, driving
+// it only through its streams and events (weights uploaded from the host master copy, gradients
+// downloaded to it), so the pipeline executor can generalize it rather than replace it.
+//
+//  - The embedding gather and its gradient scatter-add run on the host (engine/model/embedding.h):
+//    only hidden states travel.
+//  - Blocks run in order; the head (final norm + LM head + cross-entropy, fused forward and
+//    backward) runs at the tail; the backward runs the blocks in reverse. A block marked for
+//    recomputation keeps only its input and re-runs its forward before its backward.
+//  - Device memory is sized once, at Create, from the layer specs (nothing allocates inside a
+//    step); every allocation is named in the device's arena log.
+//
+// Gradient semantics: AccumulateGradients adds (+=) into HostGradients across micro-batches; the
+// loss of a micro-batch is sum(-log p) over its non-masked targets divided by `normalizer` (the
+// number of non-masked targets of the whole global batch), so accumulating all micro-batches gives
+// exactly the gradient of one big batch. With tied embeddings the head's gradient is added to the
+// embedding's (HostGradients has one buffer per storage-owning parameter).
+//
+// Thread-safety: one host thread drives a runner at a time.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/model/lora_config.h"
+#include "engine/model/model_config.h"
+#include "engine/model/param_spec.h"
+#include "kernels/device.h"
+#include "kernels/status.h"
+
+namespace ferry {
+
+// fp32 host tensors in ferry's master layout (engine/model/weights_io.h: MasterShape), keyed by
+// the Hugging Face name of each storage-owning parameter (tied aliases have no entry).
+struct HostTensors {
+  std::map<std::string, std::vector<float>> tensors;
+  std::span<float> at(const std::string& name) { return tensors.at(name); }
+};
+
+struct ModelRunnerOptions {
+  BatchShape shape;                      // micro-batch B x T (fixed for the runner's life)
+  DType compute_dtype = DType::kF32;     // storage dtype of weights/activations on the device
+  std::vector<bool> recompute;           // per block; empty = save everything
+  int64_t loss_chunk_tokens = 256;       // fused LM-head chunk
+};
+
+struct MicroBatchInput {
+  std::span<const int32_t> tokens;   // (B, T)
+  std::span<const int32_t> targets;  // (B, T), -100 where masked
+  double normalizer = 1;             // non-masked targets of the global batch (> 0)
+};
+
+struct RunnerStats {
+  int64_t block_forward_calls = 0;   // counts recomputation too
+  size_t arena_peak_bytes = 0;
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+
+  // Sizes and allocates the device buffers. Errors: OutOfMemory from the device arena naming the
+  // buffer; InvalidArgument for a config the runner cannot run (naming the feature).
+  static Result<std::unique_ptr<ModelRunner>> Create(Device& device, const ModelConfig& config,
+                                                     const LoraConfig& lora,
+                                                     const ModelRunnerOptions& options);
+
+  // Uploads the parameters (frozen and trainable) from the host master copy.
+  virtual Status UploadWeights(const HostTensors& weights) = 0;
+  // Forward + backward of one micro-batch; returns its loss contribution (sum of -log p over its
+  // non-masked targets / normalizer) and adds its gradients into `grads` (trainable parameters
+  // only; grads must hold a zero-initialized or accumulating buffer for each).
+  virtual Result<double> AccumulateGradients(const MicroBatchInput& mb, HostTensors& grads) = 0;
+  // Forward only: the full logits (B*T, V) in fp32, for tests and evaluation.
+  virtual Result<std::vector<float>> Logits(std::span<const int32_t> tokens) = 0;
+  virtual RunnerStats stats() const = 0;
+};
+
+}  // namespace ferry
