@@ -13,7 +13,7 @@
 namespace ferry {
 
 struct PlanCommand {
-  CLI::App *app = nullptr;
+  CLI::App* app = nullptr;
   JobSpec job;
   std::string lora_targets = "all";
   std::string hardware = "1x-rtx4090-pcie4";
@@ -22,13 +22,17 @@ struct PlanCommand {
   std::string svg, trace;
 };
 
+// A preset name (configs/<kind>/<name>.json; configs/ of the source tree, or $FERRY_CONFIG_DIR)
+// or a path to a file (a folder: its config.json). `kind`: "models" or "hardware".
+std::string ResolveConfigPath(const std::string& kind, const std::string& name);
+
 // Adds the `plan` subcommand to `parent`; `cmd` receives the options and must
 // outlive parsing.
-void AddPlanCommand(CLI::App &parent, PlanCommand *cmd);
+void AddPlanCommand(CLI::App& parent, PlanCommand* cmd);
 
 // Exit code: 0 a plan fits; 1 bad input or I/O failure (one line on stderr); 3
 // nothing fits (the binding constraint and the changes that would fit are
 // printed).
-int RunPlanCommand(PlanCommand &cmd);
+int RunPlanCommand(PlanCommand& cmd);
 
-} // namespace ferry
+}  // namespace ferry

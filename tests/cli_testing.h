@@ -12,22 +12,20 @@ namespace ferry::testing {
 
 struct CommandResult {
   int code = -1;
-  std::string output; // stdout and stderr
+  std::string output;  // stdout and stderr
 };
 
-inline CommandResult Ferry(const std::string &args) {
+inline CommandResult Ferry(const std::string& args) {
   CommandResult r;
   const std::string cmd = std::string(FERRY_BINARY) + " " + args + " 2>&1";
-  FILE *p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr)
-    return r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
   std::array<char, 4096> buf;
   size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0)
-    r.output.append(buf.data(), n);
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
   int status = ::pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
 
-} // namespace ferry::testing
+}  // namespace ferry::testing

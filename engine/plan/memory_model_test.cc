@@ -72,8 +72,8 @@ TEST(MemoryModel, FullFineTuningByHand) {
 
   // Pinned: bf16 uploads (2 x 592 + 88) x 2 B = 2544 -> one page; gradient landing 2 GPUs x 3072
   // = 6144 -> 8192; saved activations: per block 3 micro-batches x (64 input + 832 saved) = 2688,
-  // twice, plus the head's 3 x (64 input + 64 normed + 4 tokens x (rstd, lse) x 4 B) = 480: 5856 -> 8192;
-  // activation gradients between stages: 2 boundaries x 3 x 64 = 384 -> 4096.
+  // twice, plus the head's 3 x (64 input + 64 normed + 4 tokens x (rstd, lse) x 4 B) = 480: 5856 ->
+  // 8192; activation gradients between stages: 2 boundaries x 3 x 64 = 384 -> 4096.
   const auto pinned = Named(e.pinned_host);
   EXPECT_EQ(pinned.at("weights.upload"), 4096u);
   EXPECT_EQ(pinned.at("grads.landing"), 8192u);
