@@ -1,7 +1,6 @@
 // `ferry plan` as a user runs it: presets, job files shared with train, JSON,
 // timelines, and the exit code when nothing fits.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -15,16 +14,7 @@ namespace {
 using ferry::testing::CommandResult;
 using ferry::testing::Ferry;
 
-class PlanCliTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = ::testing::TempDir() + "/ferry_plan_" + std::to_string(::getpid()) + "_" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string dir_;
-};
+class PlanCliTest : public ferry::testing::CliTest {};
 
 TEST_F(PlanCliTest, PresetOnAProfilePrintsThePlanAndMemoryTable) {
   CommandResult r = Ferry(

@@ -1,6 +1,5 @@
 // `ferry train` as a user runs it: option parsing, job files, one-line errors, exit codes.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -13,16 +12,7 @@ namespace {
 using ferry::testing::CommandResult;
 using ferry::testing::Ferry;
 
-class TrainCliTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = ::testing::TempDir() + "/ferry_cli_" + std::to_string(::getpid()) + "_" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string dir_;
-};
+class TrainCliTest : public ferry::testing::CliTest {};
 
 int Lines(const std::string& s) {
   int n = 0;

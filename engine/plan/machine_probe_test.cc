@@ -1,6 +1,7 @@
 #include "engine/plan/machine_probe.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
