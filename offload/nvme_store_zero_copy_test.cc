@@ -2,9 +2,7 @@
 // trips on both backends with the path checked to be taken (and not taken for unaligned memory),
 // mixing aligned and unaligned buffers, a flipped bit on disk, faults injected on it (short
 // transfers that resubmit into the caller's pages, -EIO keeping the old version), external files.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <fstream>
@@ -18,8 +16,6 @@ namespace {
 
 using testing::FaultyEnv;
 using testing::Pattern;
-using testing::SmallStoreOptions;
-using testing::TempDir;
 
 constexpr size_t kPage = 4096;
 
@@ -32,24 +28,9 @@ HostAllocation Aligned(const std::vector<std::byte>& content) {
   return std::move(a).value();
 }
 
-class ZeroCopy : public ::testing::TestWithParam<StoreBackend> {
+class ZeroCopy : public testing::FaultyStoreTest {
  protected:
-  void SetUp() override {
-    if (dir_.path().empty()) GTEST_SKIP() << "could not create a temporary directory";
-    if (GetParam() == StoreBackend::kIoUring && !testing::UringAvailable()) {
-      GTEST_SKIP() << "io_uring is not available here (the thread-pool variants still run)";
-    }
-    auto s = NvmeStore::Open(SmallStoreOptions(dir_.path(), GetParam(), &env_));
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
-    store_ = std::move(s).value();
-    B_ = store_->block_bytes();
-  }
   uint64_t ZeroCopyBlocks() const { return store_->stats().zero_copy_blocks; }
-
-  TempDir dir_;
-  FaultyEnv env_;
-  std::unique_ptr<NvmeStore> store_;
-  size_t B_ = 0;
 };
 
 TEST_P(ZeroCopy, AlignedRoundTripsTakeThePathUnalignedOnesDoNot) {
@@ -110,17 +91,7 @@ TEST_P(ZeroCopy, FlippedBitIsDetected) {
   ASSERT_TRUE(store_->Write("w", {src.data(), data.size()}).ok());
   auto loc = store_->LocateBlock("w", 2);
   ASSERT_TRUE(loc.ok());
-  {
-    const int fd = open(loc->path.c_str(), O_RDWR);
-    ASSERT_GE(fd, 0);
-    const off_t at = off_t(loc->offset + 12345);
-    unsigned char c;
-    ASSERT_EQ(pread(fd, &c, 1, at), 1);
-    c ^= 0x01;
-    ASSERT_EQ(pwrite(fd, &c, 1, at), 1);
-    ASSERT_EQ(fsync(fd), 0);
-    close(fd);
-  }
+  ASSERT_EQ(testing::FlipBitsOnDisk(loc->path, loc->offset + 12345, 0x01), "");
   HostAllocation back = Aligned(std::vector<std::byte>(data.size()));
   const uint64_t before = ZeroCopyBlocks();
   const Status s = store_->Read("w", {back.data(), data.size()});
