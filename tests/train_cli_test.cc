@@ -1,38 +1,49 @@
-// `ferry train` as a user runs it: option parsing, job files, one-line errors, exit codes.
+// `ferry train` as a user runs it: option parsing, job files, one-line errors,
+// exit codes.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/model/model_config.h"
+#include "engine/model/safetensors.h"
 
 namespace {
 
 struct CommandResult {
   int code = -1;
-  std::string output;  // stdout and stderr
+  std::string output; // stdout and stderr
 };
 
-CommandResult Ferry(const std::string& args) {
+CommandResult Ferry(const std::string &args) {
   CommandResult r;
   const std::string cmd = std::string(FERRY_BINARY) + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
+  FILE *p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr)
+    return r;
   std::array<char, 4096> buf;
   size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0)
+    r.output.append(buf.data(), n);
   int status = ::pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
 
 class TrainCliTest : public ::testing::Test {
- protected:
+protected:
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "/ferry_cli_" + std::to_string(::getpid()) + "_" +
+    dir_ = ::testing::TempDir() + "/ferry_cli_" + std::to_string(::getpid()) +
+           "_" +
            ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::filesystem::create_directories(dir_);
   }
@@ -40,27 +51,35 @@ class TrainCliTest : public ::testing::Test {
   std::string dir_;
 };
 
-int Lines(const std::string& s) {
+std::string ReadFile(const std::string &path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)),
+                     std::istreambuf_iterator<char>());
+}
+
+int Lines(const std::string &s) {
   int n = 0;
-  for (char c : s) n += c == '\n';
+  for (char c : s)
+    n += c == '\n';
   return n;
 }
 
 TEST_F(TrainCliTest, HelpDocumentsEveryOption) {
   CommandResult r = Ferry("train --help");
   EXPECT_EQ(r.code, 0);
-  for (const char* opt : {"--steps", "--lr", "--batch-size", "--seq-len", "--lora-rank",
-                          "--lora-alpha", "--seed", "--out", "--config", "--micro-batches",
-                          "--warmup-steps", "--weight-decay", "--grad-clip"}) {
+  for (const char *opt :
+       {"--steps", "--lr", "--batch-size", "--seq-len", "--lora-rank",
+        "--lora-alpha", "--seed", "--out", "--config", "--micro-batches",
+        "--warmup-steps", "--weight-decay", "--grad-clip"}) {
     EXPECT_NE(r.output.find(opt), std::string::npos) << opt;
   }
 }
 
 TEST_F(TrainCliTest, BadInputIsOneLineAndNonZero) {
   for (const std::string args :
-       {"train --bogus", "train --steps abc", "train --steps 0", "train --seq-len 100000",
-        "train --batch-size 10 --micro-batches 3", "train --lora-targets q,zz",
-        "train --out /dev/null/sub"}) {
+       {"train --bogus", "train --steps abc", "train --steps 0",
+        "train --seq-len 100000", "train --batch-size 10 --micro-batches 3",
+        "train --lora-targets q,zz", "train --out /dev/null/sub"}) {
     CommandResult r = Ferry(args);
     EXPECT_EQ(r.code, 1) << args << ": " << r.output;
     EXPECT_EQ(Lines(r.output), 1) << args << ": " << r.output;
@@ -72,11 +91,16 @@ TEST_F(TrainCliTest, JobFileSetsKeysAndFlagsWin) {
     std::ofstream f(dir_ + "/job.toml");
     f << "steps = 7\nlr = 0.01\nlora-rank = 4\nwarmup-steps = 2\n";
   }
-  CommandResult r = Ferry("train --config " + dir_ + "/job.toml --steps 9 --out " + dir_ + "/run");
-  // Training is not wired yet (exit 2), but the resolved job is written.
-  EXPECT_EQ(r.code, 2) << r.output;
-  std::ifstream in(dir_ + "/run/job.json");
-  std::string job((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CommandResult r =
+      Ferry("train --config " + dir_ + "/job.toml --steps 9 --batch-size 2 " +
+            "--seq-len 16 --out " + dir_ + "/run");
+  EXPECT_EQ(r.code, 0) << r.output;
+  // LoRA from the job file: the adapter in PEFT's format beside the (seeded)
+  // base.
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/run/adapter_model.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/run/adapter_config.json"));
+  EXPECT_EQ(Lines(ReadFile(dir_ + "/run/metrics.jsonl")), 9);
+  const std::string job = ReadFile(dir_ + "/run/job.json");
   EXPECT_NE(job.find("\"steps\": 9"), std::string::npos) << job;
   EXPECT_NE(job.find("\"lr\": 0.01"), std::string::npos) << job;
   EXPECT_NE(job.find("\"lora_rank\": 4"), std::string::npos) << job;
@@ -90,4 +114,41 @@ TEST_F(TrainCliTest, JobFileSetsKeysAndFlagsWin) {
   EXPECT_NE(r.output.find("stepz"), std::string::npos) << r.output;
 }
 
-}  // namespace
+// The default job cut to three updates of four sequences (quick under the
+// sanitizers): the run folder a user gets.
+TEST_F(TrainCliTest, DefaultJobWritesRunFolder) {
+  const std::string out = dir_ + "/run";
+  CommandResult r = Ferry("train --steps 3 --batch-size 4 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 3/3"), std::string::npos) << r.output;
+  std::ifstream metrics(out + "/metrics.jsonl");
+  std::vector<double> losses;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << line;
+    EXPECT_EQ(j["step"], losses.size() + 1);
+    for (const char *key : {"lr", "grad_norm", "tokens_per_s", "elapsed_s"}) {
+      EXPECT_TRUE(j.contains(key)) << key << " in " << line;
+    }
+    losses.push_back(j["loss"].get<double>());
+    EXPECT_TRUE(std::isfinite(losses.back())) << line;
+  }
+  ASSERT_EQ(losses.size(), 3u);
+  // Fresh weights predict ~uniformly over 260 tokens (loss ~ln 260 = 5.56);
+  // three warm-up updates already lower it.
+  EXPECT_LT(losses[2], losses[0]);
+  ferry::Result<ferry::SafetensorsFile> weights =
+      ferry::SafetensorsFile::Open(out + "/model.safetensors");
+  ASSERT_TRUE(weights.ok()) << weights.status().ToString();
+  ferry::Result<std::vector<float>> embed =
+      weights->ReadFloats("model.embed_tokens.weight");
+  ASSERT_TRUE(embed.ok());
+  EXPECT_EQ(embed->size(), size_t(ferry::kTinyVocabSize *
+                                  ferry::TinyLlamaPreset().hidden_size));
+  ferry::Result<ferry::ModelConfig> config =
+      ferry::LoadHfConfig(out + "/config.json");
+  EXPECT_TRUE(config.ok());
+  EXPECT_TRUE(std::filesystem::exists(out + "/job.json"));
+}
+
+} // namespace
