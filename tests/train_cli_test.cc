@@ -9,10 +9,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/model/model_config.h"
 #include "engine/model/safetensors.h"
@@ -21,29 +20,26 @@ namespace {
 
 struct CommandResult {
   int code = -1;
-  std::string output; // stdout and stderr
+  std::string output;  // stdout and stderr
 };
 
 CommandResult Ferry(const std::string &args) {
   CommandResult r;
   const std::string cmd = std::string(FERRY_BINARY) + " " + args + " 2>&1";
   FILE *p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr)
-    return r;
+  if (p == nullptr) return r;
   std::array<char, 4096> buf;
   size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0)
-    r.output.append(buf.data(), n);
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
   int status = ::pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
 
 class TrainCliTest : public ::testing::Test {
-protected:
+ protected:
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "/ferry_cli_" + std::to_string(::getpid()) +
-           "_" +
+    dir_ = ::testing::TempDir() + "/ferry_cli_" + std::to_string(::getpid()) + "_" +
            ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::filesystem::create_directories(dir_);
   }
@@ -53,33 +49,30 @@ protected:
 
 std::string ReadFile(const std::string &path) {
   std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)),
-                     std::istreambuf_iterator<char>());
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 int Lines(const std::string &s) {
   int n = 0;
-  for (char c : s)
-    n += c == '\n';
+  for (char c : s) n += c == '\n';
   return n;
 }
 
 TEST_F(TrainCliTest, HelpDocumentsEveryOption) {
   CommandResult r = Ferry("train --help");
   EXPECT_EQ(r.code, 0);
-  for (const char *opt :
-       {"--steps", "--lr", "--batch-size", "--seq-len", "--lora-rank",
-        "--lora-alpha", "--seed", "--out", "--config", "--micro-batches",
-        "--warmup-steps", "--weight-decay", "--grad-clip"}) {
+  for (const char *opt : {"--steps", "--lr", "--batch-size", "--seq-len", "--lora-rank",
+                          "--lora-alpha", "--seed", "--out", "--config", "--micro-batches",
+                          "--warmup-steps", "--weight-decay", "--grad-clip"}) {
     EXPECT_NE(r.output.find(opt), std::string::npos) << opt;
   }
 }
 
 TEST_F(TrainCliTest, BadInputIsOneLineAndNonZero) {
   for (const std::string args :
-       {"train --bogus", "train --steps abc", "train --steps 0",
-        "train --seq-len 100000", "train --batch-size 10 --micro-batches 3",
-        "train --lora-targets q,zz", "train --out /dev/null/sub"}) {
+       {"train --bogus", "train --steps abc", "train --steps 0", "train --seq-len 100000",
+        "train --batch-size 10 --micro-batches 3", "train --lora-targets q,zz",
+        "train --out /dev/null/sub"}) {
     CommandResult r = Ferry(args);
     EXPECT_EQ(r.code, 1) << args << ": " << r.output;
     EXPECT_EQ(Lines(r.output), 1) << args << ": " << r.output;
@@ -91,9 +84,8 @@ TEST_F(TrainCliTest, JobFileSetsKeysAndFlagsWin) {
     std::ofstream f(dir_ + "/job.toml");
     f << "steps = 7\nlr = 0.01\nlora-rank = 4\nwarmup-steps = 2\n";
   }
-  CommandResult r =
-      Ferry("train --config " + dir_ + "/job.toml --steps 9 --batch-size 2 " +
-            "--seq-len 16 --out " + dir_ + "/run");
+  CommandResult r = Ferry("train --config " + dir_ + "/job.toml --steps 9 --batch-size 2 " +
+                          "--seq-len 16 --out " + dir_ + "/run");
   EXPECT_EQ(r.code, 0) << r.output;
   // LoRA from the job file: the adapter in PEFT's format beside the (seeded)
   // base.
@@ -140,15 +132,12 @@ TEST_F(TrainCliTest, DefaultJobWritesRunFolder) {
   ferry::Result<ferry::SafetensorsFile> weights =
       ferry::SafetensorsFile::Open(out + "/model.safetensors");
   ASSERT_TRUE(weights.ok()) << weights.status().ToString();
-  ferry::Result<std::vector<float>> embed =
-      weights->ReadFloats("model.embed_tokens.weight");
+  ferry::Result<std::vector<float>> embed = weights->ReadFloats("model.embed_tokens.weight");
   ASSERT_TRUE(embed.ok());
-  EXPECT_EQ(embed->size(), size_t(ferry::kTinyVocabSize *
-                                  ferry::TinyLlamaPreset().hidden_size));
-  ferry::Result<ferry::ModelConfig> config =
-      ferry::LoadHfConfig(out + "/config.json");
+  EXPECT_EQ(embed->size(), size_t(ferry::kTinyVocabSize * ferry::TinyLlamaPreset().hidden_size));
+  ferry::Result<ferry::ModelConfig> config = ferry::LoadHfConfig(out + "/config.json");
   EXPECT_TRUE(config.ok());
   EXPECT_TRUE(std::filesystem::exists(out + "/job.json"));
 }
 
-} // namespace
+}  // namespace

@@ -16,48 +16,35 @@ namespace {
 
 Status Bad(std::string msg) { return Status::InvalidArgument(std::move(msg)); }
 
-} // namespace
+}  // namespace
 
-Result<ModelConfig> ResolveModel(const JobSpec &job) {
-  if (job.model == "tiny")
-    return TinyLlamaPreset();
-  return Status::InvalidArgument(
-      "--model '" + job.model +
-      "' is not available yet; only the built-in 'tiny' model is");
+Result<ModelConfig> ResolveModel(const JobSpec& job) {
+  if (job.model == "tiny") return TinyLlamaPreset();
+  return Status::InvalidArgument("--model '" + job.model +
+                                 "' is not available yet; only the built-in 'tiny' model is");
 }
 
-Status ValidateJobSpec(const JobSpec &job, const ModelConfig &model) {
+Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
   FERRY_RETURN_IF_ERROR(CheckTrainable(model));
   if (job.data != "builtin") {
-    return Bad("--data '" + job.data +
-               "' is not available yet; only 'builtin' is");
+    return Bad("--data '" + job.data + "' is not available yet; only 'builtin' is");
   }
-  if (job.steps <= 0)
-    return Bad("--steps must be at least 1");
-  if (job.batch_size <= 0)
-    return Bad("--batch-size must be at least 1");
-  if (job.micro_batches <= 0)
-    return Bad("--micro-batches must be at least 1");
+  if (job.steps <= 0) return Bad("--steps must be at least 1");
+  if (job.batch_size <= 0) return Bad("--batch-size must be at least 1");
+  if (job.micro_batches <= 0) return Bad("--micro-batches must be at least 1");
   if (job.batch_size % job.micro_batches != 0) {
     return Bad("--batch-size " + std::to_string(job.batch_size) +
-               " must be a multiple of --micro-batches " +
-               std::to_string(job.micro_batches));
+               " must be a multiple of --micro-batches " + std::to_string(job.micro_batches));
   }
-  if (job.seq_len <= 0)
-    return Bad("--seq-len must be at least 1");
+  if (job.seq_len <= 0) return Bad("--seq-len must be at least 1");
   if (job.seq_len > model.max_position_embeddings) {
-    return Bad("--seq-len " + std::to_string(job.seq_len) +
-               " exceeds the model's " +
-               std::to_string(model.max_position_embeddings) +
-               " positions; lower --seq-len");
+    return Bad("--seq-len " + std::to_string(job.seq_len) + " exceeds the model's " +
+               std::to_string(model.max_position_embeddings) + " positions; lower --seq-len");
   }
-  if (!(job.lr > 0) || !std::isfinite(job.lr))
-    return Bad("--lr must be a positive number");
-  if (job.warmup_steps < 0)
-    return Bad("--warmup-steps must be 0 or more");
-  // A warm-up longer than the run is allowed (the run warms up for all of it:
-  // `--steps 3` with the default 20 warm-up updates is a smoke test, not a
-  // mistake).
+  if (!(job.lr > 0) || !std::isfinite(job.lr)) return Bad("--lr must be a positive number");
+  if (job.warmup_steps < 0) return Bad("--warmup-steps must be 0 or more");
+  // A warm-up longer than the run is allowed (the run warms up for all of it: `--steps 3`
+  // with the default 20 warm-up updates is a smoke test, not a mistake).
   if (!(job.min_lr_ratio >= 0 && job.min_lr_ratio <= 1)) {
     return Bad("--min-lr-ratio must lie in [0, 1]");
   }
@@ -65,51 +52,45 @@ Status ValidateJobSpec(const JobSpec &job, const ModelConfig &model) {
     return Bad("--weight-decay must be 0 or a positive number");
   }
   if (job.weight_decay * job.lr >= 1) {
-    return Bad(
-        "--weight-decay x --lr = " + std::to_string(job.weight_decay * job.lr) +
-        " would flip the weights' sign; it must stay below 1");
+    return Bad("--weight-decay x --lr = " + std::to_string(job.weight_decay * job.lr) +
+               " would flip the weights' sign; it must stay below 1");
   }
-  if (!(job.beta1 >= 0 && job.beta1 < 1) ||
-      !(job.beta2 >= 0 && job.beta2 < 1)) {
+  if (!(job.beta1 >= 0 && job.beta1 < 1) || !(job.beta2 >= 0 && job.beta2 < 1)) {
     return Bad("--beta1 and --beta2 must lie in [0, 1)");
   }
-  if (!(job.adam_eps > 0))
-    return Bad("--adam-eps must be positive");
+  if (!(job.adam_eps > 0)) return Bad("--adam-eps must be positive");
   if (!(job.grad_clip >= 0) || !std::isfinite(job.grad_clip)) {
     return Bad("--grad-clip must be 0 (off) or a positive number");
   }
-  if (job.threads < 0)
-    return Bad("--threads must be 0 (all cores) or more");
-  if (job.out.empty())
-    return Bad("--out must name a folder");
+  if (job.threads < 0) return Bad("--threads must be 0 (all cores) or more");
+  if (job.out.empty()) return Bad("--out must name a folder");
   return ValidateLoraConfig(job.lora);
 }
 
-Status PrepareRunFolder(const std::string &dir) {
+Status PrepareRunFolder(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
-    return Status::IOError("cannot create run folder '" + dir +
-                           "': " + ec.message() + "; choose another --out");
+    return Status::IOError("cannot create run folder '" + dir + "': " + ec.message() +
+                           "; choose another --out");
   }
   if (!std::filesystem::is_directory(dir, ec)) {
-    return Status::InvalidArgument(
-        "--out '" + dir + "' exists and is not a folder; choose another --out");
+    return Status::InvalidArgument("--out '" + dir +
+                                   "' exists and is not a folder; choose another --out");
   }
   const std::string probe = dir + "/.ferry-write-test";
-  int fd =
-      ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     const int err = errno;
-    return Status::FromErrno(
-        err, "run folder '" + dir + "' is not writable (choose another --out)");
+    return Status::FromErrno(err,
+                             "run folder '" + dir + "' is not writable (choose another --out)");
   }
   ::close(fd);
   ::unlink(probe.c_str());
   return Status::Ok();
 }
 
-nlohmann::json JobSpecToJson(const JobSpec &job, const ModelConfig &model) {
+nlohmann::json JobSpecToJson(const JobSpec& job, const ModelConfig& model) {
   nlohmann::json j;
   j["model"] = job.model;
   j["data"] = job.data;
@@ -121,8 +102,7 @@ nlohmann::json JobSpecToJson(const JobSpec &job, const ModelConfig &model) {
   j["lr"] = job.lr;
   j["warmup_steps"] = job.warmup_steps;
   j["min_lr_ratio"] = job.min_lr_ratio;
-  j["schedule"] = "linear warm-up, then cosine to min_lr_ratio * lr "
-                  "(engine/train/lr_schedule.h)";
+  j["schedule"] = "linear warm-up, then cosine to min_lr_ratio * lr (engine/train/lr_schedule.h)";
   j["weight_decay"] = job.weight_decay;
   j["beta1"] = job.beta1;
   j["beta2"] = job.beta2;
@@ -138,14 +118,13 @@ nlohmann::json JobSpecToJson(const JobSpec &job, const ModelConfig &model) {
   return j;
 }
 
-Status WriteJobJson(const JobSpec &job, const ModelConfig &model) {
+Status WriteJobJson(const JobSpec& job, const ModelConfig& model) {
   const std::string path = job.out + "/job.json";
   std::ofstream f(path, std::ios::trunc);
   f << JobSpecToJson(job, model).dump(2) << "\n";
   f.close();
-  if (!f)
-    return Status::IOError("cannot write " + path + "; choose another --out");
+  if (!f) return Status::IOError("cannot write " + path + "; choose another --out");
   return Status::Ok();
 }
 
-} // namespace ferry
+}  // namespace ferry

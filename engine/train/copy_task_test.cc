@@ -53,8 +53,8 @@ MicroBatch CopyBatch(std::mt19937_64& rng) {
 TEST(CopyTaskTest, AttentionLearnsToCopy) {
   const ModelConfig model = CopyModel();
   ASSERT_TRUE(ValidateModelConfig(model).ok());
-  auto dev = CpuDevice::Create({.name = "cpu0", .memory_bytes = size_t(32) << 20,
-                                .compute_threads = 2});
+  auto dev =
+      CpuDevice::Create({.name = "cpu0", .memory_bytes = size_t(32) << 20, .compute_threads = 2});
   ASSERT_TRUE(dev.ok());
   ModelRunnerOptions ro;
   ro.shape = {kB, kT};

@@ -13,10 +13,9 @@ namespace ferry {
 namespace {
 
 class MasterWeightsTest : public ::testing::Test {
-protected:
+ protected:
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "/ferry_master_" +
-           std::to_string(::getpid()) + "_" +
+    dir_ = ::testing::TempDir() + "/ferry_master_" + std::to_string(::getpid()) + "_" +
            ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::filesystem::create_directories(dir_);
   }
@@ -30,13 +29,12 @@ TEST_F(MasterWeightsTest, InitIsSeededAndSkipsTiedAliases) {
   ModelConfig c = *golden;  // small: initialization is quick
   c.tie_word_embeddings = true;
   const std::vector<LayerSpec> layers = BuildLayerSpecs(c, {});
-  const HostTensors a = InitMasterWeights(layers, 5),
-                    b = InitMasterWeights(layers, 5);
+  const HostTensors a = InitMasterWeights(layers, 5), b = InitMasterWeights(layers, 5);
   const HostTensors other = InitMasterWeights(layers, 6);
   EXPECT_EQ(a.tensors, b.tensors);
   EXPECT_NE(a.tensors.at("model.embed_tokens.weight"),
             other.tensors.at("model.embed_tokens.weight"));
-  EXPECT_EQ(a.tensors.count("lm_head.weight"), 0u); // tied to the embedding
+  EXPECT_EQ(a.tensors.count("lm_head.weight"), 0u);  // tied to the embedding
   EXPECT_EQ(a.tensors.size(), StorageParams(layers).size());
 }
 
@@ -47,8 +45,7 @@ TEST_F(MasterWeightsTest, SaveLoadRoundTripsGpt2) {
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   const std::vector<LayerSpec> layers = BuildLayerSpecs(g->config, {});
   HostTensors w = InitMasterWeights(layers, 1);
-  ASSERT_TRUE(
-      LoadMasterWeights(g->weights, layers, ParamSelection::kAll, w).ok());
+  ASSERT_TRUE(LoadMasterWeights(g->weights, layers, ParamSelection::kAll, w).ok());
   const std::string path = dir_ + "/m.safetensors";
   ASSERT_TRUE(SaveMasterWeights(path, layers, ParamSelection::kAll, w).ok());
   Result<SafetensorsFile> f = SafetensorsFile::Open(path);
@@ -71,28 +68,18 @@ TEST_F(MasterWeightsTest, LoraRunFolderIsPeftShaped) {
   const LoraConfig lora{.rank = 4, .alpha = 8, .targets = kLoraQ | kLoraV};
   const std::vector<LayerSpec> layers = BuildLayerSpecs(c, lora);
   const HostTensors w = InitMasterWeights(layers, 3);
-  ASSERT_TRUE(
-      WriteFinalWeights(dir_, c, lora, layers, w, /*with_base=*/true).ok());
-  Result<SafetensorsFile> adapter =
-      SafetensorsFile::Open(dir_ + "/adapter_model.safetensors");
+  ASSERT_TRUE(WriteFinalWeights(dir_, c, lora, layers, w, /*with_base=*/true).ok());
+  Result<SafetensorsFile> adapter = SafetensorsFile::Open(dir_ + "/adapter_model.safetensors");
   ASSERT_TRUE(adapter.ok());
-  EXPECT_NE(
-      adapter->Find(
-          "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"),
-      nullptr);
-  EXPECT_EQ(
-      adapter->Find(
-          "base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight"),
-      nullptr);
+  EXPECT_NE(adapter->Find("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"),
+            nullptr);
+  EXPECT_EQ(adapter->Find("base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight"),
+            nullptr);
   EXPECT_EQ(adapter->Find("model.embed_tokens.weight"), nullptr);
-  Result<SafetensorsFile> base =
-      SafetensorsFile::Open(dir_ + "/model.safetensors");
+  Result<SafetensorsFile> base = SafetensorsFile::Open(dir_ + "/model.safetensors");
   ASSERT_TRUE(base.ok());
   EXPECT_NE(base->Find("model.embed_tokens.weight"), nullptr);
-  EXPECT_EQ(
-      base->Find(
-          "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"),
-      nullptr);
+  EXPECT_EQ(base->Find("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"), nullptr);
   std::ifstream in(dir_ + "/adapter_config.json");
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
   ASSERT_FALSE(j.is_discarded());
@@ -109,14 +96,13 @@ TEST_F(MasterWeightsTest, MissingTensorNamesIt) {
   Result<testing::GoldenModel> g = testing::GoldenModel::Load("llama");
   ASSERT_TRUE(g.ok());
   ModelConfig c = g->config;
-  c.num_layers += 1; // block 2 is not in the file
+  c.num_layers += 1;  // block 2 is not in the file
   const std::vector<LayerSpec> layers = BuildLayerSpecs(c, {});
   HostTensors w = InitMasterWeights(layers, 1);
   Status s = LoadMasterWeights(g->weights, layers, ParamSelection::kAll, w);
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
-  EXPECT_NE(s.message().find("model.layers.2."), std::string::npos)
-      << s.message();
+  EXPECT_NE(s.message().find("model.layers.2."), std::string::npos) << s.message();
 }
 
-} // namespace
-} // namespace ferry
+}  // namespace
+}  // namespace ferry

@@ -12,8 +12,7 @@ std::string FormatDuration(double seconds) {
     std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", (long long)(s / 3600),
                   (long long)(s / 60 % 60), (long long)(s % 60));
   } else {
-    std::snprintf(buf, sizeof buf, "%lld:%02lld", (long long)(s / 60),
-                  (long long)(s % 60));
+    std::snprintf(buf, sizeof buf, "%lld:%02lld", (long long)(s / 60), (long long)(s % 60));
   }
   return buf;
 }
@@ -23,17 +22,14 @@ std::string FormatProgress(const ProgressReport &r, bool with_bar) {
   if (with_bar) {
     constexpr int kWidth = 24;
     const int filled = r.total > 0 ? int(kWidth * r.step / r.total) : 0;
-    line = "[" + std::string(size_t(filled), '#') +
-           std::string(size_t(kWidth - filled), '.') + "] ";
+    line =
+        "[" + std::string(size_t(filled), '#') + std::string(size_t(kWidth - filled), '.') + "] ";
   }
-  const double eta =
-      r.step > 0 ? r.elapsed_s / double(r.step) * double(r.total - r.step) : 0;
+  const double eta = r.step > 0 ? r.elapsed_s / double(r.step) * double(r.total - r.step) : 0;
   char buf[160];
-  std::snprintf(buf, sizeof buf,
-                "step %lld/%lld | loss %.4f | %.0f tok/s | %s elapsed | ETA %s",
+  std::snprintf(buf, sizeof buf, "step %lld/%lld | loss %.4f | %.0f tok/s | %s elapsed | ETA %s",
                 (long long)r.step, (long long)r.total, r.loss, r.tokens_per_s,
-                FormatDuration(r.elapsed_s).c_str(),
-                FormatDuration(eta).c_str());
+                FormatDuration(r.elapsed_s).c_str(), FormatDuration(eta).c_str());
   return line + buf;
 }
 
@@ -44,8 +40,7 @@ void ProgressBar::Report(const ProgressReport &r) {
   if (terminal_) {
     const std::string line = FormatProgress(r, /*with_bar=*/true);
     // Pad over the remains of a longer previous line.
-    const size_t pad =
-        last_width_ > line.size() ? last_width_ - line.size() : 0;
+    const size_t pad = last_width_ > line.size() ? last_width_ - line.size() : 0;
     std::fprintf(out_, "\r%s%s", line.c_str(), std::string(pad, ' ').c_str());
     last_width_ = line.size();
   } else if (r.step == 1 || r.step % every_ == 0 || r.step == r.total) {
@@ -55,10 +50,9 @@ void ProgressBar::Report(const ProgressReport &r) {
 }
 
 void ProgressBar::Finish() {
-  if (terminal_ && last_width_ > 0)
-    std::fprintf(out_, "\n");
+  if (terminal_ && last_width_ > 0) std::fprintf(out_, "\n");
   last_width_ = 0;
   std::fflush(out_);
 }
 
-} // namespace ferry
+}  // namespace ferry

@@ -13,10 +13,10 @@
 namespace ferry {
 
 struct ProgressReport {
-  int64_t step = 0; // updates done so far (1-based: after the first update, 1)
+  int64_t step = 0;  // updates done so far (1-based: after the first update, 1)
   int64_t total = 0;
   double loss = 0;
-  double tokens_per_s = 0; // over the run so far
+  double tokens_per_s = 0;  // over the run so far
   double elapsed_s = 0;
 };
 
@@ -27,7 +27,7 @@ std::string FormatProgress(const ProgressReport &r, bool with_bar);
 std::string FormatDuration(double seconds);
 
 class ProgressBar {
-public:
+ public:
   // `out` is borrowed. `every`: steps between plain lines when not a terminal
   // (>= 1).
   ProgressBar(FILE *out, bool terminal, int64_t every);
@@ -35,11 +35,11 @@ public:
   // Ends the in-place line on a terminal.
   void Finish();
 
-private:
+ private:
   FILE *out_;
   bool terminal_;
   int64_t every_;
-  size_t last_width_ = 0; // characters of the line now on screen (terminal)
+  size_t last_width_ = 0;  // characters of the line now on screen (terminal)
 };
 
-} // namespace ferry
+}  // namespace ferry

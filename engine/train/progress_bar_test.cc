@@ -32,14 +32,9 @@ std::string Capture(bool terminal, int64_t every, int64_t total) {
 }
 
 TEST(ProgressBarTest, FormatsStepLossRateAndEta) {
-  const std::string line = FormatProgress({.step = 10,
-                                           .total = 40,
-                                           .loss = 2.5,
-                                           .tokens_per_s = 1234.4,
-                                           .elapsed_s = 20},
-                                          false);
-  EXPECT_EQ(line,
-            "step 10/40 | loss 2.5000 | 1234 tok/s | 0:20 elapsed | ETA 1:00");
+  const std::string line = FormatProgress(
+      {.step = 10, .total = 40, .loss = 2.5, .tokens_per_s = 1234.4, .elapsed_s = 20}, false);
+  EXPECT_EQ(line, "step 10/40 | loss 2.5000 | 1234 tok/s | 0:20 elapsed | ETA 1:00");
   EXPECT_EQ(FormatDuration(3725), "1:02:05");
 }
 
@@ -55,10 +50,8 @@ TEST(ProgressBarTest, OneRewrittenLineOnATerminal) {
   const std::string out = Capture(true, 4, 10);
   EXPECT_EQ(std::count(out.begin(), out.end(), '\r'), 10);
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1);
-  EXPECT_NE(out.find("[########################] step 10/10"),
-            std::string::npos)
-      << out;
+  EXPECT_NE(out.find("[########################] step 10/10"), std::string::npos) << out;
 }
 
-} // namespace
-} // namespace ferry
+}  // namespace
+}  // namespace ferry

@@ -30,7 +30,7 @@ Status RunTraining(const JobSpec &job, const ModelConfig &model);
 // Device memory for one ModelRunner of `model` at micro-batch `shape`: weights,
 // gradients, every layer's saved activations, the LM head's chunk and scratch,
 // with a margin.
-size_t EstimateDeviceBytes(const ModelConfig &model, const LoraConfig &lora,
-                           BatchShape shape, int64_t loss_chunk_tokens);
+size_t EstimateDeviceBytes(const ModelConfig &model, const LoraConfig &lora, BatchShape shape,
+                           int64_t loss_chunk_tokens);
 
-} // namespace ferry
+}  // namespace ferry

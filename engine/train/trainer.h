@@ -49,30 +49,29 @@ struct OptimizerOptions {
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  double weight_decay = 0.0; // applied only to parameters whose spec decays
-  double grad_clip = 0.0;    // global-norm threshold; 0: off
+  double weight_decay = 0.0;  // applied only to parameters whose spec decays
+  double grad_clip = 0.0;     // global-norm threshold; 0: off
 };
 
 struct StepStats {
-  int64_t step = 0;          // 0-based index of the update just made
-  double loss = 0;           // mean over the global batch's non-masked targets
-  double lr = 0;             // the rate this update used
-  double grad_norm = 0;      // global norm before clipping
-  double clip_coef = 1;      // min(1, clip / (norm + 1e-6)); 1 without clipping
-  int64_t tokens = 0;        // tokens processed (B * T over the micro-batches)
-  int64_t valid_targets = 0; // the loss normalizer
+  int64_t step = 0;           // 0-based index of the update just made
+  double loss = 0;            // mean over the global batch's non-masked targets
+  double lr = 0;              // the rate this update used
+  double grad_norm = 0;       // global norm before clipping
+  double clip_coef = 1;       // min(1, clip / (norm + 1e-6)); 1 without clipping
+  int64_t tokens = 0;         // tokens processed (B * T over the micro-batches)
+  int64_t valid_targets = 0;  // the loss normalizer
 };
 
 class Trainer {
-public:
+ public:
   // `weights` holds every storage-owning parameter of `layers`
   // (master_weights.h); they are uploaded to the runner here. `pool` (may be
   // null) runs the optimizer on the host. Errors: InvalidArgument for bad
   // optimizer options; the runner's upload errors.
-  static Result<std::unique_ptr<Trainer>>
-  Create(ModelRunner *runner, std::vector<LayerSpec> layers,
-         HostTensors weights, const OptimizerOptions &options,
-         ThreadPool *pool);
+  static Result<std::unique_ptr<Trainer>> Create(ModelRunner *runner, std::vector<LayerSpec> layers,
+                                                 HostTensors weights,
+                                                 const OptimizerOptions &options, ThreadPool *pool);
 
   // One optimizer update over the global batch `micro_batches` (all of one
   // shape). Errors: InvalidArgument when the batch has no non-masked target;
@@ -84,31 +83,26 @@ public:
   const std::vector<LayerSpec> &layers() const { return layers_; }
   // Bytes of AdamW state (m and v) held: 8 per trainable element.
   size_t optimizer_state_bytes() const;
-  bool has_optimizer_state(const std::string &name) const {
-    return state_.count(name) != 0;
-  }
+  bool has_optimizer_state(const std::string &name) const { return state_.count(name) != 0; }
 
-private:
+ private:
   struct State {
     const ParamSpec *spec = nullptr;
     std::vector<float> m, v;
   };
-  Trainer(ModelRunner *runner, std::vector<LayerSpec> layers,
-          HostTensors weights, const OptimizerOptions &options,
-          ThreadPool *pool);
+  Trainer(ModelRunner *runner, std::vector<LayerSpec> layers, HostTensors weights,
+          const OptimizerOptions &options, ThreadPool *pool);
 
-  ModelRunner *runner_; // not owned
+  ModelRunner *runner_;  // not owned
   std::vector<LayerSpec> layers_;
-  HostTensors weights_; // fp32 master weights, storage-owning parameters
-  HostTensors grads_;   // trainable storage-owning parameters only
-  std::map<std::string, State>
-      state_; // AdamW moments, trainable parameters only
-  std::vector<std::string>
-      order_; // trainable names in layer order (deterministic sums)
+  HostTensors weights_;                 // fp32 master weights, storage-owning parameters
+  HostTensors grads_;                   // trainable storage-owning parameters only
+  std::map<std::string, State> state_;  // AdamW moments, trainable parameters only
+  std::vector<std::string> order_;      // trainable names in layer order (deterministic sums)
   OptimizerOptions options_;
-  ThreadPool *pool_; // not owned; may be null
+  ThreadPool *pool_;  // not owned; may be null
   cpu::AdamWKernel kernel_;
   int64_t step_ = 0;
 };
 
-} // namespace ferry
+}  // namespace ferry

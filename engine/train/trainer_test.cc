@@ -23,36 +23,25 @@ constexpr int64_t kOut = 4, kIn = 3;
 // (f) is not trainable.
 std::vector<LayerSpec> FakeLayers() {
   LayerSpec l{LayerKind::kBlock, 0, "block.0", {}};
-  l.params.push_back(
-      {"lin.weight", {kOut, kIn}, DType::kF32, true, true, "", false, false});
-  l.params.push_back(
-      {"lin.bias", {kOut}, DType::kF32, true, false, "", false, false});
-  l.params.push_back(
-      {"frozen.weight", {kOut}, DType::kF32, false, false, "", false, false});
-  l.params.push_back(
-      {"alias.weight", {kOut, kIn}, DType::kF32, true, true, "lin.weight"});
+  l.params.push_back({"lin.weight", {kOut, kIn}, DType::kF32, true, true, "", false, false});
+  l.params.push_back({"lin.bias", {kOut}, DType::kF32, true, false, "", false, false});
+  l.params.push_back({"frozen.weight", {kOut}, DType::kF32, false, false, "", false, false});
+  l.params.push_back({"alias.weight", {kOut, kIn}, DType::kF32, true, true, "lin.weight"});
   return {l};
 }
 
-double Feature(int32_t token, int64_t j) {
-  return std::cos(0.7 * token * double(j + 1));
-}
-double Label(int32_t target, int64_t k) {
-  return std::sin(0.3 * target * double(k + 1));
-}
+double Feature(int32_t token, int64_t j) { return std::cos(0.7 * token * double(j + 1)); }
+double Label(int32_t target, int64_t k) { return std::sin(0.3 * target * double(k + 1)); }
 
 // Loss and gradients (+=) of one micro-batch in double.
 double FakeLossAndGrads(const std::map<std::string, std::vector<float>> &w,
-                        std::span<const int32_t> tokens,
-                        std::span<const int32_t> targets, double normalizer,
-                        std::vector<double> *gw, std::vector<double> *gb) {
+                        std::span<const int32_t> tokens, std::span<const int32_t> targets,
+                        double normalizer, std::vector<double> *gw, std::vector<double> *gb) {
   double loss = 0;
   for (size_t n = 0; n < tokens.size(); ++n) {
-    if (targets[n] == kIgnoreTarget)
-      continue;
+    if (targets[n] == kIgnoreTarget) continue;
     for (int64_t k = 0; k < kOut; ++k) {
-      double pred =
-          w.at("lin.bias")[size_t(k)] + w.at("frozen.weight")[size_t(k)];
+      double pred = w.at("lin.bias")[size_t(k)] + w.at("frozen.weight")[size_t(k)];
       for (int64_t j = 0; j < kIn; ++j) {
         pred += w.at("lin.weight")[size_t(k * kIn + j)] * Feature(tokens[n], j);
       }
@@ -68,25 +57,21 @@ double FakeLossAndGrads(const std::map<std::string, std::vector<float>> &w,
 }
 
 class FakeRunner final : public ModelRunner {
-public:
+ public:
   Status UploadWeights(const HostTensors &weights) override {
     uploaded_ = weights;
     ++uploads_;
     return Status::Ok();
   }
-  Result<double> AccumulateGradients(const MicroBatchInput &mb,
-                                     HostTensors &grads) override {
-    if (grads.tensors.count("frozen.weight") != 0 ||
-        grads.tensors.count("alias.weight") != 0) {
+  Result<double> AccumulateGradients(const MicroBatchInput &mb, HostTensors &grads) override {
+    if (grads.tensors.count("frozen.weight") != 0 || grads.tensors.count("alias.weight") != 0) {
       return Status::Internal("gradient buffer for a frozen or tied parameter");
     }
     std::vector<double> gw(kOut * kIn), gb(kOut);
-    const double loss = FakeLossAndGrads(uploaded_.tensors, mb.tokens,
-                                         mb.targets, mb.normalizer, &gw, &gb);
-    for (size_t i = 0; i < gw.size(); ++i)
-      grads.at("lin.weight")[i] += float(gw[i]);
-    for (size_t i = 0; i < gb.size(); ++i)
-      grads.at("lin.bias")[i] += float(gb[i]);
+    const double loss =
+        FakeLossAndGrads(uploaded_.tensors, mb.tokens, mb.targets, mb.normalizer, &gw, &gb);
+    for (size_t i = 0; i < gw.size(); ++i) grads.at("lin.weight")[i] += float(gw[i]);
+    for (size_t i = 0; i < gb.size(); ++i) grads.at("lin.bias")[i] += float(gb[i]);
     return loss;
   }
   Result<std::vector<float>> Logits(std::span<const int32_t>) override {
@@ -105,8 +90,7 @@ MicroBatch Rows(int64_t first_row, int64_t rows, int64_t step) {
     for (int64_t t = 0; t < kT; ++t) {
       mb.tokens.push_back(int32_t((r * 7 + t * 3 + step * 11) % 23));
       const bool masked = (r + t + step) % 4 == 0;
-      mb.targets.push_back(masked ? kIgnoreTarget
-                                  : int32_t((r * 5 + t + step) % 19));
+      mb.targets.push_back(masked ? kIgnoreTarget : int32_t((r * 5 + t + step) % 19));
       mb.valid_targets += masked ? 0 : 1;
     }
   }
@@ -114,10 +98,7 @@ MicroBatch Rows(int64_t first_row, int64_t rows, int64_t step) {
 }
 
 OptimizerOptions Options(double clip) {
-  return {.schedule = {.lr = 0.05,
-                       .warmup_steps = 2,
-                       .total_steps = 6,
-                       .min_ratio = 0.1},
+  return {.schedule = {.lr = 0.05, .warmup_steps = 2, .total_steps = 6, .min_ratio = 0.1},
           .beta1 = 0.9,
           .beta2 = 0.95,
           .eps = 1e-8,
@@ -125,10 +106,9 @@ OptimizerOptions Options(double clip) {
           .grad_clip = clip};
 }
 
-std::unique_ptr<Trainer> MakeTrainer(FakeRunner *runner,
-                                     const OptimizerOptions &o) {
-  Result<std::unique_ptr<Trainer>> t = Trainer::Create(
-      runner, FakeLayers(), InitMasterWeights(FakeLayers(), 7), o, nullptr);
+std::unique_ptr<Trainer> MakeTrainer(FakeRunner *runner, const OptimizerOptions &o) {
+  Result<std::unique_ptr<Trainer>> t =
+      Trainer::Create(runner, FakeLayers(), InitMasterWeights(FakeLayers(), 7), o, nullptr);
   EXPECT_TRUE(t.ok()) << t.status().ToString();
   return t.ok() ? std::move(*t) : nullptr;
 }
@@ -147,12 +127,10 @@ TEST(TrainerTest, AccumulationEqualsOneBigBatch) {
     // Before the first update the losses are the same double terms regrouped
     // (~1e-15 relative); afterwards the weights differ by a few fp32 ulps
     // (below), and so do the losses.
-    EXPECT_NEAR(a->loss, b->loss,
-                (k == 0 ? 1e-12 : 16 * DTypeEpsilon(DType::kF32)) * a->loss);
+    EXPECT_NEAR(a->loss, b->loss, (k == 0 ? 1e-12 : 16 * DTypeEpsilon(DType::kF32)) * a->loss);
     // The fp32 gradient buffers sum the same terms in a different grouping (one
     // extra fp32 rounding per element), so the norms agree to a few fp32 ulps.
-    EXPECT_NEAR(a->grad_norm, b->grad_norm,
-                4 * DTypeEpsilon(DType::kF32) * a->grad_norm);
+    EXPECT_NEAR(a->grad_norm, b->grad_norm, 4 * DTypeEpsilon(DType::kF32) * a->grad_norm);
   }
   for (const auto &[name, w] : one->weights().tensors) {
     const std::vector<float> &v = two->weights().tensors.at(name);
@@ -160,8 +138,7 @@ TEST(TrainerTest, AccumulationEqualsOneBigBatch) {
       // An ulp of gradient difference moves Adam's m/sqrt(v) by ~2^-23
       // relative, i.e. the update by ~lr * 2^-23; 4 updates with margin: 16
       // ulps of (|w| + lr).
-      EXPECT_NEAR(w[i], v[i],
-                  16 * DTypeEpsilon(DType::kF32) * (std::abs(w[i]) + 0.05))
+      EXPECT_NEAR(w[i], v[i], 16 * DTypeEpsilon(DType::kF32) * (std::abs(w[i]) + 0.05))
           << name << "[" << i << "]";
     }
   }
@@ -172,12 +149,10 @@ TEST(TrainerTest, AccumulationEqualsOneBigBatch) {
 // parameter.
 TEST(TrainerTest, MatchesReferenceAdamWWithClippingAndSchedule) {
   FakeRunner runner;
-  const OptimizerOptions o =
-      Options(0.05); // small enough that every update is clipped
+  const OptimizerOptions o = Options(0.05);  // small enough that every update is clipped
   std::unique_ptr<Trainer> t = MakeTrainer(&runner, o);
   ASSERT_TRUE(t);
-  std::map<std::string, std::vector<float>> ref =
-      InitMasterWeights(FakeLayers(), 7).tensors;
+  std::map<std::string, std::vector<float>> ref = InitMasterWeights(FakeLayers(), 7).tensors;
   std::map<std::string, std::vector<double>> m, v;
   for (const char *n : {"lin.weight", "lin.bias"}) {
     m[n].assign(ref[n].size(), 0.0);
@@ -186,18 +161,15 @@ TEST(TrainerTest, MatchesReferenceAdamWWithClippingAndSchedule) {
   for (int64_t k = 0; k < o.schedule.total_steps; ++k) {
     const std::vector<MicroBatch> batch = {Rows(0, 2, k), Rows(2, 2, k)};
     const double n = double(batch[0].valid_targets + batch[1].valid_targets);
-    std::map<std::string, std::vector<double>> g = {
-        {"lin.weight", std::vector<double>(12)},
-        {"lin.bias", std::vector<double>(4)}};
+    std::map<std::string, std::vector<double>> g = {{"lin.weight", std::vector<double>(12)},
+                                                    {"lin.bias", std::vector<double>(4)}};
     double loss = 0;
     for (const MicroBatch &mb : batch) {
-      loss += FakeLossAndGrads(ref, mb.tokens, mb.targets, n, &g["lin.weight"],
-                               &g["lin.bias"]);
+      loss += FakeLossAndGrads(ref, mb.tokens, mb.targets, n, &g["lin.weight"], &g["lin.bias"]);
     }
     double sq = 0;
     for (auto &[name, gv] : g) {
-      for (double x : gv)
-        sq += x * x;
+      for (double x : gv) sq += x * x;
     }
     const double norm = std::sqrt(sq);
     const double coef = std::min(1.0, o.grad_clip / (norm + 1e-6));
@@ -212,8 +184,7 @@ TEST(TrainerTest, MatchesReferenceAdamWWithClippingAndSchedule) {
     EXPECT_NEAR(s->clip_coef, coef, 8 * DTypeEpsilon(DType::kF32) * coef);
     EXPECT_NEAR(s->loss, loss, 8 * DTypeEpsilon(DType::kF32) * loss);
     for (auto &[name, p] : ref) {
-      if (name == "frozen.weight")
-        continue;
+      if (name == "frozen.weight") continue;
       const double wd = name == "lin.weight" ? o.weight_decay : 0.0;
       for (size_t i = 0; i < p.size(); ++i) {
         const double gi = g[name][i] * coef;
@@ -221,8 +192,7 @@ TEST(TrainerTest, MatchesReferenceAdamWWithClippingAndSchedule) {
         v[name][i] = o.beta2 * v[name][i] + (1 - o.beta2) * gi * gi;
         const double mh = m[name][i] / (1 - std::pow(o.beta1, double(k + 1)));
         const double vh = v[name][i] / (1 - std::pow(o.beta2, double(k + 1)));
-        p[i] = float(double(p[i]) * (1 - lr * wd) -
-                     lr * mh / (std::sqrt(vh) + o.eps));
+        p[i] = float(double(p[i]) * (1 - lr * wd) - lr * mh / (std::sqrt(vh) + o.eps));
       }
     }
     for (auto &[name, p] : ref) {
@@ -252,10 +222,9 @@ TEST(TrainerTest, ZeroGradientDecaysMatricesOnlyAndFrozenStaysPut) {
   const HostTensors before = t->weights();
   // A runner whose gradients are all zero isolates the weight decay.
   class ZeroRunner final : public ModelRunner {
-  public:
+   public:
     Status UploadWeights(const HostTensors &) override { return Status::Ok(); }
-    Result<double> AccumulateGradients(const MicroBatchInput &,
-                                       HostTensors &) override {
+    Result<double> AccumulateGradients(const MicroBatchInput &, HostTensors &) override {
       return 0.0;
     }
     Result<std::vector<float>> Logits(std::span<const int32_t>) override {
@@ -263,8 +232,7 @@ TEST(TrainerTest, ZeroGradientDecaysMatricesOnlyAndFrozenStaysPut) {
     }
     RunnerStats stats() const override { return {}; }
   } zero;
-  Result<std::unique_ptr<Trainer>> z =
-      Trainer::Create(&zero, FakeLayers(), before, o, nullptr);
+  Result<std::unique_ptr<Trainer>> z = Trainer::Create(&zero, FakeLayers(), before, o, nullptr);
   ASSERT_TRUE(z.ok());
   ASSERT_TRUE((*z)->Step(std::vector<MicroBatch>{Rows(0, 2, 0)}).ok());
   // g = 0: Adam's step is 0 / (0 + eps) = 0, leaving the decoupled decay p *=
@@ -278,19 +246,16 @@ TEST(TrainerTest, ZeroGradientDecaysMatricesOnlyAndFrozenStaysPut) {
                 DTypeEpsilon(DType::kF32) * std::abs(w));
   }
   EXPECT_EQ(after.tensors.at("lin.bias"), before.tensors.at("lin.bias"));
-  EXPECT_EQ(after.tensors.at("frozen.weight"),
-            before.tensors.at("frozen.weight"));
+  EXPECT_EQ(after.tensors.at("frozen.weight"), before.tensors.at("frozen.weight"));
   // A real update moves the trainable bias but never the frozen parameter,
   // which has no state.
   ASSERT_TRUE(t->Step(std::vector<MicroBatch>{Rows(0, 2, 0)}).ok());
   EXPECT_NE(t->weights().tensors.at("lin.bias"), before.tensors.at("lin.bias"));
-  EXPECT_EQ(t->weights().tensors.at("frozen.weight"),
-            before.tensors.at("frozen.weight"));
+  EXPECT_EQ(t->weights().tensors.at("frozen.weight"), before.tensors.at("frozen.weight"));
   EXPECT_FALSE(t->has_optimizer_state("frozen.weight"));
   EXPECT_FALSE(t->has_optimizer_state("alias.weight"));
   EXPECT_TRUE(t->has_optimizer_state("lin.bias"));
-  EXPECT_EQ(t->optimizer_state_bytes(),
-            size_t(2 * (kOut * kIn + kOut) * sizeof(float)));
+  EXPECT_EQ(t->optimizer_state_bytes(), size_t(2 * (kOut * kIn + kOut) * sizeof(float)));
 }
 
 TEST(TrainerTest, AllMaskedBatchAndBadOptionsAreErrors) {
@@ -300,18 +265,17 @@ TEST(TrainerTest, AllMaskedBatchAndBadOptionsAreErrors) {
   MicroBatch mb = Rows(0, 1, 0);
   std::fill(mb.targets.begin(), mb.targets.end(), kIgnoreTarget);
   mb.valid_targets = 0;
-  EXPECT_EQ(t->Step(std::vector<MicroBatch>{mb}).status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(t->Step(std::vector<MicroBatch>{mb}).status().code(), StatusCode::kInvalidArgument);
   OptimizerOptions bad = Options(1.0);
   bad.beta1 = 1.5;
-  EXPECT_FALSE(Trainer::Create(&runner, FakeLayers(),
-                               InitMasterWeights(FakeLayers(), 7), bad, nullptr)
-                   .ok());
+  EXPECT_FALSE(
+      Trainer::Create(&runner, FakeLayers(), InitMasterWeights(FakeLayers(), 7), bad, nullptr)
+          .ok());
   bad = Options(-1.0);
-  EXPECT_FALSE(Trainer::Create(&runner, FakeLayers(),
-                               InitMasterWeights(FakeLayers(), 7), bad, nullptr)
-                   .ok());
+  EXPECT_FALSE(
+      Trainer::Create(&runner, FakeLayers(), InitMasterWeights(FakeLayers(), 7), bad, nullptr)
+          .ok());
 }
 
-} // namespace
-} // namespace ferry
+}  // namespace
+}  // namespace ferry
