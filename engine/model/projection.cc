@@ -7,16 +7,15 @@ namespace ferry {
 
 Status MatMul(Device& d, Tensor a, Tensor b, Tensor c, bool trans_a, bool trans_b, float alpha,
               float beta, Tensor bias) {
-  GemmArgs g;
-  g.a = a;
-  g.b = b;
-  g.c = c;
-  g.bias = bias;
-  g.trans_a = trans_a;
-  g.trans_b = trans_b;
-  g.alpha = alpha;
-  g.beta = beta;
-  return Gemm(d, g);
+  return Gemm(d, {.a = a,
+                  .b = b,
+                  .c = c,
+                  .bias = bias,
+                  .scratch = {},  // f32 operands need none
+                  .trans_a = trans_a,
+                  .trans_b = trans_b,
+                  .alpha = alpha,
+                  .beta = beta});
 }
 
 ProjectionPart PartOf(const DeviceParams& params, const std::string& module, Tensor y, Tensor dy) {
