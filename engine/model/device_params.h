@@ -41,54 +41,50 @@
 namespace ferry {
 
 struct DeviceParam {
-  Tensor w;            // master-layout shape
-  Tensor grad;         // same shape; null data when frozen
-  size_t w_offset = 0; // byte offsets in the weights / grads allocation
+  Tensor w;             // master-layout shape
+  Tensor grad;          // same shape; null data when frozen
+  size_t w_offset = 0;  // byte offsets in the weights / grads allocation
   size_t g_offset = 0;
-  std::string
-      host_name; // HostTensors key (the owner's name for a tied parameter)
+  std::string host_name;  // HostTensors key (the owner's name for a tied parameter)
 };
 
 // The LoRA adapters of one projection group, packed.
 struct LoraPack {
   struct Adapter {
-    std::string a_name, b_name; // PEFT names: A (r, in), B (out_m, r)
-    int64_t row = 0;  // first output row of this adapter in the group's output
-    int64_t rows = 0; // out_m
-    int64_t col = 0;  // first of its r columns in u
+    std::string a_name, b_name;  // PEFT names: A (r, in), B (out_m, r)
+    int64_t row = 0;             // first output row of this adapter in the group's output
+    int64_t rows = 0;            // out_m
+    int64_t col = 0;             // first of its r columns in u
   };
   std::vector<Adapter> adapters;
   int64_t in = 0, out = 0,
-          rank = 0; // per-adapter rank r; R = rank * adapters.size()
+          rank = 0;  // per-adapter rank r; R = rank * adapters.size()
   float scaling = 1;
-  Tensor a, b;   // (R, in), (out, R)
-  Tensor da, db; // gradients, same shapes (accumulated +=)
+  Tensor a, b;    // (R, in), (out, R)
+  Tensor da, db;  // gradients, same shapes (accumulated +=)
   size_t a_offset = 0, b_offset = 0, da_offset = 0, db_offset = 0;
   int64_t total_rank() const { return rank * int64_t(adapters.size()); }
 };
 
 class DeviceParams {
-public:
+ public:
   DeviceParams() = default;
-  DeviceParams(DeviceParams &&) = default;
-  DeviceParams &operator=(DeviceParams &&) = default;
+  DeviceParams(DeviceParams&&) = default;
+  DeviceParams& operator=(DeviceParams&&) = default;
 
   // Plans and allocates weights and gradients of the block and head layers.
   // REQUIRES: compute dtype f32 (checked by the runner).
-  static Result<DeviceParams> Create(Device &d, const ModelConfig &c,
-                                     const LoraConfig &lora,
-                                     const std::vector<LayerSpec> &layers);
+  static Result<DeviceParams> Create(Device& d, const ModelConfig& c, const LoraConfig& lora,
+                                     const std::vector<LayerSpec>& layers);
 
   // The parameter of that Hugging Face name (or a fused
   // "…mlp.gate_up_proj.weight|bias"). REQUIRES: it exists.
-  const DeviceParam &at(const std::string &name) const {
-    return params_.at(name);
-  }
-  bool has(const std::string &name) const { return params_.count(name) != 0; }
+  const DeviceParam& at(const std::string& name) const { return params_.at(name); }
+  bool has(const std::string& name) const { return params_.count(name) != 0; }
   // The LoRA group for a projection module (e.g.
   // "model.layers.0.self_attn.q_proj" or "model.layers.0.mlp.gate_up_proj");
   // null when it has no adapter.
-  const LoraPack *lora(const std::string &module) const {
+  const LoraPack* lora(const std::string& module) const {
     auto it = lora_.find(module);
     return it == lora_.end() ? nullptr : &it->second;
   }
@@ -96,18 +92,18 @@ public:
   // Copies every device parameter from `weights` (blocks until the copy
   // completes). Errors: NotFound naming a missing tensor, InvalidArgument
   // naming one of the wrong size.
-  Status Upload(Device &d, const HostTensors &weights);
+  Status Upload(Device& d, const HostTensors& weights);
   // Zeroes the gradients on the compute stream.
-  Status ZeroGrads(Device &d);
+  Status ZeroGrads(Device& d);
   // Waits for the compute stream, downloads the gradients and adds them (+=)
   // into `grads`.
-  Status DownloadAndAddGrads(Device &d, HostTensors &grads);
+  Status DownloadAndAddGrads(Device& d, HostTensors& grads);
 
-private:
+ private:
   std::map<std::string, DeviceParam> params_;
   std::map<std::string, LoraPack> lora_;
   DeviceBuffer weights_, grads_;
   HostAllocation weights_mirror_, grads_mirror_;
 };
 
-} // namespace ferry
+}  // namespace ferry

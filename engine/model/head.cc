@@ -12,23 +12,21 @@
 namespace ferry {
 namespace {
 
-const char *NormName(const ModelConfig &c, bool bias) {
+const char* NormName(const ModelConfig& c, bool bias) {
   if (c.family == ModelFamily::kGpt2)
     return bias ? "transformer.ln_f.bias" : "transformer.ln_f.weight";
   return "model.norm.weight";
 }
 
-} // namespace
+}  // namespace
 
-Result<std::unique_ptr<Head>> Head::Create(Device &d, const ModelConfig &c,
-                                           const DeviceParams &params,
-                                           BatchShape shape,
+Result<std::unique_ptr<Head>> Head::Create(Device& d, const ModelConfig& c,
+                                           const DeviceParams& params, BatchShape shape,
                                            int64_t loss_chunk_tokens) {
   std::unique_ptr<Head> h(new Head(d, c, params));
   const int64_t N = shape.tokens(), C = c.hidden_size, V = c.vocab_size;
   h->chunk_ = std::min(loss_chunk_tokens, N);
-  FERRY_ASSIGN_OR_RETURN(h->saved_buffer_,
-                         AllocateCarved(d, "head.saved", [&](TensorCarver &cv) {
+  FERRY_ASSIGN_OR_RETURN(h->saved_buffer_, AllocateCarved(d, "head.saved", [&](TensorCarver& cv) {
                            h->xn_ = cv.Take(DType::kF32, {N, C});
                            h->mean_ = cv.Take(DType::kF32, {N});
                            h->rstd_ = cv.Take(DType::kF32, {N});
@@ -36,34 +34,30 @@ Result<std::unique_ptr<Head>> Head::Create(Device &d, const ModelConfig &c,
                            h->targets_ = cv.Take(DType::kI32, {N});
                          }));
   const bool frozen = params.at("lm_head.weight").grad.data.is_null();
-  const size_t scratch = LmHeadLossScratchBytes(d, h->chunk_, V, C, DType::kF32,
-                                                DType::kF32, /*backward=*/true);
+  const size_t scratch =
+      LmHeadLossScratchBytes(d, h->chunk_, V, C, DType::kF32, DType::kF32, /*backward=*/true);
   FERRY_ASSIGN_OR_RETURN(
-      h->workspace_buffer_,
-      AllocateCarved(d, "head.workspace", [&](TensorCarver &cv) {
+      h->workspace_buffer_, AllocateCarved(d, "head.workspace", [&](TensorCarver& cv) {
         h->dxn_ = cv.Take(DType::kF32, {N, C});
-        h->scratch_ = cv.Take(DType::kF32,
-                              {int64_t(std::max<size_t>(scratch, 4) + 3) / 4});
+        h->scratch_ = cv.Take(DType::kF32, {int64_t(std::max<size_t>(scratch, 4) + 3) / 4});
         h->sink_ = cv.Take(DType::kF32, {(frozen ? V * C : 0) + 2 * C});
       }));
   return h;
 }
 
-Tensor Head::W(const char *name) const { return params_.at(name).w; }
+Tensor Head::W(const char* name) const { return params_.at(name).w; }
 
-Tensor Head::G(const char *name, int64_t sink_offset) const {
-  const DeviceParam &p = params_.at(name);
-  if (!p.grad.data.is_null())
-    return p.grad;
+Tensor Head::G(const char* name, int64_t sink_offset) const {
+  const DeviceParam& p = params_.at(name);
+  if (!p.grad.data.is_null()) return p.grad;
   return SinkView(sink_, p.w.numel(), sink_offset).Reshape(p.w.shape);
 }
 
 Status Head::NormForward(Tensor x) {
   const float eps = float(c_.norm_eps);
   if (c_.norm == NormKind::kLayerNorm) {
-    return LayerNormForward(d_,
-                            {x, W(NormName(c_, false)), W(NormName(c_, true)),
-                             xn_, mean_, rstd_, eps});
+    return LayerNormForward(
+        d_, {x, W(NormName(c_, false)), W(NormName(c_, true)), xn_, mean_, rstd_, eps});
   }
   return RmsNormForward(d_, {x, W(NormName(c_, false)), xn_, rstd_, eps});
 }
@@ -82,12 +76,10 @@ Status Head::ForwardBackward(Tensor x, double normalizer, Tensor dx) {
   a.scratch = scratch_;
   FERRY_RETURN_IF_ERROR(LmHeadLossForwardBackward(d_, a));
   if (c_.norm == NormKind::kLayerNorm) {
-    return LayerNormBackward(d_, {dxn_, x, W(NormName(c_, false)), mean_, rstd_,
-                                  dx, G(NormName(c_, false)),
-                                  G(NormName(c_, true), c_.hidden_size)});
+    return LayerNormBackward(d_, {dxn_, x, W(NormName(c_, false)), mean_, rstd_, dx,
+                                  G(NormName(c_, false)), G(NormName(c_, true), c_.hidden_size)});
   }
-  return RmsNormBackward(
-      d_, {dxn_, x, W(NormName(c_, false)), rstd_, dx, G(NormName(c_, false))});
+  return RmsNormBackward(d_, {dxn_, x, W(NormName(c_, false)), rstd_, dx, G(NormName(c_, false))});
 }
 
 Status Head::Logits(Tensor x, Tensor logits) {
@@ -95,4 +87,4 @@ Status Head::Logits(Tensor x, Tensor logits) {
   return MatMul(d_, xn_, W("lm_head.weight"), logits, false, true);
 }
 
-} // namespace ferry
+}  // namespace ferry

@@ -25,10 +25,9 @@
 namespace ferry {
 
 class Head {
-public:
-  static Result<std::unique_ptr<Head>> Create(Device &d, const ModelConfig &c,
-                                              const DeviceParams &params,
-                                              BatchShape shape,
+ public:
+  static Result<std::unique_ptr<Head>> Create(Device& d, const ModelConfig& c,
+                                              const DeviceParams& params, BatchShape shape,
                                               int64_t loss_chunk_tokens);
 
   // i32 (N): the targets, kIgnoreIndex where masked; the caller uploads them
@@ -44,24 +43,24 @@ public:
   // logits (N, V) = norm(x) W^T, written (=).
   Status Logits(Tensor x, Tensor logits);
 
-private:
-  Head(Device &d, const ModelConfig &c, const DeviceParams &params)
+ private:
+  Head(Device& d, const ModelConfig& c, const DeviceParams& params)
       : d_(d), c_(c), params_(params) {}
   Status NormForward(Tensor x);
-  Tensor W(const char *name) const;
+  Tensor W(const char* name) const;
   // The gradient, or a view of the sink from element sink_offset when frozen
   // (the sink holds the norm weight's at 0, the norm bias's at C, the head
   // weight's at 2C).
-  Tensor G(const char *name, int64_t sink_offset = 0) const;
+  Tensor G(const char* name, int64_t sink_offset = 0) const;
 
-  Device &d_;
-  const ModelConfig &c_;
-  const DeviceParams &params_;
+  Device& d_;
+  const ModelConfig& c_;
+  const DeviceParams& params_;
   int64_t chunk_ = 256;
   Tensor xn_, mean_, rstd_, token_loss_,
-      targets_;                 // (N, C), (N), (N), (N), i32 (N)
-  Tensor dxn_, scratch_, sink_; // (N, C), bytes, (2C [+ V*C when frozen])
+      targets_;                  // (N, C), (N), (N), (N), i32 (N)
+  Tensor dxn_, scratch_, sink_;  // (N, C), bytes, (2C [+ V*C when frozen])
   DeviceBuffer saved_buffer_, workspace_buffer_;
 };
 
-} // namespace ferry
+}  // namespace ferry

@@ -24,35 +24,33 @@
 namespace ferry {
 
 struct ProjectionPart {
-  Tensor w;  // (out_k, in)
-  Tensor dw; // (out_k, in), null data when frozen
-  Tensor b;  // (out_k) or null
-  Tensor db; // (out_k) or null (no bias, or frozen)
-  Tensor y;  // (N, out_k): forward output (=)
-  Tensor dy; // (N, out_k): backward input
+  Tensor w;   // (out_k, in)
+  Tensor dw;  // (out_k, in), null data when frozen
+  Tensor b;   // (out_k) or null
+  Tensor db;  // (out_k) or null (no bias, or frozen)
+  Tensor y;   // (N, out_k): forward output (=)
+  Tensor dy;  // (N, out_k): backward input
 };
 
 struct Projection {
   std::vector<ProjectionPart> parts;
-  const LoraPack *lora =
-      nullptr; // rows of lora->b cover the parts' rows in order
+  const LoraPack* lora = nullptr;  // rows of lora->b cover the parts' rows in order
 };
 
 // One part over the parameter `module` ("…q_proj") of `params`: weight,
 // gradient, bias.
-ProjectionPart PartOf(const DeviceParams &params, const std::string &module,
-                      Tensor y, Tensor dy);
+ProjectionPart PartOf(const DeviceParams& params, const std::string& module, Tensor y, Tensor dy);
 
 // y_k = x W_k^T + b_k (+ s u B_k^T with u = x A^T, written to `u` (N, R)).
-Status ProjectionForward(Device &d, const Projection &p, Tensor x, Tensor u);
+Status ProjectionForward(Device& d, const Projection& p, Tensor x, Tensor u);
 
 // dx (= or +=) sum_k dy_k W_k (+ du A); dW_k += dy_k^T x; db_k += colsum(dy_k);
 // dB_k += s dy_k^T u; du = s sum_k dy_k B_k (workspace (N, R)); dA += du^T x.
-Status ProjectionBackward(Device &d, const Projection &p, Tensor x, Tensor u,
-                          Tensor du, Tensor dx, bool accumulate_dx);
+Status ProjectionBackward(Device& d, const Projection& p, Tensor x, Tensor u, Tensor du, Tensor dx,
+                          bool accumulate_dx);
 
 // c = alpha * op(a) op(b) + beta * c (+ bias): GEMM in f32 with no scratch.
-Status MatMul(Device &d, Tensor a, Tensor b, Tensor c, bool trans_a,
-              bool trans_b, float alpha = 1, float beta = 0, Tensor bias = {});
+Status MatMul(Device& d, Tensor a, Tensor b, Tensor c, bool trans_a, bool trans_b, float alpha = 1,
+              float beta = 0, Tensor bias = {});
 
-} // namespace ferry
+}  // namespace ferry

@@ -18,30 +18,28 @@
 namespace ferry {
 
 class TensorCarver {
-public:
+ public:
   static constexpr size_t kAlignment = 256;
 
-  TensorCarver() = default; // counting only
-  explicit TensorCarver(const DeviceBuffer *buffer) : buffer_(buffer) {}
+  TensorCarver() = default;  // counting only
+  explicit TensorCarver(const DeviceBuffer* buffer) : buffer_(buffer) {}
 
   // The next tensor of this dtype and shape. `offset` (optional) receives its
   // byte offset.
-  Tensor Take(DType dtype, Shape shape, size_t *offset = nullptr) {
+  Tensor Take(DType dtype, Shape shape, size_t* offset = nullptr) {
     Tensor t;
     t.dtype = dtype;
     t.shape = shape;
-    if (buffer_ != nullptr)
-      t = buffer_->View(dtype, shape, offset_);
-    if (offset != nullptr)
-      *offset = offset_;
+    if (buffer_ != nullptr) t = buffer_->View(dtype, shape, offset_);
+    if (offset != nullptr) *offset = offset_;
     const size_t bytes = size_t(shape.numel()) * DTypeSize(dtype);
     offset_ += (bytes + kAlignment - 1) / kAlignment * kAlignment;
     return t;
   }
   size_t bytes() const { return offset_; }
 
-private:
-  const DeviceBuffer *buffer_ = nullptr;
+ private:
+  const DeviceBuffer* buffer_ = nullptr;
   size_t offset_ = 0;
 };
 
@@ -49,16 +47,14 @@ private:
 // (at least one byte), and runs it again over the buffer so the tensors it
 // assigns point into it.
 template <typename Layout>
-Result<DeviceBuffer> AllocateCarved(Device &d, std::string_view requester,
-                                    Layout &&layout) {
+Result<DeviceBuffer> AllocateCarved(Device& d, std::string_view requester, Layout&& layout) {
   TensorCarver count;
   layout(count);
-  FERRY_ASSIGN_OR_RETURN(
-      DeviceBuffer buffer,
-      d.Allocate(count.bytes() == 0 ? 1 : count.bytes(), requester));
+  FERRY_ASSIGN_OR_RETURN(DeviceBuffer buffer,
+                         d.Allocate(count.bytes() == 0 ? 1 : count.bytes(), requester));
   TensorCarver carve(&buffer);
   layout(carve);
   return buffer;
 }
 
-} // namespace ferry
+}  // namespace ferry
