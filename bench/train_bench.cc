@@ -1,13 +1,11 @@
-// Training throughput of the whole stack (Trainer + ModelRunner on a
-// CpuDevice): tokens/s, model FLOP/s (summed from the layers' own
-// ComputeLayerCost reports: forward + backward, no recomputation) and peak RSS,
-// next to the machine's fp32 GEMM rate measured in the same run (a large square
-// product through the GEMM op on a CpuDevice with the same threads), so the
-// figure reads as a fraction of this machine's ceiling.
+// Training throughput of the whole stack (Trainer + ModelRunner on a CpuDevice): tokens/s, model
+// FLOP/s (summed from the layers' own ComputeLayerCost reports: forward + backward, no
+// recomputation) and peak RSS, next to the machine's fp32 GEMM rate measured in the same run (a
+// large square product through the GEMM op on a CpuDevice with the same threads), so the figure
+// reads as a fraction of this machine's ceiling.
 //
-// Models: a GPT-2-124M-shaped model at B=4, T=64 and a ~100M-parameter
-// Llama-shaped model at B=4, T=256, fresh weights, the built-in text; one
-// warm-up update, then --steps timed updates.
+// Models: a GPT-2-124M-shaped model at B=4, T=64 and a ~100M-parameter Llama-shaped model at B=4,
+// T=256, fresh weights, the built-in text; one warm-up update, then --steps timed updates.
 //
 // Usage: train_bench [--threads T] [--steps N] [--only gpt2|llama]
 #include <sys/resource.h>
@@ -31,7 +29,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-void Check(const Status &s, const char *what) {
+void Check(const Status& s, const char* what) {
   if (!s.ok()) {
     std::fprintf(stderr, "train_bench: %s: %s\n", what, s.ToString().c_str());
     std::exit(1);
@@ -44,15 +42,14 @@ double PeakRssMiB() {
   return double(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
 }
 
-// Best-of-3 fp32 GEMM rate (GFLOP/s) of an n x n x n product through the op on
-// a CpuDevice.
+// Best-of-3 fp32 GEMM rate (GFLOP/s) of an n x n x n product through the op on a CpuDevice.
 double GemmRate(int threads, int64_t n) {
   auto dev = CpuDevice::Create({.name = "gemm",
                                 .memory_bytes = size_t(3 * n * n) * 4 + (1 << 20),
                                 .compute_threads = threads});
   Check(dev.status(), "gemm device");
   std::vector<DeviceBuffer> bufs;
-  for (const char *what : {"a", "b", "c"}) {
+  for (const char* what : {"a", "b", "c"}) {
     auto b = (*dev)->Allocate(size_t(n * n) * 4, what);
     Check(b.status(), what);
     Check((*dev)->Zero(b->data(), size_t(n * n) * 4), "zero");
@@ -92,8 +89,8 @@ ModelConfig Gpt2Small() {
   return c;
 }
 
-// ~100M parameters: 8 blocks of width 768 (GQA 12/4 heads, SwiGLU 2048), 32000
-// vocabulary, untied head.
+// ~100M parameters: 8 blocks of width 768 (GQA 12/4 heads, SwiGLU 2048), 32000 vocabulary, untied
+// head.
 ModelConfig Llama100M() {
   ModelConfig c = TinyLlamaPreset();
   c.architecture = "LlamaForCausalLM";
@@ -110,7 +107,7 @@ ModelConfig Llama100M() {
   return c;
 }
 
-void BenchModel(const char *label, const ModelConfig &model, BatchShape shape, int threads,
+void BenchModel(const char* label, const ModelConfig& model, BatchShape shape, int threads,
                 int steps, double gemm_gflops) {
   Check(ValidateModelConfig(model), label);
   const LoraConfig lora;
@@ -125,7 +122,7 @@ void BenchModel(const char *label, const ModelConfig &model, BatchShape shape, i
   Check(runner.status(), "runner");
   std::vector<LayerSpec> layers = BuildLayerSpecs(model, lora);
   double flops_per_step = 0;
-  for (const LayerSpec &l : layers) {
+  for (const LayerSpec& l : layers) {
     const LayerCost c = ComputeLayerCost(model, lora, l, shape);
     flops_per_step += c.forward_flops + c.backward_flops;
   }
@@ -165,7 +162,7 @@ void BenchModel(const char *label, const ModelConfig &model, BatchShape shape, i
 }  // namespace
 }  // namespace ferry
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   int threads = 2, steps = 2;
   std::string only;
   for (int i = 1; i + 1 < argc; i += 2) {

@@ -23,10 +23,10 @@ struct CommandResult {
   std::string output;  // stdout and stderr
 };
 
-CommandResult Ferry(const std::string &args) {
+CommandResult Ferry(const std::string& args) {
   CommandResult r;
   const std::string cmd = std::string(FERRY_BINARY) + " " + args + " 2>&1";
-  FILE *p = ::popen(cmd.c_str(), "r");
+  FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
   std::array<char, 4096> buf;
   size_t n;
@@ -47,12 +47,12 @@ class TrainCliTest : public ::testing::Test {
   std::string dir_;
 };
 
-std::string ReadFile(const std::string &path) {
+std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-int Lines(const std::string &s) {
+int Lines(const std::string& s) {
   int n = 0;
   for (char c : s) n += c == '\n';
   return n;
@@ -61,7 +61,7 @@ int Lines(const std::string &s) {
 TEST_F(TrainCliTest, HelpDocumentsEveryOption) {
   CommandResult r = Ferry("train --help");
   EXPECT_EQ(r.code, 0);
-  for (const char *opt : {"--steps", "--lr", "--batch-size", "--seq-len", "--lora-rank",
+  for (const char* opt : {"--steps", "--lr", "--batch-size", "--seq-len", "--lora-rank",
                           "--lora-alpha", "--seed", "--out", "--config", "--micro-batches",
                           "--warmup-steps", "--weight-decay", "--grad-clip"}) {
     EXPECT_NE(r.output.find(opt), std::string::npos) << opt;
@@ -119,7 +119,7 @@ TEST_F(TrainCliTest, DefaultJobWritesRunFolder) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     ASSERT_FALSE(j.is_discarded()) << line;
     EXPECT_EQ(j["step"], losses.size() + 1);
-    for (const char *key : {"lr", "grad_norm", "tokens_per_s", "elapsed_s"}) {
+    for (const char* key : {"lr", "grad_norm", "tokens_per_s", "elapsed_s"}) {
       EXPECT_TRUE(j.contains(key)) << key << " in " << line;
     }
     losses.push_back(j["loss"].get<double>());

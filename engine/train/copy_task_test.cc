@@ -32,8 +32,8 @@ ModelConfig CopyModel() {
   return c;
 }
 
-// Rows "x_0 .. x_7 x_0 .. x_7"; targets are the next token, masked except where the next token is
-// a copy that an earlier position determines (positions 8 .. 14 predict x_1 .. x_7).
+// Rows "x_0 .. x_7 x_0 .. x_7"; targets are the next token, masked except where the next token is a
+// copy that an earlier position determines (positions 8 .. 14 predict x_1 .. x_7).
 MicroBatch CopyBatch(std::mt19937_64& rng) {
   MicroBatch mb{kB, kT, {}, {}, 0};
   std::uniform_int_distribution<int32_t> tok(0, int32_t(kVocab - 1));

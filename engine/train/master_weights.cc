@@ -10,7 +10,7 @@
 namespace ferry {
 namespace {
 
-bool Selected(const ParamSpec &p, ParamSelection which) {
+bool Selected(const ParamSpec& p, ParamSelection which) {
   switch (which) {
     case ParamSelection::kAll:
       return true;
@@ -24,46 +24,46 @@ bool Selected(const ParamSpec &p, ParamSelection which) {
 
 }  // namespace
 
-std::vector<const ParamSpec *> StorageParams(const std::vector<LayerSpec> &layers) {
-  std::vector<const ParamSpec *> out;
-  for (const LayerSpec &l : layers) {
-    for (const ParamSpec &p : l.params) {
+std::vector<const ParamSpec*> StorageParams(const std::vector<LayerSpec>& layers) {
+  std::vector<const ParamSpec*> out;
+  for (const LayerSpec& l : layers) {
+    for (const ParamSpec& p : l.params) {
       if (p.tied_to.empty()) out.push_back(&p);
     }
   }
   return out;
 }
 
-HostTensors InitMasterWeights(const std::vector<LayerSpec> &layers, uint64_t seed) {
+HostTensors InitMasterWeights(const std::vector<LayerSpec>& layers, uint64_t seed) {
   HostTensors w;
-  for (const ParamSpec *p : StorageParams(layers)) {
-    std::vector<float> &t = w.tensors[p->name];
+  for (const ParamSpec* p : StorageParams(layers)) {
+    std::vector<float>& t = w.tensors[p->name];
     t.resize(size_t(p->numel()));
     InitParameter(*p, seed, t);
   }
   return w;
 }
 
-Status LoadMasterWeights(const SafetensorsFile &file, const std::vector<LayerSpec> &layers,
-                         ParamSelection which, HostTensors &weights) {
-  for (const ParamSpec *p : StorageParams(layers)) {
+Status LoadMasterWeights(const SafetensorsFile& file, const std::vector<LayerSpec>& layers,
+                         ParamSelection which, HostTensors& weights) {
+  for (const ParamSpec* p : StorageParams(layers)) {
     if (!Selected(*p, which)) continue;
     FERRY_RETURN_IF_ERROR(LoadParameter(file, *p, weights.at(p->name)));
   }
   return Status::Ok();
 }
 
-Status SaveMasterWeights(const std::string &path, const std::vector<LayerSpec> &layers,
-                         ParamSelection which, const HostTensors &weights, DType dtype) {
+Status SaveMasterWeights(const std::string& path, const std::vector<LayerSpec>& layers,
+                         ParamSelection which, const HostTensors& weights, DType dtype) {
   SafetensorsWriter writer;
   writer.SetMetadata("format", "pt");
-  for (const ParamSpec *p : StorageParams(layers)) {
+  for (const ParamSpec* p : StorageParams(layers)) {
     if (Selected(*p, which)) AddParameter(writer, *p, weights.tensors.at(p->name), dtype);
   }
   return writer.Write(path);
 }
 
-nlohmann::json PeftAdapterConfig(const ModelConfig &model, const LoraConfig &lora) {
+nlohmann::json PeftAdapterConfig(const ModelConfig& model, const LoraConfig& lora) {
   // PEFT names a LoRA'd module by its last component (q_proj, c_attn, ...).
   const std::vector<std::pair<LoraTarget, std::string>> llama = {
       {kLoraQ, "q_proj"},       {kLoraK, "k_proj"},   {kLoraV, "v_proj"},      {kLoraO, "o_proj"},
@@ -72,7 +72,7 @@ nlohmann::json PeftAdapterConfig(const ModelConfig &model, const LoraConfig &lor
       {kLoraQ, "c_attn"},      {kLoraK, "c_attn"}, {kLoraV, "c_attn"},
       {kLoraO, "attn.c_proj"}, {kLoraUp, "c_fc"},  {kLoraDown, "mlp.c_proj"}};
   std::set<std::string> modules;
-  for (const auto &[bit, name] : model.family == ModelFamily::kGpt2 ? gpt2 : llama) {
+  for (const auto& [bit, name] : model.family == ModelFamily::kGpt2 ? gpt2 : llama) {
     if (lora.Targets(bit)) modules.insert(name);
   }
   return {{"peft_type", "LORA"},
@@ -91,8 +91,8 @@ nlohmann::json PeftAdapterConfig(const ModelConfig &model, const LoraConfig &lor
           {"target_modules", std::vector<std::string>(modules.begin(), modules.end())}};
 }
 
-Status WriteFinalWeights(const std::string &dir, const ModelConfig &model, const LoraConfig &lora,
-                         const std::vector<LayerSpec> &layers, const HostTensors &weights,
+Status WriteFinalWeights(const std::string& dir, const ModelConfig& model, const LoraConfig& lora,
+                         const std::vector<LayerSpec>& layers, const HostTensors& weights,
                          bool with_base) {
   if (lora.enabled()) {
     FERRY_RETURN_IF_ERROR(SaveMasterWeights(dir + "/adapter_model.safetensors", layers,

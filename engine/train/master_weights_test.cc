@@ -38,8 +38,8 @@ TEST_F(MasterWeightsTest, InitIsSeededAndSkipsTiedAliases) {
   EXPECT_EQ(a.tensors.size(), StorageParams(layers).size());
 }
 
-// Saving then loading is the identity in fp32, for GPT-2 too (Conv1D weights
-// transposed on the way out and back in).
+// Saving then loading is the identity in fp32, for GPT-2 too (Conv1D weights transposed on the way
+// out and back in).
 TEST_F(MasterWeightsTest, SaveLoadRoundTripsGpt2) {
   Result<testing::GoldenModel> g = testing::GoldenModel::Load("gpt2");
   ASSERT_TRUE(g.ok()) << g.status().ToString();
@@ -53,9 +53,8 @@ TEST_F(MasterWeightsTest, SaveLoadRoundTripsGpt2) {
   HostTensors back = InitMasterWeights(layers, 2);
   ASSERT_TRUE(LoadMasterWeights(*f, layers, ParamSelection::kAll, back).ok());
   EXPECT_EQ(back.tensors, w.tensors);
-  // The file holds the checkpoint's names and layout: byte-equal values to the
-  // golden's own.
-  for (const ParamSpec *p : StorageParams(layers)) {
+  // The file holds the checkpoint's names and layout: byte-equal values to the golden's own.
+  for (const ParamSpec* p : StorageParams(layers)) {
     Result<std::vector<float>> ours = f->ReadFloats(p->name),
                                theirs = g->weights.ReadFloats(p->name);
     ASSERT_TRUE(ours.ok() && theirs.ok()) << p->name;

@@ -17,7 +17,7 @@ std::string FormatDuration(double seconds) {
   return buf;
 }
 
-std::string FormatProgress(const ProgressReport &r, bool with_bar) {
+std::string FormatProgress(const ProgressReport& r, bool with_bar) {
   std::string line;
   if (with_bar) {
     constexpr int kWidth = 24;
@@ -33,10 +33,10 @@ std::string FormatProgress(const ProgressReport &r, bool with_bar) {
   return line + buf;
 }
 
-ProgressBar::ProgressBar(FILE *out, bool terminal, int64_t every)
+ProgressBar::ProgressBar(FILE* out, bool terminal, int64_t every)
     : out_(out), terminal_(terminal), every_(std::max<int64_t>(1, every)) {}
 
-void ProgressBar::Report(const ProgressReport &r) {
+void ProgressBar::Report(const ProgressReport& r) {
   if (terminal_) {
     const std::string line = FormatProgress(r, /*with_bar=*/true);
     // Pad over the remains of a longer previous line.

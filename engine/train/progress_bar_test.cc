@@ -11,9 +11,9 @@ namespace ferry {
 namespace {
 
 std::string Capture(bool terminal, int64_t every, int64_t total) {
-  char *buf = nullptr;
+  char* buf = nullptr;
   size_t size = 0;
-  FILE *f = ::open_memstream(&buf, &size);
+  FILE* f = ::open_memstream(&buf, &size);
   {
     ProgressBar bar(f, terminal, every);
     for (int64_t s = 1; s <= total; ++s) {

@@ -19,27 +19,26 @@
 
 namespace ferry {
 
-size_t EstimateDeviceBytes(const ModelConfig &model, const LoraConfig &lora, BatchShape shape,
+size_t EstimateDeviceBytes(const ModelConfig& model, const LoraConfig& lora, BatchShape shape,
                            int64_t loss_chunk_tokens) {
   size_t bytes = 0;
-  for (const LayerSpec &l : BuildLayerSpecs(model, lora)) {
-    for (const ParamSpec &p : l.params) {
+  for (const LayerSpec& l : BuildLayerSpecs(model, lora)) {
+    for (const ParamSpec& p : l.params) {
       if (!p.tied_to.empty()) continue;
       bytes += p.bytes() * (p.trainable ? 2 : 1);  // weights, and gradients when trainable
     }
     const LayerCost c = ComputeLayerCost(model, lora, l, shape);
     bytes += c.input_bytes + c.saved_bytes + c.output_bytes;
   }
-  // The fused LM head's logits chunk and its gradient, the widest block scratch
-  // (a few hidden states and the MLP width), then a margin for alignment and
-  // per-op scratch.
+  // The fused LM head's logits chunk and its gradient, the widest block scratch (a few hidden
+  // states and the MLP width), then a margin for alignment and per-op scratch.
   const int64_t n = shape.tokens();
   bytes += size_t(2 * std::min(n, loss_chunk_tokens) * model.vocab_size) * sizeof(float);
   bytes += size_t(n * (8 * model.hidden_size + 4 * model.intermediate_size)) * sizeof(float);
   return bytes + bytes / 4 + (size_t(64) << 20);
 }
 
-Status RunTraining(const JobSpec &job, const ModelConfig &model) {
+Status RunTraining(const JobSpec& job, const ModelConfig& model) {
   const auto start = std::chrono::steady_clock::now();
   auto seconds_since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();

@@ -8,18 +8,18 @@
 
 namespace ferry {
 
-Trainer::Trainer(ModelRunner *runner, std::vector<LayerSpec> layers, HostTensors weights,
-                 const OptimizerOptions &options, ThreadPool *pool)
+Trainer::Trainer(ModelRunner* runner, std::vector<LayerSpec> layers, HostTensors weights,
+                 const OptimizerOptions& options, ThreadPool* pool)
     : runner_(runner),
       layers_(std::move(layers)),
       weights_(std::move(weights)),
       options_(options),
       pool_(pool) {}
 
-Result<std::unique_ptr<Trainer>> Trainer::Create(ModelRunner *runner, std::vector<LayerSpec> layers,
+Result<std::unique_ptr<Trainer>> Trainer::Create(ModelRunner* runner, std::vector<LayerSpec> layers,
                                                  HostTensors weights,
-                                                 const OptimizerOptions &options,
-                                                 ThreadPool *pool) {
+                                                 const OptimizerOptions& options,
+                                                 ThreadPool* pool) {
   FERRY_RETURN_IF_ERROR(ValidateAdamWHyperparameters({.lr = options.schedule.lr,
                                                       .beta1 = options.beta1,
                                                       .beta2 = options.beta2,
@@ -31,7 +31,7 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(ModelRunner *runner, std::vecto
   }
   std::unique_ptr<Trainer> t(
       new Trainer(runner, std::move(layers), std::move(weights), options, pool));
-  for (const ParamSpec *p : StorageParams(t->layers_)) {
+  for (const ParamSpec* p : StorageParams(t->layers_)) {
     auto it = t->weights_.tensors.find(p->name);
     if (it == t->weights_.tensors.end() || int64_t(it->second.size()) != p->numel()) {
       return Status::InvalidArgument("master weights lack " + p->name +
@@ -49,14 +49,14 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(ModelRunner *runner, std::vecto
 
 size_t Trainer::optimizer_state_bytes() const {
   size_t bytes = 0;
-  for (const auto &[name, s] : state_) bytes += (s.m.size() + s.v.size()) * sizeof(float);
+  for (const auto& [name, s] : state_) bytes += (s.m.size() + s.v.size()) * sizeof(float);
   return bytes;
 }
 
 Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
   StepStats st;
   st.step = step_;
-  for (const MicroBatch &mb : micro_batches) {
+  for (const MicroBatch& mb : micro_batches) {
     st.valid_targets += mb.valid_targets;
     st.tokens += mb.batch * mb.seq_len;
   }
@@ -64,8 +64,8 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
     return Status::InvalidArgument("step " + std::to_string(step_) +
                                    ": the batch has no non-masked target to learn from");
   }
-  for (auto &[name, g] : grads_.tensors) std::fill(g.begin(), g.end(), 0.0f);
-  for (const MicroBatch &mb : micro_batches) {
+  for (auto& [name, g] : grads_.tensors) std::fill(g.begin(), g.end(), 0.0f);
+  for (const MicroBatch& mb : micro_batches) {
     FERRY_ASSIGN_OR_RETURN(
         double loss,
         runner_->AccumulateGradients(
@@ -74,16 +74,16 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
     st.loss += loss;
   }
   double sum_sq = 0;
-  for (const std::string &name : order_) {
-    const std::vector<float> &g = grads_.tensors.at(name);
+  for (const std::string& name : order_) {
+    const std::vector<float>& g = grads_.tensors.at(name);
     sum_sq += kernel_.SumOfSquares(g.data(), DType::kF32, int64_t(g.size()), pool_);
   }
   st.grad_norm = std::sqrt(sum_sq);
   st.clip_coef = ClipCoefficient(sum_sq, options_.grad_clip);
   st.lr = options_.schedule.At(step_);
-  for (const std::string &name : order_) {
-    State &s = state_.at(name);
-    std::vector<float> &p = weights_.tensors.at(name);
+  for (const std::string& name : order_) {
+    State& s = state_.at(name);
+    std::vector<float>& p = weights_.tensors.at(name);
     const AdamWHyperparameters h{.lr = st.lr,
                                  .beta1 = options_.beta1,
                                  .beta2 = options_.beta2,

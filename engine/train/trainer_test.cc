@@ -1,7 +1,6 @@
-// The Trainer's own logic against a fake ModelRunner whose model is a linear
-// least-squares fit with analytic gradients: accumulation, clipping, schedule,
-// decay flags, frozen parameters and uploads are checked independently of the
-// real layers.
+// The Trainer's own logic against a fake ModelRunner whose model is a linear least-squares fit with
+// analytic gradients: accumulation, clipping, schedule, decay flags, frozen parameters and uploads
+// are checked independently of the real layers.
 #include "engine/train/trainer.h"
 
 #include <gtest/gtest.h>
@@ -18,9 +17,8 @@ namespace {
 
 constexpr int64_t kOut = 4, kIn = 3;
 
-// pred(t) = W x(t) + b + f, loss = sum over non-masked targets of 0.5 |pred -
-// y(target)|^2 / N. "alias.weight" is tied to W (no storage); "frozen.weight"
-// (f) is not trainable.
+// pred(t) = W x(t) + b + f, loss = sum over non-masked targets of 0.5 |pred - y(target)|^2 / N.
+// "alias.weight" is tied to W (no storage); "frozen.weight" (f) is not trainable.
 std::vector<LayerSpec> FakeLayers() {
   LayerSpec l{LayerKind::kBlock, 0, "block.0", {}};
   l.params.push_back({"lin.weight", {kOut, kIn}, DType::kF32, true, true, "", false, false});
@@ -34,9 +32,9 @@ double Feature(int32_t token, int64_t j) { return std::cos(0.7 * token * double(
 double Label(int32_t target, int64_t k) { return std::sin(0.3 * target * double(k + 1)); }
 
 // Loss and gradients (+=) of one micro-batch in double.
-double FakeLossAndGrads(const std::map<std::string, std::vector<float>> &w,
+double FakeLossAndGrads(const std::map<std::string, std::vector<float>>& w,
                         std::span<const int32_t> tokens, std::span<const int32_t> targets,
-                        double normalizer, std::vector<double> *gw, std::vector<double> *gb) {
+                        double normalizer, std::vector<double>* gw, std::vector<double>* gb) {
   double loss = 0;
   for (size_t n = 0; n < tokens.size(); ++n) {
     if (targets[n] == kIgnoreTarget) continue;
@@ -58,12 +56,12 @@ double FakeLossAndGrads(const std::map<std::string, std::vector<float>> &w,
 
 class FakeRunner final : public ModelRunner {
  public:
-  Status UploadWeights(const HostTensors &weights) override {
+  Status UploadWeights(const HostTensors& weights) override {
     uploaded_ = weights;
     ++uploads_;
     return Status::Ok();
   }
-  Result<double> AccumulateGradients(const MicroBatchInput &mb, HostTensors &grads) override {
+  Result<double> AccumulateGradients(const MicroBatchInput& mb, HostTensors& grads) override {
     if (grads.tensors.count("frozen.weight") != 0 || grads.tensors.count("alias.weight") != 0) {
       return Status::Internal("gradient buffer for a frozen or tied parameter");
     }
@@ -106,7 +104,7 @@ OptimizerOptions Options(double clip) {
           .grad_clip = clip};
 }
 
-std::unique_ptr<Trainer> MakeTrainer(FakeRunner *runner, const OptimizerOptions &o) {
+std::unique_ptr<Trainer> MakeTrainer(FakeRunner* runner, const OptimizerOptions& o) {
   Result<std::unique_ptr<Trainer>> t =
       Trainer::Create(runner, FakeLayers(), InitMasterWeights(FakeLayers(), 7), o, nullptr);
   EXPECT_TRUE(t.ok()) << t.status().ToString();
@@ -124,29 +122,26 @@ TEST(TrainerTest, AccumulationEqualsOneBigBatch) {
     Result<StepStats> a = one->Step(big), b = two->Step(split);
     ASSERT_TRUE(a.ok() && b.ok());
     EXPECT_EQ(a->valid_targets, b->valid_targets);
-    // Before the first update the losses are the same double terms regrouped
-    // (~1e-15 relative); afterwards the weights differ by a few fp32 ulps
-    // (below), and so do the losses.
+    // Before the first update the losses are the same double terms regrouped (~1e-15 relative);
+    // afterwards the weights differ by a few fp32 ulps (below), and so do the losses.
     EXPECT_NEAR(a->loss, b->loss, (k == 0 ? 1e-12 : 16 * DTypeEpsilon(DType::kF32)) * a->loss);
-    // The fp32 gradient buffers sum the same terms in a different grouping (one
-    // extra fp32 rounding per element), so the norms agree to a few fp32 ulps.
+    // The fp32 gradient buffers sum the same terms in a different grouping (one extra fp32 rounding
+    // per element), so the norms agree to a few fp32 ulps.
     EXPECT_NEAR(a->grad_norm, b->grad_norm, 4 * DTypeEpsilon(DType::kF32) * a->grad_norm);
   }
-  for (const auto &[name, w] : one->weights().tensors) {
-    const std::vector<float> &v = two->weights().tensors.at(name);
+  for (const auto& [name, w] : one->weights().tensors) {
+    const std::vector<float>& v = two->weights().tensors.at(name);
     for (size_t i = 0; i < w.size(); ++i) {
-      // An ulp of gradient difference moves Adam's m/sqrt(v) by ~2^-23
-      // relative, i.e. the update by ~lr * 2^-23; 4 updates with margin: 16
-      // ulps of (|w| + lr).
+      // An ulp of gradient difference moves Adam's m/sqrt(v) by ~2^-23 relative, i.e. the update by
+      // ~lr * 2^-23; 4 updates with margin: 16 ulps of (|w| + lr).
       EXPECT_NEAR(w[i], v[i], 16 * DTypeEpsilon(DType::kF32) * (std::abs(w[i]) + 0.05))
           << name << "[" << i << "]";
     }
   }
 }
 
-// The whole update against plain double AdamW written out here: schedule,
-// clipping, bias correction, decay only on lin.weight, nothing for the frozen
-// parameter.
+// The whole update against plain double AdamW written out here: schedule, clipping, bias
+// correction, decay only on lin.weight, nothing for the frozen parameter.
 TEST(TrainerTest, MatchesReferenceAdamWWithClippingAndSchedule) {
   FakeRunner runner;
   const OptimizerOptions o = Options(0.05);  // small enough that every update is clipped
@@ -154,7 +149,7 @@ TEST(TrainerTest, MatchesReferenceAdamWWithClippingAndSchedule) {
   ASSERT_TRUE(t);
   std::map<std::string, std::vector<float>> ref = InitMasterWeights(FakeLayers(), 7).tensors;
   std::map<std::string, std::vector<double>> m, v;
-  for (const char *n : {"lin.weight", "lin.bias"}) {
+  for (const char* n : {"lin.weight", "lin.bias"}) {
     m[n].assign(ref[n].size(), 0.0);
     v[n].assign(ref[n].size(), 0.0);
   }
@@ -164,11 +159,11 @@ TEST(TrainerTest, MatchesReferenceAdamWWithClippingAndSchedule) {
     std::map<std::string, std::vector<double>> g = {{"lin.weight", std::vector<double>(12)},
                                                     {"lin.bias", std::vector<double>(4)}};
     double loss = 0;
-    for (const MicroBatch &mb : batch) {
+    for (const MicroBatch& mb : batch) {
       loss += FakeLossAndGrads(ref, mb.tokens, mb.targets, n, &g["lin.weight"], &g["lin.bias"]);
     }
     double sq = 0;
-    for (auto &[name, gv] : g) {
+    for (auto& [name, gv] : g) {
       for (double x : gv) sq += x * x;
     }
     const double norm = std::sqrt(sq);
@@ -183,7 +178,7 @@ TEST(TrainerTest, MatchesReferenceAdamWWithClippingAndSchedule) {
     EXPECT_NEAR(s->grad_norm, norm, 8 * DTypeEpsilon(DType::kF32) * norm);
     EXPECT_NEAR(s->clip_coef, coef, 8 * DTypeEpsilon(DType::kF32) * coef);
     EXPECT_NEAR(s->loss, loss, 8 * DTypeEpsilon(DType::kF32) * loss);
-    for (auto &[name, p] : ref) {
+    for (auto& [name, p] : ref) {
       if (name == "frozen.weight") continue;
       const double wd = name == "lin.weight" ? o.weight_decay : 0.0;
       for (size_t i = 0; i < p.size(); ++i) {
@@ -195,13 +190,12 @@ TEST(TrainerTest, MatchesReferenceAdamWWithClippingAndSchedule) {
         p[i] = float(double(p[i]) * (1 - lr * wd) - lr * mh / (std::sqrt(vh) + o.eps));
       }
     }
-    for (auto &[name, p] : ref) {
-      const std::vector<float> &got = t->weights().tensors.at(name);
+    for (auto& [name, p] : ref) {
+      const std::vector<float>& got = t->weights().tensors.at(name);
       for (size_t i = 0; i < p.size(); ++i) {
-        // fp32 AdamW vs double: each update's step is lr * O(1) computed in
-        // fp32 (a few ulps of lr) and the weights carry fp32 rounding (an ulp
-        // of |p|); the clipped gradients feed m/sqrt(v) with fp32 error ~1e-6
-        // relative, scaled by lr per update. 1e-5 * (|p| + lr) per update
+        // fp32 AdamW vs double: each update's step is lr * O(1) computed in fp32 (a few ulps of lr)
+        // and the weights carry fp32 rounding (an ulp of |p|); the clipped gradients feed m/sqrt(v)
+        // with fp32 error ~1e-6 relative, scaled by lr per update. 1e-5 * (|p| + lr) per update
         // bounds it with margin over 6 updates.
         ASSERT_NEAR(got[i], p[i], 1e-5 * double(k + 1) * (std::abs(p[i]) + lr))
             << name << "[" << i << "] after update " << k;
@@ -223,8 +217,8 @@ TEST(TrainerTest, ZeroGradientDecaysMatricesOnlyAndFrozenStaysPut) {
   // A runner whose gradients are all zero isolates the weight decay.
   class ZeroRunner final : public ModelRunner {
    public:
-    Status UploadWeights(const HostTensors &) override { return Status::Ok(); }
-    Result<double> AccumulateGradients(const MicroBatchInput &, HostTensors &) override {
+    Status UploadWeights(const HostTensors&) override { return Status::Ok(); }
+    Result<double> AccumulateGradients(const MicroBatchInput&, HostTensors&) override {
       return 0.0;
     }
     Result<std::vector<float>> Logits(std::span<const int32_t>) override {
@@ -235,11 +229,10 @@ TEST(TrainerTest, ZeroGradientDecaysMatricesOnlyAndFrozenStaysPut) {
   Result<std::unique_ptr<Trainer>> z = Trainer::Create(&zero, FakeLayers(), before, o, nullptr);
   ASSERT_TRUE(z.ok());
   ASSERT_TRUE((*z)->Step(std::vector<MicroBatch>{Rows(0, 2, 0)}).ok());
-  // g = 0: Adam's step is 0 / (0 + eps) = 0, leaving the decoupled decay p *=
-  // (1 - lr * wd) on decaying parameters only (one fp32 multiply: within an
-  // ulp).
+  // g = 0: Adam's step is 0 / (0 + eps) = 0, leaving the decoupled decay p *= (1 - lr * wd) on
+  // decaying parameters only (one fp32 multiply: within an ulp).
   const double shrink = 1 - o.schedule.At(0) * o.weight_decay;
-  const HostTensors &after = (*z)->weights();
+  const HostTensors& after = (*z)->weights();
   for (size_t i = 0; i < before.tensors.at("lin.weight").size(); ++i) {
     const double w = before.tensors.at("lin.weight")[i];
     EXPECT_NEAR(after.tensors.at("lin.weight")[i], w * shrink,
@@ -247,8 +240,7 @@ TEST(TrainerTest, ZeroGradientDecaysMatricesOnlyAndFrozenStaysPut) {
   }
   EXPECT_EQ(after.tensors.at("lin.bias"), before.tensors.at("lin.bias"));
   EXPECT_EQ(after.tensors.at("frozen.weight"), before.tensors.at("frozen.weight"));
-  // A real update moves the trainable bias but never the frozen parameter,
-  // which has no state.
+  // A real update moves the trainable bias but never the frozen parameter, which has no state.
   ASSERT_TRUE(t->Step(std::vector<MicroBatch>{Rows(0, 2, 0)}).ok());
   EXPECT_NE(t->weights().tensors.at("lin.bias"), before.tensors.at("lin.bias"));
   EXPECT_EQ(t->weights().tensors.at("frozen.weight"), before.tensors.at("frozen.weight"));
