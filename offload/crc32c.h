@@ -1,7 +1,8 @@
 // CRC-32C (Castagnoli), the checksum the NVMe store keeps per block.
 //
-// Uses the SSE4.2 crc32 instruction when the CPU has it (about 8 bytes per cycle-latency chain,
-// several GB/s) and a byte-wise table otherwise; both give identical results. The standard check
+// Uses the SSE4.2 crc32 instruction when the CPU has it (three interleaved chains for inputs of
+// 1536 bytes and more, joined with a GF(2) multiply: well over 10 GB/s on current x86) and a
+// byte-wise table otherwise; both give identical results. The standard check
 // value holds: Crc32c("123456789") == 0xE3069283.
 //
 // Thread-safety: pure functions.

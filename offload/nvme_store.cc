@@ -381,6 +381,7 @@ StoreStats NvmeStore::stats() const {
   st.checksum_failures = s.checksum_failures.load();
   st.compression_decisions_yes = s.decisions_yes.load();
   st.compression_decisions_no = s.decisions_no.load();
+  st.zero_copy_blocks = s.zero_copy_blocks.load();
   return st;
 }
 

@@ -4,8 +4,8 @@
 // Layout: segment files "<dir>/segment-NNNNN.ferry" of segment_bytes each, space reserved with
 // fallocate when a segment is created (reserve_bytes worth at Open, more as the store grows). An
 // entry of N bytes occupies ceil(N / block_bytes) fixed-size slots; each block is written with
-// O_DIRECT (when the filesystem allows) from a page-aligned bounce buffer, optionally
-// zstd-compressed, and carries a CRC-32C verified on every read (a mismatch is Corruption naming
+// O_DIRECT (when the filesystem allows), optionally zstd-compressed, and carries a CRC-32C
+// verified on every read (a mismatch is Corruption naming
 // the entry, block, file and offset). The index lives in memory: the store is scratch space for
 // one run, not a database; nothing persists across Open.
 //
@@ -15,11 +15,18 @@
 // are resubmitted; other errors fail the transfer with context. A failed write leaves the previous
 // version of the entry (if any) in place, so blocks already written stay readable.
 //
+// Zero copy: a block whose part of the caller's buffer is page-aligned and a whole number of pages
+// (every block of a HostAllocation or host-pool buffer, but perhaps not the last) is transferred
+// straight from/to the caller's pages, checksummed there; other blocks (and compressed ones) go
+// through one of queue_depth page-aligned bounce buffers. A read that fails may leave any bytes in
+// `dst` (a corrupt block is already in place when its checksum is found wrong).
+//
 // Scheduling: transfers are queued by TransferPriority and served block by block in priority
 // order without starving the lower ones (transfer_scheduler.h).
 //
 // Ownership: the caller's buffers passed to *Async must stay alive and untouched until the
-// transfer's handle reports done. Destroying the store cancels queued transfers (Cancelled) and
+// transfer's handle reports done (a zero-copy write checksums the caller's pages, then the disk
+// reads them: a change in between would be stored under a stale checksum). Destroying the store cancels queued transfers (Cancelled) and
 // waits for blocks in flight.
 // Thread-safety: all public methods may be called from any thread. A read sees the last write of
 // that name that completed before the read was submitted.
@@ -86,6 +93,7 @@ struct StoreStats {
   uint64_t checksum_failures = 0;
   uint64_t compression_decisions_yes = 0;
   uint64_t compression_decisions_no = 0;
+  uint64_t zero_copy_blocks = 0;  // blocks moved straight from/to the caller's pages
 };
 
 struct BlockLocation {

@@ -20,29 +20,7 @@ using testing::Pattern;
 using testing::SmallStoreOptions;
 using testing::TempDir;
 
-class CompletionFaults : public ::testing::TestWithParam<StoreBackend> {
- protected:
-  void SetUp() override {
-    if (dir_.path().empty()) GTEST_SKIP() << "could not create a temporary directory";
-    if (GetParam() == StoreBackend::kIoUring && !testing::UringAvailable()) {
-      GTEST_SKIP() << "io_uring is not available here (the thread-pool variants still run)";
-    }
-    auto s = NvmeStore::Open(SmallStoreOptions(dir_.path(), GetParam(), &env_));
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
-    store_ = std::move(s).value();
-    B_ = store_->block_bytes();
-  }
-  void ExpectReadsBack(const std::string& name, const std::vector<std::byte>& data) {
-    std::vector<std::byte> back(data.size());
-    const Status s = store_->Read(name, back);
-    ASSERT_TRUE(s.ok()) << s.ToString();
-    EXPECT_TRUE(back == data) << "entry '" << name << "' differs";
-  }
-  TempDir dir_;
-  FaultyEnv env_;
-  std::unique_ptr<NvmeStore> store_;
-  size_t B_ = 0;
-};
+class CompletionFaults : public testing::FaultyStoreTest {};
 
 TEST_P(CompletionFaults, WriteErrorsFailTheTransferAndKeepOldData) {
   const auto old_data = Pattern(2 * B_ + 3, 1), new_data = Pattern(3 * B_, 2);

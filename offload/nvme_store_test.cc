@@ -194,17 +194,7 @@ TEST_P(FlippedBit, IsDetectedAndNamesTheBlock) {
   ASSERT_TRUE((*store)->Write("w", data, TransferPriority::kSpill, GetParam()).ok());
   auto loc = (*store)->LocateBlock("w", 1);
   ASSERT_TRUE(loc.ok());
-  {
-    const int fd = open(loc->path.c_str(), O_RDWR);
-    ASSERT_GE(fd, 0);
-    const off_t at = off_t(loc->offset + loc->stored_bytes / 2);
-    unsigned char c;
-    ASSERT_EQ(pread(fd, &c, 1, at), 1);
-    c ^= 0x10;
-    ASSERT_EQ(pwrite(fd, &c, 1, at), 1);
-    ASSERT_EQ(fsync(fd), 0);
-    close(fd);
-  }
+  ASSERT_EQ(testing::FlipBitsOnDisk(loc->path, loc->offset + loc->stored_bytes / 2, 0x10), "");
   std::vector<std::byte> back(data.size());
   const Status s = (*store)->Read("w", back);
   EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();

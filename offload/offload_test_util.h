@@ -4,6 +4,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <linux/capability.h>
 #include <liburing.h>
 #include <sys/syscall.h>
@@ -171,6 +172,21 @@ inline bool DropCapability(int cap) {
   return syscall(SYS_capset, &hdr, data) == 0;
 }
 
+// Flips the bits `mask` of the byte at `offset` of the file at `path`, on disk (fsync'd).
+// Returns "" when done, else what failed.
+inline std::string FlipBitsOnDisk(const std::string& path, uint64_t offset, unsigned char mask) {
+  const int fd = open(path.c_str(), O_RDWR);
+  if (fd < 0) return "open " + path + ": " + std::strerror(errno);
+  unsigned char c = 0;
+  std::string error;
+  if (pread(fd, &c, 1, off_t(offset)) != 1) error = "pread";
+  c ^= mask;
+  if (error.empty() && pwrite(fd, &c, 1, off_t(offset)) != 1) error = "pwrite";
+  if (error.empty() && fsync(fd) != 0) error = "fsync";
+  close(fd);
+  return error.empty() ? "" : error + " " + path + ": " + std::strerror(errno);
+}
+
 // Small options for fast tests: 64 KiB blocks, 8 in flight, 4 MiB segments, quiet log.
 inline NvmeStoreOptions SmallStoreOptions(const std::string& dir, StoreBackend backend,
                                           IoEnv* env = nullptr) {
@@ -185,5 +201,31 @@ inline NvmeStoreOptions SmallStoreOptions(const std::string& dir, StoreBackend b
   o.log = [](std::string_view) {};
   return o;
 }
+
+// A store (small options) on a FaultyEnv in a fresh directory, for each backend; skipped where
+// io_uring is missing. B_ is its block size.
+class FaultyStoreTest : public ::testing::TestWithParam<StoreBackend> {
+ protected:
+  void SetUp() override {
+    if (dir_.path().empty()) GTEST_SKIP() << "could not create a temporary directory";
+    if (GetParam() == StoreBackend::kIoUring && !UringAvailable()) {
+      GTEST_SKIP() << "io_uring is not available here (the thread-pool variants still run)";
+    }
+    auto s = NvmeStore::Open(SmallStoreOptions(dir_.path(), GetParam(), &env_));
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    store_ = std::move(s).value();
+    B_ = store_->block_bytes();
+  }
+  void ExpectReadsBack(const std::string& name, const std::vector<std::byte>& data) {
+    std::vector<std::byte> back(data.size());
+    const Status s = store_->Read(name, back);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(back == data) << "entry '" << name << "' differs";
+  }
+  TempDir dir_;
+  FaultyEnv env_;
+  std::unique_ptr<NvmeStore> store_;
+  size_t B_ = 0;
+};
 
 }  // namespace ferry::testing

@@ -1,5 +1,6 @@
-// NvmeStore's dispatcher thread: picks blocks from the priority queues, prepares them in bounce
-// buffers (copy or compress, checksum), drives the IoEngine, checks every completion, resubmits
+// NvmeStore's dispatcher thread: picks blocks from the priority queues, prepares them (checksum
+// the caller's pages for zero copy, else copy or compress into a bounce buffer), drives the
+// IoEngine, checks every completion, resubmits
 // short transfers and -EAGAIN, verifies and delivers reads, and finishes transfers.
 #include <algorithm>
 #include <cerrno>
@@ -15,6 +16,14 @@ namespace {
 constexpr int kMaxRetries = 1000;  // per block, for -EAGAIN, -EINTR and zero-byte progress
 constexpr double kDefaultDiskRate = 1e9;  // until the store has measured its own
 constexpr size_t kRemeasureBytes = size_t{256} << 20;
+// Prepared blocks handed to the kernel per io_uring_submit (the first of a round goes alone, so
+// the disk starts while the others are prepared).
+constexpr size_t kSubmitBatch = 8;
+
+// Whether memory can be handed to O_DIRECT I/O as it is: page-aligned and whole pages.
+bool ZeroCopyable(const std::byte* p, size_t n) {
+  return n > 0 && reinterpret_cast<uintptr_t>(p) % kDirectAlign == 0 && n % kDirectAlign == 0;
+}
 
 std::string Hex(uint32_t v) {
   char buf[16];
@@ -95,12 +104,18 @@ void NvmeStore::Impl::Run() {
       }
     }
     for (auto& t : finished) Finalize(t);
-    // Submit each block as soon as it is prepared, so the disk starts while the next is copied.
-    for (Work& w : work) {
-      Start(w.t, w.block, w.buffer);
-      if (Status s = engine->Flush(); !s.ok() && w.t->status.ok()) {
-        w.t->status = s.WithContext("NVMe store dispatcher");  // its completions still arrive
+    size_t unsubmitted = 0;  // work[i - unsubmitted .. i] are pushed but not yet submitted
+    for (size_t i = 0; i < work.size(); ++i) {
+      Start(work[i].t, work[i].block, work[i].buffer);
+      ++unsubmitted;
+      if (i != 0 && unsubmitted < kSubmitBatch && i + 1 != work.size()) continue;
+      if (Status s = engine->Flush(); !s.ok()) {
+        for (size_t j = i + 1 - unsubmitted; j <= i; ++j) {
+          Transfer& t = *work[j].t;  // its completions still arrive
+          if (t.status.ok()) t.status = s.WithContext("NVMe store dispatcher");
+        }
       }
+      unsubmitted = 0;
     }
     if (inflight_count == 0 && stopping) return;
     completions.clear();
@@ -123,12 +138,11 @@ void NvmeStore::Impl::Start(const std::shared_ptr<Transfer>& tp, size_t block, u
   b.transfer = tp;
   b.block = block;
   b.buf = bounce.data() + size_t(buffer) * B;
+  b.zero_copy = false;
   b.done = 0;
   b.retries = 0;
   IoRequest& r = b.request;
   r.user_data = buffer;
-  r.buf_index = buffer < engine->registered_buffers() ? int(buffer) : -1;
-  r.buf = b.buf;
   switch (t.kind) {
     case Transfer::Kind::kWrite: {
       StoredBlock& sb = t.version->blocks[block];
@@ -157,16 +171,28 @@ void NvmeStore::Impl::Start(const std::shared_ptr<Transfer>& tp, size_t block, u
         }
       }
       if (!sb.compressed) {
-        std::memcpy(b.buf, data.data(), data.size());
         sb.stored_len = uint32_t(data.size());
+        if (ZeroCopyable(data.data(), data.size())) {
+          b.zero_copy = true;
+          b.buf = const_cast<std::byte*>(data.data());  // a write only reads it
+        } else {
+          std::memcpy(b.buf, data.data(), data.size());
+        }
       }
       AimAtSlot(sb, IoKind::kWrite, b);
-      std::memset(b.buf + sb.stored_len, 0, b.io_len - sb.stored_len);
+      if (!b.zero_copy) std::memset(b.buf + sb.stored_len, 0, b.io_len - sb.stored_len);
       sb.crc = Crc32c({b.buf, sb.stored_len});
       break;
     }
     case Transfer::Kind::kRead: {
-      AimAtSlot(t.version->blocks[block], IoKind::kRead, b);
+      const StoredBlock& sb = t.version->blocks[block];
+      AimAtSlot(sb, IoKind::kRead, b);
+      std::byte* out = t.dst.data() + block * B;
+      if (!sb.compressed && sb.stored_len == std::min(B, t.dst.size() - block * B) &&
+          ZeroCopyable(out, sb.stored_len)) {
+        b.zero_copy = true;
+        b.buf = out;
+      }
       break;
     }
     case Transfer::Kind::kReadExternal: {
@@ -175,9 +201,21 @@ void NvmeStore::Impl::Start(const std::shared_ptr<Transfer>& tp, size_t block, u
       b.needed = uint32_t(std::min<uint64_t>(b.io_len, t.file_size - b.file_offset));
       r.kind = IoKind::kRead;
       r.fd = t.fd;
+      // Straight into dst when the block's whole aligned range lies inside the bytes asked for.
+      if (b.file_offset >= t.offset && b.file_offset + b.io_len <= t.offset + t.dst.size()) {
+        std::byte* out = t.dst.data() + (b.file_offset - t.offset);
+        if (ZeroCopyable(out, b.io_len)) {
+          b.zero_copy = true;
+          b.buf = out;
+        }
+      }
       break;
     }
   }
+  if (b.zero_copy) zero_copy_blocks.fetch_add(1, std::memory_order_relaxed);
+  // The caller's pages are not registered with the ring: those go as plain reads and writes.
+  r.buf_index = !b.zero_copy && buffer < engine->registered_buffers() ? int(buffer) : -1;
+  r.buf = b.buf;
   r.len = b.io_len;
   r.offset = b.file_offset;
   ++inflight_count;
@@ -262,7 +300,7 @@ Status NvmeStore::Impl::FinishBlock(InflightBlock& b) {
       if (sb.compressed) {
         FERRY_RETURN_IF_ERROR(codec.Decompress({b.buf, sb.stored_len}, out).WithContext(
             "block " + std::to_string(b.block) + " of entry '" + t.name + "'"));
-      } else {
+      } else if (!b.zero_copy) {
         std::memcpy(out.data(), b.buf, out.size());
       }
       bytes_read.fetch_add(out.size(), std::memory_order_relaxed);
@@ -273,7 +311,9 @@ Status NvmeStore::Impl::FinishBlock(InflightBlock& b) {
       // The block covers file bytes [file_offset, file_offset + io_len); copy the part asked for.
       const uint64_t lo = std::max<uint64_t>(b.file_offset, t.offset);
       const uint64_t hi = std::min<uint64_t>(b.file_offset + b.io_len, t.offset + t.dst.size());
-      std::memcpy(t.dst.data() + (lo - t.offset), b.buf + (lo - b.file_offset), hi - lo);
+      if (!b.zero_copy) {
+        std::memcpy(t.dst.data() + (lo - t.offset), b.buf + (lo - b.file_offset), hi - lo);
+      }
       bytes_read.fetch_add(hi - lo, std::memory_order_relaxed);
       return Status::Ok();
     }

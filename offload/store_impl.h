@@ -78,12 +78,14 @@ struct Transfer {
   std::shared_ptr<TransferHandle::State> handle;
 };
 
-// One bounce buffer and the block using it.
+// One in-flight slot (with its bounce buffer) and the block using it.
 struct InflightBlock {
   std::shared_ptr<Transfer> transfer;
   size_t block = 0;
   IoRequest request;      // the current attempt
+  // The bounce buffer, or (zero_copy) the caller's own pages for this block.
   std::byte* buf = nullptr;
+  bool zero_copy = false;
   uint64_t file_offset = 0;  // of the block's first byte
   uint32_t io_len = 0;    // bytes the block's I/O covers (aligned)
   uint32_t needed = 0;    // bytes that must be transferred (io_len, less at end of an external file)
@@ -119,7 +121,7 @@ struct NvmeStore::Impl {
 
   std::atomic<uint64_t> bytes_written{0}, bytes_read{0}, disk_written{0}, disk_read{0},
       short_resubmits{0}, again_resubmits{0}, compressed_blocks{0}, checksum_failures{0},
-      decisions_yes{0}, decisions_no{0};
+      decisions_yes{0}, decisions_no{0}, zero_copy_blocks{0};
 
   std::thread dispatcher;
 

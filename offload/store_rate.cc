@@ -7,9 +7,9 @@
 
 namespace ferry {
 
-Result<StoreRate> MeasureStoreRate(
-    NvmeStoreOptions options, size_t bytes,
-    const std::function<void(const std::string& path, size_t file_bytes)>& while_open) {
+Result<StoreRate> MeasureStoreRate(NvmeStoreOptions options, size_t bytes,
+                                   const StoreFileHook& while_open,
+                                   const StoreFileHook& before_timing) {
   using Clock = std::chrono::steady_clock;
   if (bytes == 0) return Status::InvalidArgument("MeasureStoreRate: zero bytes");
   const size_t B = options.block_bytes;
@@ -33,7 +33,9 @@ Result<StoreRate> MeasureStoreRate(
   const auto data = std::span<const std::byte>(src.data(), bytes);
   const std::string name = "store-rate";
   FERRY_RETURN_IF_ERROR(store->Write(name, data, TransferPriority::kSpill));  // lay out
+  FERRY_ASSIGN_OR_RETURN(const BlockLocation loc, store->LocateBlock(name, 0));
   FERRY_RETURN_IF_ERROR(store->Remove(name));  // the overwrite reuses the same slots
+  if (before_timing) before_timing(loc.path, file_bytes);
 
   StoreRate rate;
   auto t0 = Clock::now();
@@ -49,10 +51,7 @@ Result<StoreRate> MeasureStoreRate(
   rate.backend = std::string(store->backend_name());
   rate.direct_io = store->direct_io();
   rate.report = store->report();
-  if (while_open) {
-    FERRY_ASSIGN_OR_RETURN(BlockLocation loc, store->LocateBlock(name, 0));
-    while_open(loc.path, file_bytes);
-  }
+  if (while_open) while_open(loc.path, file_bytes);
   return rate;
 }
 

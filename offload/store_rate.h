@@ -26,10 +26,14 @@ struct StoreRate {
   std::string report;   // the store's Open line
 };
 
+using StoreFileHook = std::function<void(const std::string& path, size_t file_bytes)>;
+
 // `while_open`, when given, runs after the timings while the store's file (path, bytes written)
-// still exists, e.g. to run fio on the same file.
-Result<StoreRate> MeasureStoreRate(
-    NvmeStoreOptions options, size_t bytes,
-    const std::function<void(const std::string& path, size_t file_bytes)>& while_open = nullptr);
+// still exists, e.g. to run fio on the same file; `before_timing` runs on that file after it is
+// laid out and before the timings (a bench alternates the two so that neither side always
+// follows the layout write).
+Result<StoreRate> MeasureStoreRate(NvmeStoreOptions options, size_t bytes,
+                                   const StoreFileHook& while_open = nullptr,
+                                   const StoreFileHook& before_timing = nullptr);
 
 }  // namespace ferry
