@@ -1,10 +1,15 @@
 // `ferry train` as a user runs it: option parsing, job files, one-line errors, exit codes.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
+#include "engine/model/model_config.h"
+#include "engine/model/safetensors.h"
 #include "tests/cli_testing.h"
 
 namespace {
@@ -13,6 +18,11 @@ using ferry::testing::CommandResult;
 using ferry::testing::Ferry;
 
 class TrainCliTest : public ferry::testing::CliTest {};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
 
 int Lines(const std::string& s) {
   int n = 0;
@@ -46,11 +56,15 @@ TEST_F(TrainCliTest, JobFileSetsKeysAndFlagsWin) {
     std::ofstream f(dir_ + "/job.toml");
     f << "steps = 7\nlr = 0.01\nlora-rank = 4\nwarmup-steps = 2\n";
   }
-  CommandResult r = Ferry("train --config " + dir_ + "/job.toml --steps 9 --out " + dir_ + "/run");
-  // Training is not wired yet (exit 2), but the resolved job is written.
-  EXPECT_EQ(r.code, 2) << r.output;
-  std::ifstream in(dir_ + "/run/job.json");
-  std::string job((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CommandResult r = Ferry("train --config " + dir_ + "/job.toml --steps 9 --batch-size 2 " +
+                          "--seq-len 16 --out " + dir_ + "/run");
+  EXPECT_EQ(r.code, 0) << r.output;
+  // LoRA from the job file: the adapter in PEFT's format beside the (seeded)
+  // base.
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/run/adapter_model.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/run/adapter_config.json"));
+  EXPECT_EQ(Lines(ReadFile(dir_ + "/run/metrics.jsonl")), 9);
+  const std::string job = ReadFile(dir_ + "/run/job.json");
   EXPECT_NE(job.find("\"steps\": 9"), std::string::npos) << job;
   EXPECT_NE(job.find("\"lr\": 0.01"), std::string::npos) << job;
   EXPECT_NE(job.find("\"lora_rank\": 4"), std::string::npos) << job;
@@ -62,6 +76,40 @@ TEST_F(TrainCliTest, JobFileSetsKeysAndFlagsWin) {
   r = Ferry("train --config " + dir_ + "/bad.toml --out " + dir_ + "/run2");
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("stepz"), std::string::npos) << r.output;
+}
+
+// The default job cut to three updates of four sequences (quick under the
+// sanitizers): the run folder a user gets.
+TEST_F(TrainCliTest, DefaultJobWritesRunFolder) {
+  const std::string out = dir_ + "/run";
+  CommandResult r = Ferry("train --steps 3 --batch-size 4 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 3/3"), std::string::npos) << r.output;
+  std::ifstream metrics(out + "/metrics.jsonl");
+  std::vector<double> losses;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << line;
+    EXPECT_EQ(j["step"], losses.size() + 1);
+    for (const char* key : {"lr", "grad_norm", "tokens_per_s", "elapsed_s"}) {
+      EXPECT_TRUE(j.contains(key)) << key << " in " << line;
+    }
+    losses.push_back(j["loss"].get<double>());
+    EXPECT_TRUE(std::isfinite(losses.back())) << line;
+  }
+  ASSERT_EQ(losses.size(), 3u);
+  // Fresh weights predict ~uniformly over 260 tokens (loss ~ln 260 = 5.56);
+  // three warm-up updates already lower it.
+  EXPECT_LT(losses[2], losses[0]);
+  ferry::Result<ferry::SafetensorsFile> weights =
+      ferry::SafetensorsFile::Open(out + "/model.safetensors");
+  ASSERT_TRUE(weights.ok()) << weights.status().ToString();
+  ferry::Result<std::vector<float>> embed = weights->ReadFloats("model.embed_tokens.weight");
+  ASSERT_TRUE(embed.ok());
+  EXPECT_EQ(embed->size(), size_t(ferry::kTinyVocabSize * ferry::TinyLlamaPreset().hidden_size));
+  ferry::Result<ferry::ModelConfig> config = ferry::LoadHfConfig(out + "/config.json");
+  EXPECT_TRUE(config.ok());
+  EXPECT_TRUE(std::filesystem::exists(out + "/job.json"));
 }
 
 }  // namespace

@@ -43,10 +43,8 @@ Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
   }
   if (!(job.lr > 0) || !std::isfinite(job.lr)) return Bad("--lr must be a positive number");
   if (job.warmup_steps < 0) return Bad("--warmup-steps must be 0 or more");
-  if (job.warmup_steps > job.steps) {
-    return Bad("--warmup-steps " + std::to_string(job.warmup_steps) + " exceeds --steps " +
-               std::to_string(job.steps));
-  }
+  // A warm-up longer than the run is allowed (the run warms up for all of it: `--steps 3`
+  // with the default 20 warm-up updates is a smoke test, not a mistake).
   if (!(job.min_lr_ratio >= 0 && job.min_lr_ratio <= 1)) {
     return Bad("--min-lr-ratio must lie in [0, 1]");
   }

@@ -40,7 +40,7 @@ TEST(JobSpecTest, RefusesImpossibleSizes) {
                 "--micro-batches");
   ExpectRefused(with([](JobSpec& j) { j.seq_len = 4096; }), "--seq-len");
   ExpectRefused(with([](JobSpec& j) { j.lr = -1; }), "--lr");
-  ExpectRefused(with([](JobSpec& j) { j.warmup_steps = 500; }), "--warmup-steps");
+  ExpectRefused(with([](JobSpec& j) { j.warmup_steps = -1; }), "--warmup-steps");
   ExpectRefused(with([](JobSpec& j) { j.weight_decay = -0.1; }), "--weight-decay");
   ExpectRefused(with([](JobSpec& j) { j.grad_clip = -1; }), "--grad-clip");
   ExpectRefused(with([](JobSpec& j) { j.beta2 = 1.0; }), "--beta1 and --beta2");

@@ -1,13 +1,138 @@
 #include "engine/train/run_training.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "engine/model/model_runner.h"
+#include "engine/train/dataset.h"
+#include "engine/train/master_weights.h"
+#include "engine/train/progress_bar.h"
+#include "engine/train/trainer.h"
+#include "kernels/cpu/cpu_device.h"
+
 namespace ferry {
 
+size_t EstimateDeviceBytes(const ModelConfig& model, const LoraConfig& lora, BatchShape shape,
+                           int64_t loss_chunk_tokens) {
+  size_t bytes = 0;
+  for (const LayerSpec& l : BuildLayerSpecs(model, lora)) {
+    for (const ParamSpec& p : l.params) {
+      if (!p.tied_to.empty()) continue;
+      bytes += p.bytes() * (p.trainable ? 2 : 1);  // weights, and gradients when trainable
+    }
+    const LayerCost c = ComputeLayerCost(model, lora, l, shape);
+    bytes += c.input_bytes + c.saved_bytes + c.output_bytes;
+  }
+  // The fused LM head's logits chunk and its gradient, the widest block scratch (a few hidden
+  // states and the MLP width), then a margin for alignment and per-op scratch.
+  const int64_t n = shape.tokens();
+  bytes += size_t(2 * std::min(n, loss_chunk_tokens) * model.vocab_size) * sizeof(float);
+  bytes += size_t(n * (8 * model.hidden_size + 4 * model.intermediate_size)) * sizeof(float);
+  return bytes + bytes / 4 + (size_t(64) << 20);
+}
+
 Status RunTraining(const JobSpec& job, const ModelConfig& model) {
-  (void)job;
-  (void)model;
-  return Status::Unavailable(
-      "training is not wired yet: the model layers and the trainer are "
-      "still being written (issue 3)");
+  const auto start = std::chrono::steady_clock::now();
+  auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  const int threads =
+      job.threads > 0 ? int(job.threads) : int(std::max(1u, std::thread::hardware_concurrency()));
+  const BatchShape shape{job.micro_batch_size(), job.seq_len};
+  ModelRunnerOptions runner_options;
+  runner_options.shape = shape;
+  FERRY_ASSIGN_OR_RETURN(
+      std::unique_ptr<CpuDevice> device,
+      CpuDevice::Create({.name = "cpu0",
+                         .memory_bytes = EstimateDeviceBytes(model, job.lora, shape,
+                                                             runner_options.loss_chunk_tokens),
+                         .compute_threads = threads}));
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
+                         ModelRunner::Create(*device, model, job.lora, runner_options));
+
+  std::vector<LayerSpec> layers = BuildLayerSpecs(model, job.lora);
+  HostTensors weights = InitMasterWeights(layers, job.seed);
+  ThreadPool optimizer_pool(threads);
+  const OptimizerOptions optimizer{.schedule = {.lr = job.lr,
+                                                .warmup_steps = job.warmup_steps,
+                                                .total_steps = job.steps,
+                                                .min_ratio = job.min_lr_ratio},
+                                   .beta1 = job.beta1,
+                                   .beta2 = job.beta2,
+                                   .eps = job.adam_eps,
+                                   .weight_decay = job.weight_decay,
+                                   .grad_clip = job.grad_clip};
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                         Trainer::Create(runner.get(), std::move(layers), std::move(weights),
+                                         optimizer, &optimizer_pool));
+
+  const TokenStream stream = TokenStream::Builtin();
+  FERRY_ASSIGN_OR_RETURN(Batcher batcher,
+                         Batcher::Create(&stream, shape.batch, shape.seq_len, job.seed));
+
+  const std::string metrics_path = job.out + "/metrics.jsonl";
+  std::ofstream metrics(metrics_path, std::ios::trunc);
+  if (!metrics) return Status::IOError("cannot write " + metrics_path + "; choose another --out");
+
+  const int64_t params = CountParameters(trainer->layers());
+  const int64_t trainable = CountTrainableParameters(trainer->layers());
+  std::fprintf(stderr,
+               "ferry train: %s model, %.2fM parameters (%.2fM trainable), "
+               "%lld steps of %lld x "
+               "%lld tokens, %d threads -> %s\n",
+               model.model_type.c_str(), double(params) / 1e6, double(trainable) / 1e6,
+               (long long)job.steps, (long long)job.batch_size, (long long)job.seq_len, threads,
+               job.out.c_str());
+  ProgressBar progress(stderr, ::isatty(::fileno(stderr)) != 0,
+                       std::max<int64_t>(1, job.steps / 20));
+  int64_t tokens_total = 0;
+  double last_loss = 0;
+  const auto train_start = std::chrono::steady_clock::now();
+  for (int64_t k = 0; k < job.steps; ++k) {
+    const auto step_start = std::chrono::steady_clock::now();
+    std::vector<MicroBatch> batch;
+    for (int64_t m = 0; m < job.micro_batches; ++m) batch.push_back(batcher.MakeMicroBatch(k, m));
+    Result<StepStats> st = trainer->Step(batch);
+    if (!st.ok()) return st.status().WithContext("step " + std::to_string(k));
+    if (!std::isfinite(st->loss)) {
+      progress.Finish();
+      return Status::FailedPrecondition("the loss became " + std::to_string(st->loss) +
+                                        " at step " + std::to_string(k) +
+                                        "; lower --lr or keep --grad-clip on");
+    }
+    const double step_s = seconds_since(step_start);
+    const double elapsed = seconds_since(train_start);
+    tokens_total += st->tokens;
+    last_loss = st->loss;
+    nlohmann::json line = {{"step", k + 1},
+                           {"loss", st->loss},
+                           {"lr", st->lr},
+                           {"grad_norm", st->grad_norm},
+                           {"tokens_per_s", double(st->tokens) / step_s},
+                           {"elapsed_s", elapsed}};
+    metrics << line.dump() << "\n" << std::flush;
+    if (!metrics) return Status::IOError("cannot write " + metrics_path);
+    progress.Report({.step = k + 1,
+                     .total = job.steps,
+                     .loss = st->loss,
+                     .tokens_per_s = double(tokens_total) / elapsed,
+                     .elapsed_s = elapsed});
+  }
+  progress.Finish();
+  FERRY_RETURN_IF_ERROR(WriteFinalWeights(job.out, model, job.lora, trainer->layers(),
+                                          trainer->weights(),
+                                          /*with_base=*/true));
+  std::fprintf(stderr, "ferry train: done in %s, final loss %.4f; wrote %s/%s\n",
+               FormatDuration(seconds_since(start)).c_str(), last_loss, job.out.c_str(),
+               job.lora.enabled() ? "adapter_model.safetensors" : "model.safetensors");
+  return Status::Ok();
 }
 
 }  // namespace ferry

@@ -1,0 +1,136 @@
+// BlockBase: what the decoder block families (decoder_block.cc, gpt2_block.cc) share — their
+// saved-activation slots and workspace, allocated from the family's layouts; lookups of a block's
+// parameters, gradients and LoRA groups by module name; and attention over saved q, k, v.
+//
+// `Workspace` must have the members du (LoRA, (N, Rmax)), attn_scratch and sink (the gradient
+// sink for frozen weights, 2 * max(C, head_dim) f32): BlockBase lays those out itself.
+//
+// Ownership and thread-safety as DecoderBlocks.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "engine/model/decoder_blocks.h"
+#include "engine/model/projection.h"
+#include "engine/model/tensor_carver.h"
+#include "kernels/ops/attention.h"
+
+namespace ferry {
+
+template <typename Saved, typename Workspace>
+class BlockBase : public DecoderBlocks {
+ protected:
+  // `prefix`: Hugging Face name of the blocks up to the index ("model.layers.").
+  BlockBase(const BlocksContext& ctx, std::string prefix, int64_t kv_heads)
+      : ctx_(ctx), c_(*ctx.config), d_(*ctx.device), prefix_(std::move(prefix)) {
+    attn_shape_ = {ctx.shape.batch, ctx.shape.seq_len, c_.num_heads, kv_heads, c_.head_dim};
+  }
+
+  // The family's part of the saved slots and of the workspace.
+  virtual void LayoutSaved(TensorCarver& cv, Saved& s) const = 0;
+  virtual void LayoutWorkspace(TensorCarver& cv) = 0;
+
+  // Allocates every slot and the workspace; `lora_modules` are the block's projection groups.
+  Status AllocateBuffers(std::initializer_list<const char*> lora_modules) {
+    saved_.resize(size_t(ctx_.num_slots));
+    for (int s = 0; s < ctx_.num_slots; ++s) {
+      auto layout = [&](TensorCarver& cv) { LayoutSaved(cv, saved_[size_t(s)]); };
+      FERRY_ASSIGN_OR_RETURN(DeviceBuffer b,
+                             AllocateCarved(d_, "blocks.saved." + std::to_string(s), layout));
+      saved_buffers_.push_back(std::move(b));
+    }
+    int64_t rmax = 1;
+    for (const char* m : lora_modules) {
+      if (const LoraPack* p = Lora(0, m)) rmax = std::max(rmax, p->total_rank());
+    }
+    const size_t attn_bytes = std::max<size_t>(AttentionScratchBytes(d_, attn_shape_), 4);
+    auto layout = [&](TensorCarver& cv) {
+      LayoutWorkspace(cv);
+      ws_.du = cv.Take(DType::kF32, {ctx_.shape.tokens(), rmax});
+      ws_.attn_scratch = cv.Take(DType::kF32, {int64_t((attn_bytes + 3) / 4)});
+      ws_.sink = cv.Take(DType::kF32, {2 * std::max(c_.hidden_size, c_.head_dim)});
+    };
+    FERRY_ASSIGN_OR_RETURN(workspace_buffer_, AllocateCarved(d_, "blocks.workspace", layout));
+    return Status::Ok();
+  }
+
+  std::string Prefix(int64_t block) const { return prefix_ + std::to_string(block) + "."; }
+  const LoraPack* Lora(int64_t block, const std::string& module) const {
+    return ctx_.params->lora(Prefix(block) + module);
+  }
+  Tensor W(const std::string& name) const { return ctx_.params->at(name).w; }
+  // The gradient of a weight, or a view of the sink from `sink_offset` when it is frozen.
+  Tensor G(const std::string& name, int64_t sink_offset = 0) const {
+    const DeviceParam& p = ctx_.params->at(name);
+    return p.grad.data.is_null() ? SinkView(ws_.sink, p.w.numel(), sink_offset) : p.grad;
+  }
+  // LoRA's du workspace shaped (N, R) for this module's group.
+  Tensor Du(int64_t block, const std::string& module) const {
+    const LoraPack* l = Lora(block, module);
+    Tensor t = ws_.du;
+    if (l != nullptr) t.shape = Shape{ctx_.shape.tokens(), l->total_rank()};
+    return t;
+  }
+  // The single-part projection of `module` (weight, bias, LoRA group).
+  Projection One(int64_t block, const std::string& module, Tensor y, Tensor dy) const {
+    const std::string m = Prefix(block) + module;
+    return {{PartOf(*ctx_.params, m, y, dy)}, ctx_.params->lora(m)};
+  }
+  // u = x A^T (N, R) for the module's LoRA group, or an empty tensor when it has none.
+  Tensor TakeLoraU(TensorCarver& cv, const char* module) const {
+    const LoraPack* l = Lora(0, module);
+    return l == nullptr ? Tensor{} : cv.Take(DType::kF32, {ctx_.shape.tokens(), l->total_rank()});
+  }
+
+  // Attention over the saved q, k, v into o and lse (window: c_.sliding_window).
+  Status Attend(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse) {
+    return AttentionForward(d_, {.shape = attn_shape_,
+                                 .q = q,
+                                 .k = k,
+                                 .v = v,
+                                 .doc_ids = {},  // one document per sequence
+                                 .o = o,
+                                 .lse = lse,
+                                 .scratch = ws_.attn_scratch,
+                                 .scale = Scale(),
+                                 .window = c_.sliding_window});
+  }
+  // dq, dk, dv (=) from d_o, over the forward's q, k, v, o and lse.
+  Status AttendBackward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor d_o, Tensor dq,
+                        Tensor dk, Tensor dv) {
+    return AttentionBackward(d_, {.shape = attn_shape_,
+                                  .q = q,
+                                  .k = k,
+                                  .v = v,
+                                  .doc_ids = {},  // one document per sequence
+                                  .o = o,
+                                  .lse = lse,
+                                  .d_o = d_o,
+                                  .dq = dq,
+                                  .dk = dk,
+                                  .dv = dv,
+                                  .scratch = ws_.attn_scratch,
+                                  .scale = Scale(),
+                                  .window = c_.sliding_window});
+  }
+
+  BlocksContext ctx_;
+  const ModelConfig& c_;
+  Device& d_;
+  std::vector<Saved> saved_;
+  Workspace ws_;
+
+ private:
+  float Scale() const { return float(1.0 / std::sqrt(double(c_.head_dim))); }
+
+  std::string prefix_;
+  AttentionShape attn_shape_;
+  std::vector<DeviceBuffer> saved_buffers_;
+  DeviceBuffer workspace_buffer_;
+};
+
+}  // namespace ferry

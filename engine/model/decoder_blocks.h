@@ -1,0 +1,70 @@
+// DecoderBlocks: the N decoder blocks of one model family on one device, as
+// explicit forward and backward functions over buffers planned when they are
+// created (no autograd tape).
+//
+// Saved activations live in "slots": one arena allocation per slot
+// ("blocks.saved.<slot>"), each holding exactly what one block's backward needs
+// beyond its input (param_spec.h, BlockSavedBytes). A block that is not
+// recomputed has a slot of its own; blocks marked for recomputation share one
+// slot, and the caller re-runs Forward into it just before Backward. One
+// workspace ("blocks.workspace") holds the temporaries of every block's forward
+// and backward.
+//
+// Accumulation: Backward writes the input gradient dx (=) and accumulates (+=)
+// the gradients of trainable parameters (DeviceParams); frozen weights get
+// none.
+//
+// Ownership: owns its buffers; refers to the DeviceParams and position tensor
+// it was created with, which must outlive it. Thread-safety: one host thread at
+// a time.
+#pragma once
+
+#include <memory>
+
+#include "engine/model/device_params.h"
+#include "engine/model/lora_config.h"
+#include "engine/model/model_config.h"
+#include "engine/model/param_spec.h"
+#include "kernels/device.h"
+
+namespace ferry {
+
+struct BlocksContext {
+  Device* device = nullptr;
+  const ModelConfig* config = nullptr;
+  const DeviceParams* params = nullptr;
+  BatchShape shape;
+  int num_slots = 1;
+  Tensor positions;  // i32 (N): RoPE position of each token (Llama family only)
+};
+
+class DecoderBlocks {
+ public:
+  virtual ~DecoderBlocks() = default;
+  // y (N, C) = block `block`(x (N, C)), saving its activations in `slot`.
+  virtual Status Forward(int64_t block, int slot, Tensor x, Tensor y) = 0;
+  // dx (=) from dy, parameter gradients (+=). REQUIRES: the last Forward into
+  // `slot` was this block's, on this x. dx must not alias x or dy.
+  virtual Status Backward(int64_t block, int slot, Tensor x, Tensor dy, Tensor dx) = 0;
+};
+
+// Llama family: RMSNorm, q/k/v (+ biases), optional Qwen3 q/k RMSNorm, RoPE,
+// GQA attention, o_proj, residual, RMSNorm, fused gate/up, SwiGLU, down,
+// residual.
+Result<std::unique_ptr<DecoderBlocks>> CreateLlamaBlocks(const BlocksContext& ctx);
+// GPT-2: LayerNorm, fused c_attn with bias, attention, c_proj, residual,
+// LayerNorm, c_fc, tanh GELU, c_proj, residual.
+Result<std::unique_ptr<DecoderBlocks>> CreateGpt2Blocks(const BlocksContext& ctx);
+
+// A (n) f32 view of `sink` from element `offset` on (a gradient nobody reads,
+// for the frozen weights of ops whose backward always accumulates one; two such
+// gradients of one op take disjoint offsets). REQUIRES: sink is f32 and holds
+// at least offset + n elements.
+inline Tensor SinkView(const Tensor& sink, int64_t n, int64_t offset = 0) {
+  Tensor t = sink;
+  t.data = sink.data + std::ptrdiff_t(offset * int64_t(sizeof(float)));
+  t.shape = Shape{n};
+  return t;
+}
+
+}  // namespace ferry

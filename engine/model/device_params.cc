@@ -1,0 +1,230 @@
+#include "engine/model/device_params.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/model/tensor_carver.h"
+#include "engine/model/weights_io.h"
+
+namespace ferry {
+namespace {
+
+constexpr std::string_view kPeftPrefix = "base_model.model.";
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+Shape ShapeOf(const std::vector<int64_t>& dims) {
+  Shape s;
+  if (dims.size() == 1) s = Shape{dims[0]};
+  if (dims.size() == 2) s = Shape{dims[0], dims[1]};
+  return s;
+}
+
+// "…mlp.gate_proj.weight" -> "…mlp.up_proj.weight" /
+// "…mlp.gate_up_proj.weight".
+std::string Replace(std::string s, std::string_view from, std::string_view to) {
+  const size_t at = s.find(from);
+  return s.replace(at, from.size(), to);
+}
+
+// The projection group a LoRA'd module belongs to, and the first output row it
+// fills there.
+std::string LoraGroup(const std::string& module) {
+  if (EndsWith(module, "mlp.gate_proj")) return Replace(module, "gate_proj", "gate_up_proj");
+  if (EndsWith(module, "mlp.up_proj")) return Replace(module, "up_proj", "gate_up_proj");
+  return module;
+}
+
+struct PlannedParam {
+  const ParamSpec* spec = nullptr;
+  const ParamSpec* up = nullptr;  // set on a gate_proj param: its up_proj twin, fused after it
+};
+
+Status CheckHost(const HostTensors& t, const std::string& name, int64_t numel, const char* what) {
+  auto it = t.tensors.find(name);
+  if (it == t.tensors.end()) {
+    return Status::NotFound(std::string(what) + " has no tensor '" + name +
+                            "'; give one for every storage-owning parameter");
+  }
+  if (int64_t(it->second.size()) != numel) {
+    return Status::InvalidArgument(std::string(what) + " tensor '" + name + "' has " +
+                                   std::to_string(it->second.size()) + " elements, expected " +
+                                   std::to_string(numel));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<DeviceParams> DeviceParams::Create(Device& d, const ModelConfig& c, const LoraConfig& lora,
+                                          const std::vector<LayerSpec>& layers) {
+  DeviceParams p;
+  std::map<std::string, const ParamSpec*> by_name;
+  std::vector<PlannedParam> plan;
+  for (const LayerSpec& l : layers) {
+    if (l.kind == LayerKind::kEmbedding) continue;  // host-side gather
+    for (const ParamSpec& s : l.params) by_name[s.name] = &s;
+  }
+  for (const LayerSpec& l : layers) {
+    if (l.kind == LayerKind::kEmbedding) continue;
+    for (const ParamSpec& s : l.params) {
+      if (s.lora) {
+        if (!EndsWith(s.name, ".lora_A.weight")) continue;
+        const std::string module = s.name.substr(
+            kPeftPrefix.size(), s.name.size() - kPeftPrefix.size() - strlen(".lora_A.weight"));
+        const std::string group = LoraGroup(module);
+        LoraPack& pack = p.lora_[group];
+        const int64_t rows = by_name.at(module + ".weight")->shape[0];
+        const int64_t row = EndsWith(module, "mlp.up_proj") ? c.intermediate_size : 0;
+        pack.adapters.push_back(
+            {s.name, Replace(s.name, "lora_A", "lora_B"), row, rows, /*col=*/0});
+        pack.in = s.shape[1];
+        pack.rank = lora.rank;
+        pack.scaling = float(lora.scaling());
+        continue;
+      }
+      if (s.name.find("mlp.up_proj.") != std::string::npos) continue;  // fused with gate
+      PlannedParam pp{&s, nullptr};
+      if (s.name.find("mlp.gate_proj.") != std::string::npos) {
+        pp.up = by_name.at(Replace(s.name, "gate_proj", "up_proj"));
+      }
+      plan.push_back(pp);
+    }
+  }
+  for (auto& [group, pack] : p.lora_) {
+    std::sort(pack.adapters.begin(), pack.adapters.end(),
+              [](const auto& x, const auto& y) { return x.row < y.row; });
+    pack.out = EndsWith(group, "gate_up_proj") ? 2 * c.intermediate_size : pack.adapters[0].rows;
+    for (size_t i = 0; i < pack.adapters.size(); ++i) pack.adapters[i].col = int64_t(i) * pack.rank;
+  }
+
+  // Weights and gradients share one layout function, so their tensors line up.
+  auto layout = [&](TensorCarver& cv, bool grads) {
+    for (const PlannedParam& pp : plan) {
+      const ParamSpec& s = *pp.spec;
+      if (grads && !s.trainable) continue;
+      std::vector<int64_t> dims = MasterShape(s);
+      if (pp.up != nullptr) dims[0] *= 2;
+      size_t offset = 0;
+      const Tensor t = cv.Take(DType::kF32, ShapeOf(dims), &offset);
+      auto assign = [&](const std::string& name, const Tensor& view, size_t off) {
+        DeviceParam& dp = p.params_[name];
+        (grads ? dp.grad : dp.w) = view;
+        (grads ? dp.g_offset : dp.w_offset) = off;
+        const ParamSpec* spec = by_name.count(name) ? by_name.at(name) : &s;
+        dp.host_name = spec->tied_to.empty() ? name : spec->tied_to;
+      };
+      if (pp.up == nullptr) {
+        assign(s.name, t, offset);
+        continue;
+      }
+      const int64_t half = dims[0] / 2;
+      const size_t half_bytes = size_t(t.numel() / 2) * sizeof(float);
+      assign(Replace(s.name, "gate_proj", "gate_up_proj"), t, offset);
+      assign(s.name, t.Rows(0, half), offset);
+      assign(pp.up->name, t.Rows(half, 2 * half), offset + half_bytes);
+    }
+    for (auto& [group, pack] : p.lora_) {
+      const Shape a{pack.total_rank(), pack.in}, b{pack.out, pack.total_rank()};
+      if (grads) {
+        pack.da = cv.Take(DType::kF32, a, &pack.da_offset);
+        pack.db = cv.Take(DType::kF32, b, &pack.db_offset);
+      } else {
+        pack.a = cv.Take(DType::kF32, a, &pack.a_offset);
+        pack.b = cv.Take(DType::kF32, b, &pack.b_offset);
+      }
+    }
+  };
+  FERRY_ASSIGN_OR_RETURN(p.weights_, AllocateCarved(d, "params.weights",
+                                                    [&](TensorCarver& cv) { layout(cv, false); }));
+  FERRY_ASSIGN_OR_RETURN(
+      p.grads_, AllocateCarved(d, "params.grads", [&](TensorCarver& cv) { layout(cv, true); }));
+  FERRY_ASSIGN_OR_RETURN(p.weights_mirror_,
+                         HostAllocation::Map(p.weights_.bytes(), "params.weights mirror"));
+  FERRY_ASSIGN_OR_RETURN(p.grads_mirror_,
+                         HostAllocation::Map(p.grads_.bytes(), "params.grads mirror"));
+  return p;
+}
+
+Status DeviceParams::Upload(Device& d, const HostTensors& weights) {
+  std::byte* mirror = weights_mirror_.data();
+  for (const auto& [name, dp] : params_) {
+    if (name.find("gate_up_proj") != std::string::npos) continue;  // filled by its halves
+    FERRY_RETURN_IF_ERROR(CheckHost(weights, dp.host_name, dp.w.numel(), "the weights"));
+    const std::vector<float>& src = weights.tensors.at(dp.host_name);
+    std::memcpy(mirror + dp.w_offset, src.data(), src.size() * sizeof(float));
+  }
+  for (const auto& [group, pack] : lora_) {
+    float* a = reinterpret_cast<float*>(mirror + pack.a_offset);
+    float* b = reinterpret_cast<float*>(mirror + pack.b_offset);
+    const int64_t R = pack.total_rank();
+    std::fill(b, b + pack.out * R, 0.0f);
+    for (const LoraPack::Adapter& ad : pack.adapters) {
+      FERRY_RETURN_IF_ERROR(CheckHost(weights, ad.a_name, pack.rank * pack.in, "the weights"));
+      FERRY_RETURN_IF_ERROR(CheckHost(weights, ad.b_name, ad.rows * pack.rank, "the weights"));
+      const std::vector<float>& sa = weights.tensors.at(ad.a_name);
+      const std::vector<float>& sb = weights.tensors.at(ad.b_name);
+      std::copy(sa.begin(), sa.end(), a + ad.col * pack.in);
+      for (int64_t i = 0; i < ad.rows; ++i) {
+        for (int64_t j = 0; j < pack.rank; ++j) {
+          b[(ad.row + i) * R + ad.col + j] = sb[size_t(i * pack.rank + j)];
+        }
+      }
+    }
+  }
+  // The previous step's compute may still read the weights: upload after it.
+  FERRY_ASSIGN_OR_RETURN(Event compute_done, d.CreateEvent());
+  FERRY_RETURN_IF_ERROR(d.Record(compute_done, StreamId::kCompute));
+  FERRY_RETURN_IF_ERROR(d.Wait(StreamId::kUpload, compute_done));
+  FERRY_RETURN_IF_ERROR(
+      d.CopyToDevice(weights_.data(), weights_mirror_.Span(0, weights_.bytes()), weights_.bytes()));
+  FERRY_ASSIGN_OR_RETURN(Event uploaded, d.CreateEvent());
+  FERRY_RETURN_IF_ERROR(d.Record(uploaded, StreamId::kUpload));
+  FERRY_RETURN_IF_ERROR(d.Wait(StreamId::kCompute, uploaded));
+  return d.Synchronize(uploaded);  // the mirror may be rewritten once this returns
+}
+
+Status DeviceParams::ZeroGrads(Device& d) {
+  return d.Zero(grads_.data(), grads_.bytes(), StreamId::kCompute);
+}
+
+Status DeviceParams::DownloadAndAddGrads(Device& d, HostTensors& grads) {
+  FERRY_ASSIGN_OR_RETURN(Event computed, d.CreateEvent());
+  FERRY_RETURN_IF_ERROR(d.Record(computed, StreamId::kCompute));
+  FERRY_RETURN_IF_ERROR(d.Wait(StreamId::kDownload, computed));
+  FERRY_RETURN_IF_ERROR(
+      d.CopyToHost(grads_mirror_.Span(0, grads_.bytes()), grads_.data(), grads_.bytes()));
+  FERRY_ASSIGN_OR_RETURN(Event downloaded, d.CreateEvent());
+  FERRY_RETURN_IF_ERROR(d.Record(downloaded, StreamId::kDownload));
+  FERRY_RETURN_IF_ERROR(d.Synchronize(downloaded));
+  const std::byte* mirror = grads_mirror_.data();
+  for (const auto& [name, dp] : params_) {
+    if (dp.grad.data.is_null() || name.find("gate_up_proj") != std::string::npos) continue;
+    FERRY_RETURN_IF_ERROR(CheckHost(grads, dp.host_name, dp.grad.numel(), "the gradients"));
+    float* dst = grads.tensors.at(dp.host_name).data();
+    const float* src = reinterpret_cast<const float*>(mirror + dp.g_offset);
+    for (int64_t i = 0; i < dp.grad.numel(); ++i) dst[i] += src[i];
+  }
+  for (const auto& [group, pack] : lora_) {
+    const float* da = reinterpret_cast<const float*>(mirror + pack.da_offset);
+    const float* db = reinterpret_cast<const float*>(mirror + pack.db_offset);
+    const int64_t R = pack.total_rank();
+    for (const LoraPack::Adapter& ad : pack.adapters) {
+      FERRY_RETURN_IF_ERROR(CheckHost(grads, ad.a_name, pack.rank * pack.in, "the gradients"));
+      FERRY_RETURN_IF_ERROR(CheckHost(grads, ad.b_name, ad.rows * pack.rank, "the gradients"));
+      float* ga = grads.tensors.at(ad.a_name).data();
+      float* gb = grads.tensors.at(ad.b_name).data();
+      for (int64_t i = 0; i < pack.rank * pack.in; ++i) ga[i] += da[ad.col * pack.in + i];
+      for (int64_t i = 0; i < ad.rows; ++i) {
+        for (int64_t j = 0; j < pack.rank; ++j) {
+          gb[i * pack.rank + j] += db[(ad.row + i) * R + ad.col + j];
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace ferry

@@ -1,0 +1,109 @@
+// DeviceParams: the device copy of a model's block and head parameters and
+// their gradients, and the moves between it and the host master copy
+// (HostTensors, fp32, master layout).
+//
+// Layout: one arena allocation "params.weights" and one "params.grads"
+// (trainable parameters only; frozen LoRA base weights get none). Two layouts
+// serve the kernels directly:
+//  - a Llama block's gate_proj and up_proj (weights, biases, gradients) are one
+//  (2I, ...) tensor,
+//    gate rows first, so gate and up are one GEMM whose output is SwiGLU's
+//    [gate | up] input;
+//  - LoRA adapters are packed per group of projections that share an input and
+//  one output tensor
+//    (gate+up; any other projection alone): A of the group is the adapters' A
+//    stacked (R, in), B is block-diagonal (out, R) with zeros elsewhere, so u =
+//    x A^T (N, R) and y += s u B^T are single GEMMs. The zeros' gradients are
+//    computed and dropped when unpacking.
+// The embedding tables stay on the host (the gather runs there): they are not
+// in this table. A tied head weight is uploaded from its owner's master copy,
+// and its gradient is added to the owner's.
+//
+// Upload and download go through host-pool mirrors of the two allocations
+// (kernels/host_memory.h) on the device's upload/download streams, ordered with
+// the compute stream by events.
+//
+// Ownership: owns its buffers and mirrors; must be destroyed before the device.
+// Thread-safety: one host thread at a time.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/model/lora_config.h"
+#include "engine/model/model_config.h"
+#include "engine/model/model_runner.h"
+#include "engine/model/param_spec.h"
+#include "kernels/device.h"
+#include "kernels/host_memory.h"
+
+namespace ferry {
+
+struct DeviceParam {
+  Tensor w;             // master-layout shape
+  Tensor grad;          // same shape; null data when frozen
+  size_t w_offset = 0;  // byte offsets in the weights / grads allocation
+  size_t g_offset = 0;
+  std::string host_name;  // HostTensors key (the owner's name for a tied parameter)
+};
+
+// The LoRA adapters of one projection group, packed.
+struct LoraPack {
+  struct Adapter {
+    std::string a_name, b_name;  // PEFT names: A (r, in), B (out_m, r)
+    int64_t row = 0;             // first output row of this adapter in the group's output
+    int64_t rows = 0;            // out_m
+    int64_t col = 0;             // first of its r columns in u
+  };
+  std::vector<Adapter> adapters;
+  int64_t in = 0, out = 0,
+          rank = 0;  // per-adapter rank r; R = rank * adapters.size()
+  float scaling = 1;
+  Tensor a, b;    // (R, in), (out, R)
+  Tensor da, db;  // gradients, same shapes (accumulated +=)
+  size_t a_offset = 0, b_offset = 0, da_offset = 0, db_offset = 0;
+  int64_t total_rank() const { return rank * int64_t(adapters.size()); }
+};
+
+class DeviceParams {
+ public:
+  DeviceParams() = default;
+  DeviceParams(DeviceParams&&) = default;
+  DeviceParams& operator=(DeviceParams&&) = default;
+
+  // Plans and allocates weights and gradients of the block and head layers.
+  // REQUIRES: compute dtype f32 (checked by the runner).
+  static Result<DeviceParams> Create(Device& d, const ModelConfig& c, const LoraConfig& lora,
+                                     const std::vector<LayerSpec>& layers);
+
+  // The parameter of that Hugging Face name (or a fused
+  // "…mlp.gate_up_proj.weight|bias"). REQUIRES: it exists.
+  const DeviceParam& at(const std::string& name) const { return params_.at(name); }
+  bool has(const std::string& name) const { return params_.count(name) != 0; }
+  // The LoRA group for a projection module (e.g.
+  // "model.layers.0.self_attn.q_proj" or "model.layers.0.mlp.gate_up_proj");
+  // null when it has no adapter.
+  const LoraPack* lora(const std::string& module) const {
+    auto it = lora_.find(module);
+    return it == lora_.end() ? nullptr : &it->second;
+  }
+
+  // Copies every device parameter from `weights` (blocks until the copy
+  // completes). Errors: NotFound naming a missing tensor, InvalidArgument
+  // naming one of the wrong size.
+  Status Upload(Device& d, const HostTensors& weights);
+  // Zeroes the gradients on the compute stream.
+  Status ZeroGrads(Device& d);
+  // Waits for the compute stream, downloads the gradients and adds them (+=)
+  // into `grads`.
+  Status DownloadAndAddGrads(Device& d, HostTensors& grads);
+
+ private:
+  std::map<std::string, DeviceParam> params_;
+  std::map<std::string, LoraPack> lora_;
+  DeviceBuffer weights_, grads_;
+  HostAllocation weights_mirror_, grads_mirror_;
+};
+
+}  // namespace ferry

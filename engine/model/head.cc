@@ -1,0 +1,90 @@
+#include "engine/model/head.h"
+
+#include <algorithm>
+
+#include "engine/model/decoder_blocks.h"
+#include "engine/model/projection.h"
+#include "engine/model/tensor_carver.h"
+#include "kernels/ops/layernorm.h"
+#include "kernels/ops/lm_head_loss.h"
+#include "kernels/ops/rmsnorm.h"
+
+namespace ferry {
+namespace {
+
+const char* NormName(const ModelConfig& c, bool bias) {
+  if (c.family == ModelFamily::kGpt2)
+    return bias ? "transformer.ln_f.bias" : "transformer.ln_f.weight";
+  return "model.norm.weight";
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Head>> Head::Create(Device& d, const ModelConfig& c,
+                                           const DeviceParams& params, BatchShape shape,
+                                           int64_t loss_chunk_tokens) {
+  std::unique_ptr<Head> h(new Head(d, c, params));
+  const int64_t N = shape.tokens(), C = c.hidden_size, V = c.vocab_size;
+  h->chunk_ = std::min(loss_chunk_tokens, N);
+  FERRY_ASSIGN_OR_RETURN(h->saved_buffer_, AllocateCarved(d, "head.saved", [&](TensorCarver& cv) {
+                           h->xn_ = cv.Take(DType::kF32, {N, C});
+                           h->mean_ = cv.Take(DType::kF32, {N});
+                           h->rstd_ = cv.Take(DType::kF32, {N});
+                           h->token_loss_ = cv.Take(DType::kF32, {N});
+                           h->targets_ = cv.Take(DType::kI32, {N});
+                         }));
+  const bool frozen = params.at("lm_head.weight").grad.data.is_null();
+  const size_t scratch =
+      LmHeadLossScratchBytes(d, h->chunk_, V, C, DType::kF32, DType::kF32, /*backward=*/true);
+  FERRY_ASSIGN_OR_RETURN(
+      h->workspace_buffer_, AllocateCarved(d, "head.workspace", [&](TensorCarver& cv) {
+        h->dxn_ = cv.Take(DType::kF32, {N, C});
+        h->scratch_ = cv.Take(DType::kF32, {int64_t(std::max<size_t>(scratch, 4) + 3) / 4});
+        h->sink_ = cv.Take(DType::kF32, {(frozen ? V * C : 0) + 2 * C});
+      }));
+  return h;
+}
+
+Tensor Head::W(const char* name) const { return params_.at(name).w; }
+
+Tensor Head::G(const char* name, int64_t sink_offset) const {
+  const DeviceParam& p = params_.at(name);
+  if (!p.grad.data.is_null()) return p.grad;
+  return SinkView(sink_, p.w.numel(), sink_offset).Reshape(p.w.shape);
+}
+
+Status Head::NormForward(Tensor x) {
+  const float eps = float(c_.norm_eps);
+  if (c_.norm == NormKind::kLayerNorm) {
+    return LayerNormForward(
+        d_, {x, W(NormName(c_, false)), W(NormName(c_, true)), xn_, mean_, rstd_, eps});
+  }
+  return RmsNormForward(d_, {x, W(NormName(c_, false)), xn_, rstd_, eps});
+}
+
+Status Head::ForwardBackward(Tensor x, double normalizer, Tensor dx) {
+  FERRY_RETURN_IF_ERROR(NormForward(x));
+  LmHeadLossArgs a;
+  a.h = xn_;
+  a.w = W("lm_head.weight");
+  a.targets = targets_.data.As<const int32_t>();
+  a.normalizer = normalizer;
+  a.chunk_tokens = chunk_;
+  a.token_loss = token_loss_;
+  a.dh = dxn_;
+  a.dw = G("lm_head.weight", 2 * c_.hidden_size);
+  a.scratch = scratch_;
+  FERRY_RETURN_IF_ERROR(LmHeadLossForwardBackward(d_, a));
+  if (c_.norm == NormKind::kLayerNorm) {
+    return LayerNormBackward(d_, {dxn_, x, W(NormName(c_, false)), mean_, rstd_, dx,
+                                  G(NormName(c_, false)), G(NormName(c_, true), c_.hidden_size)});
+  }
+  return RmsNormBackward(d_, {dxn_, x, W(NormName(c_, false)), rstd_, dx, G(NormName(c_, false))});
+}
+
+Status Head::Logits(Tensor x, Tensor logits) {
+  FERRY_RETURN_IF_ERROR(NormForward(x));
+  return MatMul(d_, xn_, W("lm_head.weight"), logits, false, true);
+}
+
+}  // namespace ferry

@@ -1,0 +1,66 @@
+// Head: the model's tail — final norm (RMSNorm or LayerNorm) and the fused LM
+// head + cross-entropy (kernels/ops/lm_head_loss.h), forward and backward in
+// one pass.
+//
+// Buffers (planned at creation): "head.saved" (normed input, norm statistics,
+// per-token loss, targets) and "head.workspace" (the normed input's gradient,
+// the loss op's scratch, and a gradient sink for frozen weights: under LoRA the
+// head is frozen but the fused op always accumulates a dW).
+//
+// Accumulation: dx (the gradient of the head's input) is written (=); the
+// gradients of trainable head parameters (final norm, lm_head — tied or not)
+// are accumulated (+=).
+//
+// Ownership: owns its buffers; refers to the DeviceParams it was created with.
+// Thread-safety: one host thread at a time.
+#pragma once
+
+#include <memory>
+
+#include "engine/model/device_params.h"
+#include "engine/model/model_config.h"
+#include "engine/model/param_spec.h"
+#include "kernels/device.h"
+
+namespace ferry {
+
+class Head {
+ public:
+  static Result<std::unique_ptr<Head>> Create(Device& d, const ModelConfig& c,
+                                              const DeviceParams& params, BatchShape shape,
+                                              int64_t loss_chunk_tokens);
+
+  // i32 (N): the targets, kIgnoreIndex where masked; the caller uploads them
+  // before a step.
+  Tensor targets() const { return targets_; }
+  // f32 (N): -log p of each target (0 where masked), written by
+  // ForwardBackward.
+  Tensor token_loss() const { return token_loss_; }
+
+  // token_loss and gradients of sum(token_loss) / normalizer: dx (=),
+  // parameters (+=).
+  Status ForwardBackward(Tensor x, double normalizer, Tensor dx);
+  // logits (N, V) = norm(x) W^T, written (=).
+  Status Logits(Tensor x, Tensor logits);
+
+ private:
+  Head(Device& d, const ModelConfig& c, const DeviceParams& params)
+      : d_(d), c_(c), params_(params) {}
+  Status NormForward(Tensor x);
+  Tensor W(const char* name) const;
+  // The gradient, or a view of the sink from element sink_offset when frozen
+  // (the sink holds the norm weight's at 0, the norm bias's at C, the head
+  // weight's at 2C).
+  Tensor G(const char* name, int64_t sink_offset = 0) const;
+
+  Device& d_;
+  const ModelConfig& c_;
+  const DeviceParams& params_;
+  int64_t chunk_ = 256;
+  Tensor xn_, mean_, rstd_, token_loss_,
+      targets_;                  // (N, C), (N), (N), (N), i32 (N)
+  Tensor dxn_, scratch_, sink_;  // (N, C), bytes, (2C [+ V*C when frozen])
+  DeviceBuffer saved_buffer_, workspace_buffer_;
+};
+
+}  // namespace ferry

@@ -1,0 +1,330 @@
+// ModelRunner's one implementation: host embedding, DecoderBlocks, Head over
+// DeviceParams, with per-block recomputation (engine/model/model_runner.h has
+// the contract).
+#include "engine/model/model_runner.h"
+
+#include <cstring>
+
+#include "engine/model/decoder_blocks.h"
+#include "engine/model/device_params.h"
+#include "engine/model/embedding.h"
+#include "engine/model/head.h"
+#include "engine/model/tensor_carver.h"
+
+namespace ferry {
+namespace {
+
+// Byte offsets of the regions of the host staging allocation.
+struct Staging {
+  size_t hidden = 0;     // (N, C) f32: block 0's input up, its gradient down
+  size_t targets = 0;    // (N) i32
+  size_t positions = 0;  // (N) i32
+  size_t loss = 0;       // (N) f32
+  size_t bytes = 0;
+};
+
+class Runner final : public ModelRunner {
+ public:
+  Runner(Device& d, const ModelConfig& c, const LoraConfig& lora, const ModelRunnerOptions& o)
+      : d_(d), c_(c), lora_(lora), o_(o) {}
+
+  Status Init() {
+    const int64_t N = o_.shape.tokens(), C = c_.hidden_size, L = c_.num_layers;
+    layers_ = BuildLayerSpecs(c_, lora_);
+    FERRY_ASSIGN_OR_RETURN(params_, DeviceParams::Create(d_, c_, lora_, layers_));
+    FERRY_ASSIGN_OR_RETURN(io_buffer_, AllocateCarved(d_, "runner.io", [&](TensorCarver& cv) {
+                             positions_ = cv.Take(DType::kI32, {N});
+                             hidden_.clear();
+                             for (int64_t i = 0; i <= L; ++i)
+                               hidden_.push_back(cv.Take(DType::kF32, {N, C}));
+                             grad_[0] = cv.Take(DType::kF32, {N, C});
+                             grad_[1] = cv.Take(DType::kF32, {N, C});
+                           }));
+    // Slots: a block kept whole has its own; recomputed blocks share the last
+    // one.
+    int slots = 0;
+    bool any_recompute = false;
+    for (int64_t i = 0; i < L; ++i) {
+      if (Recomputed(i)) {
+        any_recompute = true;
+      } else {
+        slot_.push_back(slots++);
+        continue;
+      }
+      slot_.push_back(-1);
+    }
+    if (any_recompute) {
+      for (int& s : slot_) s = s < 0 ? slots : s;
+      ++slots;
+    }
+    BlocksContext ctx{&d_, &c_, &params_, o_.shape, std::max(slots, 1), positions_};
+    if (c_.family == ModelFamily::kGpt2) {
+      FERRY_ASSIGN_OR_RETURN(blocks_, CreateGpt2Blocks(ctx));
+    } else {
+      FERRY_ASSIGN_OR_RETURN(blocks_, CreateLlamaBlocks(ctx));
+    }
+    FERRY_ASSIGN_OR_RETURN(head_, Head::Create(d_, c_, params_, o_.shape, o_.loss_chunk_tokens));
+
+    staging_.hidden = 0;
+    staging_.targets = size_t(N * C) * 4;
+    staging_.positions = staging_.targets + size_t(N) * 4;
+    staging_.loss = staging_.positions + size_t(N) * 4;
+    staging_.bytes = staging_.loss + size_t(N) * 4;
+    FERRY_ASSIGN_OR_RETURN(host_, HostAllocation::Map(staging_.bytes, "runner staging"));
+    int32_t* pos = reinterpret_cast<int32_t*>(host_.data() + staging_.positions);
+    for (int64_t n = 0; n < N; ++n) pos[n] = int32_t(n % o_.shape.seq_len);
+    FERRY_RETURN_IF_ERROR(d_.CopyToDevice(
+        positions_.data, host_.Span(staging_.positions, size_t(N) * 4), size_t(N) * 4));
+    return Upload();  // ordered before any compute by the event
+  }
+
+  Status UploadWeights(const HostTensors& weights) override {
+    const std::string wte =
+        c_.family == ModelFamily::kGpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
+    auto it = weights.tensors.find(wte);
+    if (it == weights.tensors.end() ||
+        int64_t(it->second.size()) != c_.vocab_size * c_.hidden_size) {
+      return Status::InvalidArgument("the weights lack '" + wte + "' of " +
+                                     std::to_string(c_.vocab_size) + " x " +
+                                     std::to_string(c_.hidden_size) + " values");
+    }
+    wte_ = it->second;
+    if (c_.learned_positions) {
+      auto p = weights.tensors.find("transformer.wpe.weight");
+      if (p == weights.tensors.end() ||
+          int64_t(p->second.size()) != c_.max_position_embeddings * c_.hidden_size) {
+        return Status::InvalidArgument("the weights lack 'transformer.wpe.weight' of " +
+                                       std::to_string(c_.max_position_embeddings) + " x " +
+                                       std::to_string(c_.hidden_size) + " values");
+      }
+      wpe_ = p->second;
+    }
+    FERRY_RETURN_IF_ERROR(params_.Upload(d_, weights));
+    uploaded_ = true;
+    return Status::Ok();
+  }
+
+  Result<double> AccumulateGradients(const MicroBatchInput& mb, HostTensors& grads) override {
+    const int64_t N = o_.shape.tokens(), L = c_.num_layers;
+    if (int64_t(mb.targets.size()) != N) {
+      return Status::InvalidArgument("micro-batch targets hold " +
+                                     std::to_string(mb.targets.size()) +
+                                     " ids, expected B*T = " + std::to_string(N));
+    }
+    if (!(mb.normalizer > 0)) {
+      return Status::InvalidArgument(
+          "the loss normalizer must be positive (the number of "
+          "non-masked targets in the global batch)");
+    }
+    FERRY_RETURN_IF_ERROR(EmbedAndUpload(mb.tokens));
+    std::memcpy(host_.data() + staging_.targets, mb.targets.data(), size_t(N) * 4);
+    FERRY_RETURN_IF_ERROR(d_.CopyToDevice(
+        head_->targets().data, host_.Span(staging_.targets, size_t(N) * 4), size_t(N) * 4));
+    FERRY_RETURN_IF_ERROR(Upload());
+    FERRY_RETURN_IF_ERROR(params_.ZeroGrads(d_));
+    for (int64_t i = 0; i < L; ++i) FERRY_RETURN_IF_ERROR(BlockForward(i));
+    Tensor dy = grad_[0], dx = grad_[1];
+    FERRY_RETURN_IF_ERROR(head_->ForwardBackward(hidden_[size_t(L)], mb.normalizer, dy));
+    for (int64_t i = L - 1; i >= 0; --i) {
+      if (Recomputed(i)) FERRY_RETURN_IF_ERROR(BlockForward(i));
+      FERRY_RETURN_IF_ERROR(blocks_->Backward(i, slot_[size_t(i)], hidden_[size_t(i)], dy, dx));
+      std::swap(dy, dx);
+    }
+    // dy now holds the gradient of block 0's input (the embedding output).
+    FERRY_RETURN_IF_ERROR(Download(dy, staging_.hidden));
+    FERRY_RETURN_IF_ERROR(Download(head_->token_loss(), staging_.loss));
+    FERRY_RETURN_IF_ERROR(d_.Synchronize(StreamId::kDownload));
+    FERRY_RETURN_IF_ERROR(params_.DownloadAndAddGrads(d_, grads));
+    if (!lora_.enabled()) FERRY_RETURN_IF_ERROR(EmbeddingGrad(mb.tokens, grads));
+    const float* loss = reinterpret_cast<const float*>(host_.data() + staging_.loss);
+    double sum = 0;
+    for (int64_t n = 0; n < N; ++n) sum += loss[n];
+    return sum / mb.normalizer;
+  }
+
+  // Enqueued copies and kernels read the staging memory and the device buffers: let them finish
+  // before either is freed.
+  ~Runner() override { SynchronizeStreams(); }
+
+  Result<std::vector<float>> Logits(std::span<const int32_t> tokens) override {
+    const int64_t N = o_.shape.tokens(), L = c_.num_layers, V = c_.vocab_size;
+    // Evaluation only: the (N, V) logits are allocated for this call, not planned.
+    const size_t bytes = size_t(N * V) * 4;
+    FERRY_ASSIGN_OR_RETURN(DeviceBuffer buf, d_.Allocate(bytes, "runner.logits"));
+    FERRY_ASSIGN_OR_RETURN(HostAllocation host, HostAllocation::Map(bytes, "logits staging"));
+    auto run = [&]() -> Status {
+      FERRY_RETURN_IF_ERROR(EmbedAndUpload(tokens));
+      FERRY_RETURN_IF_ERROR(Upload());
+      for (int64_t i = 0; i < L; ++i) FERRY_RETURN_IF_ERROR(BlockForward(i));
+      FERRY_RETURN_IF_ERROR(head_->Logits(hidden_[size_t(L)], buf.View(DType::kF32, {N, V})));
+      FERRY_ASSIGN_OR_RETURN(Event done, d_.CreateEvent());
+      FERRY_RETURN_IF_ERROR(d_.Record(done, StreamId::kCompute));
+      FERRY_RETURN_IF_ERROR(d_.Wait(StreamId::kDownload, done));
+      FERRY_RETURN_IF_ERROR(d_.CopyToHost(host.Whole(), buf.data(), bytes));
+      return d_.Synchronize(StreamId::kDownload);
+    };
+    const Status status = run();
+    if (!status.ok()) {
+      SynchronizeStreams();  // buf and host die here: nothing may still use them
+      return status;
+    }
+    const float* p = reinterpret_cast<const float*>(host.data());
+    return std::vector<float>(p, p + N * V);
+  }
+
+  RunnerStats stats() const override {
+    RunnerStats s = stats_;
+    s.arena_peak_bytes = d_.arena_stats().peak;
+    return s;
+  }
+
+ private:
+  // Waits for this runner's work on every stream (errors are reported by the calls that
+  // enqueued the work, or the next synchronize).
+  void SynchronizeStreams() {
+    for (StreamId s : {StreamId::kUpload, StreamId::kCompute, StreamId::kDownload}) {
+      (void)d_.Synchronize(s);
+    }
+  }
+
+  bool Recomputed(int64_t i) const { return !o_.recompute.empty() && o_.recompute[size_t(i)]; }
+
+  Status BlockForward(int64_t i) {
+    ++stats_.block_forward_calls;
+    return blocks_->Forward(i, slot_[size_t(i)], hidden_[size_t(i)], hidden_[size_t(i) + 1]);
+  }
+
+  // Host gather of the embedding into staging, then its upload into hidden_[0].
+  Status EmbedAndUpload(std::span<const int32_t> tokens) {
+    const int64_t N = o_.shape.tokens(), C = c_.hidden_size;
+    if (!uploaded_) {
+      return Status::FailedPrecondition("ModelRunner: call UploadWeights before running a batch");
+    }
+    if (int64_t(tokens.size()) != N) {
+      return Status::InvalidArgument("micro-batch tokens hold " + std::to_string(tokens.size()) +
+                                     " ids, expected B*T = " + std::to_string(N));
+    }
+    // The previous batch's downloads read the staging memory: they finished
+    // (synchronized).
+    const EmbeddingShape shape{c_.vocab_size, c_.learned_positions ? c_.max_position_embeddings : 0,
+                               C};
+    std::span<float> out = host_.Span(staging_.hidden, size_t(N * C) * 4).as<float>();
+    FERRY_RETURN_IF_ERROR(EmbeddingForward(shape, wte_, wpe_, tokens, Positions(), out));
+    return d_.CopyToDevice(hidden_[0].data, host_.Span(staging_.hidden, size_t(N * C) * 4),
+                           size_t(N * C) * 4);
+  }
+
+  std::span<const int32_t> Positions() const {
+    if (!c_.learned_positions) return {};
+    return host_.Span(staging_.positions, size_t(o_.shape.tokens()) * 4).as<const int32_t>();
+  }
+
+  // Makes the compute stream wait for everything enqueued on the upload stream
+  // so far.
+  Status Upload() {
+    FERRY_ASSIGN_OR_RETURN(Event uploaded, d_.CreateEvent());
+    FERRY_RETURN_IF_ERROR(d_.Record(uploaded, StreamId::kUpload));
+    return d_.Wait(StreamId::kCompute, uploaded);
+  }
+
+  // Enqueues the download of `t` into staging at `offset` after the compute
+  // enqueued so far.
+  Status Download(Tensor t, size_t offset) {
+    FERRY_ASSIGN_OR_RETURN(Event computed, d_.CreateEvent());
+    FERRY_RETURN_IF_ERROR(d_.Record(computed, StreamId::kCompute));
+    FERRY_RETURN_IF_ERROR(d_.Wait(StreamId::kDownload, computed));
+    return d_.CopyToHost(host_.Span(offset, t.bytes()), t.data, t.bytes());
+  }
+
+  // Scatter-adds the downloaded gradient of the embedding output into the table
+  // gradients.
+  Status EmbeddingGrad(std::span<const int32_t> tokens, HostTensors& grads) {
+    const int64_t N = o_.shape.tokens(), C = c_.hidden_size;
+    const bool gpt2 = c_.family == ModelFamily::kGpt2;
+    const std::string wte = gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
+    auto it = grads.tensors.find(wte);
+    if (it == grads.tensors.end() || int64_t(it->second.size()) != c_.vocab_size * C) {
+      return Status::InvalidArgument("the gradients lack '" + wte + "'");
+    }
+    std::span<float> dwpe;
+    if (c_.learned_positions) {
+      auto p = grads.tensors.find("transformer.wpe.weight");
+      if (p == grads.tensors.end() || int64_t(p->second.size()) != c_.max_position_embeddings * C) {
+        return Status::InvalidArgument("the gradients lack 'transformer.wpe.weight'");
+      }
+      dwpe = p->second;
+    }
+    const EmbeddingShape shape{c_.vocab_size, c_.learned_positions ? c_.max_position_embeddings : 0,
+                               C};
+    EmbeddingBackward(shape, host_.Span(staging_.hidden, size_t(N * C) * 4).as<const float>(),
+                      tokens, Positions(), it->second, dwpe);
+    return Status::Ok();
+  }
+
+  Device& d_;
+  const ModelConfig c_;
+  const LoraConfig lora_;
+  const ModelRunnerOptions o_;
+  std::vector<LayerSpec> layers_;
+  DeviceParams params_;
+  DeviceBuffer io_buffer_;
+  Tensor positions_;            // i32 (N)
+  std::vector<Tensor> hidden_;  // L + 1 of (N, C): each block's input, then the head's
+  Tensor grad_[2];              // (N, C) x2: the backward's gradient stream, ping-pong
+  std::vector<int> slot_;       // per block: its saved-activation slot
+  std::unique_ptr<DecoderBlocks> blocks_;
+  std::unique_ptr<Head> head_;
+  Staging staging_;
+  HostAllocation host_;
+  std::vector<float> wte_,
+      wpe_;  // host copies of the embedding tables (the gather runs here)
+  bool uploaded_ = false;
+  RunnerStats stats_;
+};
+
+Status ValidateRunner(const ModelConfig& c, const LoraConfig& lora, const ModelRunnerOptions& o) {
+  FERRY_RETURN_IF_ERROR(ValidateModelConfig(c));
+  FERRY_RETURN_IF_ERROR(CheckTrainable(c));
+  FERRY_RETURN_IF_ERROR(ValidateLoraConfig(lora));
+  if (o.compute_dtype != DType::kF32) {
+    return Status::InvalidArgument(
+        "ModelRunner computes in f32 only for now; bf16/f16 compute "
+        "is not implemented yet: use compute dtype f32");
+  }
+  if (o.shape.batch < 1 || o.shape.seq_len < 1) {
+    return Status::InvalidArgument("micro-batch shape must be at least 1 x 1, got " +
+                                   std::to_string(o.shape.batch) + " x " +
+                                   std::to_string(o.shape.seq_len));
+  }
+  if (c.learned_positions && o.shape.seq_len > c.max_position_embeddings) {
+    return Status::InvalidArgument("seq_len " + std::to_string(o.shape.seq_len) +
+                                   " exceeds the model's " +
+                                   std::to_string(c.max_position_embeddings) +
+                                   " learned positions; use a shorter sequence length");
+  }
+  if (!o.recompute.empty() && int64_t(o.recompute.size()) != c.num_layers) {
+    return Status::InvalidArgument("recompute has " + std::to_string(o.recompute.size()) +
+                                   " entries; give one per decoder block (" +
+                                   std::to_string(c.num_layers) + ") or none");
+  }
+  if (o.loss_chunk_tokens < 1) {
+    return Status::InvalidArgument("loss_chunk_tokens must be positive");
+  }
+  if (c.family == ModelFamily::kGpt2 && c.head_dim * c.num_heads != c.hidden_size) {
+    return Status::InvalidArgument("GPT-2 needs head_dim * num_heads == hidden_size");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(Device& device, const ModelConfig& config,
+                                                         const LoraConfig& lora,
+                                                         const ModelRunnerOptions& options) {
+  FERRY_RETURN_IF_ERROR(ValidateRunner(config, lora, options));
+  auto runner = std::make_unique<Runner>(device, config, lora, options);
+  FERRY_RETURN_IF_ERROR(runner->Init());
+  return std::unique_ptr<ModelRunner>(std::move(runner));
+}
+
+}  // namespace ferry

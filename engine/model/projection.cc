@@ -1,0 +1,88 @@
+#include "engine/model/projection.h"
+
+#include "kernels/ops/gemm.h"
+#include "kernels/ops/gemm_bias_grad.h"
+
+namespace ferry {
+
+Status MatMul(Device& d, Tensor a, Tensor b, Tensor c, bool trans_a, bool trans_b, float alpha,
+              float beta, Tensor bias) {
+  return Gemm(d, {.a = a,
+                  .b = b,
+                  .c = c,
+                  .bias = bias,
+                  .scratch = {},  // f32 operands need none
+                  .trans_a = trans_a,
+                  .trans_b = trans_b,
+                  .alpha = alpha,
+                  .beta = beta});
+}
+
+ProjectionPart PartOf(const DeviceParams& params, const std::string& module, Tensor y, Tensor dy) {
+  ProjectionPart part;
+  const DeviceParam& w = params.at(module + ".weight");
+  part.w = w.w;
+  part.dw = w.grad;
+  if (params.has(module + ".bias")) {
+    const DeviceParam& b = params.at(module + ".bias");
+    part.b = b.w;
+    part.db = b.grad;
+  }
+  part.y = y;
+  part.dy = dy;
+  return part;
+}
+
+namespace {
+
+// Rows [row, row + rows) of B (out, R) as an (rows, R) tensor.
+Tensor LoraRows(const Tensor& b, int64_t row, int64_t rows) { return b.Rows(row, row + rows); }
+
+}  // namespace
+
+Status ProjectionForward(Device& d, const Projection& p, Tensor x, Tensor u) {
+  for (const ProjectionPart& part : p.parts) {
+    FERRY_RETURN_IF_ERROR(MatMul(d, x, part.w, part.y, false, true, 1, 0, part.b));
+  }
+  if (p.lora == nullptr) return Status::Ok();
+  const LoraPack& l = *p.lora;
+  FERRY_RETURN_IF_ERROR(MatMul(d, x, l.a, u, false, true));
+  int64_t row = 0;
+  for (const ProjectionPart& part : p.parts) {
+    const int64_t rows = part.w.dim(0);
+    FERRY_RETURN_IF_ERROR(
+        MatMul(d, u, LoraRows(l.b, row, rows), part.y, false, true, l.scaling, 1));
+    row += rows;
+  }
+  return Status::Ok();
+}
+
+Status ProjectionBackward(Device& d, const Projection& p, Tensor x, Tensor u, Tensor du, Tensor dx,
+                          bool accumulate_dx) {
+  bool dx_written = accumulate_dx;
+  for (const ProjectionPart& part : p.parts) {
+    FERRY_RETURN_IF_ERROR(MatMul(d, part.dy, part.w, dx, false, false, 1, dx_written ? 1 : 0));
+    dx_written = true;
+    if (!part.dw.data.is_null()) {
+      FERRY_RETURN_IF_ERROR(MatMul(d, part.dy, x, part.dw, true, false, 1, 1));
+    }
+    if (!part.db.data.is_null()) FERRY_RETURN_IF_ERROR(BiasGrad(d, {part.dy, part.db}));
+  }
+  if (p.lora == nullptr) return Status::Ok();
+  const LoraPack& l = *p.lora;
+  int64_t row = 0;
+  bool first = true;
+  for (const ProjectionPart& part : p.parts) {
+    const int64_t rows = part.w.dim(0);
+    FERRY_RETURN_IF_ERROR(
+        MatMul(d, part.dy, u, LoraRows(l.db, row, rows), true, false, l.scaling, 1));
+    FERRY_RETURN_IF_ERROR(
+        MatMul(d, part.dy, LoraRows(l.b, row, rows), du, false, false, l.scaling, first ? 0 : 1));
+    first = false;
+    row += rows;
+  }
+  FERRY_RETURN_IF_ERROR(MatMul(d, du, x, l.da, true, false, 1, 1));
+  return MatMul(d, du, l.a, dx, false, false, 1, 1);
+}
+
+}  // namespace ferry

@@ -1,0 +1,110 @@
+#include "engine/train/master_weights.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "engine/model/weights_io.h"
+#include "engine/plan/timeline_writers.h"
+
+namespace ferry {
+namespace {
+
+bool Selected(const ParamSpec& p, ParamSelection which) {
+  switch (which) {
+    case ParamSelection::kAll:
+      return true;
+    case ParamSelection::kBase:
+      return !p.lora;
+    case ParamSelection::kLora:
+      return p.lora;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::vector<const ParamSpec*> StorageParams(const std::vector<LayerSpec>& layers) {
+  std::vector<const ParamSpec*> out;
+  for (const LayerSpec& l : layers) {
+    for (const ParamSpec& p : l.params) {
+      if (p.tied_to.empty()) out.push_back(&p);
+    }
+  }
+  return out;
+}
+
+HostTensors InitMasterWeights(const std::vector<LayerSpec>& layers, uint64_t seed) {
+  HostTensors w;
+  for (const ParamSpec* p : StorageParams(layers)) {
+    std::vector<float>& t = w.tensors[p->name];
+    t.resize(size_t(p->numel()));
+    InitParameter(*p, seed, t);
+  }
+  return w;
+}
+
+Status LoadMasterWeights(const SafetensorsFile& file, const std::vector<LayerSpec>& layers,
+                         ParamSelection which, HostTensors& weights) {
+  for (const ParamSpec* p : StorageParams(layers)) {
+    if (!Selected(*p, which)) continue;
+    FERRY_RETURN_IF_ERROR(LoadParameter(file, *p, weights.at(p->name)));
+  }
+  return Status::Ok();
+}
+
+Status SaveMasterWeights(const std::string& path, const std::vector<LayerSpec>& layers,
+                         ParamSelection which, const HostTensors& weights, DType dtype) {
+  SafetensorsWriter writer;
+  writer.SetMetadata("format", "pt");
+  for (const ParamSpec* p : StorageParams(layers)) {
+    if (Selected(*p, which)) AddParameter(writer, *p, weights.tensors.at(p->name), dtype);
+  }
+  return writer.Write(path);
+}
+
+nlohmann::json PeftAdapterConfig(const ModelConfig& model, const LoraConfig& lora) {
+  // PEFT names a LoRA'd module by its last component (q_proj, c_attn, ...).
+  const std::vector<std::pair<LoraTarget, std::string>> llama = {
+      {kLoraQ, "q_proj"},       {kLoraK, "k_proj"},   {kLoraV, "v_proj"},      {kLoraO, "o_proj"},
+      {kLoraGate, "gate_proj"}, {kLoraUp, "up_proj"}, {kLoraDown, "down_proj"}};
+  const std::vector<std::pair<LoraTarget, std::string>> gpt2 = {
+      {kLoraQ, "c_attn"},      {kLoraK, "c_attn"}, {kLoraV, "c_attn"},
+      {kLoraO, "attn.c_proj"}, {kLoraUp, "c_fc"},  {kLoraDown, "mlp.c_proj"}};
+  std::set<std::string> modules;
+  for (const auto& [bit, name] : model.family == ModelFamily::kGpt2 ? gpt2 : llama) {
+    if (lora.Targets(bit)) modules.insert(name);
+  }
+  return {{"peft_type", "LORA"},
+          {"task_type", "CAUSAL_LM"},
+          {"base_model_name_or_path", nullptr},
+          {"r", lora.rank},
+          {"lora_alpha", lora.alpha},
+          {"lora_dropout", 0.0},
+          {"bias", "none"},
+          {"fan_in_fan_out", model.family == ModelFamily::kGpt2},
+          {"use_rslora", false},
+          {"use_dora", false},
+          {"inference_mode", true},
+          {"init_lora_weights", true},
+          {"modules_to_save", nullptr},
+          {"target_modules", std::vector<std::string>(modules.begin(), modules.end())}};
+}
+
+Status WriteFinalWeights(const std::string& dir, const ModelConfig& model, const LoraConfig& lora,
+                         const std::vector<LayerSpec>& layers, const HostTensors& weights,
+                         bool with_base) {
+  if (lora.enabled()) {
+    FERRY_RETURN_IF_ERROR(SaveMasterWeights(dir + "/adapter_model.safetensors", layers,
+                                            ParamSelection::kLora, weights));
+    FERRY_RETURN_IF_ERROR(plan::WriteTextFile(dir + "/adapter_config.json",
+                                              PeftAdapterConfig(model, lora).dump(2) + "\n"));
+  }
+  if (!lora.enabled() || with_base) {
+    FERRY_RETURN_IF_ERROR(
+        SaveMasterWeights(dir + "/model.safetensors", layers, ParamSelection::kBase, weights));
+  }
+  return plan::WriteTextFile(dir + "/config.json", ToHfConfigJson(model).dump(2) + "\n");
+}
+
+}  // namespace ferry

@@ -1,0 +1,60 @@
+// The host fp32 master copy of a model's parameters: creating it (fresh from a seed, or read from
+// safetensors files) and writing it out as Hugging Face / PEFT files.
+//
+// Only storage-owning parameters have an entry (a tied alias has none: it is the same tensor as its
+// owner). Values are in ferry's master layout (engine/model/weights_io.h: MasterShape).
+//
+// Stateless functions over caller-owned HostTensors; thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/model/lora_config.h"
+#include "engine/model/model_config.h"
+#include "engine/model/model_runner.h"
+#include "engine/model/param_spec.h"
+#include "engine/model/safetensors.h"
+#include "kernels/status.h"
+
+namespace ferry {
+
+// Which parameters a load or a save touches.
+enum class ParamSelection {
+  kAll,   // every storage-owning parameter
+  kBase,  // the model's own parameters (not LoRA A/B)
+  kLora,  // LoRA A/B matrices only (PEFT names)
+};
+
+// The storage-owning parameters of `layers` (tied aliases skipped), in layer order.
+std::vector<const ParamSpec*> StorageParams(const std::vector<LayerSpec>& layers);
+
+// A buffer for every storage-owning parameter, filled by InitParameter(p, seed): a pure function of
+// (seed, name, index), whatever the order.
+HostTensors InitMasterWeights(const std::vector<LayerSpec>& layers, uint64_t seed);
+
+// Overwrites the selected parameters of `weights` with the values in `file` (any float dtype;
+// GPT-2's Conv1D transposed into the master layout). Errors name the tensor and the file. REQUIRES:
+// `weights` has an entry for each storage-owning parameter (InitMasterWeights).
+Status LoadMasterWeights(const SafetensorsFile& file, const std::vector<LayerSpec>& layers,
+                         ParamSelection which, HostTensors& weights);
+
+// Writes the selected parameters to `path` with their Hugging Face (or PEFT) names and checkpoint
+// layout, as `dtype`.
+Status SaveMasterWeights(const std::string& path, const std::vector<LayerSpec>& layers,
+                         ParamSelection which, const HostTensors& weights,
+                         DType dtype = DType::kF32);
+
+// Writes a run's final weights into `dir`: full fine-tuning: model.safetensors; LoRA:
+// adapter_model.safetensors + adapter_config.json (PEFT's format: `peft` loads them onto the base
+// model), plus the frozen base as model.safetensors when `with_base` (a base initialized from the
+// seed exists nowhere else). Either way config.json (the Hugging Face config of the model).
+Status WriteFinalWeights(const std::string& dir, const ModelConfig& model, const LoraConfig& lora,
+                         const std::vector<LayerSpec>& layers, const HostTensors& weights,
+                         bool with_base);
+
+// PEFT's adapter_config.json for `lora` (target module names as PEFT lists them).
+nlohmann::json PeftAdapterConfig(const ModelConfig& model, const LoraConfig& lora);
+
+}  // namespace ferry

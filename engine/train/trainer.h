@@ -1,0 +1,100 @@
+// Trainer: optimizer steps of one model on one device. It owns the host fp32 master weights and
+// the AdamW state, and drives the device only through a ModelRunner (weights uploaded from the
+// master copy, gradients downloaded into host buffers), so the pipeline executor can generalize
+// it rather than replace it.
+//
+// One Step(global batch):
+//   1. zero the host gradient of every trainable storage-owning parameter;
+//   2. for each micro-batch, ModelRunner::AccumulateGradients with normalizer = the non-masked
+//      targets of the whole global batch (Batcher::ValidTargets), so the accumulated gradient is
+//      exactly that of one big batch; a tied alias's gradient arrives already added to its
+//      owner's (the runner's contract);
+//   3. the global gradient norm (double sums in parameter order, cpu::AdamWKernel::SumOfSquares)
+//      -> the clip coefficient (grad_clip.h), applied as AdamW's grad_scale;
+//   4. AdamW (bias-corrected, decoupled weight decay only where ParamSpec::decays) at the
+//      warm-up + cosine rate of this update (lr_schedule.h), on trainable parameters only —
+//      frozen LoRA base weights have no gradient and no optimizer state;
+//   5. ModelRunner::UploadWeights from the updated master copy.
+// Everything is a pure function of the initial weights and the batches: no hidden RNG state.
+//
+// Ownership: the runner and pool are borrowed and must outlive the Trainer.
+// Thread-safety: one thread drives a Trainer at a time.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/model/model_runner.h"
+#include "engine/model/param_spec.h"
+#include "engine/train/dataset.h"
+#include "engine/train/lr_schedule.h"
+#include "kernels/cpu/adamw.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/status.h"
+
+namespace ferry {
+
+struct OptimizerOptions {
+  LrSchedule schedule;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.0;  // applied only to parameters whose spec decays
+  double grad_clip = 0.0;     // global-norm threshold; 0: off
+};
+
+struct StepStats {
+  int64_t step = 0;           // 0-based index of the update just made
+  double loss = 0;            // mean over the global batch's non-masked targets
+  double lr = 0;              // the rate this update used
+  double grad_norm = 0;       // global norm before clipping
+  double clip_coef = 1;       // min(1, clip / (norm + 1e-6)); 1 without clipping
+  int64_t tokens = 0;         // tokens processed (B * T over the micro-batches)
+  int64_t valid_targets = 0;  // the loss normalizer
+};
+
+class Trainer {
+ public:
+  // `weights` holds every storage-owning parameter of `layers` (master_weights.h); they are
+  // uploaded to the runner here. `pool` (may be null) runs the optimizer on the host. Errors:
+  // InvalidArgument for bad optimizer options; the runner's upload errors.
+  static Result<std::unique_ptr<Trainer>> Create(ModelRunner* runner, std::vector<LayerSpec> layers,
+                                                 HostTensors weights,
+                                                 const OptimizerOptions& options, ThreadPool* pool);
+
+  // One optimizer update over the global batch `micro_batches` (all of one shape). Errors:
+  // InvalidArgument when the batch has no non-masked target; the runner's errors.
+  Result<StepStats> Step(std::span<const MicroBatch> micro_batches);
+
+  int64_t steps_done() const { return step_; }
+  const HostTensors& weights() const { return weights_; }
+  const std::vector<LayerSpec>& layers() const { return layers_; }
+  // Bytes of AdamW state (m and v) held: 8 per trainable element.
+  size_t optimizer_state_bytes() const;
+  bool has_optimizer_state(const std::string& name) const { return state_.count(name) != 0; }
+
+ private:
+  struct State {
+    const ParamSpec* spec = nullptr;
+    std::vector<float> m, v;
+  };
+  Trainer(ModelRunner* runner, std::vector<LayerSpec> layers, HostTensors weights,
+          const OptimizerOptions& options, ThreadPool* pool);
+
+  ModelRunner* runner_;  // not owned
+  std::vector<LayerSpec> layers_;
+  HostTensors weights_;                 // fp32 master weights, storage-owning parameters
+  HostTensors grads_;                   // trainable storage-owning parameters only
+  std::map<std::string, State> state_;  // AdamW moments, trainable parameters only
+  std::vector<std::string> order_;      // trainable names in layer order (deterministic sums)
+  OptimizerOptions options_;
+  ThreadPool* pool_;  // not owned; may be null
+  cpu::AdamWKernel kernel_;
+  int64_t step_ = 0;
+};
+
+}  // namespace ferry
