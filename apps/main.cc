@@ -1,10 +1,12 @@
 // ferry: one binary, CLI11 subcommands.
 //
 // Exit codes: 0 success; 1 bad input or a run-time failure (one line on stderr says what to
-// change); 2 the requested work is not available in this build yet.
+// change); 2 the requested work is not available in this build yet; 3 `ferry plan`: nothing fits.
 #include <CLI/CLI.hpp>
 
 #include "apps/demo_command.h"
+#include "apps/plan_command.h"
+#include "apps/probe_command.h"
 #include "apps/train_command.h"
 
 int main(int argc, char** argv) {
@@ -12,6 +14,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   ferry::TrainCommand train;
   ferry::AddTrainCommand(app, &train);
+  ferry::PlanCommand plan;
+  ferry::AddPlanCommand(app, &plan);
+  ferry::ProbeCommand probe;
+  ferry::AddProbeCommand(app, &probe);
   ferry::AddDemoCommand(app);
   try {
     app.parse(argc, argv);
@@ -24,9 +30,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // One line: what is wrong, and where to look.
     std::fprintf(stderr, "ferry: %s (see ferry %s--help)\n", e.what(),
-                 train.app->parsed() ? "train " : "");
+                 train.app->parsed() ? "train " : (plan.app->parsed() ? "plan " : ""));
     return 1;
   }
   if (train.app->parsed()) return ferry::RunTrainCommand(train);
+  if (plan.app->parsed()) return ferry::RunPlanCommand(plan);
+  if (probe.app->parsed()) return ferry::RunProbeCommand(probe);
   return 0;
 }

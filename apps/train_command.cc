@@ -7,21 +7,62 @@
 namespace ferry {
 namespace {
 
-// Job files are TOML whose keys are `ferry train`'s long flags without the dashes (`steps = 100`,
-// `lora-rank = 8`). CLI11 processes config files on the top-level app only, so --config lives
-// there (train lets it fall through) and this reader files top-level keys under [train].
-class TrainJobFile : public CLI::ConfigTOML {
+// Job files are TOML whose keys are the job options' long flags without the dashes (`steps = 100`,
+// `lora-rank = 8`), shared by `ferry train` and `ferry plan`. CLI11 processes config files on the
+// top-level app only, so --config lives there (the subcommands let it fall through) and this
+// reader files top-level keys under the subcommand that was selected (train when none was).
+class JobFile : public CLI::ConfigTOML {
  public:
+  explicit JobFile(const CLI::App* parent) : parent_(parent) {}
   std::vector<CLI::ConfigItem> from_config(std::istream& input) const override {
     std::vector<CLI::ConfigItem> items = CLI::ConfigTOML::from_config(input);
+    std::string section = "train";
+    const std::vector<CLI::App*> selected = parent_->get_subcommands();
+    if (!selected.empty()) section = selected.front()->get_name();
     for (CLI::ConfigItem& item : items) {
-      if (item.parents.empty()) item.parents = {"train"};
+      if (item.parents.empty()) item.parents = {section};
     }
     return items;
   }
+
+ private:
+  const CLI::App* parent_;
 };
 
 }  // namespace
+
+void AddJobOptions(CLI::App& app, JobSpec& j, std::string* lora_targets) {
+  app.add_option("--model", j.model, "Model: 'tiny' (built-in preset)")->capture_default_str();
+  app.add_option("--data", j.data, "Dataset: 'builtin'")->capture_default_str();
+  app.add_option("--steps", j.steps, "Optimizer updates")->capture_default_str();
+  app.add_option("--lr", j.lr, "Peak learning rate")->capture_default_str();
+  app.add_option("--batch-size", j.batch_size, "Sequences per optimizer update (global batch)")
+      ->capture_default_str();
+  app.add_option("--micro-batches", j.micro_batches,
+                 "Micro-batches per update (gradients accumulate; must divide --batch-size)")
+      ->capture_default_str();
+  app.add_option("--seq-len", j.seq_len, "Tokens per sequence")->capture_default_str();
+  app.add_option("--warmup-steps", j.warmup_steps, "Linear warm-up updates before the cosine decay")
+      ->capture_default_str();
+  app.add_option("--min-lr-ratio", j.min_lr_ratio, "The cosine ends at this fraction of --lr")
+      ->capture_default_str();
+  app.add_option("--weight-decay", j.weight_decay,
+                 "AdamW decoupled weight decay (never on norms and biases)")
+      ->capture_default_str();
+  app.add_option("--beta1", j.beta1, "AdamW beta1")->capture_default_str();
+  app.add_option("--beta2", j.beta2, "AdamW beta2")->capture_default_str();
+  app.add_option("--adam-eps", j.adam_eps, "AdamW epsilon")->capture_default_str();
+  app.add_option("--grad-clip", j.grad_clip, "Global gradient-norm clipping threshold (0: off)")
+      ->capture_default_str();
+  app.add_option("--lora-rank", j.lora.rank, "LoRA rank (0: full fine-tuning)")
+      ->capture_default_str();
+  app.add_option("--lora-alpha", j.lora.alpha, "LoRA alpha (scaling = alpha / rank)")
+      ->capture_default_str();
+  app.add_option("--lora-targets", *lora_targets,
+                 "Projections that get adapters: comma-separated q,k,v,o,gate,up,down, or all")
+      ->capture_default_str();
+  app.add_option("--seed", j.seed, "Seed for initialization and data order")->capture_default_str();
+}
 
 void AddTrainCommand(CLI::App& parent, TrainCommand* cmd) {
   JobSpec& j = cmd->job;
@@ -34,41 +75,12 @@ void AddTrainCommand(CLI::App& parent, TrainCommand* cmd) {
       "win.");
   cmd->app = t;
   t->fallthrough();
-  parent.config_formatter(std::make_shared<TrainJobFile>());
+  parent.config_formatter(std::make_shared<JobFile>(&parent));
   parent.allow_config_extras(CLI::config_extras_mode::error);
   parent.set_config("--config", "",
                     "Job file (TOML): every key is a train flag without dashes, e.g. "
                     "`steps = 100`; flags given on the command line win");
-  t->add_option("--model", j.model, "Model: 'tiny' (built-in preset)")->capture_default_str();
-  t->add_option("--data", j.data, "Dataset: 'builtin'")->capture_default_str();
-  t->add_option("--steps", j.steps, "Optimizer updates")->capture_default_str();
-  t->add_option("--lr", j.lr, "Peak learning rate")->capture_default_str();
-  t->add_option("--batch-size", j.batch_size, "Sequences per optimizer update (global batch)")
-      ->capture_default_str();
-  t->add_option("--micro-batches", j.micro_batches,
-                "Micro-batches per update (gradients accumulate; must divide --batch-size)")
-      ->capture_default_str();
-  t->add_option("--seq-len", j.seq_len, "Tokens per sequence")->capture_default_str();
-  t->add_option("--warmup-steps", j.warmup_steps, "Linear warm-up updates before the cosine decay")
-      ->capture_default_str();
-  t->add_option("--min-lr-ratio", j.min_lr_ratio, "The cosine ends at this fraction of --lr")
-      ->capture_default_str();
-  t->add_option("--weight-decay", j.weight_decay,
-                "AdamW decoupled weight decay (never on norms and biases)")
-      ->capture_default_str();
-  t->add_option("--beta1", j.beta1, "AdamW beta1")->capture_default_str();
-  t->add_option("--beta2", j.beta2, "AdamW beta2")->capture_default_str();
-  t->add_option("--adam-eps", j.adam_eps, "AdamW epsilon")->capture_default_str();
-  t->add_option("--grad-clip", j.grad_clip, "Global gradient-norm clipping threshold (0: off)")
-      ->capture_default_str();
-  t->add_option("--lora-rank", j.lora.rank, "LoRA rank (0: full fine-tuning)")
-      ->capture_default_str();
-  t->add_option("--lora-alpha", j.lora.alpha, "LoRA alpha (scaling = alpha / rank)")
-      ->capture_default_str();
-  t->add_option("--lora-targets", cmd->lora_targets,
-                "Projections that get adapters: comma-separated q,k,v,o,gate,up,down, or all")
-      ->capture_default_str();
-  t->add_option("--seed", j.seed, "Seed for initialization and data order")->capture_default_str();
+  AddJobOptions(*t, j, &cmd->lora_targets);
   t->add_option("--threads", j.threads, "CPU threads (0: all cores)")->capture_default_str();
   t->add_option("--out", j.out, "Run folder (created): weights, metrics.jsonl, job.json")
       ->capture_default_str();

@@ -15,6 +15,11 @@ struct TrainCommand {
   std::string lora_targets = "all";
 };
 
+// Adds the job options `ferry train` and `ferry plan` share (model, data, steps, batch, sequence,
+// optimizer, LoRA, seed) to `app`, bound to `job`; --lora-targets goes to `lora_targets` (parse
+// it with ParseLoraTargets). `job` and `lora_targets` must outlive parsing.
+void AddJobOptions(CLI::App& app, JobSpec& job, std::string* lora_targets);
+
 // Adds the `train` subcommand to `parent`; the returned object receives the parsed options and
 // must outlive parsing.
 void AddTrainCommand(CLI::App& parent, TrainCommand* cmd);

@@ -1,0 +1,134 @@
+#include "apps/plan_command.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "apps/train_command.h"
+#include "engine/plan/planner.h"
+#include "engine/plan/simulator.h"
+#include "engine/plan/timeline_writers.h"
+
+namespace ferry {
+
+namespace fs = std::filesystem;
+
+// configs/ of the source tree (set at build time), or $FERRY_CONFIG_DIR.
+static std::string ConfigDir() {
+  const char* env = std::getenv("FERRY_CONFIG_DIR");
+  if (env != nullptr && *env != '\0') return env;
+  return FERRY_CONFIG_DIR_DEFAULT;
+}
+
+// A preset name (configs/<kind>/<name>.json) or a path to a file (a folder: its
+// config.json).
+std::string ResolveConfigPath(const std::string& kind, const std::string& name) {
+  if (fs::is_directory(name)) return (fs::path(name) / "config.json").string();
+  if (fs::exists(name)) return name;
+  return (fs::path(ConfigDir()) / kind / (name + ".json")).string();
+}
+
+namespace {
+
+Result<ModelConfig> ResolvePlanModel(const std::string& name) {
+  if (name == "tiny") return TinyLlamaPreset();
+  const std::string path = ResolveConfigPath("models", name);
+  if (!fs::exists(path)) {
+    return Status::NotFound("--model '" + name + "': no preset " + path +
+                            " and no such file; name a file in configs/models or a config.json");
+  }
+  return LoadHfConfig(path);
+}
+
+Result<plan::HardwareProfile> ResolveHardware(const PlanCommand& cmd) {
+  const std::string path = ResolveConfigPath("hardware", cmd.hardware);
+  if (!fs::exists(path)) {
+    return Status::NotFound("--hardware '" + cmd.hardware + "': no profile " + path +
+                            " and no such file; name a file in configs/hardware or a path");
+  }
+  FERRY_ASSIGN_OR_RETURN(plan::HardwareProfile hw, plan::LoadHardwareProfile(path));
+  FERRY_ASSIGN_OR_RETURN(
+      plan::BudgetOverrides o,
+      plan::ParseBudgetOverrides(cmd.gpu_memory, cmd.host_memory, cmd.nvme_dir, cmd.nvme_space));
+  FERRY_RETURN_IF_ERROR(plan::ApplyBudgetOverrides(o, hw));
+  return hw;
+}
+
+Status WriteTimeline(const PlanCommand& cmd, const ModelConfig& model, const plan::Plan& p,
+                     const plan::HardwareProfile& hw) {
+  if (cmd.svg.empty() && cmd.trace.empty()) return Status::Ok();
+  FERRY_ASSIGN_OR_RETURN(plan::Schedule schedule,
+                         plan::BuildRoundRobinSchedule(plan::RoundRobinJobOf(model, p, hw)));
+  FERRY_ASSIGN_OR_RETURN(plan::SimResult sim,
+                         plan::Simulate(schedule, plan::LaneRatesFromProfile(hw, true)));
+  if (!cmd.svg.empty()) {
+    plan::SvgOptions options;
+    options.title = p.model_name + " on " + p.hardware_name + ": one step, round-robin";
+    FERRY_RETURN_IF_ERROR(plan::WriteTextFile(cmd.svg, plan::TimelineSvg(schedule, sim, options)));
+  }
+  if (!cmd.trace.empty()) {
+    FERRY_RETURN_IF_ERROR(plan::WriteTextFile(cmd.trace, plan::ChromeTraceJson(schedule, sim)));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void AddPlanCommand(CLI::App& parent, PlanCommand* cmd) {
+  CLI::App* p =
+      parent.add_subcommand("plan",
+                            "Plan a job before running it: what fits, where every byte "
+                            "lives, how fast it will run.\n"
+                            "Takes the job options of `ferry train` (and --config job files) "
+                            "plus a hardware profile; "
+                            "exits with 3 when nothing fits, naming what is short and the "
+                            "changes that would fit.");
+  cmd->app = p;
+  p->fallthrough();
+  AddJobOptions(*p, cmd->job, &cmd->lora_targets);
+  p->add_option("--threads", cmd->job.threads, "Accepted so train job files plan as they are");
+  p->add_option("--out", cmd->job.out, "Accepted so train job files plan as they are");
+  p->add_option("--hardware", cmd->hardware,
+                "Hardware profile: a name in configs/hardware (1x-rtx4090-pcie4, "
+                "8x-rtx4090-pcie4, ...) or a path (ferry probe writes one)")
+      ->capture_default_str();
+  p->add_option("--gpu-memory", cmd->gpu_memory, "Usable memory per GPU, e.g. 20GiB");
+  p->add_option("--host-memory", cmd->host_memory, "Host RAM ferry may use, e.g. 256GiB");
+  p->add_option("--nvme-dir", cmd->nvme_dir, "Directory on an NVMe drive ferry may use");
+  p->add_option("--nvme-space", cmd->nvme_space, "Space ferry may use in --nvme-dir, e.g. 2TB");
+  p->add_flag("--json", cmd->json, "Print the plan as JSON instead of the summary");
+  p->add_option("--svg", cmd->svg, "Write the predicted timeline of one step as an SVG Gantt");
+  p->add_option("--trace", cmd->trace, "Write the timeline as Chrome-trace JSON (Perfetto)");
+}
+
+int RunPlanCommand(PlanCommand& cmd) {
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "ferry plan: %s\n", s.message().c_str());
+    return 1;
+  };
+  Result<uint32_t> targets = ParseLoraTargets(cmd.lora_targets);
+  if (!targets.ok()) return fail(targets.status().WithContext("--lora-targets"));
+  Result<ModelConfig> model = ResolvePlanModel(cmd.job.model);
+  if (!model.ok()) return fail(model.status());
+  Result<plan::HardwareProfile> hw = ResolveHardware(cmd);
+  if (!hw.ok()) return fail(hw.status());
+  plan::PlanJob job;
+  job.global_batch = cmd.job.batch_size;
+  job.seq_len = cmd.job.seq_len;
+  job.micro_batches = cmd.app->count("--micro-batches") > 0 ? cmd.job.micro_batches : 0;
+  job.lora = cmd.job.lora;
+  job.lora.targets = *targets;
+  Result<plan::PlanOutcome> outcome = plan::MakePlan(cmd.job.model, *model, job, *hw);
+  if (!outcome.ok()) return fail(outcome.status());
+  if (cmd.json) {
+    std::printf("%s\n", plan::OutcomeToJson(*outcome).dump(2).c_str());
+  } else {
+    std::printf("%s", plan::OutcomeSummary(*outcome).c_str());
+  }
+  if (!outcome->feasible) return 3;
+  if (Status s = WriteTimeline(cmd, *model, outcome->plan, *hw); !s.ok()) return fail(s);
+  return 0;
+}
+
+}  // namespace ferry

@@ -1,0 +1,60 @@
+#include "apps/probe_command.h"
+
+#include <cstdio>
+
+#include "apps/plan_command.h"
+#include "engine/plan/byte_size.h"
+#include "engine/plan/machine_probe.h"
+
+namespace ferry {
+
+void AddProbeCommand(CLI::App& parent, ProbeCommand* cmd) {
+  CLI::App* p = parent.add_subcommand(
+      "probe", "Measure this machine and write a hardware profile for `ferry plan --hardware`.");
+  cmd->app = p;
+  p->add_option("--out", cmd->out, "Profile file to write (JSON)")->capture_default_str();
+  p->add_option("--base", cmd->base,
+                "Profile (name in configs/hardware or path) whose GPU and PCIe figures are kept "
+                "when no GPU can be measured")
+      ->capture_default_str();
+  p->add_option("--nvme-dir", cmd->nvme_dir, "Directory on the NVMe drive to measure and use");
+  p->add_option("--nvme-bytes", cmd->nvme_bytes, "Bytes the NVMe probe writes and reads back")
+      ->capture_default_str();
+  p->add_option("--threads", cmd->threads, "CPU threads (0: all cores)")->capture_default_str();
+  p->add_flag("--quick", cmd->quick, "Small sizes: seconds, rougher figures");
+}
+
+int RunProbeCommand(ProbeCommand& cmd) {
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "ferry probe: %s\n", s.message().c_str());
+    return 1;
+  };
+  Result<plan::HardwareProfile> base =
+      plan::LoadHardwareProfile(ResolveConfigPath("hardware", cmd.base));
+  if (!base.ok()) return fail(base.status().WithContext("--base"));
+  Result<uint64_t> nvme_bytes = plan::ParseByteSize(cmd.nvme_bytes);
+  if (!nvme_bytes.ok()) return fail(nvme_bytes.status().WithContext("--nvme-bytes"));
+  plan::ProbeOptions o;
+  o.threads = cmd.threads;
+  o.nvme_dir = cmd.nvme_dir;
+  o.nvme_bytes = *nvme_bytes;
+  if (cmd.quick) {
+    o.gemm_n = 512;
+    o.triad_bytes = size_t(32) << 20;
+    o.adamw_params = int64_t(4) << 20;
+    o.nvme_bytes = std::min<size_t>(o.nvme_bytes, size_t(64) << 20);
+  }
+  Result<plan::HardwareProfile> p = plan::ProbeMachine(o, *base);
+  if (!p.ok()) return fail(p.status());
+  if (Status s = plan::SaveHardwareProfile(*p, cmd.out); !s.ok()) return fail(s);
+  std::printf("host memory %.1f GB/s, CPU AdamW %.2f G params/s", p->host.memory_bandwidth / 1e9,
+              p->optimizer.cpu_adamw_params_per_s / 1e9);
+  if (p->HasNvme()) {
+    std::printf(", NVMe read %.2f GB/s write %.2f GB/s", p->nvme.read_rate / 1e9,
+                p->nvme.write_rate / 1e9);
+  }
+  std::printf("\n%s\nwrote %s\n", p->host.source.c_str(), cmd.out.c_str());
+  return 0;
+}
+
+}  // namespace ferry

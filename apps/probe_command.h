@@ -1,0 +1,27 @@
+// `ferry probe`: measures this machine (fp32 GEMM, host memory bandwidth, CPU AdamW, NVMe through
+// the NVMe store) and writes a hardware profile `ferry plan --hardware FILE` reads. GPU and PCIe
+// figures need a CUDA build with a GPU; until then they are copied from --base and marked so.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+namespace ferry {
+
+struct ProbeCommand {
+  CLI::App* app = nullptr;
+  std::string out = "hardware-profile.json";
+  std::string base = "1x-rtx4090-pcie4";
+  std::string nvme_dir;
+  std::string nvme_bytes = "1GiB";
+  int threads = 0;
+  bool quick = false;
+};
+
+// Adds the `probe` subcommand to `parent`; `cmd` must outlive parsing.
+void AddProbeCommand(CLI::App& parent, ProbeCommand* cmd);
+
+// Exit code: 0 written; 1 a probe or the write failed (one line on stderr).
+int RunProbeCommand(ProbeCommand& cmd);
+
+}  // namespace ferry

@@ -1,0 +1,120 @@
+// plan_bench: the planner's predictions for full fine-tuning on the 8x RTX 4090
+// profile — ferry's round-robin plan against the weight-bound 1F1B baseline
+// (each stage pinned to one GPU) for the same job and micro-batches — next to
+// the ceiling: every GPU busy at the profile's effective rate. Also the longest
+// sequence (global batch fixed) that fits.
+//
+// Usage: plan_bench [CONFIG_DIR] (default: $FERRY_CONFIG_DIR, else ./configs;
+// run from the repo).
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "engine/plan/planner.h"
+#include "engine/plan/simulator.h"
+
+namespace ferry::plan {
+namespace {
+
+constexpr int64_t kBatch = 16;
+constexpr int64_t kSeq = 2048;
+
+// Forward + backward FLOPs of one step over the GPUs' effective rate.
+double CeilingTokensPerS(const ModelConfig& m, const PlanJob& job, const HardwareProfile& hw) {
+  double flops = 0;
+  for (const LayerSpec& l : BuildLayerSpecs(m, job.lora, job.compute_dtype)) {
+    const LayerCost c = ComputeLayerCost(m, job.lora, l, {job.global_batch, job.seq_len});
+    flops += c.forward_flops + c.backward_flops;
+  }
+  const double step = flops / (hw.gpu.EffectiveBf16Flops() * hw.gpu.count);
+  return double(job.global_batch * job.seq_len) / step;
+}
+
+bool Fits(const ModelConfig& m, PlanJob job, int64_t seq, const HardwareProfile& hw) {
+  job.seq_len = seq;
+  Result<PlanOutcome> r = MakePlan("", m, job, hw, /*suggest=*/false);
+  return r.ok() && r->feasible;
+}
+
+int64_t LongestSequence(const ModelConfig& m, const PlanJob& job, const HardwareProfile& hw) {
+  int64_t lo = 0,
+          hi = m.max_position_embeddings + 1;  // lo fits (0: none), hi does not
+  if (Fits(m, job, hi - 1, hw)) return hi - 1;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (Fits(m, job, mid, hw) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+int Run(const std::string& configs) {
+  Result<HardwareProfile> hw = LoadHardwareProfile(configs + "/hardware/8x-rtx4090-pcie4.json");
+  if (!hw.ok()) {
+    std::fprintf(stderr, "plan_bench: %s\n", hw.status().message().c_str());
+    return 1;
+  }
+  std::printf(
+      "8x RTX 4090 (PCIe 4.0), full fine-tuning, bf16, global batch "
+      "%lld x %lld tokens\n",
+      static_cast<long long>(kBatch), static_cast<long long>(kSeq));
+  std::printf("%-13s %5s %11s %7s %12s %7s %10s %12s %10s\n", "model", "m", "ferry tok/s", "bubble",
+              "1F1B tok/s", "bubble", "1F1B fits", "ceiling", "longest T");
+  for (const char* name : {"qwen3-1.7b", "llama-3.1-8b", "qwen3-32b"}) {
+    Result<ModelConfig> m = LoadHfConfig(configs + "/models/" + name + ".json");
+    if (!m.ok()) {
+      std::fprintf(stderr, "plan_bench: %s\n", m.status().message().c_str());
+      return 1;
+    }
+    PlanJob job;
+    job.global_batch = kBatch;
+    job.seq_len = kSeq;
+    Result<PlanOutcome> r = MakePlan(name, *m, job, *hw, /*suggest=*/false);
+    if (!r.ok()) {
+      std::fprintf(stderr, "plan_bench: %s\n", r.status().message().c_str());
+      return 1;
+    }
+    if (!r->feasible) {
+      std::printf("%-13s does not fit: %s\n", name, r->binding.c_str());
+      continue;
+    }
+    const Plan& p = r->plan;
+    // The baseline with the same micro-batches: one stage per GPU, weights
+    // resident.
+    Result<Schedule> s =
+        Build1F1BSchedule(BaselineStagesOf(*m, job, p.micro_batches, *hw), p.micro_batches);
+    Result<SimResult> sim =
+        s.ok() ? Simulate(*s, LaneRatesFromProfile(*hw)) : Result<SimResult>(s.status());
+    if (!sim.ok()) {
+      std::fprintf(stderr, "plan_bench: %s\n", sim.status().message().c_str());
+      return 1;
+    }
+    const double base_tps = double(kBatch * kSeq) / sim->makespan_s;
+    const uint64_t base_bytes = BaselineGpuBytes(*m, job, p.micro_batches, hw->gpu.count);
+    char fits[32];
+    std::snprintf(fits, sizeof fits, "%s %.0fG",
+                  base_bytes <= hw->gpu.memory_usable_bytes ? "yes" : "no",
+                  double(base_bytes) / double(1ull << 30));
+    std::printf("%-13s %5d %11.0f %6.1f%% %12.0f %6.1f%% %10s %12.0f %10lld\n", name,
+                p.micro_batches, p.tokens_per_s, 100 * p.bubble_fraction, base_tps,
+                100 * sim->mean_bubble_fraction, fits, CeilingTokensPerS(*m, job, *hw),
+                static_cast<long long>(LongestSequence(*m, job, *hw)));
+    std::fflush(stdout);
+  }
+  std::printf(
+      "m: micro-batches; 1F1B fits: its GPU 0 bytes (weights, fp32 grads, "
+      "master, moments, "
+      "activations in flight) within 23 GiB usable; ceiling: all GPUs busy at "
+      "%.0f%% of "
+      "peak; longest T: longest sequence that fits with the same batch\n",
+      100 * hw->gpu.matmul_efficiency);
+  return 0;
+}
+
+}  // namespace
+}  // namespace ferry::plan
+
+int main(int argc, char** argv) {
+  const char* env = std::getenv("FERRY_CONFIG_DIR");
+  std::string configs = argc > 1 ? argv[1] : (env != nullptr ? env : "configs");
+  return ferry::plan::Run(configs);
+}

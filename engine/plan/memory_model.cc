@@ -1,0 +1,216 @@
+#include "engine/plan/memory_model.h"
+
+#include <algorithm>
+#include <cassert>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/lm_head_loss.h"
+
+namespace ferry::plan {
+namespace {
+
+constexpr uint64_t kF32 = 4;
+
+void Add(TierMemory& tier, std::string name, uint64_t bytes, uint64_t unit) {
+  if (bytes == 0) return;
+  tier.allocations.push_back({std::move(name), RoundUp(bytes, unit)});
+}
+
+// (out, in) of a matrix parameter as the GEMM sees it (GPT-2 Conv1D weights are
+// stored (in, out)).
+struct MatrixDims {
+  int64_t out = 0;
+  int64_t in = 0;
+};
+MatrixDims DimsOf(const ParamSpec& p) {
+  if (p.transposed) return {p.shape[1], p.shape[0]};
+  return {p.shape[0], p.shape[1]};
+}
+
+uint64_t GemmScratch(ScratchTarget t, int64_t m, int64_t n, int64_t k, GemmDTypes dtypes) {
+  if (t.cuda) return 0;  // kernels/ops/gemm.cc: no CUDA kernel yet, 0 reported
+  return cpu::GemmScratchBytes(t.cpu_threads, m, n, k, dtypes);
+}
+
+// Device bytes of a layer's weights in the compute dtype, each tensor at an
+// aligned offset.
+uint64_t LayerWeightBytes(const LayerSpec& layer, DType compute) {
+  uint64_t bytes = 0;
+  for (const ParamSpec& p : layer.params) {
+    bytes += RoundUp(uint64_t(p.numel()) * DTypeSize(compute), kArenaAlignment);
+  }
+  return bytes;
+}
+
+// fp32 gradient accumulator bytes of a layer's trainable weights, each at an
+// aligned offset.
+uint64_t LayerGradBytes(const LayerSpec& layer) {
+  uint64_t bytes = 0;
+  for (const ParamSpec& p : layer.params) {
+    if (p.trainable) bytes += RoundUp(uint64_t(p.numel()) * kF32, kArenaAlignment);
+  }
+  return bytes;
+}
+
+struct ParamCounts {
+  uint64_t trainable = 0;  // owners only (a tied alias counts at its owner)
+  uint64_t frozen = 0;
+};
+ParamCounts CountParams(const LayerSpec& layer) {
+  ParamCounts c;
+  for (const ParamSpec& p : layer.params) {
+    if (!p.tied_to.empty()) continue;
+    (p.trainable ? c.trainable : c.frozen) += uint64_t(p.numel());
+  }
+  return c;
+}
+
+}  // namespace
+
+uint64_t RoundUp(uint64_t bytes, uint64_t unit) { return (bytes + unit - 1) / unit * unit; }
+
+uint64_t TierMemory::total() const {
+  uint64_t t = 0;
+  for (const Allocation& a : allocations) t += a.bytes;
+  return t;
+}
+
+uint64_t OpScratchBytes(const ModelConfig& model, const LayerSpec& layer, BatchShape micro_batch,
+                        DType compute_dtype, ScratchTarget target) {
+  const int64_t n = micro_batch.tokens();
+  uint64_t most = 0;
+  if (layer.kind == LayerKind::kHead) {
+    const int threads = target.cuda ? 1 : target.cpu_threads;  // as kernels/ops/lm_head_loss.cc
+    const int64_t chunk = std::min(kLossChunkTokens, n);
+    most = cpu::LmHeadLossScratchBytes(threads, chunk, model.vocab_size, model.hidden_size,
+                                       compute_dtype, DType::kF32, /*backward=*/true);
+  } else if (layer.kind == LayerKind::kBlock) {
+    const GemmDTypes act{compute_dtype, compute_dtype, compute_dtype};
+    const GemmDTypes grad{compute_dtype, compute_dtype, DType::kF32};
+    for (const ParamSpec& p : layer.params) {
+      if (p.shape.size() != 2) continue;
+      const MatrixDims d = DimsOf(p);
+      most = std::max(most, GemmScratch(target, n, d.out, d.in, act));  // y = x W^T
+      most = std::max(most, GemmScratch(target, n, d.in, d.out, act));  // dx = dy W
+      if (p.trainable) most = std::max(most, GemmScratch(target, d.out, d.in, n, grad));  // dW
+    }
+    if (!target.cuda) {  // kernels/ops/attention.cc: no CUDA kernel yet, 0
+                         // reported
+      const AttentionShape shape{micro_batch.batch, micro_batch.seq_len, model.num_heads,
+                                 model.num_kv_heads, model.head_dim};
+      most = std::max<uint64_t>(most, cpu::AttentionScratchBytes(target.cpu_threads, shape));
+    }
+  }
+  return RoundUp(most, kArenaAlignment);
+}
+
+MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(in.model, in.lora, in.compute_dtype);
+  assert(in.recompute.size() == layers.size());
+  const int head = int(layers.size()) - 1;
+  const DType cd = in.compute_dtype;
+  const uint64_t act = DTypeSize(cd);
+  const uint64_t m = uint64_t(in.micro_batches);
+  const uint64_t gpus = uint64_t(in.gpus);
+  const uint64_t hidden = uint64_t(in.micro_batch.tokens() * in.model.hidden_size) * act;
+
+  std::vector<LayerCost> cost(layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    cost[i] = ComputeLayerCost(in.model, in.lora, layers[i], in.micro_batch, cd);
+  }
+
+  // Per-stage weights and gradients; the head is a stage of its own (the fused
+  // tail).
+  std::vector<LayerRange> gpu_stages = in.stages;
+  gpu_stages.push_back({head, head + 1});
+  uint64_t stage_weights = 0, stage_grads = 0, stage_out = 0;
+  for (const LayerRange& s : gpu_stages) {
+    uint64_t w = 0, g = 0;
+    for (int i = s.first; i < s.last; ++i) {
+      w += LayerWeightBytes(layers[size_t(i)], cd);
+      g += LayerGradBytes(layers[size_t(i)]);
+    }
+    stage_weights = std::max(stage_weights, w);
+    stage_grads = std::max(stage_grads, g);
+    stage_out = std::max(stage_out, uint64_t(cost[size_t(s.last - 1)].output_bytes));
+  }
+  uint64_t saved_set = 0, scratch = 0;
+  for (int i = 1; i <= head; ++i) {
+    saved_set = std::max<uint64_t>(saved_set, cost[size_t(i)].saved_bytes);
+    scratch = std::max(scratch,
+                       OpScratchBytes(in.model, layers[size_t(i)], in.micro_batch, cd, in.scratch));
+  }
+
+  MemoryEstimate e;
+  const uint64_t A = kArenaAlignment;
+  Add(e.gpu, "weights.slot0", stage_weights, A);
+  Add(e.gpu, "weights.slot1", stage_weights, A);
+  Add(e.gpu, "grads.accum", stage_grads, A);
+  for (int k = 0; k < 3; ++k) Add(e.gpu, "hidden." + std::to_string(k), hidden, A);
+  Add(e.gpu, "saved.slot0", saved_set, A);
+  Add(e.gpu, "saved.slot1", saved_set, A);
+  Add(e.gpu, "grad.work", saved_set, A);
+  Add(e.gpu, "scratch", scratch, A);
+  if (in.scratch.cuda) Add(e.gpu, "library.workspace", kCublasWorkspaceBytes, A);
+
+  // Host and NVMe.
+  const uint64_t P = kHostPageBytes;
+  uint64_t upload_host = 0, upload_frozen_nvme = 0;
+  ParamCounts params;
+  uint64_t embedding_frozen_copy = 0;
+  for (int i = 0; i <= head; ++i) {
+    const LayerSpec& l = layers[size_t(i)];
+    const ParamCounts c = CountParams(l);
+    params.trainable += c.trainable;
+    params.frozen += c.frozen;
+    for (const ParamSpec& p : l.params) {
+      const uint64_t bytes = uint64_t(p.numel()) * act;
+      if (l.kind == LayerKind::kEmbedding) {
+        // The gather runs on the host: a frozen embedding keeps one
+        // compute-dtype copy there (the head's upload copy when tied); a
+        // trainable one gathers from its fp32 master.
+        if (!p.trainable && !in.model.tie_word_embeddings) embedding_frozen_copy += bytes;
+        continue;
+      }
+      if (!p.trainable && in.frozen_weights_on_nvme) {
+        upload_frozen_nvme += bytes;
+      } else {
+        upload_host += bytes;
+      }
+    }
+  }
+  Add(e.pinned_host, "weights.upload", upload_host, P);
+  if (upload_frozen_nvme > 0) {
+    Add(e.pinned_host, "weights.nvme_staging", 2 * gpus * stage_weights, P);
+    Add(e.nvme, "weights.frozen", upload_frozen_nvme, kNvmeBlockBytes);
+  }
+  Add(e.pinned_host, "grads.landing", gpus * stage_grads, P);
+  uint64_t saved_all = 0;
+  for (int i = 1; i <= head; ++i) {
+    const LayerCost& c = cost[size_t(i)];
+    saved_all += m * (c.input_bytes + (in.recompute[size_t(i)] ? 0 : c.saved_bytes));
+  }
+  if (in.activations_on_nvme) {
+    Add(e.pinned_host, "activations.staging", 2 * gpus * (hidden + saved_set), P);
+    Add(e.nvme, "activations.saved", saved_all, kNvmeBlockBytes);
+  } else {
+    Add(e.pinned_host, "activations.saved", saved_all, P);
+  }
+  Add(e.pinned_host, "activations.grad", 2 * m * std::max(hidden, stage_out), P);
+
+  const uint64_t master = params.trainable * kF32;
+  TierMemory& opt = in.optimizer_on_nvme ? e.nvme : e.pageable_host;
+  const uint64_t opt_unit = in.optimizer_on_nvme ? kNvmeBlockBytes : P;
+  Add(opt, "optimizer.master", master, opt_unit);
+  Add(opt, "optimizer.moments", 2 * master, opt_unit);
+  // With optimizer state on NVMe the update streams it through two stage-sized
+  // buffers (read the next stage's master and moments while updating this
+  // one's).
+  if (in.optimizer_on_nvme) Add(e.pageable_host, "optimizer.staging", 2 * 3 * stage_grads, P);
+  Add(e.pageable_host, "grads.update", master, P);
+  Add(e.pageable_host, "weights.embedding", embedding_frozen_copy, P);
+  return e;
+}
+
+}  // namespace ferry::plan

@@ -1,0 +1,128 @@
+// MemoryModel: the exact byte count of what a plan makes the executor allocate — on each GPU (its
+// arena), in pinned and pageable host RAM, and on NVMe — as a named allocation map.
+//
+// This is the contract the executor obeys (DESIGN.md, "Plan" and "Execution"); it is computed here
+// from the model's layer specs, independently of the code that will size the executor's buffers,
+// so a test can compare the arena's named allocation log with it.
+//
+// GPU (every GPU alike; round-robin dispatch gives each GPU stages of every kind, so each arena is
+// sized for the largest stage of the plan and holds these buffers for the whole step; nothing is
+// allocated inside a step, so the peak moment is the sum):
+//   weights.slot0/1     two stage weight buffers (running stage, next stage's upload), each the
+//                       largest stage's weights in the compute dtype, tensors at aligned offsets
+//                       (a tied head weight is uploaded like any other);
+//   grads.accum         fp32 gradient accumulators of the largest stage's trainable weights
+//                       (accumulated across micro-batches, downloaded once per stage);
+//   hidden.0/1/2        three hidden-state buffers (B*T, C) for the micro-batch in flight: a layer's
+//                       input, its output, and the residual gradient in backward (ping-pong);
+//   saved.slot0/1       two per-layer saved-activation buffers, each the largest layer's saved set
+//                       (ComputeLayerCost::saved_bytes): forward writes layer i's set into one
+//                       while layer i-1's set downloads from the other; backward uploads (or
+//                       recomputes from the layer's input) a layer's set into one while the other
+//                       is consumed. Saved data never stays on a GPU across layers, so whether a
+//                       layer is recomputed changes host/NVMe bytes and time, not GPU bytes;
+//   grad.work           activation gradients inside a layer's backward: one buffer per saved
+//                       tensor, same layout, so the largest saved set again;
+//   scratch             the largest scratch any op of the plan asks for (see OpScratchBytes);
+//   library.workspace   CUDA only: cuBLAS/cuBLASLt workspace (kCublasWorkspaceBytes).
+// Every allocation is rounded up to the arena alignment (256 bytes, as kernels/arena.h).
+//
+// Host (HostPool: page-rounded, 4096 bytes):
+//   pinned   weights.upload (compute-dtype copies of every GPU-used weight on the host tier,
+//            frozen ones included unless they live on NVMe), weights.nvme_staging (two stage
+//            buffers per GPU when frozen weights stream from NVMe), grads.landing (one fp32 stage
+//            gradient buffer per GPU), activations.saved (each layer's input — and its saved set
+//            unless recomputed — for all micro-batches, when on the host tier),
+//            activations.staging (two per-layer sets per GPU when saved activations live on
+//            NVMe), activations.grad (activation gradients between backward stages: two stage
+//            boundaries, all micro-batches).
+//   pageable optimizer.master fp32 trainable weights, grads.update (fp32 gradients for the
+//            update), optimizer.moments (2 x fp32) for trainable parameters only; optimizer state
+//            can move to NVMe, then optimizer.staging (two stages' master + moments) streams it;
+//            weights.embedding: a frozen, untied embedding's compute-dtype copy (the gather runs
+//            on the host).
+// NVMe (4096-byte blocks): whichever groups the plan places there (weights.frozen,
+// activations.saved, optimizer.master, optimizer.moments).
+//
+// Pure functions of value types; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/model/param_spec.h"
+#include "kernels/dtype.h"
+
+namespace ferry::plan {
+
+inline constexpr uint64_t kArenaAlignment = 256;                // kernels/arena.h, CpuDeviceOptions
+inline constexpr uint64_t kHostPageBytes = 4096;                // offload/host_pool.h
+inline constexpr uint64_t kNvmeBlockBytes = 4096;               // O_DIRECT block
+inline constexpr uint64_t kCublasWorkspaceBytes = 32ull << 20;  // NVIDIA's advice for Hopper+;
+                                                                // enough for Ada/Ampere too
+inline constexpr int64_t kLossChunkTokens = 256;  // engine/model/model_runner.h default
+
+uint64_t RoundUp(uint64_t bytes, uint64_t unit);
+
+// Where a device's op scratch is sized for: a CPU device (scratch depends on
+// its thread count) or a CUDA device (GEMM and attention have no CUDA kernel
+// yet and report 0; the LM head reports its single-thread layout, as
+// kernels/ops/*.cc do).
+struct ScratchTarget {
+  bool cuda = true;
+  int cpu_threads = 1;  // CPU devices only
+};
+
+// A named buffer, bytes already rounded to its tier's unit.
+struct Allocation {
+  std::string name;
+  uint64_t bytes = 0;
+};
+
+struct TierMemory {
+  std::vector<Allocation> allocations;
+  uint64_t total() const;
+};
+
+// Layer ranges index BuildLayerSpecs' vector (0 = embedding, 1..N = blocks, N+1
+// = head).
+struct LayerRange {
+  int first = 0;  // inclusive
+  int last = 0;   // exclusive
+  int size() const { return last - first; }
+};
+
+struct MemoryPlanInput {
+  ModelConfig model;
+  LoraConfig lora;
+  BatchShape micro_batch;  // one micro-batch
+  int micro_batches = 1;
+  int gpus = 1;
+  DType compute_dtype = DType::kBF16;
+  std::vector<LayerRange> stages;  // block stages in layer order; the head is the fused tail
+  std::vector<bool> recompute;     // per layer of BuildLayerSpecs (embedding, blocks, head)
+  bool activations_on_nvme = false;
+  bool optimizer_on_nvme = false;       // fp32 master weights and Adam moments
+  bool frozen_weights_on_nvme = false;  // LoRA base weights of blocks and head
+  ScratchTarget scratch;
+};
+
+struct MemoryEstimate {
+  TierMemory gpu;  // per GPU
+  TierMemory pinned_host;
+  TierMemory pageable_host;
+  TierMemory nvme;
+};
+
+// The largest scratch any op of a block (forward and backward GEMMs, attention)
+// or the head (fused LM-head + loss, forward-backward) needs for `micro_batch`,
+// rounded to kArenaAlignment.
+uint64_t OpScratchBytes(const ModelConfig& model, const LayerSpec& layer, BatchShape micro_batch,
+                        DType compute_dtype, ScratchTarget target);
+
+// REQUIRES: the model and LoRA configs validate; stages cover blocks 1..N in
+// order; recompute.size() == number of layers.
+MemoryEstimate ComputeMemory(const MemoryPlanInput& in);
+
+}  // namespace ferry::plan

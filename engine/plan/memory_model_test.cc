@@ -1,0 +1,151 @@
+#include "engine/plan/memory_model.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "kernels/cpu/lm_head_loss.h"
+
+namespace ferry::plan {
+namespace {
+
+// A Llama-style model small enough to count by hand:
+// C = 8, I = 16, H = 2 query heads, 1 KV head, head_dim 4, 2 blocks, vocab 10, untied.
+ModelConfig HandModel() {
+  ModelConfig c = TinyLlamaPreset();
+  c.vocab_size = 10;
+  c.hidden_size = 8;
+  c.intermediate_size = 16;
+  c.num_layers = 2;
+  c.num_heads = 2;
+  c.num_kv_heads = 1;
+  c.head_dim = 4;
+  return c;
+}
+
+// Micro-batch 1 x 4 tokens, 3 micro-batches, 2 GPUs, one block per stage, bf16, a CUDA device.
+MemoryPlanInput HandInput() {
+  MemoryPlanInput in;
+  in.model = HandModel();
+  in.micro_batch = {1, 4};
+  in.micro_batches = 3;
+  in.gpus = 2;
+  in.compute_dtype = DType::kBF16;
+  in.stages = {{1, 2}, {2, 3}};
+  in.recompute = {false, false, false, false};  // embedding, block 0, block 1, head
+  in.scratch = {.cuda = true};
+  return in;
+}
+
+std::map<std::string, uint64_t> Named(const TierMemory& t) {
+  std::map<std::string, uint64_t> m;
+  for (const Allocation& a : t.allocations) m[a.name] = a.bytes;
+  return m;
+}
+
+// The head's scratch is the fused LM-head op's own size function (tested in kernels/), for one
+// chunk of all 4 tokens, vocabulary 10, C 8, bf16 hidden, fp32 dW, one thread (CUDA layout).
+uint64_t HeadScratch() {
+  return RoundUp(cpu::LmHeadLossScratchBytes(1, 4, 10, 8, DType::kBF16, DType::kF32, true), 256);
+}
+
+TEST(MemoryModel, FullFineTuningByHand) {
+  const MemoryEstimate e = ComputeMemory(HandInput());
+  // Block parameters: 2 norms of 8, q 8x8 = 64, k 4x8 = 32, v 32, o 64, gate/up/down 16x8 = 128:
+  // 592. In bf16 the tensors are 16, 128, 64, 64, 128, 16, 256, 256, 256 bytes, each placed at a
+  // 256-byte offset: 9 x 256 = 2304 bytes. The head (norm 8 + lm_head 10x8) is 2 x 256 = 512.
+  // fp32 gradients: 32, 256, 128, 128, 256, 32 -> 256 each (6 x 256), 512 x 3 -> 3072 per block.
+  // Hidden state 4 tokens x 8 x 2 B = 64 -> 256. Saved set of a block: 4 x (8 + 8 + 2x4 + 8 + 8 +
+  // 8 + 3x16) = 384 bf16 values (768 B) + 4 x (1 + 1 + 2) fp32 statistics (64 B) = 832 -> 1024.
+  const auto gpu = Named(e.gpu);
+  EXPECT_EQ(gpu.at("weights.slot0"), 2304u);
+  EXPECT_EQ(gpu.at("weights.slot1"), 2304u);
+  EXPECT_EQ(gpu.at("grads.accum"), 3072u);
+  EXPECT_EQ(gpu.at("hidden.0"), 256u);
+  EXPECT_EQ(gpu.at("hidden.2"), 256u);
+  EXPECT_EQ(gpu.at("saved.slot0"), 1024u);
+  EXPECT_EQ(gpu.at("saved.slot1"), 1024u);
+  EXPECT_EQ(gpu.at("grad.work"), 1024u);
+  EXPECT_EQ(gpu.at("scratch"), HeadScratch());  // no CUDA GEMM/attention kernel asks for any yet
+  EXPECT_EQ(gpu.at("library.workspace"), 32u << 20);
+  EXPECT_EQ(e.gpu.total(), 2 * 2304 + 3072 + 3 * 256 + 3 * 1024 + HeadScratch() + (32u << 20));
+
+  // Pinned: bf16 uploads (2 x 592 + 88) x 2 B = 2544 -> one page; gradient landing 2 GPUs x 3072
+  // = 6144 -> 8192; saved activations: per block 3 micro-batches x (64 input + 832 saved) = 2688,
+  // twice, plus the head's 3 x (64 input + 64 normed + 4 tokens x (rstd, lse) x 4 B) = 480: 5856 ->
+  // 8192; activation gradients between stages: 2 boundaries x 3 x 64 = 384 -> 4096.
+  const auto pinned = Named(e.pinned_host);
+  EXPECT_EQ(pinned.at("weights.upload"), 4096u);
+  EXPECT_EQ(pinned.at("grads.landing"), 8192u);
+  EXPECT_EQ(pinned.at("activations.saved"), 8192u);
+  EXPECT_EQ(pinned.at("activations.grad"), 4096u);
+  EXPECT_EQ(e.pinned_host.total(), 4096u + 8192 + 8192 + 4096);
+
+  // Pageable: trainable = embedding 80 + 2 x 592 + head 88 = 1352 parameters: fp32 master 5408
+  // -> 8192, moments 10816 -> 12288, update gradients 5408 -> 8192.
+  const auto pageable = Named(e.pageable_host);
+  EXPECT_EQ(pageable.at("optimizer.master"), 8192u);
+  EXPECT_EQ(pageable.at("optimizer.moments"), 12288u);
+  EXPECT_EQ(pageable.at("grads.update"), 8192u);
+  EXPECT_EQ(e.pageable_host.total(), 8192u + 12288 + 8192);
+  EXPECT_EQ(e.nvme.total(), 0u);
+}
+
+TEST(MemoryModel, RecomputeKeepsOnlyTheInputAndLeavesGpuBytesAlone) {
+  MemoryPlanInput in = HandInput();
+  const uint64_t gpu_saving = ComputeMemory(in).gpu.total();
+  in.recompute = {false, true, false, false};
+  const MemoryEstimate e = ComputeMemory(in);
+  // 5856 - 3 x 832 = 3360 -> one page.
+  EXPECT_EQ(Named(e.pinned_host).at("activations.saved"), 4096u);
+  EXPECT_EQ(e.gpu.total(), gpu_saving);  // saved sets never stay on a GPU either way
+}
+
+TEST(MemoryModel, LoraWithFrozenWeightsAndActivationsOnNvmeByHand) {
+  MemoryPlanInput in = HandInput();
+  in.lora.rank = 2;
+  in.lora.targets = kLoraQ | kLoraV;
+  in.frozen_weights_on_nvme = true;
+  in.activations_on_nvme = true;
+  const MemoryEstimate e = ComputeMemory(in);
+  // Per block: q A (2x8) 16 + B (8x2) 16, v A (2x8) 16 + B (4x2) 8 = 56 trainable; 112 in all.
+  // Slot: 2304 + 4 x 256 = 3328. Gradients: 4 fp32 tensors of 64, 64, 64, 32 B -> 4 x 256.
+  const auto gpu = Named(e.gpu);
+  EXPECT_EQ(gpu.at("weights.slot0"), 3328u);
+  EXPECT_EQ(gpu.at("grads.accum"), 1024u);
+  // The LoRA saved set adds x A^T (2 per token) for q and v: 832 + 4 x 4 x 2 B = 896 -> 1024.
+  EXPECT_EQ(gpu.at("saved.slot0"), 1024u);
+
+  const auto pinned = Named(e.pinned_host);
+  EXPECT_EQ(pinned.at("weights.upload"), 4096u);  // 112 x 2 B
+  // Two stage buffers per GPU for frozen weights read from NVMe: 2 x 2 x 3328 = 13312 -> 16384.
+  EXPECT_EQ(pinned.at("weights.nvme_staging"), 16384u);
+  // Two (hidden + saved set) per GPU: 2 x 2 x (64 + 896) = 3840 -> 4096.
+  EXPECT_EQ(pinned.at("activations.staging"), 4096u);
+  EXPECT_EQ(pinned.count("activations.saved"), 0u);
+
+  const auto nvme = Named(e.nvme);
+  // Frozen bf16: blocks 2 x 592 x 2 B + head 88 x 2 B = 2544 -> one 4096-byte block.
+  EXPECT_EQ(nvme.at("weights.frozen"), 4096u);
+  // Saved: per block 3 x (64 + 896) = 2880, twice, + head 480 = 6240 -> 8192.
+  EXPECT_EQ(nvme.at("activations.saved"), 8192u);
+
+  const auto pageable = Named(e.pageable_host);
+  EXPECT_EQ(pageable.at("optimizer.master"), 4096u);   // 112 x 4 B
+  EXPECT_EQ(pageable.at("optimizer.moments"), 4096u);  // 112 x 8 B
+  EXPECT_EQ(pageable.at("weights.embedding"), 4096u);  // frozen, untied: 80 x 2 B
+}
+
+TEST(MemoryModel, CpuDeviceScratchFollowsThreadCount) {
+  MemoryPlanInput in = HandInput();
+  in.scratch = {.cuda = false, .cpu_threads = 1};
+  const MemoryEstimate one = ComputeMemory(in);
+  in.scratch.cpu_threads = 4;
+  const MemoryEstimate four = ComputeMemory(in);
+  EXPECT_EQ(Named(one.gpu).count("library.workspace"), 0u);
+  EXPECT_GE(Named(four.gpu).at("scratch"), Named(one.gpu).at("scratch"));
+  EXPECT_EQ(Named(one.gpu).at("scratch") % kArenaAlignment, 0u);
+}
+
+}  // namespace
+}  // namespace ferry::plan

@@ -1,0 +1,161 @@
+// Plan output (planner.h): JSON for machines, a summary and a per-device memory
+// table for people.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "engine/plan/byte_size.h"
+#include "engine/plan/planner.h"
+
+namespace ferry::plan {
+namespace {
+
+nlohmann::json TierToJson(const TierMemory& t) {
+  nlohmann::json j;
+  j["total_bytes"] = t.total();
+  nlohmann::json list = nlohmann::json::array();
+  for (const Allocation& a : t.allocations) list.push_back({{"name", a.name}, {"bytes", a.bytes}});
+  j["allocations"] = list;
+  return j;
+}
+
+std::string Format(const char* fmt, double a, double b = 0, double c = 0) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, fmt, a, b, c);
+  return buf;
+}
+
+std::string Gib(uint64_t b) { return Format("%.2f GiB", double(b) / double(1ull << 30)); }
+
+void TableRows(std::string& out, const char* tier, const TierMemory& t, uint64_t budget) {
+  out += std::string("  ") + tier + ": " + Gib(t.total());
+  if (budget > 0) out += " of " + Gib(budget);
+  out += "\n";
+  for (const Allocation& a : t.allocations) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "    %-22s %16llu B  %10s\n", a.name.c_str(),
+                  static_cast<unsigned long long>(a.bytes), Gib(a.bytes).c_str());
+    out += buf;
+  }
+}
+
+}  // namespace
+
+nlohmann::json PlanToJson(const Plan& p) {
+  nlohmann::json j;
+  j["model"] = p.model_name;
+  j["hardware"] = p.hardware_name;
+  j["gpus"] = p.gpus;
+  j["global_batch"] = p.job.global_batch;
+  j["seq_len"] = p.job.seq_len;
+  j["lora_rank"] = p.job.lora.rank;
+  j["compute_dtype"] = std::string(DTypeName(p.job.compute_dtype));
+  j["micro_batches"] = p.micro_batches;
+  j["micro_batch_size"] = p.micro_batch_size;
+  nlohmann::json stages = nlohmann::json::array();
+  for (const LayerRange& s : p.stages) stages.push_back({s.first, s.last});
+  j["forward_stages"] = stages;  // layer ranges [first, last); backward runs them reversed
+  j["tail"] = "head+loss (fused)";
+  nlohmann::json recompute = nlohmann::json::array();
+  for (size_t i = 0; i < p.recompute.size(); ++i) {
+    if (p.recompute[i]) recompute.push_back(i);
+  }
+  j["activation_policy"] = p.activation_policy;
+  j["recomputed_layers"] = recompute;
+  j["tiers"] = {{"saved_activations", TierName(p.activations)},
+                {"optimizer_state", TierName(p.optimizer_state)},
+                {"frozen_weights", TierName(p.frozen_weights)}};
+  j["updates"] = "synchronous";
+  j["budgets"] = {
+      {"gpu_bytes", p.gpu_budget}, {"host_bytes", p.host_budget}, {"nvme_bytes", p.nvme_budget}};
+  j["memory"] = {{"per_gpu", TierToJson(p.memory.gpu)},
+                 {"pinned_host", TierToJson(p.memory.pinned_host)},
+                 {"pageable_host", TierToJson(p.memory.pageable_host)},
+                 {"nvme", TierToJson(p.memory.nvme)}};
+  j["predicted"] = {{"step_s", p.step_s},
+                    {"tokens_per_s", p.tokens_per_s},
+                    {"bubble_fraction", p.bubble_fraction},
+                    {"pcie_h2d_bytes_per_step", p.pcie_h2d_bytes},
+                    {"pcie_d2h_bytes_per_step", p.pcie_d2h_bytes},
+                    {"nvme_read_bytes_per_step", p.nvme_read_bytes},
+                    {"nvme_write_bytes_per_step", p.nvme_write_bytes}};
+  j["warnings"] = p.warnings;
+  return j;
+}
+
+nlohmann::json OutcomeToJson(const PlanOutcome& o) {
+  nlohmann::json j;
+  j["feasible"] = o.feasible;
+  if (o.feasible) {
+    j["plan"] = PlanToJson(o.plan);
+    return j;
+  }
+  j["binding_constraint"] = o.binding;
+  nlohmann::json list = nlohmann::json::array();
+  for (const PlanSuggestion& s : o.suggestions) {
+    list.push_back({{"change", s.change}, {"plan", PlanToJson(s.plan)}});
+  }
+  j["suggestions"] = list;
+  return j;
+}
+
+std::string PlanSummary(const Plan& p) {
+  std::string out = "Plan: " + p.model_name + " on " + p.hardware_name + "\n";
+  out += "  job: batch " + std::to_string(p.job.global_batch) + " x " +
+         std::to_string(p.job.seq_len) + " tokens, " +
+         (p.job.lora.enabled() ? "LoRA rank " + std::to_string(p.job.lora.rank)
+                               : std::string("full fine-tuning")) +
+         ", " + std::string(DTypeName(p.job.compute_dtype)) + "\n";
+  out += "  micro-batches: " + std::to_string(p.micro_batches) + " of " +
+         std::to_string(p.micro_batch_size) + " sequence(s)\n";
+  out += "  stages: " + std::to_string(p.stages.size()) + " forward, " +
+         std::to_string(p.stages.size()) + " backward (layers";
+  for (const LayerRange& s : p.stages) {
+    out += " " + std::to_string(s.first) + "-" + std::to_string(s.last - 1);
+  }
+  out += "), fused head+loss tail; round-robin over " + std::to_string(p.gpus) + " GPU(s)\n";
+  int recomputed = 0;
+  for (bool r : p.recompute) recomputed += r ? 1 : 0;
+  out += "  activations: " + p.activation_policy + " (" + std::to_string(recomputed) +
+         " layers recomputed), saved on " + std::string(TierName(p.activations)) +
+         "; optimizer state on " + std::string(TierName(p.optimizer_state)) +
+         (p.job.lora.enabled() ? "; frozen weights on " + std::string(TierName(p.frozen_weights))
+                               : std::string()) +
+         "; synchronous updates\n";
+  out += Format("  predicted: %.3f s/step, %.0f tokens/s, bubble %.1f%%\n", p.step_s,
+                p.tokens_per_s, 100.0 * p.bubble_fraction);
+  out += Format(
+             "  traffic per step: PCIe h2d %.2f GB, d2h %.2f GB, NVMe read "
+             "%.2f GB",
+             p.pcie_h2d_bytes / 1e9, p.pcie_d2h_bytes / 1e9, p.nvme_read_bytes / 1e9) +
+         Format(", NVMe written %.2f GB\n", p.nvme_write_bytes / 1e9);
+  out += "Memory (exact, alignment included):\n";
+  TableRows(out, "each GPU", p.memory.gpu, p.gpu_budget);
+  TableRows(out, "pinned host", p.memory.pinned_host, 0);
+  TableRows(out, "pageable host", p.memory.pageable_host, 0);
+  out += "  host total: " + Gib(p.memory.pinned_host.total() + p.memory.pageable_host.total()) +
+         " of " + Gib(p.host_budget) + "\n";
+  if (!p.memory.nvme.allocations.empty()) TableRows(out, "NVMe", p.memory.nvme, p.nvme_budget);
+  for (const std::string& w : p.warnings) out += "warning: " + w + "\n";
+  return out;
+}
+
+std::string OutcomeSummary(const PlanOutcome& o) {
+  if (o.feasible) return PlanSummary(o.plan);
+  std::string out = "Nothing fits. " + o.binding + "\n";
+  if (o.suggestions.empty()) {
+    out +=
+        "No single change among a shorter sequence, one sequence per "
+        "micro-batch, LoRA, more "
+        "RAM or an NVMe directory fits.\n";
+  }
+  for (const PlanSuggestion& s : o.suggestions) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "  fits with %-44s -> %.3f s/step, %.0f tokens/s\n",
+                  s.change.c_str(), s.plan.step_s, s.plan.tokens_per_s);
+    out += buf;
+  }
+  return out;
+}
+
+}  // namespace ferry::plan

@@ -1,0 +1,453 @@
+#include "engine/plan/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <optional>
+#include <tuple>
+
+#include "engine/plan/simulator.h"
+
+namespace ferry::plan {
+namespace {
+
+constexpr double kF32 = 4;
+
+// Per-layer numbers the search needs, for one micro-batch.
+struct LayerNumbers {
+  double fwd_s = 0, bwd_s = 0;  // compute at the profile's effective rate
+  double input = 0, saved = 0, output = 0;
+  double weights = 0;    // compute-dtype bytes uploaded
+  double grads = 0;      // fp32 gradient bytes downloaded
+  double trainable = 0;  // parameters the optimizer updates
+};
+
+struct Context {
+  const ModelConfig& model;
+  const PlanJob& job;
+  const HardwareProfile& hw;
+  std::vector<LayerSpec> layers;
+};
+
+std::vector<LayerNumbers> NumbersFor(const Context& c, BatchShape micro) {
+  const double rate = c.hw.gpu.EffectiveBf16Flops();
+  std::vector<LayerNumbers> out(c.layers.size());
+  for (size_t i = 0; i < c.layers.size(); ++i) {
+    const LayerCost cost =
+        ComputeLayerCost(c.model, c.job.lora, c.layers[i], micro, c.job.compute_dtype);
+    LayerNumbers& n = out[i];
+    n.fwd_s = cost.forward_flops / rate;
+    n.bwd_s = cost.backward_flops / rate;
+    n.input = double(cost.input_bytes);
+    n.saved = double(cost.saved_bytes);
+    n.output = double(cost.output_bytes);
+    for (const ParamSpec& p : c.layers[i].params) {
+      n.weights += double(p.numel()) * double(DTypeSize(c.job.compute_dtype));
+      if (p.trainable) n.grads += double(p.numel()) * kF32;
+      if (p.trainable && p.tied_to.empty()) n.trainable += double(p.numel());
+    }
+  }
+  return out;
+}
+
+// Contiguous partition of blocks 1..N into `stages` ranges minimizing the
+// largest stage's forward + backward time (dynamic programming; N is at most a
+// few hundred).
+std::vector<LayerRange> Partition(const std::vector<LayerNumbers>& n, int blocks, int stages) {
+  std::vector<double> prefix(size_t(blocks) + 1, 0);
+  for (int i = 0; i < blocks; ++i) {
+    prefix[size_t(i) + 1] = prefix[size_t(i)] + n[size_t(i) + 1].fwd_s + n[size_t(i) + 1].bwd_s;
+  }
+  const double inf = std::numeric_limits<double>::infinity();
+  // best[s][i]: smallest max-stage cost covering the first i blocks with s
+  // stages.
+  std::vector<std::vector<double>> best(size_t(stages) + 1,
+                                        std::vector<double>(size_t(blocks) + 1, inf));
+  std::vector<std::vector<int>> cut(best.size(), std::vector<int>(size_t(blocks) + 1, 0));
+  best[0][0] = 0;
+  for (int s = 1; s <= stages; ++s) {
+    for (int i = s; i <= blocks; ++i) {
+      for (int j = s - 1; j < i; ++j) {
+        const double v =
+            std::max(best[size_t(s - 1)][size_t(j)], prefix[size_t(i)] - prefix[size_t(j)]);
+        if (v < best[size_t(s)][size_t(i)]) {
+          best[size_t(s)][size_t(i)] = v;
+          cut[size_t(s)][size_t(i)] = j;
+        }
+      }
+    }
+  }
+  std::vector<LayerRange> ranges(static_cast<size_t>(stages));
+  int i = blocks;
+  for (int s = stages; s >= 1; --s) {
+    const int j = cut[size_t(s)][size_t(i)];
+    ranges[size_t(s - 1)] = {j + 1, i + 1};  // layer indices: block b is layer b + 1
+    i = j;
+  }
+  return ranges;
+}
+
+std::vector<int64_t> MicroBatchCandidates(const PlanJob& job, int gpus) {
+  if (job.micro_batches > 0) return {job.micro_batches};
+  std::vector<int64_t> out;
+  const int64_t want = std::min<int64_t>(gpus + 1, job.global_batch);
+  for (int64_t d = want; d <= job.global_batch && out.size() < 4; ++d) {
+    if (job.global_batch % d == 0) out.push_back(d);
+  }
+  if (out.empty() || out.back() != job.global_batch) out.push_back(job.global_batch);
+  return out;
+}
+
+std::vector<int> StageCountCandidates(int blocks) {
+  std::vector<int> out;
+  for (int per = 1; per <= blocks; per *= 2) out.push_back((blocks + per - 1) / per);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+// Per-layer choice: recompute a layer when its forward is faster than moving
+// its saved set over PCIe (down in forward, up in backward: the slower
+// direction bounds it).
+std::vector<bool> RecomputePolicy(const std::string& policy, const std::vector<LayerNumbers>& n,
+                                  const HardwareProfile& hw) {
+  std::vector<bool> r(n.size(), false);
+  const double link = std::min(hw.pcie.h2d_pinned, hw.pcie.d2h_pinned);
+  for (size_t i = 1; i + 1 < n.size(); ++i) {  // blocks; the head is fused, never recomputed
+    if (policy == "recompute") r[i] = true;
+    if (policy == "per-layer") r[i] = n[i].fwd_s < n[i].saved / link;
+  }
+  return r;
+}
+
+struct Candidate {
+  std::vector<LayerRange> stages;
+  int64_t micro_batches = 1;
+  std::string policy;
+  std::vector<bool> recompute;
+  Tier activations = Tier::kHost, optimizer = Tier::kHost, frozen = Tier::kHost;
+};
+
+MemoryEstimate MemoryOf(const Context& c, const Candidate& k, int gpus) {
+  MemoryPlanInput in;
+  in.model = c.model;
+  in.lora = c.job.lora;
+  in.micro_batch = {c.job.global_batch / k.micro_batches, c.job.seq_len};
+  in.micro_batches = int(k.micro_batches);
+  in.gpus = gpus;
+  in.compute_dtype = c.job.compute_dtype;
+  in.stages = k.stages;
+  in.recompute = k.recompute;
+  in.activations_on_nvme = k.activations == Tier::kNvme;
+  in.optimizer_on_nvme = k.optimizer == Tier::kNvme;
+  in.frozen_weights_on_nvme = k.frozen == Tier::kNvme;
+  in.scratch = c.job.scratch;
+  return ComputeMemory(in);
+}
+
+// How far over its budget each tier is (need / budget); <= 1 everywhere: fits.
+struct Fit {
+  double gpu = 0, host = 0, nvme = 0;
+  double worst() const { return std::max({gpu, host, nvme}); }
+};
+Fit FitOf(const MemoryEstimate& m, const HardwareProfile& hw) {
+  auto ratio = [](double need, double have) {
+    if (need <= 0) return 0.0;
+    return have <= 0 ? std::numeric_limits<double>::infinity() : need / have;
+  };
+  Fit f;
+  f.gpu = ratio(double(m.gpu.total()), double(hw.gpu.memory_usable_bytes));
+  f.host = ratio(double(m.pinned_host.total() + m.pageable_host.total()),
+                 double(hw.host.ram_usable_bytes));
+  f.nvme = ratio(double(m.nvme.total()), hw.HasNvme() ? double(hw.nvme.space_bytes) : 0.0);
+  return f;
+}
+
+std::vector<StageCost> StageCosts(const std::vector<LayerNumbers>& n,
+                                  const std::vector<LayerRange>& stages,
+                                  const std::vector<bool>& recompute, bool backward) {
+  std::vector<StageCost> out;
+  for (const LayerRange& s : stages) {
+    StageCost sc;
+    for (int i = s.first; i < s.last; ++i) {
+      const LayerNumbers& l = n[size_t(i)];
+      const double kept = l.input + (recompute[size_t(i)] ? 0 : l.saved);
+      sc.weight_bytes += l.weights;
+      if (!backward) {
+        sc.fwd_s += l.fwd_s;
+        sc.output_bytes += l.output + (recompute[size_t(i)] ? 0 : l.saved);
+      } else {
+        sc.bwd_s += l.bwd_s + (recompute[size_t(i)] ? l.fwd_s : 0);
+        sc.input_bytes += kept;
+        sc.grad_bytes += l.grads;
+        sc.param_count += l.trainable;
+      }
+    }
+    const LayerNumbers& first = n[size_t(s.first)];
+    if (!backward) sc.input_bytes = first.input;
+    if (backward) {
+      sc.input_bytes += n[size_t(s.last - 1)].output;  // dY
+      sc.output_bytes = first.input;                   // dX
+    }
+    out.push_back(sc);
+  }
+  return out;
+}
+
+RoundRobinJob BuildJob(const std::vector<LayerNumbers>& n, const Candidate& k, int gpus) {
+  RoundRobinJob job;
+  job.gpus = gpus;
+  job.micro_batches = int(k.micro_batches);
+  job.forward = StageCosts(n, k.stages, k.recompute, false);
+  std::vector<LayerRange> reversed(k.stages.rbegin(), k.stages.rend());
+  job.backward = StageCosts(n, reversed, k.recompute, true);
+  const LayerNumbers& head = n.back();
+  job.tail.fwd_s = head.fwd_s;
+  job.tail.bwd_s = head.bwd_s;
+  job.tail.weight_bytes = head.weights;
+  job.tail.input_bytes = head.input;
+  job.tail.output_bytes = head.input;  // dh
+  job.tail.grad_bytes = head.grads;
+  job.tail.param_count = head.trainable;
+  job.backward.back().param_count += n.front().trainable;  // the embedding, updated on the host
+  return job;
+}
+
+struct Timing {
+  double makespan = 0, bubble = 0, h2d = 0, d2h = 0;
+};
+
+Result<Timing> SimulateJob(const RoundRobinJob& job, const HardwareProfile& hw) {
+  FERRY_ASSIGN_OR_RETURN(Schedule schedule, BuildRoundRobinSchedule(job));
+  FERRY_ASSIGN_OR_RETURN(SimResult sim, Simulate(schedule, LaneRatesFromProfile(hw, true)));
+  Timing t;
+  t.makespan = sim.makespan_s;
+  t.bubble = sim.mean_bubble_fraction;
+  for (const SimTask& task : schedule.tasks) {
+    if (task.lane.kind == LaneKind::kHostToDevice) t.h2d += task.bytes;
+    if (task.lane.kind == LaneKind::kDeviceToHost) t.d2h += task.bytes;
+  }
+  return t;
+}
+
+// NVMe traffic per step of the groups a candidate places there.
+void NvmeTraffic(const MemoryEstimate& m, Plan& p) {
+  for (const Allocation& a : m.nvme.allocations) {
+    if (a.name == "weights.frozen") p.nvme_read_bytes += double(a.bytes);
+    if (a.name == "activations.saved") {
+      p.nvme_write_bytes += double(a.bytes);
+      p.nvme_read_bytes += double(a.bytes);
+    }
+    if (a.name.rfind("optimizer.", 0) == 0) {
+      p.nvme_write_bytes += double(a.bytes);
+      p.nvme_read_bytes += double(a.bytes);
+    }
+  }
+}
+
+Status ValidateInputs(const ModelConfig& model, const PlanJob& job, const HardwareProfile& hw) {
+  FERRY_RETURN_IF_ERROR(ValidateModelConfig(model));
+  FERRY_RETURN_IF_ERROR(ValidateLoraConfig(job.lora));
+  FERRY_RETURN_IF_ERROR(ValidateHardwareProfile(hw));
+  if (job.global_batch < 1) return Status::InvalidArgument("--batch-size must be at least 1");
+  if (job.seq_len < 1) return Status::InvalidArgument("--seq-len must be at least 1");
+  if (job.micro_batches < 0 || (job.micro_batches > 0 && job.global_batch % job.micro_batches)) {
+    return Status::InvalidArgument("--micro-batches " + std::to_string(job.micro_batches) +
+                                   " must divide --batch-size " + std::to_string(job.global_batch) +
+                                   " (or be 0 for auto)");
+  }
+  if (job.compute_dtype == DType::kF32) {
+    return Status::InvalidArgument("compute dtype must be bf16 or fp16");
+  }
+  return Status::Ok();
+}
+
+std::string Bytes(double b) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", b / double(1ull << 30));
+  return buf;
+}
+
+}  // namespace
+
+std::string_view TierName(Tier t) { return t == Tier::kHost ? "host" : "nvme"; }
+
+Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& model,
+                             const PlanJob& job, const HardwareProfile& hw, bool suggest) {
+  FERRY_RETURN_IF_ERROR(ValidateInputs(model, job, hw));
+  Context c{model, job, hw, BuildLayerSpecs(model, job.lora, job.compute_dtype)};
+  const int gpus = hw.gpu.count;
+  const int blocks = int(model.num_layers);
+  const std::vector<Tier> tiers =
+      hw.HasNvme() ? std::vector<Tier>{Tier::kHost, Tier::kNvme} : std::vector<Tier>{Tier::kHost};
+  const std::vector<Tier> frozen_tiers =
+      job.lora.enabled() ? tiers : std::vector<Tier>{Tier::kHost};
+
+  PlanOutcome outcome;
+  bool have = false;
+  Plan best;
+  std::tuple<double, double, double> best_key;
+  double closest = std::numeric_limits<double>::infinity();
+  Fit closest_fit;
+  uint64_t closest_gpu = 0, closest_host = 0, closest_nvme = 0;
+  for (int64_t m : MicroBatchCandidates(job, gpus)) {
+    const BatchShape micro{job.global_batch / m, job.seq_len};
+    const std::vector<LayerNumbers> n = NumbersFor(c, micro);
+    for (int stage_count : StageCountCandidates(blocks)) {
+      const std::vector<LayerRange> stages = Partition(n, blocks, stage_count);
+      std::vector<std::vector<bool>> seen;
+      for (const char* policy : {"save", "per-layer", "recompute"}) {
+        Candidate k{stages, m, policy, RecomputePolicy(policy, n, hw)};
+        if (std::find(seen.begin(), seen.end(), k.recompute) != seen.end()) continue;
+        seen.push_back(k.recompute);
+        std::optional<Timing> timing;  // simulated once per (m, stages, policy)
+        for (Tier act : tiers) {
+          for (Tier opt : tiers) {
+            for (Tier frozen : frozen_tiers) {
+              k.activations = act;
+              k.optimizer = opt;
+              k.frozen = frozen;
+              const MemoryEstimate mem = MemoryOf(c, k, gpus);
+              const Fit fit = FitOf(mem, hw);
+              if (fit.worst() > 1.0) {
+                if (fit.worst() < closest) {
+                  closest = fit.worst();
+                  closest_fit = fit;
+                  closest_gpu = mem.gpu.total();
+                  closest_host = mem.pinned_host.total() + mem.pageable_host.total();
+                  closest_nvme = mem.nvme.total();
+                }
+                continue;
+              }
+              if (!timing) {
+                FERRY_ASSIGN_OR_RETURN(Timing t, SimulateJob(BuildJob(n, k, gpus), hw));
+                timing = t;
+              }
+              Plan p;
+              p.stages = k.stages;
+              p.recompute = k.recompute;
+              p.activation_policy = k.policy;
+              p.activations = act;
+              p.optimizer_state = opt;
+              p.frozen_weights = frozen;
+              p.micro_batches = int(m);
+              p.memory = mem;
+              NvmeTraffic(mem, p);
+              const double nvme_s = hw.HasNvme()
+                                        ? p.nvme_read_bytes / hw.nvme.read_rate +
+                                              p.nvme_write_bytes / hw.nvme.sustained_write_rate
+                                        : 0.0;
+              p.step_s = std::max(timing->makespan, nvme_s);
+              p.bubble_fraction = timing->bubble;
+              p.pcie_h2d_bytes = timing->h2d;
+              p.pcie_d2h_bytes = timing->d2h;
+              const double host = double(mem.pinned_host.total() + mem.pageable_host.total());
+              const std::tuple<double, double, double> key{p.step_s, double(mem.nvme.total()),
+                                                           host};
+              if (!have || key < best_key) {
+                have = true;
+                best_key = key;
+                best = std::move(p);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  if (!have) {
+    const char* tier = closest_fit.gpu >= closest_fit.host && closest_fit.gpu >= closest_fit.nvme
+                           ? "GPU memory"
+                           : (closest_fit.host >= closest_fit.nvme ? "host memory" : "NVMe space");
+    outcome.binding = std::string(tier) + " is short: the plan closest to fitting needs " +
+                      Bytes(double(closest_gpu)) + " per GPU (usable " +
+                      Bytes(double(hw.gpu.memory_usable_bytes)) + "), " +
+                      Bytes(double(closest_host)) + " of host RAM (usable " +
+                      Bytes(double(hw.host.ram_usable_bytes)) + "), " +
+                      Bytes(double(closest_nvme)) + " of NVMe (" +
+                      (hw.HasNvme() ? Bytes(double(hw.nvme.space_bytes)) : "no --nvme-dir") + ")";
+    if (suggest) outcome.suggestions = SuggestChanges(model_name, model, job, hw);
+    return outcome;
+  }
+  best.model_name = model_name;
+  best.hardware_name = hw.name;
+  best.gpus = gpus;
+  best.job = job;
+  best.micro_batch_size = job.global_batch / best.micro_batches;
+  best.gpu_budget = hw.gpu.memory_usable_bytes;
+  best.host_budget = hw.host.ram_usable_bytes;
+  best.nvme_budget = hw.HasNvme() ? hw.nvme.space_bytes : 0;
+  best.tokens_per_s = double(job.global_batch * job.seq_len) / best.step_s;
+  if (best.optimizer_state == Tier::kNvme || best.activations == Tier::kNvme) {
+    const double per_day = best.nvme_write_bytes / best.step_s * 86400.0;
+    std::string w = "NVMe: " + Bytes(best.nvme_write_bytes) + " of hot data written per step (" +
+                    Bytes(per_day) + " per day of training)";
+    if (hw.nvme.endurance_bytes_written > 0) {
+      w += "; the drive's rated endurance lasts " +
+           std::to_string(int64_t(double(hw.nvme.endurance_bytes_written) / per_day)) + " days";
+    }
+    best.warnings.push_back(w);
+  }
+  outcome.feasible = true;
+  outcome.plan = std::move(best);
+  return outcome;
+}
+
+RoundRobinJob RoundRobinJobOf(const ModelConfig& model, const Plan& plan,
+                              const HardwareProfile& hw) {
+  Context c{model, plan.job, hw, BuildLayerSpecs(model, plan.job.lora, plan.job.compute_dtype)};
+  const std::vector<LayerNumbers> n = NumbersFor(c, {plan.micro_batch_size, plan.job.seq_len});
+  Candidate k{plan.stages, plan.micro_batches, plan.activation_policy, plan.recompute};
+  return BuildJob(n, k, plan.gpus);
+}
+
+std::vector<StageCost> BaselineStagesOf(const ModelConfig& model, const PlanJob& job,
+                                        int micro_batches, const HardwareProfile& hw) {
+  Context c{model, job, hw, BuildLayerSpecs(model, job.lora, job.compute_dtype)};
+  const std::vector<LayerNumbers> n =
+      NumbersFor(c, {job.global_batch / micro_batches, job.seq_len});
+  const int gpus = hw.gpu.count;
+  const int blocks = int(model.num_layers);
+  std::vector<LayerRange> ranges = Partition(n, blocks, std::min(gpus, blocks));
+  ranges.back().last += 1;  // the head joins the last stage
+  std::vector<StageCost> out;
+  // AdamW on the GPU is memory-bound: 30 bytes of traffic per parameter
+  // (simulator.h).
+  for (const LayerRange& s : ranges) {
+    StageCost sc;
+    for (int i = s.first; i < s.last; ++i) {
+      sc.fwd_s += n[size_t(i)].fwd_s;
+      sc.bwd_s += n[size_t(i)].bwd_s;
+      sc.weight_bytes += n[size_t(i)].weights;
+      sc.param_count += n[size_t(i)].trainable;
+    }
+    sc.output_bytes = n[size_t(s.last - 1)].output;
+    sc.gpu_optimizer_s = sc.param_count * kAdamWBytesPerParameter / hw.gpu.memory_bandwidth;
+    out.push_back(sc);
+  }
+  return out;
+}
+
+uint64_t BaselineGpuBytes(const ModelConfig& model, const PlanJob& job, int micro_batches,
+                          int gpus) {
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(model, job.lora, job.compute_dtype);
+  const BatchShape micro{job.global_batch / micro_batches, job.seq_len};
+  double params = 0, trainable = 0, saved = 0;
+  for (const LayerSpec& l : layers) {
+    if (l.kind == LayerKind::kEmbedding) continue;
+    for (const ParamSpec& p : l.params) {
+      params += double(p.numel());
+      if (p.trainable) trainable += double(p.numel());
+    }
+    const LayerCost cost = ComputeLayerCost(model, job.lora, l, micro, job.compute_dtype);
+    saved += double(cost.input_bytes + cost.saved_bytes);
+  }
+  const double in_flight = std::min(gpus, micro_batches);  // 1F1B: GPU 0 holds p micro-batches
+  const double bytes =
+      (params * double(DTypeSize(job.compute_dtype)) + trainable * 16.0 + saved * in_flight) /
+      double(gpus);
+  return uint64_t(std::ceil(bytes));
+}
+
+}  // namespace ferry::plan

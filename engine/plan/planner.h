@@ -1,0 +1,122 @@
+// The planner: a pure function from a model, a job and a machine (hardware
+// profile with its budgets applied) to a Plan — the partition into stages,
+// micro-batches, per-layer activation policy, the tier of each tensor group,
+// the exact memory of every tier (memory_model.h) and the predicted step time
+// from the simulator's round-robin schedule (DESIGN.md, "Plan").
+//
+// Search: every candidate in a fixed grid — layers per stage, micro-batch
+// count, activation policy (save all, per-layer choice, recompute all) and tier
+// of each group (host or NVMe) — is sized by the memory model; the fastest
+// candidate that fits every budget wins (ties: fewer NVMe bytes, then less host
+// memory). Since the grid does not depend on the budgets, more memory can only
+// add candidates, so it never yields a slower predicted step. When nothing
+// fits, the outcome names the binding constraint (the tier short by the largest
+// factor in the candidate closest to fitting) and the smallest changes that fit
+// — each re-planned.
+//
+// Stages: forward and backward stages use the same layer ranges (balanced by
+// forward plus backward cost); the head + loss is the fused tail. Synchronous
+// updates only (stale updates: not priced).
+//
+// Pure functions over value types; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/model/lora_config.h"
+#include "engine/model/model_config.h"
+#include "engine/plan/hardware_profile.h"
+#include "engine/plan/memory_model.h"
+#include "engine/plan/pipeline_schedules.h"
+#include "kernels/status.h"
+
+namespace ferry::plan {
+
+struct PlanJob {
+  int64_t global_batch = 16;  // sequences per optimizer update
+  int64_t seq_len = 2048;
+  int64_t micro_batches = 0;  // 0: auto (at least GPUs + 1 when the batch allows)
+  LoraConfig lora;            // rank 0: full fine-tuning
+  DType compute_dtype = DType::kBF16;
+  ScratchTarget scratch;  // CUDA unless planning for CPU devices
+};
+
+enum class Tier { kHost, kNvme };
+std::string_view TierName(Tier t);  // "host", "nvme"
+
+struct Plan {
+  std::string model_name;
+  std::string hardware_name;
+  int gpus = 1;
+  PlanJob job;
+  int micro_batches = 1;
+  int64_t micro_batch_size = 1;    // sequences
+  std::vector<LayerRange> stages;  // forward stages in layer order; backward runs them reversed
+  std::vector<bool> recompute;     // per layer (embedding, blocks, head)
+  std::string activation_policy;   // "save", "per-layer", "recompute"
+  Tier activations = Tier::kHost;
+  Tier optimizer_state = Tier::kHost;
+  Tier frozen_weights = Tier::kHost;
+  MemoryEstimate memory;
+  uint64_t gpu_budget = 0;
+  uint64_t host_budget = 0;
+  uint64_t nvme_budget = 0;
+  // Predictions per optimizer step.
+  double step_s = 0;
+  double tokens_per_s = 0;
+  double bubble_fraction = 0;
+  double pcie_h2d_bytes = 0;  // all GPUs together
+  double pcie_d2h_bytes = 0;
+  double nvme_read_bytes = 0;
+  double nvme_write_bytes = 0;
+  std::vector<std::string> warnings;
+};
+
+struct PlanSuggestion {
+  std::string change;  // "--seq-len 1024", "--host-memory 512GiB", ...
+  Plan plan;           // the re-planned job, which fits
+};
+
+struct PlanOutcome {
+  bool feasible = false;
+  Plan plan;            // the chosen plan when feasible
+  std::string binding;  // when infeasible: what is short, with the numbers
+  std::vector<PlanSuggestion> suggestions;
+};
+
+// Validates the inputs (InvalidArgument naming the option), then searches.
+// `suggest`: compute suggestions when nothing fits (each re-plans the job
+// several times).
+[[nodiscard]] Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& model,
+                                           const PlanJob& job, const HardwareProfile& hardware,
+                                           bool suggest = true);
+
+// When `job` fits nowhere on `hardware`: the smallest changes that do fit, each
+// re-planned (the longest sequence that fits, one sequence per micro-batch,
+// LoRA rank 16 on all projections, the host RAM needed, an NVMe directory).
+// Empty when none of them fits.
+std::vector<PlanSuggestion> SuggestChanges(const std::string& model_name, const ModelConfig& model,
+                                           const PlanJob& job, const HardwareProfile& hardware);
+
+// The plan's stages as the simulator's round-robin job, and the 1F1B baseline's
+// stages (one per GPU, weights resident, activations saved on the GPU).
+RoundRobinJob RoundRobinJobOf(const ModelConfig& model, const Plan& plan,
+                              const HardwareProfile& hardware);
+std::vector<StageCost> BaselineStagesOf(const ModelConfig& model, const PlanJob& job,
+                                        int micro_batches, const HardwareProfile& hardware);
+// Bytes per GPU the 1F1B baseline needs: resident bf16 weights, fp32 gradients,
+// master and moments of its stage, and the saved activations of the
+// micro-batches in flight on GPU 0.
+uint64_t BaselineGpuBytes(const ModelConfig& model, const PlanJob& job, int micro_batches,
+                          int gpus);
+
+nlohmann::json PlanToJson(const Plan& plan);
+nlohmann::json OutcomeToJson(const PlanOutcome& outcome);
+// A readable summary and a per-device memory table.
+std::string PlanSummary(const Plan& plan);
+std::string OutcomeSummary(const PlanOutcome& outcome);
+
+}  // namespace ferry::plan
