@@ -26,22 +26,24 @@ Result<std::unique_ptr<Head>> Head::Create(Device& d, const ModelConfig& c,
   std::unique_ptr<Head> h(new Head(d, c, params));
   const int64_t N = shape.tokens(), C = c.hidden_size, V = c.vocab_size;
   h->chunk_ = std::min(loss_chunk_tokens, N);
-  FERRY_ASSIGN_OR_RETURN(h->saved_buffer_, AllocateCarved(d, "head.saved", [&](TensorCarver& cv) {
-                           h->xn_ = cv.Take(DType::kF32, {N, C});
-                           h->mean_ = cv.Take(DType::kF32, {N});
-                           h->rstd_ = cv.Take(DType::kF32, {N});
-                           h->token_loss_ = cv.Take(DType::kF32, {N});
-                           h->targets_ = cv.Take(DType::kI32, {N});
-                         }));
+  // Exactly what ComputeLayerCost counts: normed input, norm statistics, per-token loss.
+  auto saved = [&](TensorCarver& cv) {
+    h->xn_ = cv.Take(DType::kF32, {N, C});
+    if (c.norm == NormKind::kLayerNorm) h->mean_ = cv.Take(DType::kF32, {N});
+    h->rstd_ = cv.Take(DType::kF32, {N});
+    h->token_loss_ = cv.Take(DType::kF32, {N});
+  };
+  FERRY_ASSIGN_OR_RETURN(h->saved_buffer_, AllocateCarved(d, "head.saved", saved));
   const bool frozen = params.at("lm_head.weight").grad.data.is_null();
   const size_t scratch =
       LmHeadLossScratchBytes(d, h->chunk_, V, C, DType::kF32, DType::kF32, /*backward=*/true);
-  FERRY_ASSIGN_OR_RETURN(
-      h->workspace_buffer_, AllocateCarved(d, "head.workspace", [&](TensorCarver& cv) {
-        h->dxn_ = cv.Take(DType::kF32, {N, C});
-        h->scratch_ = cv.Take(DType::kF32, {int64_t(std::max<size_t>(scratch, 4) + 3) / 4});
-        h->sink_ = cv.Take(DType::kF32, {(frozen ? V * C : 0) + 2 * C});
-      }));
+  auto workspace = [&](TensorCarver& cv) {
+    h->targets_ = cv.Take(DType::kI32, {N});
+    h->dxn_ = cv.Take(DType::kF32, {N, C});
+    h->scratch_ = cv.Take(DType::kF32, {int64_t((std::max<size_t>(scratch, 4) + 3) / 4)});
+    h->sink_ = cv.Take(DType::kF32, {(frozen ? V * C : 0) + 2 * C});
+  };
+  FERRY_ASSIGN_OR_RETURN(h->workspace_buffer_, AllocateCarved(d, "head.workspace", workspace));
   return h;
 }
 

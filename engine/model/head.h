@@ -2,10 +2,10 @@
 // head + cross-entropy (kernels/ops/lm_head_loss.h), forward and backward in
 // one pass.
 //
-// Buffers (planned at creation): "head.saved" (normed input, norm statistics,
-// per-token loss, targets) and "head.workspace" (the normed input's gradient,
-// the loss op's scratch, and a gradient sink for frozen weights: under LoRA the
-// head is frozen but the fused op always accumulates a dW).
+// Buffers (planned at creation): "head.saved" (normed input, norm statistics, per-token loss:
+// what ComputeLayerCost counts) and "head.workspace" (the targets, the normed input's gradient,
+// the loss op's scratch, and a gradient sink for frozen weights: under LoRA the head is frozen
+// but the fused op always accumulates a dW).
 //
 // Accumulation: dx (the gradient of the head's input) is written (=); the
 // gradients of trainable head parameters (final norm, lm_head — tied or not)
@@ -57,9 +57,8 @@ class Head {
   const ModelConfig& c_;
   const DeviceParams& params_;
   int64_t chunk_ = 256;
-  Tensor xn_, mean_, rstd_, token_loss_,
-      targets_;                  // (N, C), (N), (N), (N), i32 (N)
-  Tensor dxn_, scratch_, sink_;  // (N, C), bytes, (2C [+ V*C when frozen])
+  Tensor xn_, mean_, rstd_, token_loss_;  // (N, C), (N) LayerNorm only, (N), (N)
+  Tensor targets_, dxn_, scratch_, sink_;  // i32 (N), (N, C), bytes, (2C [+ V*C when frozen])
   DeviceBuffer saved_buffer_, workspace_buffer_;
 };
 

@@ -105,6 +105,13 @@ class Runner final : public ModelRunner {
   }
 
   Result<double> AccumulateGradients(const MicroBatchInput& mb, HostTensors& grads) override {
+    Result<double> loss = Accumulate(mb, grads);
+    if (!loss.ok()) SynchronizeStreams();  // no copy may still touch the staging memory
+    return loss;
+  }
+
+ private:
+  Result<double> Accumulate(const MicroBatchInput& mb, HostTensors& grads) {
     const int64_t N = o_.shape.tokens(), L = c_.num_layers;
     if (int64_t(mb.targets.size()) != N) {
       return Status::InvalidArgument("micro-batch targets hold " +
@@ -142,6 +149,7 @@ class Runner final : public ModelRunner {
     return sum / mb.normalizer;
   }
 
+ public:
   // Enqueued copies and kernels read the staging memory and the device buffers: let them finish
   // before either is freed.
   ~Runner() override { SynchronizeStreams(); }

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 
+#include "engine/model/tensor_carver.h"
 #include "engine/testing/runner_fixture.h"
 #include "kernels/testing/op_testing.h"
 
@@ -223,6 +225,31 @@ TEST_F(RunnerConfigTest, BadBatchesGetClearErrors) {
       << before.status().ToString();
   tokens.resize(15);
   EXPECT_FALSE((*r)->Logits(tokens).ok());
+}
+
+// The saved-activation buffers are what the planner's memory model (ComputeLayerCost) says, up to
+// the carver's alignment padding: less than kAlignment bytes per tensor, and a block saves at
+// most 22 tensors (Qwen3 with LoRA on every projection group), the head 4. (The slack also
+// hides a miscounted (N) statistic of these tiny goldens; the lower bound is the strict part.)
+TEST_P(RunnerGoldenTest, SavedBuffersMatchTheMemoryModel) {
+  Result<std::unique_ptr<RunnerFixture>> f = RunnerFixture::Create(GetParam());
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  const RunnerFixture& fx = **f;
+  const BatchShape shape{fx.golden.info["batch"].get<int64_t>(),
+                         fx.golden.info["seq_len"].get<int64_t>()};
+  std::map<std::string, size_t> bytes;
+  for (const ArenaRecord& r : fx.device->arena_log()) bytes[r.requester] = r.bytes;
+  for (const LayerSpec& l : fx.layers) {
+    if (l.kind == LayerKind::kEmbedding) continue;
+    const LayerCost cost = ComputeLayerCost(fx.golden.config, fx.lora, l, shape);
+    const std::string buffer = l.kind == LayerKind::kHead
+                                   ? "head.saved"
+                                   : "blocks.saved." + std::to_string(l.block);
+    ASSERT_EQ(bytes.count(buffer), 1u) << buffer;
+    EXPECT_GE(bytes[buffer], cost.saved_bytes) << buffer;
+    const size_t tensors = l.kind == LayerKind::kHead ? 4 : 22;
+    EXPECT_LT(bytes[buffer], cost.saved_bytes + tensors * TensorCarver::kAlignment) << buffer;
+  }
 }
 
 }  // namespace
