@@ -7,12 +7,17 @@ namespace {
 
 class ByteLevelTokenizer final : public Tokenizer {
  public:
-  std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens) const override {
-    std::vector<int32_t> ids;
-    if (add_special_tokens) ids.push_back(ByteTokenizer::kBos);
-    std::vector<int32_t> body = ByteTokenizer::Encode(text);
-    ids.insert(ids.end(), body.begin(), body.end());
-    return ids;
+  Encoding EncodeWithOffsets(std::string_view text, bool add_special_tokens) const override {
+    Encoding e;
+    if (add_special_tokens) {
+      e.ids.push_back(ByteTokenizer::kBos);
+      e.offsets.emplace_back(0, 0);
+    }
+    for (uint32_t i = 0; i < text.size(); ++i) {
+      e.ids.push_back(int32_t(static_cast<unsigned char>(text[i])));
+      e.offsets.emplace_back(i, i + 1);
+    }
+    return e;
   }
   std::string Decode(std::span<const int32_t> ids, bool skip_special_tokens) const override {
     std::string out;

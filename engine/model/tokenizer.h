@@ -17,11 +17,19 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kernels/status.h"
 
 namespace ferry {
+
+// Token ids with the byte range [begin, end) of the input text each one covers. A token the
+// post-processor adds (BOS/EOS) covers the empty range at its position.
+struct Encoding {
+  std::vector<int32_t> ids;
+  std::vector<std::pair<uint32_t, uint32_t>> offsets;  // one per id
+};
 
 struct SpecialTokenIds {
   std::optional<int32_t> bos;  // beginning of sequence, when the model has one
@@ -33,7 +41,10 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
 
-  virtual std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens) const = 0;
+  virtual Encoding EncodeWithOffsets(std::string_view text, bool add_special_tokens) const = 0;
+  std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens) const {
+    return EncodeWithOffsets(text, add_special_tokens).ids;
+  }
   virtual std::string Decode(std::span<const int32_t> ids, bool skip_special_tokens) const = 0;
 
   // Ids are in [0, vocab_size()), added tokens included.
