@@ -33,7 +33,29 @@ class JobFile : public CLI::ConfigTOML {
 
 void AddJobOptions(CLI::App& app, JobSpec& j, std::string* lora_targets) {
   app.add_option("--model", j.model, "Model: 'tiny' (built-in preset)")->capture_default_str();
-  app.add_option("--data", j.data, "Dataset: 'builtin'")->capture_default_str();
+  app.add_option("--data", j.data,
+                 "Dataset: 'builtin', or a file: .jsonl (text | prompt+completion | messages), "
+                 ".txt, .bin/.tok token ids")
+      ->capture_default_str();
+  app.add_option("--val-data", j.val_data, "Validation dataset file (same formats as --data)");
+  app.add_option("--val-fraction", j.val_fraction,
+                 "Share of --data's examples held out for validation (0: none)")
+      ->capture_default_str();
+  app.add_option("--eval-every", j.eval_every,
+                 "Validation loss every N updates, written to metrics.jsonl as val_loss (0: off)")
+      ->capture_default_str();
+  app.add_option("--eval-batches", j.eval_batches,
+                 "Micro-batches per validation (0: the whole validation set)")
+      ->capture_default_str();
+  app.add_option("--chat-template", j.chat_template,
+                 "Chat template for 'messages': chatml, llama3, mistral, none, or auto (from the "
+                 "model folder)")
+      ->capture_default_str();
+  app.add_option("--long-examples", j.long_examples,
+                 "Examples longer than --seq-len: split (into pieces, nothing lost) or truncate")
+      ->capture_default_str();
+  app.add_flag("--skip-bad-lines", j.skip_bad_lines,
+               "Skip malformed .jsonl lines (and report how many) instead of stopping");
   app.add_option("--steps", j.steps, "Optimizer updates")->capture_default_str();
   app.add_option("--lr", j.lr, "Peak learning rate")->capture_default_str();
   app.add_option("--batch-size", j.batch_size, "Sequences per optimizer update (global batch)")

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <filesystem>
@@ -16,6 +17,37 @@ namespace {
 
 Status Bad(std::string msg) { return Status::InvalidArgument(std::move(msg)); }
 
+// The dataset options (the files themselves are checked when they are read).
+Status ValidateDataOptions(const JobSpec& job) {
+  const bool builtin = job.data == "builtin";
+  if (builtin && (!job.val_data.empty() || job.val_fraction > 0)) {
+    return Bad("validation needs a dataset file: pass --data FILE with --val-data/--val-fraction");
+  }
+  if (!(job.val_fraction >= 0 && job.val_fraction < 1)) {
+    return Bad("--val-fraction must lie in [0, 1)");
+  }
+  if (!job.val_data.empty() && job.val_fraction > 0) {
+    return Bad("give either --val-data or --val-fraction, not both");
+  }
+  if (job.eval_every < 0 || job.eval_batches < 0) {
+    return Bad("--eval-every and --eval-batches must be 0 or more");
+  }
+  if (job.eval_every > 0 && job.val_data.empty() && !(job.val_fraction > 0)) {
+    return Bad("--eval-every needs a validation set: --val-data FILE or --val-fraction F");
+  }
+  const std::string_view templates[] = {"auto", "chatml", "llama3", "mistral", "none"};
+  if (std::find(std::begin(templates), std::end(templates), job.chat_template) ==
+      std::end(templates)) {
+    return Bad("--chat-template '" + job.chat_template +
+               "' is not one of auto, chatml, llama3, mistral, none");
+  }
+  if (job.long_examples != "split" && job.long_examples != "truncate") {
+    return Bad("--long-examples '" + job.long_examples + "' is not one of split, truncate");
+  }
+  if (!builtin && job.seq_len < 2) return Bad("--seq-len must be at least 2 with --data FILE");
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<ModelConfig> ResolveModel(const JobSpec& job) {
@@ -26,9 +58,7 @@ Result<ModelConfig> ResolveModel(const JobSpec& job) {
 
 Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
   FERRY_RETURN_IF_ERROR(CheckTrainable(model));
-  if (job.data != "builtin") {
-    return Bad("--data '" + job.data + "' is not available yet; only 'builtin' is");
-  }
+  FERRY_RETURN_IF_ERROR(ValidateDataOptions(job));
   if (job.steps <= 0) return Bad("--steps must be at least 1");
   if (job.batch_size <= 0) return Bad("--batch-size must be at least 1");
   if (job.micro_batches <= 0) return Bad("--micro-batches must be at least 1");
@@ -94,6 +124,13 @@ nlohmann::json JobSpecToJson(const JobSpec& job, const ModelConfig& model) {
   nlohmann::json j;
   j["model"] = job.model;
   j["data"] = job.data;
+  j["val_data"] = job.val_data;
+  j["val_fraction"] = job.val_fraction;
+  j["eval_every"] = job.eval_every;
+  j["eval_batches"] = job.eval_batches;
+  j["chat_template"] = job.chat_template;
+  j["long_examples"] = job.long_examples;
+  j["skip_bad_lines"] = job.skip_bad_lines;
   j["steps"] = job.steps;
   j["batch_size"] = job.batch_size;
   j["micro_batches"] = job.micro_batches;

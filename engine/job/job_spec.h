@@ -19,8 +19,16 @@ namespace ferry {
 struct JobSpec {
   // Model: "tiny" (the built-in preset) for now; a Hugging Face folder later (--model DIR).
   std::string model = "tiny";
-  // Data: "builtin" (the built-in dataset) for now; a file later (--data FILE).
+  // Data: "builtin" (the built-in dataset) or a dataset file (engine/train/examples.h: .jsonl,
+  // .txt, .bin/.tok), packed into rows (engine/train/packed_dataset.h).
   std::string data = "builtin";
+  std::string val_data;                 // validation file; empty: --val-fraction of --data
+  double val_fraction = 0;              // share of --data's examples held out for validation
+  int64_t eval_every = 0;               // validation loss every N updates (and at the end); 0: off
+  int64_t eval_batches = 0;             // micro-batches per validation; 0: the whole set
+  std::string chat_template = "auto";   // chatml|llama3|mistral|none, or auto (from the model)
+  std::string long_examples = "split";  // split|truncate examples longer than --seq-len
+  bool skip_bad_lines = false;          // skip (and count) malformed .jsonl lines
 
   int64_t steps = 300;        // optimizer updates
   int64_t batch_size = 16;    // sequences per optimizer update (the global batch)

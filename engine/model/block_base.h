@@ -86,13 +86,14 @@ class BlockBase : public DecoderBlocks {
     return l == nullptr ? Tensor{} : cv.Take(DType::kF32, {ctx_.shape.tokens(), l->total_rank()});
   }
 
-  // Attention over the saved q, k, v into o and lse (window: c_.sliding_window).
+  // Attention over the saved q, k, v into o and lse (window: c_.sliding_window, documents:
+  // ctx_.doc_ids).
   Status Attend(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse) {
     return AttentionForward(d_, {.shape = attn_shape_,
                                  .q = q,
                                  .k = k,
                                  .v = v,
-                                 .doc_ids = {},  // one document per sequence
+                                 .doc_ids = ctx_.doc_ids,  // packed documents (all one id: none)
                                  .o = o,
                                  .lse = lse,
                                  .scratch = ws_.attn_scratch,
@@ -106,7 +107,7 @@ class BlockBase : public DecoderBlocks {
                                   .q = q,
                                   .k = k,
                                   .v = v,
-                                  .doc_ids = {},  // one document per sequence
+                                  .doc_ids = ctx_.doc_ids,  // packed documents (all one id: none)
                                   .o = o,
                                   .lse = lse,
                                   .d_o = d_o,

@@ -36,6 +36,8 @@ struct BlocksContext {
   BatchShape shape;
   int num_slots = 1;
   Tensor positions;  // i32 (N): RoPE position of each token (Llama family only)
+  Tensor doc_ids;    // i32 (N): packed-document id of each token (attention never crosses a
+                     // change of id within a sequence; kernels/ops/attention.h)
 };
 
 class DecoderBlocks {

@@ -64,24 +64,34 @@ Status Head::NormForward(Tensor x) {
   return RmsNormForward(d_, {x, W(NormName(c_, false)), xn_, rstd_, eps});
 }
 
-Status Head::ForwardBackward(Tensor x, double normalizer, Tensor dx) {
-  FERRY_RETURN_IF_ERROR(NormForward(x));
+LmHeadLossArgs Head::LossArgs() const {
   LmHeadLossArgs a;
   a.h = xn_;
   a.w = W("lm_head.weight");
   a.targets = targets_.data.As<const int32_t>();
-  a.normalizer = normalizer;
   a.chunk_tokens = chunk_;
   a.token_loss = token_loss_;
+  a.scratch = scratch_;
+  return a;
+}
+
+Status Head::ForwardBackward(Tensor x, double normalizer, Tensor dx) {
+  FERRY_RETURN_IF_ERROR(NormForward(x));
+  LmHeadLossArgs a = LossArgs();
+  a.normalizer = normalizer;
   a.dh = dxn_;
   a.dw = G("lm_head.weight", 2 * c_.hidden_size);
-  a.scratch = scratch_;
   FERRY_RETURN_IF_ERROR(LmHeadLossForwardBackward(d_, a));
   if (c_.norm == NormKind::kLayerNorm) {
     return LayerNormBackward(d_, {dxn_, x, W(NormName(c_, false)), mean_, rstd_, dx,
                                   G(NormName(c_, false)), G(NormName(c_, true), c_.hidden_size)});
   }
   return RmsNormBackward(d_, {dxn_, x, W(NormName(c_, false)), rstd_, dx, G(NormName(c_, false))});
+}
+
+Status Head::Forward(Tensor x) {
+  FERRY_RETURN_IF_ERROR(NormForward(x));
+  return LmHeadLossForward(d_, LossArgs());
 }
 
 Status Head::Logits(Tensor x, Tensor logits) {

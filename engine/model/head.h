@@ -21,6 +21,7 @@
 #include "engine/model/model_config.h"
 #include "engine/model/param_spec.h"
 #include "kernels/device.h"
+#include "kernels/ops/lm_head_loss.h"
 
 namespace ferry {
 
@@ -40,6 +41,8 @@ class Head {
   // token_loss and gradients of sum(token_loss) / normalizer: dx (=),
   // parameters (+=).
   Status ForwardBackward(Tensor x, double normalizer, Tensor dx);
+  // token_loss only (evaluation): no gradients.
+  Status Forward(Tensor x);
   // logits (N, V) = norm(x) W^T, written (=).
   Status Logits(Tensor x, Tensor logits);
 
@@ -47,6 +50,9 @@ class Head {
   Head(Device& d, const ModelConfig& c, const DeviceParams& params)
       : d_(d), c_(c), params_(params) {}
   Status NormForward(Tensor x);
+  // The loss op's arguments shared by Forward and ForwardBackward (normed input, head weight,
+  // targets, token_loss, scratch).
+  LmHeadLossArgs LossArgs() const;
   Tensor W(const char* name) const;
   // The gradient, or a view of the sink from element sink_offset when frozen
   // (the sink holds the norm weight's at 0, the norm bias's at C, the head
@@ -57,7 +63,7 @@ class Head {
   const ModelConfig& c_;
   const DeviceParams& params_;
   int64_t chunk_ = 256;
-  Tensor xn_, mean_, rstd_, token_loss_;  // (N, C), (N) LayerNorm only, (N), (N)
+  Tensor xn_, mean_, rstd_, token_loss_;   // (N, C), (N) LayerNorm only, (N), (N)
   Tensor targets_, dxn_, scratch_, sink_;  // i32 (N), (N, C), bytes, (2C [+ V*C when frozen])
   DeviceBuffer saved_buffer_, workspace_buffer_;
 };

@@ -19,6 +19,7 @@ struct Staging {
   size_t hidden = 0;     // (N, C) f32: block 0's input up, its gradient down
   size_t targets = 0;    // (N) i32
   size_t positions = 0;  // (N) i32
+  size_t doc_ids = 0;    // (N) i32
   size_t loss = 0;       // (N) f32
   size_t bytes = 0;
 };
@@ -34,6 +35,7 @@ class Runner final : public ModelRunner {
     FERRY_ASSIGN_OR_RETURN(params_, DeviceParams::Create(d_, c_, lora_, layers_));
     FERRY_ASSIGN_OR_RETURN(io_buffer_, AllocateCarved(d_, "runner.io", [&](TensorCarver& cv) {
                              positions_ = cv.Take(DType::kI32, {N});
+                             doc_ids_ = cv.Take(DType::kI32, {N});
                              hidden_.clear();
                              for (int64_t i = 0; i <= L; ++i)
                                hidden_.push_back(cv.Take(DType::kF32, {N, C}));
@@ -57,7 +59,7 @@ class Runner final : public ModelRunner {
       for (int& s : slot_) s = s < 0 ? slots : s;
       ++slots;
     }
-    BlocksContext ctx{&d_, &c_, &params_, o_.shape, std::max(slots, 1), positions_};
+    BlocksContext ctx{&d_, &c_, &params_, o_.shape, std::max(slots, 1), positions_, doc_ids_};
     if (c_.family == ModelFamily::kGpt2) {
       FERRY_ASSIGN_OR_RETURN(blocks_, CreateGpt2Blocks(ctx));
     } else {
@@ -68,13 +70,11 @@ class Runner final : public ModelRunner {
     staging_.hidden = 0;
     staging_.targets = size_t(N * C) * 4;
     staging_.positions = staging_.targets + size_t(N) * 4;
-    staging_.loss = staging_.positions + size_t(N) * 4;
+    staging_.doc_ids = staging_.positions + size_t(N) * 4;
+    staging_.loss = staging_.doc_ids + size_t(N) * 4;
     staging_.bytes = staging_.loss + size_t(N) * 4;
     FERRY_ASSIGN_OR_RETURN(host_, HostAllocation::Map(staging_.bytes, "runner staging"));
-    int32_t* pos = reinterpret_cast<int32_t*>(host_.data() + staging_.positions);
-    for (int64_t n = 0; n < N; ++n) pos[n] = int32_t(n % o_.shape.seq_len);
-    FERRY_RETURN_IF_ERROR(d_.CopyToDevice(
-        positions_.data, host_.Span(staging_.positions, size_t(N) * 4), size_t(N) * 4));
+    FERRY_RETURN_IF_ERROR(SetLayout({}, {}));
     return Upload();  // ordered before any compute by the event
   }
 
@@ -113,21 +113,7 @@ class Runner final : public ModelRunner {
  private:
   Result<double> Accumulate(const MicroBatchInput& mb, HostTensors& grads) {
     const int64_t N = o_.shape.tokens(), L = c_.num_layers;
-    if (int64_t(mb.targets.size()) != N) {
-      return Status::InvalidArgument("micro-batch targets hold " +
-                                     std::to_string(mb.targets.size()) +
-                                     " ids, expected B*T = " + std::to_string(N));
-    }
-    if (!(mb.normalizer > 0)) {
-      return Status::InvalidArgument(
-          "the loss normalizer must be positive (the number of "
-          "non-masked targets in the global batch)");
-    }
-    FERRY_RETURN_IF_ERROR(EmbedAndUpload(mb.tokens));
-    std::memcpy(host_.data() + staging_.targets, mb.targets.data(), size_t(N) * 4);
-    FERRY_RETURN_IF_ERROR(d_.CopyToDevice(
-        head_->targets().data, host_.Span(staging_.targets, size_t(N) * 4), size_t(N) * 4));
-    FERRY_RETURN_IF_ERROR(Upload());
+    FERRY_RETURN_IF_ERROR(UploadInputs(mb));
     FERRY_RETURN_IF_ERROR(params_.ZeroGrads(d_));
     for (int64_t i = 0; i < L; ++i) FERRY_RETURN_IF_ERROR(BlockForward(i));
     Tensor dy = grad_[0], dx = grad_[1];
@@ -154,14 +140,25 @@ class Runner final : public ModelRunner {
   // before either is freed.
   ~Runner() override { SynchronizeStreams(); }
 
+  Result<double> EvaluateLoss(const MicroBatchInput& mb) override {
+    Result<double> loss = Evaluate(mb);
+    if (!loss.ok()) SynchronizeStreams();
+    return loss;
+  }
+
   Result<std::vector<float>> Logits(std::span<const int32_t> tokens) override {
+    return PackedLogits({.tokens = tokens});
+  }
+
+  Result<std::vector<float>> PackedLogits(const MicroBatchInput& mb) override {
     const int64_t N = o_.shape.tokens(), L = c_.num_layers, V = c_.vocab_size;
     // Evaluation only: the (N, V) logits are allocated for this call, not planned.
     const size_t bytes = size_t(N * V) * 4;
     FERRY_ASSIGN_OR_RETURN(DeviceBuffer buf, d_.Allocate(bytes, "runner.logits"));
     FERRY_ASSIGN_OR_RETURN(HostAllocation host, HostAllocation::Map(bytes, "logits staging"));
     auto run = [&]() -> Status {
-      FERRY_RETURN_IF_ERROR(EmbedAndUpload(tokens));
+      FERRY_RETURN_IF_ERROR(SetLayout(mb.doc_ids, mb.positions));
+      FERRY_RETURN_IF_ERROR(EmbedAndUpload(mb.tokens));
       FERRY_RETURN_IF_ERROR(Upload());
       for (int64_t i = 0; i < L; ++i) FERRY_RETURN_IF_ERROR(BlockForward(i));
       FERRY_RETURN_IF_ERROR(head_->Logits(hidden_[size_t(L)], buf.View(DType::kF32, {N, V})));
@@ -187,6 +184,70 @@ class Runner final : public ModelRunner {
   }
 
  private:
+  Result<double> Evaluate(const MicroBatchInput& mb) {
+    const int64_t N = o_.shape.tokens(), L = c_.num_layers;
+    FERRY_RETURN_IF_ERROR(UploadInputs(mb));
+    for (int64_t i = 0; i < L; ++i) FERRY_RETURN_IF_ERROR(BlockForward(i));
+    FERRY_RETURN_IF_ERROR(head_->Forward(hidden_[size_t(L)]));
+    FERRY_RETURN_IF_ERROR(Download(head_->token_loss(), staging_.loss));
+    FERRY_RETURN_IF_ERROR(d_.Synchronize(StreamId::kDownload));
+    const float* loss = reinterpret_cast<const float*>(host_.data() + staging_.loss);
+    double sum = 0;
+    for (int64_t n = 0; n < N; ++n) sum += loss[n];
+    return sum / mb.normalizer;
+  }
+
+  // Checks the micro-batch, then uploads its layout, embedded tokens and targets, ordered before
+  // the compute that follows.
+  Status UploadInputs(const MicroBatchInput& mb) {
+    const int64_t N = o_.shape.tokens();
+    if (int64_t(mb.targets.size()) != N) {
+      return Status::InvalidArgument("micro-batch targets hold " +
+                                     std::to_string(mb.targets.size()) +
+                                     " ids, expected B*T = " + std::to_string(N));
+    }
+    if (!(mb.normalizer > 0)) {
+      return Status::InvalidArgument(
+          "the loss normalizer must be positive (the number of "
+          "non-masked targets in the global batch)");
+    }
+    FERRY_RETURN_IF_ERROR(SetLayout(mb.doc_ids, mb.positions));
+    FERRY_RETURN_IF_ERROR(EmbedAndUpload(mb.tokens));
+    std::memcpy(host_.data() + staging_.targets, mb.targets.data(), size_t(N) * 4);
+    FERRY_RETURN_IF_ERROR(d_.CopyToDevice(
+        head_->targets().data, host_.Span(staging_.targets, size_t(N) * 4), size_t(N) * 4));
+    return Upload();
+  }
+
+  // Writes the rows' document ids and positions into staging and uploads them (defaults when
+  // empty: one document per row, positions 0..T-1).
+  Status SetLayout(std::span<const int32_t> doc_ids, std::span<const int32_t> positions) {
+    const int64_t N = o_.shape.tokens(), T = o_.shape.seq_len;
+    for (auto [span, name] : {std::pair{doc_ids, "doc_ids"}, std::pair{positions, "positions"}}) {
+      if (!span.empty() && int64_t(span.size()) != N) {
+        return Status::InvalidArgument("micro-batch " + std::string(name) + " hold " +
+                                       std::to_string(span.size()) +
+                                       " values, expected B*T = " + std::to_string(N));
+      }
+    }
+    // An earlier upload may still read the staging layout.
+    FERRY_RETURN_IF_ERROR(d_.Synchronize(StreamId::kUpload));
+    int32_t* pos = reinterpret_cast<int32_t*>(host_.data() + staging_.positions);
+    int32_t* doc = reinterpret_cast<int32_t*>(host_.data() + staging_.doc_ids);
+    for (int64_t n = 0; n < N; ++n) {
+      pos[n] = positions.empty() ? int32_t(n % T) : positions[size_t(n)];
+      doc[n] = doc_ids.empty() ? 0 : doc_ids[size_t(n)];
+      if (pos[n] < 0) {
+        return Status::InvalidArgument("micro-batch position " + std::to_string(pos[n]) +
+                                       " at token " + std::to_string(n) + " is negative");
+      }
+    }
+    FERRY_RETURN_IF_ERROR(d_.CopyToDevice(
+        positions_.data, host_.Span(staging_.positions, size_t(N) * 4), size_t(N) * 4));
+    return d_.CopyToDevice(doc_ids_.data, host_.Span(staging_.doc_ids, size_t(N) * 4),
+                           size_t(N) * 4);
+  }
+
   // Waits for this runner's work on every stream (errors are reported by the calls that
   // enqueued the work, or the next synchronize).
   void SynchronizeStreams() {
@@ -277,6 +338,7 @@ class Runner final : public ModelRunner {
   DeviceParams params_;
   DeviceBuffer io_buffer_;
   Tensor positions_;            // i32 (N)
+  Tensor doc_ids_;              // i32 (N)
   std::vector<Tensor> hidden_;  // L + 1 of (N, C): each block's input, then the head's
   Tensor grad_[2];              // (N, C) x2: the backward's gradient stream, ping-pong
   std::vector<int> slot_;       // per block: its saved-activation slot

@@ -42,20 +42,27 @@ struct HostTensors {
 };
 
 struct ModelRunnerOptions {
-  BatchShape shape;                      // micro-batch B x T (fixed for the runner's life)
-  DType compute_dtype = DType::kF32;     // storage dtype of weights/activations on the device
-  std::vector<bool> recompute;           // per block; empty = save everything
-  int64_t loss_chunk_tokens = 256;       // fused LM-head chunk
+  BatchShape shape;                   // micro-batch B x T (fixed for the runner's life)
+  DType compute_dtype = DType::kF32;  // storage dtype of weights/activations on the device
+  std::vector<bool> recompute;        // per block; empty = save everything
+  int64_t loss_chunk_tokens = 256;    // fused LM-head chunk
 };
 
+// A micro-batch. Packed rows (several documents per row) give doc_ids and positions: attention
+// never crosses a change of doc id within a row, and RoPE / learned positions use `positions`
+// (restarting at 0 per document, as Hugging Face's packed position_ids). Both empty: each row is
+// one document at positions 0..T-1.
 struct MicroBatchInput {
-  std::span<const int32_t> tokens;   // (B, T)
-  std::span<const int32_t> targets;  // (B, T), -100 where masked
-  double normalizer = 1;             // non-masked targets of the global batch (> 0)
+  std::span<const int32_t> tokens;        // (B, T)
+  std::span<const int32_t> targets = {};  // (B, T), -100 where masked
+  double normalizer = 1;                  // non-masked targets of the global batch (> 0)
+  std::span<const int32_t> doc_ids = {};  // (B, T) or empty
+  std::span<const int32_t> positions =
+      {};  // (B, T) or empty; each < max_position_embeddings (GPT-2)
 };
 
 struct RunnerStats {
-  int64_t block_forward_calls = 0;   // counts recomputation too
+  int64_t block_forward_calls = 0;  // counts recomputation too
   size_t arena_peak_bytes = 0;
 };
 
@@ -75,8 +82,20 @@ class ModelRunner {
   // non-masked targets / normalizer) and adds its gradients into `grads` (trainable parameters
   // only; grads must hold a zero-initialized or accumulating buffer for each).
   virtual Result<double> AccumulateGradients(const MicroBatchInput& mb, HostTensors& grads) = 0;
+  // Forward only: sum of -log p over the non-masked targets / normalizer, through the fused
+  // head's loss-only pass (no backward, no gradients, no (N, V) logits).
+  // (Default for test doubles: Unavailable.)
+  virtual Result<double> EvaluateLoss(const MicroBatchInput& mb) {
+    (void)mb;
+    return Status::Unavailable("this runner has no forward-only loss");
+  }
   // Forward only: the full logits (B*T, V) in fp32, for tests and evaluation.
   virtual Result<std::vector<float>> Logits(std::span<const int32_t> tokens) = 0;
+  // As Logits, for packed rows: mb.tokens with mb.doc_ids and mb.positions (targets unused).
+  virtual Result<std::vector<float>> PackedLogits(const MicroBatchInput& mb) {
+    (void)mb;
+    return Status::Unavailable("this runner has no packed logits");
+  }
   virtual RunnerStats stats() const = 0;
 };
 

@@ -16,20 +16,14 @@ bool IsBlank(std::string_view line) {
 
 }  // namespace
 
-TokenStream TokenStream::FromText(std::string_view text) {
-  TokenStream s;
+std::vector<std::string_view> SplitDocuments(std::string_view text) {
+  std::vector<std::string_view> docs;
   std::string_view doc_begin = text;  // text of the document being collected
   size_t doc_len = 0;
   auto flush = [&]() {
     std::string_view doc = doc_begin.substr(0, doc_len);
     while (!doc.empty() && (doc.back() == '\n' || doc.back() == '\r')) doc.remove_suffix(1);
-    if (!doc.empty()) {
-      s.tokens_.push_back(ByteTokenizer::kBos);
-      std::vector<int32_t> ids = ByteTokenizer::Encode(doc);
-      s.tokens_.insert(s.tokens_.end(), ids.begin(), ids.end());
-      s.tokens_.push_back(ByteTokenizer::kEos);
-      ++s.documents_;
-    }
+    if (!doc.empty()) docs.push_back(doc);
   };
   size_t pos = 0;
   while (pos < text.size()) {
@@ -46,6 +40,18 @@ TokenStream TokenStream::FromText(std::string_view text) {
     pos = end;
   }
   flush();
+  return docs;
+}
+
+TokenStream TokenStream::FromText(std::string_view text) {
+  TokenStream s;
+  for (std::string_view doc : SplitDocuments(text)) {
+    s.tokens_.push_back(ByteTokenizer::kBos);
+    std::vector<int32_t> ids = ByteTokenizer::Encode(doc);
+    s.tokens_.insert(s.tokens_.end(), ids.begin(), ids.end());
+    s.tokens_.push_back(ByteTokenizer::kEos);
+    ++s.documents_;
+  }
   return s;
 }
 
@@ -88,12 +94,6 @@ MicroBatch Batcher::MakeMicroBatch(int64_t step, int64_t micro) const {
     }
   }
   return mb;
-}
-
-int64_t Batcher::ValidTargets(int64_t step, int64_t micro_batches) const {
-  int64_t n = 0;
-  for (int64_t m = 0; m < micro_batches; ++m) n += MakeMicroBatch(step, m).valid_targets;
-  return n;
 }
 
 }  // namespace ferry

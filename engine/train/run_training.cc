@@ -15,6 +15,7 @@
 #include "engine/train/master_weights.h"
 #include "engine/train/progress_bar.h"
 #include "engine/train/trainer.h"
+#include "engine/train/training_data.h"
 #include "kernels/cpu/cpu_device.h"
 
 namespace ferry {
@@ -73,9 +74,9 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model) {
                          Trainer::Create(runner.get(), std::move(layers), std::move(weights),
                                          optimizer, &optimizer_pool));
 
-  const TokenStream stream = TokenStream::Builtin();
-  FERRY_ASSIGN_OR_RETURN(Batcher batcher,
-                         Batcher::Create(&stream, shape.batch, shape.seq_len, job.seed));
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<TrainingData> data, TrainingData::Load(job, model));
+  const BatchSource& batcher = data->source();
+  std::fprintf(stderr, "ferry train: data: %s\n", data->summary().c_str());
 
   const std::string metrics_path = job.out + "/metrics.jsonl";
   std::ofstream metrics(metrics_path, std::ios::trunc);
@@ -117,6 +118,12 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model) {
                            {"grad_norm", st->grad_norm},
                            {"tokens_per_s", double(st->tokens) / step_s},
                            {"elapsed_s", elapsed}};
+    if (job.eval_every > 0 && ((k + 1) % job.eval_every == 0 || k + 1 == job.steps)) {
+      Result<EvalResult> val =
+          EvaluateRows(*runner, *data->validation(), shape.batch, job.eval_batches);
+      if (!val.ok()) return val.status().WithContext("validation after step " + std::to_string(k));
+      line["val_loss"] = val->mean_loss();
+    }
     metrics << line.dump() << "\n" << std::flush;
     if (!metrics) return Status::IOError("cannot write " + metrics_path);
     progress.Report({.step = k + 1,

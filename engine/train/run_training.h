@@ -1,6 +1,7 @@
 // RunTraining: runs a resolved, validated job to the end on a CPU device, writing its run folder:
 //   metrics.jsonl      one JSON object per update: step (1-based), loss, lr, grad_norm,
-//                      tokens_per_s, elapsed_s (seconds since the first update began)
+//                      tokens_per_s, elapsed_s (seconds since the first update began), and
+//                      val_loss (mean over the validation set) every --eval-every updates
 //   model.safetensors  the final weights, Hugging Face names (with LoRA: the frozen base)
 //   adapter_model.safetensors + adapter_config.json   with LoRA: the adapter in PEFT's format
 //   config.json        the model's Hugging Face config

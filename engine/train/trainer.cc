@@ -66,11 +66,8 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
   }
   for (auto& [name, g] : grads_.tensors) std::fill(g.begin(), g.end(), 0.0f);
   for (const MicroBatch& mb : micro_batches) {
-    FERRY_ASSIGN_OR_RETURN(
-        double loss,
-        runner_->AccumulateGradients(
-            {.tokens = mb.tokens, .targets = mb.targets, .normalizer = double(st.valid_targets)},
-            grads_));
+    FERRY_ASSIGN_OR_RETURN(double loss, runner_->AccumulateGradients(
+                                            RunnerInput(mb, double(st.valid_targets)), grads_));
     st.loss += loss;
   }
   double sum_sq = 0;

@@ -1,0 +1,37 @@
+// `ferry eval`: mean loss and perplexity of a model on a dataset file (every row of it, or the
+// first --max-batches micro-batches), forward only. The file is read, masked and packed exactly as
+// `ferry train --data` does (engine/train/training_data.h), in file order (no shuffle).
+//
+// --model: "tiny" (the preset at its seeded initialization, a smoke test), or a run folder written
+// by `ferry train` (config.json + model.safetensors; full fine-tuning runs). Hugging Face model
+// folders plug in at one place in eval_command.cc (LoadEvalModel).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+namespace ferry {
+
+struct EvalCommand {
+  CLI::App* app = nullptr;
+  std::string model = "tiny";
+  std::string data;
+  int64_t seq_len = 128;
+  int64_t batch_size = 8;
+  int64_t max_batches = 0;
+  std::string chat_template = "auto";
+  std::string long_examples = "split";
+  bool skip_bad_lines = false;
+  uint64_t seed = 1234;  // the tiny model's initialization
+  int64_t threads = 0;
+  bool json = false;
+};
+
+// Adds the `eval` subcommand to `parent`; `cmd` must outlive parsing.
+void AddEvalCommand(CLI::App& parent, EvalCommand* cmd);
+
+// Exit code: 0 done; 1 bad input or a failure (one line on stderr); 2 not available yet.
+int RunEvalCommand(EvalCommand& cmd);
+
+}  // namespace ferry

@@ -1,0 +1,201 @@
+#include "engine/train/chat_template.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace ferry {
+namespace {
+
+constexpr std::string_view kQwen25System =
+    "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+constexpr std::string_view kQwen2System = "You are a helpful assistant.";
+
+// Jinja's `trim` on ASCII whitespace.
+std::string_view Trim(std::string_view s) {
+  constexpr std::string_view kSpace = " \t\n\r\f\v";
+  const size_t b = s.find_first_not_of(kSpace);
+  if (b == std::string_view::npos) return {};
+  return s.substr(b, s.find_last_not_of(kSpace) - b + 1);
+}
+
+// Appends to a RenderedText, marking what `Trained` appends as carrying the loss.
+struct Writer {
+  RenderedText out;
+  void Context(std::string_view s) { out.text += s; }
+  void Trained(std::string_view s) {
+    const size_t b = out.text.size();
+    out.text += s;
+    if (s.empty()) return;
+    if (!out.trained.empty() && out.trained.back().second == b) {
+      out.trained.back().second = out.text.size();  // contiguous: one range
+    } else {
+      out.trained.emplace_back(b, out.text.size());
+    }
+  }
+};
+
+bool ReadText(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  return bool(in) || in.eof();
+}
+
+Result<RenderedText> RenderMistral(std::span<const ChatMessage> messages) {
+  Writer w;
+  w.Context("<s>");
+  std::string_view system;
+  size_t first = 0;
+  if (messages[0].role == "system") {
+    system = messages[0].content;
+    first = 1;
+  }
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    const bool user_turn = (i - first) % 2 == 0;
+    if (m.role != "user" && m.role != "assistant") {
+      return Status::InvalidArgument("the mistral template takes only user and assistant roles " +
+                                     std::string("after an optional first system message; got '") +
+                                     m.role + "' in message " + std::to_string(i));
+    }
+    if ((m.role == "user") != user_turn) {
+      return Status::InvalidArgument(
+          "the mistral template needs user and assistant turns to alternate, starting with user "
+          "(message " +
+          std::to_string(i) + " is '" + m.role + "')");
+    }
+    if (user_turn) {
+      w.Context(" [INST] ");
+      if (i == first && first == 1) {
+        w.Context(system);
+        w.Context("\n\n");
+      }
+      w.Context(m.content);
+      w.Context(" [/INST]");
+    } else {
+      w.Context(" ");
+      w.Trained(m.content);
+      w.Trained("</s>");
+    }
+  }
+  return std::move(w.out);
+}
+
+}  // namespace
+
+Result<ChatFormat> ParseChatFormat(std::string_view name) {
+  if (name == "chatml") return ChatFormat::kChatMl;
+  if (name == "llama3") return ChatFormat::kLlama3;
+  if (name == "mistral") return ChatFormat::kMistral;
+  if (name == "none") return ChatFormat::kNone;
+  return Status::InvalidArgument("--chat-template '" + std::string(name) +
+                                 "' is not one of chatml, llama3, mistral, none");
+}
+
+const char* ChatFormatName(ChatFormat f) {
+  switch (f) {
+    case ChatFormat::kChatMl:
+      return "chatml";
+    case ChatFormat::kLlama3:
+      return "llama3";
+    case ChatFormat::kMistral:
+      return "mistral";
+    case ChatFormat::kNone:
+      break;
+  }
+  return "none";
+}
+
+ChatTemplate ChatTemplateFromText(std::string_view text) {
+  ChatTemplate t;
+  if (text.find("<|im_start|>") != std::string_view::npos) {
+    t.format = ChatFormat::kChatMl;
+    if (text.find(kQwen25System) != std::string_view::npos) {
+      t.default_system = kQwen25System;
+    } else if (text.find(kQwen2System) != std::string_view::npos) {
+      t.default_system = kQwen2System;
+    }
+  } else if (text.find("<|start_header_id|>") != std::string_view::npos) {
+    t.format = ChatFormat::kLlama3;
+  } else if (text.find("[INST]") != std::string_view::npos) {
+    t.format = ChatFormat::kMistral;
+  }
+  return t;
+}
+
+ChatTemplate DetectChatTemplate(const std::string& model_dir) {
+  std::string text;
+  if (ReadText(model_dir + "/tokenizer_config.json", &text)) {
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("chat_template")) {
+      const nlohmann::json& ct = j["chat_template"];
+      std::string tmpl;
+      if (ct.is_string()) tmpl = ct.get<std::string>();
+      // A list of named templates: the "default" one (or the first).
+      if (ct.is_array()) {
+        for (const nlohmann::json& e : ct) {
+          if (!e.is_object() || !e.contains("template") || !e["template"].is_string()) continue;
+          if (tmpl.empty() || e.value("name", "") == "default") {
+            tmpl = e["template"].get<std::string>();
+          }
+        }
+      }
+      ChatTemplate t = ChatTemplateFromText(tmpl);
+      if (t.format != ChatFormat::kNone) return t;
+    }
+  }
+  if (ReadText(model_dir + "/config.json", &text)) {
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    const std::string type = j.is_object() ? j.value("model_type", "") : "";
+    ChatTemplate t;
+    if (type == "qwen2" || type == "qwen3") t.format = ChatFormat::kChatMl;
+    if (type == "mistral") t.format = ChatFormat::kMistral;
+    return t;
+  }
+  return {};
+}
+
+Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessage> messages) {
+  if (t.format == ChatFormat::kNone) {
+    return Status::InvalidArgument(
+        "'messages' need a chat template and the model has none that ferry knows; pass "
+        "--chat-template chatml|llama3|mistral");
+  }
+  if (messages.empty()) return Status::InvalidArgument("'messages' is empty");
+  if (t.format == ChatFormat::kMistral) return RenderMistral(messages);
+  Writer w;
+  if (t.format == ChatFormat::kChatMl) {
+    if (!t.default_system.empty() && messages[0].role != "system") {
+      w.Context("<|im_start|>system\n" + t.default_system + "<|im_end|>\n");
+    }
+    for (const ChatMessage& m : messages) {
+      w.Context("<|im_start|>" + m.role + "\n");
+      if (m.role == "assistant") {
+        w.Trained(m.content);
+        w.Trained("<|im_end|>");
+      } else {
+        w.Context(m.content + "<|im_end|>");
+      }
+      w.Context("\n");
+    }
+    return std::move(w.out);
+  }
+  // Llama 3.
+  w.Context("<|begin_of_text|>");
+  for (const ChatMessage& m : messages) {
+    w.Context("<|start_header_id|>" + m.role + "<|end_header_id|>\n\n");
+    if (m.role == "assistant") {
+      w.Trained(Trim(m.content));
+      w.Trained("<|eot_id|>");
+    } else {
+      w.Context(Trim(m.content));
+      w.Context("<|eot_id|>");
+    }
+  }
+  return std::move(w.out);
+}
+
+}  // namespace ferry

@@ -1,0 +1,71 @@
+// Chat templates: a conversation (`messages`: role + content) rendered as text the way the model
+// family's Hugging Face chat template renders it (apply_chat_template, tokenize=False,
+// add_generation_prompt=False), with the byte ranges that carry the loss. There is no Jinja
+// engine: the three families' templates are written out here.
+//
+//  chatml   (Qwen2/2.5/3): for each message
+//             "<|im_start|>" role "\n" content "<|im_end|>\n"
+//           with `default_system` first when the template has one and the conversation has no
+//           system message (Qwen2.5's "You are Qwen, created by Alibaba Cloud. ...").
+//  llama3   (Llama 3 / 3.x header format): "<|begin_of_text|>" then for each message
+//             "<|start_header_id|>" role "<|end_header_id|>\n\n" trim(content) "<|eot_id|>"
+//           (Llama 3.1+'s templates also write a "Cutting Knowledge Date" preamble into the
+//           system turn; that is not reproduced.)
+//  mistral  (Mistral-7B-Instruct-v0.2 / Mixtral): "<s>" then, after an optional first system
+//           message, strictly alternating user/assistant turns:
+//             user       " [INST] " [system "\n\n" on the first user turn] content " [/INST]"
+//             assistant  " " content "</s>"
+//
+// Trained ranges: each assistant message's content and its end-of-turn marker ("<|im_end|>",
+// "<|eot_id|>", "</s>"); the role header, the newline after "<|im_end|>" and everything else is
+// context only.
+//
+// Plain functions and value types; thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "kernels/status.h"
+
+namespace ferry {
+
+enum class ChatFormat { kNone, kChatMl, kLlama3, kMistral };
+
+struct ChatTemplate {
+  ChatFormat format = ChatFormat::kNone;
+  std::string default_system = {};  // chatml only: a system message used when none is given
+};
+
+struct ChatMessage {
+  std::string role;  // "system", "user", "assistant" (chatml and llama3 accept any role)
+  std::string content;
+};
+
+// Rendered conversation: `text`, and the byte ranges [begin, end) of it that carry the loss, in
+// increasing order.
+struct RenderedText {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> trained;
+};
+
+// "chatml" | "llama3" | "mistral" | "none"; InvalidArgument naming --chat-template otherwise.
+Result<ChatFormat> ParseChatFormat(std::string_view name);
+const char* ChatFormatName(ChatFormat f);
+
+// The template of a Hugging Face model folder: from tokenizer_config.json's `chat_template` text
+// (the markers it contains) when present, else from config.json's model_type (qwen2/qwen3 ->
+// chatml, mistral -> mistral); kNone when neither tells.
+ChatTemplate DetectChatTemplate(const std::string& model_dir);
+// The same from a chat_template text alone.
+ChatTemplate ChatTemplateFromText(std::string_view template_text);
+
+// Renders `messages`. Errors (InvalidArgument, one line): no template (kNone), an empty
+// conversation, and for mistral a system message not first or roles that do not alternate.
+Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessage> messages);
+
+}  // namespace ferry

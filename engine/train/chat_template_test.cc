@@ -1,0 +1,118 @@
+// The built-in chat templates against the strings the Hugging Face templates render
+// (apply_chat_template(messages, tokenize=False)) for one multi-turn conversation with a system
+// message. The expected strings are written out from the templates' definitions:
+//  - ChatML (Qwen2.5's tokenizer_config.json): "<|im_start|>" + role + "\n" + content +
+//    "<|im_end|>\n" per message; a default system message when none is given.
+//  - Llama 3 (Meta-Llama-3-8B-Instruct): bos_token, then "<|start_header_id|>" + role +
+//    "<|end_header_id|>\n\n" + content | trim + "<|eot_id|>" per message.
+//  - Mistral (Mistral-7B-Instruct-v0.2 / Mixtral-8x7B-Instruct-v0.1): bos_token; user turns
+//    " [INST] " + [system + "\n\n" on the first] + content + " [/INST]"; assistant turns
+//    " " + content + eos_token.
+#include "engine/train/chat_template.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace ferry {
+namespace {
+
+const std::vector<ChatMessage> kConversation = {
+    {"system", "You are terse."}, {"user", "Hi!"}, {"assistant", "Hello."}, {"user", "2+2?"},
+    {"assistant", " 4 \n"},  // whitespace that llama3's `trim` removes
+};
+
+// The trained substrings, in order.
+std::vector<std::string> TrainedParts(const RenderedText& r) {
+  std::vector<std::string> out;
+  for (auto [b, e] : r.trained) out.push_back(r.text.substr(b, e - b));
+  return out;
+}
+
+TEST(ChatTemplateTest, ChatMl) {
+  Result<RenderedText> r = RenderChat({.format = ChatFormat::kChatMl}, kConversation);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->text,
+            "<|im_start|>system\nYou are terse.<|im_end|>\n"
+            "<|im_start|>user\nHi!<|im_end|>\n"
+            "<|im_start|>assistant\nHello.<|im_end|>\n"
+            "<|im_start|>user\n2+2?<|im_end|>\n"
+            "<|im_start|>assistant\n 4 \n<|im_end|>\n");
+  EXPECT_EQ(TrainedParts(*r), (std::vector<std::string>{"Hello.<|im_end|>", " 4 \n<|im_end|>"}));
+}
+
+TEST(ChatTemplateTest, ChatMlDefaultSystemFromQwenTemplate) {
+  const ChatTemplate t = ChatTemplateFromText(
+      "{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a "
+      "helpful assistant.<|im_end|>\\n' }}");
+  ASSERT_EQ(t.format, ChatFormat::kChatMl);
+  const std::vector<ChatMessage> m = {{"user", "Hi"}, {"assistant", "Yo"}};
+  Result<RenderedText> r = RenderChat(t, m);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->text,
+            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+            "assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\nYo<|im_end|>\n");
+}
+
+TEST(ChatTemplateTest, Llama3) {
+  Result<RenderedText> r = RenderChat({.format = ChatFormat::kLlama3}, kConversation);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->text,
+            "<|begin_of_text|>"
+            "<|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\n2+2?<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n4<|eot_id|>");
+  EXPECT_EQ(TrainedParts(*r), (std::vector<std::string>{"Hello.<|eot_id|>", "4<|eot_id|>"}));
+}
+
+TEST(ChatTemplateTest, Mistral) {
+  Result<RenderedText> r = RenderChat({.format = ChatFormat::kMistral}, kConversation);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->text,
+            "<s> [INST] You are terse.\n\nHi! [/INST] Hello.</s> [INST] 2+2? [/INST]  4 \n</s>");
+  EXPECT_EQ(TrainedParts(*r), (std::vector<std::string>{"Hello.</s>", " 4 \n</s>"}));
+}
+
+TEST(ChatTemplateTest, MistralNeedsAlternatingTurns) {
+  const std::vector<ChatMessage> m = {{"user", "a"}, {"user", "b"}};
+  Result<RenderedText> r = RenderChat({.format = ChatFormat::kMistral}, m);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("alternate"), std::string::npos);
+  const std::vector<ChatMessage> late_system = {{"user", "a"}, {"system", "b"}};
+  EXPECT_FALSE(RenderChat({.format = ChatFormat::kMistral}, late_system).ok());
+}
+
+TEST(ChatTemplateTest, NoTemplateIsAnErrorNamingTheOption) {
+  Result<RenderedText> r = RenderChat({}, kConversation);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("--chat-template"), std::string::npos);
+  EXPECT_FALSE(ParseChatFormat("jinja").ok());
+  EXPECT_EQ(*ParseChatFormat("llama3"), ChatFormat::kLlama3);
+}
+
+TEST(ChatTemplateTest, DetectsFromModelFolder) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / "ferry_chat_template_test";
+  std::filesystem::create_directories(dir);
+  auto write = [&](const char* name, const std::string& text) {
+    std::ofstream(dir / name, std::ios::trunc) << text;
+  };
+  write("config.json", R"({"model_type": "mistral"})");
+  EXPECT_EQ(DetectChatTemplate(dir.string()).format, ChatFormat::kMistral);
+  write("tokenizer_config.json",
+        R"({"chat_template": "{{ '<|start_header_id|>' + message['role'] }}"})");
+  EXPECT_EQ(DetectChatTemplate(dir.string()).format, ChatFormat::kLlama3);
+  write("tokenizer_config.json",
+        R"({"chat_template": [{"name": "tool_use", "template": "[INST]"},
+                              {"name": "default", "template": "<|im_start|>"}]})");
+  EXPECT_EQ(DetectChatTemplate(dir.string()).format, ChatFormat::kChatMl);
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(DetectChatTemplate(dir.string()).format, ChatFormat::kNone);
+}
+
+}  // namespace
+}  // namespace ferry

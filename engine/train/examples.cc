@@ -1,0 +1,275 @@
+#include "engine/train/examples.h"
+
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "engine/train/dataset.h"
+
+namespace ferry {
+namespace {
+
+constexpr char kTokenMagic[8] = {'F', 'E', 'R', 'R', 'Y', 'T', 'O', 'K'};
+constexpr uint32_t kTokenVersion = 1;
+constexpr int32_t kLlmcMagic = 20240520;
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+Result<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::NotFound("cannot open " + path + "; check --data");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return Status::IOError("cannot read " + path);
+  return ss.str();
+}
+
+// Text trained whole: BOS (the tokenizer's rule), the text, and the appended EOS.
+Example WholeText(const Tokenizer& tok, std::string_view text) {
+  return TokenizeMasked(tok, {.text = std::string(text), .trained = {{0, text.size()}}}, true);
+}
+
+// Appends the tokenizer's EOS (trained) unless the example already ends in it.
+void AppendEos(const Tokenizer& tok, Example& e) {
+  const std::optional<int32_t> eos = tok.special_ids().eos;
+  if (!eos || (!e.tokens.empty() && e.tokens.back() == *eos)) return;
+  e.tokens.push_back(*eos);
+  e.trained.push_back(1);
+}
+
+Result<std::string> StringField(const nlohmann::json& j, const char* key) {
+  const nlohmann::json& v = j[key];
+  if (!v.is_string()) return Status::InvalidArgument("'" + std::string(key) + "' must be a string");
+  return v.get<std::string>();
+}
+
+Result<std::vector<ChatMessage>> ParseMessages(const nlohmann::json& j) {
+  if (!j.is_array()) return Status::InvalidArgument("'messages' must be an array");
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const nlohmann::json& m = j[i];
+    const std::string where = "'messages'[" + std::to_string(i) + "]";
+    if (!m.is_object()) return Status::InvalidArgument(where + " must be an object");
+    if (!m.contains("role") || !m["role"].is_string()) {
+      return Status::InvalidArgument(where + " needs a string 'role'");
+    }
+    if (!m.contains("content") || !m["content"].is_string()) {
+      return Status::InvalidArgument(where + " needs a string 'content'");
+    }
+    out.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+  }
+  return out;
+}
+
+template <typename T>
+T ReadLe(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));  // the formats are little-endian, as is every supported host
+  return v;
+}
+
+// Ids of `count` tokens of `width` bytes at `p`, checked against the vocabulary.
+Result<std::vector<int32_t>> ReadIds(const std::string& path, const char* p, uint64_t count,
+                                     int width, int64_t vocab) {
+  std::vector<int32_t> ids(count);
+  for (uint64_t i = 0; i < count; ++i) {
+    const uint32_t id = width == 2 ? ReadLe<uint16_t>(p + 2 * i) : ReadLe<uint32_t>(p + 4 * i);
+    if (id > uint32_t(INT32_MAX) || (vocab > 0 && int64_t(id) >= vocab)) {
+      return Status::InvalidArgument(path + ": token " + std::to_string(i) + " is id " +
+                                     std::to_string(id) + ", outside the model's vocabulary of " +
+                                     std::to_string(vocab));
+    }
+    ids[i] = int32_t(id);
+  }
+  return ids;
+}
+
+Example AllTrained(std::vector<int32_t> ids) {
+  Example e;
+  e.trained.assign(ids.size(), 1);
+  e.tokens = std::move(ids);
+  return e;
+}
+
+Result<LoadedExamples> LoadTokenFile(const std::string& path, const ExampleOptions& o) {
+  FERRY_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
+  LoadedExamples out;
+  const char* p = bytes.data();
+  const uint64_t size = bytes.size();
+  auto corrupt = [&](const std::string& what) {
+    return Status::InvalidArgument(path + ": " + what + " (a ferry token file: see examples.h)");
+  };
+  if (size >= 24 && std::memcmp(p, kTokenMagic, 8) == 0) {
+    const uint32_t version = ReadLe<uint32_t>(p + 8), width = ReadLe<uint32_t>(p + 12);
+    const uint64_t docs = ReadLe<uint64_t>(p + 16);
+    if (version != kTokenVersion) return corrupt("version " + std::to_string(version) + " != 1");
+    if (width != 2 && width != 4) return corrupt("id width " + std::to_string(width));
+    if (size < 32 || docs > (size - 32) / 8) return corrupt("truncated document table");
+    const uint64_t header = 24 + 8 * (docs + 1);
+    std::vector<uint64_t> offsets(docs + 1);
+    for (uint64_t d = 0; d <= docs; ++d) {
+      offsets[d] = ReadLe<uint64_t>(p + 24 + 8 * d);
+      if (d > 0 && offsets[d] < offsets[d - 1]) return corrupt("document offsets decrease");
+    }
+    const uint64_t total = offsets[docs];
+    if (offsets[0] != 0 || total > (size - header) / width || header + total * width != size) {
+      return corrupt("the document table does not match the file size");
+    }
+    FERRY_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                           ReadIds(path, p + header, total, int(width), o.vocab_size));
+    for (uint64_t d = 0; d < docs; ++d) {
+      out.examples.push_back(AllTrained(std::vector<int32_t>(
+          ids.begin() + int64_t(offsets[d]), ids.begin() + int64_t(offsets[d + 1]))));
+    }
+    return out;
+  }
+  // llm.c (header of 256 int32) or nanoGPT (no header): uint16 ids, documents ending at EOS.
+  uint64_t header = 0, count = size / 2;
+  if (size >= 1024 && ReadLe<int32_t>(p) == kLlmcMagic) {
+    header = 1024;
+    count = uint64_t(ReadLe<int32_t>(p + 8));
+    if (count > (size - header) / 2) return corrupt("llm.c header counts more tokens than stored");
+  } else if (size % 2 != 0) {
+    return Status::InvalidArgument(path +
+                                   ": a raw uint16 token file must have an even size; is it "
+                                   "really pre-tokenized?");
+  }
+  FERRY_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                         ReadIds(path, p + header, count, 2, o.vocab_size));
+  // -1 (no id) without a tokenizer or an EOS: one document.
+  int32_t eos = -1;
+  if (o.tokenizer != nullptr) eos = o.tokenizer->special_ids().eos.value_or(-1);
+  std::vector<int32_t> doc;
+  for (int32_t id : ids) {
+    doc.push_back(id);
+    if (id == eos) out.examples.push_back(AllTrained(std::exchange(doc, {})));
+  }
+  if (!doc.empty()) out.examples.push_back(AllTrained(std::move(doc)));
+  return out;
+}
+
+}  // namespace
+
+int64_t Example::valid_targets() const {
+  int64_t n = 0;
+  for (size_t i = 1; i < trained.size(); ++i) n += trained[i] != 0;
+  return n;
+}
+
+Example TokenizeMasked(const Tokenizer& tokenizer, const RenderedText& r, bool add_special_tokens) {
+  const Encoding enc = tokenizer.EncodeWithOffsets(r.text, add_special_tokens);
+  Example e;
+  e.tokens = enc.ids;
+  e.trained.resize(enc.ids.size());
+  size_t range = 0;  // first trained range that may still overlap (ranges and offsets ascend)
+  for (size_t i = 0; i < enc.ids.size(); ++i) {
+    const auto [b, end] = enc.offsets[i];
+    if (b >= end) continue;  // added by the post-processor: never trained
+    while (range < r.trained.size() && r.trained[range].second <= b) ++range;
+    e.trained[i] = range < r.trained.size() && r.trained[range].first < end;
+  }
+  return e;
+}
+
+Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o) {
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::InvalidArgument("not valid JSON");
+  if (!j.is_object()) return Status::InvalidArgument("not a JSON object");
+  const Tokenizer& tok = *o.tokenizer;
+  if (j.contains("messages")) {
+    FERRY_ASSIGN_OR_RETURN(std::vector<ChatMessage> messages, ParseMessages(j["messages"]));
+    FERRY_ASSIGN_OR_RETURN(RenderedText r, RenderChat(o.chat_template, messages));
+    return TokenizeMasked(tok, r, /*add_special_tokens=*/false);
+  }
+  if (j.contains("prompt") || j.contains("completion")) {
+    if (!j.contains("prompt") || !j.contains("completion")) {
+      return Status::InvalidArgument("'prompt' and 'completion' go together; one is missing");
+    }
+    FERRY_ASSIGN_OR_RETURN(std::string prompt, StringField(j, "prompt"));
+    FERRY_ASSIGN_OR_RETURN(std::string completion, StringField(j, "completion"));
+    RenderedText r{.text = prompt + completion,
+                   .trained = {{prompt.size(), prompt.size() + completion.size()}}};
+    Example e = TokenizeMasked(tok, r, /*add_special_tokens=*/true);
+    AppendEos(tok, e);
+    return e;
+  }
+  if (j.contains("text")) {
+    FERRY_ASSIGN_OR_RETURN(std::string text, StringField(j, "text"));
+    Example e = WholeText(tok, text);
+    AppendEos(tok, e);
+    return e;
+  }
+  return Status::InvalidArgument("a line needs 'text', 'prompt' and 'completion', or 'messages'");
+}
+
+Result<LoadedExamples> LoadExamples(const std::string& path, const ExampleOptions& o) {
+  if (EndsWith(path, ".bin") || EndsWith(path, ".tok")) return LoadTokenFile(path, o);
+  const bool jsonl = EndsWith(path, ".jsonl");
+  if (!jsonl && !EndsWith(path, ".txt")) {
+    return Status::InvalidArgument("--data " + path +
+                                   ": unknown format; use .jsonl, .txt, or .bin/.tok token files");
+  }
+  if (o.tokenizer == nullptr) return Status::InvalidArgument("no tokenizer to read " + path);
+  FERRY_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  LoadedExamples out;
+  if (!jsonl) {
+    for (std::string_view doc : SplitDocuments(text)) {
+      out.examples.push_back(WholeText(*o.tokenizer, doc));
+      AppendEos(*o.tokenizer, out.examples.back());
+    }
+    return out;
+  }
+  size_t pos = 0;
+  for (int64_t line_no = 1; pos < text.size(); ++line_no) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string::npos) nl = text.size();
+    std::string_view line(text.data() + pos, nl - pos);
+    pos = nl + 1;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    Result<Example> e = ParseJsonlLine(line, o);
+    if (!e.ok()) {
+      if (o.skip_bad_lines) {
+        ++out.skipped_lines;
+        continue;
+      }
+      return Status::InvalidArgument(path + ":" + std::to_string(line_no) + ": " +
+                                     e.status().message() + " (--skip-bad-lines skips such lines)");
+    }
+    out.examples.push_back(std::move(*e));
+  }
+  return out;
+}
+
+Status WriteTokenFile(const std::string& path, std::span<const std::vector<int32_t>> documents) {
+  uint32_t width = 2;
+  uint64_t total = 0;
+  for (const std::vector<int32_t>& d : documents) {
+    for (int32_t id : d) {
+      if (id < 0) return Status::InvalidArgument("negative token id " + std::to_string(id));
+      if (id > 0xFFFF) width = 4;
+    }
+    total += d.size();
+  }
+  std::string out(kTokenMagic, 8);
+  auto put = [&](auto v) { out.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  put(kTokenVersion);
+  put(width);
+  put(uint64_t(documents.size()));
+  uint64_t offset = 0;
+  put(offset);
+  for (const std::vector<int32_t>& d : documents) put(offset += d.size());
+  out.reserve(out.size() + total * width);
+  for (const std::vector<int32_t>& d : documents) {
+    for (int32_t id : d) width == 2 ? put(uint16_t(id)) : put(uint32_t(id));
+  }
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(out.data(), std::streamsize(out.size()));
+  f.close();
+  if (!f) return Status::IOError("cannot write " + path);
+  return Status::Ok();
+}
+
+}  // namespace ferry

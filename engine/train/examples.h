@@ -1,0 +1,82 @@
+// Training examples read from a dataset file (`--data FILE`), tokenized, with a loss mask.
+//
+// Formats, by extension:
+//  .jsonl  one JSON object per line (blank lines skipped), one of
+//            {"text": "..."}                                  all tokens trained
+//            {"prompt": "...", "completion": "..."}           loss on the completion only
+//            {"messages": [{"role": "...", "content": "..."}, ...]}
+//                                       rendered with the chat template (chat_template.h);
+//                                       loss on the assistant turns only
+//  .txt    documents separated by blank lines, all tokens trained
+//  .bin / .tok  pre-tokenized ids, all trained, in one of
+//            ferry's token file (WriteTokenFile below): "FERRYTOK" magic, uint32 version (1),
+//              uint32 id width in bytes (2 or 4), uint64 documents D, uint64 offsets[D + 1]
+//              (the first token of each document; offsets[D] = the total), then the ids;
+//              all little-endian
+//            llm.c's: a 256 x int32 header (magic 20240520, version 1, token count), uint16 ids
+//            nanoGPT's: raw uint16 ids with no header; documents end at the tokenizer's EOS
+//
+// Tokenization and the mask. text and prompt + completion are encoded with the tokenizer's
+// special tokens (its BOS), and the tokenizer's EOS is appended (trained) when the text does not
+// already end in it; a rendered chat is encoded as it is (templates write their own BOS and
+// end-of-turn tokens). The whole text is tokenized ONCE, so tokens across the prompt/completion
+// boundary are what the tokenizer gives for the concatenated text; the mask then comes from the
+// byte range of each token (Tokenizer::EncodeWithOffsets): a token is trained iff its range
+// overlaps a trained byte range. A token straddling the boundary (part prompt, part completion)
+// is therefore TRAINED — predicting it is how the model produces the completion's first bytes.
+// Tokens with an empty range (BOS/EOS added by the post-processor) are never trained, except the
+// EOS this loader appends.
+//
+// Errors name the file and line: "data.jsonl:17: 'messages' must be an array". With
+// skip_bad_lines a bad line is counted (LoadedExamples::skipped_lines) and skipped.
+//
+// Plain functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/model/tokenizer.h"
+#include "engine/train/chat_template.h"
+#include "kernels/status.h"
+
+namespace ferry {
+
+struct Example {
+  std::vector<int32_t> tokens;
+  // trained[i] != 0: token i is a target — the loss of predicting it from tokens 0..i-1 counts.
+  std::vector<uint8_t> trained;
+
+  int64_t size() const { return int64_t(tokens.size()); }
+  // Targets this example contributes when whole: trained tokens after the first.
+  int64_t valid_targets() const;
+};
+
+struct ExampleOptions {
+  const Tokenizer* tokenizer = nullptr;  // REQUIRED for .jsonl and .txt; EOS for nanoGPT files
+  ChatTemplate chat_template = {};       // for `messages`
+  int64_t vocab_size = 0;                // > 0: ids of token files must be below it
+  bool skip_bad_lines = false;
+};
+
+struct LoadedExamples {
+  std::vector<Example> examples;
+  int64_t skipped_lines = 0;  // with skip_bad_lines
+};
+
+// Reads and tokenizes a dataset file (format by extension, see above).
+Result<LoadedExamples> LoadExamples(const std::string& path, const ExampleOptions& options);
+
+// One .jsonl line (without its newline) as an Example; errors without the file:line prefix.
+Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& options);
+
+// Tokenizes r.text once and marks the tokens overlapping r.trained (the rule above).
+Example TokenizeMasked(const Tokenizer& tokenizer, const RenderedText& r, bool add_special_tokens);
+
+// Writes documents as ferry's token file (uint16 ids when all fit, else uint32).
+Status WriteTokenFile(const std::string& path, std::span<const std::vector<int32_t>> documents);
+
+}  // namespace ferry

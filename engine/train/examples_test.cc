@@ -1,0 +1,199 @@
+#include "engine/train/examples.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+namespace ferry {
+namespace {
+
+// A tokenizer whose tokens cross the prompt/completion boundary: each token is a run of non-space
+// bytes with the spaces before it (" A:xyz"), as GPT-2-style pre-tokenizers make. Ids are handed
+// out per distinct piece; <bos> = 0, <eos> = 1.
+class WordTokenizer final : public Tokenizer {
+ public:
+  Encoding EncodeWithOffsets(std::string_view text, bool add_special_tokens) const override {
+    Encoding e;
+    if (add_special_tokens) {
+      e.ids.push_back(0);
+      e.offsets.emplace_back(0, 0);
+    }
+    size_t i = 0;
+    while (i < text.size()) {
+      size_t j = i;
+      while (j < text.size() && text[j] == ' ') ++j;
+      while (j < text.size() && text[j] != ' ') ++j;
+      e.ids.push_back(Id(text.substr(i, j - i)));
+      e.offsets.emplace_back(uint32_t(i), uint32_t(j));
+      i = j;
+    }
+    return e;
+  }
+  std::string Decode(std::span<const int32_t>, bool) const override { return ""; }
+  int64_t vocab_size() const override { return 1000; }
+  std::optional<int32_t> TokenId(std::string_view) const override { return std::nullopt; }
+  SpecialTokenIds special_ids() const override { return {.bos = 0, .eos = 1, .pad = {}}; }
+  std::string Describe() const override { return "words"; }
+
+ private:
+  int32_t Id(std::string_view piece) const {
+    auto [it, added] = ids_.emplace(std::string(piece), int32_t(ids_.size()) + 2);
+    return it->second;
+  }
+  mutable std::map<std::string, int32_t> ids_;  // test-only; one thread
+};
+
+std::vector<uint8_t> Mask(const Example& e) { return e.trained; }
+
+TEST(ExamplesTest, PromptCompletionMasksExactlyTheCompletionTokens) {
+  WordTokenizer tok;
+  const ExampleOptions o{.tokenizer = &tok, .chat_template = {}, .vocab_size = 0};
+  // The boundary falls inside " A:xyz": that token is trained (it produces "xyz").
+  Result<Example> e = ParseJsonlLine(R"({"prompt": "Q: hi A:", "completion": "xyz end"})", o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  // Tokens are those of the concatenated text, plus the appended EOS.
+  std::vector<int32_t> want = tok.Encode("Q: hi A:xyz end", true);
+  want.push_back(1);
+  EXPECT_EQ(e->tokens, want);
+  //                                  <bos> Q:  " hi" " A:xyz" " end" <eos>
+  EXPECT_EQ(Mask(*e), (std::vector<uint8_t>{0, 0, 0, 1, 1, 1}));
+  EXPECT_EQ(e->valid_targets(), 3);
+
+  // A boundary between tokens: the prompt's tokens are all context.
+  e = ParseJsonlLine(R"({"prompt": "Q: hi A:", "completion": " xyz"})", o);
+  ASSERT_TRUE(e.ok());
+  //                                  <bos> Q:  " hi" " A:" " xyz" <eos>
+  EXPECT_EQ(Mask(*e), (std::vector<uint8_t>{0, 0, 0, 0, 1, 1}));
+}
+
+TEST(ExamplesTest, ByteTokenizerMasksCompletionBytes) {
+  std::unique_ptr<Tokenizer> tok = MakeByteTokenizer();
+  const ExampleOptions o{.tokenizer = tok.get(), .chat_template = {}, .vocab_size = 0};
+  Result<Example> e = ParseJsonlLine(R"({"prompt": "ab", "completion": "cd"})", o);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->tokens, (std::vector<int32_t>{256, 'a', 'b', 'c', 'd', 257}));
+  EXPECT_EQ(Mask(*e), (std::vector<uint8_t>{0, 0, 0, 1, 1, 1}));
+  e = ParseJsonlLine(R"({"text": "hi"})", o);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->tokens, (std::vector<int32_t>{256, 'h', 'i', 257}));
+  EXPECT_EQ(Mask(*e), (std::vector<uint8_t>{0, 1, 1, 1}));
+}
+
+TEST(ExamplesTest, MessagesTrainOnlyAssistantTurns) {
+  std::unique_ptr<Tokenizer> tok = MakeByteTokenizer();
+  const ExampleOptions o{
+      .tokenizer = tok.get(), .chat_template = {.format = ChatFormat::kChatMl}, .vocab_size = 0};
+  Result<Example> e = ParseJsonlLine(
+      R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})",
+      o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  std::string trained;
+  for (size_t i = 0; i < e->tokens.size(); ++i) {
+    if (e->trained[i]) trained.push_back(char(e->tokens[i]));
+  }
+  EXPECT_EQ(trained, "yo<|im_end|>");
+  EXPECT_EQ(e->tokens.size(), std::string("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+                                          "yo<|im_end|>\n")
+                                  .size());
+}
+
+class ExampleFilesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           ("ferry_examples_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string Write(const char* name, const std::string& bytes) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+    return path;
+  }
+  std::filesystem::path dir_;
+  std::unique_ptr<Tokenizer> tok_ = MakeByteTokenizer();
+};
+
+TEST_F(ExampleFilesTest, BadLineNamesFileAndLine) {
+  const std::string path = Write("data.jsonl",
+                                 "{\"text\": \"a\"}\n"
+                                 "\n"
+                                 "{\"messages\": {\"role\": \"user\"}}\n"
+                                 "not json\n"
+                                 "{\"prompt\": \"p\"}\n"
+                                 "{\"text\": \"b\"}");
+  ExampleOptions o{.tokenizer = tok_.get(), .chat_template = {}, .vocab_size = 0};
+  Result<LoadedExamples> r = LoadExamples(path, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(),
+            path + ":3: 'messages' must be an array (--skip-bad-lines skips such lines)");
+  o.skip_bad_lines = true;
+  r = LoadExamples(path, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->skipped_lines, 3);
+  ASSERT_EQ(r->examples.size(), 2u);
+  EXPECT_EQ(r->examples[1].tokens, (std::vector<int32_t>{256, 'b', 257}));
+}
+
+TEST_F(ExampleFilesTest, TextFileSplitsAtBlankLines) {
+  const std::string path = Write("data.txt", "ab\ncd\n\n  \nef\n");
+  Result<LoadedExamples> r = LoadExamples(path, {.tokenizer = tok_.get()});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->examples.size(), 2u);
+  EXPECT_EQ(r->examples[0].tokens, (std::vector<int32_t>{256, 'a', 'b', '\n', 'c', 'd', 257}));
+  EXPECT_EQ(r->examples[1].tokens, (std::vector<int32_t>{256, 'e', 'f', 257}));
+}
+
+TEST_F(ExampleFilesTest, TokenFileRoundTrip) {
+  const std::vector<std::vector<int32_t>> docs = {{1, 2, 3}, {}, {70000, 5}};
+  const std::string path = (dir_ / "data.tok").string();
+  ASSERT_TRUE(WriteTokenFile(path, docs).ok());
+  Result<LoadedExamples> r = LoadExamples(path, {});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->examples.size(), 3u);
+  for (size_t d = 0; d < docs.size(); ++d) {
+    EXPECT_EQ(r->examples[d].tokens, docs[d]);
+    EXPECT_EQ(r->examples[d].trained, std::vector<uint8_t>(docs[d].size(), 1));
+  }
+  // Ids outside the model's vocabulary are an error naming the token.
+  r = LoadExamples(path, {.vocab_size = 1000});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("token 3 is id 70000"), std::string::npos)
+      << r.status().message();
+  // A truncated file is an error, never a crash.
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  for (size_t cut : {size_t(9), size_t(30), bytes.size() - 1}) {
+    const std::string bad = Write("bad.tok", bytes.substr(0, cut));
+    EXPECT_FALSE(LoadExamples(bad, {}).ok()) << "cut at " << cut;
+  }
+}
+
+TEST_F(ExampleFilesTest, NanoGptRawUint16SplitsAtEos) {
+  const uint16_t ids[] = {'a', 'b', 257, 'c', 257, 'd'};
+  const std::string path =
+      Write("train.bin", std::string(reinterpret_cast<const char*>(ids), sizeof(ids)));
+  Result<LoadedExamples> r = LoadExamples(path, {.tokenizer = tok_.get(), .vocab_size = 260});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->examples.size(), 3u);
+  EXPECT_EQ(r->examples[0].tokens, (std::vector<int32_t>{'a', 'b', 257}));
+  EXPECT_EQ(r->examples[1].tokens, (std::vector<int32_t>{'c', 257}));
+  EXPECT_EQ(r->examples[2].tokens, (std::vector<int32_t>{'d'}));
+}
+
+TEST_F(ExampleFilesTest, UnknownExtensionAndMissingFile) {
+  EXPECT_FALSE(LoadExamples(Write("data.csv", "a,b"), {.tokenizer = tok_.get()}).ok());
+  Result<LoadedExamples> r =
+      LoadExamples((dir_ / "none.jsonl").string(), {.tokenizer = tok_.get()});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("none.jsonl"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ferry

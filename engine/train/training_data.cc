@@ -1,0 +1,136 @@
+#include "engine/train/training_data.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "engine/train/examples.h"
+
+namespace ferry {
+
+Result<std::unique_ptr<Tokenizer>> ModelTokenizer(const std::string& model) {
+  if (model == "tiny") return MakeByteTokenizer();
+  return LoadTokenizer(model);
+}
+
+Result<ChatTemplate> ResolveChatTemplate(const std::string& name, const std::string& model) {
+  if (name != "auto") {
+    FERRY_ASSIGN_OR_RETURN(ChatFormat f, ParseChatFormat(name));
+    ChatTemplate t;
+    t.format = f;
+    return t;
+  }
+  if (model == "tiny") {
+    ChatTemplate t;
+    t.format = ChatFormat::kChatMl;
+    return t;
+  }
+  return DetectChatTemplate(model);
+}
+
+int32_t PadId(const Tokenizer& tokenizer) {
+  const SpecialTokenIds s = tokenizer.special_ids();
+  return s.pad.value_or(s.eos.value_or(0));
+}
+
+Result<std::vector<Example>> LoadDataset(const std::string& path, const Tokenizer& tokenizer,
+                                         const ChatTemplate& chat, const ModelConfig& model,
+                                         bool skip_bad_lines, std::string* log) {
+  ExampleOptions o;
+  o.tokenizer = &tokenizer;
+  o.chat_template = chat;
+  o.vocab_size = model.vocab_size;
+  o.skip_bad_lines = skip_bad_lines;
+  FERRY_ASSIGN_OR_RETURN(LoadedExamples loaded, LoadExamples(path, o));
+  for (size_t i = 0; i < loaded.examples.size(); ++i) {
+    for (int32_t id : loaded.examples[i].tokens) {
+      if (id < 0 || id >= model.vocab_size) {
+        return Status::InvalidArgument(path + ": example " + std::to_string(i) + " has token id " +
+                                       std::to_string(id) + ", outside the model's vocabulary of " +
+                                       std::to_string(model.vocab_size) +
+                                       "; is the tokenizer the model's?");
+      }
+    }
+  }
+  if (log != nullptr) {
+    *log += path + ": " + std::to_string(loaded.examples.size()) + " examples";
+    if (loaded.skipped_lines > 0) {
+      *log += ", " + std::to_string(loaded.skipped_lines) + " bad lines skipped";
+    }
+  }
+  return std::move(loaded.examples);
+}
+
+std::string DescribeRows(const PackedRows& rows) {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "%lld rows of %lld (%.0f%% filled, %lld pieces dropped)",
+                (long long)rows.rows(), (long long)rows.seq_len(), 100 * rows.fill(),
+                (long long)rows.dropped_pieces());
+  return buf;
+}
+
+Result<std::unique_ptr<TrainingData>> TrainingData::Load(const JobSpec& job,
+                                                         const ModelConfig& model) {
+  std::unique_ptr<TrainingData> d(new TrainingData());
+  const int64_t B = job.micro_batch_size();
+  if (job.data == "builtin") {
+    d->stream_ = TokenStream::Builtin();
+    FERRY_ASSIGN_OR_RETURN(Batcher b, Batcher::Create(&*d->stream_, B, job.seq_len, job.seed));
+    d->source_ = std::make_unique<Batcher>(b);
+    d->summary_ = "built-in text, " + std::to_string(d->stream_->tokens().size()) + " tokens";
+    return d;
+  }
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, ModelTokenizer(job.model));
+  FERRY_ASSIGN_OR_RETURN(ChatTemplate chat, ResolveChatTemplate(job.chat_template, job.model));
+  FERRY_ASSIGN_OR_RETURN(LongExamples mode, ParseLongExamples(job.long_examples));
+  std::string log;
+  FERRY_ASSIGN_OR_RETURN(std::vector<Example> examples,
+                         LoadDataset(job.data, *tok, chat, model, job.skip_bad_lines, &log));
+  examples = ShuffleExamples(std::move(examples), job.seed);
+  std::vector<Example> val;
+  if (job.val_fraction > 0) {
+    val = SplitValidation(examples, job.val_fraction);
+    log += " (" + std::to_string(val.size()) + " held out for validation)";
+  } else if (!job.val_data.empty()) {
+    log += "; ";
+    FERRY_ASSIGN_OR_RETURN(val,
+                           LoadDataset(job.val_data, *tok, chat, model, job.skip_bad_lines, &log));
+  }
+  const int32_t pad = PadId(*tok);
+  d->train_ = PackedRows::Pack(examples, job.seq_len, mode, pad);
+  log += "; training: " + DescribeRows(*d->train_);
+  if (!val.empty()) {
+    d->val_ = PackedRows::Pack(val, job.seq_len, mode, pad);
+    log += "; validation: " + DescribeRows(*d->val_);
+    if (d->val_->rows() == 0) {
+      return Status::InvalidArgument("the validation set has no target to score (" + log + ")");
+    }
+  }
+  if (job.eval_every > 0 && !d->val_) {
+    return Status::InvalidArgument("--eval-every: the validation set is empty (" + log +
+                                   "); give more examples or --val-data FILE");
+  }
+  FERRY_ASSIGN_OR_RETURN(PackedBatcher b,
+                         PackedBatcher::Create(&*d->train_, B, job.micro_batches, job.seed));
+  d->source_ = std::make_unique<PackedBatcher>(b);
+  d->summary_ = std::move(log);
+  return d;
+}
+
+double EvalResult::perplexity() const { return std::exp(mean_loss()); }
+
+Result<EvalResult> EvaluateRows(ModelRunner& runner, const PackedRows& rows, int64_t batch,
+                                int64_t max_batches) {
+  EvalResult r;
+  for (int64_t first = 0; first < rows.rows(); first += batch) {
+    if (max_batches > 0 && r.micro_batches >= max_batches) break;
+    const MicroBatch mb = SequentialMicroBatch(rows, first, batch);
+    ++r.micro_batches;
+    if (mb.valid_targets == 0) continue;
+    FERRY_ASSIGN_OR_RETURN(double sum, runner.EvaluateLoss(RunnerInput(mb, 1.0)));
+    r.loss_sum += sum;
+    r.targets += mb.valid_targets;
+  }
+  return r;
+}
+
+}  // namespace ferry

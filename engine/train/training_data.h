@@ -1,0 +1,83 @@
+// TrainingData: the datasets of one job — the source of training micro-batches (the built-in
+// text's random windows, or a dataset file's packed rows) and the validation rows — and the
+// validation sweep that `ferry train --eval-every` and `ferry eval` share.
+//
+//  - `--data builtin`: TokenStream::Builtin() with the window Batcher (dataset.h), unchanged.
+//  - `--data FILE`: LoadExamples (examples.h) with the model's tokenizer and chat template,
+//    shuffled by seed, the validation share split off (--val-fraction) or read from --val-data,
+//    packed into rows of --seq-len (packed_dataset.h) and drawn by a PackedBatcher.
+//
+// Ownership: owns everything it hands out (the batch source refers into it: do not move it, hence
+// the unique_ptr). Thread-safety: immutable after Load.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "engine/job/job_spec.h"
+#include "engine/model/model_config.h"
+#include "engine/model/model_runner.h"
+#include "engine/model/tokenizer.h"
+#include "engine/train/dataset.h"
+#include "engine/train/packed_dataset.h"
+#include "kernels/status.h"
+
+namespace ferry {
+
+// The tokenizer of a job's --model: the byte tokenizer for "tiny", else the folder's
+// tokenizer.json (LoadTokenizer).
+Result<std::unique_ptr<Tokenizer>> ModelTokenizer(const std::string& model);
+
+// The chat template for --chat-template `name` ("auto": detected from the model folder; the tiny
+// model uses chatml).
+Result<ChatTemplate> ResolveChatTemplate(const std::string& name, const std::string& model);
+
+// The pad id for packed rows: the tokenizer's PAD, else its EOS, else 0 (padding is masked).
+int32_t PadId(const Tokenizer& tokenizer);
+
+// Reads a dataset file's examples (LoadExamples) and checks their ids against the model's
+// vocabulary; appends "FILE: N examples[, K bad lines skipped]" to `log`.
+Result<std::vector<Example>> LoadDataset(const std::string& path, const Tokenizer& tokenizer,
+                                         const ChatTemplate& chat, const ModelConfig& model,
+                                         bool skip_bad_lines, std::string* log);
+
+// "R rows of T (F% filled, D pieces dropped)" for the log.
+std::string DescribeRows(const PackedRows& rows);
+
+class TrainingData {
+ public:
+  // REQUIRES: ValidateJobSpec(job, model) is ok.
+  static Result<std::unique_ptr<TrainingData>> Load(const JobSpec& job, const ModelConfig& model);
+
+  const BatchSource& source() const { return *source_; }
+  // Rows for validation; null when the job has none.
+  const PackedRows* validation() const { return val_ ? &*val_ : nullptr; }
+  // One line for the log: what was read, how it packed, what was skipped.
+  const std::string& summary() const { return summary_; }
+
+ private:
+  TrainingData() = default;
+  std::optional<TokenStream> stream_;
+  std::optional<PackedRows> train_, val_;
+  std::unique_ptr<BatchSource> source_;
+  std::string summary_;
+};
+
+// Mean loss over rows of a PackedRows, micro-batch by micro-batch in order.
+struct EvalResult {
+  double loss_sum = 0;  // sum of -log p over the targets
+  int64_t targets = 0;  // targets scored
+  int64_t micro_batches = 0;
+
+  double mean_loss() const { return targets > 0 ? loss_sum / double(targets) : 0.0; }
+  double perplexity() const;
+};
+
+// Forward-only (ModelRunner::EvaluateLoss) over rows [0, rows) in micro-batches of `batch` rows
+// (the runner's B; the last is padded), at most `max_batches` of them (0: all). REQUIRES: the
+// runner's shape is batch x rows.seq_len().
+Result<EvalResult> EvaluateRows(ModelRunner& runner, const PackedRows& rows, int64_t batch,
+                                int64_t max_batches);
+
+}  // namespace ferry

@@ -1,0 +1,117 @@
+// `ferry train --data FILE` and `ferry eval` as a user runs them: dataset files, validation loss
+// in metrics.jsonl, one-line errors with file and line, and eval agreeing with the training run's
+// own validation loss.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tests/cli_testing.h"
+
+namespace {
+
+using ferry::testing::CommandResult;
+using ferry::testing::Ferry;
+
+class DataCliTest : public ferry::testing::CliTest {
+ protected:
+  std::string Write(const std::string& name, const std::string& text) {
+    const std::string path = dir_ + "/" + name;
+    std::ofstream(path, std::ios::trunc) << text;
+    return path;
+  }
+  // Every format of line, a dozen examples.
+  std::string Dataset() {
+    std::string s;
+    for (int i = 0; i < 4; ++i) {
+      const std::string n = std::to_string(i);
+      s += R"({"text": "The ferry leaves at )" + n +
+           R"( o'clock."})"
+           "\n";
+      s += R"({"prompt": "Q: )" + n + R"( + 1? A:", "completion": " )" + std::to_string(i + 1) +
+           R"("})"
+           "\n";
+      s += R"({"messages": [{"role": "user", "content": "hi )" + n +
+           R"("}, {"role": "assistant", "content": "hello )" + n +
+           R"("}]})"
+           "\n";
+    }
+    return s;
+  }
+};
+
+std::vector<nlohmann::json> Metrics(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> out;
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+TEST_F(DataCliTest, TrainWritesValidationLossAndEvalReproducesIt) {
+  const std::string data = Write("train.jsonl", Dataset());
+  const std::string val = Write("val.jsonl", Dataset().substr(0, 300));
+  const std::string out = dir_ + "/run";
+  CommandResult r = Ferry("train --data " + data + " --val-data " + val +
+                          " --eval-every 2 --steps 4 --batch-size 2 --seq-len 64 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::vector<nlohmann::json> m = Metrics(out + "/metrics.jsonl");
+  ASSERT_EQ(m.size(), 4u);
+  EXPECT_FALSE(m[0].contains("val_loss"));
+  EXPECT_FALSE(m[2].contains("val_loss"));
+  ASSERT_TRUE(m[1].contains("val_loss"));
+  ASSERT_TRUE(m[3].contains("val_loss"));
+  const double val_loss = m[3]["val_loss"].get<double>();
+  // Fresh weights predict ~uniformly over 260 byte tokens: ln 260 = 5.56.
+  EXPECT_GT(val_loss, 1.0);
+  EXPECT_LT(val_loss, 7.0);
+
+  // The run folder holds the final weights, which the last validation used: eval over the same
+  // file with the same rows per batch computes the same sums (f32 weights saved exactly; the
+  // same kernels in the same order), so the losses agree to rounding of the printed value.
+  r = Ferry("eval --model " + out + " --data " + val + " --seq-len 64 --batch-size 2 --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json e = nlohmann::json::parse(r.output);
+  EXPECT_NEAR(e["loss"].get<double>(), val_loss, 1e-9 * val_loss);
+  EXPECT_NEAR(e["perplexity"].get<double>(), std::exp(e["loss"].get<double>()), 1e-9);
+  EXPECT_GT(e["targets"].get<int64_t>(), 0);
+
+  r = Ferry("eval --model " + out + " --data " + data + " --seq-len 16 --batch-size 1 " +
+            "--max-batches 2 --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(r.output)["micro_batches"].get<int64_t>(), 2);
+}
+
+TEST_F(DataCliTest, ValidationFractionAndTextFiles) {
+  const std::string data = Write("corpus.txt", "one document\nstill one\n\nanother\n\nthird\n");
+  CommandResult r = Ferry("train --data " + data +
+                          " --val-fraction 0.34 --eval-every 1 --steps 2 --batch-size 1 "
+                          "--seq-len 16 --out " +
+                          dir_ + "/run");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("3 examples (1 held out for validation)"), std::string::npos) << r.output;
+  for (const nlohmann::json& j : Metrics(dir_ + "/run/metrics.jsonl")) {
+    EXPECT_TRUE(j.contains("val_loss")) << j.dump();
+  }
+}
+
+TEST_F(DataCliTest, BadLineIsOneLineWithFileAndLineUnlessSkipped) {
+  const std::string data =
+      Write("bad.jsonl", Dataset() + R"({"messages": "hi"})" + "\n" + Dataset());
+  CommandResult r = Ferry("train --data " + data + " --steps 1 --out " + dir_ + "/run");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_EQ(r.output, "ferry train: " + data +
+                          ":13: 'messages' must be an array (--skip-bad-lines skips such lines)\n");
+  r = Ferry("train --data " + data + " --skip-bad-lines --steps 1 --batch-size 2 --seq-len 32 " +
+            "--out " + dir_ + "/run");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("24 examples, 1 bad lines skipped"), std::string::npos) << r.output;
+
+  r = Ferry("eval --data " + dir_ + "/missing.jsonl");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("missing.jsonl"), std::string::npos) << r.output;
+}
+
+}  // namespace
