@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 
 namespace ferry {
 namespace {
@@ -97,6 +98,53 @@ TEST(ExamplesTest, MessagesTrainOnlyAssistantTurns) {
   EXPECT_EQ(e->tokens.size(), std::string("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
                                           "yo<|im_end|>\n")
                                   .size());
+}
+
+// Mutated lines (bytes flipped, inserted, cut) are parsed or refused with a message, never a
+// crash (the sanitizer builds check the memory side). A bounded stand-in for a fuzz target.
+TEST(ExamplesTest, MutatedLinesNeverCrash) {
+  std::unique_ptr<Tokenizer> tok = MakeByteTokenizer();
+  for (ChatFormat f : {ChatFormat::kChatMl, ChatFormat::kLlama3, ChatFormat::kMistral}) {
+    const ExampleOptions o{.tokenizer = tok.get(), .chat_template = {.format = f}, .vocab_size = 0};
+    const std::string seeds[] = {
+        R"({"text": "abc"})", R"({"prompt": "p\u00e9", "completion": "c"})",
+        R"({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},)"
+        R"( {"role": "assistant", "content": "a"}]})"};
+    std::mt19937 rng(11);
+    constexpr char kAlphabet[] =
+        "{}[]\":,\\ \0\xff"
+        "aeu0";
+    const std::string alphabet(kAlphabet, sizeof(kAlphabet) - 1);  // with a NUL byte
+    int refused = 0;
+    for (const std::string& seed : seeds) {
+      for (int i = 0; i < 300; ++i) {
+        std::string line = seed;
+        for (int k = 0; k < 3; ++k) {
+          const size_t at = rng() % line.size();
+          const char c = alphabet[rng() % alphabet.size()];
+          switch (rng() % 3) {
+            case 0:
+              line[at] = c;
+              break;
+            case 1:
+              line.insert(line.begin() + int64_t(at), c);
+              break;
+            default:
+              line.resize(at + 1);
+              break;
+          }
+        }
+        Result<Example> e = ParseJsonlLine(line, o);
+        if (!e.ok()) {
+          ++refused;
+          EXPECT_FALSE(e.status().message().empty());
+        } else {
+          EXPECT_EQ(e->tokens.size(), e->trained.size());
+        }
+      }
+    }
+    EXPECT_GT(refused, 0);
+  }
 }
 
 class ExampleFilesTest : public ::testing::Test {
