@@ -50,6 +50,21 @@ std::vector<nlohmann::json> Metrics(const std::string& path) {
   return out;
 }
 
+TEST_F(DataCliTest, HelpDocumentsTheDataOptions) {
+  CommandResult r = Ferry("train --help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* opt : {"--data", "--val-data", "--val-fraction", "--eval-every",
+                          "--eval-batches", "--chat-template", "--long-examples",
+                          "--skip-bad-lines"}) {
+    EXPECT_NE(r.output.find(opt), std::string::npos) << opt;
+  }
+  r = Ferry("eval --help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* opt : {"--model", "--data", "--max-batches", "--json", "--chat-template"}) {
+    EXPECT_NE(r.output.find(opt), std::string::npos) << opt;
+  }
+}
+
 TEST_F(DataCliTest, TrainWritesValidationLossAndEvalReproducesIt) {
   const std::string data = Write("train.jsonl", Dataset());
   const std::string all = Dataset();

@@ -57,8 +57,8 @@ struct MicroBatchInput {
   std::span<const int32_t> targets = {};  // (B, T), -100 where masked
   double normalizer = 1;                  // non-masked targets of the global batch (> 0)
   std::span<const int32_t> doc_ids = {};  // (B, T) or empty
-  std::span<const int32_t> positions =
-      {};  // (B, T) or empty; each < max_position_embeddings (GPT-2)
+  // (B, T) or empty; each below max_position_embeddings with learned positions (GPT-2).
+  std::span<const int32_t> positions = {};
 };
 
 struct RunnerStats {
