@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include "apps/demo_command.h"
+#include "apps/generate_command.h"
 #include "apps/plan_command.h"
 #include "apps/probe_command.h"
 #include "apps/train_command.h"
@@ -19,6 +20,8 @@ int main(int argc, char** argv) {
   ferry::ProbeCommand probe;
   ferry::AddProbeCommand(app, &probe);
   ferry::AddDemoCommand(app);
+  ferry::GenerateCommand generate;
+  ferry::AddGenerateCommand(app, &generate);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -30,11 +33,15 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // One line: what is wrong, and where to look.
     std::fprintf(stderr, "ferry: %s (see ferry %s--help)\n", e.what(),
-                 train.app->parsed() ? "train " : (plan.app->parsed() ? "plan " : ""));
+                 train.app->parsed()      ? "train "
+                 : plan.app->parsed()     ? "plan "
+                 : generate.app->parsed() ? "generate "
+                                          : "");
     return 1;
   }
   if (train.app->parsed()) return ferry::RunTrainCommand(train);
   if (plan.app->parsed()) return ferry::RunPlanCommand(plan);
   if (probe.app->parsed()) return ferry::RunProbeCommand(probe);
+  if (generate.app->parsed()) return ferry::RunGenerateCommand(generate);
   return 0;
 }
