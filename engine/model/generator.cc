@@ -117,7 +117,8 @@ class Gen final : public Generator {
     } else {
       FERRY_ASSIGN_OR_RETURN(st->blocks, CreateLlamaBlocks(ctx));
     }
-    FERRY_ASSIGN_OR_RETURN(st->head, Head::Create(d_, c_, params_, shape, n));
+    FERRY_ASSIGN_OR_RETURN(st->head,
+                           Head::Create(d_, c_, params_, shape, std::min<int64_t>(n, 256)));
     st->host_positions = size_t(n * C) * 4;
     st->host_logits = st->host_positions + size_t(n) * 4;
     FERRY_ASSIGN_OR_RETURN(
