@@ -35,6 +35,7 @@ namespace ferry {
 // [length, length + N) of its block's cache and attends over rows [0, length + N) instead of over
 // the step alone (kernels/ops/decode_attention.h); the batch must then be one sequence and the
 // positions must be length, length + 1, ... The owner advances `length` after all blocks ran.
+// Forward only: Backward is undefined on blocks created with a cache.
 struct KvCache {
   std::vector<Tensor> k, v;  // per block: f32 (capacity, Hkv*D), after RoPE for k
   int64_t capacity = 0;      // rows of each tensor
