@@ -16,16 +16,17 @@
 namespace ferry {
 namespace {
 
-// The buffers of a step of n tokens: blocks and head planned for a batch of 1 x n.
+// The buffers of a step of n tokens: blocks (and, unless only the last token's logits are wanted,
+// the head) planned for a batch of 1 x n.
 struct Stage {
   int64_t n = 0;
   DeviceBuffer io;
   Tensor positions;  // i32 (n)
   Tensor hidden[2];  // (n, C) x2: the blocks' input and output, ping-pong
-  Tensor logits;     // (n, V)
+  Tensor logits;     // (n, V), or null without a head
   std::unique_ptr<DecoderBlocks> blocks;
-  std::unique_ptr<Head> head;
-  HostAllocation host;  // staging: hidden (n*C f32), positions (n i32), logits (n*V f32)
+  std::unique_ptr<Head> head;  // null: the one-token stage's head serves the last row
+  HostAllocation host;         // staging: hidden (n*C f32), positions (n i32), logits (n*V f32)
   size_t host_positions = 0, host_logits = 0;
 };
 
@@ -57,11 +58,11 @@ class Gen final : public Generator {
                                kv_.v.push_back(cv.Take(DType::kF32, cache_shape));
                              }
                            }));
-    FERRY_ASSIGN_OR_RETURN(step_, MakeStage(1));
+    FERRY_ASSIGN_OR_RETURN(step_, MakeStage(1, /*with_head=*/true));
     return Status::Ok();
   }
 
-  Result<std::vector<float>> Forward(std::span<const int32_t> tokens) override {
+  Result<std::vector<float>> Forward(std::span<const int32_t> tokens, bool last_only) override {
     const int64_t n = int64_t(tokens.size());
     if (n < 1) return Status::InvalidArgument("generator: no tokens to run");
     if (kv_.length + n > kv_.capacity) {
@@ -72,10 +73,10 @@ class Gen final : public Generator {
     }
     std::unique_ptr<Stage> prefill;  // freed when this call returns
     if (n != 1) {
-      FERRY_ASSIGN_OR_RETURN(prefill, MakeStage(n));
+      FERRY_ASSIGN_OR_RETURN(prefill, MakeStage(n, /*with_head=*/!last_only));
     }
     Stage& st = n == 1 ? *step_ : *prefill;
-    Result<std::vector<float>> logits = Run(st, tokens);
+    Result<std::vector<float>> logits = Run(st, tokens, last_only);
     if (!logits.ok()) {
       SynchronizeStreams();  // nothing may still use the stage; the cache's length is unchanged
       return logits.status();
@@ -100,7 +101,7 @@ class Gen final : public Generator {
     return it->second;
   }
 
-  Result<std::unique_ptr<Stage>> MakeStage(int64_t n) {
+  Result<std::unique_ptr<Stage>> MakeStage(int64_t n, bool with_head) {
     auto st = std::make_unique<Stage>();
     st->n = n;
     const int64_t C = c_.hidden_size, V = c_.vocab_size;
@@ -108,7 +109,7 @@ class Gen final : public Generator {
                              st->positions = cv.Take(DType::kI32, {n});
                              st->hidden[0] = cv.Take(DType::kF32, {n, C});
                              st->hidden[1] = cv.Take(DType::kF32, {n, C});
-                             st->logits = cv.Take(DType::kF32, {n, V});
+                             if (with_head) st->logits = cv.Take(DType::kF32, {n, V});
                            }));
     const BatchShape shape{1, n};
     BlocksContext ctx{&d_, &c_, &params_, shape, 1, st->positions, &kv_};
@@ -117,18 +118,23 @@ class Gen final : public Generator {
     } else {
       FERRY_ASSIGN_OR_RETURN(st->blocks, CreateLlamaBlocks(ctx));
     }
-    FERRY_ASSIGN_OR_RETURN(st->head,
-                           Head::Create(d_, c_, params_, shape, std::min<int64_t>(n, 256)));
+    if (with_head) {
+      FERRY_ASSIGN_OR_RETURN(st->head,
+                             Head::Create(d_, c_, params_, shape, std::min<int64_t>(n, 256)));
+    }
     st->host_positions = size_t(n * C) * 4;
     st->host_logits = st->host_positions + size_t(n) * 4;
+    const size_t logit_rows = with_head ? size_t(n) : 1;
     FERRY_ASSIGN_OR_RETURN(
-        st->host, HostAllocation::Map(st->host_logits + size_t(n * V) * 4, "generator staging"));
+        st->host,
+        HostAllocation::Map(st->host_logits + logit_rows * size_t(V) * 4, "generator staging"));
     return st;
   }
 
-  Result<std::vector<float>> Run(Stage& st, std::span<const int32_t> tokens) {
+  Result<std::vector<float>> Run(Stage& st, std::span<const int32_t> tokens, bool last_only) {
     const int64_t n = st.n, C = c_.hidden_size, V = c_.vocab_size, L = c_.num_layers;
-    const size_t hidden_bytes = size_t(n * C) * 4, logits_bytes = size_t(n * V) * 4;
+    const int64_t rows = last_only ? 1 : n;
+    const size_t hidden_bytes = size_t(n * C) * 4, logits_bytes = size_t(rows * V) * 4;
     std::span<int32_t> pos = st.host.Span(st.host_positions, size_t(n) * 4).as<int32_t>();
     for (int64_t i = 0; i < n; ++i) pos[size_t(i)] = int32_t(kv_.length + i);
     const EmbeddingShape shape{c_.vocab_size, c_.learned_positions ? c_.max_position_embeddings : 0,
@@ -145,13 +151,23 @@ class Gen final : public Generator {
     for (int64_t i = 0; i < L; ++i) {
       FERRY_RETURN_IF_ERROR(st.blocks->Forward(i, 0, st.hidden[i % 2], st.hidden[(i + 1) % 2]));
     }
-    FERRY_RETURN_IF_ERROR(st.head->Logits(st.hidden[L % 2], st.logits));
+    // The last row alone goes through the one-token stage's head (its buffers are idle now).
+    Tensor x = st.hidden[L % 2];
+    Head* head = st.head.get();
+    Tensor logits = st.logits;
+    if (last_only) {
+      x.data = x.data + std::ptrdiff_t((n - 1) * C * 4);
+      x.shape = Shape{1, C};
+      head = step_->head.get();
+      logits = step_->logits;
+    }
+    FERRY_RETURN_IF_ERROR(head->Logits(x, logits));
     FERRY_RETURN_IF_ERROR(Order(StreamId::kCompute, StreamId::kDownload));
     FERRY_RETURN_IF_ERROR(
-        d_.CopyToHost(st.host.Span(st.host_logits, logits_bytes), st.logits.data, logits_bytes));
+        d_.CopyToHost(st.host.Span(st.host_logits, logits_bytes), logits.data, logits_bytes));
     FERRY_RETURN_IF_ERROR(d_.Synchronize(StreamId::kDownload));
     const float* p = reinterpret_cast<const float*>(st.host.data() + st.host_logits);
-    return std::vector<float>(p, p + n * V);
+    return std::vector<float>(p, p + rows * V);
   }
 
   // Makes `later` wait for everything enqueued on `earlier` so far.
@@ -223,16 +239,16 @@ Result<std::vector<int32_t>> Generate(Generator& g, std::span<const int32_t> pro
   g.Reset();
   std::vector<int32_t> out;
   if (o.max_new_tokens == 0) return out;
-  FERRY_ASSIGN_OR_RETURN(std::vector<float> logits, g.Forward(prompt));
-  const size_t vocab = logits.size() / prompt.size();
-  std::span<const float> last(logits.data() + logits.size() - vocab, vocab);
+  FERRY_ASSIGN_OR_RETURN(std::vector<float> logits, g.Forward(prompt, /*last_only=*/true));
+  const size_t vocab = logits.size();
+  std::span<const float> last(logits.data(), vocab);
   for (int64_t i = 0; i < o.max_new_tokens; ++i) {
     const int32_t token = SampleToken(last, o.sampling, uint64_t(i));
     if (o.eos && token == *o.eos) break;
     out.push_back(token);
     FERRY_RETURN_IF_ERROR(on_token(token));
     if (i + 1 == o.max_new_tokens) break;
-    FERRY_ASSIGN_OR_RETURN(logits, g.Forward(std::span<const int32_t>(&token, 1)));
+    FERRY_ASSIGN_OR_RETURN(logits, g.Forward(std::span<const int32_t>(&token, 1), true));
     last = std::span<const float>(logits.data(), vocab);
   }
   return out;

@@ -48,10 +48,12 @@ class Generator {
                                                    const HostTensors& weights, int64_t max_tokens);
 
   // Runs `tokens` (n >= 1) at positions [length(), length() + n), appends their keys and values to
-  // the cache and returns their logits, (n, V) f32 row-major. Errors: InvalidArgument when the
-  // cache would overflow (length() + n > capacity()) or a token id is outside the vocabulary; the
-  // cache is unchanged then.
-  virtual Result<std::vector<float>> Forward(std::span<const int32_t> tokens) = 0;
+  // the cache and returns their logits, (n, V) f32 row-major — or, with last_only, the last
+  // token's alone (V): a prefill then never plans an (n, V) buffer. Errors: InvalidArgument when
+  // the cache would overflow (length() + n > capacity()) or a token id is outside the vocabulary;
+  // the cache is unchanged then.
+  virtual Result<std::vector<float>> Forward(std::span<const int32_t> tokens,
+                                             bool last_only = false) = 0;
 
   // Positions held in the cache; capacity() = max_tokens.
   virtual int64_t length() const = 0;

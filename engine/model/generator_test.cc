@@ -140,6 +140,13 @@ TEST_P(CachedDecoding, LogitsEqualFullForwardAtEveryStep) {
     ExpectClose(Row(*pre, t - 1, v), f.FullLastRow(prefix), kAtol, kRtol,
                 "prefill row " + std::to_string(t - 1));
   }
+  // The last row alone, through the one-token head, is the same row.
+  std::unique_ptr<Generator> g_last = f.MakeGenerator(int64_t(prompt));
+  ASSERT_NE(g_last, nullptr);
+  Result<std::vector<float>> last = g_last->Forward(std::span(tokens.data(), prompt), true);
+  ASSERT_TRUE(last.ok()) << last.status().ToString();
+  ExpectClose(*last, Row(*pre, prompt - 1, v), kAtol, kRtol, "prefill, last row only");
+  EXPECT_EQ(g_last->length(), int64_t(prompt));
   for (size_t t = prompt; t < tokens.size(); ++t) {
     Result<std::vector<float>> step = g->Forward(std::span(tokens.data() + t, 1));
     ASSERT_TRUE(step.ok()) << step.status().ToString();
