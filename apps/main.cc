@@ -6,6 +6,7 @@
 
 #include "apps/demo_command.h"
 #include "apps/eval_command.h"
+#include "apps/generate_command.h"
 #include "apps/plan_command.h"
 #include "apps/probe_command.h"
 #include "apps/train_command.h"
@@ -22,6 +23,8 @@ int main(int argc, char** argv) {
   ferry::AddDemoCommand(app);
   ferry::EvalCommand eval;
   ferry::AddEvalCommand(app, &eval);
+  ferry::GenerateCommand generate;
+  ferry::AddGenerateCommand(app, &generate);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -33,12 +36,16 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // One line: what is wrong, and where to look.
     std::fprintf(stderr, "ferry: %s (see ferry %s--help)\n", e.what(),
-                 train.app->parsed() ? "train " : (plan.app->parsed() ? "plan " : ""));
+                 train.app->parsed()      ? "train "
+                 : plan.app->parsed()     ? "plan "
+                 : generate.app->parsed() ? "generate "
+                                          : "");
     return 1;
   }
   if (train.app->parsed()) return ferry::RunTrainCommand(train);
   if (plan.app->parsed()) return ferry::RunPlanCommand(plan);
   if (probe.app->parsed()) return ferry::RunProbeCommand(probe);
   if (eval.app->parsed()) return ferry::RunEvalCommand(eval);
+  if (generate.app->parsed()) return ferry::RunGenerateCommand(generate);
   return 0;
 }

@@ -18,6 +18,7 @@
 #include "engine/model/projection.h"
 #include "engine/model/tensor_carver.h"
 #include "kernels/ops/attention.h"
+#include "kernels/ops/decode_attention.h"
 
 namespace ferry {
 
@@ -87,8 +88,26 @@ class BlockBase : public DecoderBlocks {
   }
 
   // Attention over the saved q, k, v into o and lse (window: c_.sliding_window, documents:
-  // ctx_.doc_ids).
-  Status Attend(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse) {
+  // ctx_.doc_ids); with a KV cache
+  // in the context, over the cached keys and values of `block` followed by k and v.
+  Status Attend(int64_t block, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse) {
+    if (KvCache* kv = ctx_.kv_cache; kv != nullptr) {
+      return DecodeAttention(d_, {.shape = {.new_tokens = ctx_.shape.tokens(),
+                                            .past = kv->length,
+                                            .capacity = kv->capacity,
+                                            .q_heads = attn_shape_.q_heads,
+                                            .kv_heads = attn_shape_.kv_heads,
+                                            .head_dim = attn_shape_.head_dim},
+                                  .q = q,
+                                  .k_new = k,
+                                  .v_new = v,
+                                  .k_cache = kv->k[size_t(block)],
+                                  .v_cache = kv->v[size_t(block)],
+                                  .o = o,
+                                  .lse = lse,
+                                  .scale = Scale(),
+                                  .window = c_.sliding_window});
+    }
     return AttentionForward(d_, {.shape = attn_shape_,
                                  .q = q,
                                  .k = k,

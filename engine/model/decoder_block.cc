@@ -75,7 +75,7 @@ class LlamaBlocks final : public BlockBase<Saved, Workspace> {
     }
     FERRY_RETURN_IF_ERROR(RopeForward(d_, Rope(s.q, c_.num_heads)));
     FERRY_RETURN_IF_ERROR(RopeForward(d_, Rope(s.k, c_.num_kv_heads)));
-    FERRY_RETURN_IF_ERROR(Attend(s.q, s.k, s.v, s.att, s.lse));
+    FERRY_RETURN_IF_ERROR(Attend(block, s.q, s.k, s.v, s.att, s.lse));
     FERRY_RETURN_IF_ERROR(ProjectionForward(d_, O(block, s), s.att, s.u_o));
     FERRY_RETURN_IF_ERROR(ResidualAdd(d_, {x, ws_.branch, s.x_mid}));
     FERRY_RETURN_IF_ERROR(RmsNormForward(

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "engine/model/device_params.h"
 #include "engine/model/lora_config.h"
@@ -29,15 +30,28 @@
 
 namespace ferry {
 
+// The keys and values of every block for generation (engine/model/generator.h): when a
+// BlocksContext carries one, a block's attention appends the step's new keys and values at rows
+// [length, length + N) of its block's cache and attends over rows [0, length + N) instead of over
+// the step alone (kernels/ops/decode_attention.h); the batch must then be one sequence and the
+// positions must be length, length + 1, ... The owner advances `length` after all blocks ran.
+// Forward only: Backward is undefined on blocks created with a cache.
+struct KvCache {
+  std::vector<Tensor> k, v;  // per block: f32 (capacity, Hkv*D), after RoPE for k
+  int64_t capacity = 0;      // rows of each tensor
+  int64_t length = 0;        // rows filled by the steps before the one in flight
+};
+
 struct BlocksContext {
   Device* device = nullptr;
   const ModelConfig* config = nullptr;
   const DeviceParams* params = nullptr;
   BatchShape shape;
   int num_slots = 1;
-  Tensor positions;  // i32 (N): RoPE position of each token (Llama family only)
-  Tensor doc_ids;    // i32 (N): packed-document id of each token (attention never crosses a
-                     // change of id within a sequence; kernels/ops/attention.h)
+  Tensor positions;             // i32 (N): RoPE position of each token (Llama family only)
+  Tensor doc_ids;               // i32 (N): packed-document id of each token (attention never
+                                // crosses a change of id within a sequence; ops/attention.h)
+  KvCache* kv_cache = nullptr;  // forward-only generation with a cache; null for training
 };
 
 class DecoderBlocks {

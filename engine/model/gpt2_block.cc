@@ -58,7 +58,7 @@ class Gpt2Blocks final : public BlockBase<Saved, Workspace> {
     FERRY_RETURN_IF_ERROR(LayerNormForward(
         d_, {x, W(p + "ln_1.weight"), W(p + "ln_1.bias"), s.xn1, s.mean1, s.rstd1, eps}));
     FERRY_RETURN_IF_ERROR(ProjectionForward(d_, Qkv(block, s), s.xn1, s.u_attn));
-    FERRY_RETURN_IF_ERROR(Attend(s.q, s.k, s.v, s.att, s.lse));
+    FERRY_RETURN_IF_ERROR(Attend(block, s.q, s.k, s.v, s.att, s.lse));
     FERRY_RETURN_IF_ERROR(
         ProjectionForward(d_, One(block, kProj, ws_.branch, {}), s.att, s.u_proj));
     FERRY_RETURN_IF_ERROR(ResidualAdd(d_, {x, ws_.branch, s.x_mid}));

@@ -1,0 +1,34 @@
+// `ferry generate`: text generation with a KV cache (engine/model/generator.h) from the built-in
+// tiny model, a run folder written by `ferry train` (config.json + model.safetensors, and a LoRA
+// adapter as adapter_model.safetensors + adapter_config.json), streaming the text to stdout as
+// tokens are drawn and the speed to stderr.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+namespace ferry {
+
+struct GenerateCommand {
+  CLI::App* app = nullptr;
+  std::string model = "tiny";  // "tiny" | run folder | model folder
+  std::string adapter;         // LoRA adapter folder; empty: the model folder's own, if any
+  std::string prompt;          // empty and not given: read stdin
+  int64_t max_tokens = 128;    // new tokens at most
+  double temperature = 0.8;
+  double top_p = 0.95;
+  int64_t top_k = 0;
+  uint64_t seed = 0;
+  int threads = 0;  // CPU threads (0: all cores)
+};
+
+// Adds the `generate` subcommand to `parent`; `cmd` receives the parsed options and must outlive
+// parsing.
+void AddGenerateCommand(CLI::App& parent, GenerateCommand* cmd);
+
+// Loads the model, encodes the prompt and generates. Returns the process exit code: 0 done, 1 bad
+// input or a run-time failure (one line on stderr saying what to change).
+int RunGenerateCommand(GenerateCommand& cmd);
+
+}  // namespace ferry

@@ -1,0 +1,79 @@
+// Generator: forward-only inference over a model's layers with a KV cache, for text generation
+// (`ferry generate`). The prompt is run once (prefill), then one token at a time; each step's keys
+// and values are appended to a per-block cache sized up front (max_tokens rows), so a step costs
+// O(length) attention instead of a forward over the whole prefix.
+//
+// The math is the training path's: the same DecoderBlocks forward and Head (final norm + LM head)
+// over the same DeviceParams, with the blocks' attention switched to the cache
+// (decoder_blocks.h: KvCache; kernels/ops/decode_attention.h). RoPE positions continue from the
+// cache's length; GPT-2's learned positions are gathered on the host with the embedding. LoRA is
+// applied at run time, as in training (y = x W^T + scaling (x A^T) B^T per adapted projection):
+// nothing is merged, so the base weights stay as loaded.
+//
+// Buffers: the cache ("generator.kv_cache") and the weights are allocated at Create; the
+// activation buffers of a step of n tokens are planned for that n when it first appears (the
+// one-token step's are kept, a prefill's are freed after it). Compute is f32.
+//
+// Ownership: owns its device buffers; refers to the Device, which must outlive it.
+// Thread-safety: one host thread drives a generator at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "engine/model/lora_config.h"
+#include "engine/model/model_config.h"
+#include "engine/model/model_runner.h"
+#include "engine/model/sampler.h"
+#include "kernels/device.h"
+#include "kernels/status.h"
+
+namespace ferry {
+
+class Generator {
+ public:
+  virtual ~Generator() = default;
+
+  // Plans the layers, allocates the weights and a cache of `max_tokens` positions (prompt and
+  // generated tokens together) and uploads `weights` (the host master copy: HostTensors as
+  // ModelRunner takes them, LoRA A/B included when `lora` is enabled). Errors: InvalidArgument for
+  // a config the blocks cannot run (naming the feature) or max_tokens beyond GPT-2's learned
+  // positions; OutOfMemory from the device naming the buffer; the upload's errors naming a tensor.
+  static Result<std::unique_ptr<Generator>> Create(Device& device, const ModelConfig& config,
+                                                   const LoraConfig& lora,
+                                                   const HostTensors& weights, int64_t max_tokens);
+
+  // Runs `tokens` (n >= 1) at positions [length(), length() + n), appends their keys and values to
+  // the cache and returns their logits, (n, V) f32 row-major — or, with last_only, the last
+  // token's alone (V): a prefill then never plans an (n, V) buffer. Errors: InvalidArgument when
+  // the cache would overflow (length() + n > capacity()) or a token id is outside the vocabulary;
+  // the cache is unchanged then.
+  virtual Result<std::vector<float>> Forward(std::span<const int32_t> tokens,
+                                             bool last_only = false) = 0;
+
+  // Positions held in the cache; capacity() = max_tokens.
+  virtual int64_t length() const = 0;
+  virtual int64_t capacity() const = 0;
+  // Empties the cache (a new sequence starts at position 0).
+  virtual void Reset() = 0;
+};
+
+struct GenerateOptions {
+  SamplingOptions sampling;
+  int64_t max_new_tokens = 0;  // >= 0
+  std::optional<int32_t> eos;  // stop when drawn (it is neither passed on nor returned)
+};
+
+// Resets `g`, runs `prompt` (>= 1 token) in one step, then draws up to max_new_tokens tokens (draw
+// i with SampleToken(..., step = i)), feeding each back one at a time; calls on_token with each as
+// it is drawn (its error stops generation and is returned). Returns the new tokens. REQUIRES:
+// g.capacity() >= prompt.size() + max_new_tokens - 1 (checked: InvalidArgument).
+Result<std::vector<int32_t>> Generate(Generator& g, std::span<const int32_t> prompt,
+                                      const GenerateOptions& o,
+                                      const std::function<Status(int32_t)>& on_token);
+
+}  // namespace ferry
