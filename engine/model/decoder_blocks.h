@@ -36,6 +36,7 @@ struct BlocksContext {
   BatchShape shape;
   int num_slots = 1;
   Tensor positions;  // i32 (N): RoPE position of each token (Llama family only)
+  Tensor inv_freq;   // f32 (head_dim / 2): RoPE inverse frequencies (RopeInvFreq; Llama family)
 };
 
 class DecoderBlocks {
