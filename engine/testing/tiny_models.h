@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <ostream>
 #include <span>
 #include <string>
 #include <vector>
@@ -25,6 +26,9 @@ struct TinyModel {
   const char* name;
   const char* config_json;  // a Hugging Face config.json
 };
+
+// gtest prints a parameter by its name.
+inline void PrintTo(const TinyModel& m, std::ostream* os) { *os << m.name; }
 
 inline constexpr TinyModel kTinyModels[] = {
     {"llama", R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"],
