@@ -256,6 +256,33 @@ TEST(ModelFolderTest, ToleratesKnownExtrasOnly) {
   EXPECT_EQ(m->weights.tensors, w.tensors);
 }
 
+// The hub's gpt2 checkpoint was saved from GPT2Model: names without "transformer.", plus the
+// causal-mask buffers h.N.attn.bias.
+TEST(ModelFolderTest, ReadsGpt2SavedWithoutItsPrefix) {
+  Result<ModelConfig> c = ParseHfConfig(kTinyModels[5].config_json);
+  ASSERT_TRUE(c.ok());
+  ASSERT_EQ(c->family, ModelFamily::kGpt2);
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(*c, LoraConfig{});
+  HostTensors w = TinyWeights(layers, 6);
+  TempDir dir("gpt2");
+  SafetensorsWriter writer;
+  for (const LayerSpec& l : layers) {
+    for (const ParamSpec& p : l.params) {
+      if (!p.tied_to.empty()) continue;
+      ParamSpec bare = p;
+      bare.name = p.name.substr(std::string("transformer.").size());
+      AddParameter(writer, bare, w.tensors.at(p.name));
+    }
+  }
+  const std::vector<float> mask(16 * 16, 1.0f);
+  writer.Add("h.0.attn.bias", {1, 1, 16, 16}, mask);
+  ASSERT_TRUE(writer.Write(dir.path() + "/model.safetensors").ok());
+  WriteText(dir.path() + "/config.json", kTinyModels[5].config_json);
+  Result<LoadedModel> m = LoadModelFolder(dir.path());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->weights.tensors, w.tensors);
+}
+
 TEST(ModelFolderTest, AdapterConfigErrorsNameTheField) {
   Result<ModelConfig> c = ParseHfConfig(kTinyModels[0].config_json);
   ASSERT_TRUE(c.ok());
