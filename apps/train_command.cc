@@ -32,7 +32,9 @@ class JobFile : public CLI::ConfigTOML {
 }  // namespace
 
 void AddJobOptions(CLI::App& app, JobSpec& j, std::string* lora_targets) {
-  app.add_option("--model", j.model, "Model: 'tiny' (built-in preset)")->capture_default_str();
+  app.add_option("--model", j.model,
+                 "Model: 'tiny' (built-in preset) or a Hugging Face model folder")
+      ->capture_default_str();
   app.add_option("--data", j.data,
                  "Dataset: 'builtin', or a file: .jsonl (text | prompt+completion | messages), "
                  ".txt, .bin/.tok token ids")

@@ -13,7 +13,9 @@ this script. To regenerate (CPU only, a few seconds once the packages are instal
 Everything is float32 with attn_implementation="eager" and dropout 0; seeds are fixed, so a rerun
 with the same package versions (recorded in each golden.json) gives the same files.
 
-Layout, for each MODEL in llama, qwen3, gpt2 (tests/goldens/MODEL/):
+Layout, for each MODEL in llama, qwen3, gpt2 and the architecture quirks llama3_rope (Llama 3
+RoPE scaling past its original context, head_dim 64), mistral_window (sliding window 4 < the
+sequence, head_dim 128) and qwen2 (q/k/v biases) (tests/goldens/MODEL/):
   config.json          the config transformers wrote (Hugging Face format; ferry parses it)
   model.safetensors    the initial weights as save_pretrained writes them (tied copies dropped)
   io.safetensors       input_ids I64 (B, T); targets I64 (B, T), -100 = masked, target[b, t] is
@@ -236,6 +238,35 @@ def build(kind):
                              max_position_embeddings=64, tie_word_embeddings=True,
                              attention_bias=False, use_sliding_window=False, hidden_act="silu")
         cls = tf.Qwen3ForCausalLM
+    elif kind == "llama3_rope":
+        # Llama 3 RoPE scaling with a short original context (8 < SEQ = 11, so positions run past
+        # it) and factors chosen so that the head_dim 64 table has kept (wavelength < 8), smoothed
+        # (8..32) and divided (> 32) frequencies.
+        cfg = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+                             num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                             head_dim=64, rms_norm_eps=1e-5, rope_theta=10000.0,
+                             rope_scaling={"rope_type": "llama3", "factor": 4.0,
+                                           "low_freq_factor": 0.25, "high_freq_factor": 1.0,
+                                           "original_max_position_embeddings": 8},
+                             max_position_embeddings=64, tie_word_embeddings=False,
+                             attention_bias=False, mlp_bias=False, hidden_act="silu")
+        cls = tf.LlamaForCausalLM
+    elif kind == "mistral_window":
+        # head_dim 128 and a sliding window of 4 keys, shorter than the sequence (SEQ = 11).
+        cfg = tf.MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+                               num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                               head_dim=128, rms_norm_eps=1e-5, rope_theta=10000.0,
+                               sliding_window=4, max_position_embeddings=64,
+                               tie_word_embeddings=False, hidden_act="silu")
+        cls = tf.MistralForCausalLM
+    elif kind == "qwen2":
+        # q/k/v biases (no o bias), tied embeddings.
+        cfg = tf.Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=64,
+                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                             rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=64,
+                             tie_word_embeddings=True, use_sliding_window=False,
+                             hidden_act="silu")
+        cls = tf.Qwen2ForCausalLM
     elif kind == "gpt2":
         cfg = tf.GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=48, n_layer=2, n_head=4,
                             n_inner=128, activation_function="gelu_new", layer_norm_epsilon=1e-5,
@@ -298,6 +329,9 @@ def make_full(kind, out):
         "num_parameters": model.num_parameters(),
         "num_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "tied": tied_names(model),
+        # RoPE's inverse frequencies as transformers computed them (Llama 3 scaling included).
+        "rope_inv_freq": [f32(x) for x in model.model.rotary_emb.inv_freq.tolist()]
+        if hasattr(getattr(model, "model", None), "rotary_emb") else None,
         "parameters": [{"name": n, "shape": list(p.shape), "decay": p.ndim >= 2}
                        for n, p in model.named_parameters()],
     })
@@ -368,13 +402,20 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(here, "..", "tests", "goldens"))
+    ap.add_argument("--only", default="",
+                    help="comma-separated models to write (e.g. llama3_rope,qwen2); default all")
     args = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
-    for kind in ("llama", "qwen3", "gpt2"):
+    kinds = ("llama", "qwen3", "gpt2", "llama3_rope", "mistral_window", "qwen2")
+    if args.only:
+        kinds = tuple(k for k in kinds if k in args.only.split(","))
+    for kind in kinds:
         info = make_full(kind, args.out)
         print(f"{kind}: {info['num_parameters']} parameters, loss {info['loss']}, "
               f"final loss {info['steps'][-1]['loss']}")
+    if args.only:
+        return
     info = make_optimizer(args.out)
     print(f"adamw: clipped {[s['clipped'] for s in info['steps']]}")
     info = make_lora(args.out)

@@ -52,13 +52,28 @@ Status ValidateDataOptions(const JobSpec& job) {
 
 Result<ModelConfig> ResolveModel(const JobSpec& job) {
   if (job.model == "tiny") return TinyLlamaPreset();
-  return Status::InvalidArgument("--model '" + job.model +
-                                 "' is not available yet; only the built-in 'tiny' model is");
+  std::error_code ec;
+  if (!std::filesystem::is_directory(job.model, ec)) {
+    return Bad("--model '" + job.model +
+               "' is neither 'tiny' nor a folder; give a Hugging Face model folder (with "
+               "config.json and safetensors weights)");
+  }
+  const std::string config = job.model + "/config.json";
+  if (!std::filesystem::is_regular_file(config, ec)) {
+    return Status::NotFound("--model '" + job.model + "' has no config.json; give a Hugging Face " +
+                            "model folder");
+  }
+  return LoadHfConfig(config);
 }
 
 Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
   FERRY_RETURN_IF_ERROR(CheckTrainable(model));
   FERRY_RETURN_IF_ERROR(ValidateDataOptions(job));
+  if (job.data == "builtin" && model.vocab_size < kTinyVocabSize) {
+    return Bad("--model's vocabulary (" + std::to_string(model.vocab_size) +
+               " tokens) is smaller than the built-in dataset's byte tokens (" +
+               std::to_string(kTinyVocabSize) + "); give a larger model");
+  }
   if (job.steps <= 0) return Bad("--steps must be at least 1");
   if (job.batch_size <= 0) return Bad("--batch-size must be at least 1");
   if (job.micro_batches <= 0) return Bad("--micro-batches must be at least 1");

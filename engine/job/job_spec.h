@@ -17,7 +17,8 @@
 namespace ferry {
 
 struct JobSpec {
-  // Model: "tiny" (the built-in preset) for now; a Hugging Face folder later (--model DIR).
+  // Model: "tiny" (the built-in preset, random init) or a Hugging Face model folder (--model DIR:
+  // config.json + safetensors weights, engine/model/model_folder.h).
   std::string model = "tiny";
   // Data: "builtin" (the built-in dataset) or a dataset file (engine/train/examples.h: .jsonl,
   // .txt, .bin/.tok), packed into rows (engine/train/packed_dataset.h).
@@ -50,7 +51,7 @@ struct JobSpec {
   int64_t micro_batch_size() const { return batch_size / micro_batches; }
 };
 
-// The model the job names (a preset or, later, a folder's config.json).
+// The model the job names: the preset, or the folder's config.json (errors name the folder).
 Result<ModelConfig> ResolveModel(const JobSpec& job);
 
 // Checks sizes and hyperparameters against each other and the model.

@@ -134,6 +134,7 @@ class LlamaBlocks final : public BlockBase<Saved, Workspace> {
     r.in = t;
     r.out = t;
     r.positions = ctx_.positions;
+    r.inv_freq = ctx_.inv_freq;  // plain or Llama 3-scaled (RopeInvFreq)
     r.num_heads = heads;
     r.head_dim = c_.head_dim;
     r.theta = float(c_.rope_theta);

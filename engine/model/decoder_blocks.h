@@ -51,6 +51,7 @@ struct BlocksContext {
   Tensor positions;             // i32 (N): RoPE position of each token (Llama family only)
   Tensor doc_ids;               // i32 (N): packed-document id of each token (attention never
                                 // crosses a change of id within a sequence; ops/attention.h)
+  Tensor inv_freq;              // f32 (head_dim / 2): RoPE inverse frequencies (RopeInvFreq)
   KvCache* kv_cache = nullptr;  // forward-only generation with a cache; null for training
 };
 

@@ -76,7 +76,9 @@ Result<DeviceParams> DeviceParams::Create(Device& d, const ModelConfig& c, const
             kPeftPrefix.size(), s.name.size() - kPeftPrefix.size() - strlen(".lora_A.weight"));
         const std::string group = LoraGroup(module);
         LoraPack& pack = p.lora_[group];
-        const int64_t rows = by_name.at(module + ".weight")->shape[0];
+        // Output rows of the base weight (GPT-2's Conv1D stores it (in, out)).
+        const ParamSpec* base = by_name.at(module + ".weight");
+        const int64_t rows = base->transposed ? base->shape[1] : base->shape[0];
         const int64_t row = EndsWith(module, "mlp.up_proj") ? c.intermediate_size : 0;
         pack.adapters.push_back(
             {s.name, Replace(s.name, "lora_A", "lora_B"), row, rows, /*col=*/0});

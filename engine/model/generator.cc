@@ -22,12 +22,13 @@ struct Stage {
   int64_t n = 0;
   DeviceBuffer io;
   Tensor positions;  // i32 (n)
+  Tensor inv_freq;   // f32 (head_dim / 2): RoPE table (Llama family)
   Tensor hidden[2];  // (n, C) x2: the blocks' input and output, ping-pong
   Tensor logits;     // (n, V), or null without a head
   std::unique_ptr<DecoderBlocks> blocks;
   std::unique_ptr<Head> head;  // null: the one-token stage's head serves the last row
   HostAllocation host;         // staging: hidden (n*C f32), positions (n i32), logits (n*V f32)
-  size_t host_positions = 0, host_logits = 0;
+  size_t host_positions = 0, host_inv_freq = 0, host_logits = 0;
 };
 
 class Gen final : public Generator {
@@ -107,12 +108,22 @@ class Gen final : public Generator {
     const int64_t C = c_.hidden_size, V = c_.vocab_size;
     FERRY_ASSIGN_OR_RETURN(st->io, AllocateCarved(d_, "generator.io", [&](TensorCarver& cv) {
                              st->positions = cv.Take(DType::kI32, {n});
+                             if (!c_.learned_positions) {
+                               st->inv_freq = cv.Take(DType::kF32, {c_.head_dim / 2});
+                             }
                              st->hidden[0] = cv.Take(DType::kF32, {n, C});
                              st->hidden[1] = cv.Take(DType::kF32, {n, C});
                              if (with_head) st->logits = cv.Take(DType::kF32, {n, V});
                            }));
     const BatchShape shape{1, n};
-    BlocksContext ctx{&d_, &c_, &params_, shape, 1, st->positions, &kv_};
+    BlocksContext ctx{.device = &d_,
+                      .config = &c_,
+                      .params = &params_,
+                      .shape = shape,
+                      .num_slots = 1,
+                      .positions = st->positions,
+                      .inv_freq = st->inv_freq,
+                      .kv_cache = &kv_};
     if (c_.family == ModelFamily::kGpt2) {
       FERRY_ASSIGN_OR_RETURN(st->blocks, CreateGpt2Blocks(ctx));
     } else {
@@ -123,11 +134,19 @@ class Gen final : public Generator {
                              Head::Create(d_, c_, params_, shape, std::min<int64_t>(n, 256)));
     }
     st->host_positions = size_t(n * C) * 4;
-    st->host_logits = st->host_positions + size_t(n) * 4;
+    st->host_inv_freq = st->host_positions + size_t(n) * 4;
+    st->host_logits = st->host_inv_freq + size_t(c_.head_dim / 2) * 4;
     const size_t logit_rows = with_head ? size_t(n) : 1;
     FERRY_ASSIGN_OR_RETURN(
         st->host,
         HostAllocation::Map(st->host_logits + logit_rows * size_t(V) * 4, "generator staging"));
+    if (!c_.learned_positions) {  // RoPE's table (Llama 3 scaling included), uploaded once
+      const std::vector<float> inv_freq = RopeInvFreq(c_);
+      const size_t bytes = inv_freq.size() * sizeof(float);
+      std::memcpy(st->host.data() + st->host_inv_freq, inv_freq.data(), bytes);
+      FERRY_RETURN_IF_ERROR(
+          d_.CopyToDevice(st->inv_freq.data, st->host.Span(st->host_inv_freq, bytes), bytes));
+    }
     return st;
   }
 
@@ -201,9 +220,6 @@ Result<std::unique_ptr<Generator>> Generator::Create(Device& device, const Model
                                                      int64_t max_tokens) {
   FERRY_RETURN_IF_ERROR(ValidateModelConfig(config));
   FERRY_RETURN_IF_ERROR(ValidateLoraConfig(lora));
-  if (config.rope_scaling.kind != RopeScaling::Kind::kNone) {
-    return Status::InvalidArgument("generate: rope_scaling (llama3) is not supported yet");
-  }
   if (max_tokens < 1) {
     return Status::InvalidArgument("generate: the token limit must be at least 1, got " +
                                    std::to_string(max_tokens));

@@ -3,8 +3,11 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numbers>
 #include <sstream>
 #include <utility>
+
+#include "kernels/ops/rope_math.h"
 
 namespace ferry {
 namespace {
@@ -181,6 +184,30 @@ Status ParseLlamaFamily(const json& j, const Fields& f, ModelConfig* c) {
     }
     if (c->sliding_window >= c->max_position_embeddings) c->sliding_window = 0;  // no effect
   }
+  if (c->sliding_window > 0 && c->model_type != "mistral") {
+    // Qwen2/3 window only the blocks from max_window_layers on (transformers' layer_types);
+    // ferry windows all blocks or none.
+    FERRY_ASSIGN_OR_RETURN(int64_t first, f.Int("max_window_layers", 28));
+    if (first >= c->num_layers) {
+      c->sliding_window = 0;  // no block is windowed
+    } else if (first > 0) {
+      return Unsupported(
+          "fields 'use_sliding_window' with 'max_window_layers' = " + std::to_string(first) +
+              " of " + std::to_string(c->num_layers) + " layers",
+          "(a window on some blocks only) are not supported; ferry windows all "
+          "blocks (max_window_layers 0) or none");
+    }
+  }
+  if (auto it = j.find("layer_types"); it != j.end() && it->is_array()) {
+    for (const json& t : *it) {
+      const bool sliding = t == "sliding_attention";
+      if ((!sliding && t != "full_attention") || sliding != (c->sliding_window > 0)) {
+        return Unsupported("field 'layer_types' = " + it->dump(),
+                           "is not supported: ferry runs every block with the same attention "
+                           "(all \"full_attention\", or all \"sliding_attention\" with a window)");
+      }
+    }
+  }
   return Status::Ok();
 }
 
@@ -280,17 +307,36 @@ Result<ModelConfig> LoadHfConfig(const std::string& path) {
 }
 
 Status CheckTrainable(const ModelConfig& c) {
-  if (c.rope_scaling.kind != RopeScaling::Kind::kNone) {
-    return Status::InvalidArgument(
-        "model config: rope_scaling (llama3) is not supported for "
-        "training yet");
-  }
-  if (c.sliding_window > 0) {
-    return Status::InvalidArgument(
-        "model config: sliding_window = " + std::to_string(c.sliding_window) +
-        " is not supported for training yet");
-  }
+  (void)c;  // RoPE scaling and sliding windows are trainable; the hook stays for what comes next
   return Status::Ok();
+}
+
+std::vector<float> RopeInvFreq(const ModelConfig& c) {
+  std::vector<float> f = RopeInverseFrequencies(float(c.rope_theta), c.head_dim);
+  if (c.rope_scaling.kind != RopeScaling::Kind::kLlama3) return f;
+  // transformers' fp32 tensor arithmetic, Python scalars taken to fp32 (as torch does for a
+  // float tensor): `s / t` is t.reciprocal() * s (Tensor.__rtruediv__).
+  const RopeScaling& r = c.rope_scaling;
+  const float factor = float(r.factor), low = float(r.low_freq_factor);
+  const float band = float(r.high_freq_factor - r.low_freq_factor);
+  const double old_len = double(r.original_max_position_embeddings);
+  const double low_wavelen = old_len / r.low_freq_factor;  // Python floats: double
+  const double high_wavelen = old_len / r.high_freq_factor;
+  const float two_pi = float(2.0 * std::numbers::pi);
+  for (float& inv : f) {
+    const float wavelen = (1.0f / inv) * two_pi;
+    // torch compares the fp32 tensor with the double scalar cast to fp32.
+    const bool long_wave = wavelen > float(low_wavelen);
+    const bool short_wave = wavelen < float(high_wavelen);
+    const float scaled = long_wave ? inv / factor : inv;
+    if (long_wave || short_wave) {
+      inv = scaled;
+      continue;
+    }
+    const float smooth = ((1.0f / wavelen) * float(old_len) - low) / band;
+    inv = (1.0f - smooth) * scaled / factor + smooth * scaled;
+  }
+  return f;
 }
 
 Status ValidateModelConfig(const ModelConfig& c) {
@@ -377,7 +423,10 @@ nlohmann::json ToHfConfigJson(const ModelConfig& c) {
   }
   if (c.sliding_window > 0) {
     j["sliding_window"] = c.sliding_window;
-    if (c.model_type != "mistral") j["use_sliding_window"] = true;
+    if (c.model_type != "mistral") {
+      j["use_sliding_window"] = true;
+      j["max_window_layers"] = 0;  // every block windowed, as ferry runs it
+    }
   }
   j["hidden_act"] = "silu";
   j["attention_dropout"] = c.dropout;

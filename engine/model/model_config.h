@@ -10,9 +10,8 @@
 //
 // A config comes from a Hugging Face config.json (ParseHfConfig; the presets in configs/models/
 // are such files) or a built-in preset. Parsing refuses what ferry cannot describe with an
-// InvalidArgument naming the field or the architecture. Features ferry can describe (the planner
-// counts them) but not yet train — Llama 3 RoPE scaling, sliding windows — are recorded, and
-// CheckTrainable refuses them naming the field.
+// InvalidArgument naming the field or the architecture. Llama 3 RoPE scaling (RopeInvFreq) and
+// sliding windows (Mistral; Qwen2 with use_sliding_window) are trained as transformers runs them.
 //
 // Plain value type; thread-compatible.
 #pragma once
@@ -21,6 +20,7 @@
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kernels/dtype.h"
 #include "kernels/status.h"
@@ -85,8 +85,15 @@ Result<ModelConfig> ParseHfConfig(std::string_view json_text);
 Result<ModelConfig> LoadHfConfig(const std::string& path);
 
 // Ok when ferry can train this config now; otherwise InvalidArgument naming the field that is
-// not supported yet (rope_scaling, sliding_window).
+// not supported yet (every config ParseHfConfig accepts is trainable today).
 Status CheckTrainable(const ModelConfig& c);
+
+// The head_dim / 2 RoPE inverse frequencies of a Llama-family config, in fp32 as transformers
+// computes them: plain 1 / theta^(2i / D), or for rope_type "llama3" the scaled table of
+// transformers' _compute_llama3_parameters (long wavelengths divided by `factor`, short ones kept,
+// the band between low_freq_factor and high_freq_factor interpolated), with the same fp32
+// operations in the same order. REQUIRES: ValidateModelConfig(c) is ok and c has RoPE.
+std::vector<float> RopeInvFreq(const ModelConfig& c);
 
 // Shapes and values that make sense: positive sizes, heads dividing evenly, eps > 0, ...
 // Errors name the field and say what to change.

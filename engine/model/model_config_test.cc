@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <numbers>
 #include <string>
 
 #include "engine/model/lora_config.h"
@@ -111,15 +112,13 @@ TEST(ModelConfigTest, RefusesWhatItCannotRun) {
   ExpectRefused(std::string(kLlama) + R"(, "torch_dtype": "int8"})", "torch_dtype");
 }
 
-TEST(ModelConfigTest, RecordsWhatItCannotTrainYet) {
+TEST(ModelConfigTest, SlidingWindowAndLlama3ScalingAreTrainable) {
   Result<ModelConfig> m = ParseHfConfig(R"({"model_type": "mistral", "vocab_size": 10,
       "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
       "max_position_embeddings": 4096, "sliding_window": 1024})");
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ(m->sliding_window, 1024);
-  Status s = CheckTrainable(*m);
-  EXPECT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("sliding_window"), std::string::npos);
+  EXPECT_TRUE(CheckTrainable(*m).ok());
 
   Result<ModelConfig> l = ParseHfConfig(std::string(kLlama) + R"(, "rope_scaling": {
       "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -128,7 +127,7 @@ TEST(ModelConfigTest, RecordsWhatItCannotTrainYet) {
   EXPECT_EQ(l->rope_scaling.kind, RopeScaling::Kind::kLlama3);
   EXPECT_DOUBLE_EQ(l->rope_scaling.factor, 8.0);
   EXPECT_EQ(l->rope_scaling.original_max_position_embeddings, 8192);
-  EXPECT_NE(CheckTrainable(*l).message().find("rope_scaling"), std::string::npos);
+  EXPECT_TRUE(CheckTrainable(*l).ok());
   Result<ModelConfig> back = ParseHfConfig(ToHfConfigJson(*l).dump());
   ASSERT_TRUE(back.ok());
   EXPECT_DOUBLE_EQ(back->rope_scaling.high_freq_factor, 4.0);
@@ -140,6 +139,79 @@ TEST(ModelConfigTest, RecordsWhatItCannotTrainYet) {
     EXPECT_EQ(g->weights_dtype, DType::kF32) << model;
   }
   EXPECT_TRUE(CheckTrainable(TinyLlamaPreset()).ok());
+}
+
+// Llama 3.1's table (theta 500000, head_dim 128, factor 8, low 1, high 4, original 8192): the
+// high frequencies (wavelength < 8192 / 4) are kept bit for bit, the low ones (wavelength > 8192)
+// are divided by 8 exactly (fp32 division by a power of two), the band between is interpolated
+// between the two. The exact interpolated values are checked against transformers by the
+// llama3_rope golden (hf_golden_test.cc).
+TEST(ModelConfigTest, Llama3RopeScalingTable) {
+  Result<ModelConfig> l = ParseHfConfig(R"({"model_type": "llama", "vocab_size": 10,
+      "hidden_size": 256, "intermediate_size": 8, "num_hidden_layers": 1,
+      "num_attention_heads": 2, "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3",
+      "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 8192}})");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ModelConfig plain = *l;
+  plain.rope_scaling = {};
+  const std::vector<float> scaled = RopeInvFreq(*l), base = RopeInvFreq(plain);
+  ASSERT_EQ(scaled.size(), 64u);
+  int kept = 0, divided = 0, smoothed = 0;
+  for (size_t i = 0; i < base.size(); ++i) {
+    const double wavelen = 2 * std::numbers::pi / base[i];
+    if (wavelen < 8192.0 / 4) {
+      EXPECT_EQ(scaled[i], base[i]) << i;
+      ++kept;
+    } else if (wavelen > 8192.0) {
+      EXPECT_EQ(scaled[i], base[i] / 8.0f) << i;
+      ++divided;
+    } else {
+      EXPECT_LT(scaled[i], base[i]) << i;
+      EXPECT_GT(scaled[i], base[i] / 8.0f) << i;
+      ++smoothed;
+    }
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(divided, 0);
+  EXPECT_GT(smoothed, 0);
+}
+
+// The table transformers computed (recorded by scripts/make_goldens.py): bit for bit, since ferry
+// repeats its fp32 operations in the same order (llama3_rope: kept, smoothed and divided
+// frequencies; the others: plain RoPE with head_dim 128 and 16).
+TEST(ModelConfigTest, RopeInvFreqMatchesTransformers) {
+  for (const char* model : {"llama3_rope", "mistral_window", "qwen2"}) {
+    Result<ModelConfig> c = Golden(model);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    const nlohmann::json info = testing::GoldenJson(model);
+    ASSERT_TRUE(info.contains("rope_inv_freq")) << model;
+    const std::vector<float> want = info["rope_inv_freq"].get<std::vector<float>>();
+    EXPECT_EQ(RopeInvFreq(*c), want) << model;
+  }
+}
+
+// transformers windows Qwen2/3 blocks i >= max_window_layers only; ferry windows all or none.
+TEST(ModelConfigTest, Qwen2SlidingWindowCoversAllBlocksOrNone) {
+  const std::string base = R"({"model_type": "qwen2", "vocab_size": 10, "hidden_size": 8,
+      "intermediate_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
+      "max_position_embeddings": 64, "use_sliding_window": true, "sliding_window": 16, )";
+  Result<ModelConfig> all = ParseHfConfig(base + R"("max_window_layers": 0})");
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(all->sliding_window, 16);
+  Result<ModelConfig> back = ParseHfConfig(ToHfConfigJson(*all).dump());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->sliding_window, 16);
+  Result<ModelConfig> none = ParseHfConfig(base + R"("max_window_layers": 2})");
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_EQ(none->sliding_window, 0);
+  Result<ModelConfig> some = ParseHfConfig(base + R"("max_window_layers": 1})");
+  ASSERT_FALSE(some.ok());
+  EXPECT_NE(some.status().message().find("max_window_layers"), std::string::npos);
+  Result<ModelConfig> mixed = ParseHfConfig(
+      base + R"("max_window_layers": 0, "layer_types": ["full_attention", "sliding_attention"]})");
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_NE(mixed.status().message().find("layer_types"), std::string::npos);
 }
 
 TEST(ModelConfigTest, HfJsonRoundTrips) {

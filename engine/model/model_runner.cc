@@ -21,6 +21,7 @@ struct Staging {
   size_t positions = 0;  // (N) i32
   size_t doc_ids = 0;    // (N) i32
   size_t loss = 0;       // (N) f32
+  size_t inv_freq = 0;   // (head_dim / 2) f32: RoPE's table, uploaded once
   size_t bytes = 0;
 };
 
@@ -36,6 +37,9 @@ class Runner final : public ModelRunner {
     FERRY_ASSIGN_OR_RETURN(io_buffer_, AllocateCarved(d_, "runner.io", [&](TensorCarver& cv) {
                              positions_ = cv.Take(DType::kI32, {N});
                              doc_ids_ = cv.Take(DType::kI32, {N});
+                             if (!c_.learned_positions) {
+                               inv_freq_ = cv.Take(DType::kF32, {c_.head_dim / 2});
+                             }
                              hidden_.clear();
                              for (int64_t i = 0; i <= L; ++i)
                                hidden_.push_back(cv.Take(DType::kF32, {N, C}));
@@ -59,7 +63,14 @@ class Runner final : public ModelRunner {
       for (int& s : slot_) s = s < 0 ? slots : s;
       ++slots;
     }
-    BlocksContext ctx{&d_, &c_, &params_, o_.shape, std::max(slots, 1), positions_, doc_ids_};
+    BlocksContext ctx{.device = &d_,
+                      .config = &c_,
+                      .params = &params_,
+                      .shape = o_.shape,
+                      .num_slots = std::max(slots, 1),
+                      .positions = positions_,
+                      .doc_ids = doc_ids_,
+                      .inv_freq = inv_freq_};
     if (c_.family == ModelFamily::kGpt2) {
       FERRY_ASSIGN_OR_RETURN(blocks_, CreateGpt2Blocks(ctx));
     } else {
@@ -72,9 +83,17 @@ class Runner final : public ModelRunner {
     staging_.positions = staging_.targets + size_t(N) * 4;
     staging_.doc_ids = staging_.positions + size_t(N) * 4;
     staging_.loss = staging_.doc_ids + size_t(N) * 4;
-    staging_.bytes = staging_.loss + size_t(N) * 4;
+    staging_.inv_freq = staging_.loss + size_t(N) * 4;
+    staging_.bytes = staging_.inv_freq + size_t(c_.head_dim / 2) * 4;
     FERRY_ASSIGN_OR_RETURN(host_, HostAllocation::Map(staging_.bytes, "runner staging"));
     FERRY_RETURN_IF_ERROR(SetLayout({}, {}));
+    if (!c_.learned_positions) {
+      const std::vector<float> inv_freq = RopeInvFreq(c_);
+      const size_t bytes = inv_freq.size() * sizeof(float);
+      std::memcpy(host_.data() + staging_.inv_freq, inv_freq.data(), bytes);
+      FERRY_RETURN_IF_ERROR(
+          d_.CopyToDevice(inv_freq_.data, host_.Span(staging_.inv_freq, bytes), bytes));
+    }
     return Upload();  // ordered before any compute by the event
   }
 
@@ -339,6 +358,7 @@ class Runner final : public ModelRunner {
   DeviceBuffer io_buffer_;
   Tensor positions_;            // i32 (N)
   Tensor doc_ids_;              // i32 (N)
+  Tensor inv_freq_;             // f32 (head_dim / 2), Llama family
   std::vector<Tensor> hidden_;  // L + 1 of (N, C): each block's input, then the head's
   Tensor grad_[2];              // (N, C) x2: the backward's gradient stream, ping-pong
   std::vector<int> slot_;       // per block: its saved-activation slot

@@ -111,7 +111,8 @@ TEST_P(RunnerGoldenTest, RecomputationGivesBitIdenticalGradientsWithLessMemory) 
 }
 
 INSTANTIATE_TEST_SUITE_P(Goldens, RunnerGoldenTest,
-                         ::testing::Values("llama", "qwen3", "gpt2", "llama_lora"));
+                         ::testing::Values("llama", "qwen3", "gpt2", "llama_lora", "llama3_rope",
+                                           "mistral_window", "qwen2"));
 
 // Two micro-batches of one sequence each, with the global batch's normalizer, accumulate to the
 // gradients of the golden's batch of two (same tolerances: only the summation order differs).
@@ -242,9 +243,8 @@ TEST_P(RunnerGoldenTest, SavedBuffersMatchTheMemoryModel) {
   for (const LayerSpec& l : fx.layers) {
     if (l.kind == LayerKind::kEmbedding) continue;
     const LayerCost cost = ComputeLayerCost(fx.golden.config, fx.lora, l, shape);
-    const std::string buffer = l.kind == LayerKind::kHead
-                                   ? "head.saved"
-                                   : "blocks.saved." + std::to_string(l.block);
+    const std::string buffer =
+        l.kind == LayerKind::kHead ? "head.saved" : "blocks.saved." + std::to_string(l.block);
     ASSERT_EQ(bytes.count(buffer), 1u) << buffer;
     EXPECT_GE(bytes[buffer], cost.saved_bytes) << buffer;
     const size_t tensors = l.kind == LayerKind::kHead ? 4 : 22;

@@ -69,7 +69,8 @@ TEST_P(GoldenModelTest, GradientsCoverExactlyTheTrainableParameters) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllGoldens, GoldenModelTest,
-                         ::testing::Values("llama", "qwen3", "gpt2", "llama_lora"));
+                         ::testing::Values("llama", "qwen3", "gpt2", "llama_lora", "llama3_rope",
+                                           "mistral_window", "qwen2"));
 
 }  // namespace
 }  // namespace ferry::testing

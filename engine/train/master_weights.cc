@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "engine/model/model_folder.h"
 #include "engine/model/weights_io.h"
 #include "engine/plan/timeline_writers.h"
 
@@ -63,6 +64,21 @@ Status SaveMasterWeights(const std::string& path, const std::vector<LayerSpec>& 
   return writer.Write(path);
 }
 
+Result<HostTensors> InitialWeights(const std::string& model, const ModelConfig& config,
+                                   const std::vector<LayerSpec>& layers, uint64_t seed) {
+  if (model == "tiny") return InitMasterWeights(layers, seed);
+  FERRY_ASSIGN_OR_RETURN(FolderWeights folder, FolderWeights::Open(model));
+  HostTensors w;
+  FERRY_RETURN_IF_ERROR(LoadBaseWeights(folder, config, layers, w));
+  for (const ParamSpec* p : StorageParams(layers)) {
+    if (w.tensors.contains(p->name)) continue;  // LoRA A/B: fresh
+    std::vector<float>& t = w.tensors[p->name];
+    t.resize(size_t(p->numel()));
+    InitParameter(*p, seed, t);
+  }
+  return w;
+}
+
 nlohmann::json PeftAdapterConfig(const ModelConfig& model, const LoraConfig& lora) {
   // PEFT names a LoRA'd module by its last component (q_proj, c_attn, ...).
   const std::vector<std::pair<LoraTarget, std::string>> llama = {
@@ -104,7 +120,9 @@ Status WriteFinalWeights(const std::string& dir, const ModelConfig& model, const
     FERRY_RETURN_IF_ERROR(
         SaveMasterWeights(dir + "/model.safetensors", layers, ParamSelection::kBase, weights));
   }
-  return plan::WriteTextFile(dir + "/config.json", ToHfConfigJson(model).dump(2) + "\n");
+  ModelConfig written = model;
+  written.weights_dtype = DType::kF32;  // what SaveMasterWeights wrote
+  return plan::WriteTextFile(dir + "/config.json", ToHfConfigJson(written).dump(2) + "\n");
 }
 
 }  // namespace ferry

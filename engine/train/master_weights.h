@@ -54,6 +54,12 @@ Status WriteFinalWeights(const std::string& dir, const ModelConfig& model, const
                          const std::vector<LayerSpec>& layers, const HostTensors& weights,
                          bool with_base);
 
+// The weights a run starts from: `model` "tiny": InitMasterWeights(layers, seed); otherwise
+// `model` is a Hugging Face model folder whose weights fill the base parameters
+// (engine/model/model_folder.h: every tensor checked), LoRA A/B (if any) fresh from the seed.
+Result<HostTensors> InitialWeights(const std::string& model, const ModelConfig& config,
+                                   const std::vector<LayerSpec>& layers, uint64_t seed);
+
 // PEFT's adapter_config.json for `lora` (target module names as PEFT lists them).
 nlohmann::json PeftAdapterConfig(const ModelConfig& model, const LoraConfig& lora);
 

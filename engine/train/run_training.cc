@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "engine/model/model_folder.h"
 #include "engine/model/model_runner.h"
 #include "engine/train/dataset.h"
 #include "engine/train/master_weights.h"
@@ -59,7 +60,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model) {
                          ModelRunner::Create(*device, model, job.lora, runner_options));
 
   std::vector<LayerSpec> layers = BuildLayerSpecs(model, job.lora);
-  HostTensors weights = InitMasterWeights(layers, job.seed);
+  FERRY_ASSIGN_OR_RETURN(HostTensors weights, InitialWeights(job.model, model, layers, job.seed));
   ThreadPool optimizer_pool(threads);
   const OptimizerOptions optimizer{.schedule = {.lr = job.lr,
                                                 .warmup_steps = job.warmup_steps,
@@ -133,9 +134,11 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model) {
                      .elapsed_s = elapsed});
   }
   progress.Finish();
+  // A folder's frozen base stays where it is (the adapter loads onto it); its tokenizer is copied.
   FERRY_RETURN_IF_ERROR(WriteFinalWeights(job.out, model, job.lora, trainer->layers(),
                                           trainer->weights(),
-                                          /*with_base=*/true));
+                                          /*with_base=*/job.model == "tiny"));
+  if (job.model != "tiny") FERRY_RETURN_IF_ERROR(CopyTokenizerFiles(job.model, job.out));
   std::fprintf(stderr, "ferry train: done in %s, final loss %.4f; wrote %s/%s\n",
                FormatDuration(seconds_since(start)).c_str(), last_loss, job.out.c_str(),
                job.lora.enabled() ? "adapter_model.safetensors" : "model.safetensors");

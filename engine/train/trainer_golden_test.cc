@@ -65,8 +65,15 @@ TEST_P(TrainerGoldenTest, FiveStepsMatchTorch) {
       ASSERT_TRUE(LoadParameter(fx.golden.final_weights, p, want).ok()) << p.name;
       const std::vector<float>& got = (*t)->weights().tensors.at(p.name);
       const std::vector<float>& init = fx.weights.tensors.at(p.name);
+      Result<std::vector<float>> first_grad = fx.GoldenGrad(p);
+      ASSERT_TRUE(first_grad.ok()) << first_grad.status().ToString();
       for (size_t i = 0; i < want.size(); ++i) {
-        if (IsKeyBias(fx.golden.config, p, i)) {
+        // A first gradient within the two sides' fp32 noise (model_runner_test's gradient atol,
+        // 16 eps ~ 1.9e-6) has no reliable sign, and Adam's first update is lr * sign(g): such an
+        // element (mistral_window has one at 1.5e-8 of the 8192 in a layer's o_proj) is held to
+        // the same bound as a key bias.
+        const bool noisy_first_grad = std::abs((*first_grad)[i]) < 16 * DTypeEpsilon(DType::kF32);
+        if (IsKeyBias(fx.golden.config, p, i) || noisy_first_grad) {
           // d loss / d (key bias) is exactly 0 (q . b_k is the same for every key, and softmax
           // ignores a constant), so both sides' gradients are rounding noise, which Adam normalizes
           // into O(lr) steps of arbitrary sign: only the bound holds (five updates of at most lr *
@@ -82,7 +89,7 @@ TEST_P(TrainerGoldenTest, FiveStepsMatchTorch) {
         // gradients computed at slightly different weights. Over five updates with lr <= 0.01 that
         // is ~5e-5; 2e-4 absolute (+ 1e-4 relative for the fp32 value) bounds it with margin while
         // a wrong update (an error of order lr = 1e-2) fails. Measured: llama 1.3e-6, qwen3 4.0e-6,
-        // gpt2 6.8e-5, llama_lora 3.4e-7.
+        // gpt2 6.8e-5, llama_lora 3.4e-7, llama3_rope 2.3e-6, mistral_window 6.5e-5, qwen2 7.2e-6.
         ASSERT_NEAR(got[i], want[i], 2e-4 + 1e-4 * std::abs(want[i])) << p.name << "[" << i << "]";
       }
     }
@@ -92,7 +99,8 @@ TEST_P(TrainerGoldenTest, FiveStepsMatchTorch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Goldens, TrainerGoldenTest,
-                         ::testing::Values("llama", "qwen3", "gpt2", "llama_lora"));
+                         ::testing::Values("llama", "qwen3", "gpt2", "llama_lora", "llama3_rope",
+                                           "mistral_window", "qwen2"));
 
 }  // namespace
 }  // namespace ferry

@@ -1,0 +1,408 @@
+#include "engine/model/model_folder.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "engine/model/weights_io.h"
+#include "engine/plan/timeline_writers.h"
+
+namespace ferry {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kSingleFile = "model.safetensors";
+constexpr const char* kIndexFile = "model.safetensors.index.json";
+constexpr const char* kAdapterConfig = "adapter_config.json";
+constexpr const char* kAdapterWeights = "adapter_model.safetensors";
+
+Result<std::string> ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::NotFound("cannot read " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return Status::IOError("error reading " + path);
+  return ss.str();
+}
+
+// Buffers transformers keeps out of the parameters (and ignores when a checkpoint has them).
+bool IsHarmlessBuffer(const ModelConfig& c, const std::string& name) {
+  if (name.ends_with(".rotary_emb.inv_freq")) return true;
+  return c.family == ModelFamily::kGpt2 &&
+         (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias"));
+}
+
+// The name a parameter may have in a checkpoint saved from the bare model (GPT2Model: "h.0...",
+// "wte.weight" without "transformer."); empty when there is no such alternative.
+std::string BareName(const ModelConfig& c, const std::string& name) {
+  const std::string prefix = c.family == ModelFamily::kGpt2 ? "transformer." : "";
+  if (prefix.empty() || !name.starts_with(prefix)) return {};
+  return name.substr(prefix.size());
+}
+
+std::vector<const ParamSpec*> StorageParamsOf(const std::vector<LayerSpec>& layers, bool lora) {
+  std::vector<const ParamSpec*> out;
+  for (const LayerSpec& l : layers) {
+    for (const ParamSpec& p : l.params) {
+      if (p.tied_to.empty() && p.lora == lora) out.push_back(&p);
+    }
+  }
+  return out;
+}
+
+// Loads `p` from whichever file of `folder` holds it (under its name or its bare name).
+Status LoadOne(const FolderWeights& folder, const ModelConfig& c, const ParamSpec& p,
+               std::set<std::string>& used, HostTensors& weights) {
+  std::string stored = p.name;
+  const SafetensorsFile* file = folder.FileOf(stored);
+  if (file == nullptr) {
+    stored = BareName(c, p.name);
+    if (!stored.empty()) file = folder.FileOf(stored);
+  }
+  if (file == nullptr) {
+    return Status::NotFound("model folder " + folder.dir() + ": tensor '" + p.name +
+                            "' is missing (a " + c.model_type + " model with this config.json " +
+                            "needs it; is config.json the one of these weights?)");
+  }
+  used.insert(stored);
+  ParamSpec as_stored = p;
+  as_stored.name = stored;
+  std::vector<float>& out = weights.tensors[p.name];
+  out.resize(size_t(p.numel()));
+  return LoadParameter(*file, as_stored, out);
+}
+
+// PEFT's target module names, mapped onto ferry's LoRA target bits.
+Result<uint32_t> PeftTargetBits(const std::string& module, const ModelConfig& model) {
+  // A target may be a dotted path ("self_attn.q_proj"); PEFT matches on its suffix.
+  const std::string last =
+      module.substr(module.rfind('.') == std::string::npos ? 0 : module.rfind('.') + 1);
+  if (model.family == ModelFamily::kGpt2) {
+    if (last == "c_attn") return uint32_t(kLoraQ | kLoraK | kLoraV);
+    if (last == "c_fc") return uint32_t(kLoraUp);
+    if (module == "attn.c_proj") return uint32_t(kLoraO);
+    if (module == "mlp.c_proj") return uint32_t(kLoraDown);
+    if (last == "c_proj") return uint32_t(kLoraO | kLoraDown);
+  } else {
+    Result<uint32_t> bits = ParseLoraTargets(last);
+    if (bits.ok() && last != "all") return bits;
+  }
+  return Status::InvalidArgument(std::string(kAdapterConfig) + ": target module '" + module +
+                                 "' is not a projection ferry can adapt in a " + model.model_type +
+                                 " model");
+}
+
+}  // namespace
+
+Result<FolderWeights> FolderWeights::Open(const std::string& dir) {
+  FolderWeights w;
+  w.dir_ = dir;
+  const std::string index_path = dir + "/" + kIndexFile;
+  const std::string single_path = dir + "/" + kSingleFile;
+  std::error_code ec;
+  if (!fs::exists(index_path, ec)) {
+    if (!fs::exists(single_path, ec)) {
+      const bool bin = fs::exists(dir + "/pytorch_model.bin", ec) ||
+                       fs::exists(dir + "/pytorch_model.bin.index.json", ec);
+      return Status::NotFound(
+          "model folder " + dir + " has no " + kSingleFile + " or " + kIndexFile +
+          (bin ? " (only PyTorch .bin weights: convert them to safetensors)" : ""));
+    }
+    FERRY_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Open(single_path));
+    for (const SafetensorsTensorInfo& t : f.tensors()) w.index_[t.name] = 0;
+    w.files_.push_back(std::move(f));
+    return w;
+  }
+  FERRY_ASSIGN_OR_RETURN(std::string text, ReadText(index_path));
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  auto bad = [&](const std::string& what) {
+    return Status::InvalidArgument(index_path + ": " + what);
+  };
+  if (j.is_discarded() || !j.is_object()) return bad("is not a well-formed JSON object");
+  auto map = j.find("weight_map");
+  if (map == j.end() || !map->is_object() || map->empty()) {
+    return bad("field 'weight_map' must be a non-empty object {tensor: shard file}");
+  }
+  std::map<std::string, size_t> shard_of_file;
+  std::map<std::string, std::string> listed;  // tensor -> shard
+  for (auto it = map->begin(); it != map->end(); ++it) {
+    if (!it->is_string()) return bad("weight_map['" + it.key() + "'] must be a file name");
+    const std::string shard = it->get<std::string>();
+    if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..") {
+      return bad("weight_map['" + it.key() + "'] = \"" + shard +
+                 "\" must be a file name in the folder");
+    }
+    listed[it.key()] = shard;
+    if (shard_of_file.contains(shard)) continue;
+    const std::string path = dir + "/" + shard;
+    if (!fs::exists(path, ec)) {
+      return Status::NotFound("shard " + shard + " listed in " + index_path + " (for tensor '" +
+                              it.key() + "') is missing from the folder");
+    }
+    FERRY_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Open(path));
+    shard_of_file[shard] = w.files_.size();
+    w.files_.push_back(std::move(f));
+  }
+  // Each tensor in exactly one shard, the one the index names.
+  for (const auto& [shard, k] : shard_of_file) {
+    for (const SafetensorsTensorInfo& t : w.files_[k].tensors()) {
+      auto [it, inserted] = w.index_.emplace(t.name, k);
+      if (!inserted) {
+        return Status::Corruption("tensor '" + t.name + "' is stored in both " +
+                                  w.files_[it->second].path() + " and " + w.files_[k].path());
+      }
+      auto l = listed.find(t.name);
+      if (l == listed.end()) {
+        return Status::Corruption("tensor '" + t.name + "' in " + w.files_[k].path() +
+                                  " is not listed in " + index_path);
+      }
+      if (l->second != shard) {
+        return Status::Corruption("tensor '" + t.name + "' is listed in " + index_path + " for " +
+                                  l->second + " but stored in " + shard);
+      }
+    }
+  }
+  for (const auto& [name, shard] : listed) {
+    if (!w.index_.contains(name)) {
+      return Status::Corruption("tensor '" + name + "' listed in " + index_path + " is not in " +
+                                dir + "/" + shard);
+    }
+  }
+  return w;
+}
+
+const SafetensorsFile* FolderWeights::FileOf(std::string_view name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &files_[it->second];
+}
+
+std::vector<std::string> FolderWeights::Names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, k] : index_) out.push_back(name);
+  return out;
+}
+
+Status LoadBaseWeights(const FolderWeights& folder, const ModelConfig& config,
+                       const std::vector<LayerSpec>& layers, HostTensors& weights) {
+  std::set<std::string> used;
+  for (const ParamSpec* p : StorageParamsOf(layers, /*lora=*/false)) {
+    FERRY_RETURN_IF_ERROR(LoadOne(folder, config, *p, used, weights));
+  }
+  for (const std::string& name : folder.Names()) {
+    if (used.contains(name) || IsHarmlessBuffer(config, name)) continue;
+    const SafetensorsFile* file = folder.FileOf(name);
+    if (config.tie_word_embeddings && name == "lm_head.weight") {
+      const std::vector<int64_t> want = {config.vocab_size, config.hidden_size};
+      if (file->Find(name)->shape == want) continue;  // transformers ties it to the embedding
+      return Status::InvalidArgument("tensor 'lm_head.weight' in " + file->path() + " has shape " +
+                                     ShapeToString(file->Find(name)->shape) + ", expected " +
+                                     ShapeToString(want) + " (tied to the embedding)");
+    }
+    return Status::InvalidArgument("tensor '" + name + "' in " + file->path() +
+                                   " is not a parameter of the " + config.model_type +
+                                   " model config.json describes; check that config.json belongs "
+                                   "to these weights");
+  }
+  return Status::Ok();
+}
+
+Result<LoraConfig> ParsePeftAdapterConfig(std::string_view json_text, const ModelConfig& model) {
+  json j = json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
+  auto bad = [](const std::string& what) {
+    return Status::InvalidArgument(std::string(kAdapterConfig) + ": " + what);
+  };
+  if (j.is_discarded() || !j.is_object()) return bad("is not a well-formed JSON object");
+  auto get = [&](const char* key) -> const json* {
+    auto it = j.find(key);
+    return it == j.end() || it->is_null() ? nullptr : &*it;
+  };
+  if (const json* t = get("peft_type"); t == nullptr || *t != "LORA") {
+    return bad("field 'peft_type' must be \"LORA\" (ferry loads LoRA adapters only)");
+  }
+  LoraConfig lora;
+  const json* r = get("r");
+  if (r == nullptr || !r->is_number_integer() || r->get<int64_t>() <= 0) {
+    return bad("field 'r' must be a positive integer");
+  }
+  lora.rank = r->get<int64_t>();
+  const json* alpha = get("lora_alpha");
+  if (alpha == nullptr || !alpha->is_number() || !(alpha->get<double>() > 0)) {
+    return bad("field 'lora_alpha' must be a positive number");
+  }
+  lora.alpha = alpha->get<double>();
+  for (const char* flag : {"use_rslora", "use_dora"}) {
+    if (const json* f = get(flag); f != nullptr && (!f->is_boolean() || f->get<bool>())) {
+      return bad(std::string("field '") + flag + "' = true is not supported");
+    }
+  }
+  if (const json* b = get("bias"); b != nullptr && *b != "none") {
+    return bad("field 'bias' must be \"none\" (ferry's LoRA trains no biases)");
+  }
+  for (const char* key : {"rank_pattern", "alpha_pattern"}) {
+    if (const json* p = get(key); p != nullptr && !(p->is_object() && p->empty())) {
+      return bad(std::string("field '") + key + "' is not supported (one rank and alpha only)");
+    }
+  }
+  for (const char* key : {"layers_to_transform", "modules_to_save"}) {
+    if (const json* p = get(key); p != nullptr && !(p->is_array() && p->empty())) {
+      return bad(std::string("field '") + key + "' is not supported");
+    }
+  }
+  const json* targets = get("target_modules");
+  std::vector<std::string> modules;
+  if (targets != nullptr && targets->is_array()) {
+    for (const json& t : *targets) {
+      if (!t.is_string()) return bad("field 'target_modules' must list strings");
+      modules.push_back(t.get<std::string>());
+    }
+  }
+  if (modules.empty()) {
+    return bad("field 'target_modules' must be a non-empty list of module names");
+  }
+  lora.targets = 0;
+  for (const std::string& m : modules) {
+    FERRY_ASSIGN_OR_RETURN(uint32_t bits, PeftTargetBits(m, model));
+    lora.targets |= bits;
+  }
+  FERRY_RETURN_IF_ERROR(ValidateLoraConfig(lora));
+  return lora;
+}
+
+Status LoadAdapterWeights(const std::string& adapter_dir, const std::vector<LayerSpec>& layers,
+                          HostTensors& weights) {
+  const std::string path = adapter_dir + "/" + kAdapterWeights;
+  FERRY_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
+  std::set<std::string> expected;
+  for (const ParamSpec* p : StorageParamsOf(layers, /*lora=*/true)) {
+    std::vector<float>& out = weights.tensors[p->name];
+    out.resize(size_t(p->numel()));
+    FERRY_RETURN_IF_ERROR(LoadParameter(file, *p, out));
+    expected.insert(p->name);
+  }
+  for (const SafetensorsTensorInfo& t : file.tensors()) {
+    if (!expected.contains(t.name)) {
+      return Status::InvalidArgument("tensor '" + t.name + "' in " + path +
+                                     " is not a LoRA matrix of the targets " + kAdapterConfig +
+                                     " names");
+    }
+  }
+  return Status::Ok();
+}
+
+Result<LoadedModel> LoadModelFolder(const std::string& dir, const std::string& adapter_dir) {
+  LoadedModel m;
+  const std::string config_path = dir + "/config.json";
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return Status::NotFound("model folder " + dir + " does not exist or is not a folder");
+  }
+  FERRY_ASSIGN_OR_RETURN(m.config, LoadHfConfig(config_path));
+  if (!adapter_dir.empty()) {
+    const std::string path = adapter_dir + "/" + kAdapterConfig;
+    FERRY_ASSIGN_OR_RETURN(std::string text, ReadText(path));
+    Result<LoraConfig> lora = ParsePeftAdapterConfig(text, m.config);
+    if (!lora.ok()) return lora.status().WithContext(adapter_dir);
+    m.lora = *lora;
+  }
+  m.layers = BuildLayerSpecs(m.config, m.lora);
+  FERRY_ASSIGN_OR_RETURN(FolderWeights folder, FolderWeights::Open(dir));
+  FERRY_RETURN_IF_ERROR(LoadBaseWeights(folder, m.config, m.layers, m.weights));
+  if (!adapter_dir.empty()) {
+    FERRY_RETURN_IF_ERROR(LoadAdapterWeights(adapter_dir, m.layers, m.weights));
+  }
+  return m;
+}
+
+Status WriteModelFolder(const std::string& dir, const ModelConfig& config,
+                        const std::vector<LayerSpec>& layers, const HostTensors& weights,
+                        const ModelFolderWriteOptions& options) {
+  if (options.dtype != DType::kF32 && options.dtype != DType::kBF16 &&
+      options.dtype != DType::kF16) {
+    return Status::InvalidArgument("model folder weights must be written as f32, bf16 or f16");
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return Status::IOError("cannot create model folder " + dir + ": " + ec.message());
+  // Group the parameters into shards (one when unsharded), in layer order.
+  std::vector<std::vector<const ParamSpec*>> shards(1);
+  size_t shard_bytes = 0, total_bytes = 0;
+  for (const ParamSpec* p : StorageParamsOf(layers, /*lora=*/false)) {
+    const size_t bytes = size_t(p->numel()) * DTypeSize(options.dtype);
+    if (options.max_shard_bytes > 0 && shard_bytes > 0 &&
+        shard_bytes + bytes > options.max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().push_back(p);
+    shard_bytes += bytes;
+    total_bytes += bytes;
+  }
+  const bool sharded = options.max_shard_bytes > 0;
+  json weight_map = json::object();
+  for (size_t s = 0; s < shards.size(); ++s) {
+    std::string name = kSingleFile;
+    if (sharded) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+      name = buf;
+    }
+    SafetensorsWriter writer;
+    writer.SetMetadata("format", "pt");
+    for (const ParamSpec* p : shards[s]) {
+      auto it = weights.tensors.find(p->name);
+      if (it == weights.tensors.end() || it->second.size() != size_t(p->numel())) {
+        return Status::InvalidArgument("the weights to write lack '" + p->name + "' of " +
+                                       std::to_string(p->numel()) + " values");
+      }
+      AddParameter(writer, *p, it->second, options.dtype);
+      weight_map[p->name] = name;
+    }
+    FERRY_RETURN_IF_ERROR(writer.Write(dir + "/" + name));
+  }
+  if (sharded) {
+    json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
+    FERRY_RETURN_IF_ERROR(plan::WriteTextFile(dir + "/" + kIndexFile, index.dump(2) + "\n"));
+  }
+  ModelConfig written = config;
+  written.weights_dtype = options.dtype;
+  FERRY_RETURN_IF_ERROR(
+      plan::WriteTextFile(dir + "/config.json", ToHfConfigJson(written).dump(2) + "\n"));
+  if (!options.tokenizer_from.empty()) {
+    FERRY_RETURN_IF_ERROR(CopyTokenizerFiles(options.tokenizer_from, dir));
+  }
+  return Status::Ok();
+}
+
+Status CopyTokenizerFiles(const std::string& from_dir, const std::string& to_dir) {
+  static constexpr const char* kFiles[] = {"tokenizer.json",
+                                           "tokenizer_config.json",
+                                           "special_tokens_map.json",
+                                           "generation_config.json",
+                                           "tokenizer.model",
+                                           "vocab.json",
+                                           "merges.txt"};
+  std::error_code ec;
+  if (fs::equivalent(from_dir, to_dir, ec)) return Status::Ok();
+  for (const char* f : kFiles) {
+    const fs::path from = fs::path(from_dir) / f;
+    if (!fs::exists(from, ec)) continue;
+    fs::copy_file(from, fs::path(to_dir) / f, fs::copy_options::overwrite_existing, ec);
+    if (ec) {
+      return Status::IOError("cannot copy " + from.string() + " to " + to_dir + ": " +
+                             ec.message());
+    }
+  }
+  return Status::Ok();
+}
+
+bool IsModelFolder(const std::string& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(fs::path(dir) / "config.json", ec);
+}
+
+}  // namespace ferry

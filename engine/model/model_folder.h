@@ -1,0 +1,118 @@
+// Hugging Face model folders: reading one (config.json + model.safetensors, or shards listed by
+// model.safetensors.index.json, optionally a PEFT LoRA adapter folder on top) into ferry's fp32
+// master weights, and writing one that `transformers` loads.
+//
+// Reading:
+//  - config.json is parsed by ParseHfConfig (unknown architectures are refused by name).
+//  - Weights: model.safetensors, or model.safetensors.index.json's weight_map {tensor: shard}.
+//    Every shard named there is opened (memory-mapped) and fully validated (safetensors.h); a
+//    missing shard is an error naming it and the index; a tensor listed for one shard but stored
+//    in another, or stored in two shards, is an error naming the tensor and both files.
+//  - Every parameter the config implies (BuildLayerSpecs) must be present with its Hugging Face
+//    shape, in F32, BF16, F16 or F64; errors name the tensor and the file. GPT-2 checkpoints saved
+//    without the "transformer." prefix (as the hub's gpt2 is) are found too.
+//  - Extras: non-parameter buffers transformers itself ignores (".rotary_emb.inv_freq", GPT-2's
+//    ".attn.bias" / ".attn.masked_bias" masks) are skipped; "lm_head.weight" in a model with tied
+//    embeddings is skipped when its shape equals the embedding's (transformers ties it to the
+//    embedding; ferry does the same). Any other tensor is an error naming it: it means the
+//    config does not describe the checkpoint.
+//  - A PEFT adapter folder (adapter_config.json + adapter_model.safetensors): LoRA only, no
+//    rsLoRA, DoRA, rank/alpha patterns, layers_to_transform or modules_to_save; errors name the
+//    field. Every A and B matrix the config implies must be present with its shape.
+//
+// Writing: config.json (ToHfConfigJson, torch_dtype = the chosen dtype), the base weights (no LoRA
+// matrices) under their Hugging Face names and layouts in one model.safetensors or, above a size
+// threshold, in model-0000k-of-0000n.safetensors shards with model.safetensors.index.json; tied
+// aliases are not written (transformers re-ties them). The tokenizer and generation files of a
+// source folder are copied when present (CopyTokenizerFiles). PEFT adapters are written by
+// engine/train/master_weights.h (WriteFinalWeights).
+//
+// Ownership: FolderWeights owns its memory mappings (move-only); LoadedModel is a plain value.
+// Thread-safety: a FolderWeights is immutable after Open and may be read from several threads;
+// the functions are thread-compatible.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/model/lora_config.h"
+#include "engine/model/model_config.h"
+#include "engine/model/model_runner.h"
+#include "engine/model/param_spec.h"
+#include "engine/model/safetensors.h"
+#include "kernels/status.h"
+
+namespace ferry {
+
+// A model loaded for ferry: what LoadModelFolder returns.
+struct LoadedModel {
+  ModelConfig config;             // from config.json
+  LoraConfig lora;                // from adapter_config.json; rank 0 without an adapter
+  std::vector<LayerSpec> layers;  // BuildLayerSpecs(config, lora)
+  HostTensors weights;            // fp32 master values (MasterShape layout) of every
+                                  // storage-owning parameter of `layers`, LoRA A/B included
+};
+
+// Reads the model folder `dir` and, when `adapter_dir` is not empty, the PEFT LoRA adapter in it
+// (its A/B matrices are loaded; the base weights are frozen in `layers`). Errors name the folder,
+// the file and the tensor or field.
+Result<LoadedModel> LoadModelFolder(const std::string& dir, const std::string& adapter_dir = "");
+
+// The safetensors files of a model folder, memory-mapped, indexed by tensor name.
+class FolderWeights {
+ public:
+  // Opens `dir`/model.safetensors or the shards of `dir`/model.safetensors.index.json.
+  static Result<FolderWeights> Open(const std::string& dir);
+
+  // The file holding `name`, or nullptr.
+  const SafetensorsFile* FileOf(std::string_view name) const;
+  // Every tensor name, sorted.
+  std::vector<std::string> Names() const;
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  std::vector<SafetensorsFile> files_;
+  std::map<std::string, size_t, std::less<>> index_;  // tensor -> files_ index
+};
+
+// Fills the base (non-LoRA) parameters of `layers` in `weights` from `folder` (creating their
+// entries), after checking that every expected tensor is present with its shape and that the
+// folder holds nothing unexpected (see the header comment for what is tolerated).
+Status LoadBaseWeights(const FolderWeights& folder, const ModelConfig& config,
+                       const std::vector<LayerSpec>& layers, HostTensors& weights);
+
+// Parses a PEFT adapter_config.json (its text) into a LoraConfig for `model`. Errors name the
+// field.
+Result<LoraConfig> ParsePeftAdapterConfig(std::string_view json_text, const ModelConfig& model);
+
+// Fills the LoRA A/B parameters of `layers` from `adapter_dir`/adapter_model.safetensors
+// (creating their entries). Errors name the tensor and the file.
+Status LoadAdapterWeights(const std::string& adapter_dir, const std::vector<LayerSpec>& layers,
+                          HostTensors& weights);
+
+struct ModelFolderWriteOptions {
+  DType dtype = DType::kF32;   // storage dtype of the weights: F32, BF16 or F16
+  size_t max_shard_bytes = 0;  // 0: one model.safetensors; otherwise shards of at most this
+                               // many bytes each (a larger tensor gets a shard of its own)
+  std::string tokenizer_from;  // folder whose tokenizer/generation files are copied; "" none
+};
+
+// Writes `config` and the base parameters of `layers` (values in `weights`) as a Hugging Face
+// model folder `dir` (created). REQUIRES: `weights` holds every storage-owning base parameter.
+Status WriteModelFolder(const std::string& dir, const ModelConfig& config,
+                        const std::vector<LayerSpec>& layers, const HostTensors& weights,
+                        const ModelFolderWriteOptions& options = {});
+
+// Copies tokenizer.json, tokenizer_config.json, special_tokens_map.json, generation_config.json
+// (and the sentencepiece tokenizer.model, vocab.json, merges.txt) from `from_dir` into `to_dir`,
+// each when present. Errors name the file.
+Status CopyTokenizerFiles(const std::string& from_dir, const std::string& to_dir);
+
+// True when `dir` holds a config.json (what `--model DIR` expects).
+bool IsModelFolder(const std::string& dir);
+
+}  // namespace ferry
