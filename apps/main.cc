@@ -7,6 +7,7 @@
 #include "apps/demo_command.h"
 #include "apps/plan_command.h"
 #include "apps/probe_command.h"
+#include "apps/tokenize_command.h"
 #include "apps/train_command.h"
 
 int main(int argc, char** argv) {
@@ -19,6 +20,8 @@ int main(int argc, char** argv) {
   ferry::ProbeCommand probe;
   ferry::AddProbeCommand(app, &probe);
   ferry::AddDemoCommand(app);
+  ferry::TokenizeCommand tokenize;
+  ferry::AddTokenizeCommand(app, &tokenize);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -36,5 +39,6 @@ int main(int argc, char** argv) {
   if (train.app->parsed()) return ferry::RunTrainCommand(train);
   if (plan.app->parsed()) return ferry::RunPlanCommand(plan);
   if (probe.app->parsed()) return ferry::RunProbeCommand(probe);
+  if (tokenize.app->parsed()) return ferry::RunTokenizeCommand(tokenize);
   return 0;
 }
