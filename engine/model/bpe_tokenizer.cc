@@ -67,7 +67,9 @@ class AddedTokenMatcher {
                                StartsWithWord(text.substr(stop)))) {
         continue;
       }
-      if (start < start_offset) continue;  // inside an earlier token's stripped whitespace
+      // Matching goes on after the token itself, not after its stripped whitespace: a token may
+      // start inside the previous one's rstrip (then its range starts where that one ended).
+      start = std::max(start, start_offset);
       if (hit->lstrip) {
         size_t s = start;
         while (s > start_offset) {
@@ -86,7 +88,6 @@ class AddedTokenMatcher {
           if (n == 0 || !IsUnicodeWhitespace(cp)) break;
           stop += n;
         }
-        i = stop;
       }
       if (start > start_offset) out.push_back({start_offset, start, nullptr});
       out.push_back({start, stop, hit});
@@ -336,7 +337,10 @@ Result<std::unique_ptr<Tokenizer>> Parse(std::string_view text, const SpecialTok
   }
   std::optional<PcreRegex> word_char;
   if (single_word) {
-    FERRY_ASSIGN_OR_RETURN(PcreRegex r, PcreRegex::Compile(R"(^[\p{L}\p{N}_])"));
+    // Rust regex's Unicode \w (what tokenizers tests next to a single_word token): Alphabetic,
+    // marks, decimal digits, connector punctuation, joiners.
+    FERRY_ASSIGN_OR_RETURN(PcreRegex r,
+                           PcreRegex::Compile(R"(^[\p{L}\p{Nl}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}])"));
     word_char.emplace(std::move(r));
   }
   std::vector<int32_t> prefix, suffix;
