@@ -4,9 +4,8 @@
 #include <iostream>
 #include <iterator>
 #include <memory>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "engine/model/tokenizer.h"
 #include "engine/model/utf8_text.h"

@@ -199,6 +199,7 @@ def qwen_style():
     t.decoder = decoders.ByteLevel()
     t.post_processor = processors.ByteLevel(trim_offsets=False)
     train(t, 800, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    t.add_tokens([AddedToken("cafe\u0301", normalized=True)])  # matched after NFC
     return edit_json(t, lambda j: add_whole_words(j, ["fox", " lazy", "テキスト"]))
 
 
@@ -230,6 +231,7 @@ def llama2_style():
                                    decoders.Fuse(), decoders.Strip(" ", 1, 0)])
     train(t, 500, ["<unk>", "<s>", "</s>"], byte_level=False, limit_alphabet=60)
     t.add_special_tokens([AddedToken("[INST]", normalized=False), AddedToken("[/INST]")])
+    t.add_tokens([AddedToken("hello_world", normalized=True)])  # looked for as "▁hello_world"
 
     def edit(j):
         byte_fallback_vocab(j)
@@ -237,25 +239,19 @@ def llama2_style():
     return edit_json(t, edit)
 
 
-def mistral_style():
+def metaspace_style(scheme, split, specials, bos):
+    """Mistral ("first", no split, [INST] tokens, BOS) and older Metaspace files ("always")."""
     t = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
-    t.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
-    t.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    t.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme, split=split)
+    t.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme, split=split)
     train(t, 500, ["<unk>", "<s>", "</s>"], byte_level=False, limit_alphabet=60)
-    t.add_special_tokens([AddedToken("[INST]"), AddedToken("[/INST]")])
+    t.add_special_tokens([AddedToken(x) for x in specials])
 
     def edit(j):
         byte_fallback_vocab(j)
-        template(j, "<s>")
+        if bos:
+            template(j, bos)
     return edit_json(t, edit)
-
-
-def metaspace_split():
-    t = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
-    t.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
-    t.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always", split=True)
-    train(t, 500, ["<unk>", "<s>", "</s>"], byte_level=False, limit_alphabet=80)
-    return edit_json(t, byte_fallback_vocab)
 
 
 def bytes_to_unicode():
@@ -433,8 +429,8 @@ check("llama3-style", *llama3_style(), offsets=True,
       config={"bos_token": "<|begin_of_text|>", "eos_token": {"content": "<|eot_id|>"}})
 check("qwen-style", *qwen_style())
 check("llama2-style", *llama2_style())
-check("mistral-style", *mistral_style())
-check("metaspace-split", *metaspace_split())
+check("mistral-style", *metaspace_style("first", False, ["[INST]", "[/INST]"], "<s>"))
+check("metaspace-split", *metaspace_style("always", True, [], None))
 tiktoken_done = check_tiktoken()
 print(f"{compared} comparisons, {mismatches} mismatches (tokenizers {tokenizers.__version__}, "
       f"tiktoken {tiktoken.__version__})")

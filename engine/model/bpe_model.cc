@@ -126,7 +126,7 @@ void BpeModel::Tokenize(std::string_view word, std::vector<int32_t>* ids,
 
   struct Candidate {
     int32_t rank;
-    int32_t pos;     // left symbol
+    int32_t pos;          // left symbol
     int32_t result;       // merged id
     int32_t left, right;  // the pair's ids when queued (a change makes the candidate stale)
     bool operator>(const Candidate& o) const {
@@ -140,8 +140,8 @@ void BpeModel::Tokenize(std::string_view word, std::vector<int32_t>* ids,
     if (right < 0) return;
     auto it = merges_.find(PairKey(sym[size_t(left)].id, sym[size_t(right)].id));
     if (it != merges_.end()) {
-      heap.push({it->second.rank, left, it->second.result, sym[size_t(left)].id,
-                 sym[size_t(right)].id});
+      heap.push(
+          {it->second.rank, left, it->second.result, sym[size_t(left)].id, sym[size_t(right)].id});
     }
   };
   for (int32_t i = 0; i + 1 < int32_t(sym.size()); ++i) consider(i);

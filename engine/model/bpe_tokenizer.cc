@@ -1,9 +1,8 @@
 #include "engine/model/bpe_tokenizer.h"
 
 #include <algorithm>
-#include <unordered_map>
-
 #include <nlohmann/json.hpp>
+#include <unordered_map>
 
 #include "engine/model/bpe_model.h"
 #include "engine/model/pcre_regex.h"
@@ -17,6 +16,7 @@ using json = nlohmann::json;
 
 struct AddedToken {
   std::string content;
+  std::string as_vocab;  // the token as the vocabulary holds it: normalized if flagged so
   int32_t id = 0;
   bool special = false, lstrip = false, rstrip = false, single_word = false, normalized = false;
 };
@@ -63,8 +63,8 @@ class AddedTokenMatcher {
       }
       size_t start = i, stop = i + len;
       i = stop;
-      if (hit->single_word && (EndsWithWord(text.substr(0, start)) ||
-                               StartsWithWord(text.substr(stop)))) {
+      if (hit->single_word &&
+          (EndsWithWord(text.substr(0, start)) || StartsWithWord(text.substr(stop)))) {
         continue;
       }
       // Matching goes on after the token itself, not after its stripped whitespace: a token may
@@ -98,9 +98,7 @@ class AddedTokenMatcher {
   }
 
  private:
-  bool IsWordChar(std::string_view ch) const {
-    return !word_char_->FindAll(ch).empty();
-  }
+  bool IsWordChar(std::string_view ch) const { return !word_char_->FindAll(ch).empty(); }
   bool EndsWithWord(std::string_view s) const {
     if (s.empty()) return false;
     size_t b = s.size() - 1;
@@ -127,13 +125,18 @@ class BpeTokenizer final : public Tokenizer {
         stages_(std::move(stages)),
         added_(std::move(added)),
         word_char_(std::move(word_char)) {
+    for (AddedToken& t : added_) {
+      t.as_vocab =
+          t.normalized
+              ? Normalize(*stages_, Piece::FromInput(t.content, 0, uint32_t(t.content.size()))).text
+              : t.content;
+    }
     std::vector<std::pair<std::string, const AddedToken*>> raw, normalized;
     for (const AddedToken& t : added_) {
       // Tokens flagged normalized are looked for, normalized, in normalized text; the others in
       // the input (as tokenizers' AddedVocabulary does).
       if (t.normalized) {
-        Piece p = Piece::FromInput(t.content, 0, uint32_t(t.content.size()));
-        normalized.emplace_back(Normalize(*stages_, std::move(p)).text, &t);
+        normalized.emplace_back(t.as_vocab, &t);
       } else {
         raw.emplace_back(t.content, &t);
       }
@@ -173,13 +176,11 @@ class BpeTokenizer final : public Tokenizer {
           continue;
         }
         for (const Piece& w : PreTokenize(*stages_, p.Sub(n.begin, n.end))) {
-          size_t first = e.ids.size();
           std::vector<std::pair<uint32_t, uint32_t>> ranges;
           model_.Tokenize(w.text, &e.ids, &ranges);
           for (size_t k = 0; k < ranges.size(); ++k) {
             e.offsets.push_back(w.Span(ranges[k].first, ranges[k].second));
           }
-          (void)first;
         }
       }
     }
@@ -198,7 +199,8 @@ class BpeTokenizer final : public Tokenizer {
     tokens.reserve(ids.size());
     for (int32_t id : ids) {
       if (auto it = added_by_id_.find(id); it != added_by_id_.end()) {
-        if (!(skip_special_tokens && it->second->special)) tokens.push_back(it->second->content);
+        // As tokenizers does, a normalized added token decodes as its normalized form.
+        if (!(skip_special_tokens && it->second->special)) tokens.push_back(it->second->as_vocab);
       } else if (const std::string* t = model_.IdToToken(id)) {
         tokens.push_back(*t);
       }  // ids outside the vocabulary are dropped, as tokenizers does
@@ -244,7 +246,8 @@ Result<BpeModelSpec> ParseModel(const json& m) {
     return Status::InvalidArgument("model.dropout is not supported (it makes encoding random)");
   }
   BpeModelSpec spec;
-  for (const auto& [tok, id] : m.at("vocab").items()) spec.vocab.emplace_back(tok, id.get<int32_t>());
+  for (const auto& [tok, id] : m.at("vocab").items())
+    spec.vocab.emplace_back(tok, id.get<int32_t>());
   const json& merges = m.at("merges");
   spec.merges.reserve(merges.size());
   for (size_t r = 0; r < merges.size(); ++r) {
@@ -279,7 +282,8 @@ Status ParsePostProcessor(const json& p, std::vector<int32_t>* prefix,
   if (p.is_null()) return Status::Ok();
   std::string type = p.value("type", std::string());
   if (type == "Sequence") {
-    for (const json& k : p.at("processors")) FERRY_RETURN_IF_ERROR(ParsePostProcessor(k, prefix, suffix));
+    for (const json& k : p.at("processors"))
+      FERRY_RETURN_IF_ERROR(ParsePostProcessor(k, prefix, suffix));
     return Status::Ok();
   }
   if (type == "ByteLevel") return Status::Ok();  // offsets trimming only; ids unchanged
@@ -325,7 +329,8 @@ Result<std::unique_ptr<Tokenizer>> Parse(std::string_view text, const SpecialTok
       AddedToken t;
       t.content = a.at("content").get<std::string>();
       t.id = a.at("id").get<int32_t>();
-      if (t.id < 0) return Status::InvalidArgument("added token '" + t.content + "' has a negative id");
+      if (t.id < 0)
+        return Status::InvalidArgument("added token '" + t.content + "' has a negative id");
       t.special = FlagOr(a, "special", false);
       t.lstrip = FlagOr(a, "lstrip", false);
       t.rstrip = FlagOr(a, "rstrip", false);
@@ -339,8 +344,8 @@ Result<std::unique_ptr<Tokenizer>> Parse(std::string_view text, const SpecialTok
   if (single_word) {
     // Rust regex's Unicode \w (what tokenizers tests next to a single_word token): Alphabetic,
     // marks, decimal digits, connector punctuation, joiners.
-    FERRY_ASSIGN_OR_RETURN(PcreRegex r,
-                           PcreRegex::Compile(R"(^[\p{L}\p{Nl}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}])"));
+    FERRY_ASSIGN_OR_RETURN(
+        PcreRegex r, PcreRegex::Compile(R"(^[\p{L}\p{Nl}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}])"));
     word_char.emplace(std::move(r));
   }
   std::vector<int32_t> prefix, suffix;
@@ -354,7 +359,8 @@ Result<std::unique_ptr<Tokenizer>> Parse(std::string_view text, const SpecialTok
                   const char* what) -> Status {
     if (!name) return Status::Ok();
     *out = tok->TokenId(*name);
-    if (!*out) return Status::InvalidArgument(std::string(what) + " '" + *name + "' is not a token");
+    if (!*out)
+      return Status::InvalidArgument(std::string(what) + " '" + *name + "' is not a token");
     return Status::Ok();
   };
   FERRY_RETURN_IF_ERROR(pick(choice.bos, &ids.bos, "bos_token"));

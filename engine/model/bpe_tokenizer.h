@@ -29,8 +29,7 @@ struct SpecialTokenChoice {
 };
 
 // `what` names the source in errors (a path, or "tokenizer.json").
-Result<std::unique_ptr<Tokenizer>> ParseTokenizerJson(std::string_view json,
-                                                      std::string_view what,
+Result<std::unique_ptr<Tokenizer>> ParseTokenizerJson(std::string_view json, std::string_view what,
                                                       const SpecialTokenChoice& special = {});
 
 }  // namespace ferry

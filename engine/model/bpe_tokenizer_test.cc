@@ -28,18 +28,23 @@ json ByteLevelJson() {
   vocab["hell"] = 258;
   vocab["Ġw"] = 259;
   vocab["Ġworld"] = 261;  // no merge leads here: only ignore_merges reaches it
-  return {{"version", "1.0"},
-          {"added_tokens",
-           json::array({{{"id", 260}, {"content", "<|eot|>"}, {"special", true},
-                         {"lstrip", false}, {"rstrip", false}, {"single_word", false},
-                         {"normalized", false}}})},
-          {"normalizer", nullptr},
-          {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false},
-                             {"use_regex", true}}},
-          {"post_processor", {{"type", "ByteLevel"}, {"trim_offsets", false}}},
-          {"decoder", {{"type", "ByteLevel"}}},
-          {"model", {{"type", "BPE"}, {"vocab", vocab},
-                     {"merges", json::array({"h e", json::array({"l", "l"}), "he ll", "Ġ w"})}}}};
+  return {
+      {"version", "1.0"},
+      {"added_tokens", json::array({{{"id", 260},
+                                     {"content", "<|eot|>"},
+                                     {"special", true},
+                                     {"lstrip", false},
+                                     {"rstrip", false},
+                                     {"single_word", false},
+                                     {"normalized", false}}})},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"post_processor", {{"type", "ByteLevel"}, {"trim_offsets", false}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model",
+       {{"type", "BPE"},
+        {"vocab", vocab},
+        {"merges", json::array({"h e", json::array({"l", "l"}), "he ll", "Ġ w"})}}}};
 }
 
 std::unique_ptr<Tokenizer> Parse(const json& j) {
@@ -92,6 +97,15 @@ TEST(BpeTokenizerTest, InvalidUtf8BecomesReplacementCharacter) {
   EXPECT_EQ(e.offsets.back(), (std::pair<uint32_t, uint32_t>{1, 2}));
 }
 
+TEST(BpeTokenizerTest, LongRunsRoundTrip) {
+  // Long runs of one character class stress the regex engine (JIT stack) and the merge loop.
+  auto tok = Parse(ByteLevelJson());
+  ASSERT_NE(tok, nullptr);
+  std::string text = std::string(200000, ' ') + "x" + std::string(100000, '\n') + "hello";
+  std::vector<int32_t> ids = tok->Encode(text, false);
+  EXPECT_EQ(tok->Decode(ids, false), text);
+}
+
 TEST(BpeTokenizerTest, TemplateAddsBosEos) {
   json j = ByteLevelJson();
   j["post_processor"] = {
@@ -128,9 +142,9 @@ json ByteFallbackJson() {
   return {
       {"added_tokens", json::array({{{"id", 0}, {"content", "<unk>"}, {"special", true}},
                                     {{"id", 1}, {"content", "<s>"}, {"special", true}}})},
-      {"normalizer", {{"type", "Sequence"},
-                      {"normalizers", json::array({{{"type", "Prepend"}, {"prepend", "▁"}},
-                                                   replace_space})}}},
+      {"normalizer",
+       {{"type", "Sequence"},
+        {"normalizers", json::array({{{"type", "Prepend"}, {"prepend", "▁"}}, replace_space})}}},
       {"pre_tokenizer", nullptr},
       {"decoder",
        {{"type", "Sequence"},
@@ -139,9 +153,13 @@ json ByteFallbackJson() {
                       {{"type", "ByteFallback"}},
                       {{"type", "Fuse"}},
                       {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}}},
-      {"model", {{"type", "BPE"}, {"unk_token", "<unk>"}, {"byte_fallback", true},
-                 {"fuse_unk", true}, {"vocab", vocab},
-                 {"merges", json::array({"▁ h", "▁h i"})}}}};
+      {"model",
+       {{"type", "BPE"},
+        {"unk_token", "<unk>"},
+        {"byte_fallback", true},
+        {"fuse_unk", true},
+        {"vocab", vocab},
+        {"merges", json::array({"▁ h", "▁h i"})}}}};
 }
 
 TEST(BpeTokenizerTest, ByteFallbackWithPrependNormalizer) {
@@ -184,8 +202,8 @@ TEST(BpeTokenizerTest, MalformedFilesAreErrors) {
   j["model"]["merges"].push_back("a b c");
   EXPECT_NE(ParseError(j).find("not two tokens"), std::string::npos);
   j = ByteLevelJson();
-  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}},
-                        {"behavior", "Isolated"}};
+  j["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
   EXPECT_NE(ParseError(j).find("regex '(unclosed'"), std::string::npos);
   j = ByteLevelJson();
   j["model"]["vocab"] = "not an object";

@@ -44,6 +44,11 @@ std::vector<std::pair<size_t, size_t>> PcreRegex::FindAll(std::string_view text)
     int rc = code_->jit ? pcre2_jit_match(code_->code, subject, text.size(), pos, 0, md, nullptr)
                         : pcre2_match(code_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK,
                                       md, nullptr);
+    if (rc < 0 && rc != PCRE2_ERROR_NOMATCH && code_->jit) {
+      // The JIT's stack ran out (a very long run of one class): the interpreter keeps its
+      // backtracking state on the heap.
+      rc = pcre2_match(code_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
+    }
     if (rc < 0) break;  // no further match (or a matching limit: the rest stays unmatched)
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     size_t b = ov[0], e = ov[1];

@@ -58,7 +58,7 @@ struct NormStep {
 
 struct PreStep {
   enum Kind { kByteLevel, kSplit, kMetaspace } kind;
-  bool add_prefix_space = false;  // ByteLevel
+  bool add_prefix_space = false;     // ByteLevel
   std::shared_ptr<Pattern> pattern;  // ByteLevel with use_regex, Split
   SplitBehavior behavior = SplitBehavior::kIsolated;
   std::string replacement;  // Metaspace
@@ -270,8 +270,8 @@ void ApplyPreStep(const TextStages& st, const PreStep& s, const Piece& p, std::v
       Piece q = ReplaceAll(p, space, s.replacement);
       bool starts = q.text.rfind(s.replacement, 0) == 0;
       bool first = !q.src.empty() && q.src[0].first == 0;
-      if (!starts && (s.scheme == PrependScheme::kAlways ||
-                      (s.scheme == PrependScheme::kFirst && first))) {
+      if (!starts &&
+          (s.scheme == PrependScheme::kAlways || (s.scheme == PrependScheme::kFirst && first))) {
         q = Prepended(q, s.replacement);
       }
       if (!s.split) {
@@ -290,11 +290,9 @@ bool GetBool(const json& j, const char* key, bool def) {
   return it == j.end() || it->is_null() ? def : it->get<bool>();
 }
 
-std::string TypeOf(const json& j, const std::string& where) {
-  if (!j.is_object() || !j.contains("type") || !j.at("type").is_string()) {
-    return "";
-  }
-  (void)where;
+// The "type" member of a component ("" when missing: reported as unsupported type '').
+std::string TypeOf(const json& j) {
+  if (!j.is_object() || !j.contains("type") || !j.at("type").is_string()) return "";
   return j.at("type").get<std::string>();
 }
 
@@ -303,7 +301,7 @@ Status Unsupported(const std::string& what, const std::string& type) {
 }
 
 Status ParseNormalizer(const json& j, TextStages* st) {
-  std::string type = TypeOf(j, "normalizer");
+  std::string type = TypeOf(j);
   if (type == "Sequence") {
     for (const json& k : j.at("normalizers")) FERRY_RETURN_IF_ERROR(ParseNormalizer(k, st));
   } else if (type == "NFC") {
@@ -325,8 +323,20 @@ Status ParseNormalizer(const json& j, TextStages* st) {
   return Status::Ok();
 }
 
+// Metaspace's prepend_scheme, or the older add_prefix_space flag.
+Result<PrependScheme> ParsePrependScheme(const json& j, const char* where) {
+  std::string scheme = j.contains("prepend_scheme") ? j.at("prepend_scheme").get<std::string>()
+                       : GetBool(j, "add_prefix_space", true) ? "always"
+                                                              : "never";
+  if (scheme == "always") return PrependScheme::kAlways;
+  if (scheme == "first") return PrependScheme::kFirst;
+  if (scheme == "never") return PrependScheme::kNever;
+  return Status::InvalidArgument(std::string(where) + " Metaspace prepend_scheme '" + scheme +
+                                 "' is not supported");
+}
+
 Status ParsePreTokenizer(const json& j, TextStages* st) {
-  std::string type = TypeOf(j, "pre_tokenizer");
+  std::string type = TypeOf(j);
   PreStep s{};
   if (type == "Sequence") {
     for (const json& k : j.at("pretokenizers")) FERRY_RETURN_IF_ERROR(ParsePreTokenizer(k, st));
@@ -346,23 +356,23 @@ Status ParsePreTokenizer(const json& j, TextStages* st) {
       return Status::InvalidArgument("pre_tokenizer Split with invert=true is not supported");
     }
     std::string b = j.at("behavior").get<std::string>();
-    if (b == "Isolated") s.behavior = SplitBehavior::kIsolated;
-    else if (b == "Removed") s.behavior = SplitBehavior::kRemoved;
-    else if (b == "MergedWithPrevious") s.behavior = SplitBehavior::kMergedWithPrevious;
-    else if (b == "MergedWithNext") s.behavior = SplitBehavior::kMergedWithNext;
-    else if (b == "Contiguous") s.behavior = SplitBehavior::kContiguous;
-    else return Status::InvalidArgument("pre_tokenizer Split behavior '" + b + "' is not supported");
+    if (b == "Isolated")
+      s.behavior = SplitBehavior::kIsolated;
+    else if (b == "Removed")
+      s.behavior = SplitBehavior::kRemoved;
+    else if (b == "MergedWithPrevious")
+      s.behavior = SplitBehavior::kMergedWithPrevious;
+    else if (b == "MergedWithNext")
+      s.behavior = SplitBehavior::kMergedWithNext;
+    else if (b == "Contiguous")
+      s.behavior = SplitBehavior::kContiguous;
+    else
+      return Status::InvalidArgument("pre_tokenizer Split behavior '" + b + "' is not supported");
   } else if (type == "Metaspace") {
     s.kind = PreStep::kMetaspace;
     s.replacement = j.at("replacement").get<std::string>();
     s.split = GetBool(j, "split", true);
-    std::string scheme = j.contains("prepend_scheme") ? j.at("prepend_scheme").get<std::string>()
-                         : GetBool(j, "add_prefix_space", true) ? "always" : "never";
-    if (scheme == "always") s.scheme = PrependScheme::kAlways;
-    else if (scheme == "first") s.scheme = PrependScheme::kFirst;
-    else if (scheme == "never") s.scheme = PrependScheme::kNever;
-    else return Status::InvalidArgument("pre_tokenizer Metaspace prepend_scheme '" + scheme +
-                                        "' is not supported");
+    FERRY_ASSIGN_OR_RETURN(s.scheme, ParsePrependScheme(j, "pre_tokenizer"));
   } else {
     return Unsupported("pre_tokenizer", type);
   }
@@ -371,7 +381,7 @@ Status ParsePreTokenizer(const json& j, TextStages* st) {
 }
 
 Status ParseDecoder(const json& j, TextStages* st) {
-  std::string type = TypeOf(j, "decoder");
+  std::string type = TypeOf(j);
   DecStep s{};
   if (type == "Sequence") {
     for (const json& k : j.at("decoders")) FERRY_RETURN_IF_ERROR(ParseDecoder(k, st));
@@ -381,9 +391,8 @@ Status ParseDecoder(const json& j, TextStages* st) {
   } else if (type == "Metaspace") {
     s.kind = DecStep::kMetaspace;
     s.text = j.at("replacement").get<std::string>();
-    std::string scheme = j.contains("prepend_scheme") ? j.at("prepend_scheme").get<std::string>()
-                         : GetBool(j, "add_prefix_space", true) ? "always" : "never";
-    s.prepend = scheme != "never";
+    FERRY_ASSIGN_OR_RETURN(PrependScheme scheme, ParsePrependScheme(j, "decoder"));
+    s.prepend = scheme != PrependScheme::kNever;
   } else if (type == "Replace") {
     s.kind = DecStep::kReplace;
     FERRY_ASSIGN_OR_RETURN(Pattern p, ParsePattern(j.at("pattern"), "decoder Replace pattern"));
@@ -417,8 +426,10 @@ std::vector<std::string> ApplyDecStep(const TextStages& st, const DecStep& s,
           char32_t cp;
           size_t n = Utf8CharAt(t, i, &cp);
           int b = n == 0 ? -1 : st.alphabet.Decode(cp);
-          if (b < 0) all = false;
-          else mine.push_back(static_cast<char>(b));
+          if (b < 0)
+            all = false;
+          else
+            mine.push_back(static_cast<char>(b));
           i += n == 0 ? 1 : n;
         }
         bytes += all ? mine : t;
@@ -442,8 +453,8 @@ std::vector<std::string> ApplyDecStep(const TextStages& st, const DecStep& s,
       return tokens;
     }
     case DecStep::kReplace:
-      for (std::string& t : tokens) t = ReplaceAll(Piece::FromInput(t, 0, uint32_t(t.size())),
-                                                    *s.pattern, s.text).text;
+      for (std::string& t : tokens)
+        t = ReplaceAll(Piece::FromInput(t, 0, uint32_t(t.size())), *s.pattern, s.text).text;
       return tokens;
     case DecStep::kByteFallback: {
       std::vector<std::string> out;
@@ -466,8 +477,10 @@ std::vector<std::string> ApplyDecStep(const TextStages& st, const DecStep& s,
       };
       for (std::string& t : tokens) {
         auto hex = [](char c) {
-          return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+          return c >= '0' && c <= '9'   ? c - '0'
+                 : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                 : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                        : -1;
         };
         if (t.size() == 6 && t.starts_with("<0x") && t[5] == '>' && hex(t[3]) >= 0 &&
             hex(t[4]) >= 0) {
@@ -511,7 +524,6 @@ Result<std::shared_ptr<const TextStages>> ParseTextStages(const json& normalizer
   }
   return std::shared_ptr<const TextStages>(std::move(st));
 }
-
 
 Piece Normalize(const TextStages& st, Piece p) {
   for (const NormStep& s : st.norm) {

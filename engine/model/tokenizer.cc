@@ -1,9 +1,8 @@
 #include "engine/model/tokenizer.h"
 
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "engine/model/bpe_tokenizer.h"
 #include "engine/model/byte_tokenizer.h"

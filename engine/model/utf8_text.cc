@@ -55,8 +55,8 @@ void AppendUtf8(char32_t cp, std::string* out) {
 
 bool IsUnicodeWhitespace(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
-         c == 0x205F || c == 0x3000;
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
 }
 
 std::string Utf8Lossy(std::string_view bytes) {
@@ -73,8 +73,10 @@ std::string Utf8Lossy(std::string_view bytes) {
     }
     // The maximal prefix of a valid sequence counts as one error; otherwise one byte does.
     uint8_t b0 = static_cast<uint8_t>(bytes[i]);
-    size_t len = b0 >= 0xC2 && b0 <= 0xDF ? 2 : b0 >= 0xE0 && b0 <= 0xEF ? 3
-                 : b0 >= 0xF0 && b0 <= 0xF4 ? 4 : 1;
+    size_t len = b0 >= 0xC2 && b0 <= 0xDF   ? 2
+                 : b0 >= 0xE0 && b0 <= 0xEF ? 3
+                 : b0 >= 0xF0 && b0 <= 0xF4 ? 4
+                                            : 1;
     size_t k = 1;
     if (len > 1 && i + 1 < bytes.size()) {
       uint8_t b1 = static_cast<uint8_t>(bytes[i + 1]);
