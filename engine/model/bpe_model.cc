@@ -11,7 +11,10 @@ Result<BpeModel> BpeModel::Create(BpeModelSpec spec) {
   BpeModel m;
   int32_t max_id = -1;
   for (auto& [tok, id] : spec.vocab) {
-    if (id < 0) return Status::InvalidArgument("vocab: token '" + tok + "' has a negative id");
+    if (id < 0 || id >= kMaxTokenId) {
+      return Status::InvalidArgument("model.vocab: token '" + tok + "' has id " +
+                                     std::to_string(id) + ", outside [0, 2^24)");
+    }
     max_id = std::max(max_id, id);
   }
   m.id_to_token_.resize(size_t(max_id + 1));

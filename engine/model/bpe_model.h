@@ -19,6 +19,9 @@
 
 namespace ferry {
 
+// Ids must be below this (real vocabularies: a few hundred thousand); keeps tables bounded.
+constexpr int32_t kMaxTokenId = 1 << 24;
+
 struct BpeModelSpec {
   std::vector<std::pair<std::string, int32_t>> vocab;
   std::vector<std::pair<std::string, std::string>> merges;  // in rank order

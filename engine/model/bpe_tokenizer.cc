@@ -277,13 +277,15 @@ Result<BpeModelSpec> ParseModel(const json& m) {
 }
 
 // The ids the post-processor puts before and after the text of a single sequence.
-Status ParsePostProcessor(const json& p, std::vector<int32_t>* prefix,
-                          std::vector<int32_t>* suffix) {
+Status ParsePostProcessor(const json& p, std::vector<int32_t>* prefix, std::vector<int32_t>* suffix,
+                          int depth = 0) {
   if (p.is_null()) return Status::Ok();
   std::string type = p.value("type", std::string());
   if (type == "Sequence") {
-    for (const json& k : p.at("processors"))
-      FERRY_RETURN_IF_ERROR(ParsePostProcessor(k, prefix, suffix));
+    if (depth >= 8) return Status::InvalidArgument("post_processor Sequences nest too deeply");
+    for (const json& k : p.at("processors")) {
+      FERRY_RETURN_IF_ERROR(ParsePostProcessor(k, prefix, suffix, depth + 1));
+    }
     return Status::Ok();
   }
   if (type == "ByteLevel") return Status::Ok();  // offsets trimming only; ids unchanged
@@ -329,8 +331,10 @@ Result<std::unique_ptr<Tokenizer>> Parse(std::string_view text, const SpecialTok
       AddedToken t;
       t.content = a.at("content").get<std::string>();
       t.id = a.at("id").get<int32_t>();
-      if (t.id < 0)
-        return Status::InvalidArgument("added token '" + t.content + "' has a negative id");
+      if (t.id < 0 || t.id >= kMaxTokenId) {
+        return Status::InvalidArgument("added token '" + t.content + "' has id " +
+                                       std::to_string(t.id) + ", outside [0, 2^24)");
+      }
       t.special = FlagOr(a, "special", false);
       t.lstrip = FlagOr(a, "lstrip", false);
       t.rstrip = FlagOr(a, "rstrip", false);
@@ -352,6 +356,14 @@ Result<std::unique_ptr<Tokenizer>> Parse(std::string_view text, const SpecialTok
   FERRY_RETURN_IF_ERROR(ParsePostProcessor(member("post_processor"), &prefix, &suffix));
   auto tok = std::make_unique<BpeTokenizer>(std::move(model), std::move(stages), std::move(added),
                                             std::move(word_char));
+  std::vector<int32_t> template_ids = prefix;
+  template_ids.insert(template_ids.end(), suffix.begin(), suffix.end());
+  for (int32_t id : template_ids) {
+    if (id < 0 || id >= tok->vocab_size()) {
+      return Status::InvalidArgument("post_processor: id " + std::to_string(id) +
+                                     " is not in the vocabulary");
+    }
+  }
   tok->prefix_ids = prefix;
   tok->suffix_ids = suffix;
   SpecialTokenIds ids = choice.ids;
@@ -359,8 +371,10 @@ Result<std::unique_ptr<Tokenizer>> Parse(std::string_view text, const SpecialTok
                   const char* what) -> Status {
     if (!name) return Status::Ok();
     *out = tok->TokenId(*name);
-    if (!*out)
-      return Status::InvalidArgument(std::string(what) + " '" + *name + "' is not a token");
+    if (!*out) {
+      return Status::InvalidArgument("tokenizer_config.json names " + std::string(what) + " '" +
+                                     *name + "', which is not in this tokenizer's vocabulary");
+    }
     return Status::Ok();
   };
   FERRY_RETURN_IF_ERROR(pick(choice.bos, &ids.bos, "bos_token"));

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "engine/model/utf8_text.h"
 
@@ -208,6 +209,16 @@ TEST(BpeTokenizerTest, MalformedFilesAreErrors) {
   j = ByteLevelJson();
   j["model"]["vocab"] = "not an object";
   EXPECT_NE(ParseError(j).find("tokenizer.json: "), std::string::npos);
+  j = ByteLevelJson();
+  j["model"]["vocab"]["huge"] = 2000000000;  // would size tables by the largest id
+  EXPECT_NE(ParseError(j).find("token 'huge' has id 2000000000"), std::string::npos);
+  j = ByteLevelJson();
+  json nested = {{"type", "ByteLevel"}};
+  for (int i = 0; i < 100; ++i) {
+    nested = {{"type", "Sequence"}, {"decoders", json::array({nested})}};
+  }
+  j["decoder"] = nested;
+  EXPECT_NE(ParseError(j).find("nest too deeply"), std::string::npos);
   Result<std::unique_ptr<Tokenizer>> r = ParseTokenizerJson("{\"model\": [", "t.json");
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().message().rfind("t.json: ", 0), 0u);
@@ -229,10 +240,34 @@ TEST(BpeTokenizerTest, LoadTokenizerReadsSpecialTokenNames) {
   EXPECT_EQ((*r)->special_ids().bos, 104);
   EXPECT_EQ((*r)->special_ids().eos, 260);
   EXPECT_EQ((*r)->special_ids().pad, 258);
+  std::ofstream(dir + "/tokenizer_config.json") << R"({"bos_token": "<nope>"})";
+  r = LoadTokenizer(dir);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("tokenizer_config.json names bos_token '<nope>'"),
+            std::string::npos)
+      << r.status().message();
   std::filesystem::remove_all(dir);
   r = LoadTokenizer(dir);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find(dir + "/tokenizer.json"), std::string::npos);
+}
+
+TEST(BpeTokenizerTest, ThreadsShareOneTokenizer) {
+  // The tokenizer is const and thread-safe (TSan checks this test): concurrent encodes agree
+  // with a serial one.
+  auto tok = Parse(ByteFallbackJson());
+  ASSERT_NE(tok, nullptr);
+  const std::string text = "hi hi é hi  h\xC3\xA9";
+  const std::vector<int32_t> want = tok->Encode(text, true);
+  std::vector<int> bad(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 200; ++i) bad[size_t(t)] += tok->Encode(text, true) != want;
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(bad, std::vector<int>(4, 0));
 }
 
 TEST(Utf8TextTest, LossyMatchesRustMaximalSubparts) {

@@ -47,6 +47,9 @@ Result<Pattern> ParsePattern(const json& j, const std::string& where) {
   return p;
 }
 
+// Sequences inside Sequences: real files nest one level; a bound keeps recursion shallow.
+constexpr int kMaxNesting = 8;
+
 enum class SplitBehavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext, kContiguous };
 enum class PrependScheme { kAlways, kFirst, kNever };
 
@@ -300,10 +303,13 @@ Status Unsupported(const std::string& what, const std::string& type) {
   return Status::InvalidArgument(what + " type '" + type + "' is not supported");
 }
 
-Status ParseNormalizer(const json& j, TextStages* st) {
+Status ParseNormalizer(const json& j, TextStages* st, int depth = 0) {
   std::string type = TypeOf(j);
   if (type == "Sequence") {
-    for (const json& k : j.at("normalizers")) FERRY_RETURN_IF_ERROR(ParseNormalizer(k, st));
+    if (depth >= kMaxNesting)
+      return Status::InvalidArgument("normalizer Sequences nest too deeply");
+    for (const json& k : j.at("normalizers"))
+      FERRY_RETURN_IF_ERROR(ParseNormalizer(k, st, depth + 1));
   } else if (type == "NFC") {
     UErrorCode err = U_ZERO_ERROR;
     st->nfc = icu::Normalizer2::getNFCInstance(err);
@@ -335,11 +341,14 @@ Result<PrependScheme> ParsePrependScheme(const json& j, const char* where) {
                                  "' is not supported");
 }
 
-Status ParsePreTokenizer(const json& j, TextStages* st) {
+Status ParsePreTokenizer(const json& j, TextStages* st, int depth = 0) {
   std::string type = TypeOf(j);
   PreStep s{};
   if (type == "Sequence") {
-    for (const json& k : j.at("pretokenizers")) FERRY_RETURN_IF_ERROR(ParsePreTokenizer(k, st));
+    if (depth >= kMaxNesting)
+      return Status::InvalidArgument("pre_tokenizer Sequences nest too deeply");
+    for (const json& k : j.at("pretokenizers"))
+      FERRY_RETURN_IF_ERROR(ParsePreTokenizer(k, st, depth + 1));
     return Status::Ok();
   } else if (type == "ByteLevel") {
     s.kind = PreStep::kByteLevel;
@@ -380,11 +389,12 @@ Status ParsePreTokenizer(const json& j, TextStages* st) {
   return Status::Ok();
 }
 
-Status ParseDecoder(const json& j, TextStages* st) {
+Status ParseDecoder(const json& j, TextStages* st, int depth = 0) {
   std::string type = TypeOf(j);
   DecStep s{};
   if (type == "Sequence") {
-    for (const json& k : j.at("decoders")) FERRY_RETURN_IF_ERROR(ParseDecoder(k, st));
+    if (depth >= kMaxNesting) return Status::InvalidArgument("decoder Sequences nest too deeply");
+    for (const json& k : j.at("decoders")) FERRY_RETURN_IF_ERROR(ParseDecoder(k, st, depth + 1));
     return Status::Ok();
   } else if (type == "ByteLevel") {
     s.kind = DecStep::kByteLevel;
