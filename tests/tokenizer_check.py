@@ -33,7 +33,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--ferry", required=True)
 ap.add_argument("--work", required=True)
 ap.add_argument("--venv", help="virtual environment with tokenizers and tiktoken (re-executed in)")
-ap.add_argument("--strings", type=int, default=2000, help="test strings per tokenizer")
+ap.add_argument("--strings", type=int, default=1000, help="test strings per tokenizer")
 args = ap.parse_args()
 
 try:
