@@ -9,6 +9,7 @@
 #include "apps/generate_command.h"
 #include "apps/plan_command.h"
 #include "apps/probe_command.h"
+#include "apps/tokenize_command.h"
 #include "apps/train_command.h"
 
 int main(int argc, char** argv) {
@@ -25,6 +26,8 @@ int main(int argc, char** argv) {
   ferry::AddEvalCommand(app, &eval);
   ferry::GenerateCommand generate;
   ferry::AddGenerateCommand(app, &generate);
+  ferry::TokenizeCommand tokenize;
+  ferry::AddTokenizeCommand(app, &tokenize);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -47,5 +50,6 @@ int main(int argc, char** argv) {
   if (probe.app->parsed()) return ferry::RunProbeCommand(probe);
   if (eval.app->parsed()) return ferry::RunEvalCommand(eval);
   if (generate.app->parsed()) return ferry::RunGenerateCommand(generate);
+  if (tokenize.app->parsed()) return ferry::RunTokenizeCommand(tokenize);
   return 0;
 }

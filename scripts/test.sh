@@ -7,6 +7,24 @@ cd "$(dirname "$0")/.."
 jobs=$(nproc)
 
 scripts/setup.sh
+
+# Python references for tests/tokenizer_check.py (tokenizers, tiktoken; GPT-2's real ranks from
+# the openai-whisper package, downloaded without its dependencies). Reused when present; a
+# failure is recorded in SETUP_FAILED and the test reports itself skipped with that reason.
+venv=build/venv-tests
+if [[ ! -f $venv/READY ]]; then
+  rm -f $venv/SETUP_FAILED
+  if python3 -m venv $venv >/tmp/ferry-venv.log 2>&1 &&
+     $venv/bin/pip install -q tokenizers tiktoken numpy safetensors >>/tmp/ferry-venv.log 2>&1 &&
+     $venv/bin/pip download -q --no-deps openai-whisper -d $venv/downloads \
+       >>/tmp/ferry-venv.log 2>&1; then
+    touch $venv/READY
+  else
+    mkdir -p $venv
+    echo "pip failed: $(tail -n 1 /tmp/ferry-venv.log)" >$venv/SETUP_FAILED
+  fi
+fi
+
 echo "== tests (build) =="
 ctest --test-dir build --output-on-failure -j "$jobs" --timeout 600
 

@@ -122,6 +122,7 @@ class Gen final : public Generator {
                       .shape = shape,
                       .num_slots = 1,
                       .positions = st->positions,
+                      .doc_ids = {},
                       .inv_freq = st->inv_freq,
                       .kv_cache = &kv_};
     if (c_.family == ModelFamily::kGpt2) {

@@ -1,5 +1,10 @@
 #include "engine/model/tokenizer.h"
 
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "engine/model/bpe_tokenizer.h"
 #include "engine/model/byte_tokenizer.h"
 
 namespace ferry {
@@ -54,9 +59,74 @@ class ByteLevelTokenizer final : public Tokenizer {
 
 std::unique_ptr<Tokenizer> MakeByteTokenizer() { return std::make_unique<ByteLevelTokenizer>(); }
 
-// Placeholder until tokenizer.json support lands (the tokenizer work replaces this definition).
+namespace {
+
+// The file's text, or nullopt when it cannot be read.
+std::optional<std::string> ReadWhole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// tokenizer_config.json's bos_token / eos_token / pad_token: a string or {"content": ...}.
+Status ReadTokenNames(const std::string& path, SpecialTokenChoice* c) {
+  std::optional<std::string> text = ReadWhole(path);
+  if (!text) return Status::Ok();  // optional file
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  if (!j.is_object()) return Status::InvalidArgument(path + ": not a JSON object");
+  auto name = [&](const char* key, std::optional<std::string>* out) -> Status {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return Status::Ok();
+    if (it->is_string()) {
+      *out = it->get<std::string>();
+    } else if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
+      *out = (*it)["content"].get<std::string>();
+    } else {
+      return Status::InvalidArgument(path + ": " + key +
+                                     " must be a string or an object with \"content\"");
+    }
+    return Status::Ok();
+  };
+  FERRY_RETURN_IF_ERROR(name("bos_token", &c->bos));
+  FERRY_RETURN_IF_ERROR(name("eos_token", &c->eos));
+  FERRY_RETURN_IF_ERROR(name("pad_token", &c->pad));
+  return Status::Ok();
+}
+
+// config.json's bos_token_id / eos_token_id (a number or a list: the first) / pad_token_id.
+void ReadTokenIds(const std::string& path, SpecialTokenChoice* c) {
+  std::optional<std::string> text = ReadWhole(path);
+  if (!text) return;
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  if (!j.is_object()) return;  // config.json's own reader reports a broken file
+  auto id = [&](const char* key, std::optional<int32_t>* out) {
+    auto it = j.find(key);
+    if (it == j.end()) return;
+    if (it->is_number_integer()) *out = it->get<int32_t>();
+    if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) {
+      *out = (*it)[0].get<int32_t>();
+    }
+  };
+  id("bos_token_id", &c->ids.bos);
+  id("eos_token_id", &c->ids.eos);
+  id("pad_token_id", &c->ids.pad);
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& dir) {
-  return Status::Unavailable("reading " + dir + "/tokenizer.json is not supported yet");
+  const std::string path = dir + "/tokenizer.json";
+  std::optional<std::string> text = ReadWhole(path);
+  if (!text) {
+    return Status::NotFound("cannot read " + path +
+                            " (ferry reads Hugging Face tokenizer.json files only)");
+  }
+  SpecialTokenChoice choice;
+  ReadTokenIds(dir + "/config.json", &choice);
+  FERRY_RETURN_IF_ERROR(ReadTokenNames(dir + "/tokenizer_config.json", &choice));
+  return ParseTokenizerJson(*text, path, choice);
 }
 
 }  // namespace ferry

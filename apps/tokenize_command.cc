@@ -1,0 +1,135 @@
+#include "apps/tokenize_command.h"
+
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "engine/model/tokenizer.h"
+#include "engine/model/utf8_text.h"
+
+namespace ferry {
+
+void AddTokenizeCommand(CLI::App& parent, TokenizeCommand* cmd) {
+  CLI::App* t = parent.add_subcommand(
+      "tokenize", "Turn text into a model's token ids (or ids back into text with --decode).");
+  cmd->app = t;
+  t->add_option("--model", cmd->model,
+                "Model folder with tokenizer.json, or 'tiny' for the built-in byte tokenizer")
+      ->required();
+  t->add_option("--text", cmd->text, "Text to encode (or ids to decode); default: stdin");
+  t->add_flag("--decode", cmd->decode, "Read token ids (space or comma separated), print text");
+  t->add_flag("--show-tokens", cmd->show_tokens,
+              "Also list each token: id, input byte range, and the text it covers");
+  t->add_flag("--no-special", cmd->no_special, "Do not add BOS/EOS when encoding");
+  t->add_flag("--skip-special", cmd->skip_special, "Leave special tokens out when decoding");
+  t->add_flag("--jsonl", cmd->jsonl,
+              "One JSON value per input line: a string to encode (prints {\"ids\", \"offsets\"}), "
+              "or with --decode an array of ids (prints a string)");
+}
+
+namespace {
+
+int Fail(const std::string& msg) {
+  std::fprintf(stderr, "ferry tokenize: %s\n", msg.c_str());
+  return 1;
+}
+
+// JSON string of possibly invalid UTF-8 (invalid bytes shown as U+FFFD).
+std::string Quoted(std::string_view bytes) { return nlohmann::json(Utf8Lossy(bytes)).dump(); }
+
+bool ParseIds(const std::string& text, int64_t vocab, std::vector<int32_t>* ids,
+              std::string* error) {
+  std::string s = text;
+  for (char& c : s) {
+    if (c == ',' || c == '[' || c == ']') c = ' ';
+  }
+  std::istringstream in(s);
+  std::string word;
+  while (in >> word) {
+    char* end = nullptr;
+    long long v = std::strtoll(word.c_str(), &end, 10);
+    if (*end != '\0' || v < 0 || v >= vocab) {
+      *error = "'" + word + "' is not a token id (0.." + std::to_string(vocab - 1) + ")";
+      return false;
+    }
+    ids->push_back(int32_t(v));
+  }
+  return true;
+}
+
+int RunJsonl(const TokenizeCommand& cmd, const Tokenizer& tok) {
+  std::string line;
+  int64_t n = 0;
+  std::string out;
+  while (std::getline(std::cin, line)) {
+    ++n;
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (cmd.decode) {
+      if (!j.is_array()) return Fail("stdin line " + std::to_string(n) + ": not a JSON array");
+      std::vector<int32_t> ids;
+      for (const auto& v : j) {
+        if (!v.is_number_integer()) {
+          return Fail("stdin line " + std::to_string(n) + ": ids must be integers");
+        }
+        ids.push_back(v.get<int32_t>());
+      }
+      out = Quoted(tok.Decode(ids, cmd.skip_special));
+    } else {
+      if (!j.is_string()) return Fail("stdin line " + std::to_string(n) + ": not a JSON string");
+      Encoding e = tok.EncodeWithOffsets(j.get<std::string>(), !cmd.no_special);
+      nlohmann::json r;
+      r["ids"] = e.ids;
+      r["offsets"] = e.offsets;
+      out = r.dump();
+    }
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fputc('\n', stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int RunTokenizeCommand(TokenizeCommand& cmd) {
+  std::unique_ptr<Tokenizer> tok;
+  if (cmd.model == "tiny") {
+    tok = MakeByteTokenizer();
+  } else {
+    Result<std::unique_ptr<Tokenizer>> r = LoadTokenizer(cmd.model);
+    if (!r.ok()) return Fail(r.status().message());
+    tok = std::move(r).value();
+  }
+  if (cmd.jsonl) return RunJsonl(cmd, *tok);
+  std::string input = cmd.text;
+  if (cmd.app->count("--text") == 0) {
+    input.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  }
+  if (cmd.decode) {
+    std::vector<int32_t> ids;
+    std::string error;
+    if (!ParseIds(input, tok->vocab_size(), &ids, &error)) return Fail(error);
+    std::string text = tok->Decode(ids, cmd.skip_special);
+    std::printf("%s\n", text.c_str());
+    return 0;
+  }
+  Encoding e = tok->EncodeWithOffsets(input, !cmd.no_special);
+  std::string line;
+  for (size_t i = 0; i < e.ids.size(); ++i) line += (i ? " " : "") + std::to_string(e.ids[i]);
+  std::printf("%s\n", line.c_str());
+  if (cmd.show_tokens) {
+    for (size_t i = 0; i < e.ids.size(); ++i) {
+      auto [b, en] = e.offsets[i];
+      std::string piece = tok->Decode(std::span<const int32_t>(&e.ids[i], 1), false);
+      std::printf("%6d  [%u, %u)  %s  %s\n", e.ids[i], b, en,
+                  Quoted(std::string_view(input).substr(b, en - b)).c_str(), Quoted(piece).c_str());
+    }
+  }
+  std::fflush(stdout);
+  std::fprintf(stderr, "%zu tokens (%s)\n", e.ids.size(), tok->Describe().c_str());
+  return 0;
+}
+
+}  // namespace ferry
