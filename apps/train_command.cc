@@ -172,7 +172,6 @@ int RunTrainCommand(TrainCommand& cmd) {
       !s.ok()) {
     return fail(s);
   }
-  // No thread exists yet (StopSignals' requirement): the device and pools start in RunTraining.
   Result<StopSignals> signals = StopSignals::Install();
   if (signals.ok()) {
     control.stop_requested = [&signals] { return signals->Poll(); };

@@ -218,13 +218,23 @@ TEST_F(CheckpointTest, FailedSaveLeavesPreviousCheckpoint) {
 }
 
 TEST_F(CheckpointTest, StopSignalsTurnSignalsIntoPolls) {
-  Result<StopSignals> signals = StopSignals::Install();
-  ASSERT_TRUE(signals.ok()) << signals.status().ToString();
-  EXPECT_EQ(signals->Poll(), 0);
-  ASSERT_EQ(::raise(SIGTERM), 0);  // blocked: queued for the signalfd, the process lives on
-  EXPECT_EQ(signals->Poll(), SIGTERM);
-  ASSERT_EQ(::raise(SIGINT), 0);  // a second one changes nothing and is drained at the end
-  EXPECT_EQ(signals->Poll(), SIGTERM);
+  {
+    Result<StopSignals> signals = StopSignals::Install();
+    ASSERT_TRUE(signals.ok()) << signals.status().ToString();
+    EXPECT_FALSE(StopSignals::Install().ok());  // one at a time
+    EXPECT_EQ(signals->Poll(), 0);
+    ASSERT_EQ(::raise(SIGTERM), 0);  // handled: the process lives on
+    EXPECT_EQ(signals->Poll(), SIGTERM);
+    ASSERT_EQ(::raise(SIGINT), 0);  // a second one changes nothing
+    EXPECT_EQ(signals->Poll(), SIGTERM);
+  }
+  // Uninstalled: the previous disposition is back, and a new StopSignals starts clear.
+  struct sigaction now = {};
+  ASSERT_EQ(::sigaction(SIGTERM, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, SIG_DFL);
+  Result<StopSignals> again = StopSignals::Install();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->Poll(), 0);
 }
 
 }  // namespace

@@ -1,65 +1,59 @@
 #include "engine/train/stop_signals.h"
 
-#include <pthread.h>
-#include <sys/signalfd.h>
-#include <unistd.h>
-
+#include <atomic>
 #include <cerrno>
 
 namespace ferry {
 namespace {
 
-sigset_t StopSet() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  return set;
+// The documented exception (stop_signals.h): what the handler can reach. 0: none received yet.
+std::atomic<int> g_received{0};
+std::atomic<bool> g_installed{false};
+static_assert(std::atomic<int>::is_always_lock_free, "the handler needs a lock-free atomic");
+
+void RecordSignal(int signo) {
+  int none = 0;
+  g_received.compare_exchange_strong(none, signo);
 }
 
 }  // namespace
 
 Result<StopSignals> StopSignals::Install() {
-  const sigset_t set = StopSet();
-  sigset_t old;
-  if (const int err = pthread_sigmask(SIG_BLOCK, &set, &old); err != 0) {
-    return Status::FromErrno(err, "block SIGINT/SIGTERM");
+  if (g_installed.exchange(true)) {
+    return Status::FailedPrecondition("SIGINT/SIGTERM handling is already installed");
   }
-  const int fd = ::signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
-  if (fd < 0) {
+  g_received.store(0);
+  struct sigaction sa = {};
+  sa.sa_handler = RecordSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  struct sigaction old_int = {}, old_term = {};
+  if (::sigaction(SIGINT, &sa, &old_int) != 0) {
     const int err = errno;
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    return Status::FromErrno(err, "signalfd");
+    g_installed.store(false);
+    return Status::FromErrno(err, "install a SIGINT handler");
   }
-  return StopSignals(fd, old);
+  if (::sigaction(SIGTERM, &sa, &old_term) != 0) {
+    const int err = errno;
+    ::sigaction(SIGINT, &old_int, nullptr);
+    g_installed.store(false);
+    return Status::FromErrno(err, "install a SIGTERM handler");
+  }
+  return StopSignals(old_int, old_term);
 }
 
 StopSignals::StopSignals(StopSignals&& o) noexcept
-    : fd_(o.fd_), old_mask_(o.old_mask_), received_(o.received_) {
-  o.fd_ = -1;
+    : owner_(o.owner_), old_int_(o.old_int_), old_term_(o.old_term_) {
+  o.owner_ = false;
 }
 
 StopSignals::~StopSignals() {
-  if (fd_ < 0) return;
-  Poll();  // drain what is queued, so restoring the mask delivers nothing
-  signalfd_siginfo info;
-  while (::read(fd_, &info, sizeof(info)) == ssize_t(sizeof(info))) {
-  }
-  ::close(fd_);
-  pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
+  if (!owner_) return;
+  ::sigaction(SIGINT, &old_int_, nullptr);
+  ::sigaction(SIGTERM, &old_term_, nullptr);
+  g_installed.store(false);
 }
 
-int StopSignals::Poll() {
-  signalfd_siginfo info;
-  while (received_ == 0) {
-    const ssize_t r = ::read(fd_, &info, sizeof(info));
-    if (r == ssize_t(sizeof(info))) {
-      received_ = int(info.ssi_signo);
-    } else if (!(r < 0 && errno == EINTR)) {
-      break;  // EAGAIN: nothing pending
-    }
-  }
-  return received_;
-}
+int StopSignals::Poll() const { return g_received.load(); }
 
 }  // namespace ferry

@@ -1,17 +1,20 @@
-// StopSignals: turns SIGINT and SIGTERM into a request that a training loop polls between updates,
-// without a signal handler and without global state.
+// StopSignals: turns SIGINT and SIGTERM into a request that a training loop polls between updates.
 //
-// While a StopSignals is alive, the two signals are blocked in the creating thread (and so in every
-// thread it creates afterwards) and read from a signalfd: Poll() returns the number of a signal
-// that arrived (0 when none), and the loop finishes its update, saves a checkpoint and exits with
-// 128 + that number (130 for SIGINT, 143 for SIGTERM) — see apps/train_command.cc. A second signal
-// while the checkpoint is written is merely queued, so it cannot interrupt the save. The destructor
-// drains what is queued and restores the previous signal mask.
+// While a StopSignals is alive, a handler for the two signals records the first one received and
+// does nothing else (async-signal-safe: one lock-free atomic store); Poll() returns its number (0
+// when none), and the loop finishes its update, saves a checkpoint and exits with 128 + that
+// number (130 for SIGINT, 143 for SIGTERM) — see apps/train_command.cc. A second signal while the
+// checkpoint is written only finds the flag already set, so it cannot interrupt the save. The
+// destructor restores the previous dispositions.
 //
-// REQUIRES: created on the main thread before any other thread exists (a thread created earlier
-// still has the signals unblocked, and the kernel could deliver one there with its default action).
+// The one exception to "no global mutable state": a handler receives no argument, so the flag it
+// sets is a process-wide std::atomic<int> in stop_signals.cc, owned by the single StopSignals alive
+// (Install refuses a second). Blocking the signals and reading a signalfd would avoid it, but any
+// thread a library starts before main (OpenBLAS starts its pool at load time) keeps them
+// unblocked and would take the default action — killing the process mid-step.
 //
-// Ownership: owns the signalfd (move-only). Thread-safety: Poll from one thread at a time.
+// Ownership: owns the installed dispositions (move-only). Thread-safety: Poll may be called from
+// any thread.
 #pragma once
 
 #include <signal.h>
@@ -22,7 +25,8 @@ namespace ferry {
 
 class StopSignals {
  public:
-  // Blocks SIGINT and SIGTERM and opens the signalfd. IOError when the kernel refuses.
+  // Installs the handler for SIGINT and SIGTERM. FailedPrecondition when a StopSignals is already
+  // installed; IOError when the kernel refuses.
   static Result<StopSignals> Install();
 
   StopSignals(StopSignals&& o) noexcept;
@@ -31,14 +35,14 @@ class StopSignals {
   StopSignals& operator=(const StopSignals&) = delete;
   ~StopSignals();
 
-  // The first stop signal received so far (it stays reported once seen), or 0. Never blocks.
-  int Poll();
+  // The first stop signal received while installed, or 0. Never blocks.
+  int Poll() const;
 
  private:
-  StopSignals(int fd, const sigset_t& old_mask) : fd_(fd), old_mask_(old_mask) {}
-  int fd_ = -1;
-  sigset_t old_mask_;
-  int received_ = 0;
+  StopSignals(const struct sigaction& old_int, const struct sigaction& old_term)
+      : old_int_(old_int), old_term_(old_term) {}
+  bool owner_ = true;
+  struct sigaction old_int_, old_term_;
 };
 
 }  // namespace ferry
