@@ -112,9 +112,15 @@ namespace {
 // given (on the command line or in a --config file) must agree with the run's job.
 Result<JobSpec> ResumedJob(const TrainCommand& cmd) {
   const std::string path = cmd.resume + "/job.json";
-  FERRY_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadWholeFile(path));
+  Result<std::vector<std::byte>> bytes = ReadWholeFile(path);
+  if (bytes.status().code() == StatusCode::kNotFound) {
+    return Status::NotFound(cmd.resume +
+                            " is not a run folder of ferry train (it has no job.json)");
+  }
+  if (!bytes.ok()) return bytes.status();
   nlohmann::json saved = nlohmann::json::parse(
-      std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), nullptr, false);
+      std::string_view(reinterpret_cast<const char*>(bytes->data()), bytes->size()), nullptr,
+      false);
   FERRY_ASSIGN_OR_RETURN(JobSpec job, JobSpecFromJson(saved, path));
   FERRY_ASSIGN_OR_RETURN(ModelConfig model, ResolveModel(job));
   const nlohmann::json given = JobSpecToJson(cmd.job, model);

@@ -224,8 +224,11 @@ TEST_F(CheckpointTest, StopSignalsTurnSignalsIntoPolls) {
     EXPECT_FALSE(StopSignals::Install().ok());  // one at a time
     EXPECT_EQ(signals->Poll(), 0);
     ASSERT_EQ(::raise(SIGTERM), 0);  // handled: the process lives on
+    // TSan may run a handler a little after raise returns: wait for it (no time asserted).
+    for (int i = 0; i < 5000 && signals->Poll() == 0; ++i) ::usleep(1000);
     EXPECT_EQ(signals->Poll(), SIGTERM);
     ASSERT_EQ(::raise(SIGINT), 0);  // a second one changes nothing
+    ::usleep(1000);
     EXPECT_EQ(signals->Poll(), SIGTERM);
   }
   // Uninstalled: the previous disposition is back, and a new StopSignals starts clear.
