@@ -44,6 +44,15 @@ std::string ReadFile(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+TEST_F(ResumeCliTest, HelpDocumentsCheckpointOptions) {
+  CommandResult r = Ferry("train --help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* opt :
+       {"--resume", "--save-every", "--keep-checkpoints", "--checkpoint-compress"}) {
+    EXPECT_NE(r.output.find(opt), std::string::npos) << opt;
+  }
+}
+
 // kill -9 (the process SIGKILLs itself, deterministically, after writing the optimizer file of
 // step 4's checkpoint): step 2's checkpoint stays the latest and intact, and --resume from it
 // reproduces the uninterrupted run's losses exactly.
