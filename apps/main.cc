@@ -1,7 +1,8 @@
 // ferry: one binary, CLI11 subcommands.
 //
 // Exit codes: 0 success; 1 bad input or a run-time failure (one line on stderr says what to
-// change); 2 the requested work is not available in this build yet; 3 `ferry plan`: nothing fits.
+// change); 2 the requested work is not available in this build yet; 3 `ferry plan`: nothing fits;
+// 128 + signal (130 SIGINT, 143 SIGTERM): `ferry train` stopped by a signal, checkpoint saved.
 #include <CLI/CLI.hpp>
 
 #include "apps/demo_command.h"

@@ -1,8 +1,17 @@
 #include "apps/train_command.h"
 
-#include <cstdio>
+#include <signal.h>
+#include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+
+#include "engine/train/durable_file.h"
 #include "engine/train/run_training.h"
+#include "engine/train/stop_signals.h"
 
 namespace ferry {
 namespace {
@@ -108,7 +117,64 @@ void AddTrainCommand(CLI::App& parent, TrainCommand* cmd) {
   t->add_option("--threads", j.threads, "CPU threads (0: all cores)")->capture_default_str();
   t->add_option("--out", j.out, "Run folder (created): weights, metrics.jsonl, job.json")
       ->capture_default_str();
+  t->add_option("--save-every", j.save_every,
+                "Checkpoint every N updates into RUN_DIR/checkpoints (0: only at the end and on "
+                "SIGINT/SIGTERM)")
+      ->capture_default_str();
+  t->add_option("--keep-checkpoints", j.keep_checkpoints, "Newest checkpoints kept")
+      ->capture_default_str();
+  t->add_flag("--checkpoint-compress", j.checkpoint_compress,
+              "zstd-compress the checkpoints' tensor files");
+  t->add_option("--resume", cmd->resume,
+                "Continue the run in RUN_DIR from its newest intact checkpoint (job from "
+                "RUN_DIR/job.json; only --steps, --threads and the checkpoint options may change)");
 }
+
+namespace {
+
+// With --resume: the run's job, with the changes the command line may make. Any other option
+// given (on the command line or in a --config file) must agree with the run's job.
+Result<JobSpec> ResumedJob(const TrainCommand& cmd) {
+  const std::string path = cmd.resume + "/job.json";
+  Result<std::vector<std::byte>> bytes = ReadWholeFile(path);
+  if (bytes.status().code() == StatusCode::kNotFound) {
+    return Status::NotFound(cmd.resume +
+                            " is not a run folder of ferry train (it has no job.json)");
+  }
+  if (!bytes.ok()) return bytes.status();
+  nlohmann::json saved = nlohmann::json::parse(
+      std::string_view(reinterpret_cast<const char*>(bytes->data()), bytes->size()), nullptr,
+      false);
+  FERRY_ASSIGN_OR_RETURN(JobSpec job, JobSpecFromJson(saved, path));
+  FERRY_ASSIGN_OR_RETURN(ModelConfig model, ResolveModel(job));
+  const nlohmann::json given = JobSpecToJson(cmd.job, model);
+  nlohmann::json merged = JobSpecToJson(job, model);
+  const std::set<std::string> may_change = {"steps", "threads", "save_every", "keep_checkpoints",
+                                            "checkpoint_compress"};
+  for (const CLI::Option* opt : cmd.app->get_options()) {
+    if (opt->count() == 0) continue;
+    std::string key = opt->get_name();
+    while (!key.empty() && key.front() == '-') key.erase(key.begin());
+    for (char& c : key) c = c == '-' ? '_' : c;
+    if (key == "resume" || !given.contains(key)) continue;
+    if (key == "out") {
+      return Status::InvalidArgument("--out cannot be combined with --resume (the run folder is " +
+                                     cmd.resume + ")");
+    }
+    if (may_change.count(key) != 0) {
+      merged[key] = given[key];
+    } else if (given[key] != merged[key]) {
+      return Status::InvalidArgument(opt->get_name() + " " + given[key].dump() +
+                                     " differs from the run's " + merged[key].dump() + " (" + path +
+                                     "); a resumed run keeps its job: only --steps, "
+                                     "--threads and the checkpoint options may change");
+    }
+  }
+  merged["out"] = cmd.resume;
+  return JobSpecFromJson(merged, path);
+}
+
+}  // namespace
 
 int RunTrainCommand(TrainCommand& cmd) {
   JobSpec& job = cmd.job;
@@ -119,12 +185,45 @@ int RunTrainCommand(TrainCommand& cmd) {
   Result<uint32_t> targets = ParseLoraTargets(cmd.lora_targets);
   if (!targets.ok()) return fail(targets.status().WithContext("--lora-targets"));
   job.lora.targets = *targets;
+  RunControl control;
+  if (!cmd.resume.empty()) {
+    Result<JobSpec> resumed = ResumedJob(cmd);
+    if (!resumed.ok()) return fail(resumed.status().WithContext("--resume"));
+    job = *resumed;
+    control.resume = true;
+  }
   Result<ModelConfig> model = ResolveModel(job);
   if (!model.ok()) return fail(model.status());
   if (Status s = ValidateJobSpec(job, *model); !s.ok()) return fail(s);
   if (Status s = PrepareRunFolder(job.out); !s.ok()) return fail(s);
-  if (Status s = WriteJobJson(job, *model); !s.ok()) return fail(s);
-  Status s = RunTraining(job, *model);
+  if (Status s = control.resume ? WriteFileAtomically(job.out + "/job.json",
+                                                      JobSpecToJson(job, *model).dump(2) + "\n")
+                                : WriteJobJson(job, *model);
+      !s.ok()) {
+    return fail(s);
+  }
+  Result<StopSignals> signals = StopSignals::Install();
+  if (signals.ok()) {
+    control.stop_requested = [&signals] { return signals->Poll(); };
+  } else {
+    std::fprintf(stderr, "ferry train: warning: %s; SIGINT/SIGTERM will not save a checkpoint\n",
+                 signals.status().message().c_str());
+  }
+  if (const char* kill_at = std::getenv("FERRY_TEST_CHECKPOINT_KILL"); kill_at != nullptr) {
+    const std::string spec = kill_at;
+    const size_t colon = spec.find(':');
+    const int64_t step = std::atoll(spec.substr(0, colon).c_str());
+    const std::string stage = colon == std::string::npos ? "" : spec.substr(colon + 1);
+    control.checkpoint_fault_hook = [step, stage](int64_t at, std::string_view reached) {
+      if (at == step && reached == stage) ::kill(::getpid(), SIGKILL);
+      return Status::Ok();
+    };
+  }
+  Status s = RunTraining(job, *model, control);
+  if (s.code() == StatusCode::kCancelled && signals.ok() && signals->Poll() != 0) {
+    std::fprintf(stderr, "ferry train: %s\n", s.message().c_str());
+    return 128 + signals->Poll();
+  }
   if (s.code() == StatusCode::kUnavailable) {
     std::fprintf(stderr, "ferry train: %s (the resolved job is in %s/job.json)\n",
                  s.message().c_str(), job.out.c_str());

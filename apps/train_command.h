@@ -13,6 +13,7 @@ struct TrainCommand {
   CLI::App* app = nullptr;
   JobSpec job;
   std::string lora_targets = "all";
+  std::string resume;  // --resume RUN_DIR; empty: a new run
 };
 
 // Adds the job options `ferry train` and `ferry plan` share (model, data, steps, batch, sequence,
@@ -24,9 +25,17 @@ void AddJobOptions(CLI::App& app, JobSpec& job, std::string* lora_targets);
 // must outlive parsing.
 void AddTrainCommand(CLI::App& parent, TrainCommand* cmd);
 
-// Validates the parsed job, prepares the run folder, writes job.json and trains. Returns the
-// process exit code: 0 done, 1 bad input or I/O failure (one line on stderr saying what to
-// change), 2 training not available yet.
+// Validates the parsed job, prepares the run folder, writes job.json and trains (or, with
+// --resume RUN_DIR, reads RUN_DIR/job.json — only --steps, --threads, --save-every,
+// --keep-checkpoints and --checkpoint-compress may differ from it — and continues the run).
+// SIGINT/SIGTERM stop the run after the current update with a checkpoint (StopSignals).
+// Returns the process exit code: 0 done, 1 bad input or I/O failure (one line on stderr saying
+// what to change), 2 training not available yet, 128 + the signal's number (130 SIGINT,
+// 143 SIGTERM) when stopped by a signal after saving a checkpoint.
+//
+// Test-only: FERRY_TEST_CHECKPOINT_KILL=<step>:<stage> makes the process kill itself with
+// SIGKILL at that stage of that step's checkpoint (CheckpointOptions::fault_hook), to prove that
+// a kill -9 mid-save leaves the previous checkpoint usable.
 int RunTrainCommand(TrainCommand& cmd);
 
 }  // namespace ferry

@@ -18,9 +18,11 @@ struct CommandResult {
   std::string output;  // stdout and stderr
 };
 
-inline CommandResult Ferry(const std::string& args) {
+// `env`: assignments put before the command ("NAME=value ...").
+inline CommandResult Ferry(const std::string& args, const std::string& env = "") {
   CommandResult r;
-  const std::string cmd = std::string(FERRY_BINARY) + " " + args + " 2>&1";
+  const std::string cmd =
+      (env.empty() ? "" : "env " + env + " ") + std::string(FERRY_BINARY) + " " + args + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
   std::array<char, 4096> buf;

@@ -109,6 +109,8 @@ Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
   }
   if (job.threads < 0) return Bad("--threads must be 0 (all cores) or more");
   if (job.out.empty()) return Bad("--out must name a folder");
+  if (job.save_every < 0) return Bad("--save-every must be 0 (only at the end) or more");
+  if (job.keep_checkpoints < 1) return Bad("--keep-checkpoints must be at least 1");
   return ValidateLoraConfig(job.lora);
 }
 
@@ -166,6 +168,9 @@ nlohmann::json JobSpecToJson(const JobSpec& job, const ModelConfig& model) {
   j["lora_targets"] = LoraTargetsToString(job.lora.targets);
   j["threads"] = job.threads;
   j["out"] = job.out;
+  j["save_every"] = job.save_every;
+  j["keep_checkpoints"] = job.keep_checkpoints;
+  j["checkpoint_compress"] = job.checkpoint_compress;
   j["model_config"] = ToHfConfigJson(model);
   return j;
 }
@@ -177,6 +182,56 @@ Status WriteJobJson(const JobSpec& job, const ModelConfig& model) {
   f.close();
   if (!f) return Status::IOError("cannot write " + path + "; choose another --out");
   return Status::Ok();
+}
+
+Result<JobSpec> JobSpecFromJson(const nlohmann::json& j, const std::string& what) {
+  if (!j.is_object()) return Bad(what + " is not a JSON object");
+  JobSpec job;
+  std::string targets = LoraTargetsToString(job.lora.targets);
+  std::string bad_key;
+  auto get = [&](const char* key, auto& field) {
+    if (!j.contains(key) || !bad_key.empty()) return;
+    try {
+      j.at(key).get_to(field);
+    } catch (const nlohmann::json::exception&) {
+      bad_key = key;
+    }
+  };
+  get("model", job.model);
+  get("data", job.data);
+  get("steps", job.steps);
+  get("batch_size", job.batch_size);
+  get("micro_batches", job.micro_batches);
+  get("seq_len", job.seq_len);
+  get("lr", job.lr);
+  get("warmup_steps", job.warmup_steps);
+  get("min_lr_ratio", job.min_lr_ratio);
+  get("weight_decay", job.weight_decay);
+  get("beta1", job.beta1);
+  get("beta2", job.beta2);
+  get("adam_eps", job.adam_eps);
+  get("grad_clip", job.grad_clip);
+  get("seed", job.seed);
+  get("lora_rank", job.lora.rank);
+  get("lora_alpha", job.lora.alpha);
+  get("lora_targets", targets);
+  get("threads", job.threads);
+  get("out", job.out);
+  get("save_every", job.save_every);
+  get("keep_checkpoints", job.keep_checkpoints);
+  get("checkpoint_compress", job.checkpoint_compress);
+  get("val_data", job.val_data);
+  get("val_fraction", job.val_fraction);
+  get("eval_every", job.eval_every);
+  get("eval_batches", job.eval_batches);
+  get("chat_template", job.chat_template);
+  get("long_examples", job.long_examples);
+  get("skip_bad_lines", job.skip_bad_lines);
+  if (!bad_key.empty()) return Bad(what + ": key '" + bad_key + "' has the wrong type");
+  Result<uint32_t> t = ParseLoraTargets(targets);
+  if (!t.ok()) return t.status().WithContext(what + ": lora_targets");
+  job.lora.targets = *t;
+  return job;
 }
 
 }  // namespace ferry

@@ -47,6 +47,12 @@ struct JobSpec {
   LoraConfig lora;                // rank 0: full fine-tuning
   int64_t threads = 0;            // CPU device threads; 0: all cores
   std::string out = "ferry-run";  // run folder (created)
+  // Checkpoints (engine/train/checkpoint.h): every `save_every` updates (0: only at the end and
+  // on SIGINT/SIGTERM), the newest `keep_checkpoints` kept, tensor files zstd-compressed when
+  // `checkpoint_compress`.
+  int64_t save_every = 100;
+  int64_t keep_checkpoints = 3;
+  bool checkpoint_compress = false;
 
   int64_t micro_batch_size() const { return batch_size / micro_batches; }
 };
@@ -64,5 +70,9 @@ Status PrepareRunFolder(const std::string& dir);
 // The resolved job (and the model it trains) as JSON, written to <out>/job.json.
 nlohmann::json JobSpecToJson(const JobSpec& job, const ModelConfig& model);
 Status WriteJobJson(const JobSpec& job, const ModelConfig& model);
+
+// The job JobSpecToJson wrote (keys it lacks keep their defaults). `what` names the source in
+// errors (InvalidArgument naming the key).
+Result<JobSpec> JobSpecFromJson(const nlohmann::json& j, const std::string& what);
 
 }  // namespace ferry

@@ -81,5 +81,28 @@ TEST(JobSpecTest, RunFolderMustBeWritable) {
   std::filesystem::remove_all(base);
 }
 
+// --resume reads job.json back: every field survives the round trip; a wrong type names the key.
+TEST(JobSpecTest, JsonRoundTrip) {
+  JobSpec job;
+  job.steps = 77;
+  job.lr = 0.0123;
+  job.seed = 99;
+  job.lora = {.rank = 4, .alpha = 8, .targets = kLoraQ | kLoraV};
+  job.save_every = 5;
+  job.keep_checkpoints = 2;
+  job.checkpoint_compress = true;
+  job.out = "somewhere";
+  const nlohmann::json j = JobSpecToJson(job, TinyLlamaPreset());
+  Result<JobSpec> back = JobSpecFromJson(j, "job.json");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(JobSpecToJson(*back, TinyLlamaPreset()), j);
+
+  nlohmann::json bad = j;
+  bad["seq_len"] = "long";
+  Result<JobSpec> r = JobSpecFromJson(bad, "job.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("seq_len"), std::string::npos) << r.status().message();
+}
+
 }  // namespace
 }  // namespace ferry

@@ -8,11 +8,13 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "engine/model/model_folder.h"
 #include "engine/model/model_runner.h"
 #include "engine/train/dataset.h"
+#include "engine/train/durable_file.h"
 #include "engine/train/master_weights.h"
 #include "engine/train/progress_bar.h"
 #include "engine/train/trainer.h"
@@ -40,7 +42,7 @@ size_t EstimateDeviceBytes(const ModelConfig& model, const LoraConfig& lora, Bat
   return bytes + bytes / 4 + (size_t(64) << 20);
 }
 
-Status RunTraining(const JobSpec& job, const ModelConfig& model) {
+Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunControl& control) {
   const auto start = std::chrono::steady_clock::now();
   auto seconds_since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -61,6 +63,13 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model) {
 
   std::vector<LayerSpec> layers = BuildLayerSpecs(model, job.lora);
   FERRY_ASSIGN_OR_RETURN(HostTensors weights, InitialWeights(job.model, model, layers, job.seed));
+  std::optional<CheckpointState> resumed;
+  if (control.resume) {
+    FERRY_ASSIGN_OR_RETURN(resumed, LoadLatestCheckpoint(job.out, [](const std::string& w) {
+                             std::fprintf(stderr, "ferry train: warning: %s\n", w.c_str());
+                           }));
+    FERRY_RETURN_IF_ERROR(ApplyCheckpointWeights(*resumed, layers, weights));
+  }
   ThreadPool optimizer_pool(threads);
   const OptimizerOptions optimizer{.schedule = {.lr = job.lr,
                                                 .warmup_steps = job.warmup_steps,
@@ -74,13 +83,30 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model) {
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                          Trainer::Create(runner.get(), std::move(layers), std::move(weights),
                                          optimizer, &optimizer_pool));
+  CheckpointMeta meta;
+  meta.job = JobSpecToJson(job, model);
+  if (resumed) {
+    FERRY_RETURN_IF_ERROR(
+        trainer->RestoreOptimizer(resumed->step, resumed->exp_avg, resumed->exp_avg_sq));
+    meta.elapsed_s = resumed->meta.elapsed_s;
+    meta.metrics = std::move(resumed->meta.metrics);
+    resumed->trainable = {};
+  }
+  const CheckpointOptions checkpoint_options{.keep = job.keep_checkpoints,
+                                             .compress = job.checkpoint_compress,
+                                             .fault_hook = control.checkpoint_fault_hook};
+  auto save_checkpoint = [&](double elapsed) -> Result<std::string> {
+    meta.elapsed_s = elapsed;
+    return SaveCheckpoint(job.out, *trainer, meta, checkpoint_options);
+  };
 
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<TrainingData> data, TrainingData::Load(job, model));
   const BatchSource& batcher = data->source();
   std::fprintf(stderr, "ferry train: data: %s\n", data->summary().c_str());
 
   const std::string metrics_path = job.out + "/metrics.jsonl";
-  std::ofstream metrics(metrics_path, std::ios::trunc);
+  if (resumed) FERRY_RETURN_IF_ERROR(WriteFileAtomically(metrics_path, meta.metrics));
+  std::ofstream metrics(metrics_path, resumed ? std::ios::app : std::ios::trunc);
   if (!metrics) return Status::IOError("cannot write " + metrics_path + "; choose another --out");
 
   const int64_t params = CountParameters(trainer->layers());
@@ -96,8 +122,15 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model) {
                        std::max<int64_t>(1, job.steps / 20));
   int64_t tokens_total = 0;
   double last_loss = 0;
-  const auto train_start = std::chrono::steady_clock::now();
-  for (int64_t k = 0; k < job.steps; ++k) {
+  const int64_t first_step = trainer->steps_done();
+  if (resumed) {
+    std::fprintf(stderr, "ferry train: resuming from %s (step %lld)\n", resumed->dir.c_str(),
+                 (long long)first_step);
+  }
+  const auto train_start = std::chrono::steady_clock::now() -
+                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                               std::chrono::duration<double>(meta.elapsed_s));
+  for (int64_t k = first_step; k < job.steps; ++k) {
     const auto step_start = std::chrono::steady_clock::now();
     std::vector<MicroBatch> batch;
     for (int64_t m = 0; m < job.micro_batches; ++m) batch.push_back(batcher.MakeMicroBatch(k, m));
@@ -127,13 +160,27 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model) {
     }
     metrics << line.dump() << "\n" << std::flush;
     if (!metrics) return Status::IOError("cannot write " + metrics_path);
+    meta.metrics += line.dump() + "\n";
     progress.Report({.step = k + 1,
                      .total = job.steps,
                      .loss = st->loss,
                      .tokens_per_s = double(tokens_total) / elapsed,
                      .elapsed_s = elapsed});
+    // After the last update the run ends normally (final checkpoint and weights) whatever comes.
+    const bool last = k + 1 == job.steps;
+    const int stop = !last && control.stop_requested ? control.stop_requested() : 0;
+    if (stop != 0 || (!last && job.save_every > 0 && (k + 1) % job.save_every == 0)) {
+      FERRY_ASSIGN_OR_RETURN(std::string saved, save_checkpoint(elapsed));
+      if (stop != 0) {
+        progress.Finish();
+        return Status::Cancelled("stopped by signal " + std::to_string(stop) + " after step " +
+                                 std::to_string(k + 1) + "; saved " + saved +
+                                 "; continue with: ferry train --resume " + job.out);
+      }
+    }
   }
   progress.Finish();
+  FERRY_RETURN_IF_ERROR(save_checkpoint(seconds_since(train_start)).status());
   // A folder's frozen base stays where it is (the adapter loads onto it); its tokenizer is copied.
   FERRY_RETURN_IF_ERROR(WriteFinalWeights(job.out, model, job.lora, trainer->layers(),
                                           trainer->weights(),

@@ -6,23 +6,41 @@
 //   adapter_model.safetensors + adapter_config.json   with LoRA: the adapter in PEFT's format
 //   config.json        the model's Hugging Face config
 //   job.json           the resolved job (already written by the caller)
+//   checkpoints/       every job.save_every updates, at the end, and when stopped (checkpoint.h)
 // Progress goes to stderr (progress_bar.h).
+//
+// With RunControl::resume, the run continues from the newest intact checkpoint in job.out: the
+// trainable weights, AdamW moments and step are restored, metrics.jsonl is cut back to the
+// checkpoint's lines and appended to, and the losses match an uninterrupted run's bit for bit
+// (batches are a pure function of the step; the frozen part of the model is rebuilt from the job).
+// When RunControl::stop_requested returns non-zero, the run finishes the current update, saves a
+// checkpoint and returns Cancelled saying how to resume.
 //
 // REQUIRES: ValidateJobSpec(job, model) is ok and PrepareRunFolder(job.out) succeeded.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "engine/job/job_spec.h"
 #include "engine/model/lora_config.h"
 #include "engine/model/model_config.h"
 #include "engine/model/param_spec.h"
+#include "engine/train/checkpoint.h"
 #include "kernels/status.h"
 
 namespace ferry {
 
-Status RunTraining(const JobSpec& job, const ModelConfig& model);
+struct RunControl {
+  bool resume = false;  // continue job.out's newest intact checkpoint
+  // Polled after every update: a non-zero value (the signal's number) stops the run. May be empty.
+  std::function<int()> stop_requested;
+  // Test-only (CheckpointOptions::fault_hook).
+  std::function<Status(int64_t step, std::string_view stage)> checkpoint_fault_hook;
+};
+
+Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunControl& control = {});
 
 // Device memory for one ModelRunner of `model` at micro-batch `shape`: weights, gradients, every
 // layer's saved activations, the LM head's chunk and scratch, with a margin.

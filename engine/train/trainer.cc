@@ -53,6 +53,27 @@ size_t Trainer::optimizer_state_bytes() const {
   return bytes;
 }
 
+Status Trainer::RestoreOptimizer(int64_t steps_done, const HostTensors& exp_avg,
+                                 const HostTensors& exp_avg_sq) {
+  if (steps_done < 0) return Status::InvalidArgument("a negative step count to restore");
+  for (const auto& [name, s] : state_) {
+    for (const HostTensors* t : {&exp_avg, &exp_avg_sq}) {
+      auto it = t->tensors.find(name);
+      if (it == t->tensors.end() || it->second.size() != s.m.size()) {
+        return Status::InvalidArgument(std::string("optimizer state ") +
+                                       (t == &exp_avg ? "exp_avg" : "exp_avg_sq") + " of " + name +
+                                       " is missing or has the wrong number of elements");
+      }
+    }
+  }
+  for (auto& [name, s] : state_) {
+    s.m = exp_avg.tensors.at(name);
+    s.v = exp_avg_sq.tensors.at(name);
+  }
+  step_ = steps_done;
+  return Status::Ok();
+}
+
 Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
   StepStats st;
   st.step = step_;

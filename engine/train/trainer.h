@@ -76,6 +76,17 @@ class Trainer {
   // Bytes of AdamW state (m and v) held: 8 per trainable element.
   size_t optimizer_state_bytes() const;
   bool has_optimizer_state(const std::string& name) const { return state_.count(name) != 0; }
+  // Trainable storage-owning parameter names, in layer order.
+  const std::vector<std::string>& trainable_names() const { return order_; }
+  // AdamW's first (exp_avg) and second (exp_avg_sq) moments of a trainable parameter, for
+  // checkpoints. REQUIRES: has_optimizer_state(name).
+  std::span<const float> exp_avg(const std::string& name) const { return state_.at(name).m; }
+  std::span<const float> exp_avg_sq(const std::string& name) const { return state_.at(name).v; }
+  // Resumes from a checkpoint: the moments of every trainable parameter and the number of updates
+  // already made (the master weights come in through Create). Errors: InvalidArgument naming a
+  // tensor that is missing or has the wrong size (nothing is changed then).
+  Status RestoreOptimizer(int64_t steps_done, const HostTensors& exp_avg,
+                          const HostTensors& exp_avg_sq);
 
  private:
   struct State {

@@ -1,0 +1,326 @@
+#include "engine/train/checkpoint.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "engine/model/safetensors.h"
+#include "engine/train/durable_file.h"
+#include "engine/train/master_weights.h"
+#include "offload/crc32c.h"
+#include "offload/zstd_codec.h"
+
+namespace ferry {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kFormat = 1;
+constexpr const char* kExpAvg = "/exp_avg";
+constexpr const char* kExpAvgSq = "/exp_avg_sq";
+constexpr const char* kStepPrefix = "step-";
+
+std::span<const std::byte> Bytes(std::string_view s) {
+  return std::as_bytes(std::span(s.data(), s.size()));
+}
+
+Status Hook(const CheckpointOptions& options, int64_t step, std::string_view stage) {
+  return options.fault_hook ? options.fault_hook(step, stage) : Status::Ok();
+}
+
+// The step of a folder named "step-<digits>", or -1.
+int64_t StepOfName(const std::string& name) {
+  if (name.rfind(kStepPrefix, 0) != 0 || name.size() == std::strlen(kStepPrefix)) return -1;
+  int64_t step = 0;
+  for (size_t i = std::strlen(kStepPrefix); i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || step > (int64_t(1) << 50)) return -1;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
+// Checkpoint folders of `dir`, newest first.
+std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const int64_t step = StepOfName(name);
+    if (step >= 0 && e.is_directory(ec)) out.emplace_back(step, name);
+  }
+  std::sort(out.rbegin(), out.rend());
+  return out;
+}
+
+// Removes a folder by renaming it to ".trash-<name>" first, so a kill midway never leaves a
+// half-removed folder under a checkpoint's name.
+void RemoveFolder(const std::string& parent, const std::string& name) {
+  const std::string trash = parent + "/.trash-" + name;
+  std::error_code ec;
+  fs::remove_all(trash, ec);
+  fs::rename(parent + "/" + name, trash, ec);
+  if (!ec) fs::remove_all(trash, ec);
+}
+
+// Serializes `writer` as one file of the temporary folder (compressed when asked) and records its
+// size and checksum in `files`.
+Status WriteTensorFile(const SafetensorsWriter& writer, const std::string& tmp_dir,
+                       const std::string& name, bool compress, nlohmann::json& files) {
+  const std::string raw_path = tmp_dir + "/" + name;
+  FERRY_RETURN_IF_ERROR(writer.Write(raw_path));  // fsynced by the writer
+  FERRY_ASSIGN_OR_RETURN(std::vector<std::byte> raw, ReadWholeFile(raw_path));
+  nlohmann::json entry = {{"raw_bytes", raw.size()}, {"compression", "none"}};
+  std::string stored_name = name;
+  std::span<const std::byte> stored = raw;
+  std::vector<std::byte> packed;
+  if (compress) {
+    ZstdCodec codec(3);
+    packed.resize(ZstdCodec::CompressBound(raw.size()));
+    FERRY_ASSIGN_OR_RETURN(size_t n, codec.Compress(raw, packed));
+    packed.resize(n);
+    stored_name = name + ".zst";
+    stored = packed;
+    entry["compression"] = "zstd";
+    FERRY_RETURN_IF_ERROR(WriteFileDurably(tmp_dir + "/" + stored_name, stored));
+    if (::unlink(raw_path.c_str()) != 0) return Status::FromErrno(errno, "remove " + raw_path);
+  }
+  entry["bytes"] = stored.size();
+  entry["crc32c"] = Crc32c(stored);
+  files[stored_name] = entry;
+  return Status::Ok();
+}
+
+// A verified file of a checkpoint, decompressed.
+Result<std::vector<std::byte>> ReadVerified(const std::string& dir, const std::string& name,
+                                            const nlohmann::json& entry) {
+  const std::string path = dir + "/" + name;
+  FERRY_ASSIGN_OR_RETURN(std::vector<std::byte> stored, ReadWholeFile(path));
+  const size_t want = entry.value("bytes", size_t(0));
+  if (stored.size() != want) {
+    return Status::Corruption(path + " holds " + std::to_string(stored.size()) +
+                              " bytes, state.json says " + std::to_string(want) + " (truncated?)");
+  }
+  if (Crc32c(stored) != entry.value("crc32c", uint32_t(0))) {
+    return Status::Corruption(path + " fails its CRC-32C checksum (the file is corrupt)");
+  }
+  if (entry.value("compression", "none") != "zstd") return stored;
+  std::vector<std::byte> raw(entry.value("raw_bytes", size_t(0)));
+  ZstdCodec codec;
+  FERRY_RETURN_IF_ERROR(codec.Decompress(stored, raw).WithContext(path));
+  return raw;
+}
+
+// The F32 tensors of a verified safetensors image, by name.
+Result<std::map<std::string, std::vector<float>>> ParseTensors(std::span<const std::byte> image,
+                                                               const std::string& path) {
+  FERRY_ASSIGN_OR_RETURN(SafetensorsHeader header, ParseSafetensorsHeader(image, path));
+  std::map<std::string, std::vector<float>> out;
+  for (const SafetensorsTensorInfo& t : header.tensors) {
+    if (t.dtype != SafetensorsDType::kF32) {
+      return Status::Corruption(path + ": tensor " + t.name + " is not F32");
+    }
+    std::vector<float>& v = out[t.name];
+    v.resize(t.bytes / sizeof(float));
+    std::memcpy(v.data(), image.data() + t.offset, t.bytes);
+  }
+  return out;
+}
+
+// The file of `files` whose name starts with `stem` (the plain or the .zst one).
+Result<std::string> FileNamed(const nlohmann::json& files, const std::string& stem,
+                              const std::string& dir) {
+  for (const std::string& name : {stem, stem + ".zst"}) {
+    if (files.contains(name)) return name;
+  }
+  return Status::Corruption(dir + "/state.json lists no " + stem);
+}
+
+}  // namespace
+
+std::string CheckpointsDir(const std::string& run_dir) { return run_dir + "/checkpoints"; }
+
+std::string CheckpointName(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%s%08lld", kStepPrefix, (long long)step);
+  return buf;
+}
+
+Result<std::string> SaveCheckpoint(const std::string& run_dir, const Trainer& trainer,
+                                   const CheckpointMeta& meta, const CheckpointOptions& options) {
+  if (options.keep < 1) return Status::InvalidArgument("--keep-checkpoints must be at least 1");
+  const std::string parent = CheckpointsDir(run_dir);
+  const int64_t step = trainer.steps_done();
+  const std::string name = CheckpointName(step);
+  const std::string final_dir = parent + "/" + name;
+  const std::string tmp_dir = parent + "/.tmp-" + name;
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec) return Status::IOError("cannot create " + parent + ": " + ec.message());
+  // Leftovers of a killed save (temporary and half-removed folders).
+  std::vector<fs::path> leftovers;
+  for (const fs::directory_entry& e : fs::directory_iterator(parent, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(".tmp-", 0) == 0 || n.rfind(".trash-", 0) == 0) leftovers.push_back(e.path());
+  }
+  for (const fs::path& p : leftovers) fs::remove_all(p, ec);
+  fs::create_directories(tmp_dir, ec);
+  if (ec) return Status::IOError("cannot create " + tmp_dir + ": " + ec.message());
+
+  auto write_all = [&]() -> Status {
+    nlohmann::json files = nlohmann::json::object();
+    SafetensorsWriter weights, moments;
+    for (const std::string& n : trainer.trainable_names()) {
+      const std::vector<float>& w = trainer.weights().tensors.at(n);
+      weights.Add(n, {int64_t(w.size())}, w);
+      moments.Add(n + kExpAvg, {int64_t(w.size())}, trainer.exp_avg(n));
+      moments.Add(n + kExpAvgSq, {int64_t(w.size())}, trainer.exp_avg_sq(n));
+    }
+    FERRY_RETURN_IF_ERROR(
+        WriteTensorFile(weights, tmp_dir, "trainable.safetensors", options.compress, files));
+    FERRY_RETURN_IF_ERROR(Hook(options, step, "trainable"));
+    FERRY_RETURN_IF_ERROR(
+        WriteTensorFile(moments, tmp_dir, "optimizer.safetensors", options.compress, files));
+    FERRY_RETURN_IF_ERROR(Hook(options, step, "optimizer"));
+    FERRY_RETURN_IF_ERROR(WriteFileDurably(tmp_dir + "/metrics.jsonl", Bytes(meta.metrics)));
+    files["metrics.jsonl"] = {{"bytes", meta.metrics.size()},
+                              {"raw_bytes", meta.metrics.size()},
+                              {"compression", "none"},
+                              {"crc32c", Crc32c(Bytes(meta.metrics))}};
+    FERRY_RETURN_IF_ERROR(Hook(options, step, "metrics"));
+    const nlohmann::json state = {
+        {"format", kFormat},
+        {"step", step},
+        {"data_position", step},
+        {"rng",
+         "none: a micro-batch is a pure function of (seed, step, micro) and initialization of "
+         "(seed, name, index); the data position is the step"},
+        {"elapsed_s", meta.elapsed_s},
+        {"job", meta.job},
+        {"files", files}};
+    FERRY_RETURN_IF_ERROR(WriteFileDurably(tmp_dir + "/state.json", Bytes(state.dump(2) + "\n")));
+    FERRY_RETURN_IF_ERROR(Hook(options, step, "state"));
+    FERRY_RETURN_IF_ERROR(SyncDirectory(tmp_dir));
+    return Hook(options, step, "publish");
+  };
+  Status s = write_all();
+  if (s.ok() && fs::exists(final_dir, ec)) RemoveFolder(parent, name);  // replaced below
+  if (s.ok()) {
+    fs::rename(tmp_dir, final_dir, ec);
+    if (ec)
+      s = Status::IOError("cannot rename " + tmp_dir + " to " + final_dir + ": " + ec.message());
+  }
+  if (s.ok()) s = SyncDirectory(parent);
+  if (s.ok()) s = WriteFileAtomically(parent + "/latest", name + "\n");
+  if (!s.ok()) {
+    fs::remove_all(tmp_dir, ec);
+    return s.WithContext("checkpoint " + final_dir);
+  }
+  int64_t kept = 1;  // the one just written
+  for (const auto& [old_step, old_name] : ListCheckpoints(parent)) {
+    if (old_name == name) continue;
+    if (kept < options.keep) {
+      ++kept;
+    } else {
+      RemoveFolder(parent, old_name);
+    }
+  }
+  return final_dir;
+}
+
+Result<CheckpointState> ReadCheckpoint(const std::string& dir) {
+  const std::string state_path = dir + "/state.json";
+  FERRY_ASSIGN_OR_RETURN(std::vector<std::byte> text, ReadWholeFile(state_path));
+  const nlohmann::json state = nlohmann::json::parse(
+      std::string_view(reinterpret_cast<const char*>(text.data()), text.size()), nullptr, false);
+  if (state.is_discarded() || !state.is_object() || !state.contains("files") ||
+      !state["files"].is_object() || !state.contains("step") ||
+      !state["step"].is_number_integer()) {
+    return Status::Corruption(state_path + " is not a valid checkpoint state");
+  }
+  if (state.value("format", 0) != kFormat) {
+    return Status::InvalidArgument(state_path + " has checkpoint format " +
+                                   state.value("format", nlohmann::json()).dump() +
+                                   "; this ferry reads format " + std::to_string(kFormat));
+  }
+  CheckpointState out;
+  out.dir = dir;
+  out.step = state["step"].get<int64_t>();
+  out.meta.elapsed_s = state.value("elapsed_s", 0.0);
+  out.meta.job = state.value("job", nlohmann::json::object());
+  const nlohmann::json& files = state["files"];
+  for (const auto& [name, entry] : files.items()) {
+    if (!entry.is_object()) return Status::Corruption(state_path + ": bad entry for " + name);
+  }
+  FERRY_ASSIGN_OR_RETURN(
+      std::vector<std::byte> metrics,
+      ReadVerified(dir, "metrics.jsonl", files.value("metrics.jsonl", nlohmann::json::object())));
+  out.meta.metrics.assign(reinterpret_cast<const char*>(metrics.data()), metrics.size());
+
+  FERRY_ASSIGN_OR_RETURN(std::string weights_name, FileNamed(files, "trainable.safetensors", dir));
+  FERRY_ASSIGN_OR_RETURN(std::vector<std::byte> weights,
+                         ReadVerified(dir, weights_name, files[weights_name]));
+  FERRY_ASSIGN_OR_RETURN(auto weight_tensors, ParseTensors(weights, dir + "/" + weights_name));
+  out.trainable.tensors = std::move(weight_tensors);
+
+  FERRY_ASSIGN_OR_RETURN(std::string moments_name, FileNamed(files, "optimizer.safetensors", dir));
+  FERRY_ASSIGN_OR_RETURN(std::vector<std::byte> moments,
+                         ReadVerified(dir, moments_name, files[moments_name]));
+  FERRY_ASSIGN_OR_RETURN(auto moment_tensors, ParseTensors(moments, dir + "/" + moments_name));
+  for (auto& [name, values] : moment_tensors) {
+    const auto ends_with = [&](const std::string& suffix) {
+      return name.size() > suffix.size() &&
+             name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (ends_with(kExpAvgSq)) {
+      out.exp_avg_sq.tensors[name.substr(0, name.size() - std::strlen(kExpAvgSq))] =
+          std::move(values);
+    } else if (ends_with(kExpAvg)) {
+      out.exp_avg.tensors[name.substr(0, name.size() - std::strlen(kExpAvg))] = std::move(values);
+    } else {
+      return Status::Corruption(dir + "/" + moments_name + ": unexpected tensor " + name);
+    }
+  }
+  return out;
+}
+
+Result<CheckpointState> LoadLatestCheckpoint(const std::string& run_dir,
+                                             const std::function<void(const std::string&)>& warn) {
+  const std::string parent = CheckpointsDir(run_dir);
+  std::vector<std::string> order;
+  if (Result<std::vector<std::byte>> latest = ReadWholeFile(parent + "/latest"); latest.ok()) {
+    std::string name(reinterpret_cast<const char*>(latest->data()), latest->size());
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    if (StepOfName(name) >= 0) order.push_back(name);
+  }
+  for (const auto& [step, name] : ListCheckpoints(parent)) {
+    if (std::find(order.begin(), order.end(), name) == order.end()) order.push_back(name);
+  }
+  for (const std::string& name : order) {
+    Result<CheckpointState> c = ReadCheckpoint(parent + "/" + name);
+    if (c.ok()) return c;
+    if (warn) warn("skipping checkpoint " + name + ": " + c.status().message());
+  }
+  return Status::NotFound("no intact checkpoint in " + parent +
+                          "; start a new run (ferry train --out ...) instead of --resume");
+}
+
+Status ApplyCheckpointWeights(const CheckpointState& checkpoint,
+                              const std::vector<LayerSpec>& layers, HostTensors& weights) {
+  for (const ParamSpec* p : StorageParams(layers)) {
+    if (!p->trainable) continue;
+    auto it = checkpoint.trainable.tensors.find(p->name);
+    if (it == checkpoint.trainable.tensors.end() || int64_t(it->second.size()) != p->numel()) {
+      return Status::InvalidArgument("checkpoint " + checkpoint.dir + " lacks " + p->name +
+                                     " or holds it at another size: it is not of this job's model");
+    }
+    weights.tensors.at(p->name) = it->second;
+  }
+  return Status::Ok();
+}
+
+}  // namespace ferry

@@ -1,0 +1,100 @@
+// Checkpoints of a training run: what a resume needs to continue bit for bit, written so that a
+// crash or a kill -9 at any moment leaves the previous checkpoint intact.
+//
+// Layout (RUN_DIR/checkpoints/):
+//   step-00000040/                 one checkpoint, named by the updates done
+//     trainable.safetensors[.zst]  every trainable storage-owning parameter (full fine-tuning: the
+//                                  whole model; LoRA: the adapter only — the frozen base is
+//                                  rebuilt from the job, as at the start of the run), ferry's
+//                                  names, master layout, fp32, 1-D
+//     optimizer.safetensors[.zst]  AdamW's "<name>/exp_avg" and "<name>/exp_avg_sq" for each
+//     metrics.jsonl                the run's metrics lines 1..step
+//     state.json                   written last: format, step, data_position, rng, elapsed_s, the
+//                                  resolved job, and for every other file its size, CRC-32C and
+//                                  compression
+//   latest                         the name of the newest checkpoint ("step-00000040\n")
+//
+// Data position and RNG state: a micro-batch is a pure function of (seed, step, micro)
+// (dataset.h) and initialization of (seed, name, index), so there is no RNG state to save: the
+// data position is the step, recorded as such.
+//
+// Writing (SaveCheckpoint): every file goes into ".tmp-step-K/" and is fsynced; the folder is
+// fsynced, renamed to "step-K" and the parent fsynced; then `latest` is replaced the same way
+// (WriteFileAtomically); then checkpoints beyond the newest `keep` are renamed to ".trash-*" and
+// removed. Leftover ".tmp-*" and ".trash-*" folders (a killed save) are removed by the next save.
+// With `compress`, the tensor files are zstd-compressed whole (offload/zstd_codec.h).
+//
+// Reading (ReadCheckpoint) verifies every file's size and checksum before using it: a corrupt or
+// truncated checkpoint is a Corruption error naming the file. LoadLatestCheckpoint tries `latest`
+// and then every other checkpoint newest first, warning about each one that fails, so a run
+// resumes from the newest intact checkpoint (policy: fall back with a warning, never silently).
+//
+// Stateless functions; thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+#include "engine/model/model_runner.h"
+#include "engine/model/param_spec.h"
+#include "engine/train/trainer.h"
+#include "kernels/status.h"
+
+namespace ferry {
+
+struct CheckpointOptions {
+  int64_t keep = 3;       // newest checkpoints kept (>= 1); older ones are removed after a save
+  bool compress = false;  // zstd the tensor files
+  // Test-only fault injection: called with the checkpoint's step and the stage reached
+  // ("trainable", "optimizer", "metrics", "state": that file is written into the temporary folder;
+  // "publish": before the rename) — a non-ok Status aborts the save there, and a hook may also kill
+  // the process.
+  std::function<Status(int64_t step, std::string_view stage)> fault_hook;
+};
+
+// The run's bookkeeping that goes beside the trainer's state.
+struct CheckpointMeta {
+  double elapsed_s = 0;  // training seconds so far (metrics' elapsed_s continues from it)
+  nlohmann::json job;    // the resolved job (JobSpecToJson)
+  std::string metrics;   // metrics.jsonl lines 1..step
+};
+
+// A checkpoint read back and verified.
+struct CheckpointState {
+  std::string dir;   // the checkpoint folder
+  int64_t step = 0;  // updates done == the data position
+  CheckpointMeta meta;
+  HostTensors trainable;  // master weights of the trainable parameters
+  HostTensors exp_avg, exp_avg_sq;
+};
+
+// RUN_DIR/checkpoints
+std::string CheckpointsDir(const std::string& run_dir);
+// "step-00000040"
+std::string CheckpointName(int64_t step);
+
+// Writes checkpoint step-<trainer.steps_done()> of `run_dir` as described above and returns its
+// folder. When that folder already exists (a resumed run saving the step it resumed from) it is
+// left as it is: by determinism it holds the same state. Errors name the file; nothing already
+// saved is touched by a failed save.
+Result<std::string> SaveCheckpoint(const std::string& run_dir, const Trainer& trainer,
+                                   const CheckpointMeta& meta, const CheckpointOptions& options);
+
+// Reads and verifies one checkpoint folder. Corruption naming the file for a bad size, checksum,
+// header or state.json; NotFound when state.json is absent (an unfinished save).
+Result<CheckpointState> ReadCheckpoint(const std::string& dir);
+
+// The newest intact checkpoint of `run_dir` (see above); `warn` gets one line per checkpoint
+// skipped. NotFound, with advice, when there is none.
+Result<CheckpointState> LoadLatestCheckpoint(const std::string& run_dir,
+                                             const std::function<void(const std::string&)>& warn);
+
+// Overwrites the trainable parameters of `weights` with the checkpoint's. InvalidArgument naming
+// the tensor when one is missing or mis-sized (a checkpoint of another model).
+Status ApplyCheckpointWeights(const CheckpointState& checkpoint,
+                              const std::vector<LayerSpec>& layers, HostTensors& weights);
+
+}  // namespace ferry
