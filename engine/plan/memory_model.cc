@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cassert>
+#include <map>
+#include <string_view>
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gemm.h"
@@ -33,12 +35,43 @@ uint64_t GemmScratch(ScratchTarget t, int64_t m, int64_t n, int64_t k, GemmDType
   return cpu::GemmScratchBytes(t.cpu_threads, m, n, k, dtypes);
 }
 
+// Element counts of the device tensors a layer's parameters occupy (all of them, or the trainable
+// ones), as the executor lays them out (engine/model/device_params.h): a Llama MLP's gate_proj and
+// up_proj are one (2I, ...) tensor, weight and bias alike; their LoRA adapters are one packed
+// group whose A stacks the adapters' (r, C) and whose B is block-diagonal (2I, k r) for k adapted
+// projections, i.e. twice the elements of the adapters' own B matrices. Anything else is one
+// tensor per parameter.
+std::vector<uint64_t> DeviceTensorElems(const LayerSpec& layer, bool trainable_only) {
+  static constexpr std::string_view kGroup[] = {".mlp.gate_proj.", ".mlp.up_proj."};
+  std::map<std::string, uint64_t> fused;  // suffix after the projection name -> elements
+  std::vector<uint64_t> out;
+  for (const ParamSpec& p : layer.params) {
+    if (trainable_only && !p.trainable) continue;
+    const uint64_t n = uint64_t(p.numel());
+    size_t at = std::string::npos, len = 0;
+    for (std::string_view g : kGroup) {
+      if ((at = p.name.find(g)) != std::string::npos) {
+        len = g.size();
+        break;
+      }
+    }
+    if (at == std::string::npos) {
+      out.push_back(n);
+      continue;
+    }
+    const std::string suffix = p.name.substr(at + len);  // "weight", "lora_B.weight", ...
+    fused[suffix] += suffix.rfind("lora_B", 0) == 0 ? 2 * n : n;
+  }
+  for (const auto& [suffix, n] : fused) out.push_back(n);
+  return out;
+}
+
 // Device bytes of a layer's weights in the compute dtype, each tensor at an
 // aligned offset.
 uint64_t LayerWeightBytes(const LayerSpec& layer, DType compute) {
   uint64_t bytes = 0;
-  for (const ParamSpec& p : layer.params) {
-    bytes += RoundUp(uint64_t(p.numel()) * DTypeSize(compute), kArenaAlignment);
+  for (uint64_t n : DeviceTensorElems(layer, false)) {
+    bytes += RoundUp(n * DTypeSize(compute), kArenaAlignment);
   }
   return bytes;
 }
@@ -47,9 +80,7 @@ uint64_t LayerWeightBytes(const LayerSpec& layer, DType compute) {
 // aligned offset.
 uint64_t LayerGradBytes(const LayerSpec& layer) {
   uint64_t bytes = 0;
-  for (const ParamSpec& p : layer.params) {
-    if (p.trainable) bytes += RoundUp(uint64_t(p.numel()) * kF32, kArenaAlignment);
-  }
+  for (uint64_t n : DeviceTensorElems(layer, true)) bytes += RoundUp(n * kF32, kArenaAlignment);
   return bytes;
 }
 
@@ -152,6 +183,19 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   Add(e.gpu, "saved.slot1", saved_set, A);
   Add(e.gpu, "grad.work", saved_set, A);
   Add(e.gpu, "scratch", scratch, A);
+  // RoPE position ids (i32 per token) for models without learned positions (GPT-2 adds its
+  // position table on the host).
+  if (!in.model.learned_positions) {
+    Add(e.gpu, "positions", uint64_t(in.micro_batch.tokens()) * 4, A);
+  }
+  // The fused LM head + loss always accumulates a dW: a frozen head (LoRA) writes it to a sink.
+  bool head_frozen = false;
+  for (const ParamSpec& p : layers[size_t(head)].params) {
+    if (p.name == "lm_head.weight") head_frozen = !p.trainable;
+  }
+  if (head_frozen) {
+    Add(e.gpu, "grads.sink", uint64_t(in.model.vocab_size * in.model.hidden_size) * kF32, A);
+  }
   if (in.scratch.cuda) Add(e.gpu, "library.workspace", kCublasWorkspaceBytes, A);
 
   // Host and NVMe.

@@ -68,7 +68,10 @@ TEST(MemoryModel, FullFineTuningByHand) {
   EXPECT_EQ(gpu.at("grad.work"), 1024u);
   EXPECT_EQ(gpu.at("scratch"), HeadScratch());  // no CUDA GEMM/attention kernel asks for any yet
   EXPECT_EQ(gpu.at("library.workspace"), 32u << 20);
-  EXPECT_EQ(e.gpu.total(), 2 * 2304 + 3072 + 3 * 256 + 3 * 1024 + HeadScratch() + (32u << 20));
+  EXPECT_EQ(gpu.at("positions"), 256u);    // RoPE ids: 4 tokens x 4 B -> 256
+  EXPECT_EQ(gpu.count("grads.sink"), 0u);  // the head is trainable
+  EXPECT_EQ(e.gpu.total(),
+            2 * 2304 + 3072 + 3 * 256 + 3 * 1024 + HeadScratch() + (32u << 20) + 256);
 
   // Pinned: bf16 uploads (2 x 592 + 88) x 2 B = 2544 -> one page; gradient landing 2 GPUs x 3072
   // = 6144 -> 8192; saved activations: per block 3 micro-batches x (64 input + 832 saved) = 2688,
@@ -134,6 +137,23 @@ TEST(MemoryModel, LoraWithFrozenWeightsAndActivationsOnNvmeByHand) {
   EXPECT_EQ(pageable.at("optimizer.master"), 4096u);   // 112 x 4 B
   EXPECT_EQ(pageable.at("optimizer.moments"), 4096u);  // 112 x 8 B
   EXPECT_EQ(pageable.at("weights.embedding"), 4096u);  // frozen, untied: 80 x 2 B
+  // The frozen LM head's dW sink (the fused op always writes one): 10 x 8 fp32 = 320 -> 512.
+  EXPECT_EQ(gpu.at("grads.sink"), 512u);
+}
+
+// A Llama MLP's gate and up projections are one device tensor, and their LoRA adapters one
+// packed group whose B is block-diagonal (engine/model/device_params.h): counted as laid out.
+TEST(MemoryModel, GateUpLoraIsOnePackedGroupByHand) {
+  MemoryPlanInput in = HandInput();
+  in.lora.rank = 8;
+  in.lora.targets = kLoraGate | kLoraUp;
+  const auto gpu = Named(ComputeMemory(in).gpu);
+  // fp32 gradients per block: A stacks gate's and up's (8 x 8) into (16 x 8) = 512 B; B is
+  // (2 x 16 rows) x (2 x 8) = 512 values = 2048 B, twice the two (16 x 8) B's own 1024 B.
+  EXPECT_EQ(gpu.at("grads.accum"), 512u + 2048u);
+  // Weights: the 9 base tensors as before (gate+up fused: 512 bf16 B = two 256-byte tensors)
+  // + A 256 B + B 1024 B.
+  EXPECT_EQ(gpu.at("weights.slot0"), 2304u + 256u + 1024u);
 }
 
 TEST(MemoryModel, CpuDeviceScratchFollowsThreadCount) {
