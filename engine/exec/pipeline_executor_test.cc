@@ -294,7 +294,11 @@ INSTANTIATE_TEST_SUITE_P(
         // GPT-2 (tied, learned positions): one block per stage, four micro-batches, 3 devices.
         Case{"gpt2", 0, {{{1, 2}, {2, 3}, {3, 4}, {4, 5}}, {3}, 4}, 3},
         // Llama with LoRA on every projection (frozen head: the dW sink), two micro-batches.
-        Case{"llama", 4, {{{1, 3}, {3, 5}}, {4}, 2}, 2}),
+        Case{"llama", 4, {{{1, 3}, {3, 5}}, {4}, 2}, 2},
+        // Awkward sizes: 1 x 25 tokens (no tensor a multiple of the alignment), LoRA rank 3, a
+        // one-block stage then a three-block one, 2 micro-batches on 3 devices.
+        Case{"qwen3", 3, {{{1, 2}, {2, 5}}, {3}, 2, 1, 25}, 3},
+        Case{"gpt2", 0, {{{1, 4}, {4, 5}}, {1}, 3, 1, 25}, 2}),
     [](const ::testing::TestParamInfo<Case>& i) {
       return std::string(i.param.golden) + (i.param.lora_rank ? "_lora" : "") + "_" +
              std::to_string(i.index);

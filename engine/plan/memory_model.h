@@ -19,7 +19,8 @@
 //   layer's
 //                       input, its output, and the residual gradient in backward (ping-pong);
 //   saved.slot0/1       two per-layer saved-activation buffers, each the largest layer's saved set
-//                       (ComputeLayerCost::saved_bytes): forward writes layer i's set into one
+//                       (the tensors ComputeLayerCost::saved_bytes counts, each at an aligned
+//                       offset): forward writes layer i's set into one
 //                       while layer i-1's set downloads from the other; backward uploads (or
 //                       recomputes from the layer's input) a layer's set into one while the other
 //                       is consumed. Saved data never stays on a GPU across layers, so whether a
