@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -280,6 +281,65 @@ TEST_P(ExecutorTest, ArenaMatchesMemoryModel) {
   EXPECT_EQ(e.status().code(), StatusCode::kOutOfMemory) << e.status().ToString();
   EXPECT_NE(e.status().message().find(p.memory.gpu.allocations.back().name), std::string::npos)
       << e.status().ToString();
+}
+
+// The planner's own choice (stages, micro-batches, recompute) for a small machine whose GPUs are
+// CPU devices: it runs, within the predicted bytes exactly, and matches the single-device runner.
+TEST(ExecutorPlannerTest, PlannerChosenPlanRunsInItsPredictedBytes) {
+  plan::HardwareProfile h;
+  h.name = "cpu devices";
+  h.gpu = {"cpu", 3, 8ull << 20, 0, 8ull << 20, 1e12, 0, 0.5, 1e11, false, "test"};
+  h.pcie = {4, 16, 2e10, 2e10, 1e10, 1e10, "test"};
+  h.host = {1ull << 30, 1ull << 30, 1e11, 1, 8, "test"};
+  h.nvme = {"", 0, 3e9, 3e9, 1.5e9, 0, "test"};
+  h.optimizer = {1e9, "test"};
+  Model m{TinyLlamaPreset(), {}};
+  m.config.num_layers = 6;
+  m.config.hidden_size = 64;
+  m.config.intermediate_size = 96;
+  m.config.num_heads = 4;
+  m.config.num_kv_heads = 2;
+  m.config.head_dim = 16;
+  plan::PlanJob job;
+  job.global_batch = 8;
+  job.seq_len = 24;
+  job.compute_dtype = DType::kF32;
+  job.scratch = {.cuda = false, .cpu_threads = kThreads};
+  Result<plan::PlanOutcome> r = plan::MakePlan("tiny", m.config, job, h, /*suggest=*/false);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(r->feasible) << r->binding;
+  const plan::Plan& p = r->plan;
+  ASSERT_GT(p.stages.size(), 1u) << "the test wants a multi-stage plan";
+  const uint64_t predicted = p.memory.gpu.total();
+  ASSERT_LE(predicted, h.gpu.memory_usable_bytes);
+  std::cout << "[ plan ] " << p.stages.size() << " stages, " << p.micro_batches << " x "
+            << p.micro_batch_size << " sequences, activations " << p.activation_policy << ", "
+            << predicted << " bytes per device\n";
+
+  const HostTensors w = RandomWeights(m, 1);
+  const Batches b = MakeBatches(m, p.micro_batches, p.micro_batch_size * job.seq_len, 2);
+  const PlanSpec spec{p.stages, {}, p.micro_batches, p.micro_batch_size, job.seq_len, 3};
+  HostTensors want = ZeroGrads(m);
+  const double want_loss = RunnerStep(m, spec, w, b, want);
+
+  std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(3, predicted);
+  Result<std::unique_ptr<PipelineExecutor>> e = PipelineExecutor::Create(Raw(devs), m.config, p);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  HostTensors got = ZeroGrads(m);
+  Result<double> loss = (*e)->Step(w, b.inputs, got);
+  ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+  EXPECT_NEAR(*loss, want_loss, 1e-12 * std::abs(want_loss));
+  // Tolerance as MatchesSingleDeviceRunner (device- vs host-side accumulation order).
+  const float eps = DTypeEpsilon(DType::kF32);
+  for (const auto& [name, g] : want.tensors) {
+    float mag = 0;
+    for (float v : g) mag = std::max(mag, std::abs(v));
+    const std::vector<float>& x = got.tensors.at(name);
+    for (size_t i = 0; i < g.size(); ++i) {
+      ASSERT_LE(std::abs(x[i] - g[i]), 8 * eps * (mag + std::abs(g[i]))) << name << "[" << i << "]";
+    }
+  }
+  for (const auto& d : devs) EXPECT_EQ(d->arena_stats().peak, predicted) << d->name();
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -257,8 +257,9 @@ Status ValidateInputs(const ModelConfig& model, const PlanJob& job, const Hardwa
                                    " must divide --batch-size " + std::to_string(job.global_batch) +
                                    " (or be 0 for auto)");
   }
-  if (job.compute_dtype == DType::kF32) {
-    return Status::InvalidArgument("compute dtype must be bf16 or fp16");
+  // f32 only for CPU devices (they compute in f32 today; engine/exec runs such plans).
+  if (job.compute_dtype == DType::kF32 && job.scratch.cuda) {
+    return Status::InvalidArgument("compute dtype must be bf16 or fp16 (f32: CPU devices only)");
   }
   return Status::Ok();
 }
