@@ -42,10 +42,10 @@ struct HostTensors {
 };
 
 struct ModelRunnerOptions {
-  BatchShape shape;                      // micro-batch B x T (fixed for the runner's life)
-  DType compute_dtype = DType::kF32;     // storage dtype of weights/activations on the device
-  std::vector<bool> recompute;           // per block; empty = save everything
-  int64_t loss_chunk_tokens = 256;       // fused LM-head chunk
+  BatchShape shape;                   // micro-batch B x T (fixed for the runner's life)
+  DType compute_dtype = DType::kF32;  // storage dtype of weights/activations on the device
+  std::vector<bool> recompute;        // per block; empty = save everything
+  int64_t loss_chunk_tokens = 256;    // fused LM-head chunk
 };
 
 struct MicroBatchInput {
@@ -55,7 +55,7 @@ struct MicroBatchInput {
 };
 
 struct RunnerStats {
-  int64_t block_forward_calls = 0;   // counts recomputation too
+  int64_t block_forward_calls = 0;  // counts recomputation too
   size_t arena_peak_bytes = 0;
 };
 
@@ -75,6 +75,18 @@ class ModelRunner {
   // non-masked targets / normalizer) and adds its gradients into `grads` (trainable parameters
   // only; grads must hold a zero-initialized or accumulating buffer for each).
   virtual Result<double> AccumulateGradients(const MicroBatchInput& mb, HostTensors& grads) = 0;
+  // All micro-batches of one optimizer step: the sum of their loss contributions, gradients added
+  // into `grads` as AccumulateGradients does. The default runs them one after another; a pipeline
+  // (engine/exec/pipeline_runner.h) runs them stage by stage.
+  virtual Result<double> AccumulateStep(std::span<const MicroBatchInput> batches,
+                                        HostTensors& grads) {
+    double loss = 0;
+    for (const MicroBatchInput& mb : batches) {
+      FERRY_ASSIGN_OR_RETURN(double l, AccumulateGradients(mb, grads));
+      loss += l;
+    }
+    return loss;
+  }
   // Forward only: the full logits (B*T, V) in fp32, for tests and evaluation.
   virtual Result<std::vector<float>> Logits(std::span<const int32_t> tokens) = 0;
   virtual RunnerStats stats() const = 0;
