@@ -139,13 +139,16 @@ plan::Plan MakeTestPlan(const Model& m, const PlanSpec& s) {
   return p;
 }
 
-std::vector<std::unique_ptr<CpuDevice>> MakeDevices(int count, size_t bytes) {
+std::vector<std::unique_ptr<CpuDevice>> MakeDevices(int count, size_t bytes,
+                                                    uint32_t max_delay_us = 0) {
   std::vector<std::unique_ptr<CpuDevice>> out;
   for (int i = 0; i < count; ++i) {
     CpuDeviceOptions o;
     o.name = "cpu" + std::to_string(i);
     o.memory_bytes = bytes;
     o.compute_threads = kThreads;
+    o.max_random_delay_us = max_delay_us;
+    o.random_delay_seed = uint64_t(i) + 1;
     Result<std::unique_ptr<CpuDevice>> d = CpuDevice::Create(o);
     EXPECT_TRUE(d.ok()) << d.status().ToString();
     if (d.ok()) out.push_back(std::move(*d));
@@ -346,6 +349,28 @@ TEST(ExecutorPlannerTest, PlannerChosenPlanRunsInItsPredictedBytes) {
 
 // Three optimizer steps (AdamW, clipping, warm-up) of the Trainer driving the pipeline on three
 // devices against the Trainer driving one ModelRunner, from the same weights on the same batches.
+// Random delays before every stream task (the CPU device's race detector) leave the results bit
+// for bit unchanged: every copy is ordered against the compute that reads or writes its buffer.
+TEST(ExecutorRaceTest, RandomStreamDelaysChangeNothing) {
+  const Model m = LoadModel("llama", 2);
+  const PlanSpec spec{{{1, 2}, {2, 4}, {4, 5}}, {2}, 3, 2, 16, 3};
+  const plan::Plan p = MakeTestPlan(m, spec);
+  const HostTensors w = RandomWeights(m, 9);
+  const Batches b = MakeBatches(m, spec.micro_batches, spec.batch * spec.seq_len, 4);
+  auto run = [&](uint32_t delay_us, HostTensors& g) -> double {
+    std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(3, p.memory.gpu.total(), delay_us);
+    Result<std::unique_ptr<PipelineExecutor>> e = PipelineExecutor::Create(Raw(devs), m.config, p);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    if (!e.ok()) return NAN;
+    Result<double> loss = (*e)->Step(w, b.inputs, g);
+    EXPECT_TRUE(loss.ok()) << loss.status().ToString();
+    return loss.ok() ? *loss : NAN;
+  };
+  HostTensors plain = ZeroGrads(m), delayed = ZeroGrads(m);
+  EXPECT_EQ(run(0, plain), run(300, delayed));
+  for (const auto& [name, g] : plain.tensors) EXPECT_EQ(delayed.tensors.at(name), g) << name;
+}
+
 // The same global batch each step, so the loss must fall (the comparison is not moot).
 // Tolerance: the gradients differ by reassociation only (see MatchesSingleDeviceRunner, a few eps
 // of each tensor's largest gradient). AdamW normalizes each element by its own sqrt(v), so an
