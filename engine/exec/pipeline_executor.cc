@@ -11,6 +11,7 @@
 #include "engine/model/embedding.h"
 #include "engine/model/head.h"
 #include "kernels/arena.h"
+#include "kernels/cpu/cpu_device.h"
 #include "kernels/host_memory.h"
 
 namespace ferry::exec {
@@ -406,6 +407,20 @@ Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const
   FERRY_RETURN_IF_ERROR(ValidateModelConfig(c));
   FERRY_RETURN_IF_ERROR(ValidateLoraConfig(p.job.lora));
   if (devices.empty()) return Status::InvalidArgument("the executor needs at least one device");
+  for (Device* d : devices) {
+    // Op scratch depends on the device kind and, on CPU devices, on the thread count.
+    const bool cpu = d->kind() == DeviceKind::kCpu;
+    const int threads = cpu ? static_cast<const CpuDevice*>(d)->options().compute_threads : 0;
+    if (cpu == p.job.scratch.cuda || (cpu && threads != p.job.scratch.cpu_threads)) {
+      return Status::InvalidArgument(
+          "device '" + d->name() + "' is " +
+          (cpu ? "a CPU device with " + std::to_string(threads) + " threads" : "a CUDA device") +
+          " but the plan sized op scratch for " +
+          (p.job.scratch.cuda ? std::string("CUDA devices")
+                              : std::to_string(p.job.scratch.cpu_threads) + "-thread CPU devices") +
+          ": plan for the devices it runs on");
+    }
+  }
   if (p.job.compute_dtype != DType::kF32) {
     return Status::InvalidArgument(
         "the executor computes in f32 only for now: plan with compute dtype f32");

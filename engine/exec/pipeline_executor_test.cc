@@ -349,6 +349,22 @@ TEST(ExecutorPlannerTest, PlannerChosenPlanRunsInItsPredictedBytes) {
 
 // Three optimizer steps (AdamW, clipping, warm-up) of the Trainer driving the pipeline on three
 // devices against the Trainer driving one ModelRunner, from the same weights on the same batches.
+TEST(ExecutorRaceTest, RefusesDevicesThePlanWasNotSizedFor) {
+  const Model m = LoadModel("llama");
+  const plan::Plan p = MakeTestPlan(m, {{{1, 3}, {3, 5}}, {}, 1, 2, 16, 2});
+  std::vector<std::unique_ptr<CpuDevice>> devs;
+  CpuDeviceOptions o;
+  o.memory_bytes = p.memory.gpu.total();
+  o.compute_threads = kThreads + 1;
+  Result<std::unique_ptr<CpuDevice>> d = CpuDevice::Create(o);
+  ASSERT_TRUE(d.ok());
+  devs.push_back(std::move(*d));
+  Result<std::unique_ptr<PipelineExecutor>> e = PipelineExecutor::Create(Raw(devs), m.config, p);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("3 threads"), std::string::npos) << e.status().ToString();
+}
+
 // Random delays before every stream task (the CPU device's race detector) leave the results bit
 // for bit unchanged: every copy is ordered against the compute that reads or writes its buffer.
 TEST(ExecutorRaceTest, RandomStreamDelaysChangeNothing) {
