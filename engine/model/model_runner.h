@@ -42,10 +42,10 @@ struct HostTensors {
 };
 
 struct ModelRunnerOptions {
-  BatchShape shape;                   // micro-batch B x T (fixed for the runner's life)
-  DType compute_dtype = DType::kF32;  // storage dtype of weights/activations on the device
-  std::vector<bool> recompute;        // per block; empty = save everything
-  int64_t loss_chunk_tokens = 256;    // fused LM-head chunk
+  BatchShape shape;                      // micro-batch B x T (fixed for the runner's life)
+  DType compute_dtype = DType::kF32;     // storage dtype of weights/activations on the device
+  std::vector<bool> recompute;           // per block; empty = save everything
+  int64_t loss_chunk_tokens = 256;       // fused LM-head chunk
 };
 
 struct MicroBatchInput {
@@ -55,7 +55,7 @@ struct MicroBatchInput {
 };
 
 struct RunnerStats {
-  int64_t block_forward_calls = 0;  // counts recomputation too
+  int64_t block_forward_calls = 0;   // counts recomputation too
   size_t arena_peak_bytes = 0;
 };
 
