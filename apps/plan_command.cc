@@ -97,6 +97,8 @@ void AddPlanCommand(CLI::App& parent, PlanCommand* cmd) {
   p->add_option("--host-memory", cmd->host_memory, "Host RAM ferry may use, e.g. 256GiB");
   p->add_option("--nvme-dir", cmd->nvme_dir, "Directory on an NVMe drive ferry may use");
   p->add_option("--nvme-space", cmd->nvme_space, "Space ferry may use in --nvme-dir, e.g. 2TB");
+  p->add_flag("--stale-updates", cmd->stale_updates,
+              "Opt in to one-step-stale updates (changes the numerics; every plan prices both)");
   p->add_flag("--json", cmd->json, "Print the plan as JSON instead of the summary");
   p->add_option("--svg", cmd->svg, "Write the predicted timeline of one step as an SVG Gantt");
   p->add_option("--trace", cmd->trace, "Write the timeline as Chrome-trace JSON (Perfetto)");
@@ -119,6 +121,7 @@ int RunPlanCommand(PlanCommand& cmd) {
   job.micro_batches = cmd.app->count("--micro-batches") > 0 ? cmd.job.micro_batches : 0;
   job.lora = cmd.job.lora;
   job.lora.targets = *targets;
+  job.stale_updates = cmd.stale_updates;
   Result<plan::PlanOutcome> outcome = plan::MakePlan(cmd.job.model, *model, job, *hw);
   if (!outcome.ok()) return fail(outcome.status());
   if (cmd.json) {

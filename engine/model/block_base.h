@@ -40,22 +40,28 @@ class BlockBase : public DecoderBlocks {
     saved_.resize(size_t(ctx_.num_slots));
     for (int s = 0; s < ctx_.num_slots; ++s) {
       auto layout = [&](TensorCarver& cv) { LayoutSaved(cv, saved_[size_t(s)]); };
-      FERRY_ASSIGN_OR_RETURN(DeviceBuffer b,
-                             AllocateCarved(d_, "blocks.saved." + std::to_string(s), layout));
+      FERRY_ASSIGN_OR_RETURN(
+          DeviceBuffer b,
+          AllocateCarved(d_, ctx_.source, "blocks.saved." + std::to_string(s), layout));
       saved_buffers_.push_back(std::move(b));
     }
     int64_t rmax = 1;
     for (const char* m : lora_modules) {
-      if (const LoraPack* p = Lora(0, m)) rmax = std::max(rmax, p->total_rank());
+      if (const LoraPack* p = Lora(ctx_.first_block, m)) rmax = std::max(rmax, p->total_rank());
     }
     const size_t attn_bytes = std::max<size_t>(AttentionScratchBytes(d_, attn_shape_), 4);
     auto layout = [&](TensorCarver& cv) {
       LayoutWorkspace(cv);
       ws_.du = cv.Take(DType::kF32, {ctx_.shape.tokens(), rmax});
-      ws_.attn_scratch = cv.Take(DType::kF32, {int64_t((attn_bytes + 3) / 4)});
       ws_.sink = cv.Take(DType::kF32, {2 * std::max(c_.hidden_size, c_.head_dim)});
     };
-    FERRY_ASSIGN_OR_RETURN(workspace_buffer_, AllocateCarved(d_, "blocks.workspace", layout));
+    FERRY_ASSIGN_OR_RETURN(workspace_buffer_,
+                           AllocateCarved(d_, ctx_.source, "blocks.workspace", layout));
+    auto scratch = [&](TensorCarver& cv) {
+      ws_.attn_scratch = cv.Take(DType::kF32, {int64_t((attn_bytes + 3) / 4)});
+    };
+    FERRY_ASSIGN_OR_RETURN(scratch_buffer_,
+                           AllocateCarved(d_, ctx_.source, "blocks.scratch", scratch));
     return Status::Ok();
   }
 
@@ -83,7 +89,7 @@ class BlockBase : public DecoderBlocks {
   }
   // u = x A^T (N, R) for the module's LoRA group, or an empty tensor when it has none.
   Tensor TakeLoraU(TensorCarver& cv, const char* module) const {
-    const LoraPack* l = Lora(0, module);
+    const LoraPack* l = Lora(ctx_.first_block, module);
     return l == nullptr ? Tensor{} : cv.Take(DType::kF32, {ctx_.shape.tokens(), l->total_rank()});
   }
 
@@ -150,7 +156,7 @@ class BlockBase : public DecoderBlocks {
   std::string prefix_;
   AttentionShape attn_shape_;
   std::vector<DeviceBuffer> saved_buffers_;
-  DeviceBuffer workspace_buffer_;
+  DeviceBuffer workspace_buffer_, scratch_buffer_;
 };
 
 }  // namespace ferry

@@ -8,7 +8,7 @@
 // recomputed has a slot of its own; blocks marked for recomputation share one
 // slot, and the caller re-runs Forward into it just before Backward. One
 // workspace ("blocks.workspace") holds the temporaries of every block's forward
-// and backward.
+// and backward, and "blocks.scratch" the attention op's scratch.
 //
 // Accumulation: Backward writes the input gradient dx (=) and accumulates (+=)
 // the gradients of trainable parameters (DeviceParams); frozen weights get
@@ -26,6 +26,7 @@
 #include "engine/model/lora_config.h"
 #include "engine/model/model_config.h"
 #include "engine/model/param_spec.h"
+#include "engine/model/tensor_carver.h"
 #include "kernels/device.h"
 
 namespace ferry {
@@ -53,6 +54,11 @@ struct BlocksContext {
                                 // crosses a change of id within a sequence; ops/attention.h)
   Tensor inv_freq;              // f32 (head_dim / 2): RoPE inverse frequencies (RopeInvFreq)
   KvCache* kv_cache = nullptr;  // forward-only generation with a cache; null for training
+  // Optional: regions for "blocks.saved.<slot>", "blocks.workspace" and "blocks.scratch" (the
+  // attention scratch) instead of arena blocks of those names (engine/exec). Not owned.
+  CarveSource* source = nullptr;
+  // The first block `params` holds (a pipeline stage's params hold a range of blocks).
+  int64_t first_block = 0;
 };
 
 class DecoderBlocks {

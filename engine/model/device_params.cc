@@ -59,7 +59,8 @@ Status CheckHost(const HostTensors& t, const std::string& name, int64_t numel, c
 }  // namespace
 
 Result<DeviceParams> DeviceParams::Create(Device& d, const ModelConfig& c, const LoraConfig& lora,
-                                          const std::vector<LayerSpec>& layers) {
+                                          const std::vector<LayerSpec>& layers,
+                                          CarveSource* source) {
   DeviceParams p;
   std::map<std::string, const ParamSpec*> by_name;
   std::vector<PlannedParam> plan;
@@ -139,14 +140,28 @@ Result<DeviceParams> DeviceParams::Create(Device& d, const ModelConfig& c, const
       }
     }
   };
-  FERRY_ASSIGN_OR_RETURN(p.weights_, AllocateCarved(d, "params.weights",
-                                                    [&](TensorCarver& cv) { layout(cv, false); }));
+  // The bytes and start of each, whether an arena block or a source's region.
+  auto place = [&](bool grads, DeviceBuffer& buffer, DevicePtr<std::byte>& data,
+                   size_t& bytes) -> Status {
+    TensorCarver count;
+    layout(count, grads);
+    bytes = count.bytes();
+    const char* name = grads ? "params.grads" : "params.weights";
+    FERRY_ASSIGN_OR_RETURN(
+        buffer, AllocateCarved(d, source, name, [&](TensorCarver& cv) { layout(cv, grads); }));
+    if (buffer.valid()) data = buffer.data();
+    if (source != nullptr) {
+      FERRY_ASSIGN_OR_RETURN(data, source->Region(name, bytes));
+    }
+    return Status::Ok();
+  };
+  FERRY_RETURN_IF_ERROR(place(false, p.weights_, p.weights_data_, p.weights_bytes_));
+  FERRY_RETURN_IF_ERROR(place(true, p.grads_, p.grads_data_, p.grads_bytes_));
   FERRY_ASSIGN_OR_RETURN(
-      p.grads_, AllocateCarved(d, "params.grads", [&](TensorCarver& cv) { layout(cv, true); }));
-  FERRY_ASSIGN_OR_RETURN(p.weights_mirror_,
-                         HostAllocation::Map(p.weights_.bytes(), "params.weights mirror"));
-  FERRY_ASSIGN_OR_RETURN(p.grads_mirror_,
-                         HostAllocation::Map(p.grads_.bytes(), "params.grads mirror"));
+      p.weights_mirror_,
+      HostAllocation::Map(std::max<size_t>(p.weights_bytes_, 1), "params.weights mirror"));
+  FERRY_ASSIGN_OR_RETURN(p.grads_mirror_, HostAllocation::Map(std::max<size_t>(p.grads_bytes_, 1),
+                                                              "params.grads mirror"));
   return p;
 }
 
@@ -181,7 +196,7 @@ Status DeviceParams::Upload(Device& d, const HostTensors& weights) {
   FERRY_RETURN_IF_ERROR(d.Record(compute_done, StreamId::kCompute));
   FERRY_RETURN_IF_ERROR(d.Wait(StreamId::kUpload, compute_done));
   FERRY_RETURN_IF_ERROR(
-      d.CopyToDevice(weights_.data(), weights_mirror_.Span(0, weights_.bytes()), weights_.bytes()));
+      d.CopyToDevice(weights_data_, weights_mirror_.Span(0, weights_bytes_), weights_bytes_));
   FERRY_ASSIGN_OR_RETURN(Event uploaded, d.CreateEvent());
   FERRY_RETURN_IF_ERROR(d.Record(uploaded, StreamId::kUpload));
   FERRY_RETURN_IF_ERROR(d.Wait(StreamId::kCompute, uploaded));
@@ -189,15 +204,17 @@ Status DeviceParams::Upload(Device& d, const HostTensors& weights) {
 }
 
 Status DeviceParams::ZeroGrads(Device& d) {
-  return d.Zero(grads_.data(), grads_.bytes(), StreamId::kCompute);
+  if (grads_bytes_ == 0) return Status::Ok();
+  return d.Zero(grads_data_, grads_bytes_, StreamId::kCompute);
 }
 
 Status DeviceParams::DownloadAndAddGrads(Device& d, HostTensors& grads) {
   FERRY_ASSIGN_OR_RETURN(Event computed, d.CreateEvent());
   FERRY_RETURN_IF_ERROR(d.Record(computed, StreamId::kCompute));
   FERRY_RETURN_IF_ERROR(d.Wait(StreamId::kDownload, computed));
+  if (grads_bytes_ == 0) return Status::Ok();
   FERRY_RETURN_IF_ERROR(
-      d.CopyToHost(grads_mirror_.Span(0, grads_.bytes()), grads_.data(), grads_.bytes()));
+      d.CopyToHost(grads_mirror_.Span(0, grads_bytes_), grads_data_, grads_bytes_));
   FERRY_ASSIGN_OR_RETURN(Event downloaded, d.CreateEvent());
   FERRY_RETURN_IF_ERROR(d.Record(downloaded, StreamId::kDownload));
   FERRY_RETURN_IF_ERROR(d.Synchronize(downloaded));

@@ -35,6 +35,7 @@
 #include "engine/model/model_config.h"
 #include "engine/model/model_runner.h"
 #include "engine/model/param_spec.h"
+#include "engine/model/tensor_carver.h"
 #include "kernels/device.h"
 #include "kernels/host_memory.h"
 
@@ -72,10 +73,13 @@ class DeviceParams {
   DeviceParams(DeviceParams&&) = default;
   DeviceParams& operator=(DeviceParams&&) = default;
 
-  // Plans and allocates weights and gradients of the block and head layers.
+  // Plans and allocates weights and gradients of the block and head layers among `layers` (all
+  // of a model's, or a pipeline stage's). With a `source` the two are regions it hands out for
+  // "params.weights" and "params.grads" instead of arena blocks (engine/exec; not owned).
   // REQUIRES: compute dtype f32 (checked by the runner).
   static Result<DeviceParams> Create(Device& d, const ModelConfig& c, const LoraConfig& lora,
-                                     const std::vector<LayerSpec>& layers);
+                                     const std::vector<LayerSpec>& layers,
+                                     CarveSource* source = nullptr);
 
   // The parameter of that Hugging Face name (or a fused
   // "…mlp.gate_up_proj.weight|bias"). REQUIRES: it exists.
@@ -102,7 +106,9 @@ class DeviceParams {
  private:
   std::map<std::string, DeviceParam> params_;
   std::map<std::string, LoraPack> lora_;
-  DeviceBuffer weights_, grads_;
+  DeviceBuffer weights_, grads_;  // empty with a CarveSource
+  DevicePtr<std::byte> weights_data_, grads_data_;
+  size_t weights_bytes_ = 0, grads_bytes_ = 0;
   HostAllocation weights_mirror_, grads_mirror_;
 };
 

@@ -22,7 +22,7 @@ const char* NormName(const ModelConfig& c, bool bias) {
 
 Result<std::unique_ptr<Head>> Head::Create(Device& d, const ModelConfig& c,
                                            const DeviceParams& params, BatchShape shape,
-                                           int64_t loss_chunk_tokens) {
+                                           int64_t loss_chunk_tokens, CarveSource* source) {
   std::unique_ptr<Head> h(new Head(d, c, params));
   const int64_t N = shape.tokens(), C = c.hidden_size, V = c.vocab_size;
   h->chunk_ = std::min(loss_chunk_tokens, N);
@@ -33,17 +33,26 @@ Result<std::unique_ptr<Head>> Head::Create(Device& d, const ModelConfig& c,
     h->rstd_ = cv.Take(DType::kF32, {N});
     h->token_loss_ = cv.Take(DType::kF32, {N});
   };
-  FERRY_ASSIGN_OR_RETURN(h->saved_buffer_, AllocateCarved(d, "head.saved", saved));
+  FERRY_ASSIGN_OR_RETURN(h->saved_buffer_, AllocateCarved(d, source, "head.saved", saved));
   const bool frozen = params.at("lm_head.weight").grad.data.is_null();
   const size_t scratch =
       LmHeadLossScratchBytes(d, h->chunk_, V, C, DType::kF32, DType::kF32, /*backward=*/true);
   auto workspace = [&](TensorCarver& cv) {
     h->targets_ = cv.Take(DType::kI32, {N});
     h->dxn_ = cv.Take(DType::kF32, {N, C});
-    h->scratch_ = cv.Take(DType::kF32, {int64_t((std::max<size_t>(scratch, 4) + 3) / 4)});
-    h->sink_ = cv.Take(DType::kF32, {(frozen ? V * C : 0) + 2 * C});
+    h->sink_ = cv.Take(DType::kF32, {2 * C});
   };
-  FERRY_ASSIGN_OR_RETURN(h->workspace_buffer_, AllocateCarved(d, "head.workspace", workspace));
+  FERRY_ASSIGN_OR_RETURN(h->workspace_buffer_,
+                         AllocateCarved(d, source, "head.workspace", workspace));
+  auto scratch_layout = [&](TensorCarver& cv) {
+    h->scratch_ = cv.Take(DType::kF32, {int64_t((std::max<size_t>(scratch, 4) + 3) / 4)});
+  };
+  FERRY_ASSIGN_OR_RETURN(h->scratch_buffer_,
+                         AllocateCarved(d, source, "head.scratch", scratch_layout));
+  if (frozen) {
+    auto sink = [&](TensorCarver& cv) { h->dw_sink_ = cv.Take(DType::kF32, {V * C}); };
+    FERRY_ASSIGN_OR_RETURN(h->dw_sink_buffer_, AllocateCarved(d, source, "head.dw_sink", sink));
+  }
   return h;
 }
 
@@ -80,7 +89,8 @@ Status Head::ForwardBackward(Tensor x, double normalizer, Tensor dx) {
   LmHeadLossArgs a = LossArgs();
   a.normalizer = normalizer;
   a.dh = dxn_;
-  a.dw = G("lm_head.weight", 2 * c_.hidden_size);
+  a.dw =
+      dw_sink_.data.is_null() ? G("lm_head.weight") : dw_sink_.Reshape(W("lm_head.weight").shape);
   FERRY_RETURN_IF_ERROR(LmHeadLossForwardBackward(d_, a));
   if (c_.norm == NormKind::kLayerNorm) {
     return LayerNormBackward(d_, {dxn_, x, W(NormName(c_, false)), mean_, rstd_, dx,

@@ -3,9 +3,10 @@
 // one pass.
 //
 // Buffers (planned at creation): "head.saved" (normed input, norm statistics, per-token loss:
-// what ComputeLayerCost counts) and "head.workspace" (the targets, the normed input's gradient,
-// the loss op's scratch, and a gradient sink for frozen weights: under LoRA the head is frozen
-// but the fused op always accumulates a dW).
+// what ComputeLayerCost counts), "head.workspace" (the targets, the normed input's gradient and a
+// gradient sink for frozen norm weights), "head.scratch" (the loss op's scratch) and, when the LM
+// head weight is frozen (LoRA), "head.dw_sink" (V x C f32: the fused op always accumulates a dW).
+// With a CarveSource they are regions of the caller's allocations instead (engine/exec).
 //
 // Accumulation: dx (the gradient of the head's input) is written (=); the
 // gradients of trainable head parameters (final norm, lm_head — tied or not)
@@ -20,6 +21,7 @@
 #include "engine/model/device_params.h"
 #include "engine/model/model_config.h"
 #include "engine/model/param_spec.h"
+#include "engine/model/tensor_carver.h"
 #include "kernels/device.h"
 #include "kernels/ops/lm_head_loss.h"
 
@@ -29,7 +31,8 @@ class Head {
  public:
   static Result<std::unique_ptr<Head>> Create(Device& d, const ModelConfig& c,
                                               const DeviceParams& params, BatchShape shape,
-                                              int64_t loss_chunk_tokens);
+                                              int64_t loss_chunk_tokens,
+                                              CarveSource* source = nullptr);
 
   // i32 (N): the targets, kIgnoreIndex where masked; the caller uploads them
   // before a step.
@@ -55,8 +58,8 @@ class Head {
   LmHeadLossArgs LossArgs() const;
   Tensor W(const char* name) const;
   // The gradient, or a view of the sink from element sink_offset when frozen
-  // (the sink holds the norm weight's at 0, the norm bias's at C, the head
-  // weight's at 2C).
+  // (the sink holds the norm weight's at 0, the norm bias's at C; the head weight's is
+  // dw_sink_).
   Tensor G(const char* name, int64_t sink_offset = 0) const;
 
   Device& d_;
@@ -64,8 +67,9 @@ class Head {
   const DeviceParams& params_;
   int64_t chunk_ = 256;
   Tensor xn_, mean_, rstd_, token_loss_;   // (N, C), (N) LayerNorm only, (N), (N)
-  Tensor targets_, dxn_, scratch_, sink_;  // i32 (N), (N, C), bytes, (2C [+ V*C when frozen])
-  DeviceBuffer saved_buffer_, workspace_buffer_;
+  Tensor targets_, dxn_, scratch_, sink_;  // i32 (N), (N, C), bytes, (2C)
+  Tensor dw_sink_;                         // (V*C) when the head weight is frozen
+  DeviceBuffer saved_buffer_, workspace_buffer_, scratch_buffer_, dw_sink_buffer_;
 };
 
 }  // namespace ferry

@@ -89,6 +89,19 @@ class ModelRunner {
     (void)mb;
     return Status::Unavailable("this runner has no forward-only loss");
   }
+
+  // All micro-batches of one optimizer step: the sum of their loss contributions, gradients added
+  // into `grads` as AccumulateGradients does. The default runs them one after another; a pipeline
+  // (engine/exec/pipeline_runner.h) runs them stage by stage.
+  virtual Result<double> AccumulateStep(std::span<const MicroBatchInput> batches,
+                                        HostTensors& grads) {
+    double loss = 0;
+    for (const MicroBatchInput& mb : batches) {
+      FERRY_ASSIGN_OR_RETURN(double l, AccumulateGradients(mb, grads));
+      loss += l;
+    }
+    return loss;
+  }
   // Forward only: the full logits (B*T, V) in fp32, for tests and evaluation.
   virtual Result<std::vector<float>> Logits(std::span<const int32_t> tokens) = 0;
   // As Logits, for packed rows: mb.tokens with mb.doc_ids and mb.positions (targets unused).

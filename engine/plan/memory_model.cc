@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cassert>
+#include <map>
+#include <string_view>
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gemm.h"
@@ -33,12 +35,43 @@ uint64_t GemmScratch(ScratchTarget t, int64_t m, int64_t n, int64_t k, GemmDType
   return cpu::GemmScratchBytes(t.cpu_threads, m, n, k, dtypes);
 }
 
+// Element counts of the device tensors a layer's parameters occupy (all of them, or the trainable
+// ones), as the executor lays them out (engine/model/device_params.h): a Llama MLP's gate_proj and
+// up_proj are one (2I, ...) tensor, weight and bias alike; their LoRA adapters are one packed
+// group whose A stacks the adapters' (r, C) and whose B is block-diagonal (2I, k r) for k adapted
+// projections, i.e. twice the elements of the adapters' own B matrices. Anything else is one
+// tensor per parameter.
+std::vector<uint64_t> DeviceTensorElems(const LayerSpec& layer, bool trainable_only) {
+  static constexpr std::string_view kGroup[] = {".mlp.gate_proj.", ".mlp.up_proj."};
+  std::map<std::string, uint64_t> fused;  // suffix after the projection name -> elements
+  std::vector<uint64_t> out;
+  for (const ParamSpec& p : layer.params) {
+    if (trainable_only && !p.trainable) continue;
+    const uint64_t n = uint64_t(p.numel());
+    size_t at = std::string::npos, len = 0;
+    for (std::string_view g : kGroup) {
+      if ((at = p.name.find(g)) != std::string::npos) {
+        len = g.size();
+        break;
+      }
+    }
+    if (at == std::string::npos) {
+      out.push_back(n);
+      continue;
+    }
+    const std::string suffix = p.name.substr(at + len);  // "weight", "lora_B.weight", ...
+    fused[suffix] += suffix.rfind("lora_B", 0) == 0 ? 2 * n : n;
+  }
+  for (const auto& [suffix, n] : fused) out.push_back(n);
+  return out;
+}
+
 // Device bytes of a layer's weights in the compute dtype, each tensor at an
 // aligned offset.
 uint64_t LayerWeightBytes(const LayerSpec& layer, DType compute) {
   uint64_t bytes = 0;
-  for (const ParamSpec& p : layer.params) {
-    bytes += RoundUp(uint64_t(p.numel()) * DTypeSize(compute), kArenaAlignment);
+  for (uint64_t n : DeviceTensorElems(layer, false)) {
+    bytes += RoundUp(n * DTypeSize(compute), kArenaAlignment);
   }
   return bytes;
 }
@@ -47,9 +80,55 @@ uint64_t LayerWeightBytes(const LayerSpec& layer, DType compute) {
 // aligned offset.
 uint64_t LayerGradBytes(const LayerSpec& layer) {
   uint64_t bytes = 0;
-  for (const ParamSpec& p : layer.params) {
-    if (p.trainable) bytes += RoundUp(uint64_t(p.numel()) * kF32, kArenaAlignment);
+  for (uint64_t n : DeviceTensorElems(layer, true)) bytes += RoundUp(n * kF32, kArenaAlignment);
+  return bytes;
+}
+
+// A layer's saved set as a GPU slot holds it: the tensors ComputeLayerCost's saved_bytes counts
+// (engine/model/param_spec.cc, BlockSavedBytes; the head's normed input, norm statistics and
+// per-token loss), each at an aligned offset. Activations are `act` bytes per value, statistics
+// fp32. LoRA keeps x A^T per packed group (a Llama MLP's gate and up adapters share one).
+uint64_t SavedSlotBytes(const ModelConfig& c, const LayerSpec& layer, int64_t n, uint64_t act) {
+  const uint64_t N = uint64_t(n), C = uint64_t(c.hidden_size), I = uint64_t(c.intermediate_size);
+  const uint64_t H = uint64_t(c.num_heads), Hkv = uint64_t(c.num_kv_heads);
+  const uint64_t q = uint64_t(c.q_dim()), kv = uint64_t(c.kv_dim());
+  uint64_t bytes = 0;
+  auto a = [&](uint64_t values) { bytes += RoundUp(values * act, kArenaAlignment); };
+  auto f = [&](uint64_t values) { bytes += RoundUp(values * kF32, kArenaAlignment); };
+  const bool ln = c.norm == NormKind::kLayerNorm;
+  if (layer.kind == LayerKind::kHead) {
+    a(N * C);  // normed input
+    if (ln) f(N);
+    f(N);  // rstd
+    f(N);  // per-token loss
+    return bytes;
   }
+  if (layer.kind != LayerKind::kBlock) return 0;
+  if (c.family == ModelFamily::kGpt2) {
+    a(N * C), f(N), f(N);            // ln_1 output, mean, rstd
+    a(N * C), a(N * C), a(N * C);    // q, k, v
+    a(N * C), f(N * H);              // attention output, log-sum-exp
+    a(N * C), a(N * C), f(N), f(N);  // residual, ln_2 output, mean, rstd
+    a(N * I), a(N * I);              // fc before and after GELU
+  } else {
+    a(N * C), f(N);  // input_layernorm output, rstd
+    if (c.qk_norm) a(N * q), a(N * kv), f(N * H), f(N * Hkv);
+    a(N * q), a(N * kv), a(N * kv), a(N * q), f(N * H);  // q, k, v, attention output, lse
+    a(N * C), a(N * C), f(N);                            // residual, post-attention norm, rstd
+    a(N * 2 * I), a(N * I);                              // gate|up, SwiGLU product
+  }
+  uint64_t gate_up_rank = 0;
+  for (const ParamSpec& p : layer.params) {
+    if (!p.lora || p.name.find("lora_A") == std::string::npos) continue;
+    const uint64_t r = uint64_t(p.shape[0]);
+    if (p.name.find(".mlp.gate_proj.") != std::string::npos ||
+        p.name.find(".mlp.up_proj.") != std::string::npos) {
+      gate_up_rank += r;
+    } else {
+      a(N * r);
+    }
+  }
+  if (gate_up_rank > 0) a(N * gate_up_rank);
   return bytes;
 }
 
@@ -135,9 +214,11 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     stage_grads = std::max(stage_grads, g);
     stage_out = std::max(stage_out, uint64_t(cost[size_t(s.last - 1)].output_bytes));
   }
-  uint64_t saved_set = 0, scratch = 0;
+  uint64_t saved_set = 0, saved_values = 0, scratch = 0;
   for (int i = 1; i <= head; ++i) {
-    saved_set = std::max<uint64_t>(saved_set, cost[size_t(i)].saved_bytes);
+    saved_set = std::max<uint64_t>(
+        saved_set, SavedSlotBytes(in.model, layers[size_t(i)], in.micro_batch.tokens(), act));
+    saved_values = std::max<uint64_t>(saved_values, cost[size_t(i)].saved_bytes);
     scratch = std::max(scratch,
                        OpScratchBytes(in.model, layers[size_t(i)], in.micro_batch, cd, in.scratch));
   }
@@ -152,6 +233,19 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   Add(e.gpu, "saved.slot1", saved_set, A);
   Add(e.gpu, "grad.work", saved_set, A);
   Add(e.gpu, "scratch", scratch, A);
+  // RoPE position ids (i32 per token) for models without learned positions (GPT-2 adds its
+  // position table on the host).
+  if (!in.model.learned_positions) {
+    Add(e.gpu, "positions", uint64_t(in.micro_batch.tokens()) * 4, A);
+  }
+  // The fused LM head + loss always accumulates a dW: a frozen head (LoRA) writes it to a sink.
+  bool head_frozen = false;
+  for (const ParamSpec& p : layers[size_t(head)].params) {
+    if (p.name == "lm_head.weight") head_frozen = !p.trainable;
+  }
+  if (head_frozen) {
+    Add(e.gpu, "grads.sink", uint64_t(in.model.vocab_size * in.model.hidden_size) * kF32, A);
+  }
   if (in.scratch.cuda) Add(e.gpu, "library.workspace", kCublasWorkspaceBytes, A);
 
   // Host and NVMe.
@@ -192,7 +286,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     saved_all += m * (c.input_bytes + (in.recompute[size_t(i)] ? 0 : c.saved_bytes));
   }
   if (in.activations_on_nvme) {
-    Add(e.pinned_host, "activations.staging", 2 * gpus * (hidden + saved_set), P);
+    Add(e.pinned_host, "activations.staging", 2 * gpus * (hidden + saved_values), P);
     Add(e.nvme, "activations.saved", saved_all, kNvmeBlockBytes);
   } else {
     Add(e.pinned_host, "activations.saved", saved_all, P);

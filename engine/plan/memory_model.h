@@ -10,13 +10,17 @@
 // allocated inside a step, so the peak moment is the sum):
 //   weights.slot0/1     two stage weight buffers (running stage, next stage's upload), each the
 //                       largest stage's weights in the compute dtype, tensors at aligned offsets
-//                       (a tied head weight is uploaded like any other);
+//                       (a tied head weight is uploaded like any other; a Llama MLP's gate and up
+//                       projections are one tensor, their LoRA adapters one packed group with a
+//                       block-diagonal B, as engine/model/device_params.h lays them out);
 //   grads.accum         fp32 gradient accumulators of the largest stage's trainable weights
 //                       (accumulated across micro-batches, downloaded once per stage);
-//   hidden.0/1/2        three hidden-state buffers (B*T, C) for the micro-batch in flight: a layer's
+//   hidden.0/1/2        three hidden-state buffers (B*T, C) for the micro-batch in flight: a
+//   layer's
 //                       input, its output, and the residual gradient in backward (ping-pong);
 //   saved.slot0/1       two per-layer saved-activation buffers, each the largest layer's saved set
-//                       (ComputeLayerCost::saved_bytes): forward writes layer i's set into one
+//                       (the tensors ComputeLayerCost::saved_bytes counts, each at an aligned
+//                       offset): forward writes layer i's set into one
 //                       while layer i-1's set downloads from the other; backward uploads (or
 //                       recomputes from the layer's input) a layer's set into one while the other
 //                       is consumed. Saved data never stays on a GPU across layers, so whether a
@@ -24,6 +28,9 @@
 //   grad.work           activation gradients inside a layer's backward: one buffer per saved
 //                       tensor, same layout, so the largest saved set again;
 //   scratch             the largest scratch any op of the plan asks for (see OpScratchBytes);
+//   positions           RoPE position ids, i32 per token (models without learned positions);
+//   grads.sink          a frozen LM head's (LoRA) dW, V x C fp32: the fused head + loss op always
+//                       accumulates one;
 //   library.workspace   CUDA only: cuBLAS/cuBLASLt workspace (kCublasWorkspaceBytes).
 // Every allocation is rounded up to the arena alignment (256 bytes, as kernels/arena.h).
 //

@@ -56,19 +56,24 @@ TEST(MemoryModel, FullFineTuningByHand) {
   // 256-byte offset: 9 x 256 = 2304 bytes. The head (norm 8 + lm_head 10x8) is 2 x 256 = 512.
   // fp32 gradients: 32, 256, 128, 128, 256, 32 -> 256 each (6 x 256), 512 x 3 -> 3072 per block.
   // Hidden state 4 tokens x 8 x 2 B = 64 -> 256. Saved set of a block: 4 x (8 + 8 + 2x4 + 8 + 8 +
-  // 8 + 3x16) = 384 bf16 values (768 B) + 4 x (1 + 1 + 2) fp32 statistics (64 B) = 832 -> 1024.
+  // 8 + 3x16) = 384 bf16 values (768 B) + 4 x (1 + 1 + 2) fp32 statistics (64 B) = 832, in a slot
+  // as its 12 tensors (xn1, rstd1, q, k, v, att, lse, x_mid, xn2, rstd2, gate|up, h), each under
+  // 256 B and at a 256-byte offset: 3072.
   const auto gpu = Named(e.gpu);
   EXPECT_EQ(gpu.at("weights.slot0"), 2304u);
   EXPECT_EQ(gpu.at("weights.slot1"), 2304u);
   EXPECT_EQ(gpu.at("grads.accum"), 3072u);
   EXPECT_EQ(gpu.at("hidden.0"), 256u);
   EXPECT_EQ(gpu.at("hidden.2"), 256u);
-  EXPECT_EQ(gpu.at("saved.slot0"), 1024u);
-  EXPECT_EQ(gpu.at("saved.slot1"), 1024u);
-  EXPECT_EQ(gpu.at("grad.work"), 1024u);
+  EXPECT_EQ(gpu.at("saved.slot0"), 3072u);
+  EXPECT_EQ(gpu.at("saved.slot1"), 3072u);
+  EXPECT_EQ(gpu.at("grad.work"), 3072u);
   EXPECT_EQ(gpu.at("scratch"), HeadScratch());  // no CUDA GEMM/attention kernel asks for any yet
   EXPECT_EQ(gpu.at("library.workspace"), 32u << 20);
-  EXPECT_EQ(e.gpu.total(), 2 * 2304 + 3072 + 3 * 256 + 3 * 1024 + HeadScratch() + (32u << 20));
+  EXPECT_EQ(gpu.at("positions"), 256u);    // RoPE ids: 4 tokens x 4 B -> 256
+  EXPECT_EQ(gpu.count("grads.sink"), 0u);  // the head is trainable
+  EXPECT_EQ(e.gpu.total(),
+            2 * 2304 + 3072 + 3 * 256 + 3 * 3072 + HeadScratch() + (32u << 20) + 256);
 
   // Pinned: bf16 uploads (2 x 592 + 88) x 2 B = 2544 -> one page; gradient landing 2 GPUs x 3072
   // = 6144 -> 8192; saved activations: per block 3 micro-batches x (64 input + 832 saved) = 2688,
@@ -113,8 +118,9 @@ TEST(MemoryModel, LoraWithFrozenWeightsAndActivationsOnNvmeByHand) {
   const auto gpu = Named(e.gpu);
   EXPECT_EQ(gpu.at("weights.slot0"), 3328u);
   EXPECT_EQ(gpu.at("grads.accum"), 1024u);
-  // The LoRA saved set adds x A^T (2 per token) for q and v: 832 + 4 x 4 x 2 B = 896 -> 1024.
-  EXPECT_EQ(gpu.at("saved.slot0"), 1024u);
+  // The LoRA saved set adds x A^T (2 per token) for q and v: 832 + 4 x 4 x 2 B = 896; in a slot
+  // two more 256-byte tensors: 3072 + 2 x 256.
+  EXPECT_EQ(gpu.at("saved.slot0"), 3584u);
 
   const auto pinned = Named(e.pinned_host);
   EXPECT_EQ(pinned.at("weights.upload"), 4096u);  // 112 x 2 B
@@ -134,6 +140,23 @@ TEST(MemoryModel, LoraWithFrozenWeightsAndActivationsOnNvmeByHand) {
   EXPECT_EQ(pageable.at("optimizer.master"), 4096u);   // 112 x 4 B
   EXPECT_EQ(pageable.at("optimizer.moments"), 4096u);  // 112 x 8 B
   EXPECT_EQ(pageable.at("weights.embedding"), 4096u);  // frozen, untied: 80 x 2 B
+  // The frozen LM head's dW sink (the fused op always writes one): 10 x 8 fp32 = 320 -> 512.
+  EXPECT_EQ(gpu.at("grads.sink"), 512u);
+}
+
+// A Llama MLP's gate and up projections are one device tensor, and their LoRA adapters one
+// packed group whose B is block-diagonal (engine/model/device_params.h): counted as laid out.
+TEST(MemoryModel, GateUpLoraIsOnePackedGroupByHand) {
+  MemoryPlanInput in = HandInput();
+  in.lora.rank = 8;
+  in.lora.targets = kLoraGate | kLoraUp;
+  const auto gpu = Named(ComputeMemory(in).gpu);
+  // fp32 gradients per block: A stacks gate's and up's (8 x 8) into (16 x 8) = 512 B; B is
+  // (2 x 16 rows) x (2 x 8) = 512 values = 2048 B, twice the two (16 x 8) B's own 1024 B.
+  EXPECT_EQ(gpu.at("grads.accum"), 512u + 2048u);
+  // Weights: the 9 base tensors as before (gate+up fused: 512 bf16 B = two 256-byte tensors)
+  // + A 256 B + B 1024 B.
+  EXPECT_EQ(gpu.at("weights.slot0"), 2304u + 256u + 1024u);
 }
 
 TEST(MemoryModel, CpuDeviceScratchFollowsThreadCount) {

@@ -73,6 +73,9 @@ nlohmann::json PlanToJson(const Plan& p) {
                  {"pageable_host", TierToJson(p.memory.pageable_host)},
                  {"nvme", TierToJson(p.memory.nvme)}};
   j["predicted"] = {{"step_s", p.step_s},
+                    {"update_mode", p.job.stale_updates ? "stale" : "synchronous"},
+                    {"sync_step_s", p.sync_step_s},
+                    {"stale_step_s", p.stale_step_s},
                     {"tokens_per_s", p.tokens_per_s},
                     {"bubble_fraction", p.bubble_fraction},
                     {"pcie_h2d_bytes_per_step", p.pcie_h2d_bytes},
@@ -116,14 +119,18 @@ std::string PlanSummary(const Plan& p) {
   out += "), fused head+loss tail; round-robin over " + std::to_string(p.gpus) + " GPU(s)\n";
   int recomputed = 0;
   for (bool r : p.recompute) recomputed += r ? 1 : 0;
-  out += "  activations: " + p.activation_policy + " (" + std::to_string(recomputed) +
-         " layers recomputed), saved on " + std::string(TierName(p.activations)) +
-         "; optimizer state on " + std::string(TierName(p.optimizer_state)) +
-         (p.job.lora.enabled() ? "; frozen weights on " + std::string(TierName(p.frozen_weights))
-                               : std::string()) +
-         "; synchronous updates\n";
+  out +=
+      "  activations: " + p.activation_policy + " (" + std::to_string(recomputed) +
+      " layers recomputed), saved on " + std::string(TierName(p.activations)) +
+      "; optimizer state on " + std::string(TierName(p.optimizer_state)) +
+      (p.job.lora.enabled() ? "; frozen weights on " + std::string(TierName(p.frozen_weights))
+                            : std::string()) +
+      (p.job.stale_updates ? "; one-step-stale updates (opted in)\n" : "; synchronous updates\n");
   out += Format("  predicted: %.3f s/step, %.0f tokens/s, bubble %.1f%%\n", p.step_s,
                 p.tokens_per_s, 100.0 * p.bubble_fraction);
+  out += Format("  updates: synchronous %.3f s/step, one-step-stale %.3f s/step (%+.1f%%)\n",
+                p.sync_step_s, p.stale_step_s,
+                p.sync_step_s > 0 ? 100.0 * (p.stale_step_s / p.sync_step_s - 1) : 0.0);
   out += Format(
              "  traffic per step: PCIe h2d %.2f GB, d2h %.2f GB, NVMe read "
              "%.2f GB",

@@ -216,6 +216,7 @@ RoundRobinJob BuildJob(const std::vector<LayerNumbers>& n, const Candidate& k, i
 
 struct Timing {
   double makespan = 0, bubble = 0, h2d = 0, d2h = 0;
+  double stale = 0;  // the step with one-step-stale updates (see planner.h)
 };
 
 Result<Timing> SimulateJob(const RoundRobinJob& job, const HardwareProfile& hw) {
@@ -224,10 +225,18 @@ Result<Timing> SimulateJob(const RoundRobinJob& job, const HardwareProfile& hw) 
   Timing t;
   t.makespan = sim.makespan_s;
   t.bubble = sim.mean_bubble_fraction;
-  for (const SimTask& task : schedule.tasks) {
+  double last_non_optimizer = 0;
+  for (size_t i = 0; i < schedule.tasks.size(); ++i) {
+    const SimTask& task = schedule.tasks[i];
     if (task.lane.kind == LaneKind::kHostToDevice) t.h2d += task.bytes;
     if (task.lane.kind == LaneKind::kDeviceToHost) t.d2h += task.bytes;
+    if (task.kind != TaskKind::kOptimizer) {
+      last_non_optimizer = std::max(last_non_optimizer, sim.timing[i].end_s);
+    }
   }
+  // Stale: the next step starts once this one's last transfer or compute ends; the optimizer
+  // overlaps it but must still keep up.
+  t.stale = std::max(last_non_optimizer, sim.BusySeconds({LaneKind::kCpuOptimizer, 0}));
   return t;
 }
 
@@ -257,8 +266,9 @@ Status ValidateInputs(const ModelConfig& model, const PlanJob& job, const Hardwa
                                    " must divide --batch-size " + std::to_string(job.global_batch) +
                                    " (or be 0 for auto)");
   }
-  if (job.compute_dtype == DType::kF32) {
-    return Status::InvalidArgument("compute dtype must be bf16 or fp16");
+  // f32 only for CPU devices (they compute in f32 today; engine/exec runs such plans).
+  if (job.compute_dtype == DType::kF32 && job.scratch.cuda) {
+    return Status::InvalidArgument("compute dtype must be bf16 or fp16 (f32: CPU devices only)");
   }
   return Status::Ok();
 }
@@ -338,7 +348,9 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
                                         ? p.nvme_read_bytes / hw.nvme.read_rate +
                                               p.nvme_write_bytes / hw.nvme.sustained_write_rate
                                         : 0.0;
-              p.step_s = std::max(timing->makespan, nvme_s);
+              p.sync_step_s = std::max(timing->makespan, nvme_s);
+              p.stale_step_s = std::max(timing->stale, nvme_s);
+              p.step_s = job.stale_updates ? p.stale_step_s : p.sync_step_s;
               p.bubble_fraction = timing->bubble;
               p.pcie_h2d_bytes = timing->h2d;
               p.pcie_d2h_bytes = timing->d2h;

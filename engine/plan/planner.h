@@ -15,8 +15,15 @@
 // — each re-planned.
 //
 // Stages: forward and backward stages use the same layer ranges (balanced by
-// forward plus backward cost); the head + loss is the fused tail. Synchronous
-// updates only (stale updates: not priced).
+// forward plus backward cost); the head + loss is the fused tail.
+//
+// Updates: synchronous by default (the next step's forward of a stage waits for its update, so
+// the update of the first stage, whose gradients land last, is on the critical path). Every plan
+// also prices one-step-stale updates (the next step runs on weights one update older, so the
+// optimizer overlaps the next step: the step is bounded by the last gradient download or by the
+// optimizer's total time, whichever is longer). Stale updates change the numerics: the planner
+// never chooses them by itself; PlanJob::stale_updates opts in (candidates are then ranked by the
+// stale price and step_s is it).
 //
 // Pure functions over value types; thread-safe.
 #pragma once
@@ -41,7 +48,8 @@ struct PlanJob {
   int64_t micro_batches = 0;  // 0: auto (at least GPUs + 1 when the batch allows)
   LoraConfig lora;            // rank 0: full fine-tuning
   DType compute_dtype = DType::kBF16;
-  ScratchTarget scratch;  // CUDA unless planning for CPU devices
+  ScratchTarget scratch;       // CUDA unless planning for CPU devices
+  bool stale_updates = false;  // opt-in one-step-stale updates (changes the numerics)
 };
 
 enum class Tier { kHost, kNvme };
@@ -65,7 +73,9 @@ struct Plan {
   uint64_t host_budget = 0;
   uint64_t nvme_budget = 0;
   // Predictions per optimizer step.
-  double step_s = 0;
+  double step_s = 0;        // with the job's update mode
+  double sync_step_s = 0;   // with synchronous updates
+  double stale_step_s = 0;  // with one-step-stale updates (priced, used only when opted in)
   double tokens_per_s = 0;
   double bubble_fraction = 0;
   double pcie_h2d_bytes = 0;  // all GPUs together

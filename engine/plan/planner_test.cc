@@ -43,6 +43,30 @@ void ExpectFits(const Plan& p, const HardwareProfile& h) {
   EXPECT_LE(p.memory.nvme.total(), h.HasNvme() ? h.nvme.space_bytes : 0);
 }
 
+// Stale updates are priced on every plan, never chosen unasked, and never slower: the optimizer
+// moves off the critical path (still bounded by its own total time).
+TEST(Planner, PricesStaleUpdatesButUsesThemOnlyWhenAsked) {
+  const ModelConfig m = SmallModel(6, 64, 300);
+  PlanJob job;
+  job.global_batch = 6;
+  job.seq_len = 32;
+  HardwareProfile h = SmallMachine(2);
+  h.optimizer.cpu_adamw_params_per_s = 2e6;  // a slow optimizer, so the boundary shows
+  Result<PlanOutcome> sync = MakePlan("small", m, job, h);
+  ASSERT_TRUE(sync.ok() && sync->feasible);
+  const Plan& p = sync->plan;
+  EXPECT_EQ(p.step_s, p.sync_step_s);
+  EXPECT_GT(p.stale_step_s, 0);
+  EXPECT_LT(p.stale_step_s, p.sync_step_s);  // the first stage's update leaves the critical path
+  EXPECT_NE(PlanSummary(p).find("one-step-stale"), std::string::npos);
+  job.stale_updates = true;
+  Result<PlanOutcome> stale = MakePlan("small", m, job, h);
+  ASSERT_TRUE(stale.ok() && stale->feasible);
+  EXPECT_EQ(stale->plan.step_s, stale->plan.stale_step_s);
+  EXPECT_LE(stale->plan.step_s, p.stale_step_s);  // ranked by the stale price
+  EXPECT_EQ(PlanToJson(stale->plan)["predicted"]["update_mode"], "stale");
+}
+
 TEST(Planner, PlanCoversEveryBlockAndFits) {
   const ModelConfig m = SmallModel(6, 64, 300);
   PlanJob job;

@@ -86,11 +86,11 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
                                    ": the batch has no non-masked target to learn from");
   }
   for (auto& [name, g] : grads_.tensors) std::fill(g.begin(), g.end(), 0.0f);
+  std::vector<MicroBatchInput> inputs;
   for (const MicroBatch& mb : micro_batches) {
-    FERRY_ASSIGN_OR_RETURN(double loss, runner_->AccumulateGradients(
-                                            RunnerInput(mb, double(st.valid_targets)), grads_));
-    st.loss += loss;
+    inputs.push_back(RunnerInput(mb, double(st.valid_targets)));
   }
+  FERRY_ASSIGN_OR_RETURN(st.loss, runner_->AccumulateStep(inputs, grads_));
   double sum_sq = 0;
   for (const std::string& name : order_) {
     const std::vector<float>& g = grads_.tensors.at(name);

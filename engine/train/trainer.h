@@ -5,9 +5,10 @@
 //
 // One Step(global batch):
 //   1. zero the host gradient of every trainable storage-owning parameter;
-//   2. for each micro-batch, ModelRunner::AccumulateGradients with normalizer = the non-masked
-//      targets of the whole global batch (BatchSource::ValidTargets), so the accumulated gradient
-//      is exactly that of one big batch; a tied alias's gradient arrives already added to its
+//   2. ModelRunner::AccumulateStep over the micro-batches (a pipeline runs them stage by stage;
+//      one device, one after another with AccumulateGradients) with normalizer = the non-masked
+//      targets of the whole global batch (BatchSource::ValidTargets), so the accumulated gradient is
+//      exactly that of one big batch; a tied alias's gradient arrives already added to its
 //      owner's (the runner's contract);
 //   3. the global gradient norm (double sums in parameter order, cpu::AdamWKernel::SumOfSquares)
 //      -> the clip coefficient (grad_clip.h), applied as AdamW's grad_scale;

@@ -1,0 +1,47 @@
+#include "engine/exec/pipeline_runner.h"
+
+namespace ferry::exec {
+namespace {
+
+class PipelineRunner final : public ModelRunner {
+ public:
+  explicit PipelineRunner(std::unique_ptr<PipelineExecutor> e) : e_(std::move(e)) {}
+
+  Status UploadWeights(const HostTensors& weights) override {
+    weights_ = weights;
+    return Status::Ok();
+  }
+  Result<double> AccumulateStep(std::span<const MicroBatchInput> batches,
+                                HostTensors& grads) override {
+    return e_->Step(weights_, batches, grads);
+  }
+  Result<double> AccumulateGradients(const MicroBatchInput&, HostTensors&) override {
+    return Status::FailedPrecondition(
+        "a pipeline runs all micro-batches of a step at once: call AccumulateStep");
+  }
+  Result<std::vector<float>> Logits(std::span<const int32_t>) override {
+    return Status::FailedPrecondition(
+        "the pipeline executor does not compute logits: use a single-device ModelRunner");
+  }
+  RunnerStats stats() const override {
+    RunnerStats s;
+    s.block_forward_calls = e_->stats().block_forward_calls;
+    return s;
+  }
+
+ private:
+  std::unique_ptr<PipelineExecutor> e_;
+  HostTensors weights_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ModelRunner>> CreatePipelineRunner(std::vector<Device*> devices,
+                                                          const ModelConfig& config,
+                                                          const plan::Plan& plan) {
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<PipelineExecutor> e,
+                         PipelineExecutor::Create(std::move(devices), config, plan));
+  return std::unique_ptr<ModelRunner>(std::make_unique<PipelineRunner>(std::move(e)));
+}
+
+}  // namespace ferry::exec

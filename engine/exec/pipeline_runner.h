@@ -1,0 +1,26 @@
+// PipelineRunner: the ModelRunner interface over a PipelineExecutor, so the Trainer (and `ferry
+// train`) can run a multi-stage plan on several devices exactly as it runs one device.
+//
+// UploadWeights keeps a copy of the host master weights (each stage uploads its own from it at
+// the stage's start); AccumulateStep runs one executor step over all micro-batches of the plan.
+// AccumulateGradients (one micro-batch at a time) and Logits are not supported: a pipeline runs a
+// whole step at once (FailedPrecondition naming the alternative).
+//
+// Ownership: owns the executor; borrows the devices, which must outlive it. Thread-safety: one
+// host thread at a time.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "engine/exec/pipeline_executor.h"
+#include "engine/model/model_runner.h"
+
+namespace ferry::exec {
+
+// Errors: those of PipelineExecutor::Create.
+Result<std::unique_ptr<ModelRunner>> CreatePipelineRunner(std::vector<Device*> devices,
+                                                          const ModelConfig& config,
+                                                          const plan::Plan& plan);
+
+}  // namespace ferry::exec
