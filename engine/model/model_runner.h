@@ -29,6 +29,7 @@
 #include "engine/model/lora_config.h"
 #include "engine/model/model_config.h"
 #include "engine/model/param_spec.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/device.h"
 #include "kernels/status.h"
 
@@ -42,20 +43,25 @@ struct HostTensors {
 };
 
 struct ModelRunnerOptions {
-  BatchShape shape;                      // micro-batch B x T (fixed for the runner's life)
-  DType compute_dtype = DType::kF32;     // storage dtype of weights/activations on the device
-  std::vector<bool> recompute;           // per block; empty = save everything
-  int64_t loss_chunk_tokens = 256;       // fused LM-head chunk
+  BatchShape shape;                   // micro-batch B x T (fixed for the runner's life)
+  DType compute_dtype = DType::kF32;  // storage dtype of weights/activations on the device
+  std::vector<bool> recompute;        // per block; empty = save everything
+  int64_t loss_chunk_tokens = 256;    // fused LM-head chunk
 };
 
 struct MicroBatchInput {
   std::span<const int32_t> tokens;   // (B, T)
   std::span<const int32_t> targets;  // (B, T), -100 where masked
   double normalizer = 1;             // non-masked targets of the global batch (> 0)
+  // true: `grads` is overwritten with this micro-batch's gradients (zero where it has none)
+  // instead of added to, so the first micro-batch of a step needs no zeroed buffers. The result
+  // equals zeroing then adding (0 + g == g).
+  bool overwrite_grads = false;
+  ThreadPool* host_pool = nullptr;  // host-side gradient work runs on it; nullptr = inline
 };
 
 struct RunnerStats {
-  int64_t block_forward_calls = 0;   // counts recomputation too
+  int64_t block_forward_calls = 0;  // counts recomputation too
   size_t arena_peak_bytes = 0;
 };
 
@@ -73,7 +79,8 @@ class ModelRunner {
   virtual Status UploadWeights(const HostTensors& weights) = 0;
   // Forward + backward of one micro-batch; returns its loss contribution (sum of -log p over its
   // non-masked targets / normalizer) and adds its gradients into `grads` (trainable parameters
-  // only; grads must hold a zero-initialized or accumulating buffer for each).
+  // only; grads must hold a zero-initialized or accumulating buffer for each), or overwrites
+  // them when mb.overwrite_grads.
   virtual Result<double> AccumulateGradients(const MicroBatchInput& mb, HostTensors& grads) = 0;
   // Forward only: the full logits (B*T, V) in fp32, for tests and evaluation.
   virtual Result<std::vector<float>> Logits(std::span<const int32_t> tokens) = 0;

@@ -64,14 +64,17 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
     return Status::InvalidArgument("step " + std::to_string(step_) +
                                    ": the batch has no non-masked target to learn from");
   }
-  for (auto& [name, g] : grads_.tensors) std::fill(g.begin(), g.end(), 0.0f);
+  bool first = true;  // the first micro-batch overwrites the gradients: no zeroing pass
   for (const MicroBatch& mb : micro_batches) {
-    FERRY_ASSIGN_OR_RETURN(
-        double loss,
-        runner_->AccumulateGradients(
-            {.tokens = mb.tokens, .targets = mb.targets, .normalizer = double(st.valid_targets)},
-            grads_));
+    FERRY_ASSIGN_OR_RETURN(double loss,
+                           runner_->AccumulateGradients({.tokens = mb.tokens,
+                                                         .targets = mb.targets,
+                                                         .normalizer = double(st.valid_targets),
+                                                         .overwrite_grads = first,
+                                                         .host_pool = pool_},
+                                                        grads_));
     st.loss += loss;
+    first = false;
   }
   double sum_sq = 0;
   for (const std::string& name : order_) {
