@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 
 #include "engine/model/tensor_carver.h"
 #include "engine/model/weights_io.h"
@@ -208,7 +209,29 @@ Status DeviceParams::ZeroGrads(Device& d) {
   return d.Zero(grads_data_, grads_bytes_, StreamId::kCompute);
 }
 
-Status DeviceParams::DownloadAndAddGrads(Device& d, HostTensors& grads) {
+namespace {
+
+// dst[i] (+)= src[i] for i in [0, n), split over `pool` when it has more than one thread.
+void StoreOrAdd(float* dst, const float* src, int64_t n, bool overwrite, ThreadPool* pool) {
+  auto run = [&](int64_t begin, int64_t end, int) {
+    if (overwrite) {
+      std::memcpy(dst + begin, src + begin, size_t(end - begin) * sizeof(float));
+    } else {
+      for (int64_t i = begin; i < end; ++i) dst[i] += src[i];
+    }
+  };
+  constexpr int64_t kGrain = 1 << 16;  // 256 KiB: below it a split costs more than it saves
+  if (pool == nullptr || pool->size() == 1 || n < 2 * kGrain) {
+    run(0, n, 0);
+  } else {
+    pool->ParallelFor(n, kGrain, run);
+  }
+}
+
+}  // namespace
+
+Status DeviceParams::DownloadAndAddGrads(Device& d, HostTensors& grads, bool overwrite,
+                                         ThreadPool* pool) {
   FERRY_ASSIGN_OR_RETURN(Event computed, d.CreateEvent());
   FERRY_RETURN_IF_ERROR(d.Record(computed, StreamId::kCompute));
   FERRY_RETURN_IF_ERROR(d.Wait(StreamId::kDownload, computed));
@@ -219,12 +242,21 @@ Status DeviceParams::DownloadAndAddGrads(Device& d, HostTensors& grads) {
   FERRY_RETURN_IF_ERROR(d.Record(downloaded, StreamId::kDownload));
   FERRY_RETURN_IF_ERROR(d.Synchronize(downloaded));
   const std::byte* mirror = grads_mirror_.data();
+  std::set<std::string> stored;  // host tensors written in overwrite mode
   for (const auto& [name, dp] : params_) {
     if (dp.grad.data.is_null() || name.find("gate_up_proj") != std::string::npos) continue;
     FERRY_RETURN_IF_ERROR(CheckHost(grads, dp.host_name, dp.grad.numel(), "the gradients"));
     float* dst = grads.tensors.at(dp.host_name).data();
     const float* src = reinterpret_cast<const float*>(mirror + dp.g_offset);
-    for (int64_t i = 0; i < dp.grad.numel(); ++i) dst[i] += src[i];
+    // A tied head shares its owner's host tensor: the first of the two stores, the other adds.
+    const bool store = overwrite && stored.insert(dp.host_name).second;
+    StoreOrAdd(dst, src, dp.grad.numel(), store, pool);
+  }
+  if (overwrite) {
+    // LoRA factors are scattered below with +=; everything not stored starts from zero.
+    for (auto& [name, g] : grads.tensors) {
+      if (stored.count(name) == 0) std::fill(g.begin(), g.end(), 0.0f);
+    }
   }
   for (const auto& [group, pack] : lora_) {
     const float* da = reinterpret_cast<const float*>(mirror + pack.da_offset);

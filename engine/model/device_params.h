@@ -100,8 +100,11 @@ class DeviceParams {
   // Zeroes the gradients on the compute stream.
   Status ZeroGrads(Device& d);
   // Waits for the compute stream, downloads the gradients and adds them (+=)
-  // into `grads`.
-  Status DownloadAndAddGrads(Device& d, HostTensors& grads);
+  // into `grads`, or with `overwrite` stores them (=) and zeroes every tensor of
+  // `grads` the device holds no gradient for. The host-side pass runs on `pool`
+  // (nullptr: inline).
+  Status DownloadAndAddGrads(Device& d, HostTensors& grads, bool overwrite = false,
+                             ThreadPool* pool = nullptr);
 
  private:
   std::map<std::string, DeviceParam> params_;

@@ -29,6 +29,7 @@
 #include "engine/model/lora_config.h"
 #include "engine/model/model_config.h"
 #include "engine/model/param_spec.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/device.h"
 #include "kernels/status.h"
 
@@ -59,6 +60,11 @@ struct MicroBatchInput {
   std::span<const int32_t> doc_ids = {};  // (B, T) or empty
   // (B, T) or empty; each below max_position_embeddings with learned positions (GPT-2).
   std::span<const int32_t> positions = {};
+  // true: `grads` is overwritten with this micro-batch's gradients (zero where it has none)
+  // instead of added to, so the first micro-batch of a step needs no zeroed buffers. The result
+  // equals zeroing then adding (0 + g == g).
+  bool overwrite_grads = false;
+  ThreadPool* host_pool = nullptr;  // host-side gradient work runs on it; nullptr = inline
 };
 
 struct RunnerStats {
@@ -80,7 +86,8 @@ class ModelRunner {
   virtual Status UploadWeights(const HostTensors& weights) = 0;
   // Forward + backward of one micro-batch; returns its loss contribution (sum of -log p over its
   // non-masked targets / normalizer) and adds its gradients into `grads` (trainable parameters
-  // only; grads must hold a zero-initialized or accumulating buffer for each).
+  // only; grads must hold a zero-initialized or accumulating buffer for each), or overwrites
+  // them when mb.overwrite_grads.
   virtual Result<double> AccumulateGradients(const MicroBatchInput& mb, HostTensors& grads) = 0;
   // Forward only: sum of -log p over the non-masked targets / normalizer, through the fused
   // head's loss-only pass (no backward, no gradients, no (N, V) logits).

@@ -110,6 +110,35 @@ TEST_P(RunnerGoldenTest, RecomputationGivesBitIdenticalGradientsWithLessMemory) 
   EXPECT_LT(b.stats.arena_peak_bytes, a.stats.arena_peak_bytes);
 }
 
+// Overwriting buffers full of NaN (on a 2-thread host pool) gives the same bits as adding into
+// zeroed ones: every trainable tensor is either stored or zeroed before any scatter-add, including
+// the tied head's share (gpt2) and the LoRA factors (llama_lora).
+TEST_P(RunnerGoldenTest, OverwritingGradientsEqualsAddingToZeros) {
+  Result<std::unique_ptr<RunnerFixture>> f = RunnerFixture::Create(GetParam());
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  RunnerFixture& fx = **f;
+  const Step added = RunGoldenStep(fx);
+  HostTensors grads = fx.ZeroGrads();
+  for (auto& [name, g] : grads.tensors) std::fill(g.begin(), g.end(), NAN);
+  ThreadPool pool(2);
+  Result<double> loss = fx.runner->AccumulateGradients({.tokens = fx.tokens,
+                                                        .targets = fx.targets,
+                                                        .normalizer = fx.normalizer,
+                                                        .overwrite_grads = true,
+                                                        .host_pool = &pool},
+                                                       grads);
+  ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+  EXPECT_EQ(*loss, added.loss);
+  ASSERT_EQ(grads.tensors.size(), added.grads.tensors.size());
+  for (const auto& [name, g] : added.grads.tensors) {
+    const std::vector<float>& h = grads.tensors.at(name);
+    ASSERT_EQ(g.size(), h.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      ASSERT_EQ(g[i], h[i]) << name << "[" << i << "] differs when overwriting";
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Goldens, RunnerGoldenTest,
                          ::testing::Values("llama", "qwen3", "gpt2", "llama_lora", "llama3_rope",
                                            "mistral_window", "qwen2"));

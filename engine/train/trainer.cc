@@ -85,10 +85,13 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
     return Status::InvalidArgument("step " + std::to_string(step_) +
                                    ": the batch has no non-masked target to learn from");
   }
-  for (auto& [name, g] : grads_.tensors) std::fill(g.begin(), g.end(), 0.0f);
+  // The first micro-batch overwrites the gradients (MicroBatchInput::overwrite_grads): no
+  // zeroing pass.
   std::vector<MicroBatchInput> inputs;
   for (const MicroBatch& mb : micro_batches) {
     inputs.push_back(RunnerInput(mb, double(st.valid_targets)));
+    inputs.back().overwrite_grads = inputs.size() == 1;
+    inputs.back().host_pool = pool_;
   }
   FERRY_ASSIGN_OR_RETURN(st.loss, runner_->AccumulateStep(inputs, grads_));
   double sum_sq = 0;

@@ -65,6 +65,9 @@ class FakeRunner final : public ModelRunner {
     if (grads.tensors.count("frozen.weight") != 0 || grads.tensors.count("alias.weight") != 0) {
       return Status::Internal("gradient buffer for a frozen or tied parameter");
     }
+    if (mb.overwrite_grads) {
+      for (auto& [name, g] : grads.tensors) std::fill(g.begin(), g.end(), 0.0f);
+    }
     std::vector<double> gw(kOut * kIn), gb(kOut);
     const double loss =
         FakeLossAndGrads(uploaded_.tensors, mb.tokens, mb.targets, mb.normalizer, &gw, &gb);

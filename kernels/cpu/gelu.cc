@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/cpu/cast.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace ferry::cpu {
 namespace {
@@ -12,12 +13,14 @@ constexpr float kInvSqrt2Pi = 0.39894228040143268f;   // 1 / sqrt(2 pi)
 constexpr float kSqrt2OverPi = 0.79788456080286536f;  // sqrt(2 / pi)
 constexpr float kCubic = 0.044715f;
 
+// u(v) = sqrt(2 / pi) (v + 0.044715 v^3), the argument of tanh in the tanh approximation.
+inline VecF4 TanhArgument(VecF4 v) { return kSqrt2OverPi * (v + kCubic * v * v * v); }
+
 void ForwardPiece(GeluApprox approx, const float* x, float* y, int64_t n) {
   if (approx == GeluApprox::kTanh) {
-    for (int64_t j = 0; j < n; ++j) {
-      const float v = x[j];
-      y[j] = 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + kCubic * v * v * v)));
-    }
+    // 0.5 v (1 + tanh u) = v sigmoid(2u) = v / (1 + e^-2u): no cancellation for v << 0.
+    MapF4(
+        n, y, [](VecF4 v, VecF4) { return v / (1.0f + ExpF4(TanhArgument(v) * -2.0f)); }, x);
   } else {
     for (int64_t j = 0; j < n; ++j) y[j] = 0.5f * x[j] * (1.0f + std::erf(x[j] * kSqrtHalf));
   }
@@ -25,13 +28,14 @@ void ForwardPiece(GeluApprox approx, const float* x, float* y, int64_t n) {
 
 void BackwardPiece(GeluApprox approx, const float* x, const float* dy, float* dx, int64_t n) {
   if (approx == GeluApprox::kTanh) {
-    for (int64_t j = 0; j < n; ++j) {
-      const float v = x[j];
-      const float t = std::tanh(kSqrt2OverPi * (v + kCubic * v * v * v));
-      const float d = 0.5f * (1.0f + t) +
-                      0.5f * v * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kCubic * v * v);
-      dx[j] = dy[j] * d;
-    }
+    // With s = sigmoid(2u) = (1 + tanh u) / 2: 1 - tanh^2 u = 4 s (1 - s), so
+    // d/dv [0.5 v (1 + tanh u)] = s + 2 v s (1 - s) u'(v).
+    auto grad = [](VecF4 v, VecF4 g) {
+      const VecF4 s = 1.0f / (1.0f + ExpF4(TanhArgument(v) * -2.0f));
+      const VecF4 du = kSqrt2OverPi * (1.0f + (3.0f * kCubic) * v * v);
+      return g * (s + 2.0f * v * s * (1.0f - s) * du);
+    };
+    MapF4(n, dx, grad, x, dy);
   } else {
     for (int64_t j = 0; j < n; ++j) {
       const float v = x[j];

@@ -1,8 +1,7 @@
 #include "kernels/cpu/swiglu.h"
 
-#include <cmath>
-
 #include "kernels/cpu/cast.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace ferry::cpu {
 
@@ -18,7 +17,8 @@ Status SwiGluForward(ThreadPool& pool, const SwiGluForwardArgs& a) {
       const float* g = LoadFloats(a.gate_up, r * 2 * inter + j0, n, gs);
       const float* u = LoadFloats(a.gate_up, r * 2 * inter + inter + j0, n, us);
       float* h = OutputFloats(a.h, p, hs);
-      for (int64_t j = 0; j < n; ++j) h[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
+      MapF4(
+          n, h, [](VecF4 gv, VecF4 uv) { return gv / (1.0f + ExpF4(-gv)) * uv; }, g, u);
       StoreFloats(h, a.h, p, n);
       p += n;
     }
@@ -39,8 +39,11 @@ Status SwiGluBackward(ThreadPool& pool, const SwiGluBackwardArgs& a) {
       const float* dh = LoadFloats(a.dh, p, n, dhs);
       float* dg = OutputFloats(a.dgate_up, gate_at, dgs);
       float* du = OutputFloats(a.dgate_up, up_at, dus);
+      float sig[kStageElems];  // sigmoid(g)
+      MapF4(
+          n, sig, [](VecF4 gv, VecF4) { return 1.0f / (1.0f + ExpF4(-gv)); }, g);
       for (int64_t j = 0; j < n; ++j) {
-        const float s = 1.0f / (1.0f + std::exp(-g[j]));
+        const float s = sig[j];
         dg[j] = dh[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
         du[j] = dh[j] * g[j] * s;
       }
