@@ -301,7 +301,20 @@ class Executor final : public PipelineExecutor {
     Tensor positions;
     auto it = ds.regions.find("positions");
     if (it != ds.regions.end()) positions = {it->second.data, DType::kI32, Shape{shape_.tokens()}};
-    BlocksContext ctx{ds.device, &c_, &params, shape_, 2, positions, &src, r.first - 1};
+    if (c_.rope_scaling.kind != RopeScaling::Kind::kNone) {
+      return Status::Unavailable("the pipeline executor does not run rope_scaling models yet");
+    }
+    BlocksContext ctx{.device = ds.device,
+                      .config = &c_,
+                      .params = &params,
+                      .shape = shape_,
+                      .num_slots = 2,
+                      .positions = positions,
+                      .doc_ids = {},
+                      .inv_freq = {},  // plain RoPE (rope_scaling refused above)
+                      .kv_cache = nullptr,
+                      .source = &src,
+                      .first_block = r.first - 1};
     if (c_.family == ModelFamily::kGpt2) return CreateGpt2Blocks(ctx);
     return CreateLlamaBlocks(ctx);
   }
