@@ -41,10 +41,10 @@ inline std::span<const std::byte> Bytes(std::string_view text) {
   ((cond) ? (void)0 : ::ferry::fuzz::CheckFailed(#cond, __FILE__, __LINE__))
 
 // Defines LLVMFuzzerTestOneInput; the body that follows sees the input as std::string_view `text`.
-#define FERRY_FUZZ_TARGET(text)                                                        \
-  static void FerryFuzzOne(std::string_view text);                                     \
-  extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {            \
-    FerryFuzzOne(std::string_view(reinterpret_cast<const char*>(data), size));        \
-    return 0;                                                                          \
-  }                                                                                    \
+#define FERRY_FUZZ_TARGET(text)                                                \
+  static void FerryFuzzOne(std::string_view text);                             \
+  extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {    \
+    FerryFuzzOne(std::string_view(reinterpret_cast<const char*>(data), size)); \
+    return 0;                                                                  \
+  }                                                                            \
   static void FerryFuzzOne(std::string_view text)

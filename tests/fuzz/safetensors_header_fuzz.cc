@@ -7,8 +7,8 @@
 #include "tests/fuzz/fuzz_target.h"
 
 FERRY_FUZZ_TARGET(text) {
-  ferry::Result<ferry::SafetensorsHeader> h = ferry::ParseSafetensorsHeader(
-      ferry::fuzz::Bytes(text), "fuzz.safetensors");
+  ferry::Result<ferry::SafetensorsHeader> h =
+      ferry::ParseSafetensorsHeader(ferry::fuzz::Bytes(text), "fuzz.safetensors");
   if (!h.ok()) return;
   FERRY_FUZZ_CHECK(h->data_begin >= 8 && h->data_begin <= text.size());
   size_t prev_end = 0;
