@@ -11,6 +11,11 @@
 //     (void)ferry::ParseHfConfig(text);  // an error is fine; a crash, leak, UB or hang is not
 //   }
 //
+// Adding one: write that file; add the parser's .cc files (and any .cc they call) to
+// FERRY_FUZZ_PARSER_SOURCES in tests/fuzz/CMakeLists.txt (a link error names what is missing); put
+// a few small valid and invalid inputs in tests/fuzz/corpus/<name>/ and, for a text format, its
+// tokens in tests/fuzz/dicts/<name>.dict. scripts/fuzz.sh finds the target by itself.
+//
 // Fuzz targets are test code: they run only in the fuzz build (FERRY_FUZZ=ON, scripts/fuzz.sh).
 #pragma once
 
