@@ -242,7 +242,7 @@ class GatedEnv : public IoEnv {
     std::lock_guard lock(mu_);
     armed_ = true;
   }
-  void Open() {
+  void OpenGate() {
     {
       std::lock_guard lock(mu_);
       open_ = true;
@@ -272,7 +272,7 @@ TEST(StorePriorities, UrgentTransferOvertakesASpillWithoutStarvingIt) {
   const auto spill = Pattern(64 * 4096, 1), urgent = Pattern(4 * 4096, 2);
   TransferHandle s = (*store)->WriteAsync("spill", spill, TransferPriority::kSpill);
   TransferHandle u = (*store)->WriteAsync("urgent", urgent, TransferPriority::kActivationNow);
-  env.Open();
+  env.OpenGate();
   ASSERT_TRUE(u.Wait().ok());
   ASSERT_TRUE(s.Wait().ok());  // not starved
   // At most 1 spill block was in flight; the urgent transfer's 4 blocks go next (the spill's

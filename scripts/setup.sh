@@ -8,7 +8,9 @@ build_dir=${FERRY_BUILD_DIR:-build}
 
 packages=(build-essential cmake ninja-build pkg-config git
   libopenblas-serial-dev libopenblas0-pthread liburing-dev libzstd-dev
-  libcli11-dev nlohmann-json3-dev libpcre2-dev libicu-dev libfmt-dev libgtest-dev libgmock-dev fio python3 python3-venv)
+  libcli11-dev nlohmann-json3-dev libpcre2-dev libicu-dev libfmt-dev libgtest-dev libgmock-dev
+  fio python3 python3-venv
+  clang libclang-rt-14-dev)  # clang + its libFuzzer/sanitizer runtimes: scripts/fuzz.sh
 if [[ "${FERRY_SKIP_APT:-0}" != 1 ]]; then
   missing=()
   for p in "${packages[@]}"; do

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs ferry's whole test suite: the normal build (CUDA code compiled when
-# nvcc is found; GPU tests skip without a GPU), then the ASan+UBSan and TSan builds of the CPU code.
-# Environment: FERRY_SANITIZERS=0 skips the sanitizer builds (for a quick local loop).
+# nvcc is found; GPU tests skip without a GPU), then the ASan+UBSan and TSan builds of the CPU code,
+# then the parsers' fuzz targets for a bounded time (scripts/fuzz.sh).
+# Environment: FERRY_SANITIZERS=0 skips the sanitizer builds and FERRY_FUZZ_SECONDS=0 the fuzzing
+# (for a quick local loop); FERRY_FUZZ_SECONDS sets the seconds per fuzz target (default 20 here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -37,4 +39,9 @@ if [[ "${FERRY_SANITIZERS:-1}" != 0 ]]; then
     ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1" \
       ctest --test-dir build-$san --output-on-failure -j "$jobs" --timeout 900 -LE no_sanitizer
   done
+fi
+
+if [[ "${FERRY_FUZZ_SECONDS:-20}" != 0 ]]; then
+  echo "== fuzz (build-fuzz: clang, libFuzzer, ASan+UBSan) =="
+  FERRY_FUZZ_SECONDS=${FERRY_FUZZ_SECONDS:-20} scripts/fuzz.sh
 fi

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <numbers>
 #include <sstream>
@@ -222,7 +223,12 @@ Status ParseGpt2(const json& j, const Fields& f, ModelConfig* c) {
   FERRY_ASSIGN_OR_RETURN(c->num_heads, f.Int("n_head"));
   c->num_kv_heads = c->num_heads;
   c->head_dim = c->num_heads > 0 ? c->hidden_size / c->num_heads : 0;
-  FERRY_ASSIGN_OR_RETURN(c->intermediate_size, f.Int("n_inner", 4 * c->hidden_size));
+  // n_inner defaults to 4 C; a C so large that 4 C overflows is refused by validation below.
+  constexpr int64_t kQuarter = std::numeric_limits<int64_t>::max() / 4;
+  const int64_t default_inner = c->hidden_size >= -kQuarter && c->hidden_size <= kQuarter
+                                    ? 4 * c->hidden_size
+                                    : c->hidden_size;
+  FERRY_ASSIGN_OR_RETURN(c->intermediate_size, f.Int("n_inner", default_inner));
   FERRY_ASSIGN_OR_RETURN(c->max_position_embeddings, f.Int("n_positions"));
   FERRY_ASSIGN_OR_RETURN(c->norm_eps, f.Number("layer_norm_epsilon", 1e-5));
   FERRY_ASSIGN_OR_RETURN(c->tie_word_embeddings, f.Bool("tie_word_embeddings", true));

@@ -112,6 +112,22 @@ TEST(ModelConfigTest, RefusesWhatItCannotRun) {
   ExpectRefused(std::string(kLlama) + R"(, "torch_dtype": "int8"})", "torch_dtype");
 }
 
+// Found by reading ParseGpt2 while writing tests/fuzz: the default n_inner = 4 * n_embd overflowed
+// int64 for a huge n_embd (UB: the ASan+UBSan build stops on it). Now an error names the size.
+TEST(ModelConfigTest, RefusesHugeSizesWithoutOverflow) {
+  for (const char* n_embd : {"4611686018427387904", "-4611686018427387904", "9223372036854775807",
+                             "-9223372036854775808"}) {
+    const std::string text = std::string(R"({"model_type": "gpt2", "vocab_size": 10, "n_embd": )") +
+                             n_embd + R"(, "n_layer": 1, "n_head": 1, "n_positions": 8})";
+    Result<ModelConfig> c = ParseHfConfig(text);
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  }
+  ExpectRefused(R"({"model_type": "gpt2", "vocab_size": 10, "n_embd": 4611686018427387904,
+      "n_layer": 1, "n_head": 4, "n_positions": 8})",
+                "exceeds");
+}
+
 TEST(ModelConfigTest, SlidingWindowAndLlama3ScalingAreTrainable) {
   Result<ModelConfig> m = ParseHfConfig(R"({"model_type": "mistral", "vocab_size": 10,
       "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,

@@ -77,16 +77,23 @@ Result<SafetensorsTensorInfo> ParseEntry(const std::string& name, const json& v,
                                    "': " + type.status().message());
   }
   info.dtype = *type;
+  // The byte size of the non-zero dimensions must fit int64 even when another dimension is 0, so
+  // that every partial product (numel(), a caller's loop over the shape) stays in range.
   uint64_t bytes = SafetensorsDTypeSize(info.dtype);
+  bool empty = false;
   for (const json& d : *sh) {
     uint64_t n;
     if (!AsCount(d, &n)) return Bad(what, name, "shape entries must be non-negative integers");
-    if (n != 0 && bytes > std::numeric_limits<uint64_t>::max() / n) {
-      return Bad(what, name, "shape overflows");
-    }
-    bytes *= n;
     info.shape.push_back(int64_t(n));
+    if (n == 0) {
+      empty = true;
+    } else if (bytes > uint64_t(std::numeric_limits<int64_t>::max()) / n) {
+      return Bad(what, name, "shape " + ShapeToString(info.shape) + "... overflows");
+    } else {
+      bytes *= n;
+    }
   }
+  if (empty) bytes = 0;
   uint64_t begin, end;
   if (!AsCount((*of)[0], &begin) || !AsCount((*of)[1], &end) || begin > end) {
     return Bad(what, name, "data_offsets must be non-negative integers with begin <= end");

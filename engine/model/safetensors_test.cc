@@ -142,6 +142,17 @@ TEST(SafetensorsTest, ValidatesHeader) {
                        8)
                 .code(),
             StatusCode::kCorruption);
+  // Found while writing tests/fuzz: a 0 after dimensions whose product overflows int64 gave an
+  // empty tensor whose numel() overflowed (UB) and made ReadFloats allocate ~2^62 floats.
+  EXPECT_EQ(ParseImage(R"({"a":{"dtype":"U8","shape":[3,4611686018427387904,0],)"
+                       R"("data_offsets":[0,0]}})",
+                       0)
+                .code(),
+            StatusCode::kCorruption);
+  EXPECT_TRUE(ParseImage(R"({"a":{"dtype":"U8","shape":[0,4611686018427387904],)"
+                         R"("data_offsets":[0,0]}})",
+                         0)
+                  .ok());
   // Metadata values must be strings.
   EXPECT_EQ(ParseImage(R"({"__metadata__":{"k":1}})", 0).code(), StatusCode::kCorruption);
   // A header length past the end of the file, and a file too short to hold one.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -54,6 +55,12 @@ class FieldReader {
     const json* v = nullptr;
     FERRY_RETURN_IF_ERROR(Find(key, &v));
     if (!v->is_number_integer()) return Error(key, "expected an integer, got " + v->dump());
+    // get<int> would wrap 2^32 + 2 to 2: refuse what an int cannot hold.
+    if (v->is_number_unsigned() ? v->get<uint64_t>() > uint64_t(std::numeric_limits<int>::max())
+                                : (v->get<int64_t>() > std::numeric_limits<int>::max() ||
+                                   v->get<int64_t>() < std::numeric_limits<int>::min())) {
+      return Error(key, "integer " + v->dump() + " is out of range");
+    }
     *out = v->get<int>();
     return Status::Ok();
   }

@@ -46,6 +46,9 @@ TEST(HardwareProfile, ErrorsNameTheField) {
   };
   const Case cases[] = {
       {R"("count": 2)", R"("count": "two")", "gpu.count"},
+      // Found while writing tests/fuzz: a count beyond int used to wrap (2^32 + 2 read as 2).
+      {R"("count": 2)", R"("count": 4294967298)", "gpu.count"},
+      {R"("numa_nodes": 1)", R"("numa_nodes": 18446744073709551615)", "host.numa_nodes"},
       {R"("memory_label_bytes": "24GiB")", R"("memory_label_bytes": "24 furlongs")",
        "gpu.memory_label_bytes"},
       {R"("h2d_pinned": 23.2e9, )", "", "pcie.h2d_pinned"},

@@ -40,8 +40,14 @@ inline double SumD(Vd a) { return a; }
 
 #if defined(__x86_64__)
 // ---- AVX2 + FMA -------------------------------------------------------------------------------
+// Each ISA block is compiled for its target by a pragma: clang's attribute push (it ignores GCC's
+// target pragmas) or GCC's push_options.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#endif
 namespace avx2 {
 using Vf = __m256;
 constexpr int64_t kLanes = 8;
@@ -85,16 +91,24 @@ inline double SumD(Vd a) {
 }
 #include "kernels/cpu/adamw_simd.inc"
 }  // namespace avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 // ---- AVX-512F ---------------------------------------------------------------------------------
 // GCC 12's AVX-512 headers seed results with _mm512_undefined_*(), which its own flow analysis
 // then reports as uninitialized (GCC bug 105593, fixed in 13); the warning is off for this block.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma"))), apply_to = function)
+#else
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma")
+#endif
 namespace avx512 {
 using Vf = __m512;
 constexpr int64_t kLanes = 16;
@@ -139,8 +153,12 @@ inline double SumD(Vd a) {
 }
 #include "kernels/cpu/adamw_simd.inc"
 }  // namespace avx512
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
 #pragma GCC diagnostic pop
+#endif
 #endif  // __x86_64__
 
 // ---- dispatch -----------------------------------------------------------------------------------
