@@ -2,14 +2,11 @@
 
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "engine/model/byte_tokenizer.h"
+#include "engine/job/model_source.h"
 #include "engine/model/model_runner.h"
-#include "engine/model/safetensors.h"
-#include "engine/train/master_weights.h"
 #include "engine/train/run_training.h"
 #include "engine/train/training_data.h"
 #include "kernels/cpu/cpu_device.h"
@@ -17,69 +14,28 @@
 namespace ferry {
 namespace {
 
-struct EvalModel {
-  ModelConfig config;
-  LoraConfig lora;
-  HostTensors weights;
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::string template_source;  // what ResolveChatTemplate reads: "tiny" or the folder
-};
-
-// THE place where --model is turned into weights. "tiny": the preset at its seeded
-// initialization; a folder: a `ferry train` run folder (config.json + model.safetensors).
-// Hugging Face model folders (sharded safetensors, tokenizer.json) plug in here: replace the
-// folder branch with the model-folder loader (LoadModelFolder(dir, adapter_dir)) when it lands.
-Result<EvalModel> LoadEvalModel(const std::string& model, uint64_t seed) {
-  EvalModel m;
-  if (model == "tiny") {
-    m.config = TinyLlamaPreset();
-    m.weights = InitMasterWeights(BuildLayerSpecs(m.config, m.lora), seed);
-    m.tokenizer = MakeByteTokenizer();
-    m.template_source = "tiny";
-    return m;
-  }
-  namespace fs = std::filesystem;
-  if (fs::exists(fs::path(model) / "adapter_model.safetensors")) {
-    return Status::Unavailable("--model " + model +
-                               " is a LoRA run folder; ferry eval reads full fine-tuning runs "
-                               "only for now");
-  }
-  FERRY_ASSIGN_OR_RETURN(m.config, LoadHfConfig(model + "/config.json"));
-  const std::vector<LayerSpec> layers = BuildLayerSpecs(m.config, m.lora);
-  m.weights = InitMasterWeights(layers, seed);
-  FERRY_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(model + "/model.safetensors"));
-  FERRY_RETURN_IF_ERROR(LoadMasterWeights(file, layers, ParamSelection::kAll, m.weights));
-  if (!fs::exists(fs::path(model) / "tokenizer.json") &&
-      m.config.vocab_size == ByteTokenizer::kVocabSize) {
-    m.tokenizer = MakeByteTokenizer();  // a run of the tiny preset
-    m.template_source = "tiny";
-  } else {
-    FERRY_ASSIGN_OR_RETURN(m.tokenizer, LoadTokenizer(model));
-    m.template_source = model;
-  }
-  return m;
-}
-
 Status Run(const EvalCommand& cmd) {
   if (cmd.data.empty()) return Status::InvalidArgument("--data FILE is required");
   if (cmd.seq_len < 2 || cmd.batch_size < 1 || cmd.max_batches < 0) {
     return Status::InvalidArgument(
         "--seq-len must be at least 2, --batch-size at least 1, --max-batches 0 or more");
   }
-  FERRY_ASSIGN_OR_RETURN(EvalModel m, LoadEvalModel(cmd.model, cmd.seed));
+  FERRY_ASSIGN_OR_RETURN(InferenceModel loaded,
+                         LoadInferenceModel(cmd.model, cmd.adapter, cmd.seed));
+  const LoadedModel& m = loaded.model;
   if (cmd.seq_len > m.config.max_position_embeddings) {
     return Status::InvalidArgument(
         "--seq-len " + std::to_string(cmd.seq_len) + " exceeds the model's " +
         std::to_string(m.config.max_position_embeddings) + " positions; lower --seq-len");
   }
   FERRY_ASSIGN_OR_RETURN(ChatTemplate chat,
-                         ResolveChatTemplate(cmd.chat_template, m.template_source));
+                         ResolveChatTemplate(cmd.chat_template, loaded.template_source));
   FERRY_ASSIGN_OR_RETURN(LongExamples mode, ParseLongExamples(cmd.long_examples));
   std::string log;
   FERRY_ASSIGN_OR_RETURN(
       std::vector<Example> examples,
-      LoadDataset(cmd.data, *m.tokenizer, chat, m.config, cmd.skip_bad_lines, &log));
-  const PackedRows rows = PackedRows::Pack(examples, cmd.seq_len, mode, PadId(*m.tokenizer));
+      LoadDataset(cmd.data, *loaded.tokenizer, chat, m.config, cmd.skip_bad_lines, &log));
+  const PackedRows rows = PackedRows::Pack(examples, cmd.seq_len, mode, PadId(*loaded.tokenizer));
   if (rows.rows() == 0) {
     return Status::InvalidArgument(cmd.data + " has no target to score (" + log + ")");
   }
@@ -90,10 +46,12 @@ Status Run(const EvalCommand& cmd) {
       cmd.threads > 0 ? int(cmd.threads) : int(std::max(1u, std::thread::hardware_concurrency()));
   ModelRunnerOptions ro;
   ro.shape = {cmd.batch_size, cmd.seq_len};
+  ro.inference_only = true;  // no gradient buffers
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<CpuDevice> device,
                          CpuDevice::Create({.name = "cpu0",
                                             .memory_bytes = EstimateDeviceBytes(
-                                                m.config, m.lora, ro.shape, ro.loss_chunk_tokens),
+                                                m.config, m.lora, ro.shape, ro.loss_chunk_tokens,
+                                                /*gradients=*/false),
                                             .compute_threads = threads}));
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
                          ModelRunner::Create(*device, m.config, m.lora, ro));
@@ -101,9 +59,13 @@ Status Run(const EvalCommand& cmd) {
   FERRY_ASSIGN_OR_RETURN(EvalResult r,
                          EvaluateRows(*runner, rows, cmd.batch_size, cmd.max_batches));
   if (cmd.json) {
-    const nlohmann::json j = {{"model", cmd.model},    {"data", cmd.data},
-                              {"loss", r.mean_loss()}, {"perplexity", r.perplexity()},
-                              {"targets", r.targets},  {"micro_batches", r.micro_batches},
+    const nlohmann::json j = {{"model", cmd.model},
+                              {"adapter", cmd.adapter},
+                              {"data", cmd.data},
+                              {"loss", r.mean_loss()},
+                              {"perplexity", r.perplexity()},
+                              {"targets", r.targets},
+                              {"micro_batches", r.micro_batches},
                               {"rows", rows.rows()}};
     std::printf("%s\n", j.dump().c_str());
   } else {
@@ -120,8 +82,13 @@ void AddEvalCommand(CLI::App& parent, EvalCommand* cmd) {
   CLI::App* e = parent.add_subcommand(
       "eval", "Mean loss and perplexity of a model on a dataset file (forward only)");
   cmd->app = e;
-  e->add_option("--model", cmd->model, "Model: 'tiny' or a `ferry train` run folder")
+  e->add_option("--model", cmd->model,
+                "Model: 'tiny', a Hugging Face model folder or a run folder of ferry train (full "
+                "or LoRA)")
       ->capture_default_str();
+  e->add_option("--adapter", cmd->adapter,
+                "PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors); "
+                "default: the model folder's own, when it has one");
   e->add_option("--data", cmd->data, "Dataset file: .jsonl, .txt, .bin/.tok (as ferry train)")
       ->required();
   e->add_option("--seq-len", cmd->seq_len, "Tokens per packed row")->capture_default_str();

@@ -2,9 +2,10 @@
 // first --max-batches micro-batches), forward only. The file is read, masked and packed exactly as
 // `ferry train --data` does (engine/train/training_data.h), in file order (no shuffle).
 //
-// --model: "tiny" (the preset at its seeded initialization, a smoke test), or a run folder written
-// by `ferry train` (config.json + model.safetensors; full fine-tuning runs). Hugging Face model
-// folders plug in at one place in eval_command.cc (LoadEvalModel).
+// --model / --adapter: resolved and loaded as for `ferry generate` (engine/job/model_source.h):
+// "tiny" (the preset at its seeded initialization, a smoke test), a Hugging Face model folder, or
+// a run folder of `ferry train` (full or LoRA), with an optional PEFT LoRA adapter. The forward
+// runs on an inference-only ModelRunner (no gradient buffers).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -16,6 +17,7 @@ namespace ferry {
 struct EvalCommand {
   CLI::App* app = nullptr;
   std::string model = "tiny";
+  std::string adapter;  // PEFT LoRA adapter folder; empty: the model folder's own, if any
   std::string data;
   int64_t seq_len = 128;
   int64_t batch_size = 8;

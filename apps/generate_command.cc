@@ -2,126 +2,16 @@
 
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <iterator>
-#include <nlohmann/json.hpp>
 #include <thread>
 
+#include "engine/job/model_source.h"
 #include "engine/model/generator.h"
-#include "engine/model/safetensors.h"
-#include "engine/model/tokenizer.h"
-#include "engine/train/master_weights.h"
 #include "kernels/cpu/cpu_device.h"
 
 namespace ferry {
 namespace {
-
-namespace fs = std::filesystem;
-
-// What generation needs of a model: its config, adapter, host weights and tokenizer.
-struct LoadedModel {
-  ModelConfig config;
-  LoraConfig lora;
-  HostTensors weights;
-  std::unique_ptr<Tokenizer> tokenizer;
-};
-
-bool Exists(const std::string& path) {
-  std::error_code ec;
-  return fs::exists(path, ec);
-}
-
-// PEFT's adapter_config.json as ferry writes it (PeftAdapterConfig): r, lora_alpha and
-// target_modules (the last component of each adapted module's name).
-Result<LoraConfig> ReadAdapterConfig(const std::string& path, const ModelConfig& model) {
-  std::ifstream in(path);
-  if (!in) return Status::NotFound(path + ": cannot open the adapter config");
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("r") || !j["r"].is_number_integer() ||
-      !j.contains("target_modules") || !j["target_modules"].is_array()) {
-    return Status::InvalidArgument(path +
-                                   ": not a LoRA adapter config (need integer 'r' and a "
-                                   "'target_modules' list)");
-  }
-  LoraConfig lora;
-  lora.rank = j["r"].get<int64_t>();
-  lora.alpha = j.value("lora_alpha", double(lora.rank));
-  lora.targets = 0;
-  const bool gpt2 = model.family == ModelFamily::kGpt2;
-  for (const nlohmann::json& m : j["target_modules"]) {
-    const std::string name = m.is_string() ? m.get<std::string>() : "";
-    if (gpt2 && name == "c_attn") {
-      lora.targets |= kLoraQ | kLoraK | kLoraV;
-    } else if (gpt2 && (name == "attn.c_proj" || name == "c_fc" || name == "mlp.c_proj")) {
-      lora.targets |= name == "attn.c_proj" ? kLoraO : (name == "c_fc" ? kLoraUp : kLoraDown);
-    } else {
-      Result<uint32_t> t = ParseLoraTargets(name);
-      if (!t.ok()) return t.status().WithContext(path + ": target_modules");
-      lora.targets |= *t;
-    }
-  }
-  FERRY_RETURN_IF_ERROR(ValidateLoraConfig(lora).WithContext(path));
-  return lora;
-}
-
-Status LoadWeightsFile(const std::string& path, const std::vector<LayerSpec>& layers,
-                       ParamSelection which, HostTensors& weights) {
-  FERRY_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
-  return LoadMasterWeights(file, layers, which, weights);
-}
-
-// The tokenizer of a folder: its tokenizer.json, or the built-in byte-level one for a model with
-// the tiny preset's vocabulary (what `ferry train` writes).
-Result<std::unique_ptr<Tokenizer>> FolderTokenizer(const std::string& dir, const ModelConfig& c) {
-  if (Exists(dir + "/tokenizer.json")) return LoadTokenizer(dir);
-  if (c.vocab_size == kTinyVocabSize) return MakeByteTokenizer();
-  return Status::NotFound(dir + " has no tokenizer.json (and its vocabulary of " +
-                          std::to_string(c.vocab_size) +
-                          " is not the built-in byte-level one): add the model's tokenizer.json");
-}
-
-Result<LoadedModel> LoadModel(const GenerateCommand& cmd) {
-  LoadedModel m;
-  if (cmd.model == "tiny") {
-    if (!cmd.adapter.empty()) {
-      return Status::InvalidArgument("--adapter needs a --model folder, not the built-in 'tiny'");
-    }
-    // Untrained (initialized from --seed): a smoke test of the pipeline, not of the text.
-    m.config = TinyLlamaPreset();
-    m.weights = InitMasterWeights(BuildLayerSpecs(m.config, m.lora), cmd.seed);
-    m.tokenizer = MakeByteTokenizer();
-    return m;
-  }
-  const std::string dir = cmd.model;
-  if (!fs::is_directory(dir)) {
-    return Status::NotFound("--model " + dir +
-                            ": not a folder (give 'tiny', a run folder or a model folder)");
-  }
-  // >>> Hugging Face model folders (sharded safetensors, PEFT adapters from elsewhere) plug in
-  // here: LoadModelFolder(dir, adapter_dir) will return config, adapter, weights and tokenizer.
-  // Until then, the run folders `ferry train` writes: config.json + model.safetensors, and
-  // adapter_model.safetensors + adapter_config.json when it trained LoRA.
-  FERRY_ASSIGN_OR_RETURN(m.config, LoadHfConfig(dir + "/config.json"));
-  const std::string adapter_dir = cmd.adapter.empty() ? dir : cmd.adapter;
-  if (Exists(adapter_dir + "/adapter_config.json")) {
-    FERRY_ASSIGN_OR_RETURN(m.lora,
-                           ReadAdapterConfig(adapter_dir + "/adapter_config.json", m.config));
-  } else if (!cmd.adapter.empty()) {
-    return Status::NotFound("--adapter " + cmd.adapter + ": no adapter_config.json there");
-  }
-  const std::vector<LayerSpec> layers = BuildLayerSpecs(m.config, m.lora);
-  m.weights = InitMasterWeights(layers, 0);  // every buffer sized; all overwritten below
-  FERRY_RETURN_IF_ERROR(
-      LoadWeightsFile(dir + "/model.safetensors", layers, ParamSelection::kBase, m.weights));
-  if (m.lora.enabled()) {
-    FERRY_RETURN_IF_ERROR(LoadWeightsFile(adapter_dir + "/adapter_model.safetensors", layers,
-                                          ParamSelection::kLora, m.weights));
-  }
-  FERRY_ASSIGN_OR_RETURN(m.tokenizer, FolderTokenizer(dir, m.config));
-  return m;
-}
 
 // True when `s` ends inside a UTF-8 sequence (or with the replacement character a decoder writes
 // for one): the next token may complete it, so it is held back.
@@ -144,8 +34,10 @@ Status Run(const GenerateCommand& cmd) {
   if (cmd.app == nullptr || cmd.app->count("--prompt") == 0) {
     prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   }
-  FERRY_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(cmd));
-  const std::vector<int32_t> ids = m.tokenizer->Encode(prompt, /*add_special_tokens=*/true);
+  FERRY_ASSIGN_OR_RETURN(InferenceModel loaded,
+                         LoadInferenceModel(cmd.model, cmd.adapter, cmd.seed));
+  LoadedModel& m = loaded.model;
+  const std::vector<int32_t> ids = loaded.tokenizer->Encode(prompt, /*add_special_tokens=*/true);
   if (ids.empty()) return Status::InvalidArgument("the prompt is empty: give --prompt TEXT");
 
   CpuDeviceOptions dev;
@@ -156,12 +48,12 @@ Status Run(const GenerateCommand& cmd) {
   for (const auto& [name, t] : m.weights.tensors) weight_bytes += t.size() * 4;
   const int64_t positions = int64_t(ids.size()) + cmd.max_tokens;
   const size_t cache_bytes = size_t(2 * m.config.num_layers * positions * m.config.kv_dim()) * 4;
-  // Weights (and the gradient buffers DeviceParams plans), the cache, and the activations of the
-  // prefill (a few (n, C|I|V) tensors per step; 64 MiB covers the built-in sizes with margin).
+  // Weights (no gradient buffers: the generator asks for none), the cache, and the activations of
+  // the prefill (a few (n, C|I|V) tensors per step; 64 MiB covers the built-in sizes with margin).
   const size_t act_bytes =
       size_t(positions) *
       size_t(8 * m.config.hidden_size + 4 * m.config.intermediate_size + m.config.vocab_size) * 4;
-  dev.memory_bytes = 2 * weight_bytes + cache_bytes + act_bytes + (size_t(64) << 20);
+  dev.memory_bytes = weight_bytes + cache_bytes + act_bytes + (size_t(64) << 20);
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<CpuDevice> device, CpuDevice::Create(dev));
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Generator> gen,
                          Generator::Create(*device, m.config, m.lora, m.weights, positions));
@@ -169,13 +61,13 @@ Status Run(const GenerateCommand& cmd) {
   GenerateOptions o;
   o.sampling = sampling;
   o.max_new_tokens = cmd.max_tokens;
-  o.eos = m.tokenizer->special_ids().eos;
+  o.eos = loaded.tokenizer->special_ids().eos;
   std::vector<int32_t> out;
   size_t printed = 0;
   const auto start = std::chrono::steady_clock::now();
   auto stream = [&](int32_t token) {
     out.push_back(token);
-    const std::string text = m.tokenizer->Decode(out, /*skip_special_tokens=*/true);
+    const std::string text = loaded.tokenizer->Decode(out, /*skip_special_tokens=*/true);
     if (!EndsIncomplete(text) && text.size() > printed) {
       std::fwrite(text.data() + printed, 1, text.size() - printed, stdout);
       std::fflush(stdout);
@@ -185,7 +77,7 @@ Status Run(const GenerateCommand& cmd) {
   };
   FERRY_ASSIGN_OR_RETURN(std::vector<int32_t> done, Generate(*gen, ids, o, stream));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const std::string text = m.tokenizer->Decode(out, true);
+  const std::string text = loaded.tokenizer->Decode(out, true);
   if (text.size() > printed) std::fwrite(text.data() + printed, 1, text.size() - printed, stdout);
   std::fputc('\n', stdout);
   std::fflush(stdout);
@@ -199,14 +91,19 @@ Status Run(const GenerateCommand& cmd) {
 void AddGenerateCommand(CLI::App& parent, GenerateCommand* cmd) {
   CLI::App* g = parent.add_subcommand(
       "generate",
-      "Generate text with a KV cache from the built-in 'tiny' model (untrained) or a run folder "
-      "of `ferry train`. The text streams to stdout; the speed goes to stderr.");
+      "Generate text with a KV cache from a Hugging Face model folder, a run folder of `ferry "
+      "train` (full or LoRA) or the built-in 'tiny' model (untrained), optionally with a PEFT "
+      "LoRA adapter. The text streams to stdout; the speed goes to stderr.");
   cmd->app = g;
-  g->add_option("--model", cmd->model, "'tiny' or a run folder (config.json + model.safetensors)")
+  g->add_option(
+       "--model", cmd->model,
+       "'tiny', a Hugging Face model folder (config.json, safetensors, tokenizer.json) or a run "
+       "folder of ferry train")
       ->capture_default_str();
-  g->add_option("--adapter", cmd->adapter,
-                "LoRA adapter folder (adapter_config.json + adapter_model.safetensors); default: "
-                "the model folder's own, when it has one");
+  g->add_option(
+      "--adapter", cmd->adapter,
+      "PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors), e.g. a "
+      "LoRA run folder; default: the model folder's own, when it has one");
   g->add_option("--prompt", cmd->prompt, "Prompt text (default: read stdin)");
   g->add_option("--max-tokens", cmd->max_tokens, "New tokens at most (generation stops at EOS)")
       ->capture_default_str();

@@ -1,7 +1,7 @@
 // `ferry generate`: text generation with a KV cache (engine/model/generator.h) from the built-in
-// tiny model, a run folder written by `ferry train` (config.json + model.safetensors, and a LoRA
-// adapter as adapter_model.safetensors + adapter_config.json), streaming the text to stdout as
-// tokens are drawn and the speed to stderr.
+// tiny model, a Hugging Face model folder or a run folder written by `ferry train` (full or LoRA),
+// with an optional PEFT LoRA adapter (--model/--adapter resolved by engine/job/model_source.h),
+// streaming the text to stdout as tokens are drawn and the speed to stderr.
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/train_command.h"
+#include "engine/job/model_source.h"
 #include "engine/plan/planner.h"
 #include "engine/plan/simulator.h"
 #include "engine/plan/timeline_writers.h"
@@ -31,14 +32,12 @@ std::string ResolveConfigPath(const std::string& kind, const std::string& name) 
 
 namespace {
 
+// --model as train, eval and generate resolve it, plus presets and config.json files.
 Result<ModelConfig> ResolvePlanModel(const std::string& name) {
-  if (name == "tiny") return TinyLlamaPreset();
-  const std::string path = ResolveConfigPath("models", name);
-  if (!fs::exists(path)) {
-    return Status::NotFound("--model '" + name + "': no preset " + path +
-                            " and no such file; name a file in configs/models or a config.json");
-  }
-  return LoadHfConfig(path);
+  FERRY_ASSIGN_OR_RETURN(ModelSource source,
+                         ResolveModelSource(name, "", ModelUse::kConfigOnly,
+                                            (fs::path(ConfigDir()) / "models").string()));
+  return source.config;
 }
 
 Result<plan::HardwareProfile> ResolveHardware(const PlanCommand& cmd) {

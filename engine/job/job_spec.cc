@@ -12,6 +12,8 @@
 #include <string>
 #include <system_error>
 
+#include "engine/job/model_source.h"
+
 namespace ferry {
 namespace {
 
@@ -51,19 +53,8 @@ Status ValidateDataOptions(const JobSpec& job) {
 }  // namespace
 
 Result<ModelConfig> ResolveModel(const JobSpec& job) {
-  if (job.model == "tiny") return TinyLlamaPreset();
-  std::error_code ec;
-  if (!std::filesystem::is_directory(job.model, ec)) {
-    return Bad("--model '" + job.model +
-               "' is neither 'tiny' nor a folder; give a Hugging Face model folder (with "
-               "config.json and safetensors weights)");
-  }
-  const std::string config = job.model + "/config.json";
-  if (!std::filesystem::is_regular_file(config, ec)) {
-    return Status::NotFound("--model '" + job.model + "' has no config.json; give a Hugging Face " +
-                            "model folder");
-  }
-  return LoadHfConfig(config);
+  FERRY_ASSIGN_OR_RETURN(ModelSource source, ResolveModelSource(job.model, "", ModelUse::kTrain));
+  return source.config;
 }
 
 Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
@@ -140,6 +131,12 @@ Status PrepareRunFolder(const std::string& dir) {
 nlohmann::json JobSpecToJson(const JobSpec& job, const ModelConfig& model) {
   nlohmann::json j;
   j["model"] = job.model;
+  if (job.model != "tiny") {
+    // Where the base is, from anywhere (a LoRA run folder's adapter loads onto it).
+    std::error_code ec;
+    const std::filesystem::path abs = std::filesystem::absolute(job.model, ec);
+    j["model_path"] = ec ? job.model : abs.lexically_normal().string();
+  }
   j["data"] = job.data;
   j["val_data"] = job.val_data;
   j["val_fraction"] = job.val_fraction;

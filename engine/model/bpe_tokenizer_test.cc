@@ -13,40 +13,14 @@
 #include <thread>
 
 #include "engine/model/utf8_text.h"
+#include "engine/testing/tokenizer_json.h"
 
 namespace ferry {
 namespace {
 
 using json = nlohmann::json;
 
-// A byte-level vocabulary where byte b has id b, plus a few merges.
-json ByteLevelJson() {
-  ByteLevelAlphabet alpha;
-  json vocab = json::object();
-  for (int b = 0; b < 256; ++b) vocab[alpha.Encode(uint8_t(b))] = b;
-  vocab["he"] = 256;
-  vocab["ll"] = 257;
-  vocab["hell"] = 258;
-  vocab["Ġw"] = 259;
-  vocab["Ġworld"] = 261;  // no merge leads here: only ignore_merges reaches it
-  return {
-      {"version", "1.0"},
-      {"added_tokens", json::array({{{"id", 260},
-                                     {"content", "<|eot|>"},
-                                     {"special", true},
-                                     {"lstrip", false},
-                                     {"rstrip", false},
-                                     {"single_word", false},
-                                     {"normalized", false}}})},
-      {"normalizer", nullptr},
-      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-      {"post_processor", {{"type", "ByteLevel"}, {"trim_offsets", false}}},
-      {"decoder", {{"type", "ByteLevel"}}},
-      {"model",
-       {{"type", "BPE"},
-        {"vocab", vocab},
-        {"merges", json::array({"h e", json::array({"l", "l"}), "he ll", "Ġ w"})}}}};
-}
+json ByteLevelJson() { return testing::ByteLevelTokenizerJson(); }
 
 std::unique_ptr<Tokenizer> Parse(const json& j) {
   Result<std::unique_ptr<Tokenizer>> r = ParseTokenizerJson(j.dump(), "tokenizer.json");

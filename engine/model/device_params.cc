@@ -60,8 +60,8 @@ Status CheckHost(const HostTensors& t, const std::string& name, int64_t numel, c
 }  // namespace
 
 Result<DeviceParams> DeviceParams::Create(Device& d, const ModelConfig& c, const LoraConfig& lora,
-                                          const std::vector<LayerSpec>& layers,
-                                          CarveSource* source) {
+                                          const std::vector<LayerSpec>& layers, CarveSource* source,
+                                          ParamGrads grad_buffers) {
   DeviceParams p;
   std::map<std::string, const ParamSpec*> by_name;
   std::vector<PlannedParam> plan;
@@ -157,10 +157,12 @@ Result<DeviceParams> DeviceParams::Create(Device& d, const ModelConfig& c, const
     return Status::Ok();
   };
   FERRY_RETURN_IF_ERROR(place(false, p.weights_, p.weights_data_, p.weights_bytes_));
-  FERRY_RETURN_IF_ERROR(place(true, p.grads_, p.grads_data_, p.grads_bytes_));
   FERRY_ASSIGN_OR_RETURN(
       p.weights_mirror_,
       HostAllocation::Map(std::max<size_t>(p.weights_bytes_, 1), "params.weights mirror"));
+  if (grad_buffers == ParamGrads::kNone)
+    return p;  // grads_bytes_ == 0: the gradient calls do nothing
+  FERRY_RETURN_IF_ERROR(place(true, p.grads_, p.grads_data_, p.grads_bytes_));
   FERRY_ASSIGN_OR_RETURN(p.grads_mirror_, HostAllocation::Map(std::max<size_t>(p.grads_bytes_, 1),
                                                               "params.grads mirror"));
   return p;

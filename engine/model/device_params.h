@@ -67,6 +67,10 @@ struct LoraPack {
   int64_t total_rank() const { return rank * int64_t(adapters.size()); }
 };
 
+// Whether DeviceParams allocates gradient buffers: inference (Generator, a ModelRunner built for
+// evaluation) needs none.
+enum class ParamGrads { kAllocate, kNone };
+
 class DeviceParams {
  public:
   DeviceParams() = default;
@@ -76,10 +80,13 @@ class DeviceParams {
   // Plans and allocates weights and gradients of the block and head layers among `layers` (all
   // of a model's, or a pipeline stage's). With a `source` the two are regions it hands out for
   // "params.weights" and "params.grads" instead of arena blocks (engine/exec; not owned).
+  // With ParamGrads::kNone nothing is allocated for gradients (every DeviceParam::grad and
+  // LoraPack::da/db is null; ZeroGrads and DownloadAndAddGrads do nothing).
   // REQUIRES: compute dtype f32 (checked by the runner).
   static Result<DeviceParams> Create(Device& d, const ModelConfig& c, const LoraConfig& lora,
                                      const std::vector<LayerSpec>& layers,
-                                     CarveSource* source = nullptr);
+                                     CarveSource* source = nullptr,
+                                     ParamGrads grads = ParamGrads::kAllocate);
 
   // The parameter of that Hugging Face name (or a fused
   // "…mlp.gate_up_proj.weight|bias"). REQUIRES: it exists.

@@ -38,7 +38,8 @@ class Gen final : public Generator {
 
   Status Init(const HostTensors& weights, int64_t max_tokens) {
     const std::vector<LayerSpec> layers = BuildLayerSpecs(c_, lora_);
-    FERRY_ASSIGN_OR_RETURN(params_, DeviceParams::Create(d_, c_, lora_, layers));
+    FERRY_ASSIGN_OR_RETURN(params_, DeviceParams::Create(d_, c_, lora_, layers, /*source=*/nullptr,
+                                                         ParamGrads::kNone));
     FERRY_RETURN_IF_ERROR(params_.Upload(d_, weights));
     FERRY_ASSIGN_OR_RETURN(wte_,
                            HostTable(weights,

@@ -10,7 +10,8 @@
 // applied at run time, as in training (y = x W^T + scaling (x A^T) B^T per adapted projection):
 // nothing is merged, so the base weights stay as loaded.
 //
-// Buffers: the cache ("generator.kv_cache") and the weights are allocated at Create; the
+// Buffers: the cache ("generator.kv_cache") and the weights (no gradient buffers:
+// ParamGrads::kNone) are allocated at Create; the
 // activation buffers of a step of n tokens are planned for that n when it first appears (the
 // one-token step's are kept, a prefill's are freed after it). Compute is f32.
 //

@@ -171,6 +171,41 @@ TEST(Generator, LoraChangesTheLogits) {
   EXPECT_GT(diff, 1e-3f);
 }
 
+// Inference allocates no gradient buffers (ParamGrads::kNone): not the generator, not an
+// inference-only runner; the latter computes the same logits as a training runner (the same
+// kernels on the same weights: equal bit for bit) and refuses a backward.
+TEST(Generator, InferenceAllocatesNoGradients) {
+  Fixture f(LlamaLora());
+  auto has = [&](const std::string& requester) {
+    for (const ArenaRecord& r : f.device->arena_log()) {
+      if (r.requester == requester && r.bytes > 0) return true;
+    }
+    return false;
+  };
+  ASSERT_NE(f.MakeGenerator(16), nullptr);
+  EXPECT_TRUE(has("params.weights"));
+  EXPECT_FALSE(has("params.grads"));
+
+  const std::vector<int32_t> tokens = {1, 2, 3, 4};
+  ModelRunnerOptions o;
+  o.shape = {1, 4};
+  o.inference_only = true;
+  Result<std::unique_ptr<ModelRunner>> r = ModelRunner::Create(*f.device, f.m.config, f.m.lora, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(has("params.grads"));
+  ASSERT_TRUE((*r)->UploadWeights(f.weights).ok());
+  Result<std::vector<float>> logits = (*r)->Logits(tokens);
+  ASSERT_TRUE(logits.ok()) << logits.status().ToString();
+  const size_t v = size_t(f.m.config.vocab_size);
+  EXPECT_EQ(std::vector<float>(logits->end() - std::ptrdiff_t(v), logits->end()),
+            f.FullLastRow(tokens));
+  EXPECT_TRUE(has("params.grads"));  // the training runner of FullLastRow has them
+  HostTensors grads;
+  const std::vector<int32_t> targets = {2, 3, 4, 5};
+  Result<double> step = (*r)->AccumulateGradients({tokens, targets, 4.0}, grads);
+  EXPECT_EQ(step.status().code(), StatusCode::kFailedPrecondition);
+}
+
 // Greedy generation: each token is the argmax of a full forward over everything before it (or
 // within rounding of it, when the reference's top two are closer than the tolerance).
 TEST(Generator, GreedyEqualsArgmaxOfRepeatedFullForwards) {

@@ -33,7 +33,10 @@ class Runner final : public ModelRunner {
   Status Init() {
     const int64_t N = o_.shape.tokens(), C = c_.hidden_size, L = c_.num_layers;
     layers_ = BuildLayerSpecs(c_, lora_);
-    FERRY_ASSIGN_OR_RETURN(params_, DeviceParams::Create(d_, c_, lora_, layers_));
+    FERRY_ASSIGN_OR_RETURN(
+        params_,
+        DeviceParams::Create(d_, c_, lora_, layers_, /*source=*/nullptr,
+                             o_.inference_only ? ParamGrads::kNone : ParamGrads::kAllocate));
     FERRY_ASSIGN_OR_RETURN(io_buffer_, AllocateCarved(d_, "runner.io", [&](TensorCarver& cv) {
                              positions_ = cv.Take(DType::kI32, {N});
                              doc_ids_ = cv.Take(DType::kI32, {N});
@@ -124,6 +127,10 @@ class Runner final : public ModelRunner {
   }
 
   Result<double> AccumulateGradients(const MicroBatchInput& mb, HostTensors& grads) override {
+    if (o_.inference_only) {
+      return Status::FailedPrecondition(
+          "this model runner was built for inference only: it has no gradient buffers");
+    }
     Result<double> loss = Accumulate(mb, grads);
     if (!loss.ok()) SynchronizeStreams();  // no copy may still touch the staging memory
     return loss;

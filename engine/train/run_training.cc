@@ -24,12 +24,12 @@
 namespace ferry {
 
 size_t EstimateDeviceBytes(const ModelConfig& model, const LoraConfig& lora, BatchShape shape,
-                           int64_t loss_chunk_tokens) {
+                           int64_t loss_chunk_tokens, bool gradients) {
   size_t bytes = 0;
   for (const LayerSpec& l : BuildLayerSpecs(model, lora)) {
     for (const ParamSpec& p : l.params) {
       if (!p.tied_to.empty()) continue;
-      bytes += p.bytes() * (p.trainable ? 2 : 1);  // weights, and gradients when trainable
+      bytes += p.bytes() * (p.trainable && gradients ? 2 : 1);  // weights, gradients if trainable
     }
     const LayerCost c = ComputeLayerCost(model, lora, l, shape);
     bytes += c.input_bytes + c.saved_bytes + c.output_bytes;

@@ -43,8 +43,9 @@ struct RunControl {
 Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunControl& control = {});
 
 // Device memory for one ModelRunner of `model` at micro-batch `shape`: weights, gradients, every
-// layer's saved activations, the LM head's chunk and scratch, with a margin.
+// layer's saved activations, the LM head's chunk and scratch, with a margin. Without `gradients`
+// (an inference-only runner, ModelRunnerOptions::inference_only) no gradient bytes are counted.
 size_t EstimateDeviceBytes(const ModelConfig& model, const LoraConfig& lora, BatchShape shape,
-                           int64_t loss_chunk_tokens);
+                           int64_t loss_chunk_tokens, bool gradients = true);
 
 }  // namespace ferry

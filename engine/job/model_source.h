@@ -1,0 +1,69 @@
+// ModelSource: what `--model NAME [--adapter DIR]` names, resolved in one place for every command
+// (train, plan, eval, generate), and the loading of it for inference (eval, generate).
+//
+// --model is one of:
+//  - "tiny": the built-in preset (random initialization from a seed) with the byte tokenizer;
+//  - a Hugging Face model folder: config.json + model.safetensors or shards listed by
+//    model.safetensors.index.json (engine/model/model_folder.h), tokenizer.json beside them;
+//  - a run folder of `ferry train`: after full fine-tuning it is a model folder; after LoRA it
+//    holds adapter_config.json + adapter_model.safetensors, config.json and the tokenizer files,
+//    and its base weights are either in it (a run of "tiny") or at the run's --model, which
+//    job.json records ("model", and "model_path" made absolute);
+//  - for planning only (ModelUse::kConfigOnly): a config.json file or a preset name
+//    (<presets_dir>/<name>.json).
+// --adapter DIR: a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors), e.g.
+// a LoRA run folder; it replaces a run folder's own adapter. Errors are one line naming the folder
+// or file and what to give instead.
+//
+// The tokenizer: tokenizer.json of the --model folder, else of the base weights' folder, else the
+// byte tokenizer when the vocabulary is the tiny preset's; a tokenizer with more tokens than the
+// model's vocabulary is refused (they belong to different models).
+//
+// Plain values; the functions are thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/model/model_config.h"
+#include "engine/model/model_folder.h"
+#include "engine/model/tokenizer.h"
+#include "kernels/status.h"
+
+namespace ferry {
+
+enum class ModelUse {
+  kConfigOnly,  // plan: the config is enough (presets and config.json files allowed)
+  kTrain,       // train: the base weights of a model folder (no adapter)
+  kInference,   // eval, generate: base weights, an adapter, a tokenizer
+};
+
+struct ModelSource {
+  std::string name;           // --model as given
+  bool tiny = false;          // the built-in preset
+  std::string config_path;    // the config.json read; "" for tiny
+  std::string weights_dir;    // folder holding the base weights; "" for tiny or config-only
+  std::string adapter_dir;    // PEFT adapter folder; "" for none
+  std::string tokenizer_dir;  // folder with tokenizer.json; "" for the byte tokenizer
+  ModelConfig config;
+};
+
+// Resolves --model `model` and --adapter `adapter` ("" for none) for `use`. `presets_dir` is
+// searched for <model>.json with kConfigOnly ("" : no presets).
+Result<ModelSource> ResolveModelSource(const std::string& model, const std::string& adapter,
+                                       ModelUse use, const std::string& presets_dir = "");
+
+// A model ready for inference: config, adapter, layers and fp32 weights, and its tokenizer.
+struct InferenceModel {
+  ModelSource source;
+  LoadedModel model;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::string template_source;  // what ResolveChatTemplate reads: "tiny" or a folder
+};
+
+// Resolves (ModelUse::kInference) and loads --model/--adapter; "tiny" is initialized from `seed`.
+Result<InferenceModel> LoadInferenceModel(const std::string& model, const std::string& adapter,
+                                          uint64_t seed);
+
+}  // namespace ferry

@@ -1,0 +1,229 @@
+// `ferry generate` and `ferry eval` on Hugging Face model folders, as a user runs them: a tiny
+// sharded bf16 Llama folder with a byte-level BPE tokenizer.json, a LoRA run trained on it (used
+// as --model and as --adapter), and bad folders. The CLI's results are checked against the same
+// weights run in-process (Generator, ModelRunner), loaded from the folder by LoadModelFolder
+// (whose round trip model_folder_test checks against the weights written).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "engine/model/bpe_tokenizer.h"
+#include "engine/model/generator.h"
+#include "engine/model/model_folder.h"
+#include "engine/testing/tiny_models.h"
+#include "engine/testing/tokenizer_json.h"
+#include "engine/train/run_training.h"
+#include "engine/train/training_data.h"
+#include "kernels/cpu/cpu_device.h"
+#include "tests/cli_testing.h"
+
+namespace ferry {
+namespace {
+
+using json = nlohmann::json;
+using testing::CommandResult;
+using testing::Ferry;
+
+constexpr int kThreads = 2;
+const char* const kPrompt = "hello world";
+
+// The tokenizer.json of the test folders: byte-level BPE, 262 tokens (engine/testing).
+std::string TokenizerJson() { return testing::ByteLevelTokenizerJson().dump(); }
+
+// The generated text of a `ferry generate` run: its output less the speed line on stderr.
+CommandResult Generate(const std::string& args) {
+  CommandResult r =
+      Ferry("generate " + args + " --prompt '" + kPrompt +
+            "' --max-tokens 12 --temperature 0 --threads " + std::to_string(kThreads));
+  const size_t speed = r.output.rfind("ferry generate: ");
+  if (r.code == 0 && speed != std::string::npos) r.output.resize(speed);
+  return r;
+}
+
+// `ferry eval --json` on `data`: the loss it reports (NaN when it failed).
+double EvalLoss(const std::string& args, const std::string& data) {
+  CommandResult r =
+      Ferry("eval " + args + " --data " + data + " --seq-len 16 --batch-size 2 --json --threads " +
+            std::to_string(kThreads));
+  EXPECT_EQ(r.code, 0) << r.output;
+  const json j = json::parse(r.output, nullptr, false);
+  if (r.code != 0 || !j.is_object() || !j.contains("loss")) return NAN;
+  return j["loss"].get<double>();
+}
+
+class ModelFolderCliTest : public testing::CliTest {
+ protected:
+  void SetUp() override {
+    CliTest::SetUp();
+    src_ = dir_ + "/src";
+    WriteFolder(src_, 300);
+    data_ = dir_ + "/data.jsonl";
+    std::ofstream(data_) << R"({"text": "hello world, hello well"})"
+                         << "\n"
+                         << R"({"prompt": "who? ", "completion": "the world"})"
+                         << "\n";
+  }
+
+  // A tiny Llama (vocabulary `vocab`) as sharded bf16 safetensors, with the tokenizer.json.
+  void WriteFolder(const std::string& dir, int64_t vocab) {
+    Result<ModelConfig> c =
+        ParseHfConfig(R"({"model_type": "llama", "vocab_size": )" + std::to_string(vocab) +
+                      R"(, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "num_key_value_heads": 1,
+            "max_position_embeddings": 64, "torch_dtype": "bfloat16"})");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    const std::vector<LayerSpec> layers = BuildLayerSpecs(*c, {});
+    ASSERT_TRUE(
+        WriteModelFolder(dir, *c, layers, testing::TinyWeights(layers, 7),
+                         {.dtype = DType::kBF16, .max_shard_bytes = 8192, .tokenizer_from = ""})
+            .ok());
+    ASSERT_TRUE(std::filesystem::exists(dir + "/model.safetensors.index.json"));
+    std::ofstream(dir + "/tokenizer.json") << TokenizerJson();
+  }
+
+  // What `ferry generate` prints for the model loaded in-process: greedy, same limits.
+  std::string ExpectedText(const std::string& dir, const std::string& adapter) {
+    Result<LoadedModel> m = LoadModelFolder(dir, adapter);
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    Result<std::unique_ptr<Tokenizer>> tok = ParseTokenizerJson(TokenizerJson(), "tokenizer.json");
+    EXPECT_TRUE(tok.ok()) << tok.status().ToString();
+    if (!m.ok() || !tok.ok()) return "";
+    const std::vector<int32_t> ids = (*tok)->Encode(kPrompt, true);
+    Result<std::unique_ptr<CpuDevice>> device =
+        CpuDevice::Create({.memory_bytes = size_t(64) << 20, .compute_threads = kThreads});
+    EXPECT_TRUE(device.ok());
+    Result<std::unique_ptr<Generator>> gen =
+        Generator::Create(**device, m->config, m->lora, m->weights, int64_t(ids.size()) + 12);
+    EXPECT_TRUE(gen.ok()) << gen.status().ToString();
+    if (!gen.ok()) return "";
+    GenerateOptions o;
+    o.max_new_tokens = 12;
+    o.sampling.temperature = 0;
+    o.eos = (*tok)->special_ids().eos;
+    Result<std::vector<int32_t>> out =
+        ferry::Generate(**gen, ids, o, [](int32_t) { return Status::Ok(); });
+    EXPECT_TRUE(out.ok()) << out.status().ToString();
+    return out.ok() ? (*tok)->Decode(*out, true) + "\n" : "";
+  }
+
+  // The mean loss of data_ under the model loaded in-process, on a training-capable runner.
+  double ExpectedLoss(const std::string& dir, const std::string& adapter) {
+    Result<LoadedModel> m = LoadModelFolder(dir, adapter);
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    Result<std::unique_ptr<Tokenizer>> tok = ParseTokenizerJson(TokenizerJson(), "tokenizer.json");
+    if (!m.ok() || !tok.ok()) return NAN;
+    Result<ChatTemplate> chat = ResolveChatTemplate("auto", dir);
+    EXPECT_TRUE(chat.ok()) << chat.status().ToString();
+    Result<std::vector<Example>> examples =
+        LoadDataset(data_, **tok, *chat, m->config, false, nullptr);
+    EXPECT_TRUE(examples.ok()) << examples.status().ToString();
+    if (!chat.ok() || !examples.ok()) return NAN;
+    const PackedRows rows = PackedRows::Pack(*examples, 16, LongExamples::kSplit, PadId(**tok));
+    ModelRunnerOptions ro;
+    ro.shape = {2, 16};
+    Result<std::unique_ptr<CpuDevice>> device = CpuDevice::Create(
+        {.memory_bytes = EstimateDeviceBytes(m->config, m->lora, ro.shape, ro.loss_chunk_tokens),
+         .compute_threads = kThreads});
+    Result<std::unique_ptr<ModelRunner>> runner =
+        ModelRunner::Create(**device, m->config, m->lora, ro);
+    EXPECT_TRUE(runner.ok()) << runner.status().ToString();
+    if (!runner.ok() || !(*runner)->UploadWeights(m->weights).ok()) return NAN;
+    Result<EvalResult> r = EvaluateRows(**runner, rows, 2, 0);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? r->mean_loss() : NAN;
+  }
+
+  // Trains a LoRA run on src_ for two steps; returns its folder.
+  std::string TrainLora() {
+    const std::string run = dir_ + "/run";
+    CommandResult r = Ferry("train --model " + src_ + " --data " + data_ +
+                            " --steps 2 --batch-size 2 --seq-len 16 --lr 0.05 --lora-rank 2 "
+                            "--threads 2 --out " +
+                            run);
+    EXPECT_EQ(r.code, 0) << r.output;
+    EXPECT_FALSE(std::filesystem::exists(run + "/model.safetensors"));
+    return run;
+  }
+
+  std::string src_, data_;
+};
+
+// Same weights, same tokenizer, same arithmetic: the CLI's greedy text and loss equal the
+// in-process ones exactly (the eval runner differs only in having no gradient buffers).
+TEST_F(ModelFolderCliTest, GenerateAndEvalOnAShardedBf16Folder) {
+  CommandResult g = Generate("--model " + src_);
+  ASSERT_EQ(g.code, 0) << g.output;
+  EXPECT_EQ(g.output, ExpectedText(src_, ""));
+  EXPECT_GT(g.output.size(), 4u) << "12 greedy tokens (no EOS in this vocabulary's draws)";
+  const double loss = EvalLoss("--model " + src_, data_);
+  EXPECT_EQ(loss, ExpectedLoss(src_, ""));
+  EXPECT_GT(loss, 0);
+}
+
+TEST_F(ModelFolderCliTest, LoraRunFolderAndAdapter) {
+  const std::string run = TrainLora();
+  const std::string expected = ExpectedText(src_, run);
+  EXPECT_NE(expected, ExpectedText(src_, "")) << "the trained adapter changes the greedy text";
+  // The run folder finds its base through job.json; --adapter puts it on the base explicitly.
+  for (const std::string& args : {"--model " + run, "--model " + src_ + " --adapter " + run}) {
+    CommandResult g = Generate(args);
+    ASSERT_EQ(g.code, 0) << args << ": " << g.output;
+    EXPECT_EQ(g.output, expected) << args;
+  }
+  const double with_adapter = ExpectedLoss(src_, run);
+  EXPECT_EQ(EvalLoss("--model " + run, data_), with_adapter);
+  EXPECT_EQ(EvalLoss("--model " + src_ + " --adapter " + run, data_), with_adapter);
+  // Trained on this data at a high rate, the adapter lowered its loss.
+  EXPECT_LT(with_adapter, ExpectedLoss(src_, ""));
+}
+
+TEST_F(ModelFolderCliTest, BadFoldersAreOneLineErrors) {
+  namespace fs = std::filesystem;
+  const std::string run = TrainLora();
+  fs::create_directories(dir_ + "/empty");
+  WriteFolder(dir_ + "/small", 200);  // a vocabulary smaller than the tokenizer's 262 tokens
+  fs::copy(src_, dir_ + "/noweights", fs::copy_options::recursive);
+  fs::remove(dir_ + "/noweights/model.safetensors.index.json");
+  const struct {
+    std::string args, says;
+  } cases[] = {
+      {"--model " + dir_ + "/empty", "config.json"},
+      {"--model " + dir_ + "/nowhere", "nowhere"},
+      {"--model " + dir_ + "/noweights", "model.safetensors"},
+      {"--model " + src_ + " --adapter " + dir_ + "/empty", "adapter_config.json"},
+      {"--model " + dir_ + "/small", "different models"},
+      {"--model tiny --adapter " + run, "--adapter"},
+  };
+  for (const auto& c : cases) {
+    for (const char* cmd : {"generate", "eval"}) {
+      const std::string args = std::string(cmd) + " " + c.args + " --prompt x --data " + data_;
+      CommandResult r =
+          Ferry(std::string(cmd) == "generate" ? "generate " + c.args + " --prompt x"
+                                               : "eval " + c.args + " --data " + data_);
+      EXPECT_EQ(r.code, 1) << args << ": " << r.output;
+      EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << args << ": " << r.output;
+      EXPECT_NE(r.output.find(c.says), std::string::npos) << args << ": " << r.output;
+    }
+  }
+  // A LoRA run whose base has moved names the base and the way out.
+  fs::rename(src_, dir_ + "/moved");
+  CommandResult r = Ferry("generate --model " + run + " --prompt x");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--adapter " + run), std::string::npos) << r.output;
+}
+
+TEST_F(ModelFolderCliTest, PlanReadsTheFolder) {
+  for (const std::string& model : {src_, src_ + "/config.json"}) {
+    CommandResult r = Ferry("plan --model " + model +
+                            " --hardware 1x-rtx4090-pcie4 --seq-len 16 --batch-size 2 --json");
+    EXPECT_EQ(r.code, 0) << model << ": " << r.output;
+  }
+  CommandResult r = Ferry("plan --model " + dir_ + " --hardware 1x-rtx4090-pcie4");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("config.json"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace ferry
