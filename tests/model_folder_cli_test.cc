@@ -66,13 +66,18 @@ class ModelFolderCliTest : public testing::CliTest {
                          << "\n";
   }
 
-  // A tiny Llama (vocabulary `vocab`) as sharded bf16 safetensors, with the tokenizer.json.
-  void WriteFolder(const std::string& dir, int64_t vocab) {
-    Result<ModelConfig> c =
-        ParseHfConfig(R"({"model_type": "llama", "vocab_size": )" + std::to_string(vocab) +
-                      R"(, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
-            "num_attention_heads": 2, "num_key_value_heads": 1,
-            "max_position_embeddings": 64, "torch_dtype": "bfloat16"})");
+  // A tiny Llama (vocabulary `vocab`; GPT-2 with `gpt2`) as sharded bf16 safetensors, with the
+  // tokenizer.json.
+  void WriteFolder(const std::string& dir, int64_t vocab, bool gpt2 = false) {
+    const std::string v = std::to_string(vocab);
+    Result<ModelConfig> c = ParseHfConfig(
+        gpt2 ? R"({"model_type": "gpt2", "vocab_size": )" + v +
+                   R"(, "n_embd": 16, "n_layer": 2, "n_head": 2, "n_positions": 64,
+                      "torch_dtype": "bfloat16"})"
+             : R"({"model_type": "llama", "vocab_size": )" + v +
+                   R"(, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+                      "num_attention_heads": 2, "num_key_value_heads": 1,
+                      "max_position_embeddings": 64, "torch_dtype": "bfloat16"})");
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     const std::vector<LayerSpec> layers = BuildLayerSpecs(*c, {});
     ASSERT_TRUE(
@@ -153,13 +158,16 @@ class ModelFolderCliTest : public testing::CliTest {
 // Same weights, same tokenizer, same arithmetic: the CLI's greedy text and loss equal the
 // in-process ones exactly (the eval runner differs only in having no gradient buffers).
 TEST_F(ModelFolderCliTest, GenerateAndEvalOnAShardedBf16Folder) {
-  CommandResult g = Generate("--model " + src_);
-  ASSERT_EQ(g.code, 0) << g.output;
-  EXPECT_EQ(g.output, ExpectedText(src_, ""));
-  EXPECT_GT(g.output.size(), 4u) << "12 greedy tokens (no EOS in this vocabulary's draws)";
-  const double loss = EvalLoss("--model " + src_, data_);
-  EXPECT_EQ(loss, ExpectedLoss(src_, ""));
-  EXPECT_GT(loss, 0);
+  WriteFolder(dir_ + "/gpt2", 300, /*gpt2=*/true);  // Conv1D weights stored transposed
+  for (const std::string& dir : {src_, dir_ + "/gpt2"}) {
+    CommandResult g = Generate("--model " + dir);
+    ASSERT_EQ(g.code, 0) << dir << ": " << g.output;
+    EXPECT_EQ(g.output, ExpectedText(dir, "")) << dir;
+    EXPECT_GT(g.output.size(), 4u) << "12 greedy tokens (no EOS in this vocabulary's draws)";
+    const double loss = EvalLoss("--model " + dir, data_);
+    EXPECT_EQ(loss, ExpectedLoss(dir, "")) << dir;
+    EXPECT_GT(loss, 0) << dir;
+  }
 }
 
 TEST_F(ModelFolderCliTest, LoraRunFolderAndAdapter) {
