@@ -48,12 +48,13 @@ Status Run(const GenerateCommand& cmd) {
   for (const auto& [name, t] : m.weights.tensors) weight_bytes += t.size() * 4;
   const int64_t positions = int64_t(ids.size()) + cmd.max_tokens;
   const size_t cache_bytes = size_t(2 * m.config.num_layers * positions * m.config.kv_dim()) * 4;
-  // Weights (no gradient buffers: the generator asks for none), the cache, and the activations of
-  // the prefill (a few (n, C|I|V) tensors per step; 64 MiB covers the built-in sizes with margin).
+  // Weights (no gradient buffers: the generator asks for none; an eighth more for the packed LoRA
+  // groups' block-diagonal B and alignment), the cache, and the activations of the prefill (a few
+  // (n, C|I|V) tensors per step; 64 MiB covers the built-in sizes with margin).
   const size_t act_bytes =
       size_t(positions) *
       size_t(8 * m.config.hidden_size + 4 * m.config.intermediate_size + m.config.vocab_size) * 4;
-  dev.memory_bytes = weight_bytes + cache_bytes + act_bytes + (size_t(64) << 20);
+  dev.memory_bytes = weight_bytes + weight_bytes / 8 + cache_bytes + act_bytes + (size_t(64) << 20);
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<CpuDevice> device, CpuDevice::Create(dev));
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Generator> gen,
                          Generator::Create(*device, m.config, m.lora, m.weights, positions));
