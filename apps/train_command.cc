@@ -115,6 +115,9 @@ void AddTrainCommand(CLI::App& parent, TrainCommand* cmd) {
                     "`steps = 100`; flags given on the command line win");
   AddJobOptions(*t, j, &cmd->lora_targets);
   t->add_option("--threads", j.threads, "CPU threads (0: all cores)")->capture_default_str();
+  t->add_option("--devices", j.devices,
+                "CPU devices: more than 1 plans the job for them and runs the planned pipeline")
+      ->capture_default_str();
   t->add_option("--out", j.out, "Run folder (created): weights, metrics.jsonl, job.json")
       ->capture_default_str();
   t->add_option("--save-every", j.save_every,

@@ -79,12 +79,14 @@ class PlannedSource final : public CarveSource {
   std::map<std::string, std::string, std::less<>> map_;
 };
 
-// Copies ordered after the compute enqueued so far on `d` and before the compute enqueued next.
-Status ToDevice(Device& d, DevicePtr<std::byte> dst, const HostAllocation& src, size_t bytes) {
+// Copies ordered after the compute enqueued so far on `d` and before the compute enqueued next
+// (ToDevice reads `bytes` of `src` from `offset`).
+Status ToDevice(Device& d, DevicePtr<std::byte> dst, const HostAllocation& src, size_t bytes,
+                size_t offset = 0) {
   FERRY_ASSIGN_OR_RETURN(Event computed, d.CreateEvent());
   FERRY_RETURN_IF_ERROR(d.Record(computed, StreamId::kCompute));
   FERRY_RETURN_IF_ERROR(d.Wait(StreamId::kUpload, computed));
-  FERRY_RETURN_IF_ERROR(d.CopyToDevice(dst, src.Span(0, bytes), bytes));
+  FERRY_RETURN_IF_ERROR(d.CopyToDevice(dst, src.Span(offset, bytes), bytes));
   FERRY_ASSIGN_OR_RETURN(Event uploaded, d.CreateEvent());
   FERRY_RETURN_IF_ERROR(d.Record(uploaded, StreamId::kUpload));
   return d.Wait(StreamId::kCompute, uploaded);
@@ -124,7 +126,8 @@ class Executor final : public PipelineExecutor {
         ds.regions[a.name] = {b.data(), a.bytes};
         ds.buffers.push_back(std::move(b));
       }
-      for (const char* name : {"hidden.0", "hidden.1", "hidden.2", "saved.slot0", "saved.slot1"}) {
+      for (const char* name :
+           {"hidden.0", "hidden.1", "hidden.2", "saved.slot0", "saved.slot1", "doc_ids"}) {
         if (!ds.regions.count(name)) {
           return Status::InvalidArgument(std::string("the plan's GPU map lacks '") + name + "'");
         }
@@ -134,15 +137,15 @@ class Executor final : public PipelineExecutor {
       }
     }
     saved_bytes_ = devices_[0].regions.at("saved.slot0").bytes;
-    // Host staging: positions, per micro-batch targets, losses, boundary gradients, and per layer
-    // and micro-batch its input and (unless recomputed) saved set.
-    FERRY_ASSIGN_OR_RETURN(positions_, HostBuffer(size_t(N) * 4, "executor positions"));
-    int32_t* pos = reinterpret_cast<int32_t*>(positions_.data());
-    for (int64_t n = 0; n < N; ++n) pos[n] = int32_t(n % shape_.seq_len);
+    // Host staging: RoPE's table; per micro-batch the row layout (positions, then doc ids),
+    // targets, losses, boundary gradients; per layer and micro-batch its input and (unless
+    // recomputed) saved set.
     const size_t M = size_t(p_.micro_batches), head = layers_.size() - 1;
     act_.resize(layers_.size());
     saved_.resize(layers_.size());
     for (size_t m = 0; m < M; ++m) {
+      FERRY_ASSIGN_OR_RETURN(HostAllocation r, HostBuffer(size_t(N) * 8, "executor row layout"));
+      layout_.push_back(std::move(r));
       FERRY_ASSIGN_OR_RETURN(HostAllocation t, HostBuffer(size_t(N) * 4, "executor targets"));
       targets_.push_back(std::move(t));
       FERRY_ASSIGN_OR_RETURN(HostAllocation l, HostBuffer(size_t(N) * 4, "executor losses"));
@@ -157,12 +160,20 @@ class Executor final : public PipelineExecutor {
         saved_[li].push_back(std::move(s));
       }
     }
+    if (c_.learned_positions) return Status::Ok();
+    // RoPE's inverse frequencies (plain or Llama 3-scaled), uploaded once to every device.
+    const std::vector<float> inv_freq = RopeInvFreq(c_);
+    const size_t fb = inv_freq.size() * sizeof(float);
+    FERRY_ASSIGN_OR_RETURN(inv_freq_, HostBuffer(fb, "executor rope table"));
+    std::memcpy(inv_freq_.data(), inv_freq.data(), fb);
     for (DeviceState& ds : devices_) {
-      auto it = ds.regions.find("positions");
-      if (it != ds.regions.end()) {
-        FERRY_RETURN_IF_ERROR(ToDevice(*ds.device, it->second.data, positions_, size_t(N) * 4));
-        FERRY_RETURN_IF_ERROR(ds.device->Synchronize(StreamId::kUpload));
+      auto it = ds.regions.find("rope.inv_freq");
+      if (it == ds.regions.end() || it->second.bytes < fb) {
+        return Status::InvalidArgument("the plan's GPU map lacks a 'rope.inv_freq' of " +
+                                       FormatBytes(fb) + ": re-plan with this version");
       }
+      FERRY_RETURN_IF_ERROR(ToDevice(*ds.device, it->second.data, inv_freq_, fb));
+      FERRY_RETURN_IF_ERROR(ds.device->Synchronize(StreamId::kUpload));
     }
     return Status::Ok();
   }
@@ -195,14 +206,15 @@ class Executor final : public PipelineExecutor {
                                      " micro-batches per step, got " +
                                      std::to_string(batches.size()));
     }
-    FERRY_RETURN_IF_ERROR(Embed(weights, batches));
     for (size_t m = 0; m < batches.size(); ++m) {
       if (int64_t(batches[m].targets.size()) != N || !(batches[m].normalizer > 0)) {
         return Status::InvalidArgument("micro-batch " + std::to_string(m) +
                                        ": targets must hold B*T ids and the normalizer be > 0");
       }
       std::memcpy(targets_[m].data(), batches[m].targets.data(), size_t(N) * 4);
+      FERRY_RETURN_IF_ERROR(SetLayout(m, batches[m]));
     }
+    FERRY_RETURN_IF_ERROR(Embed(weights, batches));
     stats_.stages_run = 0;
     const int64_t S = int64_t(p_.stages.size());
     for (int64_t s = 0; s < S; ++s) {
@@ -236,9 +248,46 @@ class Executor final : public PipelineExecutor {
   EmbeddingShape EmbShape() const {
     return {c_.vocab_size, c_.learned_positions ? c_.max_position_embeddings : 0, c_.hidden_size};
   }
-  std::span<const int32_t> Positions() const {
+  // Micro-batch m's positions (learned-position models only: RoPE reads them on the device).
+  std::span<const int32_t> Positions(size_t m) const {
     if (!c_.learned_positions) return {};
-    return {reinterpret_cast<const int32_t*>(positions_.data()), size_t(shape_.tokens())};
+    return {reinterpret_cast<const int32_t*>(layout_[m].data()), size_t(shape_.tokens())};
+  }
+
+  // Writes micro-batch m's row layout into its staging: positions (0..T-1 per row unless packed)
+  // then document ids (one document per row unless packed), as ModelRunner does.
+  Status SetLayout(size_t m, const MicroBatchInput& mb) {
+    const int64_t N = shape_.tokens(), T = shape_.seq_len;
+    for (auto [span, name] :
+         {std::pair{mb.doc_ids, "doc_ids"}, std::pair{mb.positions, "positions"}}) {
+      if (!span.empty() && int64_t(span.size()) != N) {
+        return Status::InvalidArgument("micro-batch " + std::to_string(m) + ": " + name + " hold " +
+                                       std::to_string(span.size()) +
+                                       " values, expected B*T = " + std::to_string(N));
+      }
+    }
+    int32_t* pos = reinterpret_cast<int32_t*>(layout_[m].data());
+    int32_t* doc = pos + N;
+    for (int64_t n = 0; n < N; ++n) {
+      pos[n] = mb.positions.empty() ? int32_t(n % T) : mb.positions[size_t(n)];
+      doc[n] = mb.doc_ids.empty() ? 0 : mb.doc_ids[size_t(n)];
+      if (pos[n] < 0) {
+        return Status::InvalidArgument("micro-batch " + std::to_string(m) + ": position " +
+                                       std::to_string(pos[n]) + " at token " + std::to_string(n) +
+                                       " is negative");
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Uploads micro-batch m's row layout into the device's "positions" (RoPE models) and "doc_ids".
+  Status UploadLayout(DeviceState& ds, size_t m) {
+    const size_t bytes = size_t(shape_.tokens()) * 4;
+    auto pos = ds.regions.find("positions");
+    if (pos != ds.regions.end()) {
+      FERRY_RETURN_IF_ERROR(ToDevice(*ds.device, pos->second.data, layout_[m], bytes));
+    }
+    return ToDevice(*ds.device, ds.regions.at("doc_ids").data, layout_[m], bytes, bytes);
   }
 
   Status Embed(const HostTensors& weights, std::span<const MicroBatchInput> batches) {
@@ -258,7 +307,7 @@ class Executor final : public PipelineExecutor {
     for (size_t m = 0; m < batches.size(); ++m) {
       std::span<float> out(reinterpret_cast<float*>(act_[1][m].data()), n);
       FERRY_RETURN_IF_ERROR(
-          EmbeddingForward(EmbShape(), wte->second, wpe, batches[m].tokens, Positions(), out));
+          EmbeddingForward(EmbShape(), wte->second, wpe, batches[m].tokens, Positions(m), out));
     }
     return Status::Ok();
   }
@@ -279,7 +328,7 @@ class Executor final : public PipelineExecutor {
     const size_t n = size_t(shape_.tokens() * c_.hidden_size);
     for (size_t m = 0; m < batches.size(); ++m) {
       std::span<const float> d(reinterpret_cast<const float*>(bgrad_[m].data()), n);
-      EmbeddingBackward(EmbShape(), d, batches[m].tokens, Positions(), wte->second, dwpe);
+      EmbeddingBackward(EmbShape(), d, batches[m].tokens, Positions(m), wte->second, dwpe);
     }
     return Status::Ok();
   }
@@ -298,11 +347,13 @@ class Executor final : public PipelineExecutor {
   Result<std::unique_ptr<DecoderBlocks>> StageBlocks(DeviceState& ds, PlannedSource& src,
                                                      const DeviceParams& params,
                                                      plan::LayerRange r) {
-    Tensor positions;
-    auto it = ds.regions.find("positions");
-    if (it != ds.regions.end()) positions = {it->second.data, DType::kI32, Shape{shape_.tokens()}};
-    if (c_.rope_scaling.kind != RopeScaling::Kind::kNone) {
-      return Status::Unavailable("the pipeline executor does not run rope_scaling models yet");
+    const Shape tokens{shape_.tokens()};
+    Tensor positions, inv_freq;
+    if (auto it = ds.regions.find("positions"); it != ds.regions.end()) {
+      positions = {it->second.data, DType::kI32, tokens};
+    }
+    if (auto it = ds.regions.find("rope.inv_freq"); it != ds.regions.end()) {
+      inv_freq = {it->second.data, DType::kF32, Shape{c_.head_dim / 2}};
     }
     BlocksContext ctx{.device = ds.device,
                       .config = &c_,
@@ -310,8 +361,8 @@ class Executor final : public PipelineExecutor {
                       .shape = shape_,
                       .num_slots = 2,
                       .positions = positions,
-                      .doc_ids = {},
-                      .inv_freq = {},  // plain RoPE (rope_scaling refused above)
+                      .doc_ids = {ds.regions.at("doc_ids").data, DType::kI32, tokens},
+                      .inv_freq = inv_freq,  // RopeInvFreq: plain or Llama 3-scaled
                       .kv_cache = nullptr,
                       .source = &src,
                       .first_block = r.first - 1};
@@ -333,6 +384,7 @@ class Executor final : public PipelineExecutor {
     FERRY_ASSIGN_OR_RETURN(std::unique_ptr<DecoderBlocks> blocks, StageBlocks(ds, src, params, r));
     for (size_t m = 0; m < size_t(p_.micro_batches); ++m) {
       Tensor x = ds.Hidden(0, N, C), y = ds.Hidden(1, N, C);
+      FERRY_RETURN_IF_ERROR(UploadLayout(ds, m));
       FERRY_RETURN_IF_ERROR(ToDevice(d, x.data, act_[size_t(r.first)][m], hb));
       for (int li = r.first; li < r.last; ++li) {
         const int64_t b = li - 1;
@@ -382,6 +434,7 @@ class Executor final : public PipelineExecutor {
     FERRY_ASSIGN_OR_RETURN(std::unique_ptr<DecoderBlocks> blocks, StageBlocks(ds, src, params, r));
     for (size_t m = 0; m < size_t(p_.micro_batches); ++m) {
       Tensor dy = ds.Hidden(0, N, C), x = ds.Hidden(1, N, C), dx = ds.Hidden(2, N, C);
+      FERRY_RETURN_IF_ERROR(UploadLayout(ds, m));
       FERRY_RETURN_IF_ERROR(ToDevice(d, dy.data, bgrad_[m], hb));
       for (int li = r.last - 1; li >= r.first; --li) {
         const int64_t b = li - 1;
@@ -409,8 +462,9 @@ class Executor final : public PipelineExecutor {
   std::vector<LayerSpec> layers_;
   BatchShape shape_;
   size_t saved_bytes_ = 0;
-  int64_t counter_ = 0;  // the global stage counter (round robin over devices)
-  HostAllocation positions_;
+  int64_t counter_ = 0;                 // the global stage counter (round robin over devices)
+  HostAllocation inv_freq_;             // RoPE's table (Llama family)
+  std::vector<HostAllocation> layout_;  // per micro-batch: positions, doc ids
   std::vector<HostAllocation> targets_, loss_, bgrad_;    // per micro-batch
   std::vector<std::vector<HostAllocation>> act_, saved_;  // per layer, per micro-batch
   ExecutorStats stats_;

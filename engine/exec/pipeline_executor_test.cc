@@ -79,16 +79,28 @@ HostTensors ZeroGrads(const Model& m) {
 }
 
 struct Batches {
-  std::vector<std::vector<int32_t>> tokens, targets;
+  std::vector<std::vector<int32_t>> tokens, targets, doc_ids, positions;
   std::vector<MicroBatchInput> inputs;
 };
-Batches MakeBatches(const Model& m, int count, int64_t tokens, uint32_t seed) {
+// `seq_len` > 0 packs the rows: each row of seq_len tokens holds documents of random lengths,
+// with doc ids and positions restarting at 0 per document (as packed_dataset.h lays them out).
+Batches MakeBatches(const Model& m, int count, int64_t tokens, uint32_t seed, int64_t seq_len = 0) {
   std::mt19937 rng(seed);
   Batches b;
   b.tokens.resize(size_t(count));
   b.targets.resize(size_t(count));
+  b.doc_ids.resize(size_t(count));
+  b.positions.resize(size_t(count));
   double valid = 0;
   for (int i = 0; i < count; ++i) {
+    for (int64_t n = 0, doc = 0, pos = 0; seq_len > 0 && n < tokens; ++n) {
+      if (n % seq_len == 0 || rng() % 6 == 0) {  // a new row or a new document (~6 tokens long)
+        ++doc;
+        pos = 0;
+      }
+      b.doc_ids[size_t(i)].push_back(int32_t(doc));
+      b.positions[size_t(i)].push_back(int32_t(pos++));
+    }
     for (int64_t n = 0; n < tokens; ++n) {
       b.tokens[size_t(i)].push_back(int32_t(rng() % uint32_t(m.config.vocab_size)));
       const bool masked = rng() % 5 == 0;
@@ -98,7 +110,11 @@ Batches MakeBatches(const Model& m, int count, int64_t tokens, uint32_t seed) {
     }
   }
   for (int i = 0; i < count; ++i) {
-    b.inputs.push_back({b.tokens[size_t(i)], b.targets[size_t(i)], valid});
+    b.inputs.push_back({.tokens = b.tokens[size_t(i)],
+                        .targets = b.targets[size_t(i)],
+                        .normalizer = valid,
+                        .doc_ids = b.doc_ids[size_t(i)],
+                        .positions = b.positions[size_t(i)]});
   }
   return b;
 }
@@ -186,11 +202,18 @@ struct Case {
   int lora_rank;
   PlanSpec spec;
   int devices;
+  bool packed = false;  // packed rows: several documents per row (doc_ids, positions)
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
   *os << c.golden << " lora " << c.lora_rank << ", " << c.spec.stages.size() << " stages, "
-      << c.spec.micro_batches << " micro-batches, " << c.devices << " devices";
+      << c.spec.micro_batches << " micro-batches, " << c.devices << " devices"
+      << (c.packed ? ", packed rows" : "");
+}
+
+Batches MakeCaseBatches(const Model& m, const Case& k, uint32_t seed) {
+  return MakeBatches(m, k.spec.micro_batches, k.spec.batch * k.spec.seq_len, seed,
+                     k.packed ? k.spec.seq_len : 0);
 }
 
 class ExecutorTest : public ::testing::TestWithParam<Case> {};
@@ -208,7 +231,7 @@ TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
   const Model m = LoadModel(k.golden, k.lora_rank);
   const plan::Plan p = MakeTestPlan(m, k.spec);
   const HostTensors w = RandomWeights(m, 7);
-  const Batches b = MakeBatches(m, k.spec.micro_batches, k.spec.batch * k.spec.seq_len, 11);
+  const Batches b = MakeCaseBatches(m, k, 11);
 
   HostTensors want = ZeroGrads(m);
   const double want_loss = RunnerStep(m, k.spec, w, b, want);
@@ -254,7 +277,7 @@ TEST_P(ExecutorTest, ArenaMatchesMemoryModel) {
   const plan::Plan p = MakeTestPlan(m, k.spec);
   const uint64_t predicted = p.memory.gpu.total();
   const HostTensors w = RandomWeights(m, 3);
-  const Batches b = MakeBatches(m, k.spec.micro_batches, k.spec.batch * k.spec.seq_len, 5);
+  const Batches b = MakeCaseBatches(m, k, 5);
   {
     std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(k.devices, predicted);
     Result<std::unique_ptr<PipelineExecutor>> e = PipelineExecutor::Create(Raw(devs), m.config, p);
@@ -472,10 +495,20 @@ INSTANTIATE_TEST_SUITE_P(
         // Awkward sizes: 1 x 25 tokens (no tensor a multiple of the alignment), LoRA rank 3, a
         // one-block stage then a three-block one, 2 micro-batches on 3 devices.
         Case{"qwen3", 3, {{{1, 2}, {2, 5}}, {3}, 2, 1, 25}, 3},
-        Case{"gpt2", 0, {{{1, 4}, {4, 5}}, {1}, 3, 1, 25}, 2}),
+        Case{"gpt2", 0, {{{1, 4}, {4, 5}}, {1}, 3, 1, 25}, 2},
+        // Packed rows (documents of ~6 tokens, doc ids and positions per micro-batch): Llama
+        // (RoPE positions on the device), GPT-2 (learned positions on the host), and Qwen3 with
+        // LoRA, each against the single-device runner on the same packed batches.
+        Case{"llama", 0, {{{1, 2}, {2, 5}}, {3}, 3}, 2, true},
+        Case{"gpt2", 0, {{{1, 3}, {3, 5}}, {2}, 2}, 3, true},
+        Case{"qwen3", 2, {{{1, 3}, {3, 5}}, {}, 2}, 2, true},
+        // Llama 3 RoPE scaling (the device's "rope.inv_freq" holds the scaled table), plain rows
+        // (one micro-batch: bit-identical) and packed rows.
+        Case{"llama3_rope", 0, {{{1, 3}, {3, 5}}, {}, 1}, 2},
+        Case{"llama3_rope", 0, {{{1, 2}, {2, 4}, {4, 5}}, {2}, 2}, 3, true}),
     [](const ::testing::TestParamInfo<Case>& i) {
-      return std::string(i.param.golden) + (i.param.lora_rank ? "_lora" : "") + "_" +
-             std::to_string(i.index);
+      return std::string(i.param.golden) + (i.param.lora_rank ? "_lora" : "") +
+             (i.param.packed ? "_packed" : "") + "_" + std::to_string(i.index);
     });
 
 }  // namespace

@@ -15,12 +15,6 @@ class PipelineRunner final : public ModelRunner {
   }
   Result<double> AccumulateStep(std::span<const MicroBatchInput> batches,
                                 HostTensors& grads) override {
-    for (const MicroBatchInput& mb : batches) {
-      if (!mb.doc_ids.empty() || !mb.positions.empty()) {
-        return Status::Unavailable(
-            "the pipeline executor does not run packed rows (doc_ids/positions) yet");
-      }
-    }
     // The executor adds into `grads`: honour the first micro-batch's overwrite request here.
     if (!batches.empty() && batches.front().overwrite_grads) {
       for (auto& [name, g] : grads.tensors) std::fill(g.begin(), g.end(), 0.0f);

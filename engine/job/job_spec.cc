@@ -99,6 +99,12 @@ Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
     return Bad("--grad-clip must be 0 (off) or a positive number");
   }
   if (job.threads < 0) return Bad("--threads must be 0 (all cores) or more");
+  if (job.devices < 1 || job.devices > 64) return Bad("--devices must lie in [1, 64]");
+  if (job.devices > 1 && (!job.val_data.empty() || job.val_fraction > 0)) {
+    return Bad(
+        "validation loss runs on one device: drop --val-data/--val-fraction or use "
+        "--devices 1");
+  }
   if (job.out.empty()) return Bad("--out must name a folder");
   if (job.save_every < 0) return Bad("--save-every must be 0 (only at the end) or more");
   if (job.keep_checkpoints < 1) return Bad("--keep-checkpoints must be at least 1");
@@ -164,6 +170,7 @@ nlohmann::json JobSpecToJson(const JobSpec& job, const ModelConfig& model) {
   j["lora_alpha"] = job.lora.alpha;
   j["lora_targets"] = LoraTargetsToString(job.lora.targets);
   j["threads"] = job.threads;
+  j["devices"] = job.devices;
   j["out"] = job.out;
   j["save_every"] = job.save_every;
   j["keep_checkpoints"] = job.keep_checkpoints;
@@ -213,6 +220,7 @@ Result<JobSpec> JobSpecFromJson(const nlohmann::json& j, const std::string& what
   get("lora_alpha", job.lora.alpha);
   get("lora_targets", targets);
   get("threads", job.threads);
+  get("devices", job.devices);
   get("out", job.out);
   get("save_every", job.save_every);
   get("keep_checkpoints", job.keep_checkpoints);

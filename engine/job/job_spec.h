@@ -44,8 +44,9 @@ struct JobSpec {
   double adam_eps = 1e-8;
   double grad_clip = 1.0;  // global-norm clipping threshold; 0 disables
   uint64_t seed = 1234;
-  LoraConfig lora;                // rank 0: full fine-tuning
-  int64_t threads = 0;            // CPU device threads; 0: all cores
+  LoraConfig lora;      // rank 0: full fine-tuning
+  int64_t threads = 0;  // CPU device threads; 0: all cores
+  int64_t devices = 1;  // CPU devices; > 1: a planned pipeline over them (training_runner.h)
   std::string out = "ferry-run";  // run folder (created)
   // Checkpoints (engine/train/checkpoint.h): every `save_every` updates (0: only at the end and
   // on SIGINT/SIGTERM), the newest `keep_checkpoints` kept, tensor files zstd-compressed when

@@ -46,13 +46,15 @@ TEST(JobSpecTest, RefusesImpossibleSizes) {
   ExpectRefused(with([](JobSpec& j) { j.beta2 = 1.0; }), "--beta1 and --beta2");
   ExpectRefused(with([](JobSpec& j) { j.lora.rank = -2; }), "--lora-rank");
   ExpectRefused(with([](JobSpec& j) { j.val_fraction = 0.1; }), "--data FILE");
-  ExpectRefused(with([](JobSpec& j) { j.data = "x.jsonl", j.val_fraction = 1; }),
-                "--val-fraction");
+  ExpectRefused(with([](JobSpec& j) { j.data = "x.jsonl", j.val_fraction = 1; }), "--val-fraction");
   ExpectRefused(with([](JobSpec& j) { j.data = "x.jsonl", j.eval_every = 5; }), "--eval-every");
   ExpectRefused(with([](JobSpec& j) { j.data = "x.jsonl", j.chat_template = "jinja"; }),
                 "--chat-template");
   ExpectRefused(with([](JobSpec& j) { j.data = "x.jsonl", j.long_examples = "drop"; }),
                 "--long-examples");
+  ExpectRefused(with([](JobSpec& j) { j.devices = 0; }), "--devices");
+  ExpectRefused(with([](JobSpec& j) { j.data = "x.jsonl", j.val_fraction = 0.1, j.devices = 2; }),
+                "--devices 1");
   EXPECT_FALSE(ResolveModel(with([](JobSpec& j) { j.model = "/nonexistent"; })).ok());
 }
 
@@ -92,6 +94,7 @@ TEST(JobSpecTest, JsonRoundTrip) {
   job.keep_checkpoints = 2;
   job.checkpoint_compress = true;
   job.out = "somewhere";
+  job.devices = 3;
   const nlohmann::json j = JobSpecToJson(job, TinyLlamaPreset());
   Result<JobSpec> back = JobSpecFromJson(j, "job.json");
   ASSERT_TRUE(back.ok()) << back.status().ToString();

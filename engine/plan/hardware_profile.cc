@@ -181,6 +181,27 @@ Status ParseInto(const json& root, const std::string& origin, HardwareProfile& p
   FERRY_ASSIGN_OR_RETURN(FieldReader opt, top.Object("optimizer"));
   FERRY_RETURN_IF_ERROR(opt.Number("cpu_adamw_params_per_s", &p.optimizer.cpu_adamw_params_per_s));
   FERRY_RETURN_IF_ERROR(opt.OptionalString("source", &p.optimizer.source));
+
+  if (auto it = root.find("layer_times"); it != root.end() && !it->is_null()) {
+    if (!it->is_array()) {
+      return Status::InvalidArgument("hardware profile " + origin +
+                                     ": field layer_times: expected an array, got " + it->dump());
+    }
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& e = (*it)[i];
+      const std::string path = "layer_times[" + std::to_string(i) + "]";
+      if (!e.is_object()) {
+        return Status::InvalidArgument("hardware profile " + origin + ": field " + path +
+                                       ": expected an object, got " + e.dump());
+      }
+      const FieldReader t(e, origin, path);
+      MeasuredLayerTime m;
+      FERRY_RETURN_IF_ERROR(t.OptionalString("key", &m.key));
+      FERRY_RETURN_IF_ERROR(t.Number("forward_s", &m.forward_s));
+      FERRY_RETURN_IF_ERROR(t.Number("backward_s", &m.backward_s));
+      p.layer_times.push_back(std::move(m));
+    }
+  }
   return ValidateHardwareProfile(p).WithContext("hardware profile " + origin);
 }
 
@@ -225,6 +246,17 @@ Status ValidateHardwareProfile(const HardwareProfile& p) {
   FERRY_RETURN_IF_ERROR(RequirePositive("nvme.sustained_write_rate", p.nvme.sustained_write_rate));
   FERRY_RETURN_IF_ERROR(
       RequirePositive("optimizer.cpu_adamw_params_per_s", p.optimizer.cpu_adamw_params_per_s));
+  for (size_t i = 0; i < p.layer_times.size(); ++i) {
+    const MeasuredLayerTime& t = p.layer_times[i];
+    const std::string path = "layer_times[" + std::to_string(i) + "]";
+    if (t.key.empty()) return Invalid(path + ".key", "must name the layer (LayerTimeKey)");
+    if (!(t.forward_s > 0) || !std::isfinite(t.forward_s)) {
+      return Invalid(path + ".forward_s", "must be a positive number of seconds");
+    }
+    if (!(t.backward_s >= 0) || !std::isfinite(t.backward_s)) {
+      return Invalid(path + ".backward_s", "must be 0 or a positive number of seconds");
+    }
+  }
   return Status::Ok();
 }
 
@@ -286,6 +318,13 @@ std::string HardwareProfileToJson(const HardwareProfile& p) {
                {"source", p.nvme.source}};
   j["optimizer"] = {{"cpu_adamw_params_per_s", p.optimizer.cpu_adamw_params_per_s},
                     {"source", p.optimizer.source}};
+  if (!p.layer_times.empty()) {
+    j["layer_times"] = json::array();
+    for (const MeasuredLayerTime& t : p.layer_times) {
+      j["layer_times"].push_back(
+          {{"key", t.key}, {"forward_s", t.forward_s}, {"backward_s", t.backward_s}});
+    }
+  }
   return j.dump(2) + "\n";
 }
 

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kernels/status.h"
 
@@ -71,6 +72,16 @@ struct OptimizerSpec {
   std::string source;
 };
 
+// One layer's measured compute time for one micro-batch on one GPU of the profile. `key` names
+// the layer kind and every shape the time depends on (LayerTimeKey in planner.h); the planner uses
+// the times of a key it finds instead of its FLOP formulas. JSON: "layer_times": [{"key": ...,
+// "forward_s": ..., "backward_s": ...}] (optional; written by hand or by a probe of the layers).
+struct MeasuredLayerTime {
+  std::string key;
+  double forward_s = 0;
+  double backward_s = 0;
+};
+
 struct HardwareProfile {
   std::string name;
   std::string description;
@@ -79,6 +90,15 @@ struct HardwareProfile {
   HostSpec host;
   NvmeSpec nvme;
   OptimizerSpec optimizer;
+  std::vector<MeasuredLayerTime> layer_times;  // optional: measured beats formulas
+
+  // The measured times for `key`, or null.
+  const MeasuredLayerTime* FindLayerTime(std::string_view key) const {
+    for (const MeasuredLayerTime& t : layer_times) {
+      if (t.key == key) return &t;
+    }
+    return nullptr;
+  }
 
   // True when the planner may place data on NVMe: a directory is named and has space.
   bool HasNvme() const { return !nvme.dir.empty() && nvme.space_bytes > 0; }

@@ -233,11 +233,15 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   Add(e.gpu, "saved.slot1", saved_set, A);
   Add(e.gpu, "grad.work", saved_set, A);
   Add(e.gpu, "scratch", scratch, A);
-  // RoPE position ids (i32 per token) for models without learned positions (GPT-2 adds its
-  // position table on the host).
+  // RoPE position ids (i32 per token) and RoPE's inverse-frequency table (f32, head_dim / 2:
+  // plain or Llama 3-scaled) for models without learned positions (GPT-2 adds its position table
+  // on the host). Packed-document ids (i32 per token) for every model: attention never crosses a
+  // document boundary (all one id when rows are not packed).
   if (!in.model.learned_positions) {
     Add(e.gpu, "positions", uint64_t(in.micro_batch.tokens()) * 4, A);
+    Add(e.gpu, "rope.inv_freq", uint64_t(in.model.head_dim / 2) * 4, A);
   }
+  Add(e.gpu, "doc_ids", uint64_t(in.micro_batch.tokens()) * 4, A);
   // The fused LM head + loss always accumulates a dW: a frozen head (LoRA) writes it to a sink.
   bool head_frozen = false;
   for (const ParamSpec& p : layers[size_t(head)].params) {

@@ -70,10 +70,12 @@ TEST(MemoryModel, FullFineTuningByHand) {
   EXPECT_EQ(gpu.at("grad.work"), 3072u);
   EXPECT_EQ(gpu.at("scratch"), HeadScratch());  // no CUDA GEMM/attention kernel asks for any yet
   EXPECT_EQ(gpu.at("library.workspace"), 32u << 20);
-  EXPECT_EQ(gpu.at("positions"), 256u);    // RoPE ids: 4 tokens x 4 B -> 256
-  EXPECT_EQ(gpu.count("grads.sink"), 0u);  // the head is trainable
+  EXPECT_EQ(gpu.at("positions"), 256u);      // RoPE ids: 4 tokens x 4 B -> 256
+  EXPECT_EQ(gpu.at("rope.inv_freq"), 256u);  // head_dim / 2 f32 -> 256
+  EXPECT_EQ(gpu.at("doc_ids"), 256u);        // packed-document ids: 4 tokens x 4 B -> 256
+  EXPECT_EQ(gpu.count("grads.sink"), 0u);    // the head is trainable
   EXPECT_EQ(e.gpu.total(),
-            2 * 2304 + 3072 + 3 * 256 + 3 * 3072 + HeadScratch() + (32u << 20) + 256);
+            2 * 2304 + 3072 + 3 * 256 + 3 * 3072 + HeadScratch() + (32u << 20) + 3 * 256);
 
   // Pinned: bf16 uploads (2 x 592 + 88) x 2 B = 2544 -> one page; gradient landing 2 GPUs x 3072
   // = 6144 -> 8192; saved activations: per block 3 micro-batches x (64 input + 832 saved) = 2688,

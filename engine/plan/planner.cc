@@ -39,6 +39,14 @@ std::vector<LayerNumbers> NumbersFor(const Context& c, BatchShape micro) {
     LayerNumbers& n = out[i];
     n.fwd_s = cost.forward_flops / rate;
     n.bwd_s = cost.backward_flops / rate;
+    if (!c.hw.layer_times.empty()) {  // measured beats formulas
+      const MeasuredLayerTime* t =
+          c.hw.FindLayerTime(LayerTimeKey(c.model, c.job, c.layers[i], micro));
+      if (t != nullptr) {
+        n.fwd_s = t->forward_s;
+        n.bwd_s = t->backward_s;
+      }
+    }
     n.input = double(cost.input_bytes);
     n.saved = double(cost.saved_bytes);
     n.output = double(cost.output_bytes);
@@ -280,6 +288,25 @@ std::string Bytes(double b) {
 }
 
 }  // namespace
+
+std::string LayerTimeKey(const ModelConfig& model, const PlanJob& job, const LayerSpec& layer,
+                         BatchShape micro) {
+  const char* kind = layer.kind == LayerKind::kBlock  ? "block"
+                     : layer.kind == LayerKind::kHead ? "head"
+                                                      : "embedding";
+  std::string key = std::string(kind) + " " + std::string(ModelFamilyName(model.family));
+  for (auto [name, v] : {std::pair{"C", model.hidden_size}, std::pair{"I", model.intermediate_size},
+                         std::pair{"H", model.num_heads}, std::pair{"KV", model.num_kv_heads},
+                         std::pair{"D", model.head_dim}, std::pair{"V", model.vocab_size},
+                         std::pair{"B", micro.batch}, std::pair{"T", micro.seq_len}}) {
+    key += " " + std::string(name) + "=" + std::to_string(v);
+  }
+  key += " " + std::string(DTypeName(job.compute_dtype));
+  key += job.lora.enabled() ? " lora r=" + std::to_string(job.lora.rank) + " " +
+                                  LoraTargetsToString(job.lora.targets)
+                            : std::string(" full");
+  return key;
+}
 
 std::string_view TierName(Tier t) { return t == Tier::kHost ? "host" : "nvme"; }
 

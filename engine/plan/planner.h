@@ -126,6 +126,14 @@ uint64_t BaselineGpuBytes(const ModelConfig& model, const PlanJob& job, int micr
 nlohmann::json PlanToJson(const Plan& plan);
 nlohmann::json OutcomeToJson(const PlanOutcome& outcome);
 // A readable summary and a per-device memory table.
+// The key of a layer's measured time in a hardware profile (MeasuredLayerTime): the layer's kind
+// and name ("block", "head", "embedding"), the model shapes it computes with, the micro-batch
+// (rows x sequence length), the compute dtype and LoRA (rank, targets, or "full"); e.g.
+// "block llama C=64 I=96 H=4 KV=2 D=16 V=260 B=2 T=24 f32 full". The planner uses a profile's
+// times for a key it finds, its FLOP formulas (at the profile's effective rate) otherwise.
+std::string LayerTimeKey(const ModelConfig& model, const PlanJob& job, const LayerSpec& layer,
+                         BatchShape micro);
+
 std::string PlanSummary(const Plan& plan);
 std::string OutcomeSummary(const PlanOutcome& outcome);
 

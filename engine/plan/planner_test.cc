@@ -67,6 +67,47 @@ TEST(Planner, PricesStaleUpdatesButUsesThemOnlyWhenAsked) {
   EXPECT_EQ(PlanToJson(stale->plan)["predicted"]["update_mode"], "stale");
 }
 
+// A profile's measured per-layer times replace the FLOP formulas for the layers they name: with
+// every block measured at 1 s forward + 2 s backward per micro-batch (formulas: microseconds),
+// the 6 blocks x 3 micro-batches x 3 s = 54 s of block compute, spread over 2 GPUs, bound the
+// predicted step from below (27 s) and, run one after another, from above (54 s plus the
+// formula plan's own step for everything else).
+TEST(Planner, MeasuredLayerTimesReplaceTheFormulas) {
+  const ModelConfig m = SmallModel(6, 64, 300);
+  PlanJob job;
+  job.global_batch = 6;
+  job.seq_len = 32;
+  job.micro_batches = 3;
+  HardwareProfile h = SmallMachine(2);
+  Result<PlanOutcome> formulas = MakePlan("small", m, job, h);
+  ASSERT_TRUE(formulas.ok() && formulas->feasible);
+  const double base = formulas->plan.step_s;
+  ASSERT_LT(base, 1.0);
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(m, job.lora, job.compute_dtype);
+  h.layer_times.push_back({"some other layer", 100.0, 100.0});  // a key no layer has
+  for (const LayerSpec& l : layers) {
+    if (l.kind != LayerKind::kBlock) continue;
+    const std::string key = LayerTimeKey(m, job, l, {2, 32});
+    if (h.FindLayerTime(key) == nullptr) h.layer_times.push_back({key, 1.0, 2.0});
+  }
+  EXPECT_EQ(h.layer_times.size(), 2u);  // every block has the same shape: one key
+  EXPECT_NE(h.layer_times[1].key.find("block llama C=64"), std::string::npos)
+      << h.layer_times[1].key;
+  Result<PlanOutcome> measured = MakePlan("small", m, job, h);
+  ASSERT_TRUE(measured.ok() && measured->feasible);
+  EXPECT_GE(measured->plan.step_s, 27.0);
+  EXPECT_LE(measured->plan.step_s, 54.0 + base);
+  // The profile's JSON keeps the times.
+  Result<HardwareProfile> back = ParseHardwareProfile(HardwareProfileToJson(h), "round trip");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_EQ(back->layer_times.size(), 2u);
+  EXPECT_EQ(back->layer_times[1].key, h.layer_times[1].key);
+  EXPECT_EQ(back->layer_times[1].backward_s, 2.0);
+  h.layer_times[1].forward_s = -1;
+  EXPECT_NE(ValidateHardwareProfile(h).message().find("layer_times[1].forward_s"),
+            std::string::npos);
+}
+
 TEST(Planner, PlanCoversEveryBlockAndFits) {
   const ModelConfig m = SmallModel(6, 64, 300);
   PlanJob job;

@@ -19,7 +19,7 @@
 #include "engine/train/progress_bar.h"
 #include "engine/train/trainer.h"
 #include "engine/train/training_data.h"
-#include "kernels/cpu/cpu_device.h"
+#include "engine/train/training_runner.h"
 
 namespace ferry {
 
@@ -50,16 +50,9 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
   const int threads =
       job.threads > 0 ? int(job.threads) : int(std::max(1u, std::thread::hardware_concurrency()));
   const BatchShape shape{job.micro_batch_size(), job.seq_len};
-  ModelRunnerOptions runner_options;
-  runner_options.shape = shape;
-  FERRY_ASSIGN_OR_RETURN(
-      std::unique_ptr<CpuDevice> device,
-      CpuDevice::Create({.name = "cpu0",
-                         .memory_bytes = EstimateDeviceBytes(model, job.lora, shape,
-                                                             runner_options.loss_chunk_tokens),
-                         .compute_threads = threads}));
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
-                         ModelRunner::Create(*device, model, job.lora, runner_options));
+  FERRY_ASSIGN_OR_RETURN(TrainingRunner devices, CreateTrainingRunner(job, model, threads));
+  ModelRunner* runner = devices.runner.get();
+  if (job.devices > 1) std::fprintf(stderr, "ferry train: %s\n", devices.summary.c_str());
 
   std::vector<LayerSpec> layers = BuildLayerSpecs(model, job.lora);
   FERRY_ASSIGN_OR_RETURN(HostTensors weights, InitialWeights(job.model, model, layers, job.seed));
@@ -80,9 +73,9 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
                                    .eps = job.adam_eps,
                                    .weight_decay = job.weight_decay,
                                    .grad_clip = job.grad_clip};
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                         Trainer::Create(runner.get(), std::move(layers), std::move(weights),
-                                         optimizer, &optimizer_pool));
+  FERRY_ASSIGN_OR_RETURN(
+      std::unique_ptr<Trainer> trainer,
+      Trainer::Create(runner, std::move(layers), std::move(weights), optimizer, &optimizer_pool));
   CheckpointMeta meta;
   meta.job = JobSpecToJson(job, model);
   if (resumed) {

@@ -1,0 +1,42 @@
+// TrainingRunner: the devices and the ModelRunner `ferry train` trains with (RunTraining).
+//  - job.devices == 1: one ModelRunner on one CPU device sized by EstimateDeviceBytes.
+//  - job.devices == N > 1: the planner (engine/plan/planner.h) plans the job for N CPU devices
+//    (CpuDevicesProfile: f32 compute, op scratch for `threads` threads, the job's micro-batch
+//    count), each device gets exactly the plan's per-device bytes, and a PipelineRunner
+//    (engine/exec/pipeline_runner.h) runs the plan's stages round robin over them.
+// Forward-only calls (validation loss, logits) need a single device: a job with --devices > 1
+// and validation is refused by ValidateJobSpec.
+//
+// Ownership: TrainingRunner owns its devices and the runner (declared after them, so destroyed
+// first). Thread-safety: one host thread at a time.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/job/job_spec.h"
+#include "engine/model/model_config.h"
+#include "engine/model/model_runner.h"
+#include "engine/plan/hardware_profile.h"
+#include "kernels/cpu/cpu_device.h"
+#include "kernels/status.h"
+
+namespace ferry {
+
+struct TrainingRunner {
+  std::vector<std::unique_ptr<CpuDevice>> devices;
+  std::unique_ptr<ModelRunner> runner;
+  std::string summary;  // one line for the log: devices, stages, bytes per device
+};
+
+// A hardware profile for `count` CPU devices of `device_bytes` each (rates are nominal: they only
+// steer the partition; host RAM is this machine's).
+plan::HardwareProfile CpuDevicesProfile(int count, uint64_t device_bytes);
+
+// Errors: InvalidArgument when the planner finds no plan for the devices (naming the binding
+// constraint), and those of the device and runner factories.
+Result<TrainingRunner> CreateTrainingRunner(const JobSpec& job, const ModelConfig& model,
+                                            int threads);
+
+}  // namespace ferry
