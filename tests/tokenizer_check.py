@@ -424,13 +424,13 @@ def check_tiktoken():
 
 
 check("gpt2-style", *gpt2_style(), offsets=True)
-check("gpt2-prefix-space", *gpt2_prefix_space())
+check("gpt2-prefix-space", *gpt2_prefix_space(), offsets=True)
 check("llama3-style", *llama3_style(), offsets=True,
       config={"bos_token": "<|begin_of_text|>", "eos_token": {"content": "<|eot_id|>"}})
-check("qwen-style", *qwen_style())
-check("llama2-style", *llama2_style())
-check("mistral-style", *metaspace_style("first", False, ["[INST]", "[/INST]"], "<s>"))
-check("metaspace-split", *metaspace_style("always", True, [], None))
+check("qwen-style", *qwen_style(), offsets=True)
+check("llama2-style", *llama2_style(), offsets=True)
+check("mistral-style", *metaspace_style("first", False, ["[INST]", "[/INST]"], "<s>"), offsets=True)
+check("metaspace-split", *metaspace_style("always", True, [], None), offsets=True)
 tiktoken_done = check_tiktoken()
 print(f"{compared} comparisons, {mismatches} mismatches (tokenizers {tokenizers.__version__}, "
       f"tiktoken {tiktoken.__version__})")

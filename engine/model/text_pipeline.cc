@@ -135,11 +135,12 @@ void Piece::Append(std::string_view s, std::pair<uint32_t, uint32_t> from) {
 
 namespace {
 
-// `p` with `prefix` in front, standing for the empty range before its first byte.
+// `p` with `prefix` in front, standing for p's first character (Hugging Face's
+// NormalizedString::prepend aligns what it adds with the first character: a lone "▁" token then
+// covers it, and a completion's first word includes its prefix space in the loss mask).
 Piece Prepended(const Piece& p, std::string_view prefix) {
   Piece out;
-  uint32_t at = p.src.empty() ? 0 : p.src[0].first;
-  out.Append(prefix, {at, at});
+  out.Append(prefix, p.src.empty() ? std::pair<uint32_t, uint32_t>{0, 0} : p.src[0]);
   out.text += p.text;
   out.src.insert(out.src.end(), p.src.begin(), p.src.end());
   return out;

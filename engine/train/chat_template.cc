@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "engine/model/utf8_text.h"
+
 namespace ferry {
 namespace {
 
@@ -14,12 +16,27 @@ constexpr std::string_view kQwen2System = "You are a helpful assistant.";
 constexpr std::string_view kKnowledgeDate =
     "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n";
 
-// Jinja's `trim` on ASCII whitespace.
+// Python's str.isspace, what Jinja's `trim` (str.strip) removes: Unicode White_Space and the
+// separators U+001C..U+001F.
+bool IsPythonSpace(char32_t c) { return IsUnicodeWhitespace(c) || (c >= 0x1C && c <= 0x1F); }
+
+// Jinja's `trim`: whitespace (IsPythonSpace) removed from both ends; invalid UTF-8 stops it.
 std::string_view Trim(std::string_view s) {
-  constexpr std::string_view kSpace = " \t\n\r\f\v";
-  const size_t b = s.find_first_not_of(kSpace);
-  if (b == std::string_view::npos) return {};
-  return s.substr(b, s.find_last_not_of(kSpace) - b + 1);
+  char32_t cp;
+  size_t b = 0;
+  while (b < s.size()) {
+    const size_t n = Utf8CharAt(s, b, &cp);
+    if (n == 0 || !IsPythonSpace(cp)) break;
+    b += n;
+  }
+  size_t e = s.size();
+  while (e > b) {
+    size_t start = e - 1;  // the last character's first byte: back over continuation bytes
+    while (start > b && e - start < 4 && (uint8_t(s[start]) & 0xC0) == 0x80) --start;
+    if (Utf8CharAt(s, start, &cp) != e - start || !IsPythonSpace(cp)) break;
+    e = start;
+  }
+  return s.substr(b, e - b);
 }
 
 // Appends to a RenderedText, marking what `Trained` appends as carrying the loss.
