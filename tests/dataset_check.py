@@ -31,7 +31,8 @@ import random
 import subprocess
 import sys
 
-SKIP = 77
+from test_venv import reexec_or_skip
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 ap = argparse.ArgumentParser()
@@ -49,17 +50,7 @@ try:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from tokenizers import processors, trainers
 except ImportError as e:
-    venv_py = os.path.join(args.venv or "", "bin", "python")
-    if (args.venv and os.path.exists(venv_py)
-            and os.path.realpath(sys.prefix) != os.path.realpath(args.venv)):
-        os.execv(venv_py, [venv_py] + sys.argv)
-    why = ""
-    failed = os.path.join(args.venv or "", "SETUP_FAILED")
-    if args.venv and os.path.exists(failed):
-        why = " (" + open(failed).read().strip() + ")"
-    print(f"SKIPPED: Python packages tokenizers/jinja2 unavailable: {e}{why}; "
-          "scripts/test.sh installs them")
-    sys.exit(SKIP)
+    reexec_or_skip(args.venv, e, "tokenizers/jinja2")
 
 os.makedirs(args.work, exist_ok=True)
 rng = random.Random(4321)

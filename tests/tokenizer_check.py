@@ -21,13 +21,7 @@ import sys
 import tarfile
 import zipfile
 
-SKIP = 77
-
-
-def skip(reason):
-    print(f"SKIPPED: {reason}")
-    sys.exit(SKIP)
-
+from test_venv import reexec_or_skip, skip
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--ferry", required=True)
@@ -42,15 +36,7 @@ try:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
     from tokenizers import pre_tokenizers, processors, trainers
 except ImportError as e:
-    venv_py = os.path.join(args.venv or "", "bin", "python")
-    if (args.venv and os.path.exists(venv_py)
-            and os.path.realpath(sys.prefix) != os.path.realpath(args.venv)):
-        os.execv(venv_py, [venv_py] + sys.argv)
-    why = ""
-    failed = os.path.join(args.venv or "", "SETUP_FAILED")
-    if args.venv and os.path.exists(failed):
-        why = " (" + open(failed).read().strip() + ")"
-    skip(f"Python packages tokenizers/tiktoken unavailable: {e}{why}; scripts/test.sh installs them")
+    reexec_or_skip(args.venv, e, "tokenizers/tiktoken")
 
 os.makedirs(args.work, exist_ok=True)
 rng = random.Random(1234)
