@@ -207,6 +207,16 @@ TEST(BpeTokenizerTest, MalformedFilesAreErrors) {
   j = ByteLevelJson();
   j["model"]["merges"].push_back("a b c");
   EXPECT_NE(ParseError(j).find("not two tokens"), std::string::npos);
+  // Found by fuzzing (tokenizer_json): ids that are floats or beyond int32_t were converted with
+  // undefined behaviour; now they are errors.
+  for (const json& bad : {json(1e75), json(-1e75), json(0.5), json(uint64_t(1) << 40)}) {
+    j = ByteLevelJson();
+    j["model"]["vocab"]["a"] = bad;
+    EXPECT_NE(ParseError(j).find("expected a 32-bit integer"), std::string::npos) << bad;
+    j = ByteLevelJson();
+    j["added_tokens"] = json::array({{{"id", bad}, {"content", "<x>"}, {"special", true}}});
+    EXPECT_NE(ParseError(j).find("expected a 32-bit integer"), std::string::npos) << bad;
+  }
   j = ByteLevelJson();
   j["pre_tokenizer"] = {
       {"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
