@@ -414,7 +414,7 @@ def check_tiktoken():
 
 
 check("gpt2-style", *gpt2_style(), offsets=True)
-check("gpt2-prefix-space", *gpt2_prefix_space(), offsets=True)
+check("gpt2-prefix-space", *gpt2_prefix_space())
 check("llama3-style", *llama3_style(), offsets=True,
       config={"bos_token": "<|begin_of_text|>", "eos_token": {"content": "<|eot_id|>"}})
 check("qwen-style", *qwen_style())
