@@ -9,6 +9,8 @@
 
 #include "engine/model/tokenizer.h"
 #include "engine/model/utf8_text.h"
+#include "engine/train/examples.h"
+#include "engine/train/training_data.h"
 
 namespace ferry {
 
@@ -27,7 +29,15 @@ void AddTokenizeCommand(CLI::App& parent, TokenizeCommand* cmd) {
   t->add_flag("--skip-special", cmd->skip_special, "Leave special tokens out when decoding");
   t->add_flag("--jsonl", cmd->jsonl,
               "One JSON value per input line: a string to encode (prints {\"ids\", \"offsets\"}), "
-              "or with --decode an array of ids (prints a string)");
+              "or with --decode an array of ids (prints a string); with --data one JSON object "
+              "per example");
+  t->add_option("--data", cmd->data,
+                "Show a dataset file's examples as training sees them: tokens, and which carry "
+                "the loss (between [[ and ]])");
+  t->add_option("--chat-template", cmd->chat_template,
+                "With --data: template for chat 'messages': auto (from the model folder), "
+                "chatml, llama3, mistral, none")
+      ->capture_default_str();
 }
 
 namespace {
@@ -91,6 +101,69 @@ int RunJsonl(const TokenizeCommand& cmd, const Tokenizer& tok) {
   return 0;
 }
 
+// Tokens [b, e) of `e` decoded together, as JSON-quoted text without the quotes.
+std::string Piece(const Tokenizer& tok, const Example& e, size_t b, size_t end) {
+  const std::string q = Quoted(tok.Decode(std::span<const int32_t>(&e.tokens[b], end - b), false));
+  return q.substr(1, q.size() - 2);
+}
+
+int RunData(const TokenizeCommand& cmd, const Tokenizer& tok) {
+  Result<ChatTemplate> chat = ResolveChatTemplate(cmd.chat_template, cmd.model);
+  if (!chat.ok()) return Fail(chat.status().message());
+  ExampleOptions o;
+  o.tokenizer = &tok;
+  o.chat_template = *chat;
+  o.vocab_size = tok.vocab_size();
+  o.keep_text = true;
+  Result<LoadedExamples> loaded = LoadExamples(cmd.data, o);
+  if (!loaded.ok()) return Fail(loaded.status().message());
+  int64_t tokens = 0, trained = 0;
+  for (size_t i = 0; i < loaded->examples.size(); ++i) {
+    const Example& e = loaded->examples[i];
+    int64_t n_trained = 0;
+    for (uint8_t t : e.trained) n_trained += t != 0;
+    tokens += e.size();
+    trained += n_trained;
+    if (cmd.jsonl) {
+      nlohmann::json j;
+      if (i < loaded->lines.size()) j["line"] = loaded->lines[i];
+      if (i < loaded->texts.size()) j["text"] = Utf8Lossy(loaded->texts[i]);
+      j["ids"] = e.tokens;
+      j["trained"] = e.trained;
+      const std::string out = j.dump();
+      std::printf("%s\n", out.c_str());
+      continue;
+    }
+    const std::string where =
+        i < loaded->lines.size() ? " (line " + std::to_string(loaded->lines[i]) + ")" : "";
+    std::printf("example %zu%s: %lld tokens, %lld trained\n", i + 1, where.c_str(),
+                static_cast<long long>(e.size()), static_cast<long long>(n_trained));
+    if (cmd.show_tokens) {
+      for (size_t k = 0; k < e.tokens.size(); ++k) {
+        std::printf("%8d  %-5s  %s\n", e.tokens[k], e.trained[k] ? "train" : "ctx",
+                    Piece(tok, e, k, k + 1).c_str());
+      }
+      continue;
+    }
+    // Runs of equally trained tokens decoded together (whole characters), trained ones in [[ ]].
+    std::string line = "  ";
+    for (size_t b = 0; b < e.tokens.size();) {
+      size_t end = b;
+      while (end < e.tokens.size() && e.trained[end] == e.trained[b]) ++end;
+      const std::string piece = Piece(tok, e, b, end);
+      line += e.trained[b] ? "[[" + piece + "]]" : piece;
+      b = end;
+    }
+    std::printf("%s\n", line.c_str());
+  }
+  std::fflush(stdout);
+  std::fprintf(stderr, "%zu examples, %lld tokens, %lld trained (%s; chat template %s)\n",
+               loaded->examples.size(), static_cast<long long>(tokens),
+               static_cast<long long>(trained), tok.Describe().c_str(),
+               ChatFormatName(chat->format));
+  return 0;
+}
+
 }  // namespace
 
 int RunTokenizeCommand(TokenizeCommand& cmd) {
@@ -102,6 +175,7 @@ int RunTokenizeCommand(TokenizeCommand& cmd) {
     if (!r.ok()) return Fail(r.status().message());
     tok = std::move(r).value();
   }
+  if (!cmd.data.empty()) return RunData(cmd, *tok);
   if (cmd.jsonl) return RunJsonl(cmd, *tok);
   std::string input = cmd.text;
   if (cmd.app->count("--text") == 0) {

@@ -3,6 +3,13 @@
 // --jsonl processes one JSON value per line (a string to encode, or with --decode an array of
 // ids) for scripts and the tokenizer tests. --model is a Hugging Face model folder with
 // tokenizer.json, or "tiny" for the built-in byte tokenizer.
+//
+// --data FILE shows what training sees: each example of a dataset file (any format `ferry train
+// --data` reads, chat `messages` rendered with --chat-template, default auto) as its text with
+// the trained (loss-carrying) tokens between [[ and ]], or with --show-tokens one token a line
+// marked "train"/"ctx"; with --jsonl one JSON object per example:
+//   {"line": N, "text": "...", "ids": [...], "trained": [0, 1, ...]}
+// ("line" and "text" for .jsonl; "text" for .txt).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -20,6 +27,8 @@ struct TokenizeCommand {
   bool no_special = false;    // encode: no BOS/EOS from the post-processor
   bool skip_special = false;  // decode: drop special tokens
   bool jsonl = false;
+  std::string data;                    // --data: show a dataset file's examples
+  std::string chat_template = "auto";  // with --data
 };
 
 // Adds the `tokenize` subcommand to `parent`; `cmd` must outlive parsing.

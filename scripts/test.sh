@@ -10,14 +10,16 @@ jobs=$(nproc)
 
 scripts/setup.sh
 
-# Python references for tests/tokenizer_check.py (tokenizers, tiktoken; GPT-2's real ranks from
+# Python references for tests/tokenizer_check.py and dataset_check.py (tokenizers, tiktoken,
+# jinja2 for the chat templates; GPT-2's real ranks from
 # the openai-whisper package, downloaded without its dependencies). Reused when present; a
 # failure is recorded in SETUP_FAILED and the test reports itself skipped with that reason.
 venv=build/venv-tests
-if [[ ! -f $venv/READY ]]; then
+# (A venv prepared before jinja2 was on the list is topped up.)
+if [[ ! -f $venv/READY ]] || ! $venv/bin/python -c 'import jinja2' 2>/dev/null; then
   rm -f $venv/SETUP_FAILED
   if python3 -m venv $venv >/tmp/ferry-venv.log 2>&1 &&
-     $venv/bin/pip install -q tokenizers tiktoken numpy safetensors >>/tmp/ferry-venv.log 2>&1 &&
+     $venv/bin/pip install -q tokenizers tiktoken jinja2 numpy safetensors >>/tmp/ferry-venv.log 2>&1 &&
      $venv/bin/pip download -q --no-deps openai-whisper -d $venv/downloads \
        >>/tmp/ferry-venv.log 2>&1; then
     touch $venv/READY

@@ -21,13 +21,7 @@ import sys
 import tarfile
 import zipfile
 
-SKIP = 77
-
-
-def skip(reason):
-    print(f"SKIPPED: {reason}")
-    sys.exit(SKIP)
-
+from test_venv import reexec_or_skip, skip
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--ferry", required=True)
@@ -42,15 +36,7 @@ try:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
     from tokenizers import pre_tokenizers, processors, trainers
 except ImportError as e:
-    venv_py = os.path.join(args.venv or "", "bin", "python")
-    if (args.venv and os.path.exists(venv_py)
-            and os.path.realpath(sys.prefix) != os.path.realpath(args.venv)):
-        os.execv(venv_py, [venv_py] + sys.argv)
-    why = ""
-    failed = os.path.join(args.venv or "", "SETUP_FAILED")
-    if args.venv and os.path.exists(failed):
-        why = " (" + open(failed).read().strip() + ")"
-    skip(f"Python packages tokenizers/tiktoken unavailable: {e}{why}; scripts/test.sh installs them")
+    reexec_or_skip(args.venv, e, "tokenizers/tiktoken")
 
 os.makedirs(args.work, exist_ok=True)
 rng = random.Random(1234)
@@ -323,8 +309,12 @@ def check(name, tok, j, config=None, offsets=False):
                 continue
             if offsets:
                 pos = char_to_byte_offsets(s)
+                # Tokens the post-processor adds cover an empty range: tokenizers puts it at 0,
+                # ferry at the token's position (tokenizer.h); either is "no input bytes".
+                def norm(offs):
+                    return [o if o[0] < o[1] else "empty" for o in offs]
                 want = [[pos[a], pos[b]] for a, b in e.offsets]
-                if want != g["offsets"]:
+                if norm(want) != norm(g["offsets"]):
                     report("offsets", name, s, want, g["offsets"])
     # Decode what the reference encoded (with and without special tokens) and round trips.
     id_lists = [tok.encode(s).ids for s in strings]
@@ -428,9 +418,9 @@ check("gpt2-prefix-space", *gpt2_prefix_space())
 check("llama3-style", *llama3_style(), offsets=True,
       config={"bos_token": "<|begin_of_text|>", "eos_token": {"content": "<|eot_id|>"}})
 check("qwen-style", *qwen_style())
-check("llama2-style", *llama2_style())
-check("mistral-style", *metaspace_style("first", False, ["[INST]", "[/INST]"], "<s>"))
-check("metaspace-split", *metaspace_style("always", True, [], None))
+check("llama2-style", *llama2_style(), offsets=True)
+check("mistral-style", *metaspace_style("first", False, ["[INST]", "[/INST]"], "<s>"), offsets=True)
+check("metaspace-split", *metaspace_style("always", True, [], None), offsets=True)
 tiktoken_done = check_tiktoken()
 print(f"{compared} comparisons, {mismatches} mismatches (tokenizers {tokenizers.__version__}, "
       f"tiktoken {tiktoken.__version__})")

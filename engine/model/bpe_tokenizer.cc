@@ -246,8 +246,7 @@ Result<BpeModelSpec> ParseModel(const json& m) {
     return Status::InvalidArgument("model.dropout is not supported (it makes encoding random)");
   }
   BpeModelSpec spec;
-  for (const auto& [tok, id] : m.at("vocab").items())
-    spec.vocab.emplace_back(tok, id.get<int32_t>());
+  for (const auto& [tok, id] : m.at("vocab").items()) spec.vocab.emplace_back(tok, JsonInt32(id));
   const json& merges = m.at("merges");
   spec.merges.reserve(merges.size());
   for (size_t r = 0; r < merges.size(); ++r) {
@@ -305,7 +304,7 @@ Status ParsePostProcessor(const json& p, std::vector<int32_t>* prefix, std::vect
                                      "' is missing from special_tokens");
     }
     for (const json& id : st.at(name).at("ids")) {
-      (seen_sequence ? suffix : prefix)->push_back(id.get<int32_t>());
+      (seen_sequence ? suffix : prefix)->push_back(JsonInt32(id));
     }
   }
   return Status::Ok();
@@ -330,7 +329,7 @@ Result<std::unique_ptr<Tokenizer>> Parse(std::string_view text, const SpecialTok
     for (const json& a : j.at("added_tokens")) {
       AddedToken t;
       t.content = a.at("content").get<std::string>();
-      t.id = a.at("id").get<int32_t>();
+      t.id = JsonInt32(a.at("id"));
       if (t.id < 0 || t.id >= kMaxTokenId) {
         return Status::InvalidArgument("added token '" + t.content + "' has id " +
                                        std::to_string(t.id) + ", outside [0, 2^24)");

@@ -145,6 +145,11 @@ TEST(BpeTokenizerTest, ByteFallbackWithPrependNormalizer) {
   EXPECT_EQ(e.ids, (std::vector<int32_t>{263, 259, 3 + 0xC3, 3 + 0xA9}));
   using R = std::pair<uint32_t, uint32_t>;
   EXPECT_EQ(e.offsets, (std::vector<R>{{0, 2}, {2, 3}, {3, 5}, {3, 5}}));
+  // The prepended "▁" stands for the first character, as in tokenizers (NormalizedString::prepend
+  // aligns it with that character): alone as a token, it covers it.
+  const Encoding lone = tok->EncodeWithOffsets("é", false);
+  EXPECT_EQ(lone.ids, (std::vector<int32_t>{259, 3 + 0xC3, 3 + 0xA9}));
+  EXPECT_EQ(lone.offsets, (std::vector<R>{{0, 2}, {0, 2}, {0, 2}}));
   EXPECT_EQ(tok->Decode(e.ids, false), "hi é");
   // A lone byte token decodes to U+FFFD.
   EXPECT_EQ(tok->Decode(std::vector<int32_t>{263, 3 + 0xC3}, false), "hi\xEF\xBF\xBD");
@@ -176,6 +181,16 @@ TEST(BpeTokenizerTest, MalformedFilesAreErrors) {
   j = ByteLevelJson();
   j["model"]["merges"].push_back("a b c");
   EXPECT_NE(ParseError(j).find("not two tokens"), std::string::npos);
+  // Found by fuzzing (tokenizer_json): ids that are floats or beyond int32_t were converted with
+  // undefined behaviour; now they are errors.
+  for (const json& bad : {json(1e75), json(-1e75), json(0.5), json(uint64_t(1) << 40)}) {
+    j = ByteLevelJson();
+    j["model"]["vocab"]["a"] = bad;
+    EXPECT_NE(ParseError(j).find("expected a 32-bit integer"), std::string::npos) << bad;
+    j = ByteLevelJson();
+    j["added_tokens"] = json::array({{{"id", bad}, {"content", "<x>"}, {"special", true}}});
+    EXPECT_NE(ParseError(j).find("expected a 32-bit integer"), std::string::npos) << bad;
+  }
   j = ByteLevelJson();
   j["pre_tokenizer"] = {
       {"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};

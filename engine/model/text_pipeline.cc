@@ -135,11 +135,12 @@ void Piece::Append(std::string_view s, std::pair<uint32_t, uint32_t> from) {
 
 namespace {
 
-// `p` with `prefix` in front, standing for the empty range before its first byte.
+// `p` with `prefix` in front, standing for p's first character (Hugging Face's
+// NormalizedString::prepend aligns what it adds with the first character: a lone "▁" token then
+// covers it, and a completion's first word includes its prefix space in the loss mask).
 Piece Prepended(const Piece& p, std::string_view prefix) {
   Piece out;
-  uint32_t at = p.src.empty() ? 0 : p.src[0].first;
-  out.Append(prefix, {at, at});
+  out.Append(prefix, p.src.empty() ? std::pair<uint32_t, uint32_t>{0, 0} : p.src[0]);
   out.text += p.text;
   out.src.insert(out.src.end(), p.src.begin(), p.src.end());
   return out;
@@ -415,8 +416,8 @@ Status ParseDecoder(const json& j, TextStages* st, int depth = 0) {
   } else if (type == "Strip") {
     s.kind = DecStep::kStrip;
     s.text = j.at("content").get<std::string>();
-    s.start = j.at("start").get<int>();
-    s.stop = j.at("stop").get<int>();
+    s.start = JsonInt32(j.at("start"));
+    s.stop = JsonInt32(j.at("stop"));
   } else {
     return Unsupported("decoder", type);
   }
@@ -521,6 +522,16 @@ std::vector<std::string> ApplyDecStep(const TextStages& st, const DecStep& s,
 }
 
 }  // namespace
+
+int32_t JsonInt32(const nlohmann::json& v) {
+  if (v.is_number_unsigned()) {
+    if (v.get<uint64_t>() <= uint64_t(INT32_MAX)) return int32_t(v.get<uint64_t>());
+  } else if (v.is_number_integer()) {
+    const int64_t x = v.get<int64_t>();
+    if (x >= INT32_MIN && x <= INT32_MAX) return int32_t(x);
+  }
+  throw nlohmann::json::type_error::create(302, "expected a 32-bit integer, not " + v.dump(), &v);
+}
 
 Result<std::shared_ptr<const TextStages>> ParseTextStages(const json& normalizer,
                                                           const json& pre_tokenizer,

@@ -37,6 +37,11 @@ struct Piece {
 
 class TextStages;  // opaque holder of the parsed stages
 
+// A tokenizer.json integer (a token id, a Strip count) as int32_t. nlohmann's get<int32_t>()
+// converts a float such as 1e75 with undefined behaviour; anything but an integer in int32_t's
+// range throws nlohmann's type_error, which ParseTokenizerJson reports as the file's error.
+int32_t JsonInt32(const nlohmann::json& v);
+
 // Parses the "normalizer", "pre_tokenizer" and "decoder" members (each null or an object).
 // Errors name the member path and the unsupported type.
 Result<std::shared_ptr<const TextStages>> ParseTextStages(const nlohmann::json& normalizer,

@@ -4,19 +4,39 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "engine/model/utf8_text.h"
+
 namespace ferry {
 namespace {
 
 constexpr std::string_view kQwen25System =
     "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
 constexpr std::string_view kQwen2System = "You are a helpful assistant.";
+// Llama 3.1+'s system preamble with the templates' default date.
+constexpr std::string_view kKnowledgeDate =
+    "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n";
 
-// Jinja's `trim` on ASCII whitespace.
+// Python's str.isspace, what Jinja's `trim` (str.strip) removes: Unicode White_Space and the
+// separators U+001C..U+001F.
+bool IsPythonSpace(char32_t c) { return IsUnicodeWhitespace(c) || (c >= 0x1C && c <= 0x1F); }
+
+// Jinja's `trim`: whitespace (IsPythonSpace) removed from both ends; invalid UTF-8 stops it.
 std::string_view Trim(std::string_view s) {
-  constexpr std::string_view kSpace = " \t\n\r\f\v";
-  const size_t b = s.find_first_not_of(kSpace);
-  if (b == std::string_view::npos) return {};
-  return s.substr(b, s.find_last_not_of(kSpace) - b + 1);
+  char32_t cp;
+  size_t b = 0;
+  while (b < s.size()) {
+    const size_t n = Utf8CharAt(s, b, &cp);
+    if (n == 0 || !IsPythonSpace(cp)) break;
+    b += n;
+  }
+  size_t e = s.size();
+  while (e > b) {
+    size_t start = e - 1;  // the last character's first byte: back over continuation bytes
+    while (start > b && e - start < 4 && (uint8_t(s[start]) & 0xC0) == 0x80) --start;
+    if (Utf8CharAt(s, start, &cp) != e - start || !IsPythonSpace(cp)) break;
+    e = start;
+  }
+  return s.substr(b, e - b);
 }
 
 // Appends to a RenderedText, marking what `Trained` appends as carrying the loss.
@@ -110,18 +130,28 @@ const char* ChatFormatName(ChatFormat f) {
 }
 
 ChatTemplate ChatTemplateFromText(std::string_view text) {
+  auto has = [&](std::string_view marker) { return text.find(marker) != std::string_view::npos; };
   ChatTemplate t;
-  if (text.find("<|im_start|>") != std::string_view::npos) {
+  if (has("<|im_start|>")) {
     t.format = ChatFormat::kChatMl;
-    if (text.find(kQwen25System) != std::string_view::npos) {
+    if (has(kQwen25System)) {
       t.default_system = kQwen25System;
-    } else if (text.find(kQwen2System) != std::string_view::npos) {
+    } else if (has(kQwen2System)) {
       t.default_system = kQwen2System;
     }
-  } else if (text.find("<|start_header_id|>") != std::string_view::npos) {
+  } else if (has("<|start_header_id|>")) {
     t.format = ChatFormat::kLlama3;
-  } else if (text.find("[INST]") != std::string_view::npos) {
+    t.knowledge_date = has("Cutting Knowledge Date");
+  } else if (has("<<SYS>>")) {
     t.format = ChatFormat::kMistral;
+    t.unsupported = "Llama 2's [INST] <<SYS>> template";
+  } else if (has("[INST]")) {
+    t.format = ChatFormat::kMistral;
+    // v0.2's writes " [INST] " (spaces both sides) and " " + answer; v0.1's "[INST] " + ..., and
+    // v0.3's "[INST] " ... "[/INST]" with trimmed answers, render differently.
+    if (!has("' [INST] '") && !has("\" [INST] \"")) {
+      t.unsupported = "an [INST] template other than Mistral v0.2's (v0.1, v0.3 or later)";
+    }
   }
   return t;
 }
@@ -164,6 +194,11 @@ Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessa
         "'messages' need a chat template and the model has none that ferry knows; pass "
         "--chat-template chatml|llama3|mistral");
   }
+  if (!t.unsupported.empty()) {
+    return Status::InvalidArgument("the model's chat template (" + t.unsupported +
+                                   ") is not one ferry renders exactly; pass --chat-template "
+                                   "chatml|llama3|mistral to choose one ferry knows");
+  }
   if (messages.empty()) return Status::InvalidArgument("'messages' is empty");
   if (t.format == ChatFormat::kMistral) return RenderMistral(messages);
   Writer w;
@@ -185,7 +220,19 @@ Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessa
   }
   // Llama 3.
   w.Context("<|begin_of_text|>");
-  for (const ChatMessage& m : messages) {
+  std::span<const ChatMessage> rest = messages;
+  if (t.knowledge_date) {
+    std::string_view system;
+    if (messages[0].role == "system") {
+      system = Trim(messages[0].content);
+      rest = rest.subspan(1);
+    }
+    w.Context("<|start_header_id|>system<|end_header_id|>\n\n");
+    w.Context(kKnowledgeDate);
+    w.Context(system);
+    w.Context("<|eot_id|>");
+  }
+  for (const ChatMessage& m : rest) {
     w.Context("<|start_header_id|>" + m.role + "<|end_header_id|>\n\n");
     if (m.role == "assistant") {
       w.Trained(Trim(m.content));

@@ -9,12 +9,22 @@
 //           system message (Qwen2.5's "You are Qwen, created by Alibaba Cloud. ...").
 //  llama3   (Llama 3 / 3.x header format): "<|begin_of_text|>" then for each message
 //             "<|start_header_id|>" role "<|end_header_id|>\n\n" trim(content) "<|eot_id|>"
-//           (Llama 3.1+'s templates also write a "Cutting Knowledge Date" preamble into the
-//           system turn; that is not reproduced.)
+//           Llama 3.1/3.2/3.3's templates (detected by their "Cutting Knowledge Date" text:
+//           ChatTemplate::knowledge_date) always open with a system turn whose content is
+//             "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n" trim(system)
+//           (the system message, if any, moves there; "26 Jul 2024" is the templates' own default
+//           date — Llama 3.2's uses today's date when the caller provides strftime_now; ferry
+//           keeps the fixed one so that a dataset tokenizes the same every day).
 //  mistral  (Mistral-7B-Instruct-v0.2 / Mixtral): "<s>" then, after an optional first system
 //           message, strictly alternating user/assistant turns:
 //             user       " [INST] " [system "\n\n" on the first user turn] content " [/INST]"
 //             assistant  " " content "</s>"
+//
+// Detected but refused (ChatTemplate::unsupported, RenderChat says so and suggests
+// --chat-template): Llama 2's "<<SYS>>" template and [INST] templates other than v0.2's
+// (Mistral v0.1's, v0.3's "[INST]" without spaces and trimmed answers, tool-calling v0.3+).
+// tests/chat_template_check.py renders the real Jinja templates (tests/chat_templates/) with jinja2
+// and compares them with ferry's rendering.
 //
 // Trained ranges: each assistant message's content and its end-of-turn marker ("<|im_end|>",
 // "<|eot_id|>", "</s>"); the role header, the newline after "<|im_end|>" and everything else is
@@ -39,6 +49,10 @@ enum class ChatFormat { kNone, kChatMl, kLlama3, kMistral };
 struct ChatTemplate {
   ChatFormat format = ChatFormat::kNone;
   std::string default_system = {};  // chatml only: a system message used when none is given
+  bool knowledge_date = false;      // llama3 only: Llama 3.1+'s "Cutting Knowledge Date" preamble
+  // Non-empty: the model's template, detected as this (e.g. "Llama 2's <<SYS>> template"), is one
+  // ferry cannot render exactly; RenderChat refuses it.
+  std::string unsupported = {};
 };
 
 struct ChatMessage {
@@ -64,7 +78,8 @@ ChatTemplate DetectChatTemplate(const std::string& model_dir);
 // The same from a chat_template text alone.
 ChatTemplate ChatTemplateFromText(std::string_view template_text);
 
-// Renders `messages`. Errors (InvalidArgument, one line): no template (kNone), an empty
+// Renders `messages`. Errors (InvalidArgument, one line): no template (kNone), an unsupported
+// detected template, an empty
 // conversation, and for mistral a system message not first or roles that do not alternate.
 Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessage> messages);
 

@@ -69,6 +69,69 @@ TEST(ChatTemplateTest, Llama3) {
   EXPECT_EQ(TrainedParts(*r), (std::vector<std::string>{"Hello.<|eot_id|>", "4<|eot_id|>"}));
 }
 
+// Llama 3.1's template: the system turn always comes first, with the knowledge-date preamble and
+// the trimmed system message (empty without one).
+TEST(ChatTemplateTest, Llama31KnowledgeDatePreamble) {
+  const ChatTemplate t = ChatTemplateFromText(
+      "{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}"
+      "{{- \"Cutting Knowledge Date: December 2023\\n\" }}");
+  ASSERT_EQ(t.format, ChatFormat::kLlama3);
+  ASSERT_TRUE(t.knowledge_date);
+  Result<RenderedText> r = RenderChat(t, kConversation);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->text,
+            "<|begin_of_text|>"
+            "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+            "Today Date: 26 Jul 2024\n\nYou are terse.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\n2+2?<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n4<|eot_id|>");
+  const std::vector<ChatMessage> no_system = {{"user", "Hi"}, {"assistant", "Yo"}};
+  r = RenderChat(t, no_system);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->text,
+            "<|begin_of_text|>"
+            "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+            "Today Date: 26 Jul 2024\n\n<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nYo<|eot_id|>");
+  EXPECT_EQ(TrainedParts(*r), (std::vector<std::string>{"Yo<|eot_id|>"}));
+}
+
+// Jinja's `trim` is Python's str.strip(): Unicode whitespace (U+3000, U+00A0, U+2028) and the
+// separators U+001C..U+001F go too; other characters, invalid UTF-8 included, stay.
+TEST(ChatTemplateTest, Llama3TrimIsPythonsStrip) {
+  const std::vector<ChatMessage> m = {{"user", "\u3000\u00a0 x\u2028\x1f"},
+                                      {"assistant", "\xff y \xe2\x80"}};
+  Result<RenderedText> r = RenderChat({.format = ChatFormat::kLlama3}, m);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->text,
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nx<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n\xff y \xe2\x80<|eot_id|>");
+}
+
+// Templates ferry cannot render exactly are detected and refused with a pointer to
+// --chat-template; Mistral v0.2's renders.
+TEST(ChatTemplateTest, RefusesTemplatesItCannotRenderExactly) {
+  const char* refused[] = {
+      "{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% set content = '<<SYS>>\\n' %}",
+      "{{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}",  // Mistral v0.3
+      "{{ '[INST] ' + message['content'] + ' [/INST]' }}",        // Mistral v0.1
+  };
+  for (const char* text : refused) {
+    const ChatTemplate t = ChatTemplateFromText(text);
+    EXPECT_FALSE(t.unsupported.empty()) << text;
+    Result<RenderedText> r = RenderChat(t, kConversation);
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_NE(r.status().message().find("--chat-template"), std::string::npos);
+  }
+  const ChatTemplate v02 =
+      ChatTemplateFromText("{{- ' [INST] ' + message['content'] + ' [/INST]' }}");
+  EXPECT_EQ(v02.format, ChatFormat::kMistral);
+  EXPECT_TRUE(v02.unsupported.empty());
+}
+
 TEST(ChatTemplateTest, Mistral) {
   Result<RenderedText> r = RenderChat({.format = ChatFormat::kMistral}, kConversation);
   ASSERT_TRUE(r.ok()) << r.status().ToString();

@@ -174,7 +174,7 @@ Example TokenizeMasked(const Tokenizer& tokenizer, const RenderedText& r, bool a
   return e;
 }
 
-Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o) {
+Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, std::string* text) {
   const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Status::InvalidArgument("not valid JSON");
   if (!j.is_object()) return Status::InvalidArgument("not a JSON object");
@@ -182,6 +182,7 @@ Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o) {
   if (j.contains("messages")) {
     FERRY_ASSIGN_OR_RETURN(std::vector<ChatMessage> messages, ParseMessages(j["messages"]));
     FERRY_ASSIGN_OR_RETURN(RenderedText r, RenderChat(o.chat_template, messages));
+    if (text != nullptr) *text = r.text;
     return TokenizeMasked(tok, r, /*add_special_tokens=*/false);
   }
   if (j.contains("prompt") || j.contains("completion")) {
@@ -194,12 +195,14 @@ Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o) {
                    .trained = {{prompt.size(), prompt.size() + completion.size()}}};
     Example e = TokenizeMasked(tok, r, /*add_special_tokens=*/true);
     AppendEos(tok, e);
+    if (text != nullptr) *text = std::move(r.text);
     return e;
   }
   if (j.contains("text")) {
-    FERRY_ASSIGN_OR_RETURN(std::string text, StringField(j, "text"));
-    Example e = WholeText(tok, text);
+    FERRY_ASSIGN_OR_RETURN(std::string whole, StringField(j, "text"));
+    Example e = WholeText(tok, whole);
     AppendEos(tok, e);
+    if (text != nullptr) *text = std::move(whole);
     return e;
   }
   return Status::InvalidArgument("a line needs 'text', 'prompt' and 'completion', or 'messages'");
@@ -219,6 +222,7 @@ Result<LoadedExamples> LoadExamples(const std::string& path, const ExampleOption
     for (std::string_view doc : SplitDocuments(text)) {
       out.examples.push_back(WholeText(*o.tokenizer, doc));
       AppendEos(*o.tokenizer, out.examples.back());
+      if (o.keep_text) out.texts.emplace_back(doc);
     }
     return out;
   }
@@ -229,7 +233,8 @@ Result<LoadedExamples> LoadExamples(const std::string& path, const ExampleOption
     std::string_view line(text.data() + pos, nl - pos);
     pos = nl + 1;
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    Result<Example> e = ParseJsonlLine(line, o);
+    std::string line_text;
+    Result<Example> e = ParseJsonlLine(line, o, o.keep_text ? &line_text : nullptr);
     if (!e.ok()) {
       if (o.skip_bad_lines) {
         ++out.skipped_lines;
@@ -239,6 +244,10 @@ Result<LoadedExamples> LoadExamples(const std::string& path, const ExampleOption
                                      e.status().message() + " (--skip-bad-lines skips such lines)");
     }
     out.examples.push_back(std::move(*e));
+    if (o.keep_text) {
+      out.texts.push_back(std::move(line_text));
+      out.lines.push_back(line_no);
+    }
   }
   return out;
 }

@@ -60,18 +60,26 @@ struct ExampleOptions {
   ChatTemplate chat_template = {};       // for `messages`
   int64_t vocab_size = 0;                // > 0: ids of token files must be below it
   bool skip_bad_lines = false;
+  bool keep_text = false;  // fill LoadedExamples::texts (for `ferry tokenize --data`)
 };
 
 struct LoadedExamples {
   std::vector<Example> examples;
   int64_t skipped_lines = 0;  // with skip_bad_lines
+  // With keep_text, for .jsonl and .txt files: each example's text as tokenized (the rendered
+  // chat, prompt + completion, or the text) and, for .jsonl, its line number (1-based).
+  std::vector<std::string> texts;
+  std::vector<int64_t> lines;
 };
 
 // Reads and tokenizes a dataset file (format by extension, see above).
 Result<LoadedExamples> LoadExamples(const std::string& path, const ExampleOptions& options);
 
 // One .jsonl line (without its newline) as an Example; errors without the file:line prefix.
-Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& options);
+// The pure entry point of the .jsonl reader (LoadExamples and the fuzz target call it). `text`,
+// when given, receives the text that was tokenized.
+Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& options,
+                               std::string* text = nullptr);
 
 // Tokenizes r.text once and marks the tokens overlapping r.trained (the rule above).
 Example TokenizeMasked(const Tokenizer& tokenizer, const RenderedText& r, bool add_special_tokens);

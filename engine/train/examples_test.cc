@@ -86,10 +86,12 @@ TEST(ExamplesTest, MessagesTrainOnlyAssistantTurns) {
   std::unique_ptr<Tokenizer> tok = MakeByteTokenizer();
   const ExampleOptions o{
       .tokenizer = tok.get(), .chat_template = {.format = ChatFormat::kChatMl}, .vocab_size = 0};
+  std::string text;  // what was tokenized (ferry tokenize --data shows it)
   Result<Example> e = ParseJsonlLine(
       R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})",
-      o);
+      o, &text);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(text, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n");
   std::string trained;
   for (size_t i = 0; i < e->tokens.size(); ++i) {
     if (e->trained[i]) trained.push_back(char(e->tokens[i]));

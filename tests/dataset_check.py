@@ -1,0 +1,359 @@
+#!/usr/bin/env python3
+"""ferry's dataset tokenization and chat templates against independent references.
+
+Builds small real BPE tokenizer.json files with Hugging Face `tokenizers` (byte-level in the
+styles of Qwen2 and Llama 3, Metaspace with byte fallback in the style of Mistral), then reads
+dataset files with `ferry tokenize --data FILE --jsonl` (the examples exactly as `ferry train`
+sees them: ids and the loss mask) and checks:
+
+1. prompt/completion: ferry's ids equal `tokenizers`' encoding of prompt + completion (with the
+   tokenizer's special tokens, plus the EOS ferry appends), for boundaries inside words, at
+   spaces, between multi-byte characters and next to special tokens; and the mask is the rule
+   examples.h states: a token is trained iff its byte range overlaps the completion (a token
+   straddling the boundary is trained; BOS is not; the appended EOS is).
+2. chat: conversations (with and without a system message, one to four turns, contents with
+   leading/trailing ASCII and Unicode whitespace, newlines, multi-byte text) rendered by the
+   real Jinja chat templates in tests/chat_templates/ with `jinja2`, the way transformers'
+   apply_chat_template does (sandboxed environment, trim_blocks, lstrip_blocks, bos/eos tokens,
+   add_generation_prompt=False): ferry's text must equal it, its ids must equal `tokenizers`'
+   encoding of that text without special tokens (what apply_chat_template(tokenize=True) gives),
+   and its mask must cover exactly the tokens overlapping each assistant turn's content and its
+   end-of-turn marker. The template is detected by ferry from tokenizer_config.json's
+   chat_template, as for a downloaded model; templates ferry must refuse (Llama 2's <<SYS>>,
+   Mistral v0.3's) are checked to fail with a message suggesting --chat-template.
+
+Exit codes: 0 all equal, 1 a mismatch or failure, 77 skipped (Python packages unavailable).
+"""
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+
+from test_venv import reexec_or_skip
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--ferry", required=True)
+ap.add_argument("--work", required=True)
+ap.add_argument("--venv", help="virtual environment with tokenizers and jinja2 (re-executed in)")
+ap.add_argument("--cases", type=int, default=400, help="pairs and conversations per tokenizer")
+args = ap.parse_args()
+
+try:
+    import jinja2
+    import jinja2.ext
+    import jinja2.sandbox
+    import tokenizers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import processors, trainers
+except ImportError as e:
+    reexec_or_skip(args.venv, e, "tokenizers/jinja2")
+
+os.makedirs(args.work, exist_ok=True)
+rng = random.Random(4321)
+
+# ---- text ------------------------------------------------------------------------------------
+WORDS = ("the quick brown fox jumps over lazy dog I'm don't HELLO World naïve café Straße "
+         "fine-tune tokens answer question 42 3.14 x").split()
+MULTI = ["中文字符", "日本語の", "한국어", "😀", "👍🏽", "e\u0301", "Ωmega", "ÅNGSTRÖM", "🇯🇵"]
+SPACE = [" ", " ", "  ", "\n", "\n\n", "\t", "\u00a0", "\u3000", " \n"]
+PUNCT = list(".,;:!?()\"'-") + ["...", "'s"]
+
+
+def text(specials=(), n=None):
+    out = []
+    for _ in range(rng.randint(0, 10) if n is None else n):
+        r = rng.random()
+        if r < 0.5:
+            out.append(rng.choice(WORDS))
+        elif r < 0.65:
+            out.append(rng.choice(MULTI))
+        elif r < 0.75:
+            out.append(rng.choice(PUNCT))
+        elif r < 0.92 or not specials:
+            out.append(rng.choice(SPACE))
+        else:
+            out.append(rng.choice(specials))
+        if rng.random() < 0.5:
+            out.append(" ")
+    return "".join(out)
+
+
+TRAIN = [text(n=12) for _ in range(3000)]
+
+# ---- tokenizers ------------------------------------------------------------------------------
+QWEN_PAT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_PAT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
+              r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def bos_template(tok, bos):
+    bos_id = tok.token_to_id(bos)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)])
+
+
+def byte_level(pat, specials, bos=None):
+    t = Tokenizer(models.BPE(ignore_merges=True))
+    t.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pat), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    t.decoder = decoders.ByteLevel()
+    t.train_from_iterator(TRAIN, trainers.BpeTrainer(
+        vocab_size=900, special_tokens=specials, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    if bos:
+        bos_template(t, bos)
+    else:
+        t.post_processor = processors.ByteLevel(trim_offsets=False)
+    return t
+
+
+def metaspace(specials, bos):
+    t = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    t.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    t.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    t.train_from_iterator(TRAIN, trainers.BpeTrainer(
+        vocab_size=600, special_tokens=specials, show_progress=False, limit_alphabet=80))
+    j = json.loads(t.to_str())
+    vocab = j["model"]["vocab"]
+    nxt = max(vocab.values()) + 1
+    for b in range(256):
+        if f"<0x{b:02X}>" not in vocab:
+            vocab[f"<0x{b:02X}>"] = nxt
+            nxt += 1
+    t = Tokenizer.from_str(json.dumps(j))
+    bos_template(t, bos)
+    return t
+
+
+QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                   "<|end_header_id|>", "<|eot_id|>"]
+MISTRAL_SPECIALS = ["<unk>", "<s>", "</s>"]
+TOKENIZERS = {
+    "qwen": (byte_level(QWEN_PAT, QWEN_SPECIALS), None, "<|endoftext|>", QWEN_SPECIALS),
+    "llama3": (byte_level(LLAMA3_PAT, LLAMA3_SPECIALS, "<|begin_of_text|>"), "<|begin_of_text|>",
+               "<|end_of_text|>", LLAMA3_SPECIALS),
+    "mistral": (metaspace(MISTRAL_SPECIALS, "<s>"), "<s>", "</s>", MISTRAL_SPECIALS),
+}
+
+
+def model_dir(name, tok, bos, eos, chat_template=None):
+    d = os.path.join(args.work, name)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "tokenizer.json"), "w") as f:
+        f.write(tok.to_str())
+    cfg = {"eos_token": eos}
+    if bos:
+        cfg["bos_token"] = bos
+    if chat_template is not None:
+        cfg["chat_template"] = chat_template
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump(cfg, f)
+    return d
+
+
+def ferry_data(d, lines, expect_fail=False):
+    path = os.path.join(d, "data.jsonl")
+    with open(path, "w") as f:
+        for x in lines:
+            f.write(json.dumps(x, ensure_ascii=False) + "\n")
+    p = subprocess.run([args.ferry, "tokenize", "--model", d, "--data", path, "--jsonl"],
+                       capture_output=True)
+    if expect_fail:
+        return p
+    if p.returncode != 0:
+        print(f"FAIL: ferry tokenize --model {d} --data {path}: "
+              f"{p.stderr.decode(errors='replace').strip()}")
+        sys.exit(1)
+    return [json.loads(l) for l in p.stdout.decode().splitlines()]
+
+
+mismatches = 0
+compared = 0
+
+
+def report(kind, name, case, want, got):
+    global mismatches
+    mismatches += 1
+    if mismatches <= 15:
+        print(f"MISMATCH {name} {kind} on {case!r}:\n  reference {want}\n  ferry     {got}")
+
+
+def mask_from_offsets(enc, ranges):
+    """The rule of examples.h in character space: trained iff the token's range is non-empty
+    and overlaps one of `ranges`."""
+    return [int(a < b and any(a < re and rb < b for rb, re in ranges)) for a, b in enc.offsets]
+
+
+# ---- 1. prompt/completion across the boundary ------------------------------------------------
+def boundary_kind(p, c):
+    if not p or not c:
+        return "empty side"
+    a, b = p[-1], c[0]
+    if any(p.endswith(s) for s in ALL_SPECIALS) or any(c.startswith(s) for s in ALL_SPECIALS):
+        return "next to a special token"
+    if a.isspace() or b.isspace():
+        return "at whitespace"
+    if ord(a) > 127 and ord(b) > 127:
+        return "between multi-byte characters"
+    if a.isalnum() and b.isalnum():
+        return "inside a word"
+    return "other"
+
+
+ALL_SPECIALS = sorted({s for v in TOKENIZERS.values() for s in v[3]})
+kinds = {}
+
+
+def check_boundary(name, tok, bos, eos, specials):
+    global compared
+    d = model_dir(name + "-pc", tok, bos, eos)
+    pairs = []
+    for i in range(args.cases):
+        s = text(specials + ["[INST]"], n=rng.randint(1, 10))
+        cut = rng.randint(0, len(s))
+        if i % 4 == 0 and s:  # aim at the interesting places
+            spots = [k for k in range(1, len(s)) if s[k - 1].isalnum() and s[k].isalnum()]
+            if spots:
+                cut = rng.choice(spots)
+        pairs.append((s[:cut], s[cut:]))
+    pairs += [("", "x"), ("x", ""), ("", ""), ("a" * 3, "b" * 3), ("中文", "字符"), ("Hello", " world"),
+              ("Hello ", "world"), ("foo" + eos, "bar"), ("foo", eos), ("x", "\n\n")]
+    got = ferry_data(d, [{"prompt": p, "completion": c} for p, c in pairs])
+    eos_id = tok.token_to_id(eos)
+    for (p, c), g in zip(pairs, got):
+        compared += 1
+        kinds[boundary_kind(p, c)] = kinds.get(boundary_kind(p, c), 0) + 1
+        enc = tok.encode(p + c, add_special_tokens=True)
+        ids = list(enc.ids)
+        mask = mask_from_offsets(enc, [(len(p), len(p) + len(c))])
+        if not ids or ids[-1] != eos_id:
+            ids.append(eos_id)
+            mask.append(1)
+        if g["ids"] != ids:
+            report("ids", name, (p, c), ids, g["ids"])
+        elif g["trained"] != mask:
+            report("mask", name, (p, c), mask, g["trained"])
+    print(f"{name}: {len(pairs)} prompt/completion pairs compared with tokenizers")
+
+
+# ---- 2. chat templates -----------------------------------------------------------------------
+def raise_exception(msg):
+    raise jinja2.exceptions.TemplateError(msg)
+
+
+ENV = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                   extensions=[jinja2.ext.loopcontrols])
+ENV.globals["raise_exception"] = raise_exception
+
+
+def load_template(fn):
+    with open(os.path.join(HERE, "chat_templates", fn)) as f:
+        return f.read()
+
+
+def render(tmpl, messages, bos, eos):
+    return tmpl.render(messages=messages, bos_token=bos or "", eos_token=eos,
+                                        add_generation_prompt=False)
+
+
+def content():
+    s = text()
+    r = rng.random()
+    if r < 0.2:
+        s = rng.choice(SPACE) + s + rng.choice(SPACE)
+    elif r < 0.3:
+        s = "\u3000" + s + "\u00a0\n"
+    return s
+
+
+def conversation(with_system):
+    msgs = []
+    if with_system:
+        msgs.append({"role": "system", "content": content()})
+    for _ in range(rng.randint(1, 4)):
+        msgs.append({"role": "user", "content": content()})
+        msgs.append({"role": "assistant", "content": content()})
+    if rng.random() < 0.1:
+        msgs.pop()  # ends with a user turn
+    return msgs
+
+
+MARKER = {"chatml": "<|im_end|>", "llama3": "<|eot_id|>", "mistral": "</s>"}
+
+
+def trained_ranges(tmpl, msgs, bos, eos, family):
+    """Each assistant turn's content as the template writes it plus its end-of-turn marker, found
+    in what rendering that turn adds to the conversation before it."""
+    full = render(tmpl, msgs, bos, eos)
+    ranges = []
+    for k, m in enumerate(msgs):
+        if m["role"] != "assistant":
+            continue
+        before, upto = render(tmpl, msgs[:k], bos, eos), render(tmpl, msgs[:k + 1], bos, eos)
+        assert upto.startswith(before) and full.startswith(upto), "template is not incremental"
+        body = (m["content"].strip() if family == "llama3" else m["content"]) + MARKER[family]
+        at = upto.rindex(body, len(before))
+        ranges.append((at, at + len(body)))
+    return full, ranges
+
+
+CHATS = [("qwen2.5.jinja", "qwen", "chatml"), ("llama3.jinja", "llama3", "llama3"),
+         ("llama3.1.jinja", "llama3", "llama3"), ("mistral-v0.2.jinja", "mistral", "mistral")]
+
+
+def check_chat(fn, tok_name, family):
+    global compared
+    tok, bos, eos, _ = TOKENIZERS[tok_name]
+    source = load_template(fn)
+    tmpl = ENV.from_string(source)
+    d = model_dir("chat-" + fn, tok, bos, eos, chat_template=source)
+    convs = [conversation(i % 2 == 0) for i in range(args.cases)]
+    got = ferry_data(d, [{"messages": c} for c in convs])
+    for c, g in zip(convs, got):
+        compared += 1
+        want, ranges = trained_ranges(tmpl, c, bos, eos, family)
+        if g["text"] != want:
+            report("text", fn, c, repr(want), repr(g["text"]))
+            continue
+        enc = tok.encode(want, add_special_tokens=False)
+        if g["ids"] != enc.ids:
+            report("ids", fn, c, enc.ids, g["ids"])
+            continue
+        mask = mask_from_offsets(enc, ranges)
+        if g["trained"] != mask:
+            report("mask", fn, c, mask, g["trained"])
+    print(f"{fn}: {len(convs)} conversations rendered with jinja2 and compared (text, ids, mask)")
+
+
+def check_refused(fn, tok_name):
+    global compared
+    tok, bos, eos, _ = TOKENIZERS[tok_name]
+    d = model_dir("chat-" + fn, tok, bos, eos, chat_template=load_template(fn))
+    p = ferry_data(d, [{"messages": [{"role": "user", "content": "hi"},
+                                     {"role": "assistant", "content": "yo"}]}], expect_fail=True)
+    err = p.stderr.decode(errors="replace")
+    compared += 1
+    if p.returncode == 0 or "--chat-template" not in err:
+        report("refusal", fn, "user/assistant", "an error suggesting --chat-template",
+               f"exit {p.returncode}: {err.strip()}")
+    else:
+        print(f"{fn}: refused as expected: {err.strip()}")
+
+
+for name, (tok, bos, eos, specials) in TOKENIZERS.items():
+    check_boundary(name, tok, bos, eos, specials)
+print("boundaries: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
+for fn, tok_name, family in CHATS:
+    check_chat(fn, tok_name, family)
+check_refused("llama2.jinja", "mistral")
+check_refused("mistral-v0.3.jinja", "mistral")
+print(f"{compared} comparisons, {mismatches} mismatches (tokenizers {tokenizers.__version__}, "
+      f"jinja2 {jinja2.__version__})")
+sys.exit(1 if mismatches else 0)

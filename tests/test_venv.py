@@ -1,0 +1,26 @@
+"""What the Python reference checks (tokenizer_check.py, dataset_check.py) share: running inside
+the test virtual environment scripts/test.sh prepares, or reporting themselves skipped (exit code
+77, which CTest's SKIP_RETURN_CODE maps to SKIPPED) with the reason."""
+import os
+import sys
+
+SKIP = 77
+
+
+def skip(reason):
+    print(f"SKIPPED: {reason}")
+    sys.exit(SKIP)
+
+
+def reexec_or_skip(venv, error, what):
+    """After an ImportError `error`: re-executes the script with the venv's Python when it is not
+    already running there, else skips naming `what` was missing (and why the venv setup failed)."""
+    venv_py = os.path.join(venv or "", "bin", "python")
+    if venv and os.path.exists(venv_py) and os.path.realpath(sys.prefix) != os.path.realpath(venv):
+        os.execv(venv_py, [venv_py] + sys.argv)
+    why = ""
+    failed = os.path.join(venv or "", "SETUP_FAILED")
+    if venv and os.path.exists(failed):
+        with open(failed) as f:
+            why = " (" + f.read().strip() + ")"
+    skip(f"Python packages {what} unavailable: {error}{why}; scripts/test.sh installs them")
