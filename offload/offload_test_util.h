@@ -5,8 +5,8 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <linux/capability.h>
 #include <liburing.h>
+#include <linux/capability.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -89,9 +89,9 @@ class FaultyEnv : public IoEnv {
     }
     return res;
   }
-  int RingInit(unsigned entries, io_uring* ring) override {
+  int RingInit(unsigned entries, io_uring* ring, unsigned flags) override {
     if (ring_error != 0) return -ring_error;
-    return IoEnv::RingInit(entries, ring);
+    return IoEnv::RingInit(entries, ring, flags);
   }
   int RegisterBuffers(io_uring* ring, const iovec* iov, unsigned n) override {
     size_t total = 0;
