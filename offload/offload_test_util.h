@@ -91,6 +91,7 @@ class FaultyEnv : public IoEnv {
   }
   int RingInit(unsigned entries, io_uring* ring, unsigned flags) override {
     if (ring_error != 0) return -ring_error;
+    if (refuse_ring_flags && flags != 0) return -EINVAL;  // as kernels before 6.1 do
     return IoEnv::RingInit(entries, ring, flags);
   }
   int RegisterBuffers(io_uring* ring, const iovec* iov, unsigned n) override {
@@ -110,6 +111,7 @@ class FaultyEnv : public IoEnv {
 
   // Set before the store is opened.
   int ring_error = 0;
+  bool refuse_ring_flags = false;  // RingInit refuses any IORING_SETUP_* flags with EINVAL
   size_t register_limit = SIZE_MAX;
   bool refuse_direct = false;
 
