@@ -87,8 +87,8 @@ void NvmeStore::Impl::Run() {
       if (stopping) {
         queues.Drain([&](std::shared_ptr<Transfer>& t) {
           if (t->status.ok()) t->status = Status::Cancelled("the NVMe store is shutting down");
-          t->next_block =
-              t->num_blocks;  // nothing more dispatched; the last completion finishes it
+          // Nothing more dispatched; the last completion finishes it.
+          t->next_block = t->num_blocks;
           if (t->inflight == 0) finished.push_back(t);
         });
       }
