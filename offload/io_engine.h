@@ -6,9 +6,9 @@
 // An engine does one attempt per request: checking results, resubmitting short transfers and
 // -EAGAIN is the store's job (one place for both backends).
 //
-// Thread-safety: Push, Flush and Wait are called by one thread (the store's dispatcher); Wake may
-// be called from any thread. The caller keeps at most depth() requests in flight and keeps each
-// request's buffer alive until its completion has been returned by Wait.
+// Thread-safety: Bind, Push, Flush and Wait are called by one thread (the store's dispatcher);
+// Wake may be called from any thread. The caller keeps at most depth() requests in flight and keeps
+// each request's buffer alive until its completion has been returned by Wait.
 #pragma once
 
 #include <sys/uio.h>
@@ -39,6 +39,9 @@ class IoEngine {
   // (and must then point into that buffer) only for indexes below this.
   virtual unsigned registered_buffers() const { return 0; }
 
+  // Called once by the thread that will call Push, Flush and Wait, before any of them (the
+  // io_uring engine's ring serves that thread only: IORING_SETUP_SINGLE_ISSUER).
+  virtual Status Bind() { return Status::Ok(); }
   // Queues a request; it may not start before Flush. REQUIRES: fewer than depth() in flight.
   virtual void Push(const IoRequest& request) = 0;
   virtual Status Flush() = 0;
@@ -48,9 +51,12 @@ class IoEngine {
   virtual void Wake() = 0;
 };
 
-// An io_uring engine with `depth` request slots. `buffers` are candidates for registration;
-// when the kernel refuses (memory-lock limit, ENOMEM), fewer are registered (halving down to
-// none) and `report` says how many and why. Fails with Unavailable when the ring cannot be
+// An io_uring engine with `depth` request slots. Where the kernel allows (6.1 and later), the ring
+// serves one thread and runs completion work only when that thread waits for completions
+// (SINGLE_ISSUER, DEFER_TASKRUN: no interruptions of the dispatcher while it prepares blocks); it
+// is created disabled and enabled by Bind on that thread. `buffers` are candidates for
+// registration; when the kernel refuses (memory-lock limit, ENOMEM), fewer are registered (halving
+// down to none) and `report` says how many and why. Fails with Unavailable when the ring cannot be
 // created (kernel without io_uring, seccomp in a container, io_uring_disabled sysctl).
 Result<std::unique_ptr<IoEngine>> CreateUringEngine(IoEnv& env, unsigned depth,
                                                     std::span<const iovec> buffers,

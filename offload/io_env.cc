@@ -29,8 +29,8 @@ int64_t IoEnv::FileSize(int fd) {
   if (::fstat(fd, &st) != 0) return -errno;
   return st.st_size;
 }
-int IoEnv::RingInit(unsigned entries, io_uring* ring) {
-  return io_uring_queue_init(entries, ring, 0);
+int IoEnv::RingInit(unsigned entries, io_uring* ring, unsigned flags) {
+  return io_uring_queue_init(entries, ring, flags);
 }
 int IoEnv::RegisterBuffers(io_uring* ring, const iovec* iovecs, unsigned count) {
   return io_uring_register_buffers(ring, iovecs, count);

@@ -51,8 +51,8 @@ class IoEnv {
   // File size in bytes, or -errno.
   virtual int64_t FileSize(int fd);
 
-  // io_uring_queue_init / io_uring_register_buffers.
-  virtual int RingInit(unsigned entries, io_uring* ring);
+  // io_uring_queue_init (with IORING_SETUP_* `flags`) / io_uring_register_buffers.
+  virtual int RingInit(unsigned entries, io_uring* ring, unsigned flags);
   virtual int RegisterBuffers(io_uring* ring, const iovec* iovecs, unsigned count);
 
   // Blocking pread/pwrite used by the thread-pool backend (one call, no retry loop: short counts

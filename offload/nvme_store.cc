@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <future>
 
 #include "offload/store_impl.h"
 
@@ -157,12 +158,12 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::Open(NvmeStoreOptions options) {
                                    " must be a positive multiple of 4096 of at most 64 MiB");
   }
   if (options.queue_depth < 1 || options.queue_depth > 1024) {
-    return Status::InvalidArgument("NVMe store queue depth " +
-                                   std::to_string(options.queue_depth) + " must be in 1..1024");
+    return Status::InvalidArgument("NVMe store queue depth " + std::to_string(options.queue_depth) +
+                                   " must be in 1..1024");
   }
   if (options.starvation_quota < 1) options.starvation_quota = 1;
-  options.segment_bytes = AlignUp(std::max(options.segment_bytes, options.block_bytes),
-                                  options.block_bytes);
+  options.segment_bytes =
+      AlignUp(std::max(options.segment_bytes, options.block_bytes), options.block_bytes);
 
   auto impl = std::make_unique<Impl>(std::move(options));
   Impl& s = *impl;
@@ -182,8 +183,12 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::Open(NvmeStoreOptions options) {
   std::string why_threads;
   bool use_uring = false;
   switch (o.backend) {
-    case StoreBackend::kThreadPool: why_threads = "thread pool forced by option"; break;
-    case StoreBackend::kIoUring: use_uring = true; break;
+    case StoreBackend::kThreadPool:
+      why_threads = "thread pool forced by option";
+      break;
+    case StoreBackend::kIoUring:
+      use_uring = true;
+      break;
     case StoreBackend::kAuto:
       use_uring = s.direct;
       if (!s.direct) why_threads = "O_DIRECT refused by the filesystem (" + why_buffered + ")";
@@ -191,7 +196,8 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::Open(NvmeStoreOptions options) {
   }
 
   const size_t B = o.block_bytes;
-  FERRY_ASSIGN_OR_RETURN(s.bounce, HostAllocation::Map(B * o.queue_depth, "NVMe store bounce buffers"));
+  FERRY_ASSIGN_OR_RETURN(s.bounce,
+                         HostAllocation::Map(B * o.queue_depth, "NVMe store bounce buffers"));
   std::string reg_report;
   if (use_uring) {
     std::vector<iovec> iov;
@@ -220,7 +226,17 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::Open(NvmeStoreOptions options) {
              std::to_string(B >> 10) + " KiB, queue depth " + std::to_string(o.queue_depth);
   if (!reg_report.empty()) s.report += ", " + reg_report;
   s.Log(s.report);
-  s.dispatcher = std::thread([&s] { s.Run(); });
+  std::promise<Status> bound;
+  s.dispatcher = std::thread([&s, &bound] {
+    Status b = s.engine->Bind();
+    const bool ok = b.ok();
+    bound.set_value(std::move(b));
+    if (ok) s.Run();
+  });
+  if (Status b = bound.get_future().get(); !b.ok()) {
+    s.dispatcher.join();
+    return b.WithContext("NVMe store in " + o.directory);
+  }
   return std::unique_ptr<NvmeStore>(new NvmeStore(std::move(impl)));
 }
 
@@ -260,16 +276,16 @@ TransferHandle NvmeStore::ReadAsync(const std::string& name, std::span<std::byte
     t->version = it->second;
   }
   if (t->version->size != dst.size()) {
-    return Failed(Status::InvalidArgument(
-        "reading entry '" + name + "' of " + std::to_string(t->version->size) +
-        " bytes into a buffer of " + std::to_string(dst.size())));
+    return Failed(Status::InvalidArgument("reading entry '" + name + "' of " +
+                                          std::to_string(t->version->size) +
+                                          " bytes into a buffer of " + std::to_string(dst.size())));
   }
   t->num_blocks = t->version->blocks.size();
   return s.Submit(std::move(t));
 }
 
-Status NvmeStore::Write(std::string name, std::span<const std::byte> src,
-                        TransferPriority priority, Compression compression) {
+Status NvmeStore::Write(std::string name, std::span<const std::byte> src, TransferPriority priority,
+                        Compression compression) {
   return WriteAsync(std::move(name), src, priority, compression).Wait();
 }
 
@@ -304,8 +320,8 @@ Result<BlockLocation> NvmeStore::LocateBlock(const std::string& name, size_t blo
                                    std::to_string(it->second->blocks.size()) + " blocks");
   }
   const StoredBlock& b = it->second->blocks[block];
-  return BlockLocation{impl_->allocator->SegmentPath(b.slot.segment), b.slot.offset,
-                       b.stored_len, b.compressed};
+  return BlockLocation{impl_->allocator->SegmentPath(b.slot.segment), b.slot.offset, b.stored_len,
+                       b.compressed};
 }
 
 // ---- external files -------------------------------------------------------------------------

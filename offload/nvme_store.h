@@ -11,9 +11,10 @@
 //
 // I/O: one dispatcher thread per store drives an IoEngine (io_uring with a bounded ring of
 // registered bounce buffers, or a thread pool of pread/pwrite; see io_engine.h) with at most
-// queue_depth blocks in flight. Every completion's result is checked; short transfers and -EAGAIN
-// are resubmitted; other errors fail the transfer with context. A failed write leaves the previous
-// version of the entry (if any) in place, so blocks already written stay readable.
+// queue_depth blocks in flight (it refills the ring before checksumming and verifying, so the
+// disk never waits for that CPU work). Every completion's result is checked; short transfers and
+// -EAGAIN are resubmitted; other errors fail the transfer with context. A failed write leaves the
+// previous version of the entry (if any) in place, so blocks already written stay readable.
 //
 // Zero copy: a block whose part of the caller's buffer is page-aligned and a whole number of pages
 // (every block of a HostAllocation or host-pool buffer, but perhaps not the last) is transferred
@@ -25,9 +26,9 @@
 // order without starving the lower ones (transfer_scheduler.h).
 //
 // Ownership: the caller's buffers passed to *Async must stay alive and untouched until the
-// transfer's handle reports done (a zero-copy write checksums the caller's pages, then the disk
-// reads them: a change in between would be stored under a stale checksum). Destroying the store cancels queued transfers (Cancelled) and
-// waits for blocks in flight.
+// transfer's handle reports done (a zero-copy write is checksummed from the caller's pages while
+// the disk reads them: a change meanwhile would be stored under a wrong checksum). Destroying the
+// store cancels queued transfers (Cancelled) and waits for blocks in flight.
 // Thread-safety: all public methods may be called from any thread. A read sees the last write of
 // that name that completed before the read was submitted.
 #pragma once
@@ -50,20 +51,20 @@ enum class StoreBackend { kAuto, kIoUring, kThreadPool };
 enum class Compression { kNever, kAlways, kAuto };  // kAuto: measured per entry (zstd_codec.h)
 
 struct NvmeStoreOptions {
-  std::string directory;            // created when missing (its parent must exist)
-  size_t block_bytes = 1 << 20;     // I/O and checksum unit; a multiple of 4096, at most 64 MiB
-  unsigned queue_depth = 32;        // blocks in flight, 1..1024
+  std::string directory;         // created when missing (its parent must exist)
+  size_t block_bytes = 1 << 20;  // I/O and checksum unit; a multiple of 4096, at most 64 MiB
+  unsigned queue_depth = 32;     // blocks in flight, 1..1024
   size_t segment_bytes = size_t{1} << 30;  // per file; rounded up to a multiple of block_bytes
-  size_t reserve_bytes = 0;         // reserved (fallocate) at Open
+  size_t reserve_bytes = 0;                // reserved (fallocate) at Open
   StoreBackend backend = StoreBackend::kAuto;
-  bool direct_io = true;            // use O_DIRECT where the filesystem accepts it
+  bool direct_io = true;  // use O_DIRECT where the filesystem accepts it
   // Cap on bounce-buffer bytes registered with io_uring (registration is locked memory).
   size_t max_registered_bytes = size_t{64} << 20;
-  int io_threads = 4;               // workers of the thread-pool backend
+  int io_threads = 4;  // workers of the thread-pool backend
   int compression_level = 1;
-  int starvation_quota = 8;         // see PriorityQueues
-  double disk_bytes_per_s = 0;      // for Compression::kAuto; 0 = measured by the store
-  IoEnv* env = nullptr;             // not owned, must outlive the store; nullptr = the real OS
+  int starvation_quota = 8;     // see PriorityQueues
+  double disk_bytes_per_s = 0;  // for Compression::kAuto; 0 = measured by the store
+  IoEnv* env = nullptr;         // not owned, must outlive the store; nullptr = the real OS
   std::function<void(std::string_view)> log;  // one line per event; default: stderr
 };
 
@@ -83,8 +84,8 @@ class TransferHandle {
 };
 
 struct StoreStats {
-  uint64_t bytes_written = 0;     // user bytes of completed write blocks
-  uint64_t bytes_read = 0;        // user bytes of completed read blocks
+  uint64_t bytes_written = 0;  // user bytes of completed write blocks
+  uint64_t bytes_read = 0;     // user bytes of completed read blocks
   uint64_t disk_bytes_written = 0;
   uint64_t disk_bytes_read = 0;
   uint64_t short_resubmits = 0;
@@ -112,7 +113,8 @@ class NvmeStore {
 
   // Stores `src` under `name` (replacing an earlier entry once the write completes).
   TransferHandle WriteAsync(std::string name, std::span<const std::byte> src,
-                            TransferPriority priority, Compression compression = Compression::kNever);
+                            TransferPriority priority,
+                            Compression compression = Compression::kNever);
   // Reads the entry into `dst`. REQUIRES (else InvalidArgument): dst.size() == EntrySize(name).
   TransferHandle ReadAsync(const std::string& name, std::span<std::byte> dst,
                            TransferPriority priority);

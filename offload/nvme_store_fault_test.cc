@@ -2,12 +2,12 @@
 // transfers, -EAGAIN), io_uring and O_DIRECT refused (fallbacks), buffer registration refused by
 // the memory-lock limit, a real file-size limit and a real full filesystem, a vanished directory.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
 
 #include <csignal>
 #include <filesystem>
-#include <sched.h>
 
 #include "offload/nvme_store.h"
 #include "offload/offload_test_util.h"
@@ -101,6 +101,24 @@ TEST(StoreFallback, IoUringRefusedChoosesThreadsAndSaysSo) {
   EXPECT_EQ(NvmeStore::Open(o).status().code(), StatusCode::kUnavailable);
 }
 
+// A kernel that refuses the single-issuer ring flags (before 6.1) gets a plain ring: still
+// io_uring, and every block in flight round-trips.
+TEST(StoreFallback, RingFlagsRefusedGivesAPlainRing) {
+  if (!testing::UringAvailable()) GTEST_SKIP() << "io_uring is not available here";
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  FaultyEnv env;
+  env.refuse_ring_flags = true;
+  auto store = NvmeStore::Open(SmallStoreOptions(dir.path(), StoreBackend::kIoUring, &env));
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_EQ((*store)->backend_name(), "io_uring");
+  const auto data = Pattern(20 * (*store)->block_bytes() + 12345, 7);
+  ASSERT_TRUE((*store)->Write("d", data).ok());
+  std::vector<std::byte> back(data.size());
+  ASSERT_TRUE((*store)->Read("d", back).ok());
+  EXPECT_TRUE(back == data);
+}
+
 TEST(StoreFallback, DirectIoRefusedChoosesThreadsWithBufferedIo) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());
@@ -110,8 +128,7 @@ TEST(StoreFallback, DirectIoRefusedChoosesThreadsWithBufferedIo) {
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   EXPECT_EQ((*store)->backend_name(), "threads");
   EXPECT_FALSE((*store)->direct_io());
-  EXPECT_NE((*store)->report().find("O_DIRECT refused"), std::string::npos)
-      << (*store)->report();
+  EXPECT_NE((*store)->report().find("O_DIRECT refused"), std::string::npos) << (*store)->report();
   const auto data = Pattern(200001, 7);
   ASSERT_TRUE((*store)->Write("d", data).ok());
   std::vector<std::byte> back(data.size());

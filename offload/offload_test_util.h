@@ -5,8 +5,8 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <linux/capability.h>
 #include <liburing.h>
+#include <linux/capability.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -89,9 +89,10 @@ class FaultyEnv : public IoEnv {
     }
     return res;
   }
-  int RingInit(unsigned entries, io_uring* ring) override {
+  int RingInit(unsigned entries, io_uring* ring, unsigned flags) override {
     if (ring_error != 0) return -ring_error;
-    return IoEnv::RingInit(entries, ring);
+    if (refuse_ring_flags && flags != 0) return -EINVAL;  // as kernels before 6.1 do
+    return IoEnv::RingInit(entries, ring, flags);
   }
   int RegisterBuffers(io_uring* ring, const iovec* iov, unsigned n) override {
     size_t total = 0;
@@ -110,6 +111,7 @@ class FaultyEnv : public IoEnv {
 
   // Set before the store is opened.
   int ring_error = 0;
+  bool refuse_ring_flags = false;  // RingInit refuses any IORING_SETUP_* flags with EINVAL
   size_t register_limit = SIZE_MAX;
   bool refuse_direct = false;
 

@@ -1,7 +1,12 @@
-// NvmeStore's dispatcher thread: picks blocks from the priority queues, prepares them (checksum
-// the caller's pages for zero copy, else copy or compress into a bounce buffer), drives the
-// IoEngine, checks every completion, resubmits
-// short transfers and -EAGAIN, verifies and delivers reads, and finishes transfers.
+// NvmeStore's dispatcher thread: picks blocks from the priority queues, prepares them (the
+// caller's pages for zero copy, else copy or compress into a bounce buffer), drives the IoEngine,
+// checks every completion, resubmits short transfers and -EAGAIN, verifies and delivers reads, and
+// finishes transfers.
+//
+// The CPU work on block data is kept off the path between a completion and the next submission:
+// each round first refills the ring, then checksums the write blocks it just submitted (the disk
+// reads them meanwhile; the caller may not change them until the transfer is done) and verifies
+// the read blocks that completed in the previous round.
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -13,7 +18,7 @@
 namespace ferry {
 namespace {
 
-constexpr int kMaxRetries = 1000;  // per block, for -EAGAIN, -EINTR and zero-byte progress
+constexpr int kMaxRetries = 1000;         // per block, for -EAGAIN, -EINTR and zero-byte progress
 constexpr double kDefaultDiskRate = 1e9;  // until the store has measured its own
 constexpr size_t kRemeasureBytes = size_t{256} << 20;
 // Prepared blocks handed to the kernel per io_uring_submit (the first of a round goes alone, so
@@ -37,8 +42,8 @@ std::string Where(const Transfer& t, size_t block, uint64_t offset, const std::s
       return "writing block " + std::to_string(block) + " of entry '" + t.name + "' to " + path +
              " at offset " + std::to_string(offset);
     case Transfer::Kind::kRead:
-      return "reading block " + std::to_string(block) + " of entry '" + t.name + "' from " +
-             path + " at offset " + std::to_string(offset);
+      return "reading block " + std::to_string(block) + " of entry '" + t.name + "' from " + path +
+             " at offset " + std::to_string(offset);
     case Transfer::Kind::kReadExternal:
       return "reading " + t.name + " at offset " + std::to_string(offset);
   }
@@ -82,7 +87,8 @@ void NvmeStore::Impl::Run() {
       if (stopping) {
         queues.Drain([&](std::shared_ptr<Transfer>& t) {
           if (t->status.ok()) t->status = Status::Cancelled("the NVMe store is shutting down");
-          t->next_block = t->num_blocks;  // nothing more dispatched; the last completion finishes it
+          // Nothing more dispatched; the last completion finishes it.
+          t->next_block = t->num_blocks;
           if (t->inflight == 0) finished.push_back(t);
         });
       }
@@ -90,7 +96,7 @@ void NvmeStore::Impl::Run() {
         const int q = queues.Pick();
         if (q < 0) break;
         std::shared_ptr<Transfer>& t = queues.Front(q);
-        if (!t->status.ok()) {  // failed earlier: dispatch nothing more
+        if (!t->status.ok()) {            // failed earlier: dispatch nothing more
           t->next_block = t->num_blocks;  // the last completion in flight finishes it
           if (t->inflight == 0) finished.push_back(t);
           queues.PopFront(q);
@@ -117,6 +123,8 @@ void NvmeStore::Impl::Run() {
       }
       unsubmitted = 0;
     }
+    // Refilled: now the CPU work, while the disk works. Buffers it frees are used at once.
+    if (AfterSubmit()) continue;
     if (inflight_count == 0 && stopping) return;
     completions.clear();
     const auto wait_start = std::chrono::steady_clock::now();
@@ -181,7 +189,7 @@ void NvmeStore::Impl::Start(const std::shared_ptr<Transfer>& tp, size_t block, u
       }
       AimAtSlot(sb, IoKind::kWrite, b);
       if (!b.zero_copy) std::memset(b.buf + sb.stored_len, 0, b.io_len - sb.stored_len);
-      sb.crc = Crc32c({b.buf, sb.stored_len});
+      crc_pending.push_back(buffer);  // sb.crc: once submitted (AfterSubmit)
       break;
     }
     case Transfer::Kind::kRead: {
@@ -264,13 +272,44 @@ void NvmeStore::Impl::OnCompletion(const IoCompletion& c) {
       return;
     }  // else the transfer already failed: stop here
   }
-  if (error.ok() && !resubmit) error = FinishBlock(b);
-  if (!error.ok() && t.status.ok()) t.status = std::move(error);
-
   --inflight_count;
-  --t.inflight;
-  std::shared_ptr<Transfer> tp = std::move(b.transfer);
+  if (error.ok() && !resubmit) {
+    // Transferred: finished (verified, copied out) by AfterSubmit, once the ring is refilled. The
+    // slot is free now unless the block's data is still to be copied out of its bounce buffer.
+    const bool keep_buffer = !b.zero_copy && t.kind != Transfer::Kind::kWrite;
+    completed.push_back({std::move(b), keep_buffer ? int(c.user_data) : -1});
+    if (!keep_buffer) free_buffers.push_back(unsigned(c.user_data));
+    return;
+  }
   free_buffers.push_back(unsigned(c.user_data));
+  EndBlock(b, std::move(error));
+}
+
+bool NvmeStore::Impl::AfterSubmit() {
+  for (const unsigned i : crc_pending) {
+    const InflightBlock& b = inflight[i];
+    StoredBlock& sb = b.transfer->version->blocks[b.block];
+    sb.crc = Crc32c({b.buf, sb.stored_len});
+  }
+  crc_pending.clear();
+  bool freed = false;
+  for (CompletedBlock& c : completed) {
+    Status s = FinishBlock(c.block);
+    if (c.kept_buffer >= 0) {
+      free_buffers.push_back(unsigned(c.kept_buffer));
+      freed = true;
+    }
+    EndBlock(c.block, std::move(s));
+  }
+  completed.clear();
+  return freed;
+}
+
+void NvmeStore::Impl::EndBlock(InflightBlock& b, Status error) {
+  Transfer& t = *b.transfer;
+  if (!error.ok() && t.status.ok()) t.status = std::move(error);
+  --t.inflight;
+  const std::shared_ptr<Transfer> tp = std::move(b.transfer);
   // A failed transfer that is still queued is popped (and finished) by the dispatch loop.
   if (t.inflight == 0 && t.next_block == t.num_blocks) Finalize(tp);
 }
@@ -298,8 +337,9 @@ Status NvmeStore::Impl::FinishBlock(InflightBlock& b) {
       }
       const auto out = t.dst.subspan(b.block * B, std::min(B, t.dst.size() - b.block * B));
       if (sb.compressed) {
-        FERRY_RETURN_IF_ERROR(codec.Decompress({b.buf, sb.stored_len}, out).WithContext(
-            "block " + std::to_string(b.block) + " of entry '" + t.name + "'"));
+        FERRY_RETURN_IF_ERROR(
+            codec.Decompress({b.buf, sb.stored_len}, out)
+                .WithContext("block " + std::to_string(b.block) + " of entry '" + t.name + "'"));
       } else if (!b.zero_copy) {
         std::memcpy(out.data(), b.buf, out.size());
       }

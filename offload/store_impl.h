@@ -82,14 +82,14 @@ struct Transfer {
 struct InflightBlock {
   std::shared_ptr<Transfer> transfer;
   size_t block = 0;
-  IoRequest request;      // the current attempt
+  IoRequest request;  // the current attempt
   // The bounce buffer, or (zero_copy) the caller's own pages for this block.
   std::byte* buf = nullptr;
   bool zero_copy = false;
   uint64_t file_offset = 0;  // of the block's first byte
-  uint32_t io_len = 0;    // bytes the block's I/O covers (aligned)
-  uint32_t needed = 0;    // bytes that must be transferred (io_len, less at end of an external file)
-  uint32_t done = 0;      // bytes known transferred from the start
+  uint32_t io_len = 0;       // bytes the block's I/O covers (aligned)
+  uint32_t needed = 0;  // bytes that must be transferred (io_len, less at end of an external file)
+  uint32_t done = 0;    // bytes known transferred from the start
   int retries = 0;
 };
 
@@ -112,7 +112,17 @@ struct NvmeStore::Impl {
   // Dispatcher thread only.
   std::vector<InflightBlock> inflight;
   std::vector<unsigned> free_buffers;
-  unsigned inflight_count = 0;
+  unsigned inflight_count = 0;  // requests with the engine
+  // Work done after the ring has been refilled, so the disk is busy meanwhile: checksums of write
+  // blocks just submitted (buffer indexes), and blocks whose I/O completed but whose finishing
+  // (read verification, copy out) is pending. A pending block still counts in its transfer's
+  // `inflight`; it keeps its buffer (kept_buffer) only when its data lies in that bounce buffer.
+  struct CompletedBlock {
+    InflightBlock block;
+    int kept_buffer = -1;
+  };
+  std::vector<unsigned> crc_pending;
+  std::vector<CompletedBlock> completed;
   ZstdCodec codec;
   size_t auto_bytes_left = 0;  // kAuto: bytes until the codec is measured again
   bool auto_decision = false;
@@ -135,7 +145,13 @@ struct NvmeStore::Impl {
   void Run();
   void Start(const std::shared_ptr<Transfer>& t, size_t block, unsigned buffer);
   void OnCompletion(const IoCompletion& c);
+  // Checksums the write blocks just submitted and finishes the completed blocks; whether that
+  // freed bounce buffers (so more blocks can be dispatched before waiting).
+  bool AfterSubmit();
   Status FinishBlock(InflightBlock& b);
+  // Ends block b of its transfer (status `error` when not ok); finalizes the transfer when it
+  // was the last block.
+  void EndBlock(InflightBlock& b, Status error);
   void Finalize(const std::shared_ptr<Transfer>& t);
   double DiskRate() const;
 };

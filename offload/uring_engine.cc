@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cassert>
@@ -17,6 +18,11 @@ namespace ferry {
 namespace {
 
 constexpr uint64_t kWakeTag = ~uint64_t{0};
+// A ring for one thread (the store's dispatcher), created disabled so that the thread that
+// enables it (Bind) becomes its submitter; completion work runs when it waits (as fio sets up
+// its rings).
+constexpr unsigned kSingleThreadFlags = IORING_SETUP_R_DISABLED | IORING_SETUP_SINGLE_ISSUER |
+                                        IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_COOP_TASKRUN;
 
 std::string MemlockLimitText() {
   rlimit rl{};
@@ -37,8 +43,14 @@ class UringEngine final : public IoEngine {
   }
 
   Status Init(std::span<const iovec> buffers, std::string* report) {
-    // One extra entry for the wake-up poll on the eventfd.
-    const int rc = env_.RingInit(depth_ + 1, &ring_);
+    // One extra entry for the wake-up poll on the eventfd. Kernels before 6.1 refuse the
+    // single-thread flags (EINVAL): then a plain ring.
+    int rc = env_.RingInit(depth_ + 1, &ring_, kSingleThreadFlags);
+    if (rc == -EINVAL) {
+      rc = env_.RingInit(depth_ + 1, &ring_, 0);
+    } else if (rc >= 0) {
+      disabled_ = true;
+    }
     if (rc < 0) {
       return Status::Unavailable(std::string("io_uring_queue_init refused: ") + std::strerror(-rc) +
                                  " (kernel without io_uring, a container seccomp profile, or "
@@ -63,9 +75,8 @@ class UringEngine final : public IoEngine {
       *report = "registered " + std::to_string(n) + " of " + std::to_string(buffers.size()) +
                 " bounce buffers of " + std::to_string(each >> 10) + " KiB";
       if (first_error != 0) {
-        *report += "; io_uring_register_buffers refused " + std::to_string(buffers.size()) +
-                   " (" + std::strerror(first_error) + "; RLIMIT_MEMLOCK is " +
-                   MemlockLimitText() +
+        *report += "; io_uring_register_buffers refused " + std::to_string(buffers.size()) + " (" +
+                   std::strerror(first_error) + "; RLIMIT_MEMLOCK is " + MemlockLimitText() +
                    ": raise it with `ulimit -l unlimited` or a memlock line in "
                    "/etc/security/limits.conf), the others use unregistered I/O";
       }
@@ -76,6 +87,17 @@ class UringEngine final : public IoEngine {
   std::string_view name() const override { return "io_uring"; }
   unsigned depth() const override { return depth_; }
   unsigned registered_buffers() const override { return registered_; }
+
+  Status Bind() override {
+    if (!disabled_) return Status::Ok();
+    // The raw call: liburing 2.3 declares io_uring_enable_rings but does not export it.
+    if (syscall(__NR_io_uring_register, ring_.ring_fd, IORING_REGISTER_ENABLE_RINGS, nullptr, 0) <
+        0) {
+      return Status::FromErrno(errno, "enabling the io_uring ring (IORING_REGISTER_ENABLE_RINGS)");
+    }
+    disabled_ = false;
+    return Status::Ok();
+  }
 
   void Push(const IoRequest& r) override {
     assert(!free_.empty() && "more requests in flight than depth()");
@@ -171,6 +193,7 @@ class UringEngine final : public IoEngine {
   const unsigned depth_;
   io_uring ring_{};
   bool ring_ok_ = false;
+  bool disabled_ = false;  // created with IORING_SETUP_R_DISABLED and not yet enabled by Bind
   int wake_fd_ = -1;
   unsigned registered_ = 0;
   std::vector<IoRequest> slots_;  // in-flight requests by slot (dispatcher thread only)
