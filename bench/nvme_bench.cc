@@ -5,21 +5,24 @@
 // Each configuration is measured $FERRY_BENCH_REPEAT times (default 3), store and fio taking turns
 // within each repetition (store write and read, fio write and read on the store's own file, in
 // that order in even repetitions and the other way round in odd ones; both after the store has
-// laid the file out), so noise from other users of the machine hits both alike; the table shows the best rate of each
-// and, after it, the spread (max - min) / max over the repetitions.
+// laid the file out), so noise from other users of the machine hits both alike; the table shows the
+// best rate of each and, after it, the spread (max - min) / max over the repetitions. W% and R%
+// divide the best store rate by the best fio rate; mW% and mR% are the median over repetitions of
+// store / fio within one repetition (the figure least moved by other users of a shared disk).
 //
 // Usage: nvme_bench [directory] — default $FERRY_BENCH_DIR, else a fresh directory under
 // /var/tmp (usually disk-backed; /tmp may be tmpfs). $FERRY_BENCH_MIB sets the bytes per
 // measurement (default 512). $FERRY_BENCH_BLOCK_KIB and $FERRY_BENCH_QD, when set, keep only
-// that block size or queue depth (for profiling one configuration). Every read is of data written first (no holes).
+// that block size or queue depth (for profiling one configuration). Every read is of data written
+// first (no holes).
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -42,8 +45,7 @@ double RunFio(const std::string& file, const char* rw, size_t bs, unsigned qd, s
   const std::string cmd = "fio --name=x --filename=" + file + " --rw=" + rw +
                           " --bs=" + std::to_string(bs) + " --iodepth=" + std::to_string(qd) +
                           " --ioengine=io_uring --direct=1 --refill_buffers" +
-                          " --size=" + std::to_string(bytes) +
-                          " --output-format=json 2>/dev/null";
+                          " --size=" + std::to_string(bytes) + " --output-format=json 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) {
     *why = "popen failed";
@@ -122,6 +124,21 @@ struct Samples {
   }
 };
 
+// The median over repetitions of store[r] / fio[r]: each repetition's store and fio runs are
+// back to back, so their ratio cancels most of the machine's slow drift; the median drops the
+// repetitions another user of the disk disturbed. -1 when a rate is missing.
+double PairedMedian(const Samples& store, const Samples& fio) {
+  std::vector<double> r;
+  for (size_t i = 0; i < std::min(store.v.size(), fio.v.size()); ++i) {
+    if (store.v[i] <= 0 || fio.v[i] <= 0) return -1;
+    r.push_back(store.v[i] / fio.v[i]);
+  }
+  if (r.empty()) return -1;
+  std::sort(r.begin(), r.end());
+  const size_t n = r.size();
+  return n % 2 == 1 ? r[n / 2] : 0.5 * (r[n / 2 - 1] + r[n / 2]);
+}
+
 std::string Pct(double a, double b) {
   if (a < 0 || b <= 0) return "  n/a";
   char s[16];
@@ -153,9 +170,12 @@ int main(int argc, char** argv) {
               dir.c_str(), bytes >> 20);
   const char* rep_env = std::getenv("FERRY_BENCH_REPEAT");
   const int reps = std::max(1, rep_env ? std::atoi(rep_env) : 3);
-  std::printf("best of %d interleaved repetitions, ± spread (max - min) / max\n", reps);
-  std::printf("%8s %4s | %11s %11s %5s | %11s %11s %5s | %11s %11s\n", "block", "QD", "store.W",
-              "fio.W", "W%", "store.R", "fio.R", "R%", "syncW", "syncR");
+  std::printf(
+      "best of %d interleaved repetitions, ± spread (max - min) / max; W%%, R%%: best store / best "
+      "fio; mW%%, mR%%: median over repetitions of store / fio in the same repetition\n",
+      reps);
+  std::printf("%8s %4s | %11s %11s %5s %5s | %11s %11s %5s %5s | %11s %11s\n", "block", "QD",
+              "store.W", "fio.W", "W%", "mW%", "store.R", "fio.R", "R%", "mR%", "syncW", "syncR");
   bool printed_backend = false;
   int rc = 0;
   const char* only_bs = std::getenv("FERRY_BENCH_BLOCK_KIB");
@@ -197,9 +217,11 @@ int main(int argc, char** argv) {
       }
       if (rc != 0) break;
       if (!why.empty()) std::printf("# fio: %s\n", why.c_str());
-      std::printf("%5zu KiB %4u | %s %s %s | %s %s %s | %s %s\n", bs >> 10, qd,
+      std::printf("%5zu KiB %4u | %s %s %s %s | %s %s %s %s | %s %s\n", bs >> 10, qd,
                   st_w.Text().c_str(), fio_w.Text().c_str(), Pct(st_w.best(), fio_w.best()).c_str(),
-                  st_r.Text().c_str(), fio_r.Text().c_str(), Pct(st_r.best(), fio_r.best()).c_str(),
+                  Pct(PairedMedian(st_w, fio_w), 1).c_str(), st_r.Text().c_str(),
+                  fio_r.Text().c_str(), Pct(st_r.best(), fio_r.best()).c_str(),
+                  Pct(PairedMedian(st_r, fio_r), 1).c_str(),
                   qd == 1 ? sync_w.Text().c_str() : "          -",
                   qd == 1 ? sync_r.Text().c_str() : "          -");
       std::fflush(stdout);
