@@ -135,6 +135,9 @@ size_t GemmScratchBytes(int64_t m, int64_t n, int64_t k, GemmDTypes t) {
 Status Gemm(CudaDevice& d, const GemmArgs& g) {
   const GemmDims dims = GemmDimsOf(g);
   if (dims.m == 0 || dims.n == 0) return Status::Ok();
+  // An empty product: C = beta * C + bias, rounded once (cuBLAS would reject the zero leading
+  // dimensions of empty operands).
+  if (dims.k == 0) return Prologue(d, g, g.c);
   const bool has_bias = !g.bias.data.is_null();
   if (IsDirect({g.a.dtype, g.b.dtype, g.c.dtype})) {
     float beta = g.beta;
@@ -181,6 +184,9 @@ Status GemmF16Accumulate(CudaDevice& d, const GemmArgs& g) {
         g.a.ToString() + ", b " + g.b.ToString() + ", c " + g.c.ToString());
   }
   if (g.c.numel() == 0) return Status::Ok();
+  if (GemmDimsOf(g).k == 0) {
+    return Status::InvalidArgument("gemm with fp16 accumulation: K is 0 (nothing to measure)");
+  }
   return CublasGemm(d, g.a, g.trans_a, g.b, g.trans_b, g.c, g.alpha, g.beta, CUBLAS_COMPUTE_16F);
 }
 

@@ -177,6 +177,13 @@ TEST_F(CudaGemmTest, MixedDtypesMatchCpu) {
   Check({f32, f32, bf, bf, false, false, false, 1.0f});
 }
 
+TEST_F(CudaGemmTest, EmptyInnerDimensionGivesBetaCPlusBias) {
+  const DType f32 = DType::kF32, bf = DType::kBF16;
+  Check({f32, f32, f32, f32, false, false, true, 1.0f, 0});
+  Check({bf, bf, bf, bf, true, false, true, 0.0f, 0});
+  Check({bf, f32, bf, f32, false, true, false, 1.0f, 0});
+}
+
 TEST_F(CudaGemmTest, MissingScratchForConvertedPathIsRejected) {
   testing::DeviceTensor da(*device_, DType::kBF16, {kM, kK}, "a"),
       db(*device_, DType::kF32, {kK, kN}, "b"), dc(*device_, DType::kF32, {kM, kN}, "c");
