@@ -1,9 +1,13 @@
 #include "engine/plan/device_probe.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <utility>
 #include <vector>
 
@@ -72,12 +76,37 @@ Result<double> ProbeGemm(Device& d, DType t, int64_t n, int launches, int repeat
   return 2.0 * double(n) * double(n) * double(n) * per_run / s;
 }
 
+// The first line of a sysfs file, or empty when it cannot be read.
+std::string ReadLine(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// PCIe generation of a link speed ("16.0 GT/s PCIe"): 2.5 -> 1, 5 -> 2, 8 -> 3, then doubling.
+int GenerationOfSpeed(const std::string& speed) {
+  const double gts = std::atof(speed.c_str());
+  int generation = 0;
+  for (double s : {2.5, 5.0, 8.0, 16.0, 32.0, 64.0, 128.0}) {
+    if (gts >= s * 0.99) ++generation;
+  }
+  return generation;
+}
+
+// The link a sysfs PCI directory advertises; zeros when it has none.
+PcieLink LinkOf(const std::filesystem::path& dir) {
+  return {GenerationOfSpeed(ReadLine(dir / "max_link_speed")),
+          std::atoi(ReadLine(dir / "max_link_width").c_str())};
+}
+
 #ifdef FERRY_WITH_CUDA
 // The lower of two measured figures (a profile's GPUs are alike: the slowest model sets the pace).
 void TakeLower(double v, double& into) { into = into == 0 ? v : std::min(into, v); }
 
 // Measures one GPU (GEMM rates and copies) into `m`, keeping the lower of each figure.
-Status MeasureOneGpu(int ordinal, const GpuProbeOptions& o, GpuMeasurement& m) {
+Status MeasureOneGpu(const CudaDeviceInfo& info, const GpuProbeOptions& o, GpuMeasurement& m) {
+  const int ordinal = info.ordinal;
   const size_t gemm_bytes = 3 * size_t(o.gemm_n * o.gemm_n) * sizeof(float);
   CudaDeviceOptions options;
   options.ordinal = ordinal;
@@ -107,6 +136,12 @@ Status MeasureOneGpu(int ordinal, const GpuProbeOptions& o, GpuMeasurement& m) {
   TakeLower(c.h2d_pageable, m.copies.h2d_pageable);
   TakeLower(c.d2h_pageable, m.copies.d2h_pageable);
   TakeLower(c.device_copy, m.copies.device_copy);
+  // The link is optional (no sysfs in some containers): unknown leaves the base's figures.
+  if (Result<PcieLink> link = ReadPcieLink("/sys/bus/pci/devices", info.pci_bus_id); link.ok()) {
+    const bool first = m.link.generation == 0;
+    m.link.generation = first ? link->generation : std::min(m.link.generation, link->generation);
+    m.link.lanes = first ? link->lanes : std::min(m.link.lanes, link->lanes);
+  }
   return Status::Ok();
 }
 #endif  // FERRY_WITH_CUDA
@@ -161,6 +196,30 @@ Result<CopyRates> ProbeCopyRates(Device& d, size_t bytes, int repeats) {
   return r;
 }
 
+Result<PcieLink> ReadPcieLink(const std::string& sysfs_devices, std::string_view bus_id) {
+  // CUDA writes an 8-digit domain ("00000000:01:00.0"); sysfs a 4-digit one, lower case.
+  std::string id(bus_id);
+  const size_t colon = id.find(':');
+  if (colon != std::string::npos && colon > 4) id.erase(0, colon - 4);
+  for (char& c : id) c = char(std::tolower(static_cast<unsigned char>(c)));
+  std::error_code ec;
+  const std::filesystem::path dir =
+      std::filesystem::canonical(std::filesystem::path(sysfs_devices) / id, ec);
+  if (ec) {
+    return Status::NotFound("PCI device " + id + " not found under " + sysfs_devices + ": " +
+                            ec.message());
+  }
+  PcieLink link = LinkOf(dir);
+  if (link.generation == 0 || link.lanes <= 0) {
+    return Status::NotFound("PCI device " + id + ": no max_link_speed/max_link_width in " +
+                            dir.string());
+  }
+  const PcieLink port = LinkOf(dir.parent_path());
+  if (port.generation > 0) link.generation = std::min(link.generation, port.generation);
+  if (port.lanes > 0) link.lanes = std::min(link.lanes, port.lanes);
+  return link;
+}
+
 void ApplyGpuMeasurement(const GpuMeasurement& m, HardwareProfile& p) {
   GpuSpec& g = p.gpu;
   g.model = m.model;
@@ -189,10 +248,18 @@ void ApplyGpuMeasurement(const GpuMeasurement& m, HardwareProfile& p) {
   p.pcie.d2h_pinned = m.copies.d2h_pinned;
   p.pcie.h2d_pageable = m.copies.h2d_pageable;
   p.pcie.d2h_pageable = m.copies.d2h_pageable;
+  const bool link_known = m.link.generation > 0 && m.link.lanes > 0;
+  if (link_known) {
+    p.pcie.generation = m.link.generation;
+    p.pcie.lanes = m.link.lanes;
+  }
   p.pcie.source = "measured by ferry probe (" + m.details +
                   "): copies through the device's upload and download streams from page-locked "
-                  "(cudaHostRegister) and pageable host memory, best of the repeats. Generation "
-                  "and lanes not measured (kept from the base profile).";
+                  "(cudaHostRegister) and pageable host memory, best of the repeats. " +
+                  (link_known ? std::string("Generation and lanes: sysfs max_link_speed/width of "
+                                            "the GPU and its upstream port (the lower).")
+                              : std::string("Generation and lanes not measured (kept from the "
+                                            "base profile)."));
 }
 
 Result<GpuMeasurement> MeasureGpus(const GpuProbeOptions& o) {
@@ -201,7 +268,7 @@ Result<GpuMeasurement> MeasureGpus(const GpuProbeOptions& o) {
   GpuMeasurement m;
   m.count = count;
   std::vector<std::string> models;
-  std::vector<int> measured;
+  std::vector<CudaDeviceInfo> measured;
   for (int i = 0; i < count; ++i) {  // every GPU first: free memory before any probe's arena
     FERRY_ASSIGN_OR_RETURN(const CudaDeviceInfo info, CudaDevice::Describe(i));
     m.memory_total_bytes =
@@ -210,17 +277,17 @@ Result<GpuMeasurement> MeasureGpus(const GpuProbeOptions& o) {
         i == 0 ? info.free_bytes : std::min<uint64_t>(m.memory_free_bytes, info.free_bytes);
     if (std::find(models.begin(), models.end(), info.name) == models.end()) {
       models.push_back(info.name);
-      measured.push_back(i);
+      measured.push_back(info);
     }
   }
   for (const std::string& name : models) m.model += (m.model.empty() ? "" : " + ") + name;
-  for (int ordinal : measured) {
-    FERRY_RETURN_IF_ERROR(
-        MeasureOneGpu(ordinal, o, m).WithContext("probing CUDA device " + std::to_string(ordinal)));
+  for (const CudaDeviceInfo& info : measured) {
+    FERRY_RETURN_IF_ERROR(MeasureOneGpu(info, o, m)
+                              .WithContext("probing CUDA device " + std::to_string(info.ordinal)));
   }
   m.details = std::to_string(count) + " GPU(s), measured on CUDA device(s)";
   for (size_t i = 0; i < measured.size(); ++i) {
-    m.details += (i == 0 ? " " : ", ") + std::to_string(measured[i]);
+    m.details += (i == 0 ? " " : ", ") + std::to_string(measured[i].ordinal);
   }
   m.details += "; GEMM " + std::to_string(o.gemm_n) + "^3, copies of " +
                std::to_string(o.copy_bytes >> 20) + " MiB" +

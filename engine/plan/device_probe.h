@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 
 #include "engine/plan/hardware_profile.h"
 #include "kernels/device.h"
@@ -44,6 +45,20 @@ struct CopyRates {
 // Copies of `bytes` each way on d's upload and download streams, best of `repeats`.
 [[nodiscard]] Result<CopyRates> ProbeCopyRates(Device& d, size_t bytes, int repeats = 3);
 
+// A PCIe link's capability: the lower of the device's and its upstream port's maximum speed and
+// width (an idle GPU's current link may be trained down; the slot is what the profile describes).
+struct PcieLink {
+  int generation = 0;  // 0: unknown
+  int lanes = 0;
+};
+
+// Reads the link of the PCI device `bus_id` (sysfs's "0000:01:00.0", or CUDA's longer
+// "00000000:01:00.0") under `sysfs_devices` (normally "/sys/bus/pci/devices"): max_link_speed
+// ("16.0 GT/s PCIe" -> generation 4) and max_link_width of the device and of its parent
+// directory when that is a PCI port. NotFound when the device or its files are missing.
+[[nodiscard]] Result<PcieLink> ReadPcieLink(const std::string& sysfs_devices,
+                                            std::string_view bus_id);
+
 // What `ferry probe` measured on a machine's GPUs. Rates are FLOP/s and bytes/s; when the GPUs
 // are of several models, each figure is the lowest of the models (a profile's GPUs are alike).
 struct GpuMeasurement {
@@ -56,6 +71,7 @@ struct GpuMeasurement {
   double fp16_flops = 0;            // fp16 storage, fp32 accumulate
   double fp16_fp16acc_flops = 0;    // fp16 with fp16 accumulate; 0 = not measured
   CopyRates copies;                 // PCIe (one GPU at a time) and device memory
+  PcieLink link;                    // from sysfs; 0s when unknown
   std::string details;              // sizes and GPUs measured, for the profile's source text
 };
 
@@ -67,8 +83,8 @@ inline constexpr double kLayerShareOfGemmRate = 0.85;
 // Replaces p's GPU and PCIe sections with `m`: model, count, label memory (total), usable memory
 // (free), reserve (the difference), bf16_flops = the measured bf16 GEMM rate (not a datasheet
 // peak) with matmul_efficiency kLayerShareOfGemmRate, fp16_fp16acc_flops, memory bandwidth (the
-// device copy) and the four PCIe rates. PCIe generation and lanes and peer access are not
-// measured: they stay the base's, and the sources say so.
+// device copy), the four PCIe rates, and the PCIe generation and lanes when the link is known
+// (else the base's). Peer access is not measured: it stays the base's. The sources say so.
 void ApplyGpuMeasurement(const GpuMeasurement& m, HardwareProfile& p);
 
 struct GpuProbeOptions {

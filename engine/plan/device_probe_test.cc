@@ -5,9 +5,12 @@
 #include "engine/plan/device_probe.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 
 #include "engine/plan/machine_probe.h"
@@ -77,7 +80,7 @@ TEST(DeviceProbe, MeasurementReplacesGpuAndPcieSectionsAndKeepsTheRest) {
   m.fp16_fp16acc_flops = 7.2e14;
   m.copies = {5e10, 5.1e10, 2e10, 1.9e10, 4e12};
   m.details = "test";
-  ApplyGpuMeasurement(m, p);
+  ApplyGpuMeasurement(m, p);  // link unknown first
   ASSERT_TRUE(ValidateHardwareProfile(p).ok()) << ValidateHardwareProfile(p).ToString();
   EXPECT_EQ(p.gpu.model, "Measured GPU");
   EXPECT_EQ(p.gpu.count, 3);
@@ -98,6 +101,12 @@ TEST(DeviceProbe, MeasurementReplacesGpuAndPcieSectionsAndKeepsTheRest) {
   EXPECT_EQ(p.pcie.generation, 4);  // not measured: the base's
   EXPECT_EQ(p.pcie.lanes, 16);
   EXPECT_EQ(p.pcie.source.rfind("measured by ferry probe", 0), 0u) << p.pcie.source;
+  EXPECT_NE(p.pcie.source.find("not measured"), std::string::npos) << p.pcie.source;
+  m.link = {5, 8};
+  ApplyGpuMeasurement(m, p);
+  EXPECT_EQ(p.pcie.generation, 5);
+  EXPECT_EQ(p.pcie.lanes, 8);
+  EXPECT_NE(p.pcie.source.find("sysfs"), std::string::npos) << p.pcie.source;
   EXPECT_EQ(p.host.source, "guess");  // other sections untouched
   EXPECT_DOUBLE_EQ(p.optimizer.cpu_adamw_params_per_s, 1e9);
 
@@ -112,6 +121,40 @@ TEST(DeviceProbe, MeasurementReplacesGpuAndPcieSectionsAndKeepsTheRest) {
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(back->gpu.source, p.gpu.source);
   EXPECT_DOUBLE_EQ(back->pcie.d2h_pageable, 1.9e10);
+}
+
+void WriteFile(const std::filesystem::path& p, const std::string& text) {
+  std::ofstream(p) << text << "\n";
+}
+
+TEST(DeviceProbe, PcieLinkIsTheLowerOfDeviceAndPortFromSysfs) {
+  namespace fs = std::filesystem;
+  const fs::path root =
+      fs::path(::testing::TempDir()) / ("ferry_sysfs_" + std::to_string(::getpid()));
+  const fs::path port = root / "devices/pci0000:00/0000:00:01.0";
+  const fs::path gpu = port / "0000:c1:00.0";
+  fs::create_directories(gpu);
+  fs::create_directories(root / "bus");
+  WriteFile(gpu / "max_link_speed", "32.0 GT/s PCIe");  // a Gen5 card ...
+  WriteFile(gpu / "max_link_width", "16");
+  WriteFile(port / "max_link_speed", "16.0 GT/s PCIe");  // ... in a Gen4 x8 slot
+  WriteFile(port / "max_link_width", "8");
+  fs::create_directory_symlink(gpu, root / "bus/0000:c1:00.0");
+  // CUDA's spelling: 8-digit domain, upper case.
+  Result<PcieLink> link = ReadPcieLink((root / "bus").string(), "00000000:C1:00.0");
+  ASSERT_TRUE(link.ok()) << link.status().ToString();
+  EXPECT_EQ(link->generation, 4);
+  EXPECT_EQ(link->lanes, 8);
+  // A port without link files (the root complex) leaves the device's own link.
+  fs::remove(port / "max_link_speed");
+  fs::remove(port / "max_link_width");
+  link = ReadPcieLink((root / "bus").string(), "0000:c1:00.0");
+  ASSERT_TRUE(link.ok()) << link.status().ToString();
+  EXPECT_EQ(link->generation, 5);
+  EXPECT_EQ(link->lanes, 16);
+  EXPECT_EQ(ReadPcieLink((root / "bus").string(), "0000:02:00.0").status().code(),
+            StatusCode::kNotFound);
+  fs::remove_all(root);
 }
 
 TEST(DeviceProbe, WithoutGpuMeasureGpusIsUnavailableAndProbeKeepsBase) {

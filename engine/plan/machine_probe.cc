@@ -49,7 +49,14 @@ std::string GpuReport(const GpuMeasurement& m) {
                 m.bf16_flops / 1e12, m.fp16_flops / 1e12, m.fp16_fp16acc_flops / 1e12,
                 m.copies.device_copy / 1e9, m.copies.h2d_pinned / 1e9, m.copies.d2h_pinned / 1e9,
                 m.copies.h2d_pageable / 1e9, m.copies.d2h_pageable / 1e9);
-  return line;
+  std::string report = line;
+  if (m.link.generation > 0) {
+    report +=
+        "; link Gen" + std::to_string(m.link.generation) + " x" + std::to_string(m.link.lanes);
+  } else {
+    report += "; link generation/lanes unknown (no sysfs): from the base profile";
+  }
+  return report;
 }
 
 }  // namespace
