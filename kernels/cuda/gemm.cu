@@ -5,13 +5,14 @@
 // Row-major tensors are handed to cuBLAS (column-major) as their transposes:
 // C^T (N x M) = op(B)^T (N x K) op(A)^T (K x M), so B is cuBLAS's first operand.
 // Paths:
-//  - direct: A and B share a dtype and C has it too or is f32 (what cublasGemmEx takes). A bias
-//    is first written into C (C = beta * C + bias, rounded to C's dtype) and the product added
-//    with beta 1, so C is rounded once more at the end: exact for an f32 C and for a bias of C's
-//    dtype with beta 0 (the linear layers' forward); otherwise one extra rounding of
-//    beta * C + bias to C's dtype.
+//  - direct: A and B share a dtype and C has it too or is f32 (what cublasGemmEx takes). With a
+//    bias, C = beta * C + bias is written first (stored in C's dtype) and the product is added
+//    with beta 1, then rounded to C's dtype. For an f32 C, or a bias of C's dtype with beta 0
+//    (the linear layers' forward), the bias reaches C unrounded and C is rounded once, as on the
+//    CPU; otherwise beta * C + bias is rounded to C's dtype once more before the product is added.
 //  - converted: any other mix. The non-f32 operands are widened to fp32 in scratch, the product
 //    accumulates in an fp32 C (scratch when C is not f32) and is rounded to C's dtype once.
+//  - K == 0: C = beta * C + bias, in one kernel.
 // Writes C (=, or += through beta); accumulates nothing else.
 #include <cassert>
 #include <climits>
