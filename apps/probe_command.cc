@@ -15,7 +15,7 @@ void AddProbeCommand(CLI::App& parent, ProbeCommand* cmd) {
   p->add_option("--out", cmd->out, "Profile file to write (JSON)")->capture_default_str();
   p->add_option("--base", cmd->base,
                 "Profile (name in configs/hardware or path) whose GPU and PCIe figures are kept "
-                "when no GPU can be measured")
+                "when no GPU can be measured (no GPU visible, or a build without CUDA)")
       ->capture_default_str();
   p->add_option("--nvme-dir", cmd->nvme_dir, "Directory on the NVMe drive to measure and use");
   p->add_option("--nvme-bytes", cmd->nvme_bytes, "Bytes the NVMe probe writes and reads back")
@@ -43,8 +43,11 @@ int RunProbeCommand(ProbeCommand& cmd) {
     o.triad_bytes = size_t(32) << 20;
     o.adamw_params = int64_t(4) << 20;
     o.nvme_bytes = std::min<size_t>(o.nvme_bytes, size_t(64) << 20);
+    o.gpu.gemm_n = 2048;
+    o.gpu.copy_bytes = size_t(64) << 20;
   }
-  Result<plan::HardwareProfile> p = plan::ProbeMachine(o, *base);
+  std::string gpu_report;
+  Result<plan::HardwareProfile> p = plan::ProbeMachine(o, *base, &gpu_report);
   if (!p.ok()) return fail(p.status());
   if (Status s = plan::SaveHardwareProfile(*p, cmd.out); !s.ok()) return fail(s);
   std::printf("host memory %.1f GB/s, CPU AdamW %.2f G params/s", p->host.memory_bandwidth / 1e9,
@@ -53,7 +56,7 @@ int RunProbeCommand(ProbeCommand& cmd) {
     std::printf(", NVMe read %.2f GB/s write %.2f GB/s", p->nvme.read_rate / 1e9,
                 p->nvme.write_rate / 1e9);
   }
-  std::printf("\n%s\nwrote %s\n", p->host.source.c_str(), cmd.out.c_str());
+  std::printf("\n%s\n%s\nwrote %s\n", p->host.source.c_str(), gpu_report.c_str(), cmd.out.c_str());
   return 0;
 }
 

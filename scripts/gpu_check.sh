@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one prepared GPU check, for a session lent a GPU machine (an H200, sm_90; 16 cores): builds
-# ferry with CUDA for that architecture, runs the CUDA tests (which must run, not skip), then the
-# whole test suite, then any GPU benchmark programs, and prints a short summary. Well under ten
+# ferry with CUDA for that architecture, runs the CUDA tests (which must run, not skip), then
+# `ferry probe` (its measured GPU and PCIe figures go into the summary), then the whole test suite,
+# then any GPU benchmark programs, and prints a short summary. Well under ten
 # minutes on 16 cores. Fails loudly when no GPU is visible.
 # Usage: scripts/gpu_check.sh            (from anywhere; builds in build-gpu/)
 # Logs: $OUT/gpu_check_logs when OUT is set (the device machine's returned folder), else
@@ -64,6 +65,15 @@ if grep -q "no GPU:" "$cuda_log"; then
   fail "no GPU is visible to the CUDA runtime: $(grep -m1 -o 'no GPU: .*' "$cuda_log")"
 fi
 [[ $cuda_rc == 0 ]] || fail "CUDA tests (see $cuda_log)"
+
+phase "ferry probe (GPU GEMM rates, memory, PCIe)"
+probe_log="$logs/probe.log"
+timeout 240 "$build_dir/ferry" probe --out "$logs/probe.json" >"$probe_log" 2>&1
+probe_rc=$?
+cat "$probe_log"
+[[ $probe_rc == 0 ]] || fail "ferry probe (see $probe_log)"
+grep -q "not measured" "$probe_log" && fail "ferry probe did not measure the GPU (see $probe_log)"
+while IFS= read -r line; do summary+=("probe $line"); done < <(grep -E "^(GPU|PCIe):" "$probe_log")
 
 if [[ "${FERRY_GPU_CHECK_SKIP_SUITE:-0}" != 1 ]]; then
   phase "whole test suite"

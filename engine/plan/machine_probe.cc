@@ -5,15 +5,15 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
 
+#include "engine/plan/device_probe.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/ops/adamw.h"
-#include "kernels/ops/gemm.h"
 #include "offload/store_rate.h"
 
 namespace ferry::plan {
@@ -37,18 +37,26 @@ Result<std::unique_ptr<CpuDevice>> ProbeDevice(int threads, size_t bytes) {
   return CpuDevice::Create(o);
 }
 
-// Best time of `repeats` runs of `step` (a warm-up run first).
-Result<double> BestSeconds(Device& d, int repeats, const std::function<Status()>& step) {
-  FERRY_RETURN_IF_ERROR(step());
-  FERRY_RETURN_IF_ERROR(d.Synchronize());
-  double best = 1e300;
-  for (int r = 0; r < std::max(1, repeats); ++r) {
-    const Clock::time_point t0 = Clock::now();
-    FERRY_RETURN_IF_ERROR(step());
-    FERRY_RETURN_IF_ERROR(d.Synchronize());
-    best = std::min(best, Seconds(t0, Clock::now()));
+// Two lines of what was measured on the GPUs, for the probe's printed report.
+std::string GpuReport(const GpuMeasurement& m) {
+  char line[512];
+  std::snprintf(line, sizeof(line),
+                "GPU: %dx %s, %.1f GiB usable of %.1f; GEMM TFLOP/s fp32 %.1f, bf16 %.1f, fp16 "
+                "%.1f, fp16-accumulate %.1f; device memory %.0f GB/s\n"
+                "PCIe: pinned H2D %.1f D2H %.1f GB/s, pageable H2D %.1f D2H %.1f GB/s",
+                m.count, m.model.c_str(), double(m.memory_free_bytes) / double(1ull << 30),
+                double(m.memory_total_bytes) / double(1ull << 30), m.fp32_flops / 1e12,
+                m.bf16_flops / 1e12, m.fp16_flops / 1e12, m.fp16_fp16acc_flops / 1e12,
+                m.copies.device_copy / 1e9, m.copies.h2d_pinned / 1e9, m.copies.d2h_pinned / 1e9,
+                m.copies.h2d_pageable / 1e9, m.copies.d2h_pageable / 1e9);
+  std::string report = line;
+  if (m.link.generation > 0) {
+    report +=
+        "; link Gen" + std::to_string(m.link.generation) + " x" + std::to_string(m.link.lanes);
+  } else {
+    report += "; link generation/lanes unknown (no sysfs): from the base profile";
   }
-  return best;
+  return report;
 }
 
 }  // namespace
@@ -56,13 +64,7 @@ Result<double> BestSeconds(Device& d, int repeats, const std::function<Status()>
 Result<double> ProbeGemmFlops(int threads, int64_t n, int repeats) {
   const size_t matrix = size_t(n * n) * sizeof(float);
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<CpuDevice> d, ProbeDevice(Threads(threads), 3 * matrix));
-  FERRY_ASSIGN_OR_RETURN(DeviceBuffer buf, d->Allocate(3 * matrix, "probe.gemm"));
-  GemmArgs g;  // arena memory starts zeroed: no NaNs or denormals to slow the product
-  g.a = buf.View(DType::kF32, {n, n});
-  g.b = buf.View(DType::kF32, {n, n}, matrix);
-  g.c = buf.View(DType::kF32, {n, n}, 2 * matrix);
-  FERRY_ASSIGN_OR_RETURN(double s, BestSeconds(*d, repeats, [&] { return Gemm(*d, g); }));
-  return 2.0 * double(n) * double(n) * double(n) / s;
+  return ProbeDeviceGemmFlops(*d, DType::kF32, n, 1, repeats);
 }
 
 Result<double> ProbeTriadBandwidth(int threads, size_t bytes_per_array, int repeats) {
@@ -103,14 +105,31 @@ Result<double> ProbeAdamWRate(int threads, int64_t n, int repeats) {
   return double(n) / s;
 }
 
-Result<HardwareProfile> ProbeMachine(const ProbeOptions& o, const HardwareProfile& base) {
+Result<HardwareProfile> ProbeMachine(const ProbeOptions& o, const HardwareProfile& base,
+                                     std::string* gpu_report) {
   HardwareProfile p = base;
   const int threads = Threads(o.threads);
   p.name = "this machine (ferry probe)";
-  p.description = "Measured by ferry probe; GPU and PCIe figures from '" + base.name + "'.";
-  p.gpu.source = "not measured (no CUDA device in this build): from the base profile '" +
-                 base.name + "'. " + base.gpu.source;
-  p.pcie.source = "not measured (no CUDA device): from the base profile. " + base.pcie.source;
+  Result<GpuMeasurement> gpus = o.measure_gpus
+                                    ? MeasureGpus(o.gpu)
+                                    : Result<GpuMeasurement>(Status::Unavailable("not asked to"));
+  std::string report;
+  if (gpus.ok()) {
+    ApplyGpuMeasurement(*gpus, p);
+    p.description = "Measured by ferry probe.";
+    report = GpuReport(*gpus);
+  } else if (gpus.status().code() == StatusCode::kUnavailable) {
+    const std::string why = gpus.status().message();
+    p.description = "Measured by ferry probe; GPU and PCIe figures from '" + base.name + "'.";
+    p.gpu.source =
+        "not measured (" + why + "): from the base profile '" + base.name + "'. " + base.gpu.source;
+    p.pcie.source = "not measured (" + why + "): from the base profile. " + base.pcie.source;
+    report = "GPU and PCIe: not measured (" + why + "); figures from the base profile '" +
+             base.name + "'";
+  } else {
+    return gpus.status().WithContext("GPU probe");
+  }
+  if (gpu_report != nullptr) *gpu_report = report;
 
   const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE));
   p.host.ram_bytes = uint64_t(::sysconf(_SC_PHYS_PAGES)) * page;

@@ -1,8 +1,9 @@
 // Machine probes for `ferry probe`: what this machine sustains — fp32 GEMM through the GEMM op on
 // a CpuDevice, host memory bandwidth (STREAM triad), CPU AdamW through the AdamW op on a
-// CpuDevice, NVMe through the NVMe store (offload/store_rate.h) — and a hardware profile built from
-// them. GPU and PCIe figures need a CUDA device: without one they come from a base profile and
-// their `source` says so.
+// CpuDevice, NVMe through the NVMe store (offload/store_rate.h), and on a CUDA build with a GPU
+// visible the GPUs' GEMM rates, memory and PCIe copy rates (engine/plan/device_probe.h) — and a
+// hardware profile built from them. Without a GPU (or a CUDA build) the GPU and PCIe figures come
+// from a base profile and their `source` says so.
 //
 // Each probe owns what it allocates and frees it before returning; thread-safe (no shared state),
 // though concurrent probes disturb each other's timings.
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/plan/device_probe.h"
 #include "engine/plan/hardware_profile.h"
 #include "kernels/status.h"
 
@@ -35,12 +37,18 @@ struct ProbeOptions {
   int64_t adamw_params = int64_t(64) << 20;
   std::string nvme_dir;  // empty: no NVMe figures (the profile names no NVMe tier)
   size_t nvme_bytes = size_t(1) << 30;
+  bool measure_gpus = true;  // false: GPU and PCIe figures from the base even when a GPU exists
+  GpuProbeOptions gpu;
 };
 
 // Measures this machine and returns a profile: host (RAM from the OS, cores, NUMA nodes,
-// triad bandwidth), optimizer (AdamW rate), NVMe (store rates, free space of nvme_dir), and the
-// GPU and PCIe sections of `base` (marked as not measured). Validates the result.
+// triad bandwidth), optimizer (AdamW rate), NVMe (store rates, free space of nvme_dir), and the GPU
+// and PCIe sections measured (ApplyGpuMeasurement) or, when no GPU can be measured (MeasureGpus
+// says Unavailable), those of `base` marked as not measured with the reason. A GPU failure other
+// than Unavailable is returned. `gpu_report` (optional) receives lines for the printed report:
+// the measured GPU and PCIe figures, or why they were not measured. Validates the result.
 [[nodiscard]] Result<HardwareProfile> ProbeMachine(const ProbeOptions& options,
-                                                   const HardwareProfile& base);
+                                                   const HardwareProfile& base,
+                                                   std::string* gpu_report = nullptr);
 
 }  // namespace ferry::plan

@@ -37,6 +37,7 @@ TEST(MachineProbe, ProfileKeepsBaseGpuAndMeasuresNvme) {
   o.gemm_n = 64;
   o.triad_bytes = size_t(1) << 20;
   o.adamw_params = 4096;
+  o.measure_gpus = false;  // the base's GPU figures even where a GPU exists
   const std::string dir = ::testing::TempDir() + "/ferry_probe_" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
   o.nvme_dir = dir;
@@ -46,6 +47,8 @@ TEST(MachineProbe, ProfileKeepsBaseGpuAndMeasuresNvme) {
   ASSERT_TRUE(p.ok()) << p.status().message();
   EXPECT_EQ(p->gpu.count, 2);
   EXPECT_NE(p->gpu.source.find("not measured"), std::string::npos);
+  EXPECT_NE(p->pcie.source.find("not measured"), std::string::npos);
+  EXPECT_DOUBLE_EQ(p->pcie.h2d_pinned, 2e10);
   EXPECT_GT(p->host.ram_bytes, 0u);
   EXPECT_LE(p->host.ram_usable_bytes, p->host.ram_bytes);
   EXPECT_EQ(p->host.cpu_cores, 2);

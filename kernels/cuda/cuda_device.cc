@@ -161,6 +161,27 @@ Result<int> CudaDevice::CountDevices() {
   return count;
 }
 
+Result<CudaDeviceInfo> CudaDevice::Describe(int ordinal) {
+  FERRY_ASSIGN_OR_RETURN(const int count, CountDevices());
+  if (ordinal < 0 || ordinal >= count) {
+    return Status::Unavailable("CUDA device " + std::to_string(ordinal) + " does not exist: " +
+                               std::to_string(count) + " visible (check CUDA_VISIBLE_DEVICES)");
+  }
+  FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+  cudaDeviceProp prop{};
+  FERRY_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, ordinal));
+  CudaDeviceInfo info;
+  info.ordinal = ordinal;
+  info.name = prop.name;
+  info.multiprocessors = prop.multiProcessorCount;
+  info.compute_capability = prop.major * 10 + prop.minor;
+  FERRY_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&info.free_bytes, &info.total_bytes));
+  char bus[32] = {};
+  FERRY_CUDA_RETURN_IF_ERROR(cudaDeviceGetPCIBusId(bus, int(sizeof(bus)), ordinal));
+  info.pci_bus_id = bus;
+  return info;
+}
+
 Result<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaDeviceOptions& options) {
   FERRY_ASSIGN_OR_RETURN(const int count, CountDevices());
   if (options.ordinal < 0 || options.ordinal >= count) {

@@ -35,6 +35,17 @@ namespace ferry {
 
 struct CudaContext;  // raw CUDA handles, for kernels only (kernels/cuda/cuda_context.h)
 
+// What the CUDA runtime says about one GPU (CudaDevice::Describe).
+struct CudaDeviceInfo {
+  int ordinal = 0;
+  std::string name;        // "NVIDIA H200"
+  size_t total_bytes = 0;  // device memory (cudaMemGetInfo's total)
+  size_t free_bytes = 0;   // what this process may still allocate, its own context counted
+  int multiprocessors = 0;
+  int compute_capability = 0;  // major * 10 + minor
+  std::string pci_bus_id;      // "0000:01:00.0"
+};
+
 struct CudaDeviceOptions {
   int ordinal = 0;   // CUDA device index
   std::string name;  // empty: "cuda<ordinal>"
@@ -50,6 +61,9 @@ class CudaDevice final : public Device {
  public:
   // Number of CUDA devices, or Unavailable (with CUDA's reason) when there is none or no driver.
   static Result<int> CountDevices();
+  // Properties and free memory of GPU `ordinal` (creates its CUDA context in this process when
+  // none exists yet). Errors: Unavailable when the ordinal names no GPU.
+  static Result<CudaDeviceInfo> Describe(int ordinal);
   // Errors: Unavailable when the ordinal names no GPU; InvalidArgument for a bad fraction,
   // alignment or a workspace larger than the capacity; OutOfMemory when the arena cannot be
   // allocated (names the request and the free memory).

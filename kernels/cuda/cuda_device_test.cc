@@ -18,6 +18,7 @@
 #include "kernels/arena.h"
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/testing/gpu_testing.h"
 #include "kernels/testing/op_testing.h"
 
 namespace ferry {
@@ -28,14 +29,7 @@ constexpr size_t kMiB = size_t(1) << 20;
 class CudaDeviceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-      const std::string why = err != cudaSuccess ? cudaGetErrorString(err) : "no device visible";
-      // scripts/gpu_check.sh sets FERRY_REQUIRE_GPU: there a missing GPU is a failure.
-      if (std::getenv("FERRY_REQUIRE_GPU") != nullptr) FAIL() << "no GPU: " << why;
-      GTEST_SKIP() << "no GPU: " << why;
-    }
+    FERRY_SKIP_WITHOUT_GPU();
     CudaDeviceOptions options;
     options.memory_bytes = 320 * kMiB;
     options.cublas_workspace_bytes = kMiB;

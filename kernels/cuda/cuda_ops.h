@@ -4,7 +4,11 @@
 // synchronize (kernels/device.h).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+
 #include "kernels/cuda/cuda_device.h"
+#include "kernels/ops/gemm.h"
 #include "kernels/status.h"
 #include "kernels/tensor.h"
 
@@ -18,5 +22,19 @@ Status Cast(CudaDevice& d, const Tensor& src, const Tensor& dst);
 // y = a + b element-wise, math in fp32, stored rounded to nearest even. y may alias a or b.
 // REQUIRES: a, b and y have one dtype and one element count; all on `d`.
 Status Residual(CudaDevice& d, const Tensor& a, const Tensor& b, const Tensor& y);
+
+// Scratch bytes cuda::Gemm needs: 0 when A and B share a dtype and C has it too or is f32 (what
+// cuBLAS takes directly); otherwise fp32 copies of the non-f32 operands and of a non-f32 C.
+size_t GemmScratchBytes(int64_t m, int64_t n, int64_t k, GemmDTypes dtypes);
+
+// C = alpha op(A) op(B) + beta C (+ bias) with fp32 math on cuBLAS (kernels/cuda/gemm.cu says
+// where C is rounded). REQUIRES: ValidateGemm(g) is ok, the scratch holds GemmScratchBytes; all
+// tensors on `d`.
+Status Gemm(CudaDevice& d, const GemmArgs& g);
+
+// The same product with fp16 inputs, output and accumulation (CUBLAS_COMPUTE_16F): for measuring
+// that rate only (`ferry probe`), never for training (fp16 sums lose precision quickly).
+// InvalidArgument unless a, b and c are f16 and no bias is given.
+Status GemmF16Accumulate(CudaDevice& d, const GemmArgs& g);
 
 }  // namespace ferry::cuda

@@ -5,6 +5,9 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/ops/check_args.h"
 #include "kernels/ops/dispatch.h"
+#ifdef FERRY_WITH_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
 
 namespace ferry {
 
@@ -28,6 +31,9 @@ Status ValidateGemm(const GemmArgs& g) {
 }
 
 size_t GemmScratchBytes(const Device& d, int64_t m, int64_t n, int64_t k, GemmDTypes dtypes) {
+#ifdef FERRY_WITH_CUDA
+  if (d.kind() == DeviceKind::kCuda) return cuda::GemmScratchBytes(m, n, k, dtypes);
+#endif
   if (d.kind() != DeviceKind::kCpu) return 0;
   return cpu::GemmScratchBytes(static_cast<const CpuDevice&>(d).options().compute_threads, m, n, k,
                                dtypes);
@@ -44,6 +50,9 @@ Status Gemm(Device& d, const GemmArgs& g) {
                                    " bytes, this product needs " + std::to_string(need) +
                                    " on device '" + d.name() + "' (size it with GemmScratchBytes)");
   }
+#ifdef FERRY_WITH_CUDA
+  if (d.kind() == DeviceKind::kCuda) return cuda::Gemm(static_cast<CudaDevice&>(d), g);
+#endif
   if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "gemm");
   return EnqueueCpuKernel(d, "gemm", [g](ThreadPool& p) { return cpu::Gemm(p, g); });
 }

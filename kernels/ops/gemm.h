@@ -11,6 +11,10 @@
 // read (NaNs in it do not propagate). When A, B and C are all f32 the kernel reads and writes the
 // tensors in place; otherwise it converts panels into `scratch`, whose size GemmScratchBytes
 // reports for a device (0 when no conversion is needed).
+// On CUDA (kernels/cuda/gemm.cu) the product is cuBLAS with fp32 compute; scratch is needed only
+// for dtype mixes cuBLAS does not take (A and B of different dtypes, or C neither f32 nor A's
+// dtype). One difference: with a bias and a non-f32 C, C is rounded once more (beta * C + bias
+// goes into C before the product) unless beta == 0 and the bias has C's dtype.
 //
 // Thread-safety: pure; the caller owns the tensors. C must not overlap A, B or bias.
 #pragma once
