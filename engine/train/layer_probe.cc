@@ -8,6 +8,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <utility>
 
 #include "engine/model/decoder_blocks.h"
 #include "engine/model/device_params.h"
@@ -29,14 +30,25 @@ double Median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+using Seconds2 = std::pair<double, double>;  // forward, backward
+
 double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-// Runs `step(timed)` warmup + repeats times; `step` appends its timings when `timed`.
-template <typename Step>
-Status Repeat(const LayerProbeOptions& o, Step&& step) {
-  for (int r = 0; r < o.warmup + o.repeats; ++r) FERRY_RETURN_IF_ERROR(step(r >= o.warmup));
+// Runs `run()` — a layer's (forward, backward) seconds — warmup + repeats times and keeps the
+// medians of the timed runs in `out`.
+template <typename Run>
+Status MedianOfRuns(const LayerProbeOptions& o, Run&& run, plan::MeasuredLayerTime& out) {
+  std::vector<double> fwd, bwd;
+  for (int r = 0; r < o.warmup + o.repeats; ++r) {
+    FERRY_ASSIGN_OR_RETURN(const Seconds2 s, run());
+    if (r < o.warmup) continue;
+    fwd.push_back(s.first);
+    bwd.push_back(s.second);
+  }
+  out.forward_s = Median(fwd);
+  out.backward_s = Median(bwd);
   return Status::Ok();
 }
 
@@ -153,21 +165,14 @@ Status ProbeBlock(Device& d, const ModelConfig& c, const LoraConfig& lora,
   } else {
     FERRY_ASSIGN_OR_RETURN(blocks, CreateLlamaBlocks(ctx));
   }
-  std::vector<double> fwd, bwd;
-  FERRY_RETURN_IF_ERROR(Repeat(o, [&](bool timed) -> Status {
+  auto run = [&]() -> Result<Seconds2> {
     FERRY_ASSIGN_OR_RETURN(double f,
                            Timed(d, [&] { return blocks->Forward(layer.block, 0, io.x, io.y); }));
     FERRY_ASSIGN_OR_RETURN(
         double b, Timed(d, [&] { return blocks->Backward(layer.block, 0, io.x, io.dy, io.dx); }));
-    if (timed) {
-      fwd.push_back(f);
-      bwd.push_back(b);
-    }
-    return Status::Ok();
-  }));
-  out.forward_s = Median(fwd);
-  out.backward_s = Median(bwd);
-  return Status::Ok();
+    return Seconds2{f, b};
+  };
+  return MedianOfRuns(o, run, out);
 }
 
 Status ProbeHead(Device& d, const ModelConfig& c, const LoraConfig& lora,
@@ -184,20 +189,13 @@ Status ProbeHead(Device& d, const ModelConfig& c, const LoraConfig& lora,
   std::vector<int32_t> targets(static_cast<size_t>(N));
   for (int32_t& t : targets) t = token(rng);
   FERRY_RETURN_IF_ERROR(UploadBytes(d, head->targets().data, targets.data(), size_t(N) * 4));
-  std::vector<double> fwd, fused;
-  FERRY_RETURN_IF_ERROR(Repeat(o, [&](bool timed) -> Status {
+  auto run = [&]() -> Result<Seconds2> {
     FERRY_ASSIGN_OR_RETURN(double f, Timed(d, [&] { return head->Forward(io.x); }));
     FERRY_ASSIGN_OR_RETURN(double fb,
                            Timed(d, [&] { return head->ForwardBackward(io.x, double(N), io.dx); }));
-    if (timed) {
-      fwd.push_back(f);
-      fused.push_back(fb);
-    }
-    return Status::Ok();
-  }));
-  out.forward_s = Median(fwd);
-  out.backward_s = std::max(0.0, Median(fused) - out.forward_s);
-  return Status::Ok();
+    return Seconds2{f, std::max(0.0, fb - f)};
+  };
+  return MedianOfRuns(o, run, out);
 }
 
 // The embedding runs on the host (engine/model/embedding.h): no device.
@@ -221,23 +219,15 @@ Status ProbeEmbedding(const ModelConfig& c, const LayerSpec& layer, BatchShape m
   for (const ParamSpec& p : layer.params) trainable = trainable || p.trainable;
   std::vector<float> hidden(size_t(N * C)), dwte(trainable ? weights.at(wte).size() : 0);
   std::vector<float> dwpe(trainable ? wpe.size() : 0);
-  std::vector<double> fwd, bwd;
-  FERRY_RETURN_IF_ERROR(Repeat(o, [&](bool timed) -> Status {
+  auto run = [&]() -> Result<Seconds2> {
     auto start = std::chrono::steady_clock::now();
     FERRY_RETURN_IF_ERROR(EmbeddingForward(shape, weights.at(wte), wpe, tokens, positions, hidden));
     const double f = SecondsSince(start);
     start = std::chrono::steady_clock::now();
     if (trainable) EmbeddingBackward(shape, hidden, tokens, positions, dwte, dwpe);
-    const double b = trainable ? SecondsSince(start) : 0.0;
-    if (timed) {
-      fwd.push_back(f);
-      bwd.push_back(b);
-    }
-    return Status::Ok();
-  }));
-  out.forward_s = Median(fwd);
-  out.backward_s = Median(bwd);
-  return Status::Ok();
+    return Seconds2{f, trainable ? SecondsSince(start) : 0.0};
+  };
+  return MedianOfRuns(o, run, out);
 }
 
 }  // namespace

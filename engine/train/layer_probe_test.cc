@@ -3,22 +3,30 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <string_view>
 
+#include "engine/testing/tiny_models.h"
 #include "engine/train/training_runner.h"
 #include "kernels/cpu/cpu_device.h"
 
 namespace ferry {
 namespace {
 
-ModelConfig Tiny(int layers) {
-  ModelConfig c = TinyLlamaPreset();
-  c.num_layers = layers;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
-  return c;
+using testing::kTinyModels;
+using testing::TinyModel;
+
+// The tiny config of that name (engine/testing/tiny_models.h: llama, llama3, mistral, qwen2,
+// qwen3, gpt2), with `layers` blocks.
+ModelConfig Tiny(std::string_view name, int layers = 2) {
+  for (const TinyModel& m : kTinyModels) {
+    if (m.name != name) continue;
+    Result<ModelConfig> c = ParseHfConfig(m.config_json);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    c->num_layers = layers;
+    return *c;
+  }
+  ADD_FAILURE() << "no tiny model " << name;
+  return {};
 }
 
 plan::PlanJob CpuJob(int64_t batch, int64_t seq, int64_t micro_batches) {
@@ -61,7 +69,7 @@ std::set<std::string> Keys(const std::vector<LayerProbeEntry>& entries) {
 // one micro-batch size), every time measured; a plan made with the profile says its layer times
 // are measured, and its stage and tail times are the sums of the probed entries.
 TEST(LayerProbe, WritesTheKeysThePlannerUsesAndThePlanUsesThem) {
-  const ModelConfig m = Tiny(3);
+  const ModelConfig m = Tiny("llama", 3);
   const plan::PlanJob job = CpuJob(4, 16, 2);
   Devices devices;
   Result<std::vector<LayerProbeEntry>> times =
@@ -128,7 +136,7 @@ TEST(LayerProbe, WritesTheKeysThePlannerUsesAndThePlanUsesThem) {
 
 // With automatic micro-batches the planner tries several micro-batch sizes: each gets its keys.
 TEST(LayerProbe, ProbesEveryMicroBatchSizeThePlannerTries) {
-  const ModelConfig m = Tiny(2);
+  const ModelConfig m = Tiny("llama");
   const plan::PlanJob job = CpuJob(4, 8, 0);  // 1 GPU: 2 or 4 micro-batches of 2 or 1 rows
   Devices devices;
   Result<std::vector<LayerProbeEntry>> times =
@@ -145,42 +153,60 @@ TEST(LayerProbe, ProbesEveryMicroBatchSizeThePlannerTries) {
   EXPECT_EQ(outcome->plan.LayerTimeSource(), "measured");
 }
 
-// Qwen3's q/k norms and a sliding window shorter than the sequence change a block's time: the
-// probe measures such blocks (through the real block code) under keys of their own.
-TEST(LayerProbe, QkNormAndSlidingWindowGetKeysOfTheirOwn) {
-  const plan::PlanJob job = CpuJob(2, 16, 1);
-  ModelConfig qwen = Tiny(1);
-  qwen.model_type = "qwen3";
-  qwen.qk_norm = true;
-  qwen.sliding_window = 4;
-  Devices devices;
-  Result<std::vector<LayerProbeEntry>> times =
-      ProbeLayerTimes(qwen, job, 1, devices.factory(), Quick());
-  ASSERT_TRUE(times.ok()) << times.status().ToString();
-  std::string block_key;
-  for (const LayerProbeEntry& e : *times) {
-    if (e.layer == "block.0") block_key = e.time.key;
+// Every architecture's layers run through the probe, and what changes a block's time beyond its
+// sizes gets keys of its own: Qwen3's q/k norms, Qwen2's q/k/v biases, Mistral's sliding window
+// shorter than the sequence — each key is the plain Llama block's (same sizes) plus that part.
+TEST(LayerProbe, EveryArchitectureAndItsBlockQuirksGetKeysOfTheirOwn) {
+  const plan::PlanJob job = CpuJob(2, 8, 1);
+  int quirks = 0;
+  for (const TinyModel& tiny : kTinyModels) {
+    SCOPED_TRACE(tiny.name);
+    const ModelConfig m = Tiny(tiny.name, 1);
+    Devices devices;
+    Result<std::vector<LayerProbeEntry>> times =
+        ProbeLayerTimes(m, job, 1, devices.factory(), Quick());
+    ASSERT_TRUE(times.ok()) << times.status().ToString();
+    EXPECT_EQ(times->size(), 3u);
+    std::string key;
+    for (const LayerProbeEntry& e : *times) {
+      if (e.layer == "block.0") key = e.time.key;
+    }
+    ModelConfig plain = m;  // the same sizes without the quirk
+    std::string part;
+    if (m.qk_norm) {
+      plain.qk_norm = false;
+      part = " qknorm";
+    } else if (m.qkv_bias && m.family == ModelFamily::kLlama) {  // GPT-2: biases everywhere
+      plain.qkv_bias = false;
+      part = " bias=qkv";
+    } else if (m.sliding_window > 0) {
+      plain.sliding_window = 0;
+      part = " window=3";
+    }
+    const LayerSpec block = BuildLayerSpecs(plain, job.lora, job.compute_dtype)[1];
+    const std::string plain_key = plan::LayerTimeKey(plain, job, block, {2, 8});
+    if (part.empty()) {
+      EXPECT_EQ(key, plain_key);
+      continue;
+    }
+    ++quirks;
+    ASSERT_NE(key.find(part), std::string::npos) << key;
+    EXPECT_EQ(std::string(key).erase(key.find(part), part.size()), plain_key) << key;
   }
-  EXPECT_NE(block_key.find(" qknorm"), std::string::npos) << block_key;
-  EXPECT_NE(block_key.find(" window=4"), std::string::npos) << block_key;
-  // The plain Llama block of the same sizes: the same key without the two parts.
-  const std::vector<LayerSpec> layers = BuildLayerSpecs(Tiny(1), job.lora, job.compute_dtype);
-  std::string plain_of_qwen = block_key;
-  plain_of_qwen.erase(plain_of_qwen.find(" qknorm window=4"), 16);
-  EXPECT_EQ(plan::LayerTimeKey(Tiny(1), job, layers[1], {2, 16}), plain_of_qwen);
-  // A window no shorter than the sequence computes as full attention: no window in the key.
-  qwen.qk_norm = false;
-  qwen.sliding_window = 16;
-  EXPECT_EQ(plan::LayerTimeKey(qwen, job, layers[1], {2, 16}), plain_of_qwen);
-  qwen.qkv_bias = true;
-  EXPECT_NE(plan::LayerTimeKey(qwen, job, layers[1], {2, 16}).find(" bias=qkv "),
-            std::string::npos);
+  EXPECT_EQ(quirks, 3);  // qwen3, qwen2, mistral
+  // A window no shorter than the sequence computes as full causal attention: no part in the key.
+  ModelConfig mistral = Tiny("mistral", 1);
+  const LayerSpec block = BuildLayerSpecs(mistral, job.lora, job.compute_dtype)[1];
+  mistral.sliding_window = 8;
+  const std::string at_length = plan::LayerTimeKey(mistral, job, block, {2, 8});
+  mistral.sliding_window = 0;
+  EXPECT_EQ(at_length, plan::LayerTimeKey(mistral, job, block, {2, 8}));
 }
 
 // A layer that does not fit the memory the probe may use is refused before anything runs, with
 // the layer and the bytes it needs in the message.
 TEST(LayerProbe, RefusesALayerThatDoesNotFit) {
-  const ModelConfig m = Tiny(2);
+  const ModelConfig m = Tiny("llama");
   LayerProbeOptions o = Quick();
   o.host_memory_bytes = uint64_t(1) << 20;  // 1 MiB: the device arena alone takes more
   Devices devices;
