@@ -314,8 +314,8 @@ Result<std::vector<LayerProbeEntry>> ProbeLayerTimes(const ModelConfig& model,
           " of host memory (" + FormatBytes(e.bytes.host) + " host copies" +
           (o.device_memory_is_host ? " + " + FormatBytes(e.bytes.device) + " device arena" : "") +
           "), " + FormatBytes(available) +
-          " available; probe a shorter --seq-len or smaller micro-batches (--micro-batches), or "
-          "on a machine with more RAM");
+          " available; probe a shorter --seq-len, fewer sequences per micro-batch (more "
+          "--micro-batches) or on a machine with more RAM");
     }
     out.push_back(std::move(e));
   }
