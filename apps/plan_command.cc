@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "apps/train_command.h"
 #include "engine/job/model_source.h"
@@ -30,15 +31,37 @@ std::string ResolveConfigPath(const std::string& kind, const std::string& name) 
   return (fs::path(ConfigDir()) / kind / (name + ".json")).string();
 }
 
-namespace {
-
-// --model as train, eval and generate resolve it, plus presets and config.json files.
 Result<ModelConfig> ResolvePlanModel(const std::string& name) {
   FERRY_ASSIGN_OR_RETURN(ModelSource source,
                          ResolveModelSource(name, "", ModelUse::kConfigOnly,
                                             (fs::path(ConfigDir()) / "models").string()));
   return source.config;
 }
+
+Result<plan::PlanJob> PlanJobOf(const JobSpec& spec, const std::string& lora_targets,
+                                bool micro_batches_given, const std::string& dtype) {
+  Result<uint32_t> targets = ParseLoraTargets(lora_targets);
+  if (!targets.ok()) return targets.status().WithContext("--lora-targets");
+  Result<DType> compute = ParseDType(dtype);
+  if (!compute.ok() ||
+      (*compute != DType::kBF16 && *compute != DType::kF16 && *compute != DType::kF32)) {
+    return Status::InvalidArgument("--dtype '" + dtype + "': use bf16, fp16 or f32 (CPU devices)");
+  }
+  plan::PlanJob job;
+  job.global_batch = spec.batch_size;
+  job.seq_len = spec.seq_len;
+  job.micro_batches = micro_batches_given ? spec.micro_batches : 0;
+  job.lora = spec.lora;
+  job.lora.targets = *targets;
+  job.compute_dtype = *compute;
+  if (*compute == DType::kF32) {
+    const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+    job.scratch = {.cuda = false, .cpu_threads = spec.threads > 0 ? int(spec.threads) : cores};
+  }
+  return job;
+}
+
+namespace {
 
 Result<plan::HardwareProfile> ResolveHardware(const PlanCommand& cmd) {
   const std::string path = ResolveConfigPath("hardware", cmd.hardware);
@@ -97,6 +120,10 @@ void AddPlanCommand(CLI::App& parent, PlanCommand* cmd) {
   p->add_option("--host-memory", cmd->host_memory, "Host RAM ferry may use, e.g. 256GiB");
   p->add_option("--nvme-dir", cmd->nvme_dir, "Directory on an NVMe drive ferry may use");
   p->add_option("--nvme-space", cmd->nvme_space, "Space ferry may use in --nvme-dir, e.g. 2TB");
+  p->add_option("--dtype", cmd->dtype,
+                "Compute dtype: bf16, fp16, or f32 (CPU devices: what ferry train runs and "
+                "ferry probe --model measures today)")
+      ->capture_default_str();
   p->add_flag("--stale-updates", cmd->stale_updates,
               "Opt in to one-step-stale updates (changes the numerics; every plan prices both)");
   p->add_flag("--json", cmd->json, "Print the plan as JSON instead of the summary");
@@ -109,20 +136,15 @@ int RunPlanCommand(PlanCommand& cmd) {
     std::fprintf(stderr, "ferry plan: %s\n", s.message().c_str());
     return 1;
   };
-  Result<uint32_t> targets = ParseLoraTargets(cmd.lora_targets);
-  if (!targets.ok()) return fail(targets.status().WithContext("--lora-targets"));
+  Result<plan::PlanJob> job =
+      PlanJobOf(cmd.job, cmd.lora_targets, cmd.app->count("--micro-batches") > 0, cmd.dtype);
+  if (!job.ok()) return fail(job.status());
+  job->stale_updates = cmd.stale_updates;
   Result<ModelConfig> model = ResolvePlanModel(cmd.job.model);
   if (!model.ok()) return fail(model.status());
   Result<plan::HardwareProfile> hw = ResolveHardware(cmd);
   if (!hw.ok()) return fail(hw.status());
-  plan::PlanJob job;
-  job.global_batch = cmd.job.batch_size;
-  job.seq_len = cmd.job.seq_len;
-  job.micro_batches = cmd.app->count("--micro-batches") > 0 ? cmd.job.micro_batches : 0;
-  job.lora = cmd.job.lora;
-  job.lora.targets = *targets;
-  job.stale_updates = cmd.stale_updates;
-  Result<plan::PlanOutcome> outcome = plan::MakePlan(cmd.job.model, *model, job, *hw);
+  Result<plan::PlanOutcome> outcome = plan::MakePlan(cmd.job.model, *model, *job, *hw);
   if (!outcome.ok()) return fail(outcome.status());
   if (cmd.json) {
     std::printf("%s\n", plan::OutcomeToJson(*outcome).dump(2).c_str());

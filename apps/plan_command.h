@@ -9,6 +9,8 @@
 #include <string>
 
 #include "engine/job/job_spec.h"
+#include "engine/model/model_config.h"
+#include "engine/plan/planner.h"
 
 namespace ferry {
 
@@ -21,11 +23,23 @@ struct PlanCommand {
   bool json = false;
   bool stale_updates = false;  // --stale-updates
   std::string svg, trace;
+  std::string dtype = "bf16";  // --dtype: bf16, fp16, or f32 (CPU devices)
 };
 
 // A preset name (configs/<kind>/<name>.json; configs/ of the source tree, or $FERRY_CONFIG_DIR)
 // or a path to a file (a folder: its config.json). `kind`: "models" or "hardware".
 std::string ResolveConfigPath(const std::string& kind, const std::string& name);
+
+// --model as train, eval and generate resolve it (a Hugging Face folder, "tiny"), plus the presets
+// in configs/models and config.json files.
+Result<ModelConfig> ResolvePlanModel(const std::string& name);
+
+// The planner's job for parsed job options: batch, sequence, micro-batches (auto unless
+// `micro_batches_given`), LoRA on `lora_targets`, and the compute dtype `dtype` ("bf16", "fp16",
+// or "f32": CPU devices, op scratch for job.threads threads, all cores when 0). InvalidArgument
+// names the option.
+Result<plan::PlanJob> PlanJobOf(const JobSpec& job, const std::string& lora_targets,
+                                bool micro_batches_given, const std::string& dtype);
 
 // Adds the `plan` subcommand to `parent`; `cmd` receives the options and must
 // outlive parsing.

@@ -22,6 +22,7 @@ void AddProbeCommand(CLI::App& parent, ProbeCommand* cmd) {
       ->capture_default_str();
   p->add_option("--threads", cmd->threads, "CPU threads (0: all cores)")->capture_default_str();
   p->add_flag("--quick", cmd->quick, "Small sizes: seconds, rougher figures");
+  AddLayerProbeOptions(*p, &cmd->layers);
 }
 
 int RunProbeCommand(ProbeCommand& cmd) {
@@ -46,9 +47,17 @@ int RunProbeCommand(ProbeCommand& cmd) {
     o.gpu.gemm_n = 2048;
     o.gpu.copy_bytes = size_t(64) << 20;
   }
-  std::string gpu_report;
-  Result<plan::HardwareProfile> p = plan::ProbeMachine(o, *base, &gpu_report);
+  if (cmd.layers.layers_only && !cmd.layers.wanted()) {
+    return fail(Status::InvalidArgument("--layers-only measures layers: name them with --model"));
+  }
+  std::string gpu_report =
+      cmd.layers.layers_only ? "GPU figures: kept from --base (--layers-only)" : "";
+  Result<plan::HardwareProfile> p =
+      cmd.layers.layers_only ? base : plan::ProbeMachine(o, *base, &gpu_report);
   if (!p.ok()) return fail(p.status());
+  if (cmd.layers.wanted()) {
+    if (Status s = RunLayerProbe(cmd.layers, cmd.threads, *p); !s.ok()) return fail(s);
+  }
   if (Status s = plan::SaveHardwareProfile(*p, cmd.out); !s.ok()) return fail(s);
   std::printf("host memory %.1f GB/s, CPU AdamW %.2f G params/s", p->host.memory_bandwidth / 1e9,
               p->optimizer.cpu_adamw_params_per_s / 1e9);

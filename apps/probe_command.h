@@ -1,10 +1,13 @@
 // `ferry probe`: measures this machine (fp32 GEMM, host memory bandwidth, CPU AdamW, NVMe through
 // the NVMe store) and writes a hardware profile `ferry plan --hardware FILE` reads. GPU and PCIe
 // figures need a CUDA build with a GPU; until then they are copied from --base and marked so.
+// With --model M and job options it also measures M's layers (apps/layer_probe_options.h).
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <string>
+
+#include "apps/layer_probe_options.h"
 
 namespace ferry {
 
@@ -16,6 +19,7 @@ struct ProbeCommand {
   std::string nvme_bytes = "1GiB";
   int threads = 0;
   bool quick = false;
+  LayerProbeCommand layers;  // --model M [job options]: also measure M's layers
 };
 
 // Adds the `probe` subcommand to `parent`; `cmd` must outlive parsing.

@@ -85,4 +85,29 @@ TEST_F(PlanCliTest, UnknownModelIsOneLine) {
   EXPECT_NE(r.output.find("--model 'no-such-model'"), std::string::npos) << r.output;
 }
 
+// `ferry probe --model` writes the job's layer times into the profile; `ferry plan` with the same
+// job and that profile prices the step from them (and says so), the same job in another dtype
+// (other keys) from its formulas.
+TEST_F(PlanCliTest, ProbedLayerTimesAreWhatThePlanUses) {
+  const std::string profile = dir_ + "/probed.json";
+  const std::string job = " --model tiny --seq-len 16 --batch-size 2 --micro-batches 1";
+  CommandResult probe = Ferry("probe --layers-only --repeats 1 --threads 1 --out " + profile + job);
+  ASSERT_EQ(probe.code, 0) << probe.output;
+  EXPECT_NE(probe.output.find("block.0"), std::string::npos) << probe.output;
+  const nlohmann::json written = nlohmann::json::parse(std::ifstream(profile));
+  EXPECT_EQ(written["layer_times"].size(), 3u);  // embedding, one block shape, head
+  CommandResult measured = Ferry("plan --json --dtype f32 --hardware " + profile + job);
+  ASSERT_EQ(measured.code, 0) << measured.output;
+  const nlohmann::json m = nlohmann::json::parse(measured.output)["plan"]["layer_times"];
+  EXPECT_EQ(m["source"], "measured") << m;
+  EXPECT_EQ(m["measured_layers"], m["layers"]) << m;
+  CommandResult formulas = Ferry("plan --json --hardware " + profile + job);  // bf16
+  ASSERT_EQ(formulas.code, 0) << formulas.output;
+  EXPECT_EQ(nlohmann::json::parse(formulas.output)["plan"]["layer_times"]["source"], "formulas");
+  // --layers-only without a model has nothing to measure.
+  CommandResult nothing = Ferry("probe --layers-only --out " + profile);
+  EXPECT_EQ(nothing.code, 1);
+  EXPECT_NE(nothing.output.find("--layers-only"), std::string::npos) << nothing.output;
+}
+
 }  // namespace

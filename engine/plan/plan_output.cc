@@ -1,5 +1,6 @@
 // Plan output (planner.h): JSON for machines, a summary and a per-device memory
 // table for people.
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -82,6 +83,10 @@ nlohmann::json PlanToJson(const Plan& p) {
                     {"pcie_d2h_bytes_per_step", p.pcie_d2h_bytes},
                     {"nvme_read_bytes_per_step", p.nvme_read_bytes},
                     {"nvme_write_bytes_per_step", p.nvme_write_bytes}};
+  const auto measured = std::count(p.measured_times.begin(), p.measured_times.end(), true);
+  j["layer_times"] = {{"source", p.LayerTimeSource()},
+                      {"measured_layers", measured},
+                      {"layers", p.measured_times.size()}};
   j["warnings"] = p.warnings;
   return j;
 }
@@ -128,6 +133,10 @@ std::string PlanSummary(const Plan& p) {
       (p.job.stale_updates ? "; one-step-stale updates (opted in)\n" : "; synchronous updates\n");
   out += Format("  predicted: %.3f s/step, %.0f tokens/s, bubble %.1f%%\n", p.step_s,
                 p.tokens_per_s, 100.0 * p.bubble_fraction);
+  const auto measured = std::count(p.measured_times.begin(), p.measured_times.end(), true);
+  out += "  layer times: " + std::string(p.LayerTimeSource()) + " (" + std::to_string(measured) +
+         " of " + std::to_string(p.measured_times.size()) +
+         " layers measured in the hardware profile, the rest from FLOP formulas)\n";
   out += Format("  updates: synchronous %.3f s/step, one-step-stale %.3f s/step (%+.1f%%)\n",
                 p.sync_step_s, p.stale_step_s,
                 p.sync_step_s > 0 ? 100.0 * (p.stale_step_s / p.sync_step_s - 1) : 0.0);

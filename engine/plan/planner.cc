@@ -18,9 +18,10 @@ constexpr double kF32 = 4;
 struct LayerNumbers {
   double fwd_s = 0, bwd_s = 0;  // compute at the profile's effective rate
   double input = 0, saved = 0, output = 0;
-  double weights = 0;    // compute-dtype bytes uploaded
-  double grads = 0;      // fp32 gradient bytes downloaded
-  double trainable = 0;  // parameters the optimizer updates
+  double weights = 0;     // compute-dtype bytes uploaded
+  double grads = 0;       // fp32 gradient bytes downloaded
+  double trainable = 0;   // parameters the optimizer updates
+  bool measured = false;  // fwd_s, bwd_s from the profile's layer_times
 };
 
 struct Context {
@@ -45,6 +46,7 @@ std::vector<LayerNumbers> NumbersFor(const Context& c, BatchShape micro) {
       if (t != nullptr) {
         n.fwd_s = t->forward_s;
         n.bwd_s = t->backward_s;
+        n.measured = true;
       }
     }
     n.input = double(cost.input_bytes);
@@ -301,11 +303,45 @@ std::string LayerTimeKey(const ModelConfig& model, const PlanJob& job, const Lay
                          std::pair{"B", micro.batch}, std::pair{"T", micro.seq_len}}) {
     key += " " + std::string(name) + "=" + std::to_string(v);
   }
+  if (layer.kind == LayerKind::kBlock) {
+    if (model.qk_norm) key += " qknorm";
+    std::string bias;
+    if (model.qkv_bias) bias += ",qkv";
+    if (model.o_bias) bias += ",o";
+    if (model.mlp_bias) bias += ",mlp";
+    if (!bias.empty()) key += " bias=" + bias.substr(1);
+    if (model.sliding_window > 0 && model.sliding_window < micro.seq_len) {
+      key += " window=" + std::to_string(model.sliding_window);
+    }
+  }
   key += " " + std::string(DTypeName(job.compute_dtype));
   key += job.lora.enabled() ? " lora r=" + std::to_string(job.lora.rank) + " " +
                                   LoraTargetsToString(job.lora.targets)
                             : std::string(" full");
   return key;
+}
+
+std::vector<LayerTimeQuery> LayerTimeQueries(const ModelConfig& model, const PlanJob& job,
+                                             int gpus) {
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(model, job.lora, job.compute_dtype);
+  std::vector<LayerTimeQuery> out;
+  for (int64_t m : MicroBatchCandidates(job, gpus)) {
+    const BatchShape micro{job.global_batch / m, job.seq_len};
+    for (size_t i = 0; i < layers.size(); ++i) {
+      std::string key = LayerTimeKey(model, job, layers[i], micro);
+      auto same = [&](const LayerTimeQuery& q) { return q.key == key; };
+      if (std::none_of(out.begin(), out.end(), same)) {
+        out.push_back({std::move(key), int(i), micro});
+      }
+    }
+  }
+  return out;
+}
+
+std::string_view Plan::LayerTimeSource() const {
+  const auto measured = std::count(measured_times.begin(), measured_times.end(), true);
+  if (measured == 0) return "formulas";
+  return size_t(measured) == measured_times.size() ? "measured" : "mixed";
 }
 
 std::string_view TierName(Tier t) { return t == Tier::kHost ? "host" : "nvme"; }
@@ -370,6 +406,7 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
               p.frozen_weights = frozen;
               p.micro_batches = int(m);
               p.memory = mem;
+              for (const LayerNumbers& l : n) p.measured_times.push_back(l.measured);
               NvmeTraffic(mem, p);
               const double nvme_s = hw.HasNvme()
                                         ? p.nvme_read_bytes / hw.nvme.read_rate +

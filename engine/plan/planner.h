@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/model/lora_config.h"
@@ -82,7 +83,14 @@ struct Plan {
   double pcie_d2h_bytes = 0;
   double nvme_read_bytes = 0;
   double nvme_write_bytes = 0;
+  // Where each layer's compute time came from, per layer of BuildLayerSpecs: true when the
+  // hardware profile's layer_times had the layer's LayerTimeKey (measured), false for the FLOP
+  // formulas at the profile's effective rate.
+  std::vector<bool> measured_times;
   std::vector<std::string> warnings;
+
+  // "measured" (every layer), "formulas" (none) or "mixed".
+  std::string_view LayerTimeSource() const;
 };
 
 struct PlanSuggestion {
@@ -129,10 +137,27 @@ nlohmann::json OutcomeToJson(const PlanOutcome& outcome);
 // The key of a layer's measured time in a hardware profile (MeasuredLayerTime): the layer's kind
 // and name ("block", "head", "embedding"), the model shapes it computes with, the micro-batch
 // (rows x sequence length), the compute dtype and LoRA (rank, targets, or "full"); e.g.
-// "block llama C=64 I=96 H=4 KV=2 D=16 V=260 B=2 T=24 f32 full". The planner uses a profile's
-// times for a key it finds, its FLOP formulas (at the profile's effective rate) otherwise.
+// "block llama C=64 I=96 H=4 KV=2 D=16 V=260 B=2 T=24 f32 full". A block's key also names what
+// changes its time beyond the sizes: q/k RMSNorm ("qknorm", Qwen3), biases ("bias=qkv,o,mlp"
+// as present) and a sliding window shorter than the sequence ("window=4096"; a longer one
+// computes as full causal attention). The planner uses a profile's times for a key it finds, its
+// FLOP formulas (at the profile's effective rate) otherwise.
 std::string LayerTimeKey(const ModelConfig& model, const PlanJob& job, const LayerSpec& layer,
                          BatchShape micro);
+
+// One key MakePlan looks up: the first layer (index into BuildLayerSpecs) that has it and the
+// micro-batch shape it is looked up for.
+struct LayerTimeQuery {
+  std::string key;
+  int layer = 0;
+  BatchShape micro;
+};
+// Every distinct key MakePlan(model, job, hardware) looks up in hardware.layer_times, where
+// hardware has `gpus` GPUs: each distinct layer shape at each micro-batch size the search tries
+// (one with --micro-batches, up to five otherwise). What a layer probe must measure for the plan
+// to use measured times only. REQUIRES: the model and job validate.
+std::vector<LayerTimeQuery> LayerTimeQueries(const ModelConfig& model, const PlanJob& job,
+                                             int gpus);
 
 std::string PlanSummary(const Plan& plan);
 std::string OutcomeSummary(const PlanOutcome& outcome);

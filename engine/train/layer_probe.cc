@@ -1,0 +1,350 @@
+#include "engine/train/layer_probe.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <utility>
+
+#include "engine/model/decoder_blocks.h"
+#include "engine/model/device_params.h"
+#include "engine/model/embedding.h"
+#include "engine/model/head.h"
+#include "engine/plan/memory_model.h"
+#include "engine/train/master_weights.h"
+#include "kernels/arena.h"
+#include "kernels/host_memory.h"
+
+namespace ferry {
+namespace {
+
+constexpr uint64_t kF32 = 4;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+using Seconds2 = std::pair<double, double>;  // forward, backward
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// Runs `run()` — a layer's (forward, backward) seconds — warmup + repeats times and keeps the
+// medians of the timed runs in `out`.
+template <typename Run>
+Status MedianOfRuns(const LayerProbeOptions& o, Run&& run, plan::MeasuredLayerTime& out) {
+  std::vector<double> fwd, bwd;
+  for (int r = 0; r < o.warmup + o.repeats; ++r) {
+    FERRY_ASSIGN_OR_RETURN(const Seconds2 s, run());
+    if (r < o.warmup) continue;
+    fwd.push_back(s.first);
+    bwd.push_back(s.second);
+  }
+  out.forward_s = Median(fwd);
+  out.backward_s = Median(bwd);
+  return Status::Ok();
+}
+
+// Seconds of `op()` followed by a device synchronize.
+template <typename Op>
+Result<double> Timed(Device& d, Op&& op) {
+  const auto start = std::chrono::steady_clock::now();
+  FERRY_RETURN_IF_ERROR(op());
+  FERRY_RETURN_IF_ERROR(d.Synchronize());
+  return SecondsSince(start);
+}
+
+// The layers whose master copies a layer's probe needs on the host: the layer, and for a head
+// whose weight is tied, the embedding that owns it.
+std::vector<LayerSpec> HostLayers(const std::vector<LayerSpec>& all, const LayerSpec& layer) {
+  std::vector<LayerSpec> out{layer};
+  for (const ParamSpec& p : layer.params) {
+    if (!p.tied_to.empty()) out.insert(out.begin(), all.front());
+  }
+  return out;
+}
+
+uint64_t MasterBytes(const std::vector<LayerSpec>& layers) {
+  uint64_t bytes = 0;
+  for (const LayerSpec& l : layers) {
+    for (const ParamSpec& p : l.params) bytes += p.tied_to.empty() ? uint64_t(p.numel()) * kF32 : 0;
+  }
+  return bytes;
+}
+
+// Device tensors of one probe: RoPE tables and packed-document ids, the hidden states.
+struct ProbeIo {
+  Tensor positions, doc_ids, inv_freq, x, y, dy, dx;
+};
+
+// Uploads `bytes` from `src` to `dst` through a fresh host mapping; waits for the copy.
+Status UploadBytes(Device& d, DevicePtr<std::byte> dst, const void* src, size_t bytes) {
+  FERRY_ASSIGN_OR_RETURN(HostAllocation host, HostAllocation::Map(bytes, "layer probe staging"));
+  std::memcpy(host.data(), src, bytes);
+  FERRY_RETURN_IF_ERROR(d.CopyToDevice(dst, host.Whole(), bytes));
+  return d.Synchronize(StreamId::kUpload);
+}
+
+std::vector<float> RandomNormal(size_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+// Allocates and fills the probe's io tensors: positions 0..T-1 per row, one document per row, the
+// model's RoPE table, random hidden states and output gradients.
+Result<DeviceBuffer> MakeIo(Device& d, const ModelConfig& c, BatchShape micro, std::mt19937_64& rng,
+                            ProbeIo& io) {
+  const int64_t N = micro.tokens(), C = c.hidden_size;
+  FERRY_ASSIGN_OR_RETURN(DeviceBuffer buf, AllocateCarved(d, "probe.io", [&](TensorCarver& cv) {
+                           io.positions = cv.Take(DType::kI32, {N});
+                           io.doc_ids = cv.Take(DType::kI32, {N});
+                           if (!c.learned_positions) {
+                             io.inv_freq = cv.Take(DType::kF32, {c.head_dim / 2});
+                           }
+                           for (Tensor* t : {&io.x, &io.y, &io.dy, &io.dx}) {
+                             *t = cv.Take(DType::kF32, {N, C});
+                           }
+                         }));
+  std::vector<int32_t> positions(static_cast<size_t>(N)), docs(static_cast<size_t>(N), 0);
+  for (int64_t n = 0; n < N; ++n) positions[size_t(n)] = int32_t(n % micro.seq_len);
+  FERRY_RETURN_IF_ERROR(UploadBytes(d, io.positions.data, positions.data(), size_t(N) * 4));
+  FERRY_RETURN_IF_ERROR(UploadBytes(d, io.doc_ids.data, docs.data(), size_t(N) * 4));
+  if (!c.learned_positions) {
+    const std::vector<float> inv_freq = RopeInvFreq(c);
+    FERRY_RETURN_IF_ERROR(
+        UploadBytes(d, io.inv_freq.data, inv_freq.data(), inv_freq.size() * sizeof(float)));
+  }
+  for (Tensor* t : {&io.x, &io.dy}) {
+    const std::vector<float> v = RandomNormal(size_t(N * C), rng);
+    FERRY_RETURN_IF_ERROR(UploadBytes(d, t->data, v.data(), v.size() * sizeof(float)));
+  }
+  return buf;
+}
+
+// The layer's parameters on `d`, uploaded from fresh master weights, gradients zeroed.
+Result<DeviceParams> LayerParams(Device& d, const ModelConfig& c, const LoraConfig& lora,
+                                 const std::vector<LayerSpec>& all, const LayerSpec& layer,
+                                 uint64_t seed) {
+  FERRY_ASSIGN_OR_RETURN(DeviceParams params, DeviceParams::Create(d, c, lora, {layer}));
+  {
+    const HostTensors weights = InitMasterWeights(HostLayers(all, layer), seed);
+    FERRY_RETURN_IF_ERROR(params.Upload(d, weights));
+  }  // the host copy is freed before the timed runs
+  FERRY_RETURN_IF_ERROR(params.ZeroGrads(d));
+  return params;
+}
+
+Status ProbeBlock(Device& d, const ModelConfig& c, const LoraConfig& lora,
+                  const std::vector<LayerSpec>& all, const LayerSpec& layer, BatchShape micro,
+                  const LayerProbeOptions& o, plan::MeasuredLayerTime& out) {
+  std::mt19937_64 rng(o.seed);
+  FERRY_ASSIGN_OR_RETURN(DeviceParams params, LayerParams(d, c, lora, all, layer, o.seed));
+  ProbeIo io;
+  FERRY_ASSIGN_OR_RETURN(DeviceBuffer io_buffer, MakeIo(d, c, micro, rng, io));
+  const BlocksContext ctx{.device = &d,
+                          .config = &c,
+                          .params = &params,
+                          .shape = micro,
+                          .num_slots = 1,
+                          .positions = io.positions,
+                          .doc_ids = io.doc_ids,
+                          .inv_freq = io.inv_freq,
+                          .first_block = layer.block};
+  std::unique_ptr<DecoderBlocks> blocks;
+  if (c.family == ModelFamily::kGpt2) {
+    FERRY_ASSIGN_OR_RETURN(blocks, CreateGpt2Blocks(ctx));
+  } else {
+    FERRY_ASSIGN_OR_RETURN(blocks, CreateLlamaBlocks(ctx));
+  }
+  auto run = [&]() -> Result<Seconds2> {
+    FERRY_ASSIGN_OR_RETURN(double f,
+                           Timed(d, [&] { return blocks->Forward(layer.block, 0, io.x, io.y); }));
+    FERRY_ASSIGN_OR_RETURN(
+        double b, Timed(d, [&] { return blocks->Backward(layer.block, 0, io.x, io.dy, io.dx); }));
+    return Seconds2{f, b};
+  };
+  return MedianOfRuns(o, run, out);
+}
+
+Status ProbeHead(Device& d, const ModelConfig& c, const LoraConfig& lora,
+                 const std::vector<LayerSpec>& all, const LayerSpec& layer, BatchShape micro,
+                 const LayerProbeOptions& o, plan::MeasuredLayerTime& out) {
+  std::mt19937_64 rng(o.seed);
+  const int64_t N = micro.tokens();
+  FERRY_ASSIGN_OR_RETURN(DeviceParams params, LayerParams(d, c, lora, all, layer, o.seed));
+  ProbeIo io;
+  FERRY_ASSIGN_OR_RETURN(DeviceBuffer io_buffer, MakeIo(d, c, micro, rng, io));
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Head> head,
+                         Head::Create(d, c, params, micro, plan::kLossChunkTokens));
+  std::uniform_int_distribution<int32_t> token(0, int32_t(c.vocab_size - 1));
+  std::vector<int32_t> targets(static_cast<size_t>(N));
+  for (int32_t& t : targets) t = token(rng);
+  FERRY_RETURN_IF_ERROR(UploadBytes(d, head->targets().data, targets.data(), size_t(N) * 4));
+  auto run = [&]() -> Result<Seconds2> {
+    FERRY_ASSIGN_OR_RETURN(double f, Timed(d, [&] { return head->Forward(io.x); }));
+    FERRY_ASSIGN_OR_RETURN(double fb,
+                           Timed(d, [&] { return head->ForwardBackward(io.x, double(N), io.dx); }));
+    return Seconds2{f, std::max(0.0, fb - f)};
+  };
+  return MedianOfRuns(o, run, out);
+}
+
+// The embedding runs on the host (engine/model/embedding.h): no device.
+Status ProbeEmbedding(const ModelConfig& c, const LayerSpec& layer, BatchShape micro,
+                      const LayerProbeOptions& o, plan::MeasuredLayerTime& out) {
+  std::mt19937_64 rng(o.seed);
+  const int64_t N = micro.tokens(), C = c.hidden_size;
+  HostTensors weights = InitMasterWeights({layer}, o.seed);
+  const EmbeddingShape shape{c.vocab_size, c.learned_positions ? c.max_position_embeddings : 0, C};
+  const std::string wte =
+      c.family == ModelFamily::kGpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
+  std::span<const float> wpe;
+  std::vector<int32_t> tokens(static_cast<size_t>(N)), positions;
+  std::uniform_int_distribution<int32_t> token(0, int32_t(c.vocab_size - 1));
+  for (int32_t& t : tokens) t = token(rng);
+  if (c.learned_positions) {
+    wpe = weights.at("transformer.wpe.weight");
+    for (int64_t n = 0; n < N; ++n) positions.push_back(int32_t(n % micro.seq_len));
+  }
+  bool trainable = false;
+  for (const ParamSpec& p : layer.params) trainable = trainable || p.trainable;
+  std::vector<float> hidden(size_t(N * C)), dwte(trainable ? weights.at(wte).size() : 0);
+  std::vector<float> dwpe(trainable ? wpe.size() : 0);
+  auto run = [&]() -> Result<Seconds2> {
+    auto start = std::chrono::steady_clock::now();
+    FERRY_RETURN_IF_ERROR(EmbeddingForward(shape, weights.at(wte), wpe, tokens, positions, hidden));
+    const double f = SecondsSince(start);
+    start = std::chrono::steady_clock::now();
+    if (trainable) EmbeddingBackward(shape, hidden, tokens, positions, dwte, dwpe);
+    return Seconds2{f, trainable ? SecondsSince(start) : 0.0};
+  };
+  return MedianOfRuns(o, run, out);
+}
+
+}  // namespace
+
+LayerProbeBytes LayerProbeNeeds(const ModelConfig& c, const plan::PlanJob& job,
+                                const LayerSpec& layer, BatchShape micro,
+                                const LayerProbeOptions& o) {
+  const std::vector<LayerSpec> all = BuildLayerSpecs(c, job.lora);
+  const uint64_t N = uint64_t(micro.tokens()), C = uint64_t(c.hidden_size);
+  const uint64_t hidden = N * C * kF32;
+  LayerProbeBytes b;
+  if (layer.kind == LayerKind::kEmbedding) {
+    // Tables, their gradients when trainable, tokens, positions, the hidden state.
+    const uint64_t tables = MasterBytes({layer});
+    b.host = tables * (layer.params.front().trainable ? 2 : 1) + hidden + 2 * N * 4;
+    return b;
+  }
+  // Host: fresh master weights while uploading, the staging of one io tensor at a time.
+  b.host = MasterBytes(HostLayers(all, layer)) + hidden;
+  // Device: weights (a tied head weight has its own device copy), gradients of trainable ones
+  // (a frozen LM head gets a V x C sink: the fused op always accumulates a dW), the io tensors,
+  // one saved set, the workspace (a few hidden states and the MLP width, and for the head the
+  // logits chunk and its gradient) and the largest op scratch; a quarter more for the LoRA packing
+  // (block-diagonal B), alignment and per-op temporaries.
+  uint64_t device = 0;
+  for (const ParamSpec& p : layer.params) {
+    const bool sink = layer.kind == LayerKind::kHead && !p.trainable;
+    device += uint64_t(p.numel()) * kF32 * (p.trainable || sink ? 2 : 1);
+  }
+  const LayerCost cost = ComputeLayerCost(c, job.lora, layer, micro);
+  device += 4 * hidden + 2 * N * 4 + uint64_t(c.head_dim) * 2;
+  device += cost.saved_bytes + N * (8 * C + 4 * uint64_t(c.intermediate_size)) * kF32;
+  if (layer.kind == LayerKind::kHead) {
+    device += 2 * std::min<uint64_t>(N, plan::kLossChunkTokens) * uint64_t(c.vocab_size) * kF32;
+  }
+  device += plan::OpScratchBytes(c, layer, micro, DType::kF32,
+                                 {.cuda = !o.device_memory_is_host, .cpu_threads = o.cpu_threads});
+  b.device = device + device / 4 + (uint64_t(16) << 20);
+  return b;
+}
+
+uint64_t AvailableHostMemory() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string line;
+  while (std::getline(meminfo, line)) {
+    std::istringstream in(line);
+    std::string name;
+    uint64_t kib = 0;
+    if (in >> name >> kib && name == "MemAvailable:") return kib * 1024;
+  }
+  return uint64_t(::sysconf(_SC_AVPHYS_PAGES)) * uint64_t(::sysconf(_SC_PAGESIZE));
+}
+
+Result<std::vector<LayerProbeEntry>> ProbeLayerTimes(const ModelConfig& model,
+                                                     const plan::PlanJob& job, int gpus,
+                                                     const ProbeDeviceFactory& make_device,
+                                                     const LayerProbeOptions& o) {
+  FERRY_RETURN_IF_ERROR(ValidateModelConfig(model));
+  FERRY_RETURN_IF_ERROR(ValidateLoraConfig(job.lora));
+  if (job.compute_dtype != DType::kF32) {
+    return Status::InvalidArgument(
+        "compute dtype " + std::string(DTypeName(job.compute_dtype)) +
+        ": ferry's devices compute in f32 today; probe (and plan) with --dtype f32");
+  }
+  if (job.global_batch < 1 || job.seq_len < 1 || gpus < 1 || o.repeats < 1 || o.warmup < 0 ||
+      (job.micro_batches > 0 && job.global_batch % job.micro_batches != 0)) {
+    return Status::InvalidArgument(
+        "layer probe: batch, sequence length and repeats must be at least 1 and --micro-batches "
+        "must divide --batch-size");
+  }
+  const std::vector<LayerSpec> all = BuildLayerSpecs(model, job.lora);
+  const std::vector<plan::LayerTimeQuery> queries = plan::LayerTimeQueries(model, job, gpus);
+  const uint64_t available = o.host_memory_bytes > 0 ? o.host_memory_bytes : AvailableHostMemory();
+  std::vector<LayerProbeEntry> out;
+  for (const plan::LayerTimeQuery& q : queries) {
+    const LayerSpec& layer = all[size_t(q.layer)];
+    LayerProbeEntry e{{q.key, 0, 0}, layer.name, q.micro, {}};
+    e.bytes = LayerProbeNeeds(model, job, layer, q.micro, o);
+    const uint64_t need = e.bytes.host + (o.device_memory_is_host ? e.bytes.device : 0);
+    if (need > available) {
+      return Status::OutOfMemory(
+          "layer probe: " + layer.name + " at " + std::to_string(q.micro.batch) + " x " +
+          std::to_string(q.micro.seq_len) + " tokens needs " + FormatBytes(need) +
+          " of host memory (" + FormatBytes(e.bytes.host) + " host copies" +
+          (o.device_memory_is_host ? " + " + FormatBytes(e.bytes.device) + " device arena" : "") +
+          "), " + FormatBytes(available) +
+          " available; probe a shorter --seq-len, fewer sequences per micro-batch (more "
+          "--micro-batches) or on a machine with more RAM");
+    }
+    out.push_back(std::move(e));
+  }
+  for (LayerProbeEntry& e : out) {
+    const LayerSpec& layer = *std::find_if(all.begin(), all.end(),
+                                           [&](const LayerSpec& l) { return l.name == e.layer; });
+    if (layer.kind == LayerKind::kEmbedding) {
+      FERRY_RETURN_IF_ERROR(ProbeEmbedding(model, layer, e.micro, o, e.time));
+      continue;
+    }
+    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Device> d, make_device(size_t(e.bytes.device)));
+    const Status s = layer.kind == LayerKind::kHead
+                         ? ProbeHead(*d, model, job.lora, all, layer, e.micro, o, e.time)
+                         : ProbeBlock(*d, model, job.lora, all, layer, e.micro, o, e.time);
+    FERRY_RETURN_IF_ERROR(s.WithContext("layer probe of " + layer.name));
+  }
+  return out;
+}
+
+void MergeLayerTimes(const std::vector<LayerProbeEntry>& times, plan::HardwareProfile& profile) {
+  for (const LayerProbeEntry& e : times) {
+    auto same = [&](const plan::MeasuredLayerTime& t) { return t.key == e.time.key; };
+    auto it = std::find_if(profile.layer_times.begin(), profile.layer_times.end(), same);
+    if (it != profile.layer_times.end()) {
+      *it = e.time;
+    } else {
+      profile.layer_times.push_back(e.time);
+    }
+  }
+}
+
+}  // namespace ferry
