@@ -153,7 +153,10 @@ class Runner final : public ModelRunner {
     FERRY_RETURN_IF_ERROR(Download(dy, staging_.hidden));
     FERRY_RETURN_IF_ERROR(Download(head_->token_loss(), staging_.loss));
     FERRY_RETURN_IF_ERROR(d_.Synchronize(StreamId::kDownload));
-    FERRY_RETURN_IF_ERROR(params_.DownloadAndAddGrads(d_, grads, mb.overwrite_grads, mb.host_pool));
+    GradOverwrite overwrite;
+    GradOverwrite* ow = mb.overwrite_grads ? &overwrite : nullptr;
+    FERRY_RETURN_IF_ERROR(params_.DownloadAndAddGrads(d_, grads, ow, mb.host_pool));
+    if (ow != nullptr) ow->ZeroUnwritten(grads);
     if (!lora_.enabled()) FERRY_RETURN_IF_ERROR(EmbeddingGrad(mb.tokens, grads));
     const float* loss = reinterpret_cast<const float*>(host_.data() + staging_.loss);
     double sum = 0;
