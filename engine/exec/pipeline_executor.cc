@@ -360,19 +360,15 @@ class Executor final : public PipelineExecutor {
     if (auto it = ds.regions.find("rope.inv_freq"); it != ds.regions.end()) {
       inv_freq = {it->second.data, DType::kF32, Shape{c_.head_dim / 2}};
     }
-    BlocksContext ctx{.device = ds.device,
-                      .config = &c_,
-                      .params = &params,
-                      .shape = shape_,
-                      .num_slots = 2,
-                      .positions = positions,
-                      .doc_ids = {ds.regions.at("doc_ids").data, DType::kI32, tokens},
-                      .inv_freq = inv_freq,  // RopeInvFreq: plain or Llama 3-scaled
-                      .kv_cache = nullptr,
-                      .source = &src,
-                      .first_block = r.first - 1};
-    if (c_.family == ModelFamily::kGpt2) return CreateGpt2Blocks(ctx);
-    return CreateLlamaBlocks(ctx);
+    BlocksContext ctx =
+        MakeBlocksContext(*ds.device, c_, params, shape_,
+                          {.positions = positions,
+                           .doc_ids = {ds.regions.at("doc_ids").data, DType::kI32, tokens},
+                           .inv_freq = inv_freq});  // RopeInvFreq: plain or Llama 3-scaled
+    ctx.num_slots = 2;
+    ctx.source = &src;
+    ctx.first_block = r.first - 1;
+    return CreateDecoderBlocks(ctx);
   }
 
   Tensor SlotTensor(DeviceState& ds, int64_t block) const {

@@ -66,19 +66,11 @@ class Runner final : public ModelRunner {
       for (int& s : slot_) s = s < 0 ? slots : s;
       ++slots;
     }
-    BlocksContext ctx{.device = &d_,
-                      .config = &c_,
-                      .params = &params_,
-                      .shape = o_.shape,
-                      .num_slots = std::max(slots, 1),
-                      .positions = positions_,
-                      .doc_ids = doc_ids_,
-                      .inv_freq = inv_freq_};
-    if (c_.family == ModelFamily::kGpt2) {
-      FERRY_ASSIGN_OR_RETURN(blocks_, CreateGpt2Blocks(ctx));
-    } else {
-      FERRY_ASSIGN_OR_RETURN(blocks_, CreateLlamaBlocks(ctx));
-    }
+    BlocksContext ctx =
+        MakeBlocksContext(d_, c_, params_, o_.shape,
+                          {.positions = positions_, .doc_ids = doc_ids_, .inv_freq = inv_freq_});
+    ctx.num_slots = std::max(slots, 1);
+    FERRY_ASSIGN_OR_RETURN(blocks_, CreateDecoderBlocks(ctx));
     FERRY_ASSIGN_OR_RETURN(head_, Head::Create(d_, c_, params_, o_.shape, o_.loss_chunk_tokens));
 
     staging_.hidden = 0;
