@@ -24,21 +24,17 @@ sees them: ids and the loss mask) and checks:
 
 Exit codes: 0 all equal, 1 a mismatch or failure, 77 skipped (Python packages unavailable).
 """
-import argparse
 import json
 import os
 import random
 import subprocess
 import sys
 
-from test_venv import reexec_or_skip
+from test_venv import argument_parser, reexec_or_skip
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--ferry", required=True)
-ap.add_argument("--work", required=True)
-ap.add_argument("--venv", help="virtual environment with tokenizers and jinja2 (re-executed in)")
+ap = argument_parser("tokenizers and jinja2")
 ap.add_argument("--cases", type=int, default=400, help="pairs and conversations per tokenizer")
 args = ap.parse_args()
 
@@ -47,8 +43,10 @@ try:
     import jinja2.ext
     import jinja2.sandbox
     import tokenizers
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-    from tokenizers import processors, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import processors
+    from tokenizer_fixtures import (LLAMA3_PAT, QWEN_PAT, add_byte_fallback_tokens,
+                                    split_then_byte_level, train)
 except ImportError as e:
     reexec_or_skip(args.venv, e, "tokenizers/jinja2")
 
@@ -85,12 +83,6 @@ def text(specials=(), n=None):
 TRAIN = [text(n=12) for _ in range(3000)]
 
 # ---- tokenizers ------------------------------------------------------------------------------
-QWEN_PAT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-LLAMA3_PAT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
-              r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-
-
 def bos_template(tok, bos):
     bos_id = tok.token_to_id(bos)
     tok.post_processor = processors.TemplateProcessing(
@@ -99,13 +91,9 @@ def bos_template(tok, bos):
 
 def byte_level(pat, specials, bos=None):
     t = Tokenizer(models.BPE(ignore_merges=True))
-    t.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pat), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    t.pre_tokenizer = split_then_byte_level(pat)
     t.decoder = decoders.ByteLevel()
-    t.train_from_iterator(TRAIN, trainers.BpeTrainer(
-        vocab_size=900, special_tokens=specials, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    train(t, TRAIN, 900, specials)
     if bos:
         bos_template(t, bos)
     else:
@@ -117,15 +105,9 @@ def metaspace(specials, bos):
     t = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
     t.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
     t.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first", split=False)
-    t.train_from_iterator(TRAIN, trainers.BpeTrainer(
-        vocab_size=600, special_tokens=specials, show_progress=False, limit_alphabet=80))
+    train(t, TRAIN, 600, specials, byte_level=False, limit_alphabet=80)
     j = json.loads(t.to_str())
-    vocab = j["model"]["vocab"]
-    nxt = max(vocab.values()) + 1
-    for b in range(256):
-        if f"<0x{b:02X}>" not in vocab:
-            vocab[f"<0x{b:02X}>"] = nxt
-            nxt += 1
+    add_byte_fallback_tokens(j)  # the trained specials are in the vocabulary: ids follow it
     t = Tokenizer.from_str(json.dumps(j))
     bos_template(t, bos)
     return t
