@@ -30,7 +30,7 @@ import random
 import subprocess
 import sys
 
-from test_venv import argument_parser, reexec_or_skip
+from test_venv import Tally, argument_parser, reexec_or_skip
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -156,15 +156,8 @@ def ferry_data(d, lines, expect_fail=False):
     return [json.loads(l) for l in p.stdout.decode().splitlines()]
 
 
-mismatches = 0
-compared = 0
-
-
-def report(kind, name, case, want, got):
-    global mismatches
-    mismatches += 1
-    if mismatches <= 15:
-        print(f"MISMATCH {name} {kind} on {case!r}:\n  reference {want}\n  ferry     {got}")
+tally = Tally(shown=15)
+report = tally.report
 
 
 def mask_from_offsets(enc, ranges):
@@ -194,7 +187,6 @@ kinds = {}
 
 
 def check_boundary(name, tok, bos, eos, specials):
-    global compared
     d = model_dir(name + "-pc", tok, bos, eos)
     pairs = []
     for i in range(args.cases):
@@ -210,7 +202,7 @@ def check_boundary(name, tok, bos, eos, specials):
     got = ferry_data(d, [{"prompt": p, "completion": c} for p, c in pairs])
     eos_id = tok.token_to_id(eos)
     for (p, c), g in zip(pairs, got):
-        compared += 1
+        tally.compared += 1
         kinds[boundary_kind(p, c)] = kinds.get(boundary_kind(p, c), 0) + 1
         enc = tok.encode(p + c, add_special_tokens=True)
         ids = list(enc.ids)
@@ -291,7 +283,6 @@ CHATS = [("qwen2.5.jinja", "qwen", "chatml"), ("llama3.jinja", "llama3", "llama3
 
 
 def check_chat(fn, tok_name, family):
-    global compared
     tok, bos, eos, _ = TOKENIZERS[tok_name]
     source = load_template(fn)
     tmpl = ENV.from_string(source)
@@ -299,7 +290,7 @@ def check_chat(fn, tok_name, family):
     convs = [conversation(i % 2 == 0) for i in range(args.cases)]
     got = ferry_data(d, [{"messages": c} for c in convs])
     for c, g in zip(convs, got):
-        compared += 1
+        tally.compared += 1
         want, ranges = trained_ranges(tmpl, c, bos, eos, family)
         if g["text"] != want:
             report("text", fn, c, repr(want), repr(g["text"]))
@@ -315,13 +306,12 @@ def check_chat(fn, tok_name, family):
 
 
 def check_refused(fn, tok_name):
-    global compared
     tok, bos, eos, _ = TOKENIZERS[tok_name]
     d = model_dir("chat-" + fn, tok, bos, eos, chat_template=load_template(fn))
     p = ferry_data(d, [{"messages": [{"role": "user", "content": "hi"},
                                      {"role": "assistant", "content": "yo"}]}], expect_fail=True)
     err = p.stderr.decode(errors="replace")
-    compared += 1
+    tally.compared += 1
     if p.returncode == 0 or "--chat-template" not in err:
         report("refusal", fn, "user/assistant", "an error suggesting --chat-template",
                f"exit {p.returncode}: {err.strip()}")
@@ -336,6 +326,6 @@ for fn, tok_name, family in CHATS:
     check_chat(fn, tok_name, family)
 check_refused("llama2.jinja", "mistral")
 check_refused("mistral-v0.3.jinja", "mistral")
-print(f"{compared} comparisons, {mismatches} mismatches (tokenizers {tokenizers.__version__}, "
-      f"jinja2 {jinja2.__version__})")
-sys.exit(1 if mismatches else 0)
+print(f"{tally.compared} comparisons, {tally.mismatches} mismatches "
+      f"(tokenizers {tokenizers.__version__}, jinja2 {jinja2.__version__})")
+sys.exit(1 if tally.mismatches else 0)

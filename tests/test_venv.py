@@ -35,3 +35,18 @@ def argument_parser(packages):
     ap.add_argument("--work", required=True)
     ap.add_argument("--venv", help=f"virtual environment with {packages} (re-executed in)")
     return ap
+
+
+class Tally:
+    """The comparisons a check made and the mismatches it found; the first `shown` mismatches are
+    printed with the reference's value and ferry's."""
+
+    def __init__(self, shown):
+        self.compared = 0
+        self.mismatches = 0
+        self.shown = shown
+
+    def report(self, kind, name, case, want, got):
+        self.mismatches += 1
+        if self.mismatches <= self.shown:
+            print(f"MISMATCH {name} {kind} on {case!r}:\n  reference {want}\n  ferry     {got}")

@@ -20,7 +20,7 @@ import sys
 import tarfile
 import zipfile
 
-from test_venv import argument_parser, reexec_or_skip, skip
+from test_venv import Tally, argument_parser, reexec_or_skip, skip
 
 ap = argument_parser("tokenizers and tiktoken")
 ap.add_argument("--strings", type=int, default=1000, help="test strings per tokenizer")
@@ -252,19 +252,11 @@ def char_to_byte_offsets(s):
     return pos
 
 
-mismatches = 0
-compared = 0
-
-
-def report(kind, name, s, want, got):
-    global mismatches
-    mismatches += 1
-    if mismatches <= 12:
-        print(f"MISMATCH {name} {kind} on {s!r}:\n  reference {want}\n  ferry     {got}")
+tally = Tally(shown=12)
+report = tally.report
 
 
 def check(name, tok, j, config=None, offsets=False):
-    global compared
     d = os.path.join(args.work, name)
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "tokenizer.json"), "w") as f:
@@ -278,7 +270,7 @@ def check(name, tok, j, config=None, offsets=False):
         flags = [] if add_special else ["--no-special"]
         got, _ = ferry(d, strings, *flags)
         for s, g in zip(strings, got):
-            compared += 1
+            tally.compared += 1
             e = tok.encode(s, add_special_tokens=add_special)
             if e.ids != g["ids"]:
                 report("ids", name, s, e.ids, g["ids"])
@@ -298,7 +290,7 @@ def check(name, tok, j, config=None, offsets=False):
         flags = ["--decode"] + (["--skip-special"] if skip_special else [])
         got, _ = ferry(d, id_lists, *flags)
         for s, ids, g in zip(strings, id_lists, got):
-            compared += 1
+            tally.compared += 1
             want = tok.decode(ids, skip_special_tokens=skip_special)
             if want != g:
                 report("decode", name, s, repr(want), repr(g))
@@ -321,7 +313,6 @@ def whisper_ranks():
 
 
 def check_tiktoken():
-    global compared
     raw = whisper_ranks()
     if raw is None:
         print("tiktoken: SKIPPED part: no openai-whisper archive in <venv>/downloads "
@@ -368,13 +359,13 @@ def check_tiktoken():
     strings = [make_string(["<|endoftext|>"]) for _ in range(args.strings)]
     got, _ = ferry(d, strings, "--no-special")
     for x, g in zip(strings, got):
-        compared += 1
+        tally.compared += 1
         want = enc.encode(x, allowed_special="all")
         if want != g["ids"]:
             report("ids", "gpt2-tiktoken", x, want, g["ids"])
     got, _ = ferry(d, [enc.encode(x, allowed_special="all") for x in strings], "--decode")
     for x, g in zip(strings, got):
-        compared += 1
+        tally.compared += 1
         if g != x:
             report("round trip", "gpt2-tiktoken", x, repr(x), repr(g))
     # Encode speed (printed, not asserted): ~1 MB of text as one line, minus the load time, in
@@ -398,9 +389,9 @@ check("llama2-style", *llama2_style(), offsets=True)
 check("mistral-style", *metaspace_style("first", False, ["[INST]", "[/INST]"], "<s>"), offsets=True)
 check("metaspace-split", *metaspace_style("always", True, [], None), offsets=True)
 tiktoken_done = check_tiktoken()
-print(f"{compared} comparisons, {mismatches} mismatches (tokenizers {tokenizers.__version__}, "
-      f"tiktoken {tiktoken.__version__})")
-if mismatches:
+print(f"{tally.compared} comparisons, {tally.mismatches} mismatches "
+      f"(tokenizers {tokenizers.__version__}, tiktoken {tiktoken.__version__})")
+if tally.mismatches:
     sys.exit(1)
 if not tiktoken_done:
     skip("the tokenizers comparisons passed, but the tiktoken comparison could not run")
