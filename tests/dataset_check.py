@@ -24,21 +24,17 @@ sees them: ids and the loss mask) and checks:
 
 Exit codes: 0 all equal, 1 a mismatch or failure, 77 skipped (Python packages unavailable).
 """
-import argparse
 import json
 import os
 import random
 import subprocess
 import sys
 
-from test_venv import reexec_or_skip
+from test_venv import Tally, argument_parser, reexec_or_skip
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--ferry", required=True)
-ap.add_argument("--work", required=True)
-ap.add_argument("--venv", help="virtual environment with tokenizers and jinja2 (re-executed in)")
+ap = argument_parser("tokenizers and jinja2")
 ap.add_argument("--cases", type=int, default=400, help="pairs and conversations per tokenizer")
 args = ap.parse_args()
 
@@ -47,8 +43,10 @@ try:
     import jinja2.ext
     import jinja2.sandbox
     import tokenizers
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-    from tokenizers import processors, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import processors
+    from tokenizer_fixtures import (LLAMA3_PAT, QWEN_PAT, add_byte_fallback_tokens,
+                                    split_then_byte_level, train)
 except ImportError as e:
     reexec_or_skip(args.venv, e, "tokenizers/jinja2")
 
@@ -85,12 +83,6 @@ def text(specials=(), n=None):
 TRAIN = [text(n=12) for _ in range(3000)]
 
 # ---- tokenizers ------------------------------------------------------------------------------
-QWEN_PAT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-LLAMA3_PAT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
-              r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-
-
 def bos_template(tok, bos):
     bos_id = tok.token_to_id(bos)
     tok.post_processor = processors.TemplateProcessing(
@@ -99,13 +91,9 @@ def bos_template(tok, bos):
 
 def byte_level(pat, specials, bos=None):
     t = Tokenizer(models.BPE(ignore_merges=True))
-    t.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pat), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    t.pre_tokenizer = split_then_byte_level(pat)
     t.decoder = decoders.ByteLevel()
-    t.train_from_iterator(TRAIN, trainers.BpeTrainer(
-        vocab_size=900, special_tokens=specials, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    train(t, TRAIN, 900, specials)
     if bos:
         bos_template(t, bos)
     else:
@@ -117,15 +105,9 @@ def metaspace(specials, bos):
     t = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
     t.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
     t.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first", split=False)
-    t.train_from_iterator(TRAIN, trainers.BpeTrainer(
-        vocab_size=600, special_tokens=specials, show_progress=False, limit_alphabet=80))
+    train(t, TRAIN, 600, specials, byte_level=False, limit_alphabet=80)
     j = json.loads(t.to_str())
-    vocab = j["model"]["vocab"]
-    nxt = max(vocab.values()) + 1
-    for b in range(256):
-        if f"<0x{b:02X}>" not in vocab:
-            vocab[f"<0x{b:02X}>"] = nxt
-            nxt += 1
+    add_byte_fallback_tokens(j)  # the trained specials are in the vocabulary: ids follow it
     t = Tokenizer.from_str(json.dumps(j))
     bos_template(t, bos)
     return t
@@ -174,15 +156,8 @@ def ferry_data(d, lines, expect_fail=False):
     return [json.loads(l) for l in p.stdout.decode().splitlines()]
 
 
-mismatches = 0
-compared = 0
-
-
-def report(kind, name, case, want, got):
-    global mismatches
-    mismatches += 1
-    if mismatches <= 15:
-        print(f"MISMATCH {name} {kind} on {case!r}:\n  reference {want}\n  ferry     {got}")
+tally = Tally(shown=15)
+report = tally.report
 
 
 def mask_from_offsets(enc, ranges):
@@ -212,7 +187,6 @@ kinds = {}
 
 
 def check_boundary(name, tok, bos, eos, specials):
-    global compared
     d = model_dir(name + "-pc", tok, bos, eos)
     pairs = []
     for i in range(args.cases):
@@ -228,7 +202,7 @@ def check_boundary(name, tok, bos, eos, specials):
     got = ferry_data(d, [{"prompt": p, "completion": c} for p, c in pairs])
     eos_id = tok.token_to_id(eos)
     for (p, c), g in zip(pairs, got):
-        compared += 1
+        tally.compared += 1
         kinds[boundary_kind(p, c)] = kinds.get(boundary_kind(p, c), 0) + 1
         enc = tok.encode(p + c, add_special_tokens=True)
         ids = list(enc.ids)
@@ -309,7 +283,6 @@ CHATS = [("qwen2.5.jinja", "qwen", "chatml"), ("llama3.jinja", "llama3", "llama3
 
 
 def check_chat(fn, tok_name, family):
-    global compared
     tok, bos, eos, _ = TOKENIZERS[tok_name]
     source = load_template(fn)
     tmpl = ENV.from_string(source)
@@ -317,7 +290,7 @@ def check_chat(fn, tok_name, family):
     convs = [conversation(i % 2 == 0) for i in range(args.cases)]
     got = ferry_data(d, [{"messages": c} for c in convs])
     for c, g in zip(convs, got):
-        compared += 1
+        tally.compared += 1
         want, ranges = trained_ranges(tmpl, c, bos, eos, family)
         if g["text"] != want:
             report("text", fn, c, repr(want), repr(g["text"]))
@@ -333,13 +306,12 @@ def check_chat(fn, tok_name, family):
 
 
 def check_refused(fn, tok_name):
-    global compared
     tok, bos, eos, _ = TOKENIZERS[tok_name]
     d = model_dir("chat-" + fn, tok, bos, eos, chat_template=load_template(fn))
     p = ferry_data(d, [{"messages": [{"role": "user", "content": "hi"},
                                      {"role": "assistant", "content": "yo"}]}], expect_fail=True)
     err = p.stderr.decode(errors="replace")
-    compared += 1
+    tally.compared += 1
     if p.returncode == 0 or "--chat-template" not in err:
         report("refusal", fn, "user/assistant", "an error suggesting --chat-template",
                f"exit {p.returncode}: {err.strip()}")
@@ -354,6 +326,6 @@ for fn, tok_name, family in CHATS:
     check_chat(fn, tok_name, family)
 check_refused("llama2.jinja", "mistral")
 check_refused("mistral-v0.3.jinja", "mistral")
-print(f"{compared} comparisons, {mismatches} mismatches (tokenizers {tokenizers.__version__}, "
-      f"jinja2 {jinja2.__version__})")
-sys.exit(1 if mismatches else 0)
+print(f"{tally.compared} comparisons, {tally.mismatches} mismatches "
+      f"(tokenizers {tokenizers.__version__}, jinja2 {jinja2.__version__})")
+sys.exit(1 if tally.mismatches else 0)

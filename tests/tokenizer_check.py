@@ -10,7 +10,6 @@ ranks (gpt2.tiktoken from the openai-whisper package) with `tiktoken`.
 Exit codes: 0 all equal, 1 a mismatch or failure, 77 skipped (the Python packages or the
 whisper archive are unavailable; the reason is printed).
 """
-import argparse
 import base64
 import json
 import os
@@ -21,20 +20,20 @@ import sys
 import tarfile
 import zipfile
 
-from test_venv import reexec_or_skip, skip
+from test_venv import Tally, argument_parser, reexec_or_skip, skip
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--ferry", required=True)
-ap.add_argument("--work", required=True)
-ap.add_argument("--venv", help="virtual environment with tokenizers and tiktoken (re-executed in)")
+ap = argument_parser("tokenizers and tiktoken")
 ap.add_argument("--strings", type=int, default=1000, help="test strings per tokenizer")
 args = ap.parse_args()
 
 try:
     import tiktoken
     import tokenizers
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
-    from tokenizers import pre_tokenizers, processors, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+    from tokenizers import pre_tokenizers, processors
+    from tokenizer_fixtures import (LLAMA3_PAT, QWEN_PAT, add_byte_fallback_tokens,
+                                    split_then_byte_level)
+    import tokenizer_fixtures
 except ImportError as e:
     reexec_or_skip(args.venv, e, "tokenizers/tiktoken")
 
@@ -89,19 +88,10 @@ TRAIN = corpus(3000) + ["The quick brown fox jumps over the lazy dog. " * 3] * 5
 
 # ---- tokenizers built here -----------------------------------------------------------------
 GPT2_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-LLAMA3_PAT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
-              r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-QWEN_PAT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def train(tok, vocab_size, specials, byte_level=True, limit_alphabet=None):
-    kw = dict(vocab_size=vocab_size, special_tokens=specials, show_progress=False)
-    if byte_level:
-        kw["initial_alphabet"] = pre_tokenizers.ByteLevel.alphabet()
-    if limit_alphabet:
-        kw["limit_alphabet"] = limit_alphabet
-    tok.train_from_iterator(TRAIN, trainers.BpeTrainer(**kw))
+    tokenizer_fixtures.train(tok, TRAIN, vocab_size, specials, byte_level, limit_alphabet)
 
 
 def edit_json(tok, fn):
@@ -153,9 +143,7 @@ def add_whole_words(j, words):
 
 def llama3_style():
     t = Tokenizer(models.BPE(ignore_merges=True))
-    t.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(LLAMA3_PAT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    t.pre_tokenizer = split_then_byte_level(LLAMA3_PAT)
     t.decoder = decoders.ByteLevel()
     train(t, 900, ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"])
 
@@ -179,24 +167,12 @@ def llama3_style():
 def qwen_style():
     t = Tokenizer(models.BPE(ignore_merges=True))
     t.normalizer = normalizers.NFC()
-    t.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_PAT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    t.pre_tokenizer = split_then_byte_level(QWEN_PAT)
     t.decoder = decoders.ByteLevel()
     t.post_processor = processors.ByteLevel(trim_offsets=False)
     train(t, 800, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
     t.add_tokens([AddedToken("cafe\u0301", normalized=True)])  # matched after NFC
     return edit_json(t, lambda j: add_whole_words(j, ["fox", " lazy", "テキスト"]))
-
-
-def byte_fallback_vocab(j):
-    vocab = j["model"]["vocab"]
-    nxt = max(max(vocab.values()), max((a["id"] for a in j["added_tokens"]), default=0)) + 1
-    for b in range(256):
-        name = f"<0x{b:02X}>"
-        if name not in vocab:
-            vocab[name] = nxt
-            nxt += 1
 
 
 def template(j, bos, eos=None):
@@ -220,7 +196,7 @@ def llama2_style():
     t.add_tokens([AddedToken("hello_world", normalized=True)])  # looked for as "▁hello_world"
 
     def edit(j):
-        byte_fallback_vocab(j)
+        add_byte_fallback_tokens(j)
         template(j, "<s>", "</s>")
     return edit_json(t, edit)
 
@@ -234,7 +210,7 @@ def metaspace_style(scheme, split, specials, bos):
     t.add_special_tokens([AddedToken(x) for x in specials])
 
     def edit(j):
-        byte_fallback_vocab(j)
+        add_byte_fallback_tokens(j)
         if bos:
             template(j, bos)
     return edit_json(t, edit)
@@ -276,19 +252,11 @@ def char_to_byte_offsets(s):
     return pos
 
 
-mismatches = 0
-compared = 0
-
-
-def report(kind, name, s, want, got):
-    global mismatches
-    mismatches += 1
-    if mismatches <= 12:
-        print(f"MISMATCH {name} {kind} on {s!r}:\n  reference {want}\n  ferry     {got}")
+tally = Tally(shown=12)
+report = tally.report
 
 
 def check(name, tok, j, config=None, offsets=False):
-    global compared
     d = os.path.join(args.work, name)
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "tokenizer.json"), "w") as f:
@@ -302,7 +270,7 @@ def check(name, tok, j, config=None, offsets=False):
         flags = [] if add_special else ["--no-special"]
         got, _ = ferry(d, strings, *flags)
         for s, g in zip(strings, got):
-            compared += 1
+            tally.compared += 1
             e = tok.encode(s, add_special_tokens=add_special)
             if e.ids != g["ids"]:
                 report("ids", name, s, e.ids, g["ids"])
@@ -322,7 +290,7 @@ def check(name, tok, j, config=None, offsets=False):
         flags = ["--decode"] + (["--skip-special"] if skip_special else [])
         got, _ = ferry(d, id_lists, *flags)
         for s, ids, g in zip(strings, id_lists, got):
-            compared += 1
+            tally.compared += 1
             want = tok.decode(ids, skip_special_tokens=skip_special)
             if want != g:
                 report("decode", name, s, repr(want), repr(g))
@@ -345,7 +313,6 @@ def whisper_ranks():
 
 
 def check_tiktoken():
-    global compared
     raw = whisper_ranks()
     if raw is None:
         print("tiktoken: SKIPPED part: no openai-whisper archive in <venv>/downloads "
@@ -392,13 +359,13 @@ def check_tiktoken():
     strings = [make_string(["<|endoftext|>"]) for _ in range(args.strings)]
     got, _ = ferry(d, strings, "--no-special")
     for x, g in zip(strings, got):
-        compared += 1
+        tally.compared += 1
         want = enc.encode(x, allowed_special="all")
         if want != g["ids"]:
             report("ids", "gpt2-tiktoken", x, want, g["ids"])
     got, _ = ferry(d, [enc.encode(x, allowed_special="all") for x in strings], "--decode")
     for x, g in zip(strings, got):
-        compared += 1
+        tally.compared += 1
         if g != x:
             report("round trip", "gpt2-tiktoken", x, repr(x), repr(g))
     # Encode speed (printed, not asserted): ~1 MB of text as one line, minus the load time, in
@@ -422,9 +389,9 @@ check("llama2-style", *llama2_style(), offsets=True)
 check("mistral-style", *metaspace_style("first", False, ["[INST]", "[/INST]"], "<s>"), offsets=True)
 check("metaspace-split", *metaspace_style("always", True, [], None), offsets=True)
 tiktoken_done = check_tiktoken()
-print(f"{compared} comparisons, {mismatches} mismatches (tokenizers {tokenizers.__version__}, "
-      f"tiktoken {tiktoken.__version__})")
-if mismatches:
+print(f"{tally.compared} comparisons, {tally.mismatches} mismatches "
+      f"(tokenizers {tokenizers.__version__}, tiktoken {tiktoken.__version__})")
+if tally.mismatches:
     sys.exit(1)
 if not tiktoken_done:
     skip("the tokenizers comparisons passed, but the tiktoken comparison could not run")

@@ -220,10 +220,15 @@ class Executor final : public PipelineExecutor {
     for (int64_t s = 0; s < S; ++s) {
       FERRY_RETURN_IF_ERROR(ForwardStage(Next(), p_.stages[size_t(s)], weights));
     }
-    FERRY_RETURN_IF_ERROR(Tail(Next(), weights, batches, grads));
+    // The first micro-batch's overwrite request covers the step: each stage stores its
+    // gradients, and what no stage wrote is zeroed before the embedding's scatter-add.
+    GradOverwrite overwrite;
+    GradOverwrite* ow = batches.front().overwrite_grads ? &overwrite : nullptr;
+    FERRY_RETURN_IF_ERROR(Tail(Next(), weights, batches, grads, ow));
     for (int64_t s = S - 1; s >= 0; --s) {
-      FERRY_RETURN_IF_ERROR(BackwardStage(Next(), p_.stages[size_t(s)], weights, grads));
+      FERRY_RETURN_IF_ERROR(BackwardStage(Next(), p_.stages[size_t(s)], weights, grads, ow));
     }
+    if (ow != nullptr) ow->ZeroUnwritten(grads);
     if (!lora_.enabled()) FERRY_RETURN_IF_ERROR(EmbeddingGrads(batches, grads));
     double total = 0;
     for (size_t m = 0; m < batches.size(); ++m) {
@@ -355,19 +360,15 @@ class Executor final : public PipelineExecutor {
     if (auto it = ds.regions.find("rope.inv_freq"); it != ds.regions.end()) {
       inv_freq = {it->second.data, DType::kF32, Shape{c_.head_dim / 2}};
     }
-    BlocksContext ctx{.device = ds.device,
-                      .config = &c_,
-                      .params = &params,
-                      .shape = shape_,
-                      .num_slots = 2,
-                      .positions = positions,
-                      .doc_ids = {ds.regions.at("doc_ids").data, DType::kI32, tokens},
-                      .inv_freq = inv_freq,  // RopeInvFreq: plain or Llama 3-scaled
-                      .kv_cache = nullptr,
-                      .source = &src,
-                      .first_block = r.first - 1};
-    if (c_.family == ModelFamily::kGpt2) return CreateGpt2Blocks(ctx);
-    return CreateLlamaBlocks(ctx);
+    BlocksContext ctx =
+        MakeBlocksContext(*ds.device, c_, params, shape_,
+                          {.positions = positions,
+                           .doc_ids = {ds.regions.at("doc_ids").data, DType::kI32, tokens},
+                           .inv_freq = inv_freq});  // RopeInvFreq: plain or Llama 3-scaled
+    ctx.num_slots = 2;
+    ctx.source = &src;
+    ctx.first_block = r.first - 1;
+    return CreateDecoderBlocks(ctx);
   }
 
   Tensor SlotTensor(DeviceState& ds, int64_t block) const {
@@ -404,7 +405,7 @@ class Executor final : public PipelineExecutor {
   }
 
   Status Tail(DeviceState& ds, const HostTensors& weights, std::span<const MicroBatchInput> batches,
-              HostTensors& grads) {
+              HostTensors& grads, GradOverwrite* overwrite) {
     Device& d = *ds.device;
     const int64_t N = shape_.tokens(), C = c_.hidden_size;
     const int head = int(layers_.size()) - 1;
@@ -421,11 +422,11 @@ class Executor final : public PipelineExecutor {
       FERRY_RETURN_IF_ERROR(ToHost(d, loss_[m], h->token_loss().data, size_t(N) * 4));
     }
     FERRY_RETURN_IF_ERROR(d.Synchronize());
-    return params.DownloadAndAddGrads(d, grads);
+    return params.DownloadAndAddGrads(d, grads, overwrite);
   }
 
   Status BackwardStage(DeviceState& ds, plan::LayerRange r, const HostTensors& weights,
-                       HostTensors& grads) {
+                       HostTensors& grads, GradOverwrite* overwrite) {
     Device& d = *ds.device;
     const int64_t N = shape_.tokens(), C = c_.hidden_size;
     const size_t hb = size_t(N * C) * 4;
@@ -452,7 +453,7 @@ class Executor final : public PipelineExecutor {
       FERRY_RETURN_IF_ERROR(ToHost(d, bgrad_[m], dy.data, hb));
     }
     FERRY_RETURN_IF_ERROR(d.Synchronize());
-    return params.DownloadAndAddGrads(d, grads);
+    return params.DownloadAndAddGrads(d, grads, overwrite);
   }
 
   const ModelConfig c_;

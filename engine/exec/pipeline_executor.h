@@ -18,7 +18,9 @@
 //    OutOfMemory naming the allocation.
 //  - A stage's weights are uploaded from the host master copy (fp32, HostTensors) at the stage's
 //    start; its gradients accumulate on the device across micro-batches and are downloaded and
-//    added (+=) to the host gradients once per stage.
+//    added (+=) to the host gradients once per stage, or stored (=) when the first micro-batch
+//    asks to overwrite them (MicroBatchInput::overwrite_grads; engine/model/device_params.h,
+//    GradOverwrite).
 //  - Activations: every layer's input, and its saved set unless the plan recomputes the layer,
 //    go to host memory after the layer's forward and come back for its backward (recomputed
 //    layers re-run their forward from the input). Stage outputs and input gradients travel
@@ -69,7 +71,8 @@ class PipelineExecutor {
 
   // One step over plan.micro_batches micro-batches (each plan.micro_batch_size x job.seq_len):
   // returns the summed loss contributions and adds the gradients of the trainable parameters into
-  // `grads` (one zeroed or accumulating buffer per storage-owning trainable parameter).
+  // `grads` (one zeroed or accumulating buffer per storage-owning trainable parameter), or, when
+  // batches[0].overwrite_grads, overwrites `grads` with them (zero where they have none).
   virtual Result<double> Step(const HostTensors& weights, std::span<const MicroBatchInput> batches,
                               HostTensors& grads) = 0;
   virtual ExecutorStats stats() const = 0;

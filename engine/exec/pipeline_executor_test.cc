@@ -268,6 +268,40 @@ TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
   }
 }
 
+// Overwriting gradient buffers full of NaN (MicroBatchInput::overwrite_grads on the first
+// micro-batch) gives the same values as adding into zeroed ones, as on one device
+// (model_runner_test.cc): each stage stores its share, the tied head's share joins its owner's,
+// LoRA factors start from zero, and what no stage writes (the embeddings) is zeroed before the
+// host's scatter-add.
+TEST_P(ExecutorTest, OverwritingGradientsEqualsAddingToZeros) {
+  const Case& k = GetParam();
+  const Model m = LoadModel(k.golden, k.lora_rank);
+  const plan::Plan p = MakeTestPlan(m, k.spec);
+  const HostTensors w = RandomWeights(m, 5);
+  Batches b = MakeCaseBatches(m, k, 13);
+  std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(k.devices, p.memory.gpu.total());
+  Result<std::unique_ptr<PipelineExecutor>> e = PipelineExecutor::Create(Raw(devs), m.config, p);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  HostTensors added = ZeroGrads(m);
+  Result<double> want = (*e)->Step(w, b.inputs, added);
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+
+  HostTensors stored = ZeroGrads(m);
+  for (auto& [name, g] : stored.tensors) std::fill(g.begin(), g.end(), NAN);
+  b.inputs.front().overwrite_grads = true;
+  Result<double> got = (*e)->Step(w, b.inputs, stored);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, *want);
+  ASSERT_EQ(stored.tensors.size(), added.tensors.size());
+  for (const auto& [name, g] : added.tensors) {
+    const std::vector<float>& h = stored.tensors.at(name);
+    ASSERT_EQ(g.size(), h.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      ASSERT_EQ(g[i], h[i]) << name << "[" << i << "] differs when overwriting";
+    }
+  }
+}
+
 // Every device's arena holds exactly the plan's map (names and bytes, in its order), its peak is
 // the predicted per-device total, every component fitted its planned block, and one alignment
 // unit less fails naming the allocation that no longer fits.

@@ -1,7 +1,5 @@
 #include "engine/exec/pipeline_runner.h"
 
-#include <algorithm>
-
 namespace ferry::exec {
 namespace {
 
@@ -15,10 +13,6 @@ class PipelineRunner final : public ModelRunner {
   }
   Result<double> AccumulateStep(std::span<const MicroBatchInput> batches,
                                 HostTensors& grads) override {
-    // The executor adds into `grads`: honour the first micro-batch's overwrite request here.
-    if (!batches.empty() && batches.front().overwrite_grads) {
-      for (auto& [name, g] : grads.tensors) std::fill(g.begin(), g.end(), 0.0f);
-    }
     return e_->Step(weights_, batches, grads);
   }
   Result<double> AccumulateGradients(const MicroBatchInput&, HostTensors&) override {

@@ -9,8 +9,12 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
+#include <string_view>
 #include <system_error>
+#include <type_traits>
+#include <vector>
 
 #include "engine/job/model_source.h"
 
@@ -49,6 +53,60 @@ Status ValidateDataOptions(const JobSpec& job) {
   if (!builtin && job.seq_len < 2) return Bad("--seq-len must be at least 2 with --data FILE");
   return Status::Ok();
 }
+
+// lora.targets: a set of LoraTarget bits in the job, their list ("q,v", "all") in job.json.
+// `Bits` is uint32_t or const uint32_t.
+template <typename Bits>
+struct LoraTargetsField {
+  Bits& bits;
+};
+template <typename T>
+constexpr bool IsLoraTargets = false;
+template <typename Bits>
+constexpr bool IsLoraTargets<LoraTargetsField<Bits>> = true;
+
+// Every option of the job under its job.json key: the one list JobSpecToJson writes and
+// JobSpecFromJson reads, so an option that is saved is restored on --resume. `visit(key, field)`
+// gets a reference to the field (const when `job` is), or a LoraTargetsField.
+template <typename Job, typename Visit>
+void ForEachJobOption(Job& job, Visit&& visit) {
+  visit("model", job.model);
+  visit("data", job.data);
+  visit("val_data", job.val_data);
+  visit("val_fraction", job.val_fraction);
+  visit("eval_every", job.eval_every);
+  visit("eval_batches", job.eval_batches);
+  visit("chat_template", job.chat_template);
+  visit("long_examples", job.long_examples);
+  visit("skip_bad_lines", job.skip_bad_lines);
+  visit("steps", job.steps);
+  visit("batch_size", job.batch_size);
+  visit("micro_batches", job.micro_batches);
+  visit("seq_len", job.seq_len);
+  visit("lr", job.lr);
+  visit("warmup_steps", job.warmup_steps);
+  visit("min_lr_ratio", job.min_lr_ratio);
+  visit("weight_decay", job.weight_decay);
+  visit("beta1", job.beta1);
+  visit("beta2", job.beta2);
+  visit("adam_eps", job.adam_eps);
+  visit("grad_clip", job.grad_clip);
+  visit("seed", job.seed);
+  visit("lora_rank", job.lora.rank);
+  visit("lora_alpha", job.lora.alpha);
+  visit("lora_targets",
+        LoraTargetsField<std::remove_reference_t<decltype((job.lora.targets))>>{job.lora.targets});
+  visit("threads", job.threads);
+  visit("devices", job.devices);
+  visit("out", job.out);
+  visit("save_every", job.save_every);
+  visit("keep_checkpoints", job.keep_checkpoints);
+  visit("checkpoint_compress", job.checkpoint_compress);
+}
+
+// Keys JobSpecToJson adds for the reader, derived from the options (or the model): never read.
+constexpr std::string_view kInformationalKeys[] = {"model_path", "micro_batch_size", "schedule",
+                                                   "model_config"};
 
 }  // namespace
 
@@ -136,45 +194,22 @@ Status PrepareRunFolder(const std::string& dir) {
 
 nlohmann::json JobSpecToJson(const JobSpec& job, const ModelConfig& model) {
   nlohmann::json j;
-  j["model"] = job.model;
+  ForEachJobOption(job, [&j](const char* key, const auto& field) {
+    if constexpr (IsLoraTargets<std::decay_t<decltype(field)>>) {
+      j[key] = LoraTargetsToString(field.bits);
+    } else {
+      j[key] = field;
+    }
+  });
+  // For the reader (kInformationalKeys): not read back.
   if (job.model != "tiny") {
     // Where the base is, from anywhere (a LoRA run folder's adapter loads onto it).
     std::error_code ec;
     const std::filesystem::path abs = std::filesystem::absolute(job.model, ec);
     j["model_path"] = ec ? job.model : abs.lexically_normal().string();
   }
-  j["data"] = job.data;
-  j["val_data"] = job.val_data;
-  j["val_fraction"] = job.val_fraction;
-  j["eval_every"] = job.eval_every;
-  j["eval_batches"] = job.eval_batches;
-  j["chat_template"] = job.chat_template;
-  j["long_examples"] = job.long_examples;
-  j["skip_bad_lines"] = job.skip_bad_lines;
-  j["steps"] = job.steps;
-  j["batch_size"] = job.batch_size;
-  j["micro_batches"] = job.micro_batches;
   j["micro_batch_size"] = job.micro_batch_size();
-  j["seq_len"] = job.seq_len;
-  j["lr"] = job.lr;
-  j["warmup_steps"] = job.warmup_steps;
-  j["min_lr_ratio"] = job.min_lr_ratio;
   j["schedule"] = "linear warm-up, then cosine to min_lr_ratio * lr (engine/train/lr_schedule.h)";
-  j["weight_decay"] = job.weight_decay;
-  j["beta1"] = job.beta1;
-  j["beta2"] = job.beta2;
-  j["adam_eps"] = job.adam_eps;
-  j["grad_clip"] = job.grad_clip;
-  j["seed"] = job.seed;
-  j["lora_rank"] = job.lora.rank;
-  j["lora_alpha"] = job.lora.alpha;
-  j["lora_targets"] = LoraTargetsToString(job.lora.targets);
-  j["threads"] = job.threads;
-  j["devices"] = job.devices;
-  j["out"] = job.out;
-  j["save_every"] = job.save_every;
-  j["keep_checkpoints"] = job.keep_checkpoints;
-  j["checkpoint_compress"] = job.checkpoint_compress;
   j["model_config"] = ToHfConfigJson(model);
   return j;
 }
@@ -188,54 +223,37 @@ Status WriteJobJson(const JobSpec& job, const ModelConfig& model) {
   return Status::Ok();
 }
 
-Result<JobSpec> JobSpecFromJson(const nlohmann::json& j, const std::string& what) {
+Result<JobSpec> JobSpecFromJson(const nlohmann::json& j, const std::string& what,
+                                std::vector<std::string>* unknown_keys) {
   if (!j.is_object()) return Bad(what + " is not a JSON object");
   JobSpec job;
   std::string targets = LoraTargetsToString(job.lora.targets);
+  std::set<std::string, std::less<>> known(std::begin(kInformationalKeys),
+                                           std::end(kInformationalKeys));
   std::string bad_key;
-  auto get = [&](const char* key, auto& field) {
+  ForEachJobOption(job, [&](const char* key, auto&& field) {
+    known.insert(key);
     if (!j.contains(key) || !bad_key.empty()) return;
     try {
-      j.at(key).get_to(field);
+      if constexpr (IsLoraTargets<std::decay_t<decltype(field)>>) {
+        j.at(key).get_to(targets);  // parsed below, once every key has its type checked
+      } else {
+        j.at(key).get_to(field);
+      }
     } catch (const nlohmann::json::exception&) {
       bad_key = key;
     }
-  };
-  get("model", job.model);
-  get("data", job.data);
-  get("steps", job.steps);
-  get("batch_size", job.batch_size);
-  get("micro_batches", job.micro_batches);
-  get("seq_len", job.seq_len);
-  get("lr", job.lr);
-  get("warmup_steps", job.warmup_steps);
-  get("min_lr_ratio", job.min_lr_ratio);
-  get("weight_decay", job.weight_decay);
-  get("beta1", job.beta1);
-  get("beta2", job.beta2);
-  get("adam_eps", job.adam_eps);
-  get("grad_clip", job.grad_clip);
-  get("seed", job.seed);
-  get("lora_rank", job.lora.rank);
-  get("lora_alpha", job.lora.alpha);
-  get("lora_targets", targets);
-  get("threads", job.threads);
-  get("devices", job.devices);
-  get("out", job.out);
-  get("save_every", job.save_every);
-  get("keep_checkpoints", job.keep_checkpoints);
-  get("checkpoint_compress", job.checkpoint_compress);
-  get("val_data", job.val_data);
-  get("val_fraction", job.val_fraction);
-  get("eval_every", job.eval_every);
-  get("eval_batches", job.eval_batches);
-  get("chat_template", job.chat_template);
-  get("long_examples", job.long_examples);
-  get("skip_bad_lines", job.skip_bad_lines);
+  });
   if (!bad_key.empty()) return Bad(what + ": key '" + bad_key + "' has the wrong type");
   Result<uint32_t> t = ParseLoraTargets(targets);
   if (!t.ok()) return t.status().WithContext(what + ": lora_targets");
   job.lora.targets = *t;
+  if (unknown_keys != nullptr) {
+    unknown_keys->clear();
+    for (const auto& [key, value] : j.items()) {
+      if (known.count(key) == 0) unknown_keys->push_back(key);
+    }
+  }
   return job;
 }
 

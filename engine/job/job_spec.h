@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <vector>
 
 #include "engine/model/lora_config.h"
 #include "engine/model/model_config.h"
@@ -56,6 +57,7 @@ struct JobSpec {
   bool checkpoint_compress = false;
 
   int64_t micro_batch_size() const { return batch_size / micro_batches; }
+  friend bool operator==(const JobSpec&, const JobSpec&) = default;
 };
 
 // The model the job names: the preset, or the folder's config.json (errors name the folder).
@@ -73,7 +75,11 @@ nlohmann::json JobSpecToJson(const JobSpec& job, const ModelConfig& model);
 Status WriteJobJson(const JobSpec& job, const ModelConfig& model);
 
 // The job JobSpecToJson wrote (keys it lacks keep their defaults). `what` names the source in
-// errors (InvalidArgument naming the key).
-Result<JobSpec> JobSpecFromJson(const nlohmann::json& j, const std::string& what);
+// errors (InvalidArgument naming the key). JobSpecToJson and JobSpecFromJson walk one list of
+// options, so each key written is read back. Keys that are neither an option nor one that
+// JobSpecToJson adds for the reader (model_path, micro_batch_size, schedule, model_config) are
+// ignored, and listed in `*unknown_keys` when it is given.
+Result<JobSpec> JobSpecFromJson(const nlohmann::json& j, const std::string& what,
+                                std::vector<std::string>* unknown_keys = nullptr);
 
 }  // namespace ferry

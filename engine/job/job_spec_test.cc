@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "engine/testing/golden_files.h"
 
@@ -83,21 +85,55 @@ TEST(JobSpecTest, RunFolderMustBeWritable) {
   std::filesystem::remove_all(base);
 }
 
-// --resume reads job.json back: every field survives the round trip; a wrong type names the key.
-TEST(JobSpecTest, JsonRoundTrip) {
+// A job with every option away from its default.
+JobSpec EveryOptionSet() {
   JobSpec job;
+  job.model = "some/base";
+  job.data = "train.jsonl";
+  job.val_data = "val.jsonl";
+  job.val_fraction = 0.25;
+  job.eval_every = 7;
+  job.eval_batches = 3;
+  job.chat_template = "llama3";
+  job.long_examples = "truncate";
+  job.skip_bad_lines = true;
   job.steps = 77;
+  job.batch_size = 24;
+  job.micro_batches = 3;
+  job.seq_len = 64;
   job.lr = 0.0123;
+  job.warmup_steps = 5;
+  job.min_lr_ratio = 0.25;
+  job.weight_decay = 0.01;
+  job.beta1 = 0.8;
+  job.beta2 = 0.99;
+  job.adam_eps = 1e-6;
+  job.grad_clip = 0.5;
   job.seed = 99;
   job.lora = {.rank = 4, .alpha = 8, .targets = kLoraQ | kLoraV};
+  job.threads = 2;
+  job.devices = 3;
+  job.out = "somewhere";
   job.save_every = 5;
   job.keep_checkpoints = 2;
   job.checkpoint_compress = true;
-  job.out = "somewhere";
-  job.devices = 3;
+  return job;
+}
+
+// --resume reads job.json back: every option survives the round trip; a wrong type names the key.
+TEST(JobSpecTest, JsonRoundTrip) {
+  const JobSpec job = EveryOptionSet();
   const nlohmann::json j = JobSpecToJson(job, TinyLlamaPreset());
+  // The job really sets every key away from the default (bar the two constants), so the round
+  // trip below covers each of them.
+  const nlohmann::json defaults = JobSpecToJson(JobSpec{}, TinyLlamaPreset());
+  for (const auto& [key, value] : j.items()) {
+    if (key == "schedule" || key == "model_config") continue;
+    EXPECT_FALSE(defaults.contains(key) && defaults[key] == value) << key << " is the default";
+  }
   Result<JobSpec> back = JobSpecFromJson(j, "job.json");
   ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(*back == job) << JobSpecToJson(*back, TinyLlamaPreset()).dump(2);
   EXPECT_EQ(JobSpecToJson(*back, TinyLlamaPreset()), j);
 
   nlohmann::json bad = j;
@@ -105,6 +141,20 @@ TEST(JobSpecTest, JsonRoundTrip) {
   Result<JobSpec> r = JobSpecFromJson(bad, "job.json");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("seq_len"), std::string::npos) << r.status().message();
+}
+
+// No key is saved but not restored: JobSpecFromJson knows every key JobSpecToJson writes, and
+// reports one it does not know.
+TEST(JobSpecTest, EveryKeyWrittenIsRead) {
+  nlohmann::json j = JobSpecToJson(EveryOptionSet(), TinyLlamaPreset());
+  ASSERT_TRUE(j.contains("model_path"));
+  std::vector<std::string> unknown = {"stale"};
+  ASSERT_TRUE(JobSpecFromJson(j, "job.json", &unknown).ok());
+  EXPECT_TRUE(unknown.empty()) << "written but not read: " << unknown.front();
+
+  j["no_such_option"] = 1;
+  ASSERT_TRUE(JobSpecFromJson(j, "job.json", &unknown).ok()) << "unknown keys are ignored";
+  EXPECT_EQ(unknown, std::vector<std::string>{"no_such_option"});
 }
 
 }  // namespace

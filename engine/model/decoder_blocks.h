@@ -79,6 +79,34 @@ Result<std::unique_ptr<DecoderBlocks>> CreateLlamaBlocks(const BlocksContext& ct
 // LayerNorm, c_fc, tanh GELU, c_proj, residual.
 Result<std::unique_ptr<DecoderBlocks>> CreateGpt2Blocks(const BlocksContext& ctx);
 
+// What the caller of the blocks owns and fills for each batch; a tensor stays empty where the
+// model (GPT-2: no RoPE) or the caller (generation: no packed rows) has none.
+struct BlocksInputs {
+  Tensor positions = {};  // i32 (N)
+  Tensor doc_ids = {};    // i32 (N)
+  Tensor inv_freq = {};   // f32 (head_dim / 2)
+};
+
+// The context of `params`' blocks on `device`, reading `inputs`: one slot, no KV cache, arena
+// buffers, from block 0; the caller changes those it needs.
+inline BlocksContext MakeBlocksContext(Device& device, const ModelConfig& config,
+                                       const DeviceParams& params, BatchShape shape,
+                                       const BlocksInputs& inputs) {
+  return BlocksContext{.device = &device,
+                       .config = &config,
+                       .params = &params,
+                       .shape = shape,
+                       .positions = inputs.positions,
+                       .doc_ids = inputs.doc_ids,
+                       .inv_freq = inputs.inv_freq};
+}
+
+// The blocks of ctx.config's family: CreateGpt2Blocks or CreateLlamaBlocks.
+inline Result<std::unique_ptr<DecoderBlocks>> CreateDecoderBlocks(const BlocksContext& ctx) {
+  if (ctx.config->family == ModelFamily::kGpt2) return CreateGpt2Blocks(ctx);
+  return CreateLlamaBlocks(ctx);
+}
+
 // A (n) f32 view of `sink` from element `offset` on (a gradient nobody reads,
 // for the frozen weights of ops whose backward always accumulates one; two such
 // gradients of one op take disjoint offsets). REQUIRES: sink is f32 and holds

@@ -232,7 +232,13 @@ void StoreOrAdd(float* dst, const float* src, int64_t n, bool overwrite, ThreadP
 
 }  // namespace
 
-Status DeviceParams::DownloadAndAddGrads(Device& d, HostTensors& grads, bool overwrite,
+void GradOverwrite::ZeroUnwritten(HostTensors& grads) {
+  for (auto& [name, g] : grads.tensors) {
+    if (written.insert(name).second) std::fill(g.begin(), g.end(), 0.0f);
+  }
+}
+
+Status DeviceParams::DownloadAndAddGrads(Device& d, HostTensors& grads, GradOverwrite* overwrite,
                                          ThreadPool* pool) {
   FERRY_ASSIGN_OR_RETURN(Event computed, d.CreateEvent());
   FERRY_RETURN_IF_ERROR(d.Record(computed, StreamId::kCompute));
@@ -244,22 +250,19 @@ Status DeviceParams::DownloadAndAddGrads(Device& d, HostTensors& grads, bool ove
   FERRY_RETURN_IF_ERROR(d.Record(downloaded, StreamId::kDownload));
   FERRY_RETURN_IF_ERROR(d.Synchronize(downloaded));
   const std::byte* mirror = grads_mirror_.data();
-  std::set<std::string> stored;  // host tensors written in overwrite mode
   for (const auto& [name, dp] : params_) {
     if (dp.grad.data.is_null() || name.find("gate_up_proj") != std::string::npos) continue;
     FERRY_RETURN_IF_ERROR(CheckHost(grads, dp.host_name, dp.grad.numel(), "the gradients"));
     float* dst = grads.tensors.at(dp.host_name).data();
     const float* src = reinterpret_cast<const float*>(mirror + dp.g_offset);
     // A tied head shares its owner's host tensor: the first of the two stores, the other adds.
-    const bool store = overwrite && stored.insert(dp.host_name).second;
+    const bool store = overwrite != nullptr && overwrite->written.insert(dp.host_name).second;
     StoreOrAdd(dst, src, dp.grad.numel(), store, pool);
   }
-  if (overwrite) {
-    // LoRA factors are scattered below with +=; everything not stored starts from zero.
-    for (auto& [name, g] : grads.tensors) {
-      if (stored.count(name) == 0) std::fill(g.begin(), g.end(), 0.0f);
-    }
-  }
+  // LoRA factors are scattered with +=: when overwriting, each starts from zero.
+  auto first_write = [overwrite](const std::string& name, float* g, int64_t n) {
+    if (overwrite != nullptr && overwrite->written.insert(name).second) std::fill(g, g + n, 0.0f);
+  };
   for (const auto& [group, pack] : lora_) {
     const float* da = reinterpret_cast<const float*>(mirror + pack.da_offset);
     const float* db = reinterpret_cast<const float*>(mirror + pack.db_offset);
@@ -269,6 +272,8 @@ Status DeviceParams::DownloadAndAddGrads(Device& d, HostTensors& grads, bool ove
       FERRY_RETURN_IF_ERROR(CheckHost(grads, ad.b_name, ad.rows * pack.rank, "the gradients"));
       float* ga = grads.tensors.at(ad.a_name).data();
       float* gb = grads.tensors.at(ad.b_name).data();
+      first_write(ad.a_name, ga, pack.rank * pack.in);
+      first_write(ad.b_name, gb, ad.rows * pack.rank);
       for (int64_t i = 0; i < pack.rank * pack.in; ++i) ga[i] += da[ad.col * pack.in + i];
       for (int64_t i = 0; i < ad.rows; ++i) {
         for (int64_t j = 0; j < pack.rank; ++j) {

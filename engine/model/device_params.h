@@ -28,6 +28,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,19 @@ struct LoraPack {
 // evaluation) needs none.
 enum class ParamGrads { kAllocate, kNone };
 
+// A step that overwrites the host gradients instead of adding to them
+// (MicroBatchInput::overwrite_grads), over one or more DownloadAndAddGrads
+// calls (one per pipeline stage, engine/exec): each call stores the first
+// gradient that reaches a tensor and adds the rest; ZeroUnwritten, after the
+// last call, zeroes the tensors no call reached. The result equals zeroing
+// `grads` first and adding (0 + g == g).
+struct GradOverwrite {
+  std::set<std::string> written;  // host tensors this step has written
+
+  // Zeroes every tensor of `grads` not written yet and counts it written.
+  void ZeroUnwritten(HostTensors& grads);
+};
+
 class DeviceParams {
  public:
   DeviceParams() = default;
@@ -107,10 +121,10 @@ class DeviceParams {
   // Zeroes the gradients on the compute stream.
   Status ZeroGrads(Device& d);
   // Waits for the compute stream, downloads the gradients and adds them (+=)
-  // into `grads`, or with `overwrite` stores them (=) and zeroes every tensor of
-  // `grads` the device holds no gradient for. The host-side pass runs on `pool`
-  // (nullptr: inline).
-  Status DownloadAndAddGrads(Device& d, HostTensors& grads, bool overwrite = false,
+  // into `grads`; with `overwrite`, the first gradient to reach a tensor of
+  // `grads` this step is stored (=) instead (see GradOverwrite). The host-side
+  // pass runs on `pool` (nullptr: inline).
+  Status DownloadAndAddGrads(Device& d, HostTensors& grads, GradOverwrite* overwrite = nullptr,
                              ThreadPool* pool = nullptr);
 
  private:

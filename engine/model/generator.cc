@@ -117,20 +117,10 @@ class Gen final : public Generator {
                              if (with_head) st->logits = cv.Take(DType::kF32, {n, V});
                            }));
     const BatchShape shape{1, n};
-    BlocksContext ctx{.device = &d_,
-                      .config = &c_,
-                      .params = &params_,
-                      .shape = shape,
-                      .num_slots = 1,
-                      .positions = st->positions,
-                      .doc_ids = {},
-                      .inv_freq = st->inv_freq,
-                      .kv_cache = &kv_};
-    if (c_.family == ModelFamily::kGpt2) {
-      FERRY_ASSIGN_OR_RETURN(st->blocks, CreateGpt2Blocks(ctx));
-    } else {
-      FERRY_ASSIGN_OR_RETURN(st->blocks, CreateLlamaBlocks(ctx));
-    }
+    BlocksContext ctx = MakeBlocksContext(d_, c_, params_, shape,
+                                          {.positions = st->positions, .inv_freq = st->inv_freq});
+    ctx.kv_cache = &kv_;
+    FERRY_ASSIGN_OR_RETURN(st->blocks, CreateDecoderBlocks(ctx));
     if (with_head) {
       FERRY_ASSIGN_OR_RETURN(st->head,
                              Head::Create(d_, c_, params_, shape, std::min<int64_t>(n, 256)));

@@ -36,6 +36,7 @@ struct LoraConfig {
   bool enabled() const { return rank > 0; }
   double scaling() const { return alpha / double(rank); }  // REQUIRES: enabled()
   bool Targets(LoraTarget t) const { return enabled() && (targets & t) != 0; }
+  friend bool operator==(const LoraConfig&, const LoraConfig&) = default;
 };
 
 // Parses a comma-separated list: q,k,v,o,gate,up,down (the Hugging Face names q_proj, ...,

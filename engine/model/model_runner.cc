@@ -66,19 +66,11 @@ class Runner final : public ModelRunner {
       for (int& s : slot_) s = s < 0 ? slots : s;
       ++slots;
     }
-    BlocksContext ctx{.device = &d_,
-                      .config = &c_,
-                      .params = &params_,
-                      .shape = o_.shape,
-                      .num_slots = std::max(slots, 1),
-                      .positions = positions_,
-                      .doc_ids = doc_ids_,
-                      .inv_freq = inv_freq_};
-    if (c_.family == ModelFamily::kGpt2) {
-      FERRY_ASSIGN_OR_RETURN(blocks_, CreateGpt2Blocks(ctx));
-    } else {
-      FERRY_ASSIGN_OR_RETURN(blocks_, CreateLlamaBlocks(ctx));
-    }
+    BlocksContext ctx =
+        MakeBlocksContext(d_, c_, params_, o_.shape,
+                          {.positions = positions_, .doc_ids = doc_ids_, .inv_freq = inv_freq_});
+    ctx.num_slots = std::max(slots, 1);
+    FERRY_ASSIGN_OR_RETURN(blocks_, CreateDecoderBlocks(ctx));
     FERRY_ASSIGN_OR_RETURN(head_, Head::Create(d_, c_, params_, o_.shape, o_.loss_chunk_tokens));
 
     staging_.hidden = 0;
@@ -153,7 +145,10 @@ class Runner final : public ModelRunner {
     FERRY_RETURN_IF_ERROR(Download(dy, staging_.hidden));
     FERRY_RETURN_IF_ERROR(Download(head_->token_loss(), staging_.loss));
     FERRY_RETURN_IF_ERROR(d_.Synchronize(StreamId::kDownload));
-    FERRY_RETURN_IF_ERROR(params_.DownloadAndAddGrads(d_, grads, mb.overwrite_grads, mb.host_pool));
+    GradOverwrite overwrite;
+    GradOverwrite* ow = mb.overwrite_grads ? &overwrite : nullptr;
+    FERRY_RETURN_IF_ERROR(params_.DownloadAndAddGrads(d_, grads, ow, mb.host_pool));
+    if (ow != nullptr) ow->ZeroUnwritten(grads);
     if (!lora_.enabled()) FERRY_RETURN_IF_ERROR(EmbeddingGrad(mb.tokens, grads));
     const float* loss = reinterpret_cast<const float*>(host_.data() + staging_.loss);
     double sum = 0;

@@ -6,22 +6,11 @@
 #include <string>
 
 #include "kernels/cpu/attention.h"
+#include "kernels/ops/check_args.h"
 #include "kernels/ops/dispatch.h"
 
 namespace ferry {
 namespace {
-
-Status ExpectTensor(const Tensor& t, std::string_view name, DType dtype, const Shape& shape) {
-  if (t.data.is_null()) {
-    return Status::InvalidArgument("attention: tensor '" + std::string(name) + "' is null");
-  }
-  if (t.dtype != dtype || !(t.shape == shape)) {
-    return Status::InvalidArgument("attention: tensor '" + std::string(name) + "' must be " +
-                                   std::string(DTypeName(dtype)) + shape.ToString() + ", got " +
-                                   t.ToString());
-  }
-  return Status::Ok();
-}
 
 // The checks forward and backward share: shape parameters, q/k/v, doc_ids, lse, scale, window.
 Status ValidateCommon(const AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -47,13 +36,16 @@ Status ValidateCommon(const AttentionShape& s, const Tensor& q, const Tensor& k,
                                    q.ToString());
   }
   const int64_t n = s.tokens();
-  FERRY_RETURN_IF_ERROR(ExpectTensor(q, "q", q.dtype, Shape{n, s.q_heads * s.head_dim}));
-  FERRY_RETURN_IF_ERROR(ExpectTensor(k, "k", q.dtype, Shape{n, s.kv_heads * s.head_dim}));
-  FERRY_RETURN_IF_ERROR(ExpectTensor(v, "v", q.dtype, Shape{n, s.kv_heads * s.head_dim}));
+  FERRY_RETURN_IF_ERROR(
+      CheckExactTensor("attention", "q", q, q.dtype, Shape{n, s.q_heads * s.head_dim}));
+  FERRY_RETURN_IF_ERROR(
+      CheckExactTensor("attention", "k", k, q.dtype, Shape{n, s.kv_heads * s.head_dim}));
+  FERRY_RETURN_IF_ERROR(
+      CheckExactTensor("attention", "v", v, q.dtype, Shape{n, s.kv_heads * s.head_dim}));
   if (!doc_ids.data.is_null()) {
-    FERRY_RETURN_IF_ERROR(ExpectTensor(doc_ids, "doc_ids", DType::kI32, Shape{n}));
+    FERRY_RETURN_IF_ERROR(CheckExactTensor("attention", "doc_ids", doc_ids, DType::kI32, Shape{n}));
   }
-  return ExpectTensor(lse, "lse", DType::kF32, Shape{n, s.q_heads});
+  return CheckExactTensor("attention", "lse", lse, DType::kF32, Shape{n, s.q_heads});
 }
 
 Status ValidateScratch(const Device& d, const AttentionShape& s, const Tensor& scratch) {
@@ -72,17 +64,17 @@ Status ValidateScratch(const Device& d, const AttentionShape& s, const Tensor& s
 Status ValidateAttentionForward(const AttentionForwardArgs& a) {
   FERRY_RETURN_IF_ERROR(
       ValidateCommon(a.shape, a.q, a.k, a.v, a.doc_ids, a.lse, a.scale, a.window));
-  return ExpectTensor(a.o, "o", a.q.dtype, a.q.shape);
+  return CheckExactTensor("attention", "o", a.o, a.q.dtype, a.q.shape);
 }
 
 Status ValidateAttentionBackward(const AttentionBackwardArgs& a) {
   FERRY_RETURN_IF_ERROR(
       ValidateCommon(a.shape, a.q, a.k, a.v, a.doc_ids, a.lse, a.scale, a.window));
-  FERRY_RETURN_IF_ERROR(ExpectTensor(a.o, "o", a.q.dtype, a.q.shape));
-  FERRY_RETURN_IF_ERROR(ExpectTensor(a.d_o, "d_o", a.q.dtype, a.q.shape));
-  FERRY_RETURN_IF_ERROR(ExpectTensor(a.dq, "dq", a.q.dtype, a.q.shape));
-  FERRY_RETURN_IF_ERROR(ExpectTensor(a.dk, "dk", a.q.dtype, a.k.shape));
-  return ExpectTensor(a.dv, "dv", a.q.dtype, a.v.shape);
+  FERRY_RETURN_IF_ERROR(CheckExactTensor("attention", "o", a.o, a.q.dtype, a.q.shape));
+  FERRY_RETURN_IF_ERROR(CheckExactTensor("attention", "d_o", a.d_o, a.q.dtype, a.q.shape));
+  FERRY_RETURN_IF_ERROR(CheckExactTensor("attention", "dq", a.dq, a.q.dtype, a.q.shape));
+  FERRY_RETURN_IF_ERROR(CheckExactTensor("attention", "dk", a.dk, a.q.dtype, a.k.shape));
+  return CheckExactTensor("attention", "dv", a.dv, a.q.dtype, a.v.shape);
 }
 
 size_t AttentionScratchBytes(const Device& d, const AttentionShape& shape) {

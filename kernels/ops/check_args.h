@@ -48,6 +48,22 @@ inline Status CheckTensorOfType(std::string_view op, std::string_view name, cons
   return Status::Ok();
 }
 
+// `t` is given, of dtype `dtype` (any, i32 ids included) and shape `want`. Unlike
+// CheckFloatTensor, an empty tensor must be given too.
+inline Status CheckExactTensor(std::string_view op, std::string_view name, const Tensor& t,
+                               DType dtype, const Shape& want) {
+  if (t.data.is_null()) {
+    return Status::InvalidArgument(std::string(op) + ": tensor '" + std::string(name) +
+                                   "' is null");
+  }
+  if (t.dtype != dtype || !(t.shape == want)) {
+    return Status::InvalidArgument(std::string(op) + ": tensor '" + std::string(name) +
+                                   "' must be " + std::string(DTypeName(dtype)) + want.ToString() +
+                                   ", got " + t.ToString());
+  }
+  return Status::Ok();
+}
+
 // A rank-2 float tensor; its dimensions are returned through rows/cols.
 inline Status CheckMatrix(std::string_view op, std::string_view name, const Tensor& t,
                           int64_t* rows, int64_t* cols) {

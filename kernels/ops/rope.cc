@@ -3,23 +3,10 @@
 #include <string>
 
 #include "kernels/cpu/rope.h"
+#include "kernels/ops/check_args.h"
 #include "kernels/ops/dispatch.h"
 
 namespace ferry {
-namespace {
-
-Status ExpectTensor(const Tensor& t, std::string_view name, DType dtype, const Shape& shape) {
-  if (t.data.is_null())
-    return Status::InvalidArgument("rope: tensor '" + std::string(name) + "' is null");
-  if (t.dtype != dtype || !(t.shape == shape)) {
-    return Status::InvalidArgument("rope: tensor '" + std::string(name) + "' must be " +
-                                   std::string(DTypeName(dtype)) + shape.ToString() + ", got " +
-                                   t.ToString());
-  }
-  return Status::Ok();
-}
-
-}  // namespace
 
 Status ValidateRope(const RopeArgs& a) {
   if (a.num_heads < 1 || a.head_dim < 2 || a.head_dim % 2 != 0 || a.head_dim > kRopeMaxHeadDim) {
@@ -41,11 +28,12 @@ Status ValidateRope(const RopeArgs& a) {
   }
   const int64_t n = a.in.dim(0);
   const Shape act{n, a.num_heads * a.head_dim};
-  FERRY_RETURN_IF_ERROR(ExpectTensor(a.in, "in", a.in.dtype, act));
-  FERRY_RETURN_IF_ERROR(ExpectTensor(a.out, "out", a.in.dtype, act));
-  FERRY_RETURN_IF_ERROR(ExpectTensor(a.positions, "positions", DType::kI32, Shape{n}));
+  FERRY_RETURN_IF_ERROR(CheckExactTensor("rope", "in", a.in, a.in.dtype, act));
+  FERRY_RETURN_IF_ERROR(CheckExactTensor("rope", "out", a.out, a.in.dtype, act));
+  FERRY_RETURN_IF_ERROR(CheckExactTensor("rope", "positions", a.positions, DType::kI32, Shape{n}));
   if (!a.inv_freq.data.is_null()) {
-    FERRY_RETURN_IF_ERROR(ExpectTensor(a.inv_freq, "inv_freq", DType::kF32, Shape{r / 2}));
+    FERRY_RETURN_IF_ERROR(
+        CheckExactTensor("rope", "inv_freq", a.inv_freq, DType::kF32, Shape{r / 2}));
   } else if (!(a.theta > 0.0f)) {
     return Status::InvalidArgument("rope: theta must be > 0 when no inv_freq table is given");
   }
