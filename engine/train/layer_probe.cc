@@ -150,21 +150,11 @@ Status ProbeBlock(Device& d, const ModelConfig& c, const LoraConfig& lora,
   FERRY_ASSIGN_OR_RETURN(DeviceParams params, LayerParams(d, c, lora, all, layer, o.seed));
   ProbeIo io;
   FERRY_ASSIGN_OR_RETURN(DeviceBuffer io_buffer, MakeIo(d, c, micro, rng, io));
-  const BlocksContext ctx{.device = &d,
-                          .config = &c,
-                          .params = &params,
-                          .shape = micro,
-                          .num_slots = 1,
-                          .positions = io.positions,
-                          .doc_ids = io.doc_ids,
-                          .inv_freq = io.inv_freq,
-                          .first_block = layer.block};
-  std::unique_ptr<DecoderBlocks> blocks;
-  if (c.family == ModelFamily::kGpt2) {
-    FERRY_ASSIGN_OR_RETURN(blocks, CreateGpt2Blocks(ctx));
-  } else {
-    FERRY_ASSIGN_OR_RETURN(blocks, CreateLlamaBlocks(ctx));
-  }
+  BlocksContext ctx = MakeBlocksContext(
+      d, c, params, micro,
+      {.positions = io.positions, .doc_ids = io.doc_ids, .inv_freq = io.inv_freq});
+  ctx.first_block = layer.block;
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<DecoderBlocks> blocks, CreateDecoderBlocks(ctx));
   auto run = [&]() -> Result<Seconds2> {
     FERRY_ASSIGN_OR_RETURN(double f,
                            Timed(d, [&] { return blocks->Forward(layer.block, 0, io.x, io.y); }));
