@@ -47,8 +47,7 @@ class PlannedSource final : public CarveSource {
             {"blocks.workspace", "grad.work"},
             {"head.workspace", "grad.work"},
             {"blocks.scratch", "scratch"},
-            {"head.scratch", "scratch"},
-            {"head.dw_sink", "grads.sink"}};
+            {"head.scratch", "scratch"}};
   }
 
   Result<DevicePtr<std::byte>> Region(std::string_view requester, size_t bytes) override {

@@ -10,7 +10,7 @@
 //    a CarveSource: "params.weights" -> weights.slot0/1 (alternating per stage on a device),
 //    "params.grads" -> grads.accum, "blocks.saved.<k>" and "head.saved" -> saved.slot<k>,
 //    "blocks.workspace" and "head.workspace" -> grad.work, "blocks.scratch" and "head.scratch" ->
-//    scratch, "head.dw_sink" -> grads.sink; the executor itself fills "positions" (RoPE ids),
+//    scratch; the executor itself fills "positions" (RoPE ids),
 //    "rope.inv_freq" (RopeInvFreq: plain or Llama 3-scaled) and "doc_ids" (packed rows, per
 //    micro-batch; MicroBatchInput doc_ids/positions as ModelRunner reads them). The executor never
 //    sizes a device buffer itself: a component that does not fit its planned block fails with

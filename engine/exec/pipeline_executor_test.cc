@@ -524,7 +524,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"qwen3", 0, {{{1, 3}, {3, 5}}, {1, 2, 3, 4}, 2}, 2},
         // GPT-2 (tied, learned positions): one block per stage, four micro-batches, 3 devices.
         Case{"gpt2", 0, {{{1, 2}, {2, 3}, {3, 4}, {4, 5}}, {3}, 4}, 3},
-        // Llama with LoRA on every projection (frozen head: the dW sink), two micro-batches.
+        // Llama with LoRA on every projection (frozen head: no dW at all), two micro-batches.
         Case{"llama", 4, {{{1, 3}, {3, 5}}, {4}, 2}, 2},
         // Awkward sizes: 1 x 25 tokens (no tensor a multiple of the alignment), LoRA rank 3, a
         // one-block stage then a three-block one, 2 micro-batches on 3 devices.

@@ -1,6 +1,7 @@
 #include "engine/model/head.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "engine/model/decoder_blocks.h"
 #include "engine/model/projection.h"
@@ -34,9 +35,12 @@ Result<std::unique_ptr<Head>> Head::Create(Device& d, const ModelConfig& c,
     h->token_loss_ = cv.Take(DType::kF32, {N});
   };
   FERRY_ASSIGN_OR_RETURN(h->saved_buffer_, AllocateCarved(d, source, "head.saved", saved));
+  // A frozen head weight (LoRA) has no gradient: the loss op computes no dW (and needs no scratch
+  // for one).
   const bool frozen = params.at("lm_head.weight").grad.data.is_null();
-  const size_t scratch =
-      LmHeadLossScratchBytes(d, h->chunk_, V, C, DType::kF32, DType::kF32, /*backward=*/true);
+  const size_t scratch = LmHeadLossScratchBytes(
+      d, h->chunk_, V, C, DType::kF32, frozen ? std::nullopt : std::optional<DType>(DType::kF32),
+      /*backward=*/true);
   auto workspace = [&](TensorCarver& cv) {
     h->targets_ = cv.Take(DType::kI32, {N});
     h->dxn_ = cv.Take(DType::kF32, {N, C});
@@ -49,10 +53,6 @@ Result<std::unique_ptr<Head>> Head::Create(Device& d, const ModelConfig& c,
   };
   FERRY_ASSIGN_OR_RETURN(h->scratch_buffer_,
                          AllocateCarved(d, source, "head.scratch", scratch_layout));
-  if (frozen) {
-    auto sink = [&](TensorCarver& cv) { h->dw_sink_ = cv.Take(DType::kF32, {V * C}); };
-    FERRY_ASSIGN_OR_RETURN(h->dw_sink_buffer_, AllocateCarved(d, source, "head.dw_sink", sink));
-  }
   return h;
 }
 
@@ -89,8 +89,7 @@ Status Head::ForwardBackward(Tensor x, double normalizer, Tensor dx) {
   LmHeadLossArgs a = LossArgs();
   a.normalizer = normalizer;
   a.dh = dxn_;
-  a.dw =
-      dw_sink_.data.is_null() ? G("lm_head.weight") : dw_sink_.Reshape(W("lm_head.weight").shape);
+  a.dw = params_.at("lm_head.weight").grad;  // null when frozen: no weight gradient
   FERRY_RETURN_IF_ERROR(LmHeadLossForwardBackward(d_, a));
   if (c_.norm == NormKind::kLayerNorm) {
     return LayerNormBackward(d_, {dxn_, x, W(NormName(c_, false)), mean_, rstd_, dx,

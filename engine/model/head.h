@@ -4,8 +4,8 @@
 //
 // Buffers (planned at creation): "head.saved" (normed input, norm statistics, per-token loss:
 // what ComputeLayerCost counts), "head.workspace" (the targets, the normed input's gradient and a
-// gradient sink for frozen norm weights), "head.scratch" (the loss op's scratch) and, when the LM
-// head weight is frozen (LoRA), "head.dw_sink" (V x C f32: the fused op always accumulates a dW).
+// gradient sink for frozen norm weights) and "head.scratch" (the loss op's scratch). A frozen LM
+// head weight (LoRA) gets no gradient buffer: the fused op then skips its weight-gradient products.
 // With a CarveSource they are regions of the caller's allocations instead (engine/exec).
 //
 // Accumulation: dx (the gradient of the head's input) is written (=); the
@@ -57,9 +57,8 @@ class Head {
   // targets, token_loss, scratch).
   LmHeadLossArgs LossArgs() const;
   Tensor W(const char* name) const;
-  // The gradient, or a view of the sink from element sink_offset when frozen
-  // (the sink holds the norm weight's at 0, the norm bias's at C; the head weight's is
-  // dw_sink_).
+  // The gradient of a norm parameter, or a view of the sink from element sink_offset when frozen
+  // (the sink holds the norm weight's at 0, the norm bias's at C).
   Tensor G(const char* name, int64_t sink_offset = 0) const;
 
   Device& d_;
@@ -68,8 +67,7 @@ class Head {
   int64_t chunk_ = 256;
   Tensor xn_, mean_, rstd_, token_loss_;   // (N, C), (N) LayerNorm only, (N), (N)
   Tensor targets_, dxn_, scratch_, sink_;  // i32 (N), (N, C), bytes, (2C)
-  Tensor dw_sink_;                         // (V*C) when the head weight is frozen
-  DeviceBuffer saved_buffer_, workspace_buffer_, scratch_buffer_, dw_sink_buffer_;
+  DeviceBuffer saved_buffer_, workspace_buffer_, scratch_buffer_;
 };
 
 }  // namespace ferry

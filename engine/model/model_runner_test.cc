@@ -192,6 +192,8 @@ TEST(RunnerLoraTest, OnlyAdaptersHaveGradients) {
   for (const ArenaRecord& r : (*f)->device->arena_log()) {
     if (r.requester == "params.weights") weights = r.bytes;
     if (r.requester == "params.grads") grads = r.bytes;
+    // The frozen LM head gets no dW: no (vocab x hidden) sink for one.
+    EXPECT_EQ(r.requester.find("sink"), std::string::npos) << r.requester;
   }
   ASSERT_GT(weights, 0u);
   EXPECT_LT(grads * 4, weights);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 #include <map>
+#include <optional>
 #include <string_view>
 
 #include "kernels/cpu/attention.h"
@@ -162,8 +163,15 @@ uint64_t OpScratchBytes(const ModelConfig& model, const LayerSpec& layer, BatchS
   if (layer.kind == LayerKind::kHead) {
     const int threads = target.cuda ? 1 : target.cpu_threads;  // as kernels/ops/lm_head_loss.cc
     const int64_t chunk = std::min(kLossChunkTokens, n);
+    // A frozen head weight (LoRA) gets no dW: the loss op skips it and its scratch.
+    bool head_trainable = false;
+    for (const ParamSpec& p : layer.params) {
+      if (p.name == "lm_head.weight") head_trainable = p.trainable;
+    }
+    const std::optional<DType> dw_dtype =
+        head_trainable ? std::optional<DType>(DType::kF32) : std::nullopt;
     most = cpu::LmHeadLossScratchBytes(threads, chunk, model.vocab_size, model.hidden_size,
-                                       compute_dtype, DType::kF32, /*backward=*/true);
+                                       compute_dtype, dw_dtype, /*backward=*/true);
   } else if (layer.kind == LayerKind::kBlock) {
     const GemmDTypes act{compute_dtype, compute_dtype, compute_dtype};
     const GemmDTypes grad{compute_dtype, compute_dtype, DType::kF32};
@@ -242,14 +250,6 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     Add(e.gpu, "rope.inv_freq", uint64_t(in.model.head_dim / 2) * 4, A);
   }
   Add(e.gpu, "doc_ids", uint64_t(in.micro_batch.tokens()) * 4, A);
-  // The fused LM head + loss always accumulates a dW: a frozen head (LoRA) writes it to a sink.
-  bool head_frozen = false;
-  for (const ParamSpec& p : layers[size_t(head)].params) {
-    if (p.name == "lm_head.weight") head_frozen = !p.trainable;
-  }
-  if (head_frozen) {
-    Add(e.gpu, "grads.sink", uint64_t(in.model.vocab_size * in.model.hidden_size) * kF32, A);
-  }
   if (in.scratch.cuda) Add(e.gpu, "library.workspace", kCublasWorkspaceBytes, A);
 
   // Host and NVMe.

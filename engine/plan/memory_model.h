@@ -29,8 +29,6 @@
 //                       tensor, same layout, so the largest saved set again;
 //   scratch             the largest scratch any op of the plan asks for (see OpScratchBytes);
 //   positions           RoPE position ids, i32 per token (models without learned positions);
-//   grads.sink          a frozen LM head's (LoRA) dW, V x C fp32: the fused head + loss op always
-//                       accumulates one;
 //   library.workspace   CUDA only: cuBLAS/cuBLASLt workspace (kCublasWorkspaceBytes).
 // Every allocation is rounded up to the arena alignment (256 bytes, as kernels/arena.h).
 //

@@ -1,4 +1,3 @@
-#include "kernels/cpu/blas.h"
 #include "kernels/cpu/lm_head_loss.h"
 
 #include <cblas.h>
@@ -11,6 +10,7 @@
 #include <type_traits>
 
 #include "kernels/backend_access.h"
+#include "kernels/cpu/blas.h"
 
 namespace ferry::cpu {
 
@@ -29,13 +29,13 @@ struct ScratchLayout {
   size_t per_thread = 0;  // first thread's block; thread k at per_thread + k * thread_stride
   size_t thread_stride = 0;
   size_t w_panel = 0;     // within a thread's block: (kWBlockRows, C) f32, when W is not f32
-  size_t dw_panel = 0;    // (kWBlockRows, C) f32, when dW is not f32 (backward)
+  size_t dw_panel = 0;    // (kWBlockRows, C) f32, when a dW is computed and not f32 (backward)
   size_t dh_partial = 0;  // (chunk, C) f32 (backward)
   size_t total = 0;
 };
 
 ScratchLayout MakeLayout(int threads, int64_t chunk, int64_t V, int64_t C, DType h_dtype,
-                         DType dw_dtype, bool backward) {
+                         std::optional<DType> dw_dtype, bool backward) {
   ScratchLayout l;
   size_t off = 0;
   auto take = [&](size_t bytes) {
@@ -49,7 +49,8 @@ ScratchLayout MakeLayout(int threads, int64_t chunk, int64_t V, int64_t C, DType
   l.per_thread = off;
   off = 0;
   if (h_dtype != DType::kF32) l.w_panel = take(size_t(kWBlockRows * C) * 4);
-  if (backward && dw_dtype != DType::kF32) l.dw_panel = take(size_t(kWBlockRows * C) * 4);
+  if (backward && dw_dtype.has_value() && *dw_dtype != DType::kF32)
+    l.dw_panel = take(size_t(kWBlockRows * C) * 4);
   if (backward) l.dh_partial = take(size_t(chunk * C) * 4);
   l.thread_stride = off;
   l.total = l.per_thread + size_t(threads) * l.thread_stride;
@@ -127,7 +128,7 @@ Status Run(ThreadPool& pool, const LmHeadLossArgs& a, bool backward) {
   const int64_t chunk = a.chunk_tokens;
   const int parts = pool.size();
   const ScratchLayout L =
-      MakeLayout(parts, chunk, V, C, a.h.dtype, backward ? a.dw.dtype : DType::kF32, backward);
+      MakeLayout(parts, chunk, V, C, a.h.dtype, LmHeadLossWeightGradDType(a, backward), backward);
   if (a.scratch.bytes() < L.total) {
     return Status::InvalidArgument("lm_head_loss: scratch has " +
                                    std::to_string(a.scratch.bytes()) + " bytes; " +
@@ -137,8 +138,8 @@ Status Run(ThreadPool& pool, const LmHeadLossArgs& a, bool backward) {
   const T* w = BackendAccess::Data<T>(a.w);                                  // (V, C)
   const int32_t* targets = N > 0 ? BackendAccess::Raw(a.targets) : nullptr;  // (N)
   FERRY_RETURN_IF_ERROR(CheckTargets(targets, N, V));
-  T* dh = backward ? BackendAccess::Data<T>(a.dh) : nullptr;  // (N, C)
-  G* dw = backward ? BackendAccess::Data<G>(a.dw) : nullptr;  // (V, C)
+  T* dh = backward ? BackendAccess::Data<T>(a.dh) : nullptr;                          // (N, C)
+  G* dw = backward && !a.dw.data.is_null() ? BackendAccess::Data<G>(a.dw) : nullptr;  // (V, C)
   float* token_loss_out =
       a.token_loss.data.is_null() ? nullptr : BackendAccess::Data<float>(a.token_loss);  // (N)
 
@@ -200,7 +201,7 @@ Status Run(ThreadPool& pool, const LmHeadLossArgs& a, bool backward) {
     });
     for (int64_t r = 0; r < cn; ++r) loss_sum += losses[r];
     if (!backward) continue;
-    // C: dW rows of each part, and each part's dh partial.
+    // C: dW rows of each part (when there is a dW), and each part's dh partial.
     pool.ParallelFor(parts, 1, [&](int64_t pb, int64_t pe, int worker) {
       for (int64_t k = pb; k < pe; ++k) {
         const int64_t v_end = part_begin(k + 1);
@@ -208,8 +209,10 @@ Status Run(ThreadPool& pool, const LmHeadLossArgs& a, bool backward) {
         float* partial = thread_piece(int(k), L.dh_partial);  // (cn, C)
         for (int64_t v0 = part_begin(k); v0 < v_end; v0 += block) {
           const int64_t rows = std::min(block, v_end - v0);
-          AccumulateWeightGrad(dw, logits, hc, cn, V, C, v0, rows,
-                               thread_piece(worker, L.dw_panel));
+          if (dw != nullptr) {
+            AccumulateWeightGrad(dw, logits, hc, cn, V, C, v0, rows,
+                                 thread_piece(worker, L.dw_panel));
+          }
           const float* wr = WeightRows(w, v0, rows, C, thread_piece(worker, L.w_panel));
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(cn), int(C), int(rows), 1.0f,
                       logits + v0, int(V), wr, int(C), 1.0f, partial, int(C));
@@ -241,7 +244,7 @@ Status Run(ThreadPool& pool, const LmHeadLossArgs& a, bool backward) {
 }  // namespace
 
 size_t LmHeadLossScratchBytes(int threads, int64_t chunk_tokens, int64_t V, int64_t C,
-                              DType h_dtype, DType dw_dtype, bool backward) {
+                              DType h_dtype, std::optional<DType> dw_dtype, bool backward) {
   return MakeLayout(std::max(1, threads), chunk_tokens, V, C, h_dtype, dw_dtype, backward).total;
 }
 
@@ -252,7 +255,7 @@ Status LmHeadLossForward(ThreadPool& pool, const LmHeadLossArgs& a) {
 
 Status LmHeadLossForwardBackward(ThreadPool& pool, const LmHeadLossArgs& a) {
   if (a.h.dtype == DType::kF32) return Run<float, float>(pool, a, true);
-  if (a.dw.dtype == DType::kF32) return Run<bf16, float>(pool, a, true);
+  if (a.dw.data.is_null() || a.dw.dtype == DType::kF32) return Run<bf16, float>(pool, a, true);
   return Run<bf16, bf16>(pool, a, true);
 }
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -135,6 +136,31 @@ void CheckCase(const Case& c) {
   ASSERT_TRUE(cpu::LmHeadLossForward(pool, f).ok());
   ExpectClose(floss.Get(), tloss.Get(), 0, 0, "forward-only token_loss");
   ExpectClose(fsum.Get(), tsum.Get(), 0, 0, "forward-only loss_sum");
+
+  // No weight gradient (a frozen head): the same losses and dh bit for bit (dW's products never
+  // feed dh), in scratch sized exactly for that pass: no more than with a dW, and without the
+  // per-thread dW panel when dW is not f32.
+  const size_t no_dw_bytes =
+      cpu::LmHeadLossScratchBytes(c.threads, c.chunk, V, C, c.dtype, std::nullopt, true);
+  EXPECT_LE(no_dw_bytes, scratch_bytes);
+  if (c.dw_dtype != DType::kF32) {
+    EXPECT_LT(no_dw_bytes, scratch_bytes);
+  }
+  HostTensor nloss(DType::kF32, Shape{N}), nsum(DType::kF32, Shape{1});
+  HostTensor ndh(c.dtype, Shape{N, C}, std::vector<float>(size_t(N * C), 7.0f));
+  HostTensor nscratch(DType::kF32, Shape{int64_t(no_dw_bytes / 4)});
+  LmHeadLossArgs g = a;
+  g.token_loss = nloss.tensor();
+  g.loss_sum = nsum.tensor();
+  g.dh = ndh.tensor();
+  g.dw = {};
+  g.scratch = nscratch.tensor();
+  ASSERT_TRUE(ValidateLmHeadLoss(g, true).ok()) << ValidateLmHeadLoss(g, true).ToString();
+  const Status ng = cpu::LmHeadLossForwardBackward(pool, g);
+  ASSERT_TRUE(ng.ok()) << ng.ToString();
+  ExpectClose(nloss.Get(), tloss.Get(), 0, 0, "no-dW token_loss");
+  ExpectClose(nsum.Get(), tsum.Get(), 0, 0, "no-dW loss_sum");
+  ExpectClose(ndh.Get(), tdh.Get(), 0, 0, "no-dW dh");
 }
 
 TEST(LmHeadLossTest, MatchesReferenceF32) {
@@ -233,6 +259,7 @@ TEST(LmHeadLossTest, ValidateNamesTheTensor) {
   EXPECT_TRUE(ValidateLmHeadLoss(a, false).ok());
   EXPECT_FALSE(ValidateLmHeadLoss(a, true).ok());  // dh, dw missing
   a.dh = dh.tensor();
+  EXPECT_TRUE(ValidateLmHeadLoss(a, true).ok());  // no dw: no weight gradient (a frozen head)
   a.dw = dw_bad.tensor();
   const Status st = ValidateLmHeadLoss(a, true);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);

@@ -58,15 +58,17 @@ Status ValidateLmHeadLoss(const LmHeadLossArgs& a, bool backward) {
   }
   if (backward) {
     FERRY_RETURN_IF_ERROR(CheckTensor(a.dh, "dh", Shape{N, C}, a.h.dtype));
-    const DType dw_dtype = a.dw.dtype == DType::kF32 ? DType::kF32 : a.w.dtype;
-    FERRY_RETURN_IF_ERROR(CheckTensor(a.dw, "dw", Shape{V, C}, dw_dtype));
+    if (!a.dw.data.is_null()) {  // absent: no weight gradient (a frozen head)
+      const DType dw_dtype = a.dw.dtype == DType::kF32 ? DType::kF32 : a.w.dtype;
+      FERRY_RETURN_IF_ERROR(CheckTensor(a.dw, "dw", Shape{V, C}, dw_dtype));
+    }
   }
   if (a.scratch.data.is_null()) return Bad("scratch is missing (LmHeadLossScratchBytes)");
   return Status::Ok();
 }
 
 size_t LmHeadLossScratchBytes(const Device& d, int64_t chunk_tokens, int64_t V, int64_t C,
-                              DType h_dtype, DType dw_dtype, bool backward) {
+                              DType h_dtype, std::optional<DType> dw_dtype, bool backward) {
   const int threads =
       d.kind() == DeviceKind::kCpu ? static_cast<const CpuDevice&>(d).options().compute_threads : 1;
   return cpu::LmHeadLossScratchBytes(threads, chunk_tokens, V, C, h_dtype, dw_dtype, backward);
@@ -78,7 +80,7 @@ Status Enqueue(Device& d, const LmHeadLossArgs& a, bool backward) {
   FERRY_RETURN_IF_ERROR(ValidateLmHeadLoss(a, backward));
   if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "lm_head_loss");
   const size_t need = LmHeadLossScratchBytes(d, a.chunk_tokens, a.w.dim(0), a.h.dim(1), a.h.dtype,
-                                             backward ? a.dw.dtype : DType::kF32, backward);
+                                             LmHeadLossWeightGradDType(a, backward), backward);
   if (a.scratch.bytes() < need) {
     return Bad("scratch is " + std::to_string(a.scratch.bytes()) + " bytes; " +
                std::to_string(need) + " needed on device '" + d.name() + "'");

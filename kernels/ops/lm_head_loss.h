@@ -1,7 +1,8 @@
 // Fused LM head + cross-entropy: logits = h W^T, loss = -log softmax(logits)[target], computed a
 // chunk of tokens at a time so the (N, V) logits never exist: only a (chunk, V) fp32 block does,
 // in scratch. The head is the model's tail, so the training variant runs forward and backward in
-// the same pass and returns dh and dW with the loss.
+// the same pass and returns dh and dW with the loss; without a dw tensor (a frozen head: LoRA) it
+// skips the weight-gradient products altogether and returns dh alone.
 //
 // Semantics (PyTorch's cross_entropy with reduction='sum', divided by a caller-given count):
 //   token_loss[i] = -log softmax(h_i W^T)[t_i]          (0 where t_i == kIgnoreIndex)
@@ -13,10 +14,12 @@
 //   dW += (P - Y)^T h * s    accumulated (`+=`), parameter gradient
 // with P the softmax, Y the one-hot targets (zero rows for ignored tokens), s = loss_scale /
 // normalizer. Math is fp32 (log-sum-exp sums in double); h, W, dh are stored f32 or bf16; dW is
-// f32 or W's dtype (bf16 dW is rounded once per chunk of tokens).
+// f32 or W's dtype (bf16 dW is rounded once per chunk of tokens). dh does not depend on whether dW
+// is computed: the same chunking gives the same bits with or without it.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "kernels/device.h"
 #include "kernels/status.h"
@@ -37,24 +40,35 @@ struct LmHeadLossArgs {
   Tensor token_loss;                 // (N) f32, optional (null data): unscaled -log p, 0 if ignored
   Tensor loss_sum;                   // (1) f32, optional: sum of token_loss / normalizer, `=`
   Tensor dh;                         // (N, C) h's dtype, written `=` (forward-backward only)
-  Tensor dw;                         // (V, C) f32 | w's dtype, accumulated `+=` (fwd-bwd only)
+  Tensor dw;                         // (V, C) f32 | w's dtype, accumulated `+=` (fwd-bwd only);
+                                     // optional (null data): no weight gradient (frozen head)
   Tensor scratch;                    // >= LmHeadLossScratchBytes bytes, any dtype
 };
 
 // Shapes and dtypes (InvalidArgument naming the tensor, the expected and the actual shape).
-// `backward`: dh and dw are required. Target values are device data: the kernel checks them and
-// fails the stream with InvalidArgument naming the first bad one.
+// `backward`: dh is required; dw is optional (null data: no weight gradient). Target values are
+// device data: the kernel checks them and fails the stream with InvalidArgument naming the first
+// bad one.
 Status ValidateLmHeadLoss(const LmHeadLossArgs& a, bool backward);
 
 // Scratch bytes for chunks of `chunk_tokens` tokens: O(chunk_tokens * V) plus per-worker panels
 // of O(C * (chunk_tokens + 128)), independent of N. On a CPU device it depends on the device's
-// thread count. (CUDA: no kernel yet; reports the single-thread CPU layout.)
+// thread count. (CUDA: no kernel yet; reports the single-thread CPU layout.) `dw_dtype`: dW's
+// storage, or nullopt when the pass computes no dW (forward only, or a frozen head); never more
+// than with a dW.
 size_t LmHeadLossScratchBytes(const Device& d, int64_t chunk_tokens, int64_t V, int64_t C,
-                              DType h_dtype, DType dw_dtype, bool backward);
+                              DType h_dtype, std::optional<DType> dw_dtype, bool backward);
+
+// dW's storage dtype for a pass over `a`: nullopt when the pass computes no dW (forward only, or
+// no a.dw). What LmHeadLossScratchBytes takes for that pass.
+inline std::optional<DType> LmHeadLossWeightGradDType(const LmHeadLossArgs& a, bool backward) {
+  if (!backward || a.dw.data.is_null()) return std::nullopt;
+  return a.dw.dtype;
+}
 
 // Loss only (evaluation): token_loss and/or loss_sum. dh, dw are not touched.
 Status LmHeadLossForward(Device& d, const LmHeadLossArgs& a);
-// Loss, dh (`=`) and dW (`+=`) in one pass over the tokens.
+// Loss, dh (`=`) and, when a.dw is given, dW (`+=`) in one pass over the tokens.
 Status LmHeadLossForwardBackward(Device& d, const LmHeadLossArgs& a);
 
 }  // namespace ferry

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <vector>
 
 #include "kernels/cpu/cpu_device.h"
@@ -102,6 +103,25 @@ TEST(LmHeadLossOp, RunsInAnArenaSmallerThanTheLogits) {
       0, int64_t(LmHeadLossScratchBytes(dev, chunk, V, C, DType::kBF16, DType::kF32, false) / 4));
   ASSERT_TRUE(LmHeadLossForward(dev, f).ok());
   ExpectClose(tsum.Download(), got_sum, 0, 0, "forward-only loss_sum");
+
+  // No weight gradient (a frozen head: LoRA) through the dispatcher: the same loss, token losses
+  // and dh bit for bit (same chunking), in no more scratch than with a dW.
+  const size_t no_dw_bytes =
+      LmHeadLossScratchBytes(dev, chunk, V, C, DType::kBF16, std::nullopt, true);
+  EXPECT_LE(no_dw_bytes, scratch_bytes);
+  DeviceTensor ndh(dev, DType::kBF16, Shape{N, C}, "dh (no dW)");
+  DeviceTensor nloss(dev, DType::kF32, Shape{N}, "token_loss (no dW)");
+  ASSERT_TRUE(ndh.ok() && nloss.ok());
+  LmHeadLossArgs g = a;
+  g.token_loss = nloss.tensor();
+  g.dh = ndh.tensor();
+  g.dw = {};
+  g.scratch = scratch.tensor().Rows(0, int64_t(no_dw_bytes / 4));
+  const Status ng = LmHeadLossForwardBackward(dev, g);
+  ASSERT_TRUE(ng.ok()) << ng.ToString();
+  ExpectClose(nloss.Download(), got_loss, 0, 0, "no-dW token_loss");
+  ExpectClose(tsum.Download(), got_sum, 0, 0, "no-dW loss_sum");
+  ExpectClose(ndh.Download(), got_dh, 0, 0, "no-dW dh");
 }
 
 TEST(LmHeadLossOp, DispatcherRejectsShortScratchAtEnqueue) {
