@@ -18,14 +18,14 @@ venv=build/venv-tests
 # (A venv prepared before jinja2 was on the list is topped up.)
 if [[ ! -f $venv/READY ]] || ! $venv/bin/python -c 'import jinja2' 2>/dev/null; then
   rm -f $venv/SETUP_FAILED
-  if python3 -m venv $venv >/tmp/ferry-venv.log 2>&1 &&
-     $venv/bin/pip install -q tokenizers tiktoken jinja2 numpy safetensors >>/tmp/ferry-venv.log 2>&1 &&
+  if python3 -m venv $venv >$venv.log 2>&1 &&
+     $venv/bin/pip install -q tokenizers tiktoken jinja2 numpy safetensors >>$venv.log 2>&1 &&
      $venv/bin/pip download -q --no-deps openai-whisper -d $venv/downloads \
-       >>/tmp/ferry-venv.log 2>&1; then
+       >>$venv.log 2>&1; then
     touch $venv/READY
   else
     mkdir -p $venv
-    echo "pip failed: $(tail -n 1 /tmp/ferry-venv.log)" >$venv/SETUP_FAILED
+    echo "pip failed: $(tail -n 1 $venv.log)" >$venv/SETUP_FAILED
   fi
 fi
 
