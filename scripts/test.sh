@@ -4,46 +4,102 @@
 # then the parsers' fuzz targets for a bounded time (scripts/fuzz.sh).
 # Environment: FERRY_SANITIZERS=0 skips the sanitizer builds and FERRY_FUZZ_SECONDS=0 the fuzzing
 # (for a quick local loop); FERRY_FUZZ_SECONDS sets the seconds per fuzz target (default 20 here).
+# A failing test suite does not stop the later builds: the script ends with one line per build
+# (build time, test time, tests passed/skipped/failed) and fails if any of them failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
+started=$SECONDS
 
-scripts/setup.sh
+summary=()
+failed=0
+print_summary() {
+  ((${#summary[@]})) || return 0
+  echo "== summary ($(((SECONDS - started) / 60)) min) =="
+  printf '%s\n' "${summary[@]}"
+}
+trap print_summary EXIT
 
 # Python references for tests/tokenizer_check.py and dataset_check.py (tokenizers, tiktoken,
 # jinja2 for the chat templates; GPT-2's real ranks from
 # the openai-whisper package, downloaded without its dependencies). Reused when present; a
 # failure is recorded in SETUP_FAILED and the test reports itself skipped with that reason.
-venv=build/venv-tests
-# (A venv prepared before jinja2 was on the list is topped up.)
-if [[ ! -f $venv/READY ]] || ! $venv/bin/python -c 'import jinja2' 2>/dev/null; then
-  rm -f $venv/SETUP_FAILED
-  if python3 -m venv $venv >/tmp/ferry-venv.log 2>&1 &&
-     $venv/bin/pip install -q tokenizers tiktoken jinja2 numpy safetensors >>/tmp/ferry-venv.log 2>&1 &&
-     $venv/bin/pip download -q --no-deps openai-whisper -d $venv/downloads \
-       >>/tmp/ferry-venv.log 2>&1; then
-    touch $venv/READY
-  else
-    mkdir -p $venv
-    echo "pip failed: $(tail -n 1 /tmp/ferry-venv.log)" >$venv/SETUP_FAILED
+prepare_venv() {
+  local venv=build/venv-tests
+  # (A venv prepared before jinja2 was on the list is topped up.)
+  if [[ ! -f $venv/READY ]] || ! $venv/bin/python -c 'import jinja2' 2>/dev/null; then
+    rm -f $venv/SETUP_FAILED
+    if python3 -m venv $venv >$venv.log 2>&1 &&
+       $venv/bin/pip install -q tokenizers tiktoken jinja2 numpy safetensors >>$venv.log 2>&1 &&
+       $venv/bin/pip download -q --no-deps openai-whisper -d $venv/downloads \
+         >>$venv.log 2>&1; then
+      touch $venv/READY
+    else
+      mkdir -p $venv
+      echo "pip failed: $(tail -n 1 $venv.log)" >$venv/SETUP_FAILED
+    fi
   fi
-fi
+}
 
-echo "== tests (build) =="
-ctest --test-dir build --output-on-failure -j "$jobs" --timeout 600
+# count_results <junit file> <ctest exit status>: "N passed, N skipped, N failed".
+count_results() {
+  local suite
+  suite=$(head -c 4096 "$1" 2>/dev/null | tr '\n\t' '  ' | grep -o '<testsuite [^>]*>') ||
+    { echo "no test results (ctest exit status $2)"; return; }
+  attr() { sed -n "s/.* $1=\"\([0-9]*\)\".*/\1/p" <<<"$suite"; }
+  local tests failures skipped disabled
+  tests=$(attr tests) failures=$(attr failures) skipped=$(attr skipped) disabled=$(attr disabled)
+  echo "$((tests - failures - skipped - disabled)) passed, $((skipped + disabled)) skipped," \
+    "$failures failed"
+}
+
+# build_and_test <build dir> <ctest arguments...>: builds with scripts/setup.sh (cmake arguments
+# in $cmake_args), runs the tests and adds the build's line to the summary.
+build_and_test() {
+  local dir=$1
+  shift
+  echo "== build ($dir) =="
+  local start=$SECONDS
+  FERRY_BUILD_DIR=$dir scripts/setup.sh "${cmake_args[@]}" ||
+    { summary+=("$(printf '%-14s build FAILED (see above)' "$dir")"); exit 1; }
+  local built=$((SECONDS - start))
+  [[ $dir == build ]] && prepare_venv
+  echo "== tests ($dir) =="
+  start=$SECONDS
+  local rc=0
+  rm -f "$dir/ctest-junit.xml"
+  ctest --test-dir "$dir" --output-on-failure -j "$jobs" --output-junit ctest-junit.xml "$@" ||
+    rc=$?
+  summary+=("$(printf '%-14s build %4d s, tests %4d s: %s' "$dir" "$built" \
+    $((SECONDS - start)) "$(count_results "$dir/ctest-junit.xml" $rc)")")
+  ((rc == 0)) || failed=1
+}
+
+cmake_args=()
+build_and_test build --timeout 600
 
 if [[ "${FERRY_SANITIZERS:-1}" != 0 ]]; then
+  export FERRY_SKIP_APT=1
   for san in address thread; do
-    echo "== tests (build-$san: FERRY_SANITIZE=$san) =="
-    FERRY_SKIP_APT=1 FERRY_BUILD_DIR=build-$san scripts/setup.sh -DFERRY_SANITIZE=$san \
-      -DFERRY_CUDA=OFF -DFERRY_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+    cmake_args=(-DFERRY_SANITIZE=$san -DFERRY_CUDA=OFF -DFERRY_BUILD_BENCH=OFF
+                -DCMAKE_BUILD_TYPE=RelWithDebInfo)
+    # Labels: no_sanitizer (too slow under either sanitizer; none has needed it yet), no_tsan
+    # (single-threaded: nothing for TSan to find).
+    skip=no_sanitizer
+    [[ $san == thread ]] && skip='no_sanitizer|no_tsan'
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
     ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1" \
-      ctest --test-dir build-$san --output-on-failure -j "$jobs" --timeout 900 -LE no_sanitizer
+      build_and_test build-$san --timeout 900 -LE "$skip"
   done
 fi
 
 if [[ "${FERRY_FUZZ_SECONDS:-20}" != 0 ]]; then
   echo "== fuzz (build-fuzz: clang, libFuzzer, ASan+UBSan) =="
-  FERRY_FUZZ_SECONDS=${FERRY_FUZZ_SECONDS:-20} scripts/fuzz.sh
+  start=$SECONDS
+  rc=0
+  FERRY_FUZZ_SECONDS=${FERRY_FUZZ_SECONDS:-20} scripts/fuzz.sh || rc=$?
+  result="no problems found"
+  ((rc == 0)) || { result="FAILED (see above)"; failed=1; }
+  summary+=("$(printf '%-14s build+fuzz %4d s: %s' build-fuzz $((SECONDS - start)) "$result")")
 fi
+exit $failed
