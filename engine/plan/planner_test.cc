@@ -83,6 +83,11 @@ TEST(Planner, MeasuredLayerTimesReplaceTheFormulas) {
   ASSERT_TRUE(formulas.ok() && formulas->feasible);
   const double base = formulas->plan.step_s;
   ASSERT_LT(base, 1.0);
+  EXPECT_NE(PlanSummary(formulas->plan)
+                .find("layer times: formulas (FLOP formulas; no layer measured in the hardware "
+                      "profile)"),
+            std::string::npos)
+      << PlanSummary(formulas->plan);
   const std::vector<LayerSpec> layers = BuildLayerSpecs(m, job.lora, job.compute_dtype);
   h.layer_times.push_back({"some other layer", 100.0, 100.0});  // a key no layer has
   for (const LayerSpec& l : layers) {
@@ -97,6 +102,12 @@ TEST(Planner, MeasuredLayerTimesReplaceTheFormulas) {
   ASSERT_TRUE(measured.ok() && measured->feasible);
   EXPECT_GE(measured->plan.step_s, 27.0);
   EXPECT_LE(measured->plan.step_s, 54.0 + base);
+  // The 6 blocks are measured; the embedding and the head are not.
+  EXPECT_NE(PlanSummary(measured->plan)
+                .find("layer times: mixed (6 of 8 layers measured in the hardware profile, the "
+                      "rest from FLOP formulas)"),
+            std::string::npos)
+      << PlanSummary(measured->plan);
   // The profile's JSON keeps the times.
   Result<HardwareProfile> back = ParseHardwareProfile(HardwareProfileToJson(h), "round trip");
   ASSERT_TRUE(back.ok()) << back.status().ToString();
