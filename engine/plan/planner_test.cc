@@ -108,6 +108,15 @@ TEST(Planner, MeasuredLayerTimesReplaceTheFormulas) {
                       "rest from FLOP formulas)"),
             std::string::npos)
       << PlanSummary(measured->plan);
+  // The embedding runs on the host, one micro-batch after another: measured at 10 s gather and
+  // 20 s scatter-add, its 3 x 30 s bound the step from below (every scatter-add waits for a
+  // backward that follows the last gather) and add at most themselves to it.
+  HardwareProfile with_embedding = h;
+  with_embedding.layer_times.push_back({LayerTimeKey(m, job, layers.front(), {2, 32}), 10.0, 20.0});
+  Result<PlanOutcome> host = MakePlan("small", m, job, with_embedding);
+  ASSERT_TRUE(host.ok() && host->feasible);
+  EXPECT_GE(host->plan.step_s, 90.0);
+  EXPECT_LE(host->plan.step_s, 90.0 + measured->plan.step_s);
   // The profile's JSON keeps the times.
   Result<HardwareProfile> back = ParseHardwareProfile(HardwareProfileToJson(h), "round trip");
   ASSERT_TRUE(back.ok()) << back.status().ToString();
