@@ -410,8 +410,9 @@ class Executor final : public PipelineExecutor {
     const int head = int(layers_.size()) - 1;
     PlannedSource src(ds, int(ds.stages_run++ % 2));
     FERRY_ASSIGN_OR_RETURN(DeviceParams params, StageParams(ds, src, {head, head + 1}, weights));
-    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Head> h,
-                           Head::Create(d, c_, params, shape_, plan::kLossChunkTokens, &src));
+    FERRY_ASSIGN_OR_RETURN(
+        std::unique_ptr<Head> h,
+        Head::Create(d, c_, params, shape_, plan::kLossChunkTokens, HeadMode::kTrain, &src));
     for (size_t m = 0; m < batches.size(); ++m) {
       Tensor x = ds.Hidden(0, N, C), dx = ds.Hidden(1, N, C);
       FERRY_RETURN_IF_ERROR(ToDevice(d, x.data, act_[size_t(head)][m], size_t(N * C) * 4));

@@ -122,8 +122,9 @@ class Gen final : public Generator {
     ctx.kv_cache = &kv_;
     FERRY_ASSIGN_OR_RETURN(st->blocks, CreateDecoderBlocks(ctx));
     if (with_head) {
-      FERRY_ASSIGN_OR_RETURN(st->head,
-                             Head::Create(d_, c_, params_, shape, std::min<int64_t>(n, 256)));
+      FERRY_ASSIGN_OR_RETURN(
+          st->head,
+          Head::Create(d_, c_, params_, shape, std::min<int64_t>(n, 256), HeadMode::kForwardOnly));
     }
     st->host_positions = size_t(n * C) * 4;
     st->host_inv_freq = st->host_positions + size_t(n) * 4;

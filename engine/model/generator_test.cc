@@ -7,10 +7,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "engine/model/param_spec.h"
+#include "engine/model/tensor_carver.h"
 #include "engine/train/master_weights.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/testing/op_testing.h"
@@ -204,6 +206,41 @@ TEST(Generator, InferenceAllocatesNoGradients) {
   const std::vector<int32_t> targets = {2, 3, 4, 5};
   Result<double> step = (*r)->AccumulateGradients({tokens, targets, 4.0}, grads);
   EXPECT_EQ(step.status().code(), StatusCode::kFailedPrecondition);
+}
+
+// A forward-only head (HeadMode::kForwardOnly: an inference-only runner, as `ferry eval` builds)
+// sizes its scratch for the loss-only pass and has no input-gradient workspace, so it allocates
+// less than a training runner's (frozen LoRA) head; the loss it evaluates is the same bit for bit
+// (the same loss-only kernel on the same weights).
+TEST(Generator, ForwardOnlyHeadAllocatesLessAndEvaluatesTheSame) {
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::vector<int32_t> targets = {2, 3, 4, 5, 6, 7, 8, 9};
+  std::map<std::string, size_t> bytes[2];
+  double loss[2] = {0, 0};
+  for (int inference = 0; inference < 2; ++inference) {
+    Fixture f(LlamaLora());  // a fresh device each: its arena log holds this runner only
+    ModelRunnerOptions o;
+    o.shape = {2, 4};
+    o.inference_only = inference == 1;
+    Result<std::unique_ptr<ModelRunner>> r =
+        ModelRunner::Create(*f.device, f.m.config, f.m.lora, o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_TRUE((*r)->UploadWeights(f.weights).ok());
+    Result<double> l = (*r)->EvaluateLoss({tokens, targets, 8.0});
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    loss[inference] = *l;
+    for (const ArenaRecord& rec : f.device->arena_log())
+      bytes[inference][rec.requester] += rec.bytes;
+  }
+  EXPECT_EQ(loss[0], loss[1]);
+  for (const char* buffer : {"head.scratch", "head.workspace"}) {
+    ASSERT_GT(bytes[1][buffer], 0u) << buffer;
+    EXPECT_LT(bytes[1][buffer], bytes[0][buffer]) << buffer;
+  }
+  // The input gradient (N, C) f32 is gone from the workspace: at most the i32 targets remain,
+  // padded to the carver's alignment.
+  EXPECT_LE(bytes[1]["head.workspace"], tokens.size() * 4 + TensorCarver::kAlignment);
+  EXPECT_EQ(bytes[1]["head.saved"], bytes[0]["head.saved"]);
 }
 
 // Greedy generation: each token is the argmax of a full forward over everything before it (or

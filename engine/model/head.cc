@@ -23,8 +23,10 @@ const char* NormName(const ModelConfig& c, bool bias) {
 
 Result<std::unique_ptr<Head>> Head::Create(Device& d, const ModelConfig& c,
                                            const DeviceParams& params, BatchShape shape,
-                                           int64_t loss_chunk_tokens, CarveSource* source) {
-  std::unique_ptr<Head> h(new Head(d, c, params));
+                                           int64_t loss_chunk_tokens, HeadMode mode,
+                                           CarveSource* source) {
+  std::unique_ptr<Head> h(new Head(d, c, params, mode));
+  const bool backward = mode == HeadMode::kTrain;
   const int64_t N = shape.tokens(), C = c.hidden_size, V = c.vocab_size;
   h->chunk_ = std::min(loss_chunk_tokens, N);
   // Exactly what ComputeLayerCost counts: normed input, norm statistics, per-token loss.
@@ -36,13 +38,14 @@ Result<std::unique_ptr<Head>> Head::Create(Device& d, const ModelConfig& c,
   };
   FERRY_ASSIGN_OR_RETURN(h->saved_buffer_, AllocateCarved(d, source, "head.saved", saved));
   // A frozen head weight (LoRA) has no gradient: the loss op computes no dW (and needs no scratch
-  // for one).
+  // for one). A forward-only head needs neither the backward's scratch nor the input gradient.
   const bool frozen = params.at("lm_head.weight").grad.data.is_null();
   const size_t scratch = LmHeadLossScratchBytes(
-      d, h->chunk_, V, C, DType::kF32, frozen ? std::nullopt : std::optional<DType>(DType::kF32),
-      /*backward=*/true);
+      d, h->chunk_, V, C, DType::kF32,
+      frozen || !backward ? std::nullopt : std::optional<DType>(DType::kF32), backward);
   auto workspace = [&](TensorCarver& cv) {
     h->targets_ = cv.Take(DType::kI32, {N});
+    if (!backward) return;
     h->dxn_ = cv.Take(DType::kF32, {N, C});
     h->sink_ = cv.Take(DType::kF32, {2 * C});
   };
@@ -85,6 +88,11 @@ LmHeadLossArgs Head::LossArgs() const {
 }
 
 Status Head::ForwardBackward(Tensor x, double normalizer, Tensor dx) {
+  if (mode_ == HeadMode::kForwardOnly) {
+    return Status::FailedPrecondition(
+        "Head::ForwardBackward: this head was created with HeadMode::kForwardOnly (generation, "
+        "evaluation) and has no backward buffers; create it with HeadMode::kTrain");
+  }
   FERRY_RETURN_IF_ERROR(NormForward(x));
   LmHeadLossArgs a = LossArgs();
   a.normalizer = normalizer;

@@ -7,6 +7,9 @@
 // gradient sink for frozen norm weights) and "head.scratch" (the loss op's scratch). A frozen LM
 // head weight (LoRA) gets no gradient buffer: the fused op then skips its weight-gradient products.
 // With a CarveSource they are regions of the caller's allocations instead (engine/exec).
+// HeadMode::kForwardOnly (generation, evaluation: no backward ever) sizes "head.scratch" for the
+// loss-only pass and gives "head.workspace" only the targets (no input gradient, no sink);
+// ForwardBackward then fails with FailedPrecondition.
 //
 // Accumulation: dx (the gradient of the head's input) is written (=); the
 // gradients of trainable head parameters (final norm, lm_head — tied or not)
@@ -27,11 +30,15 @@
 
 namespace ferry {
 
+// What a Head will be asked to run: kTrain allows ForwardBackward (a trainable or a frozen head);
+// kForwardOnly (generate, eval) only Forward and Logits, with less memory.
+enum class HeadMode { kTrain, kForwardOnly };
+
 class Head {
  public:
   static Result<std::unique_ptr<Head>> Create(Device& d, const ModelConfig& c,
                                               const DeviceParams& params, BatchShape shape,
-                                              int64_t loss_chunk_tokens,
+                                              int64_t loss_chunk_tokens, HeadMode mode,
                                               CarveSource* source = nullptr);
 
   // i32 (N): the targets, kIgnoreIndex where masked; the caller uploads them
@@ -42,7 +49,7 @@ class Head {
   Tensor token_loss() const { return token_loss_; }
 
   // token_loss and gradients of sum(token_loss) / normalizer: dx (=),
-  // parameters (+=).
+  // parameters (+=). FailedPrecondition for a HeadMode::kForwardOnly head.
   Status ForwardBackward(Tensor x, double normalizer, Tensor dx);
   // token_loss only (evaluation): no gradients.
   Status Forward(Tensor x);
@@ -50,8 +57,8 @@ class Head {
   Status Logits(Tensor x, Tensor logits);
 
  private:
-  Head(Device& d, const ModelConfig& c, const DeviceParams& params)
-      : d_(d), c_(c), params_(params) {}
+  Head(Device& d, const ModelConfig& c, const DeviceParams& params, HeadMode mode)
+      : d_(d), c_(c), params_(params), mode_(mode) {}
   Status NormForward(Tensor x);
   // The loss op's arguments shared by Forward and ForwardBackward (normed input, head weight,
   // targets, token_loss, scratch).
@@ -64,9 +71,10 @@ class Head {
   Device& d_;
   const ModelConfig& c_;
   const DeviceParams& params_;
+  const HeadMode mode_;
   int64_t chunk_ = 256;
   Tensor xn_, mean_, rstd_, token_loss_;   // (N, C), (N) LayerNorm only, (N), (N)
-  Tensor targets_, dxn_, scratch_, sink_;  // i32 (N), (N, C), bytes, (2C)
+  Tensor targets_, dxn_, scratch_, sink_;  // i32 (N), (N, C), bytes, (2C); kTrain: dxn_, sink_
   DeviceBuffer saved_buffer_, workspace_buffer_, scratch_buffer_;
 };
 

@@ -71,7 +71,9 @@ class Runner final : public ModelRunner {
                           {.positions = positions_, .doc_ids = doc_ids_, .inv_freq = inv_freq_});
     ctx.num_slots = std::max(slots, 1);
     FERRY_ASSIGN_OR_RETURN(blocks_, CreateDecoderBlocks(ctx));
-    FERRY_ASSIGN_OR_RETURN(head_, Head::Create(d_, c_, params_, o_.shape, o_.loss_chunk_tokens));
+    FERRY_ASSIGN_OR_RETURN(
+        head_, Head::Create(d_, c_, params_, o_.shape, o_.loss_chunk_tokens,
+                            o_.inference_only ? HeadMode::kForwardOnly : HeadMode::kTrain));
 
     staging_.hidden = 0;
     staging_.targets = size_t(N * C) * 4;

@@ -1,6 +1,7 @@
 #include "engine/plan/pipeline_schedules.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <string>
 #include <utility>
 
@@ -27,6 +28,22 @@ std::string Tag(char letter, int stage, int micro_batch) {
 
 void AddDep(Schedule& s, int task, int dep) {
   if (task != kNone && dep != kNone) s.tasks[task].deps.push_back(dep);
+}
+
+// Adds the host-memory task of `work` for micro-batch j after `deps` (none: kNone).
+int AddHostWork(Schedule& s, const HostWork& work, std::string name, TaskKind kind, int j,
+                std::initializer_list<int> deps) {
+  if (work.seconds <= 0 && work.bytes <= 0) return kNone;
+  SimTask t = MakeTask(std::move(name), kind, {LaneKind::kHostMemory, 0}, -1, j);
+  if (work.seconds > 0) {
+    t.duration_s = work.seconds;
+  } else {
+    t.bytes = work.bytes;
+  }
+  for (int d : deps) {
+    if (d != kNone) t.deps.push_back(d);
+  }
+  return s.Add(std::move(t));
 }
 
 Status CheckStages(const std::vector<StageCost>& stages, int micro_batches, const char* what) {
@@ -153,6 +170,11 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
   all.push_back(job.tail);
   all.insert(all.end(), job.backward.begin(), job.backward.end());
   FERRY_RETURN_IF_ERROR(CheckStages(all, job.micro_batches, "round-robin"));
+  for (const HostWork& w : {job.embedding_forward, job.embedding_backward}) {
+    if (!(w.seconds >= 0) || !(w.bytes >= 0)) {
+      return Status::InvalidArgument("round-robin: the embedding has a negative or NaN cost");
+    }
+  }
   if (job.weight_chunks < 0) {
     return Status::InvalidArgument("round-robin: weight_chunks must be >= 0");
   }
@@ -180,6 +202,17 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
   s.gpus = G;
   std::vector<std::vector<int>> compute(K, std::vector<int>(m, kNone)), in = compute, out = compute;
   std::vector<int> weights_last(K, kNone);
+  std::vector<int> gather(m, kNone), scatter(m, kNone);  // the embedding's, per micro-batch
+  for (int j = 0; j < m; ++j) {
+    gather[j] = AddHostWork(s, job.embedding_forward, "E." + std::to_string(j), TaskKind::kForward,
+                            j, {j > 0 ? gather[j - 1] : kNone});
+  }
+  // What micro-batch j of stage k waits for: the previous stage's output (or compute), or the
+  // embedding's gather for the first stage.
+  auto before = [&](int k, int j) {
+    if (k == 0) return gather[j];
+    return out[k - 1][j] != kNone ? out[k - 1][j] : compute[k - 1][j];
+  };
 
   auto add_weight_chunk = [&](int k, int c) {
     const int d = k % G;
@@ -203,7 +236,7 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
         SimTask t = MakeTask(name_of('I', k, j), TaskKind::kActivationUpload,
                              {LaneKind::kHostToDevice, d}, k, j);
         t.bytes = c.input_bytes;
-        if (k > 0) t.deps.push_back(out[k - 1][j] != kNone ? out[k - 1][j] : compute[k - 1][j]);
+        if (before(k, j) != kNone) t.deps.push_back(before(k, j));
         in[k][j] = s.Add(std::move(t));
       }
       // The next stage's weight chunks queue behind this stage's activation uploads.
@@ -219,8 +252,8 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
                                                       : c.bwd_s;
       if (in[k][j] != kNone) {
         t.deps.push_back(in[k][j]);
-      } else if (k > 0) {
-        t.deps.push_back(out[k - 1][j] != kNone ? out[k - 1][j] : compute[k - 1][j]);
+      } else if (before(k, j) != kNone) {
+        t.deps.push_back(before(k, j));
       }
       if (weights_last[k] != kNone) t.deps.push_back(weights_last[k]);
       compute[k][j] = s.Add(std::move(t));
@@ -232,6 +265,13 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
         t.bytes = c.output_bytes;
         t.deps.push_back(compute[k][j]);
         out[k][j] = s.Add(std::move(t));
+      }
+    }
+    if (k == K - 1) {  // the last backward stage: its input gradient feeds the scatter-add
+      for (int j = 0; j < m; ++j) {
+        scatter[j] = AddHostWork(
+            s, job.embedding_backward, "EB." + std::to_string(j), TaskKind::kBackward, j,
+            {out[k][j] != kNone ? out[k][j] : compute[k][j], j > 0 ? scatter[j - 1] : kNone});
       }
     }
     int grads = kNone;
@@ -247,6 +287,7 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
           MakeTask(name_of('U', k, -1), TaskKind::kOptimizer, {LaneKind::kCpuOptimizer, 0}, k, -1);
       t.bytes = c.param_count * kAdamWBytesPerParameter;
       t.deps.push_back(grads != kNone ? grads : compute[k][m - 1]);
+      if (k == K - 1 && scatter[m - 1] != kNone) t.deps.push_back(scatter[m - 1]);
       s.Add(std::move(t));
     }
   }

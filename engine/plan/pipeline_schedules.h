@@ -5,7 +5,8 @@
 //
 // Task names: F<s>.<j> forward of stage s on micro-batch j, B<s>.<j> backward, T.<j> the fused
 // head+loss tail, W<s>[.<c>] weight upload (chunk c), I<s>.<j> activation upload, O<s>.<j>
-// activation download, G<s> gradient download, U<s> optimizer update.
+// activation download, G<s> gradient download, U<s> optimizer update, E.<j> / EB.<j> the
+// embedding's host gather / gradient scatter-add.
 //
 // Pure functions; thread-safe.
 #pragma once
@@ -40,9 +41,21 @@ struct StageCost {
 [[nodiscard]] Result<Schedule> Build1F1BSchedule(const std::vector<StageCost>& stages,
                                                  int micro_batches);
 
+// Work on the host per micro-batch: a measured time, or else bytes moved at the host memory
+// bandwidth (shared with the transfers running then). Both 0: none.
+struct HostWork {
+  double seconds = 0;
+  double bytes = 0;
+};
+
 struct RoundRobinJob {
   int gpus = 1;
   int micro_batches = 1;
+  // The embedding runs on the host (DESIGN.md): its gather of micro-batch j precedes the first
+  // forward stage's j, its gradient scatter-add follows the last backward stage's input gradient
+  // of j (and precedes that stage's optimizer update, which updates the embedding); micro-batches
+  // one after another on the host-memory lane.
+  HostWork embedding_forward, embedding_backward;
   std::vector<StageCost> forward;   // forward stages in layer order (fwd_s used)
   StageCost tail;                   // head + loss, fwd_s + bwd_s per micro-batch on one device
   std::vector<StageCost> backward;  // backward stages in execution order, last layers first

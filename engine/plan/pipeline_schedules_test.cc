@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+
 namespace ferry::plan {
 namespace {
 
@@ -152,6 +154,52 @@ TEST(PipelineSchedules, RejectsBadInput) {
   negative[1].fwd_s = -1;
   EXPECT_FALSE(Build1F1BSchedule(negative, 2).ok());
   RoundRobinJob job = EqualRoundRobin(0, 2);
+  EXPECT_FALSE(BuildRoundRobinSchedule(job).ok());
+}
+
+// The embedding's host work on one GPU, two micro-batches of forward 1 s, tail 1 s, backward 1 s:
+// gathers E.0 [0, 0.5) and E.1 [0.5, 1) hold back F0.0 to [0.5, 1.5), so the GPU runs F, F, T, T,
+// B, B over [0.5, 6.5); the scatter-adds follow each backward: EB.0 [5.5, 5.75), EB.1
+// [6.5, 6.75); the optimizer update (1 parameter at 1 parameter/s: 1 s) waits for the last
+// scatter-add (it updates the embedding): 7.75. A formula's bytes (100 B at 100 B/s: 1 s each)
+// go at the host memory bandwidth: gathers [0, 1), [1, 2), the GPU [1, 7), scatter-adds to 8.
+TEST(PipelineSchedules, RoundRobinRunsTheEmbeddingOnTheHost) {
+  RoundRobinJob job;
+  job.micro_batches = 2;
+  job.forward = EqualStages(1, 1.0, 0.0);
+  job.tail.fwd_s = 0.5;
+  job.tail.bwd_s = 0.5;
+  job.backward = EqualStages(1, 0.0, 1.0);
+  job.backward[0].param_count = 1;
+  LaneRates rates = FastLinks();
+  rates.cpu_optimizer = kAdamWBytesPerParameter;  // 1 parameter/s
+  rates.host_memory = 100;
+  rates.transfers_share_host_memory = false;  // the optimizer at its own rate
+  auto finish = [&](const RoundRobinJob& j, const std::string& name) {
+    Result<Schedule> s = BuildRoundRobinSchedule(j);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    Result<SimResult> r = Simulate(*s, rates);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    for (size_t i = 0; i < s->tasks.size(); ++i) {
+      if (s->tasks[i].name == name) return r->timing[i].end_s;
+    }
+    ADD_FAILURE() << "no task " << name;
+    return -1.0;
+  };
+  EXPECT_NEAR(finish(job, "UB0"), 1 + 1 + 1 + 1 + 1 + 1 + 1, kTol);  // no embedding work
+  job.embedding_forward.seconds = 0.5;
+  job.embedding_backward.seconds = 0.25;
+  EXPECT_NEAR(finish(job, "E.1"), 1.0, kTol);
+  EXPECT_NEAR(finish(job, "F0.0"), 1.5, kTol);
+  EXPECT_NEAR(finish(job, "EB.0"), 5.75, kTol);
+  EXPECT_NEAR(finish(job, "EB.1"), 6.75, kTol);
+  EXPECT_NEAR(finish(job, "UB0"), 7.75, kTol);
+  job.embedding_forward = {0, 100};
+  job.embedding_backward = {0, 100};
+  EXPECT_NEAR(finish(job, "F0.0"), 2.0, kTol);
+  EXPECT_NEAR(finish(job, "EB.1"), 8.0, kTol);
+  EXPECT_NEAR(finish(job, "UB0"), 9.0, kTol);
+  job.embedding_backward.bytes = -1;
   EXPECT_FALSE(BuildRoundRobinSchedule(job).ok());
 }
 

@@ -134,9 +134,15 @@ std::string PlanSummary(const Plan& p) {
   out += Format("  predicted: %.3f s/step, %.0f tokens/s, bubble %.1f%%\n", p.step_s,
                 p.tokens_per_s, 100.0 * p.bubble_fraction);
   const auto measured = std::count(p.measured_times.begin(), p.measured_times.end(), true);
-  out += "  layer times: " + std::string(p.LayerTimeSource()) + " (" + std::to_string(measured) +
-         " of " + std::to_string(p.measured_times.size()) +
-         " layers measured in the hardware profile, the rest from FLOP formulas)\n";
+  const std::string layers = std::to_string(p.measured_times.size());
+  std::string times = "FLOP formulas; no layer measured in the hardware profile";
+  if (size_t(measured) == p.measured_times.size() && measured > 0) {
+    times = "all " + layers + " layers measured in the hardware profile";
+  } else if (measured > 0) {
+    times = std::to_string(measured) + " of " + layers +
+            " layers measured in the hardware profile, the rest from FLOP formulas";
+  }
+  out += "  layer times: " + std::string(p.LayerTimeSource()) + " (" + times + ")\n";
   out += Format("  updates: synchronous %.3f s/step, one-step-stale %.3f s/step (%+.1f%%)\n",
                 p.sync_step_s, p.stale_step_s,
                 p.sync_step_s > 0 ? 100.0 * (p.stale_step_s / p.sync_step_s - 1) : 0.0);

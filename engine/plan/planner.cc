@@ -22,7 +22,25 @@ struct LayerNumbers {
   double grads = 0;       // fp32 gradient bytes downloaded
   double trainable = 0;   // parameters the optimizer updates
   bool measured = false;  // fwd_s, bwd_s from the profile's layer_times
+  // The embedding (on the host) when not measured: host bytes its gather / scatter-add move.
+  double host_fwd_bytes = 0, host_bwd_bytes = 0;
 };
+
+// The embedding's host traffic per micro-batch of N tokens (fp32 master tables, fp32 hidden
+// states): the gather reads a row of each table (token; position too when learned) and writes the
+// hidden state; the scatter-add reads the hidden state's gradient and reads and writes a row of
+// each trainable table's gradient.
+void EmbeddingHostBytes(const ModelConfig& model, const LayerSpec& layer, BatchShape micro,
+                        LayerNumbers& n) {
+  const double row = double(micro.tokens()) * double(model.hidden_size) * kF32;
+  double tables = 0, trainable = 0;
+  for (const ParamSpec& p : layer.params) {
+    tables += 1;
+    if (p.trainable) trainable += 1;
+  }
+  n.host_fwd_bytes = (tables + 1) * row;
+  n.host_bwd_bytes = trainable > 0 ? (1 + 2 * trainable) * row : 0;
+}
 
 struct Context {
   const ModelConfig& model;
@@ -40,6 +58,10 @@ std::vector<LayerNumbers> NumbersFor(const Context& c, BatchShape micro) {
     LayerNumbers& n = out[i];
     n.fwd_s = cost.forward_flops / rate;
     n.bwd_s = cost.backward_flops / rate;
+    if (c.layers[i].kind == LayerKind::kEmbedding) {  // host work, not GPU FLOPs
+      n.fwd_s = n.bwd_s = 0;
+      EmbeddingHostBytes(c.model, c.layers[i], micro, n);
+    }
     if (!c.hw.layer_times.empty()) {  // measured beats formulas
       const MeasuredLayerTime* t =
           c.hw.FindLayerTime(LayerTimeKey(c.model, c.job, c.layers[i], micro));
@@ -221,6 +243,9 @@ RoundRobinJob BuildJob(const std::vector<LayerNumbers>& n, const Candidate& k, i
   job.tail.grad_bytes = head.grads;
   job.tail.param_count = head.trainable;
   job.backward.back().param_count += n.front().trainable;  // the embedding, updated on the host
+  const LayerNumbers& embedding = n.front();  // measured seconds, else host bytes (formula)
+  job.embedding_forward = {embedding.fwd_s, embedding.measured ? 0 : embedding.host_fwd_bytes};
+  job.embedding_backward = {embedding.bwd_s, embedding.measured ? 0 : embedding.host_bwd_bytes};
   return job;
 }
 

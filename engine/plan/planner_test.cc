@@ -83,6 +83,11 @@ TEST(Planner, MeasuredLayerTimesReplaceTheFormulas) {
   ASSERT_TRUE(formulas.ok() && formulas->feasible);
   const double base = formulas->plan.step_s;
   ASSERT_LT(base, 1.0);
+  EXPECT_NE(PlanSummary(formulas->plan)
+                .find("layer times: formulas (FLOP formulas; no layer measured in the hardware "
+                      "profile)"),
+            std::string::npos)
+      << PlanSummary(formulas->plan);
   const std::vector<LayerSpec> layers = BuildLayerSpecs(m, job.lora, job.compute_dtype);
   h.layer_times.push_back({"some other layer", 100.0, 100.0});  // a key no layer has
   for (const LayerSpec& l : layers) {
@@ -97,6 +102,21 @@ TEST(Planner, MeasuredLayerTimesReplaceTheFormulas) {
   ASSERT_TRUE(measured.ok() && measured->feasible);
   EXPECT_GE(measured->plan.step_s, 27.0);
   EXPECT_LE(measured->plan.step_s, 54.0 + base);
+  // The 6 blocks are measured; the embedding and the head are not.
+  EXPECT_NE(PlanSummary(measured->plan)
+                .find("layer times: mixed (6 of 8 layers measured in the hardware profile, the "
+                      "rest from FLOP formulas)"),
+            std::string::npos)
+      << PlanSummary(measured->plan);
+  // The embedding runs on the host, one micro-batch after another: measured at 10 s gather and
+  // 20 s scatter-add, its 3 x 30 s bound the step from below (every scatter-add waits for a
+  // backward that follows the last gather) and add at most themselves to it.
+  HardwareProfile with_embedding = h;
+  with_embedding.layer_times.push_back({LayerTimeKey(m, job, layers.front(), {2, 32}), 10.0, 20.0});
+  Result<PlanOutcome> host = MakePlan("small", m, job, with_embedding);
+  ASSERT_TRUE(host.ok() && host->feasible);
+  EXPECT_GE(host->plan.step_s, 90.0);
+  EXPECT_LE(host->plan.step_s, 90.0 + measured->plan.step_s);
   // The profile's JSON keeps the times.
   Result<HardwareProfile> back = ParseHardwareProfile(HardwareProfileToJson(h), "round trip");
   ASSERT_TRUE(back.ok()) << back.status().ToString();

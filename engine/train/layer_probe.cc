@@ -173,8 +173,9 @@ Status ProbeHead(Device& d, const ModelConfig& c, const LoraConfig& lora,
   FERRY_ASSIGN_OR_RETURN(DeviceParams params, LayerParams(d, c, lora, all, layer, o.seed));
   ProbeIo io;
   FERRY_ASSIGN_OR_RETURN(DeviceBuffer io_buffer, MakeIo(d, c, micro, rng, io));
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Head> head,
-                         Head::Create(d, c, params, micro, plan::kLossChunkTokens));
+  FERRY_ASSIGN_OR_RETURN(
+      std::unique_ptr<Head> head,
+      Head::Create(d, c, params, micro, plan::kLossChunkTokens, HeadMode::kTrain));
   std::uniform_int_distribution<int32_t> token(0, int32_t(c.vocab_size - 1));
   std::vector<int32_t> targets(static_cast<size_t>(N));
   for (int32_t& t : targets) t = token(rng);
