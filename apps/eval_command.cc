@@ -2,10 +2,10 @@
 
 #include <cmath>
 #include <cstdio>
-#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "engine/job/model_source.h"
+#include "engine/json.h"
 #include "engine/model/model_runner.h"
 #include "engine/train/run_training.h"
 #include "engine/train/training_data.h"

@@ -3,11 +3,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "apps/train_command.h"
 #include "engine/job/model_source.h"
+#include "engine/json.h"
 #include "engine/plan/planner.h"
 #include "engine/plan/simulator.h"
 #include "engine/plan/timeline_writers.h"

@@ -4,9 +4,9 @@
 #include <iostream>
 #include <iterator>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "engine/json.h"
 #include "engine/model/tokenizer.h"
 #include "engine/model/utf8_text.h"
 #include "engine/train/examples.h"

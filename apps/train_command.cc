@@ -5,10 +5,10 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 
+#include "engine/json.h"
 #include "engine/train/durable_file.h"
 #include "engine/train/run_training.h"
 #include "engine/train/stop_signals.h"

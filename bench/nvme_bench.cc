@@ -24,10 +24,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "engine/json.h"
 #include "kernels/host_memory.h"
 #include "offload/store_rate.h"
 

@@ -5,10 +5,10 @@
 
 #include <cmath>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "engine/json.h"
 #include "tests/cli_testing.h"
 
 namespace {
@@ -53,9 +53,9 @@ std::vector<nlohmann::json> Metrics(const std::string& path) {
 TEST_F(DataCliTest, HelpDocumentsTheDataOptions) {
   CommandResult r = Ferry("train --help");
   EXPECT_EQ(r.code, 0);
-  for (const char* opt : {"--data", "--val-data", "--val-fraction", "--eval-every",
-                          "--eval-batches", "--chat-template", "--long-examples",
-                          "--skip-bad-lines"}) {
+  for (const char* opt :
+       {"--data", "--val-data", "--val-fraction", "--eval-every", "--eval-batches",
+        "--chat-template", "--long-examples", "--skip-bad-lines"}) {
     EXPECT_NE(r.output.find(opt), std::string::npos) << opt;
   }
   r = Ferry("eval --help");

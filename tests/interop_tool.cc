@@ -5,8 +5,8 @@
 // scripts/interop_check.py loads these with transformers and peft and compares the logits.
 #include <cstdio>
 #include <filesystem>
-#include <nlohmann/json.hpp>
 
+#include "engine/json.h"
 #include "engine/model/model_folder.h"
 #include "engine/plan/timeline_writers.h"
 #include "engine/testing/tiny_models.h"

@@ -7,8 +7,8 @@
 
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 
+#include "engine/json.h"
 #include "engine/model/bpe_tokenizer.h"
 #include "engine/model/generator.h"
 #include "engine/model/model_folder.h"

@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "engine/json.h"
 #include "tests/cli_testing.h"
 
 namespace {

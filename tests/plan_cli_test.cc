@@ -4,9 +4,9 @@
 
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <string>
 
+#include "engine/json.h"
 #include "tests/cli_testing.h"
 
 namespace {

@@ -8,10 +8,10 @@
 
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "engine/json.h"
 #include "tests/cli_testing.h"
 
 extern char** environ;

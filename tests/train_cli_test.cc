@@ -4,10 +4,10 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "engine/json.h"
 #include "engine/model/model_config.h"
 #include "engine/model/safetensors.h"
 #include "tests/cli_testing.h"

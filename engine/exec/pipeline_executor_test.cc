@@ -13,10 +13,10 @@
 #include <cmath>
 #include <iostream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <random>
 
 #include "engine/exec/pipeline_runner.h"
+#include "engine/json.h"
 #include "engine/testing/golden_files.h"
 #include "engine/train/trainer.h"
 #include "kernels/cpu/cpu_device.h"

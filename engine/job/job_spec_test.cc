@@ -5,10 +5,10 @@
 
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "engine/json.h"
 #include "engine/testing/golden_files.h"
 
 namespace ferry {

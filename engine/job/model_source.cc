@@ -2,8 +2,8 @@
 
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 
+#include "engine/json.h"
 #include "engine/model/byte_tokenizer.h"
 #include "engine/train/master_weights.h"
 

@@ -8,7 +8,8 @@
 
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
+
+#include "engine/json.h"
 
 namespace ferry {
 namespace {

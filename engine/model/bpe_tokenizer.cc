@@ -1,9 +1,9 @@
 #include "engine/model/bpe_tokenizer.h"
 
 #include <algorithm>
-#include <nlohmann/json.hpp>
 #include <unordered_map>
 
+#include "engine/json.h"
 #include "engine/model/bpe_model.h"
 #include "engine/model/pcre_regex.h"
 #include "engine/model/text_pipeline.h"

@@ -9,9 +9,9 @@
 
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <thread>
 
+#include "engine/json.h"
 #include "engine/model/utf8_text.h"
 #include "engine/testing/tokenizer_json.h"
 

@@ -3,11 +3,11 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
-#include <nlohmann/json.hpp>
 #include <numbers>
 #include <sstream>
 #include <utility>
 
+#include "engine/json.h"
 #include "kernels/ops/rope_math.h"
 
 namespace ferry {

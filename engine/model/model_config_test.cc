@@ -2,10 +2,10 @@
 
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
 #include <numbers>
 #include <string>
 
+#include "engine/json.h"
 #include "engine/model/lora_config.h"
 #include "engine/testing/golden_files.h"
 

@@ -3,10 +3,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
+#include "engine/json.h"
 #include "engine/model/weights_io.h"
 #include "engine/plan/timeline_writers.h"
 

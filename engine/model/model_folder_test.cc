@@ -9,9 +9,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <set>
 
+#include "engine/json.h"
 #include "engine/model/weights_io.h"
 #include "engine/testing/golden_files.h"
 #include "engine/testing/tiny_models.h"

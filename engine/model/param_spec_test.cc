@@ -3,9 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <map>
-#include <nlohmann/json.hpp>
 #include <string>
 
+#include "engine/json.h"
 #include "engine/testing/golden_files.h"
 
 namespace ferry {

@@ -10,9 +10,10 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
+
+#include "engine/json.h"
 
 namespace ferry {
 namespace {

@@ -9,13 +9,13 @@
 
 #include <cstdint>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "engine/json.h"
 #include "engine/model/pcre_regex.h"
 #include "engine/model/utf8_text.h"
 #include "kernels/status.h"

@@ -1,9 +1,9 @@
 #include "engine/model/tokenizer.h"
 
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "engine/json.h"
 #include "engine/model/bpe_tokenizer.h"
 #include "engine/model/byte_tokenizer.h"
 

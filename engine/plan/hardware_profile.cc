@@ -4,10 +4,10 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
-#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
+#include "engine/json.h"
 #include "engine/plan/byte_size.h"
 
 namespace ferry::plan {

@@ -4,7 +4,8 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <nlohmann/json.hpp>
+
+#include "engine/json.h"
 
 namespace ferry::plan {
 namespace {

@@ -2,9 +2,9 @@
 // table for people.
 #include <algorithm>
 #include <cstdio>
-#include <nlohmann/json.hpp>
 #include <string>
 
+#include "engine/json.h"
 #include "engine/plan/byte_size.h"
 #include "engine/plan/planner.h"
 

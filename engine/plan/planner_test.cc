@@ -2,8 +2,9 @@
 
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
 #include <random>
+
+#include "engine/json.h"
 
 namespace ferry::plan {
 namespace {

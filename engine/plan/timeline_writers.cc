@@ -5,9 +5,10 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+
+#include "engine/json.h"
 
 namespace ferry::plan {
 namespace {

@@ -4,10 +4,10 @@
 
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <sstream>
 #include <vector>
 
+#include "engine/json.h"
 #include "engine/plan/pipeline_schedules.h"
 
 namespace ferry::plan {

@@ -7,10 +7,11 @@
 
 #include <cstdlib>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <string_view>
+
+#include "engine/json.h"
 
 namespace ferry::testing {
 

@@ -5,10 +5,10 @@
 // adapter_model.safetensors (the initial A and B); for the others `adapter` is empty.
 #pragma once
 
-#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 
+#include "engine/json.h"
 #include "engine/model/model_config.h"
 #include "engine/model/safetensors.h"
 #include "engine/testing/golden_files.h"

@@ -3,8 +3,7 @@
 // (261), which no merge reaches (only ignore_merges does). Header-only; pure.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
+#include "engine/json.h"
 #include "engine/model/utf8_text.h"
 
 namespace ferry::testing {

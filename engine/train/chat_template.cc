@@ -1,9 +1,9 @@
 #include "engine/train/chat_template.h"
 
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "engine/json.h"
 #include "engine/model/utf8_text.h"
 
 namespace ferry {

@@ -34,10 +34,10 @@
 
 #include <cstdint>
 #include <functional>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 
+#include "engine/json.h"
 #include "engine/model/model_runner.h"
 #include "engine/model/param_spec.h"
 #include "engine/train/trainer.h"

@@ -7,8 +7,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 
+#include "engine/json.h"
 #include "engine/model/safetensors.h"
 #include "engine/testing/golden_files.h"
 #include "engine/train/run_training.h"

@@ -2,9 +2,9 @@
 
 #include <cstring>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "engine/json.h"
 #include "engine/train/dataset.h"
 
 namespace ferry {

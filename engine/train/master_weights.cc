@@ -1,9 +1,9 @@
 #include "engine/train/master_weights.h"
 
 #include <algorithm>
-#include <nlohmann/json.hpp>
 #include <set>
 
+#include "engine/json.h"
 #include "engine/model/model_folder.h"
 #include "engine/model/weights_io.h"
 #include "engine/plan/timeline_writers.h"

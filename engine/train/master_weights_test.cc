@@ -5,8 +5,8 @@
 
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 
+#include "engine/json.h"
 #include "engine/testing/golden_model.h"
 
 namespace ferry {

@@ -7,10 +7,10 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
 
+#include "engine/json.h"
 #include "engine/model/model_folder.h"
 #include "engine/model/model_runner.h"
 #include "engine/train/dataset.h"

@@ -1,7 +1,6 @@
 // Fuzzes ParseHfConfig with config.json text. An accepted config must validate, and what ferry
 // writes for it (ToHfConfigJson) must read back to the same config.json.
-#include <nlohmann/json.hpp>
-
+#include "engine/json.h"
 #include "engine/model/model_config.h"
 #include "tests/fuzz/fuzz_target.h"
 
