@@ -5,11 +5,30 @@
 
 #include <cassert>
 #include <cerrno>
+#include <cstdint>
+#include <fstream>
+#include <string>
 #include <utility>
 
 namespace ferry {
 
 size_t HostPageSize() { return size_t(sysconf(_SC_PAGESIZE)); }
+
+size_t HostHugePageSize() {
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size");
+  size_t bytes = 0;
+  return f >> bytes ? bytes : 0;
+}
+
+std::string TransparentHugePagesMode() {
+  // The file reads e.g. "always [madvise] never": the bracketed word is the mode.
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  if (!std::getline(f, line)) return "unavailable";
+  const size_t open = line.find('['), close = line.find(']');
+  if (open == std::string::npos || close == std::string::npos || close < open) return "unavailable";
+  return line.substr(open + 1, close - open - 1);
+}
 
 HostAllocation::~HostAllocation() { Release(); }
 
@@ -37,14 +56,30 @@ void HostAllocation::Release() {
   size_ = 0;
 }
 
-Result<HostAllocation> HostAllocation::Map(size_t bytes, std::string name) {
+Result<HostAllocation> HostAllocation::Map(size_t bytes, std::string name, HostPages pages) {
   const size_t page = HostPageSize();
   const size_t size = bytes == 0 ? page : (bytes + page - 1) / page * page;
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  const size_t huge = pages == HostPages::kHugeWhereLarge ? HostHugePageSize() : 0;
+  // Aligned to the huge page: map one huge page more, then unmap the unaligned head and the tail.
+  const size_t slack = huge >= page && size >= huge ? huge : 0;
+  void* p = mmap(nullptr, size + slack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
     const int err = errno;
     return Status::OutOfMemory("host mapping '" + name + "' of " + std::to_string(size) +
                                " bytes refused: " + Status::FromErrno(err, "mmap").message());
+  }
+  if (slack > 0) {
+    const uintptr_t start = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t aligned = (start + huge - 1) / huge * huge;
+    if (aligned > start) munmap(p, aligned - start);
+    if (const size_t tail = start + slack - aligned; tail > 0) {
+      munmap(reinterpret_cast<void*>(aligned + size), tail);
+    }
+    p = reinterpret_cast<void*>(aligned);
+    // Advice only: a kernel in mode "never" refuses it, and base pages serve as before.
+    madvise(p, size, MADV_HUGEPAGE);
+  } else if (pages == HostPages::kBase) {
+    madvise(p, size, MADV_NOHUGEPAGE);
   }
   HostAllocation a;
   a.data_ = static_cast<std::byte*>(p);

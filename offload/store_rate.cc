@@ -9,7 +9,7 @@ namespace ferry {
 
 Result<StoreRate> MeasureStoreRate(NvmeStoreOptions options, size_t bytes,
                                    const StoreFileHook& while_open,
-                                   const StoreFileHook& before_timing) {
+                                   const StoreFileHook& before_timing, HostPages pages) {
   using Clock = std::chrono::steady_clock;
   if (bytes == 0) return Status::InvalidArgument("MeasureStoreRate: zero bytes");
   const size_t B = options.block_bytes;
@@ -18,8 +18,10 @@ Result<StoreRate> MeasureStoreRate(NvmeStoreOptions options, size_t bytes,
   options.reserve_bytes = file_bytes;
   if (!options.log) options.log = [](std::string_view) {};
   FERRY_ASSIGN_OR_RETURN(auto store, NvmeStore::Open(options));
-  FERRY_ASSIGN_OR_RETURN(HostAllocation src, HostAllocation::Map(bytes, "store rate source"));
-  FERRY_ASSIGN_OR_RETURN(HostAllocation dst, HostAllocation::Map(bytes, "store rate target"));
+  FERRY_ASSIGN_OR_RETURN(HostAllocation src,
+                         HostAllocation::Map(bytes, "store rate source", pages));
+  FERRY_ASSIGN_OR_RETURN(HostAllocation dst,
+                         HostAllocation::Map(bytes, "store rate target", pages));
   // Incompressible data (xorshift), so no layer below can cheat with zero pages.
   uint64_t x = 0x9E3779B97F4A7C15ull;
   auto* words = reinterpret_cast<uint64_t*>(src.data());
@@ -42,8 +44,7 @@ Result<StoreRate> MeasureStoreRate(NvmeStoreOptions options, size_t bytes,
   FERRY_RETURN_IF_ERROR(store->Write(name, data, TransferPriority::kSpill));
   rate.write_bytes_per_s = bytes / std::chrono::duration<double>(Clock::now() - t0).count();
   t0 = Clock::now();
-  FERRY_RETURN_IF_ERROR(
-      store->Read(name, {dst.data(), bytes}, TransferPriority::kActivationNow));
+  FERRY_RETURN_IF_ERROR(store->Read(name, {dst.data(), bytes}, TransferPriority::kActivationNow));
   rate.read_bytes_per_s = bytes / std::chrono::duration<double>(Clock::now() - t0).count();
   if (std::memcmp(src.data(), dst.data(), bytes) != 0) {
     return Status::Corruption("MeasureStoreRate: data read back differs from what was written");

@@ -4,7 +4,8 @@
 // Opens a fresh store in options.directory (block size, queue depth and backend as given), lays
 // out one entry of `bytes`, then times an overwrite of it and a read of it back (so the write
 // figure is not an allocation figure, and the read never touches unwritten holes). Data is
-// incompressible and compression is off.
+// incompressible and compression is off. The source and target memory are mapped with `pages`
+// (huge pages, as the host pool's memory, by default).
 //
 // Thread-safety: a free function; concurrent calls on the same directory interfere (timing).
 #pragma once
@@ -13,6 +14,7 @@
 #include <functional>
 #include <string>
 
+#include "kernels/host_memory.h"
 #include "kernels/status.h"
 #include "offload/nvme_store.h"
 
@@ -23,7 +25,7 @@ struct StoreRate {
   double read_bytes_per_s = 0;
   std::string backend;  // "io_uring" or "threads"
   bool direct_io = false;
-  std::string report;   // the store's Open line
+  std::string report;  // the store's Open line
 };
 
 using StoreFileHook = std::function<void(const std::string& path, size_t file_bytes)>;
@@ -34,6 +36,7 @@ using StoreFileHook = std::function<void(const std::string& path, size_t file_by
 // follows the layout write).
 Result<StoreRate> MeasureStoreRate(NvmeStoreOptions options, size_t bytes,
                                    const StoreFileHook& while_open = nullptr,
-                                   const StoreFileHook& before_timing = nullptr);
+                                   const StoreFileHook& before_timing = nullptr,
+                                   HostPages pages = HostPages::kHugeWhereLarge);
 
 }  // namespace ferry

@@ -13,6 +13,7 @@
 
 #include "engine/plan/device_probe.h"
 #include "kernels/cpu/cpu_device.h"
+#include "kernels/host_memory.h"
 #include "kernels/ops/adamw.h"
 #include "offload/store_rate.h"
 
@@ -170,7 +171,10 @@ Result<HardwareProfile> ProbeMachine(const ProbeOptions& o, const HardwareProfil
     p.nvme.source = "ferry probe: the NVMe store (" + rate.backend +
                     (rate.direct_io ? ", O_DIRECT" : ", buffered") + "), " +
                     std::to_string(o.nvme_bytes >> 20) +
-                    " MiB sequential; sustained = measured (a short run stays in the write cache)";
+                    " MiB sequential from host memory on transparent huge pages (mode " +
+                    TransparentHugePagesMode() +
+                    ", as the host pool maps it); sustained = measured (a short run stays in the "
+                    "write cache)";
   } else {
     p.nvme.dir.clear();
     p.nvme.source = "not measured (no --nvme-dir); rates from the base profile";
