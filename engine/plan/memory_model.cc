@@ -32,7 +32,7 @@ MatrixDims DimsOf(const ParamSpec& p) {
 }
 
 uint64_t GemmScratch(ScratchTarget t, int64_t m, int64_t n, int64_t k, GemmDTypes dtypes) {
-  if (t.cuda) return 0;  // kernels/ops/gemm.cc: no CUDA kernel yet, 0 reported
+  if (t.cuda) return CudaGemmScratchBytes(m, n, k, dtypes);
   return cpu::GemmScratchBytes(t.cpu_threads, m, n, k, dtypes);
 }
 

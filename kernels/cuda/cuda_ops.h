@@ -23,12 +23,8 @@ Status Cast(CudaDevice& d, const Tensor& src, const Tensor& dst);
 // REQUIRES: a, b and y have one dtype and one element count; all on `d`.
 Status Residual(CudaDevice& d, const Tensor& a, const Tensor& b, const Tensor& y);
 
-// Scratch bytes cuda::Gemm needs: 0 when A and B share a dtype and C has it too or is f32 (what
-// cuBLAS takes directly); otherwise fp32 copies of the non-f32 operands and of a non-f32 C.
-size_t GemmScratchBytes(int64_t m, int64_t n, int64_t k, GemmDTypes dtypes);
-
 // C = alpha op(A) op(B) + beta C (+ bias) with fp32 math on cuBLAS (kernels/cuda/gemm.cu says
-// where C is rounded). REQUIRES: ValidateGemm(g) is ok, the scratch holds GemmScratchBytes; all
+// where C is rounded). REQUIRES: ValidateGemm(g) is ok, the scratch holds CudaGemmScratchBytes; all
 // tensors on `d`.
 Status Gemm(CudaDevice& d, const GemmArgs& g);
 

@@ -27,10 +27,10 @@
 namespace ferry::cuda {
 namespace {
 
-constexpr size_t kScratchAlign = 256;
-size_t AlignUp(size_t v) { return (v + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
-
-bool IsDirect(GemmDTypes t) { return t.a == t.b && (t.c == t.a || t.c == DType::kF32); }
+// The scratch layout of CudaGemmScratchBytes (kernels/ops/gemm.h).
+size_t AlignUp(size_t v) {
+  return (v + kCudaGemmScratchAlign - 1) / kCudaGemmScratchAlign * kCudaGemmScratchAlign;
+}
 
 cudaDataType_t CudaType(DType t) {
   switch (t) {
@@ -124,15 +124,6 @@ Tensor ScratchF32(const GemmArgs& g, size_t offset, const Tensor& like) {
 
 }  // namespace
 
-size_t GemmScratchBytes(int64_t m, int64_t n, int64_t k, GemmDTypes t) {
-  if (IsDirect(t)) return 0;
-  size_t bytes = 0;
-  if (t.a != DType::kF32) bytes += AlignUp(size_t(m * k) * 4);
-  if (t.b != DType::kF32) bytes += AlignUp(size_t(k * n) * 4);
-  if (t.c != DType::kF32) bytes += AlignUp(size_t(m * n) * 4);
-  return bytes;
-}
-
 Status Gemm(CudaDevice& d, const GemmArgs& g) {
   const GemmDims dims = GemmDimsOf(g);
   if (dims.m == 0 || dims.n == 0) return Status::Ok();
@@ -140,7 +131,7 @@ Status Gemm(CudaDevice& d, const GemmArgs& g) {
   // dimensions of empty operands).
   if (dims.k == 0) return Prologue(d, g, g.c);
   const bool has_bias = !g.bias.data.is_null();
-  if (IsDirect({g.a.dtype, g.b.dtype, g.c.dtype})) {
+  if (CudaGemmTakesDirectly({g.a.dtype, g.b.dtype, g.c.dtype})) {
     float beta = g.beta;
     if (has_bias) {
       FERRY_RETURN_IF_ERROR(Prologue(d, g, g.c));

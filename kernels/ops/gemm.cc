@@ -30,10 +30,25 @@ Status ValidateGemm(const GemmArgs& g) {
   return Status::Ok();
 }
 
+bool CudaGemmTakesDirectly(GemmDTypes t) {
+  return t.a == t.b && (t.c == t.a || t.c == DType::kF32);
+}
+
+size_t CudaGemmScratchBytes(int64_t m, int64_t n, int64_t k, GemmDTypes t) {
+  if (CudaGemmTakesDirectly(t)) return 0;
+  const auto f32_copy = [](int64_t elems) {
+    const size_t a = kCudaGemmScratchAlign;
+    return (size_t(elems) * 4 + a - 1) / a * a;
+  };
+  size_t bytes = 0;
+  if (t.a != DType::kF32) bytes += f32_copy(m * k);
+  if (t.b != DType::kF32) bytes += f32_copy(k * n);
+  if (t.c != DType::kF32) bytes += f32_copy(m * n);
+  return bytes;
+}
+
 size_t GemmScratchBytes(const Device& d, int64_t m, int64_t n, int64_t k, GemmDTypes dtypes) {
-#ifdef FERRY_WITH_CUDA
-  if (d.kind() == DeviceKind::kCuda) return cuda::GemmScratchBytes(m, n, k, dtypes);
-#endif
+  if (d.kind() == DeviceKind::kCuda) return CudaGemmScratchBytes(m, n, k, dtypes);
   if (d.kind() != DeviceKind::kCpu) return 0;
   return cpu::GemmScratchBytes(static_cast<const CpuDevice&>(d).options().compute_threads, m, n, k,
                                dtypes);

@@ -63,6 +63,14 @@ Status ValidateGemm(const GemmArgs& g);
 // Scratch bytes a GEMM of these dimensions and dtypes needs on `d`.
 size_t GemmScratchBytes(const Device& d, int64_t m, int64_t n, int64_t k, GemmDTypes dtypes);
 
+// The CUDA GEMM, sized without a device (the planner sizes GPU plans on machines without CUDA):
+// whether cuBLAS multiplies the operands as stored (A and B of one dtype, C of that dtype or f32),
+// and otherwise the scratch for fp32 copies of the non-f32 operands, in this order: A (M x K),
+// B (K x N), C (M x N), each rounded up to kCudaGemmScratchAlign bytes.
+inline constexpr size_t kCudaGemmScratchAlign = 256;
+bool CudaGemmTakesDirectly(GemmDTypes dtypes);
+size_t CudaGemmScratchBytes(int64_t m, int64_t n, int64_t k, GemmDTypes dtypes);
+
 // Validates (including the scratch size), then enqueues on d's compute stream.
 Status Gemm(Device& d, const GemmArgs& g);
 

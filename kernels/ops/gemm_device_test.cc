@@ -119,5 +119,23 @@ TEST(DenseOpsOnCpuDevice, RmsNormMatchesDirectKernel) {
   EXPECT_NE(s.message().find("rstd"), std::string::npos) << s.ToString();
 }
 
+// The CUDA GEMM's scratch, sized without a device: what the planner reserves on GPUs.
+TEST(CudaGemmScratch, ZeroForWhatCublasTakesAndAlignedFp32CopiesOtherwise) {
+  const DType f32 = DType::kF32, bf = DType::kBF16, f16 = DType::kF16;
+  for (const GemmDTypes t :
+       {GemmDTypes{f32, f32, f32}, GemmDTypes{bf, bf, bf}, GemmDTypes{bf, bf, f32},
+        GemmDTypes{f16, f16, f16}, GemmDTypes{f16, f16, f32}}) {
+    EXPECT_TRUE(CudaGemmTakesDirectly(t));
+    EXPECT_EQ(CudaGemmScratchBytes(3, 5, 7, t), 0u);
+  }
+  // A (3 x 7) and C (3 x 5) as fp32: 84 and 60 bytes, each rounded up to 256.
+  EXPECT_FALSE(CudaGemmTakesDirectly({bf, f32, f16}));
+  EXPECT_EQ(CudaGemmScratchBytes(3, 5, 7, {bf, f32, f16}), 512u);
+  // A and B of different dtypes, C f32: fp32 copies of A (1000 x 1000) and B (1000 x 24).
+  EXPECT_EQ(CudaGemmScratchBytes(1000, 24, 1000, {f16, bf, f32}), 4000000u + 96000u);
+  // C of A's dtype but B f32: fp32 copies of A (2 x 64: 512 bytes) and C (2 x 2: 16 -> 256).
+  EXPECT_EQ(CudaGemmScratchBytes(2, 2, 64, {bf, f32, bf}), 512u + 256u);
+}
+
 }  // namespace
 }  // namespace ferry
