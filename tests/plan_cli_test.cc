@@ -87,7 +87,7 @@ TEST_F(PlanCliTest, UnknownModelIsOneLine) {
 
 // `ferry probe --model` writes the job's layer times into the profile; `ferry plan` with the same
 // job and that profile prices the step from them (and says so), the same job in another dtype
-// (other keys) from its formulas.
+// (other keys) from its formulas, with a warning naming the dtype the times are for.
 TEST_F(PlanCliTest, ProbedLayerTimesAreWhatThePlanUses) {
   const std::string profile = dir_ + "/probed.json";
   const std::string job = " --model tiny --seq-len 16 --batch-size 2 --micro-batches 1";
@@ -104,6 +104,16 @@ TEST_F(PlanCliTest, ProbedLayerTimesAreWhatThePlanUses) {
   CommandResult formulas = Ferry("plan --json --hardware " + profile + job);  // bf16
   ASSERT_EQ(formulas.code, 0) << formulas.output;
   EXPECT_EQ(nlohmann::json::parse(formulas.output)["plan"]["layer_times"]["source"], "formulas");
+  // ... and says so, with the option that would use the times; the f32 plan has no such warning.
+  CommandResult summary = Ferry("plan --hardware " + profile + job);
+  ASSERT_EQ(summary.code, 0) << summary.output;
+  EXPECT_NE(summary.output.find("warning: the hardware profile has measured layer times for this "
+                                "job in f32 only: this plan (bf16) uses the FLOP formulas; plan "
+                                "with --dtype f32 to use them\n"),
+            std::string::npos)
+      << summary.output;
+  EXPECT_TRUE(nlohmann::json::parse(measured.output)["plan"]["warnings"].empty())
+      << measured.output;
   // --layers-only without a model has nothing to measure.
   CommandResult nothing = Ferry("probe --layers-only --out " + profile);
   EXPECT_EQ(nothing.code, 1);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -148,17 +149,54 @@ Status MeasureOneGpu(const CudaDeviceInfo& info, const GpuProbeOptions& o, GpuMe
 
 }  // namespace
 
-Result<double> BestSeconds(Device& d, int repeats, const std::function<Status()>& step) {
-  FERRY_RETURN_IF_ERROR(step());
-  FERRY_RETURN_IF_ERROR(d.Synchronize());
-  double best = 1e300;
-  for (int r = 0; r < std::max(1, repeats); ++r) {
-    const Clock::time_point t0 = Clock::now();
-    FERRY_RETURN_IF_ERROR(step());
-    FERRY_RETURN_IF_ERROR(d.Synchronize());
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+Result<std::vector<std::vector<double>>> TimeRuns(Device* d, int warmup, int runs,
+                                                  std::span<const std::function<Status()>> steps) {
+  if (runs < 1 || warmup < 0) {
+    return Status::InvalidArgument("timed runs: " + std::to_string(runs) + " runs after " +
+                                   std::to_string(warmup) +
+                                   " warm-up runs; at least 1 run and no negative warm-up");
   }
-  return best;
+  std::vector<std::vector<double>> seconds(steps.size());
+  for (int r = 0; r < warmup + runs; ++r) {
+    const bool timed = r >= warmup;
+    for (size_t s = 0; s < steps.size(); ++s) {
+      const Clock::time_point t0 = Clock::now();
+      Status status = steps[s]();
+      if (status.ok() && d != nullptr) status = d->Synchronize();
+      if (!status.ok()) {
+        return status.WithContext(
+            (timed ? "timed run " + std::to_string(r - warmup + 1) + " of " + std::to_string(runs)
+                   : "warm-up run " + std::to_string(r + 1) + " of " + std::to_string(warmup)) +
+            (steps.size() > 1 ? ", step " + std::to_string(s + 1) : std::string()));
+      }
+      if (timed) seconds[s].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+  }
+  return seconds;
+}
+
+Result<std::vector<double>> TimeRuns(Device& d, int warmup, int runs,
+                                     const std::function<Status()>& step) {
+  FERRY_ASSIGN_OR_RETURN(std::vector<std::vector<double>> seconds,
+                         TimeRuns(&d, warmup, runs, std::span(&step, 1)));
+  return std::move(seconds.front());
+}
+
+double BestOf(std::span<const double> seconds) {
+  return *std::min_element(seconds.begin(), seconds.end());
+}
+
+double MedianOf(std::span<const double> seconds) {
+  std::vector<double> v(seconds.begin(), seconds.end());
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+Result<double> BestSeconds(Device& d, int repeats, const std::function<Status()>& step) {
+  FERRY_ASSIGN_OR_RETURN(const std::vector<double> seconds,
+                         TimeRuns(d, 1, std::max(1, repeats), step));
+  return BestOf(seconds);
 }
 
 Result<double> ProbeDeviceGemmFlops(Device& d, DType t, int64_t n, int launches, int repeats) {

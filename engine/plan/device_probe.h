@@ -3,17 +3,19 @@
 // model on a CUDA build), and how a machine's GPU measurement replaces a hardware profile's GPU
 // and PCIe sections.
 //
-// Timing is wall-clock around enqueue + Synchronize (best of the repeats, after one warm-up), so
-// every figure includes what a caller of the Device interface pays. Each probe owns what it
-// allocates (device buffers, host staging) and frees it before returning. Thread-safe (no shared
-// state), though concurrent probes disturb each other's timings.
+// Timing is wall-clock around enqueue + Synchronize (TimeRuns; best of the repeats, after one
+// warm-up), so every figure includes what a caller of the Device interface pays. Each probe owns
+// what it allocates (device buffers, host staging) and frees it before returning. Thread-safe (no
+// shared state), though concurrent probes disturb each other's timings.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "engine/plan/hardware_profile.h"
 #include "kernels/device.h"
@@ -22,8 +24,28 @@
 
 namespace ferry::plan {
 
-// Seconds of the fastest of `repeats` runs of `step` followed by d.Synchronize(), after one
-// warm-up run.
+// The one clock for device work (the probes here, engine/train/layer_probe, machine_probe): every
+// run is timed from before its step to after d.Synchronize() returns, so a figure includes what a
+// caller of the Device interface pays.
+//
+// Seconds of each of `runs` runs of `step` (step(), then d.Synchronize()), after `warmup` untimed
+// runs of the same; result[r] is run r's. Errors: InvalidArgument for runs < 1 or warmup < 0; a
+// step's or a synchronize's error, with the run it stopped.
+[[nodiscard]] Result<std::vector<double>> TimeRuns(Device& d, int warmup, int runs,
+                                                   const std::function<Status()>& step);
+// The same with several steps per run, called (and each timed) in order: for a step that needs the
+// one before it, such as a backward after its forward. result[s][r] is step s's seconds in run r.
+// `d` == nullptr: the steps run on the host and are done when they return (nothing to
+// synchronize).
+[[nodiscard]] Result<std::vector<std::vector<double>>> TimeRuns(
+    Device* d, int warmup, int runs, std::span<const std::function<Status()>> steps);
+
+// Views of TimeRuns' seconds. REQUIRES: `seconds` is not empty.
+double BestOf(std::span<const double> seconds);
+double MedianOf(std::span<const double> seconds);  // the mean of the middle two for an even count
+
+// Seconds of the fastest of max(1, `repeats`) runs of `step` followed by d.Synchronize(), after
+// one warm-up run: BestOf(TimeRuns(d, 1, repeats, step)).
 [[nodiscard]] Result<double> BestSeconds(Device& d, int repeats,
                                          const std::function<Status()>& step);
 

@@ -7,11 +7,18 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "engine/plan/machine_probe.h"
 #include "kernels/cpu/cpu_device.h"
@@ -51,6 +58,84 @@ HardwareProfile Base() {
   base.nvme = {"", 0, 3e9, 3e9, 1.5e9, 0, "guess"};
   base.optimizer = {1e9, "guess"};
   return base;
+}
+
+// TimeRuns calls the step warmup + runs times and returns one positive figure per timed run; the
+// device is synchronized inside every run (each step finds the work the previous one enqueued
+// done); a step's error, or one the device reports at the synchronize, comes back naming the run.
+TEST(DeviceProbe, TimeRunsTimesEveryRunAndSynchronizesTheDevice) {
+  auto d = SmallCpuDevice();
+  std::atomic<int> done{0};
+  int calls = 0;
+  const auto step = [&]() -> Status {
+    EXPECT_EQ(done.load(), calls) << "run " << calls << " started before the last one finished";
+    ++calls;
+    return d->LaunchHostFunc(StreamId::kCompute, [&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      done.fetch_add(1);
+      return Status::Ok();
+    });
+  };
+  Result<std::vector<double>> s = TimeRuns(*d, 2, 5, step);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(calls, 7);
+  EXPECT_EQ(done.load(), 7);
+  ASSERT_EQ(s->size(), 5u);
+  for (double v : *s) EXPECT_TRUE(PositiveFinite(v)) << v;
+  EXPECT_EQ(BestOf(*s), *std::min_element(s->begin(), s->end()));
+
+  Result<std::vector<double>> failed = TimeRuns(*d, 1, 3, [&]() -> Status {
+    return calls++ == 9 ? Status::IOError("step broke") : Status::Ok();  // the 2nd timed run
+  });
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), StatusCode::kIOError);
+  EXPECT_EQ(failed.status().message(), "timed run 2 of 3: step broke");
+  // An error of the enqueued work surfaces at the run's synchronize.
+  failed = TimeRuns(*d, 1, 1, [&] {
+    return d->LaunchHostFunc(StreamId::kCompute, [] { return Status::Corruption("bad bytes"); });
+  });
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), StatusCode::kCorruption);
+  EXPECT_EQ(failed.status().message().rfind("warm-up run 1 of 1: ", 0), 0u)
+      << failed.status().message();
+  EXPECT_NE(failed.status().message().find("bad bytes"), std::string::npos)
+      << failed.status().message();
+  EXPECT_EQ(TimeRuns(*d, 0, 0, step).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(TimeRuns(*d, -1, 1, step).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Several steps per run are called in order in every run and timed apart: seconds[step][run]. With
+// no device (host work) nothing is synchronized.
+TEST(DeviceProbe, TimeRunsOfSeveralStepsKeepsTheirOrderAndTimesEach) {
+  std::string order;
+  const std::function<Status()> steps[] = {[&] {
+                                             order += 'f';
+                                             return Status::Ok();
+                                           },
+                                           [&] {
+                                             order += 'b';
+                                             return Status::Ok();
+                                           }};
+  Result<std::vector<std::vector<double>>> s = TimeRuns(nullptr, 1, 3, steps);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(order, "fbfbfbfb");
+  ASSERT_EQ(s->size(), 2u);
+  for (const std::vector<double>& step : *s) {
+    ASSERT_EQ(step.size(), 3u);
+    for (double v : step) EXPECT_TRUE(std::isfinite(v) && v >= 0) << v;  // host work: may be 0
+  }
+  const std::function<Status()> broken[] = {[] { return Status::Ok(); },
+                                            [] { return Status::InvalidArgument("no backward"); }};
+  EXPECT_EQ(TimeRuns(nullptr, 0, 2, broken).status().message(),
+            "timed run 1 of 2, step 2: no backward");
+}
+
+TEST(DeviceProbe, BestAndMedianOfSeconds) {
+  const std::vector<double> odd{3, 1, 2}, even{4, 1, 3, 2};
+  EXPECT_EQ(BestOf(odd), 1);
+  EXPECT_EQ(MedianOf(odd), 2);
+  EXPECT_EQ(MedianOf(even), 2.5);  // the mean of the middle two
+  EXPECT_EQ(MedianOf(std::vector<double>{7}), 7);
 }
 
 TEST(DeviceProbe, GemmAndCopyRatesOnCpuDeviceArePositive) {

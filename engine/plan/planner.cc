@@ -314,6 +314,39 @@ std::string Bytes(double b) {
   return buf;
 }
 
+// When `hw` has layer times but none that a plan of `job` looks up: a warning saying this plan
+// prices its layers with the FLOP formulas, and how to use the times — plan with another
+// --dtype when they were measured for this job in that dtype (`ferry probe --model` measures
+// f32), else probe with this job's options. Empty when some time serves the job or there are none.
+std::string UnusedLayerTimesWarning(const ModelConfig& model, const PlanJob& job,
+                                    const HardwareProfile& hw) {
+  if (hw.layer_times.empty()) return "";
+  const auto measured_for = [&](const PlanJob& j) {
+    const std::vector<LayerTimeQuery> queries = LayerTimeQueries(model, j, hw.gpu.count);
+    return std::any_of(queries.begin(), queries.end(),
+                       [&](const LayerTimeQuery& q) { return hw.FindLayerTime(q.key) != nullptr; });
+  };
+  if (measured_for(job)) return "";
+  const std::string dtype(DTypeName(job.compute_dtype));
+  std::vector<std::string> others;
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    PlanJob other = job;
+    other.compute_dtype = t;
+    if (t != job.compute_dtype && measured_for(other)) others.emplace_back(DTypeName(t));
+  }
+  if (others.empty()) {
+    return "none of the hardware profile's " + std::to_string(hw.layer_times.size()) +
+           " measured layer times is for this job (the model, micro-batch shape, dtype or "
+           "LoRA differ): this plan uses the FLOP formulas; run `ferry probe --model` with this "
+           "plan's job options to measure them";
+  }
+  std::string list = others.front();
+  for (size_t i = 1; i < others.size(); ++i) list += ", " + others[i];
+  return "the hardware profile has measured layer times for this job in " + list +
+         " only: this plan (" + dtype + ") uses the FLOP formulas; plan with --dtype " +
+         others.front() + " to use them";
+}
+
 }  // namespace
 
 std::string LayerTimeKey(const ModelConfig& model, const PlanJob& job, const LayerSpec& layer,
@@ -489,6 +522,9 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
            std::to_string(int64_t(double(hw.nvme.endurance_bytes_written) / per_day)) + " days";
     }
     best.warnings.push_back(w);
+  }
+  if (std::string w = UnusedLayerTimesWarning(model, job, hw); !w.empty()) {
+    best.warnings.push_back(std::move(w));
   }
   outcome.feasible = true;
   outcome.plan = std::move(best);

@@ -87,6 +87,8 @@ struct Plan {
   // hardware profile's layer_times had the layer's LayerTimeKey (measured), false for the FLOP
   // formulas at the profile's effective rate.
   std::vector<bool> measured_times;
+  // NVMe wear; the profile's layer times unused: it has some but none for this job (naming the
+  // dtype they were measured in when only the dtype differs: `ferry probe --model` measures f32).
   std::vector<std::string> warnings;
 
   // "measured" (every layer), "formulas" (none) or "mixed".

@@ -129,6 +129,57 @@ TEST(Planner, MeasuredLayerTimesReplaceTheFormulas) {
             std::string::npos);
 }
 
+// `ferry probe --model` measures f32; a plan in another dtype looks up other keys. When a profile
+// has layer times but none for the plan's job, the plan warns (summary and JSON) that it uses the
+// formulas and says how to use the times: plan in the dtype they were measured in, or probe this
+// job. No warning when the times serve the plan or the profile has none.
+TEST(Planner, WarnsWhenTheProfilesLayerTimesAreForAnotherDType) {
+  const ModelConfig m = SmallModel(2, 64, 300);
+  const PlanJob f32{.global_batch = 2,
+                    .seq_len = 32,
+                    .micro_batches = 1,
+                    .lora = {},  // full fine-tuning
+                    .compute_dtype = DType::kF32,
+                    .scratch = {.cuda = false, .cpu_threads = 1}};  // f32: CPU devices
+  HardwareProfile h = SmallMachine(1);
+  const auto warnings = [&](const PlanJob& job, const HardwareProfile& hw) {
+    Result<PlanOutcome> o = MakePlan("small", m, job, hw);
+    EXPECT_TRUE(o.ok() && o->feasible);
+    return o.ok() ? o->plan.warnings : std::vector<std::string>{"no plan"};
+  };
+  EXPECT_TRUE(warnings(f32, h).empty());  // no layer times
+  for (const LayerTimeQuery& q : LayerTimeQueries(m, f32, 1)) {
+    h.layer_times.push_back({q.key, 1e-3, 2e-3});
+  }
+  EXPECT_TRUE(warnings(f32, h).empty());  // the dtype matches: the times are used
+
+  PlanJob bf16 = f32;
+  bf16.compute_dtype = DType::kBF16;
+  bf16.scratch = ScratchTarget{};
+  Result<PlanOutcome> o = MakePlan("small", m, bf16, h);
+  ASSERT_TRUE(o.ok() && o->feasible);
+  EXPECT_EQ(o->plan.LayerTimeSource(), "formulas");
+  ASSERT_EQ(o->plan.warnings.size(), 1u);
+  const std::string expected =
+      "the hardware profile has measured layer times for this job in f32 only: this plan (bf16) "
+      "uses the FLOP formulas; plan with --dtype f32 to use them";
+  EXPECT_EQ(o->plan.warnings[0], expected);
+  EXPECT_NE(PlanSummary(o->plan).find("warning: " + expected + "\n"), std::string::npos)
+      << PlanSummary(o->plan);
+  EXPECT_EQ(PlanToJson(o->plan)["warnings"][0], expected);
+
+  // Times for another job only (another sequence length): probe this one.
+  PlanJob longer = bf16;
+  longer.seq_len = 64;
+  const std::vector<std::string> w = warnings(longer, h);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0].rfind("none of the hardware profile's 3 measured layer times is for this job", 0),
+            0u)
+      << w[0];
+  EXPECT_NE(w[0].find("run `ferry probe --model` with this plan's job options"), std::string::npos)
+      << w[0];
+}
+
 TEST(Planner, PlanCoversEveryBlockAndFits) {
   const ModelConfig m = SmallModel(6, 64, 300);
   PlanJob job;

@@ -3,10 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <random>
+#include <span>
 #include <sstream>
 #include <utility>
 
@@ -14,6 +15,7 @@
 #include "engine/model/device_params.h"
 #include "engine/model/embedding.h"
 #include "engine/model/head.h"
+#include "engine/plan/device_probe.h"
 #include "engine/plan/memory_model.h"
 #include "engine/train/master_weights.h"
 #include "kernels/arena.h"
@@ -24,41 +26,18 @@ namespace {
 
 constexpr uint64_t kF32 = 4;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using Step = std::function<Status()>;
 
-using Seconds2 = std::pair<double, double>;  // forward, backward
-
-double SecondsSince(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-// Runs `run()` — a layer's (forward, backward) seconds — warmup + repeats times and keeps the
-// medians of the timed runs in `out`.
-template <typename Run>
-Status MedianOfRuns(const LayerProbeOptions& o, Run&& run, plan::MeasuredLayerTime& out) {
-  std::vector<double> fwd, bwd;
-  for (int r = 0; r < o.warmup + o.repeats; ++r) {
-    FERRY_ASSIGN_OR_RETURN(const Seconds2 s, run());
-    if (r < o.warmup) continue;
-    fwd.push_back(s.first);
-    bwd.push_back(s.second);
-  }
-  out.forward_s = Median(fwd);
-  out.backward_s = Median(bwd);
+// Runs `steps` (forward, backward: each timed, the device synchronized after it; d == nullptr for
+// host work) warmup + repeats times and keeps the medians of the timed runs in `out`: the first
+// step's as forward_s, the second's as backward_s (0 without one).
+Status MedianOfRuns(Device* d, const LayerProbeOptions& o, std::span<const Step> steps,
+                    plan::MeasuredLayerTime& out) {
+  FERRY_ASSIGN_OR_RETURN(const std::vector<std::vector<double>> s,
+                         plan::TimeRuns(d, o.warmup, o.repeats, steps));
+  out.forward_s = plan::MedianOf(s[0]);
+  out.backward_s = s.size() > 1 ? plan::MedianOf(s[1]) : 0.0;
   return Status::Ok();
-}
-
-// Seconds of `op()` followed by a device synchronize.
-template <typename Op>
-Result<double> Timed(Device& d, Op&& op) {
-  const auto start = std::chrono::steady_clock::now();
-  FERRY_RETURN_IF_ERROR(op());
-  FERRY_RETURN_IF_ERROR(d.Synchronize());
-  return SecondsSince(start);
 }
 
 // The layers whose master copies a layer's probe needs on the host: the layer, and for a head
@@ -155,14 +134,9 @@ Status ProbeBlock(Device& d, const ModelConfig& c, const LoraConfig& lora,
       {.positions = io.positions, .doc_ids = io.doc_ids, .inv_freq = io.inv_freq});
   ctx.first_block = layer.block;
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<DecoderBlocks> blocks, CreateDecoderBlocks(ctx));
-  auto run = [&]() -> Result<Seconds2> {
-    FERRY_ASSIGN_OR_RETURN(double f,
-                           Timed(d, [&] { return blocks->Forward(layer.block, 0, io.x, io.y); }));
-    FERRY_ASSIGN_OR_RETURN(
-        double b, Timed(d, [&] { return blocks->Backward(layer.block, 0, io.x, io.dy, io.dx); }));
-    return Seconds2{f, b};
-  };
-  return MedianOfRuns(o, run, out);
+  const Step steps[] = {[&] { return blocks->Forward(layer.block, 0, io.x, io.y); },
+                        [&] { return blocks->Backward(layer.block, 0, io.x, io.dy, io.dx); }};
+  return MedianOfRuns(&d, o, steps, out);
 }
 
 Status ProbeHead(Device& d, const ModelConfig& c, const LoraConfig& lora,
@@ -180,13 +154,16 @@ Status ProbeHead(Device& d, const ModelConfig& c, const LoraConfig& lora,
   std::vector<int32_t> targets(static_cast<size_t>(N));
   for (int32_t& t : targets) t = token(rng);
   FERRY_RETURN_IF_ERROR(UploadBytes(d, head->targets().data, targets.data(), size_t(N) * 4));
-  auto run = [&]() -> Result<Seconds2> {
-    FERRY_ASSIGN_OR_RETURN(double f, Timed(d, [&] { return head->Forward(io.x); }));
-    FERRY_ASSIGN_OR_RETURN(double fb,
-                           Timed(d, [&] { return head->ForwardBackward(io.x, double(N), io.dx); }));
-    return Seconds2{f, std::max(0.0, fb - f)};
-  };
-  return MedianOfRuns(o, run, out);
+  const Step steps[] = {[&] { return head->Forward(io.x); },
+                        [&] { return head->ForwardBackward(io.x, double(N), io.dx); }};
+  FERRY_ASSIGN_OR_RETURN(const std::vector<std::vector<double>> s,
+                         plan::TimeRuns(&d, o.warmup, o.repeats, steps));
+  // backward_s: the fused pass less the loss-only pass of the same run.
+  std::vector<double> backward(s[1].size());
+  for (size_t r = 0; r < backward.size(); ++r) backward[r] = std::max(0.0, s[1][r] - s[0][r]);
+  out.forward_s = plan::MedianOf(s[0]);
+  out.backward_s = plan::MedianOf(backward);
+  return Status::Ok();
 }
 
 // The embedding runs on the host (engine/model/embedding.h): no device.
@@ -210,15 +187,14 @@ Status ProbeEmbedding(const ModelConfig& c, const LayerSpec& layer, BatchShape m
   for (const ParamSpec& p : layer.params) trainable = trainable || p.trainable;
   std::vector<float> hidden(size_t(N * C)), dwte(trainable ? weights.at(wte).size() : 0);
   std::vector<float> dwpe(trainable ? wpe.size() : 0);
-  auto run = [&]() -> Result<Seconds2> {
-    auto start = std::chrono::steady_clock::now();
-    FERRY_RETURN_IF_ERROR(EmbeddingForward(shape, weights.at(wte), wpe, tokens, positions, hidden));
-    const double f = SecondsSince(start);
-    start = std::chrono::steady_clock::now();
-    if (trainable) EmbeddingBackward(shape, hidden, tokens, positions, dwte, dwpe);
-    return Seconds2{f, trainable ? SecondsSince(start) : 0.0};
-  };
-  return MedianOfRuns(o, run, out);
+  const Step steps[] = {
+      [&] { return EmbeddingForward(shape, weights.at(wte), wpe, tokens, positions, hidden); },
+      [&] {
+        EmbeddingBackward(shape, hidden, tokens, positions, dwte, dwpe);
+        return Status::Ok();
+      }};
+  // A frozen table has no backward: only the gather is run (backward_s 0).
+  return MedianOfRuns(nullptr, o, std::span(steps, trainable ? 2 : 1), out);
 }
 
 }  // namespace

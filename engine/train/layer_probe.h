@@ -11,8 +11,8 @@
 // is allocated every layer's bytes are checked against the memory the probe may use; a layer that
 // does not fit is refused (OutOfMemory naming the layer, the bytes it needs and what is there).
 //
-// What is timed (wall clock, each call followed by a device synchronize; `warmup` untimed runs,
-// then the median of `repeats`):
+// What is timed (plan::TimeRuns: wall clock, each call followed by a device synchronize; `warmup`
+// untimed runs, then the median of `repeats`):
 //  - block: Forward, then Backward (input gradient and parameter gradients);
 //  - head: forward_s = the loss-only pass (Head::Forward), backward_s = the fused
 //    ForwardBackward's time minus that (so forward_s + backward_s is the fused pass, which is
