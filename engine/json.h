@@ -1,4 +1,6 @@
 // ferry's way in to nlohmann::json: include "engine/json.h", never <nlohmann/json.hpp>.
+// (A header that only names nlohmann::json includes "engine/json_fwd.h" instead;
+// tests/lint/json_includes.cmake fails on any other file that includes nlohmann's headers.)
 //
 // nlohmann::json is header-only, so every file that parses or dumps JSON used to compile and
 // emit the same parser, lexer, serializer, iterators and container code again (about 60% of a

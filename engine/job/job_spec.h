@@ -7,10 +7,10 @@
 #pragma once
 
 #include <cstdint>
-#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
+#include "engine/json_fwd.h"
 #include "engine/model/lora_config.h"
 #include "engine/model/model_config.h"
 #include "kernels/status.h"

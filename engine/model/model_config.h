@@ -17,11 +17,11 @@
 #pragma once
 
 #include <cstdint>
-#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "engine/json_fwd.h"
 #include "kernels/dtype.h"
 #include "kernels/status.h"
 

@@ -46,6 +46,7 @@ class Runner final : public ModelRunner {
                              hidden_.clear();
                              for (int64_t i = 0; i <= L; ++i)
                                hidden_.push_back(cv.Take(DType::kF32, {N, C}));
+                             if (o_.inference_only) return;  // no backward, no gradients
                              grad_[0] = cv.Take(DType::kF32, {N, C});
                              grad_[1] = cv.Take(DType::kF32, {N, C});
                            }));
@@ -364,7 +365,7 @@ class Runner final : public ModelRunner {
   Tensor doc_ids_;              // i32 (N)
   Tensor inv_freq_;             // f32 (head_dim / 2), Llama family
   std::vector<Tensor> hidden_;  // L + 1 of (N, C): each block's input, then the head's
-  Tensor grad_[2];              // (N, C) x2: the backward's gradient stream, ping-pong
+  Tensor grad_[2];              // (N, C) x2: the backward's gradient stream, training only
   std::vector<int> slot_;       // per block: its saved-activation slot
   std::unique_ptr<DecoderBlocks> blocks_;
   std::unique_ptr<Head> head_;

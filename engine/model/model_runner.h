@@ -47,8 +47,9 @@ struct ModelRunnerOptions {
   DType compute_dtype = DType::kF32;  // storage dtype of weights/activations on the device
   std::vector<bool> recompute;        // per block; empty = save everything
   int64_t loss_chunk_tokens = 256;    // fused LM-head chunk
-  // Forward only (evaluation): no gradient buffers are allocated (ParamGrads::kNone) and
-  // AccumulateGradients / AccumulateStep fail with FailedPrecondition.
+  // Forward only (evaluation): no gradient buffers are allocated (ParamGrads::kNone, no gradient
+  // stream, a HeadMode::kForwardOnly head) and AccumulateGradients / AccumulateStep fail with
+  // FailedPrecondition.
   bool inference_only = false;
 };
 

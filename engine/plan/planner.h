@@ -29,11 +29,11 @@
 #pragma once
 
 #include <cstdint>
-#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "engine/json_fwd.h"
 #include "engine/model/lora_config.h"
 #include "engine/model/model_config.h"
 #include "engine/plan/hardware_profile.h"

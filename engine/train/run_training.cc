@@ -34,12 +34,19 @@ size_t EstimateDeviceBytes(const ModelConfig& model, const LoraConfig& lora, Bat
     const LayerCost c = ComputeLayerCost(model, lora, l, shape);
     bytes += c.input_bytes + c.saved_bytes + c.output_bytes;
   }
-  // The fused LM head's logits chunk and its gradient, the widest block scratch (a few hidden
-  // states and the MLP width), then a margin for alignment and per-op scratch.
-  const int64_t n = shape.tokens();
-  bytes += size_t(2 * std::min(n, loss_chunk_tokens) * model.vocab_size) * sizeof(float);
-  bytes += size_t(n * (8 * model.hidden_size + 4 * model.intermediate_size)) * sizeof(float);
-  return bytes + bytes / 4 + (size_t(64) << 20);
+  // The fused LM head's logits chunk and the widest block scratch (a few hidden states and the
+  // MLP width).
+  const int64_t n = shape.tokens(), chunk = std::min(n, loss_chunk_tokens);
+  const int64_t C = model.hidden_size, V = model.vocab_size;
+  bytes += size_t(chunk * V) * sizeof(float);
+  bytes += size_t(n * (8 * C + 4 * model.intermediate_size)) * sizeof(float);
+  // What only the backward needs: the logits chunk's gradient (the loss op's backward scratch),
+  // the head's input gradient and frozen-norm sink ("head.workspace"), and the runner's (N, C)
+  // gradient stream and its ping-pong partner. A forward-only head (HeadMode::kForwardOnly) and an
+  // inference-only runner allocate none of them.
+  if (gradients) bytes += size_t(chunk * V + n * C + 2 * C + 2 * n * C) * sizeof(float);
+  // A margin for alignment and per-op scratch.
+  return bytes + bytes / 4 + kDeviceEstimateSlackBytes;
 }
 
 Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunControl& control) {

@@ -43,9 +43,13 @@ struct RunControl {
 Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunControl& control = {});
 
 // Device memory for one ModelRunner of `model` at micro-batch `shape`: weights, gradients, every
-// layer's saved activations, the LM head's chunk and scratch, with a margin. Without `gradients`
-// (an inference-only runner, ModelRunnerOptions::inference_only) no gradient bytes are counted.
+// layer's saved activations, the LM head's chunk and scratch, the backward's gradient buffers,
+// with a margin (a quarter, plus 64 MiB). Without `gradients` (an inference-only runner,
+// ModelRunnerOptions::inference_only: `ferry eval`) nothing only the backward uses is counted:
+// no parameter gradients, no logits gradient, no head input gradient, no gradient stream.
 size_t EstimateDeviceBytes(const ModelConfig& model, const LoraConfig& lora, BatchShape shape,
                            int64_t loss_chunk_tokens, bool gradients = true);
+// The fixed part of EstimateDeviceBytes's margin.
+inline constexpr size_t kDeviceEstimateSlackBytes = size_t(64) << 20;
 
 }  // namespace ferry
