@@ -47,12 +47,13 @@ Status Run(const EvalCommand& cmd) {
   ModelRunnerOptions ro;
   ro.shape = {cmd.batch_size, cmd.seq_len};
   ro.inference_only = true;  // no gradient buffers
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<CpuDevice> device,
-                         CpuDevice::Create({.name = "cpu0",
-                                            .memory_bytes = EstimateDeviceBytes(
-                                                m.config, m.lora, ro.shape, ro.loss_chunk_tokens,
-                                                /*gradients=*/false),
-                                            .compute_threads = threads}));
+  FERRY_ASSIGN_OR_RETURN(
+      std::unique_ptr<CpuDevice> device,
+      CpuDevice::Create({.name = "cpu0",
+                         .memory_bytes = EstimateDeviceBytes(m.config, m.lora, ro.shape,
+                                                             ro.loss_chunk_tokens, threads,
+                                                             /*gradients=*/false),
+                         .compute_threads = threads}));
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
                          ModelRunner::Create(*device, m.config, m.lora, ro));
   FERRY_RETURN_IF_ERROR(runner->UploadWeights(m.weights));

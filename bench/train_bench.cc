@@ -115,7 +115,7 @@ void BenchModel(const char* label, const ModelConfig& model, BatchShape shape, i
   options.shape = shape;
   auto dev = CpuDevice::Create(
       {.name = "cpu0",
-       .memory_bytes = EstimateDeviceBytes(model, lora, shape, options.loss_chunk_tokens),
+       .memory_bytes = EstimateDeviceBytes(model, lora, shape, options.loss_chunk_tokens, threads),
        .compute_threads = threads});
   Check(dev.status(), "device");
   auto runner = ModelRunner::Create(**dev, model, lora, options);

@@ -128,9 +128,10 @@ class ModelFolderCliTest : public testing::CliTest {
     const PackedRows rows = PackedRows::Pack(*examples, 16, LongExamples::kSplit, PadId(**tok));
     ModelRunnerOptions ro;
     ro.shape = {2, 16};
-    Result<std::unique_ptr<CpuDevice>> device = CpuDevice::Create(
-        {.memory_bytes = EstimateDeviceBytes(m->config, m->lora, ro.shape, ro.loss_chunk_tokens),
-         .compute_threads = kThreads});
+    Result<std::unique_ptr<CpuDevice>> device =
+        CpuDevice::Create({.memory_bytes = EstimateDeviceBytes(m->config, m->lora, ro.shape,
+                                                               ro.loss_chunk_tokens, kThreads),
+                           .compute_threads = kThreads});
     Result<std::unique_ptr<ModelRunner>> runner =
         ModelRunner::Create(**device, m->config, m->lora, ro);
     EXPECT_TRUE(runner.ok()) << runner.status().ToString();

@@ -44,6 +44,7 @@ std::vector<ModelConfig> WideConfigs() {
 }
 
 const LoraConfig kLoras[] = {LoraConfig{}, testing::TinyLora()};
+constexpr int kThreads = 4;
 
 TEST(EstimateDeviceBytes, ForwardOnlyLeavesOutExactlyTheBackwardBuffers) {
   const BatchShape shape{2, 6};
@@ -55,9 +56,10 @@ TEST(EstimateDeviceBytes, ForwardOnlyLeavesOutExactlyTheBackwardBuffers) {
       for (int64_t loss_chunk : {int64_t(5), int64_t(256)}) {  // chunk below N, and all of N
         SCOPED_TRACE(c.model_type + (lora.enabled() ? " + LoRA" : "") + ", chunk " +
                      std::to_string(loss_chunk));
-        const int64_t C = c.hidden_size, V = c.vocab_size, chunk = std::min(N, loss_chunk);
+        const int64_t C = c.hidden_size, chunk = std::min(N, loss_chunk);
         // The buffers only a training runner has: the trainable parameters' gradients
-        // ("params.grads"), the logits chunk's gradient, the head's input gradient (N, C) and
+        // ("params.grads"), a dh partial (chunk, C) per thread in the loss scratch (64-byte
+        // aligned; the dW is f32, so no dW panel), the head's input gradient (N, C) and
         // frozen-norm sink (2C) ("head.workspace"), the runner's two (N, C) gradient streams.
         size_t backward = 0;
         for (const LayerSpec& l : BuildLayerSpecs(c, lora)) {
@@ -65,9 +67,11 @@ TEST(EstimateDeviceBytes, ForwardOnlyLeavesOutExactlyTheBackwardBuffers) {
             if (p.trainable && p.tied_to.empty()) backward += p.bytes();
           }
         }
-        backward += size_t(chunk * V + N * C + 2 * C + 2 * N * C) * sizeof(float);
-        const size_t train = EstimateDeviceBytes(c, lora, shape, loss_chunk);
-        const size_t forward = EstimateDeviceBytes(c, lora, shape, loss_chunk, false);
+        const size_t dh_partial = (size_t(chunk * C) * sizeof(float) + 63) / 64 * 64;
+        backward += size_t(kThreads) * dh_partial;
+        backward += size_t(N * C + 2 * C + 2 * N * C) * sizeof(float);
+        const size_t train = EstimateDeviceBytes(c, lora, shape, loss_chunk, kThreads);
+        const size_t forward = EstimateDeviceBytes(c, lora, shape, loss_chunk, kThreads, false);
         // The estimate adds a quarter of what it counts (rounded down): a difference of
         // `backward` bytes, a multiple of 4 (f32 buffers), is a difference of exactly
         // backward + backward / 4 in the estimates.
@@ -103,9 +107,9 @@ TEST(EstimateDeviceBytes, CoversWhatTheRunnerAllocates) {
         o.loss_chunk_tokens = 8;  // several chunks
         o.inference_only = inference_only;
         const size_t estimate =
-            EstimateDeviceBytes(c, lora, o.shape, o.loss_chunk_tokens, !inference_only);
+            EstimateDeviceBytes(c, lora, o.shape, o.loss_chunk_tokens, kThreads, !inference_only);
         Result<std::unique_ptr<CpuDevice>> device = CpuDevice::Create(
-            {.name = "estimated", .memory_bytes = estimate, .compute_threads = 4});
+            {.name = "estimated", .memory_bytes = estimate, .compute_threads = kThreads});
         ASSERT_TRUE(device.ok()) << device.status().ToString();
         Result<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(**device, c, lora, o);
         ASSERT_TRUE(runner.ok()) << runner.status().ToString();

@@ -38,7 +38,8 @@ Result<TrainingRunner> CreateTrainingRunner(const JobSpec& job, const ModelConfi
   TrainingRunner t;
   ModelRunnerOptions o;
   o.shape = {job.micro_batch_size(), job.seq_len};
-  const size_t one_device = EstimateDeviceBytes(model, job.lora, o.shape, o.loss_chunk_tokens);
+  const size_t one_device =
+      EstimateDeviceBytes(model, job.lora, o.shape, o.loss_chunk_tokens, threads);
   if (job.devices <= 1) {
     FERRY_ASSIGN_OR_RETURN(
         std::unique_ptr<CpuDevice> d,
