@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/plan/device_probe.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/host_memory.h"
 #include "kernels/ops/adamw.h"
@@ -151,7 +152,8 @@ Result<HardwareProfile> ProbeMachine(const ProbeOptions& o, const HardwareProfil
   FERRY_ASSIGN_OR_RETURN(const double gemm, ProbeGemmFlops(threads, o.gemm_n));
   p.host.source = "ferry probe: RAM from sysconf (usable = RAM - max(RAM/16, 4 GiB)), " +
                   std::to_string(threads) + " threads, STREAM triad bandwidth; fp32 GEMM " +
-                  std::to_string(int64_t(gemm / 1e9)) + " GFLOP/s on a CpuDevice";
+                  std::to_string(int64_t(gemm / 1e9)) + " GFLOP/s on a CpuDevice with " +
+                  cpu::Blas().Describe();
   FERRY_ASSIGN_OR_RETURN(p.optimizer.cpu_adamw_params_per_s,
                          ProbeAdamWRate(threads, o.adamw_params));
   p.optimizer.source =

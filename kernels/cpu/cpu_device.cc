@@ -14,6 +14,7 @@
 
 #include "kernels/arena.h"
 #include "kernels/backend_access.h"
+#include "kernels/cpu/blas.h"
 
 namespace ferry {
 namespace {
@@ -242,6 +243,11 @@ Result<std::unique_ptr<CpuDevice>> CpuDevice::Create(const CpuDeviceOptions& opt
   if (options.compute_threads < 1) {
     return Status::InvalidArgument("CPU device '" + options.name +
                                    "': compute_threads must be at least 1");
+  }
+  // The GEMM library is loaded (its kernels chosen from the CPU's flags) before any of the
+  // device's threads start, and a library that cannot load is this call's error.
+  if (Result<const cpu::CpuBlas*> blas = cpu::CpuBlas::Load(); !blas.ok()) {
+    return Status::Unavailable("CPU device '" + options.name + "': " + blas.status().message());
   }
   CpuDeviceOptions o = options;
   o.memory_bytes = o.memory_bytes / o.alignment * o.alignment;

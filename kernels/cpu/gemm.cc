@@ -1,7 +1,5 @@
 #include "kernels/cpu/gemm.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cstring>
 #include <mutex>
@@ -130,9 +128,8 @@ void RunTile(const GemmArgs& g, const GemmDims& d, const Tiling& t, int64_t m0, 
                               : StoredBlock(g.a, d.k, m0, mlen, k0, klen, t.direct_a, stage_a);
     const Panel b = g.trans_b ? StoredBlock(g.b, d.k, n0, nlen, k0, klen, t.direct_b, stage_b)
                               : StoredBlock(g.b, d.n, k0, klen, n0, nlen, t.direct_b, stage_b);
-    cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
-                g.trans_b ? CblasTrans : CblasNoTrans, int(mlen), int(nlen), int(klen), g.alpha,
-                a.p, int(a.ld), b.p, int(b.ld), k0 == 0 ? beta : 1.0f, c, int(ldc));
+    Blas().Sgemm(g.trans_a, g.trans_b, int(mlen), int(nlen), int(klen), g.alpha, a.p, int(a.ld),
+                 b.p, int(b.ld), k0 == 0 ? beta : 1.0f, c, int(ldc));
   }
   if (!g.bias.data.is_null()) AddBias(g.bias, n0, c, ldc, mlen, nlen);
   if (!t.direct_c) {
@@ -152,7 +149,6 @@ size_t GemmScratchBytes(int threads, int64_t m, int64_t n, int64_t k, GemmDTypes
 Status Gemm(ThreadPool& pool, const GemmArgs& g) {
   const GemmDims d = GemmDimsOf(g);
   if (d.m == 0 || d.n == 0) return Status::Ok();
-  UseCallingThreadOnlyInBlas();
   const GemmDTypes dt{g.a.dtype, g.b.dtype, g.c.dtype};
   const Tiling t = PlanTiling(pool.size(), d.m, d.n, d.k, dt);
   const size_t need = GemmScratchBytes(pool.size(), d.m, d.n, d.k, dt);

@@ -1,7 +1,5 @@
 #include "kernels/cpu/lm_head_loss.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -75,13 +73,13 @@ int64_t BlockRows(int64_t part_rows) {
 // dW rows [v0, v0 + rows) += dlogits[:, v0 : v0 + rows]^T h_chunk.
 void AccumulateWeightGrad(float* dw, const float* dlogits, const float* hc, int64_t cn, int64_t V,
                           int64_t C, int64_t v0, int64_t rows, float*) {
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(rows), int(C), int(cn), 1.0f,
-              dlogits + v0, int(V), hc, int(C), 1.0f, dw + v0 * C, int(C));
+  Blas().Sgemm(true, false, int(rows), int(C), int(cn), 1.0f, dlogits + v0, int(V), hc, int(C),
+               1.0f, dw + v0 * C, int(C));
 }
 void AccumulateWeightGrad(bf16* dw, const float* dlogits, const float* hc, int64_t cn, int64_t V,
                           int64_t C, int64_t v0, int64_t rows, float* panel) {
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(rows), int(C), int(cn), 1.0f,
-              dlogits + v0, int(V), hc, int(C), 0.0f, panel, int(C));
+  Blas().Sgemm(true, false, int(rows), int(C), int(cn), 1.0f, dlogits + v0, int(V), hc, int(C),
+               0.0f, panel, int(C));
   bf16* out = dw + v0 * C;
   for (int64_t i = 0; i < rows * C; ++i) out[i] = FloatToBF16(BF16ToFloat(out[i]) + panel[i]);
 }
@@ -123,7 +121,6 @@ Status CheckTargets(const int32_t* targets, int64_t N, int64_t V) {
 
 template <typename T, typename G>
 Status Run(ThreadPool& pool, const LmHeadLossArgs& a, bool backward) {
-  UseCallingThreadOnlyInBlas();
   const int64_t N = a.h.dim(0), C = a.h.dim(1), V = a.w.dim(0);
   const int64_t chunk = a.chunk_tokens;
   const int parts = pool.size();
@@ -180,8 +177,8 @@ Status Run(ThreadPool& pool, const LmHeadLossArgs& a, bool backward) {
         for (int64_t v0 = part_begin(k); v0 < v_end; v0 += block) {
           const int64_t rows = std::min(block, v_end - v0);
           const float* wr = WeightRows(w, v0, rows, C, thread_piece(worker, L.w_panel));
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(cn), int(rows), int(C), 1.0f, hc,
-                      int(C), wr, int(C), 0.0f, logits + v0, int(V));
+          Blas().Sgemm(false, true, int(cn), int(rows), int(C), 1.0f, hc, int(C), wr, int(C), 0.0f,
+                       logits + v0, int(V));
         }
       }
     });
@@ -214,8 +211,8 @@ Status Run(ThreadPool& pool, const LmHeadLossArgs& a, bool backward) {
                                  thread_piece(worker, L.dw_panel));
           }
           const float* wr = WeightRows(w, v0, rows, C, thread_piece(worker, L.w_panel));
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(cn), int(C), int(rows), 1.0f,
-                      logits + v0, int(V), wr, int(C), 1.0f, partial, int(C));
+          Blas().Sgemm(false, false, int(cn), int(C), int(rows), 1.0f, logits + v0, int(V), wr,
+                       int(C), 1.0f, partial, int(C));
         }
       }
     });
