@@ -11,6 +11,7 @@
 #include "engine/plan/planner.h"
 #include "engine/plan/simulator.h"
 #include "engine/plan/timeline_writers.h"
+#include "offload/file_io.h"
 
 namespace ferry {
 
@@ -87,10 +88,10 @@ Status WriteTimeline(const PlanCommand& cmd, const ModelConfig& model, const pla
   if (!cmd.svg.empty()) {
     plan::SvgOptions options;
     options.title = p.model_name + " on " + p.hardware_name + ": one step, round-robin";
-    FERRY_RETURN_IF_ERROR(plan::WriteTextFile(cmd.svg, plan::TimelineSvg(schedule, sim, options)));
+    FERRY_RETURN_IF_ERROR(WriteTextFile(cmd.svg, plan::TimelineSvg(schedule, sim, options)));
   }
   if (!cmd.trace.empty()) {
-    FERRY_RETURN_IF_ERROR(plan::WriteTextFile(cmd.trace, plan::ChromeTraceJson(schedule, sim)));
+    FERRY_RETURN_IF_ERROR(WriteTextFile(cmd.trace, plan::ChromeTraceJson(schedule, sim)));
   }
   return Status::Ok();
 }

@@ -7,8 +7,8 @@
 #include <sstream>
 
 #include "engine/json.h"
-#include "engine/model/tokenizer.h"
-#include "engine/model/utf8_text.h"
+#include "engine/text/tokenizer.h"
+#include "engine/text/utf8_text.h"
 #include "engine/train/examples.h"
 #include "engine/train/training_data.h"
 

@@ -9,9 +9,9 @@
 #include <set>
 
 #include "engine/json.h"
-#include "engine/train/durable_file.h"
 #include "engine/train/run_training.h"
 #include "engine/train/stop_signals.h"
+#include "offload/file_io.h"
 
 namespace ferry {
 namespace {

@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/model/master_weights.h"
 #include "engine/model/model_runner.h"
 #include "engine/train/dataset.h"
-#include "engine/train/master_weights.h"
 #include "engine/train/run_training.h"
 #include "engine/train/trainer.h"
 #include "kernels/cpu/cpu_device.h"

@@ -7,10 +7,10 @@
 #include <filesystem>
 
 #include "engine/json.h"
+#include "engine/model/master_weights.h"
 #include "engine/model/model_folder.h"
-#include "engine/plan/timeline_writers.h"
 #include "engine/testing/tiny_models.h"
-#include "engine/train/master_weights.h"
+#include "offload/file_io.h"
 
 namespace ferry {
 namespace {
@@ -34,7 +34,7 @@ Status WriteCase(const std::string& out, const testing::TinyModel& m) {
                       {"vocab_size", c.vocab_size},
                       {"logits", base},
                       {"lora_logits", adapted}};
-  return plan::WriteTextFile(dir + "/ferry_logits.json", j.dump() + "\n");
+  return WriteTextFile(dir + "/ferry_logits.json", j.dump() + "\n");
 }
 
 }  // namespace

@@ -9,11 +9,11 @@
 #include <fstream>
 
 #include "engine/json.h"
-#include "engine/model/bpe_tokenizer.h"
 #include "engine/model/generator.h"
 #include "engine/model/model_folder.h"
 #include "engine/testing/tiny_models.h"
 #include "engine/testing/tokenizer_json.h"
+#include "engine/text/bpe_tokenizer.h"
 #include "engine/train/run_training.h"
 #include "engine/train/training_data.h"
 #include "kernels/cpu/cpu_device.h"

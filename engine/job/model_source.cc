@@ -4,8 +4,8 @@
 #include <fstream>
 
 #include "engine/json.h"
-#include "engine/model/byte_tokenizer.h"
-#include "engine/train/master_weights.h"
+#include "engine/model/master_weights.h"
+#include "engine/text/byte_tokenizer.h"
 
 namespace ferry {
 namespace {

@@ -28,7 +28,7 @@
 
 #include "engine/model/model_config.h"
 #include "engine/model/model_folder.h"
-#include "engine/model/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "kernels/status.h"
 
 namespace ferry {

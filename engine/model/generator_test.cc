@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/model/master_weights.h"
 #include "engine/model/param_spec.h"
 #include "engine/model/tensor_carver.h"
-#include "engine/train/master_weights.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/testing/op_testing.h"
 

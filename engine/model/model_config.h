@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "engine/json_fwd.h"
+#include "engine/text/byte_tokenizer.h"
 #include "kernels/dtype.h"
 #include "kernels/status.h"
 
@@ -103,9 +104,9 @@ Status ValidateModelConfig(const ModelConfig& c);
 // ferry writes).
 nlohmann::json ToHfConfigJson(const ModelConfig& c);
 
-// Byte-level vocabulary of the built-in tiny model: 256 bytes, then the special tokens.
-inline constexpr int64_t kByteVocabBytes = 256;
-inline constexpr int64_t kTinyVocabSize = 260;  // 256 bytes + <bos> <eos> <pad> + one spare
+// Byte-level vocabulary of the built-in tiny model (engine/text/byte_tokenizer.h): 256 bytes,
+// then the special tokens.
+inline constexpr int64_t kTinyVocabSize = ByteTokenizer::kVocabSize;
 
 // `ferry train`'s default model: a small Llama-style model (about 1.7 M parameters) that learns
 // the built-in byte-level dataset on the CPU in a minute or two.

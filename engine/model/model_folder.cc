@@ -8,7 +8,7 @@
 
 #include "engine/json.h"
 #include "engine/model/weights_io.h"
-#include "engine/plan/timeline_writers.h"
+#include "offload/file_io.h"
 
 namespace ferry {
 namespace {
@@ -366,12 +366,12 @@ Status WriteModelFolder(const std::string& dir, const ModelConfig& config,
   }
   if (sharded) {
     json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
-    FERRY_RETURN_IF_ERROR(plan::WriteTextFile(dir + "/" + kIndexFile, index.dump(2) + "\n"));
+    FERRY_RETURN_IF_ERROR(WriteTextFile(dir + "/" + kIndexFile, index.dump(2) + "\n"));
   }
   ModelConfig written = config;
   written.weights_dtype = options.dtype;
   FERRY_RETURN_IF_ERROR(
-      plan::WriteTextFile(dir + "/config.json", ToHfConfigJson(written).dump(2) + "\n"));
+      WriteTextFile(dir + "/config.json", ToHfConfigJson(written).dump(2) + "\n"));
   if (!options.tokenizer_from.empty()) {
     FERRY_RETURN_IF_ERROR(CopyTokenizerFiles(options.tokenizer_from, dir));
   }

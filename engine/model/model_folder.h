@@ -25,7 +25,7 @@
 // threshold, in model-0000k-of-0000n.safetensors shards with model.safetensors.index.json; tied
 // aliases are not written (transformers re-ties them). The tokenizer and generation files of a
 // source folder are copied when present (CopyTokenizerFiles). PEFT adapters are written by
-// engine/train/master_weights.h (WriteFinalWeights).
+// engine/model/master_weights.h (WriteFinalWeights).
 //
 // Ownership: FolderWeights owns its memory mappings (move-only); LoadedModel is a plain value.
 // Thread-safety: a FolderWeights is immutable after Open and may be read from several threads;

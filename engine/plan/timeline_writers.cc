@@ -4,7 +4,6 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <set>
 #include <sstream>
 
@@ -251,15 +250,6 @@ std::string ChromeTraceJson(const Schedule& s, const SimResult& r) {
               {"displayTimeUnit", "ms"},
               {"otherData", {{"schedule", s.name}, {"makespan_s", r.makespan_s}}}};
   return doc.dump() + "\n";
-}
-
-Status WriteTextFile(const std::string& path, std::string_view text) {
-  std::ofstream out(path, std::ios::trunc | std::ios::binary);
-  if (!out) return Status::IOError(path + ": cannot open for writing");
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  out.flush();
-  if (!out) return Status::IOError(path + ": write failed");
-  return Status::Ok();
 }
 
 }  // namespace ferry::plan

@@ -31,7 +31,4 @@ std::string TimelineSvg(const Schedule& schedule, const SimResult& result,
                         const SvgOptions& options = {});
 std::string ChromeTraceJson(const Schedule& schedule, const SimResult& result);
 
-// Writes `text` to `path` (truncating); IOError naming the path on failure.
-[[nodiscard]] Status WriteTextFile(const std::string& path, std::string_view text);
-
 }  // namespace ferry::plan

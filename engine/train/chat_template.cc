@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "engine/json.h"
-#include "engine/model/utf8_text.h"
+#include "engine/text/utf8_text.h"
 
 namespace ferry {
 namespace {

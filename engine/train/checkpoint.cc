@@ -9,10 +9,10 @@
 #include <filesystem>
 #include <map>
 
+#include "engine/model/master_weights.h"
 #include "engine/model/safetensors.h"
-#include "engine/train/durable_file.h"
-#include "engine/train/master_weights.h"
 #include "offload/crc32c.h"
+#include "offload/file_io.h"
 #include "offload/zstd_codec.h"
 
 namespace ferry {

@@ -9,8 +9,8 @@
 #include <cmath>
 #include <random>
 
+#include "engine/model/master_weights.h"
 #include "engine/model/model_runner.h"
-#include "engine/train/master_weights.h"
 #include "engine/train/trainer.h"
 #include "kernels/cpu/cpu_device.h"
 

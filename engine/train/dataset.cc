@@ -1,7 +1,7 @@
 #include "engine/train/dataset.h"
 
-#include "engine/model/byte_tokenizer.h"
 #include "engine/model/counter_rng.h"
+#include "engine/text/byte_tokenizer.h"
 #include "engine/train/builtin_text.h"
 
 namespace ferry {

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <set>
 
-#include "engine/model/byte_tokenizer.h"
+#include "engine/text/byte_tokenizer.h"
 #include "engine/train/builtin_text.h"
 
 namespace ferry {

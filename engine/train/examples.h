@@ -39,7 +39,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/model/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "engine/train/chat_template.h"
 #include "kernels/status.h"
 

@@ -15,9 +15,9 @@
 #include "engine/model/device_params.h"
 #include "engine/model/embedding.h"
 #include "engine/model/head.h"
+#include "engine/model/master_weights.h"
 #include "engine/plan/device_probe.h"
 #include "engine/plan/memory_model.h"
-#include "engine/train/master_weights.h"
 #include "kernels/arena.h"
 #include "kernels/host_memory.h"
 

@@ -11,17 +11,17 @@
 #include <thread>
 
 #include "engine/json.h"
+#include "engine/model/master_weights.h"
 #include "engine/model/model_folder.h"
 #include "engine/model/model_runner.h"
 #include "engine/train/dataset.h"
-#include "engine/train/durable_file.h"
-#include "engine/train/master_weights.h"
 #include "engine/train/progress_bar.h"
 #include "engine/train/trainer.h"
 #include "engine/train/training_data.h"
 #include "engine/train/training_runner.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/lm_head_loss.h"
+#include "offload/file_io.h"
 
 namespace ferry {
 

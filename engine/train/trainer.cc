@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/model/master_weights.h"
 #include "engine/train/grad_clip.h"
-#include "engine/train/master_weights.h"
 
 namespace ferry {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/train/master_weights.h"
+#include "engine/model/master_weights.h"
 
 namespace ferry {
 namespace {

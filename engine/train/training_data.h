@@ -18,7 +18,7 @@
 #include "engine/job/job_spec.h"
 #include "engine/model/model_config.h"
 #include "engine/model/model_runner.h"
-#include "engine/model/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "engine/train/dataset.h"
 #include "engine/train/packed_dataset.h"
 #include "kernels/status.h"

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/model/bpe_tokenizer.h"
+#include "engine/text/bpe_tokenizer.h"
 #include "tests/fuzz/fuzz_target.h"
 
 FERRY_FUZZ_TARGET(text) {

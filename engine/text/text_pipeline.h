@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "engine/json.h"
-#include "engine/model/pcre_regex.h"
-#include "engine/model/utf8_text.h"
+#include "engine/text/pcre_regex.h"
+#include "engine/text/utf8_text.h"
 #include "kernels/status.h"
 
 namespace ferry {

@@ -1,4 +1,4 @@
-#include "engine/train/durable_file.h"
+#include "offload/file_io.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 
 namespace ferry {
 namespace {
@@ -61,6 +62,15 @@ Status WriteFileAtomically(const std::string& path, std::span<const std::byte> d
 
 Status WriteFileAtomically(const std::string& path, std::string_view text) {
   return WriteFileAtomically(path, std::as_bytes(std::span(text.data(), text.size())));
+}
+
+Status WriteTextFile(const std::string& path, std::string_view text) {
+  std::ofstream out(path, std::ios::trunc | std::ios::binary);
+  if (!out) return Status::IOError(path + ": cannot open for writing");
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  out.flush();
+  if (!out) return Status::IOError(path + ": write failed");
+  return Status::Ok();
 }
 
 Result<std::vector<std::byte>> ReadWholeFile(const std::string& path) {

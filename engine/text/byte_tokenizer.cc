@@ -1,4 +1,4 @@
-#include "engine/model/byte_tokenizer.h"
+#include "engine/text/byte_tokenizer.h"
 
 namespace ferry {
 

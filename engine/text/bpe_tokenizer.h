@@ -15,7 +15,7 @@
 #include <string>
 #include <string_view>
 
-#include "engine/model/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "kernels/status.h"
 
 namespace ferry {

@@ -1,7 +1,7 @@
 // Hand-checked encodings and parser errors for tokenizer.json support (no Python needed; the
 // comparison with Hugging Face tokenizers and tiktoken on thousands of strings is
 // tests/tokenizer_check.py).
-#include "engine/model/bpe_tokenizer.h"
+#include "engine/text/bpe_tokenizer.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "engine/json.h"
-#include "engine/model/utf8_text.h"
 #include "engine/testing/tokenizer_json.h"
+#include "engine/text/utf8_text.h"
 
 namespace ferry {
 namespace {

@@ -1,9 +1,9 @@
-#include "engine/model/bpe_model.h"
+#include "engine/text/bpe_model.h"
 
 #include <cstdio>
 #include <queue>
 
-#include "engine/model/utf8_text.h"
+#include "engine/text/utf8_text.h"
 
 namespace ferry {
 

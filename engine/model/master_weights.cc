@@ -1,4 +1,4 @@
-#include "engine/train/master_weights.h"
+#include "engine/model/master_weights.h"
 
 #include <algorithm>
 #include <set>
@@ -6,7 +6,7 @@
 #include "engine/json.h"
 #include "engine/model/model_folder.h"
 #include "engine/model/weights_io.h"
-#include "engine/plan/timeline_writers.h"
+#include "offload/file_io.h"
 
 namespace ferry {
 namespace {
@@ -113,8 +113,8 @@ Status WriteFinalWeights(const std::string& dir, const ModelConfig& model, const
   if (lora.enabled()) {
     FERRY_RETURN_IF_ERROR(SaveMasterWeights(dir + "/adapter_model.safetensors", layers,
                                             ParamSelection::kLora, weights));
-    FERRY_RETURN_IF_ERROR(plan::WriteTextFile(dir + "/adapter_config.json",
-                                              PeftAdapterConfig(model, lora).dump(2) + "\n"));
+    FERRY_RETURN_IF_ERROR(
+        WriteTextFile(dir + "/adapter_config.json", PeftAdapterConfig(model, lora).dump(2) + "\n"));
   }
   if (!lora.enabled() || with_base) {
     FERRY_RETURN_IF_ERROR(
@@ -122,7 +122,7 @@ Status WriteFinalWeights(const std::string& dir, const ModelConfig& model, const
   }
   ModelConfig written = model;
   written.weights_dtype = DType::kF32;  // what SaveMasterWeights wrote
-  return plan::WriteTextFile(dir + "/config.json", ToHfConfigJson(written).dump(2) + "\n");
+  return WriteTextFile(dir + "/config.json", ToHfConfigJson(written).dump(2) + "\n");
 }
 
 }  // namespace ferry

@@ -1,4 +1,4 @@
-#include "engine/model/pcre_regex.h"
+#include "engine/text/pcre_regex.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>

@@ -1,11 +1,11 @@
-#include "engine/model/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 #include <fstream>
 #include <sstream>
 
 #include "engine/json.h"
-#include "engine/model/bpe_tokenizer.h"
-#include "engine/model/byte_tokenizer.h"
+#include "engine/text/bpe_tokenizer.h"
+#include "engine/text/byte_tokenizer.h"
 
 namespace ferry {
 namespace {

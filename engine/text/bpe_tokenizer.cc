@@ -1,13 +1,13 @@
-#include "engine/model/bpe_tokenizer.h"
+#include "engine/text/bpe_tokenizer.h"
 
 #include <algorithm>
 #include <unordered_map>
 
 #include "engine/json.h"
-#include "engine/model/bpe_model.h"
-#include "engine/model/pcre_regex.h"
-#include "engine/model/text_pipeline.h"
-#include "engine/model/utf8_text.h"
+#include "engine/text/bpe_model.h"
+#include "engine/text/pcre_regex.h"
+#include "engine/text/text_pipeline.h"
+#include "engine/text/utf8_text.h"
 
 namespace ferry {
 namespace {

@@ -1,10 +1,10 @@
-#include "engine/model/text_pipeline.h"
+#include "engine/text/text_pipeline.h"
 
 #include <unicode/normalizer2.h>
 #include <unicode/stringpiece.h>
 #include <unicode/utypes.h>
 
-#include "engine/model/utf8_text.h"
+#include "engine/text/utf8_text.h"
 
 namespace ferry {
 

@@ -1,4 +1,4 @@
-#include "engine/model/utf8_text.h"
+#include "engine/text/utf8_text.h"
 
 namespace ferry {
 

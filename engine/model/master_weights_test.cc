@@ -1,4 +1,4 @@
-#include "engine/train/master_weights.h"
+#include "engine/model/master_weights.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
