@@ -7,14 +7,15 @@
 # tests/ and bench/ are not checked, but no other file may include engine/testing/. An engine
 # folder that is in no layer fails the lint, so a new folder is given its place first.
 #
-# Usage: cmake -DROOT=<source tree> "-DLAYERS=text;model;..." -P tests/lint/engine_layers.cmake
+# Usage: cmake -DROOT=<source tree> -DLAYERS=text,model,... -P tests/lint/engine_layers.cmake
 # Scans ROOT's kernels/ offload/ engine/ apps/ (*.h *.cc *.cu *.cuh, recursively); prints
 # file:line for each include that reaches up and fails, or prints nothing and succeeds.
 cmake_minimum_required(VERSION 3.25)
 if(NOT DEFINED ROOT OR NOT IS_DIRECTORY "${ROOT}" OR NOT DEFINED LAYERS)
   message(FATAL_ERROR "engine_layers.cmake: give the source tree and engine's folders, lowest "
-                      "first: cmake -DROOT=<dir> \"-DLAYERS=text;model;...\" -P ${CMAKE_CURRENT_LIST_FILE}")
+                      "first: cmake -DROOT=<dir> -DLAYERS=text,model,... -P ${CMAKE_CURRENT_LIST_FILE}")
 endif()
+string(REPLACE "," ";" LAYERS "${LAYERS}")
 
 # Every layer's name, lowest first; a layer's rank is its index here.
 set(order kernels offload engine)
@@ -42,14 +43,8 @@ endfunction()
 
 set(include_regex "^[ \t]*#[ \t]*include[ \t]*\"(kernels|offload|engine|apps)/[^\"]*\"")
 
-set(globs "")
-foreach(dir kernels offload engine apps)
-  foreach(ext h cc cu cuh)
-    list(APPEND globs "${ROOT}/${dir}/*.${ext}")
-  endforeach()
-endforeach()
-file(GLOB_RECURSE files LIST_DIRECTORIES false RELATIVE "${ROOT}" ${globs})
-list(SORT files)
+include("${CMAKE_CURRENT_LIST_DIR}/include_scan.cmake")
+include_scan_files("${ROOT}" files kernels offload engine apps)
 
 set(count 0)
 set(unplaced "")
@@ -66,25 +61,10 @@ foreach(rel IN LISTS files)
     continue()
   endif()
   list(FIND order "${mine}" my_rank)
-  file(STRINGS "${ROOT}/${rel}" hits REGEX "${include_regex}")
-  if(NOT hits)
-    continue()
-  endif()
-  # file(STRINGS) drops line numbers: find each hit in the text, after the previous one, and count
-  # the newlines before it (as tests/lint/json_includes.cmake does). `text` is always "\n" + the
-  # file from the start of line `line` on, so a hit is found as a whole line.
-  file(READ "${ROOT}/${rel}" text)
-  string(PREPEND text "\n")
-  set(line 1)
-  foreach(hit IN LISTS hits)
-    string(FIND "${text}" "\n${hit}" at)
-    string(SUBSTRING "${text}" 0 ${at} before)
-    string(REGEX MATCHALL "\n" newlines "${before}")
-    list(LENGTH newlines n)
-    math(EXPR line "${line} + ${n}")
-    string(LENGTH "${hit}" length)
-    math(EXPR after "${at} + 1 + ${length}")
-    string(SUBSTRING "${text}" ${after} -1 text)
+  include_lines("${ROOT}/${rel}" "${include_regex}" hits)
+  foreach(entry IN LISTS hits)
+    string(REGEX MATCH "^[0-9]+" line "${entry}")
+    string(REGEX REPLACE "^[0-9]+:" "" hit "${entry}")
     string(REGEX MATCH "\"[^\"]*\"" target "${hit}")
     string(REPLACE "\"" "" target "${target}")
     string(STRIP "${hit}" shown)
@@ -107,7 +87,6 @@ foreach(rel IN LISTS files)
       message(NOTICE "${rel}:${line}: ${shown}: ${fix}")
       math(EXPR count "${count} + 1")
     endif()
-    math(EXPR line "${line} + 1")
   endforeach()
 endforeach()
 foreach(folder IN LISTS unplaced)

@@ -7,7 +7,7 @@
 # name nlohmann's headers. kernels/ and offload/ sit below engine/ and use no JSON at all.
 #
 # Usage: cmake -DROOT=<source tree> -P tests/lint/json_includes.cmake
-# Scans ROOT's engine/ kernels/ offload/ apps/ tests/ bench/ (*.h *.cc *.cu, recursively); prints
+# Scans ROOT's engine/ kernels/ offload/ apps/ tests/ bench/ (*.h *.cc *.cu *.cuh, recursively); prints
 # file:line for each direct include and fails, or prints nothing and succeeds.
 cmake_minimum_required(VERSION 3.25)
 if(NOT DEFINED ROOT OR NOT IS_DIRECTORY "${ROOT}")
@@ -17,39 +17,18 @@ endif()
 set(allowed engine/json.h engine/json_fwd.h)
 set(include_regex "^[ \t]*#[ \t]*include[ \t]*[<\"]nlohmann/json(_fwd)?\\.hpp[>\"]")
 
-set(globs "")
-foreach(dir engine kernels offload apps tests bench)
-  foreach(ext h cc cu)
-    list(APPEND globs "${ROOT}/${dir}/*.${ext}")
-  endforeach()
-endforeach()
-file(GLOB_RECURSE files LIST_DIRECTORIES false RELATIVE "${ROOT}" ${globs})
-list(SORT files)
+include("${CMAKE_CURRENT_LIST_DIR}/include_scan.cmake")
+include_scan_files("${ROOT}" files engine kernels offload apps tests bench)
 
 set(count 0)
 foreach(rel IN LISTS files)
   if(rel IN_LIST allowed)
     continue()
   endif()
-  file(STRINGS "${ROOT}/${rel}" hits REGEX "${include_regex}")
-  if(NOT hits)
-    continue()
-  endif()
-  # file(STRINGS) drops line numbers: find each hit in the text, after the previous one, and count
-  # the newlines before it. `text` is always "\n" + the file from the start of line `line` on, so
-  # a hit is found as a whole line, never inside an earlier comment.
-  file(READ "${ROOT}/${rel}" text)
-  string(PREPEND text "\n")
-  set(line 1)
-  foreach(hit IN LISTS hits)
-    string(FIND "${text}" "\n${hit}" at)
-    string(SUBSTRING "${text}" 0 ${at} before)
-    string(REGEX MATCHALL "\n" newlines "${before}")
-    list(LENGTH newlines n)
-    math(EXPR line "${line} + ${n}")
-    string(LENGTH "${hit}" length)
-    math(EXPR after "${at} + 1 + ${length}")
-    string(SUBSTRING "${text}" ${after} -1 text)
+  include_lines("${ROOT}/${rel}" "${include_regex}" hits)
+  foreach(entry IN LISTS hits)
+    string(REGEX MATCH "^[0-9]+" line "${entry}")
+    string(REGEX REPLACE "^[0-9]+:" "" hit "${entry}")
     if(hit MATCHES "json_fwd")
       set(instead "engine/json_fwd.h")
     else()
@@ -62,7 +41,6 @@ foreach(rel IN LISTS files)
     endif()
     string(STRIP "${hit}" shown)
     message(NOTICE "${rel}:${line}: ${shown}: ${fix}")
-    math(EXPR line "${line} + 1")
     math(EXPR count "${count} + 1")
   endforeach()
 endforeach()
