@@ -6,9 +6,10 @@
 #include <optional>
 #include <string_view>
 
-#include "kernels/cpu/attention.h"
-#include "kernels/cpu/gemm.h"
-#include "kernels/cpu/lm_head_loss.h"
+#include "kernels/ops/attention.h"
+#include "kernels/ops/backend.h"
+#include "kernels/ops/gemm.h"
+#include "kernels/ops/lm_head_loss.h"
 
 namespace ferry::plan {
 namespace {
@@ -31,9 +32,10 @@ MatrixDims DimsOf(const ParamSpec& p) {
   return {p.shape[0], p.shape[1]};
 }
 
-uint64_t GemmScratch(ScratchTarget t, int64_t m, int64_t n, int64_t k, GemmDTypes dtypes) {
-  if (t.cuda) return CudaGemmScratchBytes(m, n, k, dtypes);
-  return cpu::GemmScratchBytes(t.cpu_threads, m, n, k, dtypes);
+// The ops layer's name for the devices a plan sizes scratch for: the sizes themselves are what
+// the ops report for that device kind (kernels/ops/backend.h), as the devices ask for them.
+OpTarget OpsTarget(ScratchTarget t) {
+  return {t.cuda ? DeviceKind::kCuda : DeviceKind::kCpu, t.cpu_threads};
 }
 
 // Element counts of the device tensors a layer's parameters occupy (all of them, or the trainable
@@ -159,9 +161,9 @@ uint64_t TierMemory::total() const {
 uint64_t OpScratchBytes(const ModelConfig& model, const LayerSpec& layer, BatchShape micro_batch,
                         DType compute_dtype, ScratchTarget target) {
   const int64_t n = micro_batch.tokens();
+  const OpTarget t = OpsTarget(target);
   uint64_t most = 0;
   if (layer.kind == LayerKind::kHead) {
-    const int threads = target.cuda ? 1 : target.cpu_threads;  // as kernels/ops/lm_head_loss.cc
     const int64_t chunk = std::min(kLossChunkTokens, n);
     // A frozen head weight (LoRA) gets no dW: the loss op skips it and its scratch.
     bool head_trainable = false;
@@ -170,24 +172,23 @@ uint64_t OpScratchBytes(const ModelConfig& model, const LayerSpec& layer, BatchS
     }
     const std::optional<DType> dw_dtype =
         head_trainable ? std::optional<DType>(DType::kF32) : std::nullopt;
-    most = cpu::LmHeadLossScratchBytes(threads, chunk, model.vocab_size, model.hidden_size,
-                                       compute_dtype, dw_dtype, /*backward=*/true);
+    most = LmHeadLossScratchBytes(t, chunk, model.vocab_size, model.hidden_size, compute_dtype,
+                                  dw_dtype, /*backward=*/true);
   } else if (layer.kind == LayerKind::kBlock) {
     const GemmDTypes act{compute_dtype, compute_dtype, compute_dtype};
     const GemmDTypes grad{compute_dtype, compute_dtype, DType::kF32};
     for (const ParamSpec& p : layer.params) {
       if (p.shape.size() != 2) continue;
       const MatrixDims d = DimsOf(p);
-      most = std::max(most, GemmScratch(target, n, d.out, d.in, act));  // y = x W^T
-      most = std::max(most, GemmScratch(target, n, d.in, d.out, act));  // dx = dy W
-      if (p.trainable) most = std::max(most, GemmScratch(target, d.out, d.in, n, grad));  // dW
+      most = std::max<uint64_t>(most, GemmScratchBytes(t, n, d.out, d.in, act));  // y = x W^T
+      most = std::max<uint64_t>(most, GemmScratchBytes(t, n, d.in, d.out, act));  // dx = dy W
+      if (p.trainable) {
+        most = std::max<uint64_t>(most, GemmScratchBytes(t, d.out, d.in, n, grad));  // dW
+      }
     }
-    if (!target.cuda) {  // kernels/ops/attention.cc: no CUDA kernel yet, 0
-                         // reported
-      const AttentionShape shape{micro_batch.batch, micro_batch.seq_len, model.num_heads,
-                                 model.num_kv_heads, model.head_dim};
-      most = std::max<uint64_t>(most, cpu::AttentionScratchBytes(target.cpu_threads, shape));
-    }
+    const AttentionShape shape{micro_batch.batch, micro_batch.seq_len, model.num_heads,
+                               model.num_kv_heads, model.head_dim};
+    most = std::max<uint64_t>(most, AttentionScratchBytes(t, shape));
   }
   return RoundUp(most, kArenaAlignment);
 }
@@ -250,7 +251,8 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     Add(e.gpu, "rope.inv_freq", uint64_t(in.model.head_dim / 2) * 4, A);
   }
   Add(e.gpu, "doc_ids", uint64_t(in.micro_batch.tokens()) * 4, A);
-  if (in.scratch.cuda) Add(e.gpu, "library.workspace", kCublasWorkspaceBytes, A);
+  Add(e.gpu, "library.workspace", ScratchReportsFor(OpsTarget(in.scratch).kind).library_workspace,
+      A);
 
   // Host and NVMe.
   const uint64_t P = kHostPageBytes;

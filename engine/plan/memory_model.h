@@ -29,7 +29,8 @@
 //                       tensor, same layout, so the largest saved set again;
 //   scratch             the largest scratch any op of the plan asks for (see OpScratchBytes);
 //   positions           RoPE position ids, i32 per token (models without learned positions);
-//   library.workspace   CUDA only: cuBLAS/cuBLASLt workspace (kCublasWorkspaceBytes).
+//   library.workspace   the device kind's library workspace as kernels/ops/backend.h reports it
+//                       (CUDA: cuBLAS/cuBLASLt's, 32 MiB; CPU: none).
 // Every allocation is rounded up to the arena alignment (256 bytes, as kernels/arena.h).
 //
 // Host (HostPool: page-rounded, 4096 bytes):
@@ -61,19 +62,16 @@
 
 namespace ferry::plan {
 
-inline constexpr uint64_t kArenaAlignment = 256;                // kernels/arena.h, CpuDeviceOptions
-inline constexpr uint64_t kHostPageBytes = 4096;                // offload/host_pool.h
-inline constexpr uint64_t kNvmeBlockBytes = 4096;               // O_DIRECT block
-inline constexpr uint64_t kCublasWorkspaceBytes = 32ull << 20;  // NVIDIA's advice for Hopper+;
-                                                                // enough for Ada/Ampere too
-inline constexpr int64_t kLossChunkTokens = 256;  // engine/model/model_runner.h default
+inline constexpr uint64_t kArenaAlignment = 256;   // kernels/arena.h, CpuDeviceOptions
+inline constexpr uint64_t kHostPageBytes = 4096;   // offload/host_pool.h
+inline constexpr uint64_t kNvmeBlockBytes = 4096;  // O_DIRECT block
+inline constexpr int64_t kLossChunkTokens = 256;   // engine/model/model_runner.h default
 
 uint64_t RoundUp(uint64_t bytes, uint64_t unit);
 
 // Where a device's op scratch is sized for: a CPU device (scratch depends on
-// its thread count) or a CUDA device (GEMM and attention have no CUDA kernel
-// yet and report 0; the LM head reports its single-thread layout, as
-// kernels/ops/*.cc do).
+// its thread count) or a CUDA device. The sizes are what the ops layer reports
+// for that device kind (kernels/ops/backend.h), as the devices ask for them.
 struct ScratchTarget {
   bool cuda = true;
   int cpu_threads = 1;  // CPU devices only

@@ -1,7 +1,7 @@
-// CUDA implementations of the ops, called by the op dispatchers (kernels/ops/<op>.cc) behind
-// `#ifdef FERRY_WITH_CUDA` after they have validated the arguments. Each enqueues on the device's
-// compute stream and returns launch errors; faults during the run come back from the next
-// synchronize (kernels/device.h).
+// CUDA implementations of the ops, reached through the CUDA backend's table
+// (kernels/cuda/cuda_backend.cc) after the op files (kernels/ops/<op>.cc) have validated the
+// arguments. Each enqueues on the device's compute stream and returns launch errors; faults
+// during the run come back from the next synchronize (kernels/device.h).
 #pragma once
 
 #include <cstddef>

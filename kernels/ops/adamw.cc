@@ -3,8 +3,7 @@
 #include <cmath>
 #include <string>
 
-#include "kernels/cpu/adamw.h"
-#include "kernels/ops/dispatch.h"
+#include "kernels/ops/backend.h"
 
 namespace ferry {
 
@@ -66,9 +65,7 @@ Status ValidateAdamW(const AdamWArgs& a) {
 }
 
 Status AdamWStep(Device& d, const AdamWArgs& a) {
-  FERRY_RETURN_IF_ERROR(ValidateAdamW(a));
-  if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "adamw");
-  return EnqueueCpuKernel(d, "adamw", [a](ThreadPool& pool) { return cpu::AdamWStep(pool, a); });
+  return RunKernel(d, &Backend::adamw, ValidateAdamW, a);
 }
 
 }  // namespace ferry

@@ -5,9 +5,8 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/cpu/attention.h"
+#include "kernels/ops/backend.h"
 #include "kernels/ops/check_args.h"
-#include "kernels/ops/dispatch.h"
 
 namespace ferry {
 namespace {
@@ -77,26 +76,24 @@ Status ValidateAttentionBackward(const AttentionBackwardArgs& a) {
   return CheckExactTensor("attention", "dv", a.dv, a.q.dtype, a.v.shape);
 }
 
+size_t AttentionScratchBytes(OpTarget t, const AttentionShape& shape) {
+  return ScratchReportsFor(t.kind).attention(t.threads, shape);
+}
+
 size_t AttentionScratchBytes(const Device& d, const AttentionShape& shape) {
-  if (d.kind() != DeviceKind::kCpu) return 0;  // no CUDA kernel yet
-  return cpu::AttentionScratchBytes(static_cast<const CpuDevice&>(d).options().compute_threads,
-                                    shape);
+  return AttentionScratchBytes(OpTargetOf(d), shape);
 }
 
 Status AttentionForward(Device& d, const AttentionForwardArgs& a) {
   FERRY_RETURN_IF_ERROR(ValidateAttentionForward(a));
-  if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "attention_forward");
-  FERRY_RETURN_IF_ERROR(ValidateScratch(d, a.shape, a.scratch));
-  return EnqueueCpuKernel(d, "attention_forward",
-                          [a](ThreadPool& p) { return cpu::AttentionForward(p, a); });
+  FERRY_RETURN_IF_ERROR(ValidateScratch(d, a.shape, a.scratch));  // 0 bytes where not yet
+  return RunKernel(d, &Backend::attention_forward, a);
 }
 
 Status AttentionBackward(Device& d, const AttentionBackwardArgs& a) {
   FERRY_RETURN_IF_ERROR(ValidateAttentionBackward(a));
-  if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "attention_backward");
-  FERRY_RETURN_IF_ERROR(ValidateScratch(d, a.shape, a.scratch));
-  return EnqueueCpuKernel(d, "attention_backward",
-                          [a](ThreadPool& p) { return cpu::AttentionBackward(p, a); });
+  FERRY_RETURN_IF_ERROR(ValidateScratch(d, a.shape, a.scratch));  // 0 bytes where not yet
+  return RunKernel(d, &Backend::attention_backward, a);
 }
 
 }  // namespace ferry

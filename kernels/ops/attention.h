@@ -33,6 +33,7 @@
 #include <cstdint>
 
 #include "kernels/device.h"
+#include "kernels/ops/op_target.h"
 #include "kernels/status.h"
 #include "kernels/tensor.h"
 
@@ -81,7 +82,9 @@ Status ValidateAttentionForward(const AttentionForwardArgs& a);
 Status ValidateAttentionBackward(const AttentionBackwardArgs& a);
 
 // Scratch bytes for forward and backward of `shape` on `d` (one size serves both). O(T*(Hq + D))
-// per sequence batch and worker; independent of T^2. 0 on devices without the op yet.
+// per sequence batch and worker; independent of T^2. 0 on devices without the op yet. For a device
+// of target `t` (the planner's question) or for `d` (its target).
+size_t AttentionScratchBytes(OpTarget t, const AttentionShape& shape);
 size_t AttentionScratchBytes(const Device& d, const AttentionShape& shape);
 
 // Validate, then enqueue on d's compute stream.

@@ -1,11 +1,7 @@
 #include "kernels/ops/cast.h"
 
-#include "kernels/cpu/cast.h"
+#include "kernels/ops/backend.h"
 #include "kernels/ops/check_args.h"
-#include "kernels/ops/dispatch.h"
-#ifdef FERRY_WITH_CUDA
-#include "kernels/cuda/cuda_ops.h"
-#endif
 
 namespace ferry {
 
@@ -24,15 +20,6 @@ Status ValidateCast(const CastArgs& a) {
   return Status::Ok();
 }
 
-size_t CastScratchBytes(const Device&) { return 0; }
-
-Status Cast(Device& d, const CastArgs& a) {
-  FERRY_RETURN_IF_ERROR(ValidateCast(a));
-#ifdef FERRY_WITH_CUDA
-  if (d.kind() == DeviceKind::kCuda) return cuda::Cast(static_cast<CudaDevice&>(d), a.src, a.dst);
-#endif
-  if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "cast");
-  return EnqueueCpuKernel(d, "cast", [a](ThreadPool& p) { return cpu::Cast(p, a); });
-}
+Status Cast(Device& d, const CastArgs& a) { return RunKernel(d, &Backend::cast, ValidateCast, a); }
 
 }  // namespace ferry

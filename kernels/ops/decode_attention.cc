@@ -3,9 +3,8 @@
 #include <cmath>
 #include <string>
 
-#include "kernels/cpu/decode_attention.h"
+#include "kernels/ops/backend.h"
 #include "kernels/ops/check_args.h"
-#include "kernels/ops/dispatch.h"
 
 namespace ferry {
 
@@ -38,12 +37,7 @@ Status ValidateDecodeAttention(const DecodeAttentionArgs& a) {
 }
 
 Status DecodeAttention(Device& d, const DecodeAttentionArgs& a) {
-  FERRY_RETURN_IF_ERROR(ValidateDecodeAttention(a));
-  if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "decode_attention");
-  return EnqueueCpuKernel(d, "decode_attention", [a](ThreadPool& p) {
-    cpu::DecodeAttention(p, a);
-    return Status::Ok();
-  });
+  return RunKernel(d, &Backend::decode_attention, ValidateDecodeAttention, a);
 }
 
 }  // namespace ferry

@@ -1,8 +1,7 @@
 #include "kernels/ops/gelu.h"
 
-#include "kernels/cpu/gelu.h"
+#include "kernels/ops/backend.h"
 #include "kernels/ops/check_args.h"
-#include "kernels/ops/dispatch.h"
 
 namespace ferry {
 
@@ -17,19 +16,12 @@ Status ValidateGeluBackward(const GeluBackwardArgs& a) {
   return CheckFloatTensor("gelu_backward", "dx", a.dx, a.x.shape);
 }
 
-size_t GeluScratchBytes(const Device&) { return 0; }
-
 Status GeluForward(Device& d, const GeluForwardArgs& a) {
-  FERRY_RETURN_IF_ERROR(ValidateGeluForward(a));
-  if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "gelu_forward");
-  return EnqueueCpuKernel(d, "gelu_forward", [a](ThreadPool& p) { return cpu::GeluForward(p, a); });
+  return RunKernel(d, &Backend::gelu_forward, ValidateGeluForward, a);
 }
 
 Status GeluBackward(Device& d, const GeluBackwardArgs& a) {
-  FERRY_RETURN_IF_ERROR(ValidateGeluBackward(a));
-  if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "gelu_backward");
-  return EnqueueCpuKernel(d, "gelu_backward",
-                          [a](ThreadPool& p) { return cpu::GeluBackward(p, a); });
+  return RunKernel(d, &Backend::gelu_backward, ValidateGeluBackward, a);
 }
 
 }  // namespace ferry

@@ -2,12 +2,8 @@
 
 #include <string>
 
-#include "kernels/cpu/gemm.h"
+#include "kernels/ops/backend.h"
 #include "kernels/ops/check_args.h"
-#include "kernels/ops/dispatch.h"
-#ifdef FERRY_WITH_CUDA
-#include "kernels/cuda/cuda_ops.h"
-#endif
 
 namespace ferry {
 
@@ -47,11 +43,12 @@ size_t CudaGemmScratchBytes(int64_t m, int64_t n, int64_t k, GemmDTypes t) {
   return bytes;
 }
 
+size_t GemmScratchBytes(OpTarget t, int64_t m, int64_t n, int64_t k, GemmDTypes dtypes) {
+  return ScratchReportsFor(t.kind).gemm(t.threads, m, n, k, dtypes);
+}
+
 size_t GemmScratchBytes(const Device& d, int64_t m, int64_t n, int64_t k, GemmDTypes dtypes) {
-  if (d.kind() == DeviceKind::kCuda) return CudaGemmScratchBytes(m, n, k, dtypes);
-  if (d.kind() != DeviceKind::kCpu) return 0;
-  return cpu::GemmScratchBytes(static_cast<const CpuDevice&>(d).options().compute_threads, m, n, k,
-                               dtypes);
+  return GemmScratchBytes(OpTargetOf(d), m, n, k, dtypes);
 }
 
 Status Gemm(Device& d, const GemmArgs& g) {
@@ -65,11 +62,7 @@ Status Gemm(Device& d, const GemmArgs& g) {
                                    " bytes, this product needs " + std::to_string(need) +
                                    " on device '" + d.name() + "' (size it with GemmScratchBytes)");
   }
-#ifdef FERRY_WITH_CUDA
-  if (d.kind() == DeviceKind::kCuda) return cuda::Gemm(static_cast<CudaDevice&>(d), g);
-#endif
-  if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "gemm");
-  return EnqueueCpuKernel(d, "gemm", [g](ThreadPool& p) { return cpu::Gemm(p, g); });
+  return RunKernel(d, &Backend::gemm, g);
 }
 
 }  // namespace ferry

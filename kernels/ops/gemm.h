@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "kernels/device.h"
+#include "kernels/ops/op_target.h"
 #include "kernels/status.h"
 #include "kernels/tensor.h"
 
@@ -60,7 +61,9 @@ inline GemmDims GemmDimsOf(const GemmArgs& g) {
 // Shapes, dtypes, transposes; InvalidArgument naming the tensor and expected vs actual shape.
 Status ValidateGemm(const GemmArgs& g);
 
-// Scratch bytes a GEMM of these dimensions and dtypes needs on `d`.
+// Scratch bytes a GEMM of these dimensions and dtypes needs on a device of target `t` (the
+// planner's question) or on `d` (its target).
+size_t GemmScratchBytes(OpTarget t, int64_t m, int64_t n, int64_t k, GemmDTypes dtypes);
 size_t GemmScratchBytes(const Device& d, int64_t m, int64_t n, int64_t k, GemmDTypes dtypes);
 
 // The CUDA GEMM, sized without a device (the planner sizes GPU plans on machines without CUDA):

@@ -1,8 +1,7 @@
 #include "kernels/ops/gemm_bias_grad.h"
 
-#include "kernels/cpu/gemm.h"
+#include "kernels/ops/backend.h"
 #include "kernels/ops/check_args.h"
-#include "kernels/ops/dispatch.h"
 
 namespace ferry {
 
@@ -12,12 +11,8 @@ Status ValidateBiasGrad(const BiasGradArgs& a) {
   return CheckFloatTensor("bias_grad", "db", a.db, Shape{cols});
 }
 
-size_t BiasGradScratchBytes(const Device&) { return 0; }
-
 Status BiasGrad(Device& d, const BiasGradArgs& a) {
-  FERRY_RETURN_IF_ERROR(ValidateBiasGrad(a));
-  if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "bias_grad");
-  return EnqueueCpuKernel(d, "bias_grad", [a](ThreadPool& p) { return cpu::BiasGrad(p, a); });
+  return RunKernel(d, &Backend::bias_grad, ValidateBiasGrad, a);
 }
 
 }  // namespace ferry

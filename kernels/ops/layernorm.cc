@@ -1,8 +1,7 @@
 #include "kernels/ops/layernorm.h"
 
-#include "kernels/cpu/layernorm.h"
+#include "kernels/ops/backend.h"
 #include "kernels/ops/check_args.h"
-#include "kernels/ops/dispatch.h"
 
 namespace ferry {
 
@@ -32,20 +31,12 @@ Status ValidateLayerNormBackward(const LayerNormBackwardArgs& a) {
   return CheckFloatTensor(op, "dbias", a.dbias, Shape{c});
 }
 
-size_t LayerNormScratchBytes(const Device&) { return 0; }
-
 Status LayerNormForward(Device& d, const LayerNormForwardArgs& a) {
-  FERRY_RETURN_IF_ERROR(ValidateLayerNormForward(a));
-  if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "layernorm_forward");
-  return EnqueueCpuKernel(d, "layernorm_forward",
-                          [a](ThreadPool& p) { return cpu::LayerNormForward(p, a); });
+  return RunKernel(d, &Backend::layernorm_forward, ValidateLayerNormForward, a);
 }
 
 Status LayerNormBackward(Device& d, const LayerNormBackwardArgs& a) {
-  FERRY_RETURN_IF_ERROR(ValidateLayerNormBackward(a));
-  if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "layernorm_backward");
-  return EnqueueCpuKernel(d, "layernorm_backward",
-                          [a](ThreadPool& p) { return cpu::LayerNormBackward(p, a); });
+  return RunKernel(d, &Backend::layernorm_backward, ValidateLayerNormBackward, a);
 }
 
 }  // namespace ferry

@@ -3,8 +3,7 @@
 #include <cmath>
 #include <string>
 
-#include "kernels/cpu/lm_head_loss.h"
-#include "kernels/ops/dispatch.h"
+#include "kernels/ops/backend.h"
 
 namespace ferry {
 
@@ -67,31 +66,31 @@ Status ValidateLmHeadLoss(const LmHeadLossArgs& a, bool backward) {
   return Status::Ok();
 }
 
+size_t LmHeadLossScratchBytes(OpTarget t, int64_t chunk_tokens, int64_t V, int64_t C, DType h_dtype,
+                              std::optional<DType> dw_dtype, bool backward) {
+  return ScratchReportsFor(t.kind).lm_head_loss(t.threads, chunk_tokens, V, C, h_dtype, dw_dtype,
+                                                backward);
+}
+
 size_t LmHeadLossScratchBytes(const Device& d, int64_t chunk_tokens, int64_t V, int64_t C,
                               DType h_dtype, std::optional<DType> dw_dtype, bool backward) {
-  const int threads =
-      d.kind() == DeviceKind::kCpu ? static_cast<const CpuDevice&>(d).options().compute_threads : 1;
-  return cpu::LmHeadLossScratchBytes(threads, chunk_tokens, V, C, h_dtype, dw_dtype, backward);
+  return LmHeadLossScratchBytes(OpTargetOf(d), chunk_tokens, V, C, h_dtype, dw_dtype, backward);
 }
 
 namespace {
 
 Status Enqueue(Device& d, const LmHeadLossArgs& a, bool backward) {
   FERRY_RETURN_IF_ERROR(ValidateLmHeadLoss(a, backward));
-  if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "lm_head_loss");
+  FERRY_ASSIGN_OR_RETURN(const Kernel<LmHeadLossArgs>* k,
+                         FindKernel(d, backward ? &Backend::lm_head_loss_forward_backward
+                                                : &Backend::lm_head_loss_forward));
   const size_t need = LmHeadLossScratchBytes(d, a.chunk_tokens, a.w.dim(0), a.h.dim(1), a.h.dtype,
                                              LmHeadLossWeightGradDType(a, backward), backward);
   if (a.scratch.bytes() < need) {
     return Bad("scratch is " + std::to_string(a.scratch.bytes()) + " bytes; " +
                std::to_string(need) + " needed on device '" + d.name() + "'");
   }
-  if (backward) {
-    return EnqueueCpuKernel(d, "lm_head_loss_fwd_bwd", [a](ThreadPool& pool) {
-      return cpu::LmHeadLossForwardBackward(pool, a);
-    });
-  }
-  return EnqueueCpuKernel(d, "lm_head_loss_fwd",
-                          [a](ThreadPool& pool) { return cpu::LmHeadLossForward(pool, a); });
+  return k->run(d, k->op, a);
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include <optional>
 
 #include "kernels/device.h"
+#include "kernels/ops/op_target.h"
 #include "kernels/status.h"
 #include "kernels/tensor.h"
 
@@ -55,7 +56,9 @@ Status ValidateLmHeadLoss(const LmHeadLossArgs& a, bool backward);
 // of O(C * (chunk_tokens + 128)), independent of N. On a CPU device it depends on the device's
 // thread count. (CUDA: no kernel yet; reports the single-thread CPU layout.) `dw_dtype`: dW's
 // storage, or nullopt when the pass computes no dW (forward only, or a frozen head); never more
-// than with a dW.
+// than with a dW. For a device of target `t` (the planner's question) or for `d` (its target).
+size_t LmHeadLossScratchBytes(OpTarget t, int64_t chunk_tokens, int64_t V, int64_t C, DType h_dtype,
+                              std::optional<DType> dw_dtype, bool backward);
 size_t LmHeadLossScratchBytes(const Device& d, int64_t chunk_tokens, int64_t V, int64_t C,
                               DType h_dtype, std::optional<DType> dw_dtype, bool backward);
 

@@ -28,7 +28,7 @@ struct ResidualAccumulateArgs {
 
 Status ValidateResidualAdd(const ResidualAddArgs& a);
 Status ValidateResidualAccumulate(const ResidualAccumulateArgs& a);
-size_t ResidualScratchBytes(const Device& d);  // 0: reported for the planner's uniformity
+inline size_t ResidualScratchBytes(const Device&) { return 0; }  // for the planner's uniformity
 // Validate, then enqueue on d's compute stream.
 Status ResidualAdd(Device& d, const ResidualAddArgs& a);
 Status ResidualAccumulate(Device& d, const ResidualAccumulateArgs& a);

@@ -1,8 +1,7 @@
 #include "kernels/ops/rmsnorm.h"
 
-#include "kernels/cpu/rmsnorm.h"
+#include "kernels/ops/backend.h"
 #include "kernels/ops/check_args.h"
-#include "kernels/ops/dispatch.h"
 
 namespace ferry {
 
@@ -28,20 +27,12 @@ Status ValidateRmsNormBackward(const RmsNormBackwardArgs& a) {
   return CheckFloatTensor("rmsnorm_backward", "dweight", a.dweight, Shape{c});
 }
 
-size_t RmsNormScratchBytes(const Device&) { return 0; }
-
 Status RmsNormForward(Device& d, const RmsNormForwardArgs& a) {
-  FERRY_RETURN_IF_ERROR(ValidateRmsNormForward(a));
-  if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "rmsnorm_forward");
-  return EnqueueCpuKernel(d, "rmsnorm_forward",
-                          [a](ThreadPool& p) { return cpu::RmsNormForward(p, a); });
+  return RunKernel(d, &Backend::rmsnorm_forward, ValidateRmsNormForward, a);
 }
 
 Status RmsNormBackward(Device& d, const RmsNormBackwardArgs& a) {
-  FERRY_RETURN_IF_ERROR(ValidateRmsNormBackward(a));
-  if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "rmsnorm_backward");
-  return EnqueueCpuKernel(d, "rmsnorm_backward",
-                          [a](ThreadPool& p) { return cpu::RmsNormBackward(p, a); });
+  return RunKernel(d, &Backend::rmsnorm_backward, ValidateRmsNormBackward, a);
 }
 
 }  // namespace ferry

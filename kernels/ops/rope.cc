@@ -2,9 +2,8 @@
 
 #include <string>
 
-#include "kernels/cpu/rope.h"
+#include "kernels/ops/backend.h"
 #include "kernels/ops/check_args.h"
-#include "kernels/ops/dispatch.h"
 
 namespace ferry {
 
@@ -40,19 +39,12 @@ Status ValidateRope(const RopeArgs& a) {
   return Status::Ok();
 }
 
-size_t RopeScratchBytes(const Device&) { return 0; }
-
 Status RopeForward(Device& d, const RopeArgs& a) {
-  FERRY_RETURN_IF_ERROR(ValidateRope(a));
-  if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "rope_forward");
-  return EnqueueCpuKernel(d, "rope_forward", [a](ThreadPool& p) { return cpu::RopeForward(p, a); });
+  return RunKernel(d, &Backend::rope_forward, ValidateRope, a);
 }
 
 Status RopeBackward(Device& d, const RopeArgs& a) {
-  FERRY_RETURN_IF_ERROR(ValidateRope(a));
-  if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "rope_backward");
-  return EnqueueCpuKernel(d, "rope_backward",
-                          [a](ThreadPool& p) { return cpu::RopeBackward(p, a); });
+  return RunKernel(d, &Backend::rope_backward, ValidateRope, a);
 }
 
 }  // namespace ferry

@@ -52,7 +52,7 @@ struct RopeArgs {
 Status ValidateRope(const RopeArgs& a);
 
 // RoPE needs no scratch (reported for the planner's uniformity).
-size_t RopeScratchBytes(const Device& d);
+inline size_t RopeScratchBytes(const Device&) { return 0; }
 
 // out = rope(in). Validates, then enqueues on d's compute stream.
 Status RopeForward(Device& d, const RopeArgs& a);

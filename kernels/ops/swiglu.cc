@@ -1,8 +1,7 @@
 #include "kernels/ops/swiglu.h"
 
-#include "kernels/cpu/swiglu.h"
+#include "kernels/ops/backend.h"
 #include "kernels/ops/check_args.h"
-#include "kernels/ops/dispatch.h"
 
 namespace ferry {
 
@@ -19,20 +18,12 @@ Status ValidateSwiGluBackward(const SwiGluBackwardArgs& a) {
   return CheckFloatTensor("swiglu_backward", "dgate_up", a.dgate_up, Shape{n, 2 * i});
 }
 
-size_t SwiGluScratchBytes(const Device&) { return 0; }
-
 Status SwiGluForward(Device& d, const SwiGluForwardArgs& a) {
-  FERRY_RETURN_IF_ERROR(ValidateSwiGluForward(a));
-  if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "swiglu_forward");
-  return EnqueueCpuKernel(d, "swiglu_forward",
-                          [a](ThreadPool& p) { return cpu::SwiGluForward(p, a); });
+  return RunKernel(d, &Backend::swiglu_forward, ValidateSwiGluForward, a);
 }
 
 Status SwiGluBackward(Device& d, const SwiGluBackwardArgs& a) {
-  FERRY_RETURN_IF_ERROR(ValidateSwiGluBackward(a));
-  if (d.kind() != DeviceKind::kCpu) return NotOnDevice(d, "swiglu_backward");
-  return EnqueueCpuKernel(d, "swiglu_backward",
-                          [a](ThreadPool& p) { return cpu::SwiGluBackward(p, a); });
+  return RunKernel(d, &Backend::swiglu_backward, ValidateSwiGluBackward, a);
 }
 
 }  // namespace ferry

@@ -1,0 +1,69 @@
+// The CUDA backend's table (kernels/ops/backend.h): GEMM (cuBLAS), casts and residuals
+// (kernels/cuda/*.cu); every other op is an explicit NotYet entry until its kernel lands. Its
+// scratch reports live in kernels/ops/backend.cc, built without CUDA too.
+#include <string>
+
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/ops/backend.h"
+
+namespace ferry {
+namespace {
+
+CudaDevice& Cuda(Device& d) { return static_cast<CudaDevice&>(d); }
+
+Status GemmKernel(Device& d, std::string_view, const GemmArgs& g) { return cuda::Gemm(Cuda(d), g); }
+
+Status CastKernel(Device& d, std::string_view, const CastArgs& a) {
+  return cuda::Cast(Cuda(d), a.src, a.dst);
+}
+
+Status ResidualAddKernel(Device& d, std::string_view, const ResidualAddArgs& a) {
+  if (a.a.dtype != a.y.dtype || a.b.dtype != a.y.dtype) {
+    return Status::Unavailable("residual_add: mixed dtypes (" + a.a.ToString() + " + " +
+                               a.b.ToString() + " -> " + a.y.ToString() +
+                               ") are not implemented on CUDA devices yet");
+  }
+  return cuda::Residual(Cuda(d), a.a, a.b, a.y);
+}
+
+Status ResidualAccumulateKernel(Device& d, std::string_view, const ResidualAccumulateArgs& a) {
+  if (a.dx.dtype != a.dy.dtype) {
+    return Status::Unavailable("residual_accumulate: mixed dtypes (" + a.dx.ToString() + " += " +
+                               a.dy.ToString() + ") are not implemented on CUDA devices yet");
+  }
+  return cuda::Residual(Cuda(d), a.dx, a.dy, a.dx);
+}
+
+constexpr Backend kCudaBackend = [] {
+  Backend b;
+  b.kind = DeviceKind::kCuda;
+  b.name = "cuda";
+  b.gemm.run = &GemmKernel;
+  b.bias_grad.run = &NotYet<BiasGradArgs>;
+  b.cast.run = &CastKernel;
+  b.residual_add.run = &ResidualAddKernel;
+  b.residual_accumulate.run = &ResidualAccumulateKernel;
+  b.rmsnorm_forward.run = &NotYet<RmsNormForwardArgs>;
+  b.rmsnorm_backward.run = &NotYet<RmsNormBackwardArgs>;
+  b.layernorm_forward.run = &NotYet<LayerNormForwardArgs>;
+  b.layernorm_backward.run = &NotYet<LayerNormBackwardArgs>;
+  b.rope_forward.run = &NotYet<RopeArgs>;
+  b.rope_backward.run = &NotYet<RopeArgs>;
+  b.attention_forward.run = &NotYet<AttentionForwardArgs>;
+  b.attention_backward.run = &NotYet<AttentionBackwardArgs>;
+  b.decode_attention.run = &NotYet<DecodeAttentionArgs>;
+  b.swiglu_forward.run = &NotYet<SwiGluForwardArgs>;
+  b.swiglu_backward.run = &NotYet<SwiGluBackwardArgs>;
+  b.gelu_forward.run = &NotYet<GeluForwardArgs>;
+  b.gelu_backward.run = &NotYet<GeluBackwardArgs>;
+  b.lm_head_loss_forward.run = &NotYet<LmHeadLossArgs>;
+  b.lm_head_loss_forward_backward.run = &NotYet<LmHeadLossArgs>;
+  b.adamw.run = &NotYet<AdamWArgs>;
+  return b;
+}();
+
+}  // namespace
+
+const Backend& CudaBackend() { return kCudaBackend; }
+
+}  // namespace ferry
