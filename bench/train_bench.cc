@@ -1,6 +1,7 @@
 // Training throughput of the whole stack (Trainer + ModelRunner on a CpuDevice): tokens/s, model
-// FLOP/s (summed from the layers' own ComputeLayerCost reports: forward + backward, no
-// recomputation) and peak RSS, next to the machine's fp32 GEMM rate measured in the same run (a
+// FLOP/s of the forward + backward (summed from the layers' own ComputeLayerCost reports, no
+// recomputation, over the runner's time alone: the optimizer's share is printed apart) and peak
+// RSS, next to the machine's fp32 GEMM rate measured in the same run (a
 // large square product through the GEMM op on a CpuDevice with the same threads), so the figure
 // reads as a fraction of this machine's ceiling.
 //
@@ -138,24 +139,29 @@ void BenchModel(const char* label, const ModelConfig& model, BatchShape shape, i
   const TokenStream stream = TokenStream::Builtin();
   auto batcher = Batcher::Create(&stream, shape.batch, shape.seq_len, 1);
   Check(batcher.status(), "batcher");
-  double seconds = 0, loss = 0;
+  double seconds = 0, compute = 0, optimizer = 0, loss = 0;
   for (int k = 0; k <= steps; ++k) {
     const std::vector<MicroBatch> batch = {batcher->MakeMicroBatch(k, 0)};
     const auto t0 = Clock::now();
     auto st = (*trainer)->Step(batch);
     Check(st.status(), "step");
-    if (k > 0) seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    if (k > 0) {
+      seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+      compute += st->compute_seconds;
+      optimizer += st->optimizer_seconds;
+    }
     loss = st->loss;
   }
   const double tokens_per_s = double(shape.tokens()) * steps / seconds;
-  const double model_gflops = flops_per_step * steps / seconds * 1e-9;
+  // Model FLOP/s over the forward + backward alone (the optimizer is host work the executor
+  // overlaps with backward; it is reported apart).
+  const double model_gflops = flops_per_step * steps / compute * 1e-9;
   std::printf(
-      "%-12s %6.1fM params  B=%lld T=%lld  %7.2f s/step  %8.0f tok/s  "
-      "%7.1f GFLOP/s "
-      "(%4.0f%% of GEMM)  loss %.3f  peak RSS %.0f MiB\n",
+      "%-12s %6.1fM params  B=%lld T=%lld  %7.2f s/step (fwd+bwd %.2f, optimizer %.2f)  "
+      "%8.0f tok/s  fwd+bwd %7.1f GFLOP/s (%4.0f%% of GEMM)  loss %.3f  peak RSS %.0f MiB\n",
       label, double(params) / 1e6, (long long)shape.batch, (long long)shape.seq_len,
-      seconds / steps, tokens_per_s, model_gflops, 100 * model_gflops / gemm_gflops, loss,
-      PeakRssMiB());
+      seconds / steps, compute / steps, optimizer / steps, tokens_per_s, model_gflops,
+      100 * model_gflops / gemm_gflops, loss, PeakRssMiB());
   std::fflush(stdout);
 }
 

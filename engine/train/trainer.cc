@@ -1,6 +1,7 @@
 #include "engine/train/trainer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "engine/model/master_weights.h"
@@ -93,7 +94,11 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
     inputs.back().overwrite_grads = inputs.size() == 1;
     inputs.back().host_pool = pool_;
   }
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
   FERRY_ASSIGN_OR_RETURN(st.loss, runner_->AccumulateStep(inputs, grads_));
+  const Clock::time_point t1 = Clock::now();
+  st.compute_seconds = std::chrono::duration<double>(t1 - t0).count();
   double sum_sq = 0;
   for (const std::string& name : order_) {
     const std::vector<float>& g = grads_.tensors.at(name);
@@ -119,6 +124,7 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
     FERRY_RETURN_IF_ERROR(kernel_.Update(h, t, pool_).WithContext(name));
   }
   FERRY_RETURN_IF_ERROR(runner_->UploadWeights(weights_));
+  st.optimizer_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
   ++step_;
   return st;
 }

@@ -56,6 +56,10 @@ struct StepStats {
   double clip_coef = 1;       // min(1, clip / (norm + 1e-6)); 1 without clipping
   int64_t tokens = 0;         // tokens processed (B * T over the micro-batches)
   int64_t valid_targets = 0;  // the loss normalizer
+  // Wall time of the step's parts: the runner's forward + backward over the micro-batches, and
+  // the rest (gradient norm, AdamW on the host, uploading the updated weights).
+  double compute_seconds = 0;
+  double optimizer_seconds = 0;
 };
 
 class Trainer {
