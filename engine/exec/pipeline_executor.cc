@@ -6,10 +6,8 @@
 #include <map>
 #include <string>
 
-#include "engine/model/decoder_blocks.h"
 #include "engine/model/device_params.h"
-#include "engine/model/embedding.h"
-#include "engine/model/head.h"
+#include "engine/model/model_stack.h"
 #include "kernels/arena.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/host_memory.h"
@@ -246,12 +244,6 @@ class Executor final : public PipelineExecutor {
     return ds;
   }
 
-  std::string_view WteName() const {
-    return c_.family == ModelFamily::kGpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
-  }
-  EmbeddingShape EmbShape() const {
-    return {c_.vocab_size, c_.learned_positions ? c_.max_position_embeddings : 0, c_.hidden_size};
-  }
   // Micro-batch m's positions (learned-position models only: RoPE reads them on the device).
   std::span<const int32_t> Positions(size_t m) const {
     if (!c_.learned_positions) return {};
@@ -295,44 +287,21 @@ class Executor final : public PipelineExecutor {
   }
 
   Status Embed(const HostTensors& weights, std::span<const MicroBatchInput> batches) {
-    auto wte = weights.tensors.find(std::string(WteName()));
-    if (wte == weights.tensors.end()) {
-      return Status::InvalidArgument("the weights lack '" + std::string(WteName()) + "'");
-    }
-    std::span<const float> wpe;
-    if (c_.learned_positions) {
-      auto it = weights.tensors.find("transformer.wpe.weight");
-      if (it == weights.tensors.end()) {
-        return Status::InvalidArgument("the weights lack 'transformer.wpe.weight'");
-      }
-      wpe = it->second;
-    }
+    FERRY_ASSIGN_OR_RETURN(const HostEmbedding e, FindHostEmbedding(c_, weights));
     const size_t n = size_t(shape_.tokens() * c_.hidden_size);
     for (size_t m = 0; m < batches.size(); ++m) {
       std::span<float> out(reinterpret_cast<float*>(act_[1][m].data()), n);
-      FERRY_RETURN_IF_ERROR(
-          EmbeddingForward(EmbShape(), wte->second, wpe, batches[m].tokens, Positions(m), out));
+      FERRY_RETURN_IF_ERROR(e.Forward(batches[m].tokens, Positions(m), out));
     }
     return Status::Ok();
   }
 
   Status EmbeddingGrads(std::span<const MicroBatchInput> batches, HostTensors& grads) {
-    auto wte = grads.tensors.find(std::string(WteName()));
-    if (wte == grads.tensors.end()) {
-      return Status::InvalidArgument("the gradients lack '" + std::string(WteName()) + "'");
-    }
-    std::span<float> dwpe;
-    if (c_.learned_positions) {
-      auto it = grads.tensors.find("transformer.wpe.weight");
-      if (it == grads.tensors.end()) {
-        return Status::InvalidArgument("the gradients lack 'transformer.wpe.weight'");
-      }
-      dwpe = it->second;
-    }
+    FERRY_ASSIGN_OR_RETURN(const HostEmbeddingGrads g, FindHostEmbeddingGrads(c_, grads));
     const size_t n = size_t(shape_.tokens() * c_.hidden_size);
     for (size_t m = 0; m < batches.size(); ++m) {
-      std::span<const float> d(reinterpret_cast<const float*>(bgrad_[m].data()), n);
-      EmbeddingBackward(EmbShape(), d, batches[m].tokens, Positions(m), wte->second, dwpe);
+      g.Backward({reinterpret_cast<const float*>(bgrad_[m].data()), n}, batches[m].tokens,
+                 Positions(m));
     }
     return Status::Ok();
   }
@@ -359,15 +328,18 @@ class Executor final : public PipelineExecutor {
     if (auto it = ds.regions.find("rope.inv_freq"); it != ds.regions.end()) {
       inv_freq = {it->second.data, DType::kF32, Shape{c_.head_dim / 2}};
     }
-    BlocksContext ctx =
-        MakeBlocksContext(*ds.device, c_, params, shape_,
-                          {.positions = positions,
-                           .doc_ids = {ds.regions.at("doc_ids").data, DType::kI32, tokens},
-                           .inv_freq = inv_freq});  // RopeInvFreq: plain or Llama 3-scaled
-    ctx.num_slots = 2;
-    ctx.source = &src;
-    ctx.first_block = r.first - 1;
-    return CreateDecoderBlocks(ctx);
+    FERRY_ASSIGN_OR_RETURN(
+        DeviceStack stack,
+        BuildDeviceStack(
+            *ds.device, c_, params,
+            {.shape = shape_,
+             .inputs = {.positions = positions,
+                        .doc_ids = {ds.regions.at("doc_ids").data, DType::kI32, tokens},
+                        .inv_freq = inv_freq},  // RopeInvFreq: plain or Llama 3-scaled
+             .num_slots = 2,
+             .first_block = r.first - 1,
+             .source = &src}));
+    return std::move(stack.blocks);
   }
 
   Tensor SlotTensor(DeviceState& ds, int64_t block) const {
@@ -410,9 +382,14 @@ class Executor final : public PipelineExecutor {
     const int head = int(layers_.size()) - 1;
     PlannedSource src(ds, int(ds.stages_run++ % 2));
     FERRY_ASSIGN_OR_RETURN(DeviceParams params, StageParams(ds, src, {head, head + 1}, weights));
-    FERRY_ASSIGN_OR_RETURN(
-        std::unique_ptr<Head> h,
-        Head::Create(d, c_, params, shape_, plan::kLossChunkTokens, HeadMode::kTrain, &src));
+    FERRY_ASSIGN_OR_RETURN(DeviceStack stack,
+                           BuildDeviceStack(d, c_, params,
+                                            {.shape = shape_,
+                                             .blocks = false,
+                                             .head = HeadMode::kTrain,
+                                             .loss_chunk_tokens = plan::kLossChunkTokens,
+                                             .source = &src}));
+    std::unique_ptr<Head> h = std::move(stack.head);
     for (size_t m = 0; m < batches.size(); ++m) {
       Tensor x = ds.Hidden(0, N, C), dx = ds.Hidden(1, N, C);
       FERRY_RETURN_IF_ERROR(ToDevice(d, x.data, act_[size_t(head)][m], size_t(N * C) * 4));

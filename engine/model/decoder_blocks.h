@@ -87,6 +87,8 @@ struct BlocksInputs {
   Tensor inv_freq = {};   // f32 (head_dim / 2)
 };
 
+// (engine/model/model_stack.h builds the blocks of a config's family.)
+
 // The context of `params`' blocks on `device`, reading `inputs`: one slot, no KV cache, arena
 // buffers, from block 0; the caller changes those it needs.
 inline BlocksContext MakeBlocksContext(Device& device, const ModelConfig& config,
@@ -99,12 +101,6 @@ inline BlocksContext MakeBlocksContext(Device& device, const ModelConfig& config
                        .positions = inputs.positions,
                        .doc_ids = inputs.doc_ids,
                        .inv_freq = inputs.inv_freq};
-}
-
-// The blocks of ctx.config's family: CreateGpt2Blocks or CreateLlamaBlocks.
-inline Result<std::unique_ptr<DecoderBlocks>> CreateDecoderBlocks(const BlocksContext& ctx) {
-  if (ctx.config->family == ModelFamily::kGpt2) return CreateGpt2Blocks(ctx);
-  return CreateLlamaBlocks(ctx);
 }
 
 // A (n) f32 view of `sink` from element `offset` on (a gradient nobody reads,

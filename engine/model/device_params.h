@@ -32,11 +32,12 @@
 #include <string>
 #include <vector>
 
+#include "engine/model/host_tensors.h"
 #include "engine/model/lora_config.h"
 #include "engine/model/model_config.h"
-#include "engine/model/model_runner.h"
 #include "engine/model/param_spec.h"
 #include "engine/model/tensor_carver.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/device.h"
 #include "kernels/host_memory.h"
 

@@ -6,10 +6,8 @@
 #include <cstring>
 #include <string>
 
-#include "engine/model/decoder_blocks.h"
 #include "engine/model/device_params.h"
-#include "engine/model/embedding.h"
-#include "engine/model/head.h"
+#include "engine/model/model_stack.h"
 #include "engine/model/param_spec.h"
 #include "engine/model/tensor_carver.h"
 
@@ -41,15 +39,9 @@ class Gen final : public Generator {
     FERRY_ASSIGN_OR_RETURN(params_, DeviceParams::Create(d_, c_, lora_, layers, /*source=*/nullptr,
                                                          ParamGrads::kNone));
     FERRY_RETURN_IF_ERROR(params_.Upload(d_, weights));
-    FERRY_ASSIGN_OR_RETURN(wte_,
-                           HostTable(weights,
-                                     c_.family == ModelFamily::kGpt2 ? "transformer.wte.weight"
-                                                                     : "model.embed_tokens.weight",
-                                     c_.vocab_size));
-    if (c_.learned_positions) {
-      FERRY_ASSIGN_OR_RETURN(
-          wpe_, HostTable(weights, "transformer.wpe.weight", c_.max_position_embeddings));
-    }
+    FERRY_ASSIGN_OR_RETURN(const HostEmbedding e, FindHostEmbedding(c_, weights));
+    wte_.assign(e.wte.begin(), e.wte.end());
+    wpe_.assign(e.wpe.begin(), e.wpe.end());
     kv_.capacity = max_tokens;
     const Shape cache_shape{max_tokens, c_.kv_dim()};
     FERRY_ASSIGN_OR_RETURN(cache_, AllocateCarved(d_, "generator.kv_cache", [&](TensorCarver& cv) {
@@ -92,17 +84,6 @@ class Gen final : public Generator {
   void Reset() override { kv_.length = 0; }
 
  private:
-  // A host copy of an embedding table of `rows` x C (the gather runs on the host).
-  Result<std::vector<float>> HostTable(const HostTensors& w, const std::string& name,
-                                       int64_t rows) const {
-    auto it = w.tensors.find(name);
-    if (it == w.tensors.end() || int64_t(it->second.size()) != rows * c_.hidden_size) {
-      return Status::InvalidArgument("the weights lack '" + name + "' of " + std::to_string(rows) +
-                                     " x " + std::to_string(c_.hidden_size) + " values");
-    }
-    return it->second;
-  }
-
   Result<std::unique_ptr<Stage>> MakeStage(int64_t n, bool with_head) {
     auto st = std::make_unique<Stage>();
     st->n = n;
@@ -117,15 +98,18 @@ class Gen final : public Generator {
                              if (with_head) st->logits = cv.Take(DType::kF32, {n, V});
                            }));
     const BatchShape shape{1, n};
-    BlocksContext ctx = MakeBlocksContext(d_, c_, params_, shape,
-                                          {.positions = st->positions, .inv_freq = st->inv_freq});
-    ctx.kv_cache = &kv_;
-    FERRY_ASSIGN_OR_RETURN(st->blocks, CreateDecoderBlocks(ctx));
-    if (with_head) {
-      FERRY_ASSIGN_OR_RETURN(
-          st->head,
-          Head::Create(d_, c_, params_, shape, std::min<int64_t>(n, 256), HeadMode::kForwardOnly));
-    }
+    std::optional<HeadMode> head;
+    if (with_head) head = HeadMode::kForwardOnly;
+    FERRY_ASSIGN_OR_RETURN(
+        DeviceStack stack,
+        BuildDeviceStack(d_, c_, params_,
+                         {.shape = shape,
+                          .inputs = {.positions = st->positions, .inv_freq = st->inv_freq},
+                          .kv_cache = &kv_,
+                          .head = head,
+                          .loss_chunk_tokens = std::min<int64_t>(n, 256)}));
+    st->blocks = std::move(stack.blocks);
+    st->head = std::move(stack.head);
     st->host_positions = size_t(n * C) * 4;
     st->host_inv_freq = st->host_positions + size_t(n) * 4;
     st->host_logits = st->host_inv_freq + size_t(c_.head_dim / 2) * 4;
@@ -149,11 +133,9 @@ class Gen final : public Generator {
     const size_t hidden_bytes = size_t(n * C) * 4, logits_bytes = size_t(rows * V) * 4;
     std::span<int32_t> pos = st.host.Span(st.host_positions, size_t(n) * 4).as<int32_t>();
     for (int64_t i = 0; i < n; ++i) pos[size_t(i)] = int32_t(kv_.length + i);
-    const EmbeddingShape shape{c_.vocab_size, c_.learned_positions ? c_.max_position_embeddings : 0,
-                               C};
-    FERRY_RETURN_IF_ERROR(EmbeddingForward(
-        shape, wte_, wpe_, tokens,
-        c_.learned_positions ? std::span<const int32_t>(pos) : std::span<const int32_t>(),
+    const HostEmbedding e{EmbeddingShapeOf(c_), wte_, wpe_};
+    FERRY_RETURN_IF_ERROR(e.Forward(
+        tokens, c_.learned_positions ? std::span<const int32_t>(pos) : std::span<const int32_t>(),
         st.host.Span(0, hidden_bytes).as<float>()));
     FERRY_RETURN_IF_ERROR(
         d_.CopyToDevice(st.hidden[0].data, st.host.Span(0, hidden_bytes), hidden_bytes));
@@ -222,10 +204,6 @@ Result<std::unique_ptr<Generator>> Generator::Create(Device& device, const Model
                                    " tokens (prompt + new) exceed the model's " +
                                    std::to_string(config.max_position_embeddings) +
                                    " learned positions; use a shorter prompt or fewer new tokens");
-  }
-  if (config.family == ModelFamily::kGpt2 &&
-      config.head_dim * config.num_heads != config.hidden_size) {
-    return Status::InvalidArgument("GPT-2 needs head_dim * num_heads == hidden_size");
   }
   auto g = std::make_unique<Gen>(device, config, lora);
   FERRY_RETURN_IF_ERROR(g->Init(weights, max_tokens));

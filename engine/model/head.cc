@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "engine/model/decoder_blocks.h"
+#include "engine/model/model_stack.h"
 #include "engine/model/projection.h"
 #include "engine/model/tensor_carver.h"
 #include "kernels/ops/layernorm.h"
@@ -14,9 +15,8 @@ namespace ferry {
 namespace {
 
 const char* NormName(const ModelConfig& c, bool bias) {
-  if (c.family == ModelFamily::kGpt2)
-    return bias ? "transformer.ln_f.bias" : "transformer.ln_f.weight";
-  return "model.norm.weight";
+  const FamilyNames& n = NamesOf(c);
+  return bias ? n.final_norm_bias.c_str() : n.final_norm_weight.c_str();
 }
 
 }  // namespace
@@ -39,7 +39,7 @@ Result<std::unique_ptr<Head>> Head::Create(Device& d, const ModelConfig& c,
   FERRY_ASSIGN_OR_RETURN(h->saved_buffer_, AllocateCarved(d, source, "head.saved", saved));
   // A frozen head weight (LoRA) has no gradient: the loss op computes no dW (and needs no scratch
   // for one). A forward-only head needs neither the backward's scratch nor the input gradient.
-  const bool frozen = params.at("lm_head.weight").grad.data.is_null();
+  const bool frozen = params.at(NamesOf(c).lm_head).grad.data.is_null();
   const size_t scratch = LmHeadLossScratchBytes(
       d, h->chunk_, V, C, DType::kF32,
       frozen || !backward ? std::nullopt : std::optional<DType>(DType::kF32), backward);
@@ -79,7 +79,7 @@ Status Head::NormForward(Tensor x) {
 LmHeadLossArgs Head::LossArgs() const {
   LmHeadLossArgs a;
   a.h = xn_;
-  a.w = W("lm_head.weight");
+  a.w = W(NamesOf(c_).lm_head.c_str());
   a.targets = targets_.data.As<const int32_t>();
   a.chunk_tokens = chunk_;
   a.token_loss = token_loss_;
@@ -97,7 +97,7 @@ Status Head::ForwardBackward(Tensor x, double normalizer, Tensor dx) {
   LmHeadLossArgs a = LossArgs();
   a.normalizer = normalizer;
   a.dh = dxn_;
-  a.dw = params_.at("lm_head.weight").grad;  // null when frozen: no weight gradient
+  a.dw = params_.at(NamesOf(c_).lm_head).grad;  // null when frozen: no weight gradient
   FERRY_RETURN_IF_ERROR(LmHeadLossForwardBackward(d_, a));
   if (c_.norm == NormKind::kLayerNorm) {
     return LayerNormBackward(d_, {dxn_, x, W(NormName(c_, false)), mean_, rstd_, dx,
@@ -113,7 +113,7 @@ Status Head::Forward(Tensor x) {
 
 Status Head::Logits(Tensor x, Tensor logits) {
   FERRY_RETURN_IF_ERROR(NormForward(x));
-  return MatMul(d_, xn_, W("lm_head.weight"), logits, false, true);
+  return MatMul(d_, xn_, W(NamesOf(c_).lm_head.c_str()), logits, false, true);
 }
 
 }  // namespace ferry

@@ -5,10 +5,8 @@
 
 #include <cstring>
 
-#include "engine/model/decoder_blocks.h"
 #include "engine/model/device_params.h"
-#include "engine/model/embedding.h"
-#include "engine/model/head.h"
+#include "engine/model/model_stack.h"
 #include "engine/model/tensor_carver.h"
 
 namespace ferry {
@@ -67,14 +65,17 @@ class Runner final : public ModelRunner {
       for (int& s : slot_) s = s < 0 ? slots : s;
       ++slots;
     }
-    BlocksContext ctx =
-        MakeBlocksContext(d_, c_, params_, o_.shape,
-                          {.positions = positions_, .doc_ids = doc_ids_, .inv_freq = inv_freq_});
-    ctx.num_slots = std::max(slots, 1);
-    FERRY_ASSIGN_OR_RETURN(blocks_, CreateDecoderBlocks(ctx));
     FERRY_ASSIGN_OR_RETURN(
-        head_, Head::Create(d_, c_, params_, o_.shape, o_.loss_chunk_tokens,
-                            o_.inference_only ? HeadMode::kForwardOnly : HeadMode::kTrain));
+        DeviceStack stack,
+        BuildDeviceStack(
+            d_, c_, params_,
+            {.shape = o_.shape,
+             .inputs = {.positions = positions_, .doc_ids = doc_ids_, .inv_freq = inv_freq_},
+             .num_slots = std::max(slots, 1),
+             .head = o_.inference_only ? HeadMode::kForwardOnly : HeadMode::kTrain,
+             .loss_chunk_tokens = o_.loss_chunk_tokens}));
+    blocks_ = std::move(stack.blocks);
+    head_ = std::move(stack.head);
 
     staging_.hidden = 0;
     staging_.targets = size_t(N * C) * 4;
@@ -96,26 +97,9 @@ class Runner final : public ModelRunner {
   }
 
   Status UploadWeights(const HostTensors& weights) override {
-    const std::string wte =
-        c_.family == ModelFamily::kGpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
-    auto it = weights.tensors.find(wte);
-    if (it == weights.tensors.end() ||
-        int64_t(it->second.size()) != c_.vocab_size * c_.hidden_size) {
-      return Status::InvalidArgument("the weights lack '" + wte + "' of " +
-                                     std::to_string(c_.vocab_size) + " x " +
-                                     std::to_string(c_.hidden_size) + " values");
-    }
-    wte_ = it->second;
-    if (c_.learned_positions) {
-      auto p = weights.tensors.find("transformer.wpe.weight");
-      if (p == weights.tensors.end() ||
-          int64_t(p->second.size()) != c_.max_position_embeddings * c_.hidden_size) {
-        return Status::InvalidArgument("the weights lack 'transformer.wpe.weight' of " +
-                                       std::to_string(c_.max_position_embeddings) + " x " +
-                                       std::to_string(c_.hidden_size) + " values");
-      }
-      wpe_ = p->second;
-    }
+    FERRY_ASSIGN_OR_RETURN(const HostEmbedding e, FindHostEmbedding(c_, weights));
+    wte_.assign(e.wte.begin(), e.wte.end());
+    wpe_.assign(e.wpe.begin(), e.wpe.end());
     FERRY_RETURN_IF_ERROR(params_.Upload(d_, weights));
     uploaded_ = true;
     return Status::Ok();
@@ -299,10 +283,9 @@ class Runner final : public ModelRunner {
     }
     // The previous batch's downloads read the staging memory: they finished
     // (synchronized).
-    const EmbeddingShape shape{c_.vocab_size, c_.learned_positions ? c_.max_position_embeddings : 0,
-                               C};
     std::span<float> out = host_.Span(staging_.hidden, size_t(N * C) * 4).as<float>();
-    FERRY_RETURN_IF_ERROR(EmbeddingForward(shape, wte_, wpe_, tokens, Positions(), out));
+    const HostEmbedding e{EmbeddingShapeOf(c_), wte_, wpe_};
+    FERRY_RETURN_IF_ERROR(e.Forward(tokens, Positions(), out));
     return d_.CopyToDevice(hidden_[0].data, host_.Span(staging_.hidden, size_t(N * C) * 4),
                            size_t(N * C) * 4);
   }
@@ -333,24 +316,9 @@ class Runner final : public ModelRunner {
   // gradients.
   Status EmbeddingGrad(std::span<const int32_t> tokens, HostTensors& grads) {
     const int64_t N = o_.shape.tokens(), C = c_.hidden_size;
-    const bool gpt2 = c_.family == ModelFamily::kGpt2;
-    const std::string wte = gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
-    auto it = grads.tensors.find(wte);
-    if (it == grads.tensors.end() || int64_t(it->second.size()) != c_.vocab_size * C) {
-      return Status::InvalidArgument("the gradients lack '" + wte + "'");
-    }
-    std::span<float> dwpe;
-    if (c_.learned_positions) {
-      auto p = grads.tensors.find("transformer.wpe.weight");
-      if (p == grads.tensors.end() || int64_t(p->second.size()) != c_.max_position_embeddings * C) {
-        return Status::InvalidArgument("the gradients lack 'transformer.wpe.weight'");
-      }
-      dwpe = p->second;
-    }
-    const EmbeddingShape shape{c_.vocab_size, c_.learned_positions ? c_.max_position_embeddings : 0,
-                               C};
-    EmbeddingBackward(shape, host_.Span(staging_.hidden, size_t(N * C) * 4).as<const float>(),
-                      tokens, Positions(), it->second, dwpe);
+    FERRY_ASSIGN_OR_RETURN(const HostEmbeddingGrads g, FindHostEmbeddingGrads(c_, grads));
+    g.Backward(host_.Span(staging_.hidden, size_t(N * C) * 4).as<const float>(), tokens,
+               Positions());
     return Status::Ok();
   }
 
@@ -404,9 +372,6 @@ Status ValidateRunner(const ModelConfig& c, const LoraConfig& lora, const ModelR
   }
   if (o.loss_chunk_tokens < 1) {
     return Status::InvalidArgument("loss_chunk_tokens must be positive");
-  }
-  if (c.family == ModelFamily::kGpt2 && c.head_dim * c.num_heads != c.hidden_size) {
-    return Status::InvalidArgument("GPT-2 needs head_dim * num_heads == hidden_size");
   }
   return Status::Ok();
 }

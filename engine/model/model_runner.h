@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/model/host_tensors.h"
 #include "engine/model/lora_config.h"
 #include "engine/model/model_config.h"
 #include "engine/model/param_spec.h"
@@ -34,13 +35,6 @@
 #include "kernels/status.h"
 
 namespace ferry {
-
-// fp32 host tensors in ferry's master layout (engine/model/weights_io.h: MasterShape), keyed by
-// the Hugging Face name of each storage-owning parameter (tied aliases have no entry).
-struct HostTensors {
-  std::map<std::string, std::vector<float>> tensors;
-  std::span<float> at(const std::string& name) { return tensors.at(name); }
-};
 
 struct ModelRunnerOptions {
   BatchShape shape;                   // micro-batch B x T (fixed for the runner's life)

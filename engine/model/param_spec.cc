@@ -2,6 +2,8 @@
 
 #include <cassert>
 
+#include "engine/model/model_stack.h"
+
 namespace ferry {
 namespace {
 
@@ -15,11 +17,6 @@ struct Linear {
   uint32_t lora_bits = 0;  // LoraTarget bits that select this projection
   bool transposed = false;
 };
-
-std::string BlockPrefix(const ModelConfig& c, int64_t i) {
-  return c.family == ModelFamily::kGpt2 ? "transformer.h." + std::to_string(i) + "."
-                                        : "model.layers." + std::to_string(i) + ".";
-}
 
 std::vector<Linear> BlockLinears(const ModelConfig& c, int64_t i) {
   const std::string p = BlockPrefix(c, i);
@@ -91,11 +88,10 @@ class SpecBuilder {
 LayerSpec EmbeddingLayer(const ModelConfig& c, bool trainable, DType dtype) {
   LayerSpec l{LayerKind::kEmbedding, -1, "embedding", {}};
   SpecBuilder b(&l.params, dtype, trainable);
-  if (c.family == ModelFamily::kGpt2) {
-    b.Matrix("transformer.wte.weight", c.vocab_size, c.hidden_size);
-    b.Matrix("transformer.wpe.weight", c.max_position_embeddings, c.hidden_size);
-  } else {
-    b.Matrix("model.embed_tokens.weight", c.vocab_size, c.hidden_size);
+  const FamilyNames& n = NamesOf(c);
+  b.Matrix(n.token_table, c.vocab_size, c.hidden_size);
+  if (!n.position_table.empty()) {
+    b.Matrix(n.position_table, c.max_position_embeddings, c.hidden_size);
   }
   return l;
 }
@@ -131,17 +127,11 @@ LayerSpec BlockLayer(const ModelConfig& c, const LoraConfig& lora, int64_t i, DT
 LayerSpec HeadLayer(const ModelConfig& c, bool trainable, DType dtype) {
   LayerSpec l{LayerKind::kHead, -1, "head", {}};
   SpecBuilder b(&l.params, dtype, trainable);
-  if (c.family == ModelFamily::kGpt2) {
-    b.Vector("transformer.ln_f.weight", c.hidden_size);
-    b.Vector("transformer.ln_f.bias", c.hidden_size);
-  } else {
-    b.Vector("model.norm.weight", c.hidden_size);
-  }
-  b.Matrix("lm_head.weight", c.vocab_size, c.hidden_size);
-  if (c.tie_word_embeddings) {
-    l.params.back().tied_to =
-        c.family == ModelFamily::kGpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
-  }
+  const FamilyNames& n = NamesOf(c);
+  b.Vector(n.final_norm_weight, c.hidden_size);
+  if (!n.final_norm_bias.empty()) b.Vector(n.final_norm_bias, c.hidden_size);
+  b.Matrix(n.lm_head, c.vocab_size, c.hidden_size);
+  if (c.tie_word_embeddings) l.params.back().tied_to = n.token_table;
   return l;
 }
 

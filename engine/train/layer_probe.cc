@@ -11,11 +11,9 @@
 #include <sstream>
 #include <utility>
 
-#include "engine/model/decoder_blocks.h"
 #include "engine/model/device_params.h"
-#include "engine/model/embedding.h"
-#include "engine/model/head.h"
 #include "engine/model/master_weights.h"
+#include "engine/model/model_stack.h"
 #include "engine/plan/device_probe.h"
 #include "engine/plan/memory_model.h"
 #include "kernels/arena.h"
@@ -129,11 +127,14 @@ Status ProbeBlock(Device& d, const ModelConfig& c, const LoraConfig& lora,
   FERRY_ASSIGN_OR_RETURN(DeviceParams params, LayerParams(d, c, lora, all, layer, o.seed));
   ProbeIo io;
   FERRY_ASSIGN_OR_RETURN(DeviceBuffer io_buffer, MakeIo(d, c, micro, rng, io));
-  BlocksContext ctx = MakeBlocksContext(
-      d, c, params, micro,
-      {.positions = io.positions, .doc_ids = io.doc_ids, .inv_freq = io.inv_freq});
-  ctx.first_block = layer.block;
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<DecoderBlocks> blocks, CreateDecoderBlocks(ctx));
+  FERRY_ASSIGN_OR_RETURN(
+      DeviceStack stack,
+      BuildDeviceStack(
+          d, c, params,
+          {.shape = micro,
+           .inputs = {.positions = io.positions, .doc_ids = io.doc_ids, .inv_freq = io.inv_freq},
+           .first_block = layer.block}));
+  std::unique_ptr<DecoderBlocks> blocks = std::move(stack.blocks);
   const Step steps[] = {[&] { return blocks->Forward(layer.block, 0, io.x, io.y); },
                         [&] { return blocks->Backward(layer.block, 0, io.x, io.dy, io.dx); }};
   return MedianOfRuns(&d, o, steps, out);
@@ -147,9 +148,13 @@ Status ProbeHead(Device& d, const ModelConfig& c, const LoraConfig& lora,
   FERRY_ASSIGN_OR_RETURN(DeviceParams params, LayerParams(d, c, lora, all, layer, o.seed));
   ProbeIo io;
   FERRY_ASSIGN_OR_RETURN(DeviceBuffer io_buffer, MakeIo(d, c, micro, rng, io));
-  FERRY_ASSIGN_OR_RETURN(
-      std::unique_ptr<Head> head,
-      Head::Create(d, c, params, micro, plan::kLossChunkTokens, HeadMode::kTrain));
+  FERRY_ASSIGN_OR_RETURN(DeviceStack stack,
+                         BuildDeviceStack(d, c, params,
+                                          {.shape = micro,
+                                           .blocks = false,
+                                           .head = HeadMode::kTrain,
+                                           .loss_chunk_tokens = plan::kLossChunkTokens}));
+  std::unique_ptr<Head> head = std::move(stack.head);
   std::uniform_int_distribution<int32_t> token(0, int32_t(c.vocab_size - 1));
   std::vector<int32_t> targets(static_cast<size_t>(N));
   for (int32_t& t : targets) t = token(rng);
@@ -172,27 +177,23 @@ Status ProbeEmbedding(const ModelConfig& c, const LayerSpec& layer, BatchShape m
   std::mt19937_64 rng(o.seed);
   const int64_t N = micro.tokens(), C = c.hidden_size;
   HostTensors weights = InitMasterWeights({layer}, o.seed);
-  const EmbeddingShape shape{c.vocab_size, c.learned_positions ? c.max_position_embeddings : 0, C};
-  const std::string wte =
-      c.family == ModelFamily::kGpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
-  std::span<const float> wpe;
+  FERRY_ASSIGN_OR_RETURN(const HostEmbedding e, FindHostEmbedding(c, weights));
   std::vector<int32_t> tokens(static_cast<size_t>(N)), positions;
   std::uniform_int_distribution<int32_t> token(0, int32_t(c.vocab_size - 1));
   for (int32_t& t : tokens) t = token(rng);
   if (c.learned_positions) {
-    wpe = weights.at("transformer.wpe.weight");
     for (int64_t n = 0; n < N; ++n) positions.push_back(int32_t(n % micro.seq_len));
   }
   bool trainable = false;
   for (const ParamSpec& p : layer.params) trainable = trainable || p.trainable;
-  std::vector<float> hidden(size_t(N * C)), dwte(trainable ? weights.at(wte).size() : 0);
-  std::vector<float> dwpe(trainable ? wpe.size() : 0);
-  const Step steps[] = {
-      [&] { return EmbeddingForward(shape, weights.at(wte), wpe, tokens, positions, hidden); },
-      [&] {
-        EmbeddingBackward(shape, hidden, tokens, positions, dwte, dwpe);
-        return Status::Ok();
-      }};
+  std::vector<float> hidden(size_t(N * C)), dwte(trainable ? e.wte.size() : 0);
+  std::vector<float> dwpe(trainable ? e.wpe.size() : 0);
+  const HostEmbeddingGrads g{e.shape, dwte, dwpe};
+  const Step steps[] = {[&] { return e.Forward(tokens, positions, hidden); },
+                        [&] {
+                          g.Backward(hidden, tokens, positions);
+                          return Status::Ok();
+                        }};
   // A frozen table has no backward: only the gather is run (backward_s 0).
   return MedianOfRuns(nullptr, o, std::span(steps, trainable ? 2 : 1), out);
 }

@@ -1,0 +1,109 @@
+// ModelStack: the one builder of a model's layers, and the one description of each model family.
+//
+// A family (ModelConfig::family) is described here once: the Hugging Face names of the tensors a
+// driver addresses by name (the embedding tables, the final norm, the block prefix) and which
+// decoder-block implementation runs it. Parameter specs (param_spec.h) take their names from here;
+// every driver that puts the model on a device (ModelRunner, the pipeline executor, the Generator,
+// the layer probe) builds its blocks and head with BuildDeviceStack and finds the host embedding
+// tables with FindHostEmbedding / FindHostEmbeddingGrads, so none of them switches on the family.
+// Adding a family means a FamilyNames entry and a block factory in model_stack.cc (and the block
+// implementation it names).
+//
+// Stateless functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "engine/model/decoder_blocks.h"
+#include "engine/model/device_params.h"
+#include "engine/model/embedding.h"
+#include "engine/model/head.h"
+#include "engine/model/host_tensors.h"
+#include "engine/model/model_config.h"
+#include "engine/model/param_spec.h"
+#include "engine/model/tensor_carver.h"
+#include "kernels/device.h"
+#include "kernels/status.h"
+
+namespace ferry {
+
+// The Hugging Face names of one family's tensors outside the decoder blocks.
+struct FamilyNames {
+  std::string token_table;     // (V, C): "model.embed_tokens.weight", GPT-2 "transformer.wte…"
+  std::string position_table;  // (P, C) learned positions (GPT-2 "transformer.wpe.weight"), or ""
+  std::string final_norm_weight;  // "model.norm.weight", GPT-2 "transformer.ln_f.weight"
+  std::string final_norm_bias;    // GPT-2 "transformer.ln_f.bias", or "" (RMSNorm has none)
+  std::string block_prefix;       // "model.layers.", GPT-2 "transformer.h."
+  std::string lm_head;            // "lm_head.weight"
+};
+
+const FamilyNames& NamesOf(ModelFamily family);
+inline const FamilyNames& NamesOf(const ModelConfig& c) { return NamesOf(c.family); }
+// The prefix of block `block`'s parameters, e.g. "model.layers.3.".
+std::string BlockPrefix(const ModelConfig& c, int64_t block);
+
+// The embedding's shape: V x C tokens, and P learned positions when the model has them.
+EmbeddingShape EmbeddingShapeOf(const ModelConfig& c);
+
+// The host embedding tables of `weights` (the gather runs on the host: engine/model/embedding.h).
+// The spans view `weights`, which must outlive them.
+struct HostEmbedding {
+  EmbeddingShape shape = {};
+  std::span<const float> wte = {};  // (V, C)
+  std::span<const float> wpe = {};  // (P, C), or empty without learned positions
+  // out (N, C) = the gather of `tokens` (+ `positions`' rows of wpe); errors as EmbeddingForward.
+  Status Forward(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                 std::span<float> out) const {
+    return EmbeddingForward(shape, wte, wpe, tokens, positions, out);
+  }
+};
+// Errors: InvalidArgument naming a table `weights` lacks or holds with the wrong size.
+Result<HostEmbedding> FindHostEmbedding(const ModelConfig& c, const HostTensors& weights);
+
+// The gradients of the host embedding tables in `grads` (which must outlive them).
+struct HostEmbeddingGrads {
+  EmbeddingShape shape = {};
+  std::span<float> dwte = {}, dwpe = {};
+  // dwte, dwpe += the scatter-add of dout (N, C) (EmbeddingBackward).
+  void Backward(std::span<const float> dout, std::span<const int32_t> tokens,
+                std::span<const int32_t> positions) const {
+    EmbeddingBackward(shape, dout, tokens, positions, dwte, dwpe);
+  }
+};
+// Errors: InvalidArgument naming a table `grads` lacks or holds with the wrong size.
+Result<HostEmbeddingGrads> FindHostEmbeddingGrads(const ModelConfig& c, HostTensors& grads);
+
+// The blocks of ctx.config's family (CreateLlamaBlocks or CreateGpt2Blocks).
+Result<std::unique_ptr<DecoderBlocks>> CreateDecoderBlocks(const BlocksContext& ctx);
+
+// What BuildDeviceStack builds over a DeviceParams.
+struct StackOptions {
+  BatchShape shape;                             // micro-batch B x T
+  BlocksInputs inputs = {};                     // the caller's positions, doc ids, RoPE table
+  bool blocks = true;                           // build the decoder blocks (the params hold them)
+  int num_slots = 1;                            // saved-activation slots of the blocks
+  int64_t first_block = 0;                      // the first block the params hold
+  KvCache* kv_cache = nullptr;                  // generation (forward only); null for training
+  std::optional<HeadMode> head = std::nullopt;  // build the head in this mode (the params hold it)
+  int64_t loss_chunk_tokens = 256;              // the head's fused LM-head chunk
+  CarveSource* source = nullptr;  // planned regions instead of arena blocks (engine/exec)
+};
+
+// A model's layers on one device, over the DeviceParams they were built with (which must outlive
+// them): the decoder blocks and/or the head, either null when not asked for.
+struct DeviceStack {
+  std::unique_ptr<DecoderBlocks> blocks;
+  std::unique_ptr<Head> head;
+};
+
+// Builds the blocks (first) and the head that `o` asks for, allocating their buffers (arena blocks
+// named as decoder_blocks.h and head.h say, or regions of o.source). Errors: those of the blocks'
+// and the head's creation (OutOfMemory naming the buffer).
+Result<DeviceStack> BuildDeviceStack(Device& d, const ModelConfig& c, const DeviceParams& params,
+                                     const StackOptions& o);
+
+}  // namespace ferry
