@@ -402,8 +402,6 @@ std::string_view Plan::LayerTimeSource() const {
   return size_t(measured) == measured_times.size() ? "measured" : "mixed";
 }
 
-std::string_view TierName(Tier t) { return t == Tier::kHost ? "host" : "nvme"; }
-
 Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& model,
                              const PlanJob& job, const HardwareProfile& hw, bool suggest) {
   FERRY_RETURN_IF_ERROR(ValidateInputs(model, job, hw));

@@ -40,6 +40,7 @@
 #include "engine/plan/memory_model.h"
 #include "engine/plan/pipeline_schedules.h"
 #include "kernels/status.h"
+#include "offload/tier.h"
 
 namespace ferry::plan {
 
@@ -52,9 +53,6 @@ struct PlanJob {
   ScratchTarget scratch;       // CUDA unless planning for CPU devices
   bool stale_updates = false;  // opt-in one-step-stale updates (changes the numerics)
 };
-
-enum class Tier { kHost, kNvme };
-std::string_view TierName(Tier t);  // "host", "nvme"
 
 struct Plan {
   std::string model_name;
