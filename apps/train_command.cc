@@ -139,15 +139,13 @@ namespace {
 // given (on the command line or in a --config file) must agree with the run's job.
 Result<JobSpec> ResumedJob(const TrainCommand& cmd) {
   const std::string path = cmd.resume + "/job.json";
-  Result<std::vector<std::byte>> bytes = ReadWholeFile(path);
-  if (bytes.status().code() == StatusCode::kNotFound) {
+  Result<std::string> text = ReadWholeFile(path);
+  if (text.status().code() == StatusCode::kNotFound) {
     return Status::NotFound(cmd.resume +
                             " is not a run folder of ferry train (it has no job.json)");
   }
-  if (!bytes.ok()) return bytes.status();
-  nlohmann::json saved = nlohmann::json::parse(
-      std::string_view(reinterpret_cast<const char*>(bytes->data()), bytes->size()), nullptr,
-      false);
+  if (!text.ok()) return text.status();
+  nlohmann::json saved = nlohmann::json::parse(*text, nullptr, false);
   FERRY_ASSIGN_OR_RETURN(JobSpec job, JobSpecFromJson(saved, path));
   FERRY_ASSIGN_OR_RETURN(ModelConfig model, ResolveModel(job));
   const nlohmann::json given = JobSpecToJson(cmd.job, model);

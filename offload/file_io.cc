@@ -1,17 +1,25 @@
 #include "offload/file_io.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 
 namespace ferry {
 namespace {
 
-Status WriteAllAndSync(int fd, std::span<const std::byte> data, const std::string& path) {
+// A file that cannot be created is an I/O error even when the reason is a missing folder (ENOENT,
+// which FromErrno calls NotFound: that code is for what a read expected to exist).
+Status CreateError(int err, const std::string& path) {
+  if (err == ENOENT) return Status::IOError("create " + path + ": " + std::strerror(err));
+  return Status::FromErrno(err, "create " + path);
+}
+
+Status WriteAll(int fd, std::span<const std::byte> data, const std::string& path) {
   const std::byte* p = data.data();
   size_t n = data.size();
   while (n > 0) {
@@ -23,18 +31,23 @@ Status WriteAllAndSync(int fd, std::span<const std::byte> data, const std::strin
     p += w;
     n -= size_t(w);
   }
-  if (::fsync(fd) != 0) return Status::FromErrno(errno, "fsync " + path);
   return Status::Ok();
+}
+
+// Creates (or truncates) `path`, writes `data`, fsyncs it when `sync`, closes it.
+Status WriteFile(const std::string& path, std::span<const std::byte> data, bool sync) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return CreateError(errno, path);
+  Status s = WriteAll(fd, data, path);
+  if (s.ok() && sync && ::fsync(fd) != 0) s = Status::FromErrno(errno, "fsync " + path);
+  if (::close(fd) != 0 && s.ok()) s = Status::FromErrno(errno, "close " + path);
+  return s;
 }
 
 }  // namespace
 
 Status WriteFileDurably(const std::string& path, std::span<const std::byte> data) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::FromErrno(errno, "create " + path);
-  Status s = WriteAllAndSync(fd, data, path);
-  if (::close(fd) != 0 && s.ok()) s = Status::FromErrno(errno, "close " + path);
-  return s;
+  return WriteFile(path, data, /*sync=*/true);
 }
 
 Status SyncDirectory(const std::string& dir) {
@@ -61,23 +74,21 @@ Status WriteFileAtomically(const std::string& path, std::span<const std::byte> d
 }
 
 Status WriteFileAtomically(const std::string& path, std::string_view text) {
-  return WriteFileAtomically(path, std::as_bytes(std::span(text.data(), text.size())));
+  return WriteFileAtomically(path, AsBytes(text));
 }
 
 Status WriteTextFile(const std::string& path, std::string_view text) {
-  std::ofstream out(path, std::ios::trunc | std::ios::binary);
-  if (!out) return Status::IOError(path + ": cannot open for writing");
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  out.flush();
-  if (!out) return Status::IOError(path + ": write failed");
-  return Status::Ok();
+  return WriteFile(path, AsBytes(text), /*sync=*/false);
 }
 
-Result<std::vector<std::byte>> ReadWholeFile(const std::string& path) {
+Result<std::string> ReadWholeFile(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Status::FromErrno(errno, "open " + path);
-  std::vector<std::byte> out;
-  std::byte buf[1 << 16];
+  // The size is a hint only (sysfs and /proc files say 4096 or 0): read until end of file.
+  struct stat st {};
+  std::string out;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) out.reserve(size_t(st.st_size));
+  char buf[1 << 16];
   for (;;) {
     const ssize_t r = ::read(fd, buf, sizeof(buf));
     if (r < 0) {
@@ -87,7 +98,7 @@ Result<std::vector<std::byte>> ReadWholeFile(const std::string& path) {
       return Status::FromErrno(err, "read " + path);
     }
     if (r == 0) break;
-    out.insert(out.end(), buf, buf + r);
+    out.append(buf, size_t(r));
   }
   ::close(fd);
   return out;

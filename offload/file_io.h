@@ -17,19 +17,31 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "kernels/status.h"
 
 namespace ferry {
 
+// The whole file, its bytes as they are (text or binary). Errors name the call, the path and the
+// operating system's reason ("open <path>: No such file or directory"): NotFound when the file
+// does not exist, IOError (or NoSpace) otherwise. Callers add what the file was for with
+// WithContext.
+Result<std::string> ReadWholeFile(const std::string& path);
+
+// Writes `text` to `path` (created or truncated), without fsync: for files a crash may lose (a
+// plan's timeline, a model folder being written). IOError naming the path when the file cannot
+// be created (a missing folder included) or written.
+[[nodiscard]] Status WriteTextFile(const std::string& path, std::string_view text);
+
+// The durable writes (see above); errors as WriteTextFile's.
 [[nodiscard]] Status WriteFileDurably(const std::string& path, std::span<const std::byte> data);
 [[nodiscard]] Status WriteFileAtomically(const std::string& path, std::span<const std::byte> data);
 [[nodiscard]] Status WriteFileAtomically(const std::string& path, std::string_view text);
 [[nodiscard]] Status SyncDirectory(const std::string& dir);
-// Writes `text` to `path` (truncating), without fsync; IOError naming the path on failure.
-[[nodiscard]] Status WriteTextFile(const std::string& path, std::string_view text);
-// The whole file; NotFound or IOError naming it.
-Result<std::vector<std::byte>> ReadWholeFile(const std::string& path);
+
+// The bytes of `s` (a file read whole, for a checksum or a codec).
+inline std::span<const std::byte> AsBytes(std::string_view s) {
+  return std::as_bytes(std::span(s.data(), s.size()));
+}
 
 }  // namespace ferry

@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <string>
 #include <string_view>
@@ -17,6 +16,7 @@
 
 #include "engine/job/model_source.h"
 #include "engine/json.h"
+#include "offload/file_io.h"
 
 namespace ferry {
 namespace {
@@ -216,10 +216,8 @@ nlohmann::json JobSpecToJson(const JobSpec& job, const ModelConfig& model) {
 
 Status WriteJobJson(const JobSpec& job, const ModelConfig& model) {
   const std::string path = job.out + "/job.json";
-  std::ofstream f(path, std::ios::trunc);
-  f << JobSpecToJson(job, model).dump(2) << "\n";
-  f.close();
-  if (!f) return Status::IOError("cannot write " + path + "; choose another --out");
+  Status s = WriteTextFile(path, JobSpecToJson(job, model).dump(2) + "\n");
+  if (!s.ok()) return Status::IOError(s.message() + "; choose another --out");
   return Status::Ok();
 }
 

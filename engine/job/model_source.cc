@@ -1,11 +1,11 @@
 #include "engine/job/model_source.h"
 
 #include <filesystem>
-#include <fstream>
 
 #include "engine/json.h"
 #include "engine/model/master_weights.h"
 #include "engine/text/byte_tokenizer.h"
+#include "offload/file_io.h"
 
 namespace ferry {
 namespace {
@@ -30,13 +30,14 @@ bool HasWeights(const std::string& dir) {
 // "model" (relative to the current folder) or "model_path" (absolute, written since).
 Result<std::string> RunBase(const std::string& run) {
   const std::string path = run + "/job.json";
-  std::ifstream in(path);
+  Result<std::string> text = ReadWholeFile(path);
   const std::string give = "; give the base model as --model BASE --adapter " + run;
-  if (!in) {
+  if (text.status().code() == StatusCode::kNotFound) {
     return Status::NotFound("--model " + run +
                             " holds a LoRA adapter but no base weights and no job.json" + give);
   }
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!text.ok()) return text.status();
+  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   std::string model, model_path;
   if (j.is_object() && j.contains("model") && j["model"].is_string()) model = j["model"];
   if (j.is_object() && j.contains("model_path") && j["model_path"].is_string()) {

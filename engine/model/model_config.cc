@@ -1,14 +1,13 @@
 #include "engine/model/model_config.h"
 
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <numbers>
-#include <sstream>
 #include <utility>
 
 #include "engine/json.h"
 #include "kernels/ops/rope_math.h"
+#include "offload/file_io.h"
 
 namespace ferry {
 namespace {
@@ -303,11 +302,9 @@ Result<ModelConfig> ParseHfConfig(std::string_view json_text) {
 }
 
 Result<ModelConfig> LoadHfConfig(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::NotFound("cannot read model config " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  Result<ModelConfig> c = ParseHfConfig(ss.str());
+  Result<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) return text.status().WithContext("model config");
+  Result<ModelConfig> c = ParseHfConfig(*text);
   if (!c.ok()) return c.status().WithContext(path);
   return c;
 }

@@ -2,9 +2,7 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "engine/json.h"
 #include "engine/model/weights_io.h"
@@ -20,15 +18,6 @@ constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
 constexpr const char* kAdapterConfig = "adapter_config.json";
 constexpr const char* kAdapterWeights = "adapter_model.safetensors";
-
-Result<std::string> ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::NotFound("cannot read " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return Status::IOError("error reading " + path);
-  return ss.str();
-}
 
 // Buffers transformers keeps out of the parameters (and ignores when a checkpoint has them).
 bool IsHarmlessBuffer(const ModelConfig& c, const std::string& name) {
@@ -118,7 +107,7 @@ Result<FolderWeights> FolderWeights::Open(const std::string& dir) {
     w.files_.push_back(std::move(f));
     return w;
   }
-  FERRY_ASSIGN_OR_RETURN(std::string text, ReadText(index_path));
+  FERRY_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(index_path));
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   auto bad = [&](const std::string& what) {
     return Status::InvalidArgument(index_path + ": " + what);
@@ -304,7 +293,7 @@ Result<LoadedModel> LoadModelFolder(const std::string& dir, const std::string& a
   FERRY_ASSIGN_OR_RETURN(m.config, LoadHfConfig(config_path));
   if (!adapter_dir.empty()) {
     const std::string path = adapter_dir + "/" + kAdapterConfig;
-    FERRY_ASSIGN_OR_RETURN(std::string text, ReadText(path));
+    FERRY_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path));
     Result<LoraConfig> lora = ParsePeftAdapterConfig(text, m.config);
     if (!lora.ok()) return lora.status().WithContext(adapter_dir);
     m.lora = *lora;

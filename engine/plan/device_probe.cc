@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <span>
 #include <utility>
 #include <vector>
@@ -15,6 +14,7 @@
 #include "kernels/host_memory.h"
 #include "kernels/ops/cast.h"
 #include "kernels/ops/gemm.h"
+#include "offload/file_io.h"
 #ifdef FERRY_WITH_CUDA
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -79,10 +79,9 @@ Result<double> ProbeGemm(Device& d, DType t, int64_t n, int launches, int repeat
 
 // The first line of a sysfs file, or empty when it cannot be read.
 std::string ReadLine(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
+  Result<std::string> text = ReadWholeFile(path.string());
+  if (!text.ok()) return "";
+  return text->substr(0, text->find('\n'));
 }
 
 // PCIe generation of a link speed ("16.0 GT/s PCIe"): 2.5 -> 1, 5 -> 2, 8 -> 3, then doubling.

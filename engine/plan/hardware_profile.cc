@@ -2,13 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <string>
 
 #include "engine/json.h"
 #include "engine/plan/byte_size.h"
+#include "offload/file_io.h"
 
 namespace ferry::plan {
 namespace {
@@ -274,11 +273,9 @@ Result<HardwareProfile> ParseHardwareProfile(std::string_view json_text, std::st
 }
 
 Result<HardwareProfile> LoadHardwareProfile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::NotFound("hardware profile " + path + ": cannot open the file");
-  std::stringstream text;
-  text << in.rdbuf();
-  return ParseHardwareProfile(text.str(), path);
+  Result<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) return text.status().WithContext("hardware profile");
+  return ParseHardwareProfile(*text, path);
 }
 
 std::string HardwareProfileToJson(const HardwareProfile& p) {
@@ -329,12 +326,7 @@ std::string HardwareProfileToJson(const HardwareProfile& p) {
 }
 
 Status SaveHardwareProfile(const HardwareProfile& profile, const std::string& path) {
-  std::ofstream out(path, std::ios::trunc);
-  if (!out) return Status::IOError("hardware profile " + path + ": cannot open for writing");
-  out << HardwareProfileToJson(profile);
-  out.flush();
-  if (!out) return Status::IOError("hardware profile " + path + ": write failed");
-  return Status::Ok();
+  return WriteTextFile(path, HardwareProfileToJson(profile)).WithContext("hardware profile");
 }
 
 Result<BudgetOverrides> ParseBudgetOverrides(std::string_view gpu_memory,

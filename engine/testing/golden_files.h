@@ -6,12 +6,12 @@
 #pragma once
 
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "engine/json.h"
+#include "offload/file_io.h"
 
 namespace ferry::testing {
 
@@ -33,10 +33,8 @@ inline std::string GoldenPath(std::string_view model, std::string_view file) {
 
 // The whole text of a file ("" when it cannot be read: the caller's parse then fails loudly).
 inline std::string ReadTextFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  Result<std::string> text = ReadWholeFile(path);
+  return text.ok() ? std::move(*text) : std::string();
 }
 
 // The golden.json sidecar of a model (discarded JSON when missing or malformed).

@@ -1,11 +1,12 @@
 #include "engine/text/tokenizer.h"
 
-#include <fstream>
-#include <sstream>
+#include <optional>
+#include <utility>
 
 #include "engine/json.h"
 #include "engine/text/bpe_tokenizer.h"
 #include "engine/text/byte_tokenizer.h"
+#include "offload/file_io.h"
 
 namespace ferry {
 namespace {
@@ -61,18 +62,16 @@ std::unique_ptr<Tokenizer> MakeByteTokenizer() { return std::make_unique<ByteLev
 
 namespace {
 
-// The file's text, or nullopt when it cannot be read.
-std::optional<std::string> ReadWhole(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+// The text of a file the folder may lack: nullopt when it cannot be read.
+std::optional<std::string> ReadOptional(const std::string& path) {
+  Result<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) return std::nullopt;
+  return std::move(*text);
 }
 
 // tokenizer_config.json's bos_token / eos_token / pad_token: a string or {"content": ...}.
 Status ReadTokenNames(const std::string& path, SpecialTokenChoice* c) {
-  std::optional<std::string> text = ReadWhole(path);
+  std::optional<std::string> text = ReadOptional(path);
   if (!text) return Status::Ok();  // optional file
   nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
   if (!j.is_object()) return Status::InvalidArgument(path + ": not a JSON object");
@@ -97,7 +96,7 @@ Status ReadTokenNames(const std::string& path, SpecialTokenChoice* c) {
 
 // config.json's bos_token_id / eos_token_id (a number or a list: the first) / pad_token_id.
 void ReadTokenIds(const std::string& path, SpecialTokenChoice* c) {
-  std::optional<std::string> text = ReadWhole(path);
+  std::optional<std::string> text = ReadOptional(path);
   if (!text) return;
   nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
   if (!j.is_object()) return;  // config.json's own reader reports a broken file
@@ -118,11 +117,12 @@ void ReadTokenIds(const std::string& path, SpecialTokenChoice* c) {
 
 Result<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& dir) {
   const std::string path = dir + "/tokenizer.json";
-  std::optional<std::string> text = ReadWhole(path);
-  if (!text) {
-    return Status::NotFound("cannot read " + path +
+  Result<std::string> text = ReadWholeFile(path);
+  if (text.status().code() == StatusCode::kNotFound) {
+    return Status::NotFound(text.status().message() +
                             " (ferry reads Hugging Face tokenizer.json files only)");
   }
+  if (!text.ok()) return text.status();
   SpecialTokenChoice choice;
   ReadTokenIds(dir + "/config.json", &choice);
   FERRY_RETURN_IF_ERROR(ReadTokenNames(dir + "/tokenizer_config.json", &choice));

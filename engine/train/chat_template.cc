@@ -1,10 +1,10 @@
 #include "engine/train/chat_template.h"
 
-#include <fstream>
-#include <sstream>
+#include <utility>
 
 #include "engine/json.h"
 #include "engine/text/utf8_text.h"
+#include "offload/file_io.h"
 
 namespace ferry {
 namespace {
@@ -55,13 +55,12 @@ struct Writer {
   }
 };
 
+// Whether `path` could be read whole into `out` (the folder may lack it).
 bool ReadText(const std::string& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  *out = ss.str();
-  return bool(in) || in.eof();
+  Result<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) return false;
+  *out = std::move(*text);
+  return true;
 }
 
 Result<RenderedText> RenderMistral(std::span<const ChatMessage> messages) {

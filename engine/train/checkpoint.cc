@@ -73,7 +73,8 @@ Status WriteTensorFile(const SafetensorsWriter& writer, const std::string& tmp_d
                        const std::string& name, bool compress, nlohmann::json& files) {
   const std::string raw_path = tmp_dir + "/" + name;
   FERRY_RETURN_IF_ERROR(writer.Write(raw_path));  // fsynced by the writer
-  FERRY_ASSIGN_OR_RETURN(std::vector<std::byte> raw, ReadWholeFile(raw_path));
+  FERRY_ASSIGN_OR_RETURN(std::string raw_file, ReadWholeFile(raw_path));
+  const std::span<const std::byte> raw = AsBytes(raw_file);
   nlohmann::json entry = {{"raw_bytes", raw.size()}, {"compression", "none"}};
   std::string stored_name = name;
   std::span<const std::byte> stored = raw;
@@ -95,23 +96,25 @@ Status WriteTensorFile(const SafetensorsWriter& writer, const std::string& tmp_d
   return Status::Ok();
 }
 
-// A verified file of a checkpoint, decompressed.
-Result<std::vector<std::byte>> ReadVerified(const std::string& dir, const std::string& name,
-                                            const nlohmann::json& entry) {
+// A verified file of a checkpoint, decompressed (its bytes in a string).
+Result<std::string> ReadVerified(const std::string& dir, const std::string& name,
+                                 const nlohmann::json& entry) {
   const std::string path = dir + "/" + name;
-  FERRY_ASSIGN_OR_RETURN(std::vector<std::byte> stored, ReadWholeFile(path));
+  FERRY_ASSIGN_OR_RETURN(std::string stored, ReadWholeFile(path));
   const size_t want = entry.value("bytes", size_t(0));
   if (stored.size() != want) {
     return Status::Corruption(path + " holds " + std::to_string(stored.size()) +
                               " bytes, state.json says " + std::to_string(want) + " (truncated?)");
   }
-  if (Crc32c(stored) != entry.value("crc32c", uint32_t(0))) {
+  if (Crc32c(AsBytes(stored)) != entry.value("crc32c", uint32_t(0))) {
     return Status::Corruption(path + " fails its CRC-32C checksum (the file is corrupt)");
   }
   if (entry.value("compression", "none") != "zstd") return stored;
-  std::vector<std::byte> raw(entry.value("raw_bytes", size_t(0)));
+  std::string raw(entry.value("raw_bytes", size_t(0)), '\0');
   ZstdCodec codec;
-  FERRY_RETURN_IF_ERROR(codec.Decompress(stored, raw).WithContext(path));
+  FERRY_RETURN_IF_ERROR(
+      codec.Decompress(AsBytes(stored), std::as_writable_bytes(std::span(raw.data(), raw.size())))
+          .WithContext(path));
   return raw;
 }
 
@@ -234,9 +237,8 @@ Result<std::string> SaveCheckpoint(const std::string& run_dir, const Trainer& tr
 
 Result<CheckpointState> ReadCheckpoint(const std::string& dir) {
   const std::string state_path = dir + "/state.json";
-  FERRY_ASSIGN_OR_RETURN(std::vector<std::byte> text, ReadWholeFile(state_path));
-  const nlohmann::json state = nlohmann::json::parse(
-      std::string_view(reinterpret_cast<const char*>(text.data()), text.size()), nullptr, false);
+  FERRY_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(state_path));
+  const nlohmann::json state = nlohmann::json::parse(text, nullptr, false);
   if (state.is_discarded() || !state.is_object() || !state.contains("files") ||
       !state["files"].is_object() || !state.contains("step") ||
       !state["step"].is_number_integer()) {
@@ -257,20 +259,19 @@ Result<CheckpointState> ReadCheckpoint(const std::string& dir) {
     if (!entry.is_object()) return Status::Corruption(state_path + ": bad entry for " + name);
   }
   FERRY_ASSIGN_OR_RETURN(
-      std::vector<std::byte> metrics,
+      out.meta.metrics,
       ReadVerified(dir, "metrics.jsonl", files.value("metrics.jsonl", nlohmann::json::object())));
-  out.meta.metrics.assign(reinterpret_cast<const char*>(metrics.data()), metrics.size());
 
   FERRY_ASSIGN_OR_RETURN(std::string weights_name, FileNamed(files, "trainable.safetensors", dir));
-  FERRY_ASSIGN_OR_RETURN(std::vector<std::byte> weights,
-                         ReadVerified(dir, weights_name, files[weights_name]));
-  FERRY_ASSIGN_OR_RETURN(auto weight_tensors, ParseTensors(weights, dir + "/" + weights_name));
+  FERRY_ASSIGN_OR_RETURN(std::string weights, ReadVerified(dir, weights_name, files[weights_name]));
+  FERRY_ASSIGN_OR_RETURN(auto weight_tensors,
+                         ParseTensors(AsBytes(weights), dir + "/" + weights_name));
   out.trainable.tensors = std::move(weight_tensors);
 
   FERRY_ASSIGN_OR_RETURN(std::string moments_name, FileNamed(files, "optimizer.safetensors", dir));
-  FERRY_ASSIGN_OR_RETURN(std::vector<std::byte> moments,
-                         ReadVerified(dir, moments_name, files[moments_name]));
-  FERRY_ASSIGN_OR_RETURN(auto moment_tensors, ParseTensors(moments, dir + "/" + moments_name));
+  FERRY_ASSIGN_OR_RETURN(std::string moments, ReadVerified(dir, moments_name, files[moments_name]));
+  FERRY_ASSIGN_OR_RETURN(auto moment_tensors,
+                         ParseTensors(AsBytes(moments), dir + "/" + moments_name));
   for (auto& [name, values] : moment_tensors) {
     const auto ends_with = [&](const std::string& suffix) {
       return name.size() > suffix.size() &&
@@ -292,8 +293,8 @@ Result<CheckpointState> LoadLatestCheckpoint(const std::string& run_dir,
                                              const std::function<void(const std::string&)>& warn) {
   const std::string parent = CheckpointsDir(run_dir);
   std::vector<std::string> order;
-  if (Result<std::vector<std::byte>> latest = ReadWholeFile(parent + "/latest"); latest.ok()) {
-    std::string name(reinterpret_cast<const char*>(latest->data()), latest->size());
+  if (Result<std::string> latest = ReadWholeFile(parent + "/latest"); latest.ok()) {
+    std::string name = std::move(*latest);
     while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
     if (StepOfName(name) >= 0) order.push_back(name);
   }

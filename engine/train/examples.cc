@@ -1,11 +1,10 @@
 #include "engine/train/examples.h"
 
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "engine/json.h"
 #include "engine/train/dataset.h"
+#include "offload/file_io.h"
 
 namespace ferry {
 namespace {
@@ -18,13 +17,13 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
+// The data file's bytes; a missing one names --data.
 Result<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::NotFound("cannot open " + path + "; check --data");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return Status::IOError("cannot read " + path);
-  return ss.str();
+  Result<std::string> bytes = ReadWholeFile(path);
+  if (bytes.status().code() == StatusCode::kNotFound) {
+    return Status::NotFound(bytes.status().message() + "; check --data");
+  }
+  return bytes;
 }
 
 // Text trained whole: BOS (the tokenizer's rule), the text, and the appended EOS.
@@ -274,11 +273,7 @@ Status WriteTokenFile(const std::string& path, std::span<const std::vector<int32
   for (const std::vector<int32_t>& d : documents) {
     for (int32_t id : d) width == 2 ? put(uint16_t(id)) : put(uint32_t(id));
   }
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(out.data(), std::streamsize(out.size()));
-  f.close();
-  if (!f) return Status::IOError("cannot write " + path);
-  return Status::Ok();
+  return WriteTextFile(path, out);
 }
 
 }  // namespace ferry
