@@ -34,14 +34,23 @@ Status WriteAll(int fd, std::span<const std::byte> data, const std::string& path
   return Status::Ok();
 }
 
-// Creates (or truncates) `path`, writes `data`, fsyncs it when `sync`, closes it.
-Status WriteFile(const std::string& path, std::span<const std::byte> data, bool sync) {
+// Creates (or truncates) `path`, writes the pieces one after another, fsyncs it when `sync`,
+// closes it.
+Status WriteFile(const std::string& path, std::span<const std::span<const std::byte>> pieces,
+                 bool sync) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return CreateError(errno, path);
-  Status s = WriteAll(fd, data, path);
+  Status s;
+  for (std::span<const std::byte> piece : pieces) {
+    if (s.ok()) s = WriteAll(fd, piece, path);
+  }
   if (s.ok() && sync && ::fsync(fd) != 0) s = Status::FromErrno(errno, "fsync " + path);
   if (::close(fd) != 0 && s.ok()) s = Status::FromErrno(errno, "close " + path);
   return s;
+}
+
+Status WriteFile(const std::string& path, std::span<const std::byte> data, bool sync) {
+  return WriteFile(path, std::span(&data, 1), sync);
 }
 
 }  // namespace
@@ -59,9 +68,10 @@ Status SyncDirectory(const std::string& dir) {
   return s;
 }
 
-Status WriteFileAtomically(const std::string& path, std::span<const std::byte> data) {
+Status WritePiecesAtomically(const std::string& path,
+                             std::span<const std::span<const std::byte>> pieces) {
   const std::string tmp = path + ".tmp";
-  Status s = WriteFileDurably(tmp, data);
+  Status s = WriteFile(tmp, pieces, /*sync=*/true);
   if (s.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
     s = Status::FromErrno(errno, "rename " + tmp + " to " + path);
   }
@@ -71,6 +81,10 @@ Status WriteFileAtomically(const std::string& path, std::span<const std::byte> d
   }
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   return SyncDirectory(parent.empty() ? "." : parent.string());
+}
+
+Status WriteFileAtomically(const std::string& path, std::span<const std::byte> data) {
+  return WritePiecesAtomically(path, std::span(&data, 1));
 }
 
 Status WriteFileAtomically(const std::string& path, std::string_view text) {

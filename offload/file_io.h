@@ -37,6 +37,10 @@ Result<std::string> ReadWholeFile(const std::string& path);
 [[nodiscard]] Status WriteFileDurably(const std::string& path, std::span<const std::byte> data);
 [[nodiscard]] Status WriteFileAtomically(const std::string& path, std::span<const std::byte> data);
 [[nodiscard]] Status WriteFileAtomically(const std::string& path, std::string_view text);
+// WriteFileAtomically of the pieces' concatenation, written one after another (a header and the
+// data behind it need not be copied together first).
+[[nodiscard]] Status WritePiecesAtomically(const std::string& path,
+                                           std::span<const std::span<const std::byte>> pieces);
 [[nodiscard]] Status SyncDirectory(const std::string& dir);
 
 // The bytes of `s` (a file read whole, for a checksum or a codec).

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <span>
 #include <string>
 
 namespace ferry {
@@ -32,6 +33,10 @@ TEST(FileIo, ReadsBackEveryByte) {
   EXPECT_EQ(*back, bytes);
   ASSERT_TRUE(WriteFileAtomically(path, std::string_view("new")).ok());
   EXPECT_EQ(*ReadWholeFile(path), "new");
+  const std::span<const std::byte> pieces[] = {AsBytes("head"), AsBytes(""), AsBytes("tail")};
+  ASSERT_TRUE(WritePiecesAtomically(path, pieces).ok());
+  EXPECT_EQ(*ReadWholeFile(path), "headtail");
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
   EXPECT_EQ(AsBytes("ab").size(), 2u);
 }
 

@@ -7,13 +7,13 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <set>
 #include <utility>
 
 #include "engine/json.h"
+#include "offload/file_io.h"
 
 namespace ferry {
 namespace {
@@ -113,20 +113,6 @@ Result<SafetensorsTensorInfo> ParseEntry(const std::string& name, const json& v,
   info.offset = data_begin + size_t(begin);
   info.bytes = size_t(bytes);
   return info;
-}
-
-Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return Status::FromErrno(errno, "write " + path);
-    }
-    p += w;
-    n -= size_t(w);
-  }
-  return Status::Ok();
 }
 
 }  // namespace
@@ -406,24 +392,13 @@ Status WriteSafetensors(const std::string& path, std::span<const SafetensorsWrit
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
-  unsigned char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(uint64_t(text.size()) >> (8 * i));
+  std::byte len[8];
+  for (int i = 0; i < 8; ++i) len[i] = std::byte(uint64_t(text.size()) >> (8 * i));
 
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::FromErrno(errno, "create " + tmp);
-  Status s = WriteAll(fd, len, 8, tmp);
-  if (s.ok()) s = WriteAll(fd, text.data(), text.size(), tmp);
-  for (const SafetensorsWriteTensor& t : tensors) {
-    if (s.ok()) s = WriteAll(fd, t.data.data(), t.data.size(), tmp);
-  }
-  if (s.ok() && ::fsync(fd) != 0) s = Status::FromErrno(errno, "fsync " + tmp);
-  if (::close(fd) != 0 && s.ok()) s = Status::FromErrno(errno, "close " + tmp);
-  if (s.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
-    s = Status::FromErrno(errno, "rename " + tmp + " to " + path);
-  }
-  if (!s.ok()) ::unlink(tmp.c_str());
-  return s;
+  // The 8-byte header length, the header, then each tensor's bytes.
+  std::vector<std::span<const std::byte>> pieces = {len, AsBytes(text)};
+  for (const SafetensorsWriteTensor& t : tensors) pieces.push_back(t.data);
+  return WritePiecesAtomically(path, pieces);
 }
 
 void SafetensorsWriter::Add(std::string name, std::vector<int64_t> shape,
