@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "engine/job/job_spec.h"
 #include "engine/job/model_source.h"
 #include "engine/json.h"
 #include "engine/model/model_runner.h"
@@ -20,6 +21,7 @@ Status Run(const EvalCommand& cmd) {
     return Status::InvalidArgument(
         "--seq-len must be at least 2, --batch-size at least 1, --max-batches 0 or more");
   }
+  FERRY_RETURN_IF_ERROR(ValidateThreads(cmd.threads));
   FERRY_ASSIGN_OR_RETURN(InferenceModel loaded,
                          LoadInferenceModel(cmd.model, cmd.adapter, cmd.seed));
   const LoadedModel& m = loaded.model;

@@ -6,6 +6,7 @@
 #include <iterator>
 #include <thread>
 
+#include "engine/job/job_spec.h"
 #include "engine/job/model_source.h"
 #include "engine/model/generator.h"
 #include "kernels/cpu/cpu_device.h"
@@ -30,6 +31,7 @@ Status Run(const GenerateCommand& cmd) {
   const SamplingOptions sampling{cmd.temperature, cmd.top_p, cmd.top_k, cmd.seed};
   FERRY_RETURN_IF_ERROR(ValidateSamplingOptions(sampling));
   if (cmd.max_tokens < 1) return Status::InvalidArgument("--max-tokens must be at least 1");
+  FERRY_RETURN_IF_ERROR(ValidateThreads(cmd.threads));
   std::string prompt = cmd.prompt;
   if (cmd.app == nullptr || cmd.app->count("--prompt") == 0) {
     prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());

@@ -4,8 +4,13 @@
 // change); 2 the requested work is not available in this build yet; 3 `ferry plan`: nothing fits;
 // 128 + signal (130 SIGINT, 143 SIGTERM): `ferry train` stopped by a signal, checkpoint saved.
 #include <CLI/CLI.hpp>
+#include <csignal>
+#include <cstdio>
+#include <exception>
 #include <string>
+#include <vector>
 
+#include "apps/cli_suggestions.h"
 #include "apps/demo_command.h"
 #include "apps/eval_command.h"
 #include "apps/generate_command.h"
@@ -35,7 +40,9 @@ std::string VersionText() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace {
+
+int Main(int argc, char** argv) {
   CLI::App app{"ferry — fine-tune large language models on consumer GPUs"};
   app.require_subcommand(1);
   app.set_version_flag("--version", VersionText, "Print ferry's version, build and GEMM path");
@@ -63,12 +70,13 @@ int main(int argc, char** argv) {
   } catch (const CLI::RuntimeError& e) {
     return e.get_exit_code();  // a subcommand's own failure, already reported
   } catch (const CLI::ParseError& e) {
-    // One line: what is wrong, and where to look.
-    std::fprintf(stderr, "ferry: %s (see ferry %s--help)\n", e.what(),
-                 train.app->parsed()      ? "train "
-                 : plan.app->parsed()     ? "plan "
-                 : generate.app->parsed() ? "generate "
-                                          : "");
+    // One line: what is wrong (with a suggestion for a misspelled name), and where to look.
+    const std::vector<CLI::App*> selected = app.get_subcommands();
+    const CLI::App* sub = selected.empty() ? nullptr : selected.front();
+    const std::string advice = ferry::SuggestForArguments(app, sub, argc, argv);
+    std::fprintf(stderr, "ferry: %s (see ferry %s--help)\n",
+                 advice.empty() ? e.what() : advice.c_str(),
+                 sub == nullptr ? "" : (sub->get_name() + " ").c_str());
     return 1;
   }
   if (train.app->parsed()) return ferry::RunTrainCommand(train);
@@ -78,4 +86,21 @@ int main(int argc, char** argv) {
   if (generate.app->parsed()) return ferry::RunGenerateCommand(generate);
   if (tokenize.app->parsed()) return ferry::RunTokenizeCommand(tokenize);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // A write past RLIMIT_FSIZE is an I/O error (EFBIG) that names the file, not a crash.
+  ::signal(SIGXFSZ, SIG_IGN);
+  // No command aborts on an escaped exception (std::system_error from a thread that could not
+  // start, std::bad_alloc, ...): one line and exit code 1.
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry: failed: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "ferry: failed: an unknown exception\n");
+  }
+  return 1;
 }

@@ -43,6 +43,7 @@ Result<plan::PlanJob> PlanJobOf(const JobSpec& spec, const std::string& lora_tar
                                 bool micro_batches_given, const std::string& dtype) {
   Result<uint32_t> targets = ParseLoraTargets(lora_targets);
   if (!targets.ok()) return targets.status().WithContext("--lora-targets");
+  FERRY_RETURN_IF_ERROR(ValidateThreads(spec.threads));
   Result<DType> compute = ParseDType(dtype);
   if (!compute.ok() ||
       (*compute != DType::kBF16 && *compute != DType::kF16 && *compute != DType::kF32)) {

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "apps/plan_command.h"
+#include "engine/job/job_spec.h"
 #include "engine/plan/byte_size.h"
 #include "engine/plan/machine_probe.h"
 
@@ -30,6 +31,7 @@ int RunProbeCommand(ProbeCommand& cmd) {
     std::fprintf(stderr, "ferry probe: %s\n", s.message().c_str());
     return 1;
   };
+  if (Status s = ValidateThreads(cmd.threads); !s.ok()) return fail(s);
   Result<plan::HardwareProfile> base =
       plan::LoadHardwareProfile(ResolveConfigPath("hardware", cmd.base));
   if (!base.ok()) return fail(base.status().WithContext("--base"));

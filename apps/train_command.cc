@@ -5,9 +5,13 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <optional>
 #include <set>
+#include <sstream>
 
+#include "apps/cli_suggestions.h"
+#include "engine/job/run_folder.h"
 #include "engine/json.h"
 #include "engine/train/run_training.h"
 #include "engine/train/stop_signals.h"
@@ -20,21 +24,61 @@ namespace {
 // `lora-rank = 8`), shared by `ferry train` and `ferry plan`. CLI11 processes config files on the
 // top-level app only, so --config lives there (the subcommands let it fall through) and this
 // reader files top-level keys under the subcommand that was selected (train when none was).
+// CLI11 2.1 keeps no line numbers, so the reader notes each key's line itself and refuses an
+// unknown key naming the file, the line and the closest option ("did you mean").
 class JobFile : public CLI::ConfigTOML {
  public:
   explicit JobFile(const CLI::App* parent) : parent_(parent) {}
   std::vector<CLI::ConfigItem> from_config(std::istream& input) const override {
-    std::vector<CLI::ConfigItem> items = CLI::ConfigTOML::from_config(input);
+    const std::string text(std::istreambuf_iterator<char>(input), {});
+    std::istringstream copy(text);
+    std::vector<CLI::ConfigItem> items = CLI::ConfigTOML::from_config(copy);
     std::string section = "train";
     const std::vector<CLI::App*> selected = parent_->get_subcommands();
     if (!selected.empty()) section = selected.front()->get_name();
     for (CLI::ConfigItem& item : items) {
       if (item.parents.empty()) item.parents = {section};
+      if (item.name == "++" || item.name == "--" || item.parents.size() != 1) continue;
+      const CLI::App* sub = nullptr;
+      for (const CLI::App* s : parent_->get_subcommands([](const CLI::App*) { return true; })) {
+        if (s->get_name() == item.parents.front()) sub = s;
+      }
+      if (sub == nullptr || sub->get_option_no_throw("--" + item.name) != nullptr ||
+          parent_->get_option_no_throw("--" + item.name) != nullptr) {
+        continue;
+      }
+      std::vector<std::string> keys;
+      for (const std::string& flag : OptionNames(*sub)) keys.push_back(flag.substr(2));
+      const std::string near = ClosestName(item.name, keys);
+      throw CLI::ConfigError(FileName() + ":" + LineOf(text, item.name) + ": unknown key '" +
+                             item.name + "'" +
+                             (near.empty() ? "" : "; did you mean '" + near + "'?") +
+                             " (keys are `ferry " + sub->get_name() + "` options without dashes)");
     }
     return items;
   }
 
  private:
+  std::string FileName() const {
+    const CLI::Option* config = parent_->get_config_ptr();
+    return config != nullptr && !config->results().empty() ? config->results().back() : "job file";
+  }
+  // The first line that sets `key` (`key = ...`, `section.key = ...`), 1-based; "?" if none.
+  static std::string LineOf(const std::string& text, const std::string& key) {
+    std::istringstream lines(text);
+    int n = 0;
+    for (std::string line; std::getline(lines, line);) {
+      ++n;
+      const size_t eq = line.find('=');
+      if (eq == std::string::npos) continue;
+      std::string k = line.substr(0, eq);
+      k.erase(0, k.find_first_not_of(" \t"));
+      k.erase(k.find_last_not_of(" \t") + 1);
+      if (k == key || (k.size() > key.size() && k.ends_with("." + key))) return std::to_string(n);
+    }
+    return "?";
+  }
+
   const CLI::App* parent_;
 };
 
@@ -118,8 +162,13 @@ void AddTrainCommand(CLI::App& parent, TrainCommand* cmd) {
   t->add_option("--devices", j.devices,
                 "CPU devices: more than 1 plans the job for them and runs the planned pipeline")
       ->capture_default_str();
-  t->add_option("--out", j.out, "Run folder (created): weights, metrics.jsonl, job.json")
+  t->add_option("--out", j.out,
+                "Run folder (created; an existing one only for the same job): weights, "
+                "metrics.jsonl, job.json")
       ->capture_default_str();
+  t->add_flag("--force", cmd->force,
+              "Replace the run folder --out when it holds another job's run (never a folder "
+              "with files ferry did not write)");
   t->add_option("--save-every", j.save_every,
                 "Checkpoint every N updates into RUN_DIR/checkpoints (0: only at the end and on "
                 "SIGINT/SIGTERM)")
@@ -196,13 +245,28 @@ int RunTrainCommand(TrainCommand& cmd) {
   Result<ModelConfig> model = ResolveModel(job);
   if (!model.ok()) return fail(model.status());
   if (Status s = ValidateJobSpec(job, *model); !s.ok()) return fail(s);
-  if (Status s = PrepareRunFolder(job.out); !s.ok()) return fail(s);
-  if (Status s = control.resume ? WriteFileAtomically(job.out + "/job.json",
-                                                      JobSpecToJson(job, *model).dump(2) + "\n")
-                                : WriteJobJson(job, *model);
-      !s.ok()) {
-    return fail(s);
+  if (cmd.force && control.resume)
+    return fail(
+        Status::InvalidArgument("--force cannot be "
+                                "combined with --resume"));
+  const RunFolderMode mode = control.resume ? RunFolderMode::kResume
+                             : cmd.force    ? RunFolderMode::kForce
+                                            : RunFolderMode::kNew;
+  Result<RunFolderLock> lock = ClaimRunFolder(job, JobSpecToJson(job, *model), mode);
+  if (!lock.ok()) return fail(lock.status());
+  // A resumed run's job.json is rewritten once its checkpoint is chosen and accepted.
+  if (!control.resume) {
+    if (Status s = WriteJobJson(job, *model); !s.ok()) return fail(s);
   }
+  control.on_resume = [&job, &model](int64_t checkpoint_step) {
+    if (job.steps < checkpoint_step) {
+      return Status::InvalidArgument("--steps " + std::to_string(job.steps) +
+                                     " is below the checkpoint's step " +
+                                     std::to_string(checkpoint_step) + "; give --steps " +
+                                     std::to_string(checkpoint_step) + " or more");
+    }
+    return WriteJobJson(job, *model);
+  };
   Result<StopSignals> signals = StopSignals::Install();
   if (signals.ok()) {
     control.stop_requested = [&signals] { return signals->Poll(); };

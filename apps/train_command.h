@@ -14,6 +14,7 @@ struct TrainCommand {
   JobSpec job;
   std::string lora_targets = "all";
   std::string resume;  // --resume RUN_DIR; empty: a new run
+  bool force = false;  // --force: replace the run folder --out (engine/job/run_folder.h)
 };
 
 // Adds the job options `ferry train` and `ferry plan` share (model, data, steps, batch, sequence,

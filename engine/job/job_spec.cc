@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -156,7 +157,7 @@ Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
   if (!(job.grad_clip >= 0) || !std::isfinite(job.grad_clip)) {
     return Bad("--grad-clip must be 0 (off) or a positive number");
   }
-  if (job.threads < 0) return Bad("--threads must be 0 (all cores) or more");
+  FERRY_RETURN_IF_ERROR(ValidateThreads(job.threads));
   if (job.devices < 1 || job.devices > 64) return Bad("--devices must lie in [1, 64]");
   if (job.devices > 1 && (!job.val_data.empty() || job.val_fraction > 0)) {
     return Bad(
@@ -167,6 +168,18 @@ Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
   if (job.save_every < 0) return Bad("--save-every must be 0 (only at the end) or more");
   if (job.keep_checkpoints < 1) return Bad("--keep-checkpoints must be at least 1");
   return ValidateLoraConfig(job.lora);
+}
+
+Status ValidateThreads(int64_t threads) {
+  if (threads < 0) return Bad("--threads must be 0 (all cores) or more");
+  const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  if (threads > kThreadsPerCore * cores) {
+    return Bad("--threads " + std::to_string(threads) + " exceeds " +
+               std::to_string(kThreadsPerCore * cores) + " (" + std::to_string(kThreadsPerCore) +
+               " x this machine's " + std::to_string(cores) +
+               " hardware threads); give at most that, or 0 for all cores");
+  }
+  return Status::Ok();
 }
 
 Status PrepareRunFolder(const std::string& dir) {
@@ -215,9 +228,15 @@ nlohmann::json JobSpecToJson(const JobSpec& job, const ModelConfig& model) {
 }
 
 Status WriteJobJson(const JobSpec& job, const ModelConfig& model) {
+  // Written beside and renamed over: a full disk leaves no partial job.json behind.
   const std::string path = job.out + "/job.json";
-  Status s = WriteTextFile(path, JobSpecToJson(job, model).dump(2) + "\n");
-  if (!s.ok()) return Status::IOError(s.message() + "; choose another --out");
+  Status s = WriteFileAtomically(path, JobSpecToJson(job, model).dump(2) + "\n");
+  if (s.code() == StatusCode::kNoSpace) {
+    return s.WithContext(
+        "the disk is full (or the file size limit is reached); free space or "
+        "choose another --out");
+  }
+  if (!s.ok()) return s.WithContext("cannot write the job; choose another --out");
   return Status::Ok();
 }
 

@@ -66,6 +66,11 @@ Result<ModelConfig> ResolveModel(const JobSpec& job);
 // Checks sizes and hyperparameters against each other and the model.
 Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model);
 
+// --threads: 0 (all cores) up to kThreadsPerCore x this machine's hardware threads; the error
+// names the option, the bound and the machine's count.
+inline constexpr int64_t kThreadsPerCore = 4;
+Status ValidateThreads(int64_t threads);
+
 // Creates the run folder (and its parents) and proves it writable by creating and removing a
 // file in it. Errors name the folder and say to choose another --out.
 Status PrepareRunFolder(const std::string& dir);

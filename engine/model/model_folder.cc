@@ -368,16 +368,9 @@ Status WriteModelFolder(const std::string& dir, const ModelConfig& config,
 }
 
 Status CopyTokenizerFiles(const std::string& from_dir, const std::string& to_dir) {
-  static constexpr const char* kFiles[] = {"tokenizer.json",
-                                           "tokenizer_config.json",
-                                           "special_tokens_map.json",
-                                           "generation_config.json",
-                                           "tokenizer.model",
-                                           "vocab.json",
-                                           "merges.txt"};
   std::error_code ec;
   if (fs::equivalent(from_dir, to_dir, ec)) return Status::Ok();
-  for (const char* f : kFiles) {
+  for (const char* f : kTokenizerFileNames) {
     const fs::path from = fs::path(from_dir) / f;
     if (!fs::exists(from, ec)) continue;
     fs::copy_file(from, fs::path(to_dir) / f, fs::copy_options::overwrite_existing, ec);

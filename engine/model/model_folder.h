@@ -107,6 +107,15 @@ Status WriteModelFolder(const std::string& dir, const ModelConfig& config,
                         const std::vector<LayerSpec>& layers, const HostTensors& weights,
                         const ModelFolderWriteOptions& options = {});
 
+// The tokenizer and generation files CopyTokenizerFiles copies.
+inline constexpr const char* kTokenizerFileNames[] = {"tokenizer.json",
+                                                      "tokenizer_config.json",
+                                                      "special_tokens_map.json",
+                                                      "generation_config.json",
+                                                      "tokenizer.model",
+                                                      "vocab.json",
+                                                      "merges.txt"};
+
 // Copies tokenizer.json, tokenizer_config.json, special_tokens_map.json, generation_config.json
 // (and the sentencepiece tokenizer.model, vocab.json, merges.txt) from `from_dir` into `to_dir`,
 // each when present. Errors name the file.

@@ -289,8 +289,9 @@ Result<CheckpointState> ReadCheckpoint(const std::string& dir) {
   return out;
 }
 
-Result<CheckpointState> LoadLatestCheckpoint(const std::string& run_dir,
-                                             const std::function<void(const std::string&)>& warn) {
+Result<CheckpointState> LoadLatestCheckpoint(
+    const std::string& run_dir, const std::function<void(const std::string&)>& warn,
+    const std::function<Status(const CheckpointState&)>& accept) {
   const std::string parent = CheckpointsDir(run_dir);
   std::vector<std::string> order;
   if (Result<std::string> latest = ReadWholeFile(parent + "/latest"); latest.ok()) {
@@ -303,8 +304,9 @@ Result<CheckpointState> LoadLatestCheckpoint(const std::string& run_dir,
   }
   for (const std::string& name : order) {
     Result<CheckpointState> c = ReadCheckpoint(parent + "/" + name);
-    if (c.ok()) return c;
-    if (warn) warn("skipping checkpoint " + name + ": " + c.status().message());
+    Status s = c.ok() && accept ? accept(*c) : c.status();
+    if (s.ok()) return c;
+    if (warn) warn("skipping checkpoint " + name + ": " + s.message());
   }
   return Status::NotFound("no intact checkpoint in " + parent +
                           "; start a new run (ferry train --out ...) instead of --resume");

@@ -89,8 +89,11 @@ Result<CheckpointState> ReadCheckpoint(const std::string& dir);
 
 // The newest intact checkpoint of `run_dir` (see above); `warn` gets one line per checkpoint
 // skipped. NotFound, with advice, when there is none.
-Result<CheckpointState> LoadLatestCheckpoint(const std::string& run_dir,
-                                             const std::function<void(const std::string&)>& warn);
+// `accept`, when given, is asked about each intact one: a non-ok Status (a checkpoint of another
+// job) skips it with a warning like a corrupt one.
+Result<CheckpointState> LoadLatestCheckpoint(
+    const std::string& run_dir, const std::function<void(const std::string&)>& warn,
+    const std::function<Status(const CheckpointState&)>& accept = {});
 
 // Overwrites the trainable parameters of `weights` with the checkpoint's. InvalidArgument naming
 // the tensor when one is missing or mis-sized (a checkpoint of another model).

@@ -10,6 +10,7 @@
 #include <optional>
 #include <thread>
 
+#include "engine/job/run_folder.h"
 #include "engine/json.h"
 #include "engine/model/master_weights.h"
 #include "engine/model/model_folder.h"
@@ -69,11 +70,20 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
 
   std::vector<LayerSpec> layers = BuildLayerSpecs(model, job.lora);
   FERRY_ASSIGN_OR_RETURN(HostTensors weights, InitialWeights(job.model, model, layers, job.seed));
+  CheckpointMeta meta;
+  meta.job = JobSpecToJson(job, model);
   std::optional<CheckpointState> resumed;
   if (control.resume) {
-    FERRY_ASSIGN_OR_RETURN(resumed, LoadLatestCheckpoint(job.out, [](const std::string& w) {
-                             std::fprintf(stderr, "ferry train: warning: %s\n", w.c_str());
-                           }));
+    FERRY_ASSIGN_OR_RETURN(
+        resumed, LoadLatestCheckpoint(
+                     job.out,
+                     [](const std::string& w) {
+                       std::fprintf(stderr, "ferry train: warning: %s\n", w.c_str());
+                     },
+                     [&meta](const CheckpointState& c) {
+                       return CompareSavedJob(c.meta.job, meta.job, c.dir + "/state.json");
+                     }));
+    if (control.on_resume) FERRY_RETURN_IF_ERROR(control.on_resume(resumed->step));
     FERRY_RETURN_IF_ERROR(ApplyCheckpointWeights(*resumed, layers, weights));
   }
   ThreadPool optimizer_pool(threads);
@@ -89,8 +99,6 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
   FERRY_ASSIGN_OR_RETURN(
       std::unique_ptr<Trainer> trainer,
       Trainer::Create(runner, std::move(layers), std::move(weights), optimizer, &optimizer_pool));
-  CheckpointMeta meta;
-  meta.job = JobSpecToJson(job, model);
   if (resumed) {
     FERRY_RETURN_IF_ERROR(
         trainer->RestoreOptimizer(resumed->step, resumed->exp_avg, resumed->exp_avg_sq));
