@@ -122,11 +122,9 @@ Result<RunFolderLock> Lock(const std::string& dir) {
 }
 
 std::optional<nlohmann::json> ReadJobJson(const std::string& dir) {
-  Result<std::vector<std::byte>> bytes = ReadWholeFile(dir + "/job.json");
-  if (!bytes.ok()) return std::nullopt;
-  nlohmann::json j = nlohmann::json::parse(
-      std::string_view(reinterpret_cast<const char*>(bytes->data()), bytes->size()), nullptr,
-      false);
+  Result<std::string> text = ReadWholeFile(dir + "/job.json");
+  if (!text.ok()) return std::nullopt;
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return std::nullopt;
   return j;
 }
