@@ -1,16 +1,17 @@
 // AdamW rate on a large tensor, next to the machine's own memory bandwidth measured in the same
-// run with the same thread count, by two vectorized streams (this file is compiled at -O3 so both
-// are; at -O2 GCC 12 leaves such loops scalar, and a scalar triad read half the bandwidth):
-//  - a STREAM triad (a[i] = b[i] + s * c[i]), 12 bytes per element;
-//  - AdamW's own stream: the same four reads and three writes over arrays of the same size (p, g,
-//    m, v -> p, m, v) with one add or multiply each, 28 bytes per element: the ceiling the
-//    update is judged against (on machines where more streams in flight draw more bandwidth, the
-//    triad is no ceiling for a seven-stream kernel: it read below AdamW here).
+// run with the same thread count:
+//  - the ceiling: a STREAM triad (a[i] = b[i] + s * c[i]), 12 bytes per element, built for the
+//    host's best ISA like the AdamW kernel it bounds (see Triad below), and the same with
+//    streaming stores; the better median of the two is the ceiling;
+//  - AdamW's own stream, for reference: the same four reads and three writes over arrays of the
+//    same size (p, g, m, v -> p, m, v) with one add or multiply each, 28 bytes per element.
 //
 // Bytes counted per parameter, STREAM's way (no write-allocate traffic): AdamW reads p, g, m, v
 // and writes p, m, v (28 bytes), + 2 with the bf16 copy; the global-norm sum of squares reads 4.
-// Each figure is the best of --reps passes, and the passes are interleaved (triad, stream, AdamW,
-// AdamW + bf16 copy, sum of squares, then again).
+// Every figure is a median with its min and max over --reps passes, interleaved (triad, stream,
+// AdamW, AdamW + bf16 copy, sum of squares, then again) so that load from other processes hits
+// the ceiling and the kernels alike. This file is compiled at -O3 (GCC 12's -O2 leaves the plain
+// loops scalar).
 //
 // Usage: adamw_bench [--n PARAMS] [--threads T] [--reps R] [--level generic|avx2|avx512]
 #include <algorithm>
@@ -21,12 +22,19 @@
 #include <string>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "bench/spread.h"
 #include "kernels/cpu/adamw.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using ferry::bench::Spread;
+using ferry::bench::SpreadOf;
 
 // Pages are touched by the pool's threads (first touch), as the trainer's would be.
 template <typename T>
@@ -40,12 +48,59 @@ T* Alloc(ferry::ThreadPool& pool, int64_t n, T value) {
   return p;
 }
 
+// The ceilings' loops, compiled for each x86 ISA and picked at load time for the host's best
+// (GCC's target_clones): on CPUs that elide the read-for-ownership of full-line stores (recent
+// Intel server cores with 64-byte AVX-512 stores), a triad built for SSE2 reads half the
+// bandwidth of one built for AVX-512, and AdamW's own kernel, which is AVX-512, then ran at 243% of
+// such a "ceiling". The ceiling must use what the kernel it bounds may use.
+#if defined(__x86_64__) && !defined(__clang__)
+#define FERRY_BEST_ISA \
+  __attribute__((target_clones("arch=sapphirerapids", "avx512f", "avx2", "default")))
+#else
+#define FERRY_BEST_ISA
+#endif
+
+FERRY_BEST_ISA void Triad(float* __restrict a, const float* __restrict b, const float* __restrict c,
+                          int64_t lo, int64_t hi) {
+  const float s = 3.0f;
+  for (int64_t i = lo; i < hi; ++i) a[i] = b[i] + s * c[i];
+}
+
+#if defined(__x86_64__)
+// The triad with streaming stores (no read-for-ownership: the write-combining buffers fill whole
+// lines), STREAM's compiled-by-icc form. REQUIRES: a 16-byte aligned, lo a multiple of 4.
+void TriadStreaming(float* a, const float* b, const float* c, int64_t lo, int64_t hi) {
+  const __m128 s = _mm_set1_ps(3.0f);
+  int64_t i = lo;
+  for (; i + 4 <= hi; i += 4) {
+    _mm_stream_ps(a + i, _mm_add_ps(_mm_loadu_ps(b + i), _mm_mul_ps(s, _mm_loadu_ps(c + i))));
+  }
+  for (; i < hi; ++i) a[i] = b[i] + 3.0f * c[i];
+  _mm_sfence();
+}
+#else
+void TriadStreaming(float* a, const float* b, const float* c, int64_t lo, int64_t hi) {
+  Triad(a, b, c, lo, hi);
+}
+#endif
+
+// AdamW's stream: 4 reads, 3 writes, one add or multiply each.
+FERRY_BEST_ISA void SevenStreams(float* __restrict p, const float* __restrict g,
+                                 float* __restrict m, float* __restrict v, int64_t lo, int64_t hi) {
+  for (int64_t i = lo; i < hi; ++i) {
+    const float gi = g[i];
+    p[i] = p[i] - 1e-7f * gi;
+    m[i] = m[i] + gi;
+    v[i] = v[i] * gi;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int64_t n = int64_t(64) << 20;
   int threads = 2;
-  int reps = 5;
+  int reps = 7;
   ferry::cpu::SimdLevel level = ferry::cpu::BestSimdLevel();
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -76,7 +131,7 @@ int main(int argc, char** argv) {
   }
   ferry::ThreadPool pool(threads);
   const double gb = 1e9;
-  std::printf("adamw_bench: %lld params, %d threads, best of %d, level %s\n", (long long)n, threads,
+  std::printf("adamw_bench: %lld params, %d threads, %d passes, level %s\n", (long long)n, threads,
               reps, std::string(ferry::cpu::SimdLevelName(level)).c_str());
 
   // All arrays up front; the measurements are interleaved rep by rep so that load from other
@@ -92,40 +147,30 @@ int main(int argc, char** argv) {
   const ferry::cpu::AdamWKernel kernel(level);
   ferry::AdamWHyperparameters h;
   h.weight_decay = 0.1;
-  double t_stream = 1e30, t_triad = 1e30, t_adamw = 1e30, t_adamw_bf16 = 1e30, t_norm = 1e30, sum = 0;
-  auto time = [](double& best, auto&& f) {
+  // Seconds of each pass, per measurement.
+  std::vector<double> t_triad, t_triad_nt, t_stream, t_adamw[2], t_norm;
+  double sum = 0;
+  auto time = [](std::vector<double>& runs, auto&& f) {
     const auto t0 = Clock::now();
     f();
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+    runs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   };
   for (int r = 0; r < reps; ++r) {
     time(t_triad, [&] {  // the memory ceiling: STREAM triad
-      pool.ParallelFor(n, 1 << 16, [&](int64_t lo, int64_t hi, int) {
-        float* __restrict ar = a;  // no aliasing: lets the compiler vectorize
-        const float* __restrict br = b;
-        const float* __restrict cr = c;
-        const float s = 3.0f;
-        for (int64_t i = lo; i < hi; ++i) ar[i] = br[i] + s * cr[i];
-      });
+      pool.ParallelFor(n, 1 << 16, [&](int64_t lo, int64_t hi, int) { Triad(a, b, c, lo, hi); });
     });
-    time(t_stream, [&] {  // AdamW's stream: 4 reads, 3 writes, no arithmetic to speak of
-      pool.ParallelFor(n, 1 << 16, [&](int64_t lo, int64_t hi, int) {
-        float* __restrict pr = p;
-        const float* __restrict gr = g;
-        float* __restrict mr = m;
-        float* __restrict vr = v;
-        for (int64_t i = lo; i < hi; ++i) {
-          const float gi = gr[i];
-          pr[i] = pr[i] - 1e-7f * gi;
-          mr[i] = mr[i] + gi;
-          vr[i] = vr[i] * gi;
-        }
-      });
+    time(t_triad_nt, [&] {  // the same with streaming stores (chunks are multiples of 2^16)
+      pool.ParallelFor(n, 1 << 16,
+                       [&](int64_t lo, int64_t hi, int) { TriadStreaming(a, b, c, lo, hi); });
+    });
+    time(t_stream, [&] {
+      pool.ParallelFor(n, 1 << 16,
+                       [&](int64_t lo, int64_t hi, int) { SevenStreams(p, g, m, v, lo, hi); });
     });
     for (int with_bf16 = 0; with_bf16 < 2; ++with_bf16) {
       const ferry::cpu::AdamWHostTensor ht{p, g, ferry::DType::kF32, m, v, with_bf16 ? pb : nullptr,
                                            n};
-      time(with_bf16 ? t_adamw_bf16 : t_adamw, [&] {
+      time(t_adamw[with_bf16], [&] {
         if (!kernel.Update(h, ht, &pool).ok()) {
           std::fprintf(stderr, "adamw_bench: AdamW update failed\n");
           std::exit(1);
@@ -135,20 +180,38 @@ int main(int argc, char** argv) {
     }
     time(t_norm, [&] { sum = kernel.SumOfSquares(g, ferry::DType::kF32, n, &pool); });
   }
-  const double N = double(n), triad = 12.0 * N / t_triad, stream = 28.0 * N / t_stream;
-  std::printf("triad           %8.2f GB/s  (a = b + s*c, 12 B/element)\n", triad / gb);
-  std::printf("adamw stream    %8.2f GB/s  (4 reads + 3 writes, 28 B/element: the ceiling)\n",
-              stream / gb);
+  const double N = double(n);
+  // GB/s of each pass moving `bytes` per element.
+  auto rates = [&](const std::vector<double>& t, double bytes) {
+    std::vector<double> r;
+    for (double x : t) r.push_back(bytes * N / x / gb);
+    return SpreadOf(r);
+  };
+  const Spread triad_plain = rates(t_triad, 12), triad_nt = rates(t_triad_nt, 12),
+               stream = rates(t_stream, 28);
+  // The ceiling is the better of the two triads (by median).
+  const Spread& triad = triad_nt.median > triad_plain.median ? triad_nt : triad_plain;
+  std::printf("GB/s, median (min-max) of %d passes:\n", reps);
+  std::printf("triad           %7.2f (%.2f-%.2f)  a = b + s*c, 12 B/element%s\n",
+              triad_plain.median, triad_plain.min, triad_plain.max,
+              &triad == &triad_plain ? ": the ceiling" : "");
+  std::printf("triad, nt store %7.2f (%.2f-%.2f)  the same with streaming stores%s\n",
+              triad_nt.median, triad_nt.min, triad_nt.max,
+              &triad == &triad_nt ? ": the ceiling" : "");
+  std::printf("adamw stream    %7.2f (%.2f-%.2f)  4 reads + 3 writes, 28 B/element\n",
+              stream.median, stream.min, stream.max);
   for (int with_bf16 = 0; with_bf16 < 2; ++with_bf16) {
-    const double bytes = (with_bf16 ? 30.0 : 28.0) * N, t = with_bf16 ? t_adamw_bf16 : t_adamw;
+    const double bytes = with_bf16 ? 30.0 : 28.0;
+    const Spread r = rates(t_adamw[with_bf16], bytes);
     std::printf(
-        "adamw%-10s %8.2f GB/s  (%2.0f B/param, %.3f Gparam/s)  %3.0f%% of the stream, %3.0f%% "
-        "of triad\n",
-        with_bf16 ? "+bf16 copy" : "", bytes / t / gb, bytes / N, N / t / gb,
-        100.0 * bytes / t / stream, 100.0 * bytes / t / triad);
+        "adamw%-10s %7.2f (%.2f-%.2f)  %2.0f B/param, %.3f Gparam/s: %3.0f%% of triad, %3.0f%% "
+        "of the adamw stream (medians)\n",
+        with_bf16 ? "+bf16 copy" : "", r.median, r.min, r.max, bytes, r.median / bytes,
+        100.0 * r.median / triad.median, 100.0 * r.median / stream.median);
   }
-  std::printf("sum of squares  %8.2f GB/s  (4 B/element, %.3f Gelem/s)  %3.0f%% of triad\n",
-              4.0 * N / t_norm / gb, N / t_norm / gb, 100.0 * 4.0 * N / t_norm / triad);
+  const Spread norm = rates(t_norm, 4);
+  std::printf("sum of squares  %7.2f (%.2f-%.2f)  4 B/element: %3.0f%% of triad\n", norm.median,
+              norm.min, norm.max, 100.0 * norm.median / triad.median);
   std::printf("checks: a[7]=%g p[7]=%g p_bf16[7]=%g sum=%g\n", a[7], p[7],
               ferry::BF16ToFloat(pb[7]), sum);
   for (void* x : {static_cast<void*>(a), static_cast<void*>(b), static_cast<void*>(c),

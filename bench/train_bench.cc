@@ -1,34 +1,42 @@
 // Training throughput of the whole stack (Trainer + ModelRunner on a CpuDevice): tokens/s, model
 // FLOP/s of the forward + backward (summed from the layers' own ComputeLayerCost reports, no
 // recomputation, over the runner's time alone: the optimizer's share is printed apart) and peak
-// RSS, next to the machine's fp32 GEMM rate measured in the same run (a
-// large square product through the GEMM op on a CpuDevice with the same threads), so the figure
-// reads as a fraction of this machine's ceiling.
+// RSS, next to the machine's fp32 GEMM rate measured in the same run (a large square product
+// through the GEMM op on a CpuDevice with the same threads), so the figure reads as a fraction of
+// this machine's ceiling. The bf16-input GEMM rate (oneDNN's bf16 kernels where the CPU has them,
+// kernels/cpu/onednn.h) is printed beside it. Every figure is a median with its min and max.
 //
 // Models: a GPT-2-124M-shaped model at B=4, T=64 and a ~100M-parameter Llama-shaped model at B=4,
-// T=256, fresh weights, the built-in text; one warm-up update, then --steps timed updates.
+// T=256, fresh weights, the built-in text; one warm-up update, then --steps (default 5) timed
+// updates.
 //
 // Usage: train_bench [--threads T] [--steps N] [--only gpt2|llama]
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "bench/spread.h"
 #include "engine/model/master_weights.h"
 #include "engine/model/model_runner.h"
 #include "engine/train/dataset.h"
 #include "engine/train/run_training.h"
 #include "engine/train/trainer.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu_device.h"
+#include "kernels/cpu/onednn.h"
 #include "kernels/ops/gemm.h"
 
 namespace ferry {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using bench::Spread;
+using bench::SpreadOf;
 
 void Check(const Status& s, const char* what) {
   if (!s.ok()) {
@@ -43,31 +51,40 @@ double PeakRssMiB() {
   return double(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
 }
 
-// Best-of-3 fp32 GEMM rate (GFLOP/s) of an n x n x n product through the op on a CpuDevice.
-double GemmRate(int threads, int64_t n) {
-  auto dev = CpuDevice::Create({.name = "gemm",
-                                .memory_bytes = size_t(3 * n * n) * 4 + (1 << 20),
-                                .compute_threads = threads});
+// GEMM rates (GFLOP/s) of an n x n x n product through the op on a CpuDevice, A and B stored in
+// `dtype` and C in f32: one warm-up run, then `reps` timed runs.
+std::vector<double> GemmRates(int threads, int64_t n, DType dtype, int reps) {
+  const size_t in_bytes = size_t(n * n) * DTypeSize(dtype), out_bytes = size_t(n * n) * 4;
+  const size_t scratch_bytes =
+      GemmScratchBytes(OpTarget{DeviceKind::kCpu, threads}, n, n, n, {dtype, dtype, DType::kF32});
+  auto dev =
+      CpuDevice::Create({.name = "gemm",
+                         .memory_bytes = 2 * in_bytes + out_bytes + scratch_bytes + (1 << 20),
+                         .compute_threads = threads});
   Check(dev.status(), "gemm device");
   std::vector<DeviceBuffer> bufs;
-  for (const char* what : {"a", "b", "c"}) {
-    auto b = (*dev)->Allocate(size_t(n * n) * 4, what);
+  for (auto [what, bytes] : {std::pair{"a", in_bytes},
+                             {"b", in_bytes},
+                             {"c", out_bytes},
+                             {"scratch", std::max<size_t>(scratch_bytes, 64)}}) {
+    auto b = (*dev)->Allocate(bytes, what);
     Check(b.status(), what);
-    Check((*dev)->Zero(b->data(), size_t(n * n) * 4), "zero");
+    Check((*dev)->Zero(b->data(), bytes), "zero");
     bufs.push_back(std::move(*b));
   }
-  const GemmArgs g{.a = bufs[0].View(DType::kF32, {n, n}),
-                   .b = bufs[1].View(DType::kF32, {n, n}),
-                   .c = bufs[2].View(DType::kF32, {n, n})};
-  double best = 1e30;
-  for (int r = 0; r < 4; ++r) {
+  const GemmArgs g{.a = bufs[0].View(dtype, {n, n}),
+                   .b = bufs[1].View(dtype, {n, n}),
+                   .c = bufs[2].View(DType::kF32, {n, n}),
+                   .scratch = bufs[3].View(DType::kF32, {int64_t(bufs[3].bytes() / 4)})};
+  std::vector<double> rates;
+  for (int r = 0; r <= reps; ++r) {
     const auto t0 = Clock::now();
     Check(Gemm(**dev, g), "gemm");
     Check((*dev)->Synchronize(), "gemm");
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (r > 0) best = std::min(best, s);  // the first run warms up
+    if (r > 0) rates.push_back(2.0 * double(n) * double(n) * double(n) / s * 1e-9);
   }
-  return 2.0 * double(n) * double(n) * double(n) / best * 1e-9;
+  return rates;
 }
 
 ModelConfig Gpt2Small() {
@@ -109,7 +126,7 @@ ModelConfig Llama100M() {
 }
 
 void BenchModel(const char* label, const ModelConfig& model, BatchShape shape, int threads,
-                int steps, double gemm_gflops) {
+                int steps, const Spread& gemm) {
   Check(ValidateModelConfig(model), label);
   const LoraConfig lora;
   ModelRunnerOptions options;
@@ -139,29 +156,36 @@ void BenchModel(const char* label, const ModelConfig& model, BatchShape shape, i
   const TokenStream stream = TokenStream::Builtin();
   auto batcher = Batcher::Create(&stream, shape.batch, shape.seq_len, 1);
   Check(batcher.status(), "batcher");
-  double seconds = 0, compute = 0, optimizer = 0, loss = 0;
+  std::vector<double> step_s, compute_s, optimizer_s, gflops;
+  double loss = 0;
   for (int k = 0; k <= steps; ++k) {
     const std::vector<MicroBatch> batch = {batcher->MakeMicroBatch(k, 0)};
     const auto t0 = Clock::now();
     auto st = (*trainer)->Step(batch);
     Check(st.status(), "step");
-    if (k > 0) {
-      seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-      compute += st->compute_seconds;
-      optimizer += st->optimizer_seconds;
+    if (k > 0) {  // the first update warms up
+      step_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      compute_s.push_back(st->compute_seconds);
+      optimizer_s.push_back(st->optimizer_seconds);
+      // Model FLOP/s over the forward + backward alone (the optimizer is host work the executor
+      // overlaps with backward; it is reported apart).
+      gflops.push_back(flops_per_step / st->compute_seconds * 1e-9);
     }
     loss = st->loss;
   }
-  const double tokens_per_s = double(shape.tokens()) * steps / seconds;
-  // Model FLOP/s over the forward + backward alone (the optimizer is host work the executor
-  // overlaps with backward; it is reported apart).
-  const double model_gflops = flops_per_step * steps / compute * 1e-9;
+  const Spread step = SpreadOf(step_s), fwd_bwd = SpreadOf(compute_s),
+               optim = SpreadOf(optimizer_s), rate = SpreadOf(gflops);
   std::printf(
-      "%-12s %6.1fM params  B=%lld T=%lld  %7.2f s/step (fwd+bwd %.2f, optimizer %.2f)  "
-      "%8.0f tok/s  fwd+bwd %7.1f GFLOP/s (%4.0f%% of GEMM)  loss %.3f  peak RSS %.0f MiB\n",
-      label, double(params) / 1e6, (long long)shape.batch, (long long)shape.seq_len,
-      seconds / steps, compute / steps, optimizer / steps, tokens_per_s, model_gflops,
-      100 * model_gflops / gemm_gflops, loss, PeakRssMiB());
+      "%-12s %6.1fM params  B=%lld T=%lld  %d steps, median (min-max):\n"
+      "  step %.2f s (%.2f-%.2f): fwd+bwd %.2f s (%.2f-%.2f), optimizer %.2f s (%.2f-%.2f); "
+      "%.0f tok/s\n"
+      "  fwd+bwd %.1f GFLOP/s (%.1f-%.1f) = %.0f%% of the fp32 GEMM median (%.0f-%.0f%% of "
+      "its min-max)  loss %.3f  peak RSS %.0f MiB\n",
+      label, double(params) / 1e6, (long long)shape.batch, (long long)shape.seq_len, steps,
+      step.median, step.min, step.max, fwd_bwd.median, fwd_bwd.min, fwd_bwd.max, optim.median,
+      optim.min, optim.max, double(shape.tokens()) / step.median, rate.median, rate.min, rate.max,
+      100 * rate.median / gemm.median, 100 * rate.median / gemm.max, 100 * rate.median / gemm.min,
+      loss, PeakRssMiB());
   std::fflush(stdout);
 }
 
@@ -169,7 +193,7 @@ void BenchModel(const char* label, const ModelConfig& model, BatchShape shape, i
 }  // namespace ferry
 
 int main(int argc, char** argv) {
-  int threads = 2, steps = 2;
+  int threads = 2, steps = 5;
   std::string only;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -188,16 +212,25 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "train_bench: --threads and --steps must be >= 1\n");
     return 2;
   }
-  const double gemm = ferry::GemmRate(threads, 2048);
+  // The ceilings: 2048^3 products through the GEMM op on a CpuDevice with the same threads.
+  const ferry::bench::Spread gemm =
+      ferry::bench::SpreadOf(ferry::GemmRates(threads, 2048, ferry::DType::kF32, 5));
+  const ferry::bench::Spread bf16 =
+      ferry::bench::SpreadOf(ferry::GemmRates(threads, 2048, ferry::DType::kBF16, 5));
+  std::printf("%s\n%s\n", ferry::cpu::Blas().Describe().c_str(),
+              ferry::cpu::Bf16GemmPathDescription().c_str());
   std::printf(
-      "fp32 GEMM 2048^3 on a CpuDevice, %d threads: %.1f GFLOP/s (the "
-      "ceiling)\n",
-      threads, gemm);
+      "GEMM 2048^3 on a CpuDevice, %d threads, 5 runs, median (min-max): fp32 %.1f GFLOP/s "
+      "(%.1f-%.1f), the ceiling; bf16 inputs %.1f (%.1f-%.1f)\n",
+      threads, gemm.median, gemm.min, gemm.max, bf16.median, bf16.min, bf16.max);
   if (only.empty() || only == "gpt2") {
     ferry::BenchModel("gpt2-124M", ferry::Gpt2Small(), {4, 64}, threads, steps, gemm);
   }
   if (only.empty() || only == "llama") {
     ferry::BenchModel("llama-100M", ferry::Llama100M(), {4, 256}, threads, steps, gemm);
   }
+  std::printf(
+      "(bf16 training on CPU devices needs bf16 weight and activation storage in the runner, "
+      "not built yet: the bf16 line is the ceiling those runs will be judged against.)\n");
   return 0;
 }

@@ -14,6 +14,7 @@
 #include "engine/plan/device_probe.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu_device.h"
+#include "kernels/cpu/onednn.h"
 #include "kernels/host_memory.h"
 #include "kernels/ops/adamw.h"
 #include "offload/store_rate.h"
@@ -153,7 +154,7 @@ Result<HardwareProfile> ProbeMachine(const ProbeOptions& o, const HardwareProfil
   p.host.source = "ferry probe: RAM from sysconf (usable = RAM - max(RAM/16, 4 GiB)), " +
                   std::to_string(threads) + " threads, STREAM triad bandwidth; fp32 GEMM " +
                   std::to_string(int64_t(gemm / 1e9)) + " GFLOP/s on a CpuDevice with " +
-                  cpu::Blas().Describe();
+                  cpu::Blas().Describe() + "; " + cpu::Bf16GemmPathDescription();
   FERRY_ASSIGN_OR_RETURN(p.optimizer.cpu_adamw_params_per_s,
                          ProbeAdamWRate(threads, o.adamw_params));
   p.optimizer.source =

@@ -22,6 +22,7 @@
 #include "engine/train/training_runner.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/lm_head_loss.h"
+#include "kernels/cpu/onednn.h"
 #include "offload/file_io.h"
 
 namespace ferry {
@@ -117,7 +118,8 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<TrainingData> data, TrainingData::Load(job, model));
   const BatchSource& batcher = data->source();
   std::fprintf(stderr, "ferry train: data: %s\n", data->summary().c_str());
-  std::fprintf(stderr, "ferry train: CPU GEMM: %s\n", cpu::Blas().Describe().c_str());
+  std::fprintf(stderr, "ferry train: CPU GEMM: %s; %s\n", cpu::Blas().Describe().c_str(),
+               cpu::Bf16GemmPathDescription().c_str());
 
   const std::string metrics_path = job.out + "/metrics.jsonl";
   if (resumed) FERRY_RETURN_IF_ERROR(WriteFileAtomically(metrics_path, meta.metrics));

@@ -8,37 +8,20 @@
 #include "kernels/cpu/blas.h"
 
 #include <gtest/gtest.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
-#include <fstream>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/cpu_features.h"
-
-extern char** environ;
+#include "kernels/testing/host_cpu.h"
 
 namespace ferry::cpu {
 namespace {
 
-std::set<std::string> CpuinfoFlags() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("flags", 0) != 0) continue;
-    std::istringstream words(line.substr(line.find(':') + 1));
-    std::set<std::string> flags;
-    for (std::string w; words >> w;) flags.insert(w);
-    return flags;
-  }
-  return {};
-}
+using testing::CpuinfoFlags;
 
 // OpenBLAS core names by the x86 ISA level their kernels need, lowest first.
 int CoreRank(std::string core) {
@@ -72,27 +55,9 @@ int RequiredRank(const std::set<std::string>& f) {
   return 0;
 }
 
-// Runs this test binary again with `filter`, OPENBLAS_CORETYPE set to `core` (empty: unset) and
-// FERRY_TEST_CHILD=1; returns its exit status (its output goes to ours).
+// This binary again with OPENBLAS_CORETYPE set to `core` (empty: unset).
 int RunChild(const std::string& filter, const std::string& core) {
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string kv = *e;
-    if (kv.rfind("OPENBLAS_CORETYPE=", 0) == 0 || kv.rfind("FERRY_TEST_CHILD=", 0) == 0) continue;
-    env.push_back(kv);
-  }
-  if (!core.empty()) env.push_back("OPENBLAS_CORETYPE=" + core);
-  env.push_back("FERRY_TEST_CHILD=1");
-  std::vector<char*> envp;
-  for (std::string& kv : env) envp.push_back(kv.data());
-  envp.push_back(nullptr);
-  std::string exe = "/proc/self/exe", flag = "--gtest_filter=" + filter;
-  std::vector<char*> argv = {exe.data(), flag.data(), nullptr};
-  pid_t pid = 0;
-  if (posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv.data(), envp.data()) != 0) return -1;
-  int status = 0;
-  if (waitpid(pid, &status, 0) != pid) return -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return testing::RunChild(filter, {{"OPENBLAS_CORETYPE", core}});
 }
 
 TEST(CpuFeatures, AgreeWithProcCpuinfo) {

@@ -8,6 +8,7 @@
 #include "kernels/backend_access.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/cast.h"
+#include "kernels/cpu/onednn.h"
 
 namespace ferry::cpu {
 namespace {
@@ -139,18 +140,66 @@ void RunTile(const GemmArgs& g, const GemmDims& d, const Tiling& t, int64_t m0, 
   }
 }
 
+// bf16 A and B on oneDNN: C split along its larger dimension into one block per worker (multiples
+// of 32 rows/columns, AMX's tile height twice), each block one oneDNN call on this thread reading
+// and writing the tensors in place.
+Status RunOnOneDnn(ThreadPool& pool, const GemmArgs& g, const GemmDims& d, const OneDnn& dnnl) {
+  const bool split_m = d.m >= d.n;
+  const int64_t along = split_m ? d.m : d.n;
+  const int64_t block = RoundUp(CeilDiv(along, pool.size()), 32);
+  std::mutex mu;
+  Status first_error;  // guarded by mu
+  pool.ParallelFor(CeilDiv(along, block), 1, [&](int64_t begin, int64_t end, int) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t start = i * block, len = std::min(block, along - start);
+      const int64_t m0 = split_m ? start : 0, n0 = split_m ? 0 : start;
+      Bf16GemmCall call{.trans_a = g.trans_a,
+                        .trans_b = g.trans_b,
+                        .m = split_m ? len : d.m,
+                        .n = split_m ? d.n : len,
+                        .k = d.k,
+                        .alpha = g.alpha,
+                        .beta = g.beta,
+                        // A is stored (M, K), or (K, M) when transposed; B (K, N), or (N, K).
+                        .a = ElementAddress(g.a, g.trans_a ? m0 : m0 * d.k),
+                        .lda = g.trans_a ? d.m : d.k,
+                        .b = ElementAddress(g.b, g.trans_b ? n0 * d.k : n0),
+                        .ldb = g.trans_b ? d.k : d.n,
+                        .c = ElementAddress(g.c, m0 * d.n + n0),
+                        .ldc = d.n,
+                        .c_dtype = g.c.dtype};
+      if (!g.bias.data.is_null()) {
+        call.bias = ElementAddress(g.bias, n0);
+        call.bias_dtype = g.bias.dtype;
+      }
+      if (Status s = dnnl.Run(call); !s.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (first_error.ok()) first_error = std::move(s);
+      }
+    }
+  });
+  return first_error;
+}
+
 }  // namespace
+
+const OneDnn* Bf16GemmLibrary() {
+  Result<const OneDnn*> d = OneDnn::Load();
+  return d.ok() ? *d : nullptr;
+}
 
 size_t GemmScratchBytes(int threads, int64_t m, int64_t n, int64_t k, GemmDTypes dtypes) {
   const Tiling t = PlanTiling(threads, m, n, k, dtypes);
   return size_t(std::max(1, threads)) * size_t(t.worker_floats) * sizeof(float);
 }
 
-Status Gemm(ThreadPool& pool, const GemmArgs& g) {
+Status Gemm(ThreadPool& pool, const GemmArgs& g) { return GemmWith(pool, g, Bf16GemmLibrary()); }
+
+Status GemmWith(ThreadPool& pool, const GemmArgs& g, const OneDnn* bf16) {
   const GemmDims d = GemmDimsOf(g);
   if (d.m == 0 || d.n == 0) return Status::Ok();
   const GemmDTypes dt{g.a.dtype, g.b.dtype, g.c.dtype};
-  const Tiling t = PlanTiling(pool.size(), d.m, d.n, d.k, dt);
+  // The scratch is checked on every path, so a plan sized on this host fits on any other.
   const size_t need = GemmScratchBytes(pool.size(), d.m, d.n, d.k, dt);
   const size_t have = g.scratch.data.is_null() ? 0 : g.scratch.bytes();
   if (have < need) {
@@ -158,6 +207,11 @@ Status Gemm(ThreadPool& pool, const GemmArgs& g) {
                                    " bytes, this product needs " + std::to_string(need) +
                                    " (size it with GemmScratchBytes)");
   }
+  if (bf16 != nullptr && dt.a == DType::kBF16 && dt.b == DType::kBF16 &&
+      OneDnn::Takes(dt.c, !g.bias.data.is_null(), g.bias.dtype, g.alpha, d.k)) {
+    return RunOnOneDnn(pool, g, d, *bf16);
+  }
+  const Tiling t = PlanTiling(pool.size(), d.m, d.n, d.k, dt);
   float* scratch =
       need == 0 ? nullptr : reinterpret_cast<float*>(BackendAccess::Raw(g.scratch.data));
   pool.ParallelFor(t.tiles_m * t.tiles_n, 1, [&](int64_t begin, int64_t end, int worker) {

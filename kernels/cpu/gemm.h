@@ -8,7 +8,11 @@
 //  - otherwise C is cut into tiles (kGemmTileM x kGemmTileN), and for each K panel
 //    (kGemmTileK) the worker converts the non-f32 operand panels to fp32 in its own part of the
 //    scratch and calls sgemm; a non-f32 C tile accumulates in fp32 scratch and is rounded to its
-//    dtype once, after the last panel and the bias.
+//    dtype once, after the last panel and the bias;
+//  - except that A and B both bf16 (C f32 or bf16) run on oneDNN's bf16 kernels where the CPU
+//    has AVX512-BF16 or AMX (kernels/cpu/onednn.h): C split into one block per worker, in place,
+//    fp32 accumulation. The scratch reported stays the conversion path's, so a plan is the same
+//    whichever path the host takes.
 // Thread-safety: ParallelFor's per-worker index gives each worker its own scratch slice.
 #pragma once
 
@@ -30,8 +34,14 @@ inline constexpr int64_t kGemmTileK = 256;
 size_t GemmScratchBytes(int threads, int64_t m, int64_t n, int64_t k, GemmDTypes dtypes);
 
 // REQUIRES: ValidateGemm(g) is ok. Errors: InvalidArgument when g.scratch is smaller than
-// GemmScratchBytes(pool.size(), ...).
+// GemmScratchBytes(pool.size(), ...); Internal naming a oneDNN call that failed.
 Status Gemm(ThreadPool& pool, const GemmArgs& g);
+
+class OneDnn;
+// The bf16 path Gemm uses (kernels/cpu/onednn.h): the loaded library, or null where it is off.
+const OneDnn* Bf16GemmLibrary();
+// Gemm with its bf16 path given: null converts bf16 operands to fp32 panels (the tests run both).
+Status GemmWith(ThreadPool& pool, const GemmArgs& g, const OneDnn* bf16);
 
 // db += column sums of dy. REQUIRES: ValidateBiasGrad(a) is ok.
 Status BiasGrad(ThreadPool& pool, const BiasGradArgs& a);

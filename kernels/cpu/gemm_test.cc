@@ -39,7 +39,20 @@ struct Case {
 // product: |got - exact| <= (k + 3) u32 * S + u_c * |exact|, where S = |alpha| sum|a||b| +
 // |beta||c| + |bias| (the classic gamma_k bound, plus one rounding each for alpha, beta*c and
 // the bias add) and u_c is the unit roundoff of C's dtype (one final rounding to storage).
+// Operands of bf16 x bf16 run on both bf16 paths: oneDNN's (where the host has it; products
+// exact, fp32 sums in its order, so the same bound holds) and the converted fp32 panels.
+void CheckGemmOn(const Case& cs, GemmDTypes dt, int threads, uint64_t seed,
+                 const cpu::OneDnn* bf16);
 void CheckGemm(const Case& cs, GemmDTypes dt, int threads, uint64_t seed) {
+  CheckGemmOn(cs, dt, threads, seed, cpu::Bf16GemmLibrary());
+  if (dt.a == DType::kBF16 && dt.b == DType::kBF16 && cpu::Bf16GemmLibrary() != nullptr) {
+    SCOPED_TRACE("converted fp32 panels");
+    CheckGemmOn(cs, dt, threads, seed, nullptr);
+  }
+}
+
+void CheckGemmOn(const Case& cs, GemmDTypes dt, int threads, uint64_t seed,
+                 const cpu::OneDnn* bf16) {
   SCOPED_TRACE(::testing::Message()
                << "m=" << cs.m << " n=" << cs.n << " k=" << cs.k << " ta=" << cs.ta
                << " tb=" << cs.tb << " alpha=" << cs.alpha << " beta=" << cs.beta
@@ -68,7 +81,8 @@ void CheckGemm(const Case& cs, GemmDTypes dt, int threads, uint64_t seed) {
              scratch.tensor(), cs.ta,       cs.tb,       cs.alpha,
              cs.beta};
   ASSERT_TRUE(ValidateGemm(g).ok()) << ValidateGemm(g).ToString();
-  ASSERT_TRUE(cpu::Gemm(pool, g).ok());
+  const Status run = cpu::GemmWith(pool, g, bf16);
+  ASSERT_TRUE(run.ok()) << run.ToString();
   const std::vector<float> got = tc.Get();
 
   auto want = ToDouble(c0);
