@@ -140,11 +140,13 @@ void RunTile(const GemmArgs& g, const GemmDims& d, const Tiling& t, int64_t m0, 
   }
 }
 
-// bf16 A and B on oneDNN: C split along its larger dimension into one block per worker (multiples
-// of 32 rows/columns, AMX's tile height twice), each block one oneDNN call on this thread reading
-// and writing the tensors in place.
+// bf16 A and B on oneDNN: C split into one block per worker (multiples of 32 rows/columns, AMX's
+// tile height twice), each block one oneDNN call on this thread reading and writing the tensors in
+// place. oneDNN packs B (its "weights") for every call, so C is split along N where N allows a
+// block per worker: each worker then packs its own columns of B, not all of it (2048^3 on one
+// AMX core: 245 GFLOP/s for a 2048 x 1024 block against 190 for 1024 x 2048).
 Status RunOnOneDnn(ThreadPool& pool, const GemmArgs& g, const GemmDims& d, const OneDnn& dnnl) {
-  const bool split_m = d.m >= d.n;
+  const bool split_m = d.n < 32 * int64_t(pool.size()) && d.m > d.n;
   const int64_t along = split_m ? d.m : d.n;
   const int64_t block = RoundUp(CeilDiv(along, pool.size()), 32);
   std::mutex mu;
