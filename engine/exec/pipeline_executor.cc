@@ -27,8 +27,15 @@ struct DeviceState {
   std::map<std::string, Region, std::less<>> regions;
   std::map<std::string, size_t, std::less<>> used;  // plan name -> most bytes a component used
   int64_t stages_run = 0;
-  Tensor Hidden(int k, int64_t n, int64_t c) const {
-    return Tensor{regions.at("hidden." + std::to_string(k)).data, DType::kF32, Shape{n, c}};
+  // The start of plan allocation `name`, counting `bytes` of it as used (the executor's own
+  // direct uses; components carve through PlannedSource, which counts theirs).
+  DevicePtr<std::byte> Use(const std::string& name, size_t bytes) {
+    size_t& u = used[name];
+    u = std::max(u, bytes);
+    return regions.at(name).data;
+  }
+  Tensor Hidden(int k, int64_t n, int64_t c) {
+    return Tensor{Use("hidden." + std::to_string(k), size_t(n * c) * 4), DType::kF32, Shape{n, c}};
   }
 };
 
@@ -169,7 +176,7 @@ class Executor final : public PipelineExecutor {
         return Status::InvalidArgument("the plan's GPU map lacks a 'rope.inv_freq' of " +
                                        FormatBytes(fb) + ": re-plan with this version");
       }
-      FERRY_RETURN_IF_ERROR(ToDevice(*ds.device, it->second.data, inv_freq_, fb));
+      FERRY_RETURN_IF_ERROR(ToDevice(*ds.device, ds.Use("rope.inv_freq", fb), inv_freq_, fb));
       FERRY_RETURN_IF_ERROR(ds.device->Synchronize(StreamId::kUpload));
     }
     return Status::Ok();
@@ -279,11 +286,10 @@ class Executor final : public PipelineExecutor {
   // Uploads micro-batch m's row layout into the device's "positions" (RoPE models) and "doc_ids".
   Status UploadLayout(DeviceState& ds, size_t m) {
     const size_t bytes = size_t(shape_.tokens()) * 4;
-    auto pos = ds.regions.find("positions");
-    if (pos != ds.regions.end()) {
-      FERRY_RETURN_IF_ERROR(ToDevice(*ds.device, pos->second.data, layout_[m], bytes));
+    if (ds.regions.count("positions")) {
+      FERRY_RETURN_IF_ERROR(ToDevice(*ds.device, ds.Use("positions", bytes), layout_[m], bytes));
     }
-    return ToDevice(*ds.device, ds.regions.at("doc_ids").data, layout_[m], bytes, bytes);
+    return ToDevice(*ds.device, ds.Use("doc_ids", bytes), layout_[m], bytes, bytes);
   }
 
   Status Embed(const HostTensors& weights, std::span<const MicroBatchInput> batches) {

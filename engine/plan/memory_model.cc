@@ -87,6 +87,26 @@ uint64_t LayerGradBytes(const LayerSpec& layer) {
   return bytes;
 }
 
+// The total rank R of each LoRA projection group of a layer, as engine/model/device_params.h
+// packs them: gate_proj and up_proj share one group (their ranks add), every other projection is
+// a group of its own.
+std::vector<uint64_t> LoraGroupRanks(const LayerSpec& layer) {
+  std::vector<uint64_t> ranks;
+  uint64_t gate_up_rank = 0;
+  for (const ParamSpec& p : layer.params) {
+    if (!p.lora || p.name.find("lora_A") == std::string::npos) continue;
+    const uint64_t r = uint64_t(p.shape[0]);
+    if (p.name.find(".mlp.gate_proj.") != std::string::npos ||
+        p.name.find(".mlp.up_proj.") != std::string::npos) {
+      gate_up_rank += r;
+    } else {
+      ranks.push_back(r);
+    }
+  }
+  if (gate_up_rank > 0) ranks.push_back(gate_up_rank);
+  return ranks;
+}
+
 // A layer's saved set as a GPU slot holds it: the tensors ComputeLayerCost's saved_bytes counts
 // (engine/model/param_spec.cc, BlockSavedBytes; the head's normed input, norm statistics and
 // per-token loss), each at an aligned offset. Activations are `act` bytes per value, statistics
@@ -120,18 +140,37 @@ uint64_t SavedSlotBytes(const ModelConfig& c, const LayerSpec& layer, int64_t n,
     a(N * C), a(N * C), f(N);                            // residual, post-attention norm, rstd
     a(N * 2 * I), a(N * I);                              // gate|up, SwiGLU product
   }
-  uint64_t gate_up_rank = 0;
-  for (const ParamSpec& p : layer.params) {
-    if (!p.lora || p.name.find("lora_A") == std::string::npos) continue;
-    const uint64_t r = uint64_t(p.shape[0]);
-    if (p.name.find(".mlp.gate_proj.") != std::string::npos ||
-        p.name.find(".mlp.up_proj.") != std::string::npos) {
-      gate_up_rank += r;
-    } else {
-      a(N * r);
-    }
+  for (uint64_t r : LoraGroupRanks(layer)) a(N * r);  // each group's u (N, R)
+  return bytes;
+}
+
+// The backward's temporaries of a layer ("blocks.workspace" / "head.workspace", both placed in
+// the plan's "grad.work"), carved as the blocks and the head carve them: the family's part
+// (engine/model/decoder_block.cc, gpt2_block.cc), LoRA's du (N, widest projection group's rank,
+// at least 1) and a sink of 2 max(C, head_dim) (engine/model/block_base.h); the head's targets,
+// input gradient and sink (engine/model/head.cc).
+uint64_t WorkspaceBytes(const ModelConfig& c, const LayerSpec& layer, int64_t n) {
+  const uint64_t N = uint64_t(n), C = uint64_t(c.hidden_size), I = uint64_t(c.intermediate_size);
+  const uint64_t q = uint64_t(c.q_dim()), kv = uint64_t(c.kv_dim());
+  uint64_t bytes = 0;
+  auto f = [&](uint64_t values) { bytes += RoundUp(values * kF32, kArenaAlignment); };
+  if (layer.kind == LayerKind::kHead) {
+    f(N);                // targets (i32)
+    f(N * C), f(2 * C);  // the normed input's gradient, the frozen-parameter sink
+    return bytes;
   }
-  if (gate_up_rank > 0) a(N * gate_up_rank);
+  if (layer.kind != LayerKind::kBlock) return 0;
+  if (c.family == ModelFamily::kGpt2) {
+    f(N * C), f(N * I), f(N * C);            // branch, d_act, d_xn
+    f(N * C), f(N * C), f(N * C), f(N * C);  // d_att, dq, dk, dv
+  } else {
+    f(N * C), f(N * I), f(N * 2 * I), f(N * C);  // branch, d_h, d_gate_up, d_xn
+    f(N * q), f(N * q), f(N * kv), f(N * kv);    // d_att, dq, dk, dv
+  }
+  uint64_t rank = 1;
+  for (uint64_t r : LoraGroupRanks(layer)) rank = std::max(rank, r);
+  f(N * rank);                                         // du: the widest group's (N, R)
+  f(2 * std::max<uint64_t>(C, uint64_t(c.head_dim)));  // sink
   return bytes;
 }
 
@@ -223,10 +262,11 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     stage_grads = std::max(stage_grads, g);
     stage_out = std::max(stage_out, uint64_t(cost[size_t(s.last - 1)].output_bytes));
   }
-  uint64_t saved_set = 0, saved_values = 0, scratch = 0;
+  uint64_t saved_set = 0, saved_values = 0, scratch = 0, work = 0;
   for (int i = 1; i <= head; ++i) {
     saved_set = std::max<uint64_t>(
         saved_set, SavedSlotBytes(in.model, layers[size_t(i)], in.micro_batch.tokens(), act));
+    work = std::max(work, WorkspaceBytes(in.model, layers[size_t(i)], in.micro_batch.tokens()));
     saved_values = std::max<uint64_t>(saved_values, cost[size_t(i)].saved_bytes);
     scratch = std::max(scratch,
                        OpScratchBytes(in.model, layers[size_t(i)], in.micro_batch, cd, in.scratch));
@@ -240,7 +280,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   for (int k = 0; k < 3; ++k) Add(e.gpu, "hidden." + std::to_string(k), hidden, A);
   Add(e.gpu, "saved.slot0", saved_set, A);
   Add(e.gpu, "saved.slot1", saved_set, A);
-  Add(e.gpu, "grad.work", saved_set, A);
+  Add(e.gpu, "grad.work", work, A);
   Add(e.gpu, "scratch", scratch, A);
   // RoPE position ids (i32 per token) and RoPE's inverse-frequency table (f32, head_dim / 2:
   // plain or Llama 3-scaled) for models without learned positions (GPT-2 adds its position table

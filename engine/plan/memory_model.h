@@ -25,8 +25,9 @@
 //                       recomputes from the layer's input) a layer's set into one while the other
 //                       is consumed. Saved data never stays on a GPU across layers, so whether a
 //                       layer is recomputed changes host/NVMe bytes and time, not GPU bytes;
-//   grad.work           activation gradients inside a layer's backward: one buffer per saved
-//                       tensor, same layout, so the largest saved set again;
+//   grad.work           the backward's temporaries of the largest layer, fp32, carved as the
+//                       blocks and the head carve their workspace (activation gradients,
+//                       LoRA's du, a frozen-parameter sink; the head: targets, input gradient);
 //   scratch             the largest scratch any op of the plan asks for (see OpScratchBytes);
 //   positions           RoPE position ids, i32 per token (models without learned positions);
 //   library.workspace   the device kind's library workspace as kernels/ops/backend.h reports it
