@@ -26,6 +26,7 @@ Status Status::FromErrno(int err, std::string_view what) {
   std::string msg(what);
   msg += ": ";
   msg += std::strerror(err);
+  if (err == ENOSPC) msg += " (the disk is full)";
   switch (err) {
     case ENOSPC:
     case EDQUOT:

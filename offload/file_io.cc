@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -92,7 +93,60 @@ Status WriteFileAtomically(const std::string& path, std::string_view text) {
 }
 
 Status WriteTextFile(const std::string& path, std::string_view text) {
-  return WriteFile(path, AsBytes(text), /*sync=*/false);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    return WriteFile(path, AsBytes(text), /*sync=*/false);  // a device or a pipe: in place
+  }
+  // A symbolic link stays one: its target is replaced.
+  std::error_code ec;
+  const std::filesystem::path target = std::filesystem::is_symlink(path, ec)
+                                           ? std::filesystem::canonical(path, ec)
+                                           : std::filesystem::path(path);
+  const std::string file = ec ? path : target.string();
+  const std::string tmp = file + ".tmp";
+  Status s = WriteFile(tmp, AsBytes(text), /*sync=*/false);
+  if (s.ok() && std::rename(tmp.c_str(), file.c_str()) != 0) {
+    s = Status::FromErrno(errno, "rename " + tmp + " to " + file);
+  }
+  if (!s.ok()) ::unlink(tmp.c_str());
+  return s;
+}
+
+Result<AppendFile> AppendFile::Open(const std::string& path, bool truncate) {
+  const int fd = ::open(path.c_str(),
+                        O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0), 0644);
+  if (fd < 0) return CreateError(errno, path);
+  return AppendFile(path, fd);
+}
+
+AppendFile& AppendFile::operator=(AppendFile&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    path_ = std::move(o.path_);
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+AppendFile::~AppendFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status AppendFile::Append(std::string_view text) {
+  const off_t before = ::lseek(fd_, 0, SEEK_END);
+  if (before < 0) return Status::FromErrno(errno, "seek " + path_);
+  Status s = WriteAll(fd_, AsBytes(text), path_);
+  if (!s.ok() && ::ftruncate(fd_, before) != 0) {
+    return s.WithContext("cut back to " + std::to_string(before) + " bytes failed too");
+  }
+  return s;
+}
+
+Result<uint64_t> FreeSpace(const std::string& dir) {
+  struct statvfs st {};
+  if (::statvfs(dir.c_str(), &st) != 0) return Status::FromErrno(errno, "statvfs " + dir);
+  return uint64_t(st.f_bavail) * uint64_t(st.f_frsize);
 }
 
 Result<std::string> ReadWholeFile(const std::string& path) {

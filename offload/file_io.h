@@ -14,9 +14,11 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "kernels/status.h"
 
@@ -28,10 +30,35 @@ namespace ferry {
 // WithContext.
 Result<std::string> ReadWholeFile(const std::string& path);
 
-// Writes `text` to `path` (created or truncated), without fsync: for files a crash may lose (a
-// plan's timeline, a model folder being written). IOError naming the path when the file cannot
-// be created (a missing folder included) or written.
+// Writes `text` to `path`, without fsync: for files a crash may lose (a plan's timeline, a
+// hardware profile, a model folder being written). A regular file (or a new one) is written as
+// "<path>.tmp" and renamed over `path`, so a failed write leaves `path` as it was and no partial
+// file; anything else that exists (/dev/stdout, /dev/full, a FIFO) is written in place. IOError
+// (NoSpace for a full disk) naming the path when the file cannot be created (a missing folder
+// included) or written.
 [[nodiscard]] Status WriteTextFile(const std::string& path, std::string_view text);
+
+// A file of records appended one at a time (metrics.jsonl): each Append lands whole or not at all
+// (a failed or short write is cut back off, so the file never ends in a partial record). Owns its
+// descriptor; move-only; thread-compatible.
+class AppendFile {
+ public:
+  // Opens `path` for appending, created when absent and emptied first when `truncate`.
+  static Result<AppendFile> Open(const std::string& path, bool truncate);
+  AppendFile(AppendFile&& o) noexcept : path_(std::move(o.path_)), fd_(o.fd_) { o.fd_ = -1; }
+  AppendFile& operator=(AppendFile&& o) noexcept;
+  AppendFile(const AppendFile&) = delete;
+  AppendFile& operator=(const AppendFile&) = delete;
+  ~AppendFile();
+
+  // Errors name the path and the reason; the file keeps its previous records.
+  [[nodiscard]] Status Append(std::string_view text);
+
+ private:
+  AppendFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  std::string path_;
+  int fd_ = -1;
+};
 
 // The durable writes (see above); errors as WriteTextFile's.
 [[nodiscard]] Status WriteFileDurably(const std::string& path, std::span<const std::byte> data);
@@ -42,6 +69,10 @@ Result<std::string> ReadWholeFile(const std::string& path);
 [[nodiscard]] Status WritePiecesAtomically(const std::string& path,
                                            std::span<const std::span<const std::byte>> pieces);
 [[nodiscard]] Status SyncDirectory(const std::string& dir);
+
+// The bytes an unprivileged user may still write in the filesystem that holds `dir` (statvfs:
+// f_bavail x f_frsize). Errors name the folder and the reason.
+Result<uint64_t> FreeSpace(const std::string& dir);
 
 // The bytes of `s` (a file read whole, for a checksum or a codec).
 inline std::span<const std::byte> AsBytes(std::string_view s) {

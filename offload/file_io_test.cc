@@ -1,8 +1,10 @@
 #include "offload/file_io.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 #include <span>
 #include <string>
@@ -58,6 +60,48 @@ TEST(FileIo, ReadsFilesWithoutASize) {
   Result<std::string> status = ReadWholeFile("/proc/self/status");
   ASSERT_TRUE(status.ok()) << status.status().ToString();
   EXPECT_NE(status->find("Name:"), std::string::npos);
+}
+
+// The file size limit (as a full disk would) stops a write midway: an appended record is cut back
+// off, a rewritten file keeps its old contents, and nothing partial is left.
+TEST(FileIo, FailedWritesLeaveNoPartialFile) {
+  const std::string dir = ScratchDir();
+  Result<AppendFile> log = AppendFile::Open(dir + "/metrics.jsonl", /*truncate=*/true);
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  ASSERT_TRUE(log->Append("one\n").ok());
+  ASSERT_TRUE(WriteTextFile(dir + "/plan.svg", "old").ok());
+  void (*old_handler)(int) = ::signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of the signal
+  rlimit saved;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
+  rlimit small = saved;
+  small.rlim_cur = 6;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const Status append = log->Append("two two\n");  // 2 bytes fit, then EFBIG
+  const Status rewrite = WriteTextFile(dir + "/plan.svg", "new and longer");
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &saved), 0);
+  ::signal(SIGXFSZ, old_handler);
+  EXPECT_EQ(append.code(), StatusCode::kNoSpace);
+  EXPECT_NE(append.message().find(dir + "/metrics.jsonl: File too large"), std::string::npos)
+      << append.ToString();
+  EXPECT_EQ(*ReadWholeFile(dir + "/metrics.jsonl"), "one\n");
+  ASSERT_TRUE(log->Append("three\n").ok());
+  EXPECT_EQ(*ReadWholeFile(dir + "/metrics.jsonl"), "one\nthree\n");
+  EXPECT_EQ(rewrite.code(), StatusCode::kNoSpace);
+  EXPECT_EQ(*ReadWholeFile(dir + "/plan.svg"), "old");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/plan.svg.tmp"));
+}
+
+// A device is written in place (never replaced by a file), and ENOSPC says the disk is full.
+TEST(FileIo, FullDeviceSaysTheDiskIsFull) {
+  const Status s = WriteTextFile("/dev/full", "x");
+  EXPECT_EQ(s.code(), StatusCode::kNoSpace);
+  EXPECT_NE(s.message().find("/dev/full: No space left on device (the disk is full)"),
+            std::string::npos)
+      << s.ToString();
+  EXPECT_TRUE(std::filesystem::is_character_file("/dev/full"));
+  Result<uint64_t> free = FreeSpace(ScratchDir());
+  ASSERT_TRUE(free.ok()) << free.status().ToString();
+  EXPECT_EQ(FreeSpace("/nonexistent-dir/ferry").status().code(), StatusCode::kNotFound);
 }
 
 }  // namespace
