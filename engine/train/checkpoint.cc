@@ -8,7 +8,9 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 
+#include "engine/job/run_folder.h"
 #include "engine/model/master_weights.h"
 #include "engine/model/safetensors.h"
 #include "offload/crc32c.h"
@@ -65,6 +67,25 @@ void RemoveFolder(const std::string& parent, const std::string& name) {
   fs::remove_all(trash, ec);
   fs::rename(parent + "/" + name, trash, ec);
   if (!ec) fs::remove_all(trash, ec);
+}
+
+// The job saved in `dir`/state.json, when it can be read.
+std::optional<nlohmann::json> SavedJob(const std::string& dir) {
+  Result<std::string> text = ReadWholeFile(dir + "/state.json");
+  if (!text.ok()) return std::nullopt;
+  nlohmann::json state = nlohmann::json::parse(*text, nullptr, false);
+  if (state.is_discarded() || !state.is_object() || !state.contains("job") ||
+      !state["job"].is_object()) {
+    return std::nullopt;
+  }
+  return state["job"];
+}
+
+// True when checkpoint folder `dir` holds a readable job other than `job` (copied in from another
+// run): never counted, pruned or resumed from as this run's.
+bool OfAnotherJob(const std::string& dir, const nlohmann::json& job) {
+  const std::optional<nlohmann::json> saved = SavedJob(dir);
+  return saved && !CompareSavedJob(*saved, job, dir).ok();
 }
 
 // Serializes `writer` as one file of the temporary folder (compressed when asked) and records its
@@ -143,6 +164,21 @@ Result<std::string> FileNamed(const nlohmann::json& files, const std::string& st
   return Status::Corruption(dir + "/state.json lists no " + stem);
 }
 
+// Keeps the newest `keep` checkpoints of this job (`name` just saved among them) and removes its
+// older ones; another job's are left alone and not counted.
+void PruneCheckpoints(const std::string& parent, const std::string& name, const nlohmann::json& job,
+                      int64_t keep) {
+  int64_t kept = 1;  // `name`
+  for (const auto& [old_step, old_name] : ListCheckpoints(parent)) {
+    if (old_name == name || OfAnotherJob(parent + "/" + old_name, job)) continue;
+    if (kept < keep) {
+      ++kept;
+    } else {
+      RemoveFolder(parent, old_name);
+    }
+  }
+}
+
 }  // namespace
 
 std::string CheckpointsDir(const std::string& run_dir) { return run_dir + "/checkpoints"; }
@@ -164,6 +200,22 @@ Result<std::string> SaveCheckpoint(const std::string& run_dir, const Trainer& tr
   std::error_code ec;
   fs::create_directories(parent, ec);
   if (ec) return Status::IOError("cannot create " + parent + ": " + ec.message());
+  // This step saved before by this job (a resumed run saving the step it resumed from): by
+  // determinism it holds the same state, and it is kept rather than replaced. Another job's
+  // folder of this step (or a corrupt one) is replaced once the new one is complete.
+  const bool exists = fs::exists(final_dir, ec);
+  if (exists && !OfAnotherJob(final_dir, meta.job) && ReadCheckpoint(final_dir).ok()) {
+    FERRY_RETURN_IF_ERROR(
+        WriteFileAtomically(parent + "/latest", name + "\n").WithContext("checkpoint " + name));
+    PruneCheckpoints(parent, name, meta.job, options.keep);
+    return final_dir;
+  }
+  if (exists && options.warn) {
+    options.warn("replacing " + final_dir + " (" +
+                 (OfAnotherJob(final_dir, meta.job) ? "a checkpoint of another job"
+                                                    : "an unreadable checkpoint") +
+                 ") with this run's");
+  }
   // Leftovers of a killed save (temporary and half-removed folders).
   std::vector<fs::path> leftovers;
   for (const fs::directory_entry& e : fs::directory_iterator(parent, ec)) {
@@ -211,7 +263,7 @@ Result<std::string> SaveCheckpoint(const std::string& run_dir, const Trainer& tr
     return Hook(options, step, "publish");
   };
   Status s = write_all();
-  if (s.ok() && fs::exists(final_dir, ec)) RemoveFolder(parent, name);  // replaced below
+  if (s.ok() && exists) RemoveFolder(parent, name);  // replaced below
   if (s.ok()) {
     fs::rename(tmp_dir, final_dir, ec);
     if (ec)
@@ -223,15 +275,7 @@ Result<std::string> SaveCheckpoint(const std::string& run_dir, const Trainer& tr
     fs::remove_all(tmp_dir, ec);
     return s.WithContext("checkpoint " + final_dir);
   }
-  int64_t kept = 1;  // the one just written
-  for (const auto& [old_step, old_name] : ListCheckpoints(parent)) {
-    if (old_name == name) continue;
-    if (kept < options.keep) {
-      ++kept;
-    } else {
-      RemoveFolder(parent, old_name);
-    }
-  }
+  PruneCheckpoints(parent, name, meta.job, options.keep);
   return final_dir;
 }
 

@@ -53,6 +53,8 @@ struct CheckpointOptions {
   // "publish": before the rename) — a non-ok Status aborts the save there, and a hook may also kill
   // the process.
   std::function<Status(int64_t step, std::string_view stage)> fault_hook;
+  // Gets one line when a save replaces another job's checkpoint of the same step. May be empty.
+  std::function<void(const std::string&)> warn;
 };
 
 // The run's bookkeeping that goes beside the trainer's state.
@@ -77,9 +79,12 @@ std::string CheckpointsDir(const std::string& run_dir);
 std::string CheckpointName(int64_t step);
 
 // Writes checkpoint step-<trainer.steps_done()> of `run_dir` as described above and returns its
-// folder. When that folder already exists (a resumed run saving the step it resumed from) it is
-// left as it is: by determinism it holds the same state. Errors name the file; nothing already
-// saved is touched by a failed save.
+// folder. When that folder already exists and is an intact checkpoint of this job (meta.job,
+// compared by CompareSavedJob: a resumed run saving the step it resumed from) it is left as it
+// is: by determinism it holds the same state. Another job's folder of that step (copied in), or an
+// unreadable one, is replaced once the new one is complete (options.warn says so). Pruning keeps
+// the newest `keep` checkpoints of this job and never counts or removes another job's. Errors
+// name the file; nothing already saved is touched by a failed save.
 Result<std::string> SaveCheckpoint(const std::string& run_dir, const Trainer& trainer,
                                    const CheckpointMeta& meta, const CheckpointOptions& options);
 

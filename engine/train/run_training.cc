@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <optional>
 #include <thread>
 
@@ -109,7 +108,11 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
   }
   const CheckpointOptions checkpoint_options{.keep = job.keep_checkpoints,
                                              .compress = job.checkpoint_compress,
-                                             .fault_hook = control.checkpoint_fault_hook};
+                                             .fault_hook = control.checkpoint_fault_hook,
+                                             .warn = [](const std::string& w) {
+                                               std::fprintf(stderr, "ferry train: warning: %s\n",
+                                                            w.c_str());
+                                             }};
   auto save_checkpoint = [&](double elapsed) -> Result<std::string> {
     meta.elapsed_s = elapsed;
     return SaveCheckpoint(job.out, *trainer, meta, checkpoint_options);
@@ -123,8 +126,8 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
 
   const std::string metrics_path = job.out + "/metrics.jsonl";
   if (resumed) FERRY_RETURN_IF_ERROR(WriteFileAtomically(metrics_path, meta.metrics));
-  std::ofstream metrics(metrics_path, resumed ? std::ios::app : std::ios::trunc);
-  if (!metrics) return Status::IOError("cannot write " + metrics_path + "; choose another --out");
+  Result<AppendFile> metrics = AppendFile::Open(metrics_path, /*truncate=*/!resumed);
+  if (!metrics.ok()) return metrics.status().WithContext("metrics; choose another --out");
 
   const int64_t params = CountParameters(trainer->layers());
   const int64_t trainable = CountTrainableParameters(trainer->layers());
@@ -175,8 +178,8 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
       if (!val.ok()) return val.status().WithContext("validation after step " + std::to_string(k));
       line["val_loss"] = val->mean_loss();
     }
-    metrics << line.dump() << "\n" << std::flush;
-    if (!metrics) return Status::IOError("cannot write " + metrics_path);
+    // A line lands whole or not at all; the checkpoints keep what came before.
+    FERRY_RETURN_IF_ERROR(metrics->Append(line.dump() + "\n").WithContext("metrics"));
     meta.metrics += line.dump() + "\n";
     progress.Report({.step = k + 1,
                      .total = job.steps,
