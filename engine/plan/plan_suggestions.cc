@@ -1,5 +1,7 @@
 // SuggestChanges (planner.h): when a job fits nowhere, the smallest changes
 // that fit, each proved by a full re-plan.
+#include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -80,7 +82,9 @@ std::vector<PlanSuggestion> SuggestChanges(const std::string& model_name, const 
           {"--host-memory " + FormatByteSize(hi * mib) + " (more RAM)", std::move(*found)});
     }
   }
-  // An NVMe directory, with the profile's drive (or 4 TB) of space.
+  // An NVMe directory: the space the plan puts there plus kNvmeSpaceMarginPercent, in whole GiB,
+  // proved by a re-plan with exactly that space. The profile's drive (or 4 TB) only bounds the
+  // search: advice is what the plan needs, not the size of a drive.
   if (!hw.HasNvme()) {
     HardwareProfile h = hw;
     h.nvme.dir = "NVME_DIR";
@@ -89,8 +93,19 @@ std::vector<PlanSuggestion> SuggestChanges(const std::string& model_name, const 
     if (h.nvme.write_rate <= 0) h.nvme.write_rate = 6.6e9;
     if (h.nvme.sustained_write_rate <= 0) h.nvme.sustained_write_rate = 3.4e9;
     if (std::optional<Plan> p = Fits(model_name, model, job, h)) {
-      out.push_back(
-          {"--nvme-dir DIR --nvme-space " + FormatByteSize(h.nvme.space_bytes), std::move(*p)});
+      const uint64_t gib = uint64_t(1) << 30, need = p->memory.nvme.total();
+      const uint64_t ask = (need + need * kNvmeSpaceMarginPercent / 100 + gib - 1) / gib * gib;
+      HardwareProfile tight = h;
+      tight.nvme.space_bytes = std::min(std::max(ask, gib), h.nvme.space_bytes);
+      std::optional<Plan> proved = Fits(model_name, model, job, tight);
+      if (!proved) tight = h;  // cannot happen (the same plan fits); the bound is then the advice
+      const std::string space = tight.nvme.space_bytes % gib == 0
+                                    ? std::to_string(tight.nvme.space_bytes / gib) + "GiB"
+                                    : std::to_string(tight.nvme.space_bytes) + "B";
+      out.push_back({"--nvme-dir DIR --nvme-space " + space + " (the plan puts " +
+                         FormatByteSize(need) + " there; " +
+                         std::to_string(kNvmeSpaceMarginPercent) + "% more for margin)",
+                     proved ? std::move(*proved) : std::move(*p)});
     }
   }
   return out;

@@ -93,6 +93,9 @@ struct Plan {
   std::string_view LayerTimeSource() const;
 };
 
+// The margin NVMe advice adds to the space a plan puts on the drive (PlanSuggestion).
+inline constexpr uint64_t kNvmeSpaceMarginPercent = 10;
+
 struct PlanSuggestion {
   std::string change;  // "--seq-len 1024", "--host-memory 512GiB", ...
   Plan plan;           // the re-planned job, which fits

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 
 #include "engine/json.h"
@@ -245,8 +246,20 @@ TEST(Planner, SuggestionsForTooLittleHostMemoryEachFit) {
   bool more_ram = false, nvme = false;
   for (const PlanSuggestion& s : r->suggestions) {
     more_ram |= s.change.find("--host-memory") == 0;
-    nvme |= s.change.find("--nvme-dir") == 0;
     EXPECT_GT(s.plan.step_s, 0) << s.change;
+    if (s.change.find("--nvme-dir") != 0) continue;
+    nvme = true;
+    // What the plan puts there plus the stated margin, in whole GiB (1 GiB at least), proved by
+    // the re-plan: never the profile's drive (1 TB here).
+    const uint64_t need = s.plan.memory.nvme.total(), gib = 1ull << 30;
+    EXPECT_GT(need, 0u);
+    EXPECT_LE(need, s.plan.nvme_budget);
+    EXPECT_EQ(s.plan.nvme_budget,
+              std::max(gib, (need + need * kNvmeSpaceMarginPercent / 100 + gib - 1) / gib * gib));
+    EXPECT_NE(s.change.find("--nvme-space " + std::to_string(s.plan.nvme_budget / gib) + "GiB"),
+              std::string::npos)
+        << s.change;
+    EXPECT_NE(s.change.find("10% more for margin"), std::string::npos) << s.change;
   }
   EXPECT_TRUE(more_ram);
   EXPECT_TRUE(nvme) << OutcomeSummary(*r);  // optimizer state moves to the NVMe directory
