@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/job/model_source.h"
+#include "engine/job/run_limits.h"
 #include "engine/json.h"
 #include "offload/file_io.h"
 
@@ -124,18 +125,7 @@ Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
                " tokens) is smaller than the built-in dataset's byte tokens (" +
                std::to_string(kTinyVocabSize) + "); give a larger model");
   }
-  if (job.steps <= 0) return Bad("--steps must be at least 1");
-  if (job.batch_size <= 0) return Bad("--batch-size must be at least 1");
-  if (job.micro_batches <= 0) return Bad("--micro-batches must be at least 1");
-  if (job.batch_size % job.micro_batches != 0) {
-    return Bad("--batch-size " + std::to_string(job.batch_size) +
-               " must be a multiple of --micro-batches " + std::to_string(job.micro_batches));
-  }
-  if (job.seq_len <= 0) return Bad("--seq-len must be at least 1");
-  if (job.seq_len > model.max_position_embeddings) {
-    return Bad("--seq-len " + std::to_string(job.seq_len) + " exceeds the model's " +
-               std::to_string(model.max_position_embeddings) + " positions; lower --seq-len");
-  }
+  FERRY_RETURN_IF_ERROR(ValidateJobShape(job, model));
   if (!(job.lr > 0) || !std::isfinite(job.lr)) return Bad("--lr must be a positive number");
   if (job.warmup_steps < 0) return Bad("--warmup-steps must be 0 or more");
   // A warm-up longer than the run is allowed (the run warms up for all of it: `--steps 3`
@@ -157,7 +147,6 @@ Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
   if (!(job.grad_clip >= 0) || !std::isfinite(job.grad_clip)) {
     return Bad("--grad-clip must be 0 (off) or a positive number");
   }
-  FERRY_RETURN_IF_ERROR(ValidateThreads(job.threads));
   if (job.devices < 1 || job.devices > 64) return Bad("--devices must lie in [1, 64]");
   if (job.devices > 1 && (!job.val_data.empty() || job.val_fraction > 0)) {
     return Bad(
@@ -167,12 +156,38 @@ Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
   if (job.out.empty()) return Bad("--out must name a folder");
   if (job.save_every < 0) return Bad("--save-every must be 0 (only at the end) or more");
   if (job.keep_checkpoints < 1) return Bad("--keep-checkpoints must be at least 1");
+  return Status::Ok();
+}
+
+Status ValidateJobShape(const JobSpec& job, const ModelConfig& model, bool micro_batches_auto) {
+  if (job.steps <= 0) return Bad("--steps must be at least 1");
+  if (job.batch_size <= 0) return Bad("--batch-size must be at least 1");
+  if (job.micro_batches < (micro_batches_auto ? 0 : 1)) {
+    return Bad(micro_batches_auto ? "--micro-batches must be 0 (auto) or more"
+                                  : "--micro-batches must be at least 1");
+  }
+  if (job.micro_batches > 0 && job.batch_size % job.micro_batches != 0) {
+    return Bad("--batch-size " + std::to_string(job.batch_size) +
+               " must be a multiple of --micro-batches " + std::to_string(job.micro_batches));
+  }
+  if (job.seq_len <= 0) return Bad("--seq-len must be at least 1");
+  RunLimits run;
+  run.threads = job.threads;
+  run.positions = job.seq_len;
+  run.positions_from = "--seq-len " + std::to_string(job.seq_len);
+  run.rows = job.batch_size;
+  run.device_from = "--batch-size " + std::to_string(job.batch_size) + " x --seq-len " +
+                    std::to_string(job.seq_len);
+  FERRY_RETURN_IF_ERROR(ValidateRunLimits(run, model));
   return ValidateLoraConfig(job.lora);
 }
 
 Status ValidateThreads(int64_t threads) {
+  return ValidateThreads(threads, std::max<int64_t>(1, std::thread::hardware_concurrency()));
+}
+
+Status ValidateThreads(int64_t threads, int64_t cores) {
   if (threads < 0) return Bad("--threads must be 0 (all cores) or more");
-  const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
   if (threads > kThreadsPerCore * cores) {
     return Bad("--threads " + std::to_string(threads) + " exceeds " +
                std::to_string(kThreadsPerCore * cores) + " (" + std::to_string(kThreadsPerCore) +

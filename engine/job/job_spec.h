@@ -70,6 +70,14 @@ Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model);
 // names the option, the bound and the machine's count.
 inline constexpr int64_t kThreadsPerCore = 4;
 Status ValidateThreads(int64_t threads);
+// The same against a machine of `hardware_threads`.
+Status ValidateThreads(int64_t threads, int64_t hardware_threads);
+
+// The sizes every command that runs a job checks (train, plan, probe --model): --steps,
+// --batch-size, --micro-batches (0 is auto where `micro_batches_auto`), --seq-len against the
+// model's positions, --threads, the LoRA options. ValidateJobSpec checks them too.
+Status ValidateJobShape(const JobSpec& job, const ModelConfig& model,
+                        bool micro_batches_auto = false);
 
 // Creates the run folder (and its parents) and proves it writable by creating and removing a
 // file in it. Errors name the folder and say to choose another --out.
