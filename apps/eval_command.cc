@@ -4,8 +4,10 @@
 #include <cstdio>
 #include <thread>
 
+#include "apps/job_file.h"
 #include "engine/job/job_spec.h"
 #include "engine/job/model_source.h"
+#include "engine/job/run_limits.h"
 #include "engine/json.h"
 #include "engine/model/model_runner.h"
 #include "engine/train/run_training.h"
@@ -21,15 +23,31 @@ Status Run(const EvalCommand& cmd) {
     return Status::InvalidArgument(
         "--seq-len must be at least 2, --batch-size at least 1, --max-batches 0 or more");
   }
-  FERRY_RETURN_IF_ERROR(ValidateThreads(cmd.threads));
+  const int threads =
+      cmd.threads > 0 ? int(cmd.threads) : int(std::max(1u, std::thread::hardware_concurrency()));
+  ModelRunnerOptions ro;
+  ro.shape = {cmd.batch_size, cmd.seq_len};
+  ro.inference_only = true;  // no gradient buffers
+  // Everything is checked against the model's config and this machine before anything is loaded.
+  {
+    FERRY_ASSIGN_OR_RETURN(ModelSource source,
+                           ResolveModelSource(cmd.model, cmd.adapter, ModelUse::kInference));
+    RunLimits run;
+    run.threads = cmd.threads;
+    run.positions = cmd.seq_len;
+    run.positions_from = "--seq-len " + std::to_string(cmd.seq_len);
+    run.rows = cmd.batch_size;
+    run.device_bytes = [&] {
+      return EstimateDeviceBytes(source.config, LoraConfig{}, ro.shape, ro.loss_chunk_tokens,
+                                 threads, /*gradients=*/false);
+    };
+    run.device_from = "--batch-size " + std::to_string(cmd.batch_size) + " x --seq-len " +
+                      std::to_string(cmd.seq_len);
+    FERRY_RETURN_IF_ERROR(ValidateRunLimits(run, source.config));
+  }
   FERRY_ASSIGN_OR_RETURN(InferenceModel loaded,
                          LoadInferenceModel(cmd.model, cmd.adapter, cmd.seed));
   const LoadedModel& m = loaded.model;
-  if (cmd.seq_len > m.config.max_position_embeddings) {
-    return Status::InvalidArgument(
-        "--seq-len " + std::to_string(cmd.seq_len) + " exceeds the model's " +
-        std::to_string(m.config.max_position_embeddings) + " positions; lower --seq-len");
-  }
   FERRY_ASSIGN_OR_RETURN(ChatTemplate chat,
                          ResolveChatTemplate(cmd.chat_template, loaded.template_source));
   FERRY_ASSIGN_OR_RETURN(LongExamples mode, ParseLongExamples(cmd.long_examples));
@@ -44,11 +62,6 @@ Status Run(const EvalCommand& cmd) {
   if (!cmd.json)
     std::fprintf(stderr, "ferry eval: %s; %s\n", log.c_str(), DescribeRows(rows).c_str());
 
-  const int threads =
-      cmd.threads > 0 ? int(cmd.threads) : int(std::max(1u, std::thread::hardware_concurrency()));
-  ModelRunnerOptions ro;
-  ro.shape = {cmd.batch_size, cmd.seq_len};
-  ro.inference_only = true;  // no gradient buffers
   FERRY_ASSIGN_OR_RETURN(
       std::unique_ptr<CpuDevice> device,
       CpuDevice::Create({.name = "cpu0",
@@ -113,7 +126,7 @@ void AddEvalCommand(CLI::App& parent, EvalCommand* cmd) {
 int RunEvalCommand(EvalCommand& cmd) {
   const Status s = Run(cmd);
   if (s.ok()) return 0;
-  std::fprintf(stderr, "ferry eval: %s\n", s.message().c_str());
+  std::fprintf(stderr, "ferry eval: %s\n", AnnotateJobFile(cmd.job_file, s).message().c_str());
   return s.code() == StatusCode::kUnavailable ? 2 : 1;
 }
 

@@ -14,7 +14,10 @@
 
 namespace ferry {
 
+class JobFileKeys;  // apps/job_file.h
+
 struct EvalCommand {
+  const JobFileKeys* job_file = nullptr;  // what a --config job file set (may be null)
   CLI::App* app = nullptr;
   std::string model = "tiny";
   std::string adapter;  // PEFT LoRA adapter folder; empty: the model folder's own, if any

@@ -1,13 +1,17 @@
 #include "apps/generate_command.h"
 
+#include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <iterator>
 #include <thread>
 
+#include "apps/job_file.h"
 #include "engine/job/job_spec.h"
 #include "engine/job/model_source.h"
+#include "engine/job/run_limits.h"
 #include "engine/model/generator.h"
 #include "kernels/cpu/cpu_device.h"
 
@@ -31,7 +35,17 @@ Status Run(const GenerateCommand& cmd) {
   const SamplingOptions sampling{cmd.temperature, cmd.top_p, cmd.top_k, cmd.seed};
   FERRY_RETURN_IF_ERROR(ValidateSamplingOptions(sampling));
   if (cmd.max_tokens < 1) return Status::InvalidArgument("--max-tokens must be at least 1");
-  FERRY_RETURN_IF_ERROR(ValidateThreads(cmd.threads));
+  // The options against the model's config and this machine before anything is loaded (the
+  // prompt has a token at least); with the prompt's tokens again below, before the device.
+  {
+    FERRY_ASSIGN_OR_RETURN(ModelSource source,
+                           ResolveModelSource(cmd.model, cmd.adapter, ModelUse::kInference));
+    RunLimits run;
+    run.threads = cmd.threads;
+    run.positions = cmd.max_tokens < INT64_MAX ? cmd.max_tokens + 1 : cmd.max_tokens;
+    run.positions_from = "--max-tokens " + std::to_string(cmd.max_tokens) + " (+ the prompt)";
+    FERRY_RETURN_IF_ERROR(ValidateRunLimits(run, source.config));
+  }
   std::string prompt = cmd.prompt;
   if (cmd.app == nullptr || cmd.app->count("--prompt") == 0) {
     prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
@@ -57,6 +71,14 @@ Status Run(const GenerateCommand& cmd) {
       size_t(positions) *
       size_t(8 * m.config.hidden_size + 4 * m.config.intermediate_size + m.config.vocab_size) * 4;
   dev.memory_bytes = weight_bytes + weight_bytes / 8 + cache_bytes + act_bytes + (size_t(64) << 20);
+  const std::string shape = "the prompt's " + std::to_string(ids.size()) +
+                            " tokens + --max-tokens " + std::to_string(cmd.max_tokens);
+  RunLimits run;
+  run.threads = cmd.threads;
+  run.positions = positions;
+  run.positions_from = run.device_from = shape;
+  run.device_bytes = [&] { return dev.memory_bytes; };
+  FERRY_RETURN_IF_ERROR(ValidateRunLimits(run, m.config));
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<CpuDevice> device, CpuDevice::Create(dev));
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Generator> gen,
                          Generator::Create(*device, m.config, m.lora, m.weights, positions));
@@ -73,7 +95,8 @@ Status Run(const GenerateCommand& cmd) {
     const std::string text = loaded.tokenizer->Decode(out, /*skip_special_tokens=*/true);
     if (!EndsIncomplete(text) && text.size() > printed) {
       std::fwrite(text.data() + printed, 1, text.size() - printed, stdout);
-      std::fflush(stdout);
+      // Output that cannot be written (a full disk) stops the generation, naming the reason.
+      if (std::fflush(stdout) != 0) return Status::FromErrno(errno, "write the output (stdout)");
       printed = text.size();
     }
     return Status::Ok();
@@ -124,7 +147,8 @@ void AddGenerateCommand(CLI::App& parent, GenerateCommand* cmd) {
 int RunGenerateCommand(GenerateCommand& cmd) {
   if (Status s = Run(cmd); !s.ok()) {
     std::fflush(stdout);
-    std::fprintf(stderr, "ferry generate: %s\n", s.message().c_str());
+    std::fprintf(stderr, "ferry generate: %s\n",
+                 AnnotateJobFile(cmd.job_file, s).message().c_str());
     return 1;
   }
   return 0;

@@ -10,7 +10,10 @@
 
 namespace ferry {
 
+class JobFileKeys;  // apps/job_file.h
+
 struct GenerateCommand {
+  const JobFileKeys* job_file = nullptr;  // what a --config job file set (may be null)
   CLI::App* app = nullptr;
   std::string model = "tiny";  // "tiny" | run folder | model folder
   std::string adapter;         // LoRA adapter folder; empty: the model folder's own, if any

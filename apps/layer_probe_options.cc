@@ -4,8 +4,8 @@
 #include <cstdio>
 #include <thread>
 
+#include "apps/job_options.h"
 #include "apps/plan_command.h"
-#include "apps/train_command.h"
 #include "engine/train/layer_probe.h"
 #include "kernels/cpu/cpu_device.h"
 
@@ -29,6 +29,7 @@ Status RunLayerProbe(const LayerProbeCommand& cmd, int threads, plan::HardwarePr
   FERRY_ASSIGN_OR_RETURN(ModelConfig model, ResolvePlanModel(cmd.job.model));
   JobSpec spec = cmd.job;
   spec.threads = threads;
+  FERRY_RETURN_IF_ERROR(ValidateJobShape(spec, model));
   FERRY_ASSIGN_OR_RETURN(
       plan::PlanJob job,
       PlanJobOf(spec, cmd.lora_targets, cmd.app->count("--micro-batches") > 0, cmd.dtype));

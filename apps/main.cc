@@ -4,8 +4,10 @@
 // change); 2 the requested work is not available in this build yet; 3 `ferry plan`: nothing fits;
 // 128 + signal (130 SIGINT, 143 SIGTERM): `ferry train` stopped by a signal, checkpoint saved.
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "apps/demo_command.h"
 #include "apps/eval_command.h"
 #include "apps/generate_command.h"
+#include "apps/job_file.h"
 #include "apps/plan_command.h"
 #include "apps/probe_command.h"
 #include "apps/tokenize_command.h"
@@ -48,19 +51,27 @@ int Main(int argc, char** argv) {
   CLI::App app{"ferry — fine-tune large language models on consumer GPUs"};
   app.require_subcommand(1);
   app.set_version_flag("--version", VersionText, "Print ferry's version, build and GEMM path");
+  ferry::JobFileKeys job_file;  // what a --config job file set (apps/job_file.h)
+  ferry::InstallJobFile(app, &job_file);
   ferry::TrainCommand train;
   ferry::AddTrainCommand(app, &train);
+  train.job_file = &job_file;
   ferry::PlanCommand plan;
   ferry::AddPlanCommand(app, &plan);
+  plan.job_file = &job_file;
   ferry::ProbeCommand probe;
   ferry::AddProbeCommand(app, &probe);
+  probe.job_file = &job_file;
   ferry::AddDemoCommand(app);
   ferry::EvalCommand eval;
   ferry::AddEvalCommand(app, &eval);
+  eval.job_file = &job_file;
   ferry::GenerateCommand generate;
   ferry::AddGenerateCommand(app, &generate);
+  generate.job_file = &job_file;
   ferry::TokenizeCommand tokenize;
   ferry::AddTokenizeCommand(app, &tokenize);
+  ferry::RefuseOutOfRangeIntegers(app);  // CLI11 2.1 would saturate 99999999999999999999
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -75,19 +86,38 @@ int Main(int argc, char** argv) {
     // One line: what is wrong (with a suggestion for a misspelled name), and where to look.
     const std::vector<CLI::App*> selected = app.get_subcommands();
     const CLI::App* sub = selected.empty() ? nullptr : selected.front();
-    const std::string advice = ferry::SuggestForArguments(app, sub, argc, argv);
-    std::fprintf(stderr, "ferry: %s (see ferry %s--help)\n",
-                 advice.empty() ? e.what() : advice.c_str(),
+    // A value CLI11 could not convert names the job file's line when the file gave it.
+    std::string advice = ferry::SuggestForArguments(app, sub, argc, argv);
+    const std::string message = e.what();
+    if (advice.empty() && !job_file.file().empty() &&
+        message.rfind(job_file.file() + ":", 0) == 0) {
+      advice = message;  // the job-file reader named the file and the line already
+    }
+    if (advice.empty()) {
+      const std::string where = job_file.Where(message);
+      advice = where.empty() ? e.what() : where + ": " + e.what();
+    }
+    std::fprintf(stderr, "ferry: %s (see ferry %s--help)\n", advice.c_str(),
                  sub == nullptr ? "" : (sub->get_name() + " ").c_str());
     return 1;
   }
-  if (train.app->parsed()) return ferry::RunTrainCommand(train);
-  if (plan.app->parsed()) return ferry::RunPlanCommand(plan);
-  if (probe.app->parsed()) return ferry::RunProbeCommand(probe);
-  if (eval.app->parsed()) return ferry::RunEvalCommand(eval);
-  if (generate.app->parsed()) return ferry::RunGenerateCommand(generate);
-  if (tokenize.app->parsed()) return ferry::RunTokenizeCommand(tokenize);
-  return 0;
+  int code = 0;
+  if (train.app->parsed()) code = ferry::RunTrainCommand(train);
+  if (plan.app->parsed()) code = ferry::RunPlanCommand(plan);
+  if (probe.app->parsed()) code = ferry::RunProbeCommand(probe);
+  if (eval.app->parsed()) code = ferry::RunEvalCommand(eval);
+  if (generate.app->parsed()) code = ferry::RunGenerateCommand(generate);
+  if (tokenize.app->parsed()) code = ferry::RunTokenizeCommand(tokenize);
+  // Output that could not be written (stdout on a full disk, `> /dev/full`) is a failure too.
+  errno = 0;
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
+    const int err = errno;
+    std::fprintf(stderr, "ferry: cannot write the output (stdout): %s%s\n",
+                 err != 0 ? std::strerror(err) : "a write failed",
+                 err == ENOSPC ? " (the disk is full)" : "");
+    return code == 0 ? 1 : code;
+  }
+  return code;
 }
 
 }  // namespace

@@ -5,9 +5,11 @@
 #include <filesystem>
 #include <thread>
 
-#include "apps/train_command.h"
+#include "apps/job_file.h"
+#include "apps/job_options.h"
 #include "engine/job/model_source.h"
 #include "engine/json.h"
+#include "engine/plan/byte_size.h"
 #include "engine/plan/planner.h"
 #include "engine/plan/simulator.h"
 #include "engine/plan/timeline_writers.h"
@@ -43,7 +45,6 @@ Result<plan::PlanJob> PlanJobOf(const JobSpec& spec, const std::string& lora_tar
                                 bool micro_batches_given, const std::string& dtype) {
   Result<uint32_t> targets = ParseLoraTargets(lora_targets);
   if (!targets.ok()) return targets.status().WithContext("--lora-targets");
-  FERRY_RETURN_IF_ERROR(ValidateThreads(spec.threads));
   Result<DType> compute = ParseDType(dtype);
   if (!compute.ok() ||
       (*compute != DType::kBF16 && *compute != DType::kF16 && *compute != DType::kF32)) {
@@ -65,6 +66,26 @@ Result<plan::PlanJob> PlanJobOf(const JobSpec& spec, const std::string& lora_tar
 
 namespace {
 
+// --nvme-dir: the space the plan may use there is at most what the filesystem has free. An
+// explicit --nvme-space beyond it is refused; the profile's drive size is lowered to it (noted on
+// stderr), so no plan counts on space that is not there.
+Status FitNvmeToFreeSpace(const PlanCommand& cmd, plan::HardwareProfile& hw) {
+  Result<uint64_t> free = FreeSpace(cmd.nvme_dir);
+  if (!free.ok()) return free.status().WithContext("--nvme-dir");
+  if (hw.nvme.space_bytes <= *free) return Status::Ok();
+  const std::string have = plan::FormatByteSize(*free) + " free in --nvme-dir " + cmd.nvme_dir;
+  if (!cmd.nvme_space.empty()) {
+    return Status::InvalidArgument("--nvme-space " + cmd.nvme_space + " (" +
+                                   plan::FormatByteSize(hw.nvme.space_bytes) + ") exceeds the " +
+                                   have + "; free space there or give " + "--nvme-space " +
+                                   std::to_string(*free >> 30) + "GiB or less");
+  }
+  std::fprintf(stderr, "ferry plan: note: planning with the %s (the profile's drive has %s)\n",
+               have.c_str(), plan::FormatByteSize(hw.nvme.space_bytes).c_str());
+  hw.nvme.space_bytes = *free;
+  return plan::ValidateHardwareProfile(hw);
+}
+
 Result<plan::HardwareProfile> ResolveHardware(const PlanCommand& cmd) {
   const std::string path = ResolveConfigPath("hardware", cmd.hardware);
   if (!fs::exists(path)) {
@@ -76,6 +97,7 @@ Result<plan::HardwareProfile> ResolveHardware(const PlanCommand& cmd) {
       plan::BudgetOverrides o,
       plan::ParseBudgetOverrides(cmd.gpu_memory, cmd.host_memory, cmd.nvme_dir, cmd.nvme_space));
   FERRY_RETURN_IF_ERROR(plan::ApplyBudgetOverrides(o, hw));
+  if (!cmd.nvme_dir.empty()) FERRY_RETURN_IF_ERROR(FitNvmeToFreeSpace(cmd, hw));
   return hw;
 }
 
@@ -134,16 +156,18 @@ void AddPlanCommand(CLI::App& parent, PlanCommand* cmd) {
 }
 
 int RunPlanCommand(PlanCommand& cmd) {
-  auto fail = [](const Status& s) {
-    std::fprintf(stderr, "ferry plan: %s\n", s.message().c_str());
+  auto fail = [&cmd](const Status& s) {
+    std::fprintf(stderr, "ferry plan: %s\n", AnnotateJobFile(cmd.job_file, s).message().c_str());
     return 1;
   };
+  Result<ModelConfig> model = ResolvePlanModel(cmd.job.model);
+  if (!model.ok()) return fail(model.status());
+  // What `ferry train` would refuse, plan refuses too (the planner judges what fits the profile).
+  if (Status s = ValidateJobSpec(cmd.job, *model); !s.ok()) return fail(s);
   Result<plan::PlanJob> job =
       PlanJobOf(cmd.job, cmd.lora_targets, cmd.app->count("--micro-batches") > 0, cmd.dtype);
   if (!job.ok()) return fail(job.status());
   job->stale_updates = cmd.stale_updates;
-  Result<ModelConfig> model = ResolvePlanModel(cmd.job.model);
-  if (!model.ok()) return fail(model.status());
   Result<plan::HardwareProfile> hw = ResolveHardware(cmd);
   if (!hw.ok()) return fail(hw.status());
   Result<plan::PlanOutcome> outcome = plan::MakePlan(cmd.job.model, *model, *job, *hw);

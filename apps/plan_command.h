@@ -14,7 +14,10 @@
 
 namespace ferry {
 
+class JobFileKeys;  // apps/job_file.h
+
 struct PlanCommand {
+  const JobFileKeys* job_file = nullptr;  // what a --config job file set (may be null)
   CLI::App* app = nullptr;
   JobSpec job;
   std::string lora_targets = "all";
@@ -37,7 +40,7 @@ Result<ModelConfig> ResolvePlanModel(const std::string& name);
 // The planner's job for parsed job options: batch, sequence, micro-batches (auto unless
 // `micro_batches_given`), LoRA on `lora_targets`, and the compute dtype `dtype` ("bf16", "fp16",
 // or "f32": CPU devices, op scratch for job.threads threads, all cores when 0). InvalidArgument
-// names the option.
+// names the option. REQUIRES: ValidateJobShape(job, model) is ok.
 Result<plan::PlanJob> PlanJobOf(const JobSpec& job, const std::string& lora_targets,
                                 bool micro_batches_given, const std::string& dtype);
 

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "apps/job_file.h"
 #include "apps/plan_command.h"
 #include "engine/job/job_spec.h"
 #include "engine/plan/byte_size.h"
@@ -27,8 +28,8 @@ void AddProbeCommand(CLI::App& parent, ProbeCommand* cmd) {
 }
 
 int RunProbeCommand(ProbeCommand& cmd) {
-  auto fail = [](const Status& s) {
-    std::fprintf(stderr, "ferry probe: %s\n", s.message().c_str());
+  auto fail = [&cmd](const Status& s) {
+    std::fprintf(stderr, "ferry probe: %s\n", AnnotateJobFile(cmd.job_file, s).message().c_str());
     return 1;
   };
   if (Status s = ValidateThreads(cmd.threads); !s.ok()) return fail(s);

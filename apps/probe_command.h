@@ -11,7 +11,10 @@
 
 namespace ferry {
 
+class JobFileKeys;  // apps/job_file.h
+
 struct ProbeCommand {
+  const JobFileKeys* job_file = nullptr;  // what a --config job file set (may be null)
   CLI::App* app = nullptr;
   std::string out = "hardware-profile.json";
   std::string base = "1x-rtx4090-pcie4";

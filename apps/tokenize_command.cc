@@ -1,5 +1,6 @@
 #include "apps/tokenize_command.h"
 
+#include <cerrno>
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -156,7 +157,9 @@ int RunData(const TokenizeCommand& cmd, const Tokenizer& tok) {
     }
     std::printf("%s\n", line.c_str());
   }
-  std::fflush(stdout);
+  if (std::fflush(stdout) != 0) {
+    return Fail(Status::FromErrno(errno, "write the output (stdout)").message());
+  }
   std::fprintf(stderr, "%zu examples, %lld tokens, %lld trained (%s; chat template %s)\n",
                loaded->examples.size(), static_cast<long long>(tokens),
                static_cast<long long>(trained), tok.Describe().c_str(),
@@ -201,7 +204,9 @@ int RunTokenizeCommand(TokenizeCommand& cmd) {
                   Quoted(std::string_view(input).substr(b, en - b)).c_str(), Quoted(piece).c_str());
     }
   }
-  std::fflush(stdout);
+  if (std::fflush(stdout) != 0) {
+    return Fail(Status::FromErrno(errno, "write the output (stdout)").message());
+  }
   std::fprintf(stderr, "%zu tokens (%s)\n", e.ids.size(), tok->Describe().c_str());
   return 0;
 }

@@ -5,141 +5,19 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <iterator>
 #include <optional>
 #include <set>
-#include <sstream>
 
-#include "apps/cli_suggestions.h"
+#include "apps/job_file.h"
+#include "apps/job_options.h"
 #include "engine/job/run_folder.h"
+#include "engine/job/run_limits.h"
 #include "engine/json.h"
 #include "engine/train/run_training.h"
 #include "engine/train/stop_signals.h"
 #include "offload/file_io.h"
 
 namespace ferry {
-namespace {
-
-// Job files are TOML whose keys are the job options' long flags without the dashes (`steps = 100`,
-// `lora-rank = 8`), shared by `ferry train` and `ferry plan`. CLI11 processes config files on the
-// top-level app only, so --config lives there (the subcommands let it fall through) and this
-// reader files top-level keys under the subcommand that was selected (train when none was).
-// CLI11 2.1 keeps no line numbers, so the reader notes each key's line itself and refuses an
-// unknown key naming the file, the line and the closest option ("did you mean").
-class JobFile : public CLI::ConfigTOML {
- public:
-  explicit JobFile(const CLI::App* parent) : parent_(parent) {}
-  std::vector<CLI::ConfigItem> from_config(std::istream& input) const override {
-    const std::string text(std::istreambuf_iterator<char>(input), {});
-    std::istringstream copy(text);
-    std::vector<CLI::ConfigItem> items = CLI::ConfigTOML::from_config(copy);
-    std::string section = "train";
-    const std::vector<CLI::App*> selected = parent_->get_subcommands();
-    if (!selected.empty()) section = selected.front()->get_name();
-    for (CLI::ConfigItem& item : items) {
-      if (item.parents.empty()) item.parents = {section};
-      if (item.name == "++" || item.name == "--" || item.parents.size() != 1) continue;
-      const CLI::App* sub = nullptr;
-      for (const CLI::App* s : parent_->get_subcommands([](const CLI::App*) { return true; })) {
-        if (s->get_name() == item.parents.front()) sub = s;
-      }
-      if (sub == nullptr || sub->get_option_no_throw("--" + item.name) != nullptr ||
-          parent_->get_option_no_throw("--" + item.name) != nullptr) {
-        continue;
-      }
-      std::vector<std::string> keys;
-      for (const std::string& flag : OptionNames(*sub)) keys.push_back(flag.substr(2));
-      const std::string near = ClosestName(item.name, keys);
-      throw CLI::ConfigError(FileName() + ":" + LineOf(text, item.name) + ": unknown key '" +
-                             item.name + "'" +
-                             (near.empty() ? "" : "; did you mean '" + near + "'?") +
-                             " (keys are `ferry " + sub->get_name() + "` options without dashes)");
-    }
-    return items;
-  }
-
- private:
-  std::string FileName() const {
-    const CLI::Option* config = parent_->get_config_ptr();
-    return config != nullptr && !config->results().empty() ? config->results().back() : "job file";
-  }
-  // The first line that sets `key` (`key = ...`, `section.key = ...`), 1-based; "?" if none.
-  static std::string LineOf(const std::string& text, const std::string& key) {
-    std::istringstream lines(text);
-    int n = 0;
-    for (std::string line; std::getline(lines, line);) {
-      ++n;
-      const size_t eq = line.find('=');
-      if (eq == std::string::npos) continue;
-      std::string k = line.substr(0, eq);
-      k.erase(0, k.find_first_not_of(" \t"));
-      k.erase(k.find_last_not_of(" \t") + 1);
-      if (k == key || (k.size() > key.size() && k.ends_with("." + key))) return std::to_string(n);
-    }
-    return "?";
-  }
-
-  const CLI::App* parent_;
-};
-
-}  // namespace
-
-void AddJobOptions(CLI::App& app, JobSpec& j, std::string* lora_targets) {
-  app.add_option("--model", j.model,
-                 "Model: 'tiny' (built-in preset) or a Hugging Face model folder")
-      ->capture_default_str();
-  app.add_option("--data", j.data,
-                 "Dataset: 'builtin', or a file: .jsonl (text | prompt+completion | messages), "
-                 ".txt, .bin/.tok token ids")
-      ->capture_default_str();
-  app.add_option("--val-data", j.val_data, "Validation dataset file (same formats as --data)");
-  app.add_option("--val-fraction", j.val_fraction,
-                 "Share of --data's examples held out for validation (0: none)")
-      ->capture_default_str();
-  app.add_option("--eval-every", j.eval_every,
-                 "Validation loss every N updates, written to metrics.jsonl as val_loss (0: off)")
-      ->capture_default_str();
-  app.add_option("--eval-batches", j.eval_batches,
-                 "Micro-batches per validation (0: the whole validation set)")
-      ->capture_default_str();
-  app.add_option("--chat-template", j.chat_template,
-                 "Chat template for 'messages': chatml, llama3, mistral, none, or auto (from the "
-                 "model folder)")
-      ->capture_default_str();
-  app.add_option("--long-examples", j.long_examples,
-                 "Examples longer than --seq-len: split (into pieces, nothing lost) or truncate")
-      ->capture_default_str();
-  app.add_flag("--skip-bad-lines", j.skip_bad_lines,
-               "Skip malformed .jsonl lines (and report how many) instead of stopping");
-  app.add_option("--steps", j.steps, "Optimizer updates")->capture_default_str();
-  app.add_option("--lr", j.lr, "Peak learning rate")->capture_default_str();
-  app.add_option("--batch-size", j.batch_size, "Sequences per optimizer update (global batch)")
-      ->capture_default_str();
-  app.add_option("--micro-batches", j.micro_batches,
-                 "Micro-batches per update (gradients accumulate; must divide --batch-size)")
-      ->capture_default_str();
-  app.add_option("--seq-len", j.seq_len, "Tokens per sequence")->capture_default_str();
-  app.add_option("--warmup-steps", j.warmup_steps, "Linear warm-up updates before the cosine decay")
-      ->capture_default_str();
-  app.add_option("--min-lr-ratio", j.min_lr_ratio, "The cosine ends at this fraction of --lr")
-      ->capture_default_str();
-  app.add_option("--weight-decay", j.weight_decay,
-                 "AdamW decoupled weight decay (never on norms and biases)")
-      ->capture_default_str();
-  app.add_option("--beta1", j.beta1, "AdamW beta1")->capture_default_str();
-  app.add_option("--beta2", j.beta2, "AdamW beta2")->capture_default_str();
-  app.add_option("--adam-eps", j.adam_eps, "AdamW epsilon")->capture_default_str();
-  app.add_option("--grad-clip", j.grad_clip, "Global gradient-norm clipping threshold (0: off)")
-      ->capture_default_str();
-  app.add_option("--lora-rank", j.lora.rank, "LoRA rank (0: full fine-tuning)")
-      ->capture_default_str();
-  app.add_option("--lora-alpha", j.lora.alpha, "LoRA alpha (scaling = alpha / rank)")
-      ->capture_default_str();
-  app.add_option("--lora-targets", *lora_targets,
-                 "Projections that get adapters: comma-separated q,k,v,o,gate,up,down, or all")
-      ->capture_default_str();
-  app.add_option("--seed", j.seed, "Seed for initialization and data order")->capture_default_str();
-}
 
 void AddTrainCommand(CLI::App& parent, TrainCommand* cmd) {
   JobSpec& j = cmd->job;
@@ -152,11 +30,6 @@ void AddTrainCommand(CLI::App& parent, TrainCommand* cmd) {
       "win.");
   cmd->app = t;
   t->fallthrough();
-  parent.config_formatter(std::make_shared<JobFile>(&parent));
-  parent.allow_config_extras(CLI::config_extras_mode::error);
-  parent.set_config("--config", "",
-                    "Job file (TOML): every key is a train flag without dashes, e.g. "
-                    "`steps = 100`; flags given on the command line win");
   AddJobOptions(*t, j, &cmd->lora_targets);
   t->add_option("--threads", j.threads, "CPU threads (0: all cores)")->capture_default_str();
   t->add_option("--devices", j.devices,
@@ -228,8 +101,8 @@ Result<JobSpec> ResumedJob(const TrainCommand& cmd) {
 
 int RunTrainCommand(TrainCommand& cmd) {
   JobSpec& job = cmd.job;
-  auto fail = [](const Status& s) {
-    std::fprintf(stderr, "ferry train: %s\n", s.message().c_str());
+  auto fail = [&cmd](const Status& s) {
+    std::fprintf(stderr, "ferry train: %s\n", AnnotateJobFile(cmd.job_file, s).message().c_str());
     return 1;
   };
   Result<uint32_t> targets = ParseLoraTargets(cmd.lora_targets);
@@ -245,10 +118,31 @@ int RunTrainCommand(TrainCommand& cmd) {
   Result<ModelConfig> model = ResolveModel(job);
   if (!model.ok()) return fail(model.status());
   if (Status s = ValidateJobSpec(job, *model); !s.ok()) return fail(s);
+  // The device the run will create, against this machine, before the run folder is touched.
+  const int threads =
+      job.threads > 0 ? int(job.threads) : int(MachineLimits::OfThisMachine().hardware_threads);
+  RunLimits run;
+  run.threads = job.threads;
+  run.device_bytes = [&] {
+    return EstimateDeviceBytes(*model, job.lora, {job.micro_batch_size(), job.seq_len},
+                               ModelRunnerOptions().loss_chunk_tokens, threads);
+  };
+  run.device_from = "--batch-size " + std::to_string(job.batch_size) + " / --micro-batches " +
+                    std::to_string(job.micro_batches) + " x --seq-len " +
+                    std::to_string(job.seq_len);
+  if (Status s = ValidateRunLimits(run, *model); !s.ok()) return fail(s);
   if (cmd.force && control.resume)
     return fail(
         Status::InvalidArgument("--force cannot be "
                                 "combined with --resume"));
+  // The dataset files exist before the run folder is claimed (their contents are read later).
+  for (const auto& [option, path] : {std::pair<const char*, const std::string&>{"--data", job.data},
+                                     {"--val-data", job.val_data}}) {
+    if (path.empty() || (path == "builtin" && std::string_view(option) == "--data")) continue;
+    if (::access(path.c_str(), R_OK) != 0) {
+      return fail(Status::FromErrno(errno, std::string(option) + " " + path));
+    }
+  }
   const RunFolderMode mode = control.resume ? RunFolderMode::kResume
                              : cmd.force    ? RunFolderMode::kForce
                                             : RunFolderMode::kNew;

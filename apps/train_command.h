@@ -9,18 +9,16 @@
 
 namespace ferry {
 
+class JobFileKeys;  // apps/job_file.h
+
 struct TrainCommand {
+  const JobFileKeys* job_file = nullptr;  // what a --config job file set (may be null)
   CLI::App* app = nullptr;
   JobSpec job;
   std::string lora_targets = "all";
   std::string resume;  // --resume RUN_DIR; empty: a new run
   bool force = false;  // --force: replace the run folder --out (engine/job/run_folder.h)
 };
-
-// Adds the job options `ferry train` and `ferry plan` share (model, data, steps, batch, sequence,
-// optimizer, LoRA, seed) to `app`, bound to `job`; --lora-targets goes to `lora_targets` (parse
-// it with ParseLoraTargets). `job` and `lora_targets` must outlive parsing.
-void AddJobOptions(CLI::App& app, JobSpec& job, std::string* lora_targets);
 
 // Adds the `train` subcommand to `parent`; the returned object receives the parsed options and
 // must outlive parsing.

@@ -1,0 +1,62 @@
+#include "apps/job_options.h"
+
+namespace ferry {
+
+void AddJobOptions(CLI::App& app, JobSpec& j, std::string* lora_targets) {
+  app.add_option("--model", j.model,
+                 "Model: 'tiny' (built-in preset) or a Hugging Face model folder")
+      ->capture_default_str();
+  app.add_option("--data", j.data,
+                 "Dataset: 'builtin', or a file: .jsonl (text | prompt+completion | messages), "
+                 ".txt, .bin/.tok token ids")
+      ->capture_default_str();
+  app.add_option("--val-data", j.val_data, "Validation dataset file (same formats as --data)");
+  app.add_option("--val-fraction", j.val_fraction,
+                 "Share of --data's examples held out for validation (0: none)")
+      ->capture_default_str();
+  app.add_option("--eval-every", j.eval_every,
+                 "Validation loss every N updates, written to metrics.jsonl as val_loss (0: off)")
+      ->capture_default_str();
+  app.add_option("--eval-batches", j.eval_batches,
+                 "Micro-batches per validation (0: the whole validation set)")
+      ->capture_default_str();
+  app.add_option("--chat-template", j.chat_template,
+                 "Chat template for 'messages': chatml, llama3, mistral, none, or auto (from the "
+                 "model folder)")
+      ->capture_default_str();
+  app.add_option("--long-examples", j.long_examples,
+                 "Examples longer than --seq-len: split (into pieces, nothing lost) or truncate")
+      ->capture_default_str();
+  app.add_flag("--skip-bad-lines", j.skip_bad_lines,
+               "Skip malformed .jsonl lines (and report how many) instead of stopping");
+  app.add_option("--steps", j.steps, "Optimizer updates")->capture_default_str();
+  app.add_option("--lr", j.lr, "Peak learning rate")->capture_default_str();
+  app.add_option("--batch-size", j.batch_size, "Sequences per optimizer update (global batch)")
+      ->capture_default_str();
+  app.add_option("--micro-batches", j.micro_batches,
+                 "Micro-batches per update (gradients accumulate; must divide --batch-size)")
+      ->capture_default_str();
+  app.add_option("--seq-len", j.seq_len, "Tokens per sequence")->capture_default_str();
+  app.add_option("--warmup-steps", j.warmup_steps, "Linear warm-up updates before the cosine decay")
+      ->capture_default_str();
+  app.add_option("--min-lr-ratio", j.min_lr_ratio, "The cosine ends at this fraction of --lr")
+      ->capture_default_str();
+  app.add_option("--weight-decay", j.weight_decay,
+                 "AdamW decoupled weight decay (never on norms and biases)")
+      ->capture_default_str();
+  app.add_option("--beta1", j.beta1, "AdamW beta1")->capture_default_str();
+  app.add_option("--beta2", j.beta2, "AdamW beta2")->capture_default_str();
+  app.add_option("--adam-eps", j.adam_eps, "AdamW epsilon")->capture_default_str();
+  app.add_option("--grad-clip", j.grad_clip, "Global gradient-norm clipping threshold (0: off)")
+      ->capture_default_str();
+  app.add_option("--lora-rank", j.lora.rank, "LoRA rank (0: full fine-tuning)")
+      ->capture_default_str();
+  app.add_option("--lora-alpha", j.lora.alpha, "LoRA alpha (scaling = alpha / rank)")
+      ->capture_default_str();
+  app.add_option("--lora-targets", *lora_targets,
+                 "Projections that get adapters: comma-separated q,k,v,o,gate,up,down, or all")
+      ->capture_default_str();
+  app.add_option("--seed", j.seed, "Seed for initialization and data order")->capture_default_str();
+}
+
+}  // namespace ferry
