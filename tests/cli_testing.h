@@ -9,7 +9,11 @@
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
 #include <string>
+#include <vector>
 
 namespace ferry::testing {
 
@@ -18,11 +22,13 @@ struct CommandResult {
   std::string output;  // stdout and stderr
 };
 
-// `env`: assignments put before the command ("NAME=value ...").
-inline CommandResult Ferry(const std::string& args, const std::string& env = "") {
+// `env`: assignments put before the command ("NAME=value ..."). `stdout_to`: a file that gets
+// stdout (then `output` is stderr alone).
+inline CommandResult Ferry(const std::string& args, const std::string& env = "",
+                           const std::string& stdout_to = "") {
   CommandResult r;
-  const std::string cmd =
-      (env.empty() ? "" : "env " + env + " ") + std::string(FERRY_BINARY) + " " + args + " 2>&1";
+  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(FERRY_BINARY) +
+                          " " + args + " 2>&1" + (stdout_to.empty() ? "" : " >" + stdout_to);
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
   std::array<char, 4096> buf;
@@ -31,6 +37,36 @@ inline CommandResult Ferry(const std::string& args, const std::string& env = "")
   int status = ::pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// Options that make a `ferry train` of the tiny model take a fraction of a second.
+inline const std::string kQuickTrain = " --batch-size 2 --seq-len 16 --warmup-steps 2 --threads 2";
+
+// Every file under `path` (or `path` itself when it is a file): relative path -> contents, what
+// "nothing of the user's changed" compares.
+inline std::map<std::string, std::string> Snapshot(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::map<std::string, std::string> out;
+  auto read = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  if (!fs::exists(path)) return out;
+  if (fs::is_regular_file(path)) {
+    out[""] = read(path);
+    return out;
+  }
+  for (const auto& e : fs::recursive_directory_iterator(path)) {
+    if (e.is_regular_file()) out[fs::relative(e.path(), path).string()] = read(e.path());
+  }
+  return out;
+}
+
+// Each of `words` occurs in the command's output.
+inline void ExpectWords(const CommandResult& r, const std::vector<std::string>& words) {
+  for (const std::string& w : words) {
+    EXPECT_NE(r.output.find(w), std::string::npos) << "missing '" << w << "' in:\n" << r.output;
+  }
 }
 
 // A fixture with a fresh temporary folder per test (dir_), removed afterwards.

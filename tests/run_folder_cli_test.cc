@@ -21,37 +21,17 @@ namespace {
 
 namespace fs = std::filesystem;
 using ferry::testing::CommandResult;
+using ferry::testing::ExpectWords;
 using ferry::testing::Ferry;
-
-const std::string kQuick = " --batch-size 2 --seq-len 16 --warmup-steps 2 --threads 2";
-
-// Every file under `dir`: relative path -> contents (what "nothing changed" compares).
-std::map<std::string, std::string> Snapshot(const std::string& dir) {
-  std::map<std::string, std::string> out;
-  if (!fs::exists(dir)) return out;
-  if (fs::is_regular_file(dir)) {
-    std::ifstream in(dir, std::ios::binary);
-    out[""] = std::string(std::istreambuf_iterator<char>(in), {});
-    return out;
-  }
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file()) continue;
-    std::ifstream in(e.path(), std::ios::binary);
-    out[fs::relative(e.path(), dir).string()] = std::string(std::istreambuf_iterator<char>(in), {});
-  }
-  return out;
-}
-
-void ExpectWords(const CommandResult& r, const std::vector<std::string>& words) {
-  for (const std::string& w : words)
-    EXPECT_NE(r.output.find(w), std::string::npos) << w << "\n" << r.output;
-}
+using ferry::testing::kQuickTrain;
+using ferry::testing::Snapshot;
 
 class RunFolderCliTest : public ferry::testing::CliTest {
  protected:
   // A finished tiny run in `out` (checkpoints every 2 updates).
   void Train(const std::string& out, const std::string& extra = "") {
-    CommandResult r = Ferry("train --steps 4 --save-every 2" + kQuick + " --out " + out + extra);
+    CommandResult r =
+        Ferry("train --steps 4 --save-every 2" + kQuickTrain + " --out " + out + extra);
     ASSERT_EQ(r.code, 0) << r.output;
   }
 };
@@ -76,7 +56,7 @@ TEST_F(RunFolderCliTest, OutNeverWritesUnderTheSources) {
       {"--out /", "filesystem root"},
   };
   for (const Row& row : rows) {
-    CommandResult r = Ferry("train --steps 1" + kQuick + " " + row.args);
+    CommandResult r = Ferry("train --steps 1" + kQuickTrain + " " + row.args);
     EXPECT_EQ(r.code, 1) << row.args << "\n" << r.output;
     ExpectWords(r, {row.word, "--out"});
   }
@@ -90,7 +70,7 @@ TEST_F(RunFolderCliTest, ForeignFolderIsRefusedEvenWithForce) {
   std::ofstream(out + "/notes.txt") << "my notes\n";
   const auto before = Snapshot(out);
   for (const char* force : {"", " --force"}) {
-    CommandResult r = Ferry("train --steps 1" + kQuick + " --out " + out + force);
+    CommandResult r = Ferry("train --steps 1" + kQuickTrain + " --out " + out + force);
     EXPECT_EQ(r.code, 1) << r.output;
     ExpectWords(r, {"ferry did not write", "notes.txt", "new --out"});
     EXPECT_EQ(Snapshot(out), before);
@@ -99,7 +79,7 @@ TEST_F(RunFolderCliTest, ForeignFolderIsRefusedEvenWithForce) {
   Train(dir_ + "/run");
   std::ofstream(dir_ + "/run/notes.txt") << "mine\n";
   CommandResult r =
-      Ferry("train --steps 4 --lr 0.001" + kQuick + " --out " + dir_ + "/run --force");
+      Ferry("train --steps 4 --lr 0.001" + kQuickTrain + " --out " + dir_ + "/run --force");
   EXPECT_EQ(r.code, 1) << r.output;
   ExpectWords(r, {"notes.txt"});
   EXPECT_TRUE(fs::exists(dir_ + "/run/model.safetensors"));
@@ -111,17 +91,17 @@ TEST_F(RunFolderCliTest, AnotherJobsRunFolderNeedsResumeNewOutOrForce) {
   Train(run);
   EXPECT_TRUE(fs::exists(run + "/.ferry-run"));
   const auto before = Snapshot(run);
-  CommandResult r = Ferry("train --steps 4 --lr 0.001" + kQuick + " --out " + run);
+  CommandResult r = Ferry("train --steps 4 --lr 0.001" + kQuickTrain + " --out " + run);
   EXPECT_EQ(r.code, 1) << r.output;
   ExpectWords(r, {"another job", "lr", "--resume " + run, "new --out", "--force"});
   EXPECT_EQ(Snapshot(run), before);
 
-  r = Ferry("train --steps 4 --lr 0.001" + kQuick + " --out " + run + " --force");
+  r = Ferry("train --steps 4 --lr 0.001" + kQuickTrain + " --out " + run + " --force");
   EXPECT_EQ(r.code, 0) << r.output;
   std::ifstream in(run + "/job.json");
   EXPECT_DOUBLE_EQ(nlohmann::json::parse(in)["lr"].get<double>(), 0.001);
 
-  r = Ferry("train --steps 4 --lr 0.001" + kQuick + " --out " + run);  // the same job again
+  r = Ferry("train --steps 4 --lr 0.001" + kQuickTrain + " --out " + run);  // the same job again
   EXPECT_EQ(r.code, 0) << r.output;
 }
 
@@ -133,8 +113,8 @@ TEST_F(RunFolderCliTest, LockedRunFolderIsRefused) {
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
   const auto before = Snapshot(run);
-  for (const std::string& args :
-       {"--steps 4 --save-every 2" + kQuick + " --out " + run, "--resume " + run + " --steps 6"}) {
+  for (const std::string& args : {"--steps 4 --save-every 2" + kQuickTrain + " --out " + run,
+                                  "--resume " + run + " --steps 6"}) {
     CommandResult r = Ferry("train " + args);
     EXPECT_EQ(r.code, 1) << r.output;
     ExpectWords(r, {"in use by another ferry run"});
@@ -169,7 +149,8 @@ TEST_F(RunFolderCliTest, ResumeRefusesStepsBelowTheCheckpoint) {
 TEST_F(RunFolderCliTest, ResumeSkipsAnotherJobsCheckpoint) {
   const std::string run = dir_ + "/run", other = dir_ + "/other";
   Train(run);
-  CommandResult o = Ferry("train --steps 6 --save-every 6 --lr 0.001" + kQuick + " --out " + other);
+  CommandResult o =
+      Ferry("train --steps 6 --save-every 6 --lr 0.001" + kQuickTrain + " --out " + other);
   ASSERT_EQ(o.code, 0) << o.output;
   fs::copy(other + "/checkpoints/step-00000006", run + "/checkpoints/step-00000006",
            fs::copy_options::recursive);
@@ -227,7 +208,7 @@ TEST_F(RunFolderCliTest, FailedJobJsonWriteLeavesNoPartialFile) {
   rlimit small = saved;
   small.rlim_cur = 256;  // the marker fits, job.json does not
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
-  CommandResult r = Ferry("train --steps 1" + kQuick + " --out " + out);
+  CommandResult r = Ferry("train --steps 1" + kQuickTrain + " --out " + out);
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &saved), 0);
   EXPECT_EQ(r.code, 1) << r.output;
   ExpectWords(r, {"job.json", "File too large", "disk is full"});
