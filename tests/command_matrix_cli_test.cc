@@ -164,6 +164,19 @@ TEST_F(CommandMatrixCliTest, UnwritableAndForeignOutputs) {
   });
 }
 
+// `plan --nvme-dir`: the folder must exist, and the plan may count on no more than its free space
+// (statvfs); an --nvme-space beyond it is refused naming both.
+TEST_F(CommandMatrixCliTest, PlanNvmeDirChecksFreeSpace) {
+  const std::string plan = "plan --model smollm2-135m --seq-len 256 --batch-size 3 --nvme-dir ";
+  RunRows({
+      {plan + dir_ + "/none", {"--nvme-dir", "statvfs " + dir_ + "/none", "No such file"}},
+      {plan + dir_ + " --nvme-space 100000TiB",
+       {"--nvme-space 100000TiB", "exceeds the", "free in --nvme-dir " + dir_}},
+  });
+  CommandResult r = Ferry(plan + dir_ + " --nvme-space 1GiB");
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
 // stdout on a full disk: a failure naming it, for the commands whose output is stdout.
 TEST_F(CommandMatrixCliTest, FullStdout) {
   const std::vector<std::string> commands = {
