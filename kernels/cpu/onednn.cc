@@ -20,6 +20,7 @@ namespace ferry::cpu {
 // The oneDNN C API calls ferry makes, resolved with dlsym (the library is not linked).
 struct OneDnnApi {
   decltype(&dnnl_engine_create) engine_create;
+  decltype(&dnnl_engine_destroy) engine_destroy;
   decltype(&dnnl_stream_create) stream_create;
   decltype(&dnnl_stream_destroy) stream_destroy;
   decltype(&dnnl_memory_desc_init_by_strides) md_init;
@@ -150,6 +151,7 @@ struct OneDnnLoader {
       missing |= fn == nullptr;
     };
     sym(api->engine_create, "dnnl_engine_create");
+    sym(api->engine_destroy, "dnnl_engine_destroy");
     sym(api->stream_create, "dnnl_stream_create");
     sym(api->stream_destroy, "dnnl_stream_destroy");
     sym(api->md_init, "dnnl_memory_desc_init_by_strides");
@@ -183,6 +185,9 @@ struct OneDnnLoader {
     if (api->engine_create(&engine, dnnl_cpu, 0) != dnnl_success) {
       return Status::Unavailable("oneDNN could not create its CPU engine");
     }
+    // The engine is destroyed unless the path turns out usable (then it lives with the process).
+    auto engine_destroy = api->engine_destroy;
+    std::unique_ptr<dnnl_engine, decltype(engine_destroy)> engine_owner(engine, engine_destroy);
     const dnnl_version_t* v = api->version();
     const dnnl_cpu_isa_t isa = api->effective_isa();
     const std::string version = "oneDNN " + std::to_string(v->major) + "." +
@@ -215,7 +220,7 @@ struct OneDnnLoader {
     }
     auto* dnnl = new OneDnn();         // process lifetime, as above
     dnnl->api_ = api_owner.release();  // lives as long as the process, as the library does
-    dnnl->engine_ = engine;
+    dnnl->engine_ = engine_owner.release();
     dnnl->describe_ = version + ", " + impl_name + " (max ISA " + IsaName(isa) + ")";
     return static_cast<const OneDnn*>(dnnl);
   }
