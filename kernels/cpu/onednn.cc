@@ -15,6 +15,14 @@
 #define FERRY_ONEDNN_PATH "libdnnl.so.2"
 #endif
 
+#if defined(__SANITIZE_THREAD__)
+// oneDNN is not built with TSan: its primitive cache synchronizes through code TSan cannot see,
+// and the intercepted calls inside it (memcmp of a cache key another worker allocated) then read
+// as races. Reports with a oneDNN frame are the library's, not ferry's; every ferry access stays
+// checked. (TSan reads this hook at start-up; the runtime's weak default returns "".)
+extern "C" const char* __tsan_default_suppressions() { return "race:libdnnl.so\n"; }
+#endif
+
 namespace ferry::cpu {
 
 // The oneDNN C API calls ferry makes, resolved with dlsym (the library is not linked).
