@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/load_once.h"
 
 #ifndef FERRY_OPENBLAS_PATH
 #define FERRY_OPENBLAS_PATH "libopenblas.so.0"
@@ -101,15 +102,12 @@ struct CpuBlasLoader {
   }
 };
 
-Result<const CpuBlas*> CpuBlas::Load() {
-  static std::once_flag once;
-  static std::optional<Result<const CpuBlas*>> loaded;  // written once, under `once`
-  std::call_once(once, [] { loaded.emplace(CpuBlasLoader::LoadOnce()); });
-  return *loaded;
+const Result<const CpuBlas*>& CpuBlas::Load() {
+  return cpu::LoadOnce<CpuBlas, &CpuBlasLoader::LoadOnce>();
 }
 
 const CpuBlas& Blas() {
-  Result<const CpuBlas*> b = CpuBlas::Load();
+  const Result<const CpuBlas*>& b = CpuBlas::Load();
   if (!b.ok()) {
     std::fprintf(stderr, "ferry: %s\n", b.status().message().c_str());
     std::abort();

@@ -29,7 +29,7 @@ class CpuBlas {
  public:
   // Loads the library once; later calls return the same instance or the same error. Errors:
   // Unavailable naming the library path and dlopen's reason, or a missing symbol.
-  static Result<const CpuBlas*> Load();
+  static const Result<const CpuBlas*>& Load();
 
   // Row-major C = alpha op(A) op(B) + beta C through the library's cblas_sgemm (A is (m, k), or
   // (k, m) when trans_a; B is (k, n), or (n, k) when trans_b).

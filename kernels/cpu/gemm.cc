@@ -186,12 +186,9 @@ Status RunOnOneDnn(ThreadPool& pool, const GemmArgs& g, const GemmDims& d, const
 }  // namespace
 
 const OneDnn* Bf16GemmLibrary() {
-  // Resolved once: a GEMM call copies no Result (nor its error text) after the first.
-  static const OneDnn* const library = [] {
-    Result<const OneDnn*> d = OneDnn::Load();
-    return d.ok() ? *d : nullptr;
-  }();
-  return library;
+  // By reference: a GEMM call copies no Result (nor its error text).
+  const Result<const OneDnn*>& d = OneDnn::Load();
+  return d.ok() ? *d : nullptr;
 }
 
 size_t GemmScratchBytes(int threads, int64_t m, int64_t n, int64_t k, GemmDTypes dtypes) {

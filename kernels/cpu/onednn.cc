@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/load_once.h"
 
 #ifndef FERRY_ONEDNN_PATH
 #define FERRY_ONEDNN_PATH "libdnnl.so.2"
@@ -234,12 +235,7 @@ struct OneDnnLoader {
   }
 };
 
-Result<const OneDnn*> OneDnn::Load() {
-  static std::once_flag once;
-  static std::optional<Result<const OneDnn*>> loaded;  // written once, under `once`
-  std::call_once(once, [] { loaded.emplace(OneDnnLoader::LoadOnce()); });
-  return *loaded;
-}
+const Result<const OneDnn*>& OneDnn::Load() { return LoadOnce<OneDnn, &OneDnnLoader::LoadOnce>(); }
 
 bool OneDnn::Takes(DType c, bool has_bias, DType bias, float alpha, int64_t k) {
   const auto f32_or_bf16 = [](DType t) { return t == DType::kF32 || t == DType::kBF16; };
@@ -274,7 +270,7 @@ Status OneDnn::Run(const Bf16GemmCall& c) const {
 }
 
 std::string Bf16GemmPathDescription() {
-  Result<const OneDnn*> d = OneDnn::Load();
+  const Result<const OneDnn*>& d = OneDnn::Load();
   if (d.ok()) return "bf16 GEMM: " + (*d)->Describe();
   return "bf16 GEMM: fp32 OpenBLAS on converted panels (oneDNN's bf16 path is off: " +
          d.status().message() + ")";

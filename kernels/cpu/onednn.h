@@ -56,7 +56,7 @@ class OneDnn {
   // Loads the library once; later calls return the same instance or the same error.
   // Errors: Unavailable naming why the bf16 path is off (no AVX512-BF16/AMX-BF16 in the CPU's
   // flags, the library missing, or oneDNN capped below its bf16 kernels).
-  static Result<const OneDnn*> Load();
+  static const Result<const OneDnn*>& Load();
 
   // Whether Run takes a product with these dtypes and scalars: C f32 or bf16, bias f32, bf16 or
   // absent, k > 0, and alpha == 1 whenever there is a bias (oneDNN scales the bias with alpha).
