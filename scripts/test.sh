@@ -14,6 +14,7 @@ started=$SECONDS
 summary=()
 failed=0
 print_summary() {
+  print_reruns
   ((${#summary[@]})) || return 0
   echo "== summary ($(((SECONDS - started) / 60)) min) =="
   printf '%s\n' "${summary[@]}"
@@ -72,8 +73,34 @@ build_and_test() {
     rc=$?
   summary+=("$(printf '%-14s build %4d s, tests %4d s: %s' "$dir" "$built" \
     $((SECONDS - start)) "$(count_results "$dir/ctest-junit.xml" $rc)")")
-  ((rc == 0)) || failed=1
+  if ((rc != 0)); then
+    failed=1
+    # The failing tests by name, so the summary alone says where to look; and each run once more
+    # on its own (the build still counts as failed), its output kept for the end of the log, where
+    # a CI's tail shows it: a pass there points to an interaction or a flake, not the test alone.
+    local names
+    names=$(cut -d: -f2- "$dir/Testing/Temporary/LastTestsFailed.log" 2>/dev/null | head -n 10 |
+      paste -sd, - | sed 's/,/, /g')
+    [[ -z $names ]] || summary+=("$(printf '%-14s failed: %s' "" "$names")")
+    ctest --test-dir "$dir" --rerun-failed --output-on-failure --timeout 900 \
+      >"$dir/rerun-failed.log" 2>&1 || true
+    reruns+=("$dir/rerun-failed.log")
+  fi
 }
+reruns=()
+print_reruns() {
+  local f
+  for f in "${reruns[@]}"; do
+    echo "== the failed tests run again alone: $f (last 100 lines) =="
+    tail -n 100 "$f"
+  done
+}
+
+# The host, first in the summary: several tests depend on the CPU's flags (kernels/cpu).
+host_flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
+has() { [[ " $host_flags " == *" $1 "* ]] && echo "$1" || true; }
+summary+=("host: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//'),\
+ $(nproc) cores; $(echo $(has avx2) $(has avx512f) $(has avx512_bf16) $(has amx_bf16))")
 
 cmake_args=()
 build_and_test build --timeout 600
