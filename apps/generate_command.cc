@@ -59,7 +59,7 @@ Status Run(const GenerateCommand& cmd) {
   CpuDeviceOptions dev;
   dev.name = "cpu";
   dev.compute_threads =
-      cmd.threads > 0 ? cmd.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+      cmd.threads > 0 ? int(cmd.threads) : int(std::max(1u, std::thread::hardware_concurrency()));
   size_t weight_bytes = 0;
   for (const auto& [name, t] : m.weights.tensors) weight_bytes += t.size() * 4;
   const int64_t positions = int64_t(ids.size()) + cmd.max_tokens;

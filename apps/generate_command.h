@@ -23,7 +23,7 @@ struct GenerateCommand {
   double top_p = 0.95;
   int64_t top_k = 0;
   uint64_t seed = 0;
-  int threads = 0;  // CPU threads (0: all cores)
+  int64_t threads = 0;  // CPU threads (0: all cores); int64 so a huge value is refused by name
 };
 
 // Adds the `generate` subcommand to `parent`; `cmd` receives the parsed options and must outlive

@@ -39,7 +39,7 @@ int RunProbeCommand(ProbeCommand& cmd) {
   Result<uint64_t> nvme_bytes = plan::ParseByteSize(cmd.nvme_bytes);
   if (!nvme_bytes.ok()) return fail(nvme_bytes.status().WithContext("--nvme-bytes"));
   plan::ProbeOptions o;
-  o.threads = cmd.threads;
+  o.threads = int(cmd.threads);  // checked above
   o.nvme_dir = cmd.nvme_dir;
   o.nvme_bytes = *nvme_bytes;
   if (cmd.quick) {
@@ -59,7 +59,7 @@ int RunProbeCommand(ProbeCommand& cmd) {
       cmd.layers.layers_only ? base : plan::ProbeMachine(o, *base, &gpu_report);
   if (!p.ok()) return fail(p.status());
   if (cmd.layers.wanted()) {
-    if (Status s = RunLayerProbe(cmd.layers, cmd.threads, *p); !s.ok()) return fail(s);
+    if (Status s = RunLayerProbe(cmd.layers, int(cmd.threads), *p); !s.ok()) return fail(s);
   }
   if (Status s = plan::SaveHardwareProfile(*p, cmd.out); !s.ok()) return fail(s);
   std::printf("host memory %.1f GB/s, CPU AdamW %.2f G params/s", p->host.memory_bandwidth / 1e9,

@@ -20,7 +20,7 @@ struct ProbeCommand {
   std::string base = "1x-rtx4090-pcie4";
   std::string nvme_dir;
   std::string nvme_bytes = "1GiB";
-  int threads = 0;
+  int64_t threads = 0;  // (0: all cores); int64 so a huge value is refused by name
   bool quick = false;
   LayerProbeCommand layers;  // --model M [job options]: also measure M's layers
 };

@@ -166,10 +166,13 @@ TEST_F(RunFolderCliTest, HugeThreadsIsRefusedByEveryCommand) {
   const std::string commands[] = {
       "train --steps 1 --out " + out, "generate --prompt hi --max-tokens 2", "plan",
       "eval --data " + dir_ + "/none.jsonl", "probe --quick --out " + dir_ + "/hw.json"};
-  for (const std::string& c : commands) {
-    CommandResult r = Ferry(c + " --threads 100000");
-    EXPECT_EQ(r.code, 1) << c << "\n" << r.output;
-    ExpectWords(r, {"--threads 100000 exceeds", "hardware threads"});
+  // 100000, and a count past 32 bits (read as 64 bits everywhere, so refused by the same check).
+  for (const std::string threads : {"100000", "8589934592"}) {
+    for (const std::string& c : commands) {
+      CommandResult r = Ferry(c + " --threads " + threads);
+      EXPECT_EQ(r.code, 1) << c << "\n" << r.output;
+      ExpectWords(r, {"--threads " + threads + " exceeds", "hardware threads"});
+    }
   }
   EXPECT_FALSE(fs::exists(out));
   EXPECT_FALSE(fs::exists(dir_ + "/hw.json"));

@@ -6,6 +6,10 @@
 namespace ferry {
 
 std::string FormatDuration(double seconds) {
+  // Past 9999 hours (over a year) a clock reading says nothing more; it also keeps the rounding
+  // below int64's range for any --steps (an ETA of 2^63 steps is about 10^19 s).
+  constexpr double kLongest = 9999.0 * 3600;
+  if (!(seconds < kLongest)) return seconds != seconds ? "?" : ">9999:00:00";
   const int64_t s = int64_t(std::llround(std::max(0.0, seconds)));
   char buf[32];
   if (s >= 3600) {
@@ -21,7 +25,9 @@ std::string FormatProgress(const ProgressReport& r, bool with_bar) {
   std::string line;
   if (with_bar) {
     constexpr int kWidth = 24;
-    const int filled = r.total > 0 ? int(kWidth * r.step / r.total) : 0;
+    // In double: kWidth * step overflows int64 for --steps near 2^63.
+    const int filled =
+        r.total > 0 ? std::clamp(int(kWidth * (double(r.step) / double(r.total))), 0, kWidth) : 0;
     line =
         "[" + std::string(size_t(filled), '#') + std::string(size_t(kWidth - filled), '.') + "] ";
   }

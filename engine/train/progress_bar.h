@@ -21,7 +21,7 @@ struct ProgressReport {
 
 // "step 12/300 | loss 3.1416 | 4,210 tok/s | 0:07 elapsed | ETA 1:42" with a bar on terminals.
 std::string FormatProgress(const ProgressReport& r, bool with_bar);
-// "1:05", "1:02:03".
+// "1:05", "1:02:03"; ">9999:00:00" past 9999 hours (and "?" for NaN).
 std::string FormatDuration(double seconds);
 
 class ProgressBar {

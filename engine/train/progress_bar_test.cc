@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 namespace ferry {
@@ -36,6 +37,21 @@ TEST(ProgressBarTest, FormatsStepLossRateAndEta) {
       {.step = 10, .total = 40, .loss = 2.5, .tokens_per_s = 1234.4, .elapsed_s = 20}, false);
   EXPECT_EQ(line, "step 10/40 | loss 2.5000 | 1234 tok/s | 0:20 elapsed | ETA 1:00");
   EXPECT_EQ(FormatDuration(3725), "1:02:05");
+}
+
+// --steps near 2^63: the bar and the ETA stay in range (no int64 overflow, which UBSan reports).
+TEST(ProgressBarTest, HugeStepCountsStayInRange) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const std::string line = FormatProgress(
+      {.step = kMax / 2, .total = kMax, .loss = 1, .tokens_per_s = 1, .elapsed_s = 10}, true);
+  EXPECT_EQ(line.rfind("[############............] step 4611686018427387903/", 0), 0u) << line;
+  EXPECT_NE(line.find("ETA 0:10"), std::string::npos) << line;
+  const std::string first =
+      FormatProgress({.step = 1, .total = kMax, .tokens_per_s = 1, .elapsed_s = 2}, false);
+  EXPECT_NE(first.find("ETA >9999:00:00"), std::string::npos) << first;
+  EXPECT_EQ(FormatDuration(9998.0 * 3600 + 59 * 60 + 59), "9998:59:59");
+  EXPECT_EQ(FormatDuration(1e300), ">9999:00:00");
+  EXPECT_EQ(FormatDuration(-5), "0:00");
 }
 
 TEST(ProgressBarTest, PlainLinesEveryNStepsWhenNotATerminal) {
