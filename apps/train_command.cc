@@ -15,6 +15,7 @@
 #include "engine/json.h"
 #include "engine/train/run_training.h"
 #include "engine/train/stop_signals.h"
+#include "engine/train/training_runner.h"
 #include "offload/file_io.h"
 
 namespace ferry {
@@ -34,6 +35,10 @@ void AddTrainCommand(CLI::App& parent, TrainCommand* cmd) {
   t->add_option("--threads", j.threads, "CPU threads (0: all cores)")->capture_default_str();
   t->add_option("--devices", j.devices,
                 "CPU devices: more than 1 plans the job for them and runs the planned pipeline")
+      ->capture_default_str();
+  t->add_option("--dtype", j.dtype,
+                "Compute dtype: f32 (the exact reference) or bf16 (bf16 weights and activations, "
+                "bf16 GEMMs with fp32 accumulation where the CPU has them; fp32 master weights)")
       ->capture_default_str();
   t->add_option("--out", j.out,
                 "Run folder (created; an existing one only for the same job): weights, "
@@ -123,13 +128,11 @@ int RunTrainCommand(TrainCommand& cmd) {
       job.threads > 0 ? int(job.threads) : int(MachineLimits::OfThisMachine().hardware_threads);
   RunLimits run;
   run.threads = job.threads;
-  run.device_bytes = [&] {
-    return EstimateDeviceBytes(*model, job.lora, {job.micro_batch_size(), job.seq_len},
-                               ModelRunnerOptions().loss_chunk_tokens, threads);
-  };
+  run.device_bytes = [&] { return TrainingDevicesBytes(job, *model, threads); };
   run.device_from = "--batch-size " + std::to_string(job.batch_size) + " / --micro-batches " +
                     std::to_string(job.micro_batches) + " x --seq-len " +
                     std::to_string(job.seq_len);
+  if (job.devices > 1) run.device_from += " on --devices " + std::to_string(job.devices);
   if (Status s = ValidateRunLimits(run, *model); !s.ok()) return fail(s);
   if (cmd.force && control.resume)
     return fail(

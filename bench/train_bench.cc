@@ -3,14 +3,16 @@
 // recomputation, over the runner's time alone: the optimizer's share is printed apart) and peak
 // RSS, next to the machine's fp32 GEMM rate measured in the same run (a large square product
 // through the GEMM op on a CpuDevice with the same threads), so the figure reads as a fraction of
-// this machine's ceiling. The bf16-input GEMM rate (oneDNN's bf16 kernels where the CPU has them,
-// kernels/cpu/onednn.h) is printed beside it. Every figure is a median with its min and max.
+// this machine's ceiling. Each model runs twice: in fp32 (the exact reference path) against that
+// ceiling, then in bf16 (ModelRunnerOptions::compute_dtype: bf16 weights and activations, bf16
+// GEMMs on oneDNN where the CPU has them, kernels/cpu/onednn.h) against the bf16-input GEMM rate
+// measured the same way. Every figure is a median with its min and max.
 //
 // Models: a GPT-2-124M-shaped model at B=4, T=64 and a ~100M-parameter Llama-shaped model at B=4,
 // T=256, fresh weights, the built-in text; one warm-up update, then --steps (default 5) timed
 // updates.
 //
-// Usage: train_bench [--threads T] [--steps N] [--only gpt2|llama]
+// Usage: train_bench [--threads T] [--steps N] [--only gpt2|llama] [--dtype f32|bf16]
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -125,12 +127,14 @@ ModelConfig Llama100M() {
   return c;
 }
 
+// `dtype`: the runner's compute dtype (f32, or bf16 judged against the bf16 GEMM rate `gemm`).
 void BenchModel(const char* label, const ModelConfig& model, BatchShape shape, int threads,
-                int steps, const Spread& gemm) {
+                int steps, DType dtype, const Spread& gemm) {
   Check(ValidateModelConfig(model), label);
   const LoraConfig lora;
   ModelRunnerOptions options;
   options.shape = shape;
+  options.compute_dtype = dtype;
   auto dev = CpuDevice::Create(
       {.name = "cpu0",
        .memory_bytes = EstimateDeviceBytes(model, lora, shape, options.loss_chunk_tokens, threads),
@@ -176,16 +180,17 @@ void BenchModel(const char* label, const ModelConfig& model, BatchShape shape, i
   const Spread step = SpreadOf(step_s), fwd_bwd = SpreadOf(compute_s),
                optim = SpreadOf(optimizer_s), rate = SpreadOf(gflops);
   std::printf(
-      "%-12s %6.1fM params  B=%lld T=%lld  %d steps, median (min-max):\n"
+      "%-12s %s %6.1fM params  B=%lld T=%lld  %d steps, median (min-max):\n"
       "  step %.2f s (%.2f-%.2f): fwd+bwd %.2f s (%.2f-%.2f), optimizer %.2f s (%.2f-%.2f); "
       "%.0f tok/s\n"
-      "  fwd+bwd %.1f GFLOP/s (%.1f-%.1f) = %.0f%% of the fp32 GEMM median (%.0f-%.0f%% of "
+      "  fwd+bwd %.1f GFLOP/s (%.1f-%.1f) = %.0f%% of the %s GEMM median (%.0f-%.0f%% of "
       "its min-max)  loss %.3f  peak RSS %.0f MiB\n",
-      label, double(params) / 1e6, (long long)shape.batch, (long long)shape.seq_len, steps,
-      step.median, step.min, step.max, fwd_bwd.median, fwd_bwd.min, fwd_bwd.max, optim.median,
-      optim.min, optim.max, double(shape.tokens()) / step.median, rate.median, rate.min, rate.max,
-      100 * rate.median / gemm.median, 100 * rate.median / gemm.max, 100 * rate.median / gemm.min,
-      loss, PeakRssMiB());
+      label, DTypeName(dtype).data(), double(params) / 1e6, (long long)shape.batch,
+      (long long)shape.seq_len, steps, step.median, step.min, step.max, fwd_bwd.median, fwd_bwd.min,
+      fwd_bwd.max, optim.median, optim.min, optim.max, double(shape.tokens()) / step.median,
+      rate.median, rate.min, rate.max, 100 * rate.median / gemm.median,
+      dtype == DType::kF32 ? "fp32" : "bf16", 100 * rate.median / gemm.max,
+      100 * rate.median / gemm.min, loss, PeakRssMiB());
   std::fflush(stdout);
 }
 
@@ -194,7 +199,7 @@ void BenchModel(const char* label, const ModelConfig& model, BatchShape shape, i
 
 int main(int argc, char** argv) {
   int threads = 2, steps = 5;
-  std::string only;
+  std::string only, only_dtype;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--threads") {
@@ -203,8 +208,12 @@ int main(int argc, char** argv) {
       steps = std::atoi(v.c_str());
     } else if (k == "--only") {
       only = v;
+    } else if (k == "--dtype") {
+      only_dtype = v;
     } else {
-      std::fprintf(stderr, "usage: train_bench [--threads T] [--steps N] [--only gpt2|llama]\n");
+      std::fprintf(stderr,
+                   "usage: train_bench [--threads T] [--steps N] [--only gpt2|llama] "
+                   "[--dtype f32|bf16]\n");
       return 2;
     }
   }
@@ -223,14 +232,16 @@ int main(int argc, char** argv) {
       "GEMM 2048^3 on a CpuDevice, %d threads, 5 runs, median (min-max): fp32 %.1f GFLOP/s "
       "(%.1f-%.1f), the ceiling; bf16 inputs %.1f (%.1f-%.1f)\n",
       threads, gemm.median, gemm.min, gemm.max, bf16.median, bf16.min, bf16.max);
-  if (only.empty() || only == "gpt2") {
-    ferry::BenchModel("gpt2-124M", ferry::Gpt2Small(), {4, 64}, threads, steps, gemm);
+  // fp32 (the exact reference path) against the fp32 ceiling, then bf16 against the bf16 one.
+  for (const auto& [dtype, ceiling] :
+       {std::pair{ferry::DType::kF32, gemm}, std::pair{ferry::DType::kBF16, bf16}}) {
+    if (!only_dtype.empty() && only_dtype != ferry::DTypeName(dtype)) continue;
+    if (only.empty() || only == "gpt2") {
+      ferry::BenchModel("gpt2-124M", ferry::Gpt2Small(), {4, 64}, threads, steps, dtype, ceiling);
+    }
+    if (only.empty() || only == "llama") {
+      ferry::BenchModel("llama-100M", ferry::Llama100M(), {4, 256}, threads, steps, dtype, ceiling);
+    }
   }
-  if (only.empty() || only == "llama") {
-    ferry::BenchModel("llama-100M", ferry::Llama100M(), {4, 256}, threads, steps, gemm);
-  }
-  std::printf(
-      "(bf16 training on CPU devices needs bf16 weight and activation storage in the runner, "
-      "not built yet: the bf16 line is the ceiling those runs will be judged against.)\n");
   return 0;
 }

@@ -100,6 +100,7 @@ void ForEachJobOption(Job& job, Visit&& visit) {
         LoraTargetsField<std::remove_reference_t<decltype((job.lora.targets))>>{job.lora.targets});
   visit("threads", job.threads);
   visit("devices", job.devices);
+  visit("dtype", job.dtype);
   visit("out", job.out);
   visit("save_every", job.save_every);
   visit("keep_checkpoints", job.keep_checkpoints);
@@ -148,6 +149,14 @@ Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
     return Bad("--grad-clip must be 0 (off) or a positive number");
   }
   if (job.devices < 1 || job.devices > 64) return Bad("--devices must lie in [1, 64]");
+  if (job.dtype != "f32" && job.dtype != "bf16") {
+    return Bad("--dtype '" + job.dtype + "': use f32 (the exact reference) or bf16");
+  }
+  if (job.dtype != "f32" && job.devices > 1) {
+    return Bad("--dtype " + job.dtype +
+               " runs on one device today (the pipeline over --devices stores f32): use "
+               "--devices 1 or --dtype f32");
+  }
   if (job.devices > 1 && (!job.val_data.empty() || job.val_fraction > 0)) {
     return Bad(
         "validation loss runs on one device: drop --val-data/--val-fraction or use "

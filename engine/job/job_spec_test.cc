@@ -113,6 +113,7 @@ JobSpec EveryOptionSet() {
   job.lora = {.rank = 4, .alpha = 8, .targets = kLoraQ | kLoraV};
   job.threads = 2;
   job.devices = 3;
+  job.dtype = "bf16";
   job.out = "somewhere";
   job.save_every = 5;
   job.keep_checkpoints = 2;

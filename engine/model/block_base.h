@@ -2,8 +2,9 @@
 // saved-activation slots and workspace, allocated from the family's layouts; lookups of a block's
 // parameters, gradients and LoRA groups by module name; and attention over saved q, k, v.
 //
-// `Workspace` must have the members du (LoRA, (N, Rmax)), attn_scratch and sink (the gradient
-// sink for frozen weights, 2 * max(C, head_dim) f32): BlockBase lays those out itself.
+// `Workspace` must have the members du (LoRA, (N, Rmax)), scratch and sink (the gradient
+// sink for frozen weights, 2 * max(C, head_dim) f32): BlockBase lays those out itself. Activations
+// and their gradients are in the weights' dtype (Act()); statistics and parameter gradients f32.
 //
 // Ownership and thread-safety as DecoderBlocks.
 #pragma once
@@ -49,21 +50,36 @@ class BlockBase : public DecoderBlocks {
     for (const char* m : lora_modules) {
       if (const LoraPack* p = Lora(ctx_.first_block, m)) rmax = std::max(rmax, p->total_rank());
     }
-    const size_t attn_bytes = std::max<size_t>(AttentionScratchBytes(d_, attn_shape_), 4);
+    // Attention's and the GEMMs' scratch, one buffer (the ops run one at a time): the figure the
+    // memory model plans (BlockScratchBytes over this block's spec).
+    const auto spec = std::find_if(
+        ctx_.params->layers().begin(), ctx_.params->layers().end(), [&](const LayerSpec& l) {
+          return l.kind == LayerKind::kBlock && l.block == ctx_.first_block;
+        });
+    if (spec == ctx_.params->layers().end()) {
+      return Status::Internal("the device params hold no block " +
+                              std::to_string(ctx_.first_block));
+    }
+    const size_t scratch_bytes =
+        std::max<size_t>(BlockScratchBytes(c_, *spec, ctx_.shape, Act(), OpTargetOf(d_)), 4);
     auto layout = [&](TensorCarver& cv) {
       LayoutWorkspace(cv);
-      ws_.du = cv.Take(DType::kF32, {ctx_.shape.tokens(), rmax});
+      ws_.du = cv.Take(Act(), {ctx_.shape.tokens(), rmax});
       ws_.sink = cv.Take(DType::kF32, {2 * std::max(c_.hidden_size, c_.head_dim)});
     };
     FERRY_ASSIGN_OR_RETURN(workspace_buffer_,
                            AllocateCarved(d_, ctx_.source, "blocks.workspace", layout));
     auto scratch = [&](TensorCarver& cv) {
-      ws_.attn_scratch = cv.Take(DType::kF32, {int64_t((attn_bytes + 3) / 4)});
+      ws_.scratch = cv.Take(DType::kF32, {int64_t((scratch_bytes + 3) / 4)});
     };
     FERRY_ASSIGN_OR_RETURN(scratch_buffer_,
                            AllocateCarved(d_, ctx_.source, "blocks.scratch", scratch));
     return Status::Ok();
   }
+
+  // The activations' dtype: the weights' (DeviceParams::dtype). Norm statistics, log-sum-exps
+  // and gradients of parameters stay f32.
+  DType Act() const { return ctx_.params->dtype(); }
 
   std::string Prefix(int64_t block) const { return prefix_ + std::to_string(block) + "."; }
   const LoraPack* Lora(int64_t block, const std::string& module) const {
@@ -85,12 +101,12 @@ class BlockBase : public DecoderBlocks {
   // The single-part projection of `module` (weight, bias, LoRA group).
   Projection One(int64_t block, const std::string& module, Tensor y, Tensor dy) const {
     const std::string m = Prefix(block) + module;
-    return {{PartOf(*ctx_.params, m, y, dy)}, ctx_.params->lora(m)};
+    return {{PartOf(*ctx_.params, m, y, dy)}, ctx_.params->lora(m), ws_.scratch};
   }
   // u = x A^T (N, R) for the module's LoRA group, or an empty tensor when it has none.
   Tensor TakeLoraU(TensorCarver& cv, const char* module) const {
     const LoraPack* l = Lora(ctx_.first_block, module);
-    return l == nullptr ? Tensor{} : cv.Take(DType::kF32, {ctx_.shape.tokens(), l->total_rank()});
+    return l == nullptr ? Tensor{} : cv.Take(Act(), {ctx_.shape.tokens(), l->total_rank()});
   }
 
   // Attention over the saved q, k, v into o and lse (window: c_.sliding_window, documents:
@@ -121,7 +137,7 @@ class BlockBase : public DecoderBlocks {
                                  .doc_ids = ctx_.doc_ids,  // packed documents (all one id: none)
                                  .o = o,
                                  .lse = lse,
-                                 .scratch = ws_.attn_scratch,
+                                 .scratch = ws_.scratch,
                                  .scale = Scale(),
                                  .window = c_.sliding_window});
   }
@@ -139,7 +155,7 @@ class BlockBase : public DecoderBlocks {
                                   .dq = dq,
                                   .dk = dk,
                                   .dv = dv,
-                                  .scratch = ws_.attn_scratch,
+                                  .scratch = ws_.scratch,
                                   .scale = Scale(),
                                   .window = c_.sliding_window});
   }

@@ -33,15 +33,15 @@ struct Saved {
 
 // Temporaries of forward and backward, shared by all blocks.
 struct Workspace {
-  Tensor branch;        // (N, C) output of o_proj / down_proj before the residual add
-  Tensor d_h;           // (N, I)
-  Tensor d_gate_up;     // (N, 2I)
-  Tensor d_xn;          // (N, C)
-  Tensor d_att;         // (N, Hq*D)
-  Tensor dq, dk, dv;    // (N, Hq*D), (N, Hkv*D) x2
-  Tensor du;            // (N, Rmax) LoRA
-  Tensor attn_scratch;  // bytes
-  Tensor sink;          // f32 gradient sink for frozen norm weights
+  Tensor branch;      // (N, C) output of o_proj / down_proj before the residual add
+  Tensor d_h;         // (N, I)
+  Tensor d_gate_up;   // (N, 2I)
+  Tensor d_xn;        // (N, C)
+  Tensor d_att;       // (N, Hq*D)
+  Tensor dq, dk, dv;  // (N, Hq*D), (N, Hkv*D) x2
+  Tensor du;          // (N, Rmax) LoRA
+  Tensor scratch;     // bytes: attention's and the GEMMs' (BlockScratchBytes)
+  Tensor sink;        // f32 gradient sink for frozen norm weights
 };
 
 constexpr const char* kQ = "self_attn.q_proj";
@@ -157,24 +157,25 @@ class LlamaBlocks final : public BlockBase<Saved, Workspace> {
   void LayoutSaved(TensorCarver& cv, Saved& s) const override {
     const int64_t N = ctx_.shape.tokens(), C = c_.hidden_size, I = c_.intermediate_size;
     const int64_t H = c_.num_heads, Hkv = c_.num_kv_heads;
-    s.xn1 = cv.Take(DType::kF32, {N, C});
+    const DType A = Act();  // activations; statistics stay f32
+    s.xn1 = cv.Take(A, {N, C});
     s.rstd1 = cv.Take(DType::kF32, {N});
     if (c_.qk_norm) {
-      s.q_pre = cv.Take(DType::kF32, {N, c_.q_dim()});
-      s.k_pre = cv.Take(DType::kF32, {N, c_.kv_dim()});
+      s.q_pre = cv.Take(A, {N, c_.q_dim()});
+      s.k_pre = cv.Take(A, {N, c_.kv_dim()});
       s.rstd_q = cv.Take(DType::kF32, {N * H});
       s.rstd_k = cv.Take(DType::kF32, {N * Hkv});
     }
-    s.q = cv.Take(DType::kF32, {N, c_.q_dim()});
-    s.k = cv.Take(DType::kF32, {N, c_.kv_dim()});
-    s.v = cv.Take(DType::kF32, {N, c_.kv_dim()});
-    s.att = cv.Take(DType::kF32, {N, c_.q_dim()});
+    s.q = cv.Take(A, {N, c_.q_dim()});
+    s.k = cv.Take(A, {N, c_.kv_dim()});
+    s.v = cv.Take(A, {N, c_.kv_dim()});
+    s.att = cv.Take(A, {N, c_.q_dim()});
     s.lse = cv.Take(DType::kF32, {N, H});
-    s.x_mid = cv.Take(DType::kF32, {N, C});
-    s.xn2 = cv.Take(DType::kF32, {N, C});
+    s.x_mid = cv.Take(A, {N, C});
+    s.xn2 = cv.Take(A, {N, C});
     s.rstd2 = cv.Take(DType::kF32, {N});
-    s.gate_up = cv.Take(DType::kF32, {N, 2 * I});
-    s.h = cv.Take(DType::kF32, {N, I});
+    s.gate_up = cv.Take(A, {N, 2 * I});
+    s.h = cv.Take(A, {N, I});
     s.u_q = TakeLoraU(cv, kQ);
     s.u_k = TakeLoraU(cv, kK);
     s.u_v = TakeLoraU(cv, kV);
@@ -185,14 +186,15 @@ class LlamaBlocks final : public BlockBase<Saved, Workspace> {
 
   void LayoutWorkspace(TensorCarver& cv) override {
     const int64_t N = ctx_.shape.tokens(), C = c_.hidden_size, I = c_.intermediate_size;
-    ws_.branch = cv.Take(DType::kF32, {N, C});
-    ws_.d_h = cv.Take(DType::kF32, {N, I});
-    ws_.d_gate_up = cv.Take(DType::kF32, {N, 2 * I});
-    ws_.d_xn = cv.Take(DType::kF32, {N, C});
-    ws_.d_att = cv.Take(DType::kF32, {N, c_.q_dim()});
-    ws_.dq = cv.Take(DType::kF32, {N, c_.q_dim()});
-    ws_.dk = cv.Take(DType::kF32, {N, c_.kv_dim()});
-    ws_.dv = cv.Take(DType::kF32, {N, c_.kv_dim()});
+    const DType A = Act();  // activations; statistics stay f32
+    ws_.branch = cv.Take(A, {N, C});
+    ws_.d_h = cv.Take(A, {N, I});
+    ws_.d_gate_up = cv.Take(A, {N, 2 * I});
+    ws_.d_xn = cv.Take(A, {N, C});
+    ws_.d_att = cv.Take(A, {N, c_.q_dim()});
+    ws_.dq = cv.Take(A, {N, c_.q_dim()});
+    ws_.dk = cv.Take(A, {N, c_.kv_dim()});
+    ws_.dv = cv.Take(A, {N, c_.kv_dim()});
   }
 };
 }  // namespace

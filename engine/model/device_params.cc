@@ -61,8 +61,16 @@ Status CheckHost(const HostTensors& t, const std::string& name, int64_t numel, c
 
 Result<DeviceParams> DeviceParams::Create(Device& d, const ModelConfig& c, const LoraConfig& lora,
                                           const std::vector<LayerSpec>& layers, CarveSource* source,
-                                          ParamGrads grad_buffers) {
+                                          ParamGrads grad_buffers, DType dtype) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16) {
+    return Status::InvalidArgument("device weights are stored in f32, bf16 or f16, not " +
+                                   std::string(DTypeName(dtype)));
+  }
   DeviceParams p;
+  p.dtype_ = dtype;
+  for (const LayerSpec& l : layers) {
+    if (l.kind != LayerKind::kEmbedding) p.layers_.push_back(l);
+  }
   std::map<std::string, const ParamSpec*> by_name;
   std::vector<PlannedParam> plan;
   for (const LayerSpec& l : layers) {
@@ -112,7 +120,7 @@ Result<DeviceParams> DeviceParams::Create(Device& d, const ModelConfig& c, const
       std::vector<int64_t> dims = MasterShape(s);
       if (pp.up != nullptr) dims[0] *= 2;
       size_t offset = 0;
-      const Tensor t = cv.Take(DType::kF32, ShapeOf(dims), &offset);
+      const Tensor t = cv.Take(grads ? DType::kF32 : dtype, ShapeOf(dims), &offset);
       auto assign = [&](const std::string& name, const Tensor& view, size_t off) {
         DeviceParam& dp = p.params_[name];
         (grads ? dp.grad : dp.w) = view;
@@ -125,7 +133,7 @@ Result<DeviceParams> DeviceParams::Create(Device& d, const ModelConfig& c, const
         continue;
       }
       const int64_t half = dims[0] / 2;
-      const size_t half_bytes = size_t(t.numel() / 2) * sizeof(float);
+      const size_t half_bytes = size_t(t.numel() / 2) * DTypeSize(t.dtype);
       assign(Replace(s.name, "gate_proj", "gate_up_proj"), t, offset);
       assign(s.name, t.Rows(0, half), offset);
       assign(pp.up->name, t.Rows(half, 2 * half), offset + half_bytes);
@@ -136,8 +144,8 @@ Result<DeviceParams> DeviceParams::Create(Device& d, const ModelConfig& c, const
         pack.da = cv.Take(DType::kF32, a, &pack.da_offset);
         pack.db = cv.Take(DType::kF32, b, &pack.db_offset);
       } else {
-        pack.a = cv.Take(DType::kF32, a, &pack.a_offset);
-        pack.b = cv.Take(DType::kF32, b, &pack.b_offset);
+        pack.a = cv.Take(dtype, a, &pack.a_offset);
+        pack.b = cv.Take(dtype, b, &pack.b_offset);
       }
     }
   };
@@ -174,13 +182,15 @@ Status DeviceParams::Upload(Device& d, const HostTensors& weights) {
     if (name.find("gate_up_proj") != std::string::npos) continue;  // filled by its halves
     FERRY_RETURN_IF_ERROR(CheckHost(weights, dp.host_name, dp.w.numel(), "the weights"));
     const std::vector<float>& src = weights.tensors.at(dp.host_name);
-    std::memcpy(mirror + dp.w_offset, src.data(), src.size() * sizeof(float));
+    ConvertFromFloat(src.data(), dtype_, mirror + dp.w_offset, src.size());
   }
+  std::vector<float> a_f32, b_f32;  // a group's packed factors in fp32, then in the mirror
   for (const auto& [group, pack] : lora_) {
-    float* a = reinterpret_cast<float*>(mirror + pack.a_offset);
-    float* b = reinterpret_cast<float*>(mirror + pack.b_offset);
     const int64_t R = pack.total_rank();
-    std::fill(b, b + pack.out * R, 0.0f);
+    a_f32.assign(size_t(R * pack.in), 0.0f);
+    b_f32.assign(size_t(pack.out * R), 0.0f);
+    float* a = a_f32.data();
+    float* b = b_f32.data();
     for (const LoraPack::Adapter& ad : pack.adapters) {
       FERRY_RETURN_IF_ERROR(CheckHost(weights, ad.a_name, pack.rank * pack.in, "the weights"));
       FERRY_RETURN_IF_ERROR(CheckHost(weights, ad.b_name, ad.rows * pack.rank, "the weights"));
@@ -193,6 +203,8 @@ Status DeviceParams::Upload(Device& d, const HostTensors& weights) {
         }
       }
     }
+    ConvertFromFloat(a, dtype_, mirror + pack.a_offset, a_f32.size());
+    ConvertFromFloat(b, dtype_, mirror + pack.b_offset, b_f32.size());
   }
   // The previous step's compute may still read the weights: upload after it.
   FERRY_ASSIGN_OR_RETURN(Event compute_done, d.CreateEvent());

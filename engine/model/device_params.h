@@ -1,6 +1,6 @@
-// DeviceParams: the device copy of a model's block and head parameters and
-// their gradients, and the moves between it and the host master copy
-// (HostTensors, fp32, master layout).
+// DeviceParams: the device copy of a model's block and head parameters (in the compute dtype) and
+// their gradients (fp32), and the moves between it and the host master copy (HostTensors, fp32,
+// master layout).
 //
 // Layout: one arena allocation "params.weights" and one "params.grads"
 // (trainable parameters only; frozen LoRA base weights get none). Two layouts
@@ -97,11 +97,18 @@ class DeviceParams {
   // "params.weights" and "params.grads" instead of arena blocks (engine/exec; not owned).
   // With ParamGrads::kNone nothing is allocated for gradients (every DeviceParam::grad and
   // LoraPack::da/db is null; ZeroGrads and DownloadAndAddGrads do nothing).
-  // REQUIRES: compute dtype f32 (checked by the runner).
+  // `dtype`: the storage (compute) dtype of the weights on the device, f32, bf16 or f16: Upload
+  // rounds the fp32 master to it (to nearest even). Gradients are fp32 whatever it is (as the
+  // memory model counts them: engine/plan/memory_model.cc, LayerGradBytes).
   static Result<DeviceParams> Create(Device& d, const ModelConfig& c, const LoraConfig& lora,
                                      const std::vector<LayerSpec>& layers,
                                      CarveSource* source = nullptr,
-                                     ParamGrads grads = ParamGrads::kAllocate);
+                                     ParamGrads grads = ParamGrads::kAllocate,
+                                     DType dtype = DType::kF32);
+  // The weights' storage dtype: the blocks and the head keep their activations in it.
+  DType dtype() const { return dtype_; }
+  // The block and head layers these params hold (as given to Create).
+  const std::vector<LayerSpec>& layers() const { return layers_; }
 
   // The parameter of that Hugging Face name (or a fused
   // "…mlp.gate_up_proj.weight|bias"). REQUIRES: it exists.
@@ -135,6 +142,8 @@ class DeviceParams {
   DevicePtr<std::byte> weights_data_, grads_data_;
   size_t weights_bytes_ = 0, grads_bytes_ = 0;
   HostAllocation weights_mirror_, grads_mirror_;
+  DType dtype_ = DType::kF32;
+  std::vector<LayerSpec> layers_;
 };
 
 }  // namespace ferry

@@ -29,14 +29,14 @@ struct Saved {
 };
 
 struct Workspace {
-  Tensor branch;        // (N, C)
-  Tensor d_act;         // (N, I)
-  Tensor d_xn;          // (N, C)
-  Tensor d_att;         // (N, C)
-  Tensor dq, dk, dv;    // (N, C) each
-  Tensor du;            // (N, Rmax)
-  Tensor attn_scratch;  // bytes
-  Tensor sink;          // f32 gradient sink for frozen LayerNorm weight (at 0) and bias (at C)
+  Tensor branch;      // (N, C)
+  Tensor d_act;       // (N, I)
+  Tensor d_xn;        // (N, C)
+  Tensor d_att;       // (N, C)
+  Tensor dq, dk, dv;  // (N, C) each
+  Tensor du;          // (N, Rmax)
+  Tensor scratch;     // bytes: attention's and the GEMMs' (BlockScratchBytes)
+  Tensor sink;        // f32 gradient sink for frozen LayerNorm weight (at 0) and bias (at C)
 };
 
 constexpr const char* kAttn = "attn.c_attn";
@@ -105,7 +105,7 @@ class Gpt2Blocks final : public BlockBase<Saved, Workspace> {
     const Tensor ys[] = {s.q, s.k, s.v};
     const Tensor dys[] = {ws_.dq, ws_.dk, ws_.dv};
     const int64_t C = c_.hidden_size;
-    Projection p{{}, ctx_.params->lora(m)};
+    Projection p{{}, ctx_.params->lora(m), ws_.scratch};
     for (int64_t i = 0; i < 3; ++i) {
       ProjectionPart part;
       part.w = whole.w.Rows(i * C, (i + 1) * C);
@@ -121,20 +121,21 @@ class Gpt2Blocks final : public BlockBase<Saved, Workspace> {
 
   void LayoutSaved(TensorCarver& cv, Saved& s) const override {
     const int64_t N = ctx_.shape.tokens(), C = c_.hidden_size, I = c_.intermediate_size;
-    s.xn1 = cv.Take(DType::kF32, {N, C});
+    const DType A = Act();  // activations; statistics stay f32
+    s.xn1 = cv.Take(A, {N, C});
     s.mean1 = cv.Take(DType::kF32, {N});
     s.rstd1 = cv.Take(DType::kF32, {N});
-    s.q = cv.Take(DType::kF32, {N, C});
-    s.k = cv.Take(DType::kF32, {N, C});
-    s.v = cv.Take(DType::kF32, {N, C});
-    s.att = cv.Take(DType::kF32, {N, C});
+    s.q = cv.Take(A, {N, C});
+    s.k = cv.Take(A, {N, C});
+    s.v = cv.Take(A, {N, C});
+    s.att = cv.Take(A, {N, C});
     s.lse = cv.Take(DType::kF32, {N, c_.num_heads});
-    s.x_mid = cv.Take(DType::kF32, {N, C});
-    s.xn2 = cv.Take(DType::kF32, {N, C});
+    s.x_mid = cv.Take(A, {N, C});
+    s.xn2 = cv.Take(A, {N, C});
     s.mean2 = cv.Take(DType::kF32, {N});
     s.rstd2 = cv.Take(DType::kF32, {N});
-    s.fc = cv.Take(DType::kF32, {N, I});
-    s.act = cv.Take(DType::kF32, {N, I});
+    s.fc = cv.Take(A, {N, I});
+    s.act = cv.Take(A, {N, I});
     s.u_attn = TakeLoraU(cv, kAttn);
     s.u_proj = TakeLoraU(cv, kProj);
     s.u_fc = TakeLoraU(cv, kFc);
@@ -143,13 +144,14 @@ class Gpt2Blocks final : public BlockBase<Saved, Workspace> {
 
   void LayoutWorkspace(TensorCarver& cv) override {
     const int64_t N = ctx_.shape.tokens(), C = c_.hidden_size, I = c_.intermediate_size;
-    ws_.branch = cv.Take(DType::kF32, {N, C});
-    ws_.d_act = cv.Take(DType::kF32, {N, I});
-    ws_.d_xn = cv.Take(DType::kF32, {N, C});
-    ws_.d_att = cv.Take(DType::kF32, {N, C});
-    ws_.dq = cv.Take(DType::kF32, {N, C});
-    ws_.dk = cv.Take(DType::kF32, {N, C});
-    ws_.dv = cv.Take(DType::kF32, {N, C});
+    const DType A = Act();  // activations; statistics stay f32
+    ws_.branch = cv.Take(A, {N, C});
+    ws_.d_act = cv.Take(A, {N, I});
+    ws_.d_xn = cv.Take(A, {N, C});
+    ws_.d_att = cv.Take(A, {N, C});
+    ws_.dq = cv.Take(A, {N, C});
+    ws_.dk = cv.Take(A, {N, C});
+    ws_.dv = cv.Take(A, {N, C});
   }
 };
 }  // namespace

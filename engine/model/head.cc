@@ -28,10 +28,11 @@ Result<std::unique_ptr<Head>> Head::Create(Device& d, const ModelConfig& c,
   std::unique_ptr<Head> h(new Head(d, c, params, mode));
   const bool backward = mode == HeadMode::kTrain;
   const int64_t N = shape.tokens(), C = c.hidden_size, V = c.vocab_size;
+  const DType act = params.dtype();  // the normed input and its gradient; the rest f32
   h->chunk_ = std::min(loss_chunk_tokens, N);
   // Exactly what ComputeLayerCost counts: normed input, norm statistics, per-token loss.
   auto saved = [&](TensorCarver& cv) {
-    h->xn_ = cv.Take(DType::kF32, {N, C});
+    h->xn_ = cv.Take(act, {N, C});
     if (c.norm == NormKind::kLayerNorm) h->mean_ = cv.Take(DType::kF32, {N});
     h->rstd_ = cv.Take(DType::kF32, {N});
     h->token_loss_ = cv.Take(DType::kF32, {N});
@@ -41,12 +42,12 @@ Result<std::unique_ptr<Head>> Head::Create(Device& d, const ModelConfig& c,
   // for one). A forward-only head needs neither the backward's scratch nor the input gradient.
   const bool frozen = params.at(NamesOf(c).lm_head).grad.data.is_null();
   const size_t scratch = LmHeadLossScratchBytes(
-      d, h->chunk_, V, C, DType::kF32,
+      d, h->chunk_, V, C, act,
       frozen || !backward ? std::nullopt : std::optional<DType>(DType::kF32), backward);
   auto workspace = [&](TensorCarver& cv) {
     h->targets_ = cv.Take(DType::kI32, {N});
     if (!backward) return;
-    h->dxn_ = cv.Take(DType::kF32, {N, C});
+    h->dxn_ = cv.Take(act, {N, C});
     h->sink_ = cv.Take(DType::kF32, {2 * C});
   };
   FERRY_ASSIGN_OR_RETURN(h->workspace_buffer_,
@@ -111,9 +112,9 @@ Status Head::Forward(Tensor x) {
   return LmHeadLossForward(d_, LossArgs());
 }
 
-Status Head::Logits(Tensor x, Tensor logits) {
+Status Head::Logits(Tensor x, Tensor logits, Tensor scratch) {
   FERRY_RETURN_IF_ERROR(NormForward(x));
-  return MatMul(d_, xn_, W(NamesOf(c_).lm_head.c_str()), logits, false, true);
+  return MatMul(d_, xn_, W(NamesOf(c_).lm_head.c_str()), logits, false, true, 1, 0, {}, scratch);
 }
 
 }  // namespace ferry

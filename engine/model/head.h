@@ -53,8 +53,9 @@ class Head {
   Status ForwardBackward(Tensor x, double normalizer, Tensor dx);
   // token_loss only (evaluation): no gradients.
   Status Forward(Tensor x);
-  // logits (N, V) = norm(x) W^T, written (=).
-  Status Logits(Tensor x, Tensor logits);
+  // logits (N, V) = norm(x) W^T, written (=); `scratch`: GemmScratchBytes of that product when
+  // the params are not f32.
+  Status Logits(Tensor x, Tensor logits, Tensor scratch = {});
 
  private:
   Head(Device& d, const ModelConfig& c, const DeviceParams& params, HeadMode mode)

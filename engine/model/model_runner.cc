@@ -8,13 +8,14 @@
 #include "engine/model/device_params.h"
 #include "engine/model/model_stack.h"
 #include "engine/model/tensor_carver.h"
+#include "kernels/ops/gemm.h"
 
 namespace ferry {
 namespace {
 
 // Byte offsets of the regions of the host staging allocation.
 struct Staging {
-  size_t hidden = 0;     // (N, C) f32: block 0's input up, its gradient down
+  size_t hidden = 0;     // (N, C) compute dtype: block 0's input up, its gradient down
   size_t targets = 0;    // (N) i32
   size_t positions = 0;  // (N) i32
   size_t doc_ids = 0;    // (N) i32
@@ -32,9 +33,10 @@ class Runner final : public ModelRunner {
     const int64_t N = o_.shape.tokens(), C = c_.hidden_size, L = c_.num_layers;
     layers_ = BuildLayerSpecs(c_, lora_);
     FERRY_ASSIGN_OR_RETURN(
-        params_,
-        DeviceParams::Create(d_, c_, lora_, layers_, /*source=*/nullptr,
-                             o_.inference_only ? ParamGrads::kNone : ParamGrads::kAllocate));
+        params_, DeviceParams::Create(d_, c_, lora_, layers_, /*source=*/nullptr,
+                                      o_.inference_only ? ParamGrads::kNone : ParamGrads::kAllocate,
+                                      o_.compute_dtype));
+    const DType act = o_.compute_dtype;
     FERRY_ASSIGN_OR_RETURN(io_buffer_, AllocateCarved(d_, "runner.io", [&](TensorCarver& cv) {
                              positions_ = cv.Take(DType::kI32, {N});
                              doc_ids_ = cv.Take(DType::kI32, {N});
@@ -43,10 +45,10 @@ class Runner final : public ModelRunner {
                              }
                              hidden_.clear();
                              for (int64_t i = 0; i <= L; ++i)
-                               hidden_.push_back(cv.Take(DType::kF32, {N, C}));
+                               hidden_.push_back(cv.Take(act, {N, C}));
                              if (o_.inference_only) return;  // no backward, no gradients
-                             grad_[0] = cv.Take(DType::kF32, {N, C});
-                             grad_[1] = cv.Take(DType::kF32, {N, C});
+                             grad_[0] = cv.Take(act, {N, C});
+                             grad_[1] = cv.Take(act, {N, C});
                            }));
     // Slots: a block kept whole has its own; recomputed blocks share the last
     // one.
@@ -77,8 +79,9 @@ class Runner final : public ModelRunner {
     blocks_ = std::move(stack.blocks);
     head_ = std::move(stack.head);
 
+    if (act != DType::kF32) hidden_f32_.resize(size_t(N * C));  // the gather's output, converted
     staging_.hidden = 0;
-    staging_.targets = size_t(N * C) * 4;
+    staging_.targets = (size_t(N * C) * DTypeSize(act) + 3) / 4 * 4;  // i32-aligned
     staging_.positions = staging_.targets + size_t(N) * 4;
     staging_.doc_ids = staging_.positions + size_t(N) * 4;
     staging_.loss = staging_.doc_ids + size_t(N) * 4;
@@ -163,13 +166,19 @@ class Runner final : public ModelRunner {
     // Evaluation only: the (N, V) logits are allocated for this call, not planned.
     const size_t bytes = size_t(N * V) * 4;
     FERRY_ASSIGN_OR_RETURN(DeviceBuffer buf, d_.Allocate(bytes, "runner.logits"));
+    const DType act = o_.compute_dtype;
+    const size_t scratch_bytes =
+        std::max<size_t>(GemmScratchBytes(d_, N, V, c_.hidden_size, {act, act, DType::kF32}), 4);
+    FERRY_ASSIGN_OR_RETURN(DeviceBuffer scratch,
+                           d_.Allocate(scratch_bytes, "runner.logits.scratch"));
     FERRY_ASSIGN_OR_RETURN(HostAllocation host, HostAllocation::Map(bytes, "logits staging"));
     auto run = [&]() -> Status {
       FERRY_RETURN_IF_ERROR(SetLayout(mb.doc_ids, mb.positions));
       FERRY_RETURN_IF_ERROR(EmbedAndUpload(mb.tokens));
       FERRY_RETURN_IF_ERROR(Upload());
       for (int64_t i = 0; i < L; ++i) FERRY_RETURN_IF_ERROR(BlockForward(i));
-      FERRY_RETURN_IF_ERROR(head_->Logits(hidden_[size_t(L)], buf.View(DType::kF32, {N, V})));
+      FERRY_RETURN_IF_ERROR(head_->Logits(hidden_[size_t(L)], buf.View(DType::kF32, {N, V}),
+                                          scratch.View(DType::kF32, {int64_t(scratch_bytes / 4)})));
       FERRY_ASSIGN_OR_RETURN(Event done, d_.CreateEvent());
       FERRY_RETURN_IF_ERROR(d_.Record(done, StreamId::kCompute));
       FERRY_RETURN_IF_ERROR(d_.Wait(StreamId::kDownload, done));
@@ -273,7 +282,7 @@ class Runner final : public ModelRunner {
 
   // Host gather of the embedding into staging, then its upload into hidden_[0].
   Status EmbedAndUpload(std::span<const int32_t> tokens) {
-    const int64_t N = o_.shape.tokens(), C = c_.hidden_size;
+    const int64_t N = o_.shape.tokens();
     if (!uploaded_) {
       return Status::FailedPrecondition("ModelRunner: call UploadWeights before running a batch");
     }
@@ -283,11 +292,16 @@ class Runner final : public ModelRunner {
     }
     // The previous batch's downloads read the staging memory: they finished
     // (synchronized).
-    std::span<float> out = host_.Span(staging_.hidden, size_t(N * C) * 4).as<float>();
+    const size_t bytes = hidden_[0].bytes();
+    std::span<float> out = hidden_f32_.empty() ? host_.Span(staging_.hidden, bytes).as<float>()
+                                               : std::span<float>(hidden_f32_);
     const HostEmbedding e{EmbeddingShapeOf(c_), wte_, wpe_};
     FERRY_RETURN_IF_ERROR(e.Forward(tokens, Positions(), out));
-    return d_.CopyToDevice(hidden_[0].data, host_.Span(staging_.hidden, size_t(N * C) * 4),
-                           size_t(N * C) * 4);
+    if (!hidden_f32_.empty()) {
+      ConvertFromFloat(out.data(), hidden_[0].dtype, host_.data() + staging_.hidden,
+                       hidden_f32_.size());
+    }
+    return d_.CopyToDevice(hidden_[0].data, host_.Span(staging_.hidden, bytes), bytes);
   }
 
   std::span<const int32_t> Positions() const {
@@ -315,10 +329,16 @@ class Runner final : public ModelRunner {
   // Scatter-adds the downloaded gradient of the embedding output into the table
   // gradients.
   Status EmbeddingGrad(std::span<const int32_t> tokens, HostTensors& grads) {
-    const int64_t N = o_.shape.tokens(), C = c_.hidden_size;
     FERRY_ASSIGN_OR_RETURN(const HostEmbeddingGrads g, FindHostEmbeddingGrads(c_, grads));
-    g.Backward(host_.Span(staging_.hidden, size_t(N * C) * 4).as<const float>(), tokens,
-               Positions());
+    std::span<const float> dy;
+    if (hidden_f32_.empty()) {
+      dy = host_.Span(staging_.hidden, hidden_[0].bytes()).as<const float>();
+    } else {
+      ConvertToFloat(hidden_[0].dtype, host_.data() + staging_.hidden, hidden_f32_.data(),
+                     hidden_f32_.size());
+      dy = hidden_f32_;
+    }
+    g.Backward(dy, tokens, Positions());
     return Status::Ok();
   }
 
@@ -341,6 +361,9 @@ class Runner final : public ModelRunner {
   HostAllocation host_;
   std::vector<float> wte_,
       wpe_;  // host copies of the embedding tables (the gather runs here)
+  // (N, C) fp32 on the host when the compute dtype is not: the gather's output and the
+  // embedding output's gradient, converted from and to the staging's compute dtype.
+  std::vector<float> hidden_f32_;
   bool uploaded_ = false;
   RunnerStats stats_;
 };
@@ -349,10 +372,10 @@ Status ValidateRunner(const ModelConfig& c, const LoraConfig& lora, const ModelR
   FERRY_RETURN_IF_ERROR(ValidateModelConfig(c));
   FERRY_RETURN_IF_ERROR(CheckTrainable(c));
   FERRY_RETURN_IF_ERROR(ValidateLoraConfig(lora));
-  if (o.compute_dtype != DType::kF32) {
+  if (o.compute_dtype != DType::kF32 && o.compute_dtype != DType::kBF16) {
     return Status::InvalidArgument(
-        "ModelRunner computes in f32 only for now; bf16/f16 compute "
-        "is not implemented yet: use compute dtype f32");
+        "ModelRunner stores weights and activations in f32 or bf16, not " +
+        std::string(DTypeName(o.compute_dtype)) + ": use compute dtype f32 or bf16");
   }
   if (o.shape.batch < 1 || o.shape.seq_len < 1) {
     return Status::InvalidArgument("micro-batch shape must be at least 1 x 1, got " +

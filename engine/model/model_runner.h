@@ -37,10 +37,13 @@
 namespace ferry {
 
 struct ModelRunnerOptions {
-  BatchShape shape;                   // micro-batch B x T (fixed for the runner's life)
-  DType compute_dtype = DType::kF32;  // storage dtype of weights/activations on the device
-  std::vector<bool> recompute;        // per block; empty = save everything
-  int64_t loss_chunk_tokens = 256;    // fused LM-head chunk
+  BatchShape shape;  // micro-batch B x T (fixed for the runner's life)
+  // Storage dtype of weights and activations on the device: f32 (the exact reference) or bf16
+  // (GEMMs on bf16 inputs with fp32 accumulation, element-wise math in fp32; gradients of
+  // parameters, norm statistics and the loss stay fp32).
+  DType compute_dtype = DType::kF32;
+  std::vector<bool> recompute;      // per block; empty = save everything
+  int64_t loss_chunk_tokens = 256;  // fused LM-head chunk
   // Forward only (evaluation): no gradient buffers are allocated (ParamGrads::kNone, no gradient
   // stream, a HeadMode::kForwardOnly head) and AccumulateGradients / AccumulateStep fail with
   // FailedPrecondition.

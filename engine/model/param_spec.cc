@@ -1,8 +1,11 @@
 #include "engine/model/param_spec.h"
 
+#include <algorithm>
 #include <cassert>
 
 #include "engine/model/model_stack.h"
+#include "kernels/ops/attention.h"
+#include "kernels/ops/gemm.h"
 
 namespace ferry {
 namespace {
@@ -252,6 +255,60 @@ int64_t CountTrainableParameters(const std::vector<LayerSpec>& layers) {
     }
   }
   return n;
+}
+
+std::vector<int64_t> LoraGroupRanks(const LayerSpec& layer) {
+  std::vector<int64_t> ranks;
+  int64_t gate_up_rank = 0;
+  for (const ParamSpec& p : layer.params) {
+    if (!p.lora || p.name.find("lora_A") == std::string::npos) continue;
+    const int64_t r = p.shape[0];
+    if (p.name.find(".mlp.gate_proj.") != std::string::npos ||
+        p.name.find(".mlp.up_proj.") != std::string::npos) {
+      gate_up_rank += r;
+    } else {
+      ranks.push_back(r);
+    }
+  }
+  if (gate_up_rank > 0) ranks.push_back(gate_up_rank);
+  return ranks;
+}
+
+size_t BlockScratchBytes(const ModelConfig& c, const LayerSpec& layer, BatchShape shape,
+                         DType compute, OpTarget t) {
+  if (layer.kind != LayerKind::kBlock) return 0;
+  const int64_t n = shape.tokens();
+  const GemmDTypes act{compute, compute, compute};
+  const GemmDTypes grad{compute, compute, DType::kF32};  // parameter gradients are fp32
+  int64_t rank = 0;  // the widest LoRA group's: a CPU GEMM's scratch grows with each dimension
+  for (int64_t r : LoraGroupRanks(layer)) rank = std::max(rank, r);
+  size_t most = 0;
+  auto gemm = [&](int64_t m, int64_t nn, int64_t k, GemmDTypes dt) {
+    most = std::max(most, GemmScratchBytes(t, m, nn, k, dt));
+  };
+  for (const ParamSpec& p : layer.params) {
+    if (p.shape.size() != 2 || p.lora) continue;
+    // (out, in) as the GEMM sees it (GPT-2's Conv1D weights are stored (in, out)); a Llama
+    // MLP's gate_proj and up_proj run as one (2I, C) product.
+    const bool gate = p.name.find(".mlp.gate_proj.") != std::string::npos;
+    const bool up = p.name.find(".mlp.up_proj.") != std::string::npos;
+    if (up) continue;
+    const int64_t out = (p.transposed ? p.shape[1] : p.shape[0]) * (gate ? 2 : 1);
+    const int64_t in = p.transposed ? p.shape[0] : p.shape[1];
+    gemm(n, out, in, act);                    // y = x W^T
+    gemm(n, in, out, act);                    // dx (+)= dy W
+    if (p.trainable) gemm(out, in, n, grad);  // dW += dy^T x
+    if (rank == 0) continue;
+    gemm(n, rank, in, act);    // u = x A^T
+    gemm(n, out, rank, act);   // y += s u B^T
+    gemm(out, rank, n, grad);  // dB += s dy^T u
+    gemm(n, rank, out, act);   // du (+)= s dy B
+    gemm(rank, in, n, grad);   // dA += du^T x
+    gemm(n, in, rank, act);    // dx += du A
+  }
+  const AttentionShape attention{shape.batch, shape.seq_len, c.num_heads, c.num_kv_heads,
+                                 c.head_dim};
+  return std::max(most, AttentionScratchBytes(t, attention));
 }
 
 }  // namespace ferry

@@ -17,6 +17,7 @@
 #include "engine/model/lora_config.h"
 #include "engine/model/model_config.h"
 #include "kernels/dtype.h"
+#include "kernels/ops/op_target.h"
 
 namespace ferry {
 
@@ -77,6 +78,20 @@ std::vector<LayerSpec> BuildLayerSpecs(const ModelConfig& c, const LoraConfig& l
 
 LayerCost ComputeLayerCost(const ModelConfig& c, const LoraConfig& lora, const LayerSpec& layer,
                            BatchShape shape, DType activation_dtype = DType::kF32);
+
+// The total rank R of each LoRA projection group of a layer, as DeviceParams packs them
+// (engine/model/device_params.h): gate_proj and up_proj share one group (their ranks add), every
+// other adapted projection is a group of its own. Empty without LoRA.
+std::vector<int64_t> LoraGroupRanks(const LayerSpec& layer);
+
+// The scratch bytes the ops of a decoder block need at micro-batch `shape` with activations in
+// `compute` on a device of target `t`: the largest of its GEMMs (y = x W^T and dx = dy W of every
+// projection, dW = dy^T x of a trainable one; each LoRA group's six products, at the widest
+// group's rank) and of attention. One figure for the blocks' scratch buffer ("blocks.scratch",
+// engine/model/block_base.h) and the memory model's ("scratch"), so a plan counts exactly what the
+// blocks take. 0 for the embedding and the head (the head's fused loss op sizes its own).
+size_t BlockScratchBytes(const ModelConfig& c, const LayerSpec& layer, BatchShape shape,
+                         DType compute, OpTarget t);
 
 // Parameter counts over all layers; tied aliases count once (as transformers' num_parameters()).
 int64_t CountParameters(const std::vector<LayerSpec>& layers);

@@ -6,12 +6,12 @@
 namespace ferry {
 
 Status MatMul(Device& d, Tensor a, Tensor b, Tensor c, bool trans_a, bool trans_b, float alpha,
-              float beta, Tensor bias) {
+              float beta, Tensor bias, Tensor scratch) {
   return Gemm(d, {.a = a,
                   .b = b,
                   .c = c,
                   .bias = bias,
-                  .scratch = {},  // f32 operands need none
+                  .scratch = scratch,
                   .trans_a = trans_a,
                   .trans_b = trans_b,
                   .alpha = alpha,
@@ -42,16 +42,16 @@ Tensor LoraRows(const Tensor& b, int64_t row, int64_t rows) { return b.Rows(row,
 
 Status ProjectionForward(Device& d, const Projection& p, Tensor x, Tensor u) {
   for (const ProjectionPart& part : p.parts) {
-    FERRY_RETURN_IF_ERROR(MatMul(d, x, part.w, part.y, false, true, 1, 0, part.b));
+    FERRY_RETURN_IF_ERROR(MatMul(d, x, part.w, part.y, false, true, 1, 0, part.b, p.scratch));
   }
   if (p.lora == nullptr) return Status::Ok();
   const LoraPack& l = *p.lora;
-  FERRY_RETURN_IF_ERROR(MatMul(d, x, l.a, u, false, true));
+  FERRY_RETURN_IF_ERROR(MatMul(d, x, l.a, u, false, true, 1, 0, {}, p.scratch));
   int64_t row = 0;
   for (const ProjectionPart& part : p.parts) {
     const int64_t rows = part.w.dim(0);
     FERRY_RETURN_IF_ERROR(
-        MatMul(d, u, LoraRows(l.b, row, rows), part.y, false, true, l.scaling, 1));
+        MatMul(d, u, LoraRows(l.b, row, rows), part.y, false, true, l.scaling, 1, {}, p.scratch));
     row += rows;
   }
   return Status::Ok();
@@ -61,10 +61,11 @@ Status ProjectionBackward(Device& d, const Projection& p, Tensor x, Tensor u, Te
                           bool accumulate_dx) {
   bool dx_written = accumulate_dx;
   for (const ProjectionPart& part : p.parts) {
-    FERRY_RETURN_IF_ERROR(MatMul(d, part.dy, part.w, dx, false, false, 1, dx_written ? 1 : 0));
+    FERRY_RETURN_IF_ERROR(
+        MatMul(d, part.dy, part.w, dx, false, false, 1, dx_written ? 1 : 0, {}, p.scratch));
     dx_written = true;
     if (!part.dw.data.is_null()) {
-      FERRY_RETURN_IF_ERROR(MatMul(d, part.dy, x, part.dw, true, false, 1, 1));
+      FERRY_RETURN_IF_ERROR(MatMul(d, part.dy, x, part.dw, true, false, 1, 1, {}, p.scratch));
     }
     if (!part.db.data.is_null()) FERRY_RETURN_IF_ERROR(BiasGrad(d, {part.dy, part.db}));
   }
@@ -75,14 +76,14 @@ Status ProjectionBackward(Device& d, const Projection& p, Tensor x, Tensor u, Te
   for (const ProjectionPart& part : p.parts) {
     const int64_t rows = part.w.dim(0);
     FERRY_RETURN_IF_ERROR(
-        MatMul(d, part.dy, u, LoraRows(l.db, row, rows), true, false, l.scaling, 1));
-    FERRY_RETURN_IF_ERROR(
-        MatMul(d, part.dy, LoraRows(l.b, row, rows), du, false, false, l.scaling, first ? 0 : 1));
+        MatMul(d, part.dy, u, LoraRows(l.db, row, rows), true, false, l.scaling, 1, {}, p.scratch));
+    FERRY_RETURN_IF_ERROR(MatMul(d, part.dy, LoraRows(l.b, row, rows), du, false, false, l.scaling,
+                                 first ? 0 : 1, {}, p.scratch));
     first = false;
     row += rows;
   }
-  FERRY_RETURN_IF_ERROR(MatMul(d, du, x, l.da, true, false, 1, 1));
-  return MatMul(d, du, l.a, dx, false, false, 1, 1);
+  FERRY_RETURN_IF_ERROR(MatMul(d, du, x, l.da, true, false, 1, 1, {}, p.scratch));
+  return MatMul(d, du, l.a, dx, false, false, 1, 1, {}, p.scratch);
 }
 
 }  // namespace ferry

@@ -35,6 +35,9 @@ struct ProjectionPart {
 struct Projection {
   std::vector<ProjectionPart> parts;
   const LoraPack* lora = nullptr;  // rows of lora->b cover the parts' rows in order
+  // Every GEMM's scratch (non-f32 operands on a CPU device are converted in panels there): at
+  // least BlockScratchBytes (engine/model/param_spec.h) of the layer; may be absent in f32.
+  Tensor scratch;
 };
 
 // One part over the parameter `module` ("…q_proj") of `params`: weight,
@@ -49,8 +52,9 @@ Status ProjectionForward(Device& d, const Projection& p, Tensor x, Tensor u);
 Status ProjectionBackward(Device& d, const Projection& p, Tensor x, Tensor u, Tensor du, Tensor dx,
                           bool accumulate_dx);
 
-// c = alpha * op(a) op(b) + beta * c (+ bias): GEMM in f32 with no scratch.
+// c = alpha * op(a) op(b) + beta * c (+ bias), accumulated in fp32; `scratch` as GemmArgs's (none
+// is needed when every operand is f32).
 Status MatMul(Device& d, Tensor a, Tensor b, Tensor c, bool trans_a, bool trans_b, float alpha = 1,
-              float beta = 0, Tensor bias = {});
+              float beta = 0, Tensor bias = {}, Tensor scratch = {});
 
 }  // namespace ferry

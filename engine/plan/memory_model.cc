@@ -21,17 +21,6 @@ void Add(TierMemory& tier, std::string name, uint64_t bytes, uint64_t unit) {
   tier.allocations.push_back({std::move(name), RoundUp(bytes, unit)});
 }
 
-// (out, in) of a matrix parameter as the GEMM sees it (GPT-2 Conv1D weights are
-// stored (in, out)).
-struct MatrixDims {
-  int64_t out = 0;
-  int64_t in = 0;
-};
-MatrixDims DimsOf(const ParamSpec& p) {
-  if (p.transposed) return {p.shape[1], p.shape[0]};
-  return {p.shape[0], p.shape[1]};
-}
-
 // The ops layer's name for the devices a plan sizes scratch for: the sizes themselves are what
 // the ops report for that device kind (kernels/ops/backend.h), as the devices ask for them.
 OpTarget OpsTarget(ScratchTarget t) {
@@ -87,26 +76,6 @@ uint64_t LayerGradBytes(const LayerSpec& layer) {
   return bytes;
 }
 
-// The total rank R of each LoRA projection group of a layer, as engine/model/device_params.h
-// packs them: gate_proj and up_proj share one group (their ranks add), every other projection is
-// a group of its own.
-std::vector<uint64_t> LoraGroupRanks(const LayerSpec& layer) {
-  std::vector<uint64_t> ranks;
-  uint64_t gate_up_rank = 0;
-  for (const ParamSpec& p : layer.params) {
-    if (!p.lora || p.name.find("lora_A") == std::string::npos) continue;
-    const uint64_t r = uint64_t(p.shape[0]);
-    if (p.name.find(".mlp.gate_proj.") != std::string::npos ||
-        p.name.find(".mlp.up_proj.") != std::string::npos) {
-      gate_up_rank += r;
-    } else {
-      ranks.push_back(r);
-    }
-  }
-  if (gate_up_rank > 0) ranks.push_back(gate_up_rank);
-  return ranks;
-}
-
 // A layer's saved set as a GPU slot holds it: the tensors ComputeLayerCost's saved_bytes counts
 // (engine/model/param_spec.cc, BlockSavedBytes; the head's normed input, norm statistics and
 // per-token loss), each at an aligned offset. Activations are `act` bytes per value, statistics
@@ -140,7 +109,7 @@ uint64_t SavedSlotBytes(const ModelConfig& c, const LayerSpec& layer, int64_t n,
     a(N * C), a(N * C), f(N);                            // residual, post-attention norm, rstd
     a(N * 2 * I), a(N * I);                              // gate|up, SwiGLU product
   }
-  for (uint64_t r : LoraGroupRanks(layer)) a(N * r);  // each group's u (N, R)
+  for (int64_t r : LoraGroupRanks(layer)) a(N * uint64_t(r));  // each group's u (N, R)
   return bytes;
 }
 
@@ -149,27 +118,30 @@ uint64_t SavedSlotBytes(const ModelConfig& c, const LayerSpec& layer, int64_t n,
 // (engine/model/decoder_block.cc, gpt2_block.cc), LoRA's du (N, widest projection group's rank,
 // at least 1) and a sink of 2 max(C, head_dim) (engine/model/block_base.h); the head's targets,
 // input gradient and sink (engine/model/head.cc).
-uint64_t WorkspaceBytes(const ModelConfig& c, const LayerSpec& layer, int64_t n) {
+// Activation gradients are `act` bytes per value; the sink (parameter gradients) and the targets
+// 4 bytes.
+uint64_t WorkspaceBytes(const ModelConfig& c, const LayerSpec& layer, int64_t n, uint64_t act) {
   const uint64_t N = uint64_t(n), C = uint64_t(c.hidden_size), I = uint64_t(c.intermediate_size);
   const uint64_t q = uint64_t(c.q_dim()), kv = uint64_t(c.kv_dim());
   uint64_t bytes = 0;
+  auto a = [&](uint64_t values) { bytes += RoundUp(values * act, kArenaAlignment); };
   auto f = [&](uint64_t values) { bytes += RoundUp(values * kF32, kArenaAlignment); };
   if (layer.kind == LayerKind::kHead) {
     f(N);                // targets (i32)
-    f(N * C), f(2 * C);  // the normed input's gradient, the frozen-parameter sink
+    a(N * C), f(2 * C);  // the normed input's gradient, the frozen-parameter sink
     return bytes;
   }
   if (layer.kind != LayerKind::kBlock) return 0;
   if (c.family == ModelFamily::kGpt2) {
-    f(N * C), f(N * I), f(N * C);            // branch, d_act, d_xn
-    f(N * C), f(N * C), f(N * C), f(N * C);  // d_att, dq, dk, dv
+    a(N * C), a(N * I), a(N * C);            // branch, d_act, d_xn
+    a(N * C), a(N * C), a(N * C), a(N * C);  // d_att, dq, dk, dv
   } else {
-    f(N * C), f(N * I), f(N * 2 * I), f(N * C);  // branch, d_h, d_gate_up, d_xn
-    f(N * q), f(N * q), f(N * kv), f(N * kv);    // d_att, dq, dk, dv
+    a(N * C), a(N * I), a(N * 2 * I), a(N * C);  // branch, d_h, d_gate_up, d_xn
+    a(N * q), a(N * q), a(N * kv), a(N * kv);    // d_att, dq, dk, dv
   }
   uint64_t rank = 1;
-  for (uint64_t r : LoraGroupRanks(layer)) rank = std::max(rank, r);
-  f(N * rank);                                         // du: the widest group's (N, R)
+  for (int64_t r : LoraGroupRanks(layer)) rank = std::max(rank, uint64_t(r));
+  a(N * rank);                                         // du: the widest group's (N, R)
   f(2 * std::max<uint64_t>(C, uint64_t(c.head_dim)));  // sink
   return bytes;
 }
@@ -214,20 +186,7 @@ uint64_t OpScratchBytes(const ModelConfig& model, const LayerSpec& layer, BatchS
     most = LmHeadLossScratchBytes(t, chunk, model.vocab_size, model.hidden_size, compute_dtype,
                                   dw_dtype, /*backward=*/true);
   } else if (layer.kind == LayerKind::kBlock) {
-    const GemmDTypes act{compute_dtype, compute_dtype, compute_dtype};
-    const GemmDTypes grad{compute_dtype, compute_dtype, DType::kF32};
-    for (const ParamSpec& p : layer.params) {
-      if (p.shape.size() != 2) continue;
-      const MatrixDims d = DimsOf(p);
-      most = std::max<uint64_t>(most, GemmScratchBytes(t, n, d.out, d.in, act));  // y = x W^T
-      most = std::max<uint64_t>(most, GemmScratchBytes(t, n, d.in, d.out, act));  // dx = dy W
-      if (p.trainable) {
-        most = std::max<uint64_t>(most, GemmScratchBytes(t, d.out, d.in, n, grad));  // dW
-      }
-    }
-    const AttentionShape shape{micro_batch.batch, micro_batch.seq_len, model.num_heads,
-                               model.num_kv_heads, model.head_dim};
-    most = std::max<uint64_t>(most, AttentionScratchBytes(t, shape));
+    most = BlockScratchBytes(model, layer, micro_batch, compute_dtype, t);  // as the blocks take it
   }
   return RoundUp(most, kArenaAlignment);
 }
@@ -266,7 +225,8 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   for (int i = 1; i <= head; ++i) {
     saved_set = std::max<uint64_t>(
         saved_set, SavedSlotBytes(in.model, layers[size_t(i)], in.micro_batch.tokens(), act));
-    work = std::max(work, WorkspaceBytes(in.model, layers[size_t(i)], in.micro_batch.tokens()));
+    work =
+        std::max(work, WorkspaceBytes(in.model, layers[size_t(i)], in.micro_batch.tokens(), act));
     saved_values = std::max<uint64_t>(saved_values, cost[size_t(i)].saved_bytes);
     scratch = std::max(scratch,
                        OpScratchBytes(in.model, layers[size_t(i)], in.micro_batch, cd, in.scratch));

@@ -58,10 +58,11 @@ TEST(MemoryModel, FullFineTuningByHand) {
   // Hidden state 4 tokens x 8 x 2 B = 64 -> 256. Saved set of a block: 4 x (8 + 8 + 2x4 + 8 + 8 +
   // 8 + 3x16) = 384 bf16 values (768 B) + 4 x (1 + 1 + 2) fp32 statistics (64 B) = 832, in a slot
   // as its 12 tensors (xn1, rstd1, q, k, v, att, lse, x_mid, xn2, rstd2, gate|up, h), each under
-  // 256 B and at a 256-byte offset: 3072. The backward's workspace of a block (fp32): branch 4 x 8
-  // (128 B), d_h 4 x 16 (256), d_gate_up 4 x 32 (512), d_xn 4 x 8, d_att and dq 4 x 8, dk and dv
-  // 4 x 4, LoRA's du 4 x 1 and the sink 2 x 8, each at a 256-byte offset: 2816 (the head's
-  // targets, input gradient and sink: 768).
+  // 256 B and at a 256-byte offset: 3072. The backward's workspace of a block (activation
+  // gradients in bf16, the sink fp32): branch 4 x 8 (64 B), d_h 4 x 16 (128), d_gate_up 4 x 32
+  // (256), d_xn 4 x 8, d_att and dq 4 x 8, dk and dv 4 x 4, LoRA's du 4 x 1 and the sink 2 x 8
+  // (64), each at a 256-byte offset: 10 x 256 = 2560 (the head's targets, input gradient and
+  // sink: 768).
   const auto gpu = Named(e.gpu);
   EXPECT_EQ(gpu.at("weights.slot0"), 2304u);
   EXPECT_EQ(gpu.at("weights.slot1"), 2304u);
@@ -70,14 +71,14 @@ TEST(MemoryModel, FullFineTuningByHand) {
   EXPECT_EQ(gpu.at("hidden.2"), 256u);
   EXPECT_EQ(gpu.at("saved.slot0"), 3072u);
   EXPECT_EQ(gpu.at("saved.slot1"), 3072u);
-  EXPECT_EQ(gpu.at("grad.work"), 2816u);
+  EXPECT_EQ(gpu.at("grad.work"), 2560u);
   EXPECT_EQ(gpu.at("scratch"), HeadScratch());  // no CUDA GEMM/attention kernel asks for any yet
   EXPECT_EQ(gpu.at("library.workspace"), 32u << 20);
   EXPECT_EQ(gpu.at("positions"), 256u);      // RoPE ids: 4 tokens x 4 B -> 256
   EXPECT_EQ(gpu.at("rope.inv_freq"), 256u);  // head_dim / 2 f32 -> 256
   EXPECT_EQ(gpu.at("doc_ids"), 256u);        // packed-document ids: 4 tokens x 4 B -> 256
   EXPECT_EQ(e.gpu.total(),
-            2 * 2304 + 3072 + 3 * 256 + 2 * 3072 + 2816 + HeadScratch() + (32u << 20) + 3 * 256);
+            2 * 2304 + 3072 + 3 * 256 + 2 * 3072 + 2560 + HeadScratch() + (32u << 20) + 3 * 256);
 
   // Pinned: bf16 uploads (2 x 592 + 88) x 2 B = 2544 -> one page; gradient landing 2 GPUs x 3072
   // = 6144 -> 8192; saved activations: per block 3 micro-batches x (64 input + 832 saved) = 2688,

@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/model/model_runner.h"
@@ -80,6 +82,31 @@ struct RunnerFixture {
       }
     }
     return g;
+  }
+
+  // One step on the golden's micro-batch: its loss within `loss_rtol` of the golden's, and every
+  // trainable parameter's gradient handed to `expect_close(got, want, name)` (which must check
+  // each one); every golden gradient is checked.
+  void ExpectStepMatchesGolden(
+      double loss_rtol,
+      const std::function<void(const std::vector<float>&, const std::vector<float>&,
+                               const std::string&)>& expect_close) {
+    HostTensors grads = ZeroGrads();
+    Result<double> loss = runner->AccumulateGradients({tokens, targets, normalizer}, grads);
+    ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+    const double want = golden.info["loss"].get<double>();
+    EXPECT_NEAR(*loss, want, loss_rtol * want);
+    int checked = 0;
+    for (const LayerSpec& l : layers) {
+      for (const ParamSpec& p : l.params) {
+        if (!p.trainable || !p.tied_to.empty()) continue;
+        Result<std::vector<float>> g = GoldenGrad(p);
+        ASSERT_TRUE(g.ok()) << g.status().ToString();
+        expect_close(grads.tensors.at(p.name), *g, p.name);
+        ++checked;
+      }
+    }
+    EXPECT_EQ(checked, int(golden.grads.tensors().size()));
   }
 
   // The golden gradient of `p` in master layout.

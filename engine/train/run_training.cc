@@ -134,10 +134,10 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
   std::fprintf(stderr,
                "ferry train: %s model, %.2fM parameters (%.2fM trainable), "
                "%lld steps of %lld x "
-               "%lld tokens, %d threads -> %s\n",
+               "%lld tokens, %d threads, %s -> %s\n",
                model.model_type.c_str(), double(params) / 1e6, double(trainable) / 1e6,
                (long long)job.steps, (long long)job.batch_size, (long long)job.seq_len, threads,
-               job.out.c_str());
+               job.dtype.c_str(), job.out.c_str());
   ProgressBar progress(stderr, ::isatty(::fileno(stderr)) != 0,
                        std::max<int64_t>(1, job.steps / 20));
   int64_t tokens_total = 0;

@@ -1,14 +1,17 @@
 // EstimateDeviceBytes (the device size `ferry train` and `ferry eval` give one runner): the
 // forward-only estimate leaves out exactly the backward's buffers, and each estimate covers what
-// the runner it sizes really allocates.
+// the runner it sizes really allocates. TrainingDevicesBytes (what `ferry train` checks against
+// physical memory) is what CreateTrainingRunner then creates, for one device and for several.
 #include "engine/train/run_training.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
+#include "engine/job/job_spec.h"
 #include "engine/model/model_runner.h"
 #include "engine/testing/tiny_models.h"
+#include "engine/train/training_runner.h"
 #include "kernels/cpu/cpu_device.h"
 
 namespace ferry {
@@ -98,12 +101,15 @@ TEST(EstimateDeviceBytes, CoversWhatTheRunnerAllocates) {
     for (const LoraConfig& lora : kLoras) {
       const std::vector<LayerSpec> layers = BuildLayerSpecs(c, lora);
       const HostTensors weights = testing::TinyWeights(layers, 1);
-      for (bool inference_only : {false, true}) {
+      for (const auto& [inference_only, dtype] :
+           {std::pair{false, DType::kF32}, {true, DType::kF32}, {false, DType::kBF16}}) {
         SCOPED_TRACE(c.model_type + " " + std::to_string(c.vocab_size) +
                      (lora.enabled() ? " + LoRA" : "") +
-                     (inference_only ? ", forward only" : ", training"));
+                     (inference_only ? ", forward only" : ", training") + " in " +
+                     std::string(DTypeName(dtype)));
         ModelRunnerOptions o;
         o.shape = shape;
+        o.compute_dtype = dtype;  // a bf16 runner's buffers are at most the f32 estimate's
         o.loss_chunk_tokens = 8;  // several chunks
         o.inference_only = inference_only;
         const size_t estimate =
@@ -132,6 +138,28 @@ TEST(EstimateDeviceBytes, CoversWhatTheRunnerAllocates) {
         EXPECT_GE(estimate - kDeviceEstimateSlackBytes, peak);
       }
     }
+  }
+}
+
+TEST(TrainingDevicesBytes, IsWhatCreateTrainingRunnerCreates) {
+  for (int64_t devices : {1, 2, 3}) {
+    SCOPED_TRACE("--devices " + std::to_string(devices));
+    JobSpec job;
+    job.batch_size = 4;
+    job.micro_batches = 2;
+    job.seq_len = 32;
+    job.devices = devices;
+    Result<ModelConfig> model = ResolveModel(job);
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    Result<TrainingRunner> t = CreateTrainingRunner(job, *model, kThreads);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    ASSERT_EQ(int64_t(t->devices.size()), devices);
+    // Each device's capacity is the bytes asked, rounded down to its arena alignment.
+    uint64_t created = 0;
+    for (const auto& d : t->devices) created += d->capacity();
+    const uint64_t bytes = TrainingDevicesBytes(job, *model, kThreads);
+    EXPECT_GE(bytes, created);
+    EXPECT_LT(bytes - created, uint64_t(devices) * CpuDeviceOptions{}.alignment);
   }
 }
 

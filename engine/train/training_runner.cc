@@ -33,23 +33,22 @@ plan::HardwareProfile CpuDevicesProfile(int count, uint64_t device_bytes) {
   return h;
 }
 
-Result<TrainingRunner> CreateTrainingRunner(const JobSpec& job, const ModelConfig& model,
-                                            int threads) {
-  TrainingRunner t;
+namespace {
+
+ModelRunnerOptions RunnerOptions(const JobSpec& job) {
   ModelRunnerOptions o;
   o.shape = {job.micro_batch_size(), job.seq_len};
-  const size_t one_device =
-      EstimateDeviceBytes(model, job.lora, o.shape, o.loss_chunk_tokens, threads);
-  if (job.devices <= 1) {
-    FERRY_ASSIGN_OR_RETURN(
-        std::unique_ptr<CpuDevice> d,
-        CpuDevice::Create(
-            {.name = "cpu0", .memory_bytes = one_device, .compute_threads = threads}));
-    FERRY_ASSIGN_OR_RETURN(t.runner, ModelRunner::Create(*d, model, job.lora, o));
-    t.devices.push_back(std::move(d));
-    t.summary = "1 CPU device";
-    return t;
-  }
+  o.compute_dtype = job.dtype == "bf16" ? DType::kBF16 : DType::kF32;  // ValidateJobSpec'd
+  return o;
+}
+
+size_t OneDeviceBytes(const JobSpec& job, const ModelConfig& model, int threads) {
+  const ModelRunnerOptions o = RunnerOptions(job);
+  return EstimateDeviceBytes(model, job.lora, o.shape, o.loss_chunk_tokens, threads);
+}
+
+// The plan of a --devices N job (N > 1) on N CPU devices.
+Result<plan::Plan> PlanCpuDevices(const JobSpec& job, const ModelConfig& model, int threads) {
   plan::PlanJob pj;
   pj.global_batch = job.batch_size;
   pj.seq_len = job.seq_len;
@@ -60,7 +59,8 @@ Result<TrainingRunner> CreateTrainingRunner(const JobSpec& job, const ModelConfi
   // A stage never needs more than the whole model on one device: that bounds the budget.
   FERRY_ASSIGN_OR_RETURN(
       plan::PlanOutcome outcome,
-      plan::MakePlan(job.model, model, pj, CpuDevicesProfile(int(job.devices), one_device),
+      plan::MakePlan(job.model, model, pj,
+                     CpuDevicesProfile(int(job.devices), OneDeviceBytes(job, model, threads)),
                      /*suggest=*/false));
   if (!outcome.feasible) {
     return Status::InvalidArgument("no plan fits " + std::to_string(job.devices) +
@@ -73,6 +73,34 @@ Result<TrainingRunner> CreateTrainingRunner(const JobSpec& job, const ModelConfi
                             std::to_string(job.micro_batches) + " x " +
                             std::to_string(job.micro_batch_size()));
   }
+  return std::move(outcome.plan);
+}
+
+}  // namespace
+
+uint64_t TrainingDevicesBytes(const JobSpec& job, const ModelConfig& model, int threads) {
+  const uint64_t one_device = OneDeviceBytes(job, model, threads);
+  if (job.devices <= 1) return one_device;
+  Result<plan::Plan> p = PlanCpuDevices(job, model, threads);
+  // Without a plan, CreateTrainingRunner reports why; the one device bounds each stage.
+  if (!p.ok()) return one_device;
+  return uint64_t(job.devices) * p->memory.gpu.total();
+}
+
+Result<TrainingRunner> CreateTrainingRunner(const JobSpec& job, const ModelConfig& model,
+                                            int threads) {
+  TrainingRunner t;
+  if (job.devices <= 1) {
+    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<CpuDevice> d,
+                           CpuDevice::Create({.name = "cpu0",
+                                              .memory_bytes = OneDeviceBytes(job, model, threads),
+                                              .compute_threads = threads}));
+    FERRY_ASSIGN_OR_RETURN(t.runner, ModelRunner::Create(*d, model, job.lora, RunnerOptions(job)));
+    t.devices.push_back(std::move(d));
+    t.summary = "1 CPU device";
+    return t;
+  }
+  FERRY_ASSIGN_OR_RETURN(const plan::Plan p, PlanCpuDevices(job, model, threads));
   std::vector<Device*> raw;
   for (int64_t i = 0; i < job.devices; ++i) {
     FERRY_ASSIGN_OR_RETURN(std::unique_ptr<CpuDevice> d,

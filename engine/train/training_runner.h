@@ -34,6 +34,12 @@ struct TrainingRunner {
 // steer the partition; host RAM is this machine's).
 plan::HardwareProfile CpuDevicesProfile(int count, uint64_t device_bytes);
 
+// The bytes of all the CPU devices CreateTrainingRunner creates for `job`: the one device's, or
+// --devices N times the plan's per-device bytes (what `ferry train` checks against physical
+// memory before it touches the run folder). Without a plan: the one device's bytes (each stage
+// fits in them; CreateTrainingRunner then says why there is no plan).
+uint64_t TrainingDevicesBytes(const JobSpec& job, const ModelConfig& model, int threads);
+
 // Errors: InvalidArgument when the planner finds no plan for the devices (naming the binding
 // constraint), and those of the device and runner factories.
 Result<TrainingRunner> CreateTrainingRunner(const JobSpec& job, const ModelConfig& model,
