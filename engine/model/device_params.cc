@@ -176,7 +176,7 @@ Result<DeviceParams> DeviceParams::Create(Device& d, const ModelConfig& c, const
   return p;
 }
 
-Status DeviceParams::Upload(Device& d, const HostTensors& weights) {
+Status DeviceParams::PackWeights(const HostTensors& weights) {
   std::byte* mirror = weights_mirror_.data();
   for (const auto& [name, dp] : params_) {
     if (name.find("gate_up_proj") != std::string::npos) continue;  // filled by its halves
@@ -206,12 +206,27 @@ Status DeviceParams::Upload(Device& d, const HostTensors& weights) {
     ConvertFromFloat(a, dtype_, mirror + pack.a_offset, a_f32.size());
     ConvertFromFloat(b, dtype_, mirror + pack.b_offset, b_f32.size());
   }
+  return Status::Ok();
+}
+
+Status DeviceParams::UploadWeights(Device& d, size_t offset, size_t bytes) {
+  if (offset > weights_bytes_ || bytes > weights_bytes_ - offset) {
+    return Status::InvalidArgument("UploadWeights: bytes [" + std::to_string(offset) + ", " +
+                                   std::to_string(offset + bytes) + ") outside the " +
+                                   std::to_string(weights_bytes_) + " of the weights");
+  }
+  if (bytes == 0) return Status::Ok();
+  return d.CopyToDevice(weights_data_ + std::ptrdiff_t(offset), weights_mirror_.Span(offset, bytes),
+                        bytes);
+}
+
+Status DeviceParams::Upload(Device& d, const HostTensors& weights) {
+  FERRY_RETURN_IF_ERROR(PackWeights(weights));
   // The previous step's compute may still read the weights: upload after it.
   FERRY_ASSIGN_OR_RETURN(Event compute_done, d.CreateEvent());
   FERRY_RETURN_IF_ERROR(d.Record(compute_done, StreamId::kCompute));
   FERRY_RETURN_IF_ERROR(d.Wait(StreamId::kUpload, compute_done));
-  FERRY_RETURN_IF_ERROR(
-      d.CopyToDevice(weights_data_, weights_mirror_.Span(0, weights_bytes_), weights_bytes_));
+  FERRY_RETURN_IF_ERROR(UploadWeights(d, 0, weights_bytes_));
   FERRY_ASSIGN_OR_RETURN(Event uploaded, d.CreateEvent());
   FERRY_RETURN_IF_ERROR(d.Record(uploaded, StreamId::kUpload));
   FERRY_RETURN_IF_ERROR(d.Wait(StreamId::kCompute, uploaded));
@@ -250,17 +265,26 @@ void GradOverwrite::ZeroUnwritten(HostTensors& grads) {
   }
 }
 
+Status DeviceParams::DownloadGrads(Device& d) {
+  if (grads_bytes_ == 0) return Status::Ok();
+  return d.CopyToHost(grads_mirror_.Span(0, grads_bytes_), grads_data_, grads_bytes_);
+}
+
 Status DeviceParams::DownloadAndAddGrads(Device& d, HostTensors& grads, GradOverwrite* overwrite,
                                          ThreadPool* pool) {
   FERRY_ASSIGN_OR_RETURN(Event computed, d.CreateEvent());
   FERRY_RETURN_IF_ERROR(d.Record(computed, StreamId::kCompute));
   FERRY_RETURN_IF_ERROR(d.Wait(StreamId::kDownload, computed));
   if (grads_bytes_ == 0) return Status::Ok();
-  FERRY_RETURN_IF_ERROR(
-      d.CopyToHost(grads_mirror_.Span(0, grads_bytes_), grads_data_, grads_bytes_));
+  FERRY_RETURN_IF_ERROR(DownloadGrads(d));
   FERRY_ASSIGN_OR_RETURN(Event downloaded, d.CreateEvent());
   FERRY_RETURN_IF_ERROR(d.Record(downloaded, StreamId::kDownload));
   FERRY_RETURN_IF_ERROR(d.Synchronize(downloaded));
+  return AddGrads(grads, overwrite, pool);
+}
+
+Status DeviceParams::AddGrads(HostTensors& grads, GradOverwrite* overwrite, ThreadPool* pool) {
+  if (grads_bytes_ == 0) return Status::Ok();
   const std::byte* mirror = grads_mirror_.data();
   for (const auto& [name, dp] : params_) {
     if (dp.grad.data.is_null() || name.find("gate_up_proj") != std::string::npos) continue;

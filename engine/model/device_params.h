@@ -135,6 +135,21 @@ class DeviceParams {
   Status DownloadAndAddGrads(Device& d, HostTensors& grads, GradOverwrite* overwrite = nullptr,
                              ThreadPool* pool = nullptr);
 
+  // The two halves of Upload and of DownloadAndAddGrads, for a caller that orders the copies
+  // with the compute stream itself and never blocks on them (engine/exec: a stage's weights are
+  // prefetched in chunks while another stage computes; its gradients are added once they land).
+  // PackWeights fills the host mirror from `weights` (errors as Upload); UploadWeights enqueues
+  // the copy of mirror bytes [offset, offset + bytes) on the upload stream. DownloadGrads enqueues
+  // the gradients' copy into the host mirror on the download stream; AddGrads, once that copy has
+  // completed, adds (or stores) them into `grads` as DownloadAndAddGrads does. The mirrors must
+  // not be repacked, nor this object destroyed, while a copy enqueued here may still run.
+  Status PackWeights(const HostTensors& weights);
+  size_t weights_bytes() const { return weights_bytes_; }
+  Status UploadWeights(Device& d, size_t offset, size_t bytes);
+  Status DownloadGrads(Device& d);
+  Status AddGrads(HostTensors& grads, GradOverwrite* overwrite = nullptr,
+                  ThreadPool* pool = nullptr);
+
  private:
   std::map<std::string, DeviceParam> params_;
   std::map<std::string, LoraPack> lora_;
