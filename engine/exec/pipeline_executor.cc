@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 
+#include "engine/exec/stream_hazards.h"
 #include "engine/model/device_params.h"
 #include "engine/model/model_stack.h"
 #include "kernels/arena.h"
@@ -20,13 +22,31 @@ struct Region {
   size_t bytes = 0;
 };
 
-// One device's planned arena blocks, by plan name.
+// The names StreamHazards tracks on every device: the plan buffers that a copy and a kernel may
+// both touch, and "layout" for the row layout ("positions" and "doc_ids", written together).
+// ("scratch" is compute-only; "rope.inv_freq" is written once, at Create, before any compute.)
+constexpr std::string_view kTracked[] = {
+    "hidden.0",      "hidden.1",      "hidden.2",    "saved.slot0", "saved.slot1",
+    "weights.slot0", "weights.slot1", "grads.accum", "grad.work",   "layout"};
+constexpr std::string_view kHidden[3] = {"hidden.0", "hidden.1", "hidden.2"};
+constexpr std::string_view kSaved[2] = {"saved.slot0", "saved.slot1"};
+constexpr std::string_view kWeights[2] = {"weights.slot0", "weights.slot1"};
+
+// One device's planned arena blocks, by plan name, and what orders the work on its streams.
 struct DeviceState {
   Device* device = nullptr;
   std::vector<DeviceBuffer> buffers;
   std::map<std::string, Region, std::less<>> regions;
   std::map<std::string, size_t, std::less<>> used;  // plan name -> most bytes a component used
   int64_t stages_run = 0;
+  StreamHazards hazards;
+  // Per micro-batch m, recorded on the download stream after each stage's downloads of m: a stage
+  // reading them (on any device) waits for its latest record, which covers every earlier copy on
+  // this stream.
+  std::vector<Event> landed;
+  // Per stage of a step (on this device): its gradients are in its host mirror.
+  std::vector<Event> grads_landed;
+
   // The start of plan allocation `name`, counting `bytes` of it as used (the executor's own
   // direct uses; components carve through PlannedSource, which counts theirs).
   DevicePtr<std::byte> Use(const std::string& name, size_t bytes) {
@@ -35,7 +55,7 @@ struct DeviceState {
     return regions.at(name).data;
   }
   Tensor Hidden(int k, int64_t n, int64_t c) {
-    return Tensor{Use("hidden." + std::to_string(k), size_t(n * c) * 4), DType::kF32, Shape{n, c}};
+    return Tensor{Use(std::string(kHidden[k]), size_t(n * c) * 4), DType::kF32, Shape{n, c}};
   }
 };
 
@@ -83,47 +103,54 @@ class PlannedSource final : public CarveSource {
   std::map<std::string, std::string, std::less<>> map_;
 };
 
-// Copies ordered after the compute enqueued so far on `d` and before the compute enqueued next
-// (ToDevice reads `bytes` of `src` from `offset`).
-Status ToDevice(Device& d, DevicePtr<std::byte> dst, const HostAllocation& src, size_t bytes,
-                size_t offset = 0) {
-  FERRY_ASSIGN_OR_RETURN(Event computed, d.CreateEvent());
-  FERRY_RETURN_IF_ERROR(d.Record(computed, StreamId::kCompute));
-  FERRY_RETURN_IF_ERROR(d.Wait(StreamId::kUpload, computed));
-  FERRY_RETURN_IF_ERROR(d.CopyToDevice(dst, src.Span(offset, bytes), bytes));
-  FERRY_ASSIGN_OR_RETURN(Event uploaded, d.CreateEvent());
-  FERRY_RETURN_IF_ERROR(d.Record(uploaded, StreamId::kUpload));
-  return d.Wait(StreamId::kCompute, uploaded);
-}
-Status ToHost(Device& d, const HostAllocation& dst, DevicePtr<const std::byte> src, size_t bytes) {
-  FERRY_ASSIGN_OR_RETURN(Event computed, d.CreateEvent());
-  FERRY_RETURN_IF_ERROR(d.Record(computed, StreamId::kCompute));
-  FERRY_RETURN_IF_ERROR(d.Wait(StreamId::kDownload, computed));
-  FERRY_RETURN_IF_ERROR(d.CopyToHost(dst.Span(0, bytes), src, bytes));
-  FERRY_ASSIGN_OR_RETURN(Event downloaded, d.CreateEvent());
-  FERRY_RETURN_IF_ERROR(d.Record(downloaded, StreamId::kDownload));
-  return d.Wait(StreamId::kCompute, downloaded);
-}
-
 Result<HostAllocation> HostBuffer(size_t bytes, std::string name) {
   return HostAllocation::Map(std::max<size_t>(bytes, 1), std::move(name));
 }
 
+enum class StageKind { kForward, kTail, kBackward };
+
+// One stage of a step, from the copy of its weights (a prefetch, unless it is its device's first
+// stage of the step) to the host's addition of its gradients. It lives until the step ends, so
+// its host mirrors outlive every copy that reads or fills them.
+struct StageRun {
+  StageKind kind = StageKind::kForward;
+  plan::LayerRange range;  // layers [first, last); the tail: {head, head + 1}
+  int64_t forward = -1;    // a backward stage: the index of the forward stage over its layers
+  size_t device = 0;       // index into the executor's devices
+  int slot = 0;            // its weights go to weights.slot<slot>
+  std::unique_ptr<PlannedSource> source;
+  std::unique_ptr<DeviceParams> params;   // null until prepared
+  std::unique_ptr<DecoderBlocks> blocks;  // forward and backward stages
+  std::unique_ptr<Head> head;             // the tail
+  bool weights_sent = false;
+};
+
+// The next stage's weights on a device, sent in `chunks` pieces between the running stage's
+// activation uploads (none when the device runs no further stage this step).
+struct Prefetch {
+  std::optional<size_t> stage;  // its index in the step
+  size_t chunks = 1;
+  size_t sent = 0;
+};
+
 class Executor final : public PipelineExecutor {
  public:
-  Executor(std::vector<Device*> devices, const ModelConfig& c, const plan::Plan& p)
-      : c_(c), p_(p), lora_(p.job.lora) {
-    for (Device* d : devices) devices_.push_back(DeviceState{d, {}, {}, {}, 0});
+  Executor(std::vector<Device*> devices, const ModelConfig& c, const plan::Plan& p,
+           EnqueueObserver observer)
+      : c_(c), p_(p), lora_(p.job.lora), observer_(std::move(observer)) {
+    for (Device* d : devices) {
+      devices_.emplace_back();
+      devices_.back().device = d;
+    }
   }
 
-  ~Executor() override {
-    for (DeviceState& ds : devices_) (void)ds.device->Synchronize();
-  }
+  ~Executor() override { SynchronizeAll(); }
 
   Status Init() {
     layers_ = BuildLayerSpecs(c_, lora_);
     shape_ = {p_.micro_batch_size, p_.job.seq_len};
     const int64_t N = shape_.tokens(), C = c_.hidden_size;
+    const size_t stages = 2 * p_.stages.size() + 1;
     for (DeviceState& ds : devices_) {
       for (const plan::Allocation& a : p_.memory.gpu.allocations) {
         FERRY_ASSIGN_OR_RETURN(DeviceBuffer b, ds.device->Allocate(a.bytes, a.name));
@@ -131,7 +158,8 @@ class Executor final : public PipelineExecutor {
         ds.buffers.push_back(std::move(b));
       }
       for (const char* name :
-           {"hidden.0", "hidden.1", "hidden.2", "saved.slot0", "saved.slot1", "doc_ids"}) {
+           {"hidden.0", "hidden.1", "hidden.2", "saved.slot0", "saved.slot1", "weights.slot0",
+            "weights.slot1", "grads.accum", "grad.work", "doc_ids"}) {
         if (!ds.regions.count(name)) {
           return Status::InvalidArgument(std::string("the plan's GPU map lacks '") + name + "'");
         }
@@ -139,6 +167,9 @@ class Executor final : public PipelineExecutor {
       if (ds.regions.at("hidden.0").bytes < size_t(N * C) * 4) {
         return Status::InvalidArgument("the plan's hidden buffers are smaller than B*T x C f32");
       }
+      FERRY_ASSIGN_OR_RETURN(ds.hazards, StreamHazards::Create(*ds.device, kTracked));
+      FERRY_RETURN_IF_ERROR(CreateEvents(*ds.device, size_t(p_.micro_batches), ds.landed));
+      FERRY_RETURN_IF_ERROR(CreateEvents(*ds.device, stages, ds.grads_landed));
     }
     saved_bytes_ = devices_[0].regions.at("saved.slot0").bytes;
     // Host staging: RoPE's table; per micro-batch the row layout (positions, then doc ids),
@@ -165,7 +196,8 @@ class Executor final : public PipelineExecutor {
       }
     }
     if (c_.learned_positions) return Status::Ok();
-    // RoPE's inverse frequencies (plain or Llama 3-scaled), uploaded once to every device.
+    // RoPE's inverse frequencies (plain or Llama 3-scaled), uploaded once to every device; the
+    // upload completes here, before any compute can read it.
     const std::vector<float> inv_freq = RopeInvFreq(c_);
     const size_t fb = inv_freq.size() * sizeof(float);
     FERRY_ASSIGN_OR_RETURN(inv_freq_, HostBuffer(fb, "executor rope table"));
@@ -176,7 +208,8 @@ class Executor final : public PipelineExecutor {
         return Status::InvalidArgument("the plan's GPU map lacks a 'rope.inv_freq' of " +
                                        FormatBytes(fb) + ": re-plan with this version");
       }
-      FERRY_RETURN_IF_ERROR(ToDevice(*ds.device, ds.Use("rope.inv_freq", fb), inv_freq_, fb));
+      FERRY_RETURN_IF_ERROR(
+          ds.device->CopyToDevice(ds.Use("rope.inv_freq", fb), inv_freq_.Span(0, fb), fb));
       FERRY_RETURN_IF_ERROR(ds.device->Synchronize(StreamId::kUpload));
     }
     return Status::Ok();
@@ -185,9 +218,8 @@ class Executor final : public PipelineExecutor {
   Result<double> Step(const HostTensors& weights, std::span<const MicroBatchInput> batches,
                       HostTensors& grads) override {
     Result<double> r = RunStep(weights, batches, grads);
-    if (!r.ok()) {
-      for (DeviceState& ds : devices_) (void)ds.device->Synchronize();
-    }
+    if (!r.ok()) SynchronizeAll();
+    runs_.clear();  // every copy that used their mirrors has completed
     return r;
   }
 
@@ -202,6 +234,18 @@ class Executor final : public PipelineExecutor {
   }
 
  private:
+  static Status CreateEvents(Device& d, size_t n, std::vector<Event>& out) {
+    for (size_t i = 0; i < n; ++i) {
+      FERRY_ASSIGN_OR_RETURN(Event e, d.CreateEvent());
+      out.push_back(std::move(e));
+    }
+    return Status::Ok();
+  }
+
+  void SynchronizeAll() {
+    for (DeviceState& ds : devices_) (void)ds.device->Synchronize();
+  }
+
   Result<double> RunStep(const HostTensors& weights, std::span<const MicroBatchInput> batches,
                          HostTensors& grads) {
     const int64_t N = shape_.tokens();
@@ -219,20 +263,24 @@ class Executor final : public PipelineExecutor {
       FERRY_RETURN_IF_ERROR(SetLayout(m, batches[m]));
     }
     FERRY_RETURN_IF_ERROR(Embed(weights, batches));
-    stats_.stages_run = 0;
-    const int64_t S = int64_t(p_.stages.size());
-    for (int64_t s = 0; s < S; ++s) {
-      FERRY_RETURN_IF_ERROR(ForwardStage(Next(), p_.stages[size_t(s)], weights));
+    ScheduleStages();
+    for (size_t i = 0; i < runs_.size(); ++i) {
+      FERRY_RETURN_IF_ERROR(EnqueueStage(i, weights, batches));
     }
     // The first micro-batch's overwrite request covers the step: each stage stores its
-    // gradients, and what no stage wrote is zeroed before the embedding's scatter-add.
+    // gradients, and what no stage wrote is zeroed before the embedding's scatter-add. Stages add
+    // in the step's order whatever order their devices finish in.
     GradOverwrite overwrite;
     GradOverwrite* ow = batches.front().overwrite_grads ? &overwrite : nullptr;
-    FERRY_RETURN_IF_ERROR(Tail(Next(), weights, batches, grads, ow));
-    for (int64_t s = S - 1; s >= 0; --s) {
-      FERRY_RETURN_IF_ERROR(BackwardStage(Next(), p_.stages[size_t(s)], weights, grads, ow));
+    for (size_t i = 0; i < runs_.size(); ++i) {
+      if (runs_[i].kind == StageKind::kForward) continue;
+      DeviceState& ds = devices_[runs_[i].device];
+      FERRY_RETURN_IF_ERROR(ds.device->Synchronize(ds.grads_landed[i]));
+      FERRY_RETURN_IF_ERROR(runs_[i].params->AddGrads(grads, ow));
     }
     if (ow != nullptr) ow->ZeroUnwritten(grads);
+    // The step's end: the losses and the last input gradients are read on the host below.
+    for (DeviceState& ds : devices_) FERRY_RETURN_IF_ERROR(ds.device->Synchronize());
     if (!lora_.enabled()) FERRY_RETURN_IF_ERROR(EmbeddingGrads(batches, grads));
     double total = 0;
     for (size_t m = 0; m < batches.size(); ++m) {
@@ -244,11 +292,166 @@ class Executor final : public PipelineExecutor {
     return total;
   }
 
-  // The device the global counter hands the next stage to.
-  DeviceState& Next() {
-    DeviceState& ds = devices_[size_t(counter_++ % int64_t(devices_.size()))];
-    ++stats_.stages_run;
-    return ds;
+  // The step's stages in order (forward, tail, backward), each handed by the global counter to
+  // the next device in turn, and the weight slot each takes there.
+  void ScheduleStages() {
+    const int64_t S = int64_t(p_.stages.size()), head = int64_t(layers_.size()) - 1;
+    runs_.clear();
+    runs_.resize(size_t(2 * S + 1));
+    for (int64_t i = 0; i < int64_t(runs_.size()); ++i) {
+      StageRun& st = runs_[size_t(i)];
+      if (i < S) {
+        st.kind = StageKind::kForward;
+        st.range = p_.stages[size_t(i)];
+      } else if (i == S) {
+        st.kind = StageKind::kTail;
+        st.range = {int(head), int(head) + 1};
+      } else {
+        st.kind = StageKind::kBackward;
+        st.forward = 2 * S - i;
+        st.range = p_.stages[size_t(st.forward)];
+      }
+      st.device = size_t(counter_++ % int64_t(devices_.size()));
+      st.slot = int(devices_[st.device].stages_run++ % 2);
+    }
+    stats_.stages_run = int64_t(runs_.size());
+  }
+
+  // The stages whose downloads of a micro-batch stage i reads: the stage before it and, for a
+  // backward stage, the forward stages that saved its layers' inputs and activations.
+  std::vector<size_t> Producers(size_t i) const {
+    std::vector<size_t> from;
+    if (i > 0) from.push_back(i - 1);
+    const StageRun& st = runs_[i];
+    if (st.kind == StageKind::kBackward) {
+      from.push_back(size_t(st.forward));
+      if (st.forward > 0) from.push_back(size_t(st.forward - 1));
+    }
+    return from;
+  }
+
+  // Makes the upload stream of stage i's device wait until micro-batch m's inputs have landed.
+  Status AwaitInputs(size_t i, size_t m) {
+    Device& d = *devices_[runs_[i].device].device;
+    std::vector<size_t> waited;
+    for (size_t j : Producers(i)) {
+      const size_t from = runs_[j].device;
+      if (std::find(waited.begin(), waited.end(), from) != waited.end()) continue;
+      waited.push_back(from);
+      FERRY_RETURN_IF_ERROR(d.Wait(StreamId::kUpload, devices_[from].landed[m]));
+    }
+    return Status::Ok();
+  }
+
+  // Builds stage i's parameters, blocks or head in its planned blocks, and packs its weights
+  // into the host mirror. No device work.
+  Status Prepare(size_t i, const HostTensors& weights) {
+    StageRun& st = runs_[i];
+    DeviceState& ds = devices_[st.device];
+    st.source = std::make_unique<PlannedSource>(ds, st.slot);
+    std::vector<LayerSpec> layers(layers_.begin() + st.range.first,
+                                  layers_.begin() + st.range.last);
+    FERRY_ASSIGN_OR_RETURN(DeviceParams params,
+                           DeviceParams::Create(*ds.device, c_, lora_, layers, st.source.get()));
+    st.params = std::make_unique<DeviceParams>(std::move(params));
+    FERRY_RETURN_IF_ERROR(st.params->PackWeights(weights));
+    if (st.kind == StageKind::kTail) {
+      FERRY_ASSIGN_OR_RETURN(DeviceStack stack,
+                             BuildDeviceStack(*ds.device, c_, *st.params,
+                                              {.shape = shape_,
+                                               .blocks = false,
+                                               .head = HeadMode::kTrain,
+                                               .loss_chunk_tokens = plan::kLossChunkTokens,
+                                               .source = st.source.get()}));
+      st.head = std::move(stack.head);
+      return Status::Ok();
+    }
+    const Shape tokens{shape_.tokens()};
+    Tensor positions, inv_freq;
+    if (auto it = ds.regions.find("positions"); it != ds.regions.end()) {
+      positions = {it->second.data, DType::kI32, tokens};
+    }
+    if (auto it = ds.regions.find("rope.inv_freq"); it != ds.regions.end()) {
+      inv_freq = {it->second.data, DType::kF32, Shape{c_.head_dim / 2}};
+    }
+    FERRY_ASSIGN_OR_RETURN(
+        DeviceStack stack,
+        BuildDeviceStack(
+            *ds.device, c_, *st.params,
+            {.shape = shape_,
+             .inputs = {.positions = positions,
+                        .doc_ids = {ds.regions.at("doc_ids").data, DType::kI32, tokens},
+                        .inv_freq = inv_freq},  // RopeInvFreq: plain or Llama 3-scaled
+             .num_slots = 2,
+             .first_block = st.range.first - 1,
+             .source = st.source.get()}));
+    st.blocks = std::move(stack.blocks);
+    return Status::Ok();
+  }
+
+  // Enqueues chunk k of `chunks` of stage i's weights on its device's upload stream; the first
+  // waits until the slot's last stage has stopped computing with it.
+  Status SendWeights(size_t i, size_t k, size_t chunks) {
+    StageRun& st = runs_[i];
+    DeviceState& ds = devices_[st.device];
+    const std::string_view slot = kWeights[st.slot];
+    const size_t bytes = st.params->weights_bytes();
+    constexpr size_t kAlign = 64;  // chunk boundaries on cache lines
+    const size_t lo = k == 0 ? 0 : bytes * k / chunks / kAlign * kAlign;
+    const size_t hi = k + 1 == chunks ? bytes : bytes * (k + 1) / chunks / kAlign * kAlign;
+    if (k == 0) FERRY_RETURN_IF_ERROR(ds.hazards.Before(StreamId::kUpload, {}, {slot}));
+    FERRY_RETURN_IF_ERROR(st.params->UploadWeights(*ds.device, lo, hi - lo));
+    if (k + 1 < chunks) return Status::Ok();
+    FERRY_RETURN_IF_ERROR(ds.hazards.After(StreamId::kUpload, {}, {slot}));
+    st.weights_sent = true;
+    if (observer_) observer_(Enqueued::kWeights, int64_t(i), *ds.device);
+    return Status::Ok();
+  }
+
+  // Stage i's device's next stage this step, to be prefetched in `chunks` pieces (one per group
+  // of stage i's activation uploads).
+  Result<Prefetch> NextOnDevice(size_t i, size_t chunks, const HostTensors& weights) {
+    const size_t next = i + devices_.size();
+    if (next >= runs_.size()) return Prefetch{};
+    FERRY_RETURN_IF_ERROR(Prepare(next, weights));
+    return Prefetch{next, std::max<size_t>(chunks, 1), 0};
+  }
+  // The prefetch's next chunk, if any is left.
+  Status PrefetchChunk(Prefetch& p) {
+    if (!p.stage || p.sent == p.chunks) return Status::Ok();
+    return SendWeights(*p.stage, p.sent++, p.chunks);
+  }
+  Status FinishPrefetch(Prefetch& p) {
+    while (p.stage && p.sent < p.chunks) FERRY_RETURN_IF_ERROR(PrefetchChunk(p));
+    return Status::Ok();
+  }
+
+  Status EnqueueStage(size_t i, const HostTensors& weights,
+                      std::span<const MicroBatchInput> batches) {
+    StageRun& st = runs_[i];
+    if (st.params == nullptr) FERRY_RETURN_IF_ERROR(Prepare(i, weights));
+    if (!st.weights_sent) FERRY_RETURN_IF_ERROR(SendWeights(i, 0, 1));  // first on its device
+    const size_t M = size_t(p_.micro_batches);
+    const size_t layers = size_t(st.range.last - st.range.first);
+    switch (st.kind) {
+      case StageKind::kForward: {
+        FERRY_ASSIGN_OR_RETURN(Prefetch next, NextOnDevice(i, M, weights));
+        FERRY_RETURN_IF_ERROR(ForwardStage(i, next));
+        break;
+      }
+      case StageKind::kTail: {
+        FERRY_ASSIGN_OR_RETURN(Prefetch next, NextOnDevice(i, M, weights));
+        FERRY_RETURN_IF_ERROR(Tail(i, batches, next));
+        break;
+      }
+      case StageKind::kBackward: {
+        FERRY_ASSIGN_OR_RETURN(Prefetch next, NextOnDevice(i, M * layers, weights));
+        FERRY_RETURN_IF_ERROR(BackwardStage(i, next));
+        break;
+      }
+    }
+    if (observer_) observer_(Enqueued::kStage, int64_t(i), *devices_[st.device].device);
+    return Status::Ok();
   }
 
   // Micro-batch m's positions (learned-position models only: RoPE reads them on the device).
@@ -283,13 +486,54 @@ class Executor final : public PipelineExecutor {
     return Status::Ok();
   }
 
+  // Copies `bytes` of `src` from `offset` to `dst` in plan buffer `buffer` on the upload stream,
+  // once the device's other streams are done with `buffer`.
+  static Status ToDevice(DeviceState& ds, std::string_view buffer, DevicePtr<std::byte> dst,
+                         const HostAllocation& src, size_t bytes, size_t offset = 0) {
+    FERRY_RETURN_IF_ERROR(ds.hazards.Before(StreamId::kUpload, {}, {buffer}));
+    FERRY_RETURN_IF_ERROR(ds.device->CopyToDevice(dst, src.Span(offset, bytes), bytes));
+    return ds.hazards.After(StreamId::kUpload, {}, {buffer});
+  }
+  // Copies `bytes` of `src` in plan buffer `buffer` to `dst` on the download stream, once the
+  // compute that wrote `buffer` is done.
+  static Status ToHost(DeviceState& ds, const HostAllocation& dst, std::string_view buffer,
+                       DevicePtr<const std::byte> src, size_t bytes) {
+    FERRY_RETURN_IF_ERROR(ds.hazards.Before(StreamId::kDownload, {buffer}, {}));
+    FERRY_RETURN_IF_ERROR(ds.device->CopyToHost(dst.Span(0, bytes), src, bytes));
+    return ds.hazards.After(StreamId::kDownload, {buffer}, {});
+  }
+  // Enqueues kernels on the compute stream that read `reads` and write `writes`.
+  template <typename Kernels>
+  static Status Compute(DeviceState& ds, StreamHazards::Names reads, StreamHazards::Names writes,
+                        Kernels&& enqueue) {
+    FERRY_RETURN_IF_ERROR(ds.hazards.Before(StreamId::kCompute, reads, writes));
+    FERRY_RETURN_IF_ERROR(enqueue());
+    return ds.hazards.After(StreamId::kCompute, reads, writes);
+  }
+
   // Uploads micro-batch m's row layout into the device's "positions" (RoPE models) and "doc_ids".
   Status UploadLayout(DeviceState& ds, size_t m) {
     const size_t bytes = size_t(shape_.tokens()) * 4;
+    FERRY_RETURN_IF_ERROR(ds.hazards.Before(StreamId::kUpload, {}, {"layout"}));
     if (ds.regions.count("positions")) {
-      FERRY_RETURN_IF_ERROR(ToDevice(*ds.device, ds.Use("positions", bytes), layout_[m], bytes));
+      FERRY_RETURN_IF_ERROR(
+          ds.device->CopyToDevice(ds.Use("positions", bytes), layout_[m].Span(0, bytes), bytes));
     }
-    return ToDevice(*ds.device, ds.Use("doc_ids", bytes), layout_[m], bytes, bytes);
+    FERRY_RETURN_IF_ERROR(
+        ds.device->CopyToDevice(ds.Use("doc_ids", bytes), layout_[m].Span(bytes, bytes), bytes));
+    return ds.hazards.After(StreamId::kUpload, {}, {"layout"});
+  }
+
+  Status ZeroGrads(DeviceState& ds, DeviceParams& params) {
+    return Compute(ds, {}, {"grads.accum"}, [&] { return params.ZeroGrads(*ds.device); });
+  }
+  // Stage i's gradients to its host mirror, then grads_landed[i].
+  Status DownloadGrads(size_t i) {
+    DeviceState& ds = devices_[runs_[i].device];
+    FERRY_RETURN_IF_ERROR(ds.hazards.Before(StreamId::kDownload, {"grads.accum"}, {}));
+    FERRY_RETURN_IF_ERROR(runs_[i].params->DownloadGrads(*ds.device));
+    FERRY_RETURN_IF_ERROR(ds.hazards.After(StreamId::kDownload, {"grads.accum"}, {}));
+    return ds.device->Record(ds.grads_landed[i], StreamId::kDownload);
   }
 
   Status Embed(const HostTensors& weights, std::span<const MicroBatchInput> batches) {
@@ -312,141 +556,152 @@ class Executor final : public PipelineExecutor {
     return Status::Ok();
   }
 
-  // A stage's parameters in the next weight slot of `ds`, uploaded and with zeroed gradients.
-  Result<DeviceParams> StageParams(DeviceState& ds, PlannedSource& src, plan::LayerRange r,
-                                   const HostTensors& weights) {
-    std::vector<LayerSpec> layers(layers_.begin() + r.first, layers_.begin() + r.last);
-    FERRY_ASSIGN_OR_RETURN(DeviceParams params,
-                           DeviceParams::Create(*ds.device, c_, lora_, layers, &src));
-    FERRY_RETURN_IF_ERROR(params.Upload(*ds.device, weights));
-    FERRY_RETURN_IF_ERROR(params.ZeroGrads(*ds.device));
-    return params;
-  }
-
-  Result<std::unique_ptr<DecoderBlocks>> StageBlocks(DeviceState& ds, PlannedSource& src,
-                                                     const DeviceParams& params,
-                                                     plan::LayerRange r) {
-    const Shape tokens{shape_.tokens()};
-    Tensor positions, inv_freq;
-    if (auto it = ds.regions.find("positions"); it != ds.regions.end()) {
-      positions = {it->second.data, DType::kI32, tokens};
-    }
-    if (auto it = ds.regions.find("rope.inv_freq"); it != ds.regions.end()) {
-      inv_freq = {it->second.data, DType::kF32, Shape{c_.head_dim / 2}};
-    }
-    FERRY_ASSIGN_OR_RETURN(
-        DeviceStack stack,
-        BuildDeviceStack(
-            *ds.device, c_, params,
-            {.shape = shape_,
-             .inputs = {.positions = positions,
-                        .doc_ids = {ds.regions.at("doc_ids").data, DType::kI32, tokens},
-                        .inv_freq = inv_freq},  // RopeInvFreq: plain or Llama 3-scaled
-             .num_slots = 2,
-             .first_block = r.first - 1,
-             .source = &src}));
-    return std::move(stack.blocks);
-  }
-
   Tensor SlotTensor(DeviceState& ds, int64_t block) const {
-    const Region& r = ds.regions.at("saved.slot" + std::to_string(block % 2));
+    const Region& r = ds.regions.at(std::string(kSaved[block % 2]));
     return Tensor{r.data, DType::kF32, Shape{int64_t(saved_bytes_ / 4)}};
   }
 
-  Status ForwardStage(DeviceState& ds, plan::LayerRange r, const HostTensors& weights) {
-    Device& d = *ds.device;
+  // The hidden buffers of forward stages and the tail turn over: a micro-batch reads its input
+  // from the one its predecessor left idle, so that upload overlaps the predecessor's compute.
+  struct HiddenRotation {
+    int in = 0, other = 1, idle = 2;
+    // After a micro-batch whose output is in buffer `out` (`in` or `other`).
+    void Next(int out) {
+      const int spare = out == in ? other : in;
+      in = idle;
+      other = spare;
+      idle = out;
+    }
+  };
+
+  Status ForwardStage(size_t i, Prefetch& next) {
+    const StageRun& st = runs_[i];
+    DeviceState& ds = devices_[st.device];
     const int64_t N = shape_.tokens(), C = c_.hidden_size;
-    const size_t hb = size_t(N * C) * 4, head = layers_.size() - 1;
-    PlannedSource src(ds, int(ds.stages_run++ % 2));
-    FERRY_ASSIGN_OR_RETURN(DeviceParams params, StageParams(ds, src, r, weights));
-    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<DecoderBlocks> blocks, StageBlocks(ds, src, params, r));
+    const size_t hb = HiddenBytes(), head = layers_.size() - 1;
+    const std::string_view w = kWeights[st.slot];
+    HiddenRotation h;
     for (size_t m = 0; m < size_t(p_.micro_batches); ++m) {
-      Tensor x = ds.Hidden(0, N, C), y = ds.Hidden(1, N, C);
+      int xi = h.in, yi = h.other;
+      FERRY_RETURN_IF_ERROR(AwaitInputs(i, m));
+      FERRY_RETURN_IF_ERROR(
+          ToDevice(ds, kHidden[xi], ds.Hidden(xi, N, C).data, act_[size_t(st.range.first)][m], hb));
       FERRY_RETURN_IF_ERROR(UploadLayout(ds, m));
-      FERRY_RETURN_IF_ERROR(ToDevice(d, x.data, act_[size_t(r.first)][m], hb));
-      for (int li = r.first; li < r.last; ++li) {
+      FERRY_RETURN_IF_ERROR(PrefetchChunk(next));
+      for (int li = st.range.first; li < st.range.last; ++li) {
         const int64_t b = li - 1;
+        const Tensor x = ds.Hidden(xi, N, C), y = ds.Hidden(yi, N, C);
         ++stats_.block_forward_calls;
-        FERRY_RETURN_IF_ERROR(blocks->Forward(b, int(b % 2), x, y));
+        FERRY_RETURN_IF_ERROR(Compute(ds, {kHidden[xi], w, "layout"},
+                                      {kHidden[yi], kSaved[b % 2], "grad.work"},
+                                      [&] { return st.blocks->Forward(b, int(b % 2), x, y); }));
         if (!p_.recompute[size_t(li)]) {
-          FERRY_RETURN_IF_ERROR(
-              ToHost(d, saved_[size_t(li)][m], SlotTensor(ds, b).data, saved_bytes_));
+          FERRY_RETURN_IF_ERROR(ToHost(ds, saved_[size_t(li)][m], kSaved[b % 2],
+                                       SlotTensor(ds, b).data, saved_bytes_));
         }
         if (size_t(li) + 1 <= head) {
-          FERRY_RETURN_IF_ERROR(ToHost(d, act_[size_t(li) + 1][m], y.data, hb));
+          FERRY_RETURN_IF_ERROR(ToHost(ds, act_[size_t(li) + 1][m], kHidden[yi], y.data, hb));
         }
-        std::swap(x, y);
+        std::swap(xi, yi);
       }
+      FERRY_RETURN_IF_ERROR(ds.device->Record(ds.landed[m], StreamId::kDownload));
+      h.Next(xi);  // the last layer's output (swapped into x)
     }
-    return d.Synchronize();
+    return FinishPrefetch(next);
   }
 
-  Status Tail(DeviceState& ds, const HostTensors& weights, std::span<const MicroBatchInput> batches,
-              HostTensors& grads, GradOverwrite* overwrite) {
-    Device& d = *ds.device;
+  Status Tail(size_t i, std::span<const MicroBatchInput> batches, Prefetch& next) {
+    const StageRun& st = runs_[i];
+    DeviceState& ds = devices_[st.device];
     const int64_t N = shape_.tokens(), C = c_.hidden_size;
     const int head = int(layers_.size()) - 1;
-    PlannedSource src(ds, int(ds.stages_run++ % 2));
-    FERRY_ASSIGN_OR_RETURN(DeviceParams params, StageParams(ds, src, {head, head + 1}, weights));
-    FERRY_ASSIGN_OR_RETURN(DeviceStack stack,
-                           BuildDeviceStack(d, c_, params,
-                                            {.shape = shape_,
-                                             .blocks = false,
-                                             .head = HeadMode::kTrain,
-                                             .loss_chunk_tokens = plan::kLossChunkTokens,
-                                             .source = &src}));
-    std::unique_ptr<Head> h = std::move(stack.head);
+    const std::string_view w = kWeights[st.slot];
+    Head& hd = *st.head;
+    FERRY_RETURN_IF_ERROR(ZeroGrads(ds, *st.params));
+    HiddenRotation h;
     for (size_t m = 0; m < batches.size(); ++m) {
-      Tensor x = ds.Hidden(0, N, C), dx = ds.Hidden(1, N, C);
-      FERRY_RETURN_IF_ERROR(ToDevice(d, x.data, act_[size_t(head)][m], size_t(N * C) * 4));
-      FERRY_RETURN_IF_ERROR(ToDevice(d, h->targets().data, targets_[m], size_t(N) * 4));
-      FERRY_RETURN_IF_ERROR(h->ForwardBackward(x, batches[m].normalizer, dx));
-      FERRY_RETURN_IF_ERROR(ToHost(d, bgrad_[m], dx.data, size_t(N * C) * 4));
-      FERRY_RETURN_IF_ERROR(ToHost(d, loss_[m], h->token_loss().data, size_t(N) * 4));
+      const int xi = h.in, dxi = h.other;
+      const Tensor x = ds.Hidden(xi, N, C), dx = ds.Hidden(dxi, N, C);
+      FERRY_RETURN_IF_ERROR(AwaitInputs(i, m));
+      FERRY_RETURN_IF_ERROR(
+          ToDevice(ds, kHidden[xi], x.data, act_[size_t(head)][m], HiddenBytes()));
+      // The targets live in the head's workspace (grad.work).
+      FERRY_RETURN_IF_ERROR(
+          ToDevice(ds, "grad.work", hd.targets().data, targets_[m], size_t(N) * 4));
+      FERRY_RETURN_IF_ERROR(PrefetchChunk(next));
+      // The per-token loss lives in the head's saved set (saved.slot0).
+      FERRY_RETURN_IF_ERROR(
+          Compute(ds, {kHidden[xi], w}, {kHidden[dxi], kSaved[0], "grads.accum", "grad.work"},
+                  [&] { return hd.ForwardBackward(x, batches[m].normalizer, dx); }));
+      FERRY_RETURN_IF_ERROR(ToHost(ds, bgrad_[m], kHidden[dxi], dx.data, HiddenBytes()));
+      FERRY_RETURN_IF_ERROR(ToHost(ds, loss_[m], kSaved[0], hd.token_loss().data, size_t(N) * 4));
+      FERRY_RETURN_IF_ERROR(ds.device->Record(ds.landed[m], StreamId::kDownload));
+      h.Next(dxi);
     }
-    FERRY_RETURN_IF_ERROR(d.Synchronize());
-    return params.DownloadAndAddGrads(d, grads, overwrite);
+    FERRY_RETURN_IF_ERROR(DownloadGrads(i));
+    return FinishPrefetch(next);
   }
 
-  Status BackwardStage(DeviceState& ds, plan::LayerRange r, const HostTensors& weights,
-                       HostTensors& grads, GradOverwrite* overwrite) {
-    Device& d = *ds.device;
+  Status BackwardStage(size_t i, Prefetch& next) {
+    const StageRun& st = runs_[i];
+    DeviceState& ds = devices_[st.device];
     const int64_t N = shape_.tokens(), C = c_.hidden_size;
-    const size_t hb = size_t(N * C) * 4;
-    PlannedSource src(ds, int(ds.stages_run++ % 2));
-    FERRY_ASSIGN_OR_RETURN(DeviceParams params, StageParams(ds, src, r, weights));
-    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<DecoderBlocks> blocks, StageBlocks(ds, src, params, r));
+    const std::string_view w = kWeights[st.slot];
+    FERRY_RETURN_IF_ERROR(ZeroGrads(ds, *st.params));
     for (size_t m = 0; m < size_t(p_.micro_batches); ++m) {
-      Tensor dy = ds.Hidden(0, N, C), x = ds.Hidden(1, N, C), dx = ds.Hidden(2, N, C);
+      int dyi = 0, dxi = 2;
+      const int xi = 1;
+      const Tensor x = ds.Hidden(xi, N, C);
+      FERRY_RETURN_IF_ERROR(AwaitInputs(i, m));
+      FERRY_RETURN_IF_ERROR(
+          ToDevice(ds, kHidden[dyi], ds.Hidden(dyi, N, C).data, bgrad_[m], HiddenBytes()));
       FERRY_RETURN_IF_ERROR(UploadLayout(ds, m));
-      FERRY_RETURN_IF_ERROR(ToDevice(d, dy.data, bgrad_[m], hb));
-      for (int li = r.last - 1; li >= r.first; --li) {
+      for (int li = st.range.last - 1; li >= st.range.first; --li) {
         const int64_t b = li - 1;
-        FERRY_RETURN_IF_ERROR(ToDevice(d, x.data, act_[size_t(li)][m], hb));
+        const std::string_view slot = kSaved[b % 2];
+        const Tensor dy = ds.Hidden(dyi, N, C), dx = ds.Hidden(dxi, N, C);
+        // The saved set first: its slot is idle while the layer before computes, the input's
+        // buffer is not.
+        if (!p_.recompute[size_t(li)]) {
+          FERRY_RETURN_IF_ERROR(
+              ToDevice(ds, slot, SlotTensor(ds, b).data, saved_[size_t(li)][m], saved_bytes_));
+        }
+        FERRY_RETURN_IF_ERROR(
+            ToDevice(ds, kHidden[xi], x.data, act_[size_t(li)][m], HiddenBytes()));
+        FERRY_RETURN_IF_ERROR(PrefetchChunk(next));
         if (p_.recompute[size_t(li)]) {
           ++stats_.block_forward_calls;
-          FERRY_RETURN_IF_ERROR(blocks->Forward(b, int(b % 2), x, dx));  // dx: scratch output
-        } else {
-          FERRY_RETURN_IF_ERROR(
-              ToDevice(d, SlotTensor(ds, b).data, saved_[size_t(li)][m], saved_bytes_));
+          FERRY_RETURN_IF_ERROR(  // dx: scratch output
+              Compute(ds, {kHidden[xi], w, "layout"}, {kHidden[dxi], slot, "grad.work"},
+                      [&] { return st.blocks->Forward(b, int(b % 2), x, dx); }));
         }
-        FERRY_RETURN_IF_ERROR(blocks->Backward(b, int(b % 2), x, dy, dx));
-        std::swap(dy, dx);
+        FERRY_RETURN_IF_ERROR(Compute(ds, {kHidden[xi], kHidden[dyi], slot, w, "layout"},
+                                      {kHidden[dxi], "grads.accum", "grad.work"}, [&] {
+                                        return st.blocks->Backward(b, int(b % 2), x, dy, dx);
+                                      }));
+        std::swap(dyi, dxi);
       }
-      FERRY_RETURN_IF_ERROR(ToHost(d, bgrad_[m], dy.data, hb));
+      FERRY_RETURN_IF_ERROR(
+          ToHost(ds, bgrad_[m], kHidden[dyi], ds.Hidden(dyi, N, C).data, HiddenBytes()));
+      FERRY_RETURN_IF_ERROR(ds.device->Record(ds.landed[m], StreamId::kDownload));
     }
-    FERRY_RETURN_IF_ERROR(d.Synchronize());
-    return params.DownloadAndAddGrads(d, grads, overwrite);
+    FERRY_RETURN_IF_ERROR(DownloadGrads(i));
+    return FinishPrefetch(next);
   }
+
+  // Bytes of one hidden buffer's contents (B*T x C f32).
+  size_t HiddenBytes() const { return size_t(shape_.tokens() * c_.hidden_size) * 4; }
 
   const ModelConfig c_;
   const plan::Plan p_;
   const LoraConfig lora_;
+  const EnqueueObserver observer_;
   std::vector<DeviceState> devices_;
   std::vector<LayerSpec> layers_;
   BatchShape shape_;
   size_t saved_bytes_ = 0;
   int64_t counter_ = 0;                 // the global stage counter (round robin over devices)
+  std::vector<StageRun> runs_;          // the step in flight
   HostAllocation inv_freq_;             // RoPE's table (Llama family)
   std::vector<HostAllocation> layout_;  // per micro-batch: positions, doc ids
   std::vector<HostAllocation> targets_, loss_, bgrad_;    // per micro-batch
@@ -509,9 +764,10 @@ Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const
 
 Result<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(std::vector<Device*> devices,
                                                                    const ModelConfig& config,
-                                                                   const plan::Plan& plan) {
+                                                                   const plan::Plan& plan,
+                                                                   EnqueueObserver observer) {
   FERRY_RETURN_IF_ERROR(Validate(devices, config, plan));
-  auto e = std::make_unique<Executor>(std::move(devices), config, plan);
+  auto e = std::make_unique<Executor>(std::move(devices), config, plan, std::move(observer));
   FERRY_RETURN_IF_ERROR(e->Init());
   return std::unique_ptr<PipelineExecutor>(std::move(e));
 }

@@ -16,11 +16,12 @@
 //    sizes a device buffer itself: a component that does not fit its planned block fails with
 //    OutOfMemory naming both, and a device too small for the map fails at Create with the arena's
 //    OutOfMemory naming the allocation.
-//  - A stage's weights are uploaded from the host master copy (fp32, HostTensors) at the stage's
-//    start; its gradients accumulate on the device across micro-batches and are downloaded and
-//    added (+=) to the host gradients once per stage, or stored (=) when the first micro-batch
-//    asks to overwrite them (MicroBatchInput::overwrite_grads; engine/model/device_params.h,
-//    GradOverwrite).
+//  - A stage's weights are uploaded from the host master copy (fp32, HostTensors) into the
+//    device's free weight slot; its gradients accumulate on the device across micro-batches and
+//    are downloaded once per stage and added (+=) to the host gradients, or stored (=) when the
+//    first micro-batch asks to overwrite them (MicroBatchInput::overwrite_grads;
+//    engine/model/device_params.h, GradOverwrite), in stage order, so the sums do not depend on
+//    which device finishes first.
 //  - Activations: every layer's input, and its saved set unless the plan recomputes the layer,
 //    go to host memory after the layer's forward and come back for its backward (recomputed
 //    layers re-run their forward from the input). Stage outputs and input gradients travel
@@ -28,16 +29,35 @@
 //  - Semantics as ModelRunner (engine/model/model_runner.h): each micro-batch's loss is
 //    sum(-log p) over its non-masked targets / normalizer; gradients are added into `grads`.
 //
-// Scheduling is sequential in this version: the host runs one stage at a time and orders each
-// copy after the compute before it with events, so devices do not overlap one another and a
-// stage's upload does not overlap the previous stage's compute (the plan's memory is obeyed; its
-// predicted time is not).
+// Scheduling (DESIGN.md, "Execution"): Step enqueues the whole step on every device's streams
+// and blocks only at its end (on each stage's gradient download, in stage order, then on every
+// device), so
+//  - devices run at once: a stage's upload of micro-batch m waits (a cross-device event wait) for
+//    the downloads of m by the stages it reads from, not for those stages to end, so the next
+//    device starts as soon as the first micro-batch has crossed;
+//  - on each device the upload, compute and download streams overlap, ordered by the plan buffers
+//    each copy and kernel reads and writes (StreamHazards): a download waits for the compute that
+//    wrote its buffer, and the compute that next overwrites that buffer waits for the download;
+//    forward stages and the tail rotate the three hidden buffers, so a micro-batch's input is
+//    uploaded while the one before it computes;
+//  - a device's next stage's weights are copied into its free weight slot while the current stage
+//    computes, in one bounded chunk after each group of the current stage's activation uploads
+//    (each micro-batch's; in backward stages each layer's), so they never delay those by more than
+//    a chunk (a stream runs its copies in order: stream priorities do not reorder copy engines).
+// Every event is created at Create and re-recorded. Host staging (per layer and micro-batch
+// activations, per stage host mirrors) is written once per step or only after the copies that
+// read it, and lives until the step ends.
+// Not yet: a host-side transfer scheduler that reorders copies as they become ready (here the
+// order is fixed when the step is enqueued); the backward input of each layer is not
+// double-buffered (the plan has three hidden buffers, all busy in a backward stage).
 //
 // Ownership: borrows the devices (they must outlive the executor); owns its arena blocks and host
-// staging. Thread-safety: one host thread drives an executor at a time.
+// staging. Thread-safety: one host thread drives an executor at a time (the devices' stream
+// threads run its work).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -58,6 +78,18 @@ struct ExecutorStats {
   std::vector<plan::Allocation> used;
 };
 
+// What the executor has just enqueued on a device, for an EnqueueObserver.
+enum class Enqueued {
+  kWeights,  // every copy of a stage's weights, on the device's upload stream
+  kStage,    // all of a stage's work, its last copy included
+};
+// A test seam (production passes none): called on the thread that runs Step right after the
+// executor enqueued `what` of stage `stage` (its index in the step: forward stages, the tail,
+// backward stages) on `device`, before the executor waits on any of it, so a test can put its own
+// work behind the executor's on the device's streams (hold a stream; record an event to learn
+// when the executor's work has run).
+using EnqueueObserver = std::function<void(Enqueued what, int64_t stage, Device& device)>;
+
 class PipelineExecutor {
  public:
   virtual ~PipelineExecutor() = default;
@@ -67,7 +99,8 @@ class PipelineExecutor {
   // naming the problem; OutOfMemory from a device arena naming the allocation.
   static Result<std::unique_ptr<PipelineExecutor>> Create(std::vector<Device*> devices,
                                                           const ModelConfig& config,
-                                                          const plan::Plan& plan);
+                                                          const plan::Plan& plan,
+                                                          EnqueueObserver observer = nullptr);
 
   // One step over plan.micro_batches micro-batches (each plan.micro_batch_size x job.seq_len):
   // returns the summed loss contributions and adds the gradients of the trainable parameters into
