@@ -9,6 +9,8 @@
 
 #include "kernels/backend_access.h"
 #include "kernels/cpu/blas.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/onednn.h"
 
 namespace ferry::cpu {
 
@@ -155,26 +157,45 @@ Status Run(ThreadPool& pool, const LmHeadLossArgs& a, bool backward) {
   const float s = float(a.loss_scale / a.normalizer);
   const int64_t row_grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(V, 1));
   double loss_sum = 0;
+  const OneDnn* dnnl = std::is_same_v<T, float> ? nullptr : Bf16GemmLibrary();
 
   for (int64_t n0 = 0; n0 < N; n0 += chunk) {
     const int64_t cn = std::min(chunk, N - n0);
     // h rows of this chunk in fp32.
-    const float* hc;
+    const float* hc = nullptr;  // unused in a forward on oneDNN
     if constexpr (std::is_same_v<T, float>) {
       hc = h + n0 * C;
-    } else {
+    } else if (dnnl == nullptr || backward) {
       pool.ParallelFor(
           cn, std::max<int64_t>(1, 4096 / std::max<int64_t>(C, 1)), [&](int64_t b, int64_t e, int) {
             ConvertToFloat(DType::kBF16, h + (n0 + b) * C, h_panel + b * C, size_t((e - b) * C));
           });
       hc = h_panel;
     }
-    // A: logits (cn, V), each part its vocabulary range.
+    // A: logits (cn, V), each part its vocabulary range. bf16 h and W go straight to oneDNN's
+    // bf16 kernels where the CPU has them (exact products, fp32 sums, as the panels below), one
+    // product per part with no W panel; otherwise W is widened a block of rows at a time.
+    std::vector<Status> part_status(static_cast<size_t>(parts));
     pool.ParallelFor(parts, 1, [&](int64_t pb, int64_t pe, int worker) {
       for (int64_t k = pb; k < pe; ++k) {
-        const int64_t v_end = part_begin(k + 1);
-        const int64_t block = BlockRows<T>(v_end - part_begin(k));
-        for (int64_t v0 = part_begin(k); v0 < v_end; v0 += block) {
+        const int64_t v_begin = part_begin(k), v_end = part_begin(k + 1);
+        if constexpr (!std::is_same_v<T, float>) {
+          if (dnnl != nullptr && v_end > v_begin && C > 0) {
+            part_status[size_t(k)] = dnnl->Run({.trans_b = true,
+                                                .m = cn,
+                                                .n = v_end - v_begin,
+                                                .k = C,
+                                                .a = h + n0 * C,
+                                                .lda = C,
+                                                .b = w + v_begin * C,
+                                                .ldb = C,
+                                                .c = logits + v_begin,
+                                                .ldc = V});
+            continue;
+          }
+        }
+        const int64_t block = BlockRows<T>(v_end - v_begin);
+        for (int64_t v0 = v_begin; v0 < v_end; v0 += block) {
           const int64_t rows = std::min(block, v_end - v0);
           const float* wr = WeightRows(w, v0, rows, C, thread_piece(worker, L.w_panel));
           Blas().Sgemm(false, true, int(cn), int(rows), int(C), 1.0f, hc, int(C), wr, int(C), 0.0f,
@@ -182,6 +203,7 @@ Status Run(ThreadPool& pool, const LmHeadLossArgs& a, bool backward) {
         }
       }
     });
+    for (const Status& st : part_status) FERRY_RETURN_IF_ERROR(st);
     // B: per-token loss; backward turns logits into dlogits in place.
     float* losses = token_loss_out != nullptr ? token_loss_out + n0 : chunk_loss;
     pool.ParallelFor(cn, row_grain, [&](int64_t b, int64_t e, int) {

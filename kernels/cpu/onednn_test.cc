@@ -1,8 +1,9 @@
 // The CPU's bf16 GEMM path (kernels/cpu/onednn.h) against /proc/cpuinfo, read here independently:
 //  - oneDNN's bf16 kernels are on exactly when the flags have AVX512-BF16 or AMX-BF16, and the
 //    kernel oneDNN reports is the highest those flags allow (AMX where there is AMX);
-//  - every oneDNN bf16 kernel at or below the host's ISA runs this binary's GEMM tests (element by
-//    element against the double-precision reference, kernels/cpu/gemm_test.cc) in a child process
+//  - every oneDNN bf16 kernel at or below the host's ISA runs this binary's GEMM and LM-head tests
+//    (element by element against the double-precision reference, kernels/cpu/gemm_test.cc,
+//    lm_head_loss_test.cc) in a child process
 //    capped to it with oneDNN's own DNNL_MAX_CPU_ISA, and a cap below the bf16 kernels turns the
 //    path off with the reason, leaving the converted fp32 panels (tested there too);
 //  - the documented numerics: bf16 denormal inputs count as zero.
@@ -88,7 +89,7 @@ TEST(OneDnn, EveryBf16KernelAtOrBelowTheHostMatchesTheReference) {
 #endif
   const std::set<std::string> flags = CpuinfoFlags();
   if (!CpuinfoHasBf16(flags)) GTEST_SKIP() << "the CPU has neither AVX512-BF16 nor AMX-BF16";
-  const std::string tests = "CpuGemm.*:OneDnn.ChildRunsTheKernelAsked";
+  const std::string tests = "CpuGemm.*:LmHeadLossTest.*:OneDnn.ChildRunsTheKernelAsked";
   std::vector<std::string> kernels;
   if (flags.count("avx512_bf16")) kernels.push_back("AVX512_CORE_BF16");
   if (flags.count("amx_bf16")) kernels.push_back("AVX512_CORE_AMX");
