@@ -293,14 +293,10 @@ class Runner final : public ModelRunner {
     // The previous batch's downloads read the staging memory: they finished
     // (synchronized).
     const size_t bytes = hidden_[0].bytes();
-    std::span<float> out = hidden_f32_.empty() ? host_.Span(staging_.hidden, bytes).as<float>()
-                                               : std::span<float>(hidden_f32_);
     const HostEmbedding e{EmbeddingShapeOf(c_), wte_, wpe_};
-    FERRY_RETURN_IF_ERROR(e.Forward(tokens, Positions(), out));
-    if (!hidden_f32_.empty()) {
-      ConvertFromFloat(out.data(), hidden_[0].dtype, host_.data() + staging_.hidden,
-                       hidden_f32_.size());
-    }
+    FERRY_RETURN_IF_ERROR(e.ForwardAs(tokens, Positions(), hidden_[0].dtype,
+                                      host_.Span(staging_.hidden, bytes).as<std::byte>(),
+                                      hidden_f32_));
     return d_.CopyToDevice(hidden_[0].data, host_.Span(staging_.hidden, bytes), bytes);
   }
 
@@ -330,15 +326,9 @@ class Runner final : public ModelRunner {
   // gradients.
   Status EmbeddingGrad(std::span<const int32_t> tokens, HostTensors& grads) {
     FERRY_ASSIGN_OR_RETURN(const HostEmbeddingGrads g, FindHostEmbeddingGrads(c_, grads));
-    std::span<const float> dy;
-    if (hidden_f32_.empty()) {
-      dy = host_.Span(staging_.hidden, hidden_[0].bytes()).as<const float>();
-    } else {
-      ConvertToFloat(hidden_[0].dtype, host_.data() + staging_.hidden, hidden_f32_.data(),
-                     hidden_f32_.size());
-      dy = hidden_f32_;
-    }
-    g.Backward(dy, tokens, Positions());
+    g.BackwardFrom(hidden_[0].dtype,
+                   host_.Span(staging_.hidden, hidden_[0].bytes()).as<const std::byte>(),
+                   hidden_f32_, tokens, Positions());
     return Status::Ok();
   }
 

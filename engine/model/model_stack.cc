@@ -1,6 +1,8 @@
 // The family table and the stack builder (engine/model/model_stack.h has the contract).
 #include "engine/model/model_stack.h"
 
+#include <cassert>
+
 namespace ferry {
 namespace {
 
@@ -68,6 +70,31 @@ Result<HostEmbedding> FindHostEmbedding(const ModelConfig& c, const HostTensors&
                                             c.max_position_embeddings, c.hidden_size, "weights"));
   }
   return e;
+}
+
+Status HostEmbedding::ForwardAs(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                                DType dtype, std::span<std::byte> out, std::span<float> f32) const {
+  assert(out.size() == f32.size() * DTypeSize(dtype) || dtype == DType::kF32);
+  if (dtype == DType::kF32) {
+    return Forward(tokens, positions,
+                   {reinterpret_cast<float*>(out.data()), out.size() / sizeof(float)});
+  }
+  FERRY_RETURN_IF_ERROR(Forward(tokens, positions, f32));
+  ConvertFromFloat(f32.data(), dtype, out.data(), f32.size());
+  return Status::Ok();
+}
+
+void HostEmbeddingGrads::BackwardFrom(DType dtype, std::span<const std::byte> dout,
+                                      std::span<float> f32, std::span<const int32_t> tokens,
+                                      std::span<const int32_t> positions) const {
+  assert(dout.size() == f32.size() * DTypeSize(dtype) || dtype == DType::kF32);
+  if (dtype == DType::kF32) {
+    Backward({reinterpret_cast<const float*>(dout.data()), dout.size() / sizeof(float)}, tokens,
+             positions);
+    return;
+  }
+  ConvertToFloat(dtype, dout.data(), f32.data(), f32.size());
+  Backward(f32, tokens, positions);
 }
 
 Result<HostEmbeddingGrads> FindHostEmbeddingGrads(const ModelConfig& c, HostTensors& grads) {

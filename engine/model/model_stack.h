@@ -12,6 +12,7 @@
 // Stateless functions; thread-safe.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -27,6 +28,7 @@
 #include "engine/model/param_spec.h"
 #include "engine/model/tensor_carver.h"
 #include "kernels/device.h"
+#include "kernels/dtype.h"
 #include "kernels/status.h"
 
 namespace ferry {
@@ -60,6 +62,12 @@ struct HostEmbedding {
                  std::span<float> out) const {
     return EmbeddingForward(shape, wte, wpe, tokens, positions, out);
   }
+  // The gather stored in `dtype` (f32 or bf16/f16, rounded to nearest even), as the first
+  // block's input travels to a device: `out` holds N x C values of `dtype`. The gather runs in
+  // fp32 into `f32` (N x C, the caller's, so nothing is allocated per micro-batch; unused when
+  // dtype is f32). Errors as Forward.
+  Status ForwardAs(std::span<const int32_t> tokens, std::span<const int32_t> positions, DType dtype,
+                   std::span<std::byte> out, std::span<float> f32) const;
 };
 // Errors: InvalidArgument naming a table `weights` lacks or holds with the wrong size.
 Result<HostEmbedding> FindHostEmbedding(const ModelConfig& c, const HostTensors& weights);
@@ -73,6 +81,11 @@ struct HostEmbeddingGrads {
                 std::span<const int32_t> positions) const {
     EmbeddingBackward(shape, dout, tokens, positions, dwte, dwpe);
   }
+  // Backward of `dout` stored in `dtype` (N x C values, as a device downloads the first block's
+  // input gradient): converted to fp32 in `f32` (N x C, the caller's; unused when dtype is f32),
+  // then scatter-added.
+  void BackwardFrom(DType dtype, std::span<const std::byte> dout, std::span<float> f32,
+                    std::span<const int32_t> tokens, std::span<const int32_t> positions) const;
 };
 // Errors: InvalidArgument naming a table `grads` lacks or holds with the wrong size.
 Result<HostEmbeddingGrads> FindHostEmbeddingGrads(const ModelConfig& c, HostTensors& grads);
