@@ -54,8 +54,10 @@ struct DeviceState {
     u = std::max(u, bytes);
     return regions.at(name).data;
   }
-  Tensor Hidden(int k, int64_t n, int64_t c) {
-    return Tensor{Use(std::string(kHidden[k]), size_t(n * c) * 4), DType::kF32, Shape{n, c}};
+  // Hidden buffer k as an (n, c) tensor of the compute dtype.
+  Tensor Hidden(int k, int64_t n, int64_t c, DType dtype) {
+    return Tensor{Use(std::string(kHidden[k]), size_t(n * c) * DTypeSize(dtype)), dtype,
+                  Shape{n, c}};
   }
 };
 
@@ -137,7 +139,11 @@ class Executor final : public PipelineExecutor {
  public:
   Executor(std::vector<Device*> devices, const ModelConfig& c, const plan::Plan& p,
            EnqueueObserver observer)
-      : c_(c), p_(p), lora_(p.job.lora), observer_(std::move(observer)) {
+      : c_(c),
+        p_(p),
+        lora_(p.job.lora),
+        dtype_(p.job.compute_dtype),
+        observer_(std::move(observer)) {
     for (Device* d : devices) {
       devices_.emplace_back();
       devices_.back().device = d;
@@ -150,7 +156,7 @@ class Executor final : public PipelineExecutor {
     layers_ = BuildLayerSpecs(c_, lora_);
     shape_ = {p_.micro_batch_size, p_.job.seq_len};
     const int64_t N = shape_.tokens(), C = c_.hidden_size;
-    const size_t stages = 2 * p_.stages.size() + 1;
+    const size_t stages = 2 * p_.stages.size() + 1, hb = HiddenBytes();
     for (DeviceState& ds : devices_) {
       for (const plan::Allocation& a : p_.memory.gpu.allocations) {
         FERRY_ASSIGN_OR_RETURN(DeviceBuffer b, ds.device->Allocate(a.bytes, a.name));
@@ -164,8 +170,9 @@ class Executor final : public PipelineExecutor {
           return Status::InvalidArgument(std::string("the plan's GPU map lacks '") + name + "'");
         }
       }
-      if (ds.regions.at("hidden.0").bytes < size_t(N * C) * 4) {
-        return Status::InvalidArgument("the plan's hidden buffers are smaller than B*T x C f32");
+      if (ds.regions.at("hidden.0").bytes < hb) {
+        return Status::InvalidArgument("the plan's hidden buffers are smaller than B*T x C " +
+                                       std::string(DTypeName(dtype_)));
       }
       FERRY_ASSIGN_OR_RETURN(ds.hazards, StreamHazards::Create(*ds.device, kTracked));
       FERRY_RETURN_IF_ERROR(CreateEvents(*ds.device, size_t(p_.micro_batches), ds.landed));
@@ -173,8 +180,10 @@ class Executor final : public PipelineExecutor {
     }
     saved_bytes_ = devices_[0].regions.at("saved.slot0").bytes;
     // Host staging: RoPE's table; per micro-batch the row layout (positions, then doc ids),
-    // targets, losses, boundary gradients; per layer and micro-batch its input and (unless
-    // recomputed) saved set.
+    // targets, losses, boundary gradients (compute dtype); per layer and micro-batch its input
+    // (compute dtype) and (unless recomputed) saved set; the embedding's fp32 gather and
+    // gradient when the compute dtype is not f32 (ForwardAs / BackwardFrom convert through it).
+    if (dtype_ != DType::kF32) embed_f32_.resize(size_t(N * C));
     const size_t M = size_t(p_.micro_batches), head = layers_.size() - 1;
     act_.resize(layers_.size());
     saved_.resize(layers_.size());
@@ -185,10 +194,10 @@ class Executor final : public PipelineExecutor {
       targets_.push_back(std::move(t));
       FERRY_ASSIGN_OR_RETURN(HostAllocation l, HostBuffer(size_t(N) * 4, "executor losses"));
       loss_.push_back(std::move(l));
-      FERRY_ASSIGN_OR_RETURN(HostAllocation g, HostBuffer(size_t(N * C) * 4, "activations.grad"));
+      FERRY_ASSIGN_OR_RETURN(HostAllocation g, HostBuffer(hb, "activations.grad"));
       bgrad_.push_back(std::move(g));
       for (size_t li = 1; li <= head; ++li) {
-        FERRY_ASSIGN_OR_RETURN(HostAllocation a, HostBuffer(size_t(N * C) * 4, "layer input"));
+        FERRY_ASSIGN_OR_RETURN(HostAllocation a, HostBuffer(hb, "layer input"));
         act_[li].push_back(std::move(a));
         if (li == head || p_.recompute[li]) continue;
         FERRY_ASSIGN_OR_RETURN(HostAllocation s, HostBuffer(saved_bytes_, "activations.saved"));
@@ -352,7 +361,8 @@ class Executor final : public PipelineExecutor {
     std::vector<LayerSpec> layers(layers_.begin() + st.range.first,
                                   layers_.begin() + st.range.last);
     FERRY_ASSIGN_OR_RETURN(DeviceParams params,
-                           DeviceParams::Create(*ds.device, c_, lora_, layers, st.source.get()));
+                           DeviceParams::Create(*ds.device, c_, lora_, layers, st.source.get(),
+                                                ParamGrads::kAllocate, dtype_));
     st.params = std::make_unique<DeviceParams>(std::move(params));
     FERRY_RETURN_IF_ERROR(st.params->PackWeights(weights));
     if (st.kind == StageKind::kTail) {
@@ -538,27 +548,28 @@ class Executor final : public PipelineExecutor {
 
   Status Embed(const HostTensors& weights, std::span<const MicroBatchInput> batches) {
     FERRY_ASSIGN_OR_RETURN(const HostEmbedding e, FindHostEmbedding(c_, weights));
-    const size_t n = size_t(shape_.tokens() * c_.hidden_size);
+    const size_t hb = HiddenBytes();
     for (size_t m = 0; m < batches.size(); ++m) {
-      std::span<float> out(reinterpret_cast<float*>(act_[1][m].data()), n);
-      FERRY_RETURN_IF_ERROR(e.Forward(batches[m].tokens, Positions(m), out));
+      FERRY_RETURN_IF_ERROR(e.ForwardAs(batches[m].tokens, Positions(m), dtype_,
+                                        act_[1][m].Span(0, hb).as<std::byte>(), embed_f32_));
     }
     return Status::Ok();
   }
 
   Status EmbeddingGrads(std::span<const MicroBatchInput> batches, HostTensors& grads) {
     FERRY_ASSIGN_OR_RETURN(const HostEmbeddingGrads g, FindHostEmbeddingGrads(c_, grads));
-    const size_t n = size_t(shape_.tokens() * c_.hidden_size);
+    const size_t hb = HiddenBytes();
     for (size_t m = 0; m < batches.size(); ++m) {
-      g.Backward({reinterpret_cast<const float*>(bgrad_[m].data()), n}, batches[m].tokens,
-                 Positions(m));
+      g.BackwardFrom(dtype_, bgrad_[m].Span(0, hb).as<const std::byte>(), embed_f32_,
+                     batches[m].tokens, Positions(m));
     }
     return Status::Ok();
   }
 
-  Tensor SlotTensor(DeviceState& ds, int64_t block) const {
-    const Region& r = ds.regions.at(std::string(kSaved[block % 2]));
-    return Tensor{r.data, DType::kF32, Shape{int64_t(saved_bytes_ / 4)}};
+  // The start of block `block`'s saved-set slot: its tensors (compute-dtype activations, fp32
+  // statistics) travel as saved_bytes_ raw bytes.
+  static DevicePtr<std::byte> SlotData(DeviceState& ds, int64_t block) {
+    return ds.regions.at(std::string(kSaved[block % 2])).data;
   }
 
   // The hidden buffers of forward stages and the tail turn over: a micro-batch reads its input
@@ -577,7 +588,6 @@ class Executor final : public PipelineExecutor {
   Status ForwardStage(size_t i, Prefetch& next) {
     const StageRun& st = runs_[i];
     DeviceState& ds = devices_[st.device];
-    const int64_t N = shape_.tokens(), C = c_.hidden_size;
     const size_t hb = HiddenBytes(), head = layers_.size() - 1;
     const std::string_view w = kWeights[st.slot];
     HiddenRotation h;
@@ -585,19 +595,19 @@ class Executor final : public PipelineExecutor {
       int xi = h.in, yi = h.other;
       FERRY_RETURN_IF_ERROR(AwaitInputs(i, m));
       FERRY_RETURN_IF_ERROR(
-          ToDevice(ds, kHidden[xi], ds.Hidden(xi, N, C).data, act_[size_t(st.range.first)][m], hb));
+          ToDevice(ds, kHidden[xi], Hidden(ds, xi).data, act_[size_t(st.range.first)][m], hb));
       FERRY_RETURN_IF_ERROR(UploadLayout(ds, m));
       FERRY_RETURN_IF_ERROR(PrefetchChunk(next));
       for (int li = st.range.first; li < st.range.last; ++li) {
         const int64_t b = li - 1;
-        const Tensor x = ds.Hidden(xi, N, C), y = ds.Hidden(yi, N, C);
+        const Tensor x = Hidden(ds, xi), y = Hidden(ds, yi);
         ++stats_.block_forward_calls;
         FERRY_RETURN_IF_ERROR(Compute(ds, {kHidden[xi], w, "layout"},
                                       {kHidden[yi], kSaved[b % 2], "grad.work"},
                                       [&] { return st.blocks->Forward(b, int(b % 2), x, y); }));
         if (!p_.recompute[size_t(li)]) {
-          FERRY_RETURN_IF_ERROR(ToHost(ds, saved_[size_t(li)][m], kSaved[b % 2],
-                                       SlotTensor(ds, b).data, saved_bytes_));
+          FERRY_RETURN_IF_ERROR(
+              ToHost(ds, saved_[size_t(li)][m], kSaved[b % 2], SlotData(ds, b), saved_bytes_));
         }
         if (size_t(li) + 1 <= head) {
           FERRY_RETURN_IF_ERROR(ToHost(ds, act_[size_t(li) + 1][m], kHidden[yi], y.data, hb));
@@ -613,7 +623,7 @@ class Executor final : public PipelineExecutor {
   Status Tail(size_t i, std::span<const MicroBatchInput> batches, Prefetch& next) {
     const StageRun& st = runs_[i];
     DeviceState& ds = devices_[st.device];
-    const int64_t N = shape_.tokens(), C = c_.hidden_size;
+    const int64_t N = shape_.tokens();
     const int head = int(layers_.size()) - 1;
     const std::string_view w = kWeights[st.slot];
     Head& hd = *st.head;
@@ -621,7 +631,7 @@ class Executor final : public PipelineExecutor {
     HiddenRotation h;
     for (size_t m = 0; m < batches.size(); ++m) {
       const int xi = h.in, dxi = h.other;
-      const Tensor x = ds.Hidden(xi, N, C), dx = ds.Hidden(dxi, N, C);
+      const Tensor x = Hidden(ds, xi), dx = Hidden(ds, dxi);
       FERRY_RETURN_IF_ERROR(AwaitInputs(i, m));
       FERRY_RETURN_IF_ERROR(
           ToDevice(ds, kHidden[xi], x.data, act_[size_t(head)][m], HiddenBytes()));
@@ -645,26 +655,25 @@ class Executor final : public PipelineExecutor {
   Status BackwardStage(size_t i, Prefetch& next) {
     const StageRun& st = runs_[i];
     DeviceState& ds = devices_[st.device];
-    const int64_t N = shape_.tokens(), C = c_.hidden_size;
     const std::string_view w = kWeights[st.slot];
     FERRY_RETURN_IF_ERROR(ZeroGrads(ds, *st.params));
     for (size_t m = 0; m < size_t(p_.micro_batches); ++m) {
       int dyi = 0, dxi = 2;
       const int xi = 1;
-      const Tensor x = ds.Hidden(xi, N, C);
+      const Tensor x = Hidden(ds, xi);
       FERRY_RETURN_IF_ERROR(AwaitInputs(i, m));
       FERRY_RETURN_IF_ERROR(
-          ToDevice(ds, kHidden[dyi], ds.Hidden(dyi, N, C).data, bgrad_[m], HiddenBytes()));
+          ToDevice(ds, kHidden[dyi], Hidden(ds, dyi).data, bgrad_[m], HiddenBytes()));
       FERRY_RETURN_IF_ERROR(UploadLayout(ds, m));
       for (int li = st.range.last - 1; li >= st.range.first; --li) {
         const int64_t b = li - 1;
         const std::string_view slot = kSaved[b % 2];
-        const Tensor dy = ds.Hidden(dyi, N, C), dx = ds.Hidden(dxi, N, C);
+        const Tensor dy = Hidden(ds, dyi), dx = Hidden(ds, dxi);
         // The saved set first: its slot is idle while the layer before computes, the input's
         // buffer is not.
         if (!p_.recompute[size_t(li)]) {
           FERRY_RETURN_IF_ERROR(
-              ToDevice(ds, slot, SlotTensor(ds, b).data, saved_[size_t(li)][m], saved_bytes_));
+              ToDevice(ds, slot, SlotData(ds, b), saved_[size_t(li)][m], saved_bytes_));
         }
         FERRY_RETURN_IF_ERROR(
             ToDevice(ds, kHidden[xi], x.data, act_[size_t(li)][m], HiddenBytes()));
@@ -682,19 +691,26 @@ class Executor final : public PipelineExecutor {
         std::swap(dyi, dxi);
       }
       FERRY_RETURN_IF_ERROR(
-          ToHost(ds, bgrad_[m], kHidden[dyi], ds.Hidden(dyi, N, C).data, HiddenBytes()));
+          ToHost(ds, bgrad_[m], kHidden[dyi], Hidden(ds, dyi).data, HiddenBytes()));
       FERRY_RETURN_IF_ERROR(ds.device->Record(ds.landed[m], StreamId::kDownload));
     }
     FERRY_RETURN_IF_ERROR(DownloadGrads(i));
     return FinishPrefetch(next);
   }
 
-  // Bytes of one hidden buffer's contents (B*T x C f32).
-  size_t HiddenBytes() const { return size_t(shape_.tokens() * c_.hidden_size) * 4; }
+  // Hidden buffer k of a device: (B*T, C) in the compute dtype.
+  Tensor Hidden(DeviceState& ds, int k) const {
+    return ds.Hidden(k, shape_.tokens(), c_.hidden_size, dtype_);
+  }
+  // Bytes of one hidden buffer's contents (B*T x C in the compute dtype).
+  size_t HiddenBytes() const {
+    return size_t(shape_.tokens() * c_.hidden_size) * DTypeSize(dtype_);
+  }
 
   const ModelConfig c_;
   const plan::Plan p_;
   const LoraConfig lora_;
+  const DType dtype_;  // weights, activations and activation gradients on the devices
   const EnqueueObserver observer_;
   std::vector<DeviceState> devices_;
   std::vector<LayerSpec> layers_;
@@ -706,6 +722,7 @@ class Executor final : public PipelineExecutor {
   std::vector<HostAllocation> layout_;  // per micro-batch: positions, doc ids
   std::vector<HostAllocation> targets_, loss_, bgrad_;    // per micro-batch
   std::vector<std::vector<HostAllocation>> act_, saved_;  // per layer, per micro-batch
+  std::vector<float> embed_f32_;  // (N, C) fp32 gather / gradient; empty when dtype_ is f32
   ExecutorStats stats_;
 };
 
@@ -727,9 +744,11 @@ Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const
           ": plan for the devices it runs on");
     }
   }
-  if (p.job.compute_dtype != DType::kF32) {
+  if (p.job.compute_dtype != DType::kF32 && p.job.compute_dtype != DType::kBF16) {
     return Status::InvalidArgument(
-        "the executor computes in f32 only for now: plan with compute dtype f32");
+        "the executor stores weights and activations in f32 or bf16, not " +
+        std::string(DTypeName(p.job.compute_dtype)) +
+        " (f16 needs loss scaling, not there yet): plan with compute dtype f32 or bf16");
   }
   if (p.micro_batches < 1 || p.micro_batch_size < 1 || p.job.seq_len < 1) {
     return Status::InvalidArgument("the plan's micro-batches must be at least 1 x 1 x 1");

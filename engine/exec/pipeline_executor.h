@@ -16,16 +16,22 @@
 //    sizes a device buffer itself: a component that does not fit its planned block fails with
 //    OutOfMemory naming both, and a device too small for the map fails at Create with the arena's
 //    OutOfMemory naming the allocation.
-//  - A stage's weights are uploaded from the host master copy (fp32, HostTensors) into the
-//    device's free weight slot; its gradients accumulate on the device across micro-batches and
-//    are downloaded once per stage and added (+=) to the host gradients, or stored (=) when the
-//    first micro-batch asks to overwrite them (MicroBatchInput::overwrite_grads;
-//    engine/model/device_params.h, GradOverwrite), in stage order, so the sums do not depend on
-//    which device finishes first.
+//  - Storage dtype: the plan's compute dtype (job.compute_dtype), f32 or bf16 (f16 is refused:
+//    it needs loss scaling). Weights, activations, activation gradients and their host staging are
+//    stored in it; parameter gradients, norm statistics, RoPE's table, positions, doc ids, targets
+//    and per-token losses stay as they are (fp32 / i32), as in ModelRunner with the same
+//    compute_dtype, whose results a one-micro-batch plan reproduces bit for bit.
+//  - A stage's weights are uploaded from the host master copy (fp32, HostTensors, rounded to the
+//    compute dtype as they are packed) into the device's free weight slot; its gradients accumulate
+//    on the device across micro-batches and are downloaded once per stage and added (+=) to the
+//    host gradients, or stored (=) when the first micro-batch asks to overwrite them
+//    (MicroBatchInput::overwrite_grads; engine/model/device_params.h, GradOverwrite), in stage
+//    order, so the sums do not depend on which device finishes first.
 //  - Activations: every layer's input, and its saved set unless the plan recomputes the layer,
 //    go to host memory after the layer's forward and come back for its backward (recomputed
 //    layers re-run their forward from the input). Stage outputs and input gradients travel
-//    device -> host -> device. The embedding gather and its scatter-add run on the host.
+//    device -> host -> device. The embedding gather and its scatter-add run on the host in fp32,
+//    converted to and from the compute dtype (HostEmbedding::ForwardAs, BackwardFrom).
 //  - Semantics as ModelRunner (engine/model/model_runner.h): each micro-batch's loss is
 //    sum(-log p) over its non-masked targets / normalizer; gradients are added into `grads`.
 //
@@ -95,8 +101,8 @@ class PipelineExecutor {
   virtual ~PipelineExecutor() = default;
 
   // Validates the plan against the model (stages cover the blocks, recompute has one entry per
-  // layer, f32 compute) and allocates the plan's GPU map on every device. Errors: InvalidArgument
-  // naming the problem; OutOfMemory from a device arena naming the allocation.
+  // layer, f32 or bf16 compute) and allocates the plan's GPU map on every device. Errors:
+  // InvalidArgument naming the problem; OutOfMemory from a device arena naming the allocation.
   static Result<std::unique_ptr<PipelineExecutor>> Create(std::vector<Device*> devices,
                                                           const ModelConfig& config,
                                                           const plan::Plan& plan,

@@ -1,7 +1,7 @@
 // PipelineExecutor on several CpuDevices:
 //  - correctness: a multi-stage plan gives the losses and gradients of the single-device
 //    ModelRunner (itself checked against PyTorch in model_runner_test.cc) on the same weights and
-//    micro-batches;
+//    micro-batches, in f32 and in bf16 (bit for bit against the bf16 runner);
 //  - exactness of the memory model: each device arena's allocation log is the plan's GPU map
 //    (engine/plan/memory_model.h), name by name and byte by byte, the measured peak equals the
 //    predicted per-device bytes, every component fits the block it is placed in, and a device one
@@ -131,6 +131,7 @@ struct PlanSpec {
   int micro_batches = 1;
   int64_t batch = 2, seq_len = 32;  // B*T = 64 tokens
   int gpus = 2;
+  DType dtype = DType::kF32;  // the plan's compute dtype, and the reference runner's
 };
 
 plan::Plan MakeTestPlan(const Model& m, const PlanSpec& s) {
@@ -140,7 +141,7 @@ plan::Plan MakeTestPlan(const Model& m, const PlanSpec& s) {
   p.job.seq_len = s.seq_len;
   p.job.micro_batches = s.micro_batches;
   p.job.lora = m.lora;
-  p.job.compute_dtype = DType::kF32;
+  p.job.compute_dtype = s.dtype;
   p.job.scratch = {.cuda = false, .cpu_threads = kThreads};
   p.micro_batches = s.micro_batches;
   p.micro_batch_size = s.batch;
@@ -153,7 +154,7 @@ plan::Plan MakeTestPlan(const Model& m, const PlanSpec& s) {
   in.micro_batch = {s.batch, s.seq_len};
   in.micro_batches = s.micro_batches;
   in.gpus = s.gpus;
-  in.compute_dtype = DType::kF32;
+  in.compute_dtype = s.dtype;
   in.stages = s.stages;
   in.recompute = p.recompute;
   in.scratch = p.job.scratch;
@@ -190,6 +191,9 @@ double RunnerStep(const Model& m, const PlanSpec& s, const HostTensors& w, const
   std::vector<std::unique_ptr<CpuDevice>> dev = MakeDevices(1, size_t(64) << 20);
   ModelRunnerOptions o;
   o.shape = {s.batch, s.seq_len};
+  o.compute_dtype = s.dtype;
+  o.recompute.assign(s.recomputed.empty() ? 0 : size_t(m.config.num_layers), false);
+  for (int li : s.recomputed) o.recompute[size_t(li - 1)] = true;  // layer li is block li - 1
   Result<std::unique_ptr<ModelRunner>> r = ModelRunner::Create(*dev[0], m.config, m.lora, o);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   if (!r.ok()) return NAN;
@@ -213,8 +217,8 @@ struct Case {
 
 void PrintTo(const Case& c, std::ostream* os) {
   *os << c.golden << " lora " << c.lora_rank << ", " << c.spec.stages.size() << " stages, "
-      << c.spec.micro_batches << " micro-batches, " << c.devices << " devices"
-      << (c.packed ? ", packed rows" : "");
+      << c.spec.micro_batches << " micro-batches, " << c.devices << " devices, "
+      << DTypeName(c.spec.dtype) << (c.packed ? ", packed rows" : "");
 }
 
 Batches MakeCaseBatches(const Model& m, const Case& k, uint32_t seed) {
@@ -224,14 +228,20 @@ Batches MakeCaseBatches(const Model& m, const Case& k, uint32_t seed) {
 
 class ExecutorTest : public ::testing::TestWithParam<Case> {};
 
+std::string CaseName(const ::testing::TestParamInfo<Case>& i) {
+  return std::string(i.param.golden) + (i.param.lora_rank ? "_lora" : "") +
+         (i.param.packed ? "_packed" : "") + "_" + std::to_string(i.index);
+}
+
 // Tolerance: the executor runs the same kernels in the same order on the same inputs (layer
-// inputs and saved sets round-trip through host memory bit for bit), so one micro-batch gives
-// bit-identical results. With several micro-batches the parameter gradients accumulate on the
-// device (g1 + g2 inside the GEMM's C += A B) instead of on the host (0 + g1, then + g2), and with
-// tied embeddings the head's gradient joins the embedding's before rather than between the
-// micro-batches' scatter-adds: the sums are reassociated, each addition rounding by at most
-// half an ulp of the running sum, so a few eps of the gradient's magnitude per micro-batch:
-// atol 8 eps * max|g| of the tensor, rtol 8 eps.
+// inputs and saved sets round-trip through host memory bit for bit, in f32 or bf16), so one
+// micro-batch gives bit-identical results. With several micro-batches the parameter gradients
+// accumulate on the device (g1 + g2 inside the GEMM's C += A B) instead of on the host (0 + g1,
+// then + g2), and with tied embeddings the head's gradient joins the embedding's before rather
+// than between the micro-batches' scatter-adds: the sums are reassociated, each addition rounding
+// by at most half an ulp of the running sum, so a few eps of the gradient's magnitude per
+// micro-batch: atol 8 eps * max|g| of the tensor, rtol 8 eps, with fp32's eps in either dtype
+// (parameter gradients are fp32 sums in both).
 TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
   const Case& k = GetParam();
   const Model m = LoadModel(k.golden, k.lora_rank);
@@ -249,7 +259,7 @@ TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
     HostTensors got = ZeroGrads(m);
     Result<double> loss = (*e)->Step(w, b.inputs, got);
     ASSERT_TRUE(loss.ok()) << loss.status().ToString();
-    const bool exact = k.spec.micro_batches == 1 && !m.config.tie_word_embeddings;
+    const bool exact = k.spec.micro_batches == 1;
     if (exact) {
       EXPECT_EQ(*loss, want_loss);
     } else {
@@ -647,10 +657,40 @@ INSTANTIATE_TEST_SUITE_P(
         // (one micro-batch: bit-identical) and packed rows.
         Case{"llama3_rope", 0, {{{1, 3}, {3, 5}}, {}, 1}, 2},
         Case{"llama3_rope", 0, {{{1, 2}, {2, 4}, {4, 5}}, {2}, 2}, 3, true}),
-    [](const ::testing::TestParamInfo<Case>& i) {
-      return std::string(i.param.golden) + (i.param.lora_rank ? "_lora" : "") +
-             (i.param.packed ? "_packed" : "") + "_" + std::to_string(i.index);
-    });
+    CaseName);
+
+// bf16 plans (bf16 weights, activations, activation gradients and their host staging; fp32
+// parameter gradients) against the single-device ModelRunner in bf16: one micro-batch runs the
+// same kernels in the same order on the same bits, so losses and gradients are bit for bit the
+// runner's on 1, 2 and 3 devices (several micro-batches reassociate the fp32 gradient sums, as in
+// f32). Pairwise coverage of devices x {full, LoRA} x {recompute on, off}, plus GPT-2 (learned
+// positions gathered on the host, then converted) and awkward sizes (bf16 hidden states of
+// 25 x C values, no multiple of the alignment).
+INSTANTIATE_TEST_SUITE_P(
+    Bf16Plans, ExecutorTest,
+    ::testing::Values(
+        Case{"llama", 0, {{{1, 3}, {3, 5}}, {}, 1, 2, 32, 1, DType::kBF16}, 1},
+        Case{"qwen3", 2, {{{1, 2}, {2, 5}}, {2, 3}, 1, 2, 32, 1, DType::kBF16}, 1},
+        Case{"llama3_rope", 0, {{{1, 2}, {2, 4}, {4, 5}}, {3}, 1, 2, 32, 2, DType::kBF16}, 2},
+        Case{"llama", 4, {{{1, 3}, {3, 5}}, {}, 1, 2, 32, 2, DType::kBF16}, 2, true},
+        Case{"gpt2", 0, {{{1, 2}, {2, 3}, {3, 5}}, {}, 1, 2, 32, 3, DType::kBF16}, 3},
+        Case{"llama", 2, {{{1, 2}, {2, 4}, {4, 5}}, {1, 4}, 1, 1, 25, 3, DType::kBF16}, 3},
+        // Three micro-batches: the fp32 gradient sums reassociate (tolerance as in f32).
+        Case{"qwen3", 0, {{{1, 3}, {3, 5}}, {2}, 3, 2, 32, 3, DType::kBF16}, 3}),
+    CaseName);
+
+// f16 storage needs loss scaling (its range underflows small gradients): refused at Create,
+// saying so, rather than run without it.
+TEST(ExecutorDTypeTest, RefusesF16NamingLossScaling) {
+  const Model m = LoadModel("llama");
+  const plan::Plan p = MakeTestPlan(m, {{{1, 3}, {3, 5}}, {}, 1, 2, 16, 1, DType::kF16});
+  std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(1, p.memory.gpu.total());
+  Result<std::unique_ptr<PipelineExecutor>> e = PipelineExecutor::Create(Raw(devs), m.config, p);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("not f16"), std::string::npos) << e.status().ToString();
+  EXPECT_NE(e.status().message().find("loss scaling"), std::string::npos) << e.status().ToString();
+}
 
 }  // namespace
 }  // namespace ferry::exec
