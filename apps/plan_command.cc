@@ -145,8 +145,8 @@ void AddPlanCommand(CLI::App& parent, PlanCommand* cmd) {
   p->add_option("--nvme-dir", cmd->nvme_dir, "Directory on an NVMe drive ferry may use");
   p->add_option("--nvme-space", cmd->nvme_space, "Space ferry may use in --nvme-dir, e.g. 2TB");
   p->add_option("--dtype", cmd->dtype,
-                "Compute dtype: bf16, fp16, or f32 (CPU devices: what ferry train runs and "
-                "ferry probe --model measures today)")
+                "Compute dtype: bf16, fp16, or f32 (CPU devices: ferry train runs f32 and bf16, "
+                "ferry probe --model measures f32 today)")
       ->capture_default_str();
   p->add_flag("--stale-updates", cmd->stale_updates,
               "Opt in to one-step-stale updates (changes the numerics; every plan prices both)");

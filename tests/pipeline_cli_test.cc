@@ -29,25 +29,43 @@ std::vector<double> Losses(const std::string& run) {
   return losses;
 }
 
+// Three steps of `job` (train options without --out and --devices) on --devices 1 into
+// `one` and on --devices 2 into `two` (each step's loss, from metrics.jsonl; empty on failure).
+void TrainOnOneAndTwoDevices(const std::string& dir, const std::string& job,
+                             std::vector<double>& one, std::vector<double>& two) {
+  const std::string steps = "train --steps 3 --threads 2 " + job + " --out ";
+  CommandResult r1 = Ferry(steps + dir + "/one --devices 1");
+  ASSERT_EQ(r1.code, 0) << r1.output;
+  CommandResult r2 = Ferry(steps + dir + "/two --devices 2");
+  ASSERT_EQ(r2.code, 0) << r2.output;
+  EXPECT_NE(r2.output.find("ferry train: 2 CPU devices, "), std::string::npos) << r2.output;
+  one = Losses(dir + "/one");
+  two = Losses(dir + "/two");
+  ASSERT_EQ(one.size(), 3u);
+  ASSERT_EQ(two.size(), 3u);
+  EXPECT_LT(one[2], one[0]);  // it learns: the comparison is not moot
+}
+
 // Tolerance as the executor's trainer test (engine/exec/pipeline_executor_test.cc): the first
 // loss comes from identical weights (the per-micro-batch sums are the same: 1e-12 relative);
 // later ones follow updates whose gradients differ by reassociation only: 1e-5 relative.
 TEST_F(PipelineCliTest, TwoDevicesGiveTheOneDeviceLosses) {
-  const std::string job =
-      "train --steps 3 --batch-size 4 --micro-batches 2 --seq-len 32 "
-      "--threads 2 --out ";
-  CommandResult one = Ferry(job + dir_ + "/one --devices 1");
-  ASSERT_EQ(one.code, 0) << one.output;
-  CommandResult two = Ferry(job + dir_ + "/two --devices 2");
-  ASSERT_EQ(two.code, 0) << two.output;
-  EXPECT_NE(two.output.find("ferry train: 2 CPU devices, "), std::string::npos) << two.output;
-  const std::vector<double> want = Losses(dir_ + "/one"), got = Losses(dir_ + "/two");
-  ASSERT_EQ(want.size(), 3u);
-  ASSERT_EQ(got.size(), 3u);
+  std::vector<double> want, got;
+  TrainOnOneAndTwoDevices(dir_, "--batch-size 4 --micro-batches 2 --seq-len 32", want, got);
+  ASSERT_FALSE(HasFatalFailure());
   for (size_t s = 0; s < 3; ++s) {
     EXPECT_NEAR(got[s], want[s], (s == 0 ? 1e-12 : 1e-5) * std::abs(want[s])) << "step " << s;
   }
-  EXPECT_LT(want[2], want[0]);  // it learns: the comparison is not moot
+}
+
+// --dtype bf16 over --devices 2 (bf16 weights and activations on both devices, as on one): one
+// micro-batch per step runs the same kernels in the same order on the same bits as --devices 1,
+// so the gradients, the updates and every step's loss are the one-device run's, bit for bit.
+TEST_F(PipelineCliTest, Bf16OnTwoDevicesGivesTheOneDeviceLosses) {
+  std::vector<double> want, got;
+  TrainOnOneAndTwoDevices(dir_, "--batch-size 4 --seq-len 32 --dtype bf16", want, got);
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_EQ(got, want);
 }
 
 TEST_F(PipelineCliTest, BadDeviceOptionsAreOneLine) {

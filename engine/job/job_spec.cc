@@ -152,11 +152,6 @@ Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
   if (job.dtype != "f32" && job.dtype != "bf16") {
     return Bad("--dtype '" + job.dtype + "': use f32 (the exact reference) or bf16");
   }
-  if (job.dtype != "f32" && job.devices > 1) {
-    return Bad("--dtype " + job.dtype +
-               " runs on one device today (the pipeline over --devices stores f32): use "
-               "--devices 1 or --dtype f32");
-  }
   if (job.devices > 1 && (!job.val_data.empty() || job.val_fraction > 0)) {
     return Bad(
         "validation loss runs on one device: drop --val-data/--val-fraction or use "

@@ -48,9 +48,9 @@ struct JobSpec {
   LoraConfig lora;      // rank 0: full fine-tuning
   int64_t threads = 0;  // CPU device threads; 0: all cores
   int64_t devices = 1;  // CPU devices; > 1: a planned pipeline over them (training_runner.h)
-  // Compute (storage) dtype on the devices: "f32", the exact reference, or "bf16" (bf16 weights
-  // and activations, bf16 GEMMs with fp32 accumulation where the CPU has them; master weights,
-  // gradients and optimizer state stay fp32).
+  // Compute (storage) dtype on the devices, with one device or --devices N: "f32", the exact
+  // reference, or "bf16" (bf16 weights and activations, bf16 GEMMs with fp32 accumulation where
+  // the CPU has them; master weights, gradients and optimizer state stay fp32).
   std::string dtype = "f32";
   std::string out = "ferry-run";  // run folder (created)
   // Checkpoints (engine/train/checkpoint.h): every `save_every` updates (0: only at the end and

@@ -142,24 +142,27 @@ TEST(EstimateDeviceBytes, CoversWhatTheRunnerAllocates) {
 }
 
 TEST(TrainingDevicesBytes, IsWhatCreateTrainingRunnerCreates) {
-  for (int64_t devices : {1, 2, 3}) {
-    SCOPED_TRACE("--devices " + std::to_string(devices));
-    JobSpec job;
-    job.batch_size = 4;
-    job.micro_batches = 2;
-    job.seq_len = 32;
-    job.devices = devices;
-    Result<ModelConfig> model = ResolveModel(job);
-    ASSERT_TRUE(model.ok()) << model.status().ToString();
-    Result<TrainingRunner> t = CreateTrainingRunner(job, *model, kThreads);
-    ASSERT_TRUE(t.ok()) << t.status().ToString();
-    ASSERT_EQ(int64_t(t->devices.size()), devices);
-    // Each device's capacity is the bytes asked, rounded down to its arena alignment.
-    uint64_t created = 0;
-    for (const auto& d : t->devices) created += d->capacity();
-    const uint64_t bytes = TrainingDevicesBytes(job, *model, kThreads);
-    EXPECT_GE(bytes, created);
-    EXPECT_LT(bytes - created, uint64_t(devices) * CpuDeviceOptions{}.alignment);
+  for (const char* dtype : {"f32", "bf16"}) {
+    for (int64_t devices : {1, 2, 3}) {
+      SCOPED_TRACE(std::string("--dtype ") + dtype + " --devices " + std::to_string(devices));
+      JobSpec job;
+      job.batch_size = 4;
+      job.micro_batches = 2;
+      job.seq_len = 32;
+      job.devices = devices;
+      job.dtype = dtype;
+      Result<ModelConfig> model = ResolveModel(job);
+      ASSERT_TRUE(model.ok()) << model.status().ToString();
+      Result<TrainingRunner> t = CreateTrainingRunner(job, *model, kThreads);
+      ASSERT_TRUE(t.ok()) << t.status().ToString();
+      ASSERT_EQ(int64_t(t->devices.size()), devices);
+      // Each device's capacity is the bytes asked, rounded down to its arena alignment.
+      uint64_t created = 0;
+      for (const auto& d : t->devices) created += d->capacity();
+      const uint64_t bytes = TrainingDevicesBytes(job, *model, kThreads);
+      EXPECT_GE(bytes, created);
+      EXPECT_LT(bytes - created, uint64_t(devices) * CpuDeviceOptions{}.alignment);
+    }
   }
 }
 

@@ -54,7 +54,7 @@ Result<plan::Plan> PlanCpuDevices(const JobSpec& job, const ModelConfig& model, 
   pj.seq_len = job.seq_len;
   pj.micro_batches = job.micro_batches;
   pj.lora = job.lora;
-  pj.compute_dtype = DType::kF32;
+  pj.compute_dtype = RunnerOptions(job).compute_dtype;
   pj.scratch = {.cuda = false, .cpu_threads = threads};
   // A stage never needs more than the whole model on one device: that bounds the budget.
   FERRY_ASSIGN_OR_RETURN(

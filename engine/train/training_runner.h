@@ -1,9 +1,9 @@
 // TrainingRunner: the devices and the ModelRunner `ferry train` trains with (RunTraining).
 //  - job.devices == 1: one ModelRunner on one CPU device sized by EstimateDeviceBytes.
 //  - job.devices == N > 1: the planner (engine/plan/planner.h) plans the job for N CPU devices
-//    (CpuDevicesProfile: f32 compute, op scratch for `threads` threads, the job's micro-batch
-//    count), each device gets exactly the plan's per-device bytes, and a PipelineRunner
-//    (engine/exec/pipeline_runner.h) runs the plan's stages round robin over them.
+//    (CpuDevicesProfile; the job's compute dtype, f32 or bf16, op scratch for `threads` threads,
+//    the job's micro-batch count), each device gets exactly the plan's per-device bytes, and a
+//    PipelineRunner (engine/exec/pipeline_runner.h) runs the plan's stages round robin over them.
 // Forward-only calls (validation loss, logits) need a single device: a job with --devices > 1
 // and validation is refused by ValidateJobSpec.
 //
