@@ -130,9 +130,10 @@ struct StageRun {
 // The next stage's weights on a device, sent in `chunks` pieces between the running stage's
 // activation uploads (none when the device runs no further stage this step).
 struct Prefetch {
-  std::optional<size_t> stage;  // its index in the step
+  std::optional<size_t> stage;  // its index in the step; prepared with its first chunk
   size_t chunks = 1;
   size_t sent = 0;
+  const HostTensors* weights = nullptr;  // the master copy its weights are packed from
 };
 
 class Executor final : public PipelineExecutor {
@@ -225,8 +226,10 @@ class Executor final : public PipelineExecutor {
   }
 
   Result<double> Step(const HostTensors& weights, std::span<const MicroBatchInput> batches,
-                      HostTensors& grads) override {
+                      HostTensors& grads, const StepHooks& hooks) override {
+    hooks_ = &hooks;
     Result<double> r = RunStep(weights, batches, grads);
+    hooks_ = nullptr;
     if (!r.ok()) SynchronizeAll();
     runs_.clear();  // every copy that used their mirrors has completed
     return r;
@@ -271,6 +274,7 @@ class Executor final : public PipelineExecutor {
       std::memcpy(targets_[m].data(), batches[m].targets.data(), size_t(N) * 4);
       FERRY_RETURN_IF_ERROR(SetLayout(m, batches[m]));
     }
+    FERRY_RETURN_IF_ERROR(WeightsNeeded({0, 1}));
     FERRY_RETURN_IF_ERROR(Embed(weights, batches));
     ScheduleStages();
     for (size_t i = 0; i < runs_.size(); ++i) {
@@ -286,11 +290,17 @@ class Executor final : public PipelineExecutor {
       DeviceState& ds = devices_[runs_[i].device];
       FERRY_RETURN_IF_ERROR(ds.device->Synchronize(ds.grads_landed[i]));
       FERRY_RETURN_IF_ERROR(runs_[i].params->AddGrads(grads, ow));
+      // What lands here is final unless it is tied to the embedding (its layer lands last), and
+      // the caller's optimizer may use it while the devices go on.
+      if (hooks_->grads_landed) {
+        FERRY_RETURN_IF_ERROR(hooks_->grads_landed(runs_[i].range.first, runs_[i].range.last));
+      }
     }
     if (ow != nullptr) ow->ZeroUnwritten(grads);
     // The step's end: the losses and the last input gradients are read on the host below.
     for (DeviceState& ds : devices_) FERRY_RETURN_IF_ERROR(ds.device->Synchronize());
     if (!lora_.enabled()) FERRY_RETURN_IF_ERROR(EmbeddingGrads(batches, grads));
+    if (hooks_->grads_landed) FERRY_RETURN_IF_ERROR(hooks_->grads_landed(0, 1));
     double total = 0;
     for (size_t m = 0; m < batches.size(); ++m) {
       const float* loss = reinterpret_cast<const float*>(loss_[m].data());
@@ -357,6 +367,7 @@ class Executor final : public PipelineExecutor {
   Status Prepare(size_t i, const HostTensors& weights) {
     StageRun& st = runs_[i];
     DeviceState& ds = devices_[st.device];
+    FERRY_RETURN_IF_ERROR(WeightsNeeded(st.range));
     st.source = std::make_unique<PlannedSource>(ds, st.slot);
     std::vector<LayerSpec> layers(layers_.begin() + st.range.first,
                                   layers_.begin() + st.range.last);
@@ -420,16 +431,21 @@ class Executor final : public PipelineExecutor {
 
   // Stage i's device's next stage this step, to be prefetched in `chunks` pieces (one per group
   // of stage i's activation uploads).
-  Result<Prefetch> NextOnDevice(size_t i, size_t chunks, const HostTensors& weights) {
+  // It is prepared (its weights packed from the master copy) only when its first chunk is sent,
+  // so a caller's pending updates of its layers (StepHooks::weights_needed) can run meanwhile.
+  Prefetch NextOnDevice(size_t i, size_t chunks, const HostTensors& weights) const {
     const size_t next = i + devices_.size();
     if (next >= runs_.size()) return Prefetch{};
-    FERRY_RETURN_IF_ERROR(Prepare(next, weights));
-    return Prefetch{next, std::max<size_t>(chunks, 1), 0};
+    return Prefetch{next, std::max<size_t>(chunks, 1), 0, &weights};
   }
   // The prefetch's next chunk, if any is left.
   Status PrefetchChunk(Prefetch& p) {
     if (!p.stage || p.sent == p.chunks) return Status::Ok();
+    if (p.sent == 0) FERRY_RETURN_IF_ERROR(Prepare(*p.stage, *p.weights));
     return SendWeights(*p.stage, p.sent++, p.chunks);
+  }
+  Status WeightsNeeded(plan::LayerRange r) const {
+    return hooks_->weights_needed ? hooks_->weights_needed(r.first, r.last) : Status::Ok();
   }
   Status FinishPrefetch(Prefetch& p) {
     while (p.stage && p.sent < p.chunks) FERRY_RETURN_IF_ERROR(PrefetchChunk(p));
@@ -445,17 +461,17 @@ class Executor final : public PipelineExecutor {
     const size_t layers = size_t(st.range.last - st.range.first);
     switch (st.kind) {
       case StageKind::kForward: {
-        FERRY_ASSIGN_OR_RETURN(Prefetch next, NextOnDevice(i, M, weights));
+        Prefetch next = NextOnDevice(i, M, weights);
         FERRY_RETURN_IF_ERROR(ForwardStage(i, next));
         break;
       }
       case StageKind::kTail: {
-        FERRY_ASSIGN_OR_RETURN(Prefetch next, NextOnDevice(i, M, weights));
+        Prefetch next = NextOnDevice(i, M, weights);
         FERRY_RETURN_IF_ERROR(Tail(i, batches, next));
         break;
       }
       case StageKind::kBackward: {
-        FERRY_ASSIGN_OR_RETURN(Prefetch next, NextOnDevice(i, M * layers, weights));
+        Prefetch next = NextOnDevice(i, M * layers, weights);
         FERRY_RETURN_IF_ERROR(BackwardStage(i, next));
         break;
       }
@@ -712,6 +728,7 @@ class Executor final : public PipelineExecutor {
   const LoraConfig lora_;
   const DType dtype_;  // weights, activations and activation gradients on the devices
   const EnqueueObserver observer_;
+  const StepHooks* hooks_ = nullptr;  // the step in flight's
   std::vector<DeviceState> devices_;
   std::vector<LayerSpec> layers_;
   BatchShape shape_;

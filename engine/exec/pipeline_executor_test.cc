@@ -561,6 +561,24 @@ TEST(ExecutorConcurrencyTest, DeviceOneRunsAndDeviceZeroPrefetchesWhileDeviceZer
   ExpectSameBits(got, want, "after the held step");
 }
 
+// `count` steps of spec.micro_batches micro-batches each (the same batches every step: the
+// comparisons below are about the updates, not the data).
+std::vector<std::vector<MicroBatch>> TrainingSteps(const Model& m, const PlanSpec& spec,
+                                                   int count) {
+  std::vector<std::vector<MicroBatch>> steps;
+  for (int s = 0; s < count; ++s) {
+    Batches b = MakeBatches(m, spec.micro_batches, spec.batch * spec.seq_len, 100);
+    std::vector<MicroBatch> mbs;
+    for (int i = 0; i < spec.micro_batches; ++i) {
+      MicroBatch mb{spec.batch, spec.seq_len, b.tokens[size_t(i)], b.targets[size_t(i)], 0};
+      for (int32_t t : mb.targets) mb.valid_targets += t != kIgnoreIndex;
+      mbs.push_back(std::move(mb));
+    }
+    steps.push_back(std::move(mbs));
+  }
+  return steps;
+}
+
 // The same global batch each step, so the loss must fall (the comparison is not moot).
 // Tolerance: the gradients differ by reassociation only (see MatchesSingleDeviceRunner, a few eps
 // of each tensor's largest gradient). AdamW normalizes each element by its own sqrt(v), so an
@@ -580,17 +598,7 @@ TEST_P(PipelineTrainerTest, ThreeStepsMatchTheSingleDeviceTrainer) {
   o.schedule = {1e-2, 1, 3, 0.1};
   o.weight_decay = 0.01;
   o.grad_clip = 1.0;
-  std::vector<std::vector<MicroBatch>> steps;
-  for (int s = 0; s < 3; ++s) {
-    Batches b = MakeBatches(m, spec.micro_batches, spec.batch * spec.seq_len, 100);
-    std::vector<MicroBatch> mbs;
-    for (int i = 0; i < spec.micro_batches; ++i) {
-      MicroBatch mb{spec.batch, spec.seq_len, b.tokens[size_t(i)], b.targets[size_t(i)], 0};
-      for (int32_t t : mb.targets) mb.valid_targets += t != kIgnoreIndex;
-      mbs.push_back(std::move(mb));
-    }
-    steps.push_back(std::move(mbs));
-  }
+  const std::vector<std::vector<MicroBatch>> steps = TrainingSteps(m, spec, 3);
   auto train = [&](ModelRunner* runner, std::vector<double>& losses) -> HostTensors {
     auto t = Trainer::Create(runner, BuildLayerSpecs(m.config, m.lora), w, o, nullptr);
     EXPECT_TRUE(t.ok()) << t.status().ToString();
@@ -600,6 +608,8 @@ TEST_P(PipelineTrainerTest, ThreeStepsMatchTheSingleDeviceTrainer) {
       EXPECT_TRUE(st.ok()) << st.status().ToString();
       losses.push_back(st.ok() ? st->loss : NAN);
     }
+    const Status finished = (*t)->FinishUpdates();
+    EXPECT_TRUE(finished.ok()) << finished.ToString();
     return (*t)->weights();
   };
   std::vector<std::unique_ptr<CpuDevice>> one = MakeDevices(1, size_t(64) << 20);
@@ -629,6 +639,192 @@ TEST_P(PipelineTrainerTest, ThreeStepsMatchTheSingleDeviceTrainer) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, PipelineTrainerTest, ::testing::Values("llama", "gpt2"));
+
+// A runner that passes what the tests below do not change to another one.
+class ForwardingRunner : public ModelRunner {
+ public:
+  explicit ForwardingRunner(ModelRunner* r) : r_(r) {}
+  Result<double> AccumulateGradients(const MicroBatchInput& mb, HostTensors& grads) override {
+    return r_->AccumulateGradients(mb, grads);
+  }
+  Result<std::vector<float>> Logits(std::span<const int32_t> tokens) override {
+    return r_->Logits(tokens);
+  }
+  RunnerStats stats() const override { return r_->stats(); }
+
+ protected:
+  ModelRunner* r_;
+};
+
+// A runner over a pipeline runner that hides its streaming: the Trainer then takes the norm and
+// updates every parameter after the whole step, then uploads (the whole-step order), the
+// reference the per-layer updates must equal bit for bit.
+class WholeStepRunner final : public ForwardingRunner {
+ public:
+  using ForwardingRunner::ForwardingRunner;
+  Status UploadWeights(const HostTensors& w) override {
+    copy_ = w;
+    return r_->UploadWeights(copy_);
+  }
+  Result<double> AccumulateStep(std::span<const MicroBatchInput> batches, HostTensors& grads,
+                                const StepHooks&) override {
+    return r_->AccumulateStep(batches, grads, {});
+  }
+
+ private:
+  HostTensors copy_;
+};
+
+// A streaming runner that watches the hooks the Trainer gives the pipeline: what was pending when
+// each stage's weights were read, and whether a landed layer's weights changed within the step.
+class HookSpy final : public ForwardingRunner {
+ public:
+  HookSpy(ModelRunner* r, std::string watched)
+      : ForwardingRunner(r), watched_(std::move(watched)) {}
+  const Trainer* trainer = nullptr;
+  std::vector<std::string> log;  // "need a-b pending|none", "landed a-b"
+  // In the first step (nothing pending from an earlier one): whether the watched parameter was
+  // updated before the step ended.
+  bool watched_changed_in_first_step = false;
+
+  Status UploadWeights(const HostTensors& w) override {
+    w_ = &w;
+    return r_->UploadWeights(w);
+  }
+  bool streams_weights() const override { return true; }
+  Result<double> AccumulateStep(std::span<const MicroBatchInput> batches, HostTensors& grads,
+                                const StepHooks& hooks) override {
+    const std::vector<float> before = w_->tensors.at(watched_);
+    const bool first = steps_++ == 0;
+    StepHooks spy;
+    spy.weights_needed = [&](int64_t a, int64_t b) {
+      Status st = hooks.weights_needed(a, b);
+      log.push_back("need " + std::to_string(a) + "-" + std::to_string(b) +
+                    (trainer->updates_pending() ? " pending" : " none"));
+      return st;
+    };
+    spy.grads_landed = [&](int64_t a, int64_t b) {
+      Status st = hooks.grads_landed(a, b);
+      log.push_back("landed " + std::to_string(a) + "-" + std::to_string(b));
+      // Read before the step ends: the runner is still running later (earlier) stages.
+      if (first && w_->tensors.at(watched_) != before) watched_changed_in_first_step = true;
+      return st;
+    };
+    return r_->AccumulateStep(batches, grads, spy);
+  }
+
+ private:
+  std::string watched_;
+  const HostTensors* w_ = nullptr;
+  int steps_ = 0;
+};
+
+struct PerLayerCase {
+  const char* model;
+  int lora_rank;
+  double grad_clip;
+};
+
+class PerLayerOptimizerTest : public ::testing::TestWithParam<PerLayerCase> {};
+
+// The optimizer per layer inside the step (without clipping: as each layer's gradients land;
+// with clipping: in the next step, just before each stage reads its layers) gives the whole-step
+// order's losses, weights and moments bit for bit over four steps, on 2 devices and 3 stages.
+TEST_P(PerLayerOptimizerTest, EqualsTheWholeStepOrderBitForBit) {
+  const PerLayerCase c = GetParam();
+  const Model m = LoadModel(c.model, c.lora_rank);
+  const PlanSpec spec{{{1, 2}, {2, 4}, {4, 5}}, {3}, 2, 2, 16, 2};
+  const plan::Plan p = MakeTestPlan(m, spec);
+  const HostTensors w = RandomWeights(m, 5);
+  OptimizerOptions o;
+  o.schedule = {1e-2, 1, 4, 0.1};
+  o.weight_decay = 0.01;
+  o.grad_clip = c.grad_clip;
+  const std::vector<std::vector<MicroBatch>> steps = TrainingSteps(m, spec, 4);
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(m.config, m.lora);
+  // The last block's first trainable parameter: it lands with the first backward stage.
+  std::string watched;
+  for (const ParamSpec& q : layers[layers.size() - 2].params) {
+    if (q.trainable && q.tied_to.empty() && watched.empty()) watched = q.name;
+  }
+  ASSERT_FALSE(watched.empty());
+
+  struct Run {
+    std::vector<double> losses, norms;
+    std::unique_ptr<Trainer> trainer;
+  };
+  auto train = [&](ModelRunner* runner, HookSpy* spy) {
+    Run r;
+    auto t = Trainer::Create(runner, layers, w, o, nullptr);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    if (!t.ok()) return r;
+    r.trainer = std::move(*t);
+    if (spy != nullptr) spy->trainer = r.trainer.get();
+    for (const auto& mbs : steps) {
+      Result<StepStats> st = r.trainer->Step(mbs);
+      EXPECT_TRUE(st.ok()) << st.status().ToString();
+      r.losses.push_back(st.ok() ? st->loss : NAN);
+      r.norms.push_back(st.ok() ? st->grad_norm : NAN);
+      EXPECT_EQ(r.trainer->updates_pending(), spy != nullptr && c.grad_clip > 0);
+    }
+    const Status finished = r.trainer->FinishUpdates();
+    EXPECT_TRUE(finished.ok()) << finished.ToString();
+    EXPECT_FALSE(r.trainer->updates_pending());
+    return r;
+  };
+  std::vector<std::unique_ptr<CpuDevice>> d1 = MakeDevices(2, p.memory.gpu.total());
+  Result<std::unique_ptr<ModelRunner>> p1 = CreatePipelineRunner(Raw(d1), m.config, p);
+  ASSERT_TRUE(p1.ok()) << p1.status().ToString();
+  WholeStepRunner whole(p1->get());
+  const Run want = train(&whole, nullptr);
+
+  std::vector<std::unique_ptr<CpuDevice>> d2 = MakeDevices(2, p.memory.gpu.total());
+  Result<std::unique_ptr<ModelRunner>> p2 = CreatePipelineRunner(Raw(d2), m.config, p);
+  ASSERT_TRUE(p2.ok()) << p2.status().ToString();
+  HookSpy spy(p2->get(), watched);
+  const Run got = train(&spy, &spy);
+  ASSERT_TRUE(want.trainer && got.trainer);
+
+  EXPECT_EQ(got.losses, want.losses);
+  EXPECT_EQ(got.norms, want.norms);
+  EXPECT_GT(want.losses[0], want.losses[3]);  // it learns: the comparison is not moot
+  for (const std::string& name : want.trainer->trainable_names()) {
+    EXPECT_EQ(got.trainer->weights().tensors.at(name), want.trainer->weights().tensors.at(name))
+        << name;
+    const std::span<const float> m0 = want.trainer->exp_avg(name), m1 = got.trainer->exp_avg(name);
+    const std::span<const float> v0 = want.trainer->exp_avg_sq(name),
+                                 v1 = got.trainer->exp_avg_sq(name);
+    EXPECT_TRUE(std::equal(m0.begin(), m0.end(), m1.begin(), m1.end())) << name;
+    EXPECT_TRUE(std::equal(v0.begin(), v0.end(), v1.begin(), v1.end())) << name;
+  }
+  // How the updates interleaved with the steps.
+  EXPECT_EQ(spy.watched_changed_in_first_step, c.grad_clip == 0) << watched;
+  std::string log;
+  for (const std::string& e : spy.log) log += e + "; ";
+  // Every step announces the embedding's read, then each stage's, and reports the tail's and the
+  // backward stages' gradients in reverse order, the embedding's last.
+  const std::string landed = "landed 5-6; landed 4-5; landed 2-4; landed 1-2; landed 0-1; ";
+  EXPECT_NE(log.find(landed), std::string::npos) << log;
+  if (c.grad_clip > 0) {
+    // From the second step on, the first stage's weights are read while later layers' updates
+    // are still pending (they run as later stages are prepared).
+    EXPECT_NE(log.find(landed + "need 0-1 pending; need 1-2 pending;"), std::string::npos) << log;
+  } else {
+    EXPECT_EQ(log.find("pending"), std::string::npos) << log;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, PerLayerOptimizerTest,
+                         ::testing::Values(PerLayerCase{"llama", 0, 1.0},
+                                           PerLayerCase{"llama", 0, 0.0},
+                                           PerLayerCase{"qwen3", 0, 1.0},   // tied head
+                                           PerLayerCase{"gpt2", 0, 0.0},    // tied, biases
+                                           PerLayerCase{"qwen3", 2, 0.5}),  // LoRA
+                         [](const ::testing::TestParamInfo<PerLayerCase>& i) {
+                           return std::string(i.param.model) +
+                                  (i.param.lora_rank > 0 ? "_lora" : "") +
+                                  (i.param.grad_clip > 0 ? "_clip" : "_noclip");
+                         });
 
 INSTANTIATE_TEST_SUITE_P(
     Plans, ExecutorTest,

@@ -8,12 +8,16 @@ class PipelineRunner final : public ModelRunner {
   explicit PipelineRunner(std::unique_ptr<PipelineExecutor> e) : e_(std::move(e)) {}
 
   Status UploadWeights(const HostTensors& weights) override {
-    weights_ = weights;
+    weights_ = &weights;
     return Status::Ok();
   }
-  Result<double> AccumulateStep(std::span<const MicroBatchInput> batches,
-                                HostTensors& grads) override {
-    return e_->Step(weights_, batches, grads);
+  bool streams_weights() const override { return true; }
+  Result<double> AccumulateStep(std::span<const MicroBatchInput> batches, HostTensors& grads,
+                                const StepHooks& hooks) override {
+    if (weights_ == nullptr) {
+      return Status::FailedPrecondition("UploadWeights must name the master weights first");
+    }
+    return e_->Step(*weights_, batches, grads, hooks);
   }
   Result<double> AccumulateGradients(const MicroBatchInput&, HostTensors&) override {
     return Status::FailedPrecondition(
@@ -31,7 +35,7 @@ class PipelineRunner final : public ModelRunner {
 
  private:
   std::unique_ptr<PipelineExecutor> e_;
-  HostTensors weights_;
+  const HostTensors* weights_ = nullptr;  // borrowed: the caller's master copy
 };
 
 }  // namespace

@@ -1,8 +1,10 @@
 // PipelineRunner: the ModelRunner interface over a PipelineExecutor, so the Trainer (and `ferry
 // train`) can run a multi-stage plan on several devices exactly as it runs one device.
 //
-// UploadWeights keeps a copy of the host master weights (each stage uploads its own from it at
-// the stage's start); AccumulateStep runs one executor step over all micro-batches of the plan.
+// UploadWeights borrows the host master weights (streams_weights(): each stage packs its own from
+// them as the step is enqueued, after StepHooks::weights_needed), so they must outlive the runner
+// or the next UploadWeights; AccumulateStep runs one executor step over all micro-batches of the
+// plan, reporting landed gradients through StepHooks::grads_landed.
 // AccumulateGradients (one micro-batch at a time) and Logits are not supported: a pipeline runs a
 // whole step at once (FailedPrecondition naming the alternative).
 //

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -68,6 +69,21 @@ struct MicroBatchInput {
   ThreadPool* host_pool = nullptr;  // host-side gradient work runs on it; nullptr = inline
 };
 
+// What a runner that reads the host master weights during a step (streams_weights()) tells its
+// caller as the step goes, on the thread that called AccumulateStep, so the optimizer can run
+// inside the step (engine/train/trainer.h). Layers are indices into BuildLayerSpecs' list
+// (0: embedding, then the blocks, then the head). Either may be empty.
+struct StepHooks {
+  // Called before the runner reads the master weights of layers [first, last), the owners of
+  // their tied parameters included, so pending updates of those can be applied first. An error
+  // stops the step.
+  std::function<Status(int64_t first, int64_t last)> weights_needed;
+  // Called once the gradients of the storage-owning parameters of layers [first, last) are final
+  // in `grads` (a tied parameter's gradient is final when its owner's layer is reported). Every
+  // gradient is final when AccumulateStep returns, reported or not.
+  std::function<Status(int64_t first, int64_t last)> grads_landed;
+};
+
 struct RunnerStats {
   int64_t block_forward_calls = 0;  // counts recomputation too
   size_t arena_peak_bytes = 0;
@@ -83,8 +99,14 @@ class ModelRunner {
                                                      const LoraConfig& lora,
                                                      const ModelRunnerOptions& options);
 
-  // Uploads the parameters (frozen and trainable) from the host master copy.
+  // Uploads the parameters (frozen and trainable) from the host master copy. A runner that
+  // streams weights (streams_weights()) instead borrows `weights` until the next call and reads
+  // it during each AccumulateStep.
   virtual Status UploadWeights(const HostTensors& weights) = 0;
+  // true: AccumulateStep reads the master weights given to UploadWeights layer by layer during
+  // the step (announcing each read through StepHooks::weights_needed), so updates made between
+  // steps need no new UploadWeights. false: the device holds its own copy.
+  virtual bool streams_weights() const { return false; }
   // Forward + backward of one micro-batch; returns its loss contribution (sum of -log p over its
   // non-masked targets / normalizer) and adds its gradients into `grads` (trainable parameters
   // only; grads must hold a zero-initialized or accumulating buffer for each), or overwrites
@@ -99,10 +121,12 @@ class ModelRunner {
   }
 
   // All micro-batches of one optimizer step: the sum of their loss contributions, gradients added
-  // into `grads` as AccumulateGradients does. The default runs them one after another; a pipeline
-  // (engine/exec/pipeline_runner.h) runs them stage by stage.
+  // into `grads` as AccumulateGradients does. The default runs them one after another (and calls
+  // no hook); a pipeline (engine/exec/pipeline_runner.h) runs them stage by stage and reports
+  // through `hooks` as it goes.
   virtual Result<double> AccumulateStep(std::span<const MicroBatchInput> batches,
-                                        HostTensors& grads) {
+                                        HostTensors& grads, const StepHooks& hooks) {
+    (void)hooks;
     double loss = 0;
     for (const MicroBatchInput& mb : batches) {
       FERRY_ASSIGN_OR_RETURN(double l, AccumulateGradients(mb, grads));

@@ -115,6 +115,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
                                              }};
   auto save_checkpoint = [&](double elapsed) -> Result<std::string> {
     meta.elapsed_s = elapsed;
+    FERRY_RETURN_IF_ERROR(trainer->FinishUpdates());  // the last step's may still be pending
     return SaveCheckpoint(job.out, *trainer, meta, checkpoint_options);
   };
 
@@ -200,7 +201,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
     }
   }
   progress.Finish();
-  FERRY_RETURN_IF_ERROR(save_checkpoint(seconds_since(train_start)).status());
+  FERRY_RETURN_IF_ERROR(save_checkpoint(seconds_since(train_start)).status());  // finishes updates
   // A folder's frozen base stays where it is (the adapter loads onto it); its tokenizer is copied.
   FERRY_RETURN_IF_ERROR(WriteFinalWeights(job.out, model, job.lora, trainer->layers(),
                                           trainer->weights(),

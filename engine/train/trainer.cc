@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 #include "engine/model/master_weights.h"
 #include "engine/train/grad_clip.h"
@@ -32,6 +34,7 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(ModelRunner* runner, std::vecto
   }
   std::unique_ptr<Trainer> t(
       new Trainer(runner, std::move(layers), std::move(weights), options, pool));
+  std::map<std::string, size_t> index;  // trainable name -> its place in order_
   for (const ParamSpec* p : StorageParams(t->layers_)) {
     auto it = t->weights_.tensors.find(p->name);
     if (it == t->weights_.tensors.end() || int64_t(it->second.size()) != p->numel()) {
@@ -42,8 +45,20 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(ModelRunner* runner, std::vecto
     const size_t n = size_t(p->numel());
     t->grads_.tensors[p->name].assign(n, 0.0f);
     t->state_[p->name] = State{p, std::vector<float>(n, 0.0f), std::vector<float>(n, 0.0f)};
+    index[p->name] = t->order_.size();
     t->order_.push_back(p->name);
   }
+  for (const LayerSpec& l : t->layers_) {
+    std::vector<size_t>& lands = t->lands_.emplace_back();
+    std::vector<size_t>& reads = t->reads_.emplace_back();
+    for (const ParamSpec& p : l.params) {
+      auto it = index.find(p.tied_to.empty() ? p.name : p.tied_to);
+      if (it == index.end()) continue;
+      if (p.tied_to.empty()) lands.push_back(it->second);
+      reads.push_back(it->second);
+    }
+  }
+  t->pending_.assign(t->order_.size(), 0);
   FERRY_RETURN_IF_ERROR(runner->UploadWeights(t->weights_));
   return t;
 }
@@ -54,8 +69,81 @@ size_t Trainer::optimizer_state_bytes() const {
   return bytes;
 }
 
+void Trainer::RequireNoPending(const char* what) const {
+  if (pending_count_ == 0) return;
+  std::fprintf(stderr, "ferry: Trainer::%s read with %zu updates pending: call FinishUpdates\n",
+               what, pending_count_);
+  std::abort();
+}
+
+const HostTensors& Trainer::weights() const {
+  RequireNoPending("weights");
+  return weights_;
+}
+std::span<const float> Trainer::exp_avg(const std::string& name) const {
+  RequireNoPending("exp_avg");
+  return state_.at(name).m;
+}
+std::span<const float> Trainer::exp_avg_sq(const std::string& name) const {
+  RequireNoPending("exp_avg_sq");
+  return state_.at(name).v;
+}
+
+Status Trainer::Apply(size_t k, const Update& u) {
+  const std::string& name = order_[k];
+  State& s = state_.at(name);
+  std::vector<float>& p = weights_.tensors.at(name);
+  const AdamWHyperparameters h{.lr = u.lr,
+                               .beta1 = options_.beta1,
+                               .beta2 = options_.beta2,
+                               .eps = options_.eps,
+                               .weight_decay = s.spec->decays ? options_.weight_decay : 0.0,
+                               .step = u.step,
+                               .grad_scale = u.grad_scale};
+  const cpu::AdamWHostTensor t{p.data(),         grads_.tensors.at(name).data(),
+                               DType::kF32,      s.m.data(),
+                               s.v.data(),       nullptr,
+                               int64_t(p.size())};
+  return kernel_.Update(h, t, pool_).WithContext(name);
+}
+
+Status Trainer::CheckLayers(int64_t first, int64_t last) const {
+  if (0 <= first && first <= last && last <= int64_t(layers_.size())) return Status::Ok();
+  return Status::InvalidArgument("the runner named layers [" + std::to_string(first) + ", " +
+                                 std::to_string(last) + ") of a model with " +
+                                 std::to_string(layers_.size()));
+}
+
+Status Trainer::ApplyPending(int64_t first, int64_t last) {
+  FERRY_RETURN_IF_ERROR(CheckLayers(first, last));
+  for (int64_t l = first; l < last && pending_count_ > 0; ++l) {
+    for (size_t k : reads_[size_t(l)]) {
+      if (!pending_[k]) continue;
+      FERRY_RETURN_IF_ERROR(Apply(k, pending_update_));
+      pending_[k] = 0;
+      --pending_count_;
+    }
+  }
+  return Status::Ok();
+}
+
+Status Trainer::FinishUpdates() { return ApplyPending(0, int64_t(reads_.size())); }
+
+Status Trainer::Land(size_t k, const Update& u) {
+  if (pending_[k]) {  // a runner that never announced the read: apply it before it is lost
+    FERRY_RETURN_IF_ERROR(Apply(k, pending_update_));
+    pending_[k] = 0;
+    --pending_count_;
+  }
+  const std::vector<float>& g = grads_.tensors.at(order_[k]);
+  sum_sq_[k] = kernel_.SumOfSquares(g.data(), DType::kF32, int64_t(g.size()), pool_);
+  landed_[k] = 1;
+  return options_.grad_clip > 0 ? Status::Ok() : Apply(k, u);
+}
+
 Status Trainer::RestoreOptimizer(int64_t steps_done, const HostTensors& exp_avg,
                                  const HostTensors& exp_avg_sq) {
+  RequireNoPending("RestoreOptimizer");
   if (steps_done < 0) return Status::InvalidArgument("a negative step count to restore");
   for (const auto& [name, s] : state_) {
     for (const HostTensors* t : {&exp_avg, &exp_avg_sq}) {
@@ -94,36 +182,58 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
     inputs.back().overwrite_grads = inputs.size() == 1;
     inputs.back().host_pool = pool_;
   }
+  const bool streams = runner_->streams_weights();
+  if (!streams) FERRY_RETURN_IF_ERROR(FinishUpdates());  // the device copy is uploaded below
+  st.lr = options_.schedule.At(step_);
+  // Without clipping each update is complete once its gradient lands (grad_scale 1 is
+  // ClipCoefficient's value for max_norm 0).
+  const Update now{.lr = st.lr, .step = step_ + 1, .grad_scale = 1.0};
+  sum_sq_.assign(order_.size(), 0.0);
+  landed_.assign(order_.size(), 0);
   using Clock = std::chrono::steady_clock;
-  const Clock::time_point t0 = Clock::now();
-  FERRY_ASSIGN_OR_RETURN(st.loss, runner_->AccumulateStep(inputs, grads_));
-  const Clock::time_point t1 = Clock::now();
-  st.compute_seconds = std::chrono::duration<double>(t1 - t0).count();
-  double sum_sq = 0;
-  for (const std::string& name : order_) {
-    const std::vector<float>& g = grads_.tensors.at(name);
-    sum_sq += kernel_.SumOfSquares(g.data(), DType::kF32, int64_t(g.size()), pool_);
+  double in_step = 0;  // optimizer time inside the step, overlapping the devices
+  auto timed = [&in_step](auto&& fn) {
+    const Clock::time_point a = Clock::now();
+    Status s = fn();
+    in_step += std::chrono::duration<double>(Clock::now() - a).count();
+    return s;
+  };
+  StepHooks hooks;
+  if (streams) {
+    hooks.weights_needed = [&](int64_t first, int64_t last) {
+      return timed([&] { return ApplyPending(first, last); });
+    };
+    hooks.grads_landed = [&](int64_t first, int64_t last) -> Status {
+      FERRY_RETURN_IF_ERROR(CheckLayers(first, last));
+      return timed([&]() -> Status {
+        for (int64_t l = first; l < last; ++l) {
+          for (size_t k : lands_[size_t(l)]) FERRY_RETURN_IF_ERROR(Land(k, now));
+        }
+        return Status::Ok();
+      });
+    };
   }
+  const Clock::time_point t0 = Clock::now();
+  FERRY_ASSIGN_OR_RETURN(st.loss, runner_->AccumulateStep(inputs, grads_, hooks));
+  const Clock::time_point t1 = Clock::now();
+  st.compute_seconds = std::chrono::duration<double>(t1 - t0).count() - in_step;
+  st.optimizer_in_step_seconds = in_step;
+  for (size_t k = 0; k < order_.size(); ++k) {
+    if (!landed_[k]) FERRY_RETURN_IF_ERROR(Land(k, now));
+  }
+  double sum_sq = 0;  // in parameter order, whatever order the layers landed in
+  for (double x : sum_sq_) sum_sq += x;
   st.grad_norm = std::sqrt(sum_sq);
   st.clip_coef = ClipCoefficient(sum_sq, options_.grad_clip);
-  st.lr = options_.schedule.At(step_);
-  for (const std::string& name : order_) {
-    State& s = state_.at(name);
-    std::vector<float>& p = weights_.tensors.at(name);
-    const AdamWHyperparameters h{.lr = st.lr,
-                                 .beta1 = options_.beta1,
-                                 .beta2 = options_.beta2,
-                                 .eps = options_.eps,
-                                 .weight_decay = s.spec->decays ? options_.weight_decay : 0.0,
-                                 .step = step_ + 1,
-                                 .grad_scale = st.clip_coef};
-    const cpu::AdamWHostTensor t{p.data(),         grads_.tensors.at(name).data(),
-                                 DType::kF32,      s.m.data(),
-                                 s.v.data(),       nullptr,
-                                 int64_t(p.size())};
-    FERRY_RETURN_IF_ERROR(kernel_.Update(h, t, pool_).WithContext(name));
+  if (options_.grad_clip > 0) {
+    pending_update_ = {.lr = st.lr, .step = step_ + 1, .grad_scale = st.clip_coef};
+    pending_.assign(order_.size(), 1);
+    pending_count_ = order_.size();
   }
-  FERRY_RETURN_IF_ERROR(runner_->UploadWeights(weights_));
+  if (!streams) {
+    FERRY_RETURN_IF_ERROR(FinishUpdates());
+    FERRY_RETURN_IF_ERROR(runner_->UploadWeights(weights_));
+  }
   st.optimizer_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
   ++step_;
   return st;

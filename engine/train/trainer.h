@@ -7,8 +7,8 @@
 //   1. zero the host gradient of every trainable storage-owning parameter;
 //   2. ModelRunner::AccumulateStep over the micro-batches (a pipeline runs them stage by stage;
 //      one device, one after another with AccumulateGradients) with normalizer = the non-masked
-//      targets of the whole global batch (BatchSource::ValidTargets), so the accumulated gradient is
-//      exactly that of one big batch; a tied alias's gradient arrives already added to its
+//      targets of the whole global batch (BatchSource::ValidTargets), so the accumulated gradient
+//      is exactly that of one big batch; a tied alias's gradient arrives already added to its
 //      owner's (the runner's contract);
 //   3. the global gradient norm (double sums in parameter order, cpu::AdamWKernel::SumOfSquares)
 //      -> the clip coefficient (grad_clip.h), applied as AdamW's grad_scale;
@@ -17,6 +17,21 @@
 //      frozen LoRA base weights have no gradient and no optimizer state;
 //   5. ModelRunner::UploadWeights from the updated master copy.
 // Everything is a pure function of the initial weights and the batches: no hidden RNG state.
+//
+// Per-layer updates (DESIGN.md, "Execution"): with a runner that streams weights (a pipeline:
+// ModelRunner::streams_weights), steps 3 and 4 run layer by layer inside the step, on the thread
+// that drives it, while the devices go on (StepHooks):
+//   - each parameter's sum of squares is taken as soon as its layer's gradients land, and the
+//     norm adds those sums in parameter order afterwards, so it is the same double as above;
+//   - without clipping a parameter is updated as soon as it lands (its update needs nothing
+//     else), overlapping the backward stages still running;
+//   - with clipping every update needs the global norm, so the step ends with all of them
+//     pending; the next step applies them layer by layer just before it reads each layer's
+//     weights (forward order), so its first stages start while later layers are still updated.
+// The arithmetic of every update is the one above, so the results are bit for bit those of the
+// whole-step order. Pending updates are applied by FinishUpdates, which must run before the
+// weights or moments are read (weights(), exp_avg(), exp_avg_sq() check it). Step 5 is skipped:
+// the runner reads the master copy itself.
 //
 // Ownership: the runner and pool are borrowed and must outlive the Trainer.
 // Thread-safety: one thread drives a Trainer at a time.
@@ -58,8 +73,13 @@ struct StepStats {
   int64_t valid_targets = 0;  // the loss normalizer
   // Wall time of the step's parts: the runner's forward + backward over the micro-batches, and
   // the rest (gradient norm, AdamW on the host, uploading the updated weights).
+  // With a runner that streams weights, optimizer work inside the step (updates applied as
+  // gradients land or as the step reads the weights) overlaps the devices: it is counted in
+  // optimizer_in_step_seconds, not in compute_seconds. optimizer_seconds is the part after the
+  // devices finished (exposed).
   double compute_seconds = 0;
   double optimizer_seconds = 0;
+  double optimizer_in_step_seconds = 0;
 };
 
 class Trainer {
@@ -71,12 +91,18 @@ class Trainer {
                                                  HostTensors weights,
                                                  const OptimizerOptions& options, ThreadPool* pool);
 
-  // One optimizer update over the global batch `micro_batches` (all of one shape). Errors:
-  // InvalidArgument when the batch has no non-masked target; the runner's errors.
+  // One optimizer update over the global batch `micro_batches` (all of one shape); with a runner
+  // that streams weights and clipping on, the update may still be pending at return (see above).
+  // Errors: InvalidArgument when the batch has no non-masked target; the runner's errors.
   Result<StepStats> Step(std::span<const MicroBatch> micro_batches);
+  // Applies every pending update, so the weights and moments are those after steps_done()
+  // updates. Cheap when none is pending.
+  Status FinishUpdates();
+  bool updates_pending() const { return pending_count_ > 0; }
 
   int64_t steps_done() const { return step_; }
-  const HostTensors& weights() const { return weights_; }
+  // REQUIRES (for these three): !updates_pending() (checked: aborts naming FinishUpdates).
+  const HostTensors& weights() const;
   const std::vector<LayerSpec>& layers() const { return layers_; }
   // Bytes of AdamW state (m and v) held: 8 per trainable element.
   size_t optimizer_state_bytes() const;
@@ -85,8 +111,8 @@ class Trainer {
   const std::vector<std::string>& trainable_names() const { return order_; }
   // AdamW's first (exp_avg) and second (exp_avg_sq) moments of a trainable parameter, for
   // checkpoints. REQUIRES: has_optimizer_state(name).
-  std::span<const float> exp_avg(const std::string& name) const { return state_.at(name).m; }
-  std::span<const float> exp_avg_sq(const std::string& name) const { return state_.at(name).v; }
+  std::span<const float> exp_avg(const std::string& name) const;
+  std::span<const float> exp_avg_sq(const std::string& name) const;
   // Resumes from a checkpoint: the moments of every trainable parameter and the number of updates
   // already made (the master weights come in through Create). Errors: InvalidArgument naming a
   // tensor that is missing or has the wrong size (nothing is changed then).
@@ -98,8 +124,23 @@ class Trainer {
     const ParamSpec* spec = nullptr;
     std::vector<float> m, v;
   };
+  // The hyperparameters of one update, all but those of its parameter.
+  struct Update {
+    double lr = 0;
+    int64_t step = 0;  // 1-based
+    double grad_scale = 1;
+  };
   Trainer(ModelRunner* runner, std::vector<LayerSpec> layers, HostTensors weights,
           const OptimizerOptions& options, ThreadPool* pool);
+
+  // AdamW on the trainable parameter order_[k].
+  Status Apply(size_t k, const Update& u);
+  // Applies the pending updates of the parameters whose master values layers [first, last) read.
+  Status ApplyPending(int64_t first, int64_t last);
+  // Takes order_[k]'s sum of squares (and, without clipping, updates it at `u`).
+  Status Land(size_t k, const Update& u);
+  void RequireNoPending(const char* what) const;
+  Status CheckLayers(int64_t first, int64_t last) const;  // a StepHooks range
 
   ModelRunner* runner_;  // not owned
   std::vector<LayerSpec> layers_;
@@ -111,6 +152,17 @@ class Trainer {
   ThreadPool* pool_;  // not owned; may be null
   cpu::AdamWKernel kernel_;
   int64_t step_ = 0;
+  // Per layer: the trainable parameters (indices into order_) whose gradients land with it, and
+  // those whose master values it reads (its own and the owners of its tied parameters).
+  std::vector<std::vector<size_t>> lands_, reads_;
+  // Per trainable parameter, for the step in flight: its sum of squares and whether it landed.
+  std::vector<double> sum_sq_;
+  std::vector<char> landed_;
+  // Updates waiting for the next step's reads (or FinishUpdates): per parameter, and their
+  // common hyperparameters.
+  std::vector<char> pending_;
+  size_t pending_count_ = 0;
+  Update pending_update_;
 };
 
 }  // namespace ferry
