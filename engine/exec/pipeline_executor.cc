@@ -205,6 +205,12 @@ class Executor final : public PipelineExecutor {
         saved_[li].push_back(std::move(s));
       }
     }
+    // One pair of host mirrors per layer range (each forward stage's, the head's), shared by the
+    // stages over it whichever device runs them: mapped in the first step, reused after.
+    for (size_t r = 0; r <= p_.stages.size(); ++r) {
+      mirrors_.push_back(std::make_shared<HostMirrors>());
+    }
+    packed_.assign(mirrors_.size(), -1);
     if (c_.learned_positions) return Status::Ok();
     // RoPE's inverse frequencies (plain or Llama 3-scaled), uploaded once to every device; the
     // upload completes here, before any compute can read it.
@@ -237,6 +243,12 @@ class Executor final : public PipelineExecutor {
 
   ExecutorStats stats() const override {
     ExecutorStats s = stats_;
+    s.host_mappings = int64_t(layout_.size() + targets_.size() + loss_.size() + bgrad_.size()) +
+                      (inv_freq_.data() != nullptr ? 1 : 0);
+    for (size_t li = 0; li < act_.size(); ++li) {
+      s.host_mappings += int64_t(act_[li].size() + saved_[li].size());
+    }
+    for (const auto& m : mirrors_) s.host_mappings += m->mapped;
     std::map<std::string, size_t> used;
     for (const DeviceState& ds : devices_) {
       for (const auto& [name, bytes] : ds.used) used[name] = std::max(used[name], bytes);
@@ -274,6 +286,7 @@ class Executor final : public PipelineExecutor {
       std::memcpy(targets_[m].data(), batches[m].targets.data(), size_t(N) * 4);
       FERRY_RETURN_IF_ERROR(SetLayout(m, batches[m]));
     }
+    ++steps_;
     FERRY_RETURN_IF_ERROR(WeightsNeeded({0, 1}));
     FERRY_RETURN_IF_ERROR(Embed(weights, batches));
     ScheduleStages();
@@ -371,11 +384,18 @@ class Executor final : public PipelineExecutor {
     st.source = std::make_unique<PlannedSource>(ds, st.slot);
     std::vector<LayerSpec> layers(layers_.begin() + st.range.first,
                                   layers_.begin() + st.range.last);
+    // A forward stage's layers are those of its backward stage: one host mirror, packed once a
+    // step (the master copy does not change in between), which the backward stage's upload
+    // reads while the forward stage's may still run.
+    const size_t r = st.kind == StageKind::kForward ? i
+                     : st.kind == StageKind::kTail  ? p_.stages.size()
+                                                    : size_t(st.forward);
     FERRY_ASSIGN_OR_RETURN(DeviceParams params,
                            DeviceParams::Create(*ds.device, c_, lora_, layers, st.source.get(),
-                                                ParamGrads::kAllocate, dtype_));
+                                                ParamGrads::kAllocate, dtype_, mirrors_[r]));
     st.params = std::make_unique<DeviceParams>(std::move(params));
-    FERRY_RETURN_IF_ERROR(st.params->PackWeights(weights));
+    if (packed_[r] != steps_) FERRY_RETURN_IF_ERROR(st.params->PackWeights(weights));
+    packed_[r] = steps_;
     if (st.kind == StageKind::kTail) {
       FERRY_ASSIGN_OR_RETURN(DeviceStack stack,
                              BuildDeviceStack(*ds.device, c_, *st.params,
@@ -729,6 +749,11 @@ class Executor final : public PipelineExecutor {
   const DType dtype_;  // weights, activations and activation gradients on the devices
   const EnqueueObserver observer_;
   const StepHooks* hooks_ = nullptr;  // the step in flight's
+  int64_t steps_ = 0;                 // steps begun
+  // Per layer range (forward stage index; the head last): its host mirrors, and the step that
+  // last packed its weights into them.
+  std::vector<std::shared_ptr<HostMirrors>> mirrors_;
+  std::vector<int64_t> packed_;
   std::vector<DeviceState> devices_;
   std::vector<LayerSpec> layers_;
   BatchShape shape_;
@@ -766,6 +791,18 @@ Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const
         "the executor stores weights and activations in f32 or bf16, not " +
         std::string(DTypeName(p.job.compute_dtype)) +
         " (f16 needs loss scaling, not there yet): plan with compute dtype f32 or bf16");
+  }
+  // Every tensor group lives in host RAM for now: a plan that puts one on NVMe is refused here,
+  // before any step, rather than run in RAM against its own memory figures.
+  for (const auto& [group, tier] : {std::pair{"activations", p.activations},
+                                    {"optimizer state", p.optimizer_state},
+                                    {"frozen weights", p.frozen_weights}}) {
+    if (tier != Tier::kHost) {
+      return Status::InvalidArgument(
+          std::string("the plan puts ") + group +
+          " on NVMe, and the executor keeps everything in host RAM for now: plan with more host "
+          "memory (or a smaller batch), or without an NVMe budget");
+    }
   }
   if (p.micro_batches < 1 || p.micro_batch_size < 1 || p.job.seq_len < 1) {
     return Status::InvalidArgument("the plan's micro-batches must be at least 1 x 1 x 1");

@@ -50,9 +50,12 @@
 //    computes, in one bounded chunk after each group of the current stage's activation uploads
 //    (each micro-batch's; in backward stages each layer's), so they never delay those by more than
 //    a chunk (a stream runs its copies in order: stream priorities do not reorder copy engines).
-// Every event is created at Create and re-recorded. Host staging (per layer and micro-batch
-// activations, per stage host mirrors) is written once per step or only after the copies that
-// read it, and lives until the step ends.
+// Nothing is allocated inside a step after the first: every event and arena block is created at
+// Create and re-used; host staging (per layer and micro-batch activations) is mapped at Create;
+// each layer range's weight and gradient mirrors are mapped in the first step and shared by the
+// stages over that range in every later step, whichever device runs them (the forward stage
+// packs the weights once a step; its backward stage uploads the same bytes). Host memory is
+// written only after the copies that read it.
 // Not yet: a host-side transfer scheduler that reorders copies as they become ready (here the
 // order is fixed when the step is enqueued); the backward input of each layer is not
 // double-buffered (the plan has three hidden buffers, all busy in a backward stage).
@@ -82,6 +85,9 @@ struct ExecutorStats {
   int64_t block_forward_calls = 0;  // counts recomputation too
   // Per plan allocation name: the most bytes any component used of it (<= its planned size).
   std::vector<plan::Allocation> used;
+  // Host buffers the executor has mapped so far (staging at Create; each layer range's two
+  // mirrors in the first step): none after the first step.
+  int64_t host_mappings = 0;
 };
 
 // What the executor has just enqueued on a device, for an EnqueueObserver.

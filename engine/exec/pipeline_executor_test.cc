@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <random>
@@ -874,6 +875,91 @@ INSTANTIATE_TEST_SUITE_P(
         // Three micro-batches: the fp32 gradient sums reassociate (tolerance as in f32).
         Case{"qwen3", 0, {{{1, 3}, {3, 5}}, {2}, 3, 2, 32, 3, DType::kBF16}, 3}),
     CaseName);
+
+// The process's resident set (VmRSS), in bytes.
+int64_t ResidentBytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+
+// After the first step nothing is allocated: no arena block, no event, no host mapping (the
+// stages' host mirrors are mapped in the first step and shared after, though 7 stages on 2
+// devices land on the other device and weight slot from one step to the next), and the resident
+// set does not grow past malloc's slack (not checked under sanitizers, whose allocators keep
+// freed memory).
+TEST(ExecutorAllocationTest, NothingIsAllocatedAfterTheFirstStep) {
+  const Model m = LoadModel("llama", 0);
+  const PlanSpec spec{{{1, 2}, {2, 4}, {4, 5}}, {2}, 2};
+  const plan::Plan p = MakeTestPlan(m, spec);
+  const HostTensors w = RandomWeights(m, 3);
+  const Batches b = MakeBatches(m, spec.micro_batches, spec.batch * spec.seq_len, 8);
+  std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(2, p.memory.gpu.total());
+  Result<std::unique_ptr<PipelineExecutor>> e = PipelineExecutor::Create(Raw(devs), m.config, p);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  HostTensors g = ZeroGrads(m);
+  struct Counts {
+    std::vector<size_t> arena_blocks;
+    std::vector<int64_t> events;
+    int64_t host_mappings = 0;
+    bool operator==(const Counts&) const = default;
+  };
+  auto counts = [&] {
+    Counts c;
+    for (const auto& d : devs) {
+      c.arena_blocks.push_back(d->arena_log().size());
+      c.events.push_back(d->events_created());
+    }
+    c.host_mappings = (*e)->stats().host_mappings;
+    return c;
+  };
+  auto step = [&] {
+    Result<double> loss = (*e)->Step(w, b.inputs, g);
+    ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+  };
+  const Counts at_create = counts();
+  step();
+  const Counts first = counts();
+  EXPECT_EQ(first.arena_blocks, at_create.arena_blocks);
+  EXPECT_EQ(first.events, at_create.events);
+  // 3 forward layer ranges + the head: two mirrors each (weights, gradients).
+  EXPECT_EQ(first.host_mappings, at_create.host_mappings + 8);
+  // Steps 2..4 put every stage on every device and weight slot once (pages touched the first
+  // time count as resident then); steps 5..12 then add nothing but malloc's own pages.
+  for (int s = 0; s < 3; ++s) step();
+  const int64_t rss = ResidentBytes();
+  for (int s = 0; s < 8; ++s) step();
+  EXPECT_TRUE(counts() == first);
+  size_t weight_bytes = 0;  // what one step's mirrors hold: a leak of them would show
+  for (const auto& [name, x] : w.tensors) weight_bytes += x.size() * sizeof(float);
+  constexpr int64_t kSlack = 64 << 10;
+  ASSERT_GT(int64_t(weight_bytes), kSlack);
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  EXPECT_LE(ResidentBytes() - rss, kSlack) << "the resident set grew over steps 5..12";
+#endif
+}
+
+// A plan that puts a tensor group on NVMe is refused at Create, naming the group, rather than
+// run in host RAM against its own memory figures.
+TEST(ExecutorTierTest, RefusesNvmeTiersNamingTheGroup) {
+  const Model m = LoadModel("llama");
+  const plan::Plan base = MakeTestPlan(m, {{{1, 3}, {3, 5}}, {}, 1});
+  std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(1, base.memory.gpu.total());
+  for (const auto& [group, tier] : {std::pair{"activations", &plan::Plan::activations},
+                                    {"optimizer state", &plan::Plan::optimizer_state},
+                                    {"frozen weights", &plan::Plan::frozen_weights}}) {
+    plan::Plan p = base;
+    p.*tier = Tier::kNvme;
+    Result<std::unique_ptr<PipelineExecutor>> e = PipelineExecutor::Create(Raw(devs), m.config, p);
+    ASSERT_FALSE(e.ok()) << group;
+    EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(e.status().message().find(std::string(group) + " on NVMe"), std::string::npos)
+        << e.status().ToString();
+  }
+}
 
 // f16 storage needs loss scaling (its range underflows small gradients): refused at Create,
 // saying so, rather than run without it.

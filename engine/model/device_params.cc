@@ -61,7 +61,8 @@ Status CheckHost(const HostTensors& t, const std::string& name, int64_t numel, c
 
 Result<DeviceParams> DeviceParams::Create(Device& d, const ModelConfig& c, const LoraConfig& lora,
                                           const std::vector<LayerSpec>& layers, CarveSource* source,
-                                          ParamGrads grad_buffers, DType dtype) {
+                                          ParamGrads grad_buffers, DType dtype,
+                                          std::shared_ptr<HostMirrors> mirrors) {
   if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16) {
     return Status::InvalidArgument("device weights are stored in f32, bf16 or f16, not " +
                                    std::string(DTypeName(dtype)));
@@ -164,20 +165,25 @@ Result<DeviceParams> DeviceParams::Create(Device& d, const ModelConfig& c, const
     }
     return Status::Ok();
   };
+  p.mirrors_ = mirrors != nullptr ? std::move(mirrors) : std::make_shared<HostMirrors>();
+  // A mirror is mapped when it is smaller than these layers need, else borrowed as it is.
+  auto mirror = [&](HostAllocation& m, size_t bytes, const char* name) -> Status {
+    if (m.size() >= std::max<size_t>(bytes, 1)) return Status::Ok();
+    FERRY_ASSIGN_OR_RETURN(m, HostAllocation::Map(std::max<size_t>(bytes, 1), name));
+    ++p.mirrors_->mapped;
+    return Status::Ok();
+  };
   FERRY_RETURN_IF_ERROR(place(false, p.weights_, p.weights_data_, p.weights_bytes_));
-  FERRY_ASSIGN_OR_RETURN(
-      p.weights_mirror_,
-      HostAllocation::Map(std::max<size_t>(p.weights_bytes_, 1), "params.weights mirror"));
+  FERRY_RETURN_IF_ERROR(mirror(p.mirrors_->weights, p.weights_bytes_, "params.weights mirror"));
   if (grad_buffers == ParamGrads::kNone)
     return p;  // grads_bytes_ == 0: the gradient calls do nothing
   FERRY_RETURN_IF_ERROR(place(true, p.grads_, p.grads_data_, p.grads_bytes_));
-  FERRY_ASSIGN_OR_RETURN(p.grads_mirror_, HostAllocation::Map(std::max<size_t>(p.grads_bytes_, 1),
-                                                              "params.grads mirror"));
+  FERRY_RETURN_IF_ERROR(mirror(p.mirrors_->grads, p.grads_bytes_, "params.grads mirror"));
   return p;
 }
 
 Status DeviceParams::PackWeights(const HostTensors& weights) {
-  std::byte* mirror = weights_mirror_.data();
+  std::byte* mirror = mirrors_->weights.data();
   for (const auto& [name, dp] : params_) {
     if (name.find("gate_up_proj") != std::string::npos) continue;  // filled by its halves
     FERRY_RETURN_IF_ERROR(CheckHost(weights, dp.host_name, dp.w.numel(), "the weights"));
@@ -216,8 +222,8 @@ Status DeviceParams::UploadWeights(Device& d, size_t offset, size_t bytes) {
                                    std::to_string(weights_bytes_) + " of the weights");
   }
   if (bytes == 0) return Status::Ok();
-  return d.CopyToDevice(weights_data_ + std::ptrdiff_t(offset), weights_mirror_.Span(offset, bytes),
-                        bytes);
+  return d.CopyToDevice(weights_data_ + std::ptrdiff_t(offset),
+                        mirrors_->weights.Span(offset, bytes), bytes);
 }
 
 Status DeviceParams::Upload(Device& d, const HostTensors& weights) {
@@ -267,7 +273,7 @@ void GradOverwrite::ZeroUnwritten(HostTensors& grads) {
 
 Status DeviceParams::DownloadGrads(Device& d) {
   if (grads_bytes_ == 0) return Status::Ok();
-  return d.CopyToHost(grads_mirror_.Span(0, grads_bytes_), grads_data_, grads_bytes_);
+  return d.CopyToHost(mirrors_->grads.Span(0, grads_bytes_), grads_data_, grads_bytes_);
 }
 
 Status DeviceParams::DownloadAndAddGrads(Device& d, HostTensors& grads, GradOverwrite* overwrite,
@@ -285,7 +291,7 @@ Status DeviceParams::DownloadAndAddGrads(Device& d, HostTensors& grads, GradOver
 
 Status DeviceParams::AddGrads(HostTensors& grads, GradOverwrite* overwrite, ThreadPool* pool) {
   if (grads_bytes_ == 0) return Status::Ok();
-  const std::byte* mirror = grads_mirror_.data();
+  const std::byte* mirror = mirrors_->grads.data();
   for (const auto& [name, dp] : params_) {
     if (dp.grad.data.is_null() || name.find("gate_up_proj") != std::string::npos) continue;
     FERRY_RETURN_IF_ERROR(CheckHost(grads, dp.host_name, dp.grad.numel(), "the gradients"));

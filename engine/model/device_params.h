@@ -28,6 +28,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -86,6 +87,16 @@ struct GradOverwrite {
   void ZeroUnwritten(HostTensors& grads);
 };
 
+// The host mirrors of a DeviceParams' two allocations (upload staging for the weights, landing
+// for the gradients). A caller that builds DeviceParams for the same layers again and again (the
+// pipeline executor: a stage's parameters on whichever device runs it this step) hands the same
+// HostMirrors to each, so they are mapped once, by the first, and then borrowed. `mapped` counts
+// the mappings made into it.
+struct HostMirrors {
+  HostAllocation weights, grads;
+  int64_t mapped = 0;
+};
+
 class DeviceParams {
  public:
   DeviceParams() = default;
@@ -100,11 +111,14 @@ class DeviceParams {
   // `dtype`: the storage (compute) dtype of the weights on the device, f32, bf16 or f16: Upload
   // rounds the fp32 master to it (to nearest even). Gradients are fp32 whatever it is (as the
   // memory model counts them: engine/plan/memory_model.cc, LayerGradBytes).
+  // `mirrors`: host mirrors shared with other DeviceParams of the same layers (see HostMirrors);
+  // null: its own. Mirrors too small for these layers are (re)mapped.
   static Result<DeviceParams> Create(Device& d, const ModelConfig& c, const LoraConfig& lora,
                                      const std::vector<LayerSpec>& layers,
                                      CarveSource* source = nullptr,
                                      ParamGrads grads = ParamGrads::kAllocate,
-                                     DType dtype = DType::kF32);
+                                     DType dtype = DType::kF32,
+                                     std::shared_ptr<HostMirrors> mirrors = nullptr);
   // The weights' storage dtype: the blocks and the head keep their activations in it.
   DType dtype() const { return dtype_; }
   // The block and head layers these params hold (as given to Create).
@@ -156,7 +170,7 @@ class DeviceParams {
   DeviceBuffer weights_, grads_;  // empty with a CarveSource
   DevicePtr<std::byte> weights_data_, grads_data_;
   size_t weights_bytes_ = 0, grads_bytes_ = 0;
-  HostAllocation weights_mirror_, grads_mirror_;
+  std::shared_ptr<HostMirrors> mirrors_;  // never null after Create
   DType dtype_ = DType::kF32;
   std::vector<LayerSpec> layers_;
 };

@@ -67,8 +67,8 @@ class CpuEvent final : public EventImpl {
 // (event records) always run and carry the poison to the event.
 struct Task {
   std::string what;
-  std::function<Status()> run;           // normal task
-  std::shared_ptr<Signal> completes;     // completion task when non-null
+  std::function<Status()> run;        // normal task
+  std::shared_ptr<Signal> completes;  // completion task when non-null
 };
 
 class NoRegistration final : public HostRegistration {};
@@ -122,7 +122,8 @@ class CpuStream {
       Task t = std::move(queue_.front());
       queue_.pop_front();
       Status poison = error_;
-      uint32_t delay = max_delay_us_ ? uint32_t(rng_() % (max_delay_us_ + 1)) : 0;  // rng_ under mu_
+      uint32_t delay =
+          max_delay_us_ ? uint32_t(rng_() % (max_delay_us_ + 1)) : 0;  // rng_ under mu_
       lock.unlock();
       if (delay) std::this_thread::sleep_for(std::chrono::microseconds(delay));
       if (t.completes) {
@@ -145,12 +146,12 @@ class CpuStream {
   const std::string name_;
   const uint32_t max_delay_us_;
   mutable std::mutex mu_;
-  std::condition_variable cv_;   // guarded by mu_
-  std::deque<Task> queue_;       // guarded by mu_
-  Status error_;                 // guarded by mu_
-  uint64_t error_seq_ = 0;       // guarded by mu_
-  std::mt19937_64 rng_;          // guarded by mu_
-  bool stop_ = false;            // guarded by mu_
+  std::condition_variable cv_;  // guarded by mu_
+  std::deque<Task> queue_;      // guarded by mu_
+  Status error_;                // guarded by mu_
+  uint64_t error_seq_ = 0;      // guarded by mu_
+  std::mt19937_64 rng_;         // guarded by mu_
+  bool stop_ = false;           // guarded by mu_
   std::thread worker_;
 };
 
@@ -179,6 +180,7 @@ class Link {
 };
 
 struct CpuDevice::Impl {
+  std::atomic<int64_t> events_created{0};  // CreateEvent calls, for tests
   explicit Impl(const CpuDeviceOptions& o, HostAllocation mem)
       : options(o),
         memory(std::move(mem)),
@@ -187,9 +189,9 @@ struct CpuDevice::Impl {
         upload_link(o.upload_bytes_per_s),
         download_link(o.download_bytes_per_s) {
     for (int i = 0; i < kNumStreams; ++i) {
-      streams[i] = std::make_unique<CpuStream>(
-          o.name + "/" + std::string(StreamName(StreamId(i))), o.max_random_delay_us,
-          o.random_delay_seed * 1000003ull + uint64_t(i));
+      streams[i] = std::make_unique<CpuStream>(o.name + "/" + std::string(StreamName(StreamId(i))),
+                                               o.max_random_delay_us,
+                                               o.random_delay_seed * 1000003ull + uint64_t(i));
       streams[i]->error_counter = &error_counter;
     }
   }
@@ -266,9 +268,10 @@ CpuDevice::~CpuDevice() {
   (void)Synchronize();
   for (auto& s : impl_->streams) s.reset();
   if (impl_->arena.live_allocations() != 0) {
-    std::fprintf(stderr, "ferry: device '%s' destroyed with %zu live buffers (destroy buffers "
-                 "before their device)\n", impl_->options.name.c_str(),
-                 impl_->arena.live_allocations());
+    std::fprintf(stderr,
+                 "ferry: device '%s' destroyed with %zu live buffers (destroy buffers "
+                 "before their device)\n",
+                 impl_->options.name.c_str(), impl_->arena.live_allocations());
     assert(false && "DeviceBuffer outlived its CpuDevice");
   }
 }
@@ -297,7 +300,14 @@ Result<std::unique_ptr<HostRegistration>> CpuDevice::RegisterHost(const HostAllo
   return std::unique_ptr<HostRegistration>(new NoRegistration());
 }
 
-Result<Event> CpuDevice::CreateEvent() { return Event(std::make_unique<CpuEvent>()); }
+Result<Event> CpuDevice::CreateEvent() {
+  impl_->events_created.fetch_add(1, std::memory_order_relaxed);
+  return Event(std::make_unique<CpuEvent>());
+}
+
+int64_t CpuDevice::events_created() const {
+  return impl_->events_created.load(std::memory_order_relaxed);
+}
 
 static CpuEvent* AsCpuEvent(const Event& e) { return dynamic_cast<CpuEvent*>(e.impl()); }
 
@@ -355,7 +365,8 @@ Status CpuDevice::CopyToDevice(DevicePtr<std::byte> dst, HostSpan src, size_t by
   FERRY_RETURN_IF_ERROR(impl_->CheckRange(dst, bytes, "CopyToDevice"));
   if (src.size() < bytes) {
     return Status::InvalidArgument("CopyToDevice: host span of " + std::to_string(src.size()) +
-                                   " bytes is smaller than the copy (" + std::to_string(bytes) + ")");
+                                   " bytes is smaller than the copy (" + std::to_string(bytes) +
+                                   ")");
   }
   std::byte* d = impl_->Raw(dst);
   Impl* impl = impl_.get();
@@ -372,7 +383,8 @@ Status CpuDevice::CopyToHost(HostSpan dst, DevicePtr<const std::byte> src, size_
   FERRY_RETURN_IF_ERROR(impl_->CheckRange(src, bytes, "CopyToHost"));
   if (dst.size() < bytes) {
     return Status::InvalidArgument("CopyToHost: host span of " + std::to_string(dst.size()) +
-                                   " bytes is smaller than the copy (" + std::to_string(bytes) + ")");
+                                   " bytes is smaller than the copy (" + std::to_string(bytes) +
+                                   ")");
   }
   const std::byte* s = impl_->Raw(src);
   Impl* impl = impl_.get();

@@ -62,7 +62,8 @@ class CpuDevice final : public Device {
                       StreamId stream = StreamId::kUpload) override;
   Status CopyToHost(HostSpan dst, DevicePtr<const std::byte> src, size_t bytes,
                     StreamId stream = StreamId::kDownload) override;
-  Status Zero(DevicePtr<std::byte> dst, size_t bytes, StreamId stream = StreamId::kCompute) override;
+  Status Zero(DevicePtr<std::byte> dst, size_t bytes,
+              StreamId stream = StreamId::kCompute) override;
   Status LaunchHostFunc(StreamId stream, std::function<Status()> fn) override;
 
   // Enqueues a kernel on the compute stream; used by the op dispatchers (kernels/ops). `op`
@@ -70,6 +71,8 @@ class CpuDevice final : public Device {
   Status EnqueueCompute(std::string_view op, std::function<Status(ThreadPool&)> kernel);
   ThreadPool& pool();
   const CpuDeviceOptions& options() const;
+  // How many events CreateEvent has made (tests check that a step creates none).
+  int64_t events_created() const;
 
  private:
   struct Impl;
