@@ -166,6 +166,13 @@ Status ParseInto(const json& root, const std::string& origin, HardwareProfile& p
   FERRY_RETURN_IF_ERROR(host.Int("cpu_cores", &p.host.cpu_cores));
   FERRY_RETURN_IF_ERROR(host.OptionalString("source", &p.host.source));
 
+  if (auto it = root.find("host_links"); it != root.end() && !it->is_null()) {
+    FERRY_ASSIGN_OR_RETURN(FieldReader links, top.Object("host_links"));
+    FERRY_RETURN_IF_ERROR(
+        links.Number("shared_bandwidth_per_node", &p.host_links.shared_bandwidth_per_node));
+    FERRY_RETURN_IF_ERROR(links.OptionalString("source", &p.host_links.source));
+  }
+
   FERRY_ASSIGN_OR_RETURN(FieldReader nvme, top.Object("nvme"));
   FERRY_RETURN_IF_ERROR(nvme.OptionalString("dir", &p.nvme.dir));
   FERRY_RETURN_IF_ERROR(nvme.Bytes("space_bytes", &p.nvme.space_bytes));
@@ -240,6 +247,10 @@ Status ValidateHardwareProfile(const HardwareProfile& p) {
   FERRY_RETURN_IF_ERROR(RequirePositive("host.memory_bandwidth", p.host.memory_bandwidth));
   if (p.host.numa_nodes < 1) return Invalid("host.numa_nodes", "must be >= 1");
   if (p.host.cpu_cores < 1) return Invalid("host.cpu_cores", "must be >= 1");
+  if (!(p.host_links.shared_bandwidth_per_node >= 0) ||
+      !std::isfinite(p.host_links.shared_bandwidth_per_node)) {
+    return Invalid("host_links.shared_bandwidth_per_node", "must be >= 0 (0 = no cap)");
+  }
   FERRY_RETURN_IF_ERROR(RequirePositive("nvme.read_rate", p.nvme.read_rate));
   FERRY_RETURN_IF_ERROR(RequirePositive("nvme.write_rate", p.nvme.write_rate));
   FERRY_RETURN_IF_ERROR(RequirePositive("nvme.sustained_write_rate", p.nvme.sustained_write_rate));
@@ -306,6 +317,10 @@ std::string HardwareProfileToJson(const HardwareProfile& p) {
                {"numa_nodes", p.host.numa_nodes},
                {"cpu_cores", p.host.cpu_cores},
                {"source", p.host.source}};
+  if (p.host_links.shared_bandwidth_per_node > 0) {
+    j["host_links"] = {{"shared_bandwidth_per_node", p.host_links.shared_bandwidth_per_node},
+                       {"source", p.host_links.source}};
+  }
   j["nvme"] = {{"dir", p.nvme.dir},
                {"space_bytes", p.nvme.space_bytes},
                {"read_rate", p.nvme.read_rate},

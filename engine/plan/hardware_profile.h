@@ -36,6 +36,12 @@ struct GpuSpec {
 
   // Peak times the achievable fraction: the rate the cost model uses.
   double EffectiveBf16Flops() const { return bf16_flops * matmul_efficiency; }
+  // The same for a job's GEMM mode: fp16 with fp16 accumulation (PlanJob::fp16_accumulate) runs
+  // at the fp16-accumulate peak, everything else at the fp32-accumulate one.
+  // REQUIRES: fp16_fp16acc_flops > 0 when fp16_accumulate.
+  double EffectiveFlops(bool fp16_accumulate) const {
+    return fp16_accumulate ? fp16_fp16acc_flops * matmul_efficiency : EffectiveBf16Flops();
+  }
 };
 
 struct PcieSpec {
@@ -54,6 +60,17 @@ struct HostSpec {
   double memory_bandwidth = 0;    // achievable copy bandwidth, bytes/s, all sockets together
   int numa_nodes = 0;
   int cpu_cores = 0;
+  std::string source;
+};
+
+// The host memory that the PCIe links of one NUMA node's GPUs draw on together. Their copies, in
+// both directions, land in or come from that node's memory (the host pool is node-local), so
+// however fast each link is, all of them at once move no more than the node's memory
+// controllers serve. 0 = no cap beyond host.memory_bandwidth. GPUs sit on nodes in order, evenly:
+// GPU g on node g * numa_nodes / count. JSON: "host_links": {"shared_bandwidth_per_node": ...,
+// "source": ...}, optional.
+struct HostLinkSpec {
+  double shared_bandwidth_per_node = 0;  // bytes/s
   std::string source;
 };
 
@@ -88,6 +105,7 @@ struct HardwareProfile {
   GpuSpec gpu;
   PcieSpec pcie;
   HostSpec host;
+  HostLinkSpec host_links;
   NvmeSpec nvme;
   OptimizerSpec optimizer;
   std::vector<MeasuredLayerTime> layer_times;  // optional: measured beats formulas

@@ -37,6 +37,25 @@ TEST(HardwareProfile, ParsesSizesAsStringsAndFillsDefaults) {
   EXPECT_DOUBLE_EQ(p->nvme.sustained_write_rate, 6.6e9);  // defaults to the write rate
   EXPECT_FALSE(p->HasNvme());                             // no directory named
   EXPECT_DOUBLE_EQ(p->gpu.EffectiveBf16Flops(), 165e12 * 0.65);
+  EXPECT_DOUBLE_EQ(p->host_links.shared_bandwidth_per_node, 0.0);  // optional: no cap
+}
+
+TEST(HardwareProfile, HostLinksAndTheFp16AccumulateRateRoundTrip) {
+  std::string text = kMinimal;
+  text.replace(text.find(R"("nvme": {)"), 9,
+               R"("host_links": {"shared_bandwidth_per_node": 150e9, "source": "datasheet"},
+                  "nvme": {)");
+  text.replace(text.find(R"("bf16_flops": 165e12)"), 20,
+               R"("bf16_flops": 165e12, "fp16_fp16acc_flops": 330e12)");
+  Result<HardwareProfile> p = ParseHardwareProfile(text, "links.json");
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_DOUBLE_EQ(p->host_links.shared_bandwidth_per_node, 150e9);
+  EXPECT_EQ(p->host_links.source, "datasheet");
+  EXPECT_DOUBLE_EQ(p->gpu.EffectiveFlops(true), 330e12 * 0.65);
+  EXPECT_DOUBLE_EQ(p->gpu.EffectiveFlops(false), 165e12 * 0.65);
+  Result<HardwareProfile> q = ParseHardwareProfile(HardwareProfileToJson(*p), "again.json");
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  EXPECT_EQ(HardwareProfileToJson(*p), HardwareProfileToJson(*q));
 }
 
 TEST(HardwareProfile, ErrorsNameTheField) {
@@ -59,6 +78,10 @@ TEST(HardwareProfile, ErrorsNameTheField) {
       {R"("numa_nodes": 1)", R"("numa_nodes": 0)", "host.numa_nodes"},
       {R"("cpu_adamw_params_per_s": 1.6e9)", R"("cpu_adamw_params_per_s": -1)",
        "optimizer.cpu_adamw_params_per_s"},
+      {R"("nvme": {)", R"("host_links": {"shared_bandwidth_per_node": -1}, "nvme": {)",
+       "host_links.shared_bandwidth_per_node"},
+      {R"("nvme": {)", R"("host_links": {"source": "no number"}, "nvme": {)",
+       "host_links.shared_bandwidth_per_node"},
   };
   for (const Case& c : cases) {
     std::string text = kMinimal;
@@ -158,6 +181,8 @@ TEST(HardwareProfile, ShippedProfilesLoad) {
     EXPECT_FALSE(p->gpu.source.empty() || p->pcie.source.empty() || p->host.source.empty() ||
                  p->nvme.source.empty() || p->optimizer.source.empty())
         << entry.path() << ": every field group says where its numbers came from";
+    EXPECT_TRUE(p->host_links.shared_bandwidth_per_node == 0 || !p->host_links.source.empty())
+        << entry.path() << ": a host-link cap cites its source";
     EXPECT_GT(p->pcie.d2h_pinned, p->pcie.d2h_pageable) << entry.path();
     // AdamW moves 30 bytes per parameter at 80% of the host bandwidth (configs/hardware/README).
     EXPECT_NEAR(p->optimizer.cpu_adamw_params_per_s, p->host.memory_bandwidth * 0.8 / 30,

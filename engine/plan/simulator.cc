@@ -151,6 +151,8 @@ LaneRates LaneRatesFromProfile(const HardwareProfile& p, bool sustained_nvme_wri
   r.host_to_device = p.pcie.h2d_pinned;
   r.device_to_host = p.pcie.d2h_pinned;
   r.host_memory = p.host.memory_bandwidth;
+  r.pcie_shared_per_node = p.host_links.shared_bandwidth_per_node;
+  r.numa_nodes = p.host.numa_nodes;
   r.cpu_optimizer = p.optimizer.cpu_adamw_params_per_s * kAdamWBytesPerParameter;
   r.nvme_read = p.nvme.read_rate;
   r.nvme_write = sustained_nvme_writes ? p.nvme.sustained_write_rate : p.nvme.write_rate;
@@ -166,6 +168,10 @@ double SimResult::BusySeconds(LaneId lane) const {
 
 Result<SimResult> Simulate(const Schedule& s, const LaneRates& rates) {
   if (s.gpus < 1) return Status::InvalidArgument("schedule '" + s.name + "': needs >= 1 GPU");
+  if (!(rates.pcie_shared_per_node >= 0) || rates.numa_nodes < 1) {
+    return Status::InvalidArgument("schedule '" + s.name +
+                                   "': the per-node PCIe cap must be >= 0 over >= 1 node");
+  }
   const int n = static_cast<int>(s.tasks.size());
   for (int i = 0; i < n; ++i) FERRY_RETURN_IF_ERROR(ValidateTask(s, rates, i));
 
@@ -235,15 +241,37 @@ Result<SimResult> Simulate(const Schedule& s, const LaneRates& rates) {
 
   std::vector<double> rate;
   while (!running.empty()) {
-    // Rates: durations run at 1 s/s; byte tasks at their lane rate, host users fair-shared.
+    // Rates: durations run at 1 s/s; byte tasks at their lane rate, PCIe copies fair-shared within
+    // their node's cap, then host users fair-shared.
     rate.assign(running.size(), 1.0);
+    for (size_t k = 0; k < running.size(); ++k) {
+      const SimTask& t = s.tasks[running[k]];
+      if (t.bytes > 0) rate[k] = LaneRate(t.lane.kind, rates);
+    }
+    if (rates.pcie_shared_per_node > 0) {
+      for (int node = 0; node < rates.numa_nodes; ++node) {
+        std::vector<double> caps;
+        std::vector<size_t> users;
+        for (size_t k = 0; k < running.size(); ++k) {
+          const SimTask& t = s.tasks[running[k]];
+          const bool pcie =
+              t.lane.kind == LaneKind::kHostToDevice || t.lane.kind == LaneKind::kDeviceToHost;
+          if (t.bytes > 0 && pcie &&
+              static_cast<long>(t.lane.gpu) * rates.numa_nodes / s.gpus == node) {
+            caps.push_back(rate[k]);
+            users.push_back(k);
+          }
+        }
+        if (users.empty()) continue;
+        const std::vector<double> shared = FairShare(caps, rates.pcie_shared_per_node);
+        for (size_t u = 0; u < users.size(); ++u) rate[users[u]] = shared[u];
+      }
+    }
     std::vector<double> host_caps;
     std::vector<size_t> host_users;
     for (size_t k = 0; k < running.size(); ++k) {
       const SimTask& t = s.tasks[running[k]];
-      if (t.bytes == 0) continue;
-      rate[k] = LaneRate(t.lane.kind, rates);
-      if (DrawsHostMemory(t.lane.kind, rates) && rates.host_memory > 0) {
+      if (t.bytes > 0 && DrawsHostMemory(t.lane.kind, rates) && rates.host_memory > 0) {
         host_caps.push_back(rate[k]);
         host_users.push_back(k);
       }

@@ -13,6 +13,9 @@
 //   transfers running at the same moment by max-min fair share (each gets an equal share, a task
 //   capped below its share by its own lane gives the rest to the others); rates are recomputed
 //   whenever a task starts or ends. Compute tasks take their duration.
+// - Before that, the PCIe copies of the GPUs on one NUMA node are fair-shared the same way within
+//   the node's cap (LaneRates::pcie_shared_per_node), when there is one: eight links each fast on
+//   its own do not all run at full rate at once when their node's memory cannot serve them.
 // - The bubble fraction of a GPU is the time its compute lane is idle within the makespan
 //   divided by the makespan.
 //
@@ -95,14 +98,19 @@ struct LaneRates {
   double nvme_write = 0;
   // When false only kHostMemory tasks share host bandwidth; the other lanes run at their own rate.
   bool transfers_share_host_memory = true;
+  // The PCIe copies (both directions) of the GPUs on one NUMA node share that node's memory:
+  // together they move at most this many bytes/s (0 = no such cap). GPU g is on node
+  // g * numa_nodes / gpus (HostLinkSpec).
+  double pcie_shared_per_node = 0;
+  int numa_nodes = 1;
 };
 
 // Host traffic of one fp32 AdamW update per parameter: reads weight, gradient and two moments
 // (16 B), writes weight and moments (12 B) and the bf16 copy for the GPUs (2 B).
 inline constexpr double kAdamWBytesPerParameter = 30;
 
-// Pinned PCIe rates, host bandwidth, optimizer rate x kAdamWBytesPerParameter, NVMe rates
-// (sustained write rate when `sustained_nvme_writes`).
+// Pinned PCIe rates, host bandwidth, the per-node PCIe cap (HostLinkSpec), optimizer rate x
+// kAdamWBytesPerParameter, NVMe rates (sustained write rate when `sustained_nvme_writes`).
 LaneRates LaneRatesFromProfile(const HardwareProfile& profile, bool sustained_nvme_writes = false);
 
 struct TaskTiming {

@@ -119,6 +119,38 @@ TEST(Simulator, PcieTransfersOfTwoGpusShareHostBandwidthMaxMin) {
   EXPECT_NEAR(q->timing[0].end_s, 1.0, kTol);
 }
 
+TEST(Simulator, PcieCopiesOfOneNumaNodeShareItsCap) {
+  // Four GPUs on two nodes, links of 8 GB/s each way, host 100 GB/s (not binding), 10 GB/s per
+  // node for all PCIe copies. GPUs 0 and 1 (node 0) upload and download at once: four copies
+  // share 10 GB/s, 2.5 each, so 5 GB each takes 2 s. GPU 2 (node 1) alone runs at its 8 GB/s.
+  Schedule s;
+  s.gpus = 4;
+  s.Add(Transfer("U0", LaneKind::kHostToDevice, 0, 5e9, {}));
+  s.Add(Transfer("D0", LaneKind::kDeviceToHost, 0, 5e9, {}));
+  s.Add(Transfer("U1", LaneKind::kHostToDevice, 1, 5e9, {}));
+  s.Add(Transfer("D1", LaneKind::kDeviceToHost, 1, 5e9, {}));
+  s.Add(Transfer("U2", LaneKind::kHostToDevice, 2, 8e9, {}));
+  LaneRates rates = Rates(8e9, 100e9);
+  rates.pcie_shared_per_node = 10e9;
+  rates.numa_nodes = 2;
+  Result<SimResult> r = Simulate(s, rates);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(r->timing[i].end_s, 2.0, kTol) << i;
+  EXPECT_NEAR(r->timing[4].end_s, 1.0, kTol);
+  // Without the cap every link runs at its own rate.
+  rates.pcie_shared_per_node = 0;
+  Result<SimResult> free = Simulate(s, rates);
+  ASSERT_TRUE(free.ok());
+  EXPECT_NEAR(free->timing[0].end_s, 5.0 / 8.0, kTol);
+  // The cap comes from the profile's host_links.
+  HardwareProfile h;
+  h.host.numa_nodes = 2;
+  h.host_links.shared_bandwidth_per_node = 150e9;
+  const LaneRates from = LaneRatesFromProfile(h);
+  EXPECT_DOUBLE_EQ(from.pcie_shared_per_node, 150e9);
+  EXPECT_EQ(from.numa_nodes, 2);
+}
+
 TEST(Simulator, RatesRecomputeWhenATransferEnds) {
   // A (5 GB) and B (15 GB) share 10 GB/s: A ends at 1 s; B then runs alone: 10 GB left -> 2 s.
   Schedule s;
