@@ -45,10 +45,15 @@ Result<plan::PlanJob> PlanJobOf(const JobSpec& spec, const std::string& lora_tar
                                 bool micro_batches_given, const std::string& dtype) {
   Result<uint32_t> targets = ParseLoraTargets(lora_targets);
   if (!targets.ok()) return targets.status().WithContext("--lora-targets");
-  Result<DType> compute = ParseDType(dtype);
+  // fp16acc: fp16 compute whose GEMMs accumulate in fp16, a price the planner knows (the GPU's
+  // fp16-accumulate rate) though no executor runs it yet.
+  const bool fp16_accumulate = dtype == plan::kFp16AccumulateName;
+  Result<DType> compute = fp16_accumulate ? Result<DType>(DType::kF16) : ParseDType(dtype);
   if (!compute.ok() ||
       (*compute != DType::kBF16 && *compute != DType::kF16 && *compute != DType::kF32)) {
-    return Status::InvalidArgument("--dtype '" + dtype + "': use bf16, fp16 or f32 (CPU devices)");
+    return Status::InvalidArgument("--dtype '" + dtype +
+                                   "': use bf16, fp16, fp16acc (fp16 accumulation; priced only) "
+                                   "or f32 (CPU devices)");
   }
   plan::PlanJob job;
   job.global_batch = spec.batch_size;
@@ -57,6 +62,7 @@ Result<plan::PlanJob> PlanJobOf(const JobSpec& spec, const std::string& lora_tar
   job.lora = spec.lora;
   job.lora.targets = *targets;
   job.compute_dtype = *compute;
+  job.fp16_accumulate = fp16_accumulate;
   if (*compute == DType::kF32) {
     const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
     job.scratch = {.cuda = false, .cpu_threads = spec.threads > 0 ? int(spec.threads) : cores};
@@ -145,8 +151,9 @@ void AddPlanCommand(CLI::App& parent, PlanCommand* cmd) {
   p->add_option("--nvme-dir", cmd->nvme_dir, "Directory on an NVMe drive ferry may use");
   p->add_option("--nvme-space", cmd->nvme_space, "Space ferry may use in --nvme-dir, e.g. 2TB");
   p->add_option("--dtype", cmd->dtype,
-                "Compute dtype: bf16, fp16, or f32 (CPU devices: ferry train runs f32 and bf16, "
-                "ferry probe --model measures f32 today)")
+                "Compute dtype: bf16, fp16, fp16acc (fp16 GEMMs accumulating in fp16: priced at "
+                "the GPU's fp16-accumulate rate, not run by ferry train yet) or f32 (CPU devices: "
+                "ferry train runs f32 and bf16, ferry probe --model measures f32 today)")
       ->capture_default_str();
   p->add_flag("--stale-updates", cmd->stale_updates,
               "Opt in to one-step-stale updates (changes the numerics; every plan prices both)");

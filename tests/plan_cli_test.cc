@@ -51,6 +51,27 @@ TEST_F(PlanCliTest, TrainJobFilePlansAsItIs) {
   EXPECT_NE(r.output.find("batch 4 x 256 tokens, LoRA rank 8"), std::string::npos) << r.output;
 }
 
+// fp16acc (fp16 GEMMs accumulating in fp16) is a price the planner knows, at the 4090's
+// fp16-accumulate rate, so it predicts a shorter step than fp16; `ferry train` cannot run it yet
+// and refuses it rather than training in another mode.
+TEST_F(PlanCliTest, Fp16AccumulateIsPricedByPlanAndRefusedByTrain) {
+  const std::string job =
+      " --model qwen3-0.6b --hardware 2x-rtx4090-pcie4 --seq-len 1024 --batch-size 6 --json";
+  CommandResult fp16 = Ferry("plan --dtype fp16" + job);
+  CommandResult fp16acc = Ferry("plan --dtype fp16acc" + job);
+  ASSERT_EQ(fp16.code, 0) << fp16.output;
+  ASSERT_EQ(fp16acc.code, 0) << fp16acc.output;
+  const nlohmann::json a = nlohmann::json::parse(fp16.output)["plan"];
+  const nlohmann::json b = nlohmann::json::parse(fp16acc.output)["plan"];
+  EXPECT_EQ(b["compute_dtype"].get<std::string>(), "fp16acc");
+  EXPECT_GT(b["predicted"]["tokens_per_s"].get<double>(),
+            a["predicted"]["tokens_per_s"].get<double>());
+
+  CommandResult train = Ferry("train --dtype fp16acc --steps 1 --out " + dir_ + "/run");
+  EXPECT_NE(train.code, 0) << train.output;
+  EXPECT_NE(train.output.find("--dtype 'fp16acc'"), std::string::npos) << train.output;
+}
+
 TEST_F(PlanCliTest, WritesTimelines) {
   CommandResult r = Ferry(
       "plan --model smollm2-135m --hardware 2x-rtx4090-pcie4 --seq-len 256 "

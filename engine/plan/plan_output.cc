@@ -50,7 +50,7 @@ nlohmann::json PlanToJson(const Plan& p) {
   j["global_batch"] = p.job.global_batch;
   j["seq_len"] = p.job.seq_len;
   j["lora_rank"] = p.job.lora.rank;
-  j["compute_dtype"] = std::string(DTypeName(p.job.compute_dtype));
+  j["compute_dtype"] = ComputeModeName(p.job);
   j["micro_batches"] = p.micro_batches;
   j["micro_batch_size"] = p.micro_batch_size;
   nlohmann::json stages = nlohmann::json::array();
@@ -113,7 +113,7 @@ std::string PlanSummary(const Plan& p) {
          std::to_string(p.job.seq_len) + " tokens, " +
          (p.job.lora.enabled() ? "LoRA rank " + std::to_string(p.job.lora.rank)
                                : std::string("full fine-tuning")) +
-         ", " + std::string(DTypeName(p.job.compute_dtype)) + "\n";
+         ", " + ComputeModeName(p.job) + "\n";
   out += "  micro-batches: " + std::to_string(p.micro_batches) + " of " +
          std::to_string(p.micro_batch_size) + " sequence(s)\n";
   out += "  stages: " + std::to_string(p.stages.size()) + " forward, " +

@@ -50,7 +50,7 @@ struct Context {
 };
 
 std::vector<LayerNumbers> NumbersFor(const Context& c, BatchShape micro) {
-  const double rate = c.hw.gpu.EffectiveBf16Flops();
+  const double rate = c.hw.gpu.EffectiveFlops(c.job.fp16_accumulate);
   std::vector<LayerNumbers> out(c.layers.size());
   for (size_t i = 0; i < c.layers.size(); ++i) {
     const LayerCost cost =
@@ -305,6 +305,16 @@ Status ValidateInputs(const ModelConfig& model, const PlanJob& job, const Hardwa
   if (job.compute_dtype == DType::kF32 && job.scratch.cuda) {
     return Status::InvalidArgument("compute dtype must be bf16 or fp16 (f32: CPU devices only)");
   }
+  if (job.fp16_accumulate) {
+    if (job.compute_dtype != DType::kF16 || !job.scratch.cuda) {
+      return Status::InvalidArgument(
+          "fp16acc (fp16 GEMMs with fp16 accumulation) is a GPU mode of fp16 compute");
+    }
+    if (!(hw.gpu.fp16_fp16acc_flops > 0)) {
+      return Status::InvalidArgument("--dtype fp16acc: the hardware profile '" + hw.name +
+                                     "' gives no fp16-accumulate rate (gpu.fp16_fp16acc_flops)");
+    }
+  }
   return Status::Ok();
 }
 
@@ -327,12 +337,13 @@ std::string UnusedLayerTimesWarning(const ModelConfig& model, const PlanJob& job
                        [&](const LayerTimeQuery& q) { return hw.FindLayerTime(q.key) != nullptr; });
   };
   if (measured_for(job)) return "";
-  const std::string dtype(DTypeName(job.compute_dtype));
+  const std::string dtype = ComputeModeName(job);
   std::vector<std::string> others;
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
     PlanJob other = job;
     other.compute_dtype = t;
-    if (t != job.compute_dtype && measured_for(other)) others.emplace_back(DTypeName(t));
+    other.fp16_accumulate = false;
+    if (ComputeModeName(other) != dtype && measured_for(other)) others.emplace_back(DTypeName(t));
   }
   if (others.empty()) {
     return "none of the hardware profile's " + std::to_string(hw.layer_times.size()) +
@@ -348,6 +359,11 @@ std::string UnusedLayerTimesWarning(const ModelConfig& model, const PlanJob& job
 }
 
 }  // namespace
+
+std::string ComputeModeName(const PlanJob& job) {
+  return job.fp16_accumulate ? std::string(kFp16AccumulateName)
+                             : std::string(DTypeName(job.compute_dtype));
+}
 
 std::string LayerTimeKey(const ModelConfig& model, const PlanJob& job, const LayerSpec& layer,
                          BatchShape micro) {
@@ -372,7 +388,7 @@ std::string LayerTimeKey(const ModelConfig& model, const PlanJob& job, const Lay
       key += " window=" + std::to_string(model.sliding_window);
     }
   }
-  key += " " + std::string(DTypeName(job.compute_dtype));
+  key += " " + ComputeModeName(job);
   key += job.lora.enabled() ? " lora r=" + std::to_string(job.lora.rank) + " " +
                                   LoraTargetsToString(job.lora.targets)
                             : std::string(" full");

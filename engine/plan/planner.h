@@ -50,9 +50,18 @@ struct PlanJob {
   int64_t micro_batches = 0;  // 0: auto (at least GPUs + 1 when the batch allows)
   LoraConfig lora;            // rank 0: full fine-tuning
   DType compute_dtype = DType::kBF16;
+  // fp16 GEMMs accumulating in fp16 (RoundPipe's mode; `--dtype fp16acc`), priced at the GPU's
+  // fp16-accumulate rate. The planner's price only: no executor runs it yet. REQUIRES: fp16.
+  bool fp16_accumulate = false;
   ScratchTarget scratch;       // CUDA unless planning for CPU devices
   bool stale_updates = false;  // opt-in one-step-stale updates (changes the numerics)
 };
+
+// The `--dtype` name of fp16 with fp16 accumulation.
+inline constexpr std::string_view kFp16AccumulateName = "fp16acc";
+
+// The job's compute mode as `--dtype` spells it: "fp16acc" or the compute dtype's name.
+std::string ComputeModeName(const PlanJob& job);
 
 struct Plan {
   std::string model_name;

@@ -74,6 +74,42 @@ TEST(Planner, PricesStaleUpdatesButUsesThemOnlyWhenAsked) {
 // the 6 blocks x 3 micro-batches x 3 s = 54 s of block compute, spread over 2 GPUs, bound the
 // predicted step from below (27 s) and, run one after another, from above (54 s plus the
 // formula plan's own step for everything else).
+// fp16acc is fp16 priced at the GPU's fp16-accumulate rate: with twice the rate the compute of
+// every layer halves, so the step is shorter; it needs the rate in the profile and fp16 compute.
+TEST(Planner, Fp16AccumulatePricesAtTheFp16AccumulateRate) {
+  const ModelConfig m = SmallModel(6, 64, 300);
+  PlanJob job;
+  job.global_batch = 6;
+  job.seq_len = 32;
+  job.compute_dtype = DType::kF16;
+  HardwareProfile h = SmallMachine(2);
+  h.pcie.h2d_pinned = h.pcie.d2h_pinned = 1e15;  // compute-bound, so the rate shows in full
+  h.optimizer.cpu_adamw_params_per_s = 1e15;
+  Result<PlanOutcome> fp32acc = MakePlan("small", m, job, h);
+  ASSERT_TRUE(fp32acc.ok() && fp32acc->feasible);
+
+  job.fp16_accumulate = true;
+  Result<PlanOutcome> none = MakePlan("small", m, job, h);  // fp16_fp16acc_flops = 0: unknown
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("gpu.fp16_fp16acc_flops"), std::string::npos);
+
+  h.gpu.fp16_fp16acc_flops = 2 * h.gpu.bf16_flops;
+  Result<PlanOutcome> fp16acc = MakePlan("small", m, job, h);
+  ASSERT_TRUE(fp16acc.ok() && fp16acc->feasible);
+  EXPECT_LT(fp16acc->plan.step_s, 0.75 * fp32acc->plan.step_s);
+  EXPECT_EQ(ComputeModeName(fp16acc->plan.job), "fp16acc");
+  EXPECT_EQ(ComputeModeName(fp32acc->plan.job), "f16");
+  EXPECT_NE(PlanSummary(fp16acc->plan).find("fp16acc"), std::string::npos);
+  // Measured layer times of one mode never price the other.
+  const LayerSpec block = BuildLayerSpecs(m, job.lora, job.compute_dtype)[1];
+  PlanJob plain = job;
+  plain.fp16_accumulate = false;
+  EXPECT_NE(LayerTimeKey(m, job, block, {1, 32}), LayerTimeKey(m, plain, block, {1, 32}));
+
+  job.compute_dtype = DType::kBF16;  // fp16 accumulation is a mode of fp16 only
+  EXPECT_FALSE(MakePlan("small", m, job, h).ok());
+}
+
 TEST(Planner, MeasuredLayerTimesReplaceTheFormulas) {
   const ModelConfig m = SmallModel(6, 64, 300);
   PlanJob job;
