@@ -4,13 +4,21 @@
 // the ceiling: every GPU busy at the profile's effective rate. Also the longest
 // sequence (global batch fixed) that fits.
 //
+// Then issue 17's table at RoundPipe's settings (seq 2048, batch 20, 10 micro-batches): ferry's
+// plans in bf16, fp16 and fp16acc (fp16 accumulation, RoundPipe's mode; priced only), sync and
+// stale; RoundPipe's own schedule replayed on the simulator (roundpipe_schedule.h); RoundPipe's
+// published figures (arXiv 2604.27085); and the planner's search time for Qwen3-32B on 8 GPUs.
+//
 // Usage: plan_bench [CONFIG_DIR] (default: $FERRY_CONFIG_DIR, else ./configs;
 // run from the repo).
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "engine/plan/planner.h"
+#include "engine/plan/roundpipe_schedule.h"
 #include "engine/plan/simulator.h"
 
 namespace ferry::plan {
@@ -45,6 +53,87 @@ int64_t LongestSequence(const ModelConfig& m, const PlanJob& job, const Hardware
     (Fits(m, job, mid, hw) ? lo : hi) = mid;
   }
   return lo;
+}
+
+// RoundPipe's benchmark job in another compute mode.
+PlanJob RoundPipeJob(DType dtype, bool fp16_accumulate) {
+  PlanJob job = RoundPipeBenchmarkJob();
+  job.compute_dtype = dtype;
+  job.fp16_accumulate = fp16_accumulate;
+  return job;
+}
+
+int RoundPipeTable(const std::string& configs, const HardwareProfile& hw) {
+  std::printf(
+      "\nIssue 17: RoundPipe's settings (full fine-tuning, batch 20 x 2048 tokens, 10 "
+      "micro-batches), tokens/s\n");
+  std::printf("%-13s %-8s %10s %7s %10s | %10s %10s | %9s %9s\n", "model", "dtype", "ferry sync",
+              "bubble", "stale", "RP pub sync", "stale", "x pub sync", "x stale");
+  for (const RoundPipePublished& rp : kRoundPipePublished) {
+    Result<ModelConfig> m = LoadHfConfig(configs + "/models/" + rp.model + ".json");
+    if (!m.ok()) {
+      std::fprintf(stderr, "plan_bench: %s\n", m.status().message().c_str());
+      return 1;
+    }
+    struct Mode {
+      const char* name;
+      DType dtype;
+      bool fp16acc;
+    };
+    for (const Mode& mode : {Mode{"bf16", DType::kBF16, false}, Mode{"fp16", DType::kF16, false},
+                             Mode{"fp16acc", DType::kF16, true}}) {
+      Result<PlanOutcome> r = MakePlan(rp.model, *m, RoundPipeJob(mode.dtype, mode.fp16acc), hw,
+                                       /*suggest=*/false);
+      if (!r.ok() || !r->feasible) {
+        std::printf("%-13s %-8s does not plan: %s\n", rp.model, mode.name,
+                    r.ok() ? r->binding.c_str() : r.status().message().c_str());
+        continue;
+      }
+      const Plan& p = r->plan;
+      const double tokens = 20.0 * 2048;
+      const double sync = tokens / p.sync_step_s, stale = tokens / p.stale_step_s;
+      std::printf(
+          "%-13s %-8s %10.0f %6.0f%% %10.0f | %10.0f %10.0f | %9.2f %9.2f  %zu stages, %s\n",
+          rp.model, mode.name, sync, 100 * p.bubble_fraction, stale, rp.sync_tokens_per_s,
+          rp.stale_tokens_per_s, sync / rp.sync_tokens_per_s, stale / rp.stale_tokens_per_s,
+          p.stages.size(), p.activation_policy.c_str());
+    }
+    Result<RoundPipeReplay> sim = ReplayRoundPipe(*m, RoundPipeBenchmarkJob(), hw);
+    if (!sim.ok()) {
+      std::fprintf(stderr, "plan_bench: %s\n", sim.status().message().c_str());
+      return 1;
+    }
+    char stages[48];
+    std::snprintf(stages, sizeof stages, "%zu+1+%zu stages", sim->partition.forward.size(),
+                  sim->partition.backward.size());
+    std::printf("%-13s %-8s %10.0f %6.0f%% %10.0f | %10.0f %10.0f | %9.2f %9.2f  %s\n", rp.model,
+                "RP sim", sim->sync_tokens_per_s, 100 * sim->bubble_fraction,
+                sim->stale_tokens_per_s, rp.sync_tokens_per_s, rp.stale_tokens_per_s,
+                sim->sync_tokens_per_s / rp.sync_tokens_per_s,
+                sim->stale_tokens_per_s / rp.stale_tokens_per_s, stages);
+    std::fflush(stdout);
+  }
+  std::printf(
+      "RP sim: RoundPipe's own schedule (its partition, fused head + loss tail, recompute "
+      "everything) replayed on this profile in fp16acc; RP pub: RoundPipe's published figures; "
+      "x pub: ratio to them (issue 17 asks >= 1.2 of ferry's fp16acc plans). fp16acc is a price "
+      "only: ferry's executor does not run fp16 accumulation yet.\n");
+
+  // The planner's search time for the largest model, as `ferry plan` runs it (auto micro-batches).
+  Result<ModelConfig> big = LoadHfConfig(configs + "/models/qwen3-32b.json");
+  if (!big.ok()) return 1;
+  PlanJob job = RoundPipeJob(DType::kBF16, false);
+  job.micro_batches = 0;
+  const auto start = std::chrono::steady_clock::now();
+  Result<PlanOutcome> r = MakePlan("qwen3-32b", *big, job, hw, /*suggest=*/false);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!r.ok()) return 1;
+  std::printf(
+      "planner search, qwen3-32b on 8 GPUs (bf16, auto micro-batches): %.2f s on %u "
+      "hardware threads\n",
+      seconds, std::thread::hardware_concurrency());
+  return 0;
 }
 
 int Run(const std::string& configs) {
@@ -107,7 +196,7 @@ int Run(const std::string& configs) {
       "%.0f%% of "
       "peak; longest T: longest sequence that fits with the same batch\n",
       100 * hw->gpu.matmul_efficiency);
-  return 0;
+  return RoundPipeTable(configs, *hw);
 }
 
 }  // namespace
