@@ -11,9 +11,11 @@
 //
 // Usage: plan_bench [CONFIG_DIR] (default: $FERRY_CONFIG_DIR, else ./configs;
 // run from the repo).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -75,6 +77,7 @@ int RoundPipeTable(const std::string& configs, const HardwareProfile& hw) {
       std::fprintf(stderr, "plan_bench: %s\n", m.status().message().c_str());
       return 1;
     }
+    std::optional<Plan> fp16acc;
     struct Mode {
       const char* name;
       DType dtype;
@@ -90,6 +93,7 @@ int RoundPipeTable(const std::string& configs, const HardwareProfile& hw) {
         continue;
       }
       const Plan& p = r->plan;
+      if (mode.fp16acc) fp16acc = p;
       const double tokens = 20.0 * 2048;
       const double sync = tokens / p.sync_step_s, stale = tokens / p.stale_step_s;
       std::printf(
@@ -97,6 +101,31 @@ int RoundPipeTable(const std::string& configs, const HardwareProfile& hw) {
           rp.model, mode.name, sync, 100 * p.bubble_fraction, stale, rp.sync_tokens_per_s,
           rp.stale_tokens_per_s, sync / rp.sync_tokens_per_s, stale / rp.stale_tokens_per_s,
           p.stages.size(), p.activation_policy.c_str());
+    }
+    if (fp16acc) {  // not runnable yet: ferry's executor starts a step after the last one ends
+      const RoundRobinJob rr = RoundRobinJobOf(*m, *fp16acc, hw);
+      Result<Schedule> one = BuildRoundRobinSchedule(rr);
+      Result<double> period =
+          one.ok() ? OverlappedIterationPeriod(
+                         *one, static_cast<int>(rr.forward.size() + 1 + rr.backward.size()), 0,
+                         LaneRatesFromProfile(hw, true))
+                   : Result<double>(one.status());
+      if (!period.ok()) {
+        std::fprintf(stderr, "plan_bench: %s\n", period.status().message().c_str());
+        return 1;
+      }
+      double optimizer_bytes = 0;
+      for (const std::vector<StageCost>* stages : {&rr.forward, &rr.backward}) {
+        for (const StageCost& c : *stages)
+          optimizer_bytes += c.param_count * kAdamWBytesPerParameter;
+      }
+      optimizer_bytes += rr.tail.param_count * kAdamWBytesPerParameter;
+      const double stale =
+          20.0 * 2048 /
+          std::max(*period, optimizer_bytes / LaneRatesFromProfile(hw, true).cpu_optimizer);
+      std::printf("%-13s %-8s %10s %7s %10.0f | %10.0f %10.0f | %9s %9.2f  not runnable yet\n",
+                  rp.model, "fp16acc*", "-", "", stale, rp.sync_tokens_per_s, rp.stale_tokens_per_s,
+                  "-", stale / rp.stale_tokens_per_s);
     }
     Result<RoundPipeReplay> sim = ReplayRoundPipe(*m, RoundPipeBenchmarkJob(), hw);
     if (!sim.ok()) {
@@ -117,7 +146,9 @@ int RoundPipeTable(const std::string& configs, const HardwareProfile& hw) {
       "RP sim: RoundPipe's own schedule (its partition, fused head + loss tail, recompute "
       "everything) replayed on this profile in fp16acc; RP pub: RoundPipe's published figures; "
       "x pub: ratio to them (issue 17 asks >= 1.2 of ferry's fp16acc plans). fp16acc is a price "
-      "only: ferry's executor does not run fp16 accumulation yet.\n");
+      "only: ferry's executor does not run fp16 accumulation yet. fp16acc*: ferry's fp16acc plan "
+      "with stale steps overlapped as RoundPipe overlaps them (the next step's stages queue behind "
+      "this one's backward once its tail is done): a schedule ferry's executor cannot run yet.\n");
 
   // The planner's search time for the largest model, as `ferry plan` runs it (auto micro-batches).
   Result<ModelConfig> big = LoadHfConfig(configs + "/models/qwen3-32b.json");

@@ -100,6 +100,22 @@ int AppendOverlappedIteration(Schedule& two, const Schedule& one, int stages, do
 
 }  // namespace
 
+Result<double> OverlappedIterationPeriod(const Schedule& one, int stages, double refresh_bytes,
+                                         const LaneRates& rates) {
+  if (stages < 1) return Status::InvalidArgument("overlapped iterations: stages must be >= 1");
+  Schedule two = one;
+  two.name = one.name + ", two overlapped iterations";
+  const int second = AppendOverlappedIteration(two, one, stages, refresh_bytes);
+  FERRY_ASSIGN_OR_RETURN(SimResult both, Simulate(two, rates));
+  double end_first = 0, end_second = 0;
+  for (size_t i = 0; i < two.tasks.size(); ++i) {
+    if (two.tasks[i].kind == TaskKind::kOptimizer) continue;  // overlaps the next step
+    double& end = static_cast<int>(i) < second ? end_first : end_second;
+    end = std::max(end, both.timing[i].end_s);
+  }
+  return end_second - end_first;
+}
+
 Result<RoundPipePartition> PartitionLikeRoundPipe(const std::vector<RoundPipeLayer>& layers,
                                                   int min_stages, double upper_threshold,
                                                   double stage_memory_bytes) {
@@ -269,18 +285,11 @@ Result<RoundPipeReplay> ReplayRoundPipe(const ModelConfig& model, const PlanJob&
   r.sync_step_s = r.makespan_s + r.optimizer_s + r.param_copy_s;
   // Stale: the period of overlapped iterations, unless the optimizer (and the refresh that
   // waits for it) takes longer.
-  Schedule two = one;
-  two.name = "RoundPipe, two stale iterations";
-  const int second = AppendOverlappedIteration(
-      two, one, static_cast<int>(r.partition.forward.size() + 1 + r.partition.backward.size()),
-      copy_bytes);
-  FERRY_ASSIGN_OR_RETURN(SimResult both, Simulate(two, rates));
-  double end_first = 0, end_second = 0;
-  for (size_t i = 0; i < two.tasks.size(); ++i) {
-    double& end = static_cast<int>(i) < second ? end_first : end_second;
-    end = std::max(end, both.timing[i].end_s);
-  }
-  r.period_s = end_second - end_first;
+  FERRY_ASSIGN_OR_RETURN(
+      r.period_s,
+      OverlappedIterationPeriod(
+          one, static_cast<int>(r.partition.forward.size() + 1 + r.partition.backward.size()),
+          copy_bytes, rates));
   r.stale_step_s = std::max(r.period_s, r.optimizer_s + r.param_copy_s);
   const double tokens = double(job.global_batch * job.seq_len);
   r.sync_tokens_per_s = tokens / r.sync_step_s;

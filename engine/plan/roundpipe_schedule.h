@@ -90,6 +90,16 @@ struct RoundPipeReplay {
   double stale_tokens_per_s = 0;
 };
 
+// The period of back-to-back iterations of `one`, a round-robin schedule of `stages` stages,
+// overlapped as RoundPipe's stale mode runs them: the next iteration's stages continue the
+// device counter and queue behind this one's on every lane; it launches once this one's tail has
+// finished every micro-batch, its last stage has begun uploading and a host-memory task of
+// `refresh_bytes` (the parameter refresh; 0: none) has run. Optimizer tasks are not waited for.
+// Simulates two iterations; the period is the distance between their ends.
+[[nodiscard]] Result<double> OverlappedIterationPeriod(const Schedule& one, int stages,
+                                                       double refresh_bytes,
+                                                       const LaneRates& rates);
+
 // RoundPipe's published throughput, tokens/s, on 8x RTX 4090 for RoundPipeBenchmarkJob (arXiv
 // 2604.27085, as quoted in issue 17; the stale figures are also in github.com/ITcarrot/RoundPipe's
 // README). `model` names the preset in configs/models.
