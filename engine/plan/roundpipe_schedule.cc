@@ -267,7 +267,7 @@ Result<RoundPipeReplay> ReplayRoundPipe(const ModelConfig& model, const PlanJob&
       r.partition,
       PartitionLikeRoundPipe(layers, settings.min_stages > 0 ? settings.min_stages : gpus,
                              settings.upper_threshold,
-                             settings.memory_fraction * double(hw.gpu.memory_label_bytes) / 2));
+                             settings.memory_fraction * double(hw.gpu.memory_usable_bytes) / 2));
   FERRY_ASSIGN_OR_RETURN(Schedule one,
                          BuildRoundRobinSchedule(RoundPipeJobOf(layers, r.partition, gpus, m)));
   one.name = "RoundPipe";

@@ -45,7 +45,9 @@ namespace ferry::plan {
 struct RoundPipeSettings {
   int min_stages = 0;            // 0: the GPU count
   double upper_threshold = 1.1;  // a stage takes at most this x the slowest layer
-  double memory_fraction = 0.6;  // of the GPU's memory for stage weights; half per stage
+  // Of the GPU memory a program may use (RoundPipe: free + reserved, cudaMemGetInfo), for stage
+  // weights and gradients; half per stage (one prefetched while another runs).
+  double memory_fraction = 0.6;
 };
 
 // One layer as RoundPipe's partitioner sees it, per micro-batch.
