@@ -30,7 +30,7 @@ struct DemoOptions {
   int tokens = 256;  // per micro-batch
   int hidden = 256;
   int vocab = 2048;
-  int threads = 1;   // per device
+  int threads = 1;  // per device
 };
 
 // Host memory the devices copy from and to, carved from one mapping.
@@ -63,8 +63,10 @@ std::vector<float> Random(size_t n, uint64_t seed, float scale) {
 
 Status RunDemo(const DemoOptions& o) {
   const int64_t N = o.tokens, C = o.hidden, V = o.vocab, M = o.micro_batches;
-  std::printf("ferry demo: 2 CPU devices, %lld micro-batches of %lld tokens, hidden %lld, "
-              "vocab %lld\n", (long long)M, (long long)N, (long long)C, (long long)V);
+  std::printf(
+      "ferry demo: 2 CPU devices, %lld micro-batches of %lld tokens, hidden %lld, "
+      "vocab %lld\n",
+      (long long)M, (long long)N, (long long)C, (long long)V);
   std::vector<std::unique_ptr<CpuDevice>> dev;
   for (int i = 0; i < 2; ++i) {
     CpuDeviceOptions opt;
@@ -85,9 +87,9 @@ Status RunDemo(const DemoOptions& o) {
   double unmasked = 0;
   for (int32_t t : targets) unmasked += t >= 0;
 
-  FERRY_ASSIGN_OR_RETURN(HostArena host, HostArena::Make(size_t(M * N * C * 4 * 2 + C * C * 4 +
-                                                                C * 4 + V * C * 4 + M * N * 4 +
-                                                                M * 4 + (1 << 16))));
+  FERRY_ASSIGN_OR_RETURN(HostArena host,
+                         HostArena::Make(size_t(M * N * C * 4 * 2 + C * C * 4 + C * 4 + V * C * 4 +
+                                                M * N * 4 + M * 4 + (1 << 16))));
   HostSpan hx = host.Take(x.size() * 4), hw1 = host.Take(w1.size() * 4), hg = host.Take(C * 4),
            hwh = host.Take(wh.size() * 4), ht = host.Take(targets.size() * 4),
            hmid = host.Take(x.size() * 4), hloss = host.Take(size_t(M) * 4);
@@ -144,9 +146,9 @@ Status RunDemo(const DemoOptions& o) {
     gemm.trans_b = true;
     FERRY_RETURN_IF_ERROR(Gemm(d0, gemm));
     FERRY_RETURN_IF_ERROR(d0.Record(stage1_free, StreamId::kCompute));
-    FERRY_RETURN_IF_ERROR(RmsNormForward(
-        d0, {y_d.View(DType::kF32, {N, C}), g_d.View(DType::kF32, {C}),
-             h_d.View(DType::kF32, {N, C}), rstd_d.View(DType::kF32, {N}), 1e-5f}));
+    FERRY_RETURN_IF_ERROR(
+        RmsNormForward(d0, {y_d.View(DType::kF32, {N, C}), g_d.View(DType::kF32, {C}),
+                            h_d.View(DType::kF32, {N, C}), rstd_d.View(DType::kF32, {N}), 1e-5f}));
     FERRY_RETURN_IF_ERROR(d0.Record(h_done, StreamId::kCompute));
     // Device 0 -> host.
     FERRY_RETURN_IF_ERROR(d0.Wait(StreamId::kDownload, h_done));
@@ -156,8 +158,8 @@ Status RunDemo(const DemoOptions& o) {
     FERRY_RETURN_IF_ERROR(d1.Wait(StreamId::kUpload, h_out));
     FERRY_RETURN_IF_ERROR(d1.Wait(StreamId::kUpload, stage2_free));
     FERRY_RETURN_IF_ERROR(d1.CopyToDevice(h2_d.data(), hmid.Sub(size_t(m) * act, act), act));
-    FERRY_RETURN_IF_ERROR(d1.CopyToDevice(t_d.data(), ht.Sub(size_t(m * N) * 4, size_t(N) * 4),
-                                          size_t(N) * 4));
+    FERRY_RETURN_IF_ERROR(
+        d1.CopyToDevice(t_d.data(), ht.Sub(size_t(m * N) * 4, size_t(N) * 4), size_t(N) * 4));
     FERRY_RETURN_IF_ERROR(d1.Record(h_in, StreamId::kUpload));
     FERRY_RETURN_IF_ERROR(d1.Wait(StreamId::kCompute, h_in));
     LmHeadLossArgs loss;
@@ -214,13 +216,17 @@ Status RunDemo(const DemoOptions& o) {
 void AddDemoCommand(CLI::App& app) {
   auto opts = std::make_shared<DemoOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "demo", "Run a two-device pipeline of ferry's ops on CPU devices and check it against the "
-              "reference implementation");
-  cmd->add_option("--micro-batches", opts->micro_batches, "micro-batches")->check(CLI::Range(1, 1024));
-  cmd->add_option("--tokens", opts->tokens, "tokens per micro-batch")->check(CLI::Range(1, 1 << 16));
+      "demo",
+      "Run a two-device pipeline of ferry's ops on CPU devices and check it against the "
+      "reference implementation");
+  cmd->add_option("--micro-batches", opts->micro_batches, "micro-batches")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--tokens", opts->tokens, "tokens per micro-batch")
+      ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--hidden", opts->hidden, "hidden size")->check(CLI::Range(1, 8192));
   cmd->add_option("--vocab", opts->vocab, "vocabulary size")->check(CLI::Range(2, 1 << 18));
-  cmd->add_option("--threads", opts->threads, "compute threads per device")->check(CLI::Range(1, 256));
+  cmd->add_option("--threads", opts->threads, "compute threads per device")
+      ->check(CLI::Range(1, 256));
   cmd->callback([opts] {
     const Status s = RunDemo(*opts);
     if (!s.ok()) {

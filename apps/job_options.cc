@@ -49,6 +49,9 @@ void AddJobOptions(CLI::App& app, JobSpec& j, std::string* lora_targets) {
   app.add_option("--adam-eps", j.adam_eps, "AdamW epsilon")->capture_default_str();
   app.add_option("--grad-clip", j.grad_clip, "Global gradient-norm clipping threshold (0: off)")
       ->capture_default_str();
+  app.add_flag("--stale-updates", j.stale_updates,
+               "One-step-stale updates: each step runs on the weights one update older, so the "
+               "optimizer overlaps the next step (changes the numerics; train: --devices N > 1)");
   app.add_option("--lora-rank", j.lora.rank, "LoRA rank (0: full fine-tuning)")
       ->capture_default_str();
   app.add_option("--lora-alpha", j.lora.alpha, "LoRA alpha (scaling = alpha / rank)")

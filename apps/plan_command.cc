@@ -155,8 +155,6 @@ void AddPlanCommand(CLI::App& parent, PlanCommand* cmd) {
                 "the GPU's fp16-accumulate rate, not run by ferry train yet) or f32 (CPU devices: "
                 "ferry train runs f32 and bf16, ferry probe --model measures f32 today)")
       ->capture_default_str();
-  p->add_flag("--stale-updates", cmd->stale_updates,
-              "Opt in to one-step-stale updates (changes the numerics; every plan prices both)");
   p->add_flag("--json", cmd->json, "Print the plan as JSON instead of the summary");
   p->add_option("--svg", cmd->svg, "Write the predicted timeline of one step as an SVG Gantt");
   p->add_option("--trace", cmd->trace, "Write the timeline as Chrome-trace JSON (Perfetto)");
@@ -174,7 +172,7 @@ int RunPlanCommand(PlanCommand& cmd) {
   Result<plan::PlanJob> job =
       PlanJobOf(cmd.job, cmd.lora_targets, cmd.app->count("--micro-batches") > 0, cmd.dtype);
   if (!job.ok()) return fail(job.status());
-  job->stale_updates = cmd.stale_updates;
+  job->stale_updates = cmd.job.stale_updates;  // every plan prices both modes
   Result<plan::HardwareProfile> hw = ResolveHardware(cmd);
   if (!hw.ok()) return fail(hw.status());
   Result<plan::PlanOutcome> outcome = plan::MakePlan(cmd.job.model, *model, *job, *hw);

@@ -77,4 +77,40 @@ TEST_F(PipelineCliTest, BadDeviceOptionsAreOneLine) {
   }
 }
 
+// --stale-updates over --devices 2: a checkpoint is a synchronization point, so a run stopped at
+// a checkpoint and resumed repeats the uninterrupted run's losses bit for bit; the first step is
+// the synchronous run's, the second is not (it runs on the initial weights again); with one
+// device it is refused in one line.
+TEST_F(PipelineCliTest, StaleUpdatesResumeBitForBitAndNeedDevices) {
+  const std::string job =
+      "train --threads 2 --batch-size 4 --seq-len 32 --devices 2 --stale-updates --save-every 2 ";
+  CommandResult whole = Ferry(job + "--steps 4 --out " + dir_ + "/whole");
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  CommandResult half = Ferry(job + "--steps 2 --out " + dir_ + "/half");
+  ASSERT_EQ(half.code, 0) << half.output;
+  CommandResult rest = Ferry("train --steps 4 --resume " + dir_ + "/half");
+  ASSERT_EQ(rest.code, 0) << rest.output;
+  const std::vector<double> want = Losses(dir_ + "/whole"), got = Losses(dir_ + "/half");
+  ASSERT_EQ(want.size(), 4u);
+  EXPECT_EQ(got, want);
+  std::ifstream saved(dir_ + "/half/job.json");
+  const nlohmann::json j = nlohmann::json::parse(saved, nullptr, false);
+  EXPECT_EQ(j.value("stale_updates", false), true) << j.dump();
+  // Synchronous updates give another run from the second step on.
+  CommandResult sync = Ferry(
+      "train --threads 2 --batch-size 4 --seq-len 32 --devices 2 "
+      "--steps 2 --out " +
+      dir_ + "/sync");
+  ASSERT_EQ(sync.code, 0) << sync.output;
+  const std::vector<double> s = Losses(dir_ + "/sync");
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0], want[0]);
+  EXPECT_NE(s[1], want[1]);
+
+  CommandResult one = Ferry("train --stale-updates --out " + dir_ + "/one");
+  EXPECT_EQ(one.code, 1) << one.output;
+  EXPECT_EQ(std::count(one.output.begin(), one.output.end(), '\n'), 1) << one.output;
+  EXPECT_NE(one.output.find("--devices N"), std::string::npos) << one.output;
+}
+
 }  // namespace

@@ -289,6 +289,7 @@ class Executor final : public PipelineExecutor {
     ++steps_;
     FERRY_RETURN_IF_ERROR(WeightsNeeded({0, 1}));
     FERRY_RETURN_IF_ERROR(Embed(weights, batches));
+    FERRY_RETURN_IF_ERROR(WeightsRead({0, 1}));
     ScheduleStages();
     for (size_t i = 0; i < runs_.size(); ++i) {
       FERRY_RETURN_IF_ERROR(EnqueueStage(i, weights, batches));
@@ -394,8 +395,11 @@ class Executor final : public PipelineExecutor {
                            DeviceParams::Create(*ds.device, c_, lora_, layers, st.source.get(),
                                                 ParamGrads::kAllocate, dtype_, mirrors_[r]));
     st.params = std::make_unique<DeviceParams>(std::move(params));
-    if (packed_[r] != steps_) FERRY_RETURN_IF_ERROR(st.params->PackWeights(weights));
-    packed_[r] = steps_;
+    if (packed_[r] != steps_) {
+      FERRY_RETURN_IF_ERROR(st.params->PackWeights(weights));
+      packed_[r] = steps_;
+      FERRY_RETURN_IF_ERROR(WeightsRead(st.range));
+    }
     if (st.kind == StageKind::kTail) {
       FERRY_ASSIGN_OR_RETURN(DeviceStack stack,
                              BuildDeviceStack(*ds.device, c_, *st.params,
@@ -466,6 +470,9 @@ class Executor final : public PipelineExecutor {
   }
   Status WeightsNeeded(plan::LayerRange r) const {
     return hooks_->weights_needed ? hooks_->weights_needed(r.first, r.last) : Status::Ok();
+  }
+  Status WeightsRead(plan::LayerRange r) const {
+    return hooks_->weights_read ? hooks_->weights_read(r.first, r.last) : Status::Ok();
   }
   Status FinishPrefetch(Prefetch& p) {
     while (p.stage && p.sent < p.chunks) FERRY_RETURN_IF_ERROR(PrefetchChunk(p));

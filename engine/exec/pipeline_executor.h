@@ -118,8 +118,9 @@ class PipelineExecutor {
   // returns the summed loss contributions and adds the gradients of the trainable parameters into
   // `grads` (one zeroed or accumulating buffer per storage-owning trainable parameter), or, when
   // batches[0].overwrite_grads, overwrites `grads` with them (zero where they have none).
-  // `hooks` (engine/model/model_runner.h) hear, on the calling thread, before each stage's weights
-  // are packed from `weights` (and before the embedding reads them), and after each tail or
+  // `hooks` (engine/model/model_runner.h) hear, on the calling thread, before and after each
+  // forward stage's and the tail's weights are packed from `weights` (a backward stage uploads
+  // its forward stage's packed bytes) and the embedding reads them, and after each tail or
   // backward stage's gradients, then the embedding's, are final in `grads`.
   virtual Result<double> Step(const HostTensors& weights, std::span<const MicroBatchInput> batches,
                               HostTensors& grads, const StepHooks& hooks = {}) = 0;

@@ -23,8 +23,10 @@
 
 #include "engine/exec/pipeline_runner.h"
 #include "engine/json.h"
+#include "engine/model/master_weights.h"
 #include "engine/testing/golden_files.h"
 #include "engine/testing/stream_gate.h"
+#include "engine/train/grad_clip.h"
 #include "engine/train/trainer.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/ops/lm_head_loss.h"
@@ -826,6 +828,150 @@ INSTANTIATE_TEST_SUITE_P(Cases, PerLayerOptimizerTest,
                                   (i.param.lora_rank > 0 ? "_lora" : "") +
                                   (i.param.grad_clip > 0 ? "_clip" : "_noclip");
                          });
+
+// torch.optim.AdamW's element update on fp32 tensors, written out here from its definition
+// (every scalar computed in double and rounded to fp32 once, each tensor operation correctly
+// rounded), independently of ferry's kernels.
+void ReferenceAdamW(std::vector<float>& p, const std::vector<float>& grad, std::vector<float>& m,
+                    std::vector<float>& v, double lr, double wd, const OptimizerOptions& o,
+                    int64_t step, double grad_scale) {
+  const float scale = float(grad_scale), decay = float(1 - lr * wd), a = float(1 - o.beta1);
+  const float b2 = float(o.beta2), c2 = float(1 - o.beta2);
+  const float bc2 = float(std::sqrt(1 - std::pow(o.beta2, double(step)))), eps = float(o.eps);
+  const float step_size = float(-lr / (1 - std::pow(o.beta1, double(step))));
+  for (size_t i = 0; i < p.size(); ++i) {
+    const float g = grad[i] * scale;
+    if (wd != 0) p[i] = p[i] * decay;
+    m[i] = std::fma(a, g - m[i], m[i]);
+    v[i] = v[i] * b2 + (c2 * g) * g;
+    const float d = std::sqrt(v[i]) / bc2 + eps;
+    p[i] = p[i] + (step_size * m[i]) / d;
+  }
+}
+
+struct StaleCase {
+  const char* model;
+  double grad_clip;
+};
+
+class StaleUpdatesTest : public ::testing::TestWithParam<StaleCase> {};
+
+// --stale-updates on a 2-stage pipeline over 2 devices equals a reference stale AdamW over
+// the single-device runner (one micro-batch: the same gradients bit for bit): step k runs on
+// w_{k-1} (the first two on w_0), and w_{k+1} = AdamW(w_k, g(w_{k-1})). Losses and final
+// weights are compared bit for bit over five steps; the stale run also differs from the
+// synchronous one.
+TEST_P(StaleUpdatesTest, EqualsAReferenceStaleAdamW) {
+  const StaleCase c = GetParam();
+  const Model m = LoadModel(c.model);
+  const PlanSpec spec{{{1, 3}, {3, 5}}, {2}, 1};
+  const plan::Plan p = MakeTestPlan(m, spec);
+  const HostTensors w0 = RandomWeights(m, 17);
+  OptimizerOptions o;
+  o.schedule = {2e-2, 1, 5, 0.1};
+  o.weight_decay = 0.05;
+  o.grad_clip = c.grad_clip;
+  constexpr int kSteps = 5;
+  // The same batch every step: losses compare across steps.
+  const std::vector<std::vector<MicroBatch>> steps = TrainingSteps(m, spec, kSteps);
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(m.config, m.lora);
+
+  // The reference: R is what a step reads, W the newest weights.
+  std::vector<double> want_losses;
+  HostTensors R = w0, W = w0, mom1, mom2;
+  {
+    std::vector<std::unique_ptr<CpuDevice>> one = MakeDevices(1, size_t(64) << 20);
+    ModelRunnerOptions ro;
+    ro.shape = {spec.batch, spec.seq_len};
+    Result<std::unique_ptr<ModelRunner>> runner =
+        ModelRunner::Create(*one[0], m.config, m.lora, ro);
+    ASSERT_TRUE(runner.ok()) << runner.status().ToString();
+    std::vector<const ParamSpec*> trainable;
+    for (const ParamSpec* q : StorageParams(layers)) {
+      if (!q->trainable) continue;
+      trainable.push_back(q);
+      mom1.tensors[q->name].assign(size_t(q->numel()), 0.0f);
+      mom2.tensors[q->name].assign(size_t(q->numel()), 0.0f);
+    }
+    for (int k = 0; k < kSteps; ++k) {
+      ASSERT_TRUE((*runner)->UploadWeights(R).ok());
+      HostTensors g = ZeroGrads(m);
+      const MicroBatch& mb = steps[size_t(k)][0];
+      Result<double> loss =
+          (*runner)->AccumulateGradients(RunnerInput(mb, double(mb.valid_targets)), g);
+      ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+      want_losses.push_back(*loss);
+      double sum_sq = 0;
+      for (const ParamSpec* q : trainable) {
+        for (float x : g.tensors.at(q->name)) sum_sq += double(x) * x;
+      }
+      const double coef = ClipCoefficient(sum_sq, o.grad_clip);
+      R = W;
+      for (const ParamSpec* q : trainable) {
+        ReferenceAdamW(W.tensors.at(q->name), g.tensors.at(q->name), mom1.tensors.at(q->name),
+                       mom2.tensors.at(q->name), o.schedule.At(k), q->decays ? o.weight_decay : 0,
+                       o, k + 1, coef);
+      }
+    }
+  }
+
+  auto train = [&](bool stale, std::vector<double>& losses) -> HostTensors {
+    std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(2, p.memory.gpu.total());
+    Result<std::unique_ptr<ModelRunner>> pipe = CreatePipelineRunner(Raw(devs), m.config, p);
+    EXPECT_TRUE(pipe.ok()) << pipe.status().ToString();
+    if (!pipe.ok()) return {};
+    OptimizerOptions so = o;
+    so.stale_updates = stale;
+    auto t = Trainer::Create(pipe->get(), layers, w0, so, nullptr);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    if (!t.ok()) return {};
+    for (const auto& mbs : steps) {
+      Result<StepStats> st = (*t)->Step(mbs);
+      EXPECT_TRUE(st.ok()) << st.status().ToString();
+      losses.push_back(st.ok() ? st->loss : NAN);
+    }
+    EXPECT_TRUE((*t)->FinishUpdates().ok());
+    return (*t)->weights();
+  };
+  std::vector<double> got_losses, sync_losses;
+  const HostTensors got = train(true, got_losses);
+  const HostTensors sync = train(false, sync_losses);
+  EXPECT_EQ(got_losses, want_losses);
+  EXPECT_EQ(got_losses[0], sync_losses[0]);
+  EXPECT_EQ(got_losses[1], got_losses[0]);   // the second step runs on the initial weights too
+  EXPECT_NE(got_losses[1], sync_losses[1]);  // stale is not synchronous
+  EXPECT_GT(got_losses[0], got_losses[4]);   // and it learns
+  for (const auto& [name, x] : W.tensors) {
+    EXPECT_EQ(got.tensors.at(name), x) << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, StaleUpdatesTest,
+                         ::testing::Values(StaleCase{"llama", 1.0}, StaleCase{"llama", 0.0},
+                                           StaleCase{"qwen3", 0.5}),  // tied: read twice a step
+                         [](const ::testing::TestParamInfo<StaleCase>& i) {
+                           return std::string(i.param.model) +
+                                  (i.param.grad_clip > 0 ? "_clip" : "_noclip");
+                         });
+
+// Stale updates need the pipeline's per-layer reads: with a single-device runner they are
+// refused, saying what to use.
+TEST(StaleUpdatesTest, RefusedWithARunnerThatHoldsItsWeights) {
+  const Model m = LoadModel("llama");
+  std::vector<std::unique_ptr<CpuDevice>> one = MakeDevices(1, size_t(64) << 20);
+  ModelRunnerOptions ro;
+  ro.shape = {2, 16};
+  Result<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(*one[0], m.config, m.lora, ro);
+  ASSERT_TRUE(runner.ok()) << runner.status().ToString();
+  OptimizerOptions o;
+  o.stale_updates = true;
+  auto t = Trainer::Create(runner->get(), BuildLayerSpecs(m.config, m.lora), RandomWeights(m, 1), o,
+                           nullptr);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("several devices"), std::string::npos)
+      << t.status().ToString();
+}
 
 INSTANTIATE_TEST_SUITE_P(
     Plans, ExecutorTest,

@@ -93,6 +93,7 @@ void ForEachJobOption(Job& job, Visit&& visit) {
   visit("beta2", job.beta2);
   visit("adam_eps", job.adam_eps);
   visit("grad_clip", job.grad_clip);
+  visit("stale_updates", job.stale_updates);
   visit("seed", job.seed);
   visit("lora_rank", job.lora.rank);
   visit("lora_alpha", job.lora.alpha);

@@ -44,6 +44,9 @@ struct JobSpec {
   double beta2 = 0.95;
   double adam_eps = 1e-8;
   double grad_clip = 1.0;  // global-norm clipping threshold; 0 disables
+  // One-step-stale updates (opt-in, changes the numerics; training needs devices > 1): each step
+  // runs on the weights one update older, so the optimizer overlaps the next step.
+  bool stale_updates = false;
   uint64_t seed = 1234;
   LoraConfig lora;      // rank 0: full fine-tuning
   int64_t threads = 0;  // CPU device threads; 0: all cores

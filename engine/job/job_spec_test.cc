@@ -109,6 +109,7 @@ JobSpec EveryOptionSet() {
   job.beta2 = 0.99;
   job.adam_eps = 1e-6;
   job.grad_clip = 0.5;
+  job.stale_updates = true;
   job.seed = 99;
   job.lora = {.rank = 4, .alpha = 8, .targets = kLoraQ | kLoraV};
   job.threads = 2;

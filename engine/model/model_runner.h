@@ -78,6 +78,10 @@ struct StepHooks {
   // their tied parameters included, so pending updates of those can be applied first. An error
   // stops the step.
   std::function<Status(int64_t first, int64_t last)> weights_needed;
+  // Called once the runner has read what it reads this step of layers [first, last)'s master
+  // weights (their owners' included): each layer is reported once a step, so a parameter read by
+  // several layers (a tied one) has been read when the last of them is reported.
+  std::function<Status(int64_t first, int64_t last)> weights_read;
   // Called once the gradients of the storage-owning parameters of layers [first, last) are final
   // in `grads` (a tied parameter's gradient is final when its owner's layer is reported). Every
   // gradient is final when AccumulateStep returns, reported or not.

@@ -15,12 +15,10 @@ TEST(ByteTokenizerTest, RoundTripsAnyBytes) {
   std::string s = "héllo\n\t\x01\xff";
   std::vector<int32_t> ids = ByteTokenizer::Encode(s);
   ASSERT_EQ(ids.size(), s.size());
-  EXPECT_EQ(ids[1], 0xc3); // first byte of é in UTF-8
+  EXPECT_EQ(ids[1], 0xc3);  // first byte of é in UTF-8
   EXPECT_EQ(ids.back(), 255);
   EXPECT_EQ(ByteTokenizer::Decode(ids), s);
-  EXPECT_EQ(ByteTokenizer::Decode(
-                {'a', ByteTokenizer::kBos, 'b', ByteTokenizer::kEos}),
-            "ab");
+  EXPECT_EQ(ByteTokenizer::Decode({'a', ByteTokenizer::kBos, 'b', ByteTokenizer::kEos}), "ab");
   EXPECT_EQ(ByteTokenizer::Decode({'a', 999}), "a\xEF\xBF\xBD");
 }
 
@@ -83,22 +81,21 @@ TEST(BatcherTest, DeterministicBySeedAndCoordinates) {
   EXPECT_NE(a->MakeMicroBatch(7, 2).tokens, c->MakeMicroBatch(7, 2).tokens);
   EXPECT_NE(a->MakeMicroBatch(7, 2).tokens, a->MakeMicroBatch(7, 1).tokens);
   EXPECT_NE(a->MakeMicroBatch(7, 2).tokens, a->MakeMicroBatch(8, 2).tokens);
-  EXPECT_EQ(a->ValidTargets(3, 2), a->MakeMicroBatch(3, 0).valid_targets +
-                                       a->MakeMicroBatch(3, 1).valid_targets);
+  EXPECT_EQ(a->ValidTargets(3, 2),
+            a->MakeMicroBatch(3, 0).valid_targets + a->MakeMicroBatch(3, 1).valid_targets);
   // Windows spread over the stream rather than repeating a few starts.
   std::set<std::vector<int32_t>> distinct;
-  for (int64_t step = 0; step < 50; ++step)
-    distinct.insert(a->MakeMicroBatch(step, 0).tokens);
+  for (int64_t step = 0; step < 50; ++step) distinct.insert(a->MakeMicroBatch(step, 0).tokens);
   EXPECT_EQ(distinct.size(), 50u);
 }
 
 TEST(BatcherTest, RefusesStreamShorterThanAWindow) {
-  TokenStream s = TokenStream::FromText("abc"); // 5 tokens with <bos>, <eos>
+  TokenStream s = TokenStream::FromText("abc");  // 5 tokens with <bos>, <eos>
   EXPECT_TRUE(Batcher::Create(&s, 1, 4, 0).ok());
   Result<Batcher> b = Batcher::Create(&s, 1, 5, 0);
   ASSERT_FALSE(b.ok());
   EXPECT_NE(b.status().message().find("--seq-len"), std::string::npos);
 }
 
-} // namespace
-} // namespace ferry
+}  // namespace
+}  // namespace ferry

@@ -36,8 +36,8 @@ TEST(OptimizerGoldenTest, ClipScheduleAdamWMatchTorch) {
   for (const std::string &n : names) {
     Result<std::vector<float>> init = f->ReadFloats("init." + n);
     ASSERT_TRUE(init.ok());
-    state[n] = {*init, std::vector<float>(init->size()),
-                std::vector<float>(init->size()), g["decay"][n].get<bool>()};
+    state[n] = {*init, std::vector<float>(init->size()), std::vector<float>(init->size()),
+                g["decay"][n].get<bool>()};
   }
   const cpu::AdamWKernel kernel;
   for (int64_t k = 0; k < schedule.total_steps; ++k) {
@@ -45,12 +45,10 @@ TEST(OptimizerGoldenTest, ClipScheduleAdamWMatchTorch) {
     std::map<std::string, std::vector<float>> grads;
     double sum_sq = 0;
     for (const std::string &n : names) {
-      Result<std::vector<float>> gr =
-          f->ReadFloats("step" + std::to_string(k) + ".grad." + n);
+      Result<std::vector<float>> gr = f->ReadFloats("step" + std::to_string(k) + ".grad." + n);
       ASSERT_TRUE(gr.ok());
       grads[n] = *gr;
-      sum_sq += kernel.SumOfSquares(grads[n].data(), DType::kF32,
-                                    int64_t(gr->size()), nullptr);
+      sum_sq += kernel.SumOfSquares(grads[n].data(), DType::kF32, int64_t(gr->size()), nullptr);
     }
     // torch reduces the norm in fp32; ours is in double: equal to ~1e-7
     // relative.
@@ -60,20 +58,17 @@ TEST(OptimizerGoldenTest, ClipScheduleAdamWMatchTorch) {
     EXPECT_NEAR(coef, step["clip_coef"].get<double>(), 1e-6);
     for (const std::string &n : names) {
       State &s = state[n];
-      AdamWHyperparameters h{
-          .lr = schedule.At(k),
-          .beta1 = opt["betas"][0],
-          .beta2 = opt["betas"][1],
-          .eps = opt["eps"],
-          .weight_decay = s.decay ? opt["weight_decay"].get<double>() : 0.0,
-          .step = k + 1,
-          .grad_scale = coef};
-      cpu::AdamWHostTensor t{s.p.data(),         grads[n].data(), DType::kF32,
-                             s.m.data(),         s.v.data(),      nullptr,
-                             int64_t(s.p.size())};
+      AdamWHyperparameters h{.lr = schedule.At(k),
+                             .beta1 = opt["betas"][0],
+                             .beta2 = opt["betas"][1],
+                             .eps = opt["eps"],
+                             .weight_decay = s.decay ? opt["weight_decay"].get<double>() : 0.0,
+                             .step = k + 1,
+                             .grad_scale = coef};
+      cpu::AdamWHostTensor t{s.p.data(), grads[n].data(), DType::kF32,        s.m.data(),
+                             s.v.data(), nullptr,         int64_t(s.p.size())};
       ASSERT_TRUE(kernel.Update(h, t, nullptr).ok());
-      Result<std::vector<float>> want =
-          f->ReadFloats("step" + std::to_string(k) + ".param." + n);
+      Result<std::vector<float>> want = f->ReadFloats("step" + std::to_string(k) + ".param." + n);
       ASSERT_TRUE(want.ok());
       for (size_t i = 0; i < s.p.size(); ++i) {
         // Tolerance: the unclipped first update is bit-exact (the same AdamW
@@ -86,13 +81,12 @@ TEST(OptimizerGoldenTest, ClipScheduleAdamWMatchTorch) {
         // 25 of 365 element-updates differ (from update 1 on), all well inside
         // it.
         const double w = (*want)[i];
-        const double tol =
-            4 * DTypeEpsilon(DType::kF32) * 2 * (std::abs(w) + h.lr);
+        const double tol = 4 * DTypeEpsilon(DType::kF32) * 2 * (std::abs(w) + h.lr);
         ASSERT_NEAR(s.p[i], w, tol) << n << "[" << i << "] after update " << k;
       }
     }
   }
 }
 
-} // namespace
-} // namespace ferry
+}  // namespace
+}  // namespace ferry

@@ -95,7 +95,8 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
                                    .beta2 = job.beta2,
                                    .eps = job.adam_eps,
                                    .weight_decay = job.weight_decay,
-                                   .grad_clip = job.grad_clip};
+                                   .grad_clip = job.grad_clip,
+                                   .stale_updates = job.stale_updates};
   FERRY_ASSIGN_OR_RETURN(
       std::unique_ptr<Trainer> trainer,
       Trainer::Create(runner, std::move(layers), std::move(weights), optimizer, &optimizer_pool));

@@ -32,6 +32,11 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(ModelRunner* runner, std::vecto
   if (!(options.grad_clip >= 0)) {
     return Status::InvalidArgument("grad_clip must be >= 0 (0 disables clipping)");
   }
+  if (options.stale_updates && !runner->streams_weights()) {
+    return Status::InvalidArgument(
+        "one-step-stale updates need a runner that reads the weights during the step (a "
+        "pipeline over several devices); one device runs every step on the newest weights");
+  }
   std::unique_ptr<Trainer> t(
       new Trainer(runner, std::move(layers), std::move(weights), options, pool));
   std::map<std::string, size_t> index;  // trainable name -> its place in order_
@@ -57,6 +62,10 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(ModelRunner* runner, std::vecto
       if (p.tied_to.empty()) lands.push_back(it->second);
       reads.push_back(it->second);
     }
+  }
+  t->readers_.assign(t->order_.size(), 0);
+  for (const std::vector<size_t>& reads : t->reads_) {
+    for (size_t k : reads) ++t->readers_[k];
   }
   t->pending_.assign(t->order_.size(), 0);
   FERRY_RETURN_IF_ERROR(runner->UploadWeights(t->weights_));
@@ -130,15 +139,14 @@ Status Trainer::ApplyPending(int64_t first, int64_t last) {
 Status Trainer::FinishUpdates() { return ApplyPending(0, int64_t(reads_.size())); }
 
 Status Trainer::Land(size_t k, const Update& u) {
-  if (pending_[k]) {  // a runner that never announced the read: apply it before it is lost
-    FERRY_RETURN_IF_ERROR(Apply(k, pending_update_));
-    pending_[k] = 0;
-    --pending_count_;
+  if (pending_[k]) {  // its gradient is already overwritten: the update would use the new one
+    return Status::Internal("the runner reported the gradient of " + order_[k] +
+                            " before announcing its weights' read (StepHooks)");
   }
   const std::vector<float>& g = grads_.tensors.at(order_[k]);
   sum_sq_[k] = kernel_.SumOfSquares(g.data(), DType::kF32, int64_t(g.size()), pool_);
   landed_[k] = 1;
-  return options_.grad_clip > 0 ? Status::Ok() : Apply(k, u);
+  return options_.grad_clip > 0 || options_.stale_updates ? Status::Ok() : Apply(k, u);
 }
 
 Status Trainer::RestoreOptimizer(int64_t steps_done, const HostTensors& exp_avg,
@@ -190,6 +198,7 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
   const Update now{.lr = st.lr, .step = step_ + 1, .grad_scale = 1.0};
   sum_sq_.assign(order_.size(), 0.0);
   landed_.assign(order_.size(), 0);
+  unread_ = readers_;
   using Clock = std::chrono::steady_clock;
   double in_step = 0;  // optimizer time inside the step, overlapping the devices
   auto timed = [&in_step](auto&& fn) {
@@ -199,10 +208,29 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
     return s;
   };
   StepHooks hooks;
-  if (streams) {
+  if (streams && !options_.stale_updates) {
     hooks.weights_needed = [&](int64_t first, int64_t last) {
       return timed([&] { return ApplyPending(first, last); });
     };
+  }
+  if (streams && options_.stale_updates) {
+    // The last step's update of a parameter, once this step has read it everywhere it reads it.
+    hooks.weights_read = [&](int64_t first, int64_t last) -> Status {
+      FERRY_RETURN_IF_ERROR(CheckLayers(first, last));
+      return timed([&]() -> Status {
+        for (int64_t l = first; l < last; ++l) {
+          for (size_t k : reads_[size_t(l)]) {
+            if (--unread_[k] > 0 || !pending_[k]) continue;
+            FERRY_RETURN_IF_ERROR(Apply(k, pending_update_));
+            pending_[k] = 0;
+            --pending_count_;
+          }
+        }
+        return Status::Ok();
+      });
+    };
+  }
+  if (streams) {
     hooks.grads_landed = [&](int64_t first, int64_t last) -> Status {
       FERRY_RETURN_IF_ERROR(CheckLayers(first, last));
       return timed([&]() -> Status {
@@ -225,7 +253,7 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
   for (double x : sum_sq_) sum_sq += x;
   st.grad_norm = std::sqrt(sum_sq);
   st.clip_coef = ClipCoefficient(sum_sq, options_.grad_clip);
-  if (options_.grad_clip > 0) {
+  if (options_.grad_clip > 0 || options_.stale_updates) {
     pending_update_ = {.lr = st.lr, .step = step_ + 1, .grad_scale = st.clip_coef};
     pending_.assign(order_.size(), 1);
     pending_count_ = order_.size();

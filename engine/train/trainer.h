@@ -33,6 +33,13 @@
 // weights or moments are read (weights(), exp_avg(), exp_avg_sq() check it). Step 5 is skipped:
 // the runner reads the master copy itself.
 //
+// Stale updates (OptimizerOptions::stale_updates): every update of step k stays pending into step
+// k + 1 and is applied as soon as step k + 1 has read that parameter's weights (so it reads w_k)
+// and before its new gradient lands (StepHooks::weights_read). The first step runs on the initial
+// weights, as does the second. FinishUpdates makes the newest weights current, so a checkpoint is
+// a synchronization point: the step after it runs on the weights it saved, and a run resumed
+// from it repeats the uninterrupted run bit for bit.
+//
 // Ownership: the runner and pool are borrowed and must outlive the Trainer.
 // Thread-safety: one thread drives a Trainer at a time.
 #pragma once
@@ -61,6 +68,10 @@ struct OptimizerOptions {
   double eps = 1e-8;
   double weight_decay = 0.0;  // applied only to parameters whose spec decays
   double grad_clip = 0.0;     // global-norm threshold; 0: off
+  // One-step-stale updates (opt-in; they change the numerics): each step runs on the weights one
+  // update older than the newest, w_{k+1} = AdamW(w_k, g(w_{k-1})), so the whole optimizer
+  // overlaps the next step. Needs a runner that streams weights (see below).
+  bool stale_updates = false;
 };
 
 struct StepStats {
@@ -155,9 +166,11 @@ class Trainer {
   // Per layer: the trainable parameters (indices into order_) whose gradients land with it, and
   // those whose master values it reads (its own and the owners of its tied parameters).
   std::vector<std::vector<size_t>> lands_, reads_;
-  // Per trainable parameter, for the step in flight: its sum of squares and whether it landed.
+  // Per trainable parameter, for the step in flight: its sum of squares and whether it landed;
+  // stale updates: how many of the layers that read it have not read it yet (of readers_).
   std::vector<double> sum_sq_;
   std::vector<char> landed_;
+  std::vector<int> readers_, unread_;
   // Updates waiting for the next step's reads (or FinishUpdates): per parameter, and their
   // common hyperparameters.
   std::vector<char> pending_;

@@ -55,6 +55,7 @@ Result<plan::Plan> PlanCpuDevices(const JobSpec& job, const ModelConfig& model, 
   pj.micro_batches = job.micro_batches;
   pj.lora = job.lora;
   pj.compute_dtype = RunnerOptions(job).compute_dtype;
+  pj.stale_updates = job.stale_updates;
   pj.scratch = {.cuda = false, .cpu_threads = threads};
   // A stage never needs more than the whole model on one device: that bounds the budget.
   FERRY_ASSIGN_OR_RETURN(
@@ -90,6 +91,11 @@ uint64_t TrainingDevicesBytes(const JobSpec& job, const ModelConfig& model, int 
 Result<TrainingRunner> CreateTrainingRunner(const JobSpec& job, const ModelConfig& model,
                                             int threads) {
   TrainingRunner t;
+  if (job.stale_updates && job.devices <= 1) {
+    return Status::InvalidArgument(
+        "--stale-updates overlaps the optimizer with the next step of a pipeline: use it with "
+        "--devices N (N > 1); one device runs every step on the newest weights");
+  }
   if (job.devices <= 1) {
     FERRY_ASSIGN_OR_RETURN(std::unique_ptr<CpuDevice> d,
                            CpuDevice::Create({.name = "cpu0",
