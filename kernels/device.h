@@ -144,6 +144,16 @@ class Device {
   virtual Status Synchronize() = 0;
   // True when the event's latest record has completed (or it was never recorded).
   virtual Result<bool> Query(const Event& event) = 0;
+  // An event that can also be timed (CUDA: created without cudaEventDisableTiming, which makes
+  // its records cost more; CreateEvent's events order work only and cannot be timed).
+  virtual Result<Event> CreateTimedEvent() = 0;
+  // Seconds from when this device's stream reached `from`'s latest record to when it reached
+  // `to`'s (cudaEventElapsedTime; negative when `to` ran first), on one clock for all of the
+  // device's streams. The times are the stream's: when the work before each record had run, not
+  // when the host enqueued it. REQUIRES: both timed events of this device, recorded on it.
+  // Errors: InvalidArgument for an untimed event or one of another device; FailedPrecondition
+  // when either was never recorded or its record has not completed (synchronize first).
+  virtual Result<double> ElapsedSeconds(const Event& from, const Event& to) = 0;
 
   // REQUIRES: dst and src hold at least `bytes`.
   virtual Status CopyToDevice(DevicePtr<std::byte> dst, HostSpan src, size_t bytes,

@@ -38,6 +38,8 @@ class CountingDevice final : public Device {
   Status Synchronize(StreamId) override { return Unused(); }
   Status Synchronize() override { return Unused(); }
   Result<bool> Query(const Event&) override { return Unused(); }
+  Result<Event> CreateTimedEvent() override { return Unused(); }
+  Result<double> ElapsedSeconds(const Event&, const Event&) override { return Unused(); }
   Status CopyToDevice(DevicePtr<std::byte>, HostSpan, size_t, StreamId) override { return Unused(); }
   Status CopyToHost(HostSpan, DevicePtr<const std::byte>, size_t, StreamId) override {
     return Unused();

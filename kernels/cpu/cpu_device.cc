@@ -21,18 +21,25 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// One Record of an event: completes once, with the status of the work it captured.
+// One Record of an event: completes once, with the status of the work it captured; a timed
+// event's record also notes when its stream reached it.
 struct Signal {
+  explicit Signal(bool timed) : timed(timed) {}
+  const bool timed;
   std::mutex mu;
   std::condition_variable cv;
-  bool done = false;  // guarded by mu
-  Status status;      // guarded by mu
+  bool done = false;     // guarded by mu
+  Status status;         // guarded by mu
+  Clock::time_point at;  // guarded by mu; when done, for a timed record
 
   void Complete(Status s) {
+    // Read before the lock: the stream thread's own clock at the record, as a GPU stamps it.
+    const Clock::time_point now = timed ? Clock::now() : Clock::time_point();
     {
       std::lock_guard<std::mutex> lock(mu);
       done = true;
       status = std::move(s);
+      at = now;
     }
     cv.notify_all();
   }
@@ -49,6 +56,9 @@ struct Signal {
 
 class CpuEvent final : public EventImpl {
  public:
+  CpuEvent(const void* owner, bool timed) : owner_(owner), timed_(timed) {}
+  const void* owner() const { return owner_; }  // the CpuDevice that created it
+  bool timed() const { return timed_; }
   std::shared_ptr<Signal> Latest() const {
     std::lock_guard<std::mutex> lock(mu_);
     return latest_;
@@ -59,6 +69,8 @@ class CpuEvent final : public EventImpl {
   }
 
  private:
+  const void* const owner_;
+  const bool timed_;
   mutable std::mutex mu_;
   std::shared_ptr<Signal> latest_;  // guarded by mu_; null until first Record
 };
@@ -218,8 +230,8 @@ struct CpuDevice::Impl {
     return Status::Ok();
   }
 
-  std::shared_ptr<Signal> Mark(StreamId s) {
-    auto sig = std::make_shared<Signal>();
+  std::shared_ptr<Signal> Mark(StreamId s, bool timed = false) {
+    auto sig = std::make_shared<Signal>(timed);
     stream(s).Enqueue(Task{"record", nullptr, sig});
     return sig;
   }
@@ -302,7 +314,11 @@ Result<std::unique_ptr<HostRegistration>> CpuDevice::RegisterHost(const HostAllo
 
 Result<Event> CpuDevice::CreateEvent() {
   impl_->events_created.fetch_add(1, std::memory_order_relaxed);
-  return Event(std::make_unique<CpuEvent>());
+  return Event(std::make_unique<CpuEvent>(this, /*timed=*/false));
+}
+Result<Event> CpuDevice::CreateTimedEvent() {
+  impl_->events_created.fetch_add(1, std::memory_order_relaxed);
+  return Event(std::make_unique<CpuEvent>(this, /*timed=*/true));
 }
 
 int64_t CpuDevice::events_created() const {
@@ -315,7 +331,7 @@ Status CpuDevice::Record(Event& event, StreamId stream) {
   CpuEvent* ev = AsCpuEvent(event);
   if (ev == nullptr) return Status::InvalidArgument("Record: not an event of a CPU device");
   // The record is captured now, in enqueue order: a Wait enqueued later sees this signal.
-  ev->SetLatest(impl_->Mark(stream));
+  ev->SetLatest(impl_->Mark(stream, ev->timed()));
   return Status::Ok();
 }
 
@@ -351,6 +367,32 @@ Status CpuDevice::Synchronize() {
     s->ClearError();
   }
   return first;
+}
+
+Result<double> CpuDevice::ElapsedSeconds(const Event& from, const Event& to) {
+  Clock::time_point at[2];
+  for (int i = 0; i < 2; ++i) {
+    const CpuEvent* ev = AsCpuEvent(i == 0 ? from : to);
+    // As CUDA: untimed events and another device's events cannot be timed here.
+    if (ev == nullptr || !ev->timed() || ev->owner() != this) {
+      return Status::InvalidArgument("device '" + name() +
+                                     "': ElapsedSeconds needs timed events of this device "
+                                     "(CreateTimedEvent)");
+    }
+    std::shared_ptr<Signal> sig = ev->Latest();
+    if (sig == nullptr) {
+      return Status::FailedPrecondition("device '" + name() +
+                                        "': ElapsedSeconds of an event never recorded");
+    }
+    std::lock_guard<std::mutex> lock(sig->mu);
+    if (!sig->done) {
+      return Status::FailedPrecondition("device '" + name() +
+                                        "': ElapsedSeconds of a record that has not completed "
+                                        "(synchronize on the event first)");
+    }
+    at[i] = sig->at;
+  }
+  return std::chrono::duration<double>(at[1] - at[0]).count();
 }
 
 Result<bool> CpuDevice::Query(const Event& event) {

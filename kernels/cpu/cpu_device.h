@@ -1,7 +1,8 @@
 // CpuDevice: the Device interface on the host, with GPU semantics (see kernels/device.h).
 //
 //  - The arena is one real fixed-size allocation; a plan that does not fit fails loudly.
-//  - Each stream is a worker thread running its queue in order.
+//  - Each stream is a worker thread running its queue in order; a timed event's record takes
+//    steady_clock on that thread when the stream reaches it (ElapsedSeconds).
 //  - Compute runs on a ThreadPool owned by the device.
 //  - An optional link model throttles host<->device copies to a configured bandwidth, so overlap
 //    and transfer priorities are testable without a GPU.
@@ -57,6 +58,8 @@ class CpuDevice final : public Device {
   Status Synchronize(StreamId stream) override;
   Status Synchronize() override;
   Result<bool> Query(const Event& event) override;
+  Result<Event> CreateTimedEvent() override;
+  Result<double> ElapsedSeconds(const Event& from, const Event& to) override;
 
   Status CopyToDevice(DevicePtr<std::byte> dst, HostSpan src, size_t bytes,
                       StreamId stream = StreamId::kUpload) override;

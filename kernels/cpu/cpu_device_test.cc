@@ -125,6 +125,35 @@ TEST(CpuDevice, WaitOnNeverRecordedEventIsNoOp) {
   EXPECT_TRUE(dev->Synchronize(*ev).ok());
 }
 
+// A timed event's time is when its stream reached it, not when the host enqueued it: a record
+// behind a held task is stamped after the task ran.
+TEST(CpuDevice, TimedEventsMeasureWhenTheStreamReachesThem) {
+  auto d = MakeDevice();
+  auto a = d->CreateTimedEvent(), b = d->CreateTimedEvent(), plain = d->CreateEvent();
+  ASSERT_TRUE(a.ok() && b.ok() && plain.ok());
+  EXPECT_EQ(d->ElapsedSeconds(*a, *b).status().code(), StatusCode::kFailedPrecondition);
+  Gate gate;
+  ASSERT_TRUE(d->Record(*a, StreamId::kCompute).ok());
+  ASSERT_TRUE(d->LaunchHostFunc(StreamId::kCompute, [&] { return gate.Pass(); }).ok());
+  ASSERT_TRUE(d->Record(*b, StreamId::kCompute).ok());
+  EXPECT_EQ(d->ElapsedSeconds(*a, *b).status().code(), StatusCode::kFailedPrecondition);
+  std::this_thread::sleep_for(20ms);
+  gate.Open();
+  ASSERT_TRUE(d->Synchronize(*b).ok());
+  auto ab = d->ElapsedSeconds(*a, *b), ba = d->ElapsedSeconds(*b, *a);
+  ASSERT_TRUE(ab.ok() && ba.ok()) << ab.status().ToString();
+  EXPECT_GE(*ab, 0.015);
+  EXPECT_EQ(*ba, -*ab);
+  // As CUDA: untimed events and another device's events are refused.
+  ASSERT_TRUE(d->Record(*plain, StreamId::kCompute).ok());
+  ASSERT_TRUE(d->Synchronize().ok());
+  EXPECT_EQ(d->ElapsedSeconds(*a, *plain).status().code(), StatusCode::kInvalidArgument);
+  auto other = MakeDevice("cpu1");
+  auto c = other->CreateTimedEvent();
+  ASSERT_TRUE(c.ok() && other->Record(*c, StreamId::kUpload).ok() && other->Synchronize().ok());
+  EXPECT_EQ(d->ElapsedSeconds(*a, *c).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(CpuDevice, WaitUsesTheRecordAtEnqueueTime) {
   auto dev = MakeDevice();
   auto ev = dev->CreateEvent();

@@ -55,8 +55,10 @@ struct RecordInfo {
 
 class CudaEventImpl final : public EventImpl {
  public:
-  CudaEventImpl(const void* owner, UniqueEvent event) : owner_(owner), event_(std::move(event)) {}
+  CudaEventImpl(const void* owner, UniqueEvent event, bool timed)
+      : owner_(owner), event_(std::move(event)), timed_(timed) {}
   const void* owner() const { return owner_; }
+  bool timed() const { return timed_; }
   cudaEvent_t event() const { return event_.get(); }
   // Held across cudaEventRecord / cudaStreamWaitEvent and the RecordInfo they go with.
   std::mutex& mu() const { return mu_; }
@@ -66,6 +68,7 @@ class CudaEventImpl final : public EventImpl {
  private:
   const void* owner_;  // the CudaDevice that records it
   UniqueEvent event_;
+  const bool timed_;  // created without cudaEventDisableTiming
   mutable std::mutex mu_;
   std::optional<RecordInfo> record_;  // guarded by mu_; empty until the first Record
 };
@@ -305,7 +308,14 @@ Result<Event> CudaDevice::CreateEvent() {
   FERRY_RETURN_IF_ERROR(impl_->MakeCurrent());
   cudaEvent_t e = nullptr;
   FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  return Event(std::make_unique<CudaEventImpl>(this, UniqueEvent(e)));
+  return Event(std::make_unique<CudaEventImpl>(this, UniqueEvent(e), /*timed=*/false));
+}
+
+Result<Event> CudaDevice::CreateTimedEvent() {
+  FERRY_RETURN_IF_ERROR(impl_->MakeCurrent());
+  cudaEvent_t e = nullptr;
+  FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDefault));
+  return Event(std::make_unique<CudaEventImpl>(this, UniqueEvent(e), /*timed=*/true));
 }
 
 namespace {
@@ -389,6 +399,40 @@ Status CudaDevice::Synchronize() {
   }
   Status host_error = impl_->errors->TakeFirstError();
   return cuda_error.ok() ? host_error : cuda_error;
+}
+
+Result<double> CudaDevice::ElapsedSeconds(const Event& from, const Event& to) {
+  const CudaEventImpl* ends[2];
+  for (int i = 0; i < 2; ++i) {
+    FERRY_ASSIGN_OR_RETURN(CudaEventImpl * e, CudaEventOf(i == 0 ? from : to, impl_->name));
+    if (!e->timed() || e->owner() != this) {
+      return Status::InvalidArgument("device '" + impl_->name +
+                                     "': ElapsedSeconds needs timed "
+                                     "events of this device (CreateTimedEvent)");
+    }
+    std::lock_guard<std::mutex> lock(e->mu());
+    if (!e->record()) {
+      return Status::FailedPrecondition("device '" + impl_->name +
+                                        "': ElapsedSeconds of an event never recorded");
+    }
+    ends[i] = e;
+  }
+  FERRY_RETURN_IF_ERROR(impl_->MakeCurrent());
+  // Both records must have completed: asked first, so cudaEventElapsedTime never answers
+  // cudaErrorNotReady.
+  for (const CudaEventImpl* e : ends) {
+    const cudaError_t err = cudaEventQuery(e->event());
+    if (err == cudaErrorNotReady) {
+      return Status::FailedPrecondition("device '" + impl_->name +
+                                        "': ElapsedSeconds of a record that has not completed "
+                                        "(synchronize on the event first)");
+    }
+    FERRY_RETURN_IF_ERROR(CudaStatus(err, "cudaEventQuery on device '" + impl_->name + "'"));
+  }
+  float ms = 0;
+  FERRY_RETURN_IF_ERROR(CudaStatus(cudaEventElapsedTime(&ms, ends[0]->event(), ends[1]->event()),
+                                   "cudaEventElapsedTime on device '" + impl_->name + "'"));
+  return double(ms) * 1e-3;
 }
 
 Result<bool> CudaDevice::Query(const Event& event) {

@@ -4,8 +4,9 @@
 //  - The arena is ONE cudaMalloc of the capacity, handed out by the shared offset allocator
 //    (kernels/arena.h); the cuBLAS(Lt) workspace is the arena's first allocation
 //    ("cublas workspace"), so capacity() counts it and arena_stats() shows it in use.
-//  - Streams are three non-blocking cudaStream_t; events wrap cudaEvent_t (timing disabled), so
-//    Record/Wait/Query follow CUDA's own rules, which are the interface's rules.
+//  - Streams are three non-blocking cudaStream_t; events wrap cudaEvent_t (timing disabled, except
+//    CreateTimedEvent's), so Record/Wait/Query/ElapsedSeconds follow CUDA's own rules, which are
+//    the interface's rules.
 //  - Errors: a CUDA fault (bad kernel, failed copy) is sticky in the CUDA context and comes back
 //    from every later synchronize, named by the call that saw it. A host function's error is kept
 //    by ferry per stream (mutex-guarded): it comes back from the next Synchronize of that stream,
@@ -88,6 +89,8 @@ class CudaDevice final : public Device {
   Status Synchronize(StreamId stream) override;
   Status Synchronize() override;
   Result<bool> Query(const Event& event) override;
+  Result<Event> CreateTimedEvent() override;
+  Result<double> ElapsedSeconds(const Event& from, const Event& to) override;
 
   Status CopyToDevice(DevicePtr<std::byte> dst, HostSpan src, size_t bytes,
                       StreamId stream = StreamId::kUpload) override;

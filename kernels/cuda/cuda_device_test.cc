@@ -135,6 +135,31 @@ TEST_F(CudaDeviceTest, WaitOrdersWorkAcrossStreams) {
   EXPECT_TRUE(*done);
 }
 
+// A timed event's time is when the stream reached it: a record behind a held host function is
+// stamped after it ran; untimed events cannot be timed (CUDA refuses them too).
+TEST_F(CudaDeviceTest, TimedEventsMeasureWhenTheStreamReachesThem) {
+  auto a = device_->CreateTimedEvent(), b = device_->CreateTimedEvent();
+  auto plain = device_->CreateEvent();
+  ASSERT_TRUE(a.ok() && b.ok() && plain.ok());
+  EXPECT_EQ(device_->ElapsedSeconds(*a, *b).status().code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(device_->Record(*a, StreamId::kCompute).ok());
+  ASSERT_TRUE(device_
+                  ->LaunchHostFunc(StreamId::kCompute,
+                                   [] {
+                                     std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                                     return Status::Ok();
+                                   })
+                  .ok());
+  ASSERT_TRUE(device_->Record(*b, StreamId::kCompute).ok());
+  ASSERT_TRUE(device_->Synchronize(*b).ok());
+  auto ab = device_->ElapsedSeconds(*a, *b);
+  ASSERT_TRUE(ab.ok()) << ab.status().ToString();
+  EXPECT_GE(*ab, 0.015);
+  ASSERT_TRUE(device_->Record(*plain, StreamId::kCompute).ok());
+  ASSERT_TRUE(device_->Synchronize().ok());
+  EXPECT_EQ(device_->ElapsedSeconds(*a, *plain).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(CudaDeviceTest, WaitOnNeverRecordedEventIsNoOp) {
   auto e = device_->CreateEvent();
   ASSERT_TRUE(e.ok());
