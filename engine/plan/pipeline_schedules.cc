@@ -26,6 +26,9 @@ std::string Tag(char letter, int stage, int micro_batch) {
   return s;
 }
 
+// F, T or B: stage k's kind, with nf forward stages.
+char StageLetter(int k, int nf) { return k < nf ? 'F' : k == nf ? 'T' : 'B'; }
+
 void AddDep(Schedule& s, int task, int dep) {
   if (task != kNone && dep != kNone) s.tasks[task].deps.push_back(dep);
 }
@@ -164,6 +167,17 @@ Result<Schedule> Build1F1BSchedule(const std::vector<StageCost>& stages, int mic
   return BuildPinned("1F1B", stages, m, order);
 }
 
+std::string RoundRobinTaskName(char what, int stage, int forward_stages, int micro_batch) {
+  const char letter = StageLetter(stage, forward_stages);
+  std::string n(1, what);
+  if (what != letter) n += letter;  // e.g. "IB2.0": input of backward stage 2
+  if (letter != 'T') {
+    n += std::to_string(stage < forward_stages ? stage : stage - forward_stages - 1);
+  }
+  if (micro_batch >= 0) n += "." + std::to_string(micro_batch);
+  return n;
+}
+
 Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
   if (job.gpus < 1) return Status::InvalidArgument("round-robin: gpus must be >= 1");
   std::vector<StageCost> all = job.forward;
@@ -187,15 +201,8 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
   auto kind_of = [&](int k) {
     return k < nf ? TaskKind::kForward : k == nf ? TaskKind::kTail : TaskKind::kBackward;
   };
-  auto letter_of = [&](int k) { return k < nf ? 'F' : k == nf ? 'T' : 'B'; };
-  auto local_index = [&](int k) { return k < nf ? k : k == nf ? 0 : k - nf - 1; };
-  auto name_of = [&](char prefix, int k, int j) {
-    std::string n(1, prefix);
-    if (prefix != letter_of(k)) n += letter_of(k);  // e.g. "IB2.0": input of backward stage 2
-    if (kind_of(k) != TaskKind::kTail) n += std::to_string(local_index(k));
-    if (j >= 0) n += "." + std::to_string(j);
-    return n;
-  };
+  auto letter_of = [&](int k) { return StageLetter(k, nf); };
+  auto name_of = [&](char prefix, int k, int j) { return RoundRobinTaskName(prefix, k, nf, j); };
 
   Schedule s;
   s.name = "round-robin";

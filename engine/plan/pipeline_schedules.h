@@ -11,6 +11,7 @@
 // Pure functions; thread-safe.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "engine/plan/simulator.h"
@@ -72,5 +73,14 @@ struct RoundRobinJob {
 // stage after its last micro-batch; the CPU optimizer then updates that stage's parameters, in
 // the order the gradients land.
 [[nodiscard]] Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job);
+
+// The round-robin schedule's name for a task of stage `stage` (its index in the step: forward
+// stages, the tail, backward stages; `forward_stages` of them forward): `what` is the stage's own
+// letter (F, T, B) for its compute, or a task letter (I, O, W, G, U, ...) followed by the stage's
+// letter; then the stage's index among its kind (none for the tail) and ".<micro_batch>" unless
+// micro_batch < 0. (1 forward stage) 'I', stage 3, micro-batch 1 -> "IB1.1"; 'T', 1, 0 -> "T.0".
+// The executor's measured trace (engine/exec/trace_recorder.h) names its tasks with it, so a
+// measured and a predicted timeline match task for task.
+std::string RoundRobinTaskName(char what, int stage, int forward_stages, int micro_batch);
 
 }  // namespace ferry::plan

@@ -205,7 +205,8 @@ std::string TimelineSvg(const Schedule& s, const SimResult& r, const SvgOptions&
   return o.str();
 }
 
-std::string ChromeTraceJson(const Schedule& s, const SimResult& r) {
+std::string ChromeTraceJson(const Schedule& s, const SimResult& r,
+                            std::span<const int64_t> task_steps) {
   using nlohmann::json;
   json events = json::array();
   const int host_pid = s.gpus;
@@ -237,6 +238,7 @@ std::string ChromeTraceJson(const Schedule& s, const SimResult& r) {
     const SimTask& t = s.tasks[i];
     json args = {{"stage", t.stage}, {"micro_batch", t.micro_batch}};
     if (t.bytes > 0) args["bytes"] = t.bytes;
+    if (i < task_steps.size()) args["step"] = task_steps[i];
     events.push_back({{"name", t.name},
                       {"cat", std::string(TaskKindName(t.kind))},
                       {"ph", "X"},

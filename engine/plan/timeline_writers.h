@@ -8,11 +8,14 @@
 // present; a summary line with makespan and per-GPU bubble fraction.
 //
 // Chrome trace: {"traceEvents": [...]} with complete events (ph "X", ts/dur in microseconds),
-// pid = GPU index (the host is pid = gpus), tid = lane kind; metadata events name both.
+// pid = GPU index (the host is pid = gpus), tid = lane kind; metadata events name both. The
+// measured trace of `ferry train --trace` is written by the same function, so both open alike.
 //
 // Pure functions; thread-safe.
 #pragma once
 
+#include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -29,6 +32,9 @@ struct SvgOptions {
 // REQUIRES: result came from Simulate(schedule, ...).
 std::string TimelineSvg(const Schedule& schedule, const SimResult& result,
                         const SvgOptions& options = {});
-std::string ChromeTraceJson(const Schedule& schedule, const SimResult& result);
+// `task_steps`, when not empty: per task (parallel to schedule.tasks), the training step it ran
+// in, written as args.step (a measured trace of several steps, engine/exec/trace_recorder.h).
+std::string ChromeTraceJson(const Schedule& schedule, const SimResult& result,
+                            std::span<const int64_t> task_steps = {});
 
 }  // namespace ferry::plan
