@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "engine/exec/device_timeline.h"
 #include "engine/exec/stream_hazards.h"
 #include "engine/model/device_params.h"
 #include "engine/model/model_stack.h"
@@ -46,6 +47,18 @@ struct DeviceState {
   std::vector<Event> landed;
   // Per stage of a step (on this device): its gradients are in its host mirror.
   std::vector<Event> grads_landed;
+  // With a trace: times this device's tasks (null without one: then nothing is recorded).
+  std::unique_ptr<DeviceTimeline> timeline;
+  // For the trace's task names: the stage (its index in the step) and micro-batch (-1: the whole
+  // stage) whose work the executor is enqueuing on this device.
+  int task_stage = -1, task_micro_batch = -1;
+
+  Status TraceBegin(StreamId s) { return timeline ? timeline->Begin(s) : Status::Ok(); }
+  // what == 0: the stage's compute (DeviceTimeline::End).
+  Status TraceEnd(StreamId s, char what, plan::TaskKind kind, double bytes = 0) {
+    if (!timeline) return Status::Ok();
+    return timeline->End(s, what, kind, task_stage, task_micro_batch, bytes);
+  }
 
   // The start of plan allocation `name`, counting `bytes` of it as used (the executor's own
   // direct uses; components carve through PlannedSource, which counts theirs).
@@ -139,12 +152,13 @@ struct Prefetch {
 class Executor final : public PipelineExecutor {
  public:
   Executor(std::vector<Device*> devices, const ModelConfig& c, const plan::Plan& p,
-           EnqueueObserver observer)
+           EnqueueObserver observer, TraceRecorder* trace)
       : c_(c),
         p_(p),
         lora_(p.job.lora),
         dtype_(p.job.compute_dtype),
-        observer_(std::move(observer)) {
+        observer_(std::move(observer)),
+        trace_(trace) {
     for (Device* d : devices) {
       devices_.emplace_back();
       devices_.back().device = d;
@@ -178,6 +192,11 @@ class Executor final : public PipelineExecutor {
       FERRY_ASSIGN_OR_RETURN(ds.hazards, StreamHazards::Create(*ds.device, kTracked));
       FERRY_RETURN_IF_ERROR(CreateEvents(*ds.device, size_t(p_.micro_batches), ds.landed));
       FERRY_RETURN_IF_ERROR(CreateEvents(*ds.device, stages, ds.grads_landed));
+      if (trace_ != nullptr) {
+        FERRY_ASSIGN_OR_RETURN(
+            ds.timeline,
+            DeviceTimeline::Create(*ds.device, int(&ds - devices_.data()), int(p_.stages.size())));
+      }
     }
     saved_bytes_ = devices_[0].regions.at("saved.slot0").bytes;
     // Host staging: RoPE's table; per micro-batch the row layout (positions, then doc ids),
@@ -233,9 +252,18 @@ class Executor final : public PipelineExecutor {
 
   Result<double> Step(const HostTensors& weights, std::span<const MicroBatchInput> batches,
                       HostTensors& grads, const StepHooks& hooks) override {
+    if (trace_ != nullptr) {
+      trace_->BeginStep();
+      for (DeviceState& ds : devices_) FERRY_RETURN_IF_ERROR(ds.timeline->BeginStep());
+    }
     hooks_ = &hooks;
     Result<double> r = RunStep(weights, batches, grads);
     hooks_ = nullptr;
+    if (r.ok() && trace_ != nullptr) {
+      for (DeviceState& ds : devices_) {
+        if (Status s = ds.timeline->Collect(*trace_); !s.ok()) r = s;
+      }
+    }
     if (!r.ok()) SynchronizeAll();
     runs_.clear();  // every copy that used their mirrors has completed
     return r;
@@ -445,7 +473,12 @@ class Executor final : public PipelineExecutor {
     const size_t lo = k == 0 ? 0 : bytes * k / chunks / kAlign * kAlign;
     const size_t hi = k + 1 == chunks ? bytes : bytes * (k + 1) / chunks / kAlign * kAlign;
     if (k == 0) FERRY_RETURN_IF_ERROR(ds.hazards.Before(StreamId::kUpload, {}, {slot}));
+    FERRY_RETURN_IF_ERROR(ds.TraceBegin(StreamId::kUpload));
     FERRY_RETURN_IF_ERROR(st.params->UploadWeights(*ds.device, lo, hi - lo));
+    if (ds.timeline) {
+      FERRY_RETURN_IF_ERROR(ds.timeline->End(StreamId::kUpload, 'W', plan::TaskKind::kWeightUpload,
+                                             int(i), -1, double(hi - lo), int(k)));
+    }
     if (k + 1 < chunks) return Status::Ok();
     FERRY_RETURN_IF_ERROR(ds.hazards.After(StreamId::kUpload, {}, {slot}));
     st.weights_sent = true;
@@ -544,7 +577,10 @@ class Executor final : public PipelineExecutor {
   static Status ToDevice(DeviceState& ds, std::string_view buffer, DevicePtr<std::byte> dst,
                          const HostAllocation& src, size_t bytes, size_t offset = 0) {
     FERRY_RETURN_IF_ERROR(ds.hazards.Before(StreamId::kUpload, {}, {buffer}));
+    FERRY_RETURN_IF_ERROR(ds.TraceBegin(StreamId::kUpload));
     FERRY_RETURN_IF_ERROR(ds.device->CopyToDevice(dst, src.Span(offset, bytes), bytes));
+    FERRY_RETURN_IF_ERROR(
+        ds.TraceEnd(StreamId::kUpload, 'I', plan::TaskKind::kActivationUpload, double(bytes)));
     return ds.hazards.After(StreamId::kUpload, {}, {buffer});
   }
   // Copies `bytes` of `src` in plan buffer `buffer` to `dst` on the download stream, once the
@@ -552,7 +588,10 @@ class Executor final : public PipelineExecutor {
   static Status ToHost(DeviceState& ds, const HostAllocation& dst, std::string_view buffer,
                        DevicePtr<const std::byte> src, size_t bytes) {
     FERRY_RETURN_IF_ERROR(ds.hazards.Before(StreamId::kDownload, {buffer}, {}));
+    FERRY_RETURN_IF_ERROR(ds.TraceBegin(StreamId::kDownload));
     FERRY_RETURN_IF_ERROR(ds.device->CopyToHost(dst.Span(0, bytes), src, bytes));
+    FERRY_RETURN_IF_ERROR(
+        ds.TraceEnd(StreamId::kDownload, 'O', plan::TaskKind::kActivationDownload, double(bytes)));
     return ds.hazards.After(StreamId::kDownload, {buffer}, {});
   }
   // Enqueues kernels on the compute stream that read `reads` and write `writes`.
@@ -560,7 +599,9 @@ class Executor final : public PipelineExecutor {
   static Status Compute(DeviceState& ds, StreamHazards::Names reads, StreamHazards::Names writes,
                         Kernels&& enqueue) {
     FERRY_RETURN_IF_ERROR(ds.hazards.Before(StreamId::kCompute, reads, writes));
+    FERRY_RETURN_IF_ERROR(ds.TraceBegin(StreamId::kCompute));
     FERRY_RETURN_IF_ERROR(enqueue());
+    FERRY_RETURN_IF_ERROR(ds.TraceEnd(StreamId::kCompute, 0, plan::TaskKind::kOther));
     return ds.hazards.After(StreamId::kCompute, reads, writes);
   }
 
@@ -568,12 +609,16 @@ class Executor final : public PipelineExecutor {
   Status UploadLayout(DeviceState& ds, size_t m) {
     const size_t bytes = size_t(shape_.tokens()) * 4;
     FERRY_RETURN_IF_ERROR(ds.hazards.Before(StreamId::kUpload, {}, {"layout"}));
-    if (ds.regions.count("positions")) {
+    FERRY_RETURN_IF_ERROR(ds.TraceBegin(StreamId::kUpload));
+    const bool positions = ds.regions.count("positions") != 0;
+    if (positions) {
       FERRY_RETURN_IF_ERROR(
           ds.device->CopyToDevice(ds.Use("positions", bytes), layout_[m].Span(0, bytes), bytes));
     }
     FERRY_RETURN_IF_ERROR(
         ds.device->CopyToDevice(ds.Use("doc_ids", bytes), layout_[m].Span(bytes, bytes), bytes));
+    FERRY_RETURN_IF_ERROR(ds.TraceEnd(StreamId::kUpload, 'I', plan::TaskKind::kActivationUpload,
+                                      double(bytes * (positions ? 2 : 1))));
     return ds.hazards.After(StreamId::kUpload, {}, {"layout"});
   }
 
@@ -584,7 +629,13 @@ class Executor final : public PipelineExecutor {
   Status DownloadGrads(size_t i) {
     DeviceState& ds = devices_[runs_[i].device];
     FERRY_RETURN_IF_ERROR(ds.hazards.Before(StreamId::kDownload, {"grads.accum"}, {}));
+    FERRY_RETURN_IF_ERROR(ds.TraceBegin(StreamId::kDownload));
     FERRY_RETURN_IF_ERROR(runs_[i].params->DownloadGrads(*ds.device));
+    if (ds.timeline) {
+      FERRY_RETURN_IF_ERROR(ds.timeline->End(StreamId::kDownload, 'G',
+                                             plan::TaskKind::kGradientDownload, int(i), -1,
+                                             double(runs_[i].params->grads_bytes())));
+    }
     FERRY_RETURN_IF_ERROR(ds.hazards.After(StreamId::kDownload, {"grads.accum"}, {}));
     return ds.device->Record(ds.grads_landed[i], StreamId::kDownload);
   }
@@ -593,6 +644,7 @@ class Executor final : public PipelineExecutor {
     FERRY_ASSIGN_OR_RETURN(const HostEmbedding e, FindHostEmbedding(c_, weights));
     const size_t hb = HiddenBytes();
     for (size_t m = 0; m < batches.size(); ++m) {
+      HostSpan span(trace_, plan::LaneKind::kHostMemory, plan::TaskKind::kForward, "E", int(m));
       FERRY_RETURN_IF_ERROR(e.ForwardAs(batches[m].tokens, Positions(m), dtype_,
                                         act_[1][m].Span(0, hb).as<std::byte>(), embed_f32_));
     }
@@ -603,6 +655,7 @@ class Executor final : public PipelineExecutor {
     FERRY_ASSIGN_OR_RETURN(const HostEmbeddingGrads g, FindHostEmbeddingGrads(c_, grads));
     const size_t hb = HiddenBytes();
     for (size_t m = 0; m < batches.size(); ++m) {
+      HostSpan span(trace_, plan::LaneKind::kHostMemory, plan::TaskKind::kBackward, "EB", int(m));
       g.BackwardFrom(dtype_, bgrad_[m].Span(0, hb).as<const std::byte>(), embed_f32_,
                      batches[m].tokens, Positions(m));
     }
@@ -635,6 +688,7 @@ class Executor final : public PipelineExecutor {
     const std::string_view w = kWeights[st.slot];
     HiddenRotation h;
     for (size_t m = 0; m < size_t(p_.micro_batches); ++m) {
+      ds.task_stage = int(i), ds.task_micro_batch = int(m);
       int xi = h.in, yi = h.other;
       FERRY_RETURN_IF_ERROR(AwaitInputs(i, m));
       FERRY_RETURN_IF_ERROR(
@@ -670,9 +724,11 @@ class Executor final : public PipelineExecutor {
     const int head = int(layers_.size()) - 1;
     const std::string_view w = kWeights[st.slot];
     Head& hd = *st.head;
+    ds.task_stage = int(i), ds.task_micro_batch = -1;
     FERRY_RETURN_IF_ERROR(ZeroGrads(ds, *st.params));
     HiddenRotation h;
     for (size_t m = 0; m < batches.size(); ++m) {
+      ds.task_micro_batch = int(m);
       const int xi = h.in, dxi = h.other;
       const Tensor x = Hidden(ds, xi), dx = Hidden(ds, dxi);
       FERRY_RETURN_IF_ERROR(AwaitInputs(i, m));
@@ -699,8 +755,10 @@ class Executor final : public PipelineExecutor {
     const StageRun& st = runs_[i];
     DeviceState& ds = devices_[st.device];
     const std::string_view w = kWeights[st.slot];
+    ds.task_stage = int(i), ds.task_micro_batch = -1;
     FERRY_RETURN_IF_ERROR(ZeroGrads(ds, *st.params));
     for (size_t m = 0; m < size_t(p_.micro_batches); ++m) {
+      ds.task_micro_batch = int(m);
       int dyi = 0, dxi = 2;
       const int xi = 1;
       const Tensor x = Hidden(ds, xi);
@@ -755,6 +813,7 @@ class Executor final : public PipelineExecutor {
   const LoraConfig lora_;
   const DType dtype_;  // weights, activations and activation gradients on the devices
   const EnqueueObserver observer_;
+  TraceRecorder* const trace_;        // null: no trace
   const StepHooks* hooks_ = nullptr;  // the step in flight's
   int64_t steps_ = 0;                 // steps begun
   // Per layer range (forward stage index; the head last): its host mirrors, and the step that
@@ -845,9 +904,14 @@ Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const
 Result<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(std::vector<Device*> devices,
                                                                    const ModelConfig& config,
                                                                    const plan::Plan& plan,
-                                                                   EnqueueObserver observer) {
+                                                                   EnqueueObserver observer,
+                                                                   TraceRecorder* trace) {
   FERRY_RETURN_IF_ERROR(Validate(devices, config, plan));
-  auto e = std::make_unique<Executor>(std::move(devices), config, plan, std::move(observer));
+  if (trace != nullptr && trace->devices() != int(devices.size())) {
+    return Status::InvalidArgument("the trace records " + std::to_string(trace->devices()) +
+                                   " devices, the executor runs " + std::to_string(devices.size()));
+  }
+  auto e = std::make_unique<Executor>(std::move(devices), config, plan, std::move(observer), trace);
   FERRY_RETURN_IF_ERROR(e->Init());
   return std::unique_ptr<PipelineExecutor>(std::move(e));
 }

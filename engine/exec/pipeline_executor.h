@@ -60,6 +60,15 @@
 // order is fixed when the step is enqueued); the backward input of each layer is not
 // double-buffered (the plan has three hidden buffers, all busy in a backward stage).
 //
+// Tracing (Create's `trace`, engine/exec/trace_recorder.h): every copy and kernel group the
+// executor enqueues is bracketed by a pair of the device's timed events (DeviceTimeline), placed
+// after the waits that order it, so a span is when the stream ran the work; the step's start
+// anchors each device's clock to the host's. Spans are named and laned as the plan's round-robin
+// timeline (compute "F0.1" / "T.1" / "B0.1", the stage's gradient zeroing "B0" / "T", uploads
+// "IF1.0", "IB0.1" (inputs, saved sets, layouts, targets), downloads "OF0.1", weights
+// "WF1/<chunk>", gradients "GB0"; the embedding on the host, "E.0" and "EB.0"). At the step's end
+// the executor waits for the traced work only, then reads the events. The events are created in
+// the first step and reused.
 // Ownership: borrows the devices (they must outlive the executor); owns its arena blocks and host
 // staging. Thread-safety: one host thread drives an executor at a time (the devices' stream
 // threads run its work).
@@ -71,6 +80,7 @@
 #include <span>
 #include <vector>
 
+#include "engine/exec/trace_recorder.h"
 #include "engine/model/lora_config.h"
 #include "engine/model/model_config.h"
 #include "engine/model/model_runner.h"
@@ -109,10 +119,14 @@ class PipelineExecutor {
   // Validates the plan against the model (stages cover the blocks, recompute has one entry per
   // layer, f32 or bf16 compute) and allocates the plan's GPU map on every device. Errors:
   // InvalidArgument naming the problem; OutOfMemory from a device arena naming the allocation.
+  // With `trace` (borrowed; it must outlive the executor and record as many devices), each step's
+  // tasks are timed by the devices' own events and added to it (see "Tracing" above); without
+  // one nothing is recorded.
   static Result<std::unique_ptr<PipelineExecutor>> Create(std::vector<Device*> devices,
                                                           const ModelConfig& config,
                                                           const plan::Plan& plan,
-                                                          EnqueueObserver observer = nullptr);
+                                                          EnqueueObserver observer = nullptr,
+                                                          TraceRecorder* trace = nullptr);
 
   // One step over plan.micro_batches micro-batches (each plan.micro_batch_size x job.seq_len):
   // returns the summed loss contributions and adds the gradients of the trainable parameters into

@@ -42,9 +42,11 @@ class PipelineRunner final : public ModelRunner {
 
 Result<std::unique_ptr<ModelRunner>> CreatePipelineRunner(std::vector<Device*> devices,
                                                           const ModelConfig& config,
-                                                          const plan::Plan& plan) {
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<PipelineExecutor> e,
-                         PipelineExecutor::Create(std::move(devices), config, plan));
+                                                          const plan::Plan& plan,
+                                                          TraceRecorder* trace) {
+  FERRY_ASSIGN_OR_RETURN(
+      std::unique_ptr<PipelineExecutor> e,
+      PipelineExecutor::Create(std::move(devices), config, plan, nullptr, trace));
   return std::unique_ptr<ModelRunner>(std::make_unique<PipelineRunner>(std::move(e)));
 }
 

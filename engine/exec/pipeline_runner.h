@@ -20,9 +20,10 @@
 
 namespace ferry::exec {
 
-// Errors: those of PipelineExecutor::Create.
+// `trace`: as PipelineExecutor::Create's (may be null). Errors: those of PipelineExecutor::Create.
 Result<std::unique_ptr<ModelRunner>> CreatePipelineRunner(std::vector<Device*> devices,
                                                           const ModelConfig& config,
-                                                          const plan::Plan& plan);
+                                                          const plan::Plan& plan,
+                                                          TraceRecorder* trace = nullptr);
 
 }  // namespace ferry::exec

@@ -159,6 +159,7 @@ class DeviceParams {
   // not be repacked, nor this object destroyed, while a copy enqueued here may still run.
   Status PackWeights(const HostTensors& weights);
   size_t weights_bytes() const { return weights_bytes_; }
+  size_t grads_bytes() const { return grads_bytes_; }
   Status UploadWeights(Device& d, size_t offset, size_t bytes);
   Status DownloadGrads(Device& d);
   Status AddGrads(HostTensors& grads, GradOverwrite* overwrite = nullptr,
