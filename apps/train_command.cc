@@ -55,6 +55,11 @@ void AddTrainCommand(CLI::App& parent, TrainCommand* cmd) {
       ->capture_default_str();
   t->add_flag("--checkpoint-compress", j.checkpoint_compress,
               "zstd-compress the checkpoints' tensor files");
+  t->add_option("--trace", cmd->trace,
+                "Write what ran as Chrome-trace JSON (Perfetto), timed by the devices' streams: "
+                "per device compute, host->device and device->host lanes, the host's lanes, "
+                "named as `ferry plan --trace` names the predicted ones (needs --devices 2 or "
+                "more)");
   t->add_option("--resume", cmd->resume,
                 "Continue the run in RUN_DIR from its newest intact checkpoint (job from "
                 "RUN_DIR/job.json; only --steps, --threads and the checkpoint options may change)");
@@ -134,6 +139,12 @@ int RunTrainCommand(TrainCommand& cmd) {
                     std::to_string(job.seq_len);
   if (job.devices > 1) run.device_from += " on --devices " + std::to_string(job.devices);
   if (Status s = ValidateRunLimits(run, *model); !s.ok()) return fail(s);
+  if (!cmd.trace.empty() && job.devices <= 1) {
+    return fail(Status::InvalidArgument(
+        "--trace records the pipeline executor's streams: give --devices 2 or more (a one-device "
+        "run goes through a single ModelRunner, which is not traced)"));
+  }
+  control.trace = cmd.trace;
   if (cmd.force && control.resume)
     return fail(
         Status::InvalidArgument("--force cannot be "

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -66,6 +68,47 @@ TEST_F(PipelineCliTest, Bf16OnTwoDevicesGivesTheOneDeviceLosses) {
   TrainOnOneAndTwoDevices(dir_, "--batch-size 4 --seq-len 32 --dtype bf16", want, got);
   ASSERT_FALSE(HasFatalFailure());
   EXPECT_EQ(got, want);
+}
+
+// --trace FILE: the measured timeline as Chrome-trace JSON with the plan's lanes, and the run ends
+// with measured vs predicted step time and memory per tier (no timing is asserted).
+TEST_F(PipelineCliTest, TraceWritesTheMeasuredTimelineAndTheRunComparesItWithThePlan) {
+  const std::string trace = dir_ + "/trace.json";
+  CommandResult r = Ferry(
+      "train --steps 3 --threads 1 --devices 2 --batch-size 4 --micro-batches 2 "
+      "--seq-len 32 --out " +
+      dir_ + "/run --trace " + trace);
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* line : {"measured vs predicted", "step time", "cpu0 peak", "cpu1 peak",
+                           "host peak", "predicted ", "planned ", "wrote the trace of 3 steps"}) {
+    EXPECT_NE(r.output.find(line), std::string::npos) << line << " in\n" << r.output;
+  }
+  std::ifstream in(trace);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << "not JSON: " << trace;
+  std::set<std::string> lanes;
+  size_t spans = 0;
+  for (const nlohmann::json& e : j["traceEvents"]) {
+    if (e["name"] == "thread_name") {
+      lanes.insert("pid " + e["pid"].dump() + " " + e["args"]["name"].get<std::string>());
+    }
+    spans += e["ph"] == "X" ? 1 : 0;
+  }
+  for (const char* lane :
+       {"pid 0 compute", "pid 0 host->device", "pid 0 device->host", "pid 1 compute",
+        "pid 1 host->device", "pid 1 device->host", "pid 2 host memory"}) {
+    EXPECT_TRUE(lanes.count(lane)) << lane;
+  }
+  EXPECT_GT(spans, 0u);
+}
+
+// A one-device run has no executor to trace: refused in one line, before the run folder exists.
+TEST_F(PipelineCliTest, TraceWithoutDevicesIsRefused) {
+  CommandResult r = Ferry("train --trace " + dir_ + "/t.json --out " + dir_ + "/run");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  EXPECT_NE(r.output.find("--devices 2"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/run"));
 }
 
 TEST_F(PipelineCliTest, BadDeviceOptionsAreOneLine) {

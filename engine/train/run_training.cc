@@ -16,6 +16,7 @@
 #include "engine/model/model_runner.h"
 #include "engine/train/dataset.h"
 #include "engine/train/progress_bar.h"
+#include "engine/train/run_report.h"
 #include "engine/train/trainer.h"
 #include "engine/train/training_data.h"
 #include "engine/train/training_runner.h"
@@ -64,7 +65,8 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
   const int threads =
       job.threads > 0 ? int(job.threads) : int(std::max(1u, std::thread::hardware_concurrency()));
   const BatchShape shape{job.micro_batch_size(), job.seq_len};
-  FERRY_ASSIGN_OR_RETURN(TrainingRunner devices, CreateTrainingRunner(job, model, threads));
+  FERRY_ASSIGN_OR_RETURN(TrainingRunner devices,
+                         CreateTrainingRunner(job, model, threads, !control.trace.empty()));
   ModelRunner* runner = devices.runner.get();
   if (job.devices > 1) std::fprintf(stderr, "ferry train: %s\n", devices.summary.c_str());
 
@@ -142,6 +144,24 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
                job.dtype.c_str(), job.out.c_str());
   ProgressBar progress(stderr, ::isatty(::fileno(stderr)) != 0,
                        std::max<int64_t>(1, job.steps / 20));
+  MeasuredRun measured;
+  measured.step_seconds.reserve(size_t(std::max<int64_t>(job.steps, 0)));
+  // A pipeline run ends with what it measured against its plan, and the trace when asked for.
+  auto report = [&]() -> Status {
+    if (!devices.plan) return Status::Ok();
+    for (const auto& d : devices.devices) {
+      measured.devices.push_back({d->name(), d->arena_stats().peak, d->capacity()});
+    }
+    const Result<uint64_t> rss = PeakResidentBytes();
+    measured.host_peak_bytes = rss.ok() ? *rss : 0;
+    std::fprintf(stderr, "ferry train: %s", MeasuredVsPredicted(*devices.plan, measured).c_str());
+    if (devices.trace == nullptr) return Status::Ok();
+    FERRY_RETURN_IF_ERROR(WriteTextFile(control.trace, devices.trace->ChromeTraceJson())
+                              .WithContext("--trace " + control.trace));
+    std::fprintf(stderr, "ferry train: wrote the trace of %lld steps to %s\n",
+                 (long long)(devices.trace->step() + 1), control.trace.c_str());
+    return Status::Ok();
+  };
   int64_t tokens_total = 0;
   double last_loss = 0;
   const int64_t first_step = trainer->steps_done();
@@ -156,8 +176,10 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
     const auto step_start = std::chrono::steady_clock::now();
     std::vector<MicroBatch> batch;
     for (int64_t m = 0; m < job.micro_batches; ++m) batch.push_back(batcher.MakeMicroBatch(k, m));
+    const auto update_start = std::chrono::steady_clock::now();
     Result<StepStats> st = trainer->Step(batch);
     if (!st.ok()) return st.status().WithContext("step " + std::to_string(k));
+    measured.step_seconds.push_back(seconds_since(update_start));
     if (!std::isfinite(st->loss)) {
       progress.Finish();
       return Status::FailedPrecondition("the loss became " + std::to_string(st->loss) +
@@ -195,6 +217,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
       FERRY_ASSIGN_OR_RETURN(std::string saved, save_checkpoint(elapsed));
       if (stop != 0) {
         progress.Finish();
+        FERRY_RETURN_IF_ERROR(report());
         return Status::Cancelled("stopped by signal " + std::to_string(stop) + " after step " +
                                  std::to_string(k + 1) + "; saved " + saved +
                                  "; continue with: ferry train --resume " + job.out);
@@ -202,6 +225,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
     }
   }
   progress.Finish();
+  FERRY_RETURN_IF_ERROR(report());
   FERRY_RETURN_IF_ERROR(save_checkpoint(seconds_since(train_start)).status());  // finishes updates
   // A folder's frozen base stays where it is (the adapter loads onto it); its tokenizer is copied.
   FERRY_RETURN_IF_ERROR(WriteFinalWeights(job.out, model, job.lora, trainer->layers(),

@@ -15,6 +15,8 @@
 // (batches are a pure function of the step; the frozen part of the model is rebuilt from the job).
 // When RunControl::stop_requested returns non-zero, the run finishes the current update, saves a
 // checkpoint and returns Cancelled saying how to resume.
+// A --devices N > 1 run ends (or stops) by printing measured vs predicted step time and peak
+// memory per tier (engine/train/run_report.h) to stderr.
 //
 // REQUIRES: ValidateJobSpec(job, model) is ok and PrepareRunFolder(job.out) succeeded.
 #pragma once
@@ -22,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "engine/job/job_spec.h"
 #include "engine/model/lora_config.h"
@@ -42,6 +45,10 @@ struct RunControl {
   std::function<Status(int64_t checkpoint_step)> on_resume;
   // Test-only (CheckpointOptions::fault_hook).
   std::function<Status(int64_t step, std::string_view stage)> checkpoint_fault_hook;
+  // Non-empty: write what the pipeline's devices and the host ran, as Chrome-trace JSON
+  // (engine/exec/trace_recorder.h), to this file when the run ends or is stopped. Needs
+  // job.devices > 1 (InvalidArgument otherwise).
+  std::string trace;
 };
 
 Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunControl& control = {});

@@ -89,12 +89,17 @@ uint64_t TrainingDevicesBytes(const JobSpec& job, const ModelConfig& model, int 
 }
 
 Result<TrainingRunner> CreateTrainingRunner(const JobSpec& job, const ModelConfig& model,
-                                            int threads) {
+                                            int threads, bool trace) {
   TrainingRunner t;
   if (job.stale_updates && job.devices <= 1) {
     return Status::InvalidArgument(
         "--stale-updates overlaps the optimizer with the next step of a pipeline: use it with "
         "--devices N (N > 1); one device runs every step on the newest weights");
+  }
+  if (trace && job.devices <= 1) {
+    return Status::InvalidArgument(
+        "a trace records the pipeline executor's streams: give --devices 2 or more (one device "
+        "runs without the executor)");
   }
   if (job.devices <= 1) {
     FERRY_ASSIGN_OR_RETURN(std::unique_ptr<CpuDevice> d,
@@ -116,10 +121,12 @@ Result<TrainingRunner> CreateTrainingRunner(const JobSpec& job, const ModelConfi
     raw.push_back(d.get());
     t.devices.push_back(std::move(d));
   }
-  FERRY_ASSIGN_OR_RETURN(t.runner, exec::CreatePipelineRunner(raw, model, p));
+  if (trace) t.trace = std::make_unique<exec::TraceRecorder>(p, job.steps);
+  FERRY_ASSIGN_OR_RETURN(t.runner, exec::CreatePipelineRunner(raw, model, p, t.trace.get()));
   t.summary = std::to_string(job.devices) + " CPU devices, " + std::to_string(p.stages.size()) +
               " stages, activations " + p.activation_policy + ", " +
               FormatBytes(p.memory.gpu.total()) + " per device";
+  t.plan = p;
   return t;
 }
 

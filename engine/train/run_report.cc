@@ -1,0 +1,105 @@
+#include "engine/train/run_report.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+
+#include "engine/plan/byte_size.h"
+#include "offload/file_io.h"
+
+namespace ferry {
+namespace {
+
+// "850 us", "12.3 ms", "1.52 s".
+std::string Seconds(double s) {
+  char buf[32];
+  if (s < 1e-3) {
+    std::snprintf(buf, sizeof(buf), "%.0f us", s * 1e6);
+  } else if (s < 1.0) {
+    std::snprintf(buf, sizeof(buf), "%.3g ms", s * 1e3);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.3g s", s);
+  }
+  return buf;
+}
+
+// Rows of (label, measured, predicted), each column padded to its widest entry.
+class Table {
+ public:
+  void Add(std::string label, std::string measured, std::string predicted) {
+    rows_.push_back({std::move(label), std::move(measured), std::move(predicted)});
+  }
+  std::string Text() const {
+    size_t w[2] = {0, 0};
+    for (const auto& r : rows_) {
+      for (size_t c = 0; c < 2; ++c) w[c] = std::max(w[c], r[c].size());
+    }
+    std::string out;
+    for (const auto& r : rows_) {
+      out += "  " + r[0] + std::string(w[0] - r[0].size() + 2, ' ') + r[1] +
+             std::string(w[1] - r[1].size() + 3, ' ') + r[2] + "\n";
+    }
+    return out;
+  }
+
+ private:
+  std::vector<std::array<std::string, 3>> rows_;
+};
+
+// The median update after the first (which also creates what later steps reuse), with the range.
+std::string StepTime(const std::vector<double>& steps) {
+  if (steps.empty()) return "none (no update ran)";
+  const size_t skip = steps.size() > 1 ? 1 : 0;
+  std::vector<double> tail(steps.begin() + long(skip), steps.end());
+  std::sort(tail.begin(), tail.end());
+  const size_t n = tail.size();
+  const double median = n % 2 == 1 ? tail[n / 2] : (tail[n / 2 - 1] + tail[n / 2]) / 2;
+  std::string s = Seconds(median);
+  s += skip == 0 ? " (the only update" : " (median of " + std::to_string(n) + " after the first";
+  if (n > 1) s += "; min " + Seconds(tail.front()) + ", max " + Seconds(tail.back());
+  return s + ")";
+}
+
+}  // namespace
+
+std::string MeasuredVsPredicted(const plan::Plan& plan, const MeasuredRun& run) {
+  using plan::FormatByteSize;
+  const size_t stages = plan.stages.size();
+  const std::string head = "measured vs predicted (plan for profile " + plan.hardware_name + ", " +
+                           std::to_string(plan.gpus) + " devices, " + std::to_string(stages) +
+                           (stages == 1 ? " forward stage" : " forward stages") + "):\n";
+  Table table;
+  table.Add("step time", StepTime(run.step_seconds), "predicted " + Seconds(plan.step_s));
+  uint64_t arenas = 0;
+  for (const MeasuredRun::Device& d : run.devices) {
+    table.Add(d.name + " peak", FormatByteSize(d.peak_bytes) + " (arena)",
+              "planned " + FormatByteSize(plan.memory.gpu.total()));
+    arenas += d.capacity;
+  }
+  const uint64_t pinned = plan.memory.pinned_host.total();
+  const uint64_t pageable = plan.memory.pageable_host.total();
+  table.Add("host peak",
+            run.host_peak_bytes == 0 ? std::string("unknown")
+                                     : FormatByteSize(run.host_peak_bytes) + " (process RSS; " +
+                                           FormatByteSize(arenas) + " of it device arenas)",
+            "planned " + FormatByteSize(pinned + pageable) + " (pinned " + FormatByteSize(pinned) +
+                " + pageable " + FormatByteSize(pageable) + ")");
+  if (const uint64_t nvme = plan.memory.nvme.total(); nvme > 0) {
+    table.Add("NVMe", "none (the executor keeps every tier in RAM)",
+              "planned " + FormatByteSize(nvme));
+  }
+  return head + table.Text();
+}
+
+Result<uint64_t> PeakResidentBytes() {
+  FERRY_ASSIGN_OR_RETURN(const std::string status, ReadWholeFile("/proc/self/status"));
+  const size_t at = status.find("VmHWM:");
+  if (at == std::string::npos) {
+    return Status::NotFound("/proc/self/status has no VmHWM (peak resident set)");
+  }
+  // "VmHWM:     123456 kB"
+  return uint64_t(std::strtoull(status.c_str() + at + 6, nullptr, 10)) * 1024;
+}
+
+}  // namespace ferry

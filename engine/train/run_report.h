@@ -1,0 +1,44 @@
+// The end of a `ferry train --devices N` run: what was measured against what its plan predicted
+// (DESIGN.md, "Plan": the same plan, run on the simulator, predicts the step time; the memory
+// model predicts every tier's bytes), so a user sees at once how far the plan's hardware profile
+// is from this machine.
+//
+// Pure functions over values, except PeakResidentBytes (reads /proc). Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/plan/planner.h"
+#include "kernels/status.h"
+
+namespace ferry {
+
+struct MeasuredRun {
+  std::vector<double> step_seconds;  // wall time of each update this run (the trainer's Step)
+  struct Device {
+    std::string name;
+    uint64_t peak_bytes = 0;  // its arena's high-water mark
+    uint64_t capacity = 0;    // its arena's size (on a CPU device, host memory)
+  };
+  std::vector<Device> devices;
+  uint64_t host_peak_bytes = 0;  // the process's peak resident set; 0: unknown
+};
+
+// Lines like (`ferry train --devices 2 --steps 3` on two shared cores)
+//   measured vs predicted (plan for profile cpu-devices, 2 devices, 1 forward stage):
+//     step time  546 ms (median of 2 after the first; min 534 ms, max 558 ms)   predicted 450 ms
+//     cpu0 peak  83.30 MiB (arena)                                              planned 83.30 MiB
+//     cpu1 peak  83.30 MiB (arena)                                              planned 83.30 MiB
+//     host peak  476.87 MiB (process RSS; 166.60 MiB of it device arenas)       planned 138.04 MiB
+//                                    ... (pinned 112.48 MiB + pageable 25.56 MiB)  [one line]
+// each ending in '\n'. The step time is the median over the steps after the first (which also
+// creates what later steps reuse) when there are several.
+std::string MeasuredVsPredicted(const plan::Plan& plan, const MeasuredRun& run);
+
+// The process's peak resident set size (VmHWM in /proc/self/status). Errors: NotFound when the
+// kernel does not report it.
+Result<uint64_t> PeakResidentBytes();
+
+}  // namespace ferry

@@ -1,0 +1,53 @@
+#include "engine/train/run_report.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+namespace ferry {
+namespace {
+
+plan::Plan TwoDevicePlan() {
+  plan::Plan p;
+  p.hardware_name = "cpu-devices";
+  p.gpus = 2;
+  p.stages = {{1, 3}, {3, 5}};
+  p.step_s = 0.25;
+  p.memory.gpu.allocations = {{"weights.slot0", 1024}};
+  p.memory.pinned_host.allocations = {{"weights.upload", 2048}};
+  return p;
+}
+
+// The step time skips the first update (it also creates what later ones reuse); every device
+// and the host get a row against the plan; NVMe only when the plan puts bytes there.
+TEST(RunReport, ComparesSteadyStepsAndEveryTierWithThePlan) {
+  MeasuredRun run;
+  run.step_seconds = {9.0, 0.3, 0.1, 0.2};
+  run.devices = {{"cpu0", 1024, 4096}, {"cpu1", 512, 4096}};
+  run.host_peak_bytes = 1 << 20;
+  const std::string text = MeasuredVsPredicted(TwoDevicePlan(), run);
+  EXPECT_NE(text.find("2 devices, 2 forward stages"), std::string::npos) << text;
+  EXPECT_NE(text.find("200 ms (median of 3 after the first; min 100 ms, max 300 ms)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("predicted 250 ms"), std::string::npos) << text;
+  EXPECT_NE(text.find("cpu1 peak"), std::string::npos) << text;
+  EXPECT_NE(text.find("planned 1.00 KiB"), std::string::npos) << text;
+  EXPECT_NE(text.find("8.00 KiB of it device arenas"), std::string::npos) << text;
+  EXPECT_NE(text.find("(pinned 2.00 KiB + pageable 0 B)"), std::string::npos) << text;
+  EXPECT_EQ(text.find("NVMe"), std::string::npos) << text;
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 5) << text;
+
+  run.step_seconds = {0.5};
+  EXPECT_NE(MeasuredVsPredicted(TwoDevicePlan(), run).find("500 ms (the only update)"),
+            std::string::npos);
+}
+
+TEST(RunReport, PeakResidentBytesIsThisProcesss) {
+  Result<uint64_t> rss = PeakResidentBytes();
+  ASSERT_TRUE(rss.ok()) << rss.status().ToString();
+  EXPECT_GT(*rss, 0u);
+}
+
+}  // namespace
+}  // namespace ferry
