@@ -1,5 +1,7 @@
 #include "engine/exec/device_timeline.h"
 
+#include <utility>
+
 #include "engine/plan/pipeline_schedules.h"
 
 namespace ferry::exec {
@@ -40,11 +42,19 @@ Status DeviceTimeline::BeginStep() {
 }
 
 Result<size_t> DeviceTimeline::NextEvent() {
-  if (used_ == events_.size()) {
+  if (used_ == events_.size()) FERRY_RETURN_IF_ERROR(Reserve(used_ + 1));
+  return used_++;
+}
+
+Status DeviceTimeline::Reserve(size_t events) {
+  events_.reserve(events);
+  tasks_.reserve(events / 2);
+  while (events_.size() < events) {
     FERRY_ASSIGN_OR_RETURN(Event e, device_.CreateTimedEvent());
     events_.push_back(std::move(e));
+    ++created_;
   }
-  return used_++;
+  return Status::Ok();
 }
 
 Status DeviceTimeline::Begin(StreamId stream) {
@@ -89,6 +99,7 @@ Status DeviceTimeline::Collect(TraceRecorder& recorder) {
   FERRY_ASSIGN_OR_RETURN(const double window,
                          device_.ElapsedSeconds(anchor_before_, anchor_after_));
   recorder.NoteClockError(gpu_, window);
+  recorder.NoteEventsCreated(int64_t(std::exchange(created_, 0)));
   for (Task& t : tasks_) {
     FERRY_RETURN_IF_ERROR(device_.Synchronize(events_[t.end]));
     FERRY_ASSIGN_OR_RETURN(const double start,

@@ -11,8 +11,8 @@
 //    task is done. Tasks on one stream are bracketed one at a time.
 //  - Collect, once the step's work is enqueued, waits for each end record (only the traced work,
 //    so an optimizer or a next step overlapping it is not held up) and adds the spans.
-// Events are created the first time a step needs them and reused by later steps, which enqueue
-// the same tasks: after the first step nothing is created.
+// Events are created the first time a step needs them and reused by later steps; with Reserve
+// (below) nothing is created after the first step.
 //
 // Ownership: borrows the device (it must outlive the timeline). Thread-safety: one host thread.
 #pragma once
@@ -47,8 +47,16 @@ class DeviceTimeline {
   // REQUIRES: Begin(stream) since the last End(stream).
   Status End(StreamId stream, char what, plan::TaskKind kind, int stage, int micro_batch,
              double bytes = 0, int chunk = -1);
-  // Waits for the step's marks and adds the spans to `recorder` (step: recorder.step()).
+  // Waits for the step's marks and adds the spans to `recorder` (step: recorder.step()), with
+  // the number of events created since the last Collect.
   Status Collect(TraceRecorder& recorder);
+
+  // Events this step has used so far.
+  size_t events_used() const { return used_; }
+  // Creates events until the pool holds `events`. The round robin's counter runs on across steps,
+  // so a device runs other stages in the next step (another device's load of this step): the
+  // executor reserves the largest device's count on every device after the first step.
+  Status Reserve(size_t events);
 
  private:
   DeviceTimeline(Device& device, int gpu, int forward_stages, Event before, Event after)
@@ -77,6 +85,7 @@ class DeviceTimeline {
   TraceRecorder::Clock::time_point anchor_host_;
   std::vector<Event> events_;                            // the pool
   size_t used_ = 0;                                      // events of the pool used this step
+  size_t created_ = 0;                                   // events created since the last Collect
   std::array<std::optional<size_t>, kNumStreams> open_;  // per stream: the begin of its open task
   std::vector<Task> tasks_;                              // this step's, in enqueue order
 };

@@ -260,9 +260,7 @@ class Executor final : public PipelineExecutor {
     Result<double> r = RunStep(weights, batches, grads);
     hooks_ = nullptr;
     if (r.ok() && trace_ != nullptr) {
-      for (DeviceState& ds : devices_) {
-        if (Status s = ds.timeline->Collect(*trace_); !s.ok()) r = s;
-      }
+      if (Status s = CollectTrace(); !s.ok()) r = s;
     }
     if (!r.ok()) SynchronizeAll();
     runs_.clear();  // every copy that used their mirrors has completed
@@ -290,6 +288,18 @@ class Executor final : public PipelineExecutor {
     for (size_t i = 0; i < n; ++i) {
       FERRY_ASSIGN_OR_RETURN(Event e, d.CreateEvent());
       out.push_back(std::move(e));
+    }
+    return Status::Ok();
+  }
+
+  // Adds the step's spans to the trace. The round robin's counter runs on, so next step each
+  // device runs what another ran in this one: every device keeps as many events as the busiest.
+  Status CollectTrace() {
+    size_t most = 0;
+    for (DeviceState& ds : devices_) most = std::max(most, ds.timeline->events_used());
+    for (DeviceState& ds : devices_) {
+      FERRY_RETURN_IF_ERROR(ds.timeline->Reserve(most));
+      FERRY_RETURN_IF_ERROR(ds.timeline->Collect(*trace_));
     }
     return Status::Ok();
   }

@@ -119,11 +119,13 @@ TEST_F(PipelineTraceTest, EveryStageOfEveryStepHasItsTasksOnItsDevicesLanes) {
     expect("E." + std::to_string(m), LaneKind::kHostMemory, -1);
     expect("EB." + std::to_string(m), LaneKind::kHostMemory, -1);
   }
-  // Both steps enqueue the same tasks, so the second reuses the first one's events.
+  // Both steps enqueue the same tasks (on the other device each: K is odd), and the second creates
+  // no events: it reuses the first one's.
   std::map<int64_t, int> per_step;
   for (const TraceSpan& s : Spans()) ++per_step[s.step];
   EXPECT_EQ(per_step.size(), 2u);
   EXPECT_EQ(per_step[0], per_step[1]);
+  EXPECT_EQ(traced_->run.trace->events_created_after_first_step(), 0);
 }
 
 // A stream runs its work in order: the spans of one device's lane never overlap (both ends come

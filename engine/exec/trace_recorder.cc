@@ -54,6 +54,16 @@ void TraceRecorder::NoteClockError(int device, double seconds) {
   }
 }
 
+void TraceRecorder::NoteEventsCreated(int64_t events) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (step() > 0) late_events_ += events;
+}
+
+int64_t TraceRecorder::events_created_after_first_step() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return late_events_;
+}
+
 TraceRecorder::TaskLabel TraceRecorder::UpdateTask(int layer) const {
   const int stage = layer >= 0 && size_t(layer) < update_stage_.size()
                         ? update_stage_[size_t(layer)]

@@ -66,6 +66,10 @@ class TraceRecorder {
   void Add(TraceSpan span);
   // Device `device`'s clock mapping had an error window of `seconds` this step.
   void NoteClockError(int device, double seconds);
+  // The device timelines created `events` timed events this step (the trace's own cost).
+  void NoteEventsCreated(int64_t events);
+  // Timed events created in steps after the first (0: the trace allocates no events per step).
+  int64_t events_created_after_first_step() const;
 
   // The optimizer update of `layer` (BuildLayerSpecs order: embedding, blocks, head) as the plan
   // names it: "U" and the stage whose gradients it needs ("UB0", "UT"), and that stage's index.
@@ -92,6 +96,7 @@ class TraceRecorder {
   mutable std::mutex mu_;
   std::vector<TraceSpan> spans_;     // guarded by mu_
   std::vector<double> clock_error_;  // guarded by mu_; per device
+  int64_t late_events_ = 0;          // guarded by mu_; created in steps after the first
 };
 
 // A span of host work, timed from construction to destruction on the calling thread's clock and
