@@ -259,11 +259,10 @@ class Executor final : public PipelineExecutor {
     hooks_ = &hooks;
     Result<double> r = RunStep(weights, batches, grads);
     hooks_ = nullptr;
-    if (r.ok() && trace_ != nullptr) {
-      if (Status s = CollectTrace(); !s.ok()) r = s;
-    }
-    if (!r.ok()) SynchronizeAll();
+    const Status traced = r.ok() && trace_ != nullptr ? CollectTrace() : Status::Ok();
+    if (!r.ok() || !traced.ok()) SynchronizeAll();
     runs_.clear();  // every copy that used their mirrors has completed
+    if (!traced.ok()) return traced;
     return r;
   }
 

@@ -61,7 +61,7 @@ void RunTwoTracedSteps(Traced& t) {
   }
   batches[0].overwrite_grads = true;
   for (int step = 0; step < 2; ++step) {
-    Result<double> loss = t.run.runner->AccumulateStep(batches, grads);
+    Result<double> loss = t.run.runner->AccumulateStep(batches, grads, {});
     ASSERT_TRUE(loss.ok()) << loss.status().ToString();
   }
 }

@@ -102,6 +102,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
   FERRY_ASSIGN_OR_RETURN(
       std::unique_ptr<Trainer> trainer,
       Trainer::Create(runner, std::move(layers), std::move(weights), optimizer, &optimizer_pool));
+  trainer->set_trace(devices.trace.get());
   if (resumed) {
     FERRY_RETURN_IF_ERROR(
         trainer->RestoreOptimizer(resumed->step, resumed->exp_avg, resumed->exp_avg_sq));

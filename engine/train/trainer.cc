@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "engine/model/master_weights.h"
 #include "engine/train/grad_clip.h"
@@ -126,8 +127,11 @@ Status Trainer::CheckLayers(int64_t first, int64_t last) const {
 Status Trainer::ApplyPending(int64_t first, int64_t last) {
   FERRY_RETURN_IF_ERROR(CheckLayers(first, last));
   for (int64_t l = first; l < last && pending_count_ > 0; ++l) {
+    exec::HostSpan span;  // opened with the layer's first update
+    bool traced = false;
     for (size_t k : reads_[size_t(l)]) {
       if (!pending_[k]) continue;
+      if (!std::exchange(traced, true)) span = exec::OptimizerSpan(trace_, int(l));
       FERRY_RETURN_IF_ERROR(Apply(k, pending_update_));
       pending_[k] = 0;
       --pending_count_;
@@ -219,8 +223,11 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
       FERRY_RETURN_IF_ERROR(CheckLayers(first, last));
       return timed([&]() -> Status {
         for (int64_t l = first; l < last; ++l) {
+          exec::HostSpan span;  // opened with the layer's first update
+          bool traced = false;
           for (size_t k : reads_[size_t(l)]) {
             if (--unread_[k] > 0 || !pending_[k]) continue;
+            if (!std::exchange(traced, true)) span = exec::OptimizerSpan(trace_, int(l));
             FERRY_RETURN_IF_ERROR(Apply(k, pending_update_));
             pending_[k] = 0;
             --pending_count_;
@@ -235,6 +242,8 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
       FERRY_RETURN_IF_ERROR(CheckLayers(first, last));
       return timed([&]() -> Status {
         for (int64_t l = first; l < last; ++l) {
+          if (lands_[size_t(l)].empty()) continue;
+          exec::HostSpan span = exec::OptimizerSpan(trace_, int(l));
           for (size_t k : lands_[size_t(l)]) FERRY_RETURN_IF_ERROR(Land(k, now));
         }
         return Status::Ok();
@@ -246,8 +255,14 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
   const Clock::time_point t1 = Clock::now();
   st.compute_seconds = std::chrono::duration<double>(t1 - t0).count() - in_step;
   st.optimizer_in_step_seconds = in_step;
-  for (size_t k = 0; k < order_.size(); ++k) {
-    if (!landed_[k]) FERRY_RETURN_IF_ERROR(Land(k, now));
+  for (size_t l = 0; l < lands_.size(); ++l) {  // what the runner did not report, layer by layer
+    exec::HostSpan span;
+    bool traced = false;
+    for (size_t k : lands_[l]) {
+      if (landed_[k]) continue;
+      if (!std::exchange(traced, true)) span = exec::OptimizerSpan(trace_, int(l));
+      FERRY_RETURN_IF_ERROR(Land(k, now));
+    }
   }
   double sum_sq = 0;  // in parameter order, whatever order the layers landed in
   for (double x : sum_sq_) sum_sq += x;

@@ -51,6 +51,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/exec/trace_recorder.h"
 #include "engine/model/model_runner.h"
 #include "engine/model/param_spec.h"
 #include "engine/train/dataset.h"
@@ -112,6 +113,9 @@ class Trainer {
   bool updates_pending() const { return pending_count_ > 0; }
 
   int64_t steps_done() const { return step_; }
+  // Records each layer's optimizer work (norm and update) as a span on the trace's CPU optimizer
+  // lane (null: none). Borrowed; must outlive the Trainer or be reset.
+  void set_trace(exec::TraceRecorder* trace) { trace_ = trace; }
   // REQUIRES (for these three): !updates_pending() (checked: aborts naming FinishUpdates).
   const HostTensors& weights() const;
   const std::vector<LayerSpec>& layers() const { return layers_; }
@@ -163,6 +167,7 @@ class Trainer {
   ThreadPool* pool_;  // not owned; may be null
   cpu::AdamWKernel kernel_;
   int64_t step_ = 0;
+  exec::TraceRecorder* trace_ = nullptr;  // not owned; may be null
   // Per layer: the trainable parameters (indices into order_) whose gradients land with it, and
   // those whose master values it reads (its own and the owners of its tied parameters).
   std::vector<std::vector<size_t>> lands_, reads_;
