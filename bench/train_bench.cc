@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_common.h"
 #include "bench/spread.h"
 #include "engine/model/master_weights.h"
 #include "engine/model/model_runner.h"
@@ -37,56 +38,16 @@ namespace ferry {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using bench::Check;
+using bench::GemmRates;
+using bench::Llama100M;
 using bench::Spread;
 using bench::SpreadOf;
-
-void Check(const Status& s, const char* what) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "train_bench: %s: %s\n", what, s.ToString().c_str());
-    std::exit(1);
-  }
-}
 
 double PeakRssMiB() {
   rusage u{};
   ::getrusage(RUSAGE_SELF, &u);
   return double(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
-}
-
-// GEMM rates (GFLOP/s) of an n x n x n product through the op on a CpuDevice, A and B stored in
-// `dtype` and C in f32: one warm-up run, then `reps` timed runs.
-std::vector<double> GemmRates(int threads, int64_t n, DType dtype, int reps) {
-  const size_t in_bytes = size_t(n * n) * DTypeSize(dtype), out_bytes = size_t(n * n) * 4;
-  const size_t scratch_bytes =
-      GemmScratchBytes(OpTarget{DeviceKind::kCpu, threads}, n, n, n, {dtype, dtype, DType::kF32});
-  auto dev =
-      CpuDevice::Create({.name = "gemm",
-                         .memory_bytes = 2 * in_bytes + out_bytes + scratch_bytes + (1 << 20),
-                         .compute_threads = threads});
-  Check(dev.status(), "gemm device");
-  std::vector<DeviceBuffer> bufs;
-  for (auto [what, bytes] : {std::pair{"a", in_bytes},
-                             {"b", in_bytes},
-                             {"c", out_bytes},
-                             {"scratch", std::max<size_t>(scratch_bytes, 64)}}) {
-    auto b = (*dev)->Allocate(bytes, what);
-    Check(b.status(), what);
-    Check((*dev)->Zero(b->data(), bytes), "zero");
-    bufs.push_back(std::move(*b));
-  }
-  const GemmArgs g{.a = bufs[0].View(dtype, {n, n}),
-                   .b = bufs[1].View(dtype, {n, n}),
-                   .c = bufs[2].View(DType::kF32, {n, n}),
-                   .scratch = bufs[3].View(DType::kF32, {int64_t(bufs[3].bytes() / 4)})};
-  std::vector<double> rates;
-  for (int r = 0; r <= reps; ++r) {
-    const auto t0 = Clock::now();
-    Check(Gemm(**dev, g), "gemm");
-    Check((*dev)->Synchronize(), "gemm");
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (r > 0) rates.push_back(2.0 * double(n) * double(n) * double(n) / s * 1e-9);
-  }
-  return rates;
 }
 
 ModelConfig Gpt2Small() {
@@ -106,24 +67,6 @@ ModelConfig Gpt2Small() {
   c.tie_word_embeddings = true;
   c.qkv_bias = c.o_bias = c.mlp_bias = true;
   c.learned_positions = true;
-  return c;
-}
-
-// ~100M parameters: 8 blocks of width 768 (GQA 12/4 heads, SwiGLU 2048), 32000 vocabulary, untied
-// head.
-ModelConfig Llama100M() {
-  ModelConfig c = TinyLlamaPreset();
-  c.architecture = "LlamaForCausalLM";
-  c.model_type = "llama";
-  c.vocab_size = 32000;
-  c.hidden_size = 768;
-  c.intermediate_size = 2048;
-  c.num_layers = 8;
-  c.num_heads = 12;
-  c.num_kv_heads = 4;
-  c.head_dim = 64;
-  c.max_position_embeddings = 2048;
-  c.tie_word_embeddings = false;
   return c;
 }
 
@@ -240,7 +183,8 @@ int main(int argc, char** argv) {
       ferry::BenchModel("gpt2-124M", ferry::Gpt2Small(), {4, 64}, threads, steps, dtype, ceiling);
     }
     if (only.empty() || only == "llama") {
-      ferry::BenchModel("llama-100M", ferry::Llama100M(), {4, 256}, threads, steps, dtype, ceiling);
+      ferry::BenchModel("llama-100M", ferry::bench::Llama100M(), {4, 256}, threads, steps, dtype,
+                        ceiling);
     }
   }
   return 0;

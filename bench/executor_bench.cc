@@ -1,0 +1,250 @@
+// executor_bench: does the pipeline executor overlap what it can? A ~100M-parameter Llama-shaped
+// LoRA job (rank 16 on every projection, so the host optimizer is small and does not fight the
+// devices for the cores) runs on CPU devices of one thread each, traced (engine/exec/
+// trace_recorder.h). Per timed step it reads, from the streams' own timestamps, each device's
+// busy time per lane (compute, host->device, device->host) and the host optimizer's, and prints
+//   - the measured step against the bound max(busiest lane) (target <= 1.15: everything that can
+//     overlap does),
+//   - against the sum of every lane of every device (what a serial executor would take: no
+//     device runs beside another, no copy beside compute),
+//   - against the planner's prediction for the same plan on a profile whose rates are this run's
+//     (the devices' GEMM ceiling, the throttled link).
+// Runs: 2 devices with the link throttled so that one device's uploads take about as long as its
+// compute (rate chosen from an unthrottled run), 2 devices unthrottled, 1 device unthrottled.
+// Each figure is a median with its min and max over the timed steps, next to the 1-thread fp32
+// GEMM ceiling measured in the same run. Activations on NVMe: the executor refuses NVMe tiers
+// today (said at the end).
+//
+// Usage: executor_bench [--steps N] [--seq-len T] [--micro-batches M]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/bench_common.h"
+#include "bench/spread.h"
+#include "engine/exec/pipeline_runner.h"
+#include "engine/exec/trace_recorder.h"
+#include "engine/model/master_weights.h"
+#include "engine/plan/planner.h"
+#include "engine/train/dataset.h"
+#include "engine/train/run_training.h"
+#include "engine/train/trainer.h"
+#include "engine/train/training_runner.h"
+
+namespace ferry {
+namespace {
+
+using bench::Check;
+using bench::Spread;
+using bench::SpreadOf;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  int steps = 4;
+  int64_t seq_len = 128;
+  int64_t micro_batches = 4;
+};
+
+// One step's lanes, from the trace: seconds busy per device and lane, and the host optimizer's.
+struct StepLanes {
+  std::vector<double> compute, upload, download;
+  double optimizer = 0;
+  std::vector<double> uploaded_bytes;
+  double Bound() const {
+    double b = optimizer;
+    for (size_t d = 0; d < compute.size(); ++d) {
+      b = std::max({b, compute[d], upload[d], download[d]});
+    }
+    return b;
+  }
+  double Serial() const {
+    double s = optimizer;
+    for (size_t d = 0; d < compute.size(); ++d) s += compute[d] + upload[d] + download[d];
+    return s;
+  }
+};
+
+StepLanes LanesOf(const std::vector<exec::TraceSpan>& spans, int devices, int64_t step) {
+  StepLanes l;
+  l.compute.assign(size_t(devices), 0);
+  l.upload.assign(size_t(devices), 0);
+  l.download.assign(size_t(devices), 0);
+  l.uploaded_bytes.assign(size_t(devices), 0);
+  for (const exec::TraceSpan& s : spans) {
+    if (s.step != step) continue;
+    const double d = s.end_s - s.start_s;
+    const size_t g = size_t(s.lane.gpu);
+    switch (s.lane.kind) {
+      case plan::LaneKind::kCompute:
+        l.compute[g] += d;
+        break;
+      case plan::LaneKind::kHostToDevice:
+        l.upload[g] += d;
+        l.uploaded_bytes[g] += s.bytes;
+        break;
+      case plan::LaneKind::kDeviceToHost:
+        l.download[g] += d;
+        break;
+      case plan::LaneKind::kCpuOptimizer:
+        l.optimizer += d;
+        break;
+      default:
+        break;
+    }
+  }
+  return l;
+}
+
+struct RunResult {
+  std::vector<double> step_s, bound_s, serial_s, compute_s, upload_s, uploaded_bytes;
+  double predicted_s = 0;
+  int stages = 0;
+};
+
+// `link`: bytes/s of each device's links (0: unthrottled); `gemm`: the devices' GEMM rate, FLOP/s.
+RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o, int devices,
+              double link, double gemm) {
+  const BatchShape shape{1, o.seq_len};
+  plan::PlanJob pj;
+  pj.global_batch = o.micro_batches;
+  pj.seq_len = o.seq_len;
+  pj.micro_batches = o.micro_batches;
+  pj.lora = lora;
+  pj.compute_dtype = DType::kF32;
+  pj.scratch = {.cuda = false, .cpu_threads = 1};
+  // The profile carries this run's rates, so the planner's prediction is for this machine.
+  const size_t one_device = EstimateDeviceBytes(model, lora, shape, 256, 1);
+  plan::HardwareProfile hw = CpuDevicesProfile(devices, one_device);
+  hw.gpu.bf16_flops = gemm;
+  hw.gpu.matmul_efficiency = 1;
+  if (link > 0) hw.pcie.h2d_pinned = hw.pcie.d2h_pinned = link;
+  auto outcome = plan::MakePlan("llama-100M", model, pj, hw, /*suggest=*/false);
+  Check(outcome.status(), "plan");
+  if (!outcome->feasible) Check(Status::Internal(outcome->binding), "plan");
+  const plan::Plan& p = outcome->plan;
+  std::vector<std::unique_ptr<CpuDevice>> owned;
+  std::vector<Device*> raw;
+  for (int i = 0; i < devices; ++i) {
+    auto d = CpuDevice::Create({.name = "cpu" + std::to_string(i),
+                                .memory_bytes = p.memory.gpu.total(),
+                                .compute_threads = 1,
+                                .upload_bytes_per_s = link,
+                                .download_bytes_per_s = link});
+    Check(d.status(), "device");
+    raw.push_back(d->get());
+    owned.push_back(std::move(*d));
+  }
+  exec::TraceRecorder trace(p, o.steps + 1);
+  auto runner = exec::CreatePipelineRunner(raw, model, p, &trace);
+  Check(runner.status(), "pipeline");
+  std::vector<LayerSpec> layers = BuildLayerSpecs(model, lora);
+  ThreadPool pool(1);
+  OptimizerOptions opt;
+  opt.schedule = {.lr = 1e-4, .warmup_steps = 0, .total_steps = 100, .min_ratio = 0};
+  opt.grad_clip = 1.0;
+  auto trainer = Trainer::Create(runner->get(), layers, InitMasterWeights(layers, 1), opt, &pool);
+  Check(trainer.status(), "trainer");
+  (*trainer)->set_trace(&trace);
+  const TokenStream stream = TokenStream::Builtin();
+  auto batcher = Batcher::Create(&stream, shape.batch, shape.seq_len, 1);
+  Check(batcher.status(), "batcher");
+  RunResult r;
+  r.predicted_s = p.step_s;
+  r.stages = int(p.stages.size());
+  for (int k = 0; k <= o.steps; ++k) {
+    std::vector<MicroBatch> batch;
+    for (int64_t m = 0; m < o.micro_batches; ++m) batch.push_back(batcher->MakeMicroBatch(k, m));
+    const auto t0 = Clock::now();
+    Check((*trainer)->Step(batch).status(), "step");
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (k == 0) continue;  // the first step warms up (and maps the host mirrors)
+    const StepLanes l = LanesOf(trace.spans(), devices, k);
+    r.step_s.push_back(s);
+    r.bound_s.push_back(l.Bound());
+    r.serial_s.push_back(l.Serial());
+    r.compute_s.push_back(*std::max_element(l.compute.begin(), l.compute.end()));
+    r.upload_s.push_back(*std::max_element(l.upload.begin(), l.upload.end()));
+    r.uploaded_bytes.push_back(*std::max_element(l.uploaded_bytes.begin(), l.uploaded_bytes.end()));
+  }
+  return r;
+}
+
+std::vector<double> Ratio(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> r;
+  for (size_t i = 0; i < a.size(); ++i) r.push_back(a[i] / b[i]);
+  return r;
+}
+
+void Print(const char* label, const RunResult& r) {
+  const Spread step = SpreadOf(r.step_s), bound = SpreadOf(Ratio(r.step_s, r.bound_s)),
+               serial = SpreadOf(Ratio(r.step_s, r.serial_s)), compute = SpreadOf(r.compute_s),
+               upload = SpreadOf(r.upload_s);
+  std::printf(
+      "%-26s %d stage(s)  step %.3f s (%.3f-%.3f)  busiest device: compute %.3f s, "
+      "uploads %.3f s\n",
+      label, r.stages, step.median, step.min, step.max, compute.median, upload.median);
+  std::printf(
+      "%-26s step / max(lanes) %.2f (%.2f-%.2f)   step / serial sum %.2f (%.2f-%.2f)   "
+      "step / predicted (%.3f s) %.2f\n",
+      "", bound.median, bound.min, bound.max, serial.median, serial.min, serial.max, r.predicted_s,
+      step.median / r.predicted_s);
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  ferry::Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    const long long v = std::atoll(argv[i + 1]);
+    if (flag == "--steps")
+      o.steps = int(v);
+    else if (flag == "--seq-len")
+      o.seq_len = v;
+    else if (flag == "--micro-batches")
+      o.micro_batches = v;
+    else {
+      std::fprintf(stderr, "usage: executor_bench [--steps N] [--seq-len T] [--micro-batches M]\n");
+      return 2;
+    }
+  }
+  if (o.steps < 1 || o.seq_len < 1 || o.micro_batches < 1) {
+    std::fprintf(stderr, "executor_bench: --steps, --seq-len and --micro-batches must be >= 1\n");
+    return 2;
+  }
+  const ferry::bench::Spread gemm =
+      ferry::bench::SpreadOf(ferry::bench::GemmRates(1, 1024, ferry::DType::kF32, 5));
+  std::printf("ceiling: 1-thread fp32 GEMM 1024^3 %.1f GFLOP/s (%.1f-%.1f)\n", gemm.median,
+              gemm.min, gemm.max);
+  const ferry::ModelConfig model = ferry::bench::Llama100M();
+  ferry::LoraConfig lora;
+  lora.rank = 16;
+  lora.alpha = 32;
+  std::printf(
+      "job: llama-100M LoRA r16 (all projections), f32, %lld micro-batches of 1 x %lld, "
+      "devices of 1 thread, %d timed steps\n",
+      (long long)o.micro_batches, (long long)o.seq_len, o.steps);
+  const double flops = gemm.median * 1e9;
+  const ferry::RunResult two = ferry::Run(model, lora, o, 2, 0, flops);
+  // The throttle: the busiest device's uploads at this rate take as long as its compute.
+  const double link =
+      ferry::plan::MedianOf(two.uploaded_bytes) / ferry::plan::MedianOf(two.compute_s);
+  const ferry::RunResult throttled = ferry::Run(model, lora, o, 2, link, flops);
+  const ferry::RunResult one = ferry::Run(model, lora, o, 1, 0, flops);
+  char label[64];
+  std::snprintf(label, sizeof label, "2 devices, link %.0f MB/s", link * 1e-6);
+  ferry::Print(label, throttled);
+  ferry::Print("2 devices, unthrottled", two);
+  ferry::Print("1 device, unthrottled", one);
+  std::printf("2 devices vs 1 (unthrottled): %.2fx the step rate\n",
+              ferry::plan::MedianOf(one.step_s) / ferry::plan::MedianOf(two.step_s));
+  std::printf("activations on NVMe: not run (the executor refuses NVMe tiers for now)\n");
+  return 0;
+}
