@@ -27,9 +27,9 @@ struct Region {
 // both touch, and "layout" for the row layout ("positions" and "doc_ids", written together).
 // ("scratch" is compute-only; "rope.inv_freq" is written once, at Create, before any compute.)
 constexpr std::string_view kTracked[] = {
-    "hidden.0",      "hidden.1",      "hidden.2",    "saved.slot0", "saved.slot1",
-    "weights.slot0", "weights.slot1", "grads.accum", "grad.work",   "layout"};
-constexpr std::string_view kHidden[3] = {"hidden.0", "hidden.1", "hidden.2"};
+    "hidden.0",      "hidden.1",      "hidden.2",    "hidden.3",  "saved.slot0", "saved.slot1",
+    "weights.slot0", "weights.slot1", "grads.accum", "grad.work", "layout"};
+constexpr std::string_view kHidden[4] = {"hidden.0", "hidden.1", "hidden.2", "hidden.3"};
 constexpr std::string_view kSaved[2] = {"saved.slot0", "saved.slot1"};
 constexpr std::string_view kWeights[2] = {"weights.slot0", "weights.slot1"};
 
@@ -179,8 +179,8 @@ class Executor final : public PipelineExecutor {
         ds.buffers.push_back(std::move(b));
       }
       for (const char* name :
-           {"hidden.0", "hidden.1", "hidden.2", "saved.slot0", "saved.slot1", "weights.slot0",
-            "weights.slot1", "grads.accum", "grad.work", "doc_ids"}) {
+           {"hidden.0", "hidden.1", "hidden.2", "hidden.3", "saved.slot0", "saved.slot1",
+            "weights.slot0", "weights.slot1", "grads.accum", "grad.work", "doc_ids"}) {
         if (!ds.regions.count(name)) {
           return Status::InvalidArgument(std::string("the plan's GPU map lacks '") + name + "'");
         }
@@ -766,11 +766,13 @@ class Executor final : public PipelineExecutor {
     const std::string_view w = kWeights[st.slot];
     ds.task_stage = int(i), ds.task_micro_batch = -1;
     FERRY_RETURN_IF_ERROR(ZeroGrads(ds, *st.params));
+    // Layer inputs alternate between hidden.1 and hidden.3 (one running counter over the
+    // stage's layers and micro-batches), so a layer's input uploads while the layer before it
+    // (in backward order) still computes from the other; the gradients ping-pong in 0 and 2.
+    int inputs = 0;
     for (size_t m = 0; m < size_t(p_.micro_batches); ++m) {
       ds.task_micro_batch = int(m);
       int dyi = 0, dxi = 2;
-      const int xi = 1;
-      const Tensor x = Hidden(ds, xi);
       FERRY_RETURN_IF_ERROR(AwaitInputs(i, m));
       FERRY_RETURN_IF_ERROR(
           ToDevice(ds, kHidden[dyi], Hidden(ds, dyi).data, bgrad_[m], HiddenBytes()));
@@ -778,7 +780,8 @@ class Executor final : public PipelineExecutor {
       for (int li = st.range.last - 1; li >= st.range.first; --li) {
         const int64_t b = li - 1;
         const std::string_view slot = kSaved[b % 2];
-        const Tensor dy = Hidden(ds, dyi), dx = Hidden(ds, dxi);
+        const int xi = inputs++ % 2 == 0 ? 1 : 3;
+        const Tensor x = Hidden(ds, xi), dy = Hidden(ds, dyi), dx = Hidden(ds, dxi);
         // The saved set first: its slot is idle while the layer before computes, the input's
         // buffer is not.
         if (!p_.recompute[size_t(li)]) {

@@ -44,7 +44,7 @@
 //  - on each device the upload, compute and download streams overlap, ordered by the plan buffers
 //    each copy and kernel reads and writes (StreamHazards): a download waits for the compute that
 //    wrote its buffer, and the compute that next overwrites that buffer waits for the download;
-//    forward stages and the tail rotate the three hidden buffers, so a micro-batch's input is
+//    forward stages and the tail rotate three of the hidden buffers, so a micro-batch's input is
 //    uploaded while the one before it computes;
 //  - a device's next stage's weights are copied into its free weight slot while the current stage
 //    computes, in one bounded chunk after each group of the current stage's activation uploads
@@ -56,9 +56,10 @@
 // stages over that range in every later step, whichever device runs them (the forward stage
 // packs the weights once a step; its backward stage uploads the same bytes). Host memory is
 // written only after the copies that read it.
+// Backward stages alternate each layer's input between two hidden buffers (the plan has four), so
+// the next layer's input uploads while a layer computes.
 // Not yet: a host-side transfer scheduler that reorders copies as they become ready (here the
-// order is fixed when the step is enqueued); the backward input of each layer is not
-// double-buffered (the plan has three hidden buffers, all busy in a backward stage).
+// order is fixed when the step is enqueued).
 //
 // Tracing (Create's `trace`, engine/exec/trace_recorder.h): every copy and kernel group the
 // executor enqueues is bracketed by a pair of the device's timed events (DeviceTimeline), placed

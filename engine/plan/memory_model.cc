@@ -237,7 +237,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   Add(e.gpu, "weights.slot0", stage_weights, A);
   Add(e.gpu, "weights.slot1", stage_weights, A);
   Add(e.gpu, "grads.accum", stage_grads, A);
-  for (int k = 0; k < 3; ++k) Add(e.gpu, "hidden." + std::to_string(k), hidden, A);
+  for (int k = 0; k < 4; ++k) Add(e.gpu, "hidden." + std::to_string(k), hidden, A);
   Add(e.gpu, "saved.slot0", saved_set, A);
   Add(e.gpu, "saved.slot1", saved_set, A);
   Add(e.gpu, "grad.work", work, A);

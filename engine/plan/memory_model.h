@@ -15,9 +15,11 @@
 //                       block-diagonal B, as engine/model/device_params.h lays them out);
 //   grads.accum         fp32 gradient accumulators of the largest stage's trainable weights
 //                       (accumulated across micro-batches, downloaded once per stage);
-//   hidden.0/1/2        three hidden-state buffers (B*T, C) for the micro-batch in flight: a
-//   layer's
-//                       input, its output, and the residual gradient in backward (ping-pong);
+//   hidden.0..3         four hidden-state buffers (B*T, C): forward stages and the tail rotate
+//                       three (a micro-batch's input uploads while the one before computes);
+//                       backward keeps the residual gradient in two (ping-pong) and a layer's
+//                       input in the other two, alternating, so the next layer's input uploads
+//                       while this layer computes;
 //   saved.slot0/1       two per-layer saved-activation buffers, each the largest layer's saved set
 //                       (the tensors ComputeLayerCost::saved_bytes counts, each at an aligned
 //                       offset): forward writes layer i's set into one

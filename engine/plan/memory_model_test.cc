@@ -68,7 +68,7 @@ TEST(MemoryModel, FullFineTuningByHand) {
   EXPECT_EQ(gpu.at("weights.slot1"), 2304u);
   EXPECT_EQ(gpu.at("grads.accum"), 3072u);
   EXPECT_EQ(gpu.at("hidden.0"), 256u);
-  EXPECT_EQ(gpu.at("hidden.2"), 256u);
+  EXPECT_EQ(gpu.at("hidden.3"), 256u);
   EXPECT_EQ(gpu.at("saved.slot0"), 3072u);
   EXPECT_EQ(gpu.at("saved.slot1"), 3072u);
   EXPECT_EQ(gpu.at("grad.work"), 2560u);
@@ -78,7 +78,7 @@ TEST(MemoryModel, FullFineTuningByHand) {
   EXPECT_EQ(gpu.at("rope.inv_freq"), 256u);  // head_dim / 2 f32 -> 256
   EXPECT_EQ(gpu.at("doc_ids"), 256u);        // packed-document ids: 4 tokens x 4 B -> 256
   EXPECT_EQ(e.gpu.total(),
-            2 * 2304 + 3072 + 3 * 256 + 2 * 3072 + 2560 + HeadScratch() + (32u << 20) + 3 * 256);
+            2 * 2304 + 3072 + 4 * 256 + 2 * 3072 + 2560 + HeadScratch() + (32u << 20) + 3 * 256);
 
   // Pinned: bf16 uploads (2 x 592 + 88) x 2 B = 2544 -> one page; gradient landing 2 GPUs x 3072
   // = 6144 -> 8192; saved activations: per block 3 micro-batches x (64 input + 832 saved) = 2688,
