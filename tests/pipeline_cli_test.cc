@@ -156,4 +156,39 @@ TEST_F(PipelineCliTest, StaleUpdatesResumeBitForBitAndNeedDevices) {
   EXPECT_NE(one.output.find("--devices N"), std::string::npos) << one.output;
 }
 
+// Validation on --devices 2 runs forward only through the executor: val_loss is reported, and
+// equals the one-device run's within the tolerance of the weights it evaluates (1e-5 relative:
+// their updates differ by reassociation only).
+TEST_F(PipelineCliTest, ValidationLossOnTwoDevices) {
+  // Ten short documents as a text corpus (blank-line separated); one held out.
+  const std::string data = dir_ + "/corpus.txt";
+  {
+    std::ofstream f(data);
+    for (int d = 0; d < 10; ++d) {
+      f << "document " << d << " says the quick brown fox jumps over the lazy dog " << d * 7
+        << " times\n\n";
+    }
+  }
+  std::vector<std::vector<double>> val(2);
+  for (int devices : {1, 2}) {
+    const std::string run = dir_ + "/val" + std::to_string(devices);
+    CommandResult r = Ferry("train --data " + data +
+                            " --steps 2 --threads 2 --batch-size 4 --seq-len 32 "
+                            "--val-fraction 0.1 --eval-every 1 --devices " +
+                            std::to_string(devices) + " --out " + run);
+    ASSERT_EQ(r.code, 0) << r.output;
+    std::ifstream metrics(run + "/metrics.jsonl");
+    for (std::string line; std::getline(metrics, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      ASSERT_TRUE(j.contains("val_loss")) << line;
+      val[size_t(devices - 1)].push_back(j["val_loss"].get<double>());
+    }
+  }
+  ASSERT_EQ(val[0].size(), 2u);
+  ASSERT_EQ(val[1].size(), 2u);
+  for (size_t s = 0; s < 2; ++s) {
+    EXPECT_NEAR(val[1][s], val[0][s], 1e-5 * std::abs(val[0][s])) << "step " << s;
+  }
+}
+
 }  // namespace

@@ -252,6 +252,16 @@ class Executor final : public PipelineExecutor {
 
   Result<double> Step(const HostTensors& weights, std::span<const MicroBatchInput> batches,
                       HostTensors& grads, const StepHooks& hooks) override {
+    return Run(weights, batches, &grads, hooks);
+  }
+  Result<double> Evaluate(const HostTensors& weights, std::span<const MicroBatchInput> batches,
+                          const StepHooks& hooks) override {
+    return Run(weights, batches, nullptr, hooks);
+  }
+
+  // A training step (`grads`) or a forward-only pass (null), traced as a step when asked.
+  Result<double> Run(const HostTensors& weights, std::span<const MicroBatchInput> batches,
+                     HostTensors* grads, const StepHooks& hooks) {
     if (trace_ != nullptr) {
       trace_->BeginStep();
       for (DeviceState& ds : devices_) FERRY_RETURN_IF_ERROR(ds.timeline->BeginStep());
@@ -307,14 +317,19 @@ class Executor final : public PipelineExecutor {
     for (DeviceState& ds : devices_) (void)ds.device->Synchronize();
   }
 
+  // grads == nullptr: forward only.
   Result<double> RunStep(const HostTensors& weights, std::span<const MicroBatchInput> batches,
-                         HostTensors& grads) {
+                         HostTensors* grads) {
     const int64_t N = shape_.tokens();
-    if (int64_t(batches.size()) != p_.micro_batches) {
+    forward_only_ = grads == nullptr;
+    if (forward_only_ ? batches.empty() || int64_t(batches.size()) > p_.micro_batches
+                      : int64_t(batches.size()) != p_.micro_batches) {
       return Status::InvalidArgument("the plan runs " + std::to_string(p_.micro_batches) +
-                                     " micro-batches per step, got " +
-                                     std::to_string(batches.size()));
+                                     " micro-batches per step" +
+                                     (forward_only_ ? " (an evaluation at most that many)" : "") +
+                                     ", got " + std::to_string(batches.size()));
     }
+    M_ = batches.size();
     for (size_t m = 0; m < batches.size(); ++m) {
       if (int64_t(batches[m].targets.size()) != N || !(batches[m].normalizer > 0)) {
         return Status::InvalidArgument("micro-batch " + std::to_string(m) +
@@ -331,6 +346,10 @@ class Executor final : public PipelineExecutor {
     for (size_t i = 0; i < runs_.size(); ++i) {
       FERRY_RETURN_IF_ERROR(EnqueueStage(i, weights, batches));
     }
+    if (forward_only_) {
+      for (DeviceState& ds : devices_) FERRY_RETURN_IF_ERROR(ds.device->Synchronize());
+      return SummedLoss(batches);
+    }
     // The first micro-batch's overwrite request covers the step: each stage stores its
     // gradients, and what no stage wrote is zeroed before the embedding's scatter-add. Stages add
     // in the step's order whatever order their devices finish in.
@@ -340,18 +359,24 @@ class Executor final : public PipelineExecutor {
       if (runs_[i].kind == StageKind::kForward) continue;
       DeviceState& ds = devices_[runs_[i].device];
       FERRY_RETURN_IF_ERROR(ds.device->Synchronize(ds.grads_landed[i]));
-      FERRY_RETURN_IF_ERROR(runs_[i].params->AddGrads(grads, ow));
+      FERRY_RETURN_IF_ERROR(runs_[i].params->AddGrads(*grads, ow));
       // What lands here is final unless it is tied to the embedding (its layer lands last), and
       // the caller's optimizer may use it while the devices go on.
       if (hooks_->grads_landed) {
         FERRY_RETURN_IF_ERROR(hooks_->grads_landed(runs_[i].range.first, runs_[i].range.last));
       }
     }
-    if (ow != nullptr) ow->ZeroUnwritten(grads);
+    if (ow != nullptr) ow->ZeroUnwritten(*grads);
     // The step's end: the losses and the last input gradients are read on the host below.
     for (DeviceState& ds : devices_) FERRY_RETURN_IF_ERROR(ds.device->Synchronize());
-    if (!lora_.enabled()) FERRY_RETURN_IF_ERROR(EmbeddingGrads(batches, grads));
+    if (!lora_.enabled()) FERRY_RETURN_IF_ERROR(EmbeddingGrads(batches, *grads));
     if (hooks_->grads_landed) FERRY_RETURN_IF_ERROR(hooks_->grads_landed(0, 1));
+    return SummedLoss(batches);
+  }
+
+  // Each micro-batch's per-token losses summed over its normalizer, then over the micro-batches.
+  double SummedLoss(std::span<const MicroBatchInput> batches) const {
+    const int64_t N = shape_.tokens();
     double total = 0;
     for (size_t m = 0; m < batches.size(); ++m) {
       const float* loss = reinterpret_cast<const float*>(loss_[m].data());
@@ -367,7 +392,7 @@ class Executor final : public PipelineExecutor {
   void ScheduleStages() {
     const int64_t S = int64_t(p_.stages.size()), head = int64_t(layers_.size()) - 1;
     runs_.clear();
-    runs_.resize(size_t(2 * S + 1));
+    runs_.resize(size_t(forward_only_ ? S + 1 : 2 * S + 1));
     for (int64_t i = 0; i < int64_t(runs_.size()); ++i) {
       StageRun& st = runs_[size_t(i)];
       if (i < S) {
@@ -526,7 +551,7 @@ class Executor final : public PipelineExecutor {
     StageRun& st = runs_[i];
     if (st.params == nullptr) FERRY_RETURN_IF_ERROR(Prepare(i, weights));
     if (!st.weights_sent) FERRY_RETURN_IF_ERROR(SendWeights(i, 0, 1));  // first on its device
-    const size_t M = size_t(p_.micro_batches);
+    const size_t M = M_;
     const size_t layers = size_t(st.range.last - st.range.first);
     switch (st.kind) {
       case StageKind::kForward: {
@@ -696,7 +721,7 @@ class Executor final : public PipelineExecutor {
     const size_t hb = HiddenBytes(), head = layers_.size() - 1;
     const std::string_view w = kWeights[st.slot];
     HiddenRotation h;
-    for (size_t m = 0; m < size_t(p_.micro_batches); ++m) {
+    for (size_t m = 0; m < M_; ++m) {
       ds.task_stage = int(i), ds.task_micro_batch = int(m);
       int xi = h.in, yi = h.other;
       FERRY_RETURN_IF_ERROR(AwaitInputs(i, m));
@@ -711,11 +736,12 @@ class Executor final : public PipelineExecutor {
         FERRY_RETURN_IF_ERROR(Compute(ds, {kHidden[xi], w, "layout"},
                                       {kHidden[yi], kSaved[b % 2], "grad.work"},
                                       [&] { return st.blocks->Forward(b, int(b % 2), x, y); }));
-        if (!p_.recompute[size_t(li)]) {
+        // Forward only: nothing is saved, and only the stage's output travels.
+        if (!p_.recompute[size_t(li)] && !forward_only_) {
           FERRY_RETURN_IF_ERROR(
               ToHost(ds, saved_[size_t(li)][m], kSaved[b % 2], SlotData(ds, b), saved_bytes_));
         }
-        if (size_t(li) + 1 <= head) {
+        if (size_t(li) + 1 <= head && (!forward_only_ || li + 1 == st.range.last)) {
           FERRY_RETURN_IF_ERROR(ToHost(ds, act_[size_t(li) + 1][m], kHidden[yi], y.data, hb));
         }
         std::swap(xi, yi);
@@ -734,7 +760,7 @@ class Executor final : public PipelineExecutor {
     const std::string_view w = kWeights[st.slot];
     Head& hd = *st.head;
     ds.task_stage = int(i), ds.task_micro_batch = -1;
-    FERRY_RETURN_IF_ERROR(ZeroGrads(ds, *st.params));
+    if (!forward_only_) FERRY_RETURN_IF_ERROR(ZeroGrads(ds, *st.params));
     HiddenRotation h;
     for (size_t m = 0; m < batches.size(); ++m) {
       ds.task_micro_batch = int(m);
@@ -749,14 +775,17 @@ class Executor final : public PipelineExecutor {
       FERRY_RETURN_IF_ERROR(PrefetchChunk(next));
       // The per-token loss lives in the head's saved set (saved.slot0).
       FERRY_RETURN_IF_ERROR(
-          Compute(ds, {kHidden[xi], w}, {kHidden[dxi], kSaved[0], "grads.accum", "grad.work"},
-                  [&] { return hd.ForwardBackward(x, batches[m].normalizer, dx); }));
-      FERRY_RETURN_IF_ERROR(ToHost(ds, bgrad_[m], kHidden[dxi], dx.data, HiddenBytes()));
+          Compute(ds, {kHidden[xi], w}, {kHidden[dxi], kSaved[0], "grads.accum", "grad.work"}, [&] {
+            return forward_only_ ? hd.Forward(x) : hd.ForwardBackward(x, batches[m].normalizer, dx);
+          }));
+      if (!forward_only_) {
+        FERRY_RETURN_IF_ERROR(ToHost(ds, bgrad_[m], kHidden[dxi], dx.data, HiddenBytes()));
+      }
       FERRY_RETURN_IF_ERROR(ToHost(ds, loss_[m], kSaved[0], hd.token_loss().data, size_t(N) * 4));
       FERRY_RETURN_IF_ERROR(ds.device->Record(ds.landed[m], StreamId::kDownload));
       h.Next(dxi);
     }
-    FERRY_RETURN_IF_ERROR(DownloadGrads(i));
+    if (!forward_only_) FERRY_RETURN_IF_ERROR(DownloadGrads(i));
     return FinishPrefetch(next);
   }
 
@@ -770,7 +799,7 @@ class Executor final : public PipelineExecutor {
     // stage's layers and micro-batches), so a layer's input uploads while the layer before it
     // (in backward order) still computes from the other; the gradients ping-pong in 0 and 2.
     int inputs = 0;
-    for (size_t m = 0; m < size_t(p_.micro_batches); ++m) {
+    for (size_t m = 0; m < M_; ++m) {
       ds.task_micro_batch = int(m);
       int dyi = 0, dxi = 2;
       FERRY_RETURN_IF_ERROR(AwaitInputs(i, m));
@@ -828,6 +857,8 @@ class Executor final : public PipelineExecutor {
   TraceRecorder* const trace_;        // null: no trace
   const StepHooks* hooks_ = nullptr;  // the step in flight's
   int64_t steps_ = 0;                 // steps begun
+  bool forward_only_ = false;         // the step in flight is an evaluation
+  size_t M_ = 0;                      // the step in flight's micro-batches
   // Per layer range (forward stage index; the head last): its host mirrors, and the step that
   // last packed its weights into them.
   std::vector<std::shared_ptr<HostMirrors>> mirrors_;

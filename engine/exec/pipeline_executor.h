@@ -139,6 +139,13 @@ class PipelineExecutor {
   // backward stage's gradients, then the embedding's, are final in `grads`.
   virtual Result<double> Step(const HostTensors& weights, std::span<const MicroBatchInput> batches,
                               HostTensors& grads, const StepHooks& hooks = {}) = 0;
+  // Forward only (evaluation): the forward stages and the tail's loss-only pass over 1 to
+  // plan.micro_batches micro-batches, round robin as Step; returns the summed loss contributions.
+  // Nothing is saved for a backward: only stage outputs travel. `hooks`' weights_needed and
+  // weights_read hear as in Step. Errors: InvalidArgument for a bad batch count or shape.
+  virtual Result<double> Evaluate(const HostTensors& weights,
+                                  std::span<const MicroBatchInput> batches,
+                                  const StepHooks& hooks = {}) = 0;
   virtual ExecutorStats stats() const = 0;
 };
 

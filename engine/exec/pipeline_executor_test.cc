@@ -564,6 +564,23 @@ TEST(ExecutorConcurrencyTest, DeviceOneRunsAndDeviceZeroPrefetchesWhileDeviceZer
   ExpectSameBits(got, want, "after the held step");
 }
 
+// A single-device ModelRunner for micro-batches of batch x seq_len (the reference the pipeline
+// is compared with), with its device; runner is null (and the test failed) when it cannot be made.
+struct SingleDevice {
+  std::vector<std::unique_ptr<CpuDevice>> device;
+  std::unique_ptr<ModelRunner> runner;
+};
+SingleDevice MakeSingleDevice(const Model& m, int64_t batch, int64_t seq_len) {
+  SingleDevice s;
+  s.device = MakeDevices(1, size_t(64) << 20);
+  ModelRunnerOptions ro;
+  ro.shape = {batch, seq_len};
+  Result<std::unique_ptr<ModelRunner>> r = ModelRunner::Create(*s.device[0], m.config, m.lora, ro);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  if (r.ok()) s.runner = std::move(*r);
+  return s;
+}
+
 // `count` steps of spec.micro_batches micro-batches each (the same batches every step: the
 // comparisons below are about the updates, not the data).
 std::vector<std::vector<MicroBatch>> TrainingSteps(const Model& m, const PlanSpec& spec,
@@ -880,12 +897,9 @@ TEST_P(StaleUpdatesTest, EqualsAReferenceStaleAdamW) {
   std::vector<double> want_losses;
   HostTensors R = w0, W = w0, mom1, mom2;
   {
-    std::vector<std::unique_ptr<CpuDevice>> one = MakeDevices(1, size_t(64) << 20);
-    ModelRunnerOptions ro;
-    ro.shape = {spec.batch, spec.seq_len};
-    Result<std::unique_ptr<ModelRunner>> runner =
-        ModelRunner::Create(*one[0], m.config, m.lora, ro);
-    ASSERT_TRUE(runner.ok()) << runner.status().ToString();
+    SingleDevice one = MakeSingleDevice(m, spec.batch, spec.seq_len);
+    ASSERT_TRUE(one.runner);
+    std::unique_ptr<ModelRunner>* runner = &one.runner;
     std::vector<const ParamSpec*> trainable;
     for (const ParamSpec* q : StorageParams(layers)) {
       if (!q->trainable) continue;
@@ -1086,6 +1100,54 @@ TEST(ExecutorAllocationTest, NothingIsAllocatedAfterTheFirstStep) {
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
   EXPECT_LE(ResidentBytes() - rss, kSlack) << "the resident set grew over steps 5..12";
 #endif
+}
+
+// Evaluate runs the forward stages and the tail's loss-only pass: each micro-batch's loss equals
+// the single-device runner's EvaluateLoss bit for bit (f32: the same kernels in the same order),
+// for one micro-batch and for fewer than the plan's; it leaves the training step unchanged; and
+// more micro-batches than the plan runs are refused.
+TEST(ExecutorEvaluateTest, EqualsTheRunnersForwardOnlyLoss) {
+  for (const char* name : {"llama", "gpt2", "qwen3"}) {
+    const Model m = LoadModel(name);
+    const PlanSpec spec{{{1, 2}, {2, 4}, {4, 5}}, {2}, 3};
+    const plan::Plan p = MakeTestPlan(m, spec);
+    const HostTensors w = RandomWeights(m, 9);
+    const Batches b = MakeBatches(m, spec.micro_batches, spec.batch * spec.seq_len, 77);
+    SingleDevice one = MakeSingleDevice(m, spec.batch, spec.seq_len);
+    ASSERT_TRUE(one.runner);
+    std::unique_ptr<ModelRunner>* runner = &one.runner;
+    ASSERT_TRUE((*runner)->UploadWeights(w).ok());
+    std::vector<double> want;
+    for (const MicroBatchInput& mb : b.inputs) {
+      Result<double> l = (*runner)->EvaluateLoss(mb);
+      ASSERT_TRUE(l.ok()) << l.status().ToString();
+      want.push_back(*l);
+    }
+    std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(2, p.memory.gpu.total());
+    Result<std::unique_ptr<PipelineExecutor>> e = PipelineExecutor::Create(Raw(devs), m.config, p);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    HostTensors g0 = ZeroGrads(m), g1 = ZeroGrads(m);
+    Result<double> before = (*e)->Step(w, b.inputs, g0);
+    ASSERT_TRUE(before.ok()) << before.status().ToString();
+    for (size_t k = 0; k < b.inputs.size(); ++k) {
+      Result<double> got = (*e)->Evaluate(w, {&b.inputs[k], 1});
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      EXPECT_EQ(*got, want[k]) << name << " micro-batch " << k;
+    }
+    Result<double> two = (*e)->Evaluate(w, std::span(b.inputs).first(2));
+    ASSERT_TRUE(two.ok()) << two.status().ToString();
+    EXPECT_EQ(*two, want[0] + want[1]) << name;
+    Result<double> after = (*e)->Step(w, b.inputs, g1);
+    ASSERT_TRUE(after.ok()) << after.status().ToString();
+    EXPECT_EQ(*after, *before) << name;
+    for (const auto& [n, x] : g0.tensors) EXPECT_EQ(g1.tensors.at(n), x) << name << " " << n;
+    std::vector<MicroBatchInput> four = b.inputs;
+    four.push_back(b.inputs[0]);
+    Result<double> bad = (*e)->Evaluate(w, four);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(bad.status().message().find("at most"), std::string::npos) << bad.status().ToString();
+  }
 }
 
 // A plan that puts a tensor group on NVMe is refused at Create, naming the group, rather than

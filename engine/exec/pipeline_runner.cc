@@ -23,6 +23,12 @@ class PipelineRunner final : public ModelRunner {
     return Status::FailedPrecondition(
         "a pipeline runs all micro-batches of a step at once: call AccumulateStep");
   }
+  Result<double> EvaluateLoss(const MicroBatchInput& mb) override {
+    if (weights_ == nullptr) {
+      return Status::FailedPrecondition("UploadWeights must name the master weights first");
+    }
+    return e_->Evaluate(*weights_, {&mb, 1});
+  }
   Result<std::vector<float>> Logits(std::span<const int32_t>) override {
     return Status::FailedPrecondition(
         "the pipeline executor does not compute logits: use a single-device ModelRunner");

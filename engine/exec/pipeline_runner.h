@@ -4,7 +4,9 @@
 // UploadWeights borrows the host master weights (streams_weights(): each stage packs its own from
 // them as the step is enqueued, after StepHooks::weights_needed), so they must outlive the runner
 // or the next UploadWeights; AccumulateStep runs one executor step over all micro-batches of the
-// plan, reporting landed gradients through StepHooks::grads_landed.
+// plan, reporting landed gradients through StepHooks::grads_landed; EvaluateLoss runs one
+// micro-batch forward only (PipelineExecutor::Evaluate) on the master weights as they are, so a
+// caller with pending updates applies them first (Trainer::FinishUpdates).
 // AccumulateGradients (one micro-batch at a time) and Logits are not supported: a pipeline runs a
 // whole step at once (FailedPrecondition naming the alternative).
 //

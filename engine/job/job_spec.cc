@@ -153,11 +153,6 @@ Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
   if (job.dtype != "f32" && job.dtype != "bf16") {
     return Bad("--dtype '" + job.dtype + "': use f32 (the exact reference) or bf16");
   }
-  if (job.devices > 1 && (!job.val_data.empty() || job.val_fraction > 0)) {
-    return Bad(
-        "validation loss runs on one device: drop --val-data/--val-fraction or use "
-        "--devices 1");
-  }
   if (job.out.empty()) return Bad("--out must name a folder");
   if (job.save_every < 0) return Bad("--save-every must be 0 (only at the end) or more");
   if (job.keep_checkpoints < 1) return Bad("--keep-checkpoints must be at least 1");

@@ -198,6 +198,9 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
                            {"tokens_per_s", double(st->tokens) / step_s},
                            {"elapsed_s", elapsed}};
     if (job.eval_every > 0 && ((k + 1) % job.eval_every == 0 || k + 1 == job.steps)) {
+      // A pipeline evaluates the master weights: the step's updates first (a synchronization
+      // point for stale updates, as a checkpoint is).
+      FERRY_RETURN_IF_ERROR(trainer->FinishUpdates());
       Result<EvalResult> val =
           EvaluateRows(*runner, *data->validation(), shape.batch, job.eval_batches);
       if (!val.ok()) return val.status().WithContext("validation after step " + std::to_string(k));
