@@ -7,8 +7,9 @@
 //     overlap does),
 //   - against the sum of every lane of every device (what a serial executor would take: no
 //     device runs beside another, no copy beside compute),
-//   - against the planner's prediction for the same plan on a profile whose rates are this run's
-//     (the devices' GEMM ceiling, the throttled link).
+//   - against the planner's prediction for the same plan on a profile whose rates are this run's:
+//     every layer's forward and backward time probed on a 1-thread CPU device first (the layer
+//     probe of `ferry probe --model`), the throttled link's rate.
 // Runs: 2 devices with the link throttled so that one device's uploads take about as long as its
 // compute (rate chosen from an unthrottled run), 2 devices unthrottled, 1 device unthrottled.
 // Each figure is a median with its min and max over the timed steps, next to the 1-thread fp32
@@ -33,6 +34,7 @@
 #include "engine/model/master_weights.h"
 #include "engine/plan/planner.h"
 #include "engine/train/dataset.h"
+#include "engine/train/layer_probe.h"
 #include "engine/train/run_training.h"
 #include "engine/train/trainer.h"
 #include "engine/train/training_runner.h"
@@ -107,10 +109,7 @@ struct RunResult {
   int stages = 0;
 };
 
-// `link`: bytes/s of each device's links (0: unthrottled); `gemm`: the devices' GEMM rate, FLOP/s.
-RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o, int devices,
-              double link, double gemm) {
-  const BatchShape shape{1, o.seq_len};
+plan::PlanJob JobOf(const LoraConfig& lora, const Options& o) {
   plan::PlanJob pj;
   pj.global_batch = o.micro_batches;
   pj.seq_len = o.seq_len;
@@ -118,11 +117,34 @@ RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o
   pj.lora = lora;
   pj.compute_dtype = DType::kF32;
   pj.scratch = {.cuda = false, .cpu_threads = 1};
+  return pj;
+}
+
+// Every layer time the planner looks up for `devices` devices, measured on a 1-thread CPU device.
+std::vector<LayerProbeEntry> ProbeLayers(const ModelConfig& model, const plan::PlanJob& job,
+                                         int devices) {
+  auto entries = ProbeLayerTimes(
+      model, job, devices,
+      [](size_t bytes) -> Result<std::unique_ptr<Device>> {
+        FERRY_ASSIGN_OR_RETURN(
+            std::unique_ptr<CpuDevice> d,
+            CpuDevice::Create({.name = "probe", .memory_bytes = bytes, .compute_threads = 1}));
+        return std::unique_ptr<Device>(std::move(d));
+      },
+      {});
+  Check(entries.status(), "layer probe");
+  return std::move(*entries);
+}
+
+// `link`: bytes/s of each device's links (0: unthrottled); `times`: the layers' measured times.
+RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o, int devices,
+              double link, const std::vector<LayerProbeEntry>& times) {
+  const BatchShape shape{1, o.seq_len};
+  const plan::PlanJob pj = JobOf(lora, o);
   // The profile carries this run's rates, so the planner's prediction is for this machine.
   const size_t one_device = EstimateDeviceBytes(model, lora, shape, 256, 1);
   plan::HardwareProfile hw = CpuDevicesProfile(devices, one_device);
-  hw.gpu.bf16_flops = gemm;
-  hw.gpu.matmul_efficiency = 1;
+  MergeLayerTimes(times, hw);
   if (link > 0) hw.pcie.h2d_pinned = hw.pcie.d2h_pinned = link;
   auto outcome = plan::MakePlan("llama-100M", model, pj, hw, /*suggest=*/false);
   Check(outcome.status(), "plan");
@@ -231,13 +253,15 @@ int main(int argc, char** argv) {
       "job: llama-100M LoRA r16 (all projections), f32, %lld micro-batches of 1 x %lld, "
       "devices of 1 thread, %d timed steps\n",
       (long long)o.micro_batches, (long long)o.seq_len, o.steps);
-  const double flops = gemm.median * 1e9;
-  const ferry::RunResult two = ferry::Run(model, lora, o, 2, 0, flops);
+  const ferry::plan::PlanJob job = ferry::JobOf(lora, o);
+  const std::vector<ferry::LayerProbeEntry> times2 = ferry::ProbeLayers(model, job, 2),
+                                            times1 = ferry::ProbeLayers(model, job, 1);
+  const ferry::RunResult two = ferry::Run(model, lora, o, 2, 0, times2);
   // The throttle: the busiest device's uploads at this rate take as long as its compute.
   const double link =
       ferry::plan::MedianOf(two.uploaded_bytes) / ferry::plan::MedianOf(two.compute_s);
-  const ferry::RunResult throttled = ferry::Run(model, lora, o, 2, link, flops);
-  const ferry::RunResult one = ferry::Run(model, lora, o, 1, 0, flops);
+  const ferry::RunResult throttled = ferry::Run(model, lora, o, 2, link, times2);
+  const ferry::RunResult one = ferry::Run(model, lora, o, 1, 0, times1);
   char label[64];
   std::snprintf(label, sizeof label, "2 devices, link %.0f MB/s", link * 1e-6);
   ferry::Print(label, throttled);
