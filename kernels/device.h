@@ -129,7 +129,10 @@ class Device {
   virtual std::vector<ArenaRecord> arena_log() const = 0;
   virtual void ResetPeak() = 0;
 
-  // Makes host memory copyable at full speed (cudaHostRegister on CUDA; nothing on the CPU).
+  // Makes host memory copyable at full speed (cudaHostRegister on CUDA; nothing to pin on the
+  // CPU) until the returned registration is destroyed (before the device). A range that overlaps
+  // one already registered is refused, on the CPU device as by CUDA
+  // (cudaErrorHostMemoryAlreadyRegistered): register each buffer once per process.
   virtual Result<std::unique_ptr<HostRegistration>> RegisterHost(const HostAllocation& a) = 0;
 
   // ---- streams, events, copies (all enqueue and return at once) ---------------------------

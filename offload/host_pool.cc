@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 namespace ferry {
 namespace {
@@ -122,7 +123,11 @@ Result<size_t> HostPool::MapChunkLocked(size_t bytes, HostMemoryKind kind,
           "LimitMEMLOCK=infinity for a systemd service / --ulimit memlock=-1 for docker");
     }
     auto reg = std::make_unique<PinnedRegistration>(m.data(), m.size());
+    bool cuda_registered = false;
     for (Device* d : options_.devices) {
+      // cudaHostRegister(Portable) pins the range for every GPU of the process, and a second
+      // registration of it is refused (cudaErrorHostMemoryAlreadyRegistered): once per process.
+      if (d->kind() == DeviceKind::kCuda && std::exchange(cuda_registered, true)) continue;
       auto r = d->RegisterHost(m);
       if (!r.ok()) {
         return r.status().WithContext("host pool: registering " + Bytes(size) +

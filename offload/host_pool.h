@@ -4,7 +4,8 @@
 // Two kinds, each counted against its own budget:
 //  - pinned: bf16 copies that are uploaded and buffers gradients land in. Their mappings are
 //    locked (mlock) and registered once, when mapped, with every device given (Device::
-//    RegisterHost: cudaHostRegister on CUDA), so copies run at full speed.
+//    RegisterHost: cudaHostRegister on CUDA, once per process for all GPUs, since a portable
+//    registration covers them all and a second one is refused), so copies run at full speed.
 //  - pageable: fp32 master weights, gradients for the update, Adam moments.
 // A request that would pass the budget fails with OutOfMemory naming the requester, the size,
 // what is in use and the budget — never an OOM kill later. A lock the kernel refuses

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -82,8 +83,6 @@ struct Task {
   std::function<Status()> run;        // normal task
   std::shared_ptr<Signal> completes;  // completion task when non-null
 };
-
-class NoRegistration final : public HostRegistration {};
 
 }  // namespace
 
@@ -243,8 +242,34 @@ struct CpuDevice::Impl {
   Link upload_link;
   Link download_link;
   std::atomic<uint64_t> error_counter{0};
+  // Host ranges registered with this device (RegisterHost), start -> end, as the CUDA driver
+  // keeps them: a range that overlaps one of these is refused.
+  std::mutex registered_mu;
+  std::map<uintptr_t, uintptr_t> registered;        // guarded by registered_mu
   std::unique_ptr<CpuStream> streams[kNumStreams];  // destroyed (joined) first
 };
+
+namespace {
+
+// Undoes a CpuDevice::RegisterHost: the range may be registered again once this is gone.
+// REQUIRES: destroyed before the device.
+class CpuHostRegistration final : public HostRegistration {
+ public:
+  using Ranges = std::map<uintptr_t, uintptr_t>;
+  CpuHostRegistration(std::mutex* mu, Ranges* ranges, uintptr_t start)
+      : mu_(mu), ranges_(ranges), start_(start) {}
+  ~CpuHostRegistration() override {
+    std::lock_guard lock(*mu_);
+    ranges_->erase(start_);
+  }
+
+ private:
+  std::mutex* mu_;  // the device's
+  Ranges* ranges_;  // guarded by *mu_
+  uintptr_t start_;
+};
+
+}  // namespace
 
 Result<std::unique_ptr<CpuDevice>> CpuDevice::Create(const CpuDeviceOptions& options) {
   if (options.memory_bytes == 0) {
@@ -308,8 +333,30 @@ ArenaStats CpuDevice::arena_stats() const { return impl_->arena.stats(); }
 std::vector<ArenaRecord> CpuDevice::arena_log() const { return impl_->arena.log(); }
 void CpuDevice::ResetPeak() { impl_->arena.ResetPeak(); }
 
+// Nothing to pin on a CPU device, but the bookkeeping is CUDA's (cudaHostRegister answers
+// cudaErrorHostMemoryAlreadyRegistered for a range that overlaps a registered one), so a caller
+// that registers a buffer twice fails here as it would on a GPU.
 Result<std::unique_ptr<HostRegistration>> CpuDevice::RegisterHost(const HostAllocation& a) {
-  return std::unique_ptr<HostRegistration>(new NoRegistration());
+  const uintptr_t start = reinterpret_cast<uintptr_t>(a.data()), end = start + a.size();
+  if (a.data() == nullptr || a.size() == 0) {
+    return Status::InvalidArgument("device '" + impl_->options.name +
+                                   "': registering an empty host allocation '" + a.name() + "'");
+  }
+  std::lock_guard lock(impl_->registered_mu);
+  auto& reg = impl_->registered;
+  auto next = reg.lower_bound(end);  // the first range starting at or after our end
+  if (next != reg.begin() && std::prev(next)->second > start) {
+    const auto [lo, hi] = *std::prev(next);
+    return Status::FailedPrecondition(
+        "device '" + impl_->options.name + "': host allocation '" + a.name() + "' (" +
+        FormatBytes(a.size()) + ") overlaps a range already registered with it (" +
+        FormatBytes(hi - lo) +
+        "); a range is registered once per process, as cudaHostRegister refuses it twice "
+        "(cudaErrorHostMemoryAlreadyRegistered)");
+  }
+  reg.emplace(start, end);
+  return std::unique_ptr<HostRegistration>(
+      new CpuHostRegistration(&impl_->registered_mu, &reg, start));
 }
 
 Result<Event> CpuDevice::CreateEvent() {

@@ -84,6 +84,33 @@ TEST(CpuDevice, CopiesRoundTrip) {
   EXPECT_EQ(std::memcmp(host.data(), back.data(), 1000), 0);
 }
 
+// As cudaHostRegister (cudaErrorHostMemoryAlreadyRegistered): a host range is registered with a
+// device once; the second registration is refused naming the allocation, and the range may be
+// registered again once its registration is gone. Other ranges, and other devices, are unaffected.
+TEST(CpuDevice, RegistersAHostRangeOnce) {
+  auto dev = MakeDevice("cpu0");
+  auto other = MakeDevice("cpu1");
+  HostAllocation a = MapHost(3 * 4096), b = MapHost(4096);
+  auto first = dev->RegisterHost(a);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  auto twice = dev->RegisterHost(a);
+  ASSERT_FALSE(twice.ok());
+  EXPECT_EQ(twice.status().code(), StatusCode::kFailedPrecondition);
+  for (const char* part : {"cpu0", "'test host memory'", "already registered", "12288 bytes"}) {
+    EXPECT_NE(twice.status().message().find(part), std::string::npos)
+        << part << ": " << twice.status().ToString();
+  }
+  auto next = dev->RegisterHost(b);
+  EXPECT_TRUE(next.ok()) << next.status().ToString();
+  auto elsewhere = other->RegisterHost(a);
+  EXPECT_TRUE(elsewhere.ok()) << elsewhere.status().ToString();
+  first->reset();  // unregisters
+  auto again = dev->RegisterHost(a);
+  EXPECT_TRUE(again.ok()) << again.status().ToString();
+  HostAllocation empty;
+  EXPECT_EQ(dev->RegisterHost(empty).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(CpuDevice, RejectsPointersOutsideItsMemoryAndShortSpans) {
   auto a = MakeDevice("a");
   auto b = MakeDevice("b");
