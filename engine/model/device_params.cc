@@ -59,10 +59,42 @@ Status CheckHost(const HostTensors& t, const std::string& name, int64_t numel, c
 
 }  // namespace
 
+Result<DeviceParams::Bytes> DeviceParams::Measure(const ModelConfig& c, const LoraConfig& lora,
+                                                  const std::vector<LayerSpec>& layers,
+                                                  DType dtype) {
+  FERRY_ASSIGN_OR_RETURN(const DeviceParams p,
+                         Lay(nullptr, c, lora, layers, nullptr, ParamGrads::kAllocate, dtype));
+  return Bytes{p.weights_bytes_, p.grads_bytes_};
+}
+
 Result<DeviceParams> DeviceParams::Create(Device& d, const ModelConfig& c, const LoraConfig& lora,
                                           const std::vector<LayerSpec>& layers, CarveSource* source,
                                           ParamGrads grad_buffers, DType dtype,
                                           std::shared_ptr<HostMirrors> mirrors) {
+  FERRY_ASSIGN_OR_RETURN(DeviceParams p, Lay(&d, c, lora, layers, source, grad_buffers, dtype));
+  p.mirrors_ = mirrors != nullptr ? std::move(mirrors) : std::make_shared<HostMirrors>();
+  // A caller's mirror span is borrowed when it holds what these layers need; otherwise a mirror
+  // of their size is mapped (and counted in `mapped`).
+  auto mirror = [&](HostSpan& span, HostAllocation& owned, size_t bytes,
+                    const char* name) -> Status {
+    if (span.data() != nullptr && span.size() >= bytes) return Status::Ok();
+    FERRY_ASSIGN_OR_RETURN(owned, HostAllocation::Map(std::max<size_t>(bytes, 1), name));
+    span = owned.Whole();
+    ++p.mirrors_->mapped;
+    return Status::Ok();
+  };
+  FERRY_RETURN_IF_ERROR(mirror(p.mirrors_->weights, p.mirrors_->owned_weights, p.weights_bytes_,
+                               "params.weights mirror"));
+  if (grad_buffers == ParamGrads::kNone)
+    return p;  // grads_bytes_ == 0: the gradient calls do nothing
+  FERRY_RETURN_IF_ERROR(
+      mirror(p.mirrors_->grads, p.mirrors_->owned_grads, p.grads_bytes_, "params.grads mirror"));
+  return p;
+}
+
+Result<DeviceParams> DeviceParams::Lay(Device* d, const ModelConfig& c, const LoraConfig& lora,
+                                       const std::vector<LayerSpec>& layers, CarveSource* source,
+                                       ParamGrads grad_buffers, DType dtype) {
   if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16) {
     return Status::InvalidArgument("device weights are stored in f32, bf16 or f16, not " +
                                    std::string(DTypeName(dtype)));
@@ -156,29 +188,20 @@ Result<DeviceParams> DeviceParams::Create(Device& d, const ModelConfig& c, const
     TensorCarver count;
     layout(count, grads);
     bytes = count.bytes();
+    if (d == nullptr) return Status::Ok();  // Measure: the sizes only
     const char* name = grads ? "params.grads" : "params.weights";
     FERRY_ASSIGN_OR_RETURN(
-        buffer, AllocateCarved(d, source, name, [&](TensorCarver& cv) { layout(cv, grads); }));
+        buffer, AllocateCarved(*d, source, name, [&](TensorCarver& cv) { layout(cv, grads); }));
     if (buffer.valid()) data = buffer.data();
     if (source != nullptr) {
       FERRY_ASSIGN_OR_RETURN(data, source->Region(name, bytes));
     }
     return Status::Ok();
   };
-  p.mirrors_ = mirrors != nullptr ? std::move(mirrors) : std::make_shared<HostMirrors>();
-  // A mirror is mapped when it is smaller than these layers need, else borrowed as it is.
-  auto mirror = [&](HostAllocation& m, size_t bytes, const char* name) -> Status {
-    if (m.size() >= std::max<size_t>(bytes, 1)) return Status::Ok();
-    FERRY_ASSIGN_OR_RETURN(m, HostAllocation::Map(std::max<size_t>(bytes, 1), name));
-    ++p.mirrors_->mapped;
-    return Status::Ok();
-  };
   FERRY_RETURN_IF_ERROR(place(false, p.weights_, p.weights_data_, p.weights_bytes_));
-  FERRY_RETURN_IF_ERROR(mirror(p.mirrors_->weights, p.weights_bytes_, "params.weights mirror"));
-  if (grad_buffers == ParamGrads::kNone)
-    return p;  // grads_bytes_ == 0: the gradient calls do nothing
-  FERRY_RETURN_IF_ERROR(place(true, p.grads_, p.grads_data_, p.grads_bytes_));
-  FERRY_RETURN_IF_ERROR(mirror(p.mirrors_->grads, p.grads_bytes_, "params.grads mirror"));
+  if (grad_buffers == ParamGrads::kAllocate) {
+    FERRY_RETURN_IF_ERROR(place(true, p.grads_, p.grads_data_, p.grads_bytes_));
+  }
   return p;
 }
 
@@ -223,7 +246,7 @@ Status DeviceParams::UploadWeights(Device& d, size_t offset, size_t bytes) {
   }
   if (bytes == 0) return Status::Ok();
   return d.CopyToDevice(weights_data_ + std::ptrdiff_t(offset),
-                        mirrors_->weights.Span(offset, bytes), bytes);
+                        mirrors_->weights.Sub(offset, bytes), bytes);
 }
 
 Status DeviceParams::Upload(Device& d, const HostTensors& weights) {
@@ -273,7 +296,7 @@ void GradOverwrite::ZeroUnwritten(HostTensors& grads) {
 
 Status DeviceParams::DownloadGrads(Device& d) {
   if (grads_bytes_ == 0) return Status::Ok();
-  return d.CopyToHost(mirrors_->grads.Span(0, grads_bytes_), grads_data_, grads_bytes_);
+  return d.CopyToHost(mirrors_->grads.Sub(0, grads_bytes_), grads_data_, grads_bytes_);
 }
 
 Status DeviceParams::DownloadAndAddGrads(Device& d, HostTensors& grads, GradOverwrite* overwrite,

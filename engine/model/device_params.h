@@ -90,10 +90,13 @@ struct GradOverwrite {
 // The host mirrors of a DeviceParams' two allocations (upload staging for the weights, landing
 // for the gradients). A caller that builds DeviceParams for the same layers again and again (the
 // pipeline executor: a stage's parameters on whichever device runs it this step) hands the same
-// HostMirrors to each, so they are mapped once, by the first, and then borrowed. `mapped` counts
-// the mappings made into it.
+// HostMirrors to each. Its spans may be set by the caller (the executor carves them from its
+// pinned host-pool blocks, sized with DeviceParams::Measure) and are then borrowed; a span that
+// is empty or too small is replaced by a mapping of DeviceParams' own (owned_*), made once, by
+// the first, and borrowed after. `mapped` counts those mappings.
 struct HostMirrors {
-  HostAllocation weights, grads;
+  HostSpan weights, grads;                    // what the copies read and fill
+  HostAllocation owned_weights, owned_grads;  // mapped here when no span was given
   int64_t mapped = 0;
 };
 
@@ -119,6 +122,13 @@ class DeviceParams {
                                      ParamGrads grads = ParamGrads::kAllocate,
                                      DType dtype = DType::kF32,
                                      std::shared_ptr<HostMirrors> mirrors = nullptr);
+  // The bytes Create gives "params.weights" and "params.grads" for these layers (what their host
+  // mirrors hold), without a device: a caller sizes the mirrors before any DeviceParams exists.
+  struct Bytes {
+    size_t weights = 0, grads = 0;
+  };
+  static Result<Bytes> Measure(const ModelConfig& c, const LoraConfig& lora,
+                               const std::vector<LayerSpec>& layers, DType dtype = DType::kF32);
   // The weights' storage dtype: the blocks and the head keep their activations in it.
   DType dtype() const { return dtype_; }
   // The block and head layers these params hold (as given to Create).
@@ -166,6 +176,10 @@ class DeviceParams {
                   ThreadPool* pool = nullptr);
 
  private:
+  // Create without the mirrors; with d == nullptr (Measure) only the sizes are computed.
+  static Result<DeviceParams> Lay(Device* d, const ModelConfig& c, const LoraConfig& lora,
+                                  const std::vector<LayerSpec>& layers, CarveSource* source,
+                                  ParamGrads grads, DType dtype);
   std::map<std::string, DeviceParam> params_;
   std::map<std::string, LoraPack> lora_;
   DeviceBuffer weights_, grads_;  // empty with a CarveSource
