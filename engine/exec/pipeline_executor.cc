@@ -14,9 +14,13 @@
 #include "kernels/arena.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/host_memory.h"
+#include "offload/host_pool.h"
 
 namespace ferry::exec {
 namespace {
+
+// Host memory devices copy to and from (kernels/host_memory.h); exec's HostSpan is a trace span.
+using HostMemorySpan = ::ferry::HostSpan;
 
 struct Region {
   DevicePtr<std::byte> data;
@@ -118,10 +122,6 @@ class PlannedSource final : public CarveSource {
   std::map<std::string, std::string, std::less<>> map_;
 };
 
-Result<HostAllocation> HostBuffer(size_t bytes, std::string name) {
-  return HostAllocation::Map(std::max<size_t>(bytes, 1), std::move(name));
-}
-
 enum class StageKind { kForward, kTail, kBackward };
 
 // One stage of a step, from the copy of its weights (a prefetch, unless it is its device's first
@@ -152,8 +152,9 @@ struct Prefetch {
 class Executor final : public PipelineExecutor {
  public:
   Executor(std::vector<Device*> devices, const ModelConfig& c, const plan::Plan& p,
-           EnqueueObserver observer, TraceRecorder* trace)
-      : c_(c),
+           EnqueueObserver observer, TraceRecorder* trace, HostPool* host_pool)
+      : host_pool_(host_pool),
+        c_(c),
         p_(p),
         lora_(p.job.lora),
         dtype_(p.job.compute_dtype),
@@ -199,43 +200,23 @@ class Executor final : public PipelineExecutor {
       }
     }
     saved_bytes_ = devices_[0].regions.at("saved.slot0").bytes;
-    // Host staging: RoPE's table; per micro-batch the row layout (positions, then doc ids),
-    // targets, losses, boundary gradients (compute dtype); per layer and micro-batch its input
-    // (compute dtype) and (unless recomputed) saved set; the embedding's fp32 gather and
-    // gradient when the compute dtype is not f32 (ForwardAs / BackwardFrom convert through it).
+    // The embedding's fp32 gather and gradient when the compute dtype is not f32 (ForwardAs /
+    // BackwardFrom convert through it): host-only, pageable.
     if (dtype_ != DType::kF32) embed_f32_.resize(size_t(N * C));
-    const size_t M = size_t(p_.micro_batches), head = layers_.size() - 1;
-    act_.resize(layers_.size());
-    saved_.resize(layers_.size());
-    for (size_t m = 0; m < M; ++m) {
-      FERRY_ASSIGN_OR_RETURN(HostAllocation r, HostBuffer(size_t(N) * 8, "executor row layout"));
-      layout_.push_back(std::move(r));
-      FERRY_ASSIGN_OR_RETURN(HostAllocation t, HostBuffer(size_t(N) * 4, "executor targets"));
-      targets_.push_back(std::move(t));
-      FERRY_ASSIGN_OR_RETURN(HostAllocation l, HostBuffer(size_t(N) * 4, "executor losses"));
-      loss_.push_back(std::move(l));
-      FERRY_ASSIGN_OR_RETURN(HostAllocation g, HostBuffer(hb, "activations.grad"));
-      bgrad_.push_back(std::move(g));
-      for (size_t li = 1; li <= head; ++li) {
-        FERRY_ASSIGN_OR_RETURN(HostAllocation a, HostBuffer(hb, "layer input"));
-        act_[li].push_back(std::move(a));
-        if (li == head || p_.recompute[li]) continue;
-        FERRY_ASSIGN_OR_RETURN(HostAllocation s, HostBuffer(saved_bytes_, "activations.saved"));
-        saved_[li].push_back(std::move(s));
-      }
-    }
-    // One pair of host mirrors per layer range (each forward stage's, the head's), shared by the
-    // stages over it whichever device runs them: mapped in the first step, reused after.
     for (size_t r = 0; r <= p_.stages.size(); ++r) {
       mirrors_.push_back(std::make_shared<HostMirrors>());
     }
     packed_.assign(mirrors_.size(), -1);
+    FERRY_RETURN_IF_ERROR(TakeHostStaging());
     if (c_.learned_positions) return Status::Ok();
     // RoPE's inverse frequencies (plain or Llama 3-scaled), uploaded once to every device; the
     // upload completes here, before any compute can read it.
     const std::vector<float> inv_freq = RopeInvFreq(c_);
     const size_t fb = inv_freq.size() * sizeof(float);
-    FERRY_ASSIGN_OR_RETURN(inv_freq_, HostBuffer(fb, "executor rope table"));
+    if (inv_freq_.size() != fb) {
+      return Status::Internal("the RoPE table's staging holds " + FormatBytes(inv_freq_.size()) +
+                              ", the table " + FormatBytes(fb));
+    }
     std::memcpy(inv_freq_.data(), inv_freq.data(), fb);
     for (DeviceState& ds : devices_) {
       auto it = ds.regions.find("rope.inv_freq");
@@ -243,11 +224,115 @@ class Executor final : public PipelineExecutor {
         return Status::InvalidArgument("the plan's GPU map lacks a 'rope.inv_freq' of " +
                                        FormatBytes(fb) + ": re-plan with this version");
       }
-      FERRY_RETURN_IF_ERROR(
-          ds.device->CopyToDevice(ds.Use("rope.inv_freq", fb), inv_freq_.Span(0, fb), fb));
+      FERRY_RETURN_IF_ERROR(ds.device->CopyToDevice(ds.Use("rope.inv_freq", fb), inv_freq_, fb));
       FERRY_RETURN_IF_ERROR(ds.device->Synchronize(StreamId::kUpload));
     }
     return Status::Ok();
+  }
+
+  // The pinned host staging, from the host pool (DESIGN.md, "Storage tiers"): one block per
+  // entry of the plan's pinned map (engine/plan/memory_model.h), in its order and named as it
+  // names it, each sized by what this executor carves from it, so the pool's peak equals the
+  // plan's pinned total only if the two agree (an over-count shows as a smaller peak; an
+  // under-count fails here, with the pool's OutOfMemory naming the entry when the budget is the
+  // plan's, else naming both sizes). Without a caller's pool the executor makes one whose budget
+  // is exactly the plan's pinned total, in one mapping registered once with each device.
+  //  - weights.upload / grads.landing: each layer range's weight and gradient mirrors
+  //    (DeviceParams::Measure), in range order;
+  //  - activations.saved: per layer, per micro-batch, its input and (unless recomputed; never
+  //    the head's) its saved slot's bytes;
+  //  - activations.grad: per micro-batch, its boundary gradient (B*T x C in the compute dtype);
+  //  - batch.io: per micro-batch, its row layout (positions, then doc ids), targets, losses;
+  //  - rope.inv_freq: RoPE's table (models without learned positions).
+  Status TakeHostStaging() {
+    const size_t M = size_t(p_.micro_batches), head = layers_.size() - 1, hb = HiddenBytes();
+    const size_t N = size_t(shape_.tokens());
+    std::vector<DeviceParams::Bytes> mirror_bytes;
+    std::map<std::string, size_t, std::less<>> need;
+    for (size_t r = 0; r < mirrors_.size(); ++r) {
+      const plan::LayerRange range =
+          r < p_.stages.size() ? p_.stages[r] : plan::LayerRange{int(head), int(head) + 1};
+      const std::vector<LayerSpec> layers(layers_.begin() + range.first,
+                                          layers_.begin() + range.last);
+      FERRY_ASSIGN_OR_RETURN(DeviceParams::Bytes b,
+                             DeviceParams::Measure(c_, lora_, layers, dtype_));
+      need["weights.upload"] += b.weights;
+      need["grads.landing"] += b.grads;
+      mirror_bytes.push_back(b);
+    }
+    for (size_t li = 1; li <= head; ++li) {
+      const bool saved = li != head && !p_.recompute[li];
+      need["activations.saved"] += M * (hb + (saved ? saved_bytes_ : 0));
+    }
+    need["activations.grad"] = M * hb;
+    need["batch.io"] = M * N * 16;
+    if (!c_.learned_positions) need["rope.inv_freq"] = RopeInvFreq(c_).size() * sizeof(float);
+
+    const uint64_t planned = p_.memory.pinned_host.total();
+    if (host_pool_ == nullptr) {
+      FERRY_ASSIGN_OR_RETURN(
+          own_pool_,
+          HostPool::Create({.pinned_budget = planned, .chunk_bytes = planned, .devices = Raw()}));
+      host_pool_ = own_pool_.get();
+    }
+    std::map<std::string, HostMemorySpan, std::less<>> span;
+    for (const plan::Allocation& a : p_.memory.pinned_host.allocations) {
+      auto it = need.find(a.name);
+      if (it == need.end() || it->second == 0) continue;
+      if (plan::RoundUp(it->second, plan::kHostPageBytes) > a.bytes) {
+        return Status::OutOfMemory("pinned host staging '" + a.name + "' needs " +
+                                   FormatBytes(it->second) + " but the plan holds " +
+                                   FormatBytes(a.bytes) + " (the memory model undercounts)");
+      }
+      FERRY_ASSIGN_OR_RETURN(HostBlock b,
+                             host_pool_->Allocate(it->second, HostMemoryKind::kPinned, a.name));
+      span[a.name] = b.span();
+      pinned_.emplace_back(a.name, std::move(b));
+      need.erase(it);
+    }
+    for (const auto& [name, bytes] : need) {
+      if (bytes > 0) {
+        return Status::InvalidArgument("the plan's pinned host map lacks '" + name + "' (" +
+                                       FormatBytes(bytes) + "): re-plan with this version");
+      }
+    }
+    // Carves the next `bytes` of entry `name`.
+    std::map<std::string, size_t, std::less<>> at;
+    auto carve = [&](std::string_view name, size_t bytes) {
+      auto s = span.find(name);
+      if (s == span.end()) return HostMemorySpan();  // a zero-byte entry
+      size_t& offset = at[std::string(name)];
+      const HostMemorySpan out = s->second.Sub(offset, bytes);
+      offset += bytes;
+      return out;
+    };
+    for (size_t r = 0; r < mirrors_.size(); ++r) {
+      mirrors_[r]->weights = carve("weights.upload", mirror_bytes[r].weights);
+      mirrors_[r]->grads = carve("grads.landing", mirror_bytes[r].grads);
+    }
+    act_.resize(layers_.size());
+    saved_.resize(layers_.size());
+    for (size_t li = 1; li <= head; ++li) {
+      for (size_t m = 0; m < M; ++m) {
+        act_[li].push_back(carve("activations.saved", hb));
+        if (li == head || p_.recompute[li]) continue;
+        saved_[li].push_back(carve("activations.saved", saved_bytes_));
+      }
+    }
+    for (size_t m = 0; m < M; ++m) {
+      bgrad_.push_back(carve("activations.grad", hb));
+      layout_.push_back(carve("batch.io", N * 8));
+      targets_.push_back(carve("batch.io", N * 4));
+      loss_.push_back(carve("batch.io", N * 4));
+    }
+    if (!c_.learned_positions) inv_freq_ = carve("rope.inv_freq", RopeInvFreq(c_).size() * 4);
+    return Status::Ok();
+  }
+
+  std::vector<Device*> Raw() const {
+    std::vector<Device*> out;
+    for (const DeviceState& ds : devices_) out.push_back(ds.device);
+    return out;
   }
 
   Result<double> Step(const HostTensors& weights, std::span<const MicroBatchInput> batches,
@@ -278,12 +363,12 @@ class Executor final : public PipelineExecutor {
 
   ExecutorStats stats() const override {
     ExecutorStats s = stats_;
-    s.host_mappings = int64_t(layout_.size() + targets_.size() + loss_.size() + bgrad_.size()) +
-                      (inv_freq_.data() != nullptr ? 1 : 0);
-    for (size_t li = 0; li < act_.size(); ++li) {
-      s.host_mappings += int64_t(act_[li].size() + saved_[li].size());
-    }
+    s.pinned = host_pool_->stats(HostMemoryKind::kPinned);
+    s.host_mappings = int64_t(s.pinned.mappings);
     for (const auto& m : mirrors_) s.host_mappings += m->mapped;
+    for (const auto& [name, block] : pinned_) {
+      s.host_pinned.push_back({name, plan::RoundUp(block.size(), plan::kHostPageBytes)});
+    }
     std::map<std::string, size_t> used;
     for (const DeviceState& ds : devices_) {
       for (const auto& [name, bytes] : ds.used) used[name] = std::max(used[name], bytes);
@@ -609,21 +694,21 @@ class Executor final : public PipelineExecutor {
   // Copies `bytes` of `src` from `offset` to `dst` in plan buffer `buffer` on the upload stream,
   // once the device's other streams are done with `buffer`.
   static Status ToDevice(DeviceState& ds, std::string_view buffer, DevicePtr<std::byte> dst,
-                         const HostAllocation& src, size_t bytes, size_t offset = 0) {
+                         HostMemorySpan src, size_t bytes, size_t offset = 0) {
     FERRY_RETURN_IF_ERROR(ds.hazards.Before(StreamId::kUpload, {}, {buffer}));
     FERRY_RETURN_IF_ERROR(ds.TraceBegin(StreamId::kUpload));
-    FERRY_RETURN_IF_ERROR(ds.device->CopyToDevice(dst, src.Span(offset, bytes), bytes));
+    FERRY_RETURN_IF_ERROR(ds.device->CopyToDevice(dst, src.Sub(offset, bytes), bytes));
     FERRY_RETURN_IF_ERROR(
         ds.TraceEnd(StreamId::kUpload, 'I', plan::TaskKind::kActivationUpload, double(bytes)));
     return ds.hazards.After(StreamId::kUpload, {}, {buffer});
   }
   // Copies `bytes` of `src` in plan buffer `buffer` to `dst` on the download stream, once the
   // compute that wrote `buffer` is done.
-  static Status ToHost(DeviceState& ds, const HostAllocation& dst, std::string_view buffer,
+  static Status ToHost(DeviceState& ds, HostMemorySpan dst, std::string_view buffer,
                        DevicePtr<const std::byte> src, size_t bytes) {
     FERRY_RETURN_IF_ERROR(ds.hazards.Before(StreamId::kDownload, {buffer}, {}));
     FERRY_RETURN_IF_ERROR(ds.TraceBegin(StreamId::kDownload));
-    FERRY_RETURN_IF_ERROR(ds.device->CopyToHost(dst.Span(0, bytes), src, bytes));
+    FERRY_RETURN_IF_ERROR(ds.device->CopyToHost(dst.Sub(0, bytes), src, bytes));
     FERRY_RETURN_IF_ERROR(
         ds.TraceEnd(StreamId::kDownload, 'O', plan::TaskKind::kActivationDownload, double(bytes)));
     return ds.hazards.After(StreamId::kDownload, {buffer}, {});
@@ -647,10 +732,10 @@ class Executor final : public PipelineExecutor {
     const bool positions = ds.regions.count("positions") != 0;
     if (positions) {
       FERRY_RETURN_IF_ERROR(
-          ds.device->CopyToDevice(ds.Use("positions", bytes), layout_[m].Span(0, bytes), bytes));
+          ds.device->CopyToDevice(ds.Use("positions", bytes), layout_[m].Sub(0, bytes), bytes));
     }
     FERRY_RETURN_IF_ERROR(
-        ds.device->CopyToDevice(ds.Use("doc_ids", bytes), layout_[m].Span(bytes, bytes), bytes));
+        ds.device->CopyToDevice(ds.Use("doc_ids", bytes), layout_[m].Sub(bytes, bytes), bytes));
     FERRY_RETURN_IF_ERROR(ds.TraceEnd(StreamId::kUpload, 'I', plan::TaskKind::kActivationUpload,
                                       double(bytes * (positions ? 2 : 1))));
     return ds.hazards.After(StreamId::kUpload, {}, {"layout"});
@@ -680,7 +765,7 @@ class Executor final : public PipelineExecutor {
     for (size_t m = 0; m < batches.size(); ++m) {
       HostSpan span(trace_, plan::LaneKind::kHostMemory, plan::TaskKind::kForward, "E", int(m));
       FERRY_RETURN_IF_ERROR(e.ForwardAs(batches[m].tokens, Positions(m), dtype_,
-                                        act_[1][m].Span(0, hb).as<std::byte>(), embed_f32_));
+                                        act_[1][m].Sub(0, hb).as<std::byte>(), embed_f32_));
     }
     return Status::Ok();
   }
@@ -690,7 +775,7 @@ class Executor final : public PipelineExecutor {
     const size_t hb = HiddenBytes();
     for (size_t m = 0; m < batches.size(); ++m) {
       HostSpan span(trace_, plan::LaneKind::kHostMemory, plan::TaskKind::kBackward, "EB", int(m));
-      g.BackwardFrom(dtype_, bgrad_[m].Span(0, hb).as<const std::byte>(), embed_f32_,
+      g.BackwardFrom(dtype_, bgrad_[m].Sub(0, hb).as<const std::byte>(), embed_f32_,
                      batches[m].tokens, Positions(m));
     }
     return Status::Ok();
@@ -849,6 +934,9 @@ class Executor final : public PipelineExecutor {
     return size_t(shape_.tokens() * c_.hidden_size) * DTypeSize(dtype_);
   }
 
+  // The pinned host pool staging comes from: the caller's, or own_pool_ (sized to the plan).
+  std::unique_ptr<HostPool> own_pool_;
+  HostPool* host_pool_;
   const ModelConfig c_;
   const plan::Plan p_;
   const LoraConfig lora_;
@@ -867,12 +955,15 @@ class Executor final : public PipelineExecutor {
   std::vector<LayerSpec> layers_;
   BatchShape shape_;
   size_t saved_bytes_ = 0;
-  int64_t counter_ = 0;                 // the global stage counter (round robin over devices)
-  std::vector<StageRun> runs_;          // the step in flight
-  HostAllocation inv_freq_;             // RoPE's table (Llama family)
-  std::vector<HostAllocation> layout_;  // per micro-batch: positions, doc ids
-  std::vector<HostAllocation> targets_, loss_, bgrad_;    // per micro-batch
-  std::vector<std::vector<HostAllocation>> act_, saved_;  // per layer, per micro-batch
+  int64_t counter_ = 0;         // the global stage counter (round robin over devices)
+  std::vector<StageRun> runs_;  // the step in flight
+  // Pinned host staging (TakeHostStaging): one host-pool block per plan entry, by plan name, and
+  // the spans carved from them.
+  std::vector<std::pair<std::string, HostBlock>> pinned_;
+  HostMemorySpan inv_freq_;                               // RoPE's table (Llama family)
+  std::vector<HostMemorySpan> layout_;                    // per micro-batch: positions, doc ids
+  std::vector<HostMemorySpan> targets_, loss_, bgrad_;    // per micro-batch
+  std::vector<std::vector<HostMemorySpan>> act_, saved_;  // per layer, per micro-batch
   std::vector<float> embed_f32_;  // (N, C) fp32 gather / gradient; empty when dtype_ is f32
   ExecutorStats stats_;
 };
@@ -944,17 +1035,16 @@ Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const
 
 }  // namespace
 
-Result<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(std::vector<Device*> devices,
-                                                                   const ModelConfig& config,
-                                                                   const plan::Plan& plan,
-                                                                   EnqueueObserver observer,
-                                                                   TraceRecorder* trace) {
+Result<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
+    std::vector<Device*> devices, const ModelConfig& config, const plan::Plan& plan,
+    EnqueueObserver observer, TraceRecorder* trace, HostPool* host_pool) {
   FERRY_RETURN_IF_ERROR(Validate(devices, config, plan));
   if (trace != nullptr && trace->devices() != int(devices.size())) {
     return Status::InvalidArgument("the trace records " + std::to_string(trace->devices()) +
                                    " devices, the executor runs " + std::to_string(devices.size()));
   }
-  auto e = std::make_unique<Executor>(std::move(devices), config, plan, std::move(observer), trace);
+  auto e = std::make_unique<Executor>(std::move(devices), config, plan, std::move(observer), trace,
+                                      host_pool);
   FERRY_RETURN_IF_ERROR(e->Init());
   return std::unique_ptr<PipelineExecutor>(std::move(e));
 }

@@ -51,11 +51,14 @@
 //    (each micro-batch's; in backward stages each layer's), so they never delay those by more than
 //    a chunk (a stream runs its copies in order: stream priorities do not reorder copy engines).
 // Nothing is allocated inside a step after the first: every event and arena block is created at
-// Create and re-used; host staging (per layer and micro-batch activations) is mapped at Create;
-// each layer range's weight and gradient mirrors are mapped in the first step and shared by the
-// stages over that range in every later step, whichever device runs them (the forward stage
-// packs the weights once a step; its backward stage uploads the same bytes). Host memory is
-// written only after the copies that read it.
+// Create and re-used; all host staging the devices copy to and from is pinned host-pool memory
+// taken at Create, one block per entry of the plan's pinned map (plan.memory.pinned_host), named
+// as the plan names it and carved here: the per layer and micro-batch activations, boundary
+// gradients, row layouts, targets, losses and RoPE's table, and each layer range's weight and
+// gradient mirrors, shared by the stages over that range in every step, whichever device runs
+// them (the forward stage packs the weights once a step; its backward stage uploads the same
+// bytes). The pool's pinned peak is the plan's pinned total. Host memory is written only after
+// the copies that read it.
 // Backward stages alternate each layer's input between two hidden buffers (the plan has four), so
 // the next layer's input uploads while a layer computes.
 // Not yet: a host-side transfer scheduler that reorders copies as they become ready (here the
@@ -88,6 +91,7 @@
 #include "engine/plan/planner.h"
 #include "kernels/device.h"
 #include "kernels/status.h"
+#include "offload/host_pool.h"
 
 namespace ferry::exec {
 
@@ -96,9 +100,14 @@ struct ExecutorStats {
   int64_t block_forward_calls = 0;  // counts recomputation too
   // Per plan allocation name: the most bytes any component used of it (<= its planned size).
   std::vector<plan::Allocation> used;
-  // Host buffers the executor has mapped so far (staging at Create; each layer range's two
-  // mirrors in the first step): none after the first step.
+  // Host mappings made so far: the host pool's pinned mappings (at Create) and any mirror a
+  // DeviceParams had to map itself (none while the plan's host map holds the mirrors): none
+  // after Create.
   int64_t host_mappings = 0;
+  // The pinned host staging taken from the host pool at Create: per plan entry, its block's
+  // page-rounded bytes (as engine/plan/memory_model.h counts them), and the pool's counters.
+  std::vector<plan::Allocation> host_pinned;
+  HostPoolStats pinned;
 };
 
 // What the executor has just enqueued on a device, for an EnqueueObserver.
@@ -118,8 +127,12 @@ class PipelineExecutor {
   virtual ~PipelineExecutor() = default;
 
   // Validates the plan against the model (stages cover the blocks, recompute has one entry per
-  // layer, f32 or bf16 compute) and allocates the plan's GPU map on every device. Errors:
-  // InvalidArgument naming the problem; OutOfMemory from a device arena naming the allocation.
+  // layer, f32 or bf16 compute), allocates the plan's GPU map on every device and takes the
+  // plan's pinned host map from `host_pool` (borrowed; it must outlive the executor and have
+  // been created with these devices, so its pinned mappings are registered with them), or
+  // without one from a pool of its own whose pinned budget is exactly the plan's pinned total.
+  // Errors: InvalidArgument naming the problem; OutOfMemory from a device arena or the host pool
+  // naming the allocation.
   // With `trace` (borrowed; it must outlive the executor and record as many devices), each step's
   // tasks are timed by the devices' own events and added to it (see "Tracing" above); without
   // one nothing is recorded.
@@ -127,7 +140,8 @@ class PipelineExecutor {
                                                           const ModelConfig& config,
                                                           const plan::Plan& plan,
                                                           EnqueueObserver observer = nullptr,
-                                                          TraceRecorder* trace = nullptr);
+                                                          TraceRecorder* trace = nullptr,
+                                                          HostPool* host_pool = nullptr);
 
   // One step over plan.micro_batches micro-batches (each plan.micro_batch_size x job.seq_len):
   // returns the summed loss contributions and adds the gradients of the trainable parameters into

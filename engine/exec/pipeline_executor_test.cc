@@ -379,6 +379,54 @@ TEST_P(ExecutorTest, ArenaMatchesMemoryModel) {
       << e.status().ToString();
 }
 
+// The executor's pinned host staging comes from the host pool as the plan's pinned map says: one
+// block per entry, named as the plan names it, each the plan's bytes, so the pool's peak is the
+// plan's pinned total exactly (an over-count in the plan fails here as well as an under-count),
+// over a step and after it; a pool one page short fails at Create naming the entry that no longer
+// fits. The pool makes one mapping, registered once with each device.
+TEST_P(ExecutorTest, PinnedHostMatchesMemoryModel) {
+  const Case& k = GetParam();
+  const Model m = LoadModel(k.golden, k.lora_rank);
+  const plan::Plan p = MakeTestPlan(m, k.spec);
+  const uint64_t planned = p.memory.pinned_host.total();
+  std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(k.devices, p.memory.gpu.total());
+  {
+    Result<std::unique_ptr<PipelineExecutor>> e = PipelineExecutor::Create(Raw(devs), m.config, p);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    const ExecutorStats at_create = (*e)->stats();
+    ASSERT_EQ(at_create.host_pinned.size(), p.memory.pinned_host.allocations.size());
+    for (size_t i = 0; i < at_create.host_pinned.size(); ++i) {
+      EXPECT_EQ(at_create.host_pinned[i].name, p.memory.pinned_host.allocations[i].name);
+      EXPECT_EQ(at_create.host_pinned[i].bytes, p.memory.pinned_host.allocations[i].bytes)
+          << at_create.host_pinned[i].name;
+      ::testing::Test::RecordProperty(at_create.host_pinned[i].name,
+                                      std::to_string(at_create.host_pinned[i].bytes));
+    }
+    EXPECT_EQ(at_create.pinned.peak, planned);
+    EXPECT_EQ(at_create.pinned.budget, planned);
+    EXPECT_EQ(at_create.pinned.mappings, 1u);  // one mapping, registered once per device
+    HostTensors g = ZeroGrads(m);
+    const Batches b = MakeCaseBatches(m, k, 5);
+    Result<double> loss = (*e)->Step(RandomWeights(m, 3), b.inputs, g);
+    ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+    const ExecutorStats after = (*e)->stats();
+    EXPECT_EQ(after.pinned.peak, planned);
+    EXPECT_EQ(after.pinned.in_use, planned);
+    EXPECT_EQ(after.host_mappings, 1);  // no mirror of its own: the plan's map holds them all
+  }
+  auto short_pool = HostPool::Create({.pinned_budget = planned - plan::kHostPageBytes,
+                                      .chunk_bytes = planned - plan::kHostPageBytes,
+                                      .devices = Raw(devs)});
+  ASSERT_TRUE(short_pool.ok()) << short_pool.status().ToString();
+  Result<std::unique_ptr<PipelineExecutor>> e =
+      PipelineExecutor::Create(Raw(devs), m.config, p, nullptr, nullptr, short_pool->get());
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kOutOfMemory) << e.status().ToString();
+  EXPECT_NE(e.status().message().find("'" + p.memory.pinned_host.allocations.back().name + "'"),
+            std::string::npos)
+      << e.status().ToString();
+}
+
 // The planner's own choice (stages, micro-batches, recompute) for a small machine whose GPUs are
 // CPU devices: it runs, within the predicted bytes exactly, and matches the single-device runner.
 TEST(ExecutorPlannerTest, PlannerChosenPlanRunsInItsPredictedBytes) {
@@ -1047,7 +1095,7 @@ int64_t ResidentBytes() {
 }
 
 // After the first step nothing is allocated: no arena block, no event, no host mapping (the
-// stages' host mirrors are mapped in the first step and shared after, though 7 stages on 2
+// stages' host mirrors are carved from the host pool at Create and shared, though 7 stages on 2
 // devices land on the other device and weight slot from one step to the next), and the resident
 // set does not grow past malloc's slack (not checked under sanitizers, whose allocators keep
 // freed memory).
@@ -1085,8 +1133,8 @@ TEST(ExecutorAllocationTest, NothingIsAllocatedAfterTheFirstStep) {
   const Counts first = counts();
   EXPECT_EQ(first.arena_blocks, at_create.arena_blocks);
   EXPECT_EQ(first.events, at_create.events);
-  // 3 forward layer ranges + the head: two mirrors each (weights, gradients).
-  EXPECT_EQ(first.host_mappings, at_create.host_mappings + 8);
+  // The layer ranges' weight and gradient mirrors are carved from the host pool at Create too.
+  EXPECT_EQ(first.host_mappings, at_create.host_mappings);
   // Steps 2..4 put every stage on every device and weight slot once (pages touched the first
   // time count as resident then); steps 5..12 then add nothing but malloc's own pages.
   for (int s = 0; s < 3; ++s) step();

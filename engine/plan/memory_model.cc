@@ -58,11 +58,11 @@ std::vector<uint64_t> DeviceTensorElems(const LayerSpec& layer, bool trainable_o
   return out;
 }
 
-// Device bytes of a layer's weights in the compute dtype, each tensor at an
-// aligned offset.
-uint64_t LayerWeightBytes(const LayerSpec& layer, DType compute) {
+// Device bytes of a layer's weights (all, or the trainable ones) in the compute dtype, each tensor
+// at an aligned offset.
+uint64_t LayerWeightBytes(const LayerSpec& layer, DType compute, bool trainable_only = false) {
   uint64_t bytes = 0;
-  for (uint64_t n : DeviceTensorElems(layer, false)) {
+  for (uint64_t n : DeviceTensorElems(layer, trainable_only)) {
     bytes += RoundUp(n * DTypeSize(compute), kArenaAlignment);
   }
   return bytes;
@@ -210,16 +210,21 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   // tail).
   std::vector<LayerRange> gpu_stages = in.stages;
   gpu_stages.push_back({head, head + 1});
-  uint64_t stage_weights = 0, stage_grads = 0, stage_out = 0;
+  // Each layer range's host mirrors (the pinned upload copy and gradient landing buffer) hold
+  // the device layout, summed over the ranges.
+  uint64_t stage_weights = 0, stage_grads = 0, upload_mirrors = 0, landing = 0;
   for (const LayerRange& s : gpu_stages) {
-    uint64_t w = 0, g = 0;
+    uint64_t w = 0, g = 0, w_host = 0;
     for (int i = s.first; i < s.last; ++i) {
-      w += LayerWeightBytes(layers[size_t(i)], cd);
-      g += LayerGradBytes(layers[size_t(i)]);
+      const LayerSpec& l = layers[size_t(i)];
+      w += LayerWeightBytes(l, cd);
+      w_host += LayerWeightBytes(l, cd, /*trainable_only=*/in.frozen_weights_on_nvme);
+      g += LayerGradBytes(l);
     }
     stage_weights = std::max(stage_weights, w);
     stage_grads = std::max(stage_grads, g);
-    stage_out = std::max(stage_out, uint64_t(cost[size_t(s.last - 1)].output_bytes));
+    upload_mirrors += w_host;
+    landing += g;
   }
   uint64_t saved_set = 0, saved_values = 0, scratch = 0, work = 0;
   for (int i = 1; i <= head; ++i) {
@@ -256,7 +261,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
 
   // Host and NVMe.
   const uint64_t P = kHostPageBytes;
-  uint64_t upload_host = 0, upload_frozen_nvme = 0;
+  uint64_t upload_frozen_nvme = 0;
   ParamCounts params;
   uint64_t embedding_frozen_copy = 0;
   for (int i = 0; i <= head; ++i) {
@@ -273,23 +278,20 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
         if (!p.trainable && !in.model.tie_word_embeddings) embedding_frozen_copy += bytes;
         continue;
       }
-      if (!p.trainable && in.frozen_weights_on_nvme) {
-        upload_frozen_nvme += bytes;
-      } else {
-        upload_host += bytes;
-      }
+      if (!p.trainable && in.frozen_weights_on_nvme) upload_frozen_nvme += bytes;
     }
   }
-  Add(e.pinned_host, "weights.upload", upload_host, P);
+  Add(e.pinned_host, "weights.upload", upload_mirrors, P);
   if (upload_frozen_nvme > 0) {
     Add(e.pinned_host, "weights.nvme_staging", 2 * gpus * stage_weights, P);
     Add(e.nvme, "weights.frozen", upload_frozen_nvme, kNvmeBlockBytes);
   }
-  Add(e.pinned_host, "grads.landing", gpus * stage_grads, P);
+  Add(e.pinned_host, "grads.landing", landing, P);
+  // Every layer's input; a block's saved set (a whole slot's layout) unless recomputed; the
+  // head's set never leaves the device (the fused tail runs its forward and backward at once).
   uint64_t saved_all = 0;
   for (int i = 1; i <= head; ++i) {
-    const LayerCost& c = cost[size_t(i)];
-    saved_all += m * (c.input_bytes + (in.recompute[size_t(i)] ? 0 : c.saved_bytes));
+    saved_all += m * (hidden + (i == head || in.recompute[size_t(i)] ? 0 : saved_set));
   }
   if (in.activations_on_nvme) {
     Add(e.pinned_host, "activations.staging", 2 * gpus * (hidden + saved_values), P);
@@ -297,7 +299,13 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   } else {
     Add(e.pinned_host, "activations.saved", saved_all, P);
   }
-  Add(e.pinned_host, "activations.grad", 2 * m * std::max(hidden, stage_out), P);
+  Add(e.pinned_host, "activations.grad", m * hidden, P);
+  // Per micro-batch and token: positions and document ids, targets (i32, uploaded) and the
+  // per-token loss (fp32, downloaded); RoPE's table, uploaded once.
+  Add(e.pinned_host, "batch.io", m * uint64_t(in.micro_batch.tokens()) * 16, P);
+  if (!in.model.learned_positions) {
+    Add(e.pinned_host, "rope.inv_freq", uint64_t(in.model.head_dim / 2) * 4, P);
+  }
 
   const uint64_t master = params.trainable * kF32;
   TierMemory& opt = in.optimizer_on_nvme ? e.nvme : e.pageable_host;

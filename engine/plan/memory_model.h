@@ -36,15 +36,35 @@
 //                       (CUDA: cuBLAS/cuBLASLt's, 32 MiB; CPU: none).
 // Every allocation is rounded up to the arena alignment (256 bytes, as kernels/arena.h).
 //
-// Host (HostPool: page-rounded, 4096 bytes):
-//   pinned   weights.upload (compute-dtype copies of every GPU-used weight on the host tier,
-//            frozen ones included unless they live on NVMe), weights.nvme_staging (two stage
-//            buffers per GPU when frozen weights stream from NVMe), grads.landing (one fp32 stage
-//            gradient buffer per GPU), activations.saved (each layer's input — and its saved set
-//            unless recomputed — for all micro-batches, when on the host tier),
+// Host (HostPool: page-rounded, 4096 bytes). The pinned entries are what the executor takes from
+// its host pool, one block per entry carved as listed (engine/exec/pipeline_executor.h), so a
+// test compares the pool's peak with their total both ways:
+//   pinned   weights.upload: one upload mirror per layer range (each block stage, the head), in
+//            the device layout of its weight slot (aligned tensors, gate|up fused, LoRA B
+//            block-diagonal), since a mirror is copied into the slot verbatim; frozen weights are
+//            left out when they live on NVMe. (Once counted as the weights' raw bytes, which the
+//            slot layout exceeds.)
+//            weights.nvme_staging (two stage buffers per GPU when frozen weights stream from
+//            NVMe).
+//            grads.landing: one fp32 gradient mirror per layer range, in the device layout of
+//            grads.accum. (Once "one stage buffer per GPU": but the host adds a stage's landed
+//            gradients only once the whole step is enqueued, in stage order, so a device's next
+//            stage cannot reuse its landing buffer within the step; per-GPU landing needs the
+//            host to consume each landing while it enqueues, the per-layer optimizer's work.)
+//            activations.saved: each layer's input (a hidden buffer) for all micro-batches, and
+//            a block's saved set — a whole saved slot's layout, as it is downloaded — unless
+//            recomputed; the head's set never leaves the device (the fused tail runs its forward
+//            and backward at once), so the head counts its input only (on NVMe when the plan puts
+//            activations there).
 //            activations.staging (two per-layer sets per GPU when saved activations live on
-//            NVMe), activations.grad (activation gradients between backward stages: two stage
-//            boundaries, all micro-batches).
+//            NVMe).
+//            activations.grad: one activation gradient (a hidden buffer) per micro-batch. (Once
+//            "two stage boundaries": a backward stage reads its input gradient before it writes
+//            its output gradient over it, ordered by its device's streams, and the next stage
+//            waits for that write, so one buffer per micro-batch serves every boundary.)
+//            batch.io: per micro-batch and token, positions and document ids, targets (i32, all
+//            uploaded) and the per-token loss (fp32, downloaded): 16 bytes.
+//            rope.inv_freq: RoPE's table (models without learned positions), uploaded once.
 //   pageable optimizer.master fp32 trainable weights, grads.update (fp32 gradients for the
 //            update), optimizer.moments (2 x fp32) for trainable parameters only; optimizer state
 //            can move to NVMe, then optimizer.staging (two stages' master + moments) streams it;

@@ -80,16 +80,21 @@ TEST(MemoryModel, FullFineTuningByHand) {
   EXPECT_EQ(e.gpu.total(),
             2 * 2304 + 3072 + 4 * 256 + 2 * 3072 + 2560 + HeadScratch() + (32u << 20) + 3 * 256);
 
-  // Pinned: bf16 uploads (2 x 592 + 88) x 2 B = 2544 -> one page; gradient landing 2 GPUs x 3072
-  // = 6144 -> 8192; saved activations: per block 3 micro-batches x (64 input + 832 saved) = 2688,
-  // twice, plus the head's 3 x (64 input + 64 normed + 4 tokens x (rstd, lse) x 4 B) = 480: 5856 ->
-  // 8192; activation gradients between stages: 2 boundaries x 3 x 64 = 384 -> 4096.
+  // Pinned, as the executor carves it: upload mirrors in the slots' layout, one per layer range:
+  // 2 blocks x 2304 + the head's 512 = 5120 -> 8192; gradient landing mirrors likewise: 2 x 3072
+  // + the head's 256 (norm) + 512 (lm_head 80 x 4 B) = 6912 -> 8192; saved activations: per
+  // block 3 micro-batches x (64 input + a 3072-byte slot) = 9408, twice, plus the head's input
+  // only, 3 x 64 = 192: 19008 -> 20480; activation gradients: one per micro-batch, 3 x 64 = 192
+  // -> 4096; batch inputs and losses: 3 x 4 tokens x 16 B = 192 -> 4096; RoPE's table: 2 f32 ->
+  // 4096.
   const auto pinned = Named(e.pinned_host);
-  EXPECT_EQ(pinned.at("weights.upload"), 4096u);
+  EXPECT_EQ(pinned.at("weights.upload"), 8192u);
   EXPECT_EQ(pinned.at("grads.landing"), 8192u);
-  EXPECT_EQ(pinned.at("activations.saved"), 8192u);
+  EXPECT_EQ(pinned.at("activations.saved"), 20480u);
   EXPECT_EQ(pinned.at("activations.grad"), 4096u);
-  EXPECT_EQ(e.pinned_host.total(), 4096u + 8192 + 8192 + 4096);
+  EXPECT_EQ(pinned.at("batch.io"), 4096u);
+  EXPECT_EQ(pinned.at("rope.inv_freq"), 4096u);
+  EXPECT_EQ(e.pinned_host.total(), 8192u + 8192 + 20480 + 4096 + 4096 + 4096);
 
   // Pageable: trainable = embedding 80 + 2 x 592 + head 88 = 1352 parameters: fp32 master 5408
   // -> 8192, moments 10816 -> 12288, update gradients 5408 -> 8192.
@@ -106,8 +111,8 @@ TEST(MemoryModel, RecomputeKeepsOnlyTheInputAndLeavesGpuBytesAlone) {
   const uint64_t gpu_saving = ComputeMemory(in).gpu.total();
   in.recompute = {false, true, false, false};
   const MemoryEstimate e = ComputeMemory(in);
-  // 5856 - 3 x 832 = 3360 -> one page.
-  EXPECT_EQ(Named(e.pinned_host).at("activations.saved"), 4096u);
+  // 19008 - 3 x 3072 = 9792 -> 12288.
+  EXPECT_EQ(Named(e.pinned_host).at("activations.saved"), 12288u);
   EXPECT_EQ(e.gpu.total(), gpu_saving);  // saved sets never stay on a GPU either way
 }
 
@@ -128,7 +133,9 @@ TEST(MemoryModel, LoraWithFrozenWeightsAndActivationsOnNvmeByHand) {
   EXPECT_EQ(gpu.at("saved.slot0"), 3584u);
 
   const auto pinned = Named(e.pinned_host);
-  EXPECT_EQ(pinned.at("weights.upload"), 4096u);  // 112 x 2 B
+  // Trainable only (the frozen base streams from NVMe), in the slots' layout: 4 tensors of at
+  // most 32 B per block, each at a 256-byte offset, twice: 2048 -> 4096.
+  EXPECT_EQ(pinned.at("weights.upload"), 4096u);
   // Two stage buffers per GPU for frozen weights read from NVMe: 2 x 2 x 3328 = 13312 -> 16384.
   EXPECT_EQ(pinned.at("weights.nvme_staging"), 16384u);
   // Two (hidden + saved set) per GPU: 2 x 2 x (64 + 896) = 3840 -> 4096.
@@ -138,8 +145,9 @@ TEST(MemoryModel, LoraWithFrozenWeightsAndActivationsOnNvmeByHand) {
   const auto nvme = Named(e.nvme);
   // Frozen bf16: blocks 2 x 592 x 2 B + head 88 x 2 B = 2544 -> one 4096-byte block.
   EXPECT_EQ(nvme.at("weights.frozen"), 4096u);
-  // Saved: per block 3 x (64 + 896) = 2880, twice, + head 480 = 6240 -> 8192.
-  EXPECT_EQ(nvme.at("activations.saved"), 8192u);
+  // Saved: per block 3 x (64 + a 3584-byte slot) = 10944, twice, + the head's inputs 192 = 22080
+  // -> 24576.
+  EXPECT_EQ(nvme.at("activations.saved"), 24576u);
 
   const auto pageable = Named(e.pageable_host);
   EXPECT_EQ(pageable.at("optimizer.master"), 4096u);   // 112 x 4 B
