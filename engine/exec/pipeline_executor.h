@@ -73,9 +73,10 @@
 // "WF1/<chunk>", gradients "GB0"; the embedding on the host, "E.0" and "EB.0"). At the step's end
 // the executor waits for the traced work only, then reads the events. The events are created in
 // the first step and reused.
-// Ownership: borrows the devices (they must outlive the executor); owns its arena blocks and host
-// staging. Thread-safety: one host thread drives an executor at a time (the devices' stream
-// threads run its work).
+// Ownership: borrows the devices (they must outlive the executor) and a caller's host pool (it
+// must outlive the executor too); owns its arena blocks, its host-pool blocks and, without a
+// caller's pool, the pool. Thread-safety: one host thread drives an executor at a time (the
+// devices' stream threads run its work).
 #pragma once
 
 #include <cstdint>
