@@ -108,7 +108,7 @@ Result<size_t> HostPool::MapChunkLocked(size_t bytes, HostMemoryKind kind,
     }
   }
   if (kind == HostMemoryKind::kPinned) {
-    if (mlock(m.data(), m.size()) != 0) {
+    if (options_.lock_pinned && mlock(m.data(), m.size()) != 0) {
       const int err = errno;
       size_t locked = 0;
       for (const Chunk& c : chunks_) {

@@ -43,13 +43,17 @@ struct HostPoolOptions {
   size_t chunk_bytes = size_t{256} << 20;
   int numa_node = -1;            // -1: no placement
   std::vector<Device*> devices;  // not owned; pinned mappings are registered with each
+  // false: pinned mappings are registered but not locked (mlock). Only a GPU's DMA needs
+  // page-locked memory; CPU devices copy from any memory alike, and locking would make their
+  // users raise RLIMIT_MEMLOCK (8 MiB by default) for nothing.
+  bool lock_pinned = true;
 };
 
 struct HostPoolStats {
   size_t budget = 0;
-  size_t in_use = 0;   // bytes handed out (page-rounded)
+  size_t in_use = 0;  // bytes handed out (page-rounded)
   size_t peak = 0;
-  size_t mapped = 0;   // bytes of mappings (counted against the budget too)
+  size_t mapped = 0;  // bytes of mappings (counted against the budget too)
   size_t mappings = 0;
 };
 
@@ -111,8 +115,8 @@ class HostPool {
   const HostPoolOptions options_;
   std::string numa_report_;
   mutable std::mutex mu_;
-  std::vector<Chunk> chunks_;     // guarded by mu_
-  HostPoolStats stats_[2];        // guarded by mu_; indexed by HostMemoryKind
+  std::vector<Chunk> chunks_;  // guarded by mu_
+  HostPoolStats stats_[2];     // guarded by mu_; indexed by HostMemoryKind
 };
 
 }  // namespace ferry

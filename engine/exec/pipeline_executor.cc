@@ -270,9 +270,14 @@ class Executor final : public PipelineExecutor {
 
     const uint64_t planned = p_.memory.pinned_host.total();
     if (host_pool_ == nullptr) {
-      FERRY_ASSIGN_OR_RETURN(
-          own_pool_,
-          HostPool::Create({.pinned_budget = planned, .chunk_bytes = planned, .devices = Raw()}));
+      // Locked only for a GPU: CPU devices copy from any memory at the same speed.
+      const std::vector<Device*> raw = Raw();
+      const bool gpu = std::any_of(raw.begin(), raw.end(),
+                                   [](const Device* d) { return d->kind() == DeviceKind::kCuda; });
+      FERRY_ASSIGN_OR_RETURN(own_pool_, HostPool::Create({.pinned_budget = planned,
+                                                          .chunk_bytes = planned,
+                                                          .devices = raw,
+                                                          .lock_pinned = gpu}));
       host_pool_ = own_pool_.get();
     }
     std::map<std::string, HostMemorySpan, std::less<>> span;
