@@ -849,7 +849,9 @@ class Executor final : public PipelineExecutor {
     const int head = int(layers_.size()) - 1;
     const std::string_view w = kWeights[st.slot];
     Head& hd = *st.head;
-    ds.task_stage = int(i), ds.task_micro_batch = -1;
+    // Zeroing the gradients is traced as micro-batch 0's compute ("T.0", "B<s>.0"): the plan's
+    // schedule has no task of its own for it and counts it in the stage's first compute.
+    ds.task_stage = int(i), ds.task_micro_batch = 0;
     if (!forward_only_) FERRY_RETURN_IF_ERROR(ZeroGrads(ds, *st.params));
     HiddenRotation h;
     for (size_t m = 0; m < batches.size(); ++m) {
@@ -883,7 +885,9 @@ class Executor final : public PipelineExecutor {
     const StageRun& st = runs_[i];
     DeviceState& ds = devices_[st.device];
     const std::string_view w = kWeights[st.slot];
-    ds.task_stage = int(i), ds.task_micro_batch = -1;
+    // Zeroing the gradients is traced as micro-batch 0's compute ("T.0", "B<s>.0"): the plan's
+    // schedule has no task of its own for it and counts it in the stage's first compute.
+    ds.task_stage = int(i), ds.task_micro_batch = 0;
     FERRY_RETURN_IF_ERROR(ZeroGrads(ds, *st.params));
     // Layer inputs alternate between hidden.1 and hidden.3 (one running counter over the
     // stage's layers and micro-batches), so a layer's input uploads while the layer before it

@@ -68,7 +68,8 @@
 // executor enqueues is bracketed by a pair of the device's timed events (DeviceTimeline), placed
 // after the waits that order it, so a span is when the stream ran the work; the step's start
 // anchors each device's clock to the host's. Spans are named and laned as the plan's round-robin
-// timeline (compute "F0.1" / "T.1" / "B0.1", the stage's gradient zeroing "B0" / "T", uploads
+// timeline (compute "F0.1" / "T.1" / "B0.1", with a stage's gradient zeroing in its "B0.0" / "T.0"
+// as the plan counts it; a task is one span per layer or tensor, its name repeated), uploads
 // "IF1.0", "IB0.1" (inputs, saved sets, layouts, targets), downloads "OF0.1", weights
 // "WF1/<chunk>", gradients "GB0"; the embedding on the host, "E.0" and "EB.0"). At the step's end
 // the executor waits for the traced work only, then reads the events. The events are created in
