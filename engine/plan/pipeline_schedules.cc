@@ -265,6 +265,9 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
       if (weights_last[k] != kNone) t.deps.push_back(weights_last[k]);
       compute[k][j] = s.Add(std::move(t));
     }
+    if (job.single_buffered_inputs) {
+      for (int j = 1; j < m; ++j) AddDep(s, in[k][j], compute[k][j - 1]);
+    }
     if (c.output_bytes > 0) {
       for (int j = 0; j < m; ++j) {
         SimTask t = MakeTask(name_of('O', k, j), TaskKind::kActivationDownload,
@@ -272,6 +275,9 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
         t.bytes = c.output_bytes;
         t.deps.push_back(compute[k][j]);
         out[k][j] = s.Add(std::move(t));
+      }
+      if (job.single_buffered_inputs && c.reuses_saved_slot) {
+        for (int j = 1; j < m; ++j) AddDep(s, compute[k][j], out[k][j - 1]);
       }
     }
     if (k == K - 1) {  // the last backward stage: its input gradient feeds the scatter-add

@@ -30,6 +30,10 @@ struct StageCost {
   double grad_bytes = 0;       // downloaded once after the last micro-batch (round-robin)
   double param_count = 0;      // parameters the CPU optimizer updates after the gradients land
   double gpu_optimizer_s = 0;  // baselines: on-GPU optimizer step after the last backward
+  // Round-robin forward stages: every micro-batch writes the same saved-set slot (one block whose
+  // activations are saved), so its compute waits for the slot's download of the micro-batch before
+  // (RoundRobinJob::single_buffered_inputs).
+  bool reuses_saved_slot = false;
 };
 
 // GPipe: stage s on GPU s (p = stages.size() GPUs); all forwards, then all backwards. Activations
@@ -63,6 +67,15 @@ struct RoundRobinJob {
   // Weight uploads are split into this many chunks queued behind the activation uploads of the
   // stage that runs before (0 = one chunk per micro-batch).
   int weight_chunks = 0;
+  // The buffers ferry's executor keeps once per device (engine/exec/pipeline_executor.h):
+  //  - micro-batch j's input upload of a stage starts once the stage's compute of j-1 is done (one
+  //    row layout, positions and doc ids, per device; the tail's targets live in its workspace);
+  //  - a forward stage with StageCost::reuses_saved_slot computes micro-batch j once its downloads
+  //    of j-1 are done (a block's saved set has one slot per block parity; a longer stage's
+  //    downloads of j-1 run ahead of its compute of j, slot by slot).
+  // Measured on CPU devices, leaving them out made the replayed step 13-23% shorter than the
+  // recorded one (engine/exec/trace_replay_test.cc).
+  bool single_buffered_inputs = false;
 };
 
 // Round-robin dispatch: a global counter hands stage k (forward stages, the tail, then backward

@@ -218,6 +218,8 @@ std::vector<StageCost> StageCosts(const std::vector<LayerNumbers>& n,
     }
     const LayerNumbers& first = n[size_t(s.first)];
     if (!backward) sc.input_bytes = first.input;
+    sc.reuses_saved_slot =
+        !backward && s.last - s.first == 1 && !recompute[size_t(s.first)] && first.saved > 0;
     if (backward) {
       sc.input_bytes += n[size_t(s.last - 1)].output;  // dY
       sc.output_bytes = first.input;                   // dX
@@ -231,6 +233,7 @@ RoundRobinJob BuildJob(const std::vector<LayerNumbers>& n, const Candidate& k, i
   RoundRobinJob job;
   job.gpus = gpus;
   job.micro_batches = int(k.micro_batches);
+  job.single_buffered_inputs = true;  // as the executor runs its plans
   job.forward = StageCosts(n, k.stages, k.recompute, false);
   std::vector<LayerRange> reversed(k.stages.rbegin(), k.stages.rend());
   job.backward = StageCosts(n, reversed, k.recompute, true);
