@@ -267,6 +267,8 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
     }
     if (job.single_buffered_inputs) {
       for (int j = 1; j < m; ++j) AddDep(s, in[k][j], compute[k][j - 1]);
+      // The device's stage before this one may still be downloading the slot it reuses.
+      if (k >= G && all[k - G].reuses_saved_slot) AddDep(s, compute[k][0], out[k - G][m - 1]);
     }
     if (c.output_bytes > 0) {
       for (int j = 0; j < m; ++j) {
