@@ -16,6 +16,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 
@@ -73,7 +74,10 @@ plan::Plan MakePlan(const ModelConfig& model, const Case& c) {
 
 class TraceReplayTest : public ::testing::TestWithParam<Case> {};
 
-// Runs two steps (the first creates what later steps reuse) and replays the second.
+// Runs four steps (the first creates what later steps reuse) and replays the other three; the
+// median ratio must be within 15% (one step can be disturbed by whatever else shares the cores).
+// Under sanitizers the host work the simulator does not model (packing weights, enqueueing) is
+// slowed many times more than the devices' work, so there only the mapping is checked.
 TEST_P(TraceReplayTest, ReplayedStepIsWithin15PercentOfRecorded) {
   const Case& c = GetParam();
   const ModelConfig model = TinyLlamaPreset();
@@ -90,7 +94,8 @@ TEST_P(TraceReplayTest, ReplayedStepIsWithin15PercentOfRecorded) {
     raw.push_back(d->get());
     devices.push_back(std::move(*d));
   }
-  TraceRecorder trace(p, 2);
+  constexpr int kSteps = 4;
+  TraceRecorder trace(p, kSteps);
   Result<std::unique_ptr<PipelineExecutor>> e =
       PipelineExecutor::Create(raw, model, p, nullptr, &trace);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
@@ -112,7 +117,7 @@ TEST_P(TraceReplayTest, ReplayedStepIsWithin15PercentOfRecorded) {
     batches.push_back({.tokens = v, .targets = v, .normalizer = double(c.micro_batches * tokens)});
   }
   batches[0].overwrite_grads = true;
-  for (int step = 0; step < 2; ++step) {
+  for (int step = 0; step < kSteps; ++step) {
     Result<double> loss = (*e)->Step(weights, batches, grads);
     ASSERT_TRUE(loss.ok()) << loss.status().ToString();
   }
@@ -121,16 +126,22 @@ TEST_P(TraceReplayTest, ReplayedStepIsWithin15PercentOfRecorded) {
   Result<plan::Schedule> schedule =
       plan::BuildRoundRobinSchedule(plan::RoundRobinJobOf(model, p, hw));
   ASSERT_TRUE(schedule.ok()) << schedule.status().ToString();
-  Result<StepReplay> r = ReplayStep(*schedule, trace.spans(), 1);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  for (const std::string& name : r->missing) {
-    EXPECT_EQ(name[0], 'U') << name << ": a schedule task the executor did not run";
+  std::vector<double> ratios;
+  for (int step = 1; step < kSteps; ++step) {
+    Result<StepReplay> r = ReplayStep(*schedule, trace.spans(), step);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    for (const std::string& name : r->missing) {
+      EXPECT_EQ(name[0], 'U') << name << ": a schedule task the executor did not run";
+    }
+    EXPECT_TRUE(r->unmatched.empty()) << "first: " << r->unmatched.front();
+    std::printf("[ replay ] %-40s step %d recorded %7.1f ms  replayed %7.1f ms  ratio %.3f\n",
+                c.name, step, r->recorded_step_s * 1e3, r->replayed_step_s * 1e3, r->ratio());
+    ratios.push_back(r->ratio());
   }
-  EXPECT_TRUE(r->unmatched.empty()) << "first: " << r->unmatched.front();
-  std::printf("[ replay ] %-40s recorded %7.1f ms  replayed %7.1f ms  ratio %.3f\n", c.name,
-              r->recorded_step_s * 1e3, r->replayed_step_s * 1e3, r->ratio());
-  EXPECT_NEAR(r->ratio(), 1.0, kTolerance)
-      << "recorded " << r->recorded_step_s << " s, replayed " << r->replayed_step_s << " s";
+  std::sort(ratios.begin(), ratios.end());
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  EXPECT_NEAR(ratios[ratios.size() / 2], 1.0, kTolerance) << "the median step's replay";
+#endif
 }
 
 INSTANTIATE_TEST_SUITE_P(
