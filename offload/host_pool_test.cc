@@ -139,11 +139,18 @@ TEST(HostPool, NumaPlacement) {
   }
 }
 
+// In a child process: drops CAP_IPC_LOCK and lowers RLIMIT_MEMLOCK to 64 KiB, so locking is
+// bound by the limit as for an ordinary user. Returns "" or a "SKIP: " reason.
+std::string LimitLockingTo64KiB() {
+  if (!testing::DropCapability(CAP_IPC_LOCK)) return "SKIP: cannot drop CAP_IPC_LOCK";
+  rlimit rl{64 << 10, 64 << 10};
+  if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0) return "SKIP: cannot lower RLIMIT_MEMLOCK";
+  return "";
+}
+
 TEST(HostPool, LockLimitIsReportedWithTheFix) {
   const std::string msg = testing::RunInChild([]() -> std::string {
-    if (!testing::DropCapability(CAP_IPC_LOCK)) return "SKIP: cannot drop CAP_IPC_LOCK";
-    rlimit rl{64 << 10, 64 << 10};
-    if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0) return "SKIP: cannot lower RLIMIT_MEMLOCK";
+    if (std::string skip = LimitLockingTo64KiB(); !skip.empty()) return skip;
     HostPoolOptions o;
     o.pinned_budget = 4 * kMiB;
     auto pool = HostPool::Create(o);
@@ -176,9 +183,7 @@ TEST(HostPool, LockLimitIsReportedWithTheFix) {
 // registered with the devices).
 TEST(HostPool, UnlockedPinnedMemoryNeedsNoLockLimit) {
   const std::string msg = testing::RunInChild([]() -> std::string {
-    if (!testing::DropCapability(CAP_IPC_LOCK)) return "SKIP: cannot drop CAP_IPC_LOCK";
-    rlimit rl{64 << 10, 64 << 10};
-    if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0) return "SKIP: cannot lower RLIMIT_MEMLOCK";
+    if (std::string skip = LimitLockingTo64KiB(); !skip.empty()) return skip;
     HostPoolOptions o;
     o.pinned_budget = 4 * kMiB;
     o.lock_pinned = false;
