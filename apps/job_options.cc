@@ -51,7 +51,7 @@ void AddJobOptions(CLI::App& app, JobSpec& j, std::string* lora_targets) {
       ->capture_default_str();
   app.add_flag("--stale-updates", j.stale_updates,
                "One-step-stale updates: each step runs on the weights one update older, so the "
-               "optimizer overlaps the next step (changes the numerics; train: --devices N > 1)");
+               "optimizer overlaps the next step (changes the numerics)");
   app.add_option("--lora-rank", j.lora.rank, "LoRA rank (0: full fine-tuning)")
       ->capture_default_str();
   app.add_option("--lora-alpha", j.lora.alpha, "LoRA alpha (scaling = alpha / rank)")

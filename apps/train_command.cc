@@ -34,7 +34,8 @@ void AddTrainCommand(CLI::App& parent, TrainCommand* cmd) {
   AddJobOptions(*t, j, &cmd->lora_targets);
   t->add_option("--threads", j.threads, "CPU threads (0: all cores)")->capture_default_str();
   t->add_option("--devices", j.devices,
-                "CPU devices: more than 1 plans the job for them and runs the planned pipeline")
+                "CPU devices: the job is planned for them (one device: one stage when the model "
+                "fits) and the planned pipeline runs over them")
       ->capture_default_str();
   t->add_option("--dtype", j.dtype,
                 "Compute dtype: f32 (the exact reference) or bf16 (bf16 weights and activations, "
@@ -58,8 +59,7 @@ void AddTrainCommand(CLI::App& parent, TrainCommand* cmd) {
   t->add_option("--trace", cmd->trace,
                 "Write what ran as Chrome-trace JSON (Perfetto), timed by the devices' streams: "
                 "per device compute, host->device and device->host lanes, the host's lanes, "
-                "named as `ferry plan --trace` names the predicted ones (needs --devices 2 or "
-                "more)");
+                "named as `ferry plan --trace` names the predicted ones");
   t->add_option("--resume", cmd->resume,
                 "Continue the run in RUN_DIR from its newest intact checkpoint (job from "
                 "RUN_DIR/job.json; only --steps, --threads and the checkpoint options may change)");
@@ -137,13 +137,8 @@ int RunTrainCommand(TrainCommand& cmd) {
   run.device_from = "--batch-size " + std::to_string(job.batch_size) + " / --micro-batches " +
                     std::to_string(job.micro_batches) + " x --seq-len " +
                     std::to_string(job.seq_len);
-  if (job.devices > 1) run.device_from += " on --devices " + std::to_string(job.devices);
+  run.device_from += " on --devices " + std::to_string(job.devices);
   if (Status s = ValidateRunLimits(run, *model); !s.ok()) return fail(s);
-  if (!cmd.trace.empty() && job.devices <= 1) {
-    return fail(Status::InvalidArgument(
-        "--trace records the pipeline executor's streams: give --devices 2 or more (a one-device "
-        "run goes through a single ModelRunner, which is not traced)"));
-  }
   control.trace = cmd.trace;
   if (cmd.force && control.resume)
     return fail(

@@ -18,7 +18,7 @@ struct TrainCommand {
   std::string lora_targets = "all";
   std::string resume;  // --resume RUN_DIR; empty: a new run
   bool force = false;  // --force: replace the run folder --out (engine/job/run_folder.h)
-  std::string trace;   // --trace FILE: the measured timeline (Chrome trace); --devices N > 1
+  std::string trace;   // --trace FILE: the measured timeline (Chrome trace)
 };
 
 // Adds the `train` subcommand to `parent`; the returned object receives the parsed options and

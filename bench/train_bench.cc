@@ -1,4 +1,6 @@
-// Training throughput of the whole stack (Trainer + ModelRunner on a CpuDevice): tokens/s, model
+// Training throughput of the whole stack as `ferry train` runs it (Trainer + the planned pipeline
+// on one CpuDevice, engine/train/training_runner.h), beside the single-device ModelRunner it
+// replaced (--path both, the default; or --path executor | runner): tokens/s, model
 // FLOP/s of the forward + backward (summed from the layers' own ComputeLayerCost reports, no
 // recomputation, over the runner's time alone: the optimizer's share is printed apart) and peak
 // RSS, next to the machine's fp32 GEMM rate measured in the same run (a large square product
@@ -13,6 +15,7 @@
 // updates.
 //
 // Usage: train_bench [--threads T] [--steps N] [--only gpt2|llama] [--dtype f32|bf16]
+//                    [--path both|executor|runner]
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -29,6 +32,7 @@
 #include "engine/train/dataset.h"
 #include "engine/train/run_training.h"
 #include "engine/train/trainer.h"
+#include "engine/train/training_runner.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/cpu/onednn.h"
@@ -71,20 +75,43 @@ ModelConfig Gpt2Small() {
 }
 
 // `dtype`: the runner's compute dtype (f32, or bf16 judged against the bf16 GEMM rate `gemm`).
+// `executor`: `ferry train`'s path (the planned pipeline on one device), else a ModelRunner.
 void BenchModel(const char* label, const ModelConfig& model, BatchShape shape, int threads,
-                int steps, DType dtype, const Spread& gemm) {
+                int steps, DType dtype, const Spread& gemm, bool executor) {
   Check(ValidateModelConfig(model), label);
   const LoraConfig lora;
-  ModelRunnerOptions options;
-  options.shape = shape;
-  options.compute_dtype = dtype;
-  auto dev = CpuDevice::Create(
-      {.name = "cpu0",
-       .memory_bytes = EstimateDeviceBytes(model, lora, shape, options.loss_chunk_tokens, threads),
-       .compute_threads = threads});
-  Check(dev.status(), "device");
-  auto runner = ModelRunner::Create(**dev, model, lora, options);
-  Check(runner.status(), "runner");
+  JobSpec job;
+  job.model = label;
+  job.batch_size = shape.batch;
+  job.micro_batches = 1;
+  job.seq_len = shape.seq_len;
+  job.dtype = std::string(DTypeName(dtype));
+  job.lora = lora;
+  TrainingRunner devices;  // the executor's devices and runner
+  std::unique_ptr<CpuDevice> dev;
+  std::unique_ptr<ModelRunner> own;
+  ModelRunner* runner = nullptr;
+  if (executor) {
+    auto t = CreateTrainingRunner(job, model, threads);
+    Check(t.status(), "training runner");
+    devices = std::move(*t);
+    runner = devices.runner.get();
+    std::printf("%s %s executor: %s\n", label, DTypeName(dtype).data(), devices.summary.c_str());
+  } else {
+    ModelRunnerOptions options;
+    options.shape = shape;
+    options.compute_dtype = dtype;
+    auto d = CpuDevice::Create({.name = "cpu0",
+                                .memory_bytes = EstimateDeviceBytes(
+                                    model, lora, shape, options.loss_chunk_tokens, threads),
+                                .compute_threads = threads});
+    Check(d.status(), "device");
+    dev = std::move(*d);
+    auto r = ModelRunner::Create(*dev, model, lora, options);
+    Check(r.status(), "runner");
+    own = std::move(*r);
+    runner = own.get();
+  }
   std::vector<LayerSpec> layers = BuildLayerSpecs(model, lora);
   double flops_per_step = 0;
   for (const LayerSpec& l : layers) {
@@ -98,7 +125,7 @@ void BenchModel(const char* label, const ModelConfig& model, BatchShape shape, i
   opt.schedule = {.lr = 1e-4, .warmup_steps = 0, .total_steps = 100, .min_ratio = 0};
   opt.weight_decay = 0.1;
   opt.grad_clip = 1.0;
-  auto trainer = Trainer::Create(runner->get(), std::move(layers), std::move(w), opt, &pool);
+  auto trainer = Trainer::Create(runner, std::move(layers), std::move(w), opt, &pool);
   Check(trainer.status(), "trainer");
   const TokenStream stream = TokenStream::Builtin();
   auto batcher = Batcher::Create(&stream, shape.batch, shape.seq_len, 1);
@@ -123,17 +150,17 @@ void BenchModel(const char* label, const ModelConfig& model, BatchShape shape, i
   const Spread step = SpreadOf(step_s), fwd_bwd = SpreadOf(compute_s),
                optim = SpreadOf(optimizer_s), rate = SpreadOf(gflops);
   std::printf(
-      "%-12s %s %6.1fM params  B=%lld T=%lld  %d steps, median (min-max):\n"
+      "%-12s %s %s %6.1fM params  B=%lld T=%lld  %d steps, median (min-max):\n"
       "  step %.2f s (%.2f-%.2f): fwd+bwd %.2f s (%.2f-%.2f), optimizer %.2f s (%.2f-%.2f); "
       "%.0f tok/s\n"
       "  fwd+bwd %.1f GFLOP/s (%.1f-%.1f) = %.0f%% of the %s GEMM median (%.0f-%.0f%% of "
       "its min-max)  loss %.3f  peak RSS %.0f MiB\n",
-      label, DTypeName(dtype).data(), double(params) / 1e6, (long long)shape.batch,
-      (long long)shape.seq_len, steps, step.median, step.min, step.max, fwd_bwd.median, fwd_bwd.min,
-      fwd_bwd.max, optim.median, optim.min, optim.max, double(shape.tokens()) / step.median,
-      rate.median, rate.min, rate.max, 100 * rate.median / gemm.median,
-      dtype == DType::kF32 ? "fp32" : "bf16", 100 * rate.median / gemm.max,
-      100 * rate.median / gemm.min, loss, PeakRssMiB());
+      label, DTypeName(dtype).data(), executor ? "executor" : "ModelRunner", double(params) / 1e6,
+      (long long)shape.batch, (long long)shape.seq_len, steps, step.median, step.min, step.max,
+      fwd_bwd.median, fwd_bwd.min, fwd_bwd.max, optim.median, optim.min, optim.max,
+      double(shape.tokens()) / step.median, rate.median, rate.min, rate.max,
+      100 * rate.median / gemm.median, dtype == DType::kF32 ? "fp32" : "bf16",
+      100 * rate.median / gemm.max, 100 * rate.median / gemm.min, loss, PeakRssMiB());
   std::fflush(stdout);
 }
 
@@ -142,7 +169,7 @@ void BenchModel(const char* label, const ModelConfig& model, BatchShape shape, i
 
 int main(int argc, char** argv) {
   int threads = 2, steps = 5;
-  std::string only, only_dtype;
+  std::string only, only_dtype, path = "both";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--threads") {
@@ -153,10 +180,12 @@ int main(int argc, char** argv) {
       only = v;
     } else if (k == "--dtype") {
       only_dtype = v;
+    } else if (k == "--path" && (v == "both" || v == "executor" || v == "runner")) {
+      path = v;
     } else {
       std::fprintf(stderr,
                    "usage: train_bench [--threads T] [--steps N] [--only gpt2|llama] "
-                   "[--dtype f32|bf16]\n");
+                   "[--dtype f32|bf16] [--path both|executor|runner]\n");
       return 2;
     }
   }
@@ -179,12 +208,19 @@ int main(int argc, char** argv) {
   for (const auto& [dtype, ceiling] :
        {std::pair{ferry::DType::kF32, gemm}, std::pair{ferry::DType::kBF16, bf16}}) {
     if (!only_dtype.empty() && only_dtype != ferry::DTypeName(dtype)) continue;
-    if (only.empty() || only == "gpt2") {
-      ferry::BenchModel("gpt2-124M", ferry::Gpt2Small(), {4, 64}, threads, steps, dtype, ceiling);
-    }
-    if (only.empty() || only == "llama") {
-      ferry::BenchModel("llama-100M", ferry::bench::Llama100M(), {4, 256}, threads, steps, dtype,
-                        ceiling);
+    // Each model on the two paths back to back, so they share the machine's state.
+    for (const bool gpt2 : {true, false}) {
+      if (!only.empty() && only != (gpt2 ? "gpt2" : "llama")) continue;
+      for (const bool executor : {true, false}) {
+        if (path != "both" && executor != (path == "executor")) continue;
+        if (gpt2) {
+          ferry::BenchModel("gpt2-124M", ferry::Gpt2Small(), {4, 64}, threads, steps, dtype,
+                            ceiling, executor);
+        } else {
+          ferry::BenchModel("llama-100M", ferry::bench::Llama100M(), {4, 256}, threads, steps,
+                            dtype, ceiling, executor);
+        }
+      }
     }
   }
   return 0;

@@ -44,13 +44,13 @@ struct JobSpec {
   double beta2 = 0.95;
   double adam_eps = 1e-8;
   double grad_clip = 1.0;  // global-norm clipping threshold; 0 disables
-  // One-step-stale updates (opt-in, changes the numerics; training needs devices > 1): each step
+  // One-step-stale updates (opt-in, changes the numerics): each step
   // runs on the weights one update older, so the optimizer overlaps the next step.
   bool stale_updates = false;
   uint64_t seed = 1234;
   LoraConfig lora;      // rank 0: full fine-tuning
   int64_t threads = 0;  // CPU device threads; 0: all cores
-  int64_t devices = 1;  // CPU devices; > 1: a planned pipeline over them (training_runner.h)
+  int64_t devices = 1;  // CPU devices the planned pipeline runs over (training_runner.h)
   // Compute (storage) dtype on the devices, with one device or --devices N: "f32", the exact
   // reference, or "bf16" (bf16 weights and activations, bf16 GEMMs with fp32 accumulation where
   // the CPU has them; master weights, gradients and optimizer state stay fp32).

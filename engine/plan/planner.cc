@@ -134,6 +134,7 @@ std::vector<int64_t> MicroBatchCandidates(const PlanJob& job, int gpus) {
 std::vector<int> StageCountCandidates(int blocks) {
   std::vector<int> out;
   for (int per = 1; per <= blocks; per *= 2) out.push_back((blocks + per - 1) / per);
+  out.push_back(1);  // the whole model as one stage
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
@@ -299,6 +300,7 @@ Status ValidateInputs(const ModelConfig& model, const PlanJob& job, const Hardwa
   FERRY_RETURN_IF_ERROR(ValidateHardwareProfile(hw));
   if (job.global_batch < 1) return Status::InvalidArgument("--batch-size must be at least 1");
   if (job.seq_len < 1) return Status::InvalidArgument("--seq-len must be at least 1");
+  if (job.max_stages < 0) return Status::InvalidArgument("max_stages must be 0 (any) or more");
   if (job.micro_batches < 0 || (job.micro_batches > 0 && job.global_batch % job.micro_batches)) {
     return Status::InvalidArgument("--micro-batches " + std::to_string(job.micro_batches) +
                                    " must divide --batch-size " + std::to_string(job.global_batch) +
@@ -443,6 +445,7 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
     const BatchShape micro{job.global_batch / m, job.seq_len};
     const std::vector<LayerNumbers> n = NumbersFor(c, micro);
     for (int stage_count : StageCountCandidates(blocks)) {
+      if (job.max_stages > 0 && stage_count > job.max_stages) continue;
       const std::vector<LayerRange> stages = Partition(n, blocks, stage_count);
       std::vector<std::vector<bool>> seen;
       for (const char* policy : {"save", "per-layer", "recompute"}) {

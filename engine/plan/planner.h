@@ -55,6 +55,9 @@ struct PlanJob {
   bool fp16_accumulate = false;
   ScratchTarget scratch;       // CUDA unless planning for CPU devices
   bool stale_updates = false;  // opt-in one-step-stale updates (changes the numerics)
+  // The most forward stages a plan may have (0: any). `ferry train` on one CPU device asks for
+  // 1: there a copy takes the cores the compute needs, so streaming weights never pays.
+  int max_stages = 0;
 };
 
 // The `--dtype` name of fp16 with fp16 accumulation.

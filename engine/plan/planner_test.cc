@@ -251,6 +251,32 @@ TEST(Planner, PlanCoversEveryBlockAndFits) {
   EXPECT_NE(PlanSummary(p).find("weights.slot0"), std::string::npos);
 }
 
+// max_stages bounds the forward stages: 1 gives one stage over every block (one device's plan in
+// `ferry train`), where the unbounded search streams more; a negative bound is refused.
+TEST(Planner, MaxStagesBoundsTheStageCount) {
+  const ModelConfig m = SmallModel(6, 64, 300);
+  PlanJob job;
+  job.global_batch = 6;
+  job.seq_len = 32;
+  HardwareProfile h = SmallMachine(1);
+  h.gpu.memory_label_bytes = h.gpu.memory_usable_bytes = uint64_t(1) << 30;  // the model fits
+  Result<PlanOutcome> any = MakePlan("small", m, job, h);
+  ASSERT_TRUE(any.ok() && any->feasible);
+  ASSERT_GT(any->plan.stages.size(), 1u) << "the unbounded plan should stream several stages";
+  job.max_stages = 1;
+  Result<PlanOutcome> one = MakePlan("small", m, job, h);
+  ASSERT_TRUE(one.ok()) << one.status().message();
+  ASSERT_TRUE(one->feasible) << one->binding;
+  ASSERT_EQ(one->plan.stages.size(), 1u);
+  EXPECT_EQ(one->plan.stages[0].first, 1);
+  EXPECT_EQ(one->plan.stages[0].last, 7);
+  ExpectFits(one->plan, h);
+  job.max_stages = -1;
+  Result<PlanOutcome> bad = MakePlan("small", m, job, h);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("max_stages"), std::string::npos);
+}
+
 TEST(Planner, TooLittleGpuMemoryIsReportedWithTheBindingConstraint) {
   const ModelConfig m = SmallModel(4, 64, 300);
   PlanJob job;

@@ -68,7 +68,6 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
   FERRY_ASSIGN_OR_RETURN(TrainingRunner devices,
                          CreateTrainingRunner(job, model, threads, !control.trace.empty()));
   ModelRunner* runner = devices.runner.get();
-  if (job.devices > 1) std::fprintf(stderr, "ferry train: %s\n", devices.summary.c_str());
 
   std::vector<LayerSpec> layers = BuildLayerSpecs(model, job.lora);
   FERRY_ASSIGN_OR_RETURN(HostTensors weights, InitialWeights(job.model, model, layers, job.seed));
@@ -143,6 +142,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
                model.model_type.c_str(), double(params) / 1e6, double(trainable) / 1e6,
                (long long)job.steps, (long long)job.batch_size, (long long)job.seq_len, threads,
                job.dtype.c_str(), job.out.c_str());
+  std::fprintf(stderr, "ferry train: %s\n", devices.summary.c_str());
   ProgressBar progress(stderr, ::isatty(::fileno(stderr)) != 0,
                        std::max<int64_t>(1, job.steps / 20));
   MeasuredRun measured;

@@ -15,7 +15,7 @@
 // (batches are a pure function of the step; the frozen part of the model is rebuilt from the job).
 // When RunControl::stop_requested returns non-zero, the run finishes the current update, saves a
 // checkpoint and returns Cancelled saying how to resume.
-// A --devices N > 1 run ends (or stops) by printing measured vs predicted step time and peak
+// A run ends (or stops) by printing measured vs predicted step time and peak
 // memory per tier (engine/train/run_report.h) to stderr.
 //
 // REQUIRES: ValidateJobSpec(job, model) is ok and PrepareRunFolder(job.out) succeeded.
@@ -46,8 +46,7 @@ struct RunControl {
   // Test-only (CheckpointOptions::fault_hook).
   std::function<Status(int64_t step, std::string_view stage)> checkpoint_fault_hook;
   // Non-empty: write what the pipeline's devices and the host ran, as Chrome-trace JSON
-  // (engine/exec/trace_recorder.h), to this file when the run ends or is stopped. Needs
-  // job.devices > 1 (InvalidArgument otherwise).
+  // (engine/exec/trace_recorder.h), to this file when the run ends or is stopped.
   std::string trace;
 };
 

@@ -4,7 +4,6 @@
 
 #include "engine/exec/pipeline_runner.h"
 #include "engine/plan/planner.h"
-#include "engine/train/run_training.h"
 #include "kernels/arena.h"
 
 namespace ferry {
@@ -35,37 +34,48 @@ plan::HardwareProfile CpuDevicesProfile(int count, uint64_t device_bytes) {
 
 namespace {
 
-ModelRunnerOptions RunnerOptions(const JobSpec& job) {
-  ModelRunnerOptions o;
-  o.shape = {job.micro_batch_size(), job.seq_len};
-  o.compute_dtype = job.dtype == "bf16" ? DType::kBF16 : DType::kF32;  // ValidateJobSpec'd
-  return o;
+DType ComputeDtype(const JobSpec& job) {
+  return job.dtype == "bf16" ? DType::kBF16 : DType::kF32;  // ValidateJobSpec'd
 }
 
-size_t OneDeviceBytes(const JobSpec& job, const ModelConfig& model, int threads) {
-  const ModelRunnerOptions o = RunnerOptions(job);
-  return EstimateDeviceBytes(model, job.lora, o.shape, o.loss_chunk_tokens, threads);
+// The bytes of the whole model as one stage on one CPU device, every activation saved, by the
+// memory model (engine/plan/memory_model.h): no stage of any plan needs more, so it bounds each
+// device's budget.
+uint64_t WholeModelBytes(const JobSpec& job, const ModelConfig& model, int threads) {
+  plan::MemoryPlanInput in;
+  in.model = model;
+  in.lora = job.lora;
+  in.micro_batch = {job.micro_batch_size(), job.seq_len};
+  in.micro_batches = int(job.micro_batches);
+  in.compute_dtype = ComputeDtype(job);
+  in.stages = {{1, int(model.num_layers) + 1}};
+  in.recompute.assign(size_t(model.num_layers) + 2, false);
+  in.scratch = {.cuda = false, .cpu_threads = threads};
+  return plan::ComputeMemory(in).gpu.total();
 }
 
-// The plan of a --devices N job (N > 1) on N CPU devices.
+// The plan of a --devices N job on N CPU devices.
 Result<plan::Plan> PlanCpuDevices(const JobSpec& job, const ModelConfig& model, int threads) {
   plan::PlanJob pj;
   pj.global_batch = job.batch_size;
   pj.seq_len = job.seq_len;
   pj.micro_batches = job.micro_batches;
   pj.lora = job.lora;
-  pj.compute_dtype = RunnerOptions(job).compute_dtype;
+  pj.compute_dtype = ComputeDtype(job);
   pj.stale_updates = job.stale_updates;
+  // One device runs the whole model as one stage: on a CPU device a weight copy takes the cores
+  // its compute needs, so streaming stages would only add work.
+  if (job.devices == 1) pj.max_stages = 1;
   pj.scratch = {.cuda = false, .cpu_threads = threads};
   // A stage never needs more than the whole model on one device: that bounds the budget.
   FERRY_ASSIGN_OR_RETURN(
       plan::PlanOutcome outcome,
       plan::MakePlan(job.model, model, pj,
-                     CpuDevicesProfile(int(job.devices), OneDeviceBytes(job, model, threads)),
+                     CpuDevicesProfile(int(job.devices), WholeModelBytes(job, model, threads)),
                      /*suggest=*/false));
   if (!outcome.feasible) {
-    return Status::InvalidArgument("no plan fits " + std::to_string(job.devices) +
-                                   " CPU devices: " + outcome.binding + "; use --devices 1");
+    return Status::InvalidArgument("no plan fits " + std::to_string(job.devices) + " CPU device" +
+                                   (job.devices == 1 ? "" : "s") + ": " + outcome.binding);
   }
   const plan::Plan& p = outcome.plan;
   if (p.micro_batches != job.micro_batches || p.micro_batch_size != job.micro_batch_size()) {
@@ -80,37 +90,15 @@ Result<plan::Plan> PlanCpuDevices(const JobSpec& job, const ModelConfig& model, 
 }  // namespace
 
 uint64_t TrainingDevicesBytes(const JobSpec& job, const ModelConfig& model, int threads) {
-  const uint64_t one_device = OneDeviceBytes(job, model, threads);
-  if (job.devices <= 1) return one_device;
   Result<plan::Plan> p = PlanCpuDevices(job, model, threads);
-  // Without a plan, CreateTrainingRunner reports why; the one device bounds each stage.
-  if (!p.ok()) return one_device;
+  // Without a plan, CreateTrainingRunner reports why; the whole model bounds each stage.
+  if (!p.ok()) return uint64_t(job.devices) * WholeModelBytes(job, model, threads);
   return uint64_t(job.devices) * p->memory.gpu.total();
 }
 
 Result<TrainingRunner> CreateTrainingRunner(const JobSpec& job, const ModelConfig& model,
                                             int threads, bool trace) {
   TrainingRunner t;
-  if (job.stale_updates && job.devices <= 1) {
-    return Status::InvalidArgument(
-        "--stale-updates overlaps the optimizer with the next step of a pipeline: use it with "
-        "--devices N (N > 1); one device runs every step on the newest weights");
-  }
-  if (trace && job.devices <= 1) {
-    return Status::InvalidArgument(
-        "a trace records the pipeline executor's streams: give --devices 2 or more (one device "
-        "runs without the executor)");
-  }
-  if (job.devices <= 1) {
-    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<CpuDevice> d,
-                           CpuDevice::Create({.name = "cpu0",
-                                              .memory_bytes = OneDeviceBytes(job, model, threads),
-                                              .compute_threads = threads}));
-    FERRY_ASSIGN_OR_RETURN(t.runner, ModelRunner::Create(*d, model, job.lora, RunnerOptions(job)));
-    t.devices.push_back(std::move(d));
-    t.summary = "1 CPU device";
-    return t;
-  }
   FERRY_ASSIGN_OR_RETURN(const plan::Plan p, PlanCpuDevices(job, model, threads));
   std::vector<Device*> raw;
   for (int64_t i = 0; i < job.devices; ++i) {
@@ -123,9 +111,10 @@ Result<TrainingRunner> CreateTrainingRunner(const JobSpec& job, const ModelConfi
   }
   if (trace) t.trace = std::make_unique<exec::TraceRecorder>(p, job.steps);
   FERRY_ASSIGN_OR_RETURN(t.runner, exec::CreatePipelineRunner(raw, model, p, t.trace.get()));
-  t.summary = std::to_string(job.devices) + " CPU devices, " + std::to_string(p.stages.size()) +
-              " stages, activations " + p.activation_policy + ", " +
-              FormatBytes(p.memory.gpu.total()) + " per device";
+  t.summary = std::to_string(job.devices) + " CPU device" + (job.devices == 1 ? "" : "s") + ", " +
+              std::to_string(p.stages.size()) + " stage" + (p.stages.size() == 1 ? "" : "s") +
+              ", activations " + p.activation_policy + ", " + FormatBytes(p.memory.gpu.total()) +
+              " per device";
   t.plan = p;
   return t;
 }
