@@ -30,12 +30,8 @@ class CudaDeviceTest : public ::testing::Test {
  protected:
   void SetUp() override {
     FERRY_SKIP_WITHOUT_GPU();
-    CudaDeviceOptions options;
-    options.memory_bytes = 320 * kMiB;
-    options.cublas_workspace_bytes = kMiB;
-    auto d = CudaDevice::Create(options);
-    ASSERT_TRUE(d.ok()) << d.status().ToString();
-    device_ = std::move(d).value();
+    device_ = testing::CreateTestCudaDevice(320 * kMiB, kMiB);
+    ASSERT_NE(device_, nullptr);
   }
 
   // Host memory copies can use, registered with the device.

@@ -19,8 +19,9 @@ namespace ferry::cuda {
 // dst.numel(); both on `d`; no overlap unless dst is src itself.
 Status Cast(CudaDevice& d, const Tensor& src, const Tensor& dst);
 
-// y = a + b element-wise, math in fp32, stored rounded to nearest even. y may alias a or b.
-// REQUIRES: a, b and y have one dtype and one element count; all on `d`.
+// y = a + b element-wise, math in fp32, stored rounded to nearest even; each tensor f32, bf16 or
+// f16 of its own. y may alias a or b (y = a = dx is the residual gradient's dx += dy).
+// REQUIRES: a, b and y have one element count; all on `d`.
 Status Residual(CudaDevice& d, const Tensor& a, const Tensor& b, const Tensor& y);
 
 // C = alpha op(A) op(B) + beta C (+ bias) with fp32 math on cuBLAS (kernels/cuda/gemm.cu says

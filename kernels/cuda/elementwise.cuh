@@ -1,6 +1,7 @@
-// Shared pieces of the element-wise CUDA kernels (cast.cu, residual.cu): the CUDA type of each
-// storage dtype, fp32 loads and round-to-nearest-even stores, and the grid of a grid-stride loop.
-// Device code only; included by .cu files.
+// Shared pieces of the element-wise CUDA kernels (cast.cu, residual.cu, gelu.cu, ...): the CUDA
+// type of each storage dtype, fp32 loads and round-to-nearest-even stores (compile-time typed, and
+// DeviceFloats for tensors whose dtype is only known at run time), and the grid of a grid-stride
+// loop. Device code only; included by .cu files.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,9 +10,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 
+#include "kernels/backend_access.h"
 #include "kernels/cuda/cuda_context.h"
 #include "kernels/dtype.h"
 #include "kernels/status.h"
@@ -37,6 +40,52 @@ __device__ __forceinline__ __half StoreFloat<__half>(float v) {
   return __float2half_rn(v);
 }
 
+// A tensor's elements with their storage dtype chosen at run time (f32, bf16 or f16): the ops take
+// a dtype per tensor, and one kernel per combination would be hundreds of instantiations. The
+// switch is uniform across a launch (no divergence); loads widen to fp32 exactly, stores round to
+// nearest even once. REQUIRES (host side, see Floats): the dtype is a float storage dtype.
+struct DeviceFloats {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+
+  __device__ __forceinline__ float Load(int64_t i) const {
+    switch (dtype) {
+      case DType::kBF16:
+        return LoadFloat(static_cast<const __nv_bfloat16*>(data)[i]);
+      case DType::kF16:
+        return LoadFloat(static_cast<const __half*>(data)[i]);
+      default:
+        return static_cast<const float*>(data)[i];
+    }
+  }
+  __device__ __forceinline__ void Store(int64_t i, float v) const {
+    switch (dtype) {
+      case DType::kBF16:
+        static_cast<__nv_bfloat16*>(data)[i] = StoreFloat<__nv_bfloat16>(v);
+        return;
+      case DType::kF16:
+        static_cast<__half*>(data)[i] = StoreFloat<__half>(v);
+        return;
+      default:
+        static_cast<float*>(data)[i] = v;
+    }
+  }
+  // v rounded to this dtype and widened back (what storing it here would keep).
+  __device__ __forceinline__ float Round(float v) const {
+    switch (dtype) {
+      case DType::kBF16:
+        return LoadFloat(StoreFloat<__nv_bfloat16>(v));
+      case DType::kF16:
+        return LoadFloat(StoreFloat<__half>(v));
+      default:
+        return v;
+    }
+  }
+};
+inline DeviceFloats Floats(const Tensor& t) {
+  return DeviceFloats{BackendAccess::Raw(t.data), t.dtype};
+}
+
 // The dtypes these kernels store (floating point; index dtypes are not element-wise data).
 inline bool IsFloatStorage(DType t) {
   return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16;
@@ -45,6 +94,10 @@ inline Status RequireFloatStorage(std::string_view op, DType t) {
   if (IsFloatStorage(t)) return Status::Ok();
   return Status::InvalidArgument(std::string(op) + ": dtype " + std::string(DTypeName(t)) +
                                  " is not a floating-point storage dtype");
+}
+inline Status RequireFloatStorage(std::string_view op, std::initializer_list<DType> ts) {
+  for (DType t : ts) FERRY_RETURN_IF_ERROR(RequireFloatStorage(op, t));
+  return Status::Ok();
 }
 
 // Calls fn(T{}) with T the CUDA storage type of `t`. REQUIRES: IsFloatStorage(t).

@@ -55,12 +55,8 @@ class CudaGemmTest : public ::testing::Test {
  protected:
   void SetUp() override {
     FERRY_SKIP_WITHOUT_GPU();
-    CudaDeviceOptions options;
-    options.memory_bytes = 64 * kMiB;
-    options.cublas_workspace_bytes = 4 * kMiB;
-    auto d = CudaDevice::Create(options);
-    ASSERT_TRUE(d.ok()) << d.status().ToString();
-    device_ = std::move(d).value();
+    device_ = testing::CreateTestCudaDevice(64 * kMiB, 4 * kMiB);
+    ASSERT_NE(device_, nullptr);
   }
 
   // Runs one case on the GPU (through `run`, the Gemm op unless given) and on the CPU GEMM, and

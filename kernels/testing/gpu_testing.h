@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <memory>
 #include <string>
 
 #ifdef FERRY_WITH_CUDA
@@ -24,6 +25,21 @@ inline std::string NoGpuReason() {
   return "built without the CUDA toolkit";
 #endif
 }
+
+#ifdef FERRY_WITH_CUDA
+// A device on GPU 0 for a test, with an arena of `memory_bytes` of which `cublas_workspace_bytes`
+// go to cuBLAS; nullptr (and a test failure naming the error) when it cannot be created. Call
+// after FERRY_SKIP_WITHOUT_GPU.
+inline std::unique_ptr<CudaDevice> CreateTestCudaDevice(size_t memory_bytes,
+                                                        size_t cublas_workspace_bytes) {
+  CudaDeviceOptions options;
+  options.memory_bytes = memory_bytes;
+  options.cublas_workspace_bytes = cublas_workspace_bytes;
+  Result<std::unique_ptr<CudaDevice>> d = CudaDevice::Create(options);
+  EXPECT_TRUE(d.ok()) << d.status().ToString();
+  return d.ok() ? std::move(d).value() : nullptr;
+}
+#endif
 
 }  // namespace ferry::testing
 
