@@ -8,13 +8,8 @@
 namespace ferry::cpu {
 namespace {
 
-constexpr float kSqrtHalf = 0.70710678118654752f;     // 1 / sqrt(2)
-constexpr float kInvSqrt2Pi = 0.39894228040143268f;   // 1 / sqrt(2 pi)
-constexpr float kSqrt2OverPi = 0.79788456080286536f;  // sqrt(2 / pi)
-constexpr float kCubic = 0.044715f;
-
 // u(v) = sqrt(2 / pi) (v + 0.044715 v^3), the argument of tanh in the tanh approximation.
-inline VecF4 TanhArgument(VecF4 v) { return kSqrt2OverPi * (v + kCubic * v * v * v); }
+inline VecF4 TanhArgument(VecF4 v) { return kGeluSqrt2OverPi * (v + kGeluCubic * v * v * v); }
 
 void ForwardPiece(GeluApprox approx, const float* x, float* y, int64_t n) {
   if (approx == GeluApprox::kTanh) {
@@ -22,7 +17,7 @@ void ForwardPiece(GeluApprox approx, const float* x, float* y, int64_t n) {
     MapF4(
         n, y, [](VecF4 v, VecF4) { return v / (1.0f + ExpF4(TanhArgument(v) * -2.0f)); }, x);
   } else {
-    for (int64_t j = 0; j < n; ++j) y[j] = 0.5f * x[j] * (1.0f + std::erf(x[j] * kSqrtHalf));
+    for (int64_t j = 0; j < n; ++j) y[j] = 0.5f * x[j] * (1.0f + std::erf(x[j] * kGeluSqrtHalf));
   }
 }
 
@@ -32,15 +27,15 @@ void BackwardPiece(GeluApprox approx, const float* x, const float* dy, float* dx
     // d/dv [0.5 v (1 + tanh u)] = s + 2 v s (1 - s) u'(v).
     auto grad = [](VecF4 v, VecF4 g) {
       const VecF4 s = 1.0f / (1.0f + ExpF4(TanhArgument(v) * -2.0f));
-      const VecF4 du = kSqrt2OverPi * (1.0f + (3.0f * kCubic) * v * v);
+      const VecF4 du = kGeluSqrt2OverPi * (1.0f + (3.0f * kGeluCubic) * v * v);
       return g * (s + 2.0f * v * s * (1.0f - s) * du);
     };
     MapF4(n, dx, grad, x, dy);
   } else {
     for (int64_t j = 0; j < n; ++j) {
       const float v = x[j];
-      const float d =
-          0.5f * (1.0f + std::erf(v * kSqrtHalf)) + v * std::exp(-0.5f * v * v) * kInvSqrt2Pi;
+      const float d = 0.5f * (1.0f + std::erf(v * kGeluSqrtHalf)) +
+                      v * std::exp(-0.5f * v * v) * kGeluInvSqrt2Pi;
       dx[j] = dy[j] * d;
     }
   }

@@ -26,6 +26,12 @@ Status ResidualAccumulateKernel(Device& d, std::string_view, const ResidualAccum
   return cuda::Residual(Cuda(d), a.dx, a.dy, a.dx);
 }
 
+// An entry that calls the CUDA implementation `fn` of an op with its validated arguments.
+template <typename Args, Status (*fn)(CudaDevice&, const Args&)>
+Status OnCuda(Device& d, std::string_view, const Args& a) {
+  return fn(Cuda(d), a);
+}
+
 constexpr Backend kCudaBackend = [] {
   Backend b;
   b.kind = DeviceKind::kCuda;
@@ -46,8 +52,8 @@ constexpr Backend kCudaBackend = [] {
   b.decode_attention.run = &NotYet<DecodeAttentionArgs>;
   b.swiglu_forward.run = &NotYet<SwiGluForwardArgs>;
   b.swiglu_backward.run = &NotYet<SwiGluBackwardArgs>;
-  b.gelu_forward.run = &NotYet<GeluForwardArgs>;
-  b.gelu_backward.run = &NotYet<GeluBackwardArgs>;
+  b.gelu_forward.run = &OnCuda<GeluForwardArgs, cuda::GeluForward>;
+  b.gelu_backward.run = &OnCuda<GeluBackwardArgs, cuda::GeluBackward>;
   b.lm_head_loss_forward.run = &NotYet<LmHeadLossArgs>;
   b.lm_head_loss_forward_backward.run = &NotYet<LmHeadLossArgs>;
   b.adamw.run = &NotYet<AdamWArgs>;

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_device.h"
+#include "kernels/ops/gelu.h"
 #include "kernels/ops/gemm.h"
 #include "kernels/status.h"
 #include "kernels/tensor.h"
@@ -33,5 +34,13 @@ Status Gemm(CudaDevice& d, const GemmArgs& g);
 // that rate only (`ferry probe`), never for training (fp16 sums lose precision quickly).
 // InvalidArgument unless a, b and c are f16 and no bias is given.
 Status GemmF16Accumulate(CudaDevice& d, const GemmArgs& g);
+
+// The ops below follow their op headers (kernels/ops/<op>.h) exactly: the same formulas, the same
+// rounding points, the same accumulate (+=) vs write (=) rule; math in fp32 whatever the storage.
+// REQUIRES: the op's Validate* is ok; all tensors on `d`.
+
+// GELU forward and backward (exact and tanh), elementwise (kernels/cuda/gelu.cu).
+Status GeluForward(CudaDevice& d, const GeluForwardArgs& a);
+Status GeluBackward(CudaDevice& d, const GeluBackwardArgs& a);
 
 }  // namespace ferry::cuda

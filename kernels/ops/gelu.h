@@ -16,6 +16,12 @@ namespace ferry {
 
 enum class GeluApprox { kErf, kTanh };
 
+// The formulas' constants, shared by the CPU and CUDA kernels.
+inline constexpr float kGeluSqrtHalf = 0.70710678118654752f;     // 1 / sqrt(2)
+inline constexpr float kGeluInvSqrt2Pi = 0.39894228040143268f;   // 1 / sqrt(2 pi)
+inline constexpr float kGeluSqrt2OverPi = 0.79788456080286536f;  // sqrt(2 / pi)
+inline constexpr float kGeluCubic = 0.044715f;
+
 struct GeluForwardArgs {
   Tensor x;  // (any shape)
   Tensor y;  // (same shape), written
