@@ -15,19 +15,10 @@
 #include "kernels/testing/cuda_vs_cpu.h"
 #include "kernels/testing/op_testing.h"
 
-namespace ferry {
+namespace ferry::testing {
 namespace {
 
-using testing::ExpectWithin;
-using testing::kBF16;
-using testing::kF16;
-using testing::kF32;
-using testing::kLibrary;
-using testing::Name;
-using testing::StoredRandom;
-using testing::Tolerance;
-using testing::Twin;
-using CudaGeluTest = testing::CudaVsCpuTest;
+using CudaGeluTest = CudaVsCpuTest;
 
 TEST_F(CudaGeluTest, GeluForwardAndBackwardMatchCpu) {
   for (GeluApprox approx : {GeluApprox::kErf, GeluApprox::kTanh}) {
@@ -59,7 +50,7 @@ TEST_F(CudaGeluTest, GeluForwardAndBackwardMatchCpu) {
 }
 
 }  // namespace
-}  // namespace ferry
+}  // namespace ferry::testing
 
 #else  // !FERRY_WITH_CUDA
 

@@ -15,16 +15,10 @@
 #include "kernels/testing/cuda_vs_cpu.h"
 #include "kernels/testing/op_testing.h"
 
-namespace ferry {
+namespace ferry::testing {
 namespace {
 
-using testing::ExpectExact;
-using testing::kBF16;
-using testing::kF16;
-using testing::kF32;
-using testing::Name;
-using testing::Twin;
-using CudaResidualTest = testing::CudaVsCpuTest;
+using CudaResidualTest = CudaVsCpuTest;
 
 TEST_F(CudaResidualTest, ResidualAddAndAccumulateMatchCpuExactlyInMixedDtypes) {
   for (DType ta : {kF32, kBF16, kF16}) {
@@ -61,7 +55,7 @@ TEST_F(CudaResidualTest, ResidualAddInPlace) {
 }
 
 }  // namespace
-}  // namespace ferry
+}  // namespace ferry::testing
 
 #else  // !FERRY_WITH_CUDA
 
