@@ -10,6 +10,7 @@
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/ops/gelu.h"
 #include "kernels/ops/gemm.h"
+#include "kernels/ops/swiglu.h"
 #include "kernels/status.h"
 #include "kernels/tensor.h"
 
@@ -42,5 +43,9 @@ Status GemmF16Accumulate(CudaDevice& d, const GemmArgs& g);
 // GELU forward and backward (exact and tanh), elementwise (kernels/cuda/gelu.cu).
 Status GeluForward(CudaDevice& d, const GeluForwardArgs& a);
 Status GeluBackward(CudaDevice& d, const GeluBackwardArgs& a);
+
+// SwiGLU forward and backward over [gate | up] rows (kernels/cuda/swiglu.cu).
+Status SwiGluForward(CudaDevice& d, const SwiGluForwardArgs& a);
+Status SwiGluBackward(CudaDevice& d, const SwiGluBackwardArgs& a);
 
 }  // namespace ferry::cuda
