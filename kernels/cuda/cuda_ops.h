@@ -10,6 +10,9 @@
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/ops/gelu.h"
 #include "kernels/ops/gemm.h"
+#include "kernels/ops/gemm_bias_grad.h"
+#include "kernels/ops/layernorm.h"
+#include "kernels/ops/rmsnorm.h"
 #include "kernels/ops/swiglu.h"
 #include "kernels/status.h"
 #include "kernels/tensor.h"
@@ -47,5 +50,14 @@ Status GeluBackward(CudaDevice& d, const GeluBackwardArgs& a);
 // SwiGLU forward and backward over [gate | up] rows (kernels/cuda/swiglu.cu).
 Status SwiGluForward(CudaDevice& d, const SwiGluForwardArgs& a);
 Status SwiGluBackward(CudaDevice& d, const SwiGluBackwardArgs& a);
+
+// Row norms, a block per row; parameter gradients and BiasGrad reduce columns in a fixed order
+// inside one block per column tile, so they need no scratch and are deterministic
+// (kernels/cuda/norms.cu).
+Status RmsNormForward(CudaDevice& d, const RmsNormForwardArgs& a);
+Status RmsNormBackward(CudaDevice& d, const RmsNormBackwardArgs& a);
+Status LayerNormForward(CudaDevice& d, const LayerNormForwardArgs& a);
+Status LayerNormBackward(CudaDevice& d, const LayerNormBackwardArgs& a);
+Status BiasGrad(CudaDevice& d, const BiasGradArgs& a);
 
 }  // namespace ferry::cuda
