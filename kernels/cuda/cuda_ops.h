@@ -13,6 +13,7 @@
 #include "kernels/ops/gemm_bias_grad.h"
 #include "kernels/ops/layernorm.h"
 #include "kernels/ops/rmsnorm.h"
+#include "kernels/ops/rope.h"
 #include "kernels/ops/swiglu.h"
 #include "kernels/status.h"
 #include "kernels/tensor.h"
@@ -59,5 +60,9 @@ Status RmsNormBackward(CudaDevice& d, const RmsNormBackwardArgs& a);
 Status LayerNormForward(CudaDevice& d, const LayerNormForwardArgs& a);
 Status LayerNormBackward(CudaDevice& d, const LayerNormBackwardArgs& a);
 Status BiasGrad(CudaDevice& d, const BiasGradArgs& a);
+
+// RoPE: rotate by +angle (forward) or -angle (backward) (kernels/cuda/rope.cu).
+Status RopeForward(CudaDevice& d, const RopeArgs& a);
+Status RopeBackward(CudaDevice& d, const RopeArgs& a);
 
 }  // namespace ferry::cuda
