@@ -56,7 +56,7 @@ constexpr Backend kCudaBackend = [] {
   b.gelu_backward.run = &OnCuda<GeluBackwardArgs, cuda::GeluBackward>;
   b.lm_head_loss_forward.run = &NotYet<LmHeadLossArgs>;
   b.lm_head_loss_forward_backward.run = &NotYet<LmHeadLossArgs>;
-  b.adamw.run = &NotYet<AdamWArgs>;
+  b.adamw.run = &OnCuda<AdamWArgs, cuda::AdamWStep>;
   return b;
 }();
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_device.h"
+#include "kernels/ops/adamw.h"
 #include "kernels/ops/gelu.h"
 #include "kernels/ops/gemm.h"
 #include "kernels/ops/gemm_bias_grad.h"
@@ -64,5 +65,9 @@ Status BiasGrad(CudaDevice& d, const BiasGradArgs& a);
 // RoPE: rotate by +angle (forward) or -angle (backward) (kernels/cuda/rope.cu).
 Status RopeForward(CudaDevice& d, const RopeArgs& a);
 Status RopeBackward(CudaDevice& d, const RopeArgs& a);
+
+// One AdamW update with its state in device memory, bit for bit torch's fp32 order
+// (kernels/cuda/adamw.cu).
+Status AdamWStep(CudaDevice& d, const AdamWArgs& a);
 
 }  // namespace ferry::cuda
