@@ -13,7 +13,9 @@ namespace {
 // GEMM: fp32 copies of the operands cuBLAS does not take (kernels/ops/gemm.h). Attention has no
 // CUDA kernel yet and reports 0; the LM head has none either and reports the single-thread CPU
 // layout. The library workspace is CudaDeviceOptions::cublas_workspace_bytes' default: NVIDIA's
-// advice for Hopper+, enough for Ada/Ampere too.
+// advice for Hopper+, enough for Ada/Ampere too. The other CUDA kernels need no scratch: the norms'
+// parameter gradients and the bias gradient sum columns inside one block per column tile
+// (kernels/cuda/reduce.cuh), with no cross-block partials to keep.
 constexpr ScratchReports kCudaScratch{
     .gemm = [](int, int64_t m, int64_t n, int64_t k,
                GemmDTypes dtypes) { return CudaGemmScratchBytes(m, n, k, dtypes); },

@@ -1,7 +1,8 @@
 // BiasGrad: db += sum over rows of dy, the bias gradient of a linear layer y = x W^T + b.
 // db is a parameter gradient: accumulated (+=) across micro-batches. Storage f32, bf16 or f16;
-// the column sums run in fp32 (in row order, so the result does not depend on the thread count)
-// and db is rounded to its dtype once. No scratch. Thread-safety: pure; the caller owns the
+// the column sums run in fp32 in a fixed order (CPU: row order, whatever the thread count; CUDA:
+// reduce.cuh's, set by the shape alone), so runs repeat bit for bit, and db is rounded to its
+// dtype once. No scratch. Thread-safety: pure; the caller owns the
 // tensors.
 #pragma once
 

@@ -7,7 +7,8 @@
 //   dx  = rstd * (g - mean(g) - xhat * mean(g * xhat))   activation gradient: written (=)
 //   dw += sum over rows of dy * xhat                     parameter gradients: accumulated (+=)
 //   db += sum over rows of dy
-// dw and db are summed in row order, so results do not depend on the thread count.
+// dw and db are summed in a fixed order (CPU: row order, whatever the thread count; CUDA:
+// kernels/cuda/reduce.cuh's, set by the shape alone), so runs repeat bit for bit.
 //
 // Storage: x, y, dy, dx, w, b, dw, db each f32, bf16 or f16; mean and rstd f32. y may alias x in
 // forward; dx may alias dy in backward. No scratch. Thread-safety: pure; the caller owns the

@@ -10,8 +10,9 @@
 //   dx  = rstd * (g - xhat * mean(g * xhat))      activation gradient: written (=)
 //   dw += sum over rows of dy * round_x(xhat)     parameter gradient: accumulated (+=)
 // (dw uses the rounded xhat the forward multiplied by, as PyTorch's autograd does; dx treats the
-// rounding as identity, as the cast's backward does.) dw is summed in row order, so results do
-// not depend on the thread count.
+// rounding as identity, as the cast's backward does.) dw is summed in a fixed order (CPU: row
+// order, whatever the thread count; CUDA: kernels/cuda/reduce.cuh's, set by the shape alone), so
+// runs repeat bit for bit.
 //
 // Storage: x, y, dy, dx, w, dw each f32, bf16 or f16; rstd f32. y may alias x in forward; dx may
 // alias dy in backward. No scratch. Thread-safety: pure; the caller owns the tensors.
