@@ -13,9 +13,11 @@
 namespace ferry::cuda {
 namespace {
 
-__device__ __forceinline__ float TanhSigmoid(float v) {  // sigmoid(2u(v)) = (1 + tanh u) / 2
+// 1 + e^-2u(v), u(v) = sqrt(2/pi) (v + 0.044715 v^3): sigmoid(2u) = (1 + tanh u) / 2 is its
+// reciprocal.
+__device__ __forceinline__ float TanhDenominator(float v) {
   const float u = kGeluSqrt2OverPi * (v + kGeluCubic * v * v * v);
-  return 1.0f / (1.0f + expf(u * -2.0f));
+  return 1.0f + expf(u * -2.0f);
 }
 
 template <GeluApprox kApprox>
@@ -26,7 +28,7 @@ __global__ void GeluForwardKernel(DeviceFloats x,  // (n)
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const float v = x.Load(i);
     if constexpr (kApprox == GeluApprox::kTanh) {
-      y.Store(i, v * TanhSigmoid(v));
+      y.Store(i, v / TanhDenominator(v));  // the CPU's one division
     } else {
       y.Store(i, 0.5f * v * (1.0f + erff(v * kGeluSqrtHalf)));
     }
@@ -43,7 +45,7 @@ __global__ void GeluBackwardKernel(DeviceFloats x,   // (n)
     const float v = x.Load(i), g = dy.Load(i);
     float grad;
     if constexpr (kApprox == GeluApprox::kTanh) {
-      const float s = TanhSigmoid(v);
+      const float s = 1.0f / TanhDenominator(v);
       const float du = kGeluSqrt2OverPi * (1.0f + (3.0f * kGeluCubic) * v * v);
       grad = s + 2.0f * v * s * (1.0f - s) * du;
     } else {
