@@ -10,9 +10,8 @@
 #include "engine/job/run_limits.h"
 #include "engine/json.h"
 #include "engine/model/model_runner.h"
-#include "engine/train/run_training.h"
 #include "engine/train/training_data.h"
-#include "kernels/cpu/cpu_device.h"
+#include "engine/train/training_runner.h"
 
 namespace ferry {
 namespace {
@@ -25,9 +24,14 @@ Status Run(const EvalCommand& cmd) {
   }
   const int threads =
       cmd.threads > 0 ? int(cmd.threads) : int(std::max(1u, std::thread::hardware_concurrency()));
-  ModelRunnerOptions ro;
-  ro.shape = {cmd.batch_size, cmd.seq_len};
-  ro.inference_only = true;  // no gradient buffers
+  // The job `ferry eval` runs: one micro-batch of --batch-size x --seq-len on one CPU device, a
+  // forward-only plan of the model (and its adapter) run by the pipeline executor.
+  JobSpec job;
+  job.model = cmd.model;
+  job.batch_size = cmd.batch_size;
+  job.micro_batches = 1;
+  job.seq_len = cmd.seq_len;
+  job.devices = 1;
   // Everything is checked against the model's config and this machine before anything is loaded.
   {
     FERRY_ASSIGN_OR_RETURN(ModelSource source,
@@ -37,9 +41,9 @@ Status Run(const EvalCommand& cmd) {
     run.positions = cmd.seq_len;
     run.positions_from = "--seq-len " + std::to_string(cmd.seq_len);
     run.rows = cmd.batch_size;
+    // (Before the adapter is read: the base model's bytes; an adapter adds little.)
     run.device_bytes = [&] {
-      return EstimateDeviceBytes(source.config, LoraConfig{}, ro.shape, ro.loss_chunk_tokens,
-                                 threads, /*gradients=*/false);
+      return TrainingDevicesBytes(job, source.config, threads, /*forward_only=*/true);
     };
     run.device_from = "--batch-size " + std::to_string(cmd.batch_size) + " x --seq-len " +
                       std::to_string(cmd.seq_len);
@@ -62,18 +66,13 @@ Status Run(const EvalCommand& cmd) {
   if (!cmd.json)
     std::fprintf(stderr, "ferry eval: %s; %s\n", log.c_str(), DescribeRows(rows).c_str());
 
-  FERRY_ASSIGN_OR_RETURN(
-      std::unique_ptr<CpuDevice> device,
-      CpuDevice::Create({.name = "cpu0",
-                         .memory_bytes = EstimateDeviceBytes(m.config, m.lora, ro.shape,
-                                                             ro.loss_chunk_tokens, threads,
-                                                             /*gradients=*/false),
-                         .compute_threads = threads}));
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
-                         ModelRunner::Create(*device, m.config, m.lora, ro));
-  FERRY_RETURN_IF_ERROR(runner->UploadWeights(m.weights));
+  job.lora = m.lora;
+  FERRY_ASSIGN_OR_RETURN(TrainingRunner devices,
+                         CreateTrainingRunner(job, m.config, threads, /*trace=*/false,
+                                              /*forward_only=*/true));
+  FERRY_RETURN_IF_ERROR(devices.runner->UploadWeights(m.weights));
   FERRY_ASSIGN_OR_RETURN(EvalResult r,
-                         EvaluateRows(*runner, rows, cmd.batch_size, cmd.max_batches));
+                         EvaluateRows(*devices.runner, rows, cmd.batch_size, cmd.max_batches));
   if (cmd.json) {
     const nlohmann::json j = {{"model", cmd.model},
                               {"adapter", cmd.adapter},

@@ -142,7 +142,11 @@ RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o
   const BatchShape shape{1, o.seq_len};
   const plan::PlanJob pj = JobOf(lora, o);
   // The profile carries this run's rates, so the planner's prediction is for this machine.
-  const size_t one_device = EstimateDeviceBytes(model, lora, shape, 256, 1);
+  JobSpec job;  // the same job as `pj`, to size the whole model as one stage
+  job.batch_size = job.micro_batches = o.micro_batches;
+  job.seq_len = o.seq_len;
+  job.lora = lora;
+  const size_t one_device = WholeModelBytes(job, model, /*threads=*/1);
   plan::HardwareProfile hw = CpuDevicesProfile(devices, one_device);
   MergeLayerTimes(times, hw);
   if (link > 0) hw.pcie.h2d_pinned = hw.pcie.d2h_pinned = link;

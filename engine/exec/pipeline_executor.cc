@@ -182,6 +182,9 @@ class Executor final : public PipelineExecutor {
       for (const char* name :
            {"hidden.0", "hidden.1", "hidden.2", "hidden.3", "saved.slot0", "saved.slot1",
             "weights.slot0", "weights.slot1", "grads.accum", "grad.work", "doc_ids"}) {
+        // A forward-only plan has neither gradients nor a backward stage's fourth buffer.
+        const std::string_view n = name;
+        if (p_.job.forward_only && (n == "hidden.3" || n == "grads.accum")) continue;
         if (!ds.regions.count(name)) {
           return Status::InvalidArgument(std::string("the plan's GPU map lacks '") + name + "'");
         }
@@ -245,6 +248,7 @@ class Executor final : public PipelineExecutor {
   //  - batch.io: per micro-batch, its row layout (positions, then doc ids), targets, losses;
   //  - rope.inv_freq: RoPE's table (models without learned positions).
   Status TakeHostStaging() {
+    const bool fo = p_.job.forward_only;
     const size_t M = size_t(p_.micro_batches), head = layers_.size() - 1, hb = HiddenBytes();
     const size_t N = size_t(shape_.tokens());
     std::vector<DeviceParams::Bytes> mirror_bytes;
@@ -257,14 +261,18 @@ class Executor final : public PipelineExecutor {
       FERRY_ASSIGN_OR_RETURN(DeviceParams::Bytes b,
                              DeviceParams::Measure(c_, lora_, layers, dtype_));
       need["weights.upload"] += b.weights;
-      need["grads.landing"] += b.grads;
+      if (!fo) need["grads.landing"] += b.grads;
       mirror_bytes.push_back(b);
     }
     for (size_t li = 1; li <= head; ++li) {
+      if (fo) {
+        if (StageInput(li)) need["activations.saved"] += M * hb;
+        continue;
+      }
       const bool saved = li != head && !p_.recompute[li];
       need["activations.saved"] += M * (hb + (saved ? saved_bytes_ : 0));
     }
-    need["activations.grad"] = M * hb;
+    if (!fo) need["activations.grad"] = M * hb;
     need["batch.io"] = M * N * 16;
     if (!c_.learned_positions) need["rope.inv_freq"] = RopeInvFreq(c_).size() * sizeof(float);
 
@@ -318,20 +326,29 @@ class Executor final : public PipelineExecutor {
     act_.resize(layers_.size());
     saved_.resize(layers_.size());
     for (size_t li = 1; li <= head; ++li) {
+      if (fo && !StageInput(li)) continue;  // forward only: nothing else crosses the host
       for (size_t m = 0; m < M; ++m) {
         act_[li].push_back(carve("activations.saved", hb));
-        if (li == head || p_.recompute[li]) continue;
+        if (fo || li == head || p_.recompute[li]) continue;
         saved_[li].push_back(carve("activations.saved", saved_bytes_));
       }
     }
     for (size_t m = 0; m < M; ++m) {
-      bgrad_.push_back(carve("activations.grad", hb));
+      if (!fo) bgrad_.push_back(carve("activations.grad", hb));
       layout_.push_back(carve("batch.io", N * 8));
       targets_.push_back(carve("batch.io", N * 4));
       loss_.push_back(carve("batch.io", N * 4));
     }
     if (!c_.learned_positions) inv_freq_ = carve("rope.inv_freq", RopeInvFreq(c_).size() * 4);
     return Status::Ok();
+  }
+
+  // Whether layer `li` is the first of a forward stage or the head: the layers whose inputs a
+  // forward-only pass moves through the host.
+  bool StageInput(size_t li) const {
+    if (li == layers_.size() - 1) return true;
+    return std::any_of(p_.stages.begin(), p_.stages.end(),
+                       [&](const plan::LayerRange& r) { return size_t(r.first) == li; });
   }
 
   std::vector<Device*> Raw() const {
@@ -342,6 +359,11 @@ class Executor final : public PipelineExecutor {
 
   Result<double> Step(const HostTensors& weights, std::span<const MicroBatchInput> batches,
                       HostTensors& grads, const StepHooks& hooks) override {
+    if (p_.job.forward_only) {
+      return Status::FailedPrecondition(
+          "this executor runs a forward-only plan (evaluation): Evaluate, not Step; plan the job "
+          "for training to train it");
+    }
     return Run(weights, batches, &grads, hooks);
   }
   Result<double> Evaluate(const HostTensors& weights, std::span<const MicroBatchInput> batches,
@@ -543,9 +565,11 @@ class Executor final : public PipelineExecutor {
     const size_t r = st.kind == StageKind::kForward ? i
                      : st.kind == StageKind::kTail  ? p_.stages.size()
                                                     : size_t(st.forward);
-    FERRY_ASSIGN_OR_RETURN(DeviceParams params,
-                           DeviceParams::Create(*ds.device, c_, lora_, layers, st.source.get(),
-                                                ParamGrads::kAllocate, dtype_, mirrors_[r]));
+    FERRY_ASSIGN_OR_RETURN(
+        DeviceParams params,
+        DeviceParams::Create(*ds.device, c_, lora_, layers, st.source.get(),
+                             p_.job.forward_only ? ParamGrads::kNone : ParamGrads::kAllocate,
+                             dtype_, mirrors_[r]));
     st.params = std::make_unique<DeviceParams>(std::move(params));
     if (packed_[r] != steps_) {
       FERRY_RETURN_IF_ERROR(st.params->PackWeights(weights));
@@ -553,13 +577,14 @@ class Executor final : public PipelineExecutor {
       FERRY_RETURN_IF_ERROR(WeightsRead(st.range));
     }
     if (st.kind == StageKind::kTail) {
-      FERRY_ASSIGN_OR_RETURN(DeviceStack stack,
-                             BuildDeviceStack(*ds.device, c_, *st.params,
-                                              {.shape = shape_,
-                                               .blocks = false,
-                                               .head = HeadMode::kTrain,
-                                               .loss_chunk_tokens = plan::kLossChunkTokens,
-                                               .source = st.source.get()}));
+      FERRY_ASSIGN_OR_RETURN(
+          DeviceStack stack,
+          BuildDeviceStack(*ds.device, c_, *st.params,
+                           {.shape = shape_,
+                            .blocks = false,
+                            .head = p_.job.forward_only ? HeadMode::kForwardOnly : HeadMode::kTrain,
+                            .loss_chunk_tokens = plan::kLossChunkTokens,
+                            .source = st.source.get()}));
       st.head = std::move(stack.head);
       return Status::Ok();
     }

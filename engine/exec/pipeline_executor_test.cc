@@ -135,6 +135,7 @@ struct PlanSpec {
   int64_t batch = 2, seq_len = 32;  // B*T = 64 tokens
   int gpus = 2;
   DType dtype = DType::kF32;  // the plan's compute dtype, and the reference runner's
+  bool forward_only = false;  // a forward-only plan (evaluation)
 };
 
 plan::Plan MakeTestPlan(const Model& m, const PlanSpec& s) {
@@ -146,6 +147,7 @@ plan::Plan MakeTestPlan(const Model& m, const PlanSpec& s) {
   p.job.lora = m.lora;
   p.job.compute_dtype = s.dtype;
   p.job.scratch = {.cuda = false, .cpu_threads = kThreads};
+  p.job.forward_only = s.forward_only;
   p.micro_batches = s.micro_batches;
   p.micro_batch_size = s.batch;
   p.stages = s.stages;
@@ -161,6 +163,7 @@ plan::Plan MakeTestPlan(const Model& m, const PlanSpec& s) {
   in.stages = s.stages;
   in.recompute = p.recompute;
   in.scratch = p.job.scratch;
+  in.forward_only = s.forward_only;
   p.memory = plan::ComputeMemory(in);
   return p;
 }
@@ -186,6 +189,42 @@ std::vector<Device*> Raw(const std::vector<std::unique_ptr<CpuDevice>>& ds) {
   std::vector<Device*> out;
   for (const auto& d : ds) out.push_back(d.get());
   return out;
+}
+
+// Each device's arena log is the plan's GPU map (names, sizes, peak), and each planned
+// allocation is what the code takes from it, rounded up to the arena's alignment: both ways, so
+// an over-count fails as well as an under-count. The two weight slots count as one: which stages
+// a slot holds moves from step to step with the global counter, so both are sized for the
+// largest stage, and one step fills one of them with it.
+void ExpectArenasAreThePlan(const std::vector<std::unique_ptr<CpuDevice>>& devs,
+                            const PipelineExecutor& e, const plan::Plan& p) {
+  for (const auto& d : devs) {
+    const std::vector<ArenaRecord> log = d->arena_log();
+    ASSERT_EQ(log.size(), p.memory.gpu.allocations.size()) << d->name();
+    for (size_t i = 0; i < log.size(); ++i) {
+      EXPECT_EQ(log[i].requester, p.memory.gpu.allocations[i].name) << d->name();
+      EXPECT_EQ(log[i].reserved, p.memory.gpu.allocations[i].bytes) << log[i].requester;
+    }
+    EXPECT_EQ(d->arena_stats().peak, p.memory.gpu.total()) << d->name();
+  }
+  std::map<std::string, uint64_t> planned;
+  for (const plan::Allocation& a : p.memory.gpu.allocations) planned[a.name] = a.bytes;
+  std::map<std::string, uint64_t> used;
+  for (const plan::Allocation& u : e.stats().used) {
+    EXPECT_LE(u.bytes, planned.count(u.name) ? planned.at(u.name) : 0) << u.name;
+    used[u.name] = u.bytes;
+  }
+  for (const auto& [name, bytes] : planned) {
+    uint64_t took = used.count(name) ? used.at(name) : 0;
+    if (name.rfind("weights.slot", 0) == 0) {
+      took = std::max(used["weights.slot0"], used["weights.slot1"]);
+    }
+    EXPECT_EQ((took + plan::kArenaAlignment - 1) / plan::kArenaAlignment * plan::kArenaAlignment,
+              bytes)
+        << name << ": the code takes " << took << " bytes of it";
+    ::testing::Test::RecordProperty(name, std::to_string(took) + " of " + std::to_string(bytes));
+  }
+  for (const auto& [name, bytes] : used) EXPECT_TRUE(planned.count(name)) << name;
 }
 
 // The reference: one ModelRunner on one device, micro-batch after micro-batch.
@@ -338,37 +377,7 @@ TEST_P(ExecutorTest, ArenaMatchesMemoryModel) {
     HostTensors g = ZeroGrads(m);
     Result<double> loss = (*e)->Step(w, b.inputs, g);
     ASSERT_TRUE(loss.ok()) << loss.status().ToString();
-    for (const auto& d : devs) {
-      const std::vector<ArenaRecord> log = d->arena_log();
-      ASSERT_EQ(log.size(), p.memory.gpu.allocations.size()) << d->name();
-      for (size_t i = 0; i < log.size(); ++i) {
-        EXPECT_EQ(log[i].requester, p.memory.gpu.allocations[i].name) << d->name();
-        EXPECT_EQ(log[i].reserved, p.memory.gpu.allocations[i].bytes) << log[i].requester;
-      }
-      EXPECT_EQ(d->arena_stats().peak, predicted) << d->name();
-    }
-    std::map<std::string, uint64_t> planned;
-    for (const plan::Allocation& a : p.memory.gpu.allocations) planned[a.name] = a.bytes;
-    // Both ways: every planned allocation is what the code takes from it, rounded up to the
-    // arena's alignment, so an over-count fails as well as an under-count. The two weight slots
-    // count as one: which stages a slot holds moves from step to step with the global counter,
-    // so both are sized for the largest stage, and one step fills one of them with it.
-    std::map<std::string, uint64_t> used;
-    for (const plan::Allocation& u : (*e)->stats().used) {
-      EXPECT_LE(u.bytes, planned.count(u.name) ? planned.at(u.name) : 0) << u.name;
-      used[u.name] = u.bytes;
-    }
-    for (const auto& [name, bytes] : planned) {
-      uint64_t took = used.count(name) ? used.at(name) : 0;
-      if (name.rfind("weights.slot", 0) == 0) {
-        took = std::max(used["weights.slot0"], used["weights.slot1"]);
-      }
-      EXPECT_EQ((took + plan::kArenaAlignment - 1) / plan::kArenaAlignment * plan::kArenaAlignment,
-                bytes)
-          << name << ": the code takes " << took << " bytes of it";
-      ::testing::Test::RecordProperty(name, std::to_string(took) + " of " + std::to_string(bytes));
-    }
-    for (const auto& [name, bytes] : used) EXPECT_TRUE(planned.count(name)) << name;
+    ExpectArenasAreThePlan(devs, **e, p);
   }
   std::vector<std::unique_ptr<CpuDevice>> small =
       MakeDevices(k.devices, predicted - plan::kArenaAlignment);
@@ -1136,17 +1145,25 @@ TEST(ExecutorAllocationTest, NothingIsAllocatedAfterTheFirstStep) {
   // The layer ranges' weight and gradient mirrors are carved from the host pool at Create too.
   EXPECT_EQ(first.host_mappings, at_create.host_mappings);
   // Steps 2..4 put every stage on every device and weight slot once (pages touched the first
-  // time count as resident then); steps 5..12 then add nothing but malloc's own pages.
+  // time count as resident then); steps 5..20 then add nothing but malloc's own pages.
+  // A leak grows the resident set in every window of steps; a one-off growth (another thread's
+  // malloc arena, the kernel's page accounting under load) shows in one window only, so the
+  // smaller growth of two windows is what must stay within the slack.
   for (int s = 0; s < 3; ++s) step();
-  [[maybe_unused]] const int64_t rss = ResidentBytes();  // unread under sanitizers
+  [[maybe_unused]] const int64_t rss0 = ResidentBytes();  // unread under sanitizers
   for (int s = 0; s < 8; ++s) step();
+  [[maybe_unused]] const int64_t rss1 = ResidentBytes();
+  for (int s = 0; s < 8; ++s) step();
+  [[maybe_unused]] const int64_t rss2 = ResidentBytes();
   EXPECT_TRUE(counts() == first);
   size_t weight_bytes = 0;  // what one step's mirrors hold: a leak of them would show
   for (const auto& [name, x] : w.tensors) weight_bytes += x.size() * sizeof(float);
   constexpr int64_t kSlack = 64 << 10;
   ASSERT_GT(int64_t(weight_bytes), kSlack);
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-  EXPECT_LE(ResidentBytes() - rss, kSlack) << "the resident set grew over steps 5..12";
+  EXPECT_LE(std::min(rss1 - rss0, rss2 - rss1), kSlack)
+      << "the resident set grew over steps 5..12 by " << rss1 - rss0 << " bytes and over steps "
+      << "13..20 by " << rss2 - rss1;
 #endif
 }
 
@@ -1195,6 +1212,57 @@ TEST(ExecutorEvaluateTest, EqualsTheRunnersForwardOnlyLoss) {
     ASSERT_FALSE(bad.ok());
     EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(bad.status().message().find("at most"), std::string::npos) << bad.status().ToString();
+  }
+}
+
+// A forward-only plan (evaluation: no gradients, no saved activations, a loss-only head) gives
+// the runner's forward-only losses bit for bit, on one device and over three stages on two; its
+// arenas are its GPU map exactly (both ways), its pinned pool peak is its pinned total, and it
+// has no gradient buffer anywhere; Step is refused.
+TEST(ExecutorEvaluateTest, ForwardOnlyPlanIsExactAndEqualsTheRunner) {
+  for (const char* name : {"llama", "gpt2", "qwen3"}) {
+    for (const int devices : {1, 2}) {
+      const Model m = LoadModel(name);
+      PlanSpec spec{{{1, 2}, {2, 4}, {4, 5}}, {}, 2};
+      if (devices == 1) spec.stages = {{1, 5}};
+      spec.gpus = devices;
+      spec.forward_only = true;
+      const plan::Plan p = MakeTestPlan(m, spec);
+      for (const plan::Allocation& a : p.memory.gpu.allocations) {
+        EXPECT_NE(a.name, "grads.accum");
+        EXPECT_NE(a.name, "hidden.3");
+      }
+      for (const plan::Allocation& a : p.memory.pinned_host.allocations) {
+        EXPECT_NE(a.name, "grads.landing");
+        EXPECT_NE(a.name, "activations.grad");
+      }
+      const HostTensors w = RandomWeights(m, 9);
+      const Batches b = MakeBatches(m, spec.micro_batches, spec.batch * spec.seq_len, 78);
+      SingleDevice one = MakeSingleDevice(m, spec.batch, spec.seq_len);
+      ASSERT_TRUE(one.runner);
+      ASSERT_TRUE(one.runner->UploadWeights(w).ok());
+      std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(devices, p.memory.gpu.total());
+      Result<std::unique_ptr<PipelineExecutor>> e =
+          PipelineExecutor::Create(Raw(devs), m.config, p);
+      ASSERT_TRUE(e.ok()) << e.status().ToString();
+      double want = 0;
+      for (const MicroBatchInput& mb : b.inputs) {
+        Result<double> l = one.runner->EvaluateLoss(mb);
+        ASSERT_TRUE(l.ok()) << l.status().ToString();
+        want += *l;
+      }
+      Result<double> got = (*e)->Evaluate(w, b.inputs);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      EXPECT_EQ(*got, want) << name << " on " << devices;
+      ExpectArenasAreThePlan(devs, **e, p);
+      EXPECT_EQ((*e)->stats().pinned.peak, p.memory.pinned_host.total()) << name;
+      HostTensors g = ZeroGrads(m);
+      Result<double> step = (*e)->Step(w, b.inputs, g);
+      ASSERT_FALSE(step.ok());
+      EXPECT_EQ(step.status().code(), StatusCode::kFailedPrecondition);
+      EXPECT_NE(step.status().message().find("Evaluate"), std::string::npos)
+          << step.status().ToString();
+    }
   }
 }
 

@@ -227,12 +227,23 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     landing += g;
   }
   uint64_t saved_set = 0, saved_values = 0, scratch = 0, work = 0;
+  const int64_t tokens = in.micro_batch.tokens();
   for (int i = 1; i <= head; ++i) {
-    saved_set = std::max<uint64_t>(
-        saved_set, SavedSlotBytes(in.model, layers[size_t(i)], in.micro_batch.tokens(), act));
-    work =
-        std::max(work, WorkspaceBytes(in.model, layers[size_t(i)], in.micro_batch.tokens(), act));
+    saved_set =
+        std::max<uint64_t>(saved_set, SavedSlotBytes(in.model, layers[size_t(i)], tokens, act));
     saved_values = std::max<uint64_t>(saved_values, cost[size_t(i)].saved_bytes);
+    if (in.forward_only && i == head) {
+      // A loss-only head (HeadMode::kForwardOnly): its workspace holds the targets alone.
+      work = std::max(work, RoundUp(uint64_t(tokens) * 4, kArenaAlignment));
+      scratch = std::max<uint64_t>(
+          scratch,
+          RoundUp(LmHeadLossScratchBytes(OpsTarget(in.scratch), std::min(kLossChunkTokens, tokens),
+                                         in.model.vocab_size, in.model.hidden_size, cd,
+                                         std::nullopt, /*backward=*/false),
+                  kArenaAlignment));
+      continue;
+    }
+    work = std::max(work, WorkspaceBytes(in.model, layers[size_t(i)], tokens, act));
     scratch = std::max(scratch,
                        OpScratchBytes(in.model, layers[size_t(i)], in.micro_batch, cd, in.scratch));
   }
@@ -241,8 +252,11 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   const uint64_t A = kArenaAlignment;
   Add(e.gpu, "weights.slot0", stage_weights, A);
   Add(e.gpu, "weights.slot1", stage_weights, A);
-  Add(e.gpu, "grads.accum", stage_grads, A);
-  for (int k = 0; k < 4; ++k) Add(e.gpu, "hidden." + std::to_string(k), hidden, A);
+  if (!in.forward_only) Add(e.gpu, "grads.accum", stage_grads, A);
+  // Forward stages and the tail rotate three hidden buffers; backward stages use a fourth.
+  for (int k = 0; k < (in.forward_only ? 3 : 4); ++k) {
+    Add(e.gpu, "hidden." + std::to_string(k), hidden, A);
+  }
   Add(e.gpu, "saved.slot0", saved_set, A);
   Add(e.gpu, "saved.slot1", saved_set, A);
   Add(e.gpu, "grad.work", work, A);
@@ -286,20 +300,25 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     Add(e.pinned_host, "weights.nvme_staging", 2 * gpus * stage_weights, P);
     Add(e.nvme, "weights.frozen", upload_frozen_nvme, kNvmeBlockBytes);
   }
-  Add(e.pinned_host, "grads.landing", landing, P);
+  if (!in.forward_only) Add(e.pinned_host, "grads.landing", landing, P);
   // Every layer's input; a block's saved set (a whole slot's layout) unless recomputed; the
   // head's set never leaves the device (the fused tail runs its forward and backward at once).
+  // Forward only: each stage's input (the tail's included), nothing saved.
   uint64_t saved_all = 0;
-  for (int i = 1; i <= head; ++i) {
-    saved_all += m * (hidden + (i == head || in.recompute[size_t(i)] ? 0 : saved_set));
+  if (in.forward_only) {
+    saved_all = m * hidden * (in.stages.size() + 1);
+  } else {
+    for (int i = 1; i <= head; ++i) {
+      saved_all += m * (hidden + (i == head || in.recompute[size_t(i)] ? 0 : saved_set));
+    }
   }
-  if (in.activations_on_nvme) {
+  if (in.activations_on_nvme && !in.forward_only) {
     Add(e.pinned_host, "activations.staging", 2 * gpus * (hidden + saved_values), P);
     Add(e.nvme, "activations.saved", saved_all, kNvmeBlockBytes);
   } else {
     Add(e.pinned_host, "activations.saved", saved_all, P);
   }
-  Add(e.pinned_host, "activations.grad", m * hidden, P);
+  if (!in.forward_only) Add(e.pinned_host, "activations.grad", m * hidden, P);
   // Per micro-batch and token: positions and document ids, targets (i32, uploaded) and the
   // per-token loss (fp32, downloaded); RoPE's table, uploaded once.
   Add(e.pinned_host, "batch.io", m * uint64_t(in.micro_batch.tokens()) * 16, P);
@@ -307,6 +326,12 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     Add(e.pinned_host, "rope.inv_freq", uint64_t(in.model.head_dim / 2) * 4, P);
   }
 
+  if (in.forward_only) {
+    // The fp32 weights the host packs each stage's upload from (and gathers the embedding from).
+    Add(e.pageable_host, "weights.master", (params.trainable + params.frozen) * kF32, P);
+    Add(e.pageable_host, "weights.embedding", embedding_frozen_copy, P);
+    return e;
+  }
   const uint64_t master = params.trainable * kF32;
   TierMemory& opt = in.optimizer_on_nvme ? e.nvme : e.pageable_host;
   const uint64_t opt_unit = in.optimizer_on_nvme ? kNvmeBlockBytes : P;

@@ -132,6 +132,11 @@ struct MemoryPlanInput {
   bool optimizer_on_nvme = false;       // fp32 master weights and Adam moments
   bool frozen_weights_on_nvme = false;  // LoRA base weights of blocks and head
   ScratchTarget scratch;
+  // Forward only (evaluation, PipelineExecutor::Evaluate on such a plan): nothing only a backward
+  // or an update uses: no gradient buffers on the device or the host, no saved activations (only
+  // each stage's input crosses the host), three hidden buffers, a loss-only head, no optimizer
+  // state; the host holds the fp32 weights ("weights.master") instead.
+  bool forward_only = false;
 };
 
 struct MemoryEstimate {

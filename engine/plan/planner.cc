@@ -173,6 +173,7 @@ MemoryEstimate MemoryOf(const Context& c, const Candidate& k, int gpus) {
   in.stages = k.stages;
   in.recompute = k.recompute;
   in.activations_on_nvme = k.activations == Tier::kNvme;
+  in.forward_only = c.job.forward_only;
   in.optimizer_on_nvme = k.optimizer == Tier::kNvme;
   in.frozen_weights_on_nvme = k.frozen == Tier::kNvme;
   in.scratch = c.job.scratch;

@@ -58,6 +58,9 @@ struct PlanJob {
   // The most forward stages a plan may have (0: any). `ferry train` on one CPU device asks for
   // 1: there a copy takes the cores the compute needs, so streaming weights never pays.
   int max_stages = 0;
+  // Forward only (evaluation): the memory model's forward-only map (memory_model.h); the
+  // predicted times still price a training step.
+  bool forward_only = false;
 };
 
 // The `--dtype` name of fp16 with fp16 accumulation.

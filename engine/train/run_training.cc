@@ -21,41 +21,10 @@
 #include "engine/train/training_data.h"
 #include "engine/train/training_runner.h"
 #include "kernels/cpu/blas.h"
-#include "kernels/cpu/lm_head_loss.h"
 #include "kernels/cpu/onednn.h"
 #include "offload/file_io.h"
 
 namespace ferry {
-
-size_t EstimateDeviceBytes(const ModelConfig& model, const LoraConfig& lora, BatchShape shape,
-                           int64_t loss_chunk_tokens, int cpu_threads, bool gradients) {
-  size_t bytes = 0;
-  bool head_trainable = false;
-  for (const LayerSpec& l : BuildLayerSpecs(model, lora)) {
-    for (const ParamSpec& p : l.params) {
-      if (!p.tied_to.empty()) continue;
-      bytes += p.bytes() * (p.trainable && gradients ? 2 : 1);  // weights, gradients if trainable
-      if (p.name == "lm_head.weight") head_trainable = p.trainable;
-    }
-    const LayerCost c = ComputeLayerCost(model, lora, l, shape);
-    bytes += c.input_bytes + c.saved_bytes + c.output_bytes;
-  }
-  // The fused LM head's loss scratch, exactly as the head sizes it on a CPU device of
-  // `cpu_threads` (the logits chunk; in the backward also a dh partial per thread, and no dW for a
-  // frozen head), and the widest block scratch (a few hidden states and the MLP width).
-  const int64_t n = shape.tokens(), chunk = std::min(n, loss_chunk_tokens);
-  const int64_t C = model.hidden_size, V = model.vocab_size;
-  bytes += cpu::LmHeadLossScratchBytes(
-      cpu_threads, chunk, V, C, DType::kF32,
-      gradients && head_trainable ? std::optional<DType>(DType::kF32) : std::nullopt, gradients);
-  bytes += size_t(n * (8 * C + 4 * model.intermediate_size)) * sizeof(float);
-  // What only the backward needs besides: the head's input gradient and frozen-norm sink
-  // ("head.workspace"), and the runner's (N, C) gradient stream and its ping-pong partner. A
-  // forward-only head (HeadMode::kForwardOnly) and an inference-only runner allocate neither.
-  if (gradients) bytes += size_t(n * C + 2 * C + 2 * n * C) * sizeof(float);
-  // A margin for alignment and per-op scratch.
-  return bytes + bytes / 4 + kDeviceEstimateSlackBytes;
-}
 
 Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunControl& control) {
   const auto start = std::chrono::steady_clock::now();

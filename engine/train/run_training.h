@@ -52,17 +52,4 @@ struct RunControl {
 
 Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunControl& control = {});
 
-// Device memory for one ModelRunner of `model` at micro-batch `shape` on a CPU device with
-// `cpu_threads` compute threads: weights, gradients, every layer's saved activations, the LM
-// head's loss scratch (which grows with the threads in the backward), the backward's gradient
-// buffers, with a margin (a quarter, plus 64 MiB). Without `gradients` (an inference-only runner,
-// ModelRunnerOptions::inference_only: `ferry eval`) nothing only the backward uses is counted: no
-// parameter gradients, no backward loss scratch, no head input gradient, no gradient stream.
-// A bf16 runner (ModelRunnerOptions::compute_dtype) takes at most what this f32 count says: its
-// weights and activations take half their f32 bytes, which covers its conversion panels.
-size_t EstimateDeviceBytes(const ModelConfig& model, const LoraConfig& lora, BatchShape shape,
-                           int64_t loss_chunk_tokens, int cpu_threads, bool gradients = true);
-// The fixed part of EstimateDeviceBytes's margin.
-inline constexpr size_t kDeviceEstimateSlackBytes = size_t(64) << 20;
-
 }  // namespace ferry

@@ -38,10 +38,10 @@ DType ComputeDtype(const JobSpec& job) {
   return job.dtype == "bf16" ? DType::kBF16 : DType::kF32;  // ValidateJobSpec'd
 }
 
-// The bytes of the whole model as one stage on one CPU device, every activation saved, by the
-// memory model (engine/plan/memory_model.h): no stage of any plan needs more, so it bounds each
-// device's budget.
-uint64_t WholeModelBytes(const JobSpec& job, const ModelConfig& model, int threads) {
+}  // namespace
+
+uint64_t WholeModelBytes(const JobSpec& job, const ModelConfig& model, int threads,
+                         bool forward_only) {
   plan::MemoryPlanInput in;
   in.model = model;
   in.lora = job.lora;
@@ -51,11 +51,15 @@ uint64_t WholeModelBytes(const JobSpec& job, const ModelConfig& model, int threa
   in.stages = {{1, int(model.num_layers) + 1}};
   in.recompute.assign(size_t(model.num_layers) + 2, false);
   in.scratch = {.cuda = false, .cpu_threads = threads};
+  in.forward_only = forward_only;
   return plan::ComputeMemory(in).gpu.total();
 }
 
+namespace {
+
 // The plan of a --devices N job on N CPU devices.
-Result<plan::Plan> PlanCpuDevices(const JobSpec& job, const ModelConfig& model, int threads) {
+Result<plan::Plan> PlanCpuDevices(const JobSpec& job, const ModelConfig& model, int threads,
+                                  bool forward_only) {
   plan::PlanJob pj;
   pj.global_batch = job.batch_size;
   pj.seq_len = job.seq_len;
@@ -63,6 +67,7 @@ Result<plan::Plan> PlanCpuDevices(const JobSpec& job, const ModelConfig& model, 
   pj.lora = job.lora;
   pj.compute_dtype = ComputeDtype(job);
   pj.stale_updates = job.stale_updates;
+  pj.forward_only = forward_only;
   // One device runs the whole model as one stage: on a CPU device a weight copy takes the cores
   // its compute needs, so streaming stages would only add work.
   if (job.devices == 1) pj.max_stages = 1;
@@ -70,9 +75,10 @@ Result<plan::Plan> PlanCpuDevices(const JobSpec& job, const ModelConfig& model, 
   // A stage never needs more than the whole model on one device: that bounds the budget.
   FERRY_ASSIGN_OR_RETURN(
       plan::PlanOutcome outcome,
-      plan::MakePlan(job.model, model, pj,
-                     CpuDevicesProfile(int(job.devices), WholeModelBytes(job, model, threads)),
-                     /*suggest=*/false));
+      plan::MakePlan(
+          job.model, model, pj,
+          CpuDevicesProfile(int(job.devices), WholeModelBytes(job, model, threads, forward_only)),
+          /*suggest=*/false));
   if (!outcome.feasible) {
     return Status::InvalidArgument("no plan fits " + std::to_string(job.devices) + " CPU device" +
                                    (job.devices == 1 ? "" : "s") + ": " + outcome.binding);
@@ -89,17 +95,18 @@ Result<plan::Plan> PlanCpuDevices(const JobSpec& job, const ModelConfig& model, 
 
 }  // namespace
 
-uint64_t TrainingDevicesBytes(const JobSpec& job, const ModelConfig& model, int threads) {
-  Result<plan::Plan> p = PlanCpuDevices(job, model, threads);
+uint64_t TrainingDevicesBytes(const JobSpec& job, const ModelConfig& model, int threads,
+                              bool forward_only) {
+  Result<plan::Plan> p = PlanCpuDevices(job, model, threads, forward_only);
   // Without a plan, CreateTrainingRunner reports why; the whole model bounds each stage.
-  if (!p.ok()) return uint64_t(job.devices) * WholeModelBytes(job, model, threads);
+  if (!p.ok()) return uint64_t(job.devices) * WholeModelBytes(job, model, threads, forward_only);
   return uint64_t(job.devices) * p->memory.gpu.total();
 }
 
 Result<TrainingRunner> CreateTrainingRunner(const JobSpec& job, const ModelConfig& model,
-                                            int threads, bool trace) {
+                                            int threads, bool trace, bool forward_only) {
   TrainingRunner t;
-  FERRY_ASSIGN_OR_RETURN(const plan::Plan p, PlanCpuDevices(job, model, threads));
+  FERRY_ASSIGN_OR_RETURN(const plan::Plan p, PlanCpuDevices(job, model, threads, forward_only));
   std::vector<Device*> raw;
   for (int64_t i = 0; i < job.devices; ++i) {
     FERRY_ASSIGN_OR_RETURN(std::unique_ptr<CpuDevice> d,

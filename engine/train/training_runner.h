@@ -40,16 +40,28 @@ struct TrainingRunner {
 // steer the partition; host RAM is this machine's).
 plan::HardwareProfile CpuDevicesProfile(int count, uint64_t device_bytes);
 
+// The bytes of the whole model as one stage on one CPU device of `threads` threads, every
+// activation saved (or, `forward_only`, nothing saved), by the memory model
+// (engine/plan/memory_model.h): no stage of any plan of `job` needs more, so it bounds each CPU
+// device's budget.
+uint64_t WholeModelBytes(const JobSpec& job, const ModelConfig& model, int threads,
+                         bool forward_only = false);
+
 // The bytes of all the CPU devices CreateTrainingRunner creates for `job`: --devices N times the
 // plan's per-device bytes (what `ferry train` checks against physical memory before it touches
 // the run folder). Without a plan: N times the whole model's one-stage bytes (each stage fits in
 // them; CreateTrainingRunner then says why there is no plan).
-uint64_t TrainingDevicesBytes(const JobSpec& job, const ModelConfig& model, int threads);
+// `forward_only`: as CreateTrainingRunner's.
+uint64_t TrainingDevicesBytes(const JobSpec& job, const ModelConfig& model, int threads,
+                              bool forward_only = false);
 
 // `trace`: record what the pipeline runs (TrainingRunner::trace, sized for job.steps steps).
+// `forward_only`: a forward-only plan (evaluation, `ferry eval`: no gradients, no optimizer
+// state; memory_model.h): the runner's EvaluateLoss runs, its AccumulateStep fails.
 // Errors: InvalidArgument when the planner finds no plan for the devices (naming the binding
 // constraint), and those of the device and runner factories.
 Result<TrainingRunner> CreateTrainingRunner(const JobSpec& job, const ModelConfig& model,
-                                            int threads, bool trace = false);
+                                            int threads, bool trace = false,
+                                            bool forward_only = false);
 
 }  // namespace ferry
