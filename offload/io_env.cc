@@ -29,6 +29,7 @@ int64_t IoEnv::FileSize(int fd) {
   if (::fstat(fd, &st) != 0) return -errno;
   return st.st_size;
 }
+int IoEnv::Fdatasync(int fd) { return NegErrno(::fdatasync(fd)); }
 int IoEnv::RingInit(unsigned entries, io_uring* ring, unsigned flags) {
   return io_uring_queue_init(entries, ring, flags);
 }

@@ -50,6 +50,8 @@ class IoEnv {
   virtual int Unlink(const std::string& path);
   // File size in bytes, or -errno.
   virtual int64_t FileSize(int fd);
+  // fdatasync: a file's written data made durable (the versioned store's commit point).
+  virtual int Fdatasync(int fd);
 
   // io_uring_queue_init (with IORING_SETUP_* `flags`) / io_uring_register_buffers.
   virtual int RingInit(unsigned entries, io_uring* ring, unsigned flags);
