@@ -10,6 +10,7 @@
 #include "kernels/ops/backend.h"
 #include "kernels/ops/gemm.h"
 #include "kernels/ops/lm_head_loss.h"
+#include "offload/versioned_store.h"
 
 namespace ferry::plan {
 namespace {
@@ -278,9 +279,11 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   uint64_t upload_frozen_nvme = 0;
   ParamCounts params;
   uint64_t embedding_frozen_copy = 0;
+  uint64_t optimizer_slots = 0;  // two versioned slots per layer with trainable parameters
   for (int i = 0; i <= head; ++i) {
     const LayerSpec& l = layers[size_t(i)];
     const ParamCounts c = CountParams(l);
+    if (c.trainable > 0) optimizer_slots += 2 * VersionedSlotBytes(3 * c.trainable * kF32);
     params.trainable += c.trainable;
     params.frozen += c.frozen;
     for (const ParamSpec& p : l.params) {
@@ -333,10 +336,14 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     return e;
   }
   const uint64_t master = params.trainable * kF32;
-  TierMemory& opt = in.optimizer_on_nvme ? e.nvme : e.pageable_host;
-  const uint64_t opt_unit = in.optimizer_on_nvme ? kNvmeBlockBytes : P;
-  Add(opt, "optimizer.master", master, opt_unit);
-  Add(opt, "optimizer.moments", 2 * master, opt_unit);
+  if (in.optimizer_on_nvme) {
+    // Each layer's master weights and moments as one record in two versioned slots
+    // (offload/versioned_store.h): every step reads one slot of each and writes the other.
+    Add(e.nvme, "optimizer.slots", optimizer_slots, kNvmeBlockBytes);
+  } else {
+    Add(e.pageable_host, "optimizer.master", master, P);
+    Add(e.pageable_host, "optimizer.moments", 2 * master, P);
+  }
   // With optimizer state on NVMe the update streams it through two stage-sized
   // buffers (read the next stage's master and moments while updating this
   // one's).

@@ -67,11 +67,15 @@
 //            rope.inv_freq: RoPE's table (models without learned positions), uploaded once.
 //   pageable optimizer.master fp32 trainable weights, grads.update (fp32 gradients for the
 //            update), optimizer.moments (2 x fp32) for trainable parameters only; optimizer state
-//            can move to NVMe, then optimizer.staging (two stages' master + moments) streams it;
+//            can move to NVMe (optimizer.slots below), then optimizer.staging (two stages'
+//            master + moments) streams it;
 //            weights.embedding: a frozen, untied embedding's compute-dtype copy (the gather runs
 //            on the host).
 // NVMe (4096-byte blocks): whichever groups the plan places there (weights.frozen,
-// activations.saved, optimizer.master, optimizer.moments).
+// activations.saved, optimizer.slots). optimizer.slots: per layer with trainable parameters, its
+// fp32 master weights and both moments (12 bytes a parameter) as one record kept in two versioned
+// slots, each VersionedSlotBytes (offload/versioned_store.h: a header, 4096-byte blocks); a step
+// reads one slot of every layer and writes the other, half the allocation each way.
 //
 // Pure functions of value types; thread-safe.
 #pragma once

@@ -106,6 +106,23 @@ TEST(MemoryModel, FullFineTuningByHand) {
   EXPECT_EQ(e.nvme.total(), 0u);
 }
 
+// Optimizer state on NVMe: each layer's master weights and moments (12 B a parameter) plus a
+// 48-byte header in two versioned 4096-byte-block slots (offload/versioned_store.h): embedding
+// 80 x 12 = 960 -> 4096, each block 592 x 12 = 7104 -> 8192, head 88 x 12 = 1056 -> 4096; two
+// slots of each: 2 x 24576 = 49152. The master and moments leave pageable RAM.
+TEST(MemoryModel, OptimizerOnNvmeTakesTwoVersionedSlotsPerLayer) {
+  MemoryPlanInput in = HandInput();
+  in.optimizer_on_nvme = true;
+  const MemoryEstimate e = ComputeMemory(in);
+  const auto nvme = Named(e.nvme);
+  EXPECT_EQ(nvme.at("optimizer.slots"), 49152u);
+  EXPECT_EQ(e.nvme.total(), 49152u);
+  const auto pageable = Named(e.pageable_host);
+  EXPECT_EQ(pageable.count("optimizer.master"), 0u);
+  EXPECT_EQ(pageable.count("optimizer.moments"), 0u);
+  EXPECT_GT(pageable.at("optimizer.staging"), 0u);
+}
+
 TEST(MemoryModel, RecomputeKeepsOnlyTheInputAndLeavesGpuBytesAlone) {
   MemoryPlanInput in = HandInput();
   const uint64_t gpu_saving = ComputeMemory(in).gpu.total();
