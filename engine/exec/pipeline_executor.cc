@@ -1026,15 +1026,16 @@ Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const
         std::string(DTypeName(p.job.compute_dtype)) +
         " (f16 needs loss scaling, not there yet): plan with compute dtype f32 or bf16");
   }
-  // Every tensor group lives in host RAM for now: a plan that puts one on NVMe is refused here,
-  // before any step, rather than run in RAM against its own memory figures.
-  for (const auto& [group, tier] : {std::pair{"activations", p.activations},
-                                    {"optimizer state", p.optimizer_state},
-                                    {"frozen weights", p.frozen_weights}}) {
+  // Saved activations and frozen weights live in host RAM for now: a plan that puts either on
+  // NVMe is refused here, before any step, rather than run in RAM against its own memory figures.
+  // (Optimizer state on NVMe is the Trainer's to honour, OptimizerStateOptions::nvme_dir: the
+  // executor never touches it.)
+  for (const auto& [group, tier] :
+       {std::pair{"activations", p.activations}, {"frozen weights", p.frozen_weights}}) {
     if (tier != Tier::kHost) {
       return Status::InvalidArgument(
           std::string("the plan puts ") + group +
-          " on NVMe, and the executor keeps everything in host RAM for now: plan with more host "
+          " on NVMe, and the executor keeps them in host RAM for now: plan with more host "
           "memory (or a smaller batch), or without an NVMe budget");
     }
   }

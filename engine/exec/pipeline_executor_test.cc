@@ -30,6 +30,8 @@
 #include "engine/train/trainer.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/ops/lm_head_loss.h"
+#include "offload/offload_test_util.h"
+#include "offload/versioned_store.h"
 
 namespace ferry::exec {
 namespace {
@@ -136,6 +138,7 @@ struct PlanSpec {
   int gpus = 2;
   DType dtype = DType::kF32;  // the plan's compute dtype, and the reference runner's
   bool forward_only = false;  // a forward-only plan (evaluation)
+  bool optimizer_on_nvme = false;
 };
 
 plan::Plan MakeTestPlan(const Model& m, const PlanSpec& s) {
@@ -164,6 +167,8 @@ plan::Plan MakeTestPlan(const Model& m, const PlanSpec& s) {
   in.recompute = p.recompute;
   in.scratch = p.job.scratch;
   in.forward_only = s.forward_only;
+  in.optimizer_on_nvme = s.optimizer_on_nvme;
+  p.optimizer_state = s.optimizer_on_nvme ? Tier::kNvme : Tier::kHost;
   p.memory = plan::ComputeMemory(in);
   return p;
 }
@@ -1266,14 +1271,14 @@ TEST(ExecutorEvaluateTest, ForwardOnlyPlanIsExactAndEqualsTheRunner) {
   }
 }
 
-// A plan that puts a tensor group on NVMe is refused at Create, naming the group, rather than
-// run in host RAM against its own memory figures.
+// A plan that puts activations or frozen weights on NVMe is refused at Create, naming the group,
+// rather than run in host RAM against its own memory figures. (Optimizer state on NVMe is the
+// Trainer's: the executor never touches it; see NvmeOptimizerTest.)
 TEST(ExecutorTierTest, RefusesNvmeTiersNamingTheGroup) {
   const Model m = LoadModel("llama");
   const plan::Plan base = MakeTestPlan(m, {{{1, 3}, {3, 5}}, {}, 1});
   std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(1, base.memory.gpu.total());
   for (const auto& [group, tier] : {std::pair{"activations", &plan::Plan::activations},
-                                    {"optimizer state", &plan::Plan::optimizer_state},
                                     {"frozen weights", &plan::Plan::frozen_weights}}) {
     plan::Plan p = base;
     p.*tier = Tier::kNvme;
@@ -1296,6 +1301,292 @@ TEST(ExecutorDTypeTest, RefusesF16NamingLossScaling) {
   EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(e.status().message().find("not f16"), std::string::npos) << e.status().ToString();
   EXPECT_NE(e.status().message().find("loss scaling"), std::string::npos) << e.status().ToString();
+}
+
+// ---- Optimizer state on NVMe (Trainer with OptimizerStateOptions::nvme_dir) ----
+
+// A trainer's weights and moments after FinishUpdates, wherever they live.
+struct OptimizerSnapshot {
+  HostTensors w, m, v;
+};
+OptimizerSnapshot Snapshot(Trainer& t) {
+  OptimizerSnapshot s;
+  EXPECT_TRUE(t.FinishUpdates().ok());
+  for (const std::string& name : t.trainable_names()) {
+    s.w.tensors[name] = t.weights().tensors.at(name);
+    const Status read = t.ReadOptimizerState(name, &s.m.tensors[name], &s.v.tensors[name]);
+    EXPECT_TRUE(read.ok()) << read.ToString();
+  }
+  return s;
+}
+void ExpectSameState(const OptimizerSnapshot& got, const OptimizerSnapshot& want,
+                     const std::string& what) {
+  ExpectSameBits(got.w, want.w, what + " weights");
+  ExpectSameBits(got.m, want.m, what + " exp_avg");
+  ExpectSameBits(got.v, want.v, what + " exp_avg_sq");
+}
+
+// This process's storage I/O counter `key` ("read_bytes", "write_bytes") from /proc/self/io.
+uint64_t ProcIo(const std::string& key) {
+  std::ifstream f("/proc/self/io");
+  std::string k;
+  uint64_t v = 0;
+  while (f >> k >> v) {
+    if (k == key + ":") return v;
+  }
+  return 0;
+}
+
+// The trainable storage-owning parameters of each layer that has some: one record each, in
+// layer order, laid out [master | exp_avg | exp_avg_sq] per parameter (trainer.h).
+std::vector<std::vector<const ParamSpec*>> RecordParams(const std::vector<LayerSpec>& layers) {
+  std::vector<std::vector<const ParamSpec*>> out;
+  for (const LayerSpec& l : layers) {
+    std::vector<const ParamSpec*> ps;
+    for (const ParamSpec& p : l.params) {
+      if (p.trainable && p.tied_to.empty()) ps.push_back(&p);
+    }
+    if (!ps.empty()) out.push_back(std::move(ps));
+  }
+  return out;
+}
+
+struct NvmeCase {
+  const char* model;
+  double grad_clip;
+};
+class NvmeOptimizerTest : public ::testing::TestWithParam<NvmeCase> {
+ protected:
+  void SetUp() override {
+    if (dir_.path().empty()) GTEST_SKIP() << "could not create a temporary directory";
+  }
+  ferry::testing::TempDir dir_;
+};
+
+// Optimizer state on NVMe gives the losses, weights and moments of the state in RAM bit for bit
+// over four steps on 2 devices and 3 stages, and each step reads and writes exactly the plan's
+// bytes (one slot of every layer each way), by the store's count and by the kernel's
+// (/proc/self/io: O_DIRECT, so the page cache hides nothing).
+TEST_P(NvmeOptimizerTest, EqualsHostRamBitForBitAndMovesThePlannedBytes) {
+  const NvmeCase c = GetParam();
+  const Model m = LoadModel(c.model);
+  PlanSpec spec{{{1, 2}, {2, 4}, {4, 5}}, {3}, 2, 2, 16, 2};
+  spec.optimizer_on_nvme = true;
+  const plan::Plan p = MakeTestPlan(m, spec);
+  uint64_t planned = 0;  // per step and direction: half the two-slot allocation (planner.cc)
+  for (const plan::Allocation& a : p.memory.nvme.allocations) {
+    if (a.name == "optimizer.slots") planned = a.bytes / 2;
+  }
+  ASSERT_GT(planned, 0u);
+  const HostTensors w = RandomWeights(m, 5);
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(m.config, m.lora);
+  OptimizerOptions o;
+  o.schedule = {1e-2, 1, 4, 0.1};
+  o.weight_decay = 0.01;
+  o.grad_clip = c.grad_clip;
+  constexpr int kSteps = 4;
+  const std::vector<std::vector<MicroBatch>> steps = TrainingSteps(m, spec, kSteps);
+
+  struct Run {
+    std::vector<double> losses;
+    OptimizerSnapshot state;
+    uint64_t store_read = 0, store_written = 0, io_read = 0, io_written = 0, wasted = 0;
+    bool direct = false;
+  };
+  auto train = [&](const std::string& state_dir) {
+    Run r;
+    std::vector<std::unique_ptr<CpuDevice>> d = MakeDevices(2, p.memory.gpu.total());
+    Result<std::unique_ptr<ModelRunner>> pipe = CreatePipelineRunner(Raw(d), m.config, p);
+    EXPECT_TRUE(pipe.ok()) << pipe.status().ToString();
+    if (!pipe.ok()) return r;
+    auto t = Trainer::Create(pipe->get(), layers, w, o, nullptr, {.nvme_dir = state_dir});
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    if (!t.ok()) return r;
+    const VersionedStore* store = (*t)->state_store();
+    EXPECT_EQ(store != nullptr, !state_dir.empty());
+    const VersionedStoreStats s0 = store ? store->stats() : VersionedStoreStats{};
+    const uint64_t r0 = ProcIo("read_bytes"), w0 = ProcIo("write_bytes");
+    for (const auto& mbs : steps) {
+      Result<StepStats> st = (*t)->Step(mbs);
+      EXPECT_TRUE(st.ok()) << st.status().ToString();
+      r.losses.push_back(st.ok() ? st->loss : NAN);
+    }
+    EXPECT_TRUE((*t)->FinishUpdates().ok());
+    if (store != nullptr) {
+      const VersionedStoreStats s1 = store->stats();
+      r.store_read = s1.bytes_read - s0.bytes_read;
+      r.store_written = s1.bytes_written - s0.bytes_written;
+      r.io_read = ProcIo("read_bytes") - r0;
+      r.io_written = ProcIo("write_bytes") - w0;
+      r.wasted = s1.wasted_prefetches;
+      r.direct = store->direct_io();
+    }
+    r.state = Snapshot(**t);
+    return r;
+  };
+  const Run ram = train("");
+  const Run nvme = train(dir_.path() + "/optim");
+  EXPECT_EQ(nvme.losses, ram.losses);
+  EXPECT_GT(ram.losses[0], ram.losses[kSteps - 1]);  // it learns: the comparison is not moot
+  ExpectSameState(nvme.state, ram.state, "NVMe vs RAM");
+  EXPECT_EQ(nvme.store_read, kSteps * planned);
+  EXPECT_EQ(nvme.store_written, kSteps * planned);
+  EXPECT_EQ(nvme.wasted, 0u);
+  std::printf(
+      "NVMe optimizer bytes per step: planned %llu each way; measured store %llu read, "
+      "%llu written; /proc/self/io %llu read, %llu written (O_DIRECT %s)\n",
+      (unsigned long long)planned, (unsigned long long)(nvme.store_read / kSteps),
+      (unsigned long long)(nvme.store_written / kSteps),
+      (unsigned long long)(nvme.io_read / kSteps), (unsigned long long)(nvme.io_written / kSteps),
+      nvme.direct ? "on" : "off");
+  if (!nvme.direct) GTEST_SKIP() << "O_DIRECT refused here: /proc/self/io would not show the disk";
+  EXPECT_EQ(nvme.io_read, kSteps * planned);
+  EXPECT_EQ(nvme.io_written, kSteps * planned);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, NvmeOptimizerTest,
+                         ::testing::Values(NvmeCase{"llama", 0.0}, NvmeCase{"llama", 1.0},
+                                           NvmeCase{"qwen3", 0.5}),  // tied head
+                         [](const ::testing::TestParamInfo<NvmeCase>& i) {
+                           return std::string(i.param.model) +
+                                  (i.param.grad_clip > 0 ? "_clip" : "_noclip");
+                         });
+
+// A write torn in the middle of step 3's updates (as a kill -9 or power loss leaves it) stops
+// the run with an error naming the layer; reopened, every layer is wholly at step 2 or 3 (its
+// master weights and both moments those of the uninterrupted run at that step), and a run resumed
+// from the step-2 state repeats the uninterrupted run bit for bit.
+TEST(NvmeOptimizerCrashTest, ATornWriteLeavesEveryLayerWholeAndResumeRepeatsTheRun) {
+  ferry::testing::TempDir dir;
+  if (dir.path().empty()) GTEST_SKIP() << "could not create a temporary directory";
+  const Model m = LoadModel("llama");
+  const PlanSpec spec{{{1, 2}, {2, 4}, {4, 5}}, {3}, 2, 2, 16, 2};
+  const plan::Plan p = MakeTestPlan(m, spec);
+  const HostTensors w = RandomWeights(m, 9);
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(m.config, m.lora);
+  const std::vector<std::vector<const ParamSpec*>> records = RecordParams(layers);
+  OptimizerOptions o;
+  o.schedule = {1e-2, 1, 4, 0.1};
+  constexpr int kSteps = 4;
+  const std::vector<std::vector<MicroBatch>> steps = TrainingSteps(m, spec, kSteps);
+  auto make = [&](std::vector<std::unique_ptr<CpuDevice>>& d, const HostTensors& start,
+                  const OptimizerStateOptions& so)
+      -> std::pair<std::unique_ptr<ModelRunner>, std::unique_ptr<Trainer>> {
+    d = MakeDevices(2, p.memory.gpu.total());
+    Result<std::unique_ptr<ModelRunner>> pipe = CreatePipelineRunner(Raw(d), m.config, p);
+    EXPECT_TRUE(pipe.ok()) << pipe.status().ToString();
+    if (!pipe.ok()) return {};
+    auto t = Trainer::Create(pipe->get(), layers, start, o, nullptr, so);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    if (!t.ok()) return {};
+    return {std::move(*pipe), std::move(*t)};
+  };
+
+  // The uninterrupted run, in RAM: the state after each step.
+  std::vector<OptimizerSnapshot> at;
+  std::vector<double> losses;
+  {
+    std::vector<std::unique_ptr<CpuDevice>> d;
+    auto [runner, t] = make(d, w, {});
+    ASSERT_TRUE(t);
+    at.push_back(Snapshot(*t));
+    for (const auto& mbs : steps) {
+      Result<StepStats> st = t->Step(mbs);
+      ASSERT_TRUE(st.ok()) << st.status().ToString();
+      losses.push_back(st->loss);
+      at.push_back(Snapshot(*t));
+    }
+  }
+
+  // The crashing run: creating the store writes one slot per record, each step one per record;
+  // the third write of step 3 tears.
+  const int n = int(records.size());
+  ferry::testing::TornWriteEnv torn(n + 2 * n + 3);
+  OptimizerStateOptions so{.nvme_dir = dir.path() + "/optim", .env = &torn};
+  {
+    std::vector<std::unique_ptr<CpuDevice>> d;
+    auto [runner, t] = make(d, w, so);
+    ASSERT_TRUE(t);
+    for (int k = 0; k < 2; ++k) ASSERT_TRUE(t->Step(steps[size_t(k)]).ok());
+    Result<StepStats> st = t->Step(steps[2]);
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.status().code(), StatusCode::kIOError);
+    EXPECT_NE(st.status().message().find("(optimizer state on NVMe)"), std::string::npos)
+        << st.status().ToString();
+    EXPECT_NE(st.status().message().find("layer "), std::string::npos) << st.status().ToString();
+  }  // the process dies here
+
+  std::vector<size_t> bytes;
+  for (const auto& ps : records) {
+    size_t b = 0;
+    for (const ParamSpec* q : ps) b += 3 * size_t(q->numel()) * sizeof(float);
+    bytes.push_back(b);
+  }
+  auto reopened = VersionedStore::Open({.directory = so.nvme_dir}, bytes);
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  int at_three = 0;
+  for (size_t r = 0; r < records.size(); ++r) {
+    const int64_t step = (*reopened)->step(r);
+    ASSERT_TRUE(step == 2 || step == 3) << "record " << r << " at step " << step;
+    at_three += step == 3;
+    auto rec = (*reopened)->Acquire(r);
+    ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+    const float* f = reinterpret_cast<const float*>(rec->data());
+    for (const ParamSpec* q : records[r]) {
+      const size_t k = size_t(q->numel());
+      const OptimizerSnapshot& want = at[size_t(step)];
+      EXPECT_TRUE(std::equal(f, f + k, want.w.tensors.at(q->name).begin())) << q->name;
+      EXPECT_TRUE(std::equal(f + k, f + 2 * k, want.m.tensors.at(q->name).begin())) << q->name;
+      EXPECT_TRUE(std::equal(f + 2 * k, f + 3 * k, want.v.tensors.at(q->name).begin())) << q->name;
+      f += 3 * k;
+    }
+    (*reopened)->Release(r);
+  }
+  EXPECT_EQ(at_three, 2);  // two layers committed step 3 before the third write tore
+  reopened->reset();
+
+  // Resume from the step-2 state (what the step-2 checkpoint holds): the store is rebuilt.
+  so.env = nullptr;
+  std::vector<std::unique_ptr<CpuDevice>> d;
+  auto [runner, t] = make(d, at[2].w, so);
+  ASSERT_TRUE(t);
+  ASSERT_TRUE(t->RestoreOptimizer(2, at[2].m, at[2].v).ok());
+  for (size_t r = 0; r < records.size(); ++r) EXPECT_EQ(t->state_store()->step(r), 2);
+  for (int k = 2; k < kSteps; ++k) {
+    Result<StepStats> st = t->Step(steps[size_t(k)]);
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    EXPECT_EQ(st->loss, losses[size_t(k)]) << "step " << k;
+  }
+  ExpectSameState(Snapshot(*t), at[kSteps], "resumed");
+}
+
+// An EIO on an optimizer-state read stops the step with an error naming the layer (no hang).
+TEST(NvmeOptimizerFaultTest, AReadErrorStopsTheRunNamingTheLayer) {
+  ferry::testing::TempDir dir;
+  if (dir.path().empty()) GTEST_SKIP() << "could not create a temporary directory";
+  const Model m = LoadModel("llama");
+  const PlanSpec spec{{{1, 2}, {2, 4}, {4, 5}}, {3}, 2, 2, 16, 2};
+  const plan::Plan p = MakeTestPlan(m, spec);
+  const std::vector<std::vector<MicroBatch>> steps = TrainingSteps(m, spec, 2);
+  std::vector<std::unique_ptr<CpuDevice>> d = MakeDevices(2, p.memory.gpu.total());
+  Result<std::unique_ptr<ModelRunner>> pipe = CreatePipelineRunner(Raw(d), m.config, p);
+  ASSERT_TRUE(pipe.ok()) << pipe.status().ToString();
+  ferry::testing::FaultyEnv env;
+  OptimizerOptions o;
+  o.schedule = {1e-2, 1, 4, 0.1};
+  auto t = Trainer::Create(pipe->get(), BuildLayerSpecs(m.config, m.lora), RandomWeights(m, 3), o,
+                           nullptr, {.nvme_dir = dir.path() + "/optim", .env = &env});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  ASSERT_TRUE((*t)->Step(steps[0]).ok());
+  env.AddRule({.kind = IoKind::kRead,
+               .action = ferry::testing::FaultyEnv::Action::kError,
+               .error = EIO,
+               .skip = 1});
+  Result<StepStats> st = (*t)->Step(steps[1]);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.status().code(), StatusCode::kIOError);
+  EXPECT_NE(st.status().message().find("layer 4 (optimizer state on NVMe)"), std::string::npos)
+      << st.status().ToString();
 }
 
 }  // namespace

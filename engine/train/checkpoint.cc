@@ -229,11 +229,14 @@ Result<std::string> SaveCheckpoint(const std::string& run_dir, const Trainer& tr
   auto write_all = [&]() -> Status {
     nlohmann::json files = nlohmann::json::object();
     SafetensorsWriter weights, moments;
+    std::vector<float> m, v;
     for (const std::string& n : trainer.trainable_names()) {
       const std::vector<float>& w = trainer.weights().tensors.at(n);
       weights.Add(n, {int64_t(w.size())}, w);
-      moments.Add(n + kExpAvg, {int64_t(w.size())}, trainer.exp_avg(n));
-      moments.Add(n + kExpAvgSq, {int64_t(w.size())}, trainer.exp_avg_sq(n));
+      // In RAM, or read back from the layer's committed slot on NVMe.
+      FERRY_RETURN_IF_ERROR(trainer.ReadOptimizerState(n, &m, &v));
+      moments.Add(n + kExpAvg, {int64_t(w.size())}, m);
+      moments.Add(n + kExpAvgSq, {int64_t(w.size())}, v);
     }
     FERRY_RETURN_IF_ERROR(
         WriteTensorFile(weights, tmp_dir, "trainable.safetensors", options.compress, files));

@@ -13,17 +13,18 @@
 namespace ferry {
 
 Trainer::Trainer(ModelRunner* runner, std::vector<LayerSpec> layers, HostTensors weights,
-                 const OptimizerOptions& options, ThreadPool* pool)
+                 const OptimizerOptions& options, ThreadPool* pool, OptimizerStateOptions state)
     : runner_(runner),
       layers_(std::move(layers)),
       weights_(std::move(weights)),
       options_(options),
+      state_options_(std::move(state)),
       pool_(pool) {}
 
 Result<std::unique_ptr<Trainer>> Trainer::Create(ModelRunner* runner, std::vector<LayerSpec> layers,
                                                  HostTensors weights,
-                                                 const OptimizerOptions& options,
-                                                 ThreadPool* pool) {
+                                                 const OptimizerOptions& options, ThreadPool* pool,
+                                                 OptimizerStateOptions state) {
   FERRY_RETURN_IF_ERROR(ValidateAdamWHyperparameters({.lr = options.schedule.lr,
                                                       .beta1 = options.beta1,
                                                       .beta2 = options.beta2,
@@ -33,13 +34,19 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(ModelRunner* runner, std::vecto
   if (!(options.grad_clip >= 0)) {
     return Status::InvalidArgument("grad_clip must be >= 0 (0 disables clipping)");
   }
+  if (options.stale_updates && !state.nvme_dir.empty()) {
+    return Status::InvalidArgument(
+        "one-step-stale updates with optimizer state on NVMe are not supported yet (the store "
+        "updates a layer at a time, stale updates a parameter at a time): plan the optimizer "
+        "state in host RAM or drop --stale-updates");
+  }
   if (options.stale_updates && !runner->streams_weights()) {
     return Status::InvalidArgument(
         "one-step-stale updates need a runner that reads the weights during the step (a "
         "pipeline: `ferry train` runs every job through one); a ModelRunner holds its own copy");
   }
   std::unique_ptr<Trainer> t(
-      new Trainer(runner, std::move(layers), std::move(weights), options, pool));
+      new Trainer(runner, std::move(layers), std::move(weights), options, pool, state));
   std::map<std::string, size_t> index;  // trainable name -> its place in order_
   for (const ParamSpec* p : StorageParams(t->layers_)) {
     auto it = t->weights_.tensors.find(p->name);
@@ -50,7 +57,9 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(ModelRunner* runner, std::vecto
     if (!p->trainable) continue;
     const size_t n = size_t(p->numel());
     t->grads_.tensors[p->name].assign(n, 0.0f);
-    t->state_[p->name] = State{p, std::vector<float>(n, 0.0f), std::vector<float>(n, 0.0f)};
+    const size_t in_ram = state.nvme_dir.empty() ? n : 0;
+    t->state_[p->name] = State{p, std::vector<float>(in_ram, 0.0f),
+                               std::vector<float>(in_ram, 0.0f), t->order_.size()};
     index[p->name] = t->order_.size();
     t->order_.push_back(p->name);
   }
@@ -69,8 +78,52 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(ModelRunner* runner, std::vecto
     for (size_t k : reads) ++t->readers_[k];
   }
   t->pending_.assign(t->order_.size(), 0);
+  if (!state.nvme_dir.empty()) {
+    t->record_of_.assign(t->order_.size(), 0);
+    t->record_offset_.assign(t->order_.size(), 0);
+    for (size_t l = 0; l < t->lands_.size(); ++l) {
+      if (t->lands_[l].empty()) continue;
+      size_t offset = 0;  // floats
+      for (size_t k : t->lands_[l]) {
+        t->record_of_[k] = t->record_layer_.size();
+        t->record_offset_[k] = offset;
+        offset += 3 * t->weights_.tensors.at(t->order_[k]).size();
+      }
+      t->record_layer_.push_back(l);
+      t->record_params_.push_back(t->lands_[l]);
+    }
+    FERRY_RETURN_IF_ERROR(t->CreateStore(0, nullptr, nullptr));
+  }
   FERRY_RETURN_IF_ERROR(runner->UploadWeights(t->weights_));
   return t;
+}
+
+Status Trainer::CreateStore(int64_t step, const HostTensors* exp_avg,
+                            const HostTensors* exp_avg_sq) {
+  std::vector<size_t> bytes;
+  for (const std::vector<size_t>& params : record_params_) {
+    size_t n = 0;
+    for (size_t k : params) n += weights_.tensors.at(order_[k]).size();
+    bytes.push_back(3 * n * sizeof(float));
+  }
+  store_.reset();  // Create truncates its files
+  auto fill = [&](size_t g, std::span<std::byte> record) {
+    float* f = reinterpret_cast<float*>(record.data());  // page-aligned staging
+    for (size_t k : record_params_[g]) {
+      const std::string& name = order_[k];
+      const std::vector<float>& w = weights_.tensors.at(name);
+      float* p = f + record_offset_[k];
+      std::copy(w.begin(), w.end(), p);
+      if (exp_avg != nullptr) std::ranges::copy(exp_avg->tensors.at(name), p + w.size());
+      if (exp_avg_sq != nullptr) std::ranges::copy(exp_avg_sq->tensors.at(name), p + 2 * w.size());
+    }
+  };
+  Result<std::unique_ptr<VersionedStore>> s =
+      VersionedStore::Create({.directory = state_options_.nvme_dir, .env = state_options_.env},
+                             std::move(bytes), step, fill);
+  if (!s.ok()) return s.status().WithContext("optimizer state on NVMe");
+  store_ = std::move(*s);
+  return Status::Ok();
 }
 
 size_t Trainer::optimizer_state_bytes() const {
@@ -99,10 +152,88 @@ std::span<const float> Trainer::exp_avg_sq(const std::string& name) const {
   return state_.at(name).v;
 }
 
+Status Trainer::ReadOptimizerState(const std::string& name, std::vector<float>* exp_avg,
+                                   std::vector<float>* exp_avg_sq) const {
+  RequireNoPending("ReadOptimizerState");
+  const State& s = state_.at(name);
+  if (store_ == nullptr) {
+    *exp_avg = s.m;
+    *exp_avg_sq = s.v;
+    return Status::Ok();
+  }
+  const size_t g = record_of_[s.index];
+  Result<std::span<std::byte>> record = store_->Acquire(g);
+  if (!record.ok()) {
+    return record.status().WithContext("layer " + std::to_string(record_layer_[g]) +
+                                       " (optimizer state on NVMe)");
+  }
+  const size_t n = weights_.tensors.at(name).size();
+  const float* p = reinterpret_cast<const float*>(record->data()) + record_offset_[s.index];
+  exp_avg->assign(p + n, p + 2 * n);
+  exp_avg_sq->assign(p + 2 * n, p + 3 * n);
+  store_->Release(g);
+  return Status::Ok();
+}
+
 Status Trainer::Apply(size_t k, const Update& u) {
+  State& s = state_.at(order_[k]);
+  return UpdateParam(k, u, weights_.tensors.at(order_[k]).data(), s.m.data(), s.v.data());
+}
+
+Status Trainer::ApplyRecord(size_t g, const Update& u) {
+  const std::string where =
+      "layer " + std::to_string(record_layer_[g]) + " (optimizer state on NVMe)";
+  Result<std::span<std::byte>> record = store_->Acquire(g);
+  if (!record.ok()) return record.status().WithContext(where);
+  // Read the next record in update order while this one is updated.
+  if (!updates_descend_) store_->Prefetch(g + 1);
+  if (updates_descend_ && g > 0) store_->Prefetch(g - 1);
+  float* f = reinterpret_cast<float*>(record->data());
+  for (size_t k : record_params_[g]) {
+    std::vector<float>& w = weights_.tensors.at(order_[k]);
+    float* p = f + record_offset_[k];
+    if (Status s = UpdateParam(k, u, p, p + w.size(), p + 2 * w.size()); !s.ok()) {
+      store_->Release(g);
+      return s.WithContext(where);
+    }
+    // The copy the runner uploads from. Should the commit below fail, the run stops with its
+    // error; the layer's committed state (and any checkpoint) is still the step before.
+    std::copy(p, p + w.size(), w.begin());
+  }
+  return store_->Commit(g, u.step).WithContext(where);
+}
+
+Status Trainer::ApplyAndClear(size_t k, const Update& u) {
+  if (store_ == nullptr) {
+    FERRY_RETURN_IF_ERROR(Apply(k, u));
+    pending_[k] = 0;
+    --pending_count_;
+    return Status::Ok();
+  }
+  const size_t g = record_of_[k];
+  FERRY_RETURN_IF_ERROR(ApplyRecord(g, u));
+  for (size_t j : record_params_[g]) {
+    if (pending_[j]) pending_[j] = 0, --pending_count_;
+  }
+  return Status::Ok();
+}
+
+Status Trainer::LandLayer(size_t l, const Update& u) {
+  bool landed_now = false;
+  for (size_t k : lands_[l]) {
+    if (landed_[k]) continue;
+    FERRY_RETURN_IF_ERROR(Land(k, u));
+    landed_now = true;
+  }
+  const bool immediate = options_.grad_clip == 0 && !options_.stale_updates;
+  if (store_ == nullptr || !landed_now || !immediate) return Status::Ok();
+  return ApplyRecord(record_of_[lands_[l].front()], u);
+}
+
+Status Trainer::UpdateParam(size_t k, const Update& u, float* p, float* m, float* v) {
   const std::string& name = order_[k];
-  State& s = state_.at(name);
-  std::vector<float>& p = weights_.tensors.at(name);
+  const State& s = state_.at(name);
+  const int64_t n = int64_t(weights_.tensors.at(name).size());
   const AdamWHyperparameters h{.lr = u.lr,
                                .beta1 = options_.beta1,
                                .beta2 = options_.beta2,
@@ -110,10 +241,7 @@ Status Trainer::Apply(size_t k, const Update& u) {
                                .weight_decay = s.spec->decays ? options_.weight_decay : 0.0,
                                .step = u.step,
                                .grad_scale = u.grad_scale};
-  const cpu::AdamWHostTensor t{p.data(),         grads_.tensors.at(name).data(),
-                               DType::kF32,      s.m.data(),
-                               s.v.data(),       nullptr,
-                               int64_t(p.size())};
+  const cpu::AdamWHostTensor t{p, grads_.tensors.at(name).data(), DType::kF32, m, v, nullptr, n};
   return kernel_.Update(h, t, pool_).WithContext(name);
 }
 
@@ -132,9 +260,7 @@ Status Trainer::ApplyPending(int64_t first, int64_t last) {
     for (size_t k : reads_[size_t(l)]) {
       if (!pending_[k]) continue;
       if (!std::exchange(traced, true)) span = exec::OptimizerSpan(trace_, int(l));
-      FERRY_RETURN_IF_ERROR(Apply(k, pending_update_));
-      pending_[k] = 0;
-      --pending_count_;
+      FERRY_RETURN_IF_ERROR(ApplyAndClear(k, pending_update_));
     }
   }
   return Status::Ok();
@@ -150,7 +276,9 @@ Status Trainer::Land(size_t k, const Update& u) {
   const std::vector<float>& g = grads_.tensors.at(order_[k]);
   sum_sq_[k] = kernel_.SumOfSquares(g.data(), DType::kF32, int64_t(g.size()), pool_);
   landed_[k] = 1;
-  return options_.grad_clip > 0 || options_.stale_updates ? Status::Ok() : Apply(k, u);
+  // On NVMe the layer's record is updated whole once all of it landed (LandLayer).
+  if (options_.grad_clip > 0 || options_.stale_updates || store_ != nullptr) return Status::Ok();
+  return Apply(k, u);
 }
 
 Status Trainer::RestoreOptimizer(int64_t steps_done, const HostTensors& exp_avg,
@@ -160,16 +288,20 @@ Status Trainer::RestoreOptimizer(int64_t steps_done, const HostTensors& exp_avg,
   for (const auto& [name, s] : state_) {
     for (const HostTensors* t : {&exp_avg, &exp_avg_sq}) {
       auto it = t->tensors.find(name);
-      if (it == t->tensors.end() || it->second.size() != s.m.size()) {
+      if (it == t->tensors.end() || it->second.size() != weights_.tensors.at(name).size()) {
         return Status::InvalidArgument(std::string("optimizer state ") +
                                        (t == &exp_avg ? "exp_avg" : "exp_avg_sq") + " of " + name +
                                        " is missing or has the wrong number of elements");
       }
     }
   }
-  for (auto& [name, s] : state_) {
-    s.m = exp_avg.tensors.at(name);
-    s.v = exp_avg_sq.tensors.at(name);
+  if (store_ != nullptr) {  // resume rebuilds the store from the checkpoint
+    FERRY_RETURN_IF_ERROR(CreateStore(steps_done, &exp_avg, &exp_avg_sq));
+  } else {
+    for (auto& [name, s] : state_) {
+      s.m = exp_avg.tensors.at(name);
+      s.v = exp_avg_sq.tensors.at(name);
+    }
   }
   step_ = steps_done;
   return Status::Ok();
@@ -202,6 +334,13 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
   const Update now{.lr = st.lr, .step = step_ + 1, .grad_scale = 1.0};
   sum_sq_.assign(order_.size(), 0.0);
   landed_.assign(order_.size(), 0);
+  // Updates made as gradients land follow the backward order when the runner reports landings,
+  // the forward order otherwise; the store reads ahead in that order.
+  const bool immediate = options_.grad_clip == 0 && !options_.stale_updates;
+  updates_descend_ = streams && immediate;
+  if (store_ != nullptr && immediate && store_->records() > 0) {
+    store_->Prefetch(updates_descend_ ? store_->records() - 1 : 0);
+  }
   unread_ = readers_;
   using Clock = std::chrono::steady_clock;
   double in_step = 0;  // optimizer time inside the step, overlapping the devices
@@ -241,10 +380,10 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
     hooks.grads_landed = [&](int64_t first, int64_t last) -> Status {
       FERRY_RETURN_IF_ERROR(CheckLayers(first, last));
       return timed([&]() -> Status {
-        for (int64_t l = first; l < last; ++l) {
+        for (int64_t l = last; l-- > first;) {  // backward order, as the updates run
           if (lands_[size_t(l)].empty()) continue;
           exec::HostSpan span = exec::OptimizerSpan(trace_, int(l));
-          for (size_t k : lands_[size_t(l)]) FERRY_RETURN_IF_ERROR(Land(k, now));
+          FERRY_RETURN_IF_ERROR(LandLayer(size_t(l), now));
         }
         return Status::Ok();
       });
@@ -256,13 +395,9 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
   st.compute_seconds = std::chrono::duration<double>(t1 - t0).count() - in_step;
   st.optimizer_in_step_seconds = in_step;
   for (size_t l = 0; l < lands_.size(); ++l) {  // what the runner did not report, layer by layer
-    exec::HostSpan span;
-    bool traced = false;
-    for (size_t k : lands_[l]) {
-      if (landed_[k]) continue;
-      if (!std::exchange(traced, true)) span = exec::OptimizerSpan(trace_, int(l));
-      FERRY_RETURN_IF_ERROR(Land(k, now));
-    }
+    if (std::ranges::all_of(lands_[l], [&](size_t k) { return landed_[k] != 0; })) continue;
+    exec::HostSpan span = exec::OptimizerSpan(trace_, int(l));
+    FERRY_RETURN_IF_ERROR(LandLayer(l, now));
   }
   double sum_sq = 0;  // in parameter order, whatever order the layers landed in
   for (double x : sum_sq_) sum_sq += x;
@@ -272,6 +407,8 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
     pending_update_ = {.lr = st.lr, .step = step_ + 1, .grad_scale = st.clip_coef};
     pending_.assign(order_.size(), 1);
     pending_count_ = order_.size();
+    updates_descend_ = false;  // applied in forward order (the next step's reads, FinishUpdates)
+    if (store_ != nullptr) store_->Prefetch(0);
   }
   if (!streams) {
     FERRY_RETURN_IF_ERROR(FinishUpdates());

@@ -40,6 +40,19 @@
 // a synchronization point: the step after it runs on the weights it saved, and a run resumed
 // from it repeats the uninterrupted run bit for bit.
 //
+// Optimizer state on NVMe (OptimizerStateOptions::nvme_dir, when the plan says optimizer_on_nvme):
+// each layer's fp32 master weights and AdamW moments are one record of a VersionedStore
+// (offload/versioned_store.h) in that folder, not in RAM. A layer's update acquires its record
+// (read ahead in the order updates run: backward order when updates run as gradients land, forward
+// order otherwise), applies AdamW there with the same arithmetic, copies the new master values
+// into weights() and commits the record to its other slot, so a kill -9 leaves every layer wholly
+// at one step (the store's header says which). What stays in RAM: weights() (the copy the
+// runner uploads from; with f32 compute it equals the master values), the gradients, and two
+// staging buffers of one layer's record each (the plan counts two stages' worth,
+// optimizer.staging). RestoreOptimizer rebuilds the store from a checkpoint; ReadOptimizerState
+// reads the moments back for one. Stale updates are refused with it (they update parameter by
+// parameter, not layer by layer).
+//
 // Ownership: the runner and pool are borrowed and must outlive the Trainer.
 // Thread-safety: one thread drives a Trainer at a time.
 #pragma once
@@ -59,6 +72,8 @@
 #include "kernels/cpu/adamw.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/status.h"
+#include "offload/io_env.h"
+#include "offload/versioned_store.h"
 
 namespace ferry {
 
@@ -73,6 +88,12 @@ struct OptimizerOptions {
   // update older than the newest, w_{k+1} = AdamW(w_k, g(w_{k-1})), so the whole optimizer
   // overlaps the next step. Needs a runner that streams weights (see below).
   bool stale_updates = false;
+};
+
+// Where the optimizer state lives (see above).
+struct OptimizerStateOptions {
+  std::string nvme_dir;  // non-empty: master weights and AdamW moments on NVMe here, else RAM
+  IoEnv* env = nullptr;  // the store's IoEnv (tests inject faults); null: the real OS
 };
 
 struct StepStats {
@@ -101,7 +122,8 @@ class Trainer {
   // InvalidArgument for bad optimizer options; the runner's upload errors.
   static Result<std::unique_ptr<Trainer>> Create(ModelRunner* runner, std::vector<LayerSpec> layers,
                                                  HostTensors weights,
-                                                 const OptimizerOptions& options, ThreadPool* pool);
+                                                 const OptimizerOptions& options, ThreadPool* pool,
+                                                 OptimizerStateOptions state = {});
 
   // One optimizer update over the global batch `micro_batches` (all of one shape); with a runner
   // that streams weights and clipping on, the update may still be pending at return (see above).
@@ -125,9 +147,17 @@ class Trainer {
   // Trainable storage-owning parameter names, in layer order.
   const std::vector<std::string>& trainable_names() const { return order_; }
   // AdamW's first (exp_avg) and second (exp_avg_sq) moments of a trainable parameter, for
-  // checkpoints. REQUIRES: has_optimizer_state(name).
+  // checkpoints. REQUIRES: has_optimizer_state(name), and the state is in RAM (else it aborts:
+  // see ReadOptimizerState).
   std::span<const float> exp_avg(const std::string& name) const;
   std::span<const float> exp_avg_sq(const std::string& name) const;
+  // Copies both moments of `name` wherever they live (NVMe: read back from the layer's committed
+  // slot). Errors: the store's, naming the layer. REQUIRES: !updates_pending(),
+  // has_optimizer_state(name).
+  Status ReadOptimizerState(const std::string& name, std::vector<float>* exp_avg,
+                            std::vector<float>* exp_avg_sq) const;
+  // The NVMe store of the optimizer state; null when it is in RAM.
+  const VersionedStore* state_store() const { return store_.get(); }
   // Resumes from a checkpoint: the moments of every trainable parameter and the number of updates
   // already made (the master weights come in through Create). Errors: InvalidArgument naming a
   // tensor that is missing or has the wrong size (nothing is changed then).
@@ -137,7 +167,8 @@ class Trainer {
  private:
   struct State {
     const ParamSpec* spec = nullptr;
-    std::vector<float> m, v;
+    std::vector<float> m, v;  // empty when the state is on NVMe
+    size_t index = 0;         // in order_
   };
   // The hyperparameters of one update, all but those of its parameter.
   struct Update {
@@ -146,10 +177,21 @@ class Trainer {
     double grad_scale = 1;
   };
   Trainer(ModelRunner* runner, std::vector<LayerSpec> layers, HostTensors weights,
-          const OptimizerOptions& options, ThreadPool* pool);
+          const OptimizerOptions& options, ThreadPool* pool, OptimizerStateOptions state);
 
-  // AdamW on the trainable parameter order_[k].
+  // AdamW on the trainable parameter order_[k] (state in RAM).
   Status Apply(size_t k, const Update& u);
+  // AdamW on order_[k]'s values p, m, v (wherever they are) with its gradient.
+  Status UpdateParam(size_t k, const Update& u, float* p, float* m, float* v);
+  // AdamW on every parameter of record g, state on NVMe: acquire, update, commit.
+  Status ApplyRecord(size_t g, const Update& u);
+  // Applies order_[k]'s update wherever its state is (on NVMe: its whole record's) and clears
+  // the pending marks it covers.
+  Status ApplyAndClear(size_t k, const Update& u);
+  // (Re)creates the store at `step` from weights_ and the given moments (null: zeros).
+  Status CreateStore(int64_t step, const HostTensors* exp_avg, const HostTensors* exp_avg_sq);
+  // Lands layer l's parameters not landed yet; without clipping, updates them.
+  Status LandLayer(size_t l, const Update& u);
   // Applies the pending updates of the parameters whose master values layers [first, last) read.
   Status ApplyPending(int64_t first, int64_t last);
   // Takes order_[k]'s sum of squares (and, without clipping, updates it at `u`).
@@ -164,6 +206,7 @@ class Trainer {
   std::map<std::string, State> state_;  // AdamW moments, trainable parameters only
   std::vector<std::string> order_;      // trainable names in layer order (deterministic sums)
   OptimizerOptions options_;
+  OptimizerStateOptions state_options_;
   ThreadPool* pool_;  // not owned; may be null
   cpu::AdamWKernel kernel_;
   int64_t step_ = 0;
@@ -181,6 +224,13 @@ class Trainer {
   std::vector<char> pending_;
   size_t pending_count_ = 0;
   Update pending_update_;
+  // Optimizer state on NVMe: one record per layer with trainable parameters (record_layer_),
+  // each parameter's [master | exp_avg | exp_avg_sq] at record_offset_ floats into its record.
+  std::unique_ptr<VersionedStore> store_;
+  std::vector<size_t> record_of_, record_offset_;   // per trainable parameter
+  std::vector<size_t> record_layer_;                // per record
+  std::vector<std::vector<size_t>> record_params_;  // per record, indices into order_
+  bool updates_descend_ = false;  // this step's updates run in backward layer order
 };
 
 }  // namespace ferry
