@@ -153,6 +153,12 @@ int64_t VersionedStore::step(size_t r) const {
   return step_[r];
 }
 
+uint64_t VersionedStore::disk_bytes() const {
+  uint64_t bytes = 0;
+  for (size_t b : record_bytes_) bytes += 2 * VersionedSlotBytes(b);
+  return bytes;
+}
+
 VersionedStoreStats VersionedStore::stats() const {
   std::lock_guard lock(mu_);
   return stats_;

@@ -98,6 +98,8 @@ class VersionedStore {
   VersionedStoreStats stats() const;
   // Host bytes of the staging buffers.
   size_t staging_bytes() const { return staging_.size(); }
+  // Bytes of the files on disk: two slots of every record.
+  uint64_t disk_bytes() const;
 
   // Starts reading record r's committed version into a free staging buffer; does nothing when it
   // is already staged or no buffer is free (a bounded read-ahead, never an error).

@@ -102,6 +102,8 @@ void ForEachJobOption(Job& job, Visit&& visit) {
   visit("threads", job.threads);
   visit("devices", job.devices);
   visit("dtype", job.dtype);
+  visit("host_memory", job.host_memory);
+  visit("nvme_dir", job.nvme_dir);
   visit("out", job.out);
   visit("save_every", job.save_every);
   visit("keep_checkpoints", job.keep_checkpoints);
@@ -152,6 +154,11 @@ Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
   if (job.devices < 1 || job.devices > 64) return Bad("--devices must lie in [1, 64]");
   if (job.dtype != "f32" && job.dtype != "bf16") {
     return Bad("--dtype '" + job.dtype + "': use f32 (the exact reference) or bf16");
+  }
+  if (job.devices <= 1 && (!job.host_memory.empty() || !job.nvme_dir.empty())) {
+    return Bad(
+        "--host-memory and --nvme-dir are budgets of a plan: give --devices N (N > 1); "
+        "one device runs without one");
   }
   if (job.out.empty()) return Bad("--out must name a folder");
   if (job.save_every < 0) return Bad("--save-every must be 0 (only at the end) or more");

@@ -55,6 +55,11 @@ struct JobSpec {
   // reference, or "bf16" (bf16 weights and activations, bf16 GEMMs with fp32 accumulation where
   // the CPU has them; master weights, gradients and optimizer state stay fp32).
   std::string dtype = "f32";
+  // Budgets the plan of --devices N > 1 obeys (engine/train/training_runner.h): the host RAM it may
+  // use ("2GiB"; empty: physical RAM) and a folder on an NVMe drive for what it puts there
+  // (empty: no NVMe tier). Today only optimizer state runs from NVMe.
+  std::string host_memory;
+  std::string nvme_dir;
   std::string out = "ferry-run";  // run folder (created)
   // Checkpoints (engine/train/checkpoint.h): every `save_every` updates (0: only at the end and
   // on SIGINT/SIGTERM), the newest `keep_checkpoints` kept, tensor files zstd-compressed when

@@ -55,6 +55,9 @@ TEST(JobSpecTest, RefusesImpossibleSizes) {
   ExpectRefused(with([](JobSpec& j) { j.data = "x.jsonl", j.long_examples = "drop"; }),
                 "--long-examples");
   ExpectRefused(with([](JobSpec& j) { j.devices = 0; }), "--devices");
+  // Budgets are a plan's: one device has none.
+  ExpectRefused(with([](JobSpec& j) { j.nvme_dir = "/nvme"; }), "--nvme-dir");
+  ExpectRefused(with([](JobSpec& j) { j.host_memory = "1GiB"; }), "--devices N");
   // Validation on several devices is accepted (it runs forward only through the executor).
   EXPECT_TRUE(ValidateJobSpec(
                   with([](JobSpec& j) { j.data = "x.jsonl", j.val_fraction = 0.1, j.devices = 2; }),
@@ -118,6 +121,8 @@ JobSpec EveryOptionSet() {
   job.threads = 2;
   job.devices = 3;
   job.dtype = "bf16";
+  job.host_memory = "2GiB";
+  job.nvme_dir = "/mnt/nvme";
   job.out = "somewhere";
   job.save_every = 5;
   job.keep_checkpoints = 2;

@@ -432,8 +432,10 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
   const int blocks = int(model.num_layers);
   const std::vector<Tier> tiers =
       hw.HasNvme() ? std::vector<Tier>{Tier::kHost, Tier::kNvme} : std::vector<Tier>{Tier::kHost};
-  const std::vector<Tier> frozen_tiers =
-      job.lora.enabled() ? tiers : std::vector<Tier>{Tier::kHost};
+  const std::vector<Tier> host_only{Tier::kHost};
+  const std::vector<Tier>& activation_tiers = job.nvme_optimizer_only ? host_only : tiers;
+  const std::vector<Tier>& frozen_tiers =
+      job.lora.enabled() && !job.nvme_optimizer_only ? tiers : host_only;
 
   PlanOutcome outcome;
   bool have = false;
@@ -454,7 +456,7 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
         if (std::find(seen.begin(), seen.end(), k.recompute) != seen.end()) continue;
         seen.push_back(k.recompute);
         std::optional<Timing> timing;  // simulated once per (m, stages, policy)
-        for (Tier act : tiers) {
+        for (Tier act : activation_tiers) {
           for (Tier opt : tiers) {
             for (Tier frozen : frozen_tiers) {
               k.activations = act;

@@ -61,6 +61,9 @@ struct PlanJob {
   // Forward only (evaluation): the memory model's forward-only map (memory_model.h); the
   // predicted times still price a training step.
   bool forward_only = false;
+  // Only optimizer state may go on NVMe (what `ferry train` runs today: the executor refuses
+  // saved activations and frozen weights there), so no plan it must refuse is chosen.
+  bool nvme_optimizer_only = false;
 };
 
 // The `--dtype` name of fp16 with fp16 accumulation.

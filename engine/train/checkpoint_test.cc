@@ -7,12 +7,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "engine/json.h"
 #include "engine/model/safetensors.h"
 #include "engine/testing/golden_files.h"
 #include "engine/train/run_training.h"
 #include "engine/train/stop_signals.h"
+#include "engine/train/training_runner.h"
 
 namespace ferry {
 namespace {
@@ -122,6 +124,52 @@ TEST_F(CheckpointTest, ResumeMatchesStraightRunLoraCompressed) {
     EXPECT_EQ(c->exp_avg_sq.tensors.at(name).size(), values.size());
   }
   EXPECT_EQ(c->step, 6);
+}
+
+// --devices 2 with a host budget one that keeps the optimizer state in RAM does not fit: the plan
+// puts it on NVMe (--nvme-dir), the run keeps it there, and it trains as the RAM run does, bit for
+// bit, stopped and resumed (the store rebuilt from the checkpoint) as straight through.
+TEST_F(CheckpointTest, ResumeMatchesStraightRunWithOptimizerStateOnNvme) {
+  const std::string nvme = dir_ + "/nvme";
+  fs::create_directories(nvme);
+  JobSpec ram = Job("ram", 6, false);
+  ram.devices = 2;
+  ram.micro_batches = 2;
+  // The largest host budget whose plan puts optimizer state on NVMe, searched down from the
+  // all-in-RAM plan's host total.
+  Result<TrainingRunner> all_ram = CreateTrainingRunner(ram, TinyLlamaPreset(), 2);
+  ASSERT_TRUE(all_ram.ok()) << all_ram.status().ToString();
+  ASSERT_EQ(all_ram->plan->optimizer_state, Tier::kHost);
+  EXPECT_TRUE(all_ram->optimizer_nvme_dir.empty());
+  const uint64_t host =
+      all_ram->plan->memory.pinned_host.total() + all_ram->plan->memory.pageable_host.total();
+  JobSpec straight = Job("straight", 6, false);
+  straight.devices = 2;
+  straight.micro_batches = 2;
+  straight.nvme_dir = nvme;
+  std::optional<plan::Plan> planned;
+  for (uint64_t budget = host - 4096; budget > host / 4 && !planned; budget -= 4096) {
+    straight.host_memory = std::to_string(budget);
+    Result<TrainingRunner> t = CreateTrainingRunner(straight, TinyLlamaPreset(), 2);
+    if (t.ok() && t->plan->optimizer_state == Tier::kNvme) {
+      EXPECT_EQ(t->optimizer_nvme_dir, nvme + "/straight.optimizer-state");
+      EXPECT_EQ(t->plan->activations, Tier::kHost);  // the one NVMe tier `ferry train` runs
+      planned = t->plan;
+    }
+  }
+  ASSERT_TRUE(planned) << "no host budget below " << host << " puts optimizer state on NVMe";
+  JobSpec stopped = straight;
+  stopped.out = dir_ + "/stopped";
+  ExpectResumeEqualsStraight(this, straight, stopped);
+  ASSERT_TRUE(Run(ram).ok());
+  const auto a = Losses(ram.out), b = Losses(straight.out);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (size_t c = 0; c < 3; ++c) EXPECT_EQ(a[i][c], b[i][c]) << "step " << i + 1 << " col " << c;
+  }
+  EXPECT_TRUE(Tensors(ram.out + "/model.safetensors") ==
+              Tensors(straight.out + "/model.safetensors"));
+  EXPECT_TRUE(fs::exists(nvme + "/straight.optimizer-state/record-00000.slots"));
 }
 
 TEST_F(CheckpointTest, KeepsNewestAndPointsLatestAtIt) {

@@ -86,8 +86,15 @@ std::string MeasuredVsPredicted(const plan::Plan& plan, const MeasuredRun& run) 
             "planned " + FormatByteSize(pinned + pageable) + " (pinned " + FormatByteSize(pinned) +
                 " + pageable " + FormatByteSize(pageable) + ")");
   if (const uint64_t nvme = plan.memory.nvme.total(); nvme > 0) {
-    table.Add("NVMe", "none (the executor keeps every tier in RAM)",
+    table.Add("NVMe",
+              run.nvme_bytes == 0 ? std::string("none")
+                                  : FormatByteSize(run.nvme_bytes) + " (optimizer state)",
               "planned " + FormatByteSize(nvme));
+    table.Add("NVMe/step",
+              FormatByteSize(uint64_t(run.nvme_read_per_step)) + " read, " +
+                  FormatByteSize(uint64_t(run.nvme_written_per_step)) + " written",
+              "planned " + FormatByteSize(uint64_t(plan.nvme_read_bytes)) + " read, " +
+                  FormatByteSize(uint64_t(plan.nvme_write_bytes)) + " written");
   }
   return head + table.Text();
 }

@@ -24,6 +24,10 @@ struct MeasuredRun {
   };
   std::vector<Device> devices;
   uint64_t host_peak_bytes = 0;  // the process's peak resident set; 0: unknown
+  // Optimizer state on NVMe (the trainer's VersionedStore): the space its files take, and the
+  // bytes it read and wrote over the run's steps, per step (checkpoints' reads left out).
+  uint64_t nvme_bytes = 0;
+  double nvme_read_per_step = 0, nvme_written_per_step = 0;
 };
 
 // Lines like (`ferry train --devices 2 --steps 3` on two shared cores)
@@ -33,6 +37,9 @@ struct MeasuredRun {
 //     cpu1 peak  83.30 MiB (arena)                                              planned 83.30 MiB
 //     host peak  476.87 MiB (process RSS; 166.60 MiB of it device arenas)       planned 138.04 MiB
 //                                    ... (pinned 112.48 MiB + pageable 25.56 MiB)  [one line]
+//     NVMe       38.36 MiB (optimizer state)                               planned 38.36 MiB
+//     NVMe/step  19.18 MiB read, 19.18 MiB written                         planned 19.18 MiB each
+//   (the NVMe rows only when the plan puts bytes there)
 // each ending in '\n'. The step time is the median over the steps after the first (which also
 // creates what later steps reuse) when there are several.
 std::string MeasuredVsPredicted(const plan::Plan& plan, const MeasuredRun& run);

@@ -43,6 +43,21 @@ TEST(RunReport, ComparesSteadyStepsAndEveryTierWithThePlan) {
             std::string::npos);
 }
 
+// Optimizer state on NVMe: its space and its bytes per step, each against the plan's.
+TEST(RunReport, NvmeRowsCompareSpaceAndBytesPerStepWithThePlan) {
+  plan::Plan p = TwoDevicePlan();
+  p.memory.nvme.allocations = {{"optimizer.slots", 16384}};
+  p.nvme_read_bytes = p.nvme_write_bytes = 8192;
+  MeasuredRun run;
+  run.step_seconds = {0.1};
+  run.nvme_bytes = 16384;
+  run.nvme_read_per_step = run.nvme_written_per_step = 8192;
+  const std::string text = MeasuredVsPredicted(p, run);
+  EXPECT_NE(text.find("16.00 KiB (optimizer state)"), std::string::npos) << text;
+  EXPECT_NE(text.find("8.00 KiB read, 8.00 KiB written"), std::string::npos) << text;
+  EXPECT_NE(text.find("planned 8.00 KiB read, 8.00 KiB written"), std::string::npos) << text;
+}
+
 TEST(RunReport, PeakResidentBytesIsThisProcesss) {
   Result<uint64_t> rss = PeakResidentBytes();
   ASSERT_TRUE(rss.ok()) << rss.status().ToString();

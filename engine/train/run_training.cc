@@ -23,6 +23,7 @@
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/onednn.h"
 #include "offload/file_io.h"
+#include "offload/versioned_store.h"
 
 namespace ferry {
 
@@ -69,7 +70,8 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
                                    .stale_updates = job.stale_updates};
   FERRY_ASSIGN_OR_RETURN(
       std::unique_ptr<Trainer> trainer,
-      Trainer::Create(runner, std::move(layers), std::move(weights), optimizer, &optimizer_pool));
+      Trainer::Create(runner, std::move(layers), std::move(weights), optimizer, &optimizer_pool,
+                      {.nvme_dir = devices.optimizer_nvme_dir}));
   trainer->set_trace(devices.trace.get());
   if (resumed) {
     FERRY_RETURN_IF_ERROR(
@@ -85,10 +87,15 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
                                                std::fprintf(stderr, "ferry train: warning: %s\n",
                                                             w.c_str());
                                              }};
+  uint64_t nvme_checkpoint_reads = 0;  // optimizer state read back from NVMe for checkpoints
   auto save_checkpoint = [&](double elapsed) -> Result<std::string> {
     meta.elapsed_s = elapsed;
     FERRY_RETURN_IF_ERROR(trainer->FinishUpdates());  // the last step's may still be pending
-    return SaveCheckpoint(job.out, *trainer, meta, checkpoint_options);
+    const VersionedStore* store = trainer->state_store();
+    const uint64_t read_before = store != nullptr ? store->stats().bytes_read : 0;
+    Result<std::string> saved = SaveCheckpoint(job.out, *trainer, meta, checkpoint_options);
+    if (store != nullptr) nvme_checkpoint_reads += store->stats().bytes_read - read_before;
+    return saved;
   };
 
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<TrainingData> data, TrainingData::Load(job, model));
@@ -115,6 +122,10 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
   ProgressBar progress(stderr, ::isatty(::fileno(stderr)) != 0,
                        std::max<int64_t>(1, job.steps / 20));
   MeasuredRun measured;
+  // NVMe traffic of the steps this run makes (not of creating or rebuilding the store).
+  const int64_t steps_at_start = trainer->steps_done();
+  const VersionedStoreStats nvme_at_start =
+      trainer->state_store() != nullptr ? trainer->state_store()->stats() : VersionedStoreStats{};
   measured.step_seconds.reserve(size_t(std::max<int64_t>(job.steps, 0)));
   // A pipeline run ends with what it measured against its plan, and the trace when asked for.
   auto report = [&]() -> Status {
@@ -124,6 +135,16 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
     }
     const Result<uint64_t> rss = PeakResidentBytes();
     measured.host_peak_bytes = rss.ok() ? *rss : 0;
+    if (const VersionedStore* store = trainer->state_store(); store != nullptr) {
+      FERRY_RETURN_IF_ERROR(trainer->FinishUpdates());  // the last step's traffic, when deferred
+      const VersionedStoreStats now = store->stats();
+      const double steps = double(std::max<int64_t>(1, trainer->steps_done() - steps_at_start));
+      measured.nvme_bytes = store->disk_bytes();
+      measured.nvme_read_per_step =
+          double(now.bytes_read - nvme_at_start.bytes_read - nvme_checkpoint_reads) / steps;
+      measured.nvme_written_per_step =
+          double(now.bytes_written - nvme_at_start.bytes_written) / steps;
+    }
     std::fprintf(stderr, "ferry train: %s", MeasuredVsPredicted(*devices.plan, measured).c_str());
     if (devices.trace == nullptr) return Status::Ok();
     FERRY_RETURN_IF_ERROR(WriteTextFile(control.trace, devices.trace->ChromeTraceJson())

@@ -2,9 +2,12 @@
 
 #include <unistd.h>
 
+#include <filesystem>
+
 #include "engine/exec/pipeline_runner.h"
 #include "engine/plan/planner.h"
 #include "kernels/arena.h"
+#include "offload/file_io.h"
 
 namespace ferry {
 
@@ -57,6 +60,19 @@ uint64_t WholeModelBytes(const JobSpec& job, const ModelConfig& model, int threa
 
 namespace {
 
+// --host-memory and --nvme-dir (all its free space) on the CPU devices' profile.
+Status ApplyJobBudgets(const JobSpec& job, plan::HardwareProfile& hw) {
+  std::string space;
+  if (!job.nvme_dir.empty()) {
+    Result<uint64_t> free = FreeSpace(job.nvme_dir);
+    if (!free.ok()) return free.status().WithContext("--nvme-dir");
+    space = std::to_string(*free);
+  }
+  FERRY_ASSIGN_OR_RETURN(plan::BudgetOverrides o,
+                         plan::ParseBudgetOverrides("", job.host_memory, job.nvme_dir, space));
+  return plan::ApplyBudgetOverrides(o, hw);
+}
+
 // The plan of a --devices N job on N CPU devices.
 Result<plan::Plan> PlanCpuDevices(const JobSpec& job, const ModelConfig& model, int threads,
                                   bool forward_only) {
@@ -72,13 +88,13 @@ Result<plan::Plan> PlanCpuDevices(const JobSpec& job, const ModelConfig& model, 
   // its compute needs, so streaming stages would only add work.
   if (job.devices == 1) pj.max_stages = 1;
   pj.scratch = {.cuda = false, .cpu_threads = threads};
+  pj.nvme_optimizer_only = true;  // the one NVMe tier the executor and trainer honour
   // A stage never needs more than the whole model on one device: that bounds the budget.
-  FERRY_ASSIGN_OR_RETURN(
-      plan::PlanOutcome outcome,
-      plan::MakePlan(
-          job.model, model, pj,
-          CpuDevicesProfile(int(job.devices), WholeModelBytes(job, model, threads, forward_only)),
-          /*suggest=*/false));
+  plan::HardwareProfile hw =
+      CpuDevicesProfile(int(job.devices), WholeModelBytes(job, model, threads, forward_only));
+  FERRY_RETURN_IF_ERROR(ApplyJobBudgets(job, hw));
+  FERRY_ASSIGN_OR_RETURN(plan::PlanOutcome outcome,
+                         plan::MakePlan(job.model, model, pj, hw, /*suggest=*/false));
   if (!outcome.feasible) {
     return Status::InvalidArgument("no plan fits " + std::to_string(job.devices) + " CPU device" +
                                    (job.devices == 1 ? "" : "s") + ": " + outcome.binding);
@@ -94,6 +110,12 @@ Result<plan::Plan> PlanCpuDevices(const JobSpec& job, const ModelConfig& model, 
 }
 
 }  // namespace
+
+std::string OptimizerStateDir(const JobSpec& job) {
+  std::string run = std::filesystem::path(job.out).lexically_normal().filename().string();
+  if (run.empty() || run == "." || run == "..") run = "run";
+  return job.nvme_dir + "/" + run + ".optimizer-state";
+}
 
 uint64_t TrainingDevicesBytes(const JobSpec& job, const ModelConfig& model, int threads,
                               bool forward_only) {
@@ -118,10 +140,15 @@ Result<TrainingRunner> CreateTrainingRunner(const JobSpec& job, const ModelConfi
   }
   if (trace) t.trace = std::make_unique<exec::TraceRecorder>(p, job.steps);
   FERRY_ASSIGN_OR_RETURN(t.runner, exec::CreatePipelineRunner(raw, model, p, t.trace.get()));
-  t.summary = std::to_string(job.devices) + " CPU device" + (job.devices == 1 ? "" : "s") + ", " +
-              std::to_string(p.stages.size()) + " stage" + (p.stages.size() == 1 ? "" : "s") +
-              ", activations " + p.activation_policy + ", " + FormatBytes(p.memory.gpu.total()) +
-              " per device";
+  t.summary =
+      std::to_string(job.devices) + " CPU device" + (job.devices == 1 ? "" : "s") + ", " +
+      std::to_string(p.stages.size()) + " stage" + (p.stages.size() == 1 ? "" : "s") +
+      ", activations " + p.activation_policy + ", " + FormatBytes(p.memory.gpu.total()) +
+      " per device" +
+      (p.optimizer_state == Tier::kNvme ? ", optimizer state on NVMe in " + OptimizerStateDir(job) +
+                                              " (" + FormatBytes(p.memory.nvme.total()) + ")"
+                                        : "");
+  if (p.optimizer_state == Tier::kNvme) t.optimizer_nvme_dir = OptimizerStateDir(job);
   t.plan = p;
   return t;
 }

@@ -7,6 +7,9 @@
 // bounds the budget).
 // With `trace`, the pipeline records what its devices ran into a TraceRecorder
 // (engine/exec/trace_recorder.h).
+// The profile's host RAM is --host-memory (else physical RAM) and its NVMe the free space of
+// --nvme-dir (else none); the plan may put optimizer state there (only that: PlanJob::
+// nvme_optimizer_only), and then optimizer_nvme_dir tells the Trainer where.
 //
 // Ownership: TrainingRunner owns its devices, the trace and the runner (declared after them, so
 // destroyed first). Thread-safety: one host thread at a time.
@@ -34,7 +37,14 @@ struct TrainingRunner {
   std::unique_ptr<exec::TraceRecorder> trace;  // when asked for: what the pipeline ran
   std::unique_ptr<ModelRunner> runner;
   std::string summary;  // one line for the log: devices, stages, bytes per device
+  // When the plan puts optimizer state on NVMe: the folder the Trainer keeps it in
+  // (OptimizerStateDir); empty: host RAM.
+  std::string optimizer_nvme_dir;
 };
+
+// Where a run keeps optimizer state the plan puts on NVMe: "<nvme_dir>/<run folder name>
+// .optimizer-state" (a resume rebuilds it from the checkpoint).
+std::string OptimizerStateDir(const JobSpec& job);
 
 // A hardware profile for `count` CPU devices of `device_bytes` each (rates are nominal: they only
 // steer the partition; host RAM is this machine's).
