@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -121,21 +122,25 @@ class FaultyEnv : public IoEnv {
   int faults_ = 0;           // guarded by mu_
 };
 
-// Writes the first half of the `fail_at`-th write whole and then fails it: a kill -9 (or power
-// loss) in the middle of a slot's write, as the disk sees it.
+// Writes the first half of the `fail_at`-th write whole and then fails it with EIO, or, with
+// `kill_process`, kills this process (SIGKILL) right there: a kill -9 (or power loss) in the
+// middle of a write, as the disk sees it.
 class TornWriteEnv : public IoEnv {
  public:
-  explicit TornWriteEnv(int fail_at) : left_(fail_at) {}
+  explicit TornWriteEnv(int fail_at, bool kill_process = false)
+      : left_(fail_at), kill_(kill_process) {}
   int writes_left() const { return left_.load(); }
   ssize_t Pwrite(int fd, const void* buf, size_t len, off_t offset) override {
     if (left_.fetch_sub(1) != 1) return IoEnv::Pwrite(fd, buf, len, offset);
     const size_t half = len / 2 / 4096 * 4096;
     if (half > 0) (void)IoEnv::Pwrite(fd, buf, half, offset);
+    if (kill_) ::kill(::getpid(), SIGKILL);
     return -EIO;
   }
 
  private:
   std::atomic<int> left_;
+  bool kill_;
 };
 
 // Whether io_uring can be used here at all (a ring can be created).

@@ -11,6 +11,8 @@
 #include "engine/exec/pipeline_executor.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -1452,11 +1454,16 @@ INSTANTIATE_TEST_SUITE_P(Cases, NvmeOptimizerTest,
                                   (i.param.grad_clip > 0 ? "_clip" : "_noclip");
                          });
 
-// A write torn in the middle of step 3's updates (as a kill -9 or power loss leaves it) stops
-// the run with an error naming the layer; reopened, every layer is wholly at step 2 or 3 (its
-// master weights and both moments those of the uninterrupted run at that step), and a run resumed
-// from the step-2 state repeats the uninterrupted run bit for bit.
-TEST(NvmeOptimizerCrashTest, ATornWriteLeavesEveryLayerWholeAndResumeRepeatsTheRun) {
+// A write torn in the middle of step 3's updates, after two layers committed step 3: either the
+// write fails (EIO: the step stops with an error naming the layer) or the process is killed with
+// SIGKILL halfway through the write (a child process, forked before it makes any thread).
+// Reopened, every layer is wholly at step 2 or 3 (its master weights and both moments those of
+// the uninterrupted run at that step), and a run resumed from the step-2 state repeats the
+// uninterrupted run bit for bit.
+class NvmeOptimizerCrashTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(NvmeOptimizerCrashTest, ATornWriteLeavesEveryLayerWholeAndResumeRepeatsTheRun) {
+  const bool kill9 = GetParam();
   ferry::testing::TempDir dir;
   if (dir.path().empty()) GTEST_SKIP() << "could not create a temporary directory";
   const Model m = LoadModel("llama");
@@ -1482,6 +1489,43 @@ TEST(NvmeOptimizerCrashTest, ATornWriteLeavesEveryLayerWholeAndResumeRepeatsTheR
     return {std::move(*pipe), std::move(*t)};
   };
 
+  // The crashing run: creating the store writes one slot per record, each step one per record;
+  // the third write of step 3 tears.
+  const int n = int(records.size());
+  ferry::testing::TornWriteEnv torn(n + 2 * n + 3, kill9);
+  OptimizerStateOptions so{.nvme_dir = dir.path() + "/optim", .env = &torn};
+  auto crash = [&]() -> Status {  // returns only when the write fails without killing
+    std::vector<std::unique_ptr<CpuDevice>> d;
+    auto [runner, t] = make(d, w, so);
+    if (!t) return Status::Internal("no trainer");
+    for (int k = 0; k < 2; ++k) FERRY_RETURN_IF_ERROR(t->Step(steps[size_t(k)]).status());
+    Result<StepStats> st = t->Step(steps[2]);
+    return st.ok() ? Status::Internal("step 3 did not fail") : st.status();
+  };
+  if (kill9) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      (void)crash();
+      ::_exit(3);  // reached only if the kill did not come
+    }
+    int wstatus = 0;
+    for (int waited_ms = 0; ::waitpid(pid, &wstatus, WNOHANG) == 0; waited_ms += 10) {
+      if (waited_ms > 60000) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &wstatus, 0);
+        FAIL() << "the training child did not reach the torn write in 60 s";
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL) << "status " << wstatus;
+  } else {
+    const Status st = crash();
+    EXPECT_EQ(st.code(), StatusCode::kIOError) << st.ToString();
+    EXPECT_NE(st.message().find("(optimizer state on NVMe)"), std::string::npos) << st.ToString();
+    EXPECT_NE(st.message().find("layer 3"), std::string::npos) << st.ToString();
+  }  // the process dies here
+
   // The uninterrupted run, in RAM: the state after each step.
   std::vector<OptimizerSnapshot> at;
   std::vector<double> losses;
@@ -1497,24 +1541,6 @@ TEST(NvmeOptimizerCrashTest, ATornWriteLeavesEveryLayerWholeAndResumeRepeatsTheR
       at.push_back(Snapshot(*t));
     }
   }
-
-  // The crashing run: creating the store writes one slot per record, each step one per record;
-  // the third write of step 3 tears.
-  const int n = int(records.size());
-  ferry::testing::TornWriteEnv torn(n + 2 * n + 3);
-  OptimizerStateOptions so{.nvme_dir = dir.path() + "/optim", .env = &torn};
-  {
-    std::vector<std::unique_ptr<CpuDevice>> d;
-    auto [runner, t] = make(d, w, so);
-    ASSERT_TRUE(t);
-    for (int k = 0; k < 2; ++k) ASSERT_TRUE(t->Step(steps[size_t(k)]).ok());
-    Result<StepStats> st = t->Step(steps[2]);
-    ASSERT_FALSE(st.ok());
-    EXPECT_EQ(st.status().code(), StatusCode::kIOError);
-    EXPECT_NE(st.status().message().find("(optimizer state on NVMe)"), std::string::npos)
-        << st.status().ToString();
-    EXPECT_NE(st.status().message().find("layer "), std::string::npos) << st.status().ToString();
-  }  // the process dies here
 
   std::vector<size_t> bytes;
   for (const auto& ps : records) {
@@ -1559,6 +1585,11 @@ TEST(NvmeOptimizerCrashTest, ATornWriteLeavesEveryLayerWholeAndResumeRepeatsTheR
   }
   ExpectSameState(Snapshot(*t), at[kSteps], "resumed");
 }
+
+INSTANTIATE_TEST_SUITE_P(Crashes, NvmeOptimizerCrashTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "KilledMidWrite" : "WriteFails";
+                         });
 
 // An EIO on an optimizer-state read stops the step with an error naming the layer (no hang).
 TEST(NvmeOptimizerFaultTest, AReadErrorStopsTheRunNamingTheLayer) {
