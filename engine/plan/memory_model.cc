@@ -280,10 +280,15 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   ParamCounts params;
   uint64_t embedding_frozen_copy = 0;
   uint64_t optimizer_slots = 0;  // two versioned slots per layer with trainable parameters
+  uint64_t largest_slot = 0;
   for (int i = 0; i <= head; ++i) {
     const LayerSpec& l = layers[size_t(i)];
     const ParamCounts c = CountParams(l);
-    if (c.trainable > 0) optimizer_slots += 2 * VersionedSlotBytes(3 * c.trainable * kF32);
+    if (c.trainable > 0) {
+      const uint64_t slot = VersionedSlotBytes(3 * c.trainable * kF32);
+      optimizer_slots += 2 * slot;
+      largest_slot = std::max(largest_slot, slot);
+    }
     params.trainable += c.trainable;
     params.frozen += c.frozen;
     for (const ParamSpec& p : l.params) {
@@ -344,10 +349,9 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     Add(e.pageable_host, "optimizer.master", master, P);
     Add(e.pageable_host, "optimizer.moments", 2 * master, P);
   }
-  // With optimizer state on NVMe the update streams it through two stage-sized
-  // buffers (read the next stage's master and moments while updating this
-  // one's).
-  if (in.optimizer_on_nvme) Add(e.pageable_host, "optimizer.staging", 2 * 3 * stage_grads, P);
+  // With optimizer state on NVMe the update streams it through two staging buffers of the
+  // largest layer's slot (VersionedStore: one layer updated while the next one is read).
+  if (in.optimizer_on_nvme) Add(e.pageable_host, "optimizer.staging", 2 * largest_slot, P);
   Add(e.pageable_host, "grads.update", master, P);
   Add(e.pageable_host, "weights.embedding", embedding_frozen_copy, P);
   return e;

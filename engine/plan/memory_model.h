@@ -67,8 +67,8 @@
 //            rope.inv_freq: RoPE's table (models without learned positions), uploaded once.
 //   pageable optimizer.master fp32 trainable weights, grads.update (fp32 gradients for the
 //            update), optimizer.moments (2 x fp32) for trainable parameters only; optimizer state
-//            can move to NVMe (optimizer.slots below), then optimizer.staging (two stages'
-//            master + moments) streams it;
+//            can move to NVMe (optimizer.slots below), then optimizer.staging (two buffers of
+//            the largest layer's slot: one layer updated while the next is read) streams it;
 //            weights.embedding: a frozen, untied embedding's compute-dtype copy (the gather runs
 //            on the host).
 // NVMe (4096-byte blocks): whichever groups the plan places there (weights.frozen,

@@ -143,12 +143,22 @@ const HostTensors& Trainer::weights() const {
   RequireNoPending("weights");
   return weights_;
 }
+void Trainer::RequireStateInRam(const char* what) const {
+  if (store_ == nullptr) return;
+  std::fprintf(stderr,
+               "ferry: Trainer::%s read with the optimizer state on NVMe: call "
+               "ReadOptimizerState\n",
+               what);
+  std::abort();
+}
 std::span<const float> Trainer::exp_avg(const std::string& name) const {
   RequireNoPending("exp_avg");
+  RequireStateInRam("exp_avg");
   return state_.at(name).m;
 }
 std::span<const float> Trainer::exp_avg_sq(const std::string& name) const {
   RequireNoPending("exp_avg_sq");
+  RequireStateInRam("exp_avg_sq");
   return state_.at(name).v;
 }
 

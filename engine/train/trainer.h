@@ -141,7 +141,7 @@ class Trainer {
   // REQUIRES (for these three): !updates_pending() (checked: aborts naming FinishUpdates).
   const HostTensors& weights() const;
   const std::vector<LayerSpec>& layers() const { return layers_; }
-  // Bytes of AdamW state (m and v) held: 8 per trainable element.
+  // Bytes of AdamW state (m and v) held in RAM: 8 per trainable element (0 with it on NVMe).
   size_t optimizer_state_bytes() const;
   bool has_optimizer_state(const std::string& name) const { return state_.count(name) != 0; }
   // Trainable storage-owning parameter names, in layer order.
@@ -197,6 +197,7 @@ class Trainer {
   // Takes order_[k]'s sum of squares (and, without clipping, updates it at `u`).
   Status Land(size_t k, const Update& u);
   void RequireNoPending(const char* what) const;
+  void RequireStateInRam(const char* what) const;         // aborts naming ReadOptimizerState
   Status CheckLayers(int64_t first, int64_t last) const;  // a StepHooks range
 
   ModelRunner* runner_;  // not owned
