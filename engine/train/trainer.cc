@@ -144,7 +144,7 @@ const HostTensors& Trainer::weights() const {
   return weights_;
 }
 void Trainer::RequireStateInRam(const char* what) const {
-  if (store_ == nullptr) return;
+  if (!on_nvme()) return;
   std::fprintf(stderr,
                "ferry: Trainer::%s read with the optimizer state on NVMe: call "
                "ReadOptimizerState\n",
@@ -166,12 +166,13 @@ Status Trainer::ReadOptimizerState(const std::string& name, std::vector<float>* 
                                    std::vector<float>* exp_avg_sq) const {
   RequireNoPending("ReadOptimizerState");
   const State& s = state_.at(name);
-  if (store_ == nullptr) {
+  if (!on_nvme()) {
     *exp_avg = s.m;
     *exp_avg_sq = s.v;
     return Status::Ok();
   }
   const size_t g = record_of_[s.index];
+  FERRY_RETURN_IF_ERROR(RequireStore());
   Result<std::span<std::byte>> record = store_->Acquire(g);
   if (!record.ok()) {
     return record.status().WithContext("layer " + std::to_string(record_layer_[g]) +
@@ -193,6 +194,7 @@ Status Trainer::Apply(size_t k, const Update& u) {
 Status Trainer::ApplyRecord(size_t g, const Update& u) {
   const std::string where =
       "layer " + std::to_string(record_layer_[g]) + " (optimizer state on NVMe)";
+  FERRY_RETURN_IF_ERROR(RequireStore());
   Result<std::span<std::byte>> record = store_->Acquire(g);
   if (!record.ok()) return record.status().WithContext(where);
   // Read the next record in update order while this one is updated.
@@ -213,8 +215,15 @@ Status Trainer::ApplyRecord(size_t g, const Update& u) {
   return store_->Commit(g, u.step).WithContext(where);
 }
 
+Status Trainer::RequireStore() const {
+  if (store_ != nullptr) return Status::Ok();
+  return Status::FailedPrecondition(
+      "optimizer state on NVMe: its store could not be (re)created, so the state is lost; "
+      "resume from a checkpoint");
+}
+
 Status Trainer::ApplyAndClear(size_t k, const Update& u) {
-  if (store_ == nullptr) {
+  if (!on_nvme()) {
     FERRY_RETURN_IF_ERROR(Apply(k, u));
     pending_[k] = 0;
     --pending_count_;
@@ -236,7 +245,7 @@ Status Trainer::LandLayer(size_t l, const Update& u) {
     landed_now = true;
   }
   const bool immediate = options_.grad_clip == 0 && !options_.stale_updates;
-  if (store_ == nullptr || !landed_now || !immediate) return Status::Ok();
+  if (!on_nvme() || !landed_now || !immediate) return Status::Ok();
   return ApplyRecord(record_of_[lands_[l].front()], u);
 }
 
@@ -287,7 +296,7 @@ Status Trainer::Land(size_t k, const Update& u) {
   sum_sq_[k] = kernel_.SumOfSquares(g.data(), DType::kF32, int64_t(g.size()), pool_);
   landed_[k] = 1;
   // On NVMe the layer's record is updated whole once all of it landed (LandLayer).
-  if (options_.grad_clip > 0 || options_.stale_updates || store_ != nullptr) return Status::Ok();
+  if (options_.grad_clip > 0 || options_.stale_updates || on_nvme()) return Status::Ok();
   return Apply(k, u);
 }
 
@@ -305,7 +314,7 @@ Status Trainer::RestoreOptimizer(int64_t steps_done, const HostTensors& exp_avg,
       }
     }
   }
-  if (store_ != nullptr) {  // resume rebuilds the store from the checkpoint
+  if (on_nvme()) {  // resume rebuilds the store from the checkpoint
     FERRY_RETURN_IF_ERROR(CreateStore(steps_done, &exp_avg, &exp_avg_sq));
   } else {
     for (auto& [name, s] : state_) {

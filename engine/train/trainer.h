@@ -197,7 +197,10 @@ class Trainer {
   // Takes order_[k]'s sum of squares (and, without clipping, updates it at `u`).
   Status Land(size_t k, const Update& u);
   void RequireNoPending(const char* what) const;
-  void RequireStateInRam(const char* what) const;         // aborts naming ReadOptimizerState
+  void RequireStateInRam(const char* what) const;  // aborts naming ReadOptimizerState
+  bool on_nvme() const { return !state_options_.nvme_dir.empty(); }
+  // FailedPrecondition when the state is on NVMe but a failed CreateStore left no store.
+  Status RequireStore() const;
   Status CheckLayers(int64_t first, int64_t last) const;  // a StepHooks range
 
   ModelRunner* runner_;  // not owned
