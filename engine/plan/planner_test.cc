@@ -299,7 +299,8 @@ TEST(Planner, SuggestionsForTooLittleHostMemoryEachFit) {
   // About 850k parameters: the fp32 master, update gradients and two moments
   // (16 B per parameter, 13.6 MB) and the pinned buffers exceed this; with
   // optimizer state on NVMe the update gradients (3.4 MB), its staging (two
-  // stages' master and moments, 3.5 MB) and the pinned buffers do not.
+  // slots of the largest layer's master and moments) and the pinned buffers do
+  // not.
   h.host.ram_usable_bytes = 12u << 20;
   Result<PlanOutcome> r = MakePlan("small", m, job, h);
   ASSERT_TRUE(r.ok());
@@ -325,6 +326,43 @@ TEST(Planner, SuggestionsForTooLittleHostMemoryEachFit) {
   }
   EXPECT_TRUE(more_ram);
   EXPECT_TRUE(nvme) << OutcomeSummary(*r);  // optimizer state moves to the NVMe directory
+}
+
+// `ferry train` runs only optimizer state from NVMe: with nvme_optimizer_only no budget gets a
+// plan with saved activations or frozen weights there (which the executor would refuse), though
+// without it some budgets do (so the check is not moot).
+TEST(Planner, NvmeOptimizerOnlyKeepsActivationsAndFrozenWeightsInRam) {
+  const ModelConfig m = SmallModel(4, 128, 1000);
+  PlanJob job;
+  job.global_batch = 4;
+  job.seq_len = 64;
+  HardwareProfile h = SmallMachine(2);
+  h.nvme.dir = "/nvme";
+  h.nvme.space_bytes = 1ull << 30;
+  int other_tiers = 0, optimizer_only = 0;
+  for (int rank : {4, 0}) {  // LoRA (frozen weights may move) and full fine-tuning
+    for (uint64_t host = 1u << 20; host <= 32u << 20; host += 1u << 19) {
+      job.lora =
+          rank > 0 ? LoraConfig{.rank = rank, .alpha = 8, .targets = kLoraAll} : LoraConfig{};
+      h.host.ram_usable_bytes = host;
+      PlanJob restricted = job;
+      restricted.nvme_optimizer_only = true;
+      Result<PlanOutcome> free = MakePlan("small", m, job, h, /*suggest=*/false);
+      Result<PlanOutcome> only = MakePlan("small", m, restricted, h, /*suggest=*/false);
+      ASSERT_TRUE(free.ok() && only.ok());
+      if (free->feasible) {
+        other_tiers +=
+            free->plan.activations == Tier::kNvme || free->plan.frozen_weights == Tier::kNvme;
+      }
+      if (!only->feasible) continue;
+      ExpectFits(only->plan, h);
+      EXPECT_EQ(only->plan.activations, Tier::kHost) << host;
+      EXPECT_EQ(only->plan.frozen_weights, Tier::kHost) << host;
+      optimizer_only += only->plan.optimizer_state == Tier::kNvme;
+    }
+  }
+  EXPECT_GT(other_tiers, 0);
+  EXPECT_GT(optimizer_only, 0);
 }
 
 TEST(Planner, LoraDoesNoWeightGradientWorkForFrozenWeights) {
