@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <thread>
 
@@ -226,6 +227,17 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
                                           trainer->weights(),
                                           /*with_base=*/job.model == "tiny"));
   if (job.model != "tiny") FERRY_RETURN_IF_ERROR(CopyTokenizerFiles(job.model, job.out));
+  if (!devices.optimizer_nvme_dir.empty()) {
+    // The final checkpoint holds the state; a resume rebuilds the store from it. (A failed or
+    // stopped run leaves the store for inspection; the next run of the job recreates it.)
+    trainer.reset();  // closes the store's files
+    std::error_code ec;
+    std::filesystem::remove_all(devices.optimizer_nvme_dir, ec);
+    if (ec) {
+      std::fprintf(stderr, "ferry train: warning: could not remove %s: %s\n",
+                   devices.optimizer_nvme_dir.c_str(), ec.message().c_str());
+    }
+  }
   std::fprintf(stderr, "ferry train: done in %s, final loss %.4f; wrote %s/%s\n",
                FormatDuration(seconds_since(start)).c_str(), last_loss, job.out.c_str(),
                job.lora.enabled() ? "adapter_model.safetensors" : "model.safetensors");

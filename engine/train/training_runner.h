@@ -43,7 +43,7 @@ struct TrainingRunner {
 };
 
 // Where a run keeps optimizer state the plan puts on NVMe: "<nvme_dir>/<run folder name>
-// .optimizer-state" (a resume rebuilds it from the checkpoint).
+// .optimizer-state" (a resume rebuilds it from the checkpoint; a finished run removes it).
 std::string OptimizerStateDir(const JobSpec& job);
 
 // A hardware profile for `count` CPU devices of `device_bytes` each (rates are nominal: they only
