@@ -42,9 +42,9 @@ void AddTrainCommand(CLI::App& parent, TrainCommand* cmd) {
                 "bf16 GEMMs with fp32 accumulation where the CPU has them; fp32 master weights)")
       ->capture_default_str();
   t->add_option("--host-memory", j.host_memory,
-                "Host RAM the plan of --devices N may use, e.g. 2GiB (default: physical RAM)");
+                "Host RAM the job's plan may use, e.g. 2GiB (default: physical RAM)");
   t->add_option("--nvme-dir", j.nvme_dir,
-                "Folder on an NVMe drive the plan of --devices N may use (its free space): "
+                "Folder on an NVMe drive the job's plan may use (its free space): "
                 "optimizer state goes there when host RAM is short");
   t->add_option("--out", j.out,
                 "Run folder (created; an existing one only for the same job): weights, "

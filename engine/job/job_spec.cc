@@ -155,11 +155,6 @@ Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
   if (job.dtype != "f32" && job.dtype != "bf16") {
     return Bad("--dtype '" + job.dtype + "': use f32 (the exact reference) or bf16");
   }
-  if (job.devices <= 1 && (!job.host_memory.empty() || !job.nvme_dir.empty())) {
-    return Bad(
-        "--host-memory and --nvme-dir are budgets of a plan: give --devices N (N > 1); "
-        "one device runs without one");
-  }
   if (job.out.empty()) return Bad("--out must name a folder");
   if (job.save_every < 0) return Bad("--save-every must be 0 (only at the end) or more");
   if (job.keep_checkpoints < 1) return Bad("--keep-checkpoints must be at least 1");

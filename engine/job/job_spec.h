@@ -55,7 +55,7 @@ struct JobSpec {
   // reference, or "bf16" (bf16 weights and activations, bf16 GEMMs with fp32 accumulation where
   // the CPU has them; master weights, gradients and optimizer state stay fp32).
   std::string dtype = "f32";
-  // Budgets the plan of --devices N > 1 obeys (engine/train/training_runner.h): the host RAM it may
+  // Budgets the job's plan obeys (engine/train/training_runner.h): the host RAM it may
   // use ("2GiB"; empty: physical RAM) and a folder on an NVMe drive for what it puts there
   // (empty: no NVMe tier). Today only optimizer state runs from NVMe.
   std::string host_memory;

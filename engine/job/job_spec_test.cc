@@ -55,9 +55,11 @@ TEST(JobSpecTest, RefusesImpossibleSizes) {
   ExpectRefused(with([](JobSpec& j) { j.data = "x.jsonl", j.long_examples = "drop"; }),
                 "--long-examples");
   ExpectRefused(with([](JobSpec& j) { j.devices = 0; }), "--devices");
-  // Budgets are a plan's: one device has none.
-  ExpectRefused(with([](JobSpec& j) { j.nvme_dir = "/nvme"; }), "--nvme-dir");
-  ExpectRefused(with([](JobSpec& j) { j.host_memory = "1GiB"; }), "--devices N");
+  // Budgets are a plan's, and every device count runs one (one device included).
+  EXPECT_TRUE(
+      ValidateJobSpec(with([](JobSpec& j) { j.nvme_dir = "/nvme"; }), TinyLlamaPreset()).ok());
+  EXPECT_TRUE(
+      ValidateJobSpec(with([](JobSpec& j) { j.host_memory = "1GiB"; }), TinyLlamaPreset()).ok());
   // Validation on several devices is accepted (it runs forward only through the executor).
   EXPECT_TRUE(ValidateJobSpec(
                   with([](JobSpec& j) { j.data = "x.jsonl", j.val_fraction = 0.1, j.devices = 2; }),
