@@ -36,7 +36,11 @@ using UniqueStream = std::unique_ptr<CUstream_st, StreamDeleter>;
 using UniqueEvent = std::unique_ptr<CUevent_st, EventDeleter>;
 using UniqueCublas = std::unique_ptr<cublasContext, CublasDeleter>;
 using UniqueCublasLt = std::unique_ptr<cublasLtContext, CublasLtDeleter>;
+struct PinnedHostDeleter {
+  void operator()(std::byte* p) const { (void)cudaFreeHost(p); }
+};
 using UniqueDeviceMemory = std::unique_ptr<std::byte, DeviceMemoryDeleter>;
+using UniquePinnedHost = std::unique_ptr<std::byte, PinnedHostDeleter>;
 
 class CudaHostRegistration final : public HostRegistration {
  public:
@@ -106,7 +110,8 @@ struct CudaDevice::Impl {
   CudaDeviceOptions options;
   std::string name;
   size_t capacity = 0;
-  UniqueDeviceMemory memory;  // the arena, one cudaMalloc
+  UniqueDeviceMemory memory;    // the arena, one cudaMalloc
+  UniquePinnedHost check_host;  // kCheckBytes for EnqueueComputeCheck (compute stream only)
   std::array<UniqueStream, kNumStreams> streams;
   UniqueCublas cublas;
   UniqueCublasLt cublas_lt;
@@ -230,6 +235,10 @@ Result<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaDeviceOptions& 
                                        " arena (" + FormatBytes(free_bytes) + " free)"));
   impl->memory.reset(static_cast<std::byte*>(base));
   impl->capacity = capacity;
+
+  void* check_host = nullptr;
+  FERRY_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&check_host, kCheckBytes, cudaHostAllocPortable));
+  impl->check_host.reset(static_cast<std::byte*>(check_host));
 
   for (int s = 0; s < kNumStreams; ++s) {
     cudaStream_t stream = nullptr;
@@ -492,6 +501,32 @@ Status CudaDevice::EnqueueCompute(std::string_view op,
   // Configuration errors are reported at launch, by cudaGetLastError.
   return CudaStatus(cudaGetLastError(), "kernel launch of op '" + std::string(op) +
                                             "' on device '" + impl_->name + "'");
+}
+
+Status CudaDevice::EnqueueComputeCheck(std::string_view op, DevicePtr<const std::byte> src,
+                                       size_t bytes,
+                                       std::function<Status(const std::byte* host)> check) {
+  if (bytes > kCheckBytes) {
+    return Status::InvalidArgument("op '" + std::string(op) + "': a check of " +
+                                   std::to_string(bytes) + " bytes; at most " +
+                                   std::to_string(kCheckBytes));
+  }
+  FERRY_RETURN_IF_ERROR(impl_->CheckRange(src, bytes, "EnqueueComputeCheck"));
+  FERRY_RETURN_IF_ERROR(impl_->MakeCurrent());
+  const StreamId s = StreamId::kCompute;
+  std::lock_guard<std::mutex> enqueue(impl_->enqueue_mu[int(s)]);
+  const std::byte* host = impl_->check_host.get();
+  FERRY_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(impl_->check_host.get(), BackendAccess::Raw(src), bytes,
+                      cudaMemcpyDeviceToHost, impl_->stream(s)),
+      "cudaMemcpyAsync of op '" + std::string(op) + "''s check from " + impl_->Where(s)));
+  auto item = std::make_unique<HostItem>();
+  item->book = impl_->errors;
+  item->stream = int(s);
+  item->seq = impl_->errors->EnqueueHostItem(int(s));
+  item->where = impl_->Where(s);
+  item->fn = [host, check = std::move(check)] { return check(host); };
+  return impl_->LaunchHostItem(s, std::move(item));
 }
 
 }  // namespace ferry

@@ -15,6 +15,8 @@
 //    is poisoned too. Kernels and copies already enqueued behind a failed host function still run
 //    on the GPU (CUDA cannot skip them); their results are not to be used, the error is reported.
 //    Device::Synchronize() returns the first error and clears the host-function errors.
+//  - A small pinned host block (cudaHostAlloc, kCheckBytes) receives the bytes of
+//    EnqueueComputeCheck.
 //  - Several CudaDevices may live in one process (one per GPU): every call sets its device first.
 //
 // Ownership: every CUDA handle (arena memory, streams, events, cuBLAS handles) is owned by a
@@ -106,6 +108,17 @@ class CudaDevice final : public Device {
   // context.compute. Launch errors come back named by `op`.
   Status EnqueueCompute(std::string_view op,
                         const std::function<Status(const CudaContext&)>& launch);
+
+  // For ops whose kernels check device data (the LM head's target ids): copies `bytes` of device
+  // memory at `src` (written by kernels enqueued before) into a small pinned host block the device
+  // owns, then enqueues `check(host)` on the compute stream as a host function: its error fails
+  // the stream (LaunchHostFunc's rules) and comes back from the next synchronize covering it. The
+  // copy and the check are enqueued together under the compute stream's lock, and a host function
+  // holds its stream until it returns, so concurrent checks never see each other's bytes.
+  // InvalidArgument when bytes > kCheckBytes or src is outside the arena.
+  static constexpr size_t kCheckBytes = 64;
+  Status EnqueueComputeCheck(std::string_view op, DevicePtr<const std::byte> src, size_t bytes,
+                             std::function<Status(const std::byte* host)> check);
 
  private:
   struct Impl;

@@ -36,6 +36,30 @@ Status Residual(CudaDevice& d, const Tensor& a, const Tensor& b, const Tensor& y
 // tensors on `d`.
 Status Gemm(CudaDevice& d, const GemmArgs& g);
 
+// One cuBLAS product C = alpha op(A) op(B) + beta C on row-major blocks with explicit row strides
+// (elements from one row to the next), fp32 compute, mapped to cuBLAS as Gemm maps its tensors:
+// for ops that multiply column blocks of their tensors (lm_head_loss.cu). A is (m, k) or (k, m)
+// when trans_a, B is (k, n) or (n, k) when trans_b, C is (m, n). InvalidArgument when a dimension
+// or stride exceeds cuBLAS's int. REQUIRES: A and B of one dtype, C of it or f32; m, n, k >= 1;
+// called inside an EnqueueCompute launch on ctx.
+struct StridedGemm {
+  const void* a = nullptr;
+  DType a_dtype = DType::kF32;
+  int64_t lda = 0;
+  bool trans_a = false;
+  const void* b = nullptr;
+  DType b_dtype = DType::kF32;
+  int64_t ldb = 0;
+  bool trans_b = false;
+  void* c = nullptr;
+  DType c_dtype = DType::kF32;
+  int64_t ldc = 0;
+  int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f;
+  float beta = 0.0f;
+};
+Status CublasStridedGemm(const CudaContext& ctx, const StridedGemm& g);
+
 // The same product with fp16 inputs, output and accumulation (CUBLAS_COMPUTE_16F): for measuring
 // that rate only (`ferry probe`), never for training (fp16 sums lose precision quickly).
 // InvalidArgument unless a, b and c are f16 and no bias is given.

@@ -91,30 +91,48 @@ Status CheckInt(int64_t v, const char* what) {
                                  " exceeds cuBLAS's 32-bit limit");
 }
 
-// C = alpha op(A) op(B) + beta C through cublasGemmEx; the tensors' dtypes form a direct set
-// (f32 compute) or are all f16 (`compute` CUBLAS_COMPUTE_16F).
+// C = alpha op(A) op(B) + beta C through cublasGemmEx, with `compute` CUBLAS_COMPUTE_32F or (all
+// f16) CUBLAS_COMPUTE_16F, whose scalars are half.
+Status GemmEx(const CudaContext& ctx, const StridedGemm& g, cublasComputeType_t compute) {
+  FERRY_RETURN_IF_ERROR(CheckInt(g.m, "M"));
+  FERRY_RETURN_IF_ERROR(CheckInt(g.n, "N"));
+  FERRY_RETURN_IF_ERROR(CheckInt(g.k, "K"));
+  FERRY_RETURN_IF_ERROR(CheckInt(g.lda, "lda"));
+  FERRY_RETURN_IF_ERROR(CheckInt(g.ldb, "ldb"));
+  FERRY_RETURN_IF_ERROR(CheckInt(g.ldc, "ldc"));
+  const __half alpha_h = __float2half(g.alpha), beta_h = __float2half(g.beta);
+  const bool half_scale = compute == CUBLAS_COMPUTE_16F;
+  const void* alpha_p = half_scale ? static_cast<const void*>(&alpha_h) : &g.alpha;
+  const void* beta_p = half_scale ? static_cast<const void*>(&beta_h) : &g.beta;
+  return CublasStatus(
+      cublasGemmEx(ctx.cublas, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                   g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(g.n), int(g.m), int(g.k), alpha_p,
+                   g.b, CudaType(g.b_dtype), int(g.ldb), g.a, CudaType(g.a_dtype), int(g.lda),
+                   beta_p, g.c, CudaType(g.c_dtype), int(g.ldc), compute, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx (" + std::to_string(g.m) + " x " + std::to_string(g.n) + " x " +
+          std::to_string(g.k) + ")");
+}
+
+// The same on whole tensors: the row strides are the tensors' widths.
 Status CublasGemm(CudaDevice& d, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                   const Tensor& c, float alpha, float beta, cublasComputeType_t compute) {
-  const int64_t m = c.dim(0), n = c.dim(1), k = trans_a ? a.dim(0) : a.dim(1);
-  FERRY_RETURN_IF_ERROR(CheckInt(m, "M"));
-  FERRY_RETURN_IF_ERROR(CheckInt(n, "N"));
-  FERRY_RETURN_IF_ERROR(CheckInt(k, "K"));
-  FERRY_RETURN_IF_ERROR(CheckInt(a.dim(1), "lda"));
-  FERRY_RETURN_IF_ERROR(CheckInt(b.dim(1), "ldb"));
-  return d.EnqueueCompute("gemm", [&](const CudaContext& ctx) -> Status {
-    const __half alpha_h = __float2half(alpha), beta_h = __float2half(beta);
-    const bool half_scale = compute == CUBLAS_COMPUTE_16F;
-    const void* alpha_p = half_scale ? static_cast<const void*>(&alpha_h) : &alpha;
-    const void* beta_p = half_scale ? static_cast<const void*>(&beta_h) : &beta;
-    return CublasStatus(cublasGemmEx(ctx.cublas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                     trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k),
-                                     alpha_p, BackendAccess::Raw(b.data), CudaType(b.dtype),
-                                     int(b.dim(1)), BackendAccess::Raw(a.data), CudaType(a.dtype),
-                                     int(a.dim(1)), beta_p, BackendAccess::Raw(c.data),
-                                     CudaType(c.dtype), int(n), compute, CUBLAS_GEMM_DEFAULT),
-                        "cublasGemmEx (" + std::to_string(m) + " x " + std::to_string(n) + " x " +
-                            std::to_string(k) + ")");
-  });
+  const StridedGemm g{.a = BackendAccess::Raw(a.data),
+                      .a_dtype = a.dtype,
+                      .lda = a.dim(1),
+                      .trans_a = trans_a,
+                      .b = BackendAccess::Raw(b.data),
+                      .b_dtype = b.dtype,
+                      .ldb = b.dim(1),
+                      .trans_b = trans_b,
+                      .c = BackendAccess::Raw(c.data),
+                      .c_dtype = c.dtype,
+                      .ldc = c.dim(1),
+                      .m = c.dim(0),
+                      .n = c.dim(1),
+                      .k = trans_a ? a.dim(0) : a.dim(1),
+                      .alpha = alpha,
+                      .beta = beta};
+  return d.EnqueueCompute("gemm", [&](const CudaContext& ctx) { return GemmEx(ctx, g, compute); });
 }
 
 // A view of `like`'s shape in fp32 at `offset` bytes into the scratch.
@@ -123,6 +141,10 @@ Tensor ScratchF32(const GemmArgs& g, size_t offset, const Tensor& like) {
 }
 
 }  // namespace
+
+Status CublasStridedGemm(const CudaContext& ctx, const StridedGemm& g) {
+  return GemmEx(ctx, g, CUBLAS_COMPUTE_32F);
+}
 
 Status Gemm(CudaDevice& d, const GemmArgs& g) {
   const GemmDims dims = GemmDimsOf(g);

@@ -1,12 +1,13 @@
-// Deterministic reductions shared by the row and column kernels (norms.cu): a warp and a block
-// sum whose summation order depends only on the launch shape, never on timing, so every run gives
-// the same bits. Device code only; included by .cu files.
+// Deterministic reductions shared by the row and column kernels (norms.cu, lm_head_loss.cu): a
+// warp and a block sum whose summation order depends only on the launch shape, never on timing, so
+// every run gives the same bits, and a block max. Device code only; included by .cu files.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -15,24 +16,45 @@
 
 namespace ferry::cuda {
 
-// Sum over the 32 lanes of a warp, returned to every lane. The xor butterfly adds the same two
-// values on both partners of each step (a + b == b + a in IEEE), so every lane holds the same
-// bits. REQUIRES: all 32 lanes call it.
-__device__ __forceinline__ float WarpSum(float v) {
+// Sum over the 32 lanes of a warp, returned to every lane (float, or double where a kernel sums
+// in double as its CPU twin does). The xor butterfly adds the same two values on both partners of
+// each step (a + b == b + a in IEEE), so every lane holds the same bits. REQUIRES: all 32 lanes
+// call it.
+template <typename T>
+__device__ __forceinline__ T WarpSum(T v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }
 
 // Sum of v over the block, returned to every thread. REQUIRES: blockDim = (x, 1, 1) with x a
 // multiple of 32 and <= 1024; every thread of the block calls it (it synchronizes).
-__device__ __forceinline__ float BlockSum(float v) {
-  __shared__ float warp_sums[32];
+template <typename T>
+__device__ __forceinline__ T BlockSum(T v) {
+  __shared__ T warp_sums[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   v = WarpSum(v);
   __syncthreads();  // a previous call's readers are done with warp_sums
   if (lane == 0) warp_sums[warp] = v;
   __syncthreads();
-  return WarpSum(lane < warps ? warp_sums[lane] : 0.0f);  // every warp sums the same values
+  return WarpSum(lane < warps ? warp_sums[lane] : T(0));  // every warp sums the same values
+}
+
+// Maximum of v over the block (NaNs are skipped, as fmaxf does), returned to every thread; exact,
+// so the order does not matter. REQUIRES: as BlockSum.
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
+  return v;
+}
+__device__ __forceinline__ float BlockMax(float v) {
+  __shared__ float warp_maxes[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = WarpMax(v);
+  __syncthreads();
+  if (lane == 0) warp_maxes[warp] = v;
+  __syncthreads();
+  return WarpMax(lane < warps ? warp_maxes[lane] : -INFINITY);
 }
 
 // Threads of a block that walks one row of `cols` elements: a multiple of 32, at most 256, no
