@@ -4,7 +4,7 @@
 
 #include <map>
 
-#include "kernels/cpu/lm_head_loss.h"
+#include "kernels/ops/lm_head_loss.h"
 
 namespace ferry::plan {
 namespace {
@@ -43,10 +43,12 @@ std::map<std::string, uint64_t> Named(const TierMemory& t) {
   return m;
 }
 
-// The head's scratch is the fused LM-head op's own size function (tested in kernels/), for one
-// chunk of all 4 tokens, vocabulary 10, C 8, bf16 hidden, fp32 dW, one thread (CUDA layout).
+// The head's scratch is the fused LM-head op's own size function for a CUDA device (tested in
+// kernels/), for one chunk of all 4 tokens, vocabulary 10, C 8, bf16 hidden, fp32 dW.
 uint64_t HeadScratch() {
-  return RoundUp(cpu::LmHeadLossScratchBytes(1, 4, 10, 8, DType::kBF16, DType::kF32, true), 256);
+  return RoundUp(LmHeadLossScratchBytes(OpTarget{DeviceKind::kCuda, 1}, 4, 10, 8, DType::kBF16,
+                                        DType::kF32, true),
+                 256);
 }
 
 TEST(MemoryModel, FullFineTuningByHand) {

@@ -54,8 +54,8 @@ constexpr Backend kCudaBackend = [] {
   b.swiglu_backward.run = &OnCuda<SwiGluBackwardArgs, cuda::SwiGluBackward>;
   b.gelu_forward.run = &OnCuda<GeluForwardArgs, cuda::GeluForward>;
   b.gelu_backward.run = &OnCuda<GeluBackwardArgs, cuda::GeluBackward>;
-  b.lm_head_loss_forward.run = &NotYet<LmHeadLossArgs>;
-  b.lm_head_loss_forward_backward.run = &NotYet<LmHeadLossArgs>;
+  b.lm_head_loss_forward.run = &OnCuda<LmHeadLossArgs, cuda::LmHeadLossForward>;
+  b.lm_head_loss_forward_backward.run = &OnCuda<LmHeadLossArgs, cuda::LmHeadLossForwardBackward>;
   b.adamw.run = &OnCuda<AdamWArgs, cuda::AdamWStep>;
   return b;
 }();

@@ -13,6 +13,7 @@
 #include "kernels/ops/gemm.h"
 #include "kernels/ops/gemm_bias_grad.h"
 #include "kernels/ops/layernorm.h"
+#include "kernels/ops/lm_head_loss.h"
 #include "kernels/ops/rmsnorm.h"
 #include "kernels/ops/rope.h"
 #include "kernels/ops/swiglu.h"
@@ -89,6 +90,11 @@ Status BiasGrad(CudaDevice& d, const BiasGradArgs& a);
 // RoPE: rotate by +angle (forward) or -angle (backward) (kernels/cuda/rope.cu).
 Status RopeForward(CudaDevice& d, const RopeArgs& a);
 Status RopeBackward(CudaDevice& d, const RopeArgs& a);
+
+// Fused LM head + cross-entropy, chunk by chunk: cuBLAS products around a row kernel for the
+// softmax (kernels/cuda/lm_head_loss.cu). Bad targets fail the stream (EnqueueComputeCheck).
+Status LmHeadLossForward(CudaDevice& d, const LmHeadLossArgs& a);
+Status LmHeadLossForwardBackward(CudaDevice& d, const LmHeadLossArgs& a);
 
 // One AdamW update with its state in device memory, bit for bit torch's fp32 order
 // (kernels/cuda/adamw.cu).

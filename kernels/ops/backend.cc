@@ -3,7 +3,6 @@
 #include <string>
 
 #include "kernels/cpu/cpu_device.h"
-#include "kernels/cpu/lm_head_loss.h"
 #include "kernels/ops/op_target.h"
 
 namespace ferry {
@@ -11,11 +10,11 @@ namespace {
 
 // The CUDA kernels' sizes, compiled without CUDA too (the planner sizes GPU plans anywhere).
 // GEMM: fp32 copies of the operands cuBLAS does not take (kernels/ops/gemm.h). Attention has no
-// CUDA kernel yet and reports 0; the LM head has none either and reports the single-thread CPU
-// layout. The library workspace is CudaDeviceOptions::cublas_workspace_bytes' default: NVIDIA's
-// advice for Hopper+, enough for Ada/Ampere too. The other CUDA kernels need no scratch: the norms'
-// parameter gradients and the bias gradient sum columns inside one block per column tile
-// (kernels/cuda/reduce.cuh), with no cross-block partials to keep.
+// CUDA kernel yet and reports 0; the LM head reports its CudaLmHeadLossLayout. The library
+// workspace is CudaDeviceOptions::cublas_workspace_bytes' default: NVIDIA's advice for Hopper+,
+// enough for Ada/Ampere too. The other CUDA kernels need no scratch: the norms' parameter gradients
+// and the bias gradient sum columns inside one block per column tile (kernels/cuda/reduce.cuh),
+// with no cross-block partials to keep.
 constexpr ScratchReports kCudaScratch{
     .gemm = [](int, int64_t m, int64_t n, int64_t k,
                GemmDTypes dtypes) { return CudaGemmScratchBytes(m, n, k, dtypes); },
@@ -23,7 +22,7 @@ constexpr ScratchReports kCudaScratch{
     .lm_head_loss =
         [](int, int64_t chunk_tokens, int64_t V, int64_t C, DType h_dtype,
            std::optional<DType> dw_dtype, bool backward) {
-          return cpu::LmHeadLossScratchBytes(1, chunk_tokens, V, C, h_dtype, dw_dtype, backward);
+          return MakeCudaLmHeadLossLayout(chunk_tokens, V, C, h_dtype, dw_dtype, backward).total;
         },
     .library_workspace = size_t(32) << 20,
 };

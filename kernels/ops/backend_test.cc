@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -108,8 +109,7 @@ TEST(BackendTable, TheCpuReferenceImplementsEveryOp) {
 // The ops the CUDA backend has no kernel for yet: their entries say NotYet, every other entry is
 // a kernel.
 const std::set<std::string_view> kCudaNotYet = {"attention_forward", "attention_backward",
-                                                "decode_attention", "lm_head_loss_fwd",
-                                                "lm_head_loss_fwd_bwd"};
+                                                "decode_attention"};
 
 TEST(BackendTable, CudaSaysNotYetExactlyForTheOpsWithoutAKernel) {
   const Backend& b = CudaBackend();
@@ -181,9 +181,23 @@ TEST(ScratchReports, CudaReportsNeedNoCudaAndIgnoreThreads) {
             CudaGemmScratchBytes(1000, 24, 1000, {f16, bf, f32}));
   EXPECT_EQ(GemmScratchBytes(t, 1000, 24, 1000, {bf, bf, f32}), 0u);
   EXPECT_EQ(AttentionScratchBytes(t, AttentionShape{2, 33, 4, 2, 16}), 0u);  // no kernel yet
-  // No CUDA kernel yet either: the single-thread CPU layout.
+  // The LM head: its CUDA layout, counted piece by piece (each rounded up to 256 bytes): the
+  // (chunk, V) logits, the chunk's losses, the state; with bf16 h in the backward, the widened h
+  // (only with a dW), one W panel of min(V, 1024) rows and the fp32 dh block.
+  auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+  const size_t logits = up(64 * 1000 * 4), losses = up(64 * 4), state = 256;
+  const size_t h_panel = up(64 * 48 * 4), w_panel = up(1000 * 48 * 4), dh = up(64 * 48 * 4);
+  EXPECT_EQ(LmHeadLossScratchBytes(t, 64, 1000, 48, f32, f32, true), logits + losses + state);
+  EXPECT_EQ(LmHeadLossScratchBytes(t, 64, 1000, 48, bf, std::nullopt, false),
+            logits + losses + state);
   EXPECT_EQ(LmHeadLossScratchBytes(t, 64, 1000, 48, bf, f32, true),
-            cpu::LmHeadLossScratchBytes(1, 64, 1000, 48, bf, f32, true));
+            logits + losses + state + h_panel + w_panel + dh);
+  EXPECT_EQ(LmHeadLossScratchBytes(t, 64, 1000, 48, bf, std::nullopt, true),
+            logits + losses + state + w_panel + dh);  // a frozen head: no widened h
+  EXPECT_EQ(LmHeadLossScratchBytes(t, 7, 3001, 5, bf, bf, true),
+            up(7 * 3001 * 4) + up(7 * 4) + 256 + up(7 * 5 * 4) + up(1024 * 5 * 4) + up(7 * 5 * 4));
+  EXPECT_EQ(LmHeadLossScratchBytes(t, 64, 1000, 48, bf, f32, true),
+            MakeCudaLmHeadLossLayout(64, 1000, 48, bf, f32, true).total);
   EXPECT_EQ(ScratchReportsFor(DeviceKind::kCuda).library_workspace, size_t(32) << 20);
 }
 

@@ -1,5 +1,6 @@
 #include "kernels/ops/lm_head_loss.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -64,6 +65,29 @@ Status ValidateLmHeadLoss(const LmHeadLossArgs& a, bool backward) {
   }
   if (a.scratch.data.is_null()) return Bad("scratch is missing (LmHeadLossScratchBytes)");
   return Status::Ok();
+}
+
+CudaLmHeadLossLayout MakeCudaLmHeadLossLayout(int64_t chunk_tokens, int64_t V, int64_t C,
+                                              DType h_dtype, std::optional<DType> dw_dtype,
+                                              bool backward) {
+  CudaLmHeadLossLayout l;
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off += (bytes + kCudaLmHeadLossAlign - 1) / kCudaLmHeadLossAlign * kCudaLmHeadLossAlign;
+    return at;
+  };
+  l.logits = take(size_t(chunk_tokens) * size_t(V) * 4);
+  l.chunk_loss = take(size_t(chunk_tokens) * 4);
+  l.state = take(kCudaLmHeadLossStateBytes);
+  if (backward && h_dtype != DType::kF32) {
+    if (dw_dtype.has_value()) l.h_panel = take(size_t(chunk_tokens) * size_t(C) * 4);
+    l.panel_rows = std::min(V, kCudaLmHeadLossPanelRows);
+    l.w_panel = take(size_t(l.panel_rows) * size_t(C) * 4);
+    l.dh_acc = take(size_t(chunk_tokens) * size_t(C) * 4);
+  }
+  l.total = off;
+  return l;
 }
 
 size_t LmHeadLossScratchBytes(OpTarget t, int64_t chunk_tokens, int64_t V, int64_t C, DType h_dtype,

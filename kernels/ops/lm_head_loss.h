@@ -54,13 +54,34 @@ Status ValidateLmHeadLoss(const LmHeadLossArgs& a, bool backward);
 
 // Scratch bytes for chunks of `chunk_tokens` tokens: O(chunk_tokens * V) plus per-worker panels
 // of O(C * (chunk_tokens + 128)), independent of N. On a CPU device it depends on the device's
-// thread count. (CUDA: no kernel yet; reports the single-thread CPU layout.) `dw_dtype`: dW's
+// thread count; on CUDA it is CudaLmHeadLossLayout's total. `dw_dtype`: dW's
 // storage, or nullopt when the pass computes no dW (forward only, or a frozen head); never more
 // than with a dW. For a device of target `t` (the planner's question) or for `d` (its target).
 size_t LmHeadLossScratchBytes(OpTarget t, int64_t chunk_tokens, int64_t V, int64_t C, DType h_dtype,
                               std::optional<DType> dw_dtype, bool backward);
 size_t LmHeadLossScratchBytes(const Device& d, int64_t chunk_tokens, int64_t V, int64_t C,
                               DType h_dtype, std::optional<DType> dw_dtype, bool backward);
+
+// The CUDA kernel's scratch (kernels/cuda/lm_head_loss.cu), computed without CUDA (the planner
+// sizes GPU plans anywhere): byte offsets of its pieces, each rounded up to kCudaLmHeadLossAlign.
+// Panels exist only for bf16 h in the backward (cuBLAS multiplies no fp32 x bf16 mix: W is
+// widened panel_rows rows at a time); an absent piece has offset 0 and no bytes.
+inline constexpr size_t kCudaLmHeadLossAlign = 256;
+inline constexpr int64_t kCudaLmHeadLossPanelRows = 1024;  // W rows widened per product
+inline constexpr size_t kCudaLmHeadLossStateBytes = 256;   // loss sum and first bad target
+struct CudaLmHeadLossLayout {
+  size_t logits = 0;       // (chunk, V) f32: logits, then (P - Y) s in place (backward)
+  size_t chunk_loss = 0;   // (chunk) f32: token losses when a.token_loss is not given
+  size_t state = 0;        // the loss sum (double), the first bad target's index and value
+  size_t h_panel = 0;      // (chunk, C) f32: h widened, for dW (bf16 h with a dW)
+  size_t w_panel = 0;      // (panel_rows, C) f32: W rows widened, or a dW block (bf16 h, backward)
+  size_t dh_acc = 0;       // (chunk, C) f32: dh before its rounding (bf16 h, backward)
+  int64_t panel_rows = 0;  // min(V, kCudaLmHeadLossPanelRows) where there are panels
+  size_t total = 0;
+};
+CudaLmHeadLossLayout MakeCudaLmHeadLossLayout(int64_t chunk_tokens, int64_t V, int64_t C,
+                                              DType h_dtype, std::optional<DType> dw_dtype,
+                                              bool backward);
 
 // dW's storage dtype for a pass over `a`: nullopt when the pass computes no dW (forward only, or
 // no a.dw). What LmHeadLossScratchBytes takes for that pass.
