@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/ops/adamw.h"
+#include "kernels/ops/decode_attention.h"
 #include "kernels/ops/gelu.h"
 #include "kernels/ops/gemm.h"
 #include "kernels/ops/gemm_bias_grad.h"
@@ -95,6 +96,11 @@ Status RopeBackward(CudaDevice& d, const RopeArgs& a);
 // softmax (kernels/cuda/lm_head_loss.cu). Bad targets fail the stream (EnqueueComputeCheck).
 Status LmHeadLossForward(CudaDevice& d, const LmHeadLossArgs& a);
 Status LmHeadLossForwardBackward(CudaDevice& d, const LmHeadLossArgs& a);
+
+// Decode attention over a KV cache, f32: the new rows written into the cache, then a block per
+// (new token, query head) with an online softmax per warp, merged in warp order
+// (kernels/cuda/decode_attention.cu).
+Status DecodeAttention(CudaDevice& d, const DecodeAttentionArgs& a);
 
 // One AdamW update with its state in device memory, bit for bit torch's fp32 order
 // (kernels/cuda/adamw.cu).
