@@ -345,6 +345,9 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     // Each layer's master weights and moments as one record in two versioned slots
     // (offload/versioned_store.h): every step reads one slot of each and writes the other.
     Add(e.nvme, "optimizer.slots", optimizer_slots, kNvmeBlockBytes);
+    // The Trainer still keeps the trainable fp32 weights in RAM, where each stage's upload is
+    // packed from (engine/train/trainer.h): the slots hold a second copy.
+    Add(e.pageable_host, "weights.master", master, P);
   } else {
     Add(e.pageable_host, "optimizer.master", master, P);
     Add(e.pageable_host, "optimizer.moments", 2 * master, P);

@@ -112,7 +112,8 @@ TEST(MemoryModel, FullFineTuningByHand) {
 // 48-byte header in two versioned 4096-byte-block slots (offload/versioned_store.h): embedding
 // 80 x 12 = 960 -> 4096, each block 592 x 12 = 7104 -> 8192, head 88 x 12 = 1056 -> 4096; two
 // slots of each: 2 x 24576 = 49152. The master and moments leave pageable RAM; two staging
-// buffers of the largest slot (8192) stream them.
+// buffers of the largest slot (8192) stream them; the fp32 weights the stages are packed from
+// (5408 -> 8192) stay in RAM.
 TEST(MemoryModel, OptimizerOnNvmeTakesTwoVersionedSlotsPerLayer) {
   MemoryPlanInput in = HandInput();
   in.optimizer_on_nvme = true;
@@ -124,6 +125,7 @@ TEST(MemoryModel, OptimizerOnNvmeTakesTwoVersionedSlotsPerLayer) {
   EXPECT_EQ(pageable.count("optimizer.master"), 0u);
   EXPECT_EQ(pageable.count("optimizer.moments"), 0u);
   EXPECT_EQ(pageable.at("optimizer.staging"), 2 * 8192u);  // two of a block's slot
+  EXPECT_EQ(pageable.at("weights.master"), 8192u);
 }
 
 TEST(MemoryModel, RecomputeKeepsOnlyTheInputAndLeavesGpuBytesAlone) {

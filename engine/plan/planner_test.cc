@@ -298,10 +298,10 @@ TEST(Planner, SuggestionsForTooLittleHostMemoryEachFit) {
   HardwareProfile h = SmallMachine(2);
   // About 850k parameters: the fp32 master, update gradients and two moments
   // (16 B per parameter, 13.6 MB) and the pinned buffers exceed this; with
-  // optimizer state on NVMe the update gradients (3.4 MB), its staging (two
-  // slots of the largest layer's master and moments) and the pinned buffers do
-  // not.
-  h.host.ram_usable_bytes = 12u << 20;
+  // optimizer state on NVMe the update gradients and the fp32 weights the
+  // stages are packed from (3.4 MB each), its staging (two slots of the
+  // largest layer's master and moments) and the pinned buffers do not.
+  h.host.ram_usable_bytes = 16u << 20;
   Result<PlanOutcome> r = MakePlan("small", m, job, h);
   ASSERT_TRUE(r.ok());
   ASSERT_FALSE(r->feasible);
@@ -341,7 +341,7 @@ TEST(Planner, NvmeOptimizerOnlyKeepsActivationsAndFrozenWeightsInRam) {
   h.nvme.space_bytes = 1ull << 30;
   int other_tiers = 0, optimizer_only = 0;
   for (int rank : {4, 0}) {  // LoRA (frozen weights may move) and full fine-tuning
-    for (uint64_t host = 1u << 20; host <= 32u << 20; host += 1u << 19) {
+    for (uint64_t host = 1u << 20; host <= 48u << 20; host += 1u << 18) {
       job.lora =
           rank > 0 ? LoraConfig{.rank = rank, .alpha = 8, .targets = kLoraAll} : LoraConfig{};
       h.host.ram_usable_bytes = host;
