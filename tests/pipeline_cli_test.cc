@@ -123,6 +123,39 @@ TEST_F(PipelineCliTest, OneDeviceIsTracedAndEqualsTwo) {
   EXPECT_EQ(Losses(dir_ + "/one"), Losses(dir_ + "/two"));
 }
 
+// One device obeys the budgets too: with host RAM short and --nvme-dir, its one-stage plan puts
+// the optimizer state on NVMe (the smallest budget, searched, that fits), the losses are the RAM
+// run's bit for bit, the report's NVMe bytes per step are the plan's, and a finished run removes
+// its store.
+TEST_F(PipelineCliTest, OneDeviceOptimizerOnNvmeEqualsRam) {
+  const std::string job = "train --threads 2 --batch-size 4 --seq-len 32 --steps 3 ";
+  CommandResult ram = Ferry(job + "--out " + dir_ + "/ram");
+  ASSERT_EQ(ram.code, 0) << ram.output;
+  const std::string nvme = dir_ + "/nvme";
+  std::filesystem::create_directories(nvme);
+  CommandResult r;
+  bool on_nvme = false;
+  for (int mib = 28; mib <= 44 && !on_nvme; mib += 2) {
+    r = Ferry(job + "--host-memory " + std::to_string(mib) + "MiB --nvme-dir " + nvme +
+              " --force --out " + dir_ + "/nv");
+    on_nvme = r.code == 0 && r.output.find("optimizer state on NVMe") != std::string::npos;
+  }
+  ASSERT_TRUE(on_nvme) << r.output;
+  EXPECT_NE(r.output.find("ferry train: 1 CPU device, 1 stage"), std::string::npos) << r.output;
+  EXPECT_EQ(Losses(dir_ + "/nv"), Losses(dir_ + "/ram"));
+  // "NVMe/step  X read, X written   planned X read, X written": measured equals planned.
+  const size_t at = r.output.find("NVMe/step");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+  const size_t planned = line.find("planned ");
+  ASSERT_NE(planned, std::string::npos) << line;
+  std::string measured = line.substr(std::string("NVMe/step").size(), planned - 9);
+  measured.erase(0, measured.find_first_not_of(' '));
+  measured.erase(measured.find_last_not_of(' ') + 1);
+  EXPECT_EQ(measured, line.substr(planned + 8)) << line;
+  EXPECT_TRUE(std::filesystem::is_empty(nvme)) << "the finished run left its store";
+}
+
 TEST_F(PipelineCliTest, BadDeviceOptionsAreOneLine) {
   for (const std::string args : {"train --devices 0", "train --devices 65"}) {
     CommandResult r = Ferry(args + " --out " + dir_ + "/run");
