@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds HERE, for the GPU machine (one H200, sm_90; no network, none of Debian's -dev libraries),
 # the bundle that scripts/gpu_check.sh runs there without configuring or building anything:
-#   gpu-bundle/ferry-gpu-bundle.tar.xz  ferry, kernels_tests (every CUDA test) and any GPU
-#                                       benchmark, stripped, with lib/ beside them
+#   gpu-bundle/ferry-gpu-bundle.tar.xz  ferry, kernels_tests (the CUDA ops' tests),
+#                                       engine_tests (CudaMachineProbe) and any GPU benchmark,
+#                                       stripped, with lib/ beside them
 #   gpu-bundle/MANIFEST.txt             what is inside, the versions it was compiled against
 # The binaries carry an `$ORIGIN/lib` run path, written as DT_RPATH (--disable-new-dtags) rather
 # than DT_RUNPATH: a DT_RUNPATH serves only the binary's own direct dependencies, while the
@@ -23,8 +24,9 @@
 # data (31 MB, 7.5 MB in xz) stays: ferry links the tokenizers.
 # The bundle must be at most 50 MiB as carried (the device takes 64 MiB with the tracked tree);
 # the script fails over that, listing the largest files.
-# Usage: scripts/gpu_bundle.sh   (from anywhere; builds in build-gpu-bundle/: a fresh build of the
-#        two targets took 408 s at -j1 on this workplace's 2 shared cores; a rebuild only relinks)
+# Usage: scripts/gpu_bundle.sh   (from anywhere; builds in build-gpu-bundle/: a fresh build took
+#        408 s for ferry and kernels_tests, then 158 s for engine_tests, at -j1 on this workplace's
+#        2 shared cores; a rebuild after a commit only relinks)
 # Then call scripts/gpu_check.sh through the device tool as its header says.
 # Environment: FERRY_BUNDLE_JOBS (default 1: the build shares its cores), FERRY_CUDA_ARCHS
 #              (default 90), FERRY_BUNDLE_BUILD_DIR (default build-gpu-bundle).
@@ -58,7 +60,8 @@ benches=()
 for src in bench/*gpu*.cc bench/*cuda*.cc; do
   [[ -e $src ]] && benches+=("$(basename "$src" .cc)")
 done
-targets=(ferry kernels_tests "${benches[@]}")
+tests=(kernels_tests engine_tests)  # the test binaries that hold CUDA tests
+targets=(ferry "${tests[@]}" "${benches[@]}")
 
 phase "build -j$jobs: ${targets[*]}"
 cmake --build "$build_dir" -j "$jobs" --target "${targets[@]}"
@@ -68,9 +71,11 @@ phase "stage"
 stage=$build_dir/$name
 rm -rf "$stage"
 mkdir -p "$stage/lib"
-strip -s -o "$stage/ferry" "$build_dir/ferry"
-strip -s -o "$stage/kernels_tests" "$build_dir/kernels/kernels_tests"
-for b in "${benches[@]}"; do strip -s -o "$stage/$b" "$build_dir/bench/$b"; done
+for t in "${targets[@]}"; do
+  built=$(find "$build_dir" -maxdepth 2 -type f -name "$t" | head -1)
+  [[ -n $built ]] || fail "built $t, but cannot find it under $build_dir"
+  strip -s -o "$stage/$t" "$built"
+done
 for b in "$stage"/*; do
   [[ -f $b ]] || continue
   # shellcheck disable=SC2016
@@ -93,7 +98,7 @@ bundle_libs() {  # <elf files...>: copy what they need, recursively through ldd
     echo "  lib/$soname <- $path"
   done < <(ldd "$@" | awk '$2 == "=>" && $3 != "" { print $1, $3 }' | sort -u)
 }
-bundle_libs "$stage"/ferry "$stage"/kernels_tests "$stage/lib/libopenblas.so.0"
+bundle_libs "${targets[@]/#/$stage/}" "$stage/lib/libopenblas.so.0"
 bundle_libs "$stage"/lib/*.so*  # the libraries' own needs (ldd is recursive; this is a check)
 chmod -R u+w,a+r "$stage"
 

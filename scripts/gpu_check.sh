@@ -12,7 +12,7 @@
 #   run  carry: ["gpu-bundle"]  command: "scripts/gpu_check.sh"  timeout_s: 400
 # The script's own steps end within 360 s (deadline below); 400 s leaves the 15-minute window
 # room for a machine start (a minute or two) and one rerun. Logs come back in
-# $OUT/gpu_check_logs (ldd.log, cuda_tests.log, probe.log, probe.json).
+# $OUT/gpu_check_logs (ldd.log, kernels_tests.log, engine_tests.log, probe.log, probe.json).
 # Locally (no GPU) it fails within a second with "no GPU".
 # Environment: FERRY_GPU_BUNDLE (default gpu-bundle/ferry-gpu-bundle.tar.xz).
 set -uo pipefail
@@ -22,8 +22,8 @@ bundle=${FERRY_GPU_BUNDLE:-gpu-bundle/ferry-gpu-bundle.tar.xz}
 logs=${OUT:-build-gpu-check}/gpu_check_logs  # under $OUT on a device machine, so the logs come back
 mkdir -p "$logs"
 started=$SECONDS
-# The step timeouts below add up to this (nvidia-smi 20, unpack 30, python 20+20, ldd 3x10, CUDA
-# tests 150, probe 90); GPU benchmarks get what is left of it.
+# The step timeouts below add up to this (nvidia-smi 15, unpack 20, python 15+15, ldd 4x5, CUDA
+# tests 130+60, probe 85); GPU benchmarks get what is left of it.
 deadline=360
 summary=()
 fail() {
@@ -35,7 +35,7 @@ phase() { echo; echo "== $* ($((SECONDS - started)) s) =="; }
 
 phase "GPU"
 command -v nvidia-smi >/dev/null || fail "no GPU: nvidia-smi not found"
-gpus=$(timeout 20 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1) ||
+gpus=$(timeout 15 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1) ||
   fail "no GPU: nvidia-smi: $gpus"
 [[ -n $gpus ]] || fail "no GPU: nvidia-smi lists none"
 echo "$gpus"
@@ -45,7 +45,7 @@ phase "bundle ($bundle)"
 [[ -f $bundle ]] || fail "no bundle at $bundle: run scripts/gpu_bundle.sh and carry gpu-bundle"
 root=$(mktemp -d "${TMPDIR:-/tmp}/ferry-gpu-bundle.XXXXXX")
 trap 'rm -rf "$root"' EXIT
-timeout 30 tar -C "$root" -xJf "$bundle" || fail "cannot unpack $bundle"
+timeout 20 tar -C "$root" -xJf "$bundle" || fail "cannot unpack $bundle"
 bin=$root/ferry-gpu-bundle
 sed -n 1,7p "$bin/MANIFEST.txt"
 
@@ -55,7 +55,7 @@ cuda_dirs=()
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
   [[ -d $d ]] && cuda_dirs+=("$d")
 done
-pip_dirs=$(timeout 20 python3 -c '
+pip_dirs=$(timeout 15 python3 -c '
 import glob, os
 try:
     import nvidia
@@ -78,7 +78,7 @@ for f in "$bin"/* "$bin"/lib/libopenblas.so.0; do
   # DT_RPATH; ldd of the library alone needs lib/ named.
   lib_path=$LD_LIBRARY_PATH
   [[ $f == */lib/* ]] && lib_path=$bin/lib:$LD_LIBRARY_PATH
-  { echo "-- ${f#"$root"/}"; LD_LIBRARY_PATH=$lib_path timeout 10 ldd "$f" 2>&1; } >>"$ldd_log"
+  { echo "-- ${f#"$root"/}"; LD_LIBRARY_PATH=$lib_path timeout 5 ldd "$f" 2>&1; } >>"$ldd_log"
 done
 sed "s|$root/||" "$ldd_log"
 if grep -q "not found" "$ldd_log"; then
@@ -91,7 +91,7 @@ phase "versions"
 compiled=$(grep -E "^(nvcc|cuBLAS headers|cuDNN|cudart):" "$bin/MANIFEST.txt" | paste -sd';')
 echo "compiled: $compiled"
 resolved() { grep -m1 -o "$1[^ ]* => [^ ]*" "$ldd_log" | awk '{ print $3 }'; }
-runtime=$(timeout 20 python3 - "$(resolved libcublasLt.so)" "$(resolved libcudart.so)" <<'EOF' 2>&1
+runtime=$(timeout 15 python3 - "$(resolved libcublasLt.so)" "$(resolved libcudart.so)" <<'EOF' 2>&1
 import ctypes, ctypes.util, sys
 out = []
 def load(*names):
@@ -133,29 +133,42 @@ EOF
 echo "runtime: $runtime"
 summary+=("compiled: $compiled" "runtime: $runtime")
 
-# The CUDA tests fail instead of skipping when FERRY_REQUIRE_GPU is set.
+# The CUDA tests fail instead of skipping when FERRY_REQUIRE_GPU is set. Each binary that holds
+# them runs to its end before any verdict, so one call shows every failure.
 export FERRY_REQUIRE_GPU=1 FERRY_SOURCE_DIR=$repo
 cuda_filter='Cuda*:StreamErrorBook*'
-phase "CUDA tests (kernels_tests --gtest_filter='$cuda_filter')"
-cuda_log=$logs/cuda_tests.log
-timeout 150 "$bin/kernels_tests" --gtest_filter="$cuda_filter" 2>&1 | tee "$cuda_log"
-cuda_rc=${PIPESTATUS[0]}
-ran=$(grep -oE '^\[==========\] [0-9]+ tests? from [0-9]+ test suites? ran' "$cuda_log" | tail -1)
-passed=$(grep -oE '^\[  PASSED  \] [0-9]+' "$cuda_log" | grep -oE '[0-9]+$' | tail -1)
-skipped=$(grep -oE '^\[  SKIPPED \] [0-9]+ tests?' "$cuda_log" | grep -oE '[0-9]+' | tail -1)
-failed=$(grep -oE '^\[  FAILED  \] [0-9]+ tests?, listed below' "$cuda_log" | grep -oE '[0-9]+')
-summary+=("CUDA tests: ${ran:-none ran (rc $cuda_rc)}; passed ${passed:-0}, skipped ${skipped:-0}, failed ${failed:-0}")
-[[ $cuda_rc == 124 ]] && fail "CUDA tests timed out after 150 s (see $cuda_log)"
-[[ -n $ran && ${ran#* } != 0* ]] || fail "no CUDA tests ran (see $cuda_log)"
-if grep -q "no GPU:" "$cuda_log"; then
-  fail "no GPU is visible to the CUDA runtime: $(grep -m1 -o 'no GPU: .*' "$cuda_log")"
-fi
-[[ ${skipped:-0} == 0 ]] || fail "CUDA tests were skipped: $(grep -A3 '^\[  SKIPPED \]' "$cuda_log")"
-[[ $cuda_rc == 0 ]] || fail "CUDA tests (see $cuda_log)"
+test_failures=()
+cuda_tests() {  # <binary> <timeout s>
+  local name=$1 limit=$2 log=$logs/$1.log rc ran passed skipped failed
+  [[ -x $bin/$name ]] || { test_failures+=("$name is not in the bundle"); return; }
+  phase "CUDA tests: $name --gtest_filter='$cuda_filter' (timeout $limit s)"
+  timeout "$limit" "$bin/$name" --gtest_filter="$cuda_filter" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  ran=$(grep -oE '^\[==========\] [0-9]+ tests? from [0-9]+ test suites? ran' "$log" | tail -1)
+  passed=$(grep -oE '^\[  PASSED  \] [0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
+  skipped=$(grep -oE '^\[  SKIPPED \] [0-9]+ tests?' "$log" | grep -oE '[0-9]+' | tail -1)
+  failed=$(grep -oE '^\[  FAILED  \] [0-9]+ tests?, listed below' "$log" | grep -oE '[0-9]+')
+  [[ -n $ran ]] && ran=${ran#* } || ran="none ran (rc $rc)"
+  summary+=("$name: $ran; passed ${passed:-0}, skipped ${skipped:-0}, failed ${failed:-0}")
+  if [[ $rc == 124 ]]; then
+    test_failures+=("$name timed out after $limit s (see $log)")
+  elif [[ $ran != [1-9]* ]]; then
+    test_failures+=("$name ran no CUDA tests (see $log)")
+  elif grep -q "no GPU:" "$log"; then  # nothing further can run
+    fail "no GPU is visible to the CUDA runtime: $(grep -m1 -o 'no GPU: .*' "$log")"
+  elif [[ ${skipped:-0} != 0 ]]; then
+    test_failures+=("$name skipped CUDA tests: $(grep -A3 '^\[  SKIPPED \]' "$log" | paste -sd' ')")
+  elif [[ $rc != 0 ]]; then
+    test_failures+=("$name failed (rc $rc, see $log)")
+  fi
+}
+cuda_tests kernels_tests 130  # every CUDA op against the CPU backend, the device, stream errors
+cuda_tests engine_tests 60    # CudaMachineProbe: ferry probe's measurement on the real GPU
+((${#test_failures[@]} == 0)) || fail "$(printf '%s; ' "${test_failures[@]}")"
 
 phase "ferry probe (GPU GEMM rates, memory, PCIe)"
 probe_log=$logs/probe.log
-timeout 90 "$bin/ferry" probe --out "$logs/probe.json" >"$probe_log" 2>&1
+timeout 85 "$bin/ferry" probe --out "$logs/probe.json" >"$probe_log" 2>&1
 probe_rc=$?
 cat "$probe_log"
 [[ $probe_rc == 0 ]] || fail "ferry probe (rc $probe_rc, see $probe_log)"
@@ -165,7 +178,7 @@ while IFS= read -r line; do summary+=("probe $line"); done < <(grep -E "^(GPU|PC
 phase "GPU benchmarks"
 benches=()
 for b in "$bin"/*; do
-  [[ -f $b && -x $b && $b != */ferry && $b != */kernels_tests ]] && benches+=("$b")
+  [[ -f $b && -x $b && $b != */ferry && $b != *_tests ]] && benches+=("$b")
 done
 if ((${#benches[@]} == 0)); then
   echo "no GPU benchmark programs (bench/*gpu*.cc, bench/*cuda*.cc) yet"
