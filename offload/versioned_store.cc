@@ -39,6 +39,32 @@ std::string SlotName(const std::string& path, int slot) {
   return "slot " + std::to_string(slot) + " of " + path;
 }
 
+// Reads or writes `bytes` at `offset` of `fd` whole: one pread/pwrite, a short transfer resumed
+// from its last whole O_DIRECT block, EAGAIN/EINTR retried; each result through the env's
+// FilterCompletion (the tests' fault injection). A transfer of 0 bytes (end of file) is an
+// error, never a retry. `what` ("slot 0 of <file>") names the slot in errors.
+Status TransferWhole(IoEnv& env, IoKind kind, int fd, std::byte* buf, size_t bytes, uint64_t offset,
+                     const std::string& what) {
+  const bool read = kind == IoKind::kRead;
+  size_t done = 0;
+  while (done < bytes) {
+    IoRequest req{.kind = kind,
+                  .fd = fd,
+                  .buf = buf + done,
+                  .len = uint32_t(bytes - done),
+                  .offset = offset + done};
+    const int rc = read ? int(env.Pread(req.fd, req.buf, req.len, off_t(req.offset)))
+                        : int(env.Pwrite(req.fd, req.buf, req.len, off_t(req.offset)));
+    const ssize_t n = env.FilterCompletion(req, rc);
+    if (n == -EAGAIN || n == -EINTR) continue;
+    if (n < 0) return Status::FromErrno(int(-n), (read ? "read " : "write ") + what);
+    if (n == 0) return Status::Corruption((read ? "read " : "write ") + what + ": end of file");
+    if (size_t(n) == req.len) break;
+    done = (done + size_t(n)) / kVersionedSlotAlign * kVersionedSlotAlign;  // aligned resubmit
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 VersionedStore::VersionedStore(VersionedStoreOptions options, std::vector<size_t> record_bytes)
@@ -166,22 +192,8 @@ VersionedStoreStats VersionedStore::stats() const {
 
 Result<int64_t> VersionedStore::ReadSlot(size_t r, int slot, std::byte* dst) {
   const size_t bytes = VersionedSlotBytes(record_bytes_[r]);
-  const uint64_t offset = uint64_t(slot) * bytes;
-  size_t done = 0;
-  while (done < bytes) {
-    IoRequest req{.kind = IoKind::kRead,
-                  .fd = fds_[r],
-                  .buf = dst + done,
-                  .len = uint32_t(bytes - done),
-                  .offset = offset + done};
-    const ssize_t n =
-        env_->FilterCompletion(req, int(env_->Pread(req.fd, req.buf, req.len, off_t(req.offset))));
-    if (n == -EAGAIN || n == -EINTR) continue;
-    if (n < 0) return Status::FromErrno(int(-n), "read " + SlotName(paths_[r], slot));
-    if (n == 0) return Status::Corruption("read " + SlotName(paths_[r], slot) + ": end of file");
-    if (size_t(n) == req.len) break;
-    done = (done + size_t(n)) / kVersionedSlotAlign * kVersionedSlotAlign;  // aligned resubmit
-  }
+  FERRY_RETURN_IF_ERROR(TransferWhole(*env_, IoKind::kRead, fds_[r], dst, bytes,
+                                      uint64_t(slot) * bytes, SlotName(paths_[r], slot)));
   {
     std::lock_guard lock(mu_);
     stats_.bytes_read += bytes;
@@ -211,21 +223,8 @@ Status VersionedStore::WriteSlot(size_t r, int slot, int64_t step, std::byte* sr
   h.header_crc = HeaderCrc(h);
   std::memcpy(src + record_bytes_[r], &h, sizeof(h));
   std::memset(src + record_bytes_[r] + sizeof(h), 0, bytes - record_bytes_[r] - sizeof(h));
-  const uint64_t offset = uint64_t(slot) * bytes;
-  size_t done = 0;
-  while (done < bytes) {
-    IoRequest req{.kind = IoKind::kWrite,
-                  .fd = fds_[r],
-                  .buf = src + done,
-                  .len = uint32_t(bytes - done),
-                  .offset = offset + done};
-    const ssize_t n =
-        env_->FilterCompletion(req, int(env_->Pwrite(req.fd, req.buf, req.len, off_t(req.offset))));
-    if (n == -EAGAIN || n == -EINTR) continue;
-    if (n < 0) return Status::FromErrno(int(-n), "write " + SlotName(paths_[r], slot));
-    if (size_t(n) == req.len) break;
-    done = (done + size_t(n)) / kVersionedSlotAlign * kVersionedSlotAlign;  // aligned resubmit
-  }
+  FERRY_RETURN_IF_ERROR(TransferWhole(*env_, IoKind::kWrite, fds_[r], src, bytes,
+                                      uint64_t(slot) * bytes, SlotName(paths_[r], slot)));
   const int rc = env_->Fdatasync(fds_[r]);
   if (rc < 0) return Status::FromErrno(-rc, "fdatasync " + paths_[r]);
   std::lock_guard lock(mu_);
