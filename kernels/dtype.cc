@@ -11,6 +11,8 @@ std::string_view DTypeName(DType t) {
     case DType::kBF16: return "bf16";
     case DType::kF16: return "f16";
     case DType::kI32: return "i32";
+    case DType::kU8:
+      return "u8";
   }
   return "?";
 }
@@ -20,8 +22,9 @@ Result<DType> ParseDType(std::string_view name) {
   if (name == "bf16" || name == "bfloat16" || name == "BF16") return DType::kBF16;
   if (name == "f16" || name == "fp16" || name == "float16" || name == "F16") return DType::kF16;
   if (name == "i32" || name == "int32" || name == "I32") return DType::kI32;
+  if (name == "u8" || name == "uint8" || name == "U8") return DType::kU8;
   return Status::InvalidArgument("unknown dtype '" + std::string(name) +
-                                 "': use f32, bf16, f16 or i32");
+                                 "': use f32, bf16, f16, i32 or u8");
 }
 
 float F16ToFloat(f16 v) {
@@ -94,6 +97,11 @@ void ConvertToFloat(DType src_type, const void* src, float* dst, size_t n) {
       for (size_t i = 0; i < n; ++i) dst[i] = float(s[i]);
       return;
     }
+    case DType::kU8: {
+      const auto* s = static_cast<const uint8_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = float(s[i]);
+      return;
+    }
   }
 }
 
@@ -116,6 +124,11 @@ void ConvertFromFloat(const float* src, DType dst_type, void* dst, size_t n) {
     case DType::kI32: {
       auto* d = static_cast<int32_t*>(dst);
       for (size_t i = 0; i < n; ++i) d[i] = int32_t(src[i]);
+      return;
+    }
+    case DType::kU8: {
+      auto* d = static_cast<uint8_t*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = uint8_t(int32_t(src[i]));
       return;
     }
   }

@@ -12,16 +12,20 @@
 
 namespace ferry {
 
-// kI32 is index storage (token ids, position ids, document ids), not a float format: the float
-// conversions below convert its values exactly up to 2^24 (tests stage indices through them).
-enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3 };
+// kI32 is index storage (token ids, position ids, document ids) and kU8 byte storage (packed 4-bit
+// codes and 8-bit indices of quantized weights, kernels/nf4.h); neither is a float format: the
+// float conversions below convert their values exactly (i32 up to 2^24; u8 always, narrowing
+// truncates toward zero and wraps like a C cast; tests stage values through them).
+enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3, kU8 = 4 };
 
-constexpr size_t DTypeSize(DType t) { return t == DType::kF32 || t == DType::kI32 ? 4 : 2; }
-std::string_view DTypeName(DType t);             // "f32", "bf16", "f16", "i32"
+constexpr size_t DTypeSize(DType t) {
+  return t == DType::kF32 || t == DType::kI32 ? 4 : t == DType::kU8 ? 1 : 2;
+}
+std::string_view DTypeName(DType t);              // "f32", "bf16", "f16", "i32", "u8"
 Result<DType> ParseDType(std::string_view name);  // accepts the names above and "fp32"/"fp16"/...
 
 // Unit roundoff (half an ulp at 1.0) of a storage dtype: tolerances are derived from it.
-// (0 for kI32.)
+// (0 for kI32 and kU8.)
 constexpr float DTypeEpsilon(DType t) {
   return t == DType::kF32    ? 5.96e-8f
          : t == DType::kBF16 ? 3.90625e-3f
@@ -64,6 +68,8 @@ inline float RoundTo(DType t, float v) {
     case DType::kBF16: return BF16ToFloat(FloatToBF16(v));
     case DType::kF16: return F16ToFloat(FloatToF16(v));
     case DType::kI32: return float(int32_t(v));
+    case DType::kU8:
+      return float(uint8_t(int32_t(v)));
   }
   return v;
 }

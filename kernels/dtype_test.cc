@@ -33,8 +33,29 @@ TEST(DType, Sizes) {
   EXPECT_EQ(DTypeSize(DType::kF32), 4u);
   EXPECT_EQ(DTypeSize(DType::kBF16), 2u);
   EXPECT_EQ(DTypeSize(DType::kF16), 2u);
+  EXPECT_EQ(DTypeSize(DType::kI32), 4u);
+  EXPECT_EQ(DTypeSize(DType::kU8), 1u);
   EXPECT_EQ(ParseDType("bf16").value(), DType::kBF16);
+  EXPECT_EQ(ParseDType("u8").value(), DType::kU8);
+  EXPECT_EQ(DTypeName(DType::kU8), "u8");
   EXPECT_FALSE(ParseDType("int8").ok());
+}
+
+// u8 is byte storage (packed NF4 codes), not a float format: the conversions carry its values
+// exactly, as they do i32's.
+TEST(DType, U8ConvertsItsValuesExactly) {
+  const uint8_t bytes[4] = {0, 1, 127, 255};
+  float f[4];
+  ConvertToFloat(DType::kU8, bytes, f, 4);
+  EXPECT_EQ(f[0], 0.0f);
+  EXPECT_EQ(f[1], 1.0f);
+  EXPECT_EQ(f[2], 127.0f);
+  EXPECT_EQ(f[3], 255.0f);
+  uint8_t back[4] = {9, 9, 9, 9};
+  ConvertFromFloat(f, DType::kU8, back, 4);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(back[i], bytes[i]) << i;
+  EXPECT_EQ(RoundTo(DType::kU8, 200.0f), 200.0f);
+  EXPECT_EQ(DTypeEpsilon(DType::kU8), 0.0f);
 }
 
 TEST(DType, BF16RoundsToNearestEven) {

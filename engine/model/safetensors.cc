@@ -147,6 +147,8 @@ SafetensorsDType ToSafetensorsDType(DType t) {
       return SafetensorsDType::kF16;
     case DType::kI32:
       return SafetensorsDType::kI32;
+    case DType::kU8:
+      return SafetensorsDType::kU8;
   }
   return SafetensorsDType::kF32;
 }
@@ -405,7 +407,7 @@ void SafetensorsWriter::Add(std::string name, std::vector<int64_t> shape,
                             std::span<const float> values, DType dtype) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
-  assert(size_t(n) == values.size() && dtype != DType::kI32);
+  assert(size_t(n) == values.size() && dtype != DType::kI32 && dtype != DType::kU8);
   (void)n;
   Entry e{std::move(name), dtype, std::move(shape), {}};
   e.bytes.resize(values.size() * DTypeSize(dtype));

@@ -110,6 +110,7 @@ decltype(auto) WithStorageType(DType t, Fn&& fn) {
       return fn(__half{});
     case DType::kF32:
     case DType::kI32:  // excluded by the REQUIRES above
+    case DType::kU8:
       break;
   }
   return fn(float{});

@@ -40,6 +40,7 @@ cudaDataType_t CudaType(DType t) {
       return CUDA_R_16F;
     case DType::kF32:
     case DType::kI32:  // excluded by ValidateGemm
+    case DType::kU8:
       break;
   }
   return CUDA_R_32F;
