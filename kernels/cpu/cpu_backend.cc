@@ -10,6 +10,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/lm_head_loss.h"
+#include "kernels/cpu/nf4_dequantize.h"
 #include "kernels/cpu/residual.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
@@ -55,6 +56,7 @@ constexpr Backend kCpuBackend = [] {
   b.lm_head_loss_forward.run = &OnPool<LmHeadLossArgs, cpu::LmHeadLossForward>;
   b.lm_head_loss_forward_backward.run = &OnPool<LmHeadLossArgs, cpu::LmHeadLossForwardBackward>;
   b.adamw.run = &OnPool<AdamWArgs, cpu::AdamWStep>;
+  b.nf4_dequantize.run = &OnPool<Nf4DequantizeArgs, cpu::Nf4Dequantize>;
   return b;
 }();
 

@@ -57,6 +57,7 @@ constexpr Backend kCudaBackend = [] {
   b.lm_head_loss_forward.run = &OnCuda<LmHeadLossArgs, cuda::LmHeadLossForward>;
   b.lm_head_loss_forward_backward.run = &OnCuda<LmHeadLossArgs, cuda::LmHeadLossForwardBackward>;
   b.adamw.run = &OnCuda<AdamWArgs, cuda::AdamWStep>;
+  b.nf4_dequantize.run = &OnCuda<Nf4DequantizeArgs, cuda::Nf4Dequantize>;
   return b;
 }();
 

@@ -15,6 +15,7 @@
 #include "kernels/ops/gemm_bias_grad.h"
 #include "kernels/ops/layernorm.h"
 #include "kernels/ops/lm_head_loss.h"
+#include "kernels/ops/nf4_dequantize.h"
 #include "kernels/ops/rmsnorm.h"
 #include "kernels/ops/rope.h"
 #include "kernels/ops/swiglu.h"
@@ -105,5 +106,9 @@ Status DecodeAttention(CudaDevice& d, const DecodeAttentionArgs& a);
 // One AdamW update with its state in device memory, bit for bit torch's fp32 order
 // (kernels/cuda/adamw.cu).
 Status AdamWStep(CudaDevice& d, const AdamWArgs& a);
+
+// NF4 dequantization, a thread per packed byte, the CPU kernel's fp32 products
+// (kernels/cuda/nf4_dequantize.cu).
+Status Nf4Dequantize(CudaDevice& d, const Nf4DequantizeArgs& a);
 
 }  // namespace ferry::cuda

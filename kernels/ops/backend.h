@@ -32,6 +32,7 @@
 #include "kernels/ops/gemm_bias_grad.h"
 #include "kernels/ops/layernorm.h"
 #include "kernels/ops/lm_head_loss.h"
+#include "kernels/ops/nf4_dequantize.h"
 #include "kernels/ops/residual.h"
 #include "kernels/ops/rmsnorm.h"
 #include "kernels/ops/rope.h"
@@ -74,6 +75,7 @@ struct Backend {
   Kernel<LmHeadLossArgs> lm_head_loss_forward{"lm_head_loss_fwd"};
   Kernel<LmHeadLossArgs> lm_head_loss_forward_backward{"lm_head_loss_fwd_bwd"};
   Kernel<AdamWArgs> adamw{"adamw"};
+  Kernel<Nf4DequantizeArgs> nf4_dequantize{"nf4_dequantize"};
 };
 
 // Scratch bytes one device kind's kernels need, as pure functions of (threads, dtypes, shape):

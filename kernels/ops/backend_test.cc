@@ -71,6 +71,7 @@ std::vector<DesignOp> DesignOps() {
        Of(&Backend::lm_head_loss_forward_backward)},
       {"AdamW", "adamw", Of(&Backend::adamw)},
       {"casts between fp32/bf16/fp16", "cast", Of(&Backend::cast)},
+      {"NF4 dequantization", "nf4_dequantize", Of(&Backend::nf4_dequantize)},
   };
 }
 
