@@ -35,9 +35,9 @@
 //     across a midpoint, a code apart from the tree's), absmax clamped to >= 1e-38 (a zero block
 //     quantizes to 7 = 0.0; a zero short last block stores absmax 1e-38, as bitsandbytes does).
 //     Nested: quantize_blockwise on the CPU (csrc/cpu_ops.cpp): the code read from a 65536-bin
-//     lookup table over [-1, 1] (bin i holds the code nearest -1 + 2i / 65535; a zero block stores
-//     index 0), which can be a neighbour of the exact nearest code for values within half a bin
-//     (1.5e-5) of a midpoint.
+//     lookup table over [-1, 1] (bin i holds the code nearest its centre -1 + 2i / 65535; a zero
+//     block stores index 0). Within 2 / 65535 of as near as the exact nearest code, but not it
+//     for values near a midpoint, nor near 0, where the map's codes lie closer than a bin.
 // nested_offset is the mean of absmax, computed in double and rounded once; bitsandbytes takes
 // torch's fp32 mean, whose summation order depends on the CPU's vector width, and can land an ulp
 // away (NestNf4Absmax takes a given offset, so a test can use bitsandbytes' own).
