@@ -22,14 +22,15 @@
 // the nearest code by bucketize over the fp32 midpoints; both send a value on their boundary
 // down. The tree's 15 constants (kNf4Thresholds) are those fp32 midpoints except four, between
 // codes 0|1, 8|9, 12|13 and 14|15, where the decimal in the CUDA source rounds to the float an ulp
-// beside the midpoint: a scaled value on the one of the two that lies higher gets neighbouring
-// codes. Otherwise they differ in how they scale and in the nested 8-bit codes. Nf4Rounding names
-// which one ferry follows. In detail, each reproduced exactly:
+// beside the midpoint: a scaled value equal to the higher of the two gets code q + 1 from one
+// rule and q from the other, the only scaled values they round apart. Beyond that they differ in
+// how they scale and in the nested 8-bit codes. Nf4Rounding names which one ferry follows. In
+// detail, each reproduced exactly:
 //   kThresholdTree (csrc/kernels.cu, kQuantizeBlockwise): every block x * (1 / absmax) in fp32
 //     through the tree dQuantizeNF4. An all-zero block: 1 / 0 = inf, 0 * inf = NaN, which the tree
 //     sends to code 0 (-1.0), dequantizing to -0.0. Nested: quantize_blockwise on CUDA,
 //     (absmax - offset) * (1 / nested_absmax) through dQuantize's binary search of the 256 codes,
-//     then the nearer of the last two by their fp32 midpoint (the exact nearest code).
+//     then the nearer of the last two by their fp32 midpoint.
 //   kNearest (backends/default quantize_4bit, bitsandbytes 0.50): full blocks x * (1 / absmax),
 //     the last short block x / absmax (a true division, which can land an ulp from the product:
 //     across a midpoint, a code apart from the tree's), absmax clamped to >= 1e-38 (a zero block
