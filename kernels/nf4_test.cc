@@ -17,7 +17,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -52,7 +52,9 @@ struct GoldenTensor {
 };
 
 // Every tensor of a safetensors file: an 8-byte little-endian header length, a JSON header of
-// {name: {dtype, shape, data_offsets}}, then the data. Empty when the file is missing or bad.
+// {"name":{"dtype":..,"shape":[..],"data_offsets":[begin,end]},...} as the safetensors library
+// writes it (no spaces; kernels/ tests use no JSON library), then the data. Empty when the file
+// is missing, or when an entry is not in that form (every "dtype" must be matched).
 std::map<std::string, GoldenTensor> ReadSafetensors(const std::string& path) {
   std::map<std::string, GoldenTensor> out;
   const std::string file = ReadFile(path);
@@ -60,24 +62,61 @@ std::map<std::string, GoldenTensor> ReadSafetensors(const std::string& path) {
   uint64_t len = 0;
   for (int i = 0; i < 8; ++i) len |= uint64_t(uint8_t(file[size_t(i)])) << (8 * i);
   if (8 + len > file.size()) return out;
-  const nlohmann::json header = nlohmann::json::parse(file.substr(8, len), nullptr, false);
-  if (!header.is_object()) return out;
-  for (const auto& [name, info] : header.items()) {
-    if (name == "__metadata__") continue;
-    const size_t begin = info["data_offsets"][0], end = info["data_offsets"][1];
-    out[name] = {info["dtype"], info["shape"].get<std::vector<int64_t>>(),
-                 file.substr(8 + len + begin, end - begin)};
+  const std::string header = file.substr(8, len);
+  const std::regex entry(
+      R"re("([^"]+)":\{"dtype":"([A-Z0-9]+)","shape":\[([0-9,]*)\],"data_offsets":\[([0-9]+),([0-9]+)\]\})re");
+  size_t dtypes = 0;
+  for (size_t at = header.find("\"dtype\""); at != std::string::npos;
+       at = header.find("\"dtype\"", at + 1)) {
+    ++dtypes;
   }
+  for (auto it = std::sregex_iterator(header.begin(), header.end(), entry);
+       it != std::sregex_iterator(); ++it) {
+    const std::smatch& m = *it;
+    GoldenTensor t{m[2], {}, {}};
+    std::stringstream dims(m[3]);
+    for (std::string d; std::getline(dims, d, ',');) t.shape.push_back(std::stoll(d));
+    const size_t begin = std::stoull(m[4]), end = std::stoull(m[5]);
+    if (8 + len + end > file.size() || begin > end) return {};
+    t.bytes = file.substr(8 + len + begin, end - begin);
+    out[m[1]] = std::move(t);
+  }
+  if (out.size() != dtypes) return {};
   return out;
 }
+
+// One golden case, found from its tensors' names (scripts/make_nf4_goldens.py): CASE.packed, and
+// CASE.absmax_q when nested; its input is CASE.input, or its plain twin's for CASE_nested.
+struct GoldenCase {
+  std::string name;
+  std::string input;
+  std::vector<int64_t> shape;
+  bool nested = false;
+  bool dequant_f32 = false, dequant_bf16 = false;
+};
 
 class Nf4Golden : public ::testing::Test {
  protected:
   void SetUp() override {
     tensors_ = ReadSafetensors(GoldenDir() + "nf4.safetensors");
-    info_ = nlohmann::json::parse(ReadFile(GoldenDir() + "golden.json"), nullptr, false);
     ASSERT_FALSE(tensors_.empty()) << "cannot read " << GoldenDir() << "nf4.safetensors";
-    ASSERT_TRUE(info_.is_object() && info_.contains("cases")) << "bad golden.json";
+    const std::string suffix = ".packed";
+    for (const auto& [key, t] : tensors_) {
+      if (key.size() <= suffix.size() || !key.ends_with(suffix)) continue;
+      GoldenCase c;
+      c.name = key.substr(0, key.size() - suffix.size());
+      c.nested = tensors_.contains(c.name + ".absmax_q");
+      c.input = c.name + ".input";
+      if (!tensors_.contains(c.input) && c.name.ends_with("_nested")) {
+        c.input = c.name.substr(0, c.name.size() - 7) + ".input";
+      }
+      ASSERT_TRUE(tensors_.contains(c.input)) << "no input for " << c.name;
+      c.shape = tensors_[c.input].shape;
+      c.dequant_f32 = tensors_.contains(c.name + ".dequant_f32");
+      c.dequant_bf16 = tensors_.contains(c.name + ".dequant_bf16");
+      cases_.push_back(c);
+    }
+    ASSERT_EQ(cases_.size(), 21u) << "the goldens hold 21 cases (scripts/make_nf4_goldens.py)";
   }
 
   const GoldenTensor& Get(const std::string& name) {
@@ -102,25 +141,24 @@ class Nf4Golden : public ::testing::Test {
   }
 
   // The golden weight of a case as bitsandbytes stored it.
-  Nf4Host Stored(const nlohmann::json& c) {
-    const std::string name = c["name"];
+  Nf4Host Stored(const GoldenCase& c) {
     Nf4Host w;
-    w.shape = c["shape"].get<std::vector<int64_t>>();
+    w.shape = c.shape;
     w.code = Floats("code");
-    w.packed = Bytes(name + ".packed");
-    if (c["nested"]) {
-      w.absmax_q = Bytes(name + ".absmax_q");
-      w.nested_absmax = Floats(name + ".nested_absmax");
+    w.packed = Bytes(c.name + ".packed");
+    if (c.nested) {
+      w.absmax_q = Bytes(c.name + ".absmax_q");
+      w.nested_absmax = Floats(c.name + ".nested_absmax");
       w.nested_code = Floats("nested_code");
-      w.nested_offset = Floats(name + ".nested_offset").at(0);
+      w.nested_offset = Floats(c.name + ".nested_offset").at(0);
     } else {
-      w.absmax = Floats(name + ".absmax");
+      w.absmax = Floats(c.name + ".absmax");
     }
     return w;
   }
 
   std::map<std::string, GoldenTensor> tensors_;
-  nlohmann::json info_;
+  std::vector<GoldenCase> cases_;
 };
 
 uint32_t Bits(float v) { return std::bit_cast<uint32_t>(v); }
@@ -166,16 +204,16 @@ TEST_F(Nf4Golden, CodeTablesAreBitsandbytes) {
 
 TEST_F(Nf4Golden, NearestRoundingReproducesBitsandbytesCpuExactly) {
   int offsets_apart = 0;
-  for (const nlohmann::json& c : info_["cases"]) {
-    const std::string name = c["name"];
+  for (const GoldenCase& c : cases_) {
+    const std::string& name = c.name;
     SCOPED_TRACE(name);
-    const std::vector<float> x = Floats(c["input"]);
+    const std::vector<float> x = Floats(c.input);
     const Nf4Host want = Stored(c);
-    Result<Nf4Host> got = QuantizeNf4(x, want.shape, c["nested"], Nf4Rounding::kNearest);
+    Result<Nf4Host> got = QuantizeNf4(x, want.shape, c.nested, Nf4Rounding::kNearest);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     ASSERT_TRUE(ValidateNf4(*got, name).ok());
     ExpectSameBits(got->packed, want.packed, "packed");
-    if (!c["nested"]) {
+    if (!c.nested) {
       ExpectSameBits(got->absmax, want.absmax, "absmax");
       continue;
     }
@@ -202,18 +240,18 @@ TEST_F(Nf4Golden, NearestRoundingReproducesBitsandbytesCpuExactly) {
 }
 
 TEST_F(Nf4Golden, DequantizeIsBitsandbytesBitForBit) {
-  for (const nlohmann::json& c : info_["cases"]) {
-    const std::string name = c["name"];
+  for (const GoldenCase& c : cases_) {
+    const std::string& name = c.name;
     SCOPED_TRACE(name);
     const Nf4Host w = Stored(c);
     ASSERT_TRUE(ValidateNf4(w, name).ok()) << ValidateNf4(w, name).ToString();
     const size_t n = size_t(w.numel());
-    if (c["dequant_f32"]) {
+    if (c.dequant_f32) {
       std::vector<float> got(n);
       DequantizeNf4(w, DType::kF32, got.data());
       ExpectSameBits(got, Floats(name + ".dequant_f32"), "f32");
     }
-    if (c["dequant_bf16"]) {
+    if (c.dequant_bf16) {
       std::vector<bf16> raw(n);
       DequantizeNf4(w, DType::kBF16, raw.data());
       std::vector<float> got(n);
@@ -235,12 +273,12 @@ TEST_F(Nf4Golden, ThresholdTreeDiffersOnlyNearThresholdsAndInZeroBlocks) {
     const bool apart = q == 0 || q == 8 || q == 12 || q == 14;
     EXPECT_EQ(std::abs(int64_t(Bits(kNf4Thresholds[q])) - int64_t(Bits(mid))), apart ? 1 : 0) << q;
   }
-  for (const nlohmann::json& c : info_["cases"]) {
-    const std::string name = c["name"];
+  for (const GoldenCase& c : cases_) {
+    const std::string& name = c.name;
     SCOPED_TRACE(name);
-    const std::vector<float> x = Floats(c["input"]);
+    const std::vector<float> x = Floats(c.input);
     const Nf4Host want = Stored(c);
-    const bool nested = c["nested"];
+    const bool nested = c.nested;
     Result<Nf4Host> tree = QuantizeNf4(x, want.shape, nested, Nf4Rounding::kThresholdTree);
     ASSERT_TRUE(tree.ok());
     const int64_t n = int64_t(x.size()), full = n / kNf4Block;

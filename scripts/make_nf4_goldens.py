@@ -34,7 +34,8 @@ Layout (tests/goldens/nf4/):
                       CASE.dequant_bf16  BF16 (shape)  dequantize_4bit to bf16 (not for "big",
                                          only for its nested twin)
   golden.json       versions; cases: name, input (the tensor), shape, dtype, nested, and which
-                    dequantized outputs were written (dequant_f32, dequant_bf16)
+                    dequantized outputs were written (dequant_f32, dequant_bf16). The C++ test
+                    finds the same from the tensor names (kernels/ tests use no JSON library).
 Cases: shapes (3, 5) (odd numel), (64,), (65,), (130, 7) in f32 and bf16, nested and not; big:
 (300, 128) in bf16 (600 blocks, so three nested blocks, the last short); thresholds (64,) f32:
 1.0 (absmax, so the scale is exactly 1), each fp32 midpoint of the table and each threshold of
