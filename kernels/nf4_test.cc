@@ -447,6 +447,18 @@ TEST(Nf4, RoundTripPicksTheNearestCodeOfEachBlock) {
   }
 }
 
+// What the planner counts for a frozen weight: a 4096 x 4096 projection holds 8 MiB of codes and
+// 262144 fp32 absmax, or nested one byte each, 1024 fp32 nested absmax and the offset.
+TEST(Nf4, StoredBytesCountPackedCodesAndQuantState) {
+  const int64_t n = 4096 * 4096;
+  EXPECT_EQ(Nf4StoredBytes(n, false), size_t(n / 2 + n / 64 * 4));
+  EXPECT_EQ(Nf4StoredBytes(n, true), size_t(n / 2 + n / 64 + n / 64 / 256 * 4 + 4));
+  EXPECT_EQ(Nf4StoredBytes(65, false), size_t(33 + 2 * 4));     // a short block, odd count
+  EXPECT_EQ(Nf4StoredBytes(65, true), size_t(33 + 2 + 4 + 4));  // one nested block
+  EXPECT_EQ(Nf4StoredBytes(257 * 64, true), size_t(257 * 32 + 257 + 2 * 4 + 4));  // two
+  EXPECT_EQ(Nf4StoredBytes(1, false, 2, 256), size_t(1 + 4));
+}
+
 TEST(Nf4, DequantizeRoundsOnceToEachDtype) {
   const std::vector<float> x = BlockScaledRandom(300, 5);
   for (bool nested : {false, true}) {
