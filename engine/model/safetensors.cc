@@ -380,14 +380,15 @@ Status WriteSafetensors(const std::string& path, std::span<const SafetensorsWrit
       return Status::InvalidArgument("cannot write tensor named '" + t.name + "' to " + path +
                                      ": names must be unique, non-empty and not __metadata__");
     }
-    size_t bytes = DTypeSize(t.dtype);
+    const SafetensorsDType file_dtype = t.file_dtype.value_or(ToSafetensorsDType(t.dtype));
+    size_t bytes = SafetensorsDTypeSize(file_dtype);
     for (int64_t d : t.shape) bytes *= size_t(d);
     if (bytes != t.data.size()) {
       return Status::InvalidArgument("tensor '" + t.name + "' has " +
                                      std::to_string(t.data.size()) + " bytes, shape " +
                                      ShapeToString(t.shape) + " needs " + std::to_string(bytes));
     }
-    header[t.name] = {{"dtype", SafetensorsDTypeName(ToSafetensorsDType(t.dtype))},
+    header[t.name] = {{"dtype", SafetensorsDTypeName(file_dtype)},
                       {"shape", t.shape},
                       {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -114,6 +115,9 @@ struct SafetensorsWriteTensor {
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
   std::span<const std::byte> data;
+  // When set, the dtype the file names instead of `dtype` (any the format has: U8 quant state,
+  // I64 token ids); `data` then holds numel * SafetensorsDTypeSize(*file_dtype) bytes.
+  std::optional<SafetensorsDType> file_dtype = std::nullopt;
 };
 
 // Writes the tensors (names unique, non-empty, not "__metadata__") to `path`.
