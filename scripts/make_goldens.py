@@ -6,7 +6,8 @@ Python is tooling only: ferry's tests read the committed outputs under tests/gol
 this script. To regenerate (CPU only, a few seconds once the packages are installed):
 
     python3 -m venv /tmp/goldens-venv
-    /tmp/goldens-venv/bin/pip install torch transformers peft safetensors numpy
+    /tmp/goldens-venv/bin/pip install torch transformers peft safetensors numpy bitsandbytes \
+        accelerate
     /tmp/goldens-venv/bin/python scripts/make_goldens.py            # writes tests/goldens/
     /tmp/goldens-venv/bin/python scripts/make_goldens.py --out DIR   # somewhere else
 
@@ -36,6 +37,26 @@ and tests/goldens/llama_lora/ (base weights: ../llama/model.safetensors):
   grads.safetensors    gradients of the LoRA A/B matrices only (PEFT adapter names)
   final.safetensors    LoRA A/B after the AdamW steps; the base weights do not move
   golden.json
+
+and tests/goldens/llama_bnb4/ and gpt2_bnb4/ (pre-quantized `*-bnb-4bit` folders: the weights of
+../llama (../gpt2) loaded by transformers with BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16) on the CPU, which recent
+bitsandbytes supports (pip install bitsandbytes accelerate too), and written by save_pretrained;
+its NF4 codes are bitsandbytes' CPU quantization of the f32 weights; GPT-2's Conv1D weights, stored
+(in, out), are quantized transposed, with logical shape (out, in)):
+  config.json          with transformers' quantization_config
+  model.safetensors    embeddings, norms and lm_head as f32; every decoder-block projection W as
+                       W (U8 packed codes, (numel/2, 1)), W.absmax (U8, double-quantized),
+                       W.quant_map (F32 16), W.nested_absmax (F32), W.nested_quant_map (F32 256),
+                       W.quant_state.bitsandbytes__nf4 (U8: JSON quant_type, blocksize, dtype,
+                       shape, nested_blocksize, nested_dtype, nested_offset)
+  dequant.safetensors  bitsandbytes' dequantize_4bit of every W as F32 (out, in), under W's name
+                       (its device-independent implementation: make_bnb4 says why): what a
+                       reader + NF4 dequantizer must give bit for bit
+  io.safetensors       input_ids, targets (the fixed tokens above) and the F32 logits of the
+                       folder reloaded by transformers (bf16 compute in the projections); llama
+                       only: bitsandbytes 0.50's CPU 4-bit matmul asserts on GPT-2's widths
+  golden.json          versions, the quantization settings, the quantized weights and shapes
 
 The loss is the mean cross-entropy over all non-masked targets of the batch:
     loss = sum_{(b,t): target != -100} -log softmax(logits[b, t])[target[b, t]] / count
@@ -398,6 +419,73 @@ def make_lora(out):
     return info
 
 
+def make_bnb4(out, base):
+    """<base> quantized to NF4 by transformers + bitsandbytes on the CPU (docstring above)."""
+    import bitsandbytes as bnb
+    import transformers as tf
+    src = os.path.join(out, base)
+    d = os.path.join(out, base + "_bnb4")
+    if not os.path.exists(os.path.join(src, "model.safetensors")):
+        raise SystemExit(f"{base}_bnb4 quantizes {src}: write it first (--only {base},{base}_bnb4)")
+    os.makedirs(d, exist_ok=True)
+    qcfg = tf.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                 bnb_4bit_use_double_quant=True,
+                                 bnb_4bit_compute_dtype=torch.bfloat16)
+    model = tf.AutoModelForCausalLM.from_pretrained(src, quantization_config=qcfg,
+                                                    device_map="cpu")
+    model.save_pretrained(d, safe_serialization=True)
+    for extra in ("generation_config.json",):
+        if os.path.exists(os.path.join(d, extra)):
+            os.remove(os.path.join(d, extra))
+
+    def dequantize(w):
+        """bitsandbytes' dequantize_4bit, through its device-independent implementation
+        (backends/default/ops.py, which its CUDA kernel matches): on an AVX-512 CPU its own CPU
+        kernel (0.50.2) takes the wrong block scales when a row is not a multiple of the block
+        size (GPT-2's 48-wide rows); where rows are, the two are checked to agree bit for bit."""
+        from bitsandbytes.backends.default.ops import _dequantize_4bit_compute
+        qs = w.quant_state
+        absmax = qs.absmax
+        if qs.nested:  # as dequantize_4bit does
+            absmax = bnb.functional.dequantize_blockwise(qs.absmax, qs.state2)
+            absmax += qs.offset
+        out = _dequantize_4bit_compute(w.data.reshape(-1), absmax.float(), qs.code, qs.blocksize,
+                                       qs.shape, torch.float32)
+        if qs.shape[-1] % qs.blocksize == 0:
+            assert torch.equal(out, bnb.functional.dequantize_4bit(w.data, qs).float())
+        return out.contiguous()
+
+    def dequantized(m):
+        return {f"{n}.weight": dequantize(mod.weight)
+                for n, mod in m.named_modules() if isinstance(mod, bnb.nn.Linear4bit)}
+
+    weights = dequantized(model)
+    # The folder as transformers reads it back: same codes, and the logits to match.
+    reloaded = tf.AutoModelForCausalLM.from_pretrained(d, device_map="cpu")
+    reloaded.config._attn_implementation = "eager"
+    again = dequantized(reloaded)
+    assert weights.keys() == again.keys() and all(torch.equal(weights[k], again[k])
+                                                  for k in weights), "reload changed the codes"
+    save_file(weights, os.path.join(d, "dequant.safetensors"))
+    info = {
+        "versions": dict(versions(), bitsandbytes=bnb.__version__),
+        "base": "../" + base,
+        "quantization_config": reloaded.config.quantization_config.to_dict(),
+        "loss": None,
+        "quantized": [{"name": n, "shape": list(w.shape)} for n, w in weights.items()],
+    }
+    if base == "llama":
+        input_ids, targets = make_tokens()
+        with torch.no_grad():
+            logits = reloaded(input_ids=input_ids).logits.float()
+        save_file({"input_ids": input_ids, "targets": targets, "logits": logits.contiguous()},
+                  os.path.join(d, "io.safetensors"))
+        info["loss"] = f32(loss_fn(logits, targets).item())
+    with open(os.path.join(d, "golden.json"), "w") as f:
+        json.dump(info, f, indent=1, default=str)
+    return info
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -414,6 +502,10 @@ def main():
         info = make_full(kind, args.out)
         print(f"{kind}: {info['num_parameters']} parameters, loss {info['loss']}, "
               f"final loss {info['steps'][-1]['loss']}")
+    for base in ("llama", "gpt2"):  # reads <out>/<base>
+        if not args.only or f"{base}_bnb4" in args.only.split(","):
+            info = make_bnb4(args.out, base)
+            print(f"{base}_bnb4: {len(info['quantized'])} NF4 weights, loss {info['loss']}")
     if args.only:
         return
     info = make_optimizer(args.out)
