@@ -11,6 +11,9 @@
 //    job.json records ("model", and "model_path" made absolute);
 //  - for planning only (ModelUse::kConfigOnly): a config.json file or a preset name
 //    (<presets_dir>/<name>.json).
+//  A folder pre-quantized by bitsandbytes (config.json's quantization_config, 4-bit nf4) is
+//  detected (ModelSource::bnb4bit); planning takes it, training and inference refuse it for now
+//  (FailedPrecondition: ferry reads it, engine/model/bnb_folder.h, but does not run from it yet).
 // --adapter DIR: a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors), e.g.
 // a LoRA run folder; it replaces a run folder's own adapter. Errors are one line naming the folder
 // or file and what to give instead.
@@ -24,8 +27,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "engine/model/bnb_folder.h"
 #include "engine/model/model_config.h"
 #include "engine/model/model_folder.h"
 #include "engine/text/tokenizer.h"
@@ -47,6 +52,9 @@ struct ModelSource {
   std::string adapter_dir;    // PEFT adapter folder; "" for none
   std::string tokenizer_dir;  // folder with tokenizer.json; "" for the byte tokenizer
   ModelConfig config;
+  // config.json's bitsandbytes 4-bit quantization_config, when the base weights' folder is
+  // pre-quantized (engine/model/bnb_folder.h); nullopt otherwise.
+  std::optional<Bnb4bitSettings> bnb4bit;
 };
 
 // Resolves --model `model` and --adapter `adapter` ("" for none) for `use`. `presets_dir` is

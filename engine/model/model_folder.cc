@@ -5,6 +5,7 @@
 #include <set>
 
 #include "engine/json.h"
+#include "engine/model/bnb_folder.h"
 #include "engine/model/weights_io.h"
 #include "offload/file_io.h"
 
@@ -58,12 +59,22 @@ Status LoadOne(const FolderWeights& folder, const ModelConfig& c, const ParamSpe
                             "' is missing (a " + c.model_type + " model with this config.json " +
                             "needs it; is config.json the one of these weights?)");
   }
+  if (IsBnbQuantized(folder, stored)) return PreQuantizedNotSupportedYet(folder.dir());
   used.insert(stored);
   ParamSpec as_stored = p;
   as_stored.name = stored;
   std::vector<float>& out = weights.tensors[p.name];
   out.resize(size_t(p.numel()));
   return LoadParameter(*file, as_stored, out);
+}
+
+// True when `name` is one of `held` or a tensor of one ("<held>.absmax", ...).
+bool HeldElsewhere(const std::set<std::string, std::less<>>& held, std::string_view name) {
+  for (size_t end = name.size(); end != std::string_view::npos && end > 0;
+       end = name.rfind('.', end - 1)) {
+    if (held.contains(name.substr(0, end))) return true;
+  }
+  return false;
 }
 
 // PEFT's target module names, mapped onto ferry's LoRA target bits.
@@ -177,13 +188,16 @@ std::vector<std::string> FolderWeights::Names() const {
 }
 
 Status LoadBaseWeights(const FolderWeights& folder, const ModelConfig& config,
-                       const std::vector<LayerSpec>& layers, HostTensors& weights) {
+                       const std::vector<LayerSpec>& layers, HostTensors& weights,
+                       const std::set<std::string, std::less<>>& held_elsewhere) {
   std::set<std::string> used;
   for (const ParamSpec* p : StorageParamsOf(layers, /*lora=*/false)) {
+    if (held_elsewhere.contains(p->name)) continue;
     FERRY_RETURN_IF_ERROR(LoadOne(folder, config, *p, used, weights));
   }
   for (const std::string& name : folder.Names()) {
     if (used.contains(name) || IsHarmlessBuffer(config, name)) continue;
+    if (HeldElsewhere(held_elsewhere, name)) continue;
     const SafetensorsFile* file = folder.FileOf(name);
     if (config.tie_word_embeddings && name == "lm_head.weight") {
       const std::vector<int64_t> want = {config.vocab_size, config.hidden_size};
@@ -291,6 +305,8 @@ Result<LoadedModel> LoadModelFolder(const std::string& dir, const std::string& a
     return Status::NotFound("model folder " + dir + " does not exist or is not a folder");
   }
   FERRY_ASSIGN_OR_RETURN(m.config, LoadHfConfig(config_path));
+  FERRY_ASSIGN_OR_RETURN(std::optional<Bnb4bitSettings> bnb, LoadBnb4bitSettings(dir));
+  if (bnb.has_value()) return PreQuantizedNotSupportedYet(dir);
   if (!adapter_dir.empty()) {
     const std::string path = adapter_dir + "/" + kAdapterConfig;
     FERRY_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path));

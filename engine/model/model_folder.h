@@ -34,6 +34,7 @@
 
 #include <cstddef>
 #include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -58,7 +59,8 @@ struct LoadedModel {
 
 // Reads the model folder `dir` and, when `adapter_dir` is not empty, the PEFT LoRA adapter in it
 // (its A/B matrices are loaded; the base weights are frozen in `layers`). Errors name the folder,
-// the file and the tensor or field.
+// the file and the tensor or field. A folder pre-quantized by bitsandbytes is a FailedPrecondition
+// (PreQuantizedNotSupportedYet; LoadBnb4bitFolder in engine/model/bnb_folder.h reads one).
 Result<LoadedModel> LoadModelFolder(const std::string& dir, const std::string& adapter_dir = "");
 
 // The safetensors files of a model folder, memory-mapped, indexed by tensor name.
@@ -81,9 +83,14 @@ class FolderWeights {
 
 // Fills the base (non-LoRA) parameters of `layers` in `weights` from `folder` (creating their
 // entries), after checking that every expected tensor is present with its shape and that the
-// folder holds nothing unexpected (see the header comment for what is tolerated).
+// folder holds nothing unexpected (see the header comment for what is tolerated). Parameters
+// named in `held_elsewhere` are left out, and so are their tensors in the folder ("<name>" and
+// "<name>.<anything>": the NF4 weights of a pre-quantized folder, engine/model/bnb_folder.h). A
+// parameter stored quantized by bitsandbytes and not held elsewhere is a FailedPrecondition
+// (PreQuantizedNotSupportedYet).
 Status LoadBaseWeights(const FolderWeights& folder, const ModelConfig& config,
-                       const std::vector<LayerSpec>& layers, HostTensors& weights);
+                       const std::vector<LayerSpec>& layers, HostTensors& weights,
+                       const std::set<std::string, std::less<>>& held_elsewhere = {});
 
 // Parses a PEFT adapter_config.json (its text) into a LoraConfig for `model`. Errors name the
 // field.
