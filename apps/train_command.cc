@@ -130,6 +130,7 @@ int RunTrainCommand(TrainCommand& cmd) {
     job = *resumed;
     control.resume = true;
   }
+  if (Status s = AdoptPreQuantizedBase(job); !s.ok()) return fail(s);
   Result<ModelConfig> model = ResolveModel(job);
   if (!model.ok()) return fail(model.status());
   if (Status s = ValidateJobSpec(job, *model); !s.ok()) return fail(s);

@@ -9,6 +9,9 @@
 // stale; RoundPipe's own schedule replayed on the simulator (roundpipe_schedule.h); RoundPipe's
 // published figures (arXiv 2604.27085); and the planner's search time for Qwen3-32B on 8 GPUs.
 //
+// Then issue 18's: LoRA over a bf16 base against an NF4 base (QLoRA) for Llama-3.1-8B and
+// Qwen3-32B on 8 GPUs, and Llama-3.1-70B on one RTX 4090 with 64 GB of host RAM.
+//
 // Usage: plan_bench [CONFIG_DIR] (default: $FERRY_CONFIG_DIR, else ./configs;
 // run from the repo).
 #include <algorithm>
@@ -167,6 +170,67 @@ int RoundPipeTable(const std::string& configs, const HardwareProfile& hw) {
   return 0;
 }
 
+// Issue 18: LoRA with the frozen base in bf16 against NF4 (QLoRA) on the same profile: tokens/s,
+// the bytes the step uploads (all GPUs), and the host RAM the plan needs; then the 70B on one
+// RTX 4090 with 64 GB of host RAM, which only the NF4 base brings within reach of RAM.
+int QloraTable(const std::string& configs, const HardwareProfile& hw) {
+  std::printf(
+      "\nIssue 18: LoRA rank 16 on every projection, bf16 compute, batch %lld x %lld tokens, "
+      "synchronous\n",
+      static_cast<long long>(kBatch), static_cast<long long>(kSeq));
+  std::printf("%-13s %-5s %6s %11s %7s %14s %12s %12s\n", "model", "base", "m", "tok/s", "bubble",
+              "upload GB/step", "host GiB", "NVMe GiB");
+  auto row = [&](const char* name, const HardwareProfile& profile, PlanJob job) -> int {
+    Result<ModelConfig> m = LoadHfConfig(configs + "/models/" + name + ".json");
+    if (!m.ok()) {
+      std::fprintf(stderr, "plan_bench: %s\n", m.status().message().c_str());
+      return 1;
+    }
+    const char* base = job.lora.quantize == BaseQuant::kNf4 ? "nf4" : "bf16";
+    Result<PlanOutcome> r = MakePlan(name, *m, job, profile, /*suggest=*/false);
+    if (!r.ok() || !r->feasible) {
+      std::printf("%-13s %-5s does not plan: %s\n", name, base,
+                  r.ok() ? r->binding.c_str() : r.status().message().c_str());
+      return 0;
+    }
+    const Plan& p = r->plan;
+    std::printf(
+        "%-13s %-5s %6d %11.0f %6.1f%% %14.2f %12.1f %12.1f\n", name, base, p.micro_batches,
+        p.tokens_per_s, 100 * p.bubble_fraction, p.pcie_h2d_bytes / 1e9,
+        double(p.memory.pinned_host.total() + p.memory.pageable_host.total()) / double(1ull << 30),
+        double(p.memory.nvme.total()) / double(1ull << 30));
+    std::fflush(stdout);
+    return 0;
+  };
+  for (const char* name : {"llama-3.1-8b", "qwen3-32b"}) {
+    for (BaseQuant q : {BaseQuant::kNone, BaseQuant::kNf4}) {
+      PlanJob job;
+      job.global_batch = kBatch;
+      job.seq_len = kSeq;
+      job.lora = {.rank = 16, .alpha = 32, .targets = kLoraAll, .quantize = q};
+      if (row(name, hw, job) != 0) return 1;
+    }
+  }
+  Result<HardwareProfile> one = LoadHardwareProfile(configs + "/hardware/1x-rtx4090-pcie4.json");
+  if (!one.ok()) {
+    std::fprintf(stderr, "plan_bench: %s\n", one.status().message().c_str());
+    return 1;
+  }
+  one->host.ram_usable_bytes = uint64_t(64) << 30;  // as `ferry plan --host-memory 64GiB`
+  std::printf("1x RTX 4090, 64 GiB host RAM usable, batch 4 x 2048 tokens:\n");
+  for (BaseQuant q : {BaseQuant::kNone, BaseQuant::kNf4}) {
+    PlanJob job;
+    job.global_batch = 4;
+    job.seq_len = kSeq;
+    job.lora = {.rank = 16, .alpha = 32, .targets = kLoraAll, .quantize = q};
+    if (row("llama-3.1-70b", *one, job) != 0) return 1;
+  }
+  std::printf(
+      "upload: host-to-GPU bytes per step (NF4: 4-bit codes + fp32 absmax per 64); host: pinned "
+      "+ pageable RAM the plan counts (NF4 base double-quantized: 4.127 bits a weight)\n");
+  return 0;
+}
+
 int Run(const std::string& configs) {
   Result<HardwareProfile> hw = LoadHardwareProfile(configs + "/hardware/8x-rtx4090-pcie4.json");
   if (!hw.ok()) {
@@ -227,7 +291,8 @@ int Run(const std::string& configs) {
       "%.0f%% of "
       "peak; longest T: longest sequence that fits with the same batch\n",
       100 * hw->gpu.matmul_efficiency);
-  return RoundPipeTable(configs, *hw);
+  if (int rc = RoundPipeTable(configs, *hw); rc != 0) return rc;
+  return QloraTable(configs, *hw);
 }
 
 }  // namespace

@@ -361,16 +361,18 @@ def make_full(kind, out):
     return info
 
 
-def make_lora(out):
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def attach_lora(model, d):
+    """PEFT's LoRA (r 4, alpha 8) on every projection of `model`; A ~ N(0, 0.1^2) and B ~ N(0,
+    0.02^2) (PEFT's default B is zero, which would make A's gradient trivially zero). Saves the
+    initial adapter into `d` (target_modules sorted, as PEFT writes them from a set) and returns the
+    PEFT model in train mode."""
     from peft import LoraConfig, get_peft_model
-    d = os.path.join(out, "llama_lora")
-    os.makedirs(d, exist_ok=True)
-    model = build("llama")
-    targets_list = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     lcfg = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, bias="none",
-                      target_modules=targets_list, task_type="CAUSAL_LM")
+                      target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
     model = get_peft_model(model, lcfg)
-    # B starts non-zero (PEFT's default is zero), so A's gradient is not trivially zero.
     g = torch.Generator().manual_seed(SEED + 2)
     with torch.no_grad():
         for n, p in model.named_parameters():
@@ -383,13 +385,20 @@ def make_lora(out):
     for extra in ("README.md",):
         if os.path.exists(os.path.join(d, extra)):
             os.remove(os.path.join(d, extra))
-    # PEFT writes target_modules from a set (order varies run to run): sort it for stable files.
     cfg_path = os.path.join(d, "adapter_config.json")
     with open(cfg_path) as f:
         adapter_cfg = json.load(f)
     adapter_cfg["target_modules"] = sorted(adapter_cfg["target_modules"])
     with open(cfg_path, "w") as f:
         json.dump(adapter_cfg, f, indent=2, sort_keys=True)
+    return model
+
+
+def make_lora(out):
+    d = os.path.join(out, "llama_lora")
+    os.makedirs(d, exist_ok=True)
+    model = attach_lora(build("llama"), d)
+    targets_list = LORA_TARGETS
     input_ids, targets = make_tokens()
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 

@@ -47,7 +47,7 @@ struct Model {
 
 // A golden's config (tests/goldens/<name>/config.json) with 4 blocks, so plans have several
 // stages.
-Model LoadModel(const std::string& golden, int rank = 0) {
+Model LoadModel(const std::string& golden, int rank = 0, bool nf4 = false) {
   nlohmann::json j =
       nlohmann::json::parse(testing::ReadTextFile(testing::GoldenPath(golden, "config.json")));
   j[j.contains("n_layer") ? "n_layer" : "num_hidden_layers"] = 4;
@@ -59,6 +59,7 @@ Model LoadModel(const std::string& golden, int rank = 0) {
     m.lora.rank = rank;
     m.lora.alpha = 2 * rank;
     m.lora.targets = kLoraAll;
+    if (nf4) m.lora.quantize = BaseQuant::kNf4;
   }
   return m;
 }
@@ -78,6 +79,8 @@ HostTensors RandomWeights(const Model& m, uint32_t seed) {
       for (float& v : t) v = (norm ? 1.0f : 0.0f) + u(rng);
     }
   }
+  // QLoRA: the block projections in NF4 (a no-op without).
+  EXPECT_TRUE(QuantizeFrozenBase(BuildLayerSpecs(m.config, m.lora), w).ok());
   return w;
 }
 
@@ -262,12 +265,13 @@ struct Case {
   PlanSpec spec;
   int devices;
   bool packed = false;  // packed rows: several documents per row (doc_ids, positions)
+  bool nf4 = false;     // QLoRA: the frozen block projections in NF4
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
   *os << c.golden << " lora " << c.lora_rank << ", " << c.spec.stages.size() << " stages, "
       << c.spec.micro_batches << " micro-batches, " << c.devices << " devices, "
-      << DTypeName(c.spec.dtype) << (c.packed ? ", packed rows" : "");
+      << DTypeName(c.spec.dtype) << (c.packed ? ", packed rows" : "") << (c.nf4 ? ", nf4" : "");
 }
 
 Batches MakeCaseBatches(const Model& m, const Case& k, uint32_t seed) {
@@ -279,7 +283,8 @@ class ExecutorTest : public ::testing::TestWithParam<Case> {};
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& i) {
   return std::string(i.param.golden) + (i.param.lora_rank ? "_lora" : "") +
-         (i.param.packed ? "_packed" : "") + "_" + std::to_string(i.index);
+         (i.param.nf4 ? "_nf4" : "") + (i.param.packed ? "_packed" : "") + "_" +
+         std::to_string(i.index);
 }
 
 // Tolerance: the executor runs the same kernels in the same order on the same inputs (layer
@@ -293,7 +298,7 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& i) {
 // (parameter gradients are fp32 sums in both).
 TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
   const Case& k = GetParam();
-  const Model m = LoadModel(k.golden, k.lora_rank);
+  const Model m = LoadModel(k.golden, k.lora_rank, k.nf4);
   const plan::Plan p = MakeTestPlan(m, k.spec);
   const HostTensors w = RandomWeights(m, 7);
   const Batches b = MakeCaseBatches(m, k, 11);
@@ -340,7 +345,7 @@ TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
 // host's scatter-add.
 TEST_P(ExecutorTest, OverwritingGradientsEqualsAddingToZeros) {
   const Case& k = GetParam();
-  const Model m = LoadModel(k.golden, k.lora_rank);
+  const Model m = LoadModel(k.golden, k.lora_rank, k.nf4);
   const plan::Plan p = MakeTestPlan(m, k.spec);
   const HostTensors w = RandomWeights(m, 5);
   Batches b = MakeCaseBatches(m, k, 13);
@@ -372,7 +377,7 @@ TEST_P(ExecutorTest, OverwritingGradientsEqualsAddingToZeros) {
 // unit less fails naming the allocation that no longer fits.
 TEST_P(ExecutorTest, ArenaMatchesMemoryModel) {
   const Case& k = GetParam();
-  const Model m = LoadModel(k.golden, k.lora_rank);
+  const Model m = LoadModel(k.golden, k.lora_rank, k.nf4);
   const plan::Plan p = MakeTestPlan(m, k.spec);
   const uint64_t predicted = p.memory.gpu.total();
   const HostTensors w = RandomWeights(m, 3);
@@ -402,7 +407,7 @@ TEST_P(ExecutorTest, ArenaMatchesMemoryModel) {
 // fits. The pool makes one mapping, registered once with each device.
 TEST_P(ExecutorTest, PinnedHostMatchesMemoryModel) {
   const Case& k = GetParam();
-  const Model m = LoadModel(k.golden, k.lora_rank);
+  const Model m = LoadModel(k.golden, k.lora_rank, k.nf4);
   const plan::Plan p = MakeTestPlan(m, k.spec);
   const uint64_t planned = p.memory.pinned_host.total();
   std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(k.devices, p.memory.gpu.total());
@@ -1077,7 +1082,12 @@ INSTANTIATE_TEST_SUITE_P(
         // Llama 3 RoPE scaling (the device's "rope.inv_freq" holds the scaled table), plain rows
         // (one micro-batch: bit-identical) and packed rows.
         Case{"llama3_rope", 0, {{{1, 3}, {3, 5}}, {}, 1}, 2},
-        Case{"llama3_rope", 0, {{{1, 2}, {2, 4}, {4, 5}}, {2}, 2}, 3, true}),
+        Case{"llama3_rope", 0, {{{1, 2}, {2, 4}, {4, 5}}, {2}, 2}, 3, true},
+        // QLoRA: Llama's block projections in NF4 (dequantized into the blocks' scratch for
+        // each product), LoRA on every projection, a recomputed block; and Qwen3 (q/k norms,
+        // tied) at awkward sizes (25 tokens, rank 3).
+        Case{"llama", 4, {{{1, 3}, {3, 5}}, {2}, 2}, 2, false, true},
+        Case{"qwen3", 3, {{{1, 2}, {2, 5}}, {3}, 2, 1, 25}, 3, false, true}),
     CaseName);
 
 // bf16 plans (bf16 weights, activations, activation gradients and their host staging; fp32
@@ -1097,8 +1107,65 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"gpt2", 0, {{{1, 2}, {2, 3}, {3, 5}}, {}, 1, 2, 32, 3, DType::kBF16}, 3},
         Case{"llama", 2, {{{1, 2}, {2, 4}, {4, 5}}, {1, 4}, 1, 1, 25, 3, DType::kBF16}, 3},
         // Three micro-batches: the fp32 gradient sums reassociate (tolerance as in f32).
-        Case{"qwen3", 0, {{{1, 3}, {3, 5}}, {2}, 3, 2, 32, 3, DType::kBF16}, 3}),
+        Case{"qwen3", 0, {{{1, 3}, {3, 5}}, {2}, 3, 2, 32, 3, DType::kBF16}, 3},
+        // QLoRA in bf16: NF4 dequantized straight to bf16.
+        Case{"llama", 4, {{{1, 3}, {3, 5}}, {}, 1, 2, 32, 2, DType::kBF16}, 2, false, true}),
     CaseName);
+
+// QLoRA's plumbing against an independent path: a model whose block projections are NF4 gives
+// the loss and the LoRA gradients of the plain model whose base weights are those NF4 weights
+// dequantized on the host (kernels/nf4.h: DequantizeNf4), bit for bit, in f32 and bf16, over a
+// multi-stage plan. The device dequantizes each part into the blocks' scratch before each product,
+// the fused gate_up from its two tensors; the plain model holds the same values as weights.
+TEST(ExecutorNf4Test, EqualsThePlainModelOnDequantizedWeights) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(std::string(DTypeName(dtype)));
+    const Model q = LoadModel("llama", 4, /*nf4=*/true);
+    const Model plain = LoadModel("llama", 4);
+    const PlanSpec spec{{{1, 3}, {3, 5}}, {3}, 1, 2, 32, 2, dtype};
+    const HostTensors wq = RandomWeights(q, 21);
+    ASSERT_FALSE(wq.nf4.empty());
+    HostTensors wp;
+    wp.tensors = wq.tensors;
+    std::vector<float> scratch;
+    for (const LayerSpec& l : BuildLayerSpecs(q.config, q.lora)) {
+      for (const ParamSpec& p : l.params) {
+        if (!p.nf4) continue;
+        EXPECT_FALSE(wq.tensors.count(p.name)) << p.name << " kept its fp32 copy";
+        Result<std::span<const float>> v = ParameterValues(p, wq, scratch);
+        ASSERT_TRUE(v.ok()) << v.status().ToString();
+        wp.tensors[p.name].assign(v->begin(), v->end());
+      }
+    }
+    const Batches b = MakeBatches(q, 1, 64, 23);
+    auto step = [&](const Model& m, const HostTensors& w, HostTensors& g) -> double {
+      const plan::Plan p = MakeTestPlan(m, spec);
+      std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(2, p.memory.gpu.total());
+      Result<std::unique_ptr<PipelineExecutor>> e =
+          PipelineExecutor::Create(Raw(devs), m.config, p);
+      EXPECT_TRUE(e.ok()) << e.status().ToString();
+      if (!e.ok()) return NAN;
+      Result<double> loss = (*e)->Step(w, b.inputs, g);
+      EXPECT_TRUE(loss.ok()) << loss.status().ToString();
+      return loss.ok() ? *loss : NAN;
+    };
+    HostTensors gq = ZeroGrads(q), gp = ZeroGrads(plain);
+    const double lq = step(q, wq, gq), lp = step(plain, wp, gp);
+    EXPECT_EQ(lq, lp);
+    EXPECT_TRUE(std::isfinite(lq));
+    ASSERT_EQ(gq.tensors.size(), gp.tensors.size());
+    for (const auto& [name, g] : gp.tensors) {
+      const std::vector<float>& h = gq.tensors.at(name);
+      int bad = 0;
+      for (size_t i = 0; i < g.size(); ++i) {
+        if (h[i] != g[i] && ++bad <= 3) {
+          ADD_FAILURE() << name << "[" << i << "]: nf4 " << h[i] << " plain " << g[i];
+        }
+      }
+      EXPECT_EQ(bad, 0) << name;
+    }
+  }
+}
 
 // The process's resident set (VmRSS), in bytes.
 int64_t ResidentBytes() {

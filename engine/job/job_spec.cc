@@ -67,9 +67,19 @@ constexpr bool IsLoraTargets = false;
 template <typename Bits>
 constexpr bool IsLoraTargets<LoraTargetsField<Bits>> = true;
 
+// lora.quantize: BaseQuant in the job, its name ("none", "nf4") in job.json.
+template <typename Q>
+struct QuantizeField {
+  Q& quantize;
+};
+template <typename T>
+constexpr bool IsQuantize = false;
+template <typename Q>
+constexpr bool IsQuantize<QuantizeField<Q>> = true;
+
 // Every option of the job under its job.json key: the one list JobSpecToJson writes and
 // JobSpecFromJson reads, so an option that is saved is restored on --resume. `visit(key, field)`
-// gets a reference to the field (const when `job` is), or a LoraTargetsField.
+// gets a reference to the field (const when `job` is), a LoraTargetsField or a QuantizeField.
 template <typename Job, typename Visit>
 void ForEachJobOption(Job& job, Visit&& visit) {
   visit("model", job.model);
@@ -99,6 +109,9 @@ void ForEachJobOption(Job& job, Visit&& visit) {
   visit("lora_alpha", job.lora.alpha);
   visit("lora_targets",
         LoraTargetsField<std::remove_reference_t<decltype((job.lora.targets))>>{job.lora.targets});
+  visit("quantize",
+        QuantizeField<std::remove_reference_t<decltype((job.lora.quantize))>>{job.lora.quantize});
+  visit("double_quant", job.lora.double_quant);
   visit("threads", job.threads);
   visit("devices", job.devices);
   visit("dtype", job.dtype);
@@ -119,6 +132,20 @@ constexpr std::string_view kInformationalKeys[] = {"model_path", "micro_batch_si
 Result<ModelConfig> ResolveModel(const JobSpec& job) {
   FERRY_ASSIGN_OR_RETURN(ModelSource source, ResolveModelSource(job.model, "", ModelUse::kTrain));
   return source.config;
+}
+
+Status AdoptPreQuantizedBase(JobSpec& job) {
+  if (job.model == "tiny") return Status::Ok();
+  FERRY_ASSIGN_OR_RETURN(ModelSource source, ResolveModelSource(job.model, "", ModelUse::kTrain));
+  if (!source.bnb4bit.has_value()) return Status::Ok();
+  if (!job.lora.enabled()) {
+    return Bad("--model " + job.model +
+               " is pre-quantized by bitsandbytes (NF4): ferry fine-tunes such a base with LoRA "
+               "only (QLoRA); give --lora-rank N, or the unquantized model for full fine-tuning");
+  }
+  job.lora.quantize = BaseQuant::kNf4;
+  job.lora.double_quant = source.bnb4bit->double_quant;
+  return Status::Ok();
 }
 
 Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
@@ -181,7 +208,13 @@ Status ValidateJobShape(const JobSpec& job, const ModelConfig& model, bool micro
   run.device_from = "--batch-size " + std::to_string(job.batch_size) + " x --seq-len " +
                     std::to_string(job.seq_len);
   FERRY_RETURN_IF_ERROR(ValidateRunLimits(run, model));
-  return ValidateLoraConfig(job.lora);
+  FERRY_RETURN_IF_ERROR(ValidateLoraConfig(job.lora));
+  if (job.lora.quantize != BaseQuant::kNone && model.family == ModelFamily::kGpt2) {
+    return Bad(
+        "--quantize nf4 quantizes Llama-family projections (Llama, Mistral, Qwen2, "
+        "Qwen3); GPT-2's Conv1D weights are not quantized yet: drop --quantize");
+  }
+  return Status::Ok();
 }
 
 Status ValidateThreads(int64_t threads) {
@@ -227,6 +260,8 @@ nlohmann::json JobSpecToJson(const JobSpec& job, const ModelConfig& model) {
   ForEachJobOption(job, [&j](const char* key, const auto& field) {
     if constexpr (IsLoraTargets<std::decay_t<decltype(field)>>) {
       j[key] = LoraTargetsToString(field.bits);
+    } else if constexpr (IsQuantize<std::decay_t<decltype(field)>>) {
+      j[key] = BaseQuantName(field.quantize);
     } else {
       j[key] = field;
     }
@@ -262,6 +297,7 @@ Result<JobSpec> JobSpecFromJson(const nlohmann::json& j, const std::string& what
   if (!j.is_object()) return Bad(what + " is not a JSON object");
   JobSpec job;
   std::string targets = LoraTargetsToString(job.lora.targets);
+  std::string quantize(BaseQuantName(job.lora.quantize));
   std::set<std::string, std::less<>> known(std::begin(kInformationalKeys),
                                            std::end(kInformationalKeys));
   std::string bad_key;
@@ -271,6 +307,8 @@ Result<JobSpec> JobSpecFromJson(const nlohmann::json& j, const std::string& what
     try {
       if constexpr (IsLoraTargets<std::decay_t<decltype(field)>>) {
         j.at(key).get_to(targets);  // parsed below, once every key has its type checked
+      } else if constexpr (IsQuantize<std::decay_t<decltype(field)>>) {
+        j.at(key).get_to(quantize);  // parsed below, as the targets
       } else {
         j.at(key).get_to(field);
       }
@@ -282,6 +320,9 @@ Result<JobSpec> JobSpecFromJson(const nlohmann::json& j, const std::string& what
   Result<uint32_t> t = ParseLoraTargets(targets);
   if (!t.ok()) return t.status().WithContext(what + ": lora_targets");
   job.lora.targets = *t;
+  Result<BaseQuant> q = ParseBaseQuant(quantize);
+  if (!q.ok()) return q.status().WithContext(what + ": quantize");
+  job.lora.quantize = *q;
   if (unknown_keys != nullptr) {
     unknown_keys->clear();
     for (const auto& [key, value] : j.items()) {

@@ -75,6 +75,12 @@ struct JobSpec {
 // The model the job names: the preset, or the folder's config.json (errors name the folder).
 Result<ModelConfig> ResolveModel(const JobSpec& job);
 
+// A --model folder pre-quantized by bitsandbytes (4-bit NF4) trains as QLoRA: the job's base
+// storage becomes the folder's (--quantize nf4, its double quantization), whatever was given.
+// Errors: such a folder without --lora-rank (its base can only stay frozen), or one that does
+// not resolve.
+Status AdoptPreQuantizedBase(JobSpec& job);
+
 // Checks sizes and hyperparameters against each other and the model.
 Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model);
 

@@ -119,7 +119,11 @@ JobSpec EveryOptionSet() {
   job.grad_clip = 0.5;
   job.stale_updates = true;
   job.seed = 99;
-  job.lora = {.rank = 4, .alpha = 8, .targets = kLoraQ | kLoraV};
+  job.lora = {.rank = 4,
+              .alpha = 8,
+              .targets = kLoraQ | kLoraV,
+              .quantize = BaseQuant::kNf4,
+              .double_quant = false};
   job.threads = 2;
   job.devices = 3;
   job.dtype = "bf16";

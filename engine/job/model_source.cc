@@ -128,7 +128,7 @@ Result<ModelSource> ResolveModelSource(const std::string& model, const std::stri
   }
   FERRY_ASSIGN_OR_RETURN(s.config, LoadHfConfig(s.config_path));
   FERRY_ASSIGN_OR_RETURN(s.bnb4bit, LoadBnb4bitSettings(s.weights_dir));
-  if (s.bnb4bit.has_value() && use != ModelUse::kConfigOnly) {
+  if (s.bnb4bit.has_value() && use == ModelUse::kInference) {
     return PreQuantizedNotSupportedYet(s.weights_dir);
   }
   if (use == ModelUse::kConfigOnly) s.weights_dir.clear();

@@ -12,8 +12,8 @@
 //  - for planning only (ModelUse::kConfigOnly): a config.json file or a preset name
 //    (<presets_dir>/<name>.json).
 //  A folder pre-quantized by bitsandbytes (config.json's quantization_config, 4-bit nf4) is
-//  detected (ModelSource::bnb4bit); planning takes it, training and inference refuse it for now
-//  (FailedPrecondition: ferry reads it, engine/model/bnb_folder.h, but does not run from it yet).
+//  detected (ModelSource::bnb4bit); planning and training (QLoRA: the base stays NF4) take it,
+//  inference refuses it for now (FailedPrecondition).
 // --adapter DIR: a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors), e.g.
 // a LoRA run folder; it replaces a run folder's own adapter. Errors are one line naming the folder
 // or file and what to give instead.

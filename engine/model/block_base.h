@@ -69,8 +69,11 @@ class BlockBase : public DecoderBlocks {
     };
     FERRY_ASSIGN_OR_RETURN(workspace_buffer_,
                            AllocateCarved(d_, ctx_.source, "blocks.workspace", layout));
+    // An NF4 weight dequantized for a product, then the ops' own scratch.
+    const size_t dequant_bytes = BlockDequantBytes(*spec, Act());
     auto scratch = [&](TensorCarver& cv) {
-      ws_.scratch = cv.Take(DType::kF32, {int64_t((scratch_bytes + 3) / 4)});
+      if (dequant_bytes > 0) dequant_ = cv.Take(DType::kU8, {int64_t(dequant_bytes)});
+      ws_.scratch = cv.Take(DType::kF32, {int64_t((scratch_bytes - dequant_bytes + 3) / 4)});
     };
     FERRY_ASSIGN_OR_RETURN(scratch_buffer_,
                            AllocateCarved(d_, ctx_.source, "blocks.scratch", scratch));
@@ -101,7 +104,7 @@ class BlockBase : public DecoderBlocks {
   // The single-part projection of `module` (weight, bias, LoRA group).
   Projection One(int64_t block, const std::string& module, Tensor y, Tensor dy) const {
     const std::string m = Prefix(block) + module;
-    return {{PartOf(*ctx_.params, m, y, dy)}, ctx_.params->lora(m), ws_.scratch};
+    return {{PartOf(*ctx_.params, m, y, dy)}, ctx_.params->lora(m), ws_.scratch, dequant_};
   }
   // u = x A^T (N, R) for the module's LoRA group, or an empty tensor when it has none.
   Tensor TakeLoraU(TensorCarver& cv, const char* module) const {
@@ -173,6 +176,7 @@ class BlockBase : public DecoderBlocks {
   AttentionShape attn_shape_;
   std::vector<DeviceBuffer> saved_buffers_;
   DeviceBuffer workspace_buffer_, scratch_buffer_;
+  Tensor dequant_;  // the front of the scratch buffer: BlockDequantBytes (empty without NF4)
 };
 
 }  // namespace ferry

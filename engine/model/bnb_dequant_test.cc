@@ -1,10 +1,6 @@
 // The pre-quantized golden folders read by LoadBnb4bitFolder and dequantized by kernels/nf4.cc's
 // DequantizeNf4 give bitsandbytes' own dequantize_4bit output (tests/goldens/{llama,gpt2}_bnb4/
 // dequant.safetensors) bit for bit in f32, and that rounded once in bf16 and f16.
-//
-// kernels/nf4.cc lands from another branch: engine/CMakeLists.txt defines FERRY_HAVE_NF4_KERNELS
-// when it is in the tree; without it this test reports itself skipped. Once nf4.cc is on main,
-// drop the guard here and in engine/CMakeLists.txt.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -15,8 +11,6 @@
 
 namespace ferry {
 namespace {
-
-#if FERRY_HAVE_NF4_KERNELS
 
 TEST(BnbDequantTest, GoldenFoldersDequantizeToBitsandbytesBitForBit) {
   for (const char* golden : {"llama_bnb4", "gpt2_bnb4"}) {
@@ -47,14 +41,6 @@ TEST(BnbDequantTest, GoldenFoldersDequantizeToBitsandbytesBitForBit) {
     }
   }
 }
-
-#else
-
-TEST(BnbDequantTest, GoldenFoldersDequantizeToBitsandbytesBitForBit) {
-  GTEST_SKIP() << "needs kernels/nf4.cc (DequantizeNf4), which is not in this tree yet";
-}
-
-#endif
 
 }  // namespace
 }  // namespace ferry

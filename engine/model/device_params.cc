@@ -152,6 +152,30 @@ Result<DeviceParams> DeviceParams::Lay(Device* d, const ModelConfig& c, const Lo
       if (grads && !s.trainable) continue;
       std::vector<int64_t> dims = MasterShape(s);
       if (pp.up != nullptr) dims[0] *= 2;
+      if (s.nf4) {  // frozen: never in the gradients' layout
+        auto take = [&](const ParamSpec& q) {
+          DeviceParam::Nf4Part part;
+          const std::vector<size_t> b = Nf4DeviceTensorBytes(q.numel());
+          part.packed = cv.Take(DType::kU8, Shape{int64_t(b[0])}, &part.packed_offset);
+          part.absmax = cv.Take(DType::kF32, Shape{int64_t(b[1] / 4)}, &part.absmax_offset);
+          part.code = cv.Take(DType::kF32, Shape{int64_t(b[2] / 4)}, &part.code_offset);
+          part.rows = MasterShape(q)[0];
+          DeviceParam& dp = p.params_[q.name];
+          dp.w = Tensor{{}, dtype, ShapeOf(MasterShape(q))};
+          dp.nf4 = {part};
+          dp.host_name = q.name;
+          return part;
+        };
+        const DeviceParam::Nf4Part gate = take(s);
+        if (pp.up != nullptr) {
+          const DeviceParam::Nf4Part up = take(*pp.up);
+          DeviceParam& fused = p.params_[Replace(s.name, "gate_proj", "gate_up_proj")];
+          fused.w = Tensor{{}, dtype, ShapeOf(dims)};
+          fused.nf4 = {gate, up};
+          fused.host_name = s.name;
+        }
+        continue;
+      }
       size_t offset = 0;
       const Tensor t = cv.Take(grads ? DType::kF32 : dtype, ShapeOf(dims), &offset);
       auto assign = [&](const std::string& name, const Tensor& view, size_t off) {
@@ -207,8 +231,31 @@ Result<DeviceParams> DeviceParams::Lay(Device* d, const ModelConfig& c, const Lo
 
 Status DeviceParams::PackWeights(const HostTensors& weights) {
   std::byte* mirror = mirrors_->weights.data();
+  std::vector<float> absmax;  // an NF4 weight's, dequantized when nested
   for (const auto& [name, dp] : params_) {
     if (name.find("gate_up_proj") != std::string::npos) continue;  // filled by its halves
+    if (!dp.nf4.empty()) {
+      auto it = weights.nf4.find(dp.host_name);
+      if (it == weights.nf4.end() || it->second.numel() != dp.w.numel()) {
+        return Status::NotFound("the weights have no NF4 tensor '" + dp.host_name + "' of " +
+                                std::to_string(dp.w.numel()) +
+                                " elements; a quantized base (--quantize nf4) needs one for "
+                                "every block projection");
+      }
+      const Nf4Host& q = it->second;
+      FERRY_RETURN_IF_ERROR(ValidateNf4(q, dp.host_name));
+      if (q.block != kNf4Block) {
+        return Status::InvalidArgument("NF4 tensor '" + dp.host_name + "' has block size " +
+                                       std::to_string(q.block) + "; ferry computes with " +
+                                       std::to_string(kNf4Block) + " only");
+      }
+      const DeviceParam::Nf4Part& part = dp.nf4[0];
+      absmax = Nf4Absmax(q);
+      std::memcpy(mirror + part.packed_offset, q.packed.data(), q.packed.size());
+      std::memcpy(mirror + part.absmax_offset, absmax.data(), absmax.size() * sizeof(float));
+      std::memcpy(mirror + part.code_offset, q.code.data(), q.code.size() * sizeof(float));
+      continue;
+    }
     FERRY_RETURN_IF_ERROR(CheckHost(weights, dp.host_name, dp.w.numel(), "the weights"));
     const std::vector<float>& src = weights.tensors.at(dp.host_name);
     ConvertFromFloat(src.data(), dtype_, mirror + dp.w_offset, src.size());

@@ -105,7 +105,7 @@ class Gpt2Blocks final : public BlockBase<Saved, Workspace> {
     const Tensor ys[] = {s.q, s.k, s.v};
     const Tensor dys[] = {ws_.dq, ws_.dk, ws_.dv};
     const int64_t C = c_.hidden_size;
-    Projection p{{}, ctx_.params->lora(m), ws_.scratch};
+    Projection p{{}, ctx_.params->lora(m), ws_.scratch, {}};  // GPT-2 is never NF4
     for (int64_t i = 0; i < 3; ++i) {
       ProjectionPart part;
       part.w = whole.w.Rows(i * C, (i + 1) * C);

@@ -10,10 +10,15 @@
 #include <string>
 #include <vector>
 
+#include "kernels/nf4.h"
+
 namespace ferry {
 
 struct HostTensors {
   std::map<std::string, std::vector<float>> tensors;
+  // Frozen base weights stored in NF4 (ParamSpec::nf4), by Hugging Face name; such a weight has
+  // no entry in `tensors`.
+  std::map<std::string, Nf4Host> nf4;
   std::span<float> at(const std::string& name) { return tensors.at(name); }
 };
 

@@ -63,9 +63,28 @@ std::string LoraTargetsToString(uint32_t targets) {
   return s;
 }
 
+Result<BaseQuant> ParseBaseQuant(std::string_view name) {
+  if (name == "none") return BaseQuant::kNone;
+  if (name == "nf4") return BaseQuant::kNf4;
+  if (name == "fp4") {
+    return Status::InvalidArgument("--quantize fp4 is not supported yet; use nf4 (QLoRA's format)");
+  }
+  return Status::InvalidArgument("unknown --quantize '" + std::string(name) + "'; use none or nf4");
+}
+
+std::string_view BaseQuantName(BaseQuant q) { return q == BaseQuant::kNf4 ? "nf4" : "none"; }
+
 Status ValidateLoraConfig(const LoraConfig& c) {
   if (c.rank < 0) return Status::InvalidArgument("--lora-rank must be 0 (off) or positive");
-  if (!c.enabled()) return Status::Ok();
+  if (!c.enabled()) {
+    if (c.quantize != BaseQuant::kNone) {
+      return Status::InvalidArgument(
+          "--quantize " + std::string(BaseQuantName(c.quantize)) +
+          " quantizes the frozen base of a LoRA run (QLoRA); give --lora-rank too, or drop "
+          "--quantize for full fine-tuning");
+    }
+    return Status::Ok();
+  }
   if (!(c.alpha > 0) || !std::isfinite(c.alpha)) {
     return Status::InvalidArgument("--lora-alpha must be a positive number");
   }

@@ -28,10 +28,19 @@ enum LoraTarget : uint32_t {
   kLoraAll = (1u << 7) - 1,
 };
 
+// How the frozen base's linear weights are stored under LoRA. kNf4 is QLoRA (kernels/nf4.h): every
+// decoder-block projection weight in 4-bit NormalFloat, blocks of 64, as bitsandbytes stores it;
+// embeddings, norms, biases and the head stay in the compute dtype.
+enum class BaseQuant : uint8_t { kNone, kNf4 };
+
 struct LoraConfig {
   int64_t rank = 0;  // 0: no LoRA, full fine-tuning
   double alpha = 16.0;
   uint32_t targets = kLoraAll;  // a set of LoraTarget bits
+  BaseQuant quantize = BaseQuant::kNone;
+  // NF4's absmax itself 8-bit quantized (bitsandbytes' bnb_4bit_use_double_quant) in the host
+  // tiers; the device copy keeps fp32 absmax.
+  bool double_quant = true;
 
   bool enabled() const { return rank > 0; }
   double scaling() const { return alpha / double(rank); }  // REQUIRES: enabled()
@@ -45,7 +54,11 @@ Result<uint32_t> ParseLoraTargets(std::string_view list);
 // "q,k,v,o,gate,up,down" order; "all" when every target is set.
 std::string LoraTargetsToString(uint32_t targets);
 
-// rank >= 0, alpha > 0 when rank > 0, at least one target.
+// "none" or "nf4" (the --quantize values); "fp4" is refused as not supported yet.
+Result<BaseQuant> ParseBaseQuant(std::string_view name);
+std::string_view BaseQuantName(BaseQuant q);
+
+// rank >= 0, alpha > 0 when rank > 0, at least one target; a quantized base needs LoRA.
 Status ValidateLoraConfig(const LoraConfig& c);
 
 }  // namespace ferry

@@ -1,9 +1,12 @@
 #include "engine/model/master_weights.h"
 
 #include <algorithm>
+#include <map>
+#include <optional>
 #include <set>
 
 #include "engine/json.h"
+#include "engine/model/bnb_folder.h"
 #include "engine/model/model_folder.h"
 #include "engine/model/weights_io.h"
 #include "offload/file_io.h"
@@ -58,24 +61,82 @@ Status SaveMasterWeights(const std::string& path, const std::vector<LayerSpec>& 
                          ParamSelection which, const HostTensors& weights, DType dtype) {
   SafetensorsWriter writer;
   writer.SetMetadata("format", "pt");
+  std::vector<float> dequantized;
   for (const ParamSpec* p : StorageParams(layers)) {
-    if (Selected(*p, which)) AddParameter(writer, *p, weights.tensors.at(p->name), dtype);
+    if (!Selected(*p, which)) continue;
+    FERRY_ASSIGN_OR_RETURN(std::span<const float> values,
+                           ParameterValues(*p, weights, dequantized));
+    AddParameter(writer, *p, values, dtype);
   }
   return writer.Write(path);
 }
 
+Result<std::span<const float>> ParameterValues(const ParamSpec& p, const HostTensors& weights,
+                                               std::vector<float>& dequantized) {
+  if (auto it = weights.tensors.find(p.name); it != weights.tensors.end()) {
+    return std::span<const float>(it->second);
+  }
+  auto q = weights.nf4.find(p.name);
+  if (q == weights.nf4.end()) {
+    return Status::NotFound("the weights have no tensor '" + p.name + "'");
+  }
+  dequantized.resize(size_t(q->second.numel()));
+  DequantizeNf4(q->second, DType::kF32, dequantized.data());
+  return std::span<const float>(dequantized);
+}
+
+Status QuantizeFrozenBase(const std::vector<LayerSpec>& layers, HostTensors& weights,
+                          Nf4Rounding rounding) {
+  for (const ParamSpec* p : StorageParams(layers)) {
+    if (!p->nf4 || weights.nf4.contains(p->name)) continue;  // read quantized: as it is
+    auto it = weights.tensors.find(p->name);
+    if (it == weights.tensors.end()) {
+      return Status::NotFound("no base weight '" + p->name + "' to quantize");
+    }
+    FERRY_ASSIGN_OR_RETURN(Nf4Host q,
+                           QuantizeNf4(it->second, MasterShape(*p), p->nf4_nested, rounding));
+    weights.nf4[p->name] = std::move(q);
+    weights.tensors.erase(it);  // the fp32 copy goes as soon as its NF4 one exists
+  }
+  return Status::Ok();
+}
+
 Result<HostTensors> InitialWeights(const std::string& model, const ModelConfig& config,
                                    const std::vector<LayerSpec>& layers, uint64_t seed) {
-  if (model == "tiny") return InitMasterWeights(layers, seed);
-  FERRY_ASSIGN_OR_RETURN(FolderWeights folder, FolderWeights::Open(model));
   HostTensors w;
-  FERRY_RETURN_IF_ERROR(LoadBaseWeights(folder, config, layers, w));
-  for (const ParamSpec* p : StorageParams(layers)) {
-    if (w.tensors.contains(p->name)) continue;  // LoRA A/B: fresh
-    std::vector<float>& t = w.tensors[p->name];
-    t.resize(size_t(p->numel()));
-    InitParameter(*p, seed, t);
+  if (model == "tiny") {
+    w = InitMasterWeights(layers, seed);
+  } else {
+    FERRY_ASSIGN_OR_RETURN(FolderWeights folder, FolderWeights::Open(model));
+    // A folder pre-quantized by bitsandbytes: its NF4 weights are taken as they are (QLoRA).
+    FERRY_ASSIGN_OR_RETURN(std::optional<Bnb4bitSettings> bnb, LoadBnb4bitSettings(model));
+    std::set<std::string, std::less<>> held;
+    if (bnb.has_value()) {
+      FERRY_ASSIGN_OR_RETURN(QuantizedWeights q, ReadBnb4bitWeights(folder, *bnb, layers));
+      std::map<std::string, const ParamSpec*> specs;
+      for (const ParamSpec* p : StorageParams(layers)) specs[p->name] = p;
+      for (auto& [name, t] : q.weights) {
+        auto spec = specs.find(name);
+        if (spec == specs.end() || !spec->second->nf4) {
+          return Status::InvalidArgument(
+              "model folder " + model + " is pre-quantized by bitsandbytes (NF4, '" + name +
+              "'); ferry trains such a base with LoRA only (QLoRA): give --lora-rank N and "
+              "--quantize nf4");
+        }
+        FERRY_RETURN_IF_ERROR(ValidateNf4(t, name));
+        held.insert(name);
+        w.nf4[name] = std::move(t);
+      }
+    }
+    FERRY_RETURN_IF_ERROR(LoadBaseWeights(folder, config, layers, w, held));
+    for (const ParamSpec* p : StorageParams(layers)) {
+      if (w.tensors.contains(p->name) || w.nf4.contains(p->name)) continue;  // LoRA A/B: fresh
+      std::vector<float>& t = w.tensors[p->name];
+      t.resize(size_t(p->numel()));
+      InitParameter(*p, seed, t);
+    }
   }
+  FERRY_RETURN_IF_ERROR(QuantizeFrozenBase(layers, w));
   return w;
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,17 @@ Status SaveMasterWeights(const std::string& path, const std::vector<LayerSpec>& 
                          ParamSelection which, const HostTensors& weights,
                          DType dtype = DType::kF32);
 
+// QLoRA: replaces the fp32 tensor of every NF4 parameter (ParamSpec::nf4) of `weights` by its
+// NF4 quantization (kernels/nf4.h: bitsandbytes' CUDA rounding, double-quantized as the spec
+// says), one tensor at a time. Errors: a missing tensor.
+Status QuantizeFrozenBase(const std::vector<LayerSpec>& layers, HostTensors& weights,
+                          Nf4Rounding rounding = Nf4Rounding::kThresholdTree);
+
+// A parameter's fp32 values: its tensor, or its NF4 weight dequantized into `dequantized` (whose
+// storage the span then views). Errors: NotFound when `weights` holds neither.
+Result<std::span<const float>> ParameterValues(const ParamSpec& p, const HostTensors& weights,
+                                               std::vector<float>& dequantized);
+
 // Writes a run's final weights into `dir`: full fine-tuning: model.safetensors; LoRA:
 // adapter_model.safetensors + adapter_config.json (PEFT's format: `peft` loads them onto the base
 // model), plus the frozen base as model.safetensors when `with_base` (a base initialized from the
@@ -57,6 +69,7 @@ Status WriteFinalWeights(const std::string& dir, const ModelConfig& model, const
 // The weights a run starts from: `model` "tiny": InitMasterWeights(layers, seed); otherwise
 // `model` is a Hugging Face model folder whose weights fill the base parameters
 // (engine/model/model_folder.h: every tensor checked), LoRA A/B (if any) fresh from the seed.
+// NF4 parameters are then quantized (QuantizeFrozenBase).
 Result<HostTensors> InitialWeights(const std::string& model, const ModelConfig& config,
                                    const std::vector<LayerSpec>& layers, uint64_t seed);
 

@@ -125,7 +125,7 @@ TEST_P(RunnerGoldenTest, OverwritingGradientsEqualsAddingToZeros) {
 
 INSTANTIATE_TEST_SUITE_P(Goldens, RunnerGoldenTest,
                          ::testing::Values("llama", "qwen3", "gpt2", "llama_lora", "llama3_rope",
-                                           "mistral_window", "qwen2"));
+                                           "mistral_window", "qwen2", "llama_qlora"));
 
 // Two micro-batches of one sequence each, with the global batch's normalizer, accumulate to the
 // gradients of the golden's batch of two (same tolerances: only the summation order differs).

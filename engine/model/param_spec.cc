@@ -4,6 +4,8 @@
 #include <cassert>
 
 #include "engine/model/model_stack.h"
+#include "engine/model/tensor_carver.h"
+#include "kernels/nf4.h"
 #include "kernels/ops/attention.h"
 #include "kernels/ops/gemm.h"
 
@@ -71,6 +73,11 @@ class SpecBuilder {
       Matrix(l.module + ".weight", l.in, l.out, /*transposed=*/true);
     } else {
       Matrix(l.module + ".weight", l.out, l.in);
+      // QLoRA: the frozen base weight in NF4 (GPT-2's Conv1D is refused by ValidateQuantize).
+      if (lora.enabled() && lora.quantize == BaseQuant::kNf4) {
+        out_->back().nf4 = true;
+        out_->back().nf4_nested = lora.double_quant;
+      }
     }
     if (l.bias) Vector(l.module + ".bias", l.out);
     if (HasLora(lora, l)) {
@@ -174,6 +181,37 @@ int64_t ParamSpec::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
+}
+
+size_t ParamSpec::bytes() const {
+  return nf4 ? Nf4DeviceBytes(numel()) : size_t(numel()) * DTypeSize(dtype);
+}
+
+size_t ParamSpec::host_bytes() const {
+  return nf4 ? Nf4StoredBytes(numel(), nf4_nested) : size_t(numel()) * sizeof(float);
+}
+
+std::vector<size_t> Nf4DeviceTensorBytes(int64_t numel) {
+  const int64_t blocks = (numel + kNf4Block - 1) / kNf4Block;
+  return {size_t((numel + 1) / 2), size_t(blocks) * sizeof(float), 16 * sizeof(float)};
+}
+
+size_t Nf4DeviceBytes(int64_t numel) {
+  size_t sum = 0;
+  for (size_t b : Nf4DeviceTensorBytes(numel)) sum += b;
+  return sum;
+}
+
+size_t BlockDequantBytes(const LayerSpec& layer, DType compute) {
+  int64_t most = 0;
+  for (const ParamSpec& p : layer.params) {
+    if (!p.nf4 || p.name.find(".mlp.up_proj.") != std::string::npos) continue;
+    const bool gate = p.name.find(".mlp.gate_proj.") != std::string::npos;
+    most = std::max(most, p.numel() * (gate ? 2 : 1));  // gate and up dequantize as one (2I, C)
+  }
+  const size_t bytes = size_t(most) * DTypeSize(compute);
+  constexpr size_t kAlign = TensorCarver::kAlignment;  // as the blocks carve it
+  return (bytes + kAlign - 1) / kAlign * kAlign;
 }
 
 std::vector<LayerSpec> BuildLayerSpecs(const ModelConfig& c, const LoraConfig& lora,
@@ -308,7 +346,7 @@ size_t BlockScratchBytes(const ModelConfig& c, const LayerSpec& layer, BatchShap
   }
   const AttentionShape attention{shape.batch, shape.seq_len, c.num_heads, c.num_kv_heads,
                                  c.head_dim};
-  return std::max(most, AttentionScratchBytes(t, attention));
+  return BlockDequantBytes(layer, compute) + std::max(most, AttentionScratchBytes(t, attention));
 }
 
 }  // namespace ferry

@@ -35,10 +35,24 @@ struct ParamSpec {
   std::string tied_to;
   bool transposed = false;  // stored (in, out) (GPT-2 Conv1D); the GEMM wants (out, in)
   bool lora = false;        // a LoRA A or B matrix (PEFT adapter name)
+  // A frozen base projection weight stored in NF4 (LoraConfig::quantize, kernels/nf4.h): the
+  // host tiers hold its packed codes and quant state (double-quantized when nf4_nested), the
+  // device Nf4DeviceBytes, and the blocks dequantize it into their scratch for each product.
+  bool nf4 = false;
+  bool nf4_nested = false;
 
   int64_t numel() const;
-  size_t bytes() const { return size_t(numel()) * DTypeSize(dtype); }
+  // The bytes of the copy a device computes with (NF4: Nf4DeviceBytes).
+  size_t bytes() const;
+  // The bytes the host keeps of a frozen parameter: fp32, or NF4's packed codes and quant state.
+  size_t host_bytes() const;
 };
+
+// The three tensors an NF4 weight of `numel` elements occupies on a device, in this order:
+// packed codes (u8, (numel + 1) / 2), absmax (f32, one per block of kNf4Block) and the 16-entry
+// code (f32). DeviceParams lays them out this way and the memory model counts them from this.
+std::vector<size_t> Nf4DeviceTensorBytes(int64_t numel);
+size_t Nf4DeviceBytes(int64_t numel);  // their sum (unaligned)
 
 struct LayerSpec {
   LayerKind kind = LayerKind::kBlock;
@@ -92,6 +106,10 @@ std::vector<int64_t> LoraGroupRanks(const LayerSpec& layer);
 // blocks take. 0 for the embedding and the head (the head's fused loss op sizes its own).
 size_t BlockScratchBytes(const ModelConfig& c, const LayerSpec& layer, BatchShape shape,
                          DType compute, OpTarget t);
+// The part of BlockScratchBytes that holds an NF4 weight dequantized for a product (the widest
+// quantized projection of the layer, the fused gate_up counted whole, in `compute`; aligned to the
+// arena's alignment): 0 without NF4. The blocks carve it first and give the GEMMs the rest.
+size_t BlockDequantBytes(const LayerSpec& layer, DType compute);
 
 // Parameter counts over all layers; tied aliases count once (as transformers' num_parameters()).
 int64_t CountParameters(const std::vector<LayerSpec>& layers);

@@ -2,6 +2,7 @@
 
 #include "kernels/ops/gemm.h"
 #include "kernels/ops/gemm_bias_grad.h"
+#include "kernels/ops/nf4_dequantize.h"
 
 namespace ferry {
 
@@ -22,6 +23,7 @@ ProjectionPart PartOf(const DeviceParams& params, const std::string& module, Ten
   ProjectionPart part;
   const DeviceParam& w = params.at(module + ".weight");
   part.w = w.w;
+  part.nf4 = w.nf4;
   part.dw = w.grad;
   if (params.has(module + ".bias")) {
     const DeviceParam& b = params.at(module + ".bias");
@@ -38,11 +40,36 @@ namespace {
 // Rows [row, row + rows) of B (out, R) as an (rows, R) tensor.
 Tensor LoraRows(const Tensor& b, int64_t row, int64_t rows) { return b.Rows(row, row + rows); }
 
+// The part's weight as a GEMM operand: its own tensor, or its NF4 parts dequantized into
+// p.dequant (each part's rows in turn; enqueued on d's compute stream before the product).
+Result<Tensor> Weight(Device& d, const Projection& p, const ProjectionPart& part) {
+  if (part.nf4.empty()) return part.w;
+  if (p.dequant.bytes() < part.w.bytes()) {
+    return Status::Internal("the blocks' dequantization buffer holds " +
+                            std::to_string(p.dequant.bytes()) + " bytes, an NF4 weight of " +
+                            part.w.shape.ToString() + " needs " + std::to_string(part.w.bytes()));
+  }
+  Tensor w = part.w;
+  w.data = p.dequant.data;
+  int64_t row = 0;
+  for (const DeviceParam::Nf4Part& q : part.nf4) {
+    Nf4DequantizeArgs a;  // the device copy: fp32 absmax, blocks of kNf4Block
+    a.packed = q.packed;
+    a.code = q.code;
+    a.absmax = q.absmax;
+    a.out = w.Rows(row, row + q.rows);
+    FERRY_RETURN_IF_ERROR(Nf4Dequantize(d, a));
+    row += q.rows;
+  }
+  return w;
+}
+
 }  // namespace
 
 Status ProjectionForward(Device& d, const Projection& p, Tensor x, Tensor u) {
   for (const ProjectionPart& part : p.parts) {
-    FERRY_RETURN_IF_ERROR(MatMul(d, x, part.w, part.y, false, true, 1, 0, part.b, p.scratch));
+    FERRY_ASSIGN_OR_RETURN(const Tensor w, Weight(d, p, part));
+    FERRY_RETURN_IF_ERROR(MatMul(d, x, w, part.y, false, true, 1, 0, part.b, p.scratch));
   }
   if (p.lora == nullptr) return Status::Ok();
   const LoraPack& l = *p.lora;
@@ -61,8 +88,9 @@ Status ProjectionBackward(Device& d, const Projection& p, Tensor x, Tensor u, Te
                           bool accumulate_dx) {
   bool dx_written = accumulate_dx;
   for (const ProjectionPart& part : p.parts) {
+    FERRY_ASSIGN_OR_RETURN(const Tensor w, Weight(d, p, part));
     FERRY_RETURN_IF_ERROR(
-        MatMul(d, part.dy, part.w, dx, false, false, 1, dx_written ? 1 : 0, {}, p.scratch));
+        MatMul(d, part.dy, w, dx, false, false, 1, dx_written ? 1 : 0, {}, p.scratch));
     dx_written = true;
     if (!part.dw.data.is_null()) {
       FERRY_RETURN_IF_ERROR(MatMul(d, part.dy, x, part.dw, true, false, 1, 1, {}, p.scratch));

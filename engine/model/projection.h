@@ -24,7 +24,10 @@
 namespace ferry {
 
 struct ProjectionPart {
-  Tensor w;   // (out_k, in)
+  Tensor w;  // (out_k, in); null data when the weight is NF4 (`nf4`)
+  // An NF4 weight's parts (DeviceParam::nf4), stacked by rows: each product dequantizes them
+  // into Projection::dequant first.
+  std::vector<DeviceParam::Nf4Part> nf4;
   Tensor dw;  // (out_k, in), null data when frozen
   Tensor b;   // (out_k) or null
   Tensor db;  // (out_k) or null (no bias, or frozen)
@@ -38,6 +41,9 @@ struct Projection {
   // Every GEMM's scratch (non-f32 operands on a CPU device are converted in panels there): at
   // least BlockScratchBytes (engine/model/param_spec.h) of the layer; may be absent in f32.
   Tensor scratch;
+  // Room for the widest NF4 weight dequantized in the compute dtype (BlockDequantBytes); unused
+  // without NF4.
+  Tensor dequant;
 };
 
 // One part over the parameter `module` ("…q_proj") of `params`: weight,

@@ -40,6 +40,7 @@ std::vector<uint64_t> DeviceTensorElems(const LayerSpec& layer, bool trainable_o
   std::vector<uint64_t> out;
   for (const ParamSpec& p : layer.params) {
     if (trainable_only && !p.trainable) continue;
+    if (p.nf4) continue;  // NF4WeightBytes
     const uint64_t n = uint64_t(p.numel());
     size_t at = std::string::npos, len = 0;
     for (std::string_view g : kGroup) {
@@ -65,6 +66,11 @@ uint64_t LayerWeightBytes(const LayerSpec& layer, DType compute, bool trainable_
   uint64_t bytes = 0;
   for (uint64_t n : DeviceTensorElems(layer, trainable_only)) {
     bytes += RoundUp(n * DTypeSize(compute), kArenaAlignment);
+  }
+  // NF4 weights (frozen): packed codes, absmax and code, each its own tensor, gate and up apart.
+  for (const ParamSpec& p : layer.params) {
+    if (!p.nf4 || trainable_only) continue;
+    for (size_t b : Nf4DeviceTensorBytes(p.numel())) bytes += RoundUp(b, kArenaAlignment);
   }
   return bytes;
 }
@@ -149,12 +155,17 @@ uint64_t WorkspaceBytes(const ModelConfig& c, const LayerSpec& layer, int64_t n,
 
 struct ParamCounts {
   uint64_t trainable = 0;  // owners only (a tied alias counts at its owner)
-  uint64_t frozen = 0;
+  uint64_t frozen = 0;     // fp32 on the host
+  uint64_t nf4_bytes = 0;  // frozen NF4 weights on the host: codes and quant state
 };
 ParamCounts CountParams(const LayerSpec& layer) {
   ParamCounts c;
   for (const ParamSpec& p : layer.params) {
     if (!p.tied_to.empty()) continue;
+    if (p.nf4) {
+      c.nf4_bytes += p.host_bytes();
+      continue;
+    }
     (p.trainable ? c.trainable : c.frozen) += uint64_t(p.numel());
   }
   return c;
@@ -291,6 +302,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     }
     params.trainable += c.trainable;
     params.frozen += c.frozen;
+    params.nf4_bytes += c.nf4_bytes;
     for (const ParamSpec& p : l.params) {
       const uint64_t bytes = uint64_t(p.numel()) * act;
       if (l.kind == LayerKind::kEmbedding) {
@@ -300,7 +312,9 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
         if (!p.trainable && !in.model.tie_word_embeddings) embedding_frozen_copy += bytes;
         continue;
       }
-      if (!p.trainable && in.frozen_weights_on_nvme) upload_frozen_nvme += bytes;
+      if (!p.trainable && in.frozen_weights_on_nvme) {
+        upload_frozen_nvme += p.nf4 ? Nf4DeviceBytes(p.numel()) : bytes;
+      }
     }
   }
   Add(e.pinned_host, "weights.upload", upload_mirrors, P);
@@ -337,6 +351,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   if (in.forward_only) {
     // The fp32 weights the host packs each stage's upload from (and gathers the embedding from).
     Add(e.pageable_host, "weights.master", (params.trainable + params.frozen) * kF32, P);
+    Add(e.pageable_host, "weights.nf4", params.nf4_bytes, P);
     Add(e.pageable_host, "weights.embedding", embedding_frozen_copy, P);
     return e;
   }
@@ -357,6 +372,9 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   if (in.optimizer_on_nvme) Add(e.pageable_host, "optimizer.staging", 2 * largest_slot, P);
   Add(e.pageable_host, "grads.update", master, P);
   Add(e.pageable_host, "weights.embedding", embedding_frozen_copy, P);
+  // QLoRA's frozen base: every block projection's NF4 codes and quant state (the upload packs
+  // from them), at their real size.
+  Add(e.pageable_host, "weights.nf4", params.nf4_bytes, P);
   return e;
 }
 

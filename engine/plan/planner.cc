@@ -75,7 +75,9 @@ std::vector<LayerNumbers> NumbersFor(const Context& c, BatchShape micro) {
     n.saved = double(cost.saved_bytes);
     n.output = double(cost.output_bytes);
     for (const ParamSpec& p : c.layers[i].params) {
-      n.weights += double(p.numel()) * double(DTypeSize(c.job.compute_dtype));
+      // What the upload moves: the compute dtype, or an NF4 weight's codes and fp32 absmax.
+      n.weights += p.nf4 ? double(Nf4DeviceBytes(p.numel()))
+                         : double(p.numel()) * double(DTypeSize(c.job.compute_dtype));
       if (p.trainable) n.grads += double(p.numel()) * kF32;
       if (p.trainable && p.tied_to.empty()) n.trainable += double(p.numel());
     }
@@ -593,20 +595,19 @@ uint64_t BaselineGpuBytes(const ModelConfig& model, const PlanJob& job, int micr
                           int gpus) {
   const std::vector<LayerSpec> layers = BuildLayerSpecs(model, job.lora, job.compute_dtype);
   const BatchShape micro{job.global_batch / micro_batches, job.seq_len};
-  double params = 0, trainable = 0, saved = 0;
+  double weights = 0, trainable = 0, saved = 0;
   for (const LayerSpec& l : layers) {
     if (l.kind == LayerKind::kEmbedding) continue;
     for (const ParamSpec& p : l.params) {
-      params += double(p.numel());
+      weights += p.nf4 ? double(Nf4DeviceBytes(p.numel()))
+                       : double(p.numel()) * double(DTypeSize(job.compute_dtype));
       if (p.trainable) trainable += double(p.numel());
     }
     const LayerCost cost = ComputeLayerCost(model, job.lora, l, micro, job.compute_dtype);
     saved += double(cost.input_bytes + cost.saved_bytes);
   }
   const double in_flight = std::min(gpus, micro_batches);  // 1F1B: GPU 0 holds p micro-batches
-  const double bytes =
-      (params * double(DTypeSize(job.compute_dtype)) + trainable * 16.0 + saved * in_flight) /
-      double(gpus);
+  const double bytes = (weights + trainable * 16.0 + saved * in_flight) / double(gpus);
   return uint64_t(std::ceil(bytes));
 }
 

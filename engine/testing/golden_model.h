@@ -1,8 +1,10 @@
 // Test helper: one PyTorch golden (tests/goldens/<name>/, see scripts/make_goldens.py) opened as
 // a whole — its config, sidecar JSON and safetensors files — for the layer and trainer tests.
 //
-// For "llama_lora" the base weights and config are the llama golden's, and `adapter` holds PEFT's
-// adapter_model.safetensors (the initial A and B); for the others `adapter` is empty.
+// For "llama_lora" and "llama_qlora" the base weights and config are the llama golden's, and
+// `adapter` holds PEFT's adapter_model.safetensors (the initial A and B); for the others `adapter`
+// is empty. llama_qlora's block projections are NF4 (GoldenLora; bitsandbytes quantized them on
+// the CPU, so with the nearest code: kNf4GoldenRounding).
 #pragma once
 
 #include <string>
@@ -28,7 +30,7 @@ struct GoldenModel {
   static Result<GoldenModel> Load(std::string_view name) {
     GoldenModel g;
     g.name = std::string(name);
-    const bool lora = name == "llama_lora";
+    const bool lora = name == "llama_lora" || name == "llama_qlora";
     const std::string base = lora ? "llama" : g.name;
     FERRY_ASSIGN_OR_RETURN(g.config, LoadHfConfig(GoldenPath(base, "config.json")));
     g.info = GoldenJson(name);

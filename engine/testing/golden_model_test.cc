@@ -70,7 +70,7 @@ TEST_P(GoldenModelTest, GradientsCoverExactlyTheTrainableParameters) {
 
 INSTANTIATE_TEST_SUITE_P(AllGoldens, GoldenModelTest,
                          ::testing::Values("llama", "qwen3", "gpt2", "llama_lora", "llama3_rope",
-                                           "mistral_window", "qwen2"));
+                                           "mistral_window", "qwen2", "llama_qlora"));
 
 }  // namespace
 }  // namespace ferry::testing

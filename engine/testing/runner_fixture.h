@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/model/master_weights.h"
 #include "engine/model/model_runner.h"
 #include "engine/model/weights_io.h"
 #include "engine/testing/golden_model.h"
@@ -24,9 +25,17 @@ inline LoraConfig GoldenLora(const GoldenModel& g) {
     lora.rank = g.info["lora"]["r"];
     lora.alpha = g.info["lora"]["alpha"];
     lora.targets = kLoraAll;
+    if (g.info["lora"].value("quantize", "none") == "nf4") {
+      lora.quantize = BaseQuant::kNf4;
+      lora.double_quant = g.info["lora"].value("double_quant", false);
+    }
   }
   return lora;
 }
+
+// The rounding of the bitsandbytes that made a QLoRA golden: its CPU quantize_4bit takes the
+// nearest code.
+inline constexpr Nf4Rounding kNf4GoldenRounding = Nf4Rounding::kNearest;
 
 struct RunnerFixture {
   GoldenModel golden;
@@ -54,6 +63,7 @@ struct RunnerFixture {
         FERRY_RETURN_IF_ERROR(LoadParameter(p.lora ? f->golden.adapter : f->golden.weights, p, w));
       }
     }
+    FERRY_RETURN_IF_ERROR(QuantizeFrozenBase(f->layers, f->weights, kNf4GoldenRounding));
     FERRY_ASSIGN_OR_RETURN(std::vector<int64_t> ids, f->golden.io.ReadInts("input_ids"));
     FERRY_ASSIGN_OR_RETURN(std::vector<int64_t> tg, f->golden.io.ReadInts("targets"));
     f->tokens.assign(ids.begin(), ids.end());

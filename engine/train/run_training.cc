@@ -112,13 +112,26 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
 
   const int64_t params = CountParameters(trainer->layers());
   const int64_t trainable = CountTrainableParameters(trainer->layers());
+  // QLoRA: what the frozen base's block projections occupy on the host, in NF4.
+  std::string base;
+  if (job.lora.quantize == BaseQuant::kNf4) {
+    uint64_t nf4 = 0, fp32 = 0;
+    for (const ParamSpec* p : StorageParams(trainer->layers())) {
+      if (p->nf4) nf4 += p->host_bytes(), fp32 += uint64_t(p->numel()) * 4;
+    }
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "; base NF4%s: %.2f MiB, %.1fx smaller than fp32",
+                  job.lora.double_quant ? " double-quantized" : "", double(nf4) / (1 << 20),
+                  nf4 > 0 ? double(fp32) / double(nf4) : 0.0);
+    base = buf;
+  }
   std::fprintf(stderr,
-               "ferry train: %s model, %.2fM parameters (%.2fM trainable), "
+               "ferry train: %s model, %.2fM parameters (%.2fM trainable%s), "
                "%lld steps of %lld x "
                "%lld tokens, %d threads, %s -> %s\n",
                model.model_type.c_str(), double(params) / 1e6, double(trainable) / 1e6,
-               (long long)job.steps, (long long)job.batch_size, (long long)job.seq_len, threads,
-               job.dtype.c_str(), job.out.c_str());
+               base.c_str(), (long long)job.steps, (long long)job.batch_size,
+               (long long)job.seq_len, threads, job.dtype.c_str(), job.out.c_str());
   std::fprintf(stderr, "ferry train: %s\n", devices.summary.c_str());
   ProgressBar progress(stderr, ::isatty(::fileno(stderr)) != 0,
                        std::max<int64_t>(1, job.steps / 20));

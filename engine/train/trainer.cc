@@ -49,6 +49,14 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(ModelRunner* runner, std::vecto
       new Trainer(runner, std::move(layers), std::move(weights), options, pool, state));
   std::map<std::string, size_t> index;  // trainable name -> its place in order_
   for (const ParamSpec* p : StorageParams(t->layers_)) {
+    if (p->nf4) {  // a frozen NF4 base weight: held as its codes and quant state
+      auto q = t->weights_.nf4.find(p->name);
+      if (q == t->weights_.nf4.end() || q->second.numel() != p->numel()) {
+        return Status::InvalidArgument("master weights lack the NF4 weight " + p->name +
+                                       " or hold the wrong number of elements");
+      }
+      continue;
+    }
     auto it = t->weights_.tensors.find(p->name);
     if (it == t->weights_.tensors.end() || int64_t(it->second.size()) != p->numel()) {
       return Status::InvalidArgument("master weights lack " + p->name +

@@ -89,7 +89,8 @@ TEST_P(TrainerGoldenTest, FiveStepsMatchTorch) {
         // gradients computed at slightly different weights. Over five updates with lr <= 0.01 that
         // is ~5e-5; 2e-4 absolute (+ 1e-4 relative for the fp32 value) bounds it with margin while
         // a wrong update (an error of order lr = 1e-2) fails. Measured: llama 1.3e-6, qwen3 4.0e-6,
-        // gpt2 6.8e-5, llama_lora 3.4e-7, llama3_rope 2.3e-6, mistral_window 6.5e-5, qwen2 7.2e-6.
+        // gpt2 6.8e-5, llama_lora 3.4e-7, llama3_rope 2.3e-6, mistral_window 6.5e-5, qwen2 7.2e-6,
+        // llama_qlora 1.0e-6.
         ASSERT_NEAR(got[i], want[i], 2e-4 + 1e-4 * std::abs(want[i])) << p.name << "[" << i << "]";
       }
     }
@@ -100,7 +101,7 @@ TEST_P(TrainerGoldenTest, FiveStepsMatchTorch) {
 
 INSTANTIATE_TEST_SUITE_P(Goldens, TrainerGoldenTest,
                          ::testing::Values("llama", "qwen3", "gpt2", "llama_lora", "llama3_rope",
-                                           "mistral_window", "qwen2"));
+                                           "mistral_window", "qwen2", "llama_qlora"));
 
 }  // namespace
 }  // namespace ferry
