@@ -13,8 +13,9 @@
 // Runs: 2 devices with the link throttled so that one device's uploads take about as long as its
 // compute (rate chosen from an unthrottled run), 2 devices unthrottled, 1 device unthrottled.
 // Each figure is a median with its min and max over the timed steps, next to the 1-thread fp32
-// GEMM ceiling measured in the same run. Activations on NVMe: the executor refuses NVMe tiers
-// today (said at the end).
+// GEMM ceiling measured in the same run. Then QLoRA (issue 18): 2 devices with the link
+// throttled, the frozen base streamed in f32 against NF4: bytes uploaded and step time. Activations
+// on NVMe: the executor refuses NVMe tiers today (said at the end).
 //
 // Usage: executor_bench [--steps N] [--seq-len T] [--micro-batches M]
 #include <algorithm>
@@ -51,6 +52,7 @@ struct Options {
   int steps = 4;
   int64_t seq_len = 128;
   int64_t micro_batches = 4;
+  DType dtype = DType::kF32;  // compute
 };
 
 // One step's lanes, from the trace: seconds busy per device and lane, and the host optimizer's.
@@ -58,6 +60,7 @@ struct StepLanes {
   std::vector<double> compute, upload, download;
   double optimizer = 0;
   std::vector<double> uploaded_bytes;
+  double weight_bytes = 0;  // all devices: the stages' weights (not the activations)
   double Bound() const {
     double b = optimizer;
     for (size_t d = 0; d < compute.size(); ++d) {
@@ -89,6 +92,7 @@ StepLanes LanesOf(const std::vector<exec::TraceSpan>& spans, int devices, int64_
       case plan::LaneKind::kHostToDevice:
         l.upload[g] += d;
         l.uploaded_bytes[g] += s.bytes;
+        if (s.kind == plan::TaskKind::kWeightUpload) l.weight_bytes += s.bytes;
         break;
       case plan::LaneKind::kDeviceToHost:
         l.download[g] += d;
@@ -104,7 +108,7 @@ StepLanes LanesOf(const std::vector<exec::TraceSpan>& spans, int devices, int64_
 }
 
 struct RunResult {
-  std::vector<double> step_s, bound_s, serial_s, compute_s, upload_s, uploaded_bytes;
+  std::vector<double> step_s, bound_s, serial_s, compute_s, upload_s, uploaded_bytes, weight_bytes;
   double predicted_s = 0;
   int stages = 0;
 };
@@ -115,7 +119,7 @@ plan::PlanJob JobOf(const LoraConfig& lora, const Options& o) {
   pj.seq_len = o.seq_len;
   pj.micro_batches = o.micro_batches;
   pj.lora = lora;
-  pj.compute_dtype = DType::kF32;
+  pj.compute_dtype = o.dtype;
   pj.scratch = {.cuda = false, .cpu_threads = 1};
   return pj;
 }
@@ -146,6 +150,7 @@ RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o
   job.batch_size = job.micro_batches = o.micro_batches;
   job.seq_len = o.seq_len;
   job.lora = lora;
+  job.dtype = std::string(DTypeName(o.dtype));
   const size_t one_device = WholeModelBytes(job, model, /*threads=*/1);
   plan::HardwareProfile hw = CpuDevicesProfile(devices, one_device);
   MergeLayerTimes(times, hw);
@@ -174,7 +179,9 @@ RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o
   OptimizerOptions opt;
   opt.schedule = {.lr = 1e-4, .warmup_steps = 0, .total_steps = 100, .min_ratio = 0};
   opt.grad_clip = 1.0;
-  auto trainer = Trainer::Create(runner->get(), layers, InitMasterWeights(layers, 1), opt, &pool);
+  HostTensors weights = InitMasterWeights(layers, 1);
+  Check(QuantizeFrozenBase(layers, weights), "quantize");  // QLoRA: the base in NF4
+  auto trainer = Trainer::Create(runner->get(), layers, std::move(weights), opt, &pool);
   Check(trainer.status(), "trainer");
   (*trainer)->set_trace(&trace);
   const TokenStream stream = TokenStream::Builtin();
@@ -197,6 +204,7 @@ RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o
     r.compute_s.push_back(*std::max_element(l.compute.begin(), l.compute.end()));
     r.upload_s.push_back(*std::max_element(l.upload.begin(), l.upload.end()));
     r.uploaded_bytes.push_back(*std::max_element(l.uploaded_bytes.begin(), l.uploaded_bytes.end()));
+    r.weight_bytes.push_back(l.weight_bytes);
   }
   return r;
 }
@@ -274,5 +282,34 @@ int main(int argc, char** argv) {
   std::printf("2 devices vs 1 (unthrottled): %.2fx the step rate\n",
               ferry::plan::MedianOf(one.step_s) / ferry::plan::MedianOf(two.step_s));
   std::printf("activations on NVMe: not run (the executor refuses NVMe tiers for now)\n");
+
+  // Issue 18: the frozen base streamed in the compute dtype against NF4 (QLoRA), 2 devices, the
+  // link throttled so that the plain base's uploads take about as long as the compute. f32
+  // compute: the layer probe that prices the plan runs f32 only (a bf16 base would move half
+  // the plain bytes).
+  ferry::Options b = o;
+  ferry::LoraConfig q = lora;
+  q.quantize = ferry::BaseQuant::kNf4;
+  const std::vector<ferry::LayerProbeEntry> tb =
+                                                ferry::ProbeLayers(model, ferry::JobOf(lora, b), 2),
+                                            tq = ferry::ProbeLayers(model, ferry::JobOf(q, b), 2);
+  const ferry::RunResult free_bf16 = ferry::Run(model, lora, b, 2, 0, tb);
+  const double link16 =
+      ferry::plan::MedianOf(free_bf16.uploaded_bytes) / ferry::plan::MedianOf(free_bf16.compute_s);
+  const ferry::RunResult base16 = ferry::Run(model, lora, b, 2, link16, tb);
+  const ferry::RunResult base4 = ferry::Run(model, q, b, 2, link16, tq);
+  std::printf("\nQLoRA: f32 compute, 2 devices, link %.0f MB/s each\n", link16 * 1e-6);
+  ferry::Print("f32 base", base16);
+  ferry::Print("NF4 base", base4);
+  const double w16 = ferry::plan::MedianOf(base16.weight_bytes),
+               w4 = ferry::plan::MedianOf(base4.weight_bytes),
+               up16 = ferry::plan::MedianOf(base16.uploaded_bytes),
+               up4 = ferry::plan::MedianOf(base4.uploaded_bytes);
+  std::printf(
+      "weights uploaded per step (all devices): f32 base %.1f MB, NF4 base %.1f MB (%.2fx less); "
+      "everything the busiest device uploads: %.1f MB against %.1f MB; step: NF4 %.2fx the "
+      "f32 base's rate\n",
+      w16 * 1e-6, w4 * 1e-6, w16 / w4, up16 * 1e-6, up4 * 1e-6,
+      ferry::plan::MedianOf(base16.step_s) / ferry::plan::MedianOf(base4.step_s));
   return 0;
 }

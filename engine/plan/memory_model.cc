@@ -372,8 +372,10 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   if (in.optimizer_on_nvme) Add(e.pageable_host, "optimizer.staging", 2 * largest_slot, P);
   Add(e.pageable_host, "grads.update", master, P);
   Add(e.pageable_host, "weights.embedding", embedding_frozen_copy, P);
-  // QLoRA's frozen base: every block projection's NF4 codes and quant state (the upload packs
-  // from them), at their real size.
+  // The frozen base (LoRA) in fp32, which each stage's upload is packed from, unless the plan
+  // serves it from NVMe; QLoRA's block projections as NF4 codes and quant state instead, at their
+  // real size.
+  if (!in.frozen_weights_on_nvme) Add(e.pageable_host, "weights.frozen", params.frozen * kF32, P);
   Add(e.pageable_host, "weights.nf4", params.nf4_bytes, P);
   return e;
 }

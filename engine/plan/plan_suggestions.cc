@@ -50,7 +50,9 @@ std::vector<PlanSuggestion> SuggestChanges(const std::string& model_name, const 
       out.push_back({"--micro-batches " + std::to_string(j.micro_batches), std::move(*p)});
     }
   }
-  // LoRA instead of full fine-tuning.
+  // LoRA instead of full fine-tuning; when that is not enough, over an NF4 base (QLoRA; the
+  // Llama family's projections), and QLoRA for a LoRA job over a plain base.
+  const bool nf4_able = model.family != ModelFamily::kGpt2;
   if (!job.lora.enabled()) {
     PlanJob j = job;
     j.lora.rank = 16;
@@ -58,6 +60,17 @@ std::vector<PlanSuggestion> SuggestChanges(const std::string& model_name, const 
     j.lora.targets = kLoraAll;
     if (std::optional<Plan> p = Fits(model_name, model, j, hw)) {
       out.push_back({"--lora-rank 16", std::move(*p)});
+    } else if (nf4_able) {
+      j.lora.quantize = BaseQuant::kNf4;
+      if (std::optional<Plan> q = Fits(model_name, model, j, hw)) {
+        out.push_back({"--lora-rank 16 --quantize nf4", std::move(*q)});
+      }
+    }
+  } else if (job.lora.quantize == BaseQuant::kNone && nf4_able) {
+    PlanJob j = job;
+    j.lora.quantize = BaseQuant::kNf4;
+    if (std::optional<Plan> p = Fits(model_name, model, j, hw)) {
+      out.push_back({"--quantize nf4", std::move(*p)});
     }
   }
   // More host RAM: the least (to a MiB) that fits, searched up to 64 TiB.

@@ -113,7 +113,8 @@ Result<DeviceParams> LayerParams(Device& d, const ModelConfig& c, const LoraConf
                                  uint64_t seed) {
   FERRY_ASSIGN_OR_RETURN(DeviceParams params, DeviceParams::Create(d, c, lora, {layer}));
   {
-    const HostTensors weights = InitMasterWeights(HostLayers(all, layer), seed);
+    HostTensors weights = InitMasterWeights(HostLayers(all, layer), seed);
+    FERRY_RETURN_IF_ERROR(QuantizeFrozenBase(HostLayers(all, layer), weights));  // QLoRA's NF4
     FERRY_RETURN_IF_ERROR(params.Upload(d, weights));
   }  // the host copy is freed before the timed runs
   FERRY_RETURN_IF_ERROR(params.ZeroGrads(d));

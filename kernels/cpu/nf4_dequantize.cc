@@ -1,5 +1,7 @@
 #include "kernels/cpu/nf4_dequantize.h"
 
+#include <algorithm>
+
 #include "kernels/backend_access.h"
 #include "kernels/cpu/cast.h"
 
@@ -20,12 +22,26 @@ Status Nf4Dequantize(ThreadPool& pool, const Nf4DequantizeArgs& a) {
   ParallelPieces(pool, a.out.numel(), [&](int64_t i0, int64_t len) {
     float stage[kStageElems];
     float* y = OutputFloats(a.out, i0, stage);
-    int64_t block = i0 / a.block;
-    float absmax = absmax_of(block);
-    for (int64_t j = 0; j < len; ++j) {
-      const int64_t i = i0 + j;
-      if (i / a.block != block) absmax = absmax_of(block = i / a.block);
-      y[j] = Nf4Value(code[Nf4Nibble(packed, i)], absmax);
+    // Block by block (one absmax each); within a block, whole bytes (two elements) where the
+    // run starts on an even element, the odd ends one by one.
+    const int64_t end = i0 + len;
+    for (int64_t i = i0; i < end;) {
+      const int64_t b = i / a.block;
+      const int64_t stop = std::min(end, (b + 1) * a.block);
+      const float absmax = absmax_of(b);
+      if ((i & 1) != 0) {
+        y[i - i0] = Nf4Value(code[Nf4Nibble(packed, i)], absmax);
+        ++i;
+      }
+      for (; i + 1 < stop; i += 2) {
+        const uint8_t byte = packed[i >> 1];
+        y[i - i0] = Nf4Value(code[byte >> 4], absmax);
+        y[i + 1 - i0] = Nf4Value(code[byte & 0x0f], absmax);
+      }
+      if (i < stop) {
+        y[i - i0] = Nf4Value(code[Nf4Nibble(packed, i)], absmax);
+        ++i;
+      }
     }
     StoreFloats(y, a.out, i0, len);
   });
