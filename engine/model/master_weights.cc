@@ -85,18 +85,23 @@ Result<std::span<const float>> ParameterValues(const ParamSpec& p, const HostTen
   return std::span<const float>(dequantized);
 }
 
+Status QuantizeParameter(const ParamSpec& p, HostTensors& weights, Nf4Rounding rounding) {
+  if (!p.nf4 || weights.nf4.contains(p.name)) return Status::Ok();  // read quantized: as it is
+  auto it = weights.tensors.find(p.name);
+  if (it == weights.tensors.end()) {
+    return Status::NotFound("no base weight '" + p.name + "' to quantize");
+  }
+  FERRY_ASSIGN_OR_RETURN(Nf4Host q,
+                         QuantizeNf4(it->second, MasterShape(p), p.nf4_nested, rounding));
+  weights.nf4[p.name] = std::move(q);
+  weights.tensors.erase(it);  // the fp32 copy goes as soon as its NF4 one exists
+  return Status::Ok();
+}
+
 Status QuantizeFrozenBase(const std::vector<LayerSpec>& layers, HostTensors& weights,
                           Nf4Rounding rounding) {
   for (const ParamSpec* p : StorageParams(layers)) {
-    if (!p->nf4 || weights.nf4.contains(p->name)) continue;  // read quantized: as it is
-    auto it = weights.tensors.find(p->name);
-    if (it == weights.tensors.end()) {
-      return Status::NotFound("no base weight '" + p->name + "' to quantize");
-    }
-    FERRY_ASSIGN_OR_RETURN(Nf4Host q,
-                           QuantizeNf4(it->second, MasterShape(*p), p->nf4_nested, rounding));
-    weights.nf4[p->name] = std::move(q);
-    weights.tensors.erase(it);  // the fp32 copy goes as soon as its NF4 one exists
+    FERRY_RETURN_IF_ERROR(QuantizeParameter(*p, weights, rounding));
   }
   return Status::Ok();
 }

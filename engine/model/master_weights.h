@@ -52,6 +52,10 @@ Status SaveMasterWeights(const std::string& path, const std::vector<LayerSpec>& 
 // says), one tensor at a time. Errors: a missing tensor.
 Status QuantizeFrozenBase(const std::vector<LayerSpec>& layers, HostTensors& weights,
                           Nf4Rounding rounding = Nf4Rounding::kThresholdTree);
+// The same for one parameter (nothing when it is not NF4 or is already quantized): what a loader
+// calls right after reading it, so that one fp32 tensor at a time exists.
+Status QuantizeParameter(const ParamSpec& p, HostTensors& weights,
+                         Nf4Rounding rounding = Nf4Rounding::kThresholdTree);
 
 // A parameter's fp32 values: its tensor, or its NF4 weight dequantized into `dequantized` (whose
 // storage the span then views). Errors: NotFound when `weights` holds neither.

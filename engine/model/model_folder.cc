@@ -6,6 +6,7 @@
 
 #include "engine/json.h"
 #include "engine/model/bnb_folder.h"
+#include "engine/model/master_weights.h"
 #include "engine/model/weights_io.h"
 #include "offload/file_io.h"
 
@@ -194,6 +195,9 @@ Status LoadBaseWeights(const FolderWeights& folder, const ModelConfig& config,
   for (const ParamSpec* p : StorageParamsOf(layers, /*lora=*/false)) {
     if (held_elsewhere.contains(p->name)) continue;
     FERRY_RETURN_IF_ERROR(LoadOne(folder, config, *p, used, weights));
+    // QLoRA: an NF4 parameter is quantized as soon as it is read, so the base never exists in
+    // fp32 as a whole (a 70B base is 280 GB in fp32, 36 GB in NF4).
+    FERRY_RETURN_IF_ERROR(QuantizeParameter(*p, weights));
   }
   for (const std::string& name : folder.Names()) {
     if (used.contains(name) || IsHarmlessBuffer(config, name)) continue;

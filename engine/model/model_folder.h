@@ -87,7 +87,8 @@ class FolderWeights {
 // named in `held_elsewhere` are left out, and so are their tensors in the folder ("<name>" and
 // "<name>.<anything>": the NF4 weights of a pre-quantized folder, engine/model/bnb_folder.h). A
 // parameter stored quantized by bitsandbytes and not held elsewhere is a FailedPrecondition
-// (PreQuantizedNotSupportedYet).
+// (PreQuantizedNotSupportedYet). An NF4 parameter (ParamSpec::nf4, QLoRA) is quantized into
+// weights.nf4 as soon as it is read (QuantizeParameter): one fp32 tensor of the base at a time.
 Status LoadBaseWeights(const FolderWeights& folder, const ModelConfig& config,
                        const std::vector<LayerSpec>& layers, HostTensors& weights,
                        const std::set<std::string, std::less<>>& held_elsewhere = {});

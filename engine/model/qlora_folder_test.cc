@@ -12,6 +12,7 @@
 #include "engine/model/bnb_folder.h"
 #include "engine/model/master_weights.h"
 #include "engine/model/model_runner.h"
+#include "engine/model/weights_io.h"
 #include "engine/testing/golden_files.h"
 #include "kernels/cpu/cpu_device.h"
 
@@ -41,6 +42,35 @@ TEST(QloraFolderTest, AJobOnAPreQuantizedFolderAdoptsItsBase) {
   plain.lora.rank = 4;
   ASSERT_TRUE(AdoptPreQuantizedBase(plain).ok());
   EXPECT_EQ(plain.lora.quantize, BaseQuant::kNone);
+}
+
+// --quantize nf4 over an ordinary (fp32) folder: InitialWeights quantizes each block projection
+// as it is read (no fp32 copy stays), the same NF4 weight QuantizeNf4 gives for the fp32 values.
+TEST(QloraFolderTest, AnUnquantizedFolderIsQuantizedAsItLoads) {
+  const std::string dir = testing::SourceDir() + "/tests/goldens/llama";
+  Result<ModelConfig> c = LoadHfConfig(dir + "/config.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  LoraConfig lora{.rank = 4, .alpha = 8, .targets = kLoraAll, .quantize = BaseQuant::kNf4};
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(*c, lora);
+  Result<HostTensors> w = InitialWeights(dir, *c, layers, 1);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_EQ(w->nf4.size(), size_t(7 * c->num_layers));
+  Result<SafetensorsFile> f = SafetensorsFile::Open(dir + "/model.safetensors");
+  ASSERT_TRUE(f.ok());
+  for (const LayerSpec& l : layers) {
+    for (const ParamSpec& p : l.params) {
+      if (!p.nf4) continue;
+      EXPECT_EQ(w->tensors.count(p.name), 0u) << p.name;
+      std::vector<float> fp32(size_t(p.numel()));
+      ASSERT_TRUE(LoadParameter(*f, p, fp32).ok()) << p.name;
+      Result<Nf4Host> want = QuantizeNf4(fp32, MasterShape(p), /*nested=*/true);
+      ASSERT_TRUE(want.ok());
+      const Nf4Host& got = w->nf4.at(p.name);
+      EXPECT_EQ(got.packed, want->packed) << p.name;
+      EXPECT_EQ(got.absmax_q, want->absmax_q) << p.name;
+      EXPECT_EQ(got.nested_absmax, want->nested_absmax) << p.name;
+    }
+  }
 }
 
 // transformers ran the folder's Linear4bit layers with bnb_4bit_compute_dtype bfloat16 (the input
