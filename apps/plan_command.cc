@@ -165,6 +165,10 @@ int RunPlanCommand(PlanCommand& cmd) {
     std::fprintf(stderr, "ferry plan: %s\n", AnnotateJobFile(cmd.job_file, s).message().c_str());
     return 1;
   };
+  // A folder pre-quantized by bitsandbytes plans as QLoRA, as `ferry train` runs it.
+  if (fs::is_directory(cmd.job.model)) {
+    if (Status s = AdoptPreQuantizedBase(cmd.job); !s.ok()) return fail(s);
+  }
   Result<ModelConfig> model = ResolvePlanModel(cmd.job.model);
   if (!model.ok()) return fail(model.status());
   // What `ferry train` would refuse, plan refuses too (the planner judges what fits the profile).

@@ -111,7 +111,10 @@ std::string PlanSummary(const Plan& p) {
   std::string out = "Plan: " + p.model_name + " on " + p.hardware_name + "\n";
   out += "  job: batch " + std::to_string(p.job.global_batch) + " x " +
          std::to_string(p.job.seq_len) + " tokens, " +
-         (p.job.lora.enabled() ? "LoRA rank " + std::to_string(p.job.lora.rank)
+         (p.job.lora.enabled() ? "LoRA rank " + std::to_string(p.job.lora.rank) +
+                                     (p.job.lora.quantize == BaseQuant::kNf4
+                                          ? std::string(" over an NF4 base (QLoRA)")
+                                          : std::string())
                                : std::string("full fine-tuning")) +
          ", " + ComputeModeName(p.job) + "\n";
   out += "  micro-batches: " + std::to_string(p.micro_batches) + " of " +
