@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "apps/job_file.h"
+#include "apps/job_options.h"
 #include "engine/job/job_spec.h"
 #include "engine/job/model_source.h"
 #include "engine/job/run_limits.h"
@@ -36,6 +37,9 @@ Status Run(const EvalCommand& cmd) {
   {
     FERRY_ASSIGN_OR_RETURN(ModelSource source,
                            ResolveModelSource(cmd.model, cmd.adapter, ModelUse::kInference));
+    // The base as it will be held: NF4 when pre-quantized or --quantize nf4 (as LoadModelFolder).
+    job.lora.quantize = source.bnb4bit.has_value() ? BaseQuant::kNf4 : cmd.quantize;
+    if (source.bnb4bit.has_value()) job.lora.double_quant = source.bnb4bit->double_quant;
     RunLimits run;
     run.threads = cmd.threads;
     run.positions = cmd.seq_len;
@@ -50,7 +54,7 @@ Status Run(const EvalCommand& cmd) {
     FERRY_RETURN_IF_ERROR(ValidateRunLimits(run, source.config));
   }
   FERRY_ASSIGN_OR_RETURN(InferenceModel loaded,
-                         LoadInferenceModel(cmd.model, cmd.adapter, cmd.seed));
+                         LoadInferenceModel(cmd.model, cmd.adapter, cmd.seed, cmd.quantize));
   const LoadedModel& m = loaded.model;
   FERRY_ASSIGN_OR_RETURN(ChatTemplate chat,
                          ResolveChatTemplate(cmd.chat_template, loaded.template_source));
@@ -98,8 +102,8 @@ void AddEvalCommand(CLI::App& parent, EvalCommand* cmd) {
       "eval", "Mean loss and perplexity of a model on a dataset file (forward only)");
   cmd->app = e;
   e->add_option("--model", cmd->model,
-                "Model: 'tiny', a Hugging Face model folder or a run folder of ferry train (full "
-                "or LoRA)")
+                "Model: 'tiny', a Hugging Face model folder (one pre-quantized by bitsandbytes "
+                "4-bit too) or a run folder of ferry train (full or LoRA)")
       ->capture_default_str();
   e->add_option("--adapter", cmd->adapter,
                 "PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors); "
@@ -120,6 +124,10 @@ void AddEvalCommand(CLI::App& parent, EvalCommand* cmd) {
   e->add_option("--seed", cmd->seed, "Initialization seed of --model tiny")->capture_default_str();
   e->add_option("--threads", cmd->threads, "CPU threads (0: all cores)")->capture_default_str();
   e->add_flag("--json", cmd->json, "Print one JSON object instead of text");
+  AddQuantizeOption(*e, &cmd->quantize,
+                    "The base's block projections: none, or nf4 (quantized on load to 4-bit "
+                    "NormalFloat, as QLoRA holds them); a folder pre-quantized by bitsandbytes is "
+                    "NF4 already");
 }
 
 int RunEvalCommand(EvalCommand& cmd) {

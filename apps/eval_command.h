@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/model/lora_config.h"
+
 namespace ferry {
 
 class JobFileKeys;  // apps/job_file.h
@@ -30,6 +32,7 @@ struct EvalCommand {
   bool skip_bad_lines = false;
   uint64_t seed = 1234;  // the tiny model's initialization
   int64_t threads = 0;
+  BaseQuant quantize = BaseQuant::kNone;  // --quantize nf4: the base's projections in NF4
   bool json = false;
 };
 

@@ -1,5 +1,6 @@
 #include "apps/generate_command.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <thread>
 
 #include "apps/job_file.h"
+#include "apps/job_options.h"
 #include "engine/job/job_spec.h"
 #include "engine/job/model_source.h"
 #include "engine/job/run_limits.h"
@@ -51,7 +53,7 @@ Status Run(const GenerateCommand& cmd) {
     prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   }
   FERRY_ASSIGN_OR_RETURN(InferenceModel loaded,
-                         LoadInferenceModel(cmd.model, cmd.adapter, cmd.seed));
+                         LoadInferenceModel(cmd.model, cmd.adapter, cmd.seed, cmd.quantize));
   LoadedModel& m = loaded.model;
   const std::vector<int32_t> ids = loaded.tokenizer->Encode(prompt, /*add_special_tokens=*/true);
   if (ids.empty()) return Status::InvalidArgument("the prompt is empty: give --prompt TEXT");
@@ -60,8 +62,14 @@ Status Run(const GenerateCommand& cmd) {
   dev.name = "cpu";
   dev.compute_threads =
       cmd.threads > 0 ? int(cmd.threads) : int(std::max(1u, std::thread::hardware_concurrency()));
-  size_t weight_bytes = 0;
+  // fp32 weights, and NF4 ones as the device holds them (packed codes, fp32 absmax, the code) plus
+  // the buffer each stage's blocks dequantize one into (the one-token step's and the prefill's).
+  size_t weight_bytes = 0, dequant_bytes = 0;
   for (const auto& [name, t] : m.weights.tensors) weight_bytes += t.size() * 4;
+  for (const auto& [name, q] : m.weights.nf4) weight_bytes += Nf4DeviceBytes(q.numel());
+  for (const LayerSpec& l : m.layers) {
+    dequant_bytes = std::max(dequant_bytes, 2 * BlockDequantBytes(l, DType::kF32));
+  }
   const int64_t positions = int64_t(ids.size()) + cmd.max_tokens;
   const size_t cache_bytes = size_t(2 * m.config.num_layers * positions * m.config.kv_dim()) * 4;
   // Weights (no gradient buffers: the generator asks for none; an eighth more for the packed LoRA
@@ -70,7 +78,8 @@ Status Run(const GenerateCommand& cmd) {
   const size_t act_bytes =
       size_t(positions) *
       size_t(8 * m.config.hidden_size + 4 * m.config.intermediate_size + m.config.vocab_size) * 4;
-  dev.memory_bytes = weight_bytes + weight_bytes / 8 + cache_bytes + act_bytes + (size_t(64) << 20);
+  dev.memory_bytes = weight_bytes + weight_bytes / 8 + dequant_bytes + cache_bytes + act_bytes +
+                     (size_t(64) << 20);
   const std::string shape = "the prompt's " + std::to_string(ids.size()) +
                             " tokens + --max-tokens " + std::to_string(cmd.max_tokens);
   RunLimits run;
@@ -123,8 +132,8 @@ void AddGenerateCommand(CLI::App& parent, GenerateCommand* cmd) {
   cmd->app = g;
   g->add_option(
        "--model", cmd->model,
-       "'tiny', a Hugging Face model folder (config.json, safetensors, tokenizer.json) or a run "
-       "folder of ferry train")
+       "'tiny', a Hugging Face model folder (config.json, safetensors, tokenizer.json; one "
+       "pre-quantized by bitsandbytes 4-bit too) or a run folder of ferry train")
       ->capture_default_str();
   g->add_option(
       "--adapter", cmd->adapter,
@@ -142,6 +151,10 @@ void AddGenerateCommand(CLI::App& parent, GenerateCommand* cmd) {
   g->add_option("--seed", cmd->seed, "Seed of the draws (the same seed gives the same text)")
       ->capture_default_str();
   g->add_option("--threads", cmd->threads, "CPU threads (0: all cores)")->capture_default_str();
+  AddQuantizeOption(*g, &cmd->quantize,
+                    "The base's block projections: none, or nf4 (quantized on load to 4-bit "
+                    "NormalFloat, as QLoRA holds them); a folder pre-quantized by bitsandbytes is "
+                    "NF4 already");
 }
 
 int RunGenerateCommand(GenerateCommand& cmd) {

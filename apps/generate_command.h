@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/model/lora_config.h"
+
 namespace ferry {
 
 class JobFileKeys;  // apps/job_file.h
@@ -24,6 +26,7 @@ struct GenerateCommand {
   int64_t top_k = 0;
   uint64_t seed = 0;
   int64_t threads = 0;  // CPU threads (0: all cores); int64 so a huge value is refused by name
+  BaseQuant quantize = BaseQuant::kNone;  // --quantize nf4: the base's projections in NF4
 };
 
 // Adds the `generate` subcommand to `parent`; `cmd` receives the parsed options and must outlive

@@ -59,21 +59,26 @@ void AddJobOptions(CLI::App& app, JobSpec& j, std::string* lora_targets) {
   app.add_option("--lora-targets", *lora_targets,
                  "Projections that get adapters: comma-separated q,k,v,o,gate,up,down, or all")
       ->capture_default_str();
-  app.add_option_function<std::string>(
-         "--quantize",
-         [&j](const std::string& v) {
-           Result<BaseQuant> q = ParseBaseQuant(v);
-           if (!q.ok()) throw CLI::ValidationError("--quantize", q.status().message());
-           j.lora.quantize = *q;
-         },
-         "The frozen base's storage under LoRA: none, or nf4 (QLoRA: 4-bit NormalFloat, "
-         "blocks of 64, as bitsandbytes stores it)")
-      ->default_str("none");
+  AddQuantizeOption(app, &j.lora.quantize,
+                    "The frozen base's storage under LoRA: none, or nf4 (QLoRA: 4-bit "
+                    "NormalFloat, blocks of 64, as bitsandbytes stores it)");
   app.add_flag("--double-quant,!--no-double-quant", j.lora.double_quant,
                "With --quantize nf4: keep NF4's absmax 8-bit quantized in host RAM (QLoRA's "
                "double quantization)")
       ->capture_default_str();
   app.add_option("--seed", j.seed, "Seed for initialization and data order")->capture_default_str();
+}
+
+void AddQuantizeOption(CLI::App& app, BaseQuant* quantize, const std::string& help) {
+  app.add_option_function<std::string>(
+         "--quantize",
+         [quantize](const std::string& v) {
+           Result<BaseQuant> q = ParseBaseQuant(v);
+           if (!q.ok()) throw CLI::ValidationError("--quantize", q.status().message());
+           *quantize = *q;
+         },
+         help)
+      ->default_str("none");
 }
 
 }  // namespace ferry

@@ -14,4 +14,8 @@ namespace ferry {
 // (parse it with ParseLoraTargets). `job` and `lora_targets` must outlive parsing.
 void AddJobOptions(CLI::App& app, JobSpec& job, std::string* lora_targets);
 
+// Adds --quantize none|nf4 to `app`, parsed into `quantize` (ParseBaseQuant: fp4 and unknown
+// names are refused by name), described by `help`. `quantize` must outlive parsing.
+void AddQuantizeOption(CLI::App& app, BaseQuant* quantize, const std::string& help);
+
 }  // namespace ferry

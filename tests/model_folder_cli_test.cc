@@ -5,15 +5,17 @@
 // (whose round trip model_folder_test checks against the weights written).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
 #include "engine/json.h"
 #include "engine/model/generator.h"
 #include "engine/model/model_folder.h"
+#include "engine/testing/golden_files.h"
 #include "engine/testing/tiny_models.h"
 #include "engine/testing/tokenizer_json.h"
-#include "engine/text/bpe_tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "engine/train/run_training.h"
 #include "engine/train/training_data.h"
 #include "kernels/cpu/cpu_device.h"
@@ -88,11 +90,13 @@ class ModelFolderCliTest : public testing::CliTest {
     std::ofstream(dir + "/tokenizer.json") << TokenizerJson();
   }
 
-  // What `ferry generate` prints for the model loaded in-process: greedy, same limits.
-  std::string ExpectedText(const std::string& dir, const std::string& adapter) {
-    Result<LoadedModel> m = LoadModelFolder(dir, adapter);
+  // What `ferry generate` prints for the model loaded in-process (`quantize`: --quantize) with
+  // the folder's tokenizer: greedy, same limits.
+  std::string ExpectedText(const std::string& dir, const std::string& adapter,
+                           BaseQuant quantize = BaseQuant::kNone) {
+    Result<LoadedModel> m = LoadModelFolder(dir, adapter, quantize);
     EXPECT_TRUE(m.ok()) << m.status().ToString();
-    Result<std::unique_ptr<Tokenizer>> tok = ParseTokenizerJson(TokenizerJson(), "tokenizer.json");
+    Result<std::unique_ptr<Tokenizer>> tok = LoadTokenizer(dir);
     EXPECT_TRUE(tok.ok()) << tok.status().ToString();
     if (!m.ok() || !tok.ok()) return "";
     const std::vector<int32_t> ids = (*tok)->Encode(kPrompt, true);
@@ -113,11 +117,14 @@ class ModelFolderCliTest : public testing::CliTest {
     return out.ok() ? (*tok)->Decode(*out, true) + "\n" : "";
   }
 
-  // The mean loss of data_ under the model loaded in-process, on a training-capable runner.
-  double ExpectedLoss(const std::string& dir, const std::string& adapter) {
-    Result<LoadedModel> m = LoadModelFolder(dir, adapter);
+  // The mean loss of data_ under the model loaded in-process (as ExpectedText), on a
+  // training-capable runner.
+  double ExpectedLoss(const std::string& dir, const std::string& adapter,
+                      BaseQuant quantize = BaseQuant::kNone) {
+    Result<LoadedModel> m = LoadModelFolder(dir, adapter, quantize);
     EXPECT_TRUE(m.ok()) << m.status().ToString();
-    Result<std::unique_ptr<Tokenizer>> tok = ParseTokenizerJson(TokenizerJson(), "tokenizer.json");
+    // The folder's tokenizer as the CLI loads it (config.json's BOS/EOS ids included).
+    Result<std::unique_ptr<Tokenizer>> tok = LoadTokenizer(dir);
     if (!m.ok() || !tok.ok()) return NAN;
     Result<ChatTemplate> chat = ResolveChatTemplate("auto", dir);
     EXPECT_TRUE(chat.ok()) << chat.status().ToString();
@@ -167,6 +174,72 @@ TEST_F(ModelFolderCliTest, GenerateAndEvalOnAShardedBf16Folder) {
     const double loss = EvalLoss("--model " + dir, data_);
     EXPECT_EQ(loss, ExpectedLoss(dir, "")) << dir;
     EXPECT_GT(loss, 0) << dir;
+  }
+}
+
+// A tokenizer.json small enough for tests/goldens/llama_bnb4's vocabulary of 97: BPE over the
+// lowercase letters and "▁" (a space), no merges, anything else <unk>; 30 tokens.
+std::string LetterTokenizerJson() {
+  json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}, {"\u2581", 3}};
+  for (char c = 'a'; c <= 'z'; ++c) vocab[std::string(1, c)] = 4 + (c - 'a');
+  const json space = {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}};
+  const json unspace = {{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}};
+  return json{
+      {"added_tokens", json::array({{{"id", 0}, {"content", "<unk>"}, {"special", true}},
+                                    {{"id", 1}, {"content", "<s>"}, {"special", true}},
+                                    {{"id", 2}, {"content", "</s>"}, {"special", true}}})},
+      {"normalizer", space},
+      {"pre_tokenizer", nullptr},
+      {"decoder", unspace},
+      {"model",
+       {{"type", "BPE"}, {"unk_token", "<unk>"}, {"vocab", vocab}, {"merges", json::array()}}}}
+      .dump();
+}
+
+// A folder pre-quantized by transformers + bitsandbytes (tests/goldens/llama_bnb4, with a
+// tokenizer.json added): generate and eval run its NF4 base as it is, with and without a PEFT
+// adapter on top, and equal the in-process Generator and ModelRunner over LoadModelFolder's NF4
+// weights exactly.
+TEST_F(ModelFolderCliTest, GenerateAndEvalOnAPreQuantizedFolder) {
+  namespace fs = std::filesystem;
+  const std::string golden = testing::SourceDir() + "/tests/goldens/llama_bnb4";
+  const std::string dir = dir_ + "/bnb4";
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors"}) fs::copy(golden + "/" + f, dir);
+  std::ofstream(dir + "/tokenizer.json") << LetterTokenizerJson();
+  const std::string adapter = testing::SourceDir() + "/tests/goldens/llama_qlora";
+  for (const std::string& with : {std::string(), adapter}) {
+    const std::string args = "--model " + dir + (with.empty() ? "" : " --adapter " + with);
+    CommandResult g = Generate(args);
+    ASSERT_EQ(g.code, 0) << args << ": " << g.output;
+    EXPECT_EQ(g.output, ExpectedText(dir, with)) << args;
+    const double loss = EvalLoss(args, data_);
+    EXPECT_EQ(loss, ExpectedLoss(dir, with)) << args;
+    EXPECT_GT(loss, 0) << args;
+  }
+}
+
+// --quantize nf4 on an unquantized folder: the base quantized on load, as QLoRA holds it. The CLI
+// equals the in-process NF4 model exactly and the fp32 model nearly (4-bit weights move the loss a
+// little, not to another model's); a GPT-2 model is one line naming it.
+TEST_F(ModelFolderCliTest, QuantizeOnLoad) {
+  const std::string args = "--model " + src_ + " --quantize nf4";
+  CommandResult g = Generate(args);
+  ASSERT_EQ(g.code, 0) << g.output;
+  EXPECT_EQ(g.output, ExpectedText(src_, "", BaseQuant::kNf4));
+  const double nf4 = EvalLoss(args, data_);
+  EXPECT_EQ(nf4, ExpectedLoss(src_, "", BaseQuant::kNf4));
+  const double fp32 = ExpectedLoss(src_, "");
+  EXPECT_NE(nf4, fp32) << "the base was not quantized";
+  EXPECT_NEAR(nf4, fp32, 0.05 * fp32);
+
+  WriteFolder(dir_ + "/gpt2", 300, /*gpt2=*/true);
+  for (const std::string& command :
+       {std::string("generate --prompt hi --max-tokens 4"), "eval --seq-len 16 --data " + data_}) {
+    CommandResult r = Ferry(command + " --model " + dir_ + "/gpt2 --quantize nf4");
+    EXPECT_EQ(r.code, 1) << command << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+    EXPECT_NE(r.output.find("GPT-2"), std::string::npos) << r.output;
   }
 }
 

@@ -208,7 +208,7 @@ Status ValidateJobShape(const JobSpec& job, const ModelConfig& model, bool micro
   run.device_from = "--batch-size " + std::to_string(job.batch_size) + " x --seq-len " +
                     std::to_string(job.seq_len);
   FERRY_RETURN_IF_ERROR(ValidateRunLimits(run, model));
-  FERRY_RETURN_IF_ERROR(ValidateLoraConfig(job.lora));
+  FERRY_RETURN_IF_ERROR(ValidateTrainingLora(job.lora));
   if (job.lora.quantize != BaseQuant::kNone && model.family == ModelFamily::kGpt2) {
     return Bad(
         "--quantize nf4 quantizes Llama-family projections (Llama, Mistral, Qwen2, "

@@ -128,25 +128,24 @@ Result<ModelSource> ResolveModelSource(const std::string& model, const std::stri
   }
   FERRY_ASSIGN_OR_RETURN(s.config, LoadHfConfig(s.config_path));
   FERRY_ASSIGN_OR_RETURN(s.bnb4bit, LoadBnb4bitSettings(s.weights_dir));
-  if (s.bnb4bit.has_value() && use == ModelUse::kInference) {
-    return PreQuantizedNotSupportedYet(s.weights_dir);
-  }
   if (use == ModelUse::kConfigOnly) s.weights_dir.clear();
   return s;
 }
 
 Result<InferenceModel> LoadInferenceModel(const std::string& model, const std::string& adapter,
-                                          uint64_t seed) {
+                                          uint64_t seed, BaseQuant quantize) {
   InferenceModel m;
   FERRY_ASSIGN_OR_RETURN(m.source, ResolveModelSource(model, adapter, ModelUse::kInference));
   const ModelSource& s = m.source;
   if (s.tiny) {
     // Untrained (initialized from `seed`): a smoke test of the pipeline, not of the text.
     m.model.config = s.config;
+    m.model.lora.quantize = quantize;
     m.model.layers = BuildLayerSpecs(s.config, m.model.lora);
     m.model.weights = InitMasterWeights(m.model.layers, seed);
+    FERRY_RETURN_IF_ERROR(QuantizeFrozenBase(m.model.layers, m.model.weights));
   } else {
-    FERRY_ASSIGN_OR_RETURN(m.model, LoadModelFolder(s.weights_dir, s.adapter_dir));
+    FERRY_ASSIGN_OR_RETURN(m.model, LoadModelFolder(s.weights_dir, s.adapter_dir, quantize));
   }
   if (!s.tokenizer_dir.empty()) {
     FERRY_ASSIGN_OR_RETURN(m.tokenizer, LoadTokenizer(s.tokenizer_dir));

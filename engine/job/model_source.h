@@ -12,8 +12,7 @@
 //  - for planning only (ModelUse::kConfigOnly): a config.json file or a preset name
 //    (<presets_dir>/<name>.json).
 //  A folder pre-quantized by bitsandbytes (config.json's quantization_config, 4-bit nf4) is
-//  detected (ModelSource::bnb4bit); planning and training (QLoRA: the base stays NF4) take it,
-//  inference refuses it for now (FailedPrecondition).
+//  detected (ModelSource::bnb4bit); every use takes it, the base staying NF4 (training: QLoRA).
 // --adapter DIR: a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors), e.g.
 // a LoRA run folder; it replaces a run folder's own adapter. Errors are one line naming the folder
 // or file and what to give instead.
@@ -62,7 +61,8 @@ struct ModelSource {
 Result<ModelSource> ResolveModelSource(const std::string& model, const std::string& adapter,
                                        ModelUse use, const std::string& presets_dir = "");
 
-// A model ready for inference: config, adapter, layers and fp32 weights, and its tokenizer.
+// A model ready for inference: config, adapter, layers and weights (fp32, or NF4 block
+// projections), and its tokenizer.
 struct InferenceModel {
   ModelSource source;
   LoadedModel model;
@@ -71,7 +71,9 @@ struct InferenceModel {
 };
 
 // Resolves (ModelUse::kInference) and loads --model/--adapter; "tiny" is initialized from `seed`.
+// `quantize` kNf4 (--quantize nf4) holds the base's block projections in NF4, quantized on load
+// (LoadModelFolder); a pre-quantized folder is NF4 whatever `quantize` says.
 Result<InferenceModel> LoadInferenceModel(const std::string& model, const std::string& adapter,
-                                          uint64_t seed);
+                                          uint64_t seed, BaseQuant quantize = BaseQuant::kNone);
 
 }  // namespace ferry

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "engine/json.h"
@@ -433,6 +434,31 @@ Result<QuantizedWeights> ReadBnb4bitWeights(const FolderWeights& folder,
   return q;
 }
 
+Status LoadBnb4bitBase(const FolderWeights& folder, const ModelConfig& config,
+                       const Bnb4bitSettings& settings, const std::vector<LayerSpec>& layers,
+                       HostTensors& weights) {
+  FERRY_ASSIGN_OR_RETURN(QuantizedWeights q, ReadBnb4bitWeights(folder, settings, layers));
+  std::map<std::string, const ParamSpec*, std::less<>> specs;
+  for (const LayerSpec& l : layers) {
+    for (const ParamSpec& p : l.params) specs[p.name] = &p;
+  }
+  std::set<std::string, std::less<>> held;
+  for (auto& [name, w] : q.weights) {
+    auto spec = specs.find(name);
+    if (spec == specs.end() || !spec->second->nf4) {
+      return Status::InvalidArgument(
+          "model folder " + folder.dir() + " is pre-quantized by bitsandbytes (NF4, '" + name +
+          "'), but the model was set up to hold that weight unquantized: ferry keeps NF4 the block "
+          "projections of Llama-family models (Llama, Mistral, Qwen2, Qwen3) only, with "
+          "--quantize nf4 (training: with --lora-rank N too)");
+    }
+    FERRY_RETURN_IF_ERROR(ValidateNf4(w, name));
+    held.insert(name);
+    weights.nf4[name] = std::move(w);
+  }
+  return LoadBaseWeights(folder, config, layers, weights, held);
+}
+
 Result<Bnb4bitModel> LoadBnb4bitFolder(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
@@ -455,12 +481,11 @@ Result<Bnb4bitModel> LoadBnb4bitFolder(const std::string& dir) {
   return m;
 }
 
-Status PreQuantizedNotSupportedYet(const std::string& dir) {
+Status UnexpectedQuantizedTensor(const std::string& dir, const std::string& name) {
   return Status::FailedPrecondition(
-      "model folder " + dir +
-      " is pre-quantized by bitsandbytes (4-bit); ferry reads such folders "
-      "(engine/model/bnb_folder.h) but cannot train or run from one yet: give the unquantized "
-      "base model instead");
+      "model folder " + dir + " stores '" + name +
+      "' quantized by bitsandbytes (4-bit) but is read as an unquantized folder: its config.json "
+      "needs the quantization_config the folder was saved with (transformers writes it)");
 }
 
 }  // namespace ferry

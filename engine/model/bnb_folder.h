@@ -30,8 +30,9 @@
 // computes with (kNf4Block = 64), the shape equal to what config.json implies. A bad folder is an
 // error naming the tensor, the file and what is wrong, never a crash.
 //
-// ferry does not train or run from a pre-quantized folder yet: ResolveModelSource and
-// LoadBaseWeights detect one and say so; LoadBnb4bitFolder is what that integration calls.
+// ferry trains LoRA over such a folder's NF4 base (QLoRA: InitialWeights) and runs it (eval,
+// generate: LoadModelFolder); both read it with LoadBnb4bitBase. LoadBaseWeights alone refuses a
+// quantized tensor (UnexpectedQuantizedTensor).
 //
 // Plain values; the functions are thread-compatible.
 #pragma once
@@ -103,6 +104,17 @@ Result<QuantizedWeights> ReadBnb4bitWeights(const FolderWeights& folder,
                                             const Bnb4bitSettings& settings,
                                             const std::vector<LayerSpec>& layers);
 
+// Fills `weights` with the base parameters of `layers` from the pre-quantized `folder`: its NF4
+// weights into weights.nf4 as stored (no fp32 copy, no requantization; each checked by
+// ValidateNf4), the others as fp32 tensors (LoadBaseWeights). `layers` must hold every stored NF4
+// weight in NF4 (ParamSpec::nf4: BuildLayerSpecs with lora.quantize kNf4); a block projection the
+// folder left unquantized (llm_int8_skip_modules) is read as floats. Errors name the folder and
+// the tensor: a quantized weight whose parameter is not nf4 in `layers` (InvalidArgument), and
+// those of ReadBnb4bitWeights and LoadBaseWeights.
+Status LoadBnb4bitBase(const FolderWeights& folder, const ModelConfig& config,
+                       const Bnb4bitSettings& settings, const std::vector<LayerSpec>& layers,
+                       HostTensors& weights);
+
 // A pre-quantized folder, read whole: what LoadModelFolder returns for an unquantized one, with
 // the quantized weights in `quantized` instead of `weights`.
 struct Bnb4bitModel {
@@ -116,7 +128,9 @@ struct Bnb4bitModel {
 // a folder without a bitsandbytes 4-bit quantization_config is an InvalidArgument.
 Result<Bnb4bitModel> LoadBnb4bitFolder(const std::string& dir);
 
-// The error for a command that cannot use the pre-quantized folder `dir` yet.
-Status PreQuantizedNotSupportedYet(const std::string& dir);
+// The error for the tensor `name` of `dir` found quantized by bitsandbytes where floats were
+// expected (FailedPrecondition): a folder read as unquantized, its config.json without the
+// quantization_config it was saved with.
+Status UnexpectedQuantizedTensor(const std::string& dir, const std::string& name);
 
 }  // namespace ferry

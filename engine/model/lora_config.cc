@@ -76,20 +76,23 @@ std::string_view BaseQuantName(BaseQuant q) { return q == BaseQuant::kNf4 ? "nf4
 
 Status ValidateLoraConfig(const LoraConfig& c) {
   if (c.rank < 0) return Status::InvalidArgument("--lora-rank must be 0 (off) or positive");
-  if (!c.enabled()) {
-    if (c.quantize != BaseQuant::kNone) {
-      return Status::InvalidArgument(
-          "--quantize " + std::string(BaseQuantName(c.quantize)) +
-          " quantizes the frozen base of a LoRA run (QLoRA); give --lora-rank too, or drop "
-          "--quantize for full fine-tuning");
-    }
-    return Status::Ok();
-  }
+  if (!c.enabled()) return Status::Ok();
   if (!(c.alpha > 0) || !std::isfinite(c.alpha)) {
     return Status::InvalidArgument("--lora-alpha must be a positive number");
   }
   if ((c.targets & kLoraAll) == 0) {
     return Status::InvalidArgument("--lora-targets selects no projection; use e.g. q,v or all");
+  }
+  return Status::Ok();
+}
+
+Status ValidateTrainingLora(const LoraConfig& c) {
+  FERRY_RETURN_IF_ERROR(ValidateLoraConfig(c));
+  if (!c.enabled() && c.quantize != BaseQuant::kNone) {
+    return Status::InvalidArgument(
+        "--quantize " + std::string(BaseQuantName(c.quantize)) +
+        " quantizes the frozen base of a LoRA run (QLoRA); give --lora-rank too, or drop "
+        "--quantize for full fine-tuning");
   }
   return Status::Ok();
 }

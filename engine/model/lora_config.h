@@ -28,9 +28,11 @@ enum LoraTarget : uint32_t {
   kLoraAll = (1u << 7) - 1,
 };
 
-// How the frozen base's linear weights are stored under LoRA. kNf4 is QLoRA (kernels/nf4.h): every
+// How the frozen base's linear weights are stored. kNf4 is QLoRA's (kernels/nf4.h): every
 // decoder-block projection weight in 4-bit NormalFloat, blocks of 64, as bitsandbytes stores it;
-// embeddings, norms, biases and the head stay in the compute dtype.
+// embeddings, norms, biases and the head stay in the compute dtype. A quantized base is frozen:
+// training needs LoRA on it (ValidateTrainingLora); inference (eval, generate) runs it with or
+// without an adapter.
 enum class BaseQuant : uint8_t { kNone, kNf4 };
 
 struct LoraConfig {
@@ -43,6 +45,8 @@ struct LoraConfig {
   bool double_quant = true;
 
   bool enabled() const { return rank > 0; }
+  // The base weights do not train: they are under LoRA, or stored quantized.
+  bool base_frozen() const { return enabled() || quantize != BaseQuant::kNone; }
   double scaling() const { return alpha / double(rank); }  // REQUIRES: enabled()
   bool Targets(LoraTarget t) const { return enabled() && (targets & t) != 0; }
   friend bool operator==(const LoraConfig&, const LoraConfig&) = default;
@@ -58,7 +62,11 @@ std::string LoraTargetsToString(uint32_t targets);
 Result<BaseQuant> ParseBaseQuant(std::string_view name);
 std::string_view BaseQuantName(BaseQuant q);
 
-// rank >= 0, alpha > 0 when rank > 0, at least one target; a quantized base needs LoRA.
+// rank >= 0, alpha > 0 when rank > 0, at least one target. A quantized base without LoRA is
+// valid: a model to run, with nothing to train.
 Status ValidateLoraConfig(const LoraConfig& c);
+
+// ValidateLoraConfig, and for a run that trains: a quantized base needs LoRA (QLoRA).
+Status ValidateTrainingLora(const LoraConfig& c);
 
 }  // namespace ferry

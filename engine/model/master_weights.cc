@@ -1,7 +1,6 @@
 #include "engine/model/master_weights.h"
 
 #include <algorithm>
-#include <map>
 #include <optional>
 #include <set>
 
@@ -115,25 +114,8 @@ Result<HostTensors> InitialWeights(const std::string& model, const ModelConfig& 
     FERRY_ASSIGN_OR_RETURN(FolderWeights folder, FolderWeights::Open(model));
     // A folder pre-quantized by bitsandbytes: its NF4 weights are taken as they are (QLoRA).
     FERRY_ASSIGN_OR_RETURN(std::optional<Bnb4bitSettings> bnb, LoadBnb4bitSettings(model));
-    std::set<std::string, std::less<>> held;
-    if (bnb.has_value()) {
-      FERRY_ASSIGN_OR_RETURN(QuantizedWeights q, ReadBnb4bitWeights(folder, *bnb, layers));
-      std::map<std::string, const ParamSpec*> specs;
-      for (const ParamSpec* p : StorageParams(layers)) specs[p->name] = p;
-      for (auto& [name, t] : q.weights) {
-        auto spec = specs.find(name);
-        if (spec == specs.end() || !spec->second->nf4) {
-          return Status::InvalidArgument(
-              "model folder " + model + " is pre-quantized by bitsandbytes (NF4, '" + name +
-              "'); ferry trains such a base with LoRA only (QLoRA): give --lora-rank N and "
-              "--quantize nf4");
-        }
-        FERRY_RETURN_IF_ERROR(ValidateNf4(t, name));
-        held.insert(name);
-        w.nf4[name] = std::move(t);
-      }
-    }
-    FERRY_RETURN_IF_ERROR(LoadBaseWeights(folder, config, layers, w, held));
+    FERRY_RETURN_IF_ERROR(bnb.has_value() ? LoadBnb4bitBase(folder, config, *bnb, layers, w)
+                                          : LoadBaseWeights(folder, config, layers, w));
     for (const ParamSpec* p : StorageParams(layers)) {
       if (w.tensors.contains(p->name) || w.nf4.contains(p->name)) continue;  // LoRA A/B: fresh
       std::vector<float>& t = w.tensors[p->name];

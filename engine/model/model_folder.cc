@@ -60,7 +60,7 @@ Status LoadOne(const FolderWeights& folder, const ModelConfig& c, const ParamSpe
                             "' is missing (a " + c.model_type + " model with this config.json " +
                             "needs it; is config.json the one of these weights?)");
   }
-  if (IsBnbQuantized(folder, stored)) return PreQuantizedNotSupportedYet(folder.dir());
+  if (IsBnbQuantized(folder, stored)) return UnexpectedQuantizedTensor(folder.dir(), stored);
   used.insert(stored);
   ParamSpec as_stored = p;
   as_stored.name = stored;
@@ -301,7 +301,8 @@ Status LoadAdapterWeights(const std::string& adapter_dir, const std::vector<Laye
   return Status::Ok();
 }
 
-Result<LoadedModel> LoadModelFolder(const std::string& dir, const std::string& adapter_dir) {
+Result<LoadedModel> LoadModelFolder(const std::string& dir, const std::string& adapter_dir,
+                                    BaseQuant quantize) {
   LoadedModel m;
   const std::string config_path = dir + "/config.json";
   std::error_code ec;
@@ -310,7 +311,6 @@ Result<LoadedModel> LoadModelFolder(const std::string& dir, const std::string& a
   }
   FERRY_ASSIGN_OR_RETURN(m.config, LoadHfConfig(config_path));
   FERRY_ASSIGN_OR_RETURN(std::optional<Bnb4bitSettings> bnb, LoadBnb4bitSettings(dir));
-  if (bnb.has_value()) return PreQuantizedNotSupportedYet(dir);
   if (!adapter_dir.empty()) {
     const std::string path = adapter_dir + "/" + kAdapterConfig;
     FERRY_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path));
@@ -318,9 +318,23 @@ Result<LoadedModel> LoadModelFolder(const std::string& dir, const std::string& a
     if (!lora.ok()) return lora.status().WithContext(adapter_dir);
     m.lora = *lora;
   }
+  // The base in NF4: as a pre-quantized folder stores it, or quantized here when asked.
+  m.lora.quantize = bnb.has_value() ? BaseQuant::kNf4 : quantize;
+  if (bnb.has_value()) m.lora.double_quant = bnb->double_quant;
+  if (m.lora.quantize != BaseQuant::kNone && m.config.family == ModelFamily::kGpt2) {
+    return Status::InvalidArgument(
+        "model folder " + dir + (bnb.has_value() ? " is pre-quantized by bitsandbytes" : "") +
+        ": ferry holds NF4 weights for Llama-family models (Llama, Mistral, Qwen2, Qwen3) only; "
+        "GPT-2's Conv1D weights are not quantized yet: give the unquantized model" +
+        (bnb.has_value() ? "" : " and drop --quantize"));
+  }
   m.layers = BuildLayerSpecs(m.config, m.lora);
   FERRY_ASSIGN_OR_RETURN(FolderWeights folder, FolderWeights::Open(dir));
-  FERRY_RETURN_IF_ERROR(LoadBaseWeights(folder, m.config, m.layers, m.weights));
+  FERRY_RETURN_IF_ERROR(bnb.has_value()
+                            ? LoadBnb4bitBase(folder, m.config, *bnb, m.layers, m.weights)
+                            : LoadBaseWeights(folder, m.config, m.layers, m.weights));
+  // --quantize nf4 (and a projection a pre-quantized folder left in floats): NF4 from here on.
+  FERRY_RETURN_IF_ERROR(QuantizeFrozenBase(m.layers, m.weights));
   if (!adapter_dir.empty()) {
     FERRY_RETURN_IF_ERROR(LoadAdapterWeights(adapter_dir, m.layers, m.weights));
   }

@@ -50,18 +50,25 @@ namespace ferry {
 
 // A model loaded for ferry: what LoadModelFolder returns.
 struct LoadedModel {
-  ModelConfig config;             // from config.json
-  LoraConfig lora;                // from adapter_config.json; rank 0 without an adapter
+  ModelConfig config;  // from config.json
+  // From adapter_config.json (rank 0 without an adapter); quantize kNf4 when the base is held
+  // in NF4 (double_quant as stored).
+  LoraConfig lora;
   std::vector<LayerSpec> layers;  // BuildLayerSpecs(config, lora)
   HostTensors weights;            // fp32 master values (MasterShape layout) of every
-                                  // storage-owning parameter of `layers`, LoRA A/B included
+                                  // storage-owning parameter of `layers`, LoRA A/B included;
+                                  // NF4 parameters (ParamSpec::nf4) in weights.nf4 instead
 };
 
 // Reads the model folder `dir` and, when `adapter_dir` is not empty, the PEFT LoRA adapter in it
-// (its A/B matrices are loaded; the base weights are frozen in `layers`). Errors name the folder,
-// the file and the tensor or field. A folder pre-quantized by bitsandbytes is a FailedPrecondition
-// (PreQuantizedNotSupportedYet; LoadBnb4bitFolder in engine/model/bnb_folder.h reads one).
-Result<LoadedModel> LoadModelFolder(const std::string& dir, const std::string& adapter_dir = "");
+// (its A/B matrices are loaded; the base weights are frozen in `layers`). A folder pre-quantized
+// by bitsandbytes (engine/model/bnb_folder.h) keeps its NF4 weights as stored (LoadBnb4bitBase:
+// no fp32 copy); `quantize` kNf4 quantizes an unquantized base's block projections on load
+// (double-quantized, as `ferry train --quantize nf4`). Either way lora.quantize is kNf4 and the
+// base frozen, with or without an adapter. Errors name the folder, the file and the tensor or
+// field; an NF4 base of a GPT-2 model is refused (InvalidArgument: Llama family only).
+Result<LoadedModel> LoadModelFolder(const std::string& dir, const std::string& adapter_dir = "",
+                                    BaseQuant quantize = BaseQuant::kNone);
 
 // The safetensors files of a model folder, memory-mapped, indexed by tensor name.
 class FolderWeights {
@@ -87,7 +94,7 @@ class FolderWeights {
 // named in `held_elsewhere` are left out, and so are their tensors in the folder ("<name>" and
 // "<name>.<anything>": the NF4 weights of a pre-quantized folder, engine/model/bnb_folder.h). A
 // parameter stored quantized by bitsandbytes and not held elsewhere is a FailedPrecondition
-// (PreQuantizedNotSupportedYet). An NF4 parameter (ParamSpec::nf4, QLoRA) is quantized into
+// (UnexpectedQuantizedTensor). An NF4 parameter (ParamSpec::nf4, QLoRA) is quantized into
 // weights.nf4 as soon as it is read (QuantizeParameter): one fp32 tensor of the base at a time.
 Status LoadBaseWeights(const FolderWeights& folder, const ModelConfig& config,
                        const std::vector<LayerSpec>& layers, HostTensors& weights,

@@ -73,8 +73,9 @@ class SpecBuilder {
       Matrix(l.module + ".weight", l.in, l.out, /*transposed=*/true);
     } else {
       Matrix(l.module + ".weight", l.out, l.in);
-      // QLoRA: the frozen base weight in NF4 (GPT-2's Conv1D is refused by ValidateQuantize).
-      if (lora.enabled() && lora.quantize == BaseQuant::kNf4) {
+      // The frozen base weight in NF4: QLoRA, or a quantized model run as it is (GPT-2's Conv1D
+      // is refused by ValidateJobShape and LoadModelFolder).
+      if (lora.quantize == BaseQuant::kNf4) {
         out_->back().nf4 = true;
         out_->back().nf4_nested = lora.double_quant;
       }
@@ -108,7 +109,7 @@ LayerSpec EmbeddingLayer(const ModelConfig& c, bool trainable, DType dtype) {
 
 LayerSpec BlockLayer(const ModelConfig& c, const LoraConfig& lora, int64_t i, DType dtype) {
   LayerSpec l{LayerKind::kBlock, i, "block." + std::to_string(i), {}};
-  SpecBuilder b(&l.params, dtype, !lora.enabled());
+  SpecBuilder b(&l.params, dtype, !lora.base_frozen());
   const std::string p = BlockPrefix(c, i);
   const std::vector<Linear> lin = BlockLinears(c, i);
   if (c.family == ModelFamily::kGpt2) {
@@ -217,7 +218,7 @@ size_t BlockDequantBytes(const LayerSpec& layer, DType compute) {
 std::vector<LayerSpec> BuildLayerSpecs(const ModelConfig& c, const LoraConfig& lora,
                                        DType param_dtype) {
   assert(ValidateModelConfig(c).ok() && ValidateLoraConfig(lora).ok());
-  const bool full = !lora.enabled();
+  const bool full = !lora.base_frozen();
   std::vector<LayerSpec> layers;
   layers.reserve(size_t(c.num_layers) + 2);
   layers.push_back(EmbeddingLayer(c, full, param_dtype));
@@ -240,7 +241,7 @@ LayerCost ComputeLayerCost(const ModelConfig& c, const LoraConfig& lora, const L
       return cost;  // a gather and a scatter-add on the host: no FLOPs counted
     case LayerKind::kHead: {
       const double gemm = 2.0 * n * double(c.hidden_size) * double(c.vocab_size);
-      const bool trainable = !lora.enabled();
+      const bool trainable = !lora.base_frozen();
       cost.forward_flops = gemm;
       cost.backward_flops = gemm + (trainable ? gemm : 0.0);
       cost.input_bytes = hidden_bytes;
@@ -256,7 +257,7 @@ LayerCost ComputeLayerCost(const ModelConfig& c, const LoraConfig& lora, const L
   for (const Linear& l : BlockLinears(c, layer.block)) {
     const double gemm = 2.0 * n * double(l.in) * double(l.out);
     cost.forward_flops += gemm;
-    cost.backward_flops += gemm + (lora.enabled() ? 0.0 : gemm);  // dX, and dW when trainable
+    cost.backward_flops += gemm + (lora.base_frozen() ? 0.0 : gemm);  // dX, and dW when trainable
     if (HasLora(lora, l)) {
       const double low_rank = 2.0 * n * double(lora.rank) * double(l.in + l.out);
       cost.forward_flops += low_rank;

@@ -27,8 +27,9 @@ struct ParamSpec {
   std::string name;            // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
   std::vector<int64_t> shape;  // as stored in Hugging Face checkpoints
   DType dtype = DType::kF32;   // storage dtype of the copy a device computes with
-  bool trainable = true;       // false: frozen (LoRA base weight): no gradient, no optimizer state
-  bool decays = true;          // AdamW weight decay applies (matrices yes; norms and biases no)
+  bool trainable =
+      true;            // false: frozen (LoRA or NF4 base weight): no gradient, no optimizer state
+  bool decays = true;  // AdamW weight decay applies (matrices yes; norms and biases no)
   // Non-empty: this is the same tensor as the parameter of that name (owned by the embedding
   // layer): it has no storage, gradient buffer or optimizer state of its own, and its gradient is
   // added to the owner's on the host before the update.
@@ -86,7 +87,9 @@ struct LayerCost {
   size_t output_bytes = 0;
 };
 
-// REQUIRES: ValidateModelConfig(c) and ValidateLoraConfig(lora) are ok.
+// The parameters of the model `c`: the base trainable unless lora.base_frozen(), LoRA A/B when
+// lora is enabled, Llama-family block projection weights nf4 when lora.quantize is kNf4 (with or
+// without LoRA). REQUIRES: ValidateModelConfig(c) and ValidateLoraConfig(lora) are ok.
 std::vector<LayerSpec> BuildLayerSpecs(const ModelConfig& c, const LoraConfig& lora,
                                        DType param_dtype = DType::kF32);
 

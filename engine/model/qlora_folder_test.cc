@@ -2,7 +2,7 @@
 // the job adopts the folder's NF4 base (AdoptPreQuantizedBase), InitialWeights takes its NF4
 // weights as they are (no fp32 copy, no requantization), and ferry's forward over them gives the
 // logits transformers computed for that folder; a full fine-tune of it is refused naming what to
-// give.
+// give. Inference over it (LoadModelFolder, the ModelRunner and the Generator) gives them too.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,7 +10,9 @@
 
 #include "engine/job/job_spec.h"
 #include "engine/model/bnb_folder.h"
+#include "engine/model/generator.h"
 #include "engine/model/master_weights.h"
+#include "engine/model/model_folder.h"
 #include "engine/model/model_runner.h"
 #include "engine/model/weights_io.h"
 #include "engine/testing/golden_files.h"
@@ -73,12 +75,67 @@ TEST(QloraFolderTest, AnUnquantizedFolderIsQuantizedAsItLoads) {
   }
 }
 
+// transformers' input ids and logits for the folder (io.safetensors): (batch, seq) and
+// (batch, seq, vocab).
+struct TransformersIo {
+  int64_t batch = 0, seq = 0;
+  std::vector<int32_t> ids;
+  std::vector<float> logits;
+};
+void ReadTransformersIo(TransformersIo* io) {
+  Result<SafetensorsFile> f = SafetensorsFile::Open(Bnb4Dir() + "/io.safetensors");
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  Result<std::vector<int64_t>> ids = f->ReadInts("input_ids");
+  Result<std::vector<float>> want = f->ReadFloats("logits");
+  ASSERT_TRUE(ids.ok() && want.ok());
+  const SafetensorsTensorInfo* shape = f->Find("input_ids");
+  ASSERT_NE(shape, nullptr);
+  io->batch = shape->shape[0];
+  io->seq = shape->shape[1];
+  io->ids.assign(ids->begin(), ids->end());
+  io->logits = *want;
+}
+
 // transformers ran the folder's Linear4bit layers with bnb_4bit_compute_dtype bfloat16 (the input
 // and the dequantized weight rounded to bf16, the product accumulated in fp32), ferry in fp32: each
 // projection's output differs by about a bf16 rounding of its inputs (2^-9 relative), through two
 // blocks and the head (measured: 0.0107 of 2.32). The bound, 8 bf16 epsilons of the largest logit,
-// holds that with margin;
-// a wrong weight, block or nibble order moves logits by O(1).
+// holds that with margin; a wrong weight, block or nibble order moves logits by O(1).
+void ExpectTransformersLogits(const std::vector<float>& got, const std::vector<float>& want,
+                              const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  float mag = 0, worst = 0;
+  for (float v : want) mag = std::max(mag, std::abs(v));
+  for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
+  std::printf("[ llama_bnb4 %s ] largest logit difference %.3g of max |logit| %.3g\n", what, worst,
+              mag);
+  EXPECT_LE(worst, 8 * DTypeEpsilon(DType::kBF16) * mag) << what;
+}
+
+std::unique_ptr<CpuDevice> SmallDevice() {
+  Result<std::unique_ptr<CpuDevice>> d =
+      CpuDevice::Create({.memory_bytes = size_t(64) << 20, .compute_threads = 2});
+  EXPECT_TRUE(d.ok()) << d.status().ToString();
+  return d.ok() ? std::move(*d) : nullptr;
+}
+
+// A ModelRunner over `weights` gives transformers' logits (all rows at once).
+void ExpectRunnerGivesTransformersLogits(const ModelConfig& c, const LoraConfig& lora,
+                                         const HostTensors& weights, const char* what) {
+  TransformersIo io;
+  ASSERT_NO_FATAL_FAILURE(ReadTransformersIo(&io));
+  std::unique_ptr<CpuDevice> d = SmallDevice();
+  ASSERT_NE(d, nullptr);
+  ModelRunnerOptions o;
+  o.shape = {io.batch, io.seq};
+  Result<std::unique_ptr<ModelRunner>> r = ModelRunner::Create(*d, c, lora, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE((*r)->UploadWeights(weights).ok());
+  Result<std::vector<float>> got = (*r)->Logits(io.ids);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectTransformersLogits(*got, io.logits, what);
+}
+
 TEST(QloraFolderTest, LogitsOfThePreQuantizedFolderMatchTransformers) {
   Result<ModelConfig> c = LoadHfConfig(Bnb4Dir() + "/config.json");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -89,34 +146,35 @@ TEST(QloraFolderTest, LogitsOfThePreQuantizedFolderMatchTransformers) {
   EXPECT_EQ(w->nf4.size(), size_t(7 * c->num_layers));
   for (const auto& [name, q] : w->nf4) EXPECT_EQ(w->tensors.count(name), 0u) << name;
 
-  Result<SafetensorsFile> io = SafetensorsFile::Open(Bnb4Dir() + "/io.safetensors");
-  ASSERT_TRUE(io.ok()) << io.status().ToString();
-  Result<std::vector<int64_t>> ids = io->ReadInts("input_ids");
-  Result<std::vector<float>> want = io->ReadFloats("logits");
-  ASSERT_TRUE(ids.ok() && want.ok());
-  const SafetensorsTensorInfo* shape = io->Find("input_ids");
-  ASSERT_NE(shape, nullptr);
-  CpuDeviceOptions dev;
-  dev.memory_bytes = size_t(64) << 20;
-  dev.compute_threads = 2;
-  Result<std::unique_ptr<CpuDevice>> d = CpuDevice::Create(dev);
-  ASSERT_TRUE(d.ok());
-  ModelRunnerOptions o;
-  o.shape = {shape->shape[0], shape->shape[1]};
-  Result<std::unique_ptr<ModelRunner>> r = ModelRunner::Create(**d, *c, lora, o);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  ASSERT_TRUE((*r)->UploadWeights(*w).ok());
   // LoRA's B starts at zero (PEFT's init): the adapter adds nothing yet.
-  const std::vector<int32_t> tokens(ids->begin(), ids->end());
-  Result<std::vector<float>> got = (*r)->Logits(tokens);
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
-  ASSERT_EQ(got->size(), want->size());
-  float mag = 0, worst = 0;
-  for (float v : *want) mag = std::max(mag, std::abs(v));
-  for (size_t i = 0; i < want->size(); ++i)
-    worst = std::max(worst, std::abs((*got)[i] - (*want)[i]));
-  std::printf("[ llama_bnb4 ] largest logit difference %.3g of max |logit| %.3g\n", worst, mag);
-  EXPECT_LE(worst, 8 * DTypeEpsilon(DType::kBF16) * mag);
+  ExpectRunnerGivesTransformersLogits(*c, lora, *w, "QLoRA runner");
+}
+
+// Inference (ferry eval, ferry generate): the folder loaded by LoadModelFolder (NF4 as stored, no
+// LoRA), run by the ModelRunner and by the Generator one sequence at a time.
+TEST(QloraFolderTest, InferenceOverThePreQuantizedFolderMatchesTransformers) {
+  Result<LoadedModel> m = LoadModelFolder(Bnb4Dir());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_EQ(m->lora.quantize, BaseQuant::kNf4);
+  ASSERT_FALSE(m->lora.enabled());
+  ExpectRunnerGivesTransformersLogits(m->config, m->lora, m->weights, "runner");
+
+  TransformersIo io;
+  ASSERT_NO_FATAL_FAILURE(ReadTransformersIo(&io));
+  std::unique_ptr<CpuDevice> d = SmallDevice();
+  ASSERT_NE(d, nullptr);
+  Result<std::unique_ptr<Generator>> g =
+      Generator::Create(*d, m->config, m->lora, m->weights, io.seq);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  std::vector<float> got;
+  for (int64_t b = 0; b < io.batch; ++b) {  // the cache reset between sequences
+    (*g)->Reset();
+    const std::span<const int32_t> row(io.ids.data() + b * io.seq, size_t(io.seq));
+    Result<std::vector<float>> step = (*g)->Forward(row, /*last_only=*/false);
+    ASSERT_TRUE(step.ok()) << step.status().ToString();
+    got.insert(got.end(), step->begin(), step->end());
+  }
+  ExpectTransformersLogits(got, io.logits, "generator");
 }
 
 }  // namespace

@@ -299,7 +299,9 @@ void NvmeTraffic(const MemoryEstimate& m, Plan& p) {
 
 Status ValidateInputs(const ModelConfig& model, const PlanJob& job, const HardwareProfile& hw) {
   FERRY_RETURN_IF_ERROR(ValidateModelConfig(model));
-  FERRY_RETURN_IF_ERROR(ValidateLoraConfig(job.lora));
+  // A quantized base alone has nothing to train: evaluation only.
+  FERRY_RETURN_IF_ERROR(job.forward_only ? ValidateLoraConfig(job.lora)
+                                         : ValidateTrainingLora(job.lora));
   FERRY_RETURN_IF_ERROR(ValidateHardwareProfile(hw));
   if (job.global_batch < 1) return Status::InvalidArgument("--batch-size must be at least 1");
   if (job.seq_len < 1) return Status::InvalidArgument("--seq-len must be at least 1");

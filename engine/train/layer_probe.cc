@@ -255,7 +255,7 @@ Result<std::vector<LayerProbeEntry>> ProbeLayerTimes(const ModelConfig& model,
                                                      const ProbeDeviceFactory& make_device,
                                                      const LayerProbeOptions& o) {
   FERRY_RETURN_IF_ERROR(ValidateModelConfig(model));
-  FERRY_RETURN_IF_ERROR(ValidateLoraConfig(job.lora));
+  FERRY_RETURN_IF_ERROR(ValidateTrainingLora(job.lora));
   if (job.compute_dtype != DType::kF32) {
     return Status::InvalidArgument(
         "compute dtype " + std::string(DTypeName(job.compute_dtype)) +

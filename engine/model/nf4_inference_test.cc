@@ -1,0 +1,93 @@
+// Inference over an NF4 base (what `ferry eval` and `ferry generate` run): LoadModelFolder reads a
+// folder pre-quantized by transformers + bitsandbytes (tests/goldens/llama_bnb4/) into NF4 weights
+// with no fp32 copy, with or without a PEFT adapter on top, and quantizes an unquantized folder on
+// load when asked. (The Generator's and the ModelRunner's logits over the pre-quantized folder
+// against transformers': qlora_folder_test.cc.)
+#include <gtest/gtest.h>
+
+#include "engine/model/bnb_folder.h"
+#include "engine/model/master_weights.h"
+#include "engine/model/model_folder.h"
+#include "engine/testing/golden_files.h"
+
+namespace ferry {
+namespace {
+
+std::string Bnb4Dir() { return testing::SourceDir() + "/tests/goldens/llama_bnb4"; }
+
+// Every NF4 parameter of `m` is in weights.nf4 and nowhere else; every other storage-owning
+// parameter is an fp32 tensor.
+void ExpectNf4Base(const LoadedModel& m) {
+  size_t nf4 = 0;
+  for (const ParamSpec* p : StorageParams(m.layers)) {
+    if (p->nf4) {
+      ++nf4;
+      EXPECT_TRUE(m.weights.nf4.contains(p->name)) << p->name;
+      EXPECT_FALSE(m.weights.tensors.contains(p->name)) << p->name << " has an fp32 copy";
+    } else {
+      EXPECT_TRUE(m.weights.tensors.contains(p->name)) << p->name;
+    }
+  }
+  EXPECT_EQ(nf4, size_t(7 * m.config.num_layers));  // q, k, v, o, gate, up, down
+  EXPECT_EQ(m.weights.nf4.size(), nf4);
+}
+
+TEST(Nf4InferenceTest, APreQuantizedFolderLoadsAsItsNf4Weights) {
+  Result<LoadedModel> m = LoadModelFolder(Bnb4Dir());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_FALSE(m->lora.enabled());
+  EXPECT_EQ(m->lora.quantize, BaseQuant::kNf4);
+  EXPECT_TRUE(m->lora.double_quant);  // the folder's bnb_4bit_use_double_quant
+  ExpectNf4Base(*m);
+  for (const ParamSpec* p : StorageParams(m->layers)) EXPECT_FALSE(p->trainable) << p->name;
+  // As stored: the same bytes the folder reader gives, not a requantization.
+  Result<Bnb4bitModel> stored = LoadBnb4bitFolder(Bnb4Dir());
+  ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+  for (const auto& [name, q] : stored->quantized.weights) {
+    const Nf4Host& got = m->weights.nf4.at(name);
+    EXPECT_EQ(got.packed, q.packed) << name;
+    EXPECT_EQ(got.absmax_q, q.absmax_q) << name;
+    EXPECT_EQ(got.nested_absmax, q.nested_absmax) << name;
+  }
+
+  // A PEFT adapter goes on top (llama_qlora's: same shapes, rank 4); the base stays NF4.
+  const std::string adapter = testing::SourceDir() + "/tests/goldens/llama_qlora";
+  Result<LoadedModel> with = LoadModelFolder(Bnb4Dir(), adapter);
+  ASSERT_TRUE(with.ok()) << with.status().ToString();
+  EXPECT_EQ(with->lora.rank, 4);
+  EXPECT_EQ(with->lora.quantize, BaseQuant::kNf4);
+  ExpectNf4Base(*with);
+  EXPECT_TRUE(with->weights.tensors.contains(
+      "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"));
+}
+
+// An unquantized folder with --quantize nf4: the base's block projections quantized on load as
+// training quantizes them (QuantizeFrozenBase), the fp32 copies dropped.
+TEST(Nf4InferenceTest, AnUnquantizedFolderIsQuantizedOnLoadWhenAsked) {
+  const std::string dir = testing::SourceDir() + "/tests/goldens/llama";
+  Result<LoadedModel> m = LoadModelFolder(dir, "", BaseQuant::kNf4);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->lora.quantize, BaseQuant::kNf4);
+  ExpectNf4Base(*m);
+  Result<LoadedModel> plain = LoadModelFolder(dir);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_TRUE(plain->weights.nf4.empty());
+  std::vector<LayerSpec> layers = BuildLayerSpecs(plain->config, m->lora);
+  ASSERT_TRUE(QuantizeFrozenBase(layers, plain->weights).ok());
+  for (const auto& [name, q] : plain->weights.nf4) {
+    EXPECT_EQ(m->weights.nf4.at(name).packed, q.packed) << name;
+  }
+}
+
+// Training refuses a quantized base without LoRA (nothing would train); a model to run takes it.
+TEST(Nf4InferenceTest, AQuantizedBaseWithoutLoraIsForInferenceOnly) {
+  const LoraConfig run{.rank = 0, .quantize = BaseQuant::kNf4};
+  EXPECT_TRUE(ValidateLoraConfig(run).ok());
+  const Status train = ValidateTrainingLora(run);
+  ASSERT_FALSE(train.ok());
+  EXPECT_NE(train.message().find("--lora-rank"), std::string::npos) << train.ToString();
+  EXPECT_TRUE(ValidateTrainingLora({.rank = 4, .quantize = BaseQuant::kNf4}).ok());
+}
+
+}  // namespace
+}  // namespace ferry
