@@ -38,7 +38,9 @@ Status Run(const EvalCommand& cmd) {
     FERRY_ASSIGN_OR_RETURN(ModelSource source,
                            ResolveModelSource(cmd.model, cmd.adapter, ModelUse::kInference));
     // The base as it will be held: NF4 when pre-quantized or --quantize nf4 (as LoadModelFolder).
-    job.lora.quantize = source.bnb4bit.has_value() ? BaseQuant::kNf4 : cmd.quantize;
+    job.lora.quantize = source.bnb4bit.has_value() || source.run_quantize == BaseQuant::kNf4
+                            ? BaseQuant::kNf4
+                            : cmd.quantize;
     if (source.bnb4bit.has_value()) job.lora.double_quant = source.bnb4bit->double_quant;
     RunLimits run;
     run.threads = cmd.threads;

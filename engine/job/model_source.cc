@@ -50,6 +50,19 @@ Result<std::string> RunBase(const std::string& run) {
                           path + ") is not found from here" + give);
 }
 
+// A run folder's base storage: its job.json's "quantize" ("nf4" for a QLoRA run). A missing or
+// unreadable job.json, or another value, is kNone (RunBase reports a missing job.json).
+BaseQuant RunQuantize(const std::string& run) {
+  Result<std::string> text = ReadWholeFile(run + "/job.json");
+  if (!text.ok()) return BaseQuant::kNone;
+  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("quantize") || !j["quantize"].is_string()) {
+    return BaseQuant::kNone;
+  }
+  Result<BaseQuant> q = ParseBaseQuant(j["quantize"].get<std::string>());
+  return q.ok() ? *q : BaseQuant::kNone;
+}
+
 Status CheckTokenizer(const Tokenizer& tok, const ModelSource& s) {
   if (tok.vocab_size() <= s.config.vocab_size) return Status::Ok();
   return Status::InvalidArgument(
@@ -119,6 +132,7 @@ Result<ModelSource> ResolveModelSource(const std::string& model, const std::stri
       FERRY_ASSIGN_OR_RETURN(s.weights_dir, RunBase(model));
       s.config_path = s.weights_dir + "/config.json";
     }
+    if (own_adapter) s.run_quantize = RunQuantize(model);
     for (const std::string& dir : {model, s.weights_dir}) {
       if (IsFile(dir + "/tokenizer.json")) {
         s.tokenizer_dir = dir;
@@ -137,6 +151,7 @@ Result<InferenceModel> LoadInferenceModel(const std::string& model, const std::s
   InferenceModel m;
   FERRY_ASSIGN_OR_RETURN(m.source, ResolveModelSource(model, adapter, ModelUse::kInference));
   const ModelSource& s = m.source;
+  if (quantize == BaseQuant::kNone) quantize = s.run_quantize;  // as the adapter was trained
   if (s.tiny) {
     // Untrained (initialized from `seed`): a smoke test of the pipeline, not of the text.
     m.model.config = s.config;

@@ -54,6 +54,9 @@ struct ModelSource {
   // config.json's bitsandbytes 4-bit quantization_config, when the base weights' folder is
   // pre-quantized (engine/model/bnb_folder.h); nullopt otherwise.
   std::optional<Bnb4bitSettings> bnb4bit;
+  // A QLoRA run folder's base storage (its job.json's "quantize"): its adapter was trained over an
+  // NF4 base, so inference holds the base in NF4 too. kNone otherwise.
+  BaseQuant run_quantize = BaseQuant::kNone;
 };
 
 // Resolves --model `model` and --adapter `adapter` ("" for none) for `use`. `presets_dir` is
@@ -72,7 +75,8 @@ struct InferenceModel {
 
 // Resolves (ModelUse::kInference) and loads --model/--adapter; "tiny" is initialized from `seed`.
 // `quantize` kNf4 (--quantize nf4) holds the base's block projections in NF4, quantized on load
-// (LoadModelFolder); a pre-quantized folder is NF4 whatever `quantize` says.
+// (LoadModelFolder); a pre-quantized folder is NF4 whatever `quantize` says, and so is the base of
+// a QLoRA run folder (ModelSource::run_quantize).
 Result<InferenceModel> LoadInferenceModel(const std::string& model, const std::string& adapter,
                                           uint64_t seed, BaseQuant quantize = BaseQuant::kNone);
 

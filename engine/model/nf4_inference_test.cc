@@ -5,10 +5,16 @@
 // against transformers': qlora_folder_test.cc.)
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
+#include "engine/job/model_source.h"
+#include "engine/json.h"
 #include "engine/model/bnb_folder.h"
 #include "engine/model/master_weights.h"
 #include "engine/model/model_folder.h"
 #include "engine/testing/golden_files.h"
+#include "offload/offload_test_util.h"
 
 namespace ferry {
 namespace {
@@ -87,6 +93,40 @@ TEST(Nf4InferenceTest, AQuantizedBaseWithoutLoraIsForInferenceOnly) {
   ASSERT_FALSE(train.ok());
   EXPECT_NE(train.message().find("--lora-rank"), std::string::npos) << train.ToString();
   EXPECT_TRUE(ValidateTrainingLora({.rank = 4, .quantize = BaseQuant::kNf4}).ok());
+}
+
+// A QLoRA run folder of a plain base (adapter + job.json saying "quantize": "nf4", the base found
+// through job.json's "model"): inference holds the base in NF4, as the adapter was trained, and
+// without --quantize; a LoRA run over a plain base keeps it fp32.
+TEST(Nf4InferenceTest, AQloraRunFolderRunsOverAnNf4Base) {
+  for (const char* quantize : {"nf4", "none"}) {
+    SCOPED_TRACE(quantize);
+    testing::TempDir run;
+    ASSERT_FALSE(run.path().empty());
+    const std::string adapter = testing::SourceDir() + "/tests/goldens/llama_qlora";
+    for (const char* f : {"adapter_config.json", "adapter_model.safetensors"}) {
+      std::filesystem::copy_file(adapter + "/" + f, run.path() + "/" + f);
+    }
+    std::filesystem::copy_file(testing::SourceDir() + "/tests/goldens/llama/config.json",
+                               run.path() + "/config.json");
+    std::ofstream(run.path() + "/job.json") << nlohmann::json{
+        {"model", testing::SourceDir() + "/tests/goldens/llama"},
+        {"quantize", quantize}}.dump();
+    // (The tiny golden has no tokenizer, so LoadInferenceModel stops there; the model part is
+    // what it loads before: ResolveModelSource, then LoadModelFolder with the run's storage.)
+    Result<ModelSource> s = ResolveModelSource(run.path(), "", ModelUse::kInference);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    const bool nf4 = std::string(quantize) == "nf4";
+    EXPECT_EQ(s->run_quantize, nf4 ? BaseQuant::kNf4 : BaseQuant::kNone);
+    Result<LoadedModel> lm = LoadModelFolder(s->weights_dir, s->adapter_dir, s->run_quantize);
+    ASSERT_TRUE(lm.ok()) << lm.status().ToString();
+    EXPECT_TRUE(lm->lora.enabled());
+    if (nf4) {
+      ExpectNf4Base(*lm);
+    } else {
+      EXPECT_TRUE(lm->weights.nf4.empty());
+    }
+  }
 }
 
 }  // namespace
