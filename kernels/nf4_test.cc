@@ -17,7 +17,6 @@
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -63,23 +62,41 @@ std::map<std::string, GoldenTensor> ReadSafetensors(const std::string& path) {
   for (int i = 0; i < 8; ++i) len |= uint64_t(uint8_t(file[size_t(i)])) << (8 * i);
   if (8 + len > file.size()) return out;
   const std::string header = file.substr(8, len);
-  const std::regex entry(
-      R"re("([^"]+)":\{"dtype":"([A-Z0-9]+)","shape":\[([0-9,]*)\],"data_offsets":\[([0-9]+),([0-9]+)\]\})re");
   size_t dtypes = 0;
   for (size_t at = header.find("\"dtype\""); at != std::string::npos;
        at = header.find("\"dtype\"", at + 1)) {
     ++dtypes;
   }
-  for (auto it = std::sregex_iterator(header.begin(), header.end(), entry);
-       it != std::sregex_iterator(); ++it) {
-    const std::smatch& m = *it;
-    GoldenTensor t{m[2], {}, {}};
-    std::stringstream dims(m[3]);
+  // Each entry: "NAME":{"dtype":"D","shape":[a,b],"data_offsets":[begin,end]} (names hold no
+  // quote). A part out of that order leaves the entry unread, and the count check below fails.
+  const std::string open = "\":{\"dtype\":\"", shape = "\",\"shape\":[",
+                    offsets = "],\"data_offsets\":[";
+  for (size_t at = header.find(open); at != std::string::npos; at = header.find(open, at + 1)) {
+    const size_t name_begin = header.rfind('"', at - 1) + 1;
+    const size_t dtype_begin = at + open.size();
+    const size_t dtype_end = header.find('"', dtype_begin);
+    if (dtype_end == std::string::npos || header.compare(dtype_end, shape.size(), shape) != 0) {
+      continue;
+    }
+    const size_t dims_begin = dtype_end + shape.size();
+    const size_t dims_end = header.find(']', dims_begin);
+    if (dims_end == std::string::npos || header.compare(dims_end, offsets.size(), offsets) != 0) {
+      continue;
+    }
+    const size_t offs_begin = dims_end + offsets.size();
+    const size_t offs_end = header.find(']', offs_begin);
+    if (offs_end == std::string::npos) continue;
+    GoldenTensor t{header.substr(dtype_begin, dtype_end - dtype_begin), {}, {}};
+    std::stringstream dims(header.substr(dims_begin, dims_end - dims_begin));
     for (std::string d; std::getline(dims, d, ',');) t.shape.push_back(std::stoll(d));
-    const size_t begin = std::stoull(m[4]), end = std::stoull(m[5]);
+    const std::string offs = header.substr(offs_begin, offs_end - offs_begin);
+    const size_t comma = offs.find(',');
+    if (comma == std::string::npos) continue;
+    const size_t begin = std::stoull(offs.substr(0, comma)),
+                 end = std::stoull(offs.substr(comma + 1));
     if (8 + len + end > file.size() || begin > end) return {};
     t.bytes = file.substr(8 + len + begin, end - begin);
-    out[m[1]] = std::move(t);
+    out[header.substr(name_begin, at - name_begin)] = std::move(t);
   }
   if (out.size() != dtypes) return {};
   return out;
