@@ -397,6 +397,8 @@ std::string LayerTimeKey(const ModelConfig& model, const PlanJob& job, const Lay
     if (model.sliding_window > 0 && model.sliding_window < micro.seq_len) {
       key += " window=" + std::to_string(model.sliding_window);
     }
+    // Only the blocks' projections are quantized; the dequantize runs in the layer's time.
+    if (job.lora.quantize == BaseQuant::kNf4) key += " nf4";
   }
   key += " " + ComputeModeName(job);
   key += job.lora.enabled() ? " lora r=" + std::to_string(job.lora.rank) + " " +

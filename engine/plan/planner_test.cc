@@ -105,6 +105,16 @@ TEST(Planner, Fp16AccumulatePricesAtTheFp16AccumulateRate) {
   PlanJob plain = job;
   plain.fp16_accumulate = false;
   EXPECT_NE(LayerTimeKey(m, job, block, {1, 32}), LayerTimeKey(m, plain, block, {1, 32}));
+  // Nor do an NF4 block's (QLoRA: it dequantizes its projections) price a plain one.
+  PlanJob qlora = job;
+  qlora.lora = {.rank = 8, .alpha = 16, .quantize = BaseQuant::kNf4};
+  PlanJob lora = qlora;
+  lora.lora.quantize = BaseQuant::kNone;
+  const LayerSpec qblock = BuildLayerSpecs(m, qlora.lora, job.compute_dtype)[1];
+  EXPECT_NE(LayerTimeKey(m, qlora, qblock, {1, 32}), LayerTimeKey(m, lora, qblock, {1, 32}));
+  EXPECT_EQ(LayerTimeKey(m, qlora, BuildLayerSpecs(m, qlora.lora, job.compute_dtype)[0], {1, 32}),
+            LayerTimeKey(m, lora, BuildLayerSpecs(m, lora.lora, job.compute_dtype)[0], {1, 32}))
+      << "the embedding is not quantized";
 
   job.compute_dtype = DType::kBF16;  // fp16 accumulation is a mode of fp16 only
   EXPECT_FALSE(MakePlan("small", m, job, h).ok());
