@@ -37,11 +37,8 @@ Status Run(const EvalCommand& cmd) {
   {
     FERRY_ASSIGN_OR_RETURN(ModelSource source,
                            ResolveModelSource(cmd.model, cmd.adapter, ModelUse::kInference));
-    // The base as it will be held: NF4 when pre-quantized or --quantize nf4 (as LoadModelFolder).
-    job.lora.quantize = source.bnb4bit.has_value() || source.run_quantize == BaseQuant::kNf4
-                            ? BaseQuant::kNf4
-                            : cmd.quantize;
-    if (source.bnb4bit.has_value()) job.lora.double_quant = source.bnb4bit->double_quant;
+    // The base as it will be held (as LoadInferenceModel holds it).
+    job.lora = InferenceBaseStorage(source, cmd.quantize, cmd.double_quant);
     RunLimits run;
     run.threads = cmd.threads;
     run.positions = cmd.seq_len;
@@ -55,8 +52,8 @@ Status Run(const EvalCommand& cmd) {
                       std::to_string(cmd.seq_len);
     FERRY_RETURN_IF_ERROR(ValidateRunLimits(run, source.config));
   }
-  FERRY_ASSIGN_OR_RETURN(InferenceModel loaded,
-                         LoadInferenceModel(cmd.model, cmd.adapter, cmd.seed, cmd.quantize));
+  FERRY_ASSIGN_OR_RETURN(InferenceModel loaded, LoadInferenceModel(cmd.model, cmd.adapter, cmd.seed,
+                                                                   cmd.quantize, cmd.double_quant));
   const LoadedModel& m = loaded.model;
   FERRY_ASSIGN_OR_RETURN(ChatTemplate chat,
                          ResolveChatTemplate(cmd.chat_template, loaded.template_source));
@@ -126,10 +123,7 @@ void AddEvalCommand(CLI::App& parent, EvalCommand* cmd) {
   e->add_option("--seed", cmd->seed, "Initialization seed of --model tiny")->capture_default_str();
   e->add_option("--threads", cmd->threads, "CPU threads (0: all cores)")->capture_default_str();
   e->add_flag("--json", cmd->json, "Print one JSON object instead of text");
-  AddQuantizeOption(*e, &cmd->quantize,
-                    "The base's block projections: none, or nf4 (quantized on load to 4-bit "
-                    "NormalFloat, as QLoRA holds them); a folder pre-quantized by bitsandbytes is "
-                    "NF4 already");
+  AddQuantizeOptions(*e, &cmd->quantize, &cmd->double_quant, QuantizeUse::kInference);
 }
 
 int RunEvalCommand(EvalCommand& cmd) {

@@ -33,6 +33,7 @@ struct EvalCommand {
   uint64_t seed = 1234;  // the tiny model's initialization
   int64_t threads = 0;
   BaseQuant quantize = BaseQuant::kNone;  // --quantize nf4: the base's projections in NF4
+  bool double_quant = true;               // --[no-]double-quant: NF4's absmax nested
   bool json = false;
 };
 

@@ -52,8 +52,8 @@ Status Run(const GenerateCommand& cmd) {
   if (cmd.app == nullptr || cmd.app->count("--prompt") == 0) {
     prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   }
-  FERRY_ASSIGN_OR_RETURN(InferenceModel loaded,
-                         LoadInferenceModel(cmd.model, cmd.adapter, cmd.seed, cmd.quantize));
+  FERRY_ASSIGN_OR_RETURN(InferenceModel loaded, LoadInferenceModel(cmd.model, cmd.adapter, cmd.seed,
+                                                                   cmd.quantize, cmd.double_quant));
   LoadedModel& m = loaded.model;
   const std::vector<int32_t> ids = loaded.tokenizer->Encode(prompt, /*add_special_tokens=*/true);
   if (ids.empty()) return Status::InvalidArgument("the prompt is empty: give --prompt TEXT");
@@ -151,10 +151,7 @@ void AddGenerateCommand(CLI::App& parent, GenerateCommand* cmd) {
   g->add_option("--seed", cmd->seed, "Seed of the draws (the same seed gives the same text)")
       ->capture_default_str();
   g->add_option("--threads", cmd->threads, "CPU threads (0: all cores)")->capture_default_str();
-  AddQuantizeOption(*g, &cmd->quantize,
-                    "The base's block projections: none, or nf4 (quantized on load to 4-bit "
-                    "NormalFloat, as QLoRA holds them); a folder pre-quantized by bitsandbytes is "
-                    "NF4 already");
+  AddQuantizeOptions(*g, &cmd->quantize, &cmd->double_quant, QuantizeUse::kInference);
 }
 
 int RunGenerateCommand(GenerateCommand& cmd) {

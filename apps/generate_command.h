@@ -27,6 +27,7 @@ struct GenerateCommand {
   uint64_t seed = 0;
   int64_t threads = 0;  // CPU threads (0: all cores); int64 so a huge value is refused by name
   BaseQuant quantize = BaseQuant::kNone;  // --quantize nf4: the base's projections in NF4
+  bool double_quant = true;               // --[no-]double-quant: NF4's absmax nested
 };
 
 // Adds the `generate` subcommand to `parent`; `cmd` receives the parsed options and must outlive

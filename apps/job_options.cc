@@ -59,17 +59,18 @@ void AddJobOptions(CLI::App& app, JobSpec& j, std::string* lora_targets) {
   app.add_option("--lora-targets", *lora_targets,
                  "Projections that get adapters: comma-separated q,k,v,o,gate,up,down, or all")
       ->capture_default_str();
-  AddQuantizeOption(app, &j.lora.quantize,
-                    "The frozen base's storage under LoRA: none, or nf4 (QLoRA: 4-bit "
-                    "NormalFloat, blocks of 64, as bitsandbytes stores it)");
-  app.add_flag("--double-quant,!--no-double-quant", j.lora.double_quant,
-               "With --quantize nf4: keep NF4's absmax 8-bit quantized in host RAM (QLoRA's "
-               "double quantization)")
-      ->capture_default_str();
+  AddQuantizeOptions(app, &j.lora.quantize, &j.lora.double_quant, QuantizeUse::kTraining);
   app.add_option("--seed", j.seed, "Seed for initialization and data order")->capture_default_str();
 }
 
-void AddQuantizeOption(CLI::App& app, BaseQuant* quantize, const std::string& help) {
+void AddQuantizeOptions(CLI::App& app, BaseQuant* quantize, bool* double_quant, QuantizeUse use) {
+  const bool training = use == QuantizeUse::kTraining;
+  const std::string help =
+      training ? "The frozen base's storage under LoRA: none, or nf4 (QLoRA: 4-bit NormalFloat, "
+                 "blocks of 64, as bitsandbytes stores it)"
+               : "The base's block projections: none, or nf4 (quantized on load to 4-bit "
+                 "NormalFloat, as QLoRA holds them); a folder pre-quantized by bitsandbytes is "
+                 "NF4 already, and a QLoRA run folder's base is held as it was trained";
   app.add_option_function<std::string>(
          "--quantize",
          [quantize](const std::string& v) {
@@ -79,6 +80,11 @@ void AddQuantizeOption(CLI::App& app, BaseQuant* quantize, const std::string& he
          },
          help)
       ->default_str("none");
+  app.add_flag("--double-quant,!--no-double-quant", *double_quant,
+               std::string("With --quantize nf4: keep NF4's absmax 8-bit quantized in host RAM "
+                           "(QLoRA's double quantization") +
+                   (training ? ")" : "; it changes the values a little, so match the training)"))
+      ->capture_default_str();
 }
 
 }  // namespace ferry

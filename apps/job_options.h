@@ -14,8 +14,13 @@ namespace ferry {
 // (parse it with ParseLoraTargets). `job` and `lora_targets` must outlive parsing.
 void AddJobOptions(CLI::App& app, JobSpec& job, std::string* lora_targets);
 
-// Adds --quantize none|nf4 to `app`, parsed into `quantize` (ParseBaseQuant: fp4 and unknown
-// names are refused by name), described by `help`. `quantize` must outlive parsing.
-void AddQuantizeOption(CLI::App& app, BaseQuant* quantize, const std::string& help);
+// What --quantize describes: the frozen base under LoRA (train, plan, probe) or the base a model
+// runs on (eval, generate).
+enum class QuantizeUse { kTraining, kInference };
+
+// Adds --quantize none|nf4 (parsed into `quantize` by ParseBaseQuant: fp4 and unknown names are
+// refused by name) and --[no-]double-quant (into `double_quant`) to `app`, described for `use`.
+// Both must outlive parsing.
+void AddQuantizeOptions(CLI::App& app, BaseQuant* quantize, bool* double_quant, QuantizeUse use);
 
 }  // namespace ferry

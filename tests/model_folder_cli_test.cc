@@ -120,8 +120,8 @@ class ModelFolderCliTest : public testing::CliTest {
   // The mean loss of data_ under the model loaded in-process (as ExpectedText), on a
   // training-capable runner.
   double ExpectedLoss(const std::string& dir, const std::string& adapter,
-                      BaseQuant quantize = BaseQuant::kNone) {
-    Result<LoadedModel> m = LoadModelFolder(dir, adapter, quantize);
+                      BaseQuant quantize = BaseQuant::kNone, bool double_quant = true) {
+    Result<LoadedModel> m = LoadModelFolder(dir, adapter, quantize, double_quant);
     EXPECT_TRUE(m.ok()) << m.status().ToString();
     // The folder's tokenizer as the CLI loads it (config.json's BOS/EOS ids included).
     Result<std::unique_ptr<Tokenizer>> tok = LoadTokenizer(dir);
@@ -232,6 +232,10 @@ TEST_F(ModelFolderCliTest, QuantizeOnLoad) {
   const double fp32 = ExpectedLoss(src_, "");
   EXPECT_NE(nf4, fp32) << "the base was not quantized";
   EXPECT_NEAR(nf4, fp32, 0.05 * fp32);
+  // --no-double-quant: absmax kept in fp32, so slightly different dequantized weights.
+  const double flat = EvalLoss(args + " --no-double-quant", data_);
+  EXPECT_EQ(flat, ExpectedLoss(src_, "", BaseQuant::kNf4, /*double_quant=*/false));
+  EXPECT_NE(flat, nf4) << "--no-double-quant was not applied";
 
   WriteFolder(dir_ + "/gpt2", 300, /*gpt2=*/true);
   for (const std::string& command :

@@ -18,6 +18,7 @@
 #include "engine/job/model_source.h"
 #include "engine/job/run_limits.h"
 #include "engine/json.h"
+#include "engine/model/model_stack.h"
 #include "offload/file_io.h"
 
 namespace ferry {
@@ -209,10 +210,8 @@ Status ValidateJobShape(const JobSpec& job, const ModelConfig& model, bool micro
                     std::to_string(job.seq_len);
   FERRY_RETURN_IF_ERROR(ValidateRunLimits(run, model));
   FERRY_RETURN_IF_ERROR(ValidateTrainingLora(job.lora));
-  if (job.lora.quantize != BaseQuant::kNone && model.family == ModelFamily::kGpt2) {
-    return Bad(
-        "--quantize nf4 quantizes Llama-family projections (Llama, Mistral, Qwen2, "
-        "Qwen3); GPT-2's Conv1D weights are not quantized yet: drop --quantize");
+  if (Status q = CheckBaseQuant(model, job.lora.quantize); !q.ok()) {
+    return Bad("--quantize nf4: " + q.message() + ": drop --quantize");
   }
   return Status::Ok();
 }

@@ -50,17 +50,19 @@ Result<std::string> RunBase(const std::string& run) {
                           path + ") is not found from here" + give);
 }
 
-// A run folder's base storage: its job.json's "quantize" ("nf4" for a QLoRA run). A missing or
-// unreadable job.json, or another value, is kNone (RunBase reports a missing job.json).
-BaseQuant RunQuantize(const std::string& run) {
+// A run folder's base storage into `s`: its job.json's "quantize" ("nf4" for a QLoRA run) and
+// "double_quant" (true when absent, the default it was trained with). A missing or unreadable
+// job.json, or another value, is kNone (RunBase reports a missing job.json).
+void ReadRunQuantize(const std::string& run, ModelSource& s) {
   Result<std::string> text = ReadWholeFile(run + "/job.json");
-  if (!text.ok()) return BaseQuant::kNone;
+  if (!text.ok()) return;
   const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("quantize") || !j["quantize"].is_string()) {
-    return BaseQuant::kNone;
-  }
+  if (!j.is_object() || !j.contains("quantize") || !j["quantize"].is_string()) return;
   Result<BaseQuant> q = ParseBaseQuant(j["quantize"].get<std::string>());
-  return q.ok() ? *q : BaseQuant::kNone;
+  s.run_quantize = q.ok() ? *q : BaseQuant::kNone;
+  if (j.contains("double_quant") && j["double_quant"].is_boolean()) {
+    s.run_double_quant = j["double_quant"].get<bool>();
+  }
 }
 
 Status CheckTokenizer(const Tokenizer& tok, const ModelSource& s) {
@@ -132,7 +134,7 @@ Result<ModelSource> ResolveModelSource(const std::string& model, const std::stri
       FERRY_ASSIGN_OR_RETURN(s.weights_dir, RunBase(model));
       s.config_path = s.weights_dir + "/config.json";
     }
-    if (own_adapter) s.run_quantize = RunQuantize(model);
+    if (own_adapter) ReadRunQuantize(model, s);
     for (const std::string& dir : {model, s.weights_dir}) {
       if (IsFile(dir + "/tokenizer.json")) {
         s.tokenizer_dir = dir;
@@ -146,21 +148,40 @@ Result<ModelSource> ResolveModelSource(const std::string& model, const std::stri
   return s;
 }
 
+LoraConfig InferenceBaseStorage(const ModelSource& s, BaseQuant quantize, bool double_quant) {
+  LoraConfig base;
+  if (s.bnb4bit.has_value()) {
+    base.quantize = BaseQuant::kNf4;
+    base.double_quant = s.bnb4bit->double_quant;
+  } else if (s.run_quantize != BaseQuant::kNone) {  // as the adapter was trained
+    base.quantize = s.run_quantize;
+    base.double_quant = s.run_double_quant;
+  } else {
+    base.quantize = quantize;
+    base.double_quant = double_quant;
+  }
+  return base;
+}
+
 Result<InferenceModel> LoadInferenceModel(const std::string& model, const std::string& adapter,
-                                          uint64_t seed, BaseQuant quantize) {
+                                          uint64_t seed, BaseQuant quantize, bool double_quant) {
   InferenceModel m;
   FERRY_ASSIGN_OR_RETURN(m.source, ResolveModelSource(model, adapter, ModelUse::kInference));
   const ModelSource& s = m.source;
-  if (quantize == BaseQuant::kNone) quantize = s.run_quantize;  // as the adapter was trained
+  const LoraConfig base = InferenceBaseStorage(s, quantize, double_quant);
+  quantize = base.quantize;
+  double_quant = base.double_quant;
   if (s.tiny) {
     // Untrained (initialized from `seed`): a smoke test of the pipeline, not of the text.
     m.model.config = s.config;
     m.model.lora.quantize = quantize;
+    m.model.lora.double_quant = double_quant;
     m.model.layers = BuildLayerSpecs(s.config, m.model.lora);
     m.model.weights = InitMasterWeights(m.model.layers, seed);
     FERRY_RETURN_IF_ERROR(QuantizeFrozenBase(m.model.layers, m.model.weights));
   } else {
-    FERRY_ASSIGN_OR_RETURN(m.model, LoadModelFolder(s.weights_dir, s.adapter_dir, quantize));
+    FERRY_ASSIGN_OR_RETURN(m.model,
+                           LoadModelFolder(s.weights_dir, s.adapter_dir, quantize, double_quant));
   }
   if (!s.tokenizer_dir.empty()) {
     FERRY_ASSIGN_OR_RETURN(m.tokenizer, LoadTokenizer(s.tokenizer_dir));

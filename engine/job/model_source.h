@@ -54,15 +54,23 @@ struct ModelSource {
   // config.json's bitsandbytes 4-bit quantization_config, when the base weights' folder is
   // pre-quantized (engine/model/bnb_folder.h); nullopt otherwise.
   std::optional<Bnb4bitSettings> bnb4bit;
-  // A QLoRA run folder's base storage (its job.json's "quantize"): its adapter was trained over an
-  // NF4 base, so inference holds the base in NF4 too. kNone otherwise.
+  // A QLoRA run folder's base storage (its job.json's "quantize" and "double_quant"): its adapter
+  // was trained over an NF4 base, so inference holds the base in NF4 too, nested as it was then
+  // (the nesting changes the dequantized values). kNone otherwise.
   BaseQuant run_quantize = BaseQuant::kNone;
+  bool run_double_quant = true;
 };
 
 // Resolves --model `model` and --adapter `adapter` ("" for none) for `use`. `presets_dir` is
 // searched for <model>.json with kConfigOnly ("" : no presets).
 Result<ModelSource> ResolveModelSource(const std::string& model, const std::string& adapter,
                                        ModelUse use, const std::string& presets_dir = "");
+
+// How inference holds `s`'s base when --quantize and --[no-]double-quant say `quantize` and
+// `double_quant`: a pre-quantized folder's as it is stored, a QLoRA run folder's as it was trained,
+// any other as asked. Returned in a LoraConfig's storage fields (quantize, double_quant); its
+// rank is 0.
+LoraConfig InferenceBaseStorage(const ModelSource& s, BaseQuant quantize, bool double_quant);
 
 // A model ready for inference: config, adapter, layers and weights (fp32, or NF4 block
 // projections), and its tokenizer.
@@ -75,9 +83,11 @@ struct InferenceModel {
 
 // Resolves (ModelUse::kInference) and loads --model/--adapter; "tiny" is initialized from `seed`.
 // `quantize` kNf4 (--quantize nf4) holds the base's block projections in NF4, quantized on load
-// (LoadModelFolder); a pre-quantized folder is NF4 whatever `quantize` says, and so is the base of
-// a QLoRA run folder (ModelSource::run_quantize).
+// (LoadModelFolder) with `double_quant`'s nesting; a pre-quantized folder is NF4 as it is stored
+// whatever these say, and the base of a QLoRA run folder as it was trained
+// (ModelSource::run_quantize, run_double_quant).
 Result<InferenceModel> LoadInferenceModel(const std::string& model, const std::string& adapter,
-                                          uint64_t seed, BaseQuant quantize = BaseQuant::kNone);
+                                          uint64_t seed, BaseQuant quantize = BaseQuant::kNone,
+                                          bool double_quant = true);
 
 }  // namespace ferry

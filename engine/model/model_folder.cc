@@ -7,6 +7,7 @@
 #include "engine/json.h"
 #include "engine/model/bnb_folder.h"
 #include "engine/model/master_weights.h"
+#include "engine/model/model_stack.h"
 #include "engine/model/weights_io.h"
 #include "offload/file_io.h"
 
@@ -302,7 +303,7 @@ Status LoadAdapterWeights(const std::string& adapter_dir, const std::vector<Laye
 }
 
 Result<LoadedModel> LoadModelFolder(const std::string& dir, const std::string& adapter_dir,
-                                    BaseQuant quantize) {
+                                    BaseQuant quantize, bool double_quant) {
   LoadedModel m;
   const std::string config_path = dir + "/config.json";
   std::error_code ec;
@@ -320,13 +321,12 @@ Result<LoadedModel> LoadModelFolder(const std::string& dir, const std::string& a
   }
   // The base in NF4: as a pre-quantized folder stores it, or quantized here when asked.
   m.lora.quantize = bnb.has_value() ? BaseQuant::kNf4 : quantize;
-  if (bnb.has_value()) m.lora.double_quant = bnb->double_quant;
-  if (m.lora.quantize != BaseQuant::kNone && m.config.family == ModelFamily::kGpt2) {
-    return Status::InvalidArgument(
-        "model folder " + dir + (bnb.has_value() ? " is pre-quantized by bitsandbytes" : "") +
-        ": ferry holds NF4 weights for Llama-family models (Llama, Mistral, Qwen2, Qwen3) only; "
-        "GPT-2's Conv1D weights are not quantized yet: give the unquantized model" +
-        (bnb.has_value() ? "" : " and drop --quantize"));
+  m.lora.double_quant = bnb.has_value() ? bnb->double_quant : double_quant;
+  if (Status q = CheckBaseQuant(m.config, m.lora.quantize); !q.ok()) {
+    return Status::InvalidArgument("model folder " + dir +
+                                   (bnb.has_value() ? " is pre-quantized by bitsandbytes" : "") +
+                                   ": " + q.message() + ": give the unquantized model" +
+                                   (bnb.has_value() ? "" : " and drop --quantize"));
   }
   m.layers = BuildLayerSpecs(m.config, m.lora);
   FERRY_ASSIGN_OR_RETURN(FolderWeights folder, FolderWeights::Open(dir));

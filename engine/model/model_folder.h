@@ -67,8 +67,10 @@ struct LoadedModel {
 // (double-quantized, as `ferry train --quantize nf4`). Either way lora.quantize is kNf4 and the
 // base frozen, with or without an adapter. Errors name the folder, the file and the tensor or
 // field; an NF4 base of a GPT-2 model is refused (InvalidArgument: Llama family only).
+// `double_quant` is the nesting of a base quantized here (a pre-quantized folder keeps its own).
 Result<LoadedModel> LoadModelFolder(const std::string& dir, const std::string& adapter_dir = "",
-                                    BaseQuant quantize = BaseQuant::kNone);
+                                    BaseQuant quantize = BaseQuant::kNone,
+                                    bool double_quant = true);
 
 // The safetensors files of a model folder, memory-mapped, indexed by tensor name.
 class FolderWeights {

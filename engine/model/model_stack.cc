@@ -6,10 +6,12 @@
 namespace ferry {
 namespace {
 
-// One entry per family: its names and its blocks.
+// One entry per family: its names, its blocks, and why its projections cannot be held in NF4
+// (nullptr: they can).
 struct Family {
   FamilyNames names;
   Result<std::unique_ptr<DecoderBlocks>> (*create_blocks)(const BlocksContext&);
+  const char* no_nf4 = nullptr;
 };
 
 const Family& FamilyOf(ModelFamily f) {
@@ -26,7 +28,8 @@ const Family& FamilyOf(ModelFamily f) {
                              .final_norm_bias = "transformer.ln_f.bias",
                              .block_prefix = "transformer.h.",
                              .lm_head = "lm_head.weight"},
-                            &CreateGpt2Blocks};
+                            &CreateGpt2Blocks,
+                            "GPT-2's Conv1D weights are not quantized yet"};
   switch (f) {
     case ModelFamily::kGpt2:
       return kGpt2;
@@ -51,6 +54,14 @@ auto FindTable(Map& tensors, const std::string& name, int64_t rows, int64_t cols
 }  // namespace
 
 const FamilyNames& NamesOf(ModelFamily family) { return FamilyOf(family).names; }
+
+Status CheckBaseQuant(const ModelConfig& c, BaseQuant quantize) {
+  const char* no_nf4 = FamilyOf(c.family).no_nf4;
+  if (quantize == BaseQuant::kNone || no_nf4 == nullptr) return Status::Ok();
+  return Status::InvalidArgument(
+      "ferry holds NF4 projections for Llama-family models (Llama, Mistral, Qwen2, Qwen3) only; " +
+      std::string(no_nf4));
+}
 
 std::string BlockPrefix(const ModelConfig& c, int64_t block) {
   return NamesOf(c).block_prefix + std::to_string(block) + ".";

@@ -45,6 +45,11 @@ struct FamilyNames {
 
 const FamilyNames& NamesOf(ModelFamily family);
 inline const FamilyNames& NamesOf(const ModelConfig& c) { return NamesOf(c.family); }
+// Ok when `c`'s family holds its block projections stored as `quantize` says (kNone always);
+// InvalidArgument saying which families can, and why this one cannot, otherwise. Callers add what
+// the user should do.
+Status CheckBaseQuant(const ModelConfig& c, BaseQuant quantize);
+
 // The prefix of block `block`'s parameters, e.g. "model.layers.3.".
 std::string BlockPrefix(const ModelConfig& c, int64_t block);
 

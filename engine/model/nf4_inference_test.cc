@@ -7,12 +7,16 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <string>
 
+#include "engine/job/job_spec.h"
 #include "engine/job/model_source.h"
 #include "engine/json.h"
 #include "engine/model/bnb_folder.h"
 #include "engine/model/master_weights.h"
 #include "engine/model/model_folder.h"
+#include "engine/model/model_stack.h"
 #include "engine/testing/golden_files.h"
 #include "offload/offload_test_util.h"
 
@@ -95,12 +99,39 @@ TEST(Nf4InferenceTest, AQuantizedBaseWithoutLoraIsForInferenceOnly) {
   EXPECT_TRUE(ValidateTrainingLora({.rank = 4, .quantize = BaseQuant::kNf4}).ok());
 }
 
+// The family table says which families hold NF4 projections; training's validation asks it.
+TEST(Nf4InferenceTest, OnlyTheLlamaFamilyHoldsNf4Projections) {
+  ModelConfig gpt2 = TinyLlamaPreset();
+  gpt2.family = ModelFamily::kGpt2;
+  EXPECT_TRUE(CheckBaseQuant(TinyLlamaPreset(), BaseQuant::kNf4).ok());
+  EXPECT_TRUE(CheckBaseQuant(gpt2, BaseQuant::kNone).ok());
+  const Status refused = CheckBaseQuant(gpt2, BaseQuant::kNf4);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("GPT-2"), std::string::npos) << refused.ToString();
+  JobSpec job;
+  job.lora = {.rank = 4, .quantize = BaseQuant::kNf4};
+  EXPECT_TRUE(ValidateJobSpec(job, TinyLlamaPreset()).ok());
+  const Status train = ValidateJobSpec(job, gpt2);
+  ASSERT_FALSE(train.ok());
+  EXPECT_NE(train.message().find("GPT-2"), std::string::npos) << train.ToString();
+  EXPECT_NE(train.message().find("drop --quantize"), std::string::npos) << train.ToString();
+}
+
 // A QLoRA run folder of a plain base (adapter + job.json saying "quantize": "nf4", the base found
 // through job.json's "model"): inference holds the base in NF4, as the adapter was trained, and
-// without --quantize; a LoRA run over a plain base keeps it fp32.
+// without --quantize, nested as job.json's "double_quant" says (absent: nested, the default) and
+// not as inference's --[no-]double-quant does; a LoRA run over a plain base keeps it fp32.
 TEST(Nf4InferenceTest, AQloraRunFolderRunsOverAnNf4Base) {
-  for (const char* quantize : {"nf4", "none"}) {
-    SCOPED_TRACE(quantize);
+  struct Case {
+    const char* quantize;
+    std::optional<bool> double_quant;  // job.json's; nullopt: not written
+  };
+  for (const Case c : {Case{"nf4", std::nullopt}, Case{"nf4", false}, Case{"nf4", true},
+                       Case{"none", std::nullopt}}) {
+    const char* quantize = c.quantize;
+    const bool nested = c.double_quant.value_or(true);
+    SCOPED_TRACE(std::string(quantize) + " double_quant " +
+                 (c.double_quant ? (*c.double_quant ? "true" : "false") : "absent"));
     testing::TempDir run;
     ASSERT_FALSE(run.path().empty());
     const std::string adapter = testing::SourceDir() + "/tests/goldens/llama_qlora";
@@ -109,20 +140,30 @@ TEST(Nf4InferenceTest, AQloraRunFolderRunsOverAnNf4Base) {
     }
     std::filesystem::copy_file(testing::SourceDir() + "/tests/goldens/llama/config.json",
                                run.path() + "/config.json");
-    std::ofstream(run.path() + "/job.json") << nlohmann::json{
-        {"model", testing::SourceDir() + "/tests/goldens/llama"},
-        {"quantize", quantize}}.dump();
+    nlohmann::json job{{"model", testing::SourceDir() + "/tests/goldens/llama"},
+                       {"quantize", quantize}};
+    if (c.double_quant) job["double_quant"] = *c.double_quant;
+    std::ofstream(run.path() + "/job.json") << job.dump();
     // (The tiny golden has no tokenizer, so LoadInferenceModel stops there; the model part is
     // what it loads before: ResolveModelSource, then LoadModelFolder with the run's storage.)
     Result<ModelSource> s = ResolveModelSource(run.path(), "", ModelUse::kInference);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     const bool nf4 = std::string(quantize) == "nf4";
     EXPECT_EQ(s->run_quantize, nf4 ? BaseQuant::kNf4 : BaseQuant::kNone);
-    Result<LoadedModel> lm = LoadModelFolder(s->weights_dir, s->adapter_dir, s->run_quantize);
+    // Whatever inference's own flags say (--no-double-quant here, --quantize none when nested).
+    const LoraConfig base = InferenceBaseStorage(*s, BaseQuant::kNone, !nested);
+    EXPECT_EQ(base.quantize, s->run_quantize);
+    if (nf4) {
+      EXPECT_EQ(base.double_quant, nested);
+    }
+    Result<LoadedModel> lm =
+        LoadModelFolder(s->weights_dir, s->adapter_dir, base.quantize, base.double_quant);
     ASSERT_TRUE(lm.ok()) << lm.status().ToString();
     EXPECT_TRUE(lm->lora.enabled());
     if (nf4) {
       ExpectNf4Base(*lm);
+      EXPECT_EQ(lm->lora.double_quant, nested);
+      for (const auto& [name, q] : lm->weights.nf4) EXPECT_EQ(q.nested(), nested) << name;
     } else {
       EXPECT_TRUE(lm->weights.nf4.empty());
     }

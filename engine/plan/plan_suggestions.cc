@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/model/model_stack.h"
 #include "engine/plan/byte_size.h"
 #include "engine/plan/planner.h"
 
@@ -52,7 +53,7 @@ std::vector<PlanSuggestion> SuggestChanges(const std::string& model_name, const 
   }
   // LoRA instead of full fine-tuning; when that is not enough, over an NF4 base (QLoRA; the
   // Llama family's projections), and QLoRA for a LoRA job over a plain base.
-  const bool nf4_able = model.family != ModelFamily::kGpt2;
+  const bool nf4_able = CheckBaseQuant(model, BaseQuant::kNf4).ok();
   if (!job.lora.enabled()) {
     PlanJob j = job;
     j.lora.rank = 16;
