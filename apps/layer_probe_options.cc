@@ -16,7 +16,8 @@ void AddLayerProbeOptions(CLI::App& probe, LayerProbeCommand* cmd) {
   AddJobOptions(probe, cmd->job, &cmd->lora_targets);
   probe
       .add_option("--dtype", cmd->dtype,
-                  "Compute dtype of the layer probe (f32: what CPU devices run today)")
+                  "Storage dtype of the probed layers, as the plan's: f32, bf16 or f16 (CPU "
+                  "devices compute in f32 whatever they store)")
       ->capture_default_str();
   probe.add_option("--repeats", cmd->repeats, "Timed runs per layer (the median is kept)")
       ->capture_default_str();

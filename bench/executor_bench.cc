@@ -14,10 +14,10 @@
 // compute (rate chosen from an unthrottled run), 2 devices unthrottled, 1 device unthrottled.
 // Each figure is a median with its min and max over the timed steps, next to the 1-thread fp32
 // GEMM ceiling measured in the same run. Then QLoRA (issue 18): 2 devices with the link
-// throttled, the frozen base streamed in f32 against NF4: bytes uploaded and step time. Activations
-// on NVMe: the executor refuses NVMe tiers today (said at the end).
+// throttled, bf16 compute, the frozen base streamed in bf16 against NF4: bytes uploaded and step
+// time. Activations on NVMe: the executor refuses NVMe tiers today (said at the end).
 //
-// Usage: executor_bench [--steps N] [--seq-len T] [--micro-batches M]
+// Usage: executor_bench [--steps N] [--seq-len T] [--micro-batches M] [--qlora-only]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -53,6 +53,7 @@ struct Options {
   int64_t seq_len = 128;
   int64_t micro_batches = 4;
   DType dtype = DType::kF32;  // compute
+  bool qlora_only = false;    // skip the overlap runs
 };
 
 // One step's lanes, from the trace: seconds busy per device and lane, and the host optimizer's.
@@ -235,9 +236,13 @@ void Print(const char* label, const RunResult& r) {
 
 int main(int argc, char** argv) {
   ferry::Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    const long long v = std::atoll(argv[i + 1]);
+    if (flag == "--qlora-only") {
+      o.qlora_only = true;
+      continue;
+    }
+    const long long v = i + 1 < argc ? std::atoll(argv[++i]) : 0;
     if (flag == "--steps")
       o.steps = int(v);
     else if (flag == "--seq-len")
@@ -245,7 +250,9 @@ int main(int argc, char** argv) {
     else if (flag == "--micro-batches")
       o.micro_batches = v;
     else {
-      std::fprintf(stderr, "usage: executor_bench [--steps N] [--seq-len T] [--micro-batches M]\n");
+      std::fprintf(stderr,
+                   "usage: executor_bench [--steps N] [--seq-len T] [--micro-batches M] "
+                   "[--qlora-only]\n");
       return 2;
     }
   }
@@ -261,33 +268,34 @@ int main(int argc, char** argv) {
   ferry::LoraConfig lora;
   lora.rank = 16;
   lora.alpha = 32;
-  std::printf(
-      "job: llama-100M LoRA r16 (all projections), f32, %lld micro-batches of 1 x %lld, "
-      "devices of 1 thread, %d timed steps\n",
-      (long long)o.micro_batches, (long long)o.seq_len, o.steps);
-  const ferry::plan::PlanJob job = ferry::JobOf(lora, o);
-  const std::vector<ferry::LayerProbeEntry> times2 = ferry::ProbeLayers(model, job, 2),
-                                            times1 = ferry::ProbeLayers(model, job, 1);
-  const ferry::RunResult two = ferry::Run(model, lora, o, 2, 0, times2);
-  // The throttle: the busiest device's uploads at this rate take as long as its compute.
-  const double link =
-      ferry::plan::MedianOf(two.uploaded_bytes) / ferry::plan::MedianOf(two.compute_s);
-  const ferry::RunResult throttled = ferry::Run(model, lora, o, 2, link, times2);
-  const ferry::RunResult one = ferry::Run(model, lora, o, 1, 0, times1);
-  char label[64];
-  std::snprintf(label, sizeof label, "2 devices, link %.0f MB/s", link * 1e-6);
-  ferry::Print(label, throttled);
-  ferry::Print("2 devices, unthrottled", two);
-  ferry::Print("1 device, unthrottled", one);
-  std::printf("2 devices vs 1 (unthrottled): %.2fx the step rate\n",
-              ferry::plan::MedianOf(one.step_s) / ferry::plan::MedianOf(two.step_s));
-  std::printf("activations on NVMe: not run (the executor refuses NVMe tiers for now)\n");
+  if (!o.qlora_only) {
+    std::printf(
+        "job: llama-100M LoRA r16 (all projections), f32, %lld micro-batches of 1 x %lld, "
+        "devices of 1 thread, %d timed steps\n",
+        (long long)o.micro_batches, (long long)o.seq_len, o.steps);
+    const ferry::plan::PlanJob job = ferry::JobOf(lora, o);
+    const std::vector<ferry::LayerProbeEntry> times2 = ferry::ProbeLayers(model, job, 2),
+                                              times1 = ferry::ProbeLayers(model, job, 1);
+    const ferry::RunResult two = ferry::Run(model, lora, o, 2, 0, times2);
+    // The throttle: the busiest device's uploads at this rate take as long as its compute.
+    const double link =
+        ferry::plan::MedianOf(two.uploaded_bytes) / ferry::plan::MedianOf(two.compute_s);
+    const ferry::RunResult throttled = ferry::Run(model, lora, o, 2, link, times2);
+    const ferry::RunResult one = ferry::Run(model, lora, o, 1, 0, times1);
+    char label[64];
+    std::snprintf(label, sizeof label, "2 devices, link %.0f MB/s", link * 1e-6);
+    ferry::Print(label, throttled);
+    ferry::Print("2 devices, unthrottled", two);
+    ferry::Print("1 device, unthrottled", one);
+    std::printf("2 devices vs 1 (unthrottled): %.2fx the step rate\n",
+                ferry::plan::MedianOf(one.step_s) / ferry::plan::MedianOf(two.step_s));
+    std::printf("activations on NVMe: not run (the executor refuses NVMe tiers for now)\n");
+  }
 
-  // Issue 18: the frozen base streamed in the compute dtype against NF4 (QLoRA), 2 devices, the
-  // link throttled so that the plain base's uploads take about as long as the compute. f32
-  // compute: the layer probe that prices the plan runs f32 only (a bf16 base would move half
-  // the plain bytes).
+  // Issue 18: the frozen base streamed in bf16 against NF4 (QLoRA), bf16 compute, 2 devices,
+  // the link throttled so that the bf16 base's uploads take about as long as the compute.
   ferry::Options b = o;
+  b.dtype = ferry::DType::kBF16;
   ferry::LoraConfig q = lora;
   q.quantize = ferry::BaseQuant::kNf4;
   const std::vector<ferry::LayerProbeEntry> tb =
@@ -298,17 +306,17 @@ int main(int argc, char** argv) {
       ferry::plan::MedianOf(free_bf16.uploaded_bytes) / ferry::plan::MedianOf(free_bf16.compute_s);
   const ferry::RunResult base16 = ferry::Run(model, lora, b, 2, link16, tb);
   const ferry::RunResult base4 = ferry::Run(model, q, b, 2, link16, tq);
-  std::printf("\nQLoRA: f32 compute, 2 devices, link %.0f MB/s each\n", link16 * 1e-6);
-  ferry::Print("f32 base", base16);
+  std::printf("\nQLoRA: bf16 compute, 2 devices, link %.0f MB/s each\n", link16 * 1e-6);
+  ferry::Print("bf16 base", base16);
   ferry::Print("NF4 base", base4);
   const double w16 = ferry::plan::MedianOf(base16.weight_bytes),
                w4 = ferry::plan::MedianOf(base4.weight_bytes),
                up16 = ferry::plan::MedianOf(base16.uploaded_bytes),
                up4 = ferry::plan::MedianOf(base4.uploaded_bytes);
   std::printf(
-      "weights uploaded per step (all devices): f32 base %.1f MB, NF4 base %.1f MB (%.2fx less); "
+      "weights uploaded per step (all devices): bf16 base %.1f MB, NF4 base %.1f MB (%.2fx less); "
       "everything the busiest device uploads: %.1f MB against %.1f MB; step: NF4 %.2fx the "
-      "f32 base's rate\n",
+      "bf16 base's rate\n",
       w16 * 1e-6, w4 * 1e-6, w16 / w4, up16 * 1e-6, up4 * 1e-6,
       ferry::plan::MedianOf(base16.step_s) / ferry::plan::MedianOf(base4.step_s));
   return 0;

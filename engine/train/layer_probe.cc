@@ -77,9 +77,10 @@ std::vector<float> RandomNormal(size_t n, std::mt19937_64& rng) {
 }
 
 // Allocates and fills the probe's io tensors: positions 0..T-1 per row, one document per row, the
-// model's RoPE table, random hidden states and output gradients.
-Result<DeviceBuffer> MakeIo(Device& d, const ModelConfig& c, BatchShape micro, std::mt19937_64& rng,
-                            ProbeIo& io) {
+// model's RoPE table, random hidden states and output gradients (in `dtype`, the plan's compute
+// dtype, as the executor's stages hold them).
+Result<DeviceBuffer> MakeIo(Device& d, const ModelConfig& c, BatchShape micro, DType dtype,
+                            std::mt19937_64& rng, ProbeIo& io) {
   const int64_t N = micro.tokens(), C = c.hidden_size;
   FERRY_ASSIGN_OR_RETURN(DeviceBuffer buf, AllocateCarved(d, "probe.io", [&](TensorCarver& cv) {
                            io.positions = cv.Take(DType::kI32, {N});
@@ -88,7 +89,7 @@ Result<DeviceBuffer> MakeIo(Device& d, const ModelConfig& c, BatchShape micro, s
                              io.inv_freq = cv.Take(DType::kF32, {c.head_dim / 2});
                            }
                            for (Tensor* t : {&io.x, &io.y, &io.dy, &io.dx}) {
-                             *t = cv.Take(DType::kF32, {N, C});
+                             *t = cv.Take(dtype, {N, C});
                            }
                          }));
   std::vector<int32_t> positions(static_cast<size_t>(N)), docs(static_cast<size_t>(N), 0);
@@ -102,16 +103,19 @@ Result<DeviceBuffer> MakeIo(Device& d, const ModelConfig& c, BatchShape micro, s
   }
   for (Tensor* t : {&io.x, &io.dy}) {
     const std::vector<float> v = RandomNormal(size_t(N * C), rng);
-    FERRY_RETURN_IF_ERROR(UploadBytes(d, t->data, v.data(), v.size() * sizeof(float)));
+    std::vector<std::byte> bytes(v.size() * DTypeSize(dtype));
+    ConvertFromFloat(v.data(), dtype, bytes.data(), v.size());
+    FERRY_RETURN_IF_ERROR(UploadBytes(d, t->data, bytes.data(), bytes.size()));
   }
   return buf;
 }
 
-// The layer's parameters on `d`, uploaded from fresh master weights, gradients zeroed.
+// The layer's parameters on `d` in `dtype`, uploaded from fresh master weights, gradients zeroed.
 Result<DeviceParams> LayerParams(Device& d, const ModelConfig& c, const LoraConfig& lora,
-                                 const std::vector<LayerSpec>& all, const LayerSpec& layer,
-                                 uint64_t seed) {
-  FERRY_ASSIGN_OR_RETURN(DeviceParams params, DeviceParams::Create(d, c, lora, {layer}));
+                                 DType dtype, const std::vector<LayerSpec>& all,
+                                 const LayerSpec& layer, uint64_t seed) {
+  FERRY_ASSIGN_OR_RETURN(DeviceParams params, DeviceParams::Create(d, c, lora, {layer}, nullptr,
+                                                                   ParamGrads::kAllocate, dtype));
   {
     HostTensors weights = InitMasterWeights(HostLayers(all, layer), seed);
     FERRY_RETURN_IF_ERROR(QuantizeFrozenBase(HostLayers(all, layer), weights));  // QLoRA's NF4
@@ -121,13 +125,13 @@ Result<DeviceParams> LayerParams(Device& d, const ModelConfig& c, const LoraConf
   return params;
 }
 
-Status ProbeBlock(Device& d, const ModelConfig& c, const LoraConfig& lora,
+Status ProbeBlock(Device& d, const ModelConfig& c, const LoraConfig& lora, DType dtype,
                   const std::vector<LayerSpec>& all, const LayerSpec& layer, BatchShape micro,
                   const LayerProbeOptions& o, plan::MeasuredLayerTime& out) {
   std::mt19937_64 rng(o.seed);
-  FERRY_ASSIGN_OR_RETURN(DeviceParams params, LayerParams(d, c, lora, all, layer, o.seed));
+  FERRY_ASSIGN_OR_RETURN(DeviceParams params, LayerParams(d, c, lora, dtype, all, layer, o.seed));
   ProbeIo io;
-  FERRY_ASSIGN_OR_RETURN(DeviceBuffer io_buffer, MakeIo(d, c, micro, rng, io));
+  FERRY_ASSIGN_OR_RETURN(DeviceBuffer io_buffer, MakeIo(d, c, micro, dtype, rng, io));
   FERRY_ASSIGN_OR_RETURN(
       DeviceStack stack,
       BuildDeviceStack(
@@ -141,14 +145,14 @@ Status ProbeBlock(Device& d, const ModelConfig& c, const LoraConfig& lora,
   return MedianOfRuns(&d, o, steps, out);
 }
 
-Status ProbeHead(Device& d, const ModelConfig& c, const LoraConfig& lora,
+Status ProbeHead(Device& d, const ModelConfig& c, const LoraConfig& lora, DType dtype,
                  const std::vector<LayerSpec>& all, const LayerSpec& layer, BatchShape micro,
                  const LayerProbeOptions& o, plan::MeasuredLayerTime& out) {
   std::mt19937_64 rng(o.seed);
   const int64_t N = micro.tokens();
-  FERRY_ASSIGN_OR_RETURN(DeviceParams params, LayerParams(d, c, lora, all, layer, o.seed));
+  FERRY_ASSIGN_OR_RETURN(DeviceParams params, LayerParams(d, c, lora, dtype, all, layer, o.seed));
   ProbeIo io;
-  FERRY_ASSIGN_OR_RETURN(DeviceBuffer io_buffer, MakeIo(d, c, micro, rng, io));
+  FERRY_ASSIGN_OR_RETURN(DeviceBuffer io_buffer, MakeIo(d, c, micro, dtype, rng, io));
   FERRY_ASSIGN_OR_RETURN(DeviceStack stack,
                          BuildDeviceStack(d, c, params,
                                           {.shape = micro,
@@ -204,7 +208,8 @@ Status ProbeEmbedding(const ModelConfig& c, const LayerSpec& layer, BatchShape m
 LayerProbeBytes LayerProbeNeeds(const ModelConfig& c, const plan::PlanJob& job,
                                 const LayerSpec& layer, BatchShape micro,
                                 const LayerProbeOptions& o) {
-  const std::vector<LayerSpec> all = BuildLayerSpecs(c, job.lora);
+  const std::vector<LayerSpec> all = BuildLayerSpecs(c, job.lora, job.compute_dtype);
+  // (Sized in f32, an upper bound for bf16 and f16 storage; the scratch as the dtype asks.)
   const uint64_t N = uint64_t(micro.tokens()), C = uint64_t(c.hidden_size);
   const uint64_t hidden = N * C * kF32;
   LayerProbeBytes b;
@@ -232,7 +237,7 @@ LayerProbeBytes LayerProbeNeeds(const ModelConfig& c, const plan::PlanJob& job,
   if (layer.kind == LayerKind::kHead) {
     device += 2 * std::min<uint64_t>(N, plan::kLossChunkTokens) * uint64_t(c.vocab_size) * kF32;
   }
-  device += plan::OpScratchBytes(c, layer, micro, DType::kF32,
+  device += plan::OpScratchBytes(c, layer, micro, job.compute_dtype,
                                  {.cuda = !o.device_memory_is_host, .cpu_threads = o.cpu_threads});
   b.device = device + device / 4 + (uint64_t(16) << 20);
   return b;
@@ -256,10 +261,11 @@ Result<std::vector<LayerProbeEntry>> ProbeLayerTimes(const ModelConfig& model,
                                                      const LayerProbeOptions& o) {
   FERRY_RETURN_IF_ERROR(ValidateModelConfig(model));
   FERRY_RETURN_IF_ERROR(ValidateTrainingLora(job.lora));
-  if (job.compute_dtype != DType::kF32) {
+  // Each layer runs in the plan's storage dtype, as the executor's stages hold it (CPU devices
+  // do the math in f32 whatever the storage).
+  if (job.fp16_accumulate) {
     return Status::InvalidArgument(
-        "compute dtype " + std::string(DTypeName(job.compute_dtype)) +
-        ": ferry's devices compute in f32 today; probe (and plan) with --dtype f32");
+        "fp16acc: ferry's devices have no fp16-accumulate GEMM yet; probe with --dtype f16");
   }
   if (job.global_batch < 1 || job.seq_len < 1 || gpus < 1 || o.repeats < 1 || o.warmup < 0 ||
       (job.micro_batches > 0 && job.global_batch % job.micro_batches != 0)) {
@@ -267,7 +273,7 @@ Result<std::vector<LayerProbeEntry>> ProbeLayerTimes(const ModelConfig& model,
         "layer probe: batch, sequence length and repeats must be at least 1 and --micro-batches "
         "must divide --batch-size");
   }
-  const std::vector<LayerSpec> all = BuildLayerSpecs(model, job.lora);
+  const std::vector<LayerSpec> all = BuildLayerSpecs(model, job.lora, job.compute_dtype);
   const std::vector<plan::LayerTimeQuery> queries = plan::LayerTimeQueries(model, job, gpus);
   const uint64_t available = o.host_memory_bytes > 0 ? o.host_memory_bytes : AvailableHostMemory();
   std::vector<LayerProbeEntry> out;
@@ -296,9 +302,10 @@ Result<std::vector<LayerProbeEntry>> ProbeLayerTimes(const ModelConfig& model,
       continue;
     }
     FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Device> d, make_device(size_t(e.bytes.device)));
-    const Status s = layer.kind == LayerKind::kHead
-                         ? ProbeHead(*d, model, job.lora, all, layer, e.micro, o, e.time)
-                         : ProbeBlock(*d, model, job.lora, all, layer, e.micro, o, e.time);
+    const Status s =
+        layer.kind == LayerKind::kHead
+            ? ProbeHead(*d, model, job.lora, job.compute_dtype, all, layer, e.micro, o, e.time)
+            : ProbeBlock(*d, model, job.lora, job.compute_dtype, all, layer, e.micro, o, e.time);
     FERRY_RETURN_IF_ERROR(s.WithContext("layer probe of " + layer.name));
   }
   return out;

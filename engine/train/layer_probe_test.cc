@@ -219,11 +219,39 @@ TEST(LayerProbe, RefusesALayerThatDoesNotFit) {
   EXPECT_NE(msg.find("block.0 at 2 x 16 tokens needs"), std::string::npos) << msg;
   EXPECT_NE(msg.find("1.00 MiB (1048576 bytes) available"), std::string::npos) << msg;
   EXPECT_EQ(devices.made, 0);
-  // bf16 cannot run on today's devices: refused, naming the option.
-  Result<std::vector<LayerProbeEntry>> bf16 =
-      ProbeLayerTimes(m, plan::PlanJob{}, 1, devices.factory(), Quick());
-  ASSERT_FALSE(bf16.ok());
-  EXPECT_NE(bf16.status().message().find("--dtype f32"), std::string::npos);
+  // fp16 accumulation is a GEMM mode no device has yet: refused, naming what to probe instead.
+  plan::PlanJob fp16acc = CpuJob(2, 16, 1);
+  fp16acc.compute_dtype = DType::kF16;
+  fp16acc.fp16_accumulate = true;
+  Result<std::vector<LayerProbeEntry>> acc =
+      ProbeLayerTimes(m, fp16acc, 1, devices.factory(), Quick());
+  ASSERT_FALSE(acc.ok());
+  EXPECT_NE(acc.status().message().find("--dtype f16"), std::string::npos);
+}
+
+// The layers run in the plan's storage dtype, as the executor's stages hold them (a bf16 plan is
+// priced by bf16 layers, an NF4 base's blocks dequantize into it), keyed as the planner asks.
+TEST(LayerProbe, ProbesInThePlansDtype) {
+  const ModelConfig m = Tiny("llama", 2);
+  for (const BaseQuant q : {BaseQuant::kNone, BaseQuant::kNf4}) {
+    SCOPED_TRACE(q == BaseQuant::kNf4 ? "nf4" : "plain");
+    plan::PlanJob job = CpuJob(2, 16, 1);
+    job.compute_dtype = DType::kBF16;
+    job.lora = {.rank = 4, .quantize = q};
+    Devices devices;
+    Result<std::vector<LayerProbeEntry>> times =
+        ProbeLayerTimes(m, job, 1, devices.factory(), Quick());
+    ASSERT_TRUE(times.ok()) << times.status().ToString();
+    std::set<std::string> want;
+    for (const plan::LayerTimeQuery& query : plan::LayerTimeQueries(m, job, 1)) {
+      want.insert(query.key);
+    }
+    EXPECT_EQ(Keys(*times), want);
+    for (const LayerProbeEntry& e : *times) {
+      EXPECT_NE(e.time.key.find("bf16"), std::string::npos) << e.time.key;
+      EXPECT_GT(e.time.forward_s, 0) << e.layer;
+    }
+  }
 }
 
 }  // namespace
