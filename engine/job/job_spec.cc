@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <string>
 #include <string_view>
@@ -57,30 +58,25 @@ Status ValidateDataOptions(const JobSpec& job) {
   return Status::Ok();
 }
 
-// lora.targets: a set of LoraTarget bits in the job, their list ("q,v", "all") in job.json.
-// `Bits` is uint32_t or const uint32_t.
-template <typename Bits>
-struct LoraTargetsField {
-  Bits& bits;
+// An option held as a value in the job and as its name in job.json (lora_targets: LoraTarget bits
+// and "q,v" or "all"; quantize: BaseQuant and "nf4"). `V` is the field's type, const when the job
+// is; `name` writes the value, `parse` reads it back (errors name what is wrong).
+template <typename V, typename Name, typename Parse>
+struct NamedField {
+  V& value;
+  Name name;
+  Parse parse;
 };
+template <typename V, typename Name, typename Parse>
+NamedField(V&, Name, Parse) -> NamedField<V, Name, Parse>;
 template <typename T>
-constexpr bool IsLoraTargets = false;
-template <typename Bits>
-constexpr bool IsLoraTargets<LoraTargetsField<Bits>> = true;
-
-// lora.quantize: BaseQuant in the job, its name ("none", "nf4") in job.json.
-template <typename Q>
-struct QuantizeField {
-  Q& quantize;
-};
-template <typename T>
-constexpr bool IsQuantize = false;
-template <typename Q>
-constexpr bool IsQuantize<QuantizeField<Q>> = true;
+constexpr bool IsNamed = false;
+template <typename V, typename Name, typename Parse>
+constexpr bool IsNamed<NamedField<V, Name, Parse>> = true;
 
 // Every option of the job under its job.json key: the one list JobSpecToJson writes and
 // JobSpecFromJson reads, so an option that is saved is restored on --resume. `visit(key, field)`
-// gets a reference to the field (const when `job` is), a LoraTargetsField or a QuantizeField.
+// gets a reference to the field (const when `job` is) or a NamedField.
 template <typename Job, typename Visit>
 void ForEachJobOption(Job& job, Visit&& visit) {
   visit("model", job.model);
@@ -108,10 +104,8 @@ void ForEachJobOption(Job& job, Visit&& visit) {
   visit("seed", job.seed);
   visit("lora_rank", job.lora.rank);
   visit("lora_alpha", job.lora.alpha);
-  visit("lora_targets",
-        LoraTargetsField<std::remove_reference_t<decltype((job.lora.targets))>>{job.lora.targets});
-  visit("quantize",
-        QuantizeField<std::remove_reference_t<decltype((job.lora.quantize))>>{job.lora.quantize});
+  visit("lora_targets", NamedField{job.lora.targets, &LoraTargetsToString, &ParseLoraTargets});
+  visit("quantize", NamedField{job.lora.quantize, &BaseQuantName, &ParseBaseQuant});
   visit("double_quant", job.lora.double_quant);
   visit("threads", job.threads);
   visit("devices", job.devices);
@@ -257,10 +251,8 @@ Status PrepareRunFolder(const std::string& dir) {
 nlohmann::json JobSpecToJson(const JobSpec& job, const ModelConfig& model) {
   nlohmann::json j;
   ForEachJobOption(job, [&j](const char* key, const auto& field) {
-    if constexpr (IsLoraTargets<std::decay_t<decltype(field)>>) {
-      j[key] = LoraTargetsToString(field.bits);
-    } else if constexpr (IsQuantize<std::decay_t<decltype(field)>>) {
-      j[key] = BaseQuantName(field.quantize);
+    if constexpr (IsNamed<std::decay_t<decltype(field)>>) {
+      j[key] = field.name(field.value);
     } else {
       j[key] = field;
     }
@@ -295,8 +287,7 @@ Result<JobSpec> JobSpecFromJson(const nlohmann::json& j, const std::string& what
                                 std::vector<std::string>* unknown_keys) {
   if (!j.is_object()) return Bad(what + " is not a JSON object");
   JobSpec job;
-  std::string targets = LoraTargetsToString(job.lora.targets);
-  std::string quantize(BaseQuantName(job.lora.quantize));
+  std::map<std::string, std::string> names;  // named fields' text, parsed once all types check
   std::set<std::string, std::less<>> known(std::begin(kInformationalKeys),
                                            std::end(kInformationalKeys));
   std::string bad_key;
@@ -304,10 +295,8 @@ Result<JobSpec> JobSpecFromJson(const nlohmann::json& j, const std::string& what
     known.insert(key);
     if (!j.contains(key) || !bad_key.empty()) return;
     try {
-      if constexpr (IsLoraTargets<std::decay_t<decltype(field)>>) {
-        j.at(key).get_to(targets);  // parsed below, once every key has its type checked
-      } else if constexpr (IsQuantize<std::decay_t<decltype(field)>>) {
-        j.at(key).get_to(quantize);  // parsed below, as the targets
+      if constexpr (IsNamed<std::decay_t<decltype(field)>>) {
+        j.at(key).get_to(names[key]);
       } else {
         j.at(key).get_to(field);
       }
@@ -316,12 +305,20 @@ Result<JobSpec> JobSpecFromJson(const nlohmann::json& j, const std::string& what
     }
   });
   if (!bad_key.empty()) return Bad(what + ": key '" + bad_key + "' has the wrong type");
-  Result<uint32_t> t = ParseLoraTargets(targets);
-  if (!t.ok()) return t.status().WithContext(what + ": lora_targets");
-  job.lora.targets = *t;
-  Result<BaseQuant> q = ParseBaseQuant(quantize);
-  if (!q.ok()) return q.status().WithContext(what + ": quantize");
-  job.lora.quantize = *q;
+  Status parsed = Status::Ok();
+  ForEachJobOption(job, [&](const char* key, auto&& field) {
+    if constexpr (IsNamed<std::decay_t<decltype(field)>>) {
+      auto it = names.find(key);
+      if (it == names.end() || !parsed.ok()) return;
+      auto value = field.parse(it->second);
+      if (value.ok()) {
+        field.value = *value;
+      } else {
+        parsed = value.status().WithContext(what + ": " + key);
+      }
+    }
+  });
+  FERRY_RETURN_IF_ERROR(parsed);
   if (unknown_keys != nullptr) {
     unknown_keys->clear();
     for (const auto& [key, value] : j.items()) {

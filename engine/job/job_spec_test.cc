@@ -157,6 +157,15 @@ TEST(JobSpecTest, JsonRoundTrip) {
   Result<JobSpec> r = JobSpecFromJson(bad, "job.json");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("seq_len"), std::string::npos) << r.status().message();
+  // Named values (lora_targets, quantize) are parsed, and a bad one names its key.
+  for (const auto& [key, value] : {std::pair{"lora_targets", "q,x"}, {"quantize", "nf5"}}) {
+    nlohmann::json named = j;
+    named[key] = value;
+    Result<JobSpec> n = JobSpecFromJson(named, "job.json");
+    ASSERT_FALSE(n.ok()) << key;
+    EXPECT_NE(n.status().message().find(std::string("job.json: ") + key), std::string::npos)
+        << n.status().message();
+  }
 }
 
 // No key is saved but not restored: JobSpecFromJson knows every key JobSpecToJson writes, and
