@@ -62,11 +62,13 @@ Status Run(const GenerateCommand& cmd) {
   dev.name = "cpu";
   dev.compute_threads =
       cmd.threads > 0 ? int(cmd.threads) : int(std::max(1u, std::thread::hardware_concurrency()));
-  // fp32 weights, and NF4 ones as the device holds them (packed codes, fp32 absmax, the code) plus
+  // fp32 weights, and NF4 ones as the device holds them (packed codes, quant state, the code) plus
   // the buffer each stage's blocks dequantize one into (the one-token step's and the prefill's).
   size_t weight_bytes = 0, dequant_bytes = 0;
   for (const auto& [name, t] : m.weights.tensors) weight_bytes += t.size() * 4;
-  for (const auto& [name, q] : m.weights.nf4) weight_bytes += Nf4DeviceBytes(q.numel());
+  for (const auto& [name, q] : m.weights.nf4) {
+    weight_bytes += Nf4DeviceBytes(q.numel(), q.nested());
+  }
   for (const LayerSpec& l : m.layers) {
     dequant_bytes = std::max(dequant_bytes, 2 * BlockDequantBytes(l, DType::kF32));
   }

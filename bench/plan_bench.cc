@@ -226,7 +226,8 @@ int QloraTable(const std::string& configs, const HardwareProfile& hw) {
     if (row("llama-3.1-70b", *one, job) != 0) return 1;
   }
   std::printf(
-      "upload: host-to-GPU bytes per step (NF4: 4-bit codes + fp32 absmax per 64); host: pinned "
+      "upload: host-to-GPU bytes per step (NF4 as stored: 4-bit codes + nested absmax); host: "
+      "pinned "
       "+ pageable RAM the plan counts (NF4 base double-quantized: 4.127 bits a weight)\n");
   return 0;
 }

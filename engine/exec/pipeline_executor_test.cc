@@ -25,6 +25,7 @@
 
 #include "engine/exec/pipeline_runner.h"
 #include "engine/json.h"
+#include "engine/model/device_params.h"
 #include "engine/model/master_weights.h"
 #include "engine/testing/golden_files.h"
 #include "engine/testing/stream_gate.h"
@@ -1116,11 +1117,14 @@ INSTANTIATE_TEST_SUITE_P(
 // the loss and the LoRA gradients of the plain model whose base weights are those NF4 weights
 // dequantized on the host (kernels/nf4.h: DequantizeNf4), bit for bit, in f32 and bf16, over a
 // multi-stage plan. The device dequantizes each part into the blocks' scratch before each product,
-// the fused gate_up from its two tensors; the plain model holds the same values as weights.
+// the fused gate_up from its two tensors; the plain model holds the same values as weights. With
+// and without double quantization: the device holds the weights nested as the host does.
 TEST(ExecutorNf4Test, EqualsThePlainModelOnDequantizedWeights) {
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
-    SCOPED_TRACE(std::string(DTypeName(dtype)));
-    const Model q = LoadModel("llama", 4, /*nf4=*/true);
+  for (const auto& [dtype, nested] :
+       {std::pair{DType::kF32, true}, {DType::kBF16, true}, {DType::kF32, false}}) {
+    SCOPED_TRACE(std::string(DTypeName(dtype)) + (nested ? " nested" : " fp32 absmax"));
+    Model q = LoadModel("llama", 4, /*nf4=*/true);
+    q.lora.double_quant = nested;
     const Model plain = LoadModel("llama", 4);
     const PlanSpec spec{{{1, 3}, {3, 5}}, {3}, 1, 2, 32, 2, dtype};
     const HostTensors wq = RandomWeights(q, 21);
@@ -1164,6 +1168,25 @@ TEST(ExecutorNf4Test, EqualsThePlainModelOnDequantizedWeights) {
       }
       EXPECT_EQ(bad, 0) << name;
     }
+  }
+}
+
+// Weights quantized with the other nesting than the device layout was made for are refused at
+// upload, naming the tensor and the option, not dequantized from the wrong bytes.
+TEST(ExecutorNf4Test, RefusesWeightsNestedOtherwiseThanTheLayout) {
+  for (bool nested : {true, false}) {
+    Model layout = LoadModel("llama", 4, /*nf4=*/true), host = layout;
+    layout.lora.double_quant = nested;
+    host.lora.double_quant = !nested;
+    const std::vector<LayerSpec> layers = BuildLayerSpecs(layout.config, layout.lora);
+    std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(1, size_t(64) << 20);
+    Result<ferry::DeviceParams> params =
+        ferry::DeviceParams::Create(*devs[0], layout.config, layout.lora, {layers[1]});
+    ASSERT_TRUE(params.ok()) << params.status().ToString();
+    const Status s = params->Upload(*devs[0], RandomWeights(host, 3));
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("double-quantized"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("--[no-]double-quant"), std::string::npos) << s.ToString();
   }
 }
 

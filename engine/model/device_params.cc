@@ -155,10 +155,12 @@ Result<DeviceParams> DeviceParams::Lay(Device* d, const ModelConfig& c, const Lo
       if (s.nf4) {  // frozen: never in the gradients' layout
         auto take = [&](const ParamSpec& q) {
           DeviceParam::Nf4Part part;
-          const std::vector<size_t> b = Nf4DeviceTensorBytes(q.numel());
-          part.packed = cv.Take(DType::kU8, Shape{int64_t(b[0])}, &part.packed_offset);
-          part.absmax = cv.Take(DType::kF32, Shape{int64_t(b[1] / 4)}, &part.absmax_offset);
-          part.code = cv.Take(DType::kF32, Shape{int64_t(b[2] / 4)}, &part.code_offset);
+          const std::vector<size_t> b = Nf4DeviceTensorBytes(q.numel(), q.nf4_nested);
+          for (size_t k = 0; k < b.size(); ++k) {
+            const bool bytes = k == Nf4Slot::kPacked || (k == Nf4Slot::kAbsmax && q.nf4_nested);
+            part.t[k] = bytes ? cv.Take(DType::kU8, Shape{int64_t(b[k])}, &part.offset[k])
+                              : cv.Take(DType::kF32, Shape{int64_t(b[k] / 4)}, &part.offset[k]);
+          }
           part.rows = MasterShape(q)[0];
           DeviceParam& dp = p.params_[q.name];
           dp.w = Tensor{{}, dtype, ShapeOf(MasterShape(q))};
@@ -231,7 +233,6 @@ Result<DeviceParams> DeviceParams::Lay(Device* d, const ModelConfig& c, const Lo
 
 Status DeviceParams::PackWeights(const HostTensors& weights) {
   std::byte* mirror = mirrors_->weights.data();
-  std::vector<float> absmax;  // an NF4 weight's, dequantized when nested
   for (const auto& [name, dp] : params_) {
     if (name.find("gate_up_proj") != std::string::npos) continue;  // filled by its halves
     if (!dp.nf4.empty()) {
@@ -250,10 +251,30 @@ Status DeviceParams::PackWeights(const HostTensors& weights) {
                                        std::to_string(kNf4Block) + " only");
       }
       const DeviceParam::Nf4Part& part = dp.nf4[0];
-      absmax = Nf4Absmax(q);
-      std::memcpy(mirror + part.packed_offset, q.packed.data(), q.packed.size());
-      std::memcpy(mirror + part.absmax_offset, absmax.data(), absmax.size() * sizeof(float));
-      std::memcpy(mirror + part.code_offset, q.code.data(), q.code.size() * sizeof(float));
+      if (q.nested() != part.nested() || (q.nested() && q.nested_block != kNf4NestedBlock)) {
+        return Status::InvalidArgument(
+            "NF4 tensor '" + dp.host_name + "' is " + (q.nested() ? "" : "not ") +
+            "double-quantized" +
+            (q.nested() ? " in nested blocks of " + std::to_string(q.nested_block) : "") +
+            "; the device layout was made for " +
+            (part.nested() ? "nested blocks of " + std::to_string(kNf4NestedBlock)
+                           : "fp32 absmax") +
+            " (--[no-]double-quant as the weights were quantized)");
+      }
+      // As the host holds it: the upload moves the stored bytes (and the two maps).
+      auto copy = [&](size_t k, const auto& v) {
+        std::memcpy(mirror + part.offset[k], v.data(), v.size() * sizeof(v[0]));
+      };
+      copy(Nf4Slot::kPacked, q.packed);
+      copy(Nf4Slot::kCode, q.code);
+      if (q.nested()) {
+        copy(Nf4Slot::kAbsmax, q.absmax_q);
+        copy(Nf4Slot::kNestedAbsmax, q.nested_absmax);
+        copy(Nf4Slot::kNestedCode, q.nested_code);
+        copy(Nf4Slot::kNestedOffset, std::array<float, 1>{q.nested_offset});
+      } else {
+        copy(Nf4Slot::kAbsmax, q.absmax);
+      }
       continue;
     }
     FERRY_RETURN_IF_ERROR(CheckHost(weights, dp.host_name, dp.w.numel(), "the weights"));

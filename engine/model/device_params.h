@@ -27,6 +27,7 @@
 // Thread-safety: one host thread at a time.
 #pragma once
 
+#include <array>
 #include <map>
 #include <memory>
 #include <set>
@@ -50,14 +51,17 @@ struct DeviceParam {
   size_t w_offset = 0;  // byte offsets in the weights / grads allocation
   size_t g_offset = 0;
   std::string host_name;  // HostTensors key (the owner's name for a tied parameter)
-  // An NF4 weight (ParamSpec::nf4) as it sits in "params.weights": packed codes, fp32 absmax and
-  // the 16-entry code (the tensors Nf4DeviceTensorBytes counts). Such a parameter's `w` has the
-  // dequantized shape and dtype but null data: the blocks dequantize `nf4` into their scratch for
-  // each product. The fused gate_up holds gate's part, then up's.
+  // An NF4 weight (ParamSpec::nf4) as it sits in "params.weights": packed codes, absmax and the
+  // 16-entry code, and when nested (ParamSpec::nf4_nested, as the host holds it) the nested
+  // absmax, code and offset (the tensors Nf4DeviceTensorBytes counts, in its order). Such a
+  // parameter's `w` has the dequantized shape and dtype but null data: the blocks dequantize
+  // `nf4` into their scratch for each product. The fused gate_up holds gate's part, then up's.
   struct Nf4Part {
-    Tensor packed, absmax, code;
-    int64_t rows = 0;  // of the dequantized weight (master layout)
-    size_t packed_offset = 0, absmax_offset = 0, code_offset = 0;
+    // Indexed by Nf4Slot (param_spec.h); the nested three are null when not nested.
+    std::array<Tensor, 6> t;
+    std::array<size_t, 6> offset{};  // in "params.weights"
+    int64_t rows = 0;                // of the dequantized weight (master layout)
+    bool nested() const { return !t[Nf4Slot::kNestedOffset].data.is_null(); }
   };
   std::vector<Nf4Part> nf4;
 };

@@ -185,21 +185,24 @@ int64_t ParamSpec::numel() const {
 }
 
 size_t ParamSpec::bytes() const {
-  return nf4 ? Nf4DeviceBytes(numel()) : size_t(numel()) * DTypeSize(dtype);
+  return nf4 ? Nf4DeviceBytes(numel(), nf4_nested) : size_t(numel()) * DTypeSize(dtype);
 }
 
 size_t ParamSpec::host_bytes() const {
   return nf4 ? Nf4StoredBytes(numel(), nf4_nested) : size_t(numel()) * sizeof(float);
 }
 
-std::vector<size_t> Nf4DeviceTensorBytes(int64_t numel) {
+std::vector<size_t> Nf4DeviceTensorBytes(int64_t numel, bool nested) {
   const int64_t blocks = (numel + kNf4Block - 1) / kNf4Block;
-  return {size_t((numel + 1) / 2), size_t(blocks) * sizeof(float), 16 * sizeof(float)};
+  if (!nested) return {size_t((numel + 1) / 2), size_t(blocks) * sizeof(float), 16 * sizeof(float)};
+  const int64_t groups = (blocks + kNf4NestedBlock - 1) / kNf4NestedBlock;
+  return {size_t((numel + 1) / 2),        size_t(blocks),      16 * sizeof(float),
+          size_t(groups) * sizeof(float), 256 * sizeof(float), sizeof(float)};
 }
 
-size_t Nf4DeviceBytes(int64_t numel) {
+size_t Nf4DeviceBytes(int64_t numel, bool nested) {
   size_t sum = 0;
-  for (size_t b : Nf4DeviceTensorBytes(numel)) sum += b;
+  for (size_t b : Nf4DeviceTensorBytes(numel, nested)) sum += b;
   return sum;
 }
 

@@ -38,7 +38,8 @@ struct ParamSpec {
   bool lora = false;        // a LoRA A or B matrix (PEFT adapter name)
   // A frozen base projection weight stored in NF4 (LoraConfig::quantize, kernels/nf4.h): the
   // host tiers hold its packed codes and quant state (double-quantized when nf4_nested), the
-  // device Nf4DeviceBytes, and the blocks dequantize it into their scratch for each product.
+  // device Nf4DeviceBytes (nested as the host), and the blocks dequantize it into their scratch
+  // for each product.
   bool nf4 = false;
   bool nf4_nested = false;
 
@@ -49,11 +50,17 @@ struct ParamSpec {
   size_t host_bytes() const;
 };
 
-// The three tensors an NF4 weight of `numel` elements occupies on a device, in this order:
-// packed codes (u8, (numel + 1) / 2), absmax (f32, one per block of kNf4Block) and the 16-entry
-// code (f32). DeviceParams lays them out this way and the memory model counts them from this.
-std::vector<size_t> Nf4DeviceTensorBytes(int64_t numel);
-size_t Nf4DeviceBytes(int64_t numel);  // their sum (unaligned)
+// The tensors an NF4 weight of `numel` elements occupies on a device, in this order (Nf4Slot):
+// packed codes (u8, (numel + 1) / 2), absmax (one per block of kNf4Block: f32, or nested u8
+// indices) and the 16-entry code (f32); nested, then also the nested absmax (f32, one per
+// kNf4NestedBlock blocks), the 256-entry nested code (f32) and the offset (f32). As the host tiers
+// hold it, so the upload is the stored bytes (4.127 bits a weight nested, 4.5 not) plus the maps.
+// DeviceParams lays them out this way and the memory model counts them from this.
+struct Nf4Slot {
+  enum : size_t { kPacked, kAbsmax, kCode, kNestedAbsmax, kNestedCode, kNestedOffset };
+};
+std::vector<size_t> Nf4DeviceTensorBytes(int64_t numel, bool nested);
+size_t Nf4DeviceBytes(int64_t numel, bool nested);  // their sum (unaligned)
 
 struct LayerSpec {
   LayerKind kind = LayerKind::kBlock;

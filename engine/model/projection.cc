@@ -53,10 +53,15 @@ Result<Tensor> Weight(Device& d, const Projection& p, const ProjectionPart& part
   w.data = p.dequant.data;
   int64_t row = 0;
   for (const DeviceParam::Nf4Part& q : part.nf4) {
-    Nf4DequantizeArgs a;  // the device copy: fp32 absmax, blocks of kNf4Block
-    a.packed = q.packed;
-    a.code = q.code;
-    a.absmax = q.absmax;
+    Nf4DequantizeArgs a;  // the device copy, blocks of kNf4Block (nested: of kNf4NestedBlock)
+    a.packed = q.t[Nf4Slot::kPacked];
+    a.code = q.t[Nf4Slot::kCode];
+    a.absmax = q.t[Nf4Slot::kAbsmax];
+    if (q.nested()) {
+      a.nested_absmax = q.t[Nf4Slot::kNestedAbsmax];
+      a.nested_code = q.t[Nf4Slot::kNestedCode];
+      a.nested_offset = q.t[Nf4Slot::kNestedOffset];
+    }
     a.out = w.Rows(row, row + q.rows);
     FERRY_RETURN_IF_ERROR(Nf4Dequantize(d, a));
     row += q.rows;

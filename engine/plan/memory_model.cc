@@ -67,10 +67,13 @@ uint64_t LayerWeightBytes(const LayerSpec& layer, DType compute, bool trainable_
   for (uint64_t n : DeviceTensorElems(layer, trainable_only)) {
     bytes += RoundUp(n * DTypeSize(compute), kArenaAlignment);
   }
-  // NF4 weights (frozen): packed codes, absmax and code, each its own tensor, gate and up apart.
+  // NF4 weights (frozen): packed codes, absmax, code (and nested state), each its own tensor,
+  // gate and up apart.
   for (const ParamSpec& p : layer.params) {
     if (!p.nf4 || trainable_only) continue;
-    for (size_t b : Nf4DeviceTensorBytes(p.numel())) bytes += RoundUp(b, kArenaAlignment);
+    for (size_t b : Nf4DeviceTensorBytes(p.numel(), p.nf4_nested)) {
+      bytes += RoundUp(b, kArenaAlignment);
+    }
   }
   return bytes;
 }
@@ -313,7 +316,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
         continue;
       }
       if (!p.trainable && in.frozen_weights_on_nvme) {
-        upload_frozen_nvme += p.nf4 ? Nf4DeviceBytes(p.numel()) : bytes;
+        upload_frozen_nvme += p.nf4 ? p.bytes() : bytes;
       }
     }
   }

@@ -75,9 +75,9 @@ std::vector<LayerNumbers> NumbersFor(const Context& c, BatchShape micro) {
     n.saved = double(cost.saved_bytes);
     n.output = double(cost.output_bytes);
     for (const ParamSpec& p : c.layers[i].params) {
-      // What the upload moves: the compute dtype, or an NF4 weight's codes and fp32 absmax.
-      n.weights += p.nf4 ? double(Nf4DeviceBytes(p.numel()))
-                         : double(p.numel()) * double(DTypeSize(c.job.compute_dtype));
+      // What the upload moves: the compute dtype, or an NF4 weight's codes and quant state.
+      n.weights +=
+          p.nf4 ? double(p.bytes()) : double(p.numel()) * double(DTypeSize(c.job.compute_dtype));
       if (p.trainable) n.grads += double(p.numel()) * kF32;
       if (p.trainable && p.tied_to.empty()) n.trainable += double(p.numel());
     }
@@ -603,8 +603,8 @@ uint64_t BaselineGpuBytes(const ModelConfig& model, const PlanJob& job, int micr
   for (const LayerSpec& l : layers) {
     if (l.kind == LayerKind::kEmbedding) continue;
     for (const ParamSpec& p : l.params) {
-      weights += p.nf4 ? double(Nf4DeviceBytes(p.numel()))
-                       : double(p.numel()) * double(DTypeSize(job.compute_dtype));
+      weights +=
+          p.nf4 ? double(p.bytes()) : double(p.numel()) * double(DTypeSize(job.compute_dtype));
       if (p.trainable) trainable += double(p.numel());
     }
     const LayerCost cost = ComputeLayerCost(model, job.lora, l, micro, job.compute_dtype);

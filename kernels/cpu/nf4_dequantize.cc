@@ -11,13 +11,14 @@ Status Nf4Dequantize(ThreadPool& pool, const Nf4DequantizeArgs& a) {
   const uint8_t* packed = BackendAccess::Data<const uint8_t>(a.packed);
   const float* code = BackendAccess::Data<const float>(a.code);
   const bool nested = a.nested();
+  const float offset = nested ? BackendAccess::Data<const float>(a.nested_offset)[0] : 0.0f;
   // Block b's absmax: stored, or (nested) its 8-bit index dequantized as Nf4Absmax does.
   auto absmax_of = [&](int64_t b) {
     if (!nested) return BackendAccess::Data<const float>(a.absmax)[b];
     const uint8_t q = BackendAccess::Data<const uint8_t>(a.absmax)[b];
     return Nf4NestedAbsmax(BackendAccess::Data<const float>(a.nested_code)[q],
                            BackendAccess::Data<const float>(a.nested_absmax)[b / a.nested_block],
-                           a.nested_offset);
+                           offset);
   };
   ParallelPieces(pool, a.out.numel(), [&](int64_t i0, int64_t len) {
     float stage[kStageElems];

@@ -16,7 +16,7 @@ struct Nf4Parts {
   const uint8_t* absmax_q;     // (blocks), nested
   const float* nested_absmax;  // (ceil(blocks / nested_block)), nested
   const float* nested_code;    // (256), nested
-  float nested_offset;
+  const float* nested_offset;  // (1), nested
   int64_t nested_block;
   int64_t block;
 };
@@ -24,7 +24,7 @@ struct Nf4Parts {
 __device__ __forceinline__ float BlockAbsmax(const Nf4Parts& p, int64_t b) {
   if (p.absmax_q == nullptr) return p.absmax[b];
   return __fadd_rn(__fmul_rn(p.nested_code[p.absmax_q[b]], p.nested_absmax[b / p.nested_block]),
-                   p.nested_offset);
+                   *p.nested_offset);
 }
 
 __global__ void Nf4DequantizeKernel(Nf4Parts p,
@@ -58,10 +58,10 @@ Status Nf4Dequantize(CudaDevice& d, const Nf4DequantizeArgs& a) {
     p.absmax_q = BackendAccess::Data<const uint8_t>(a.absmax);
     p.nested_absmax = BackendAccess::Data<const float>(a.nested_absmax);
     p.nested_code = BackendAccess::Data<const float>(a.nested_code);
+    p.nested_offset = BackendAccess::Data<const float>(a.nested_offset);
   } else {
     p.absmax = BackendAccess::Data<const float>(a.absmax);
   }
-  p.nested_offset = a.nested_offset;
   p.nested_block = a.nested_block;
   p.block = a.block;
   return d.EnqueueCompute("nf4_dequantize", [p, out = Floats(a.out), n](const CudaContext& c) {

@@ -40,10 +40,10 @@ Status ValidateNf4Dequantize(const Nf4DequantizeArgs& a) {
                                       std::to_string(n) + " outputs, two codes a byte"));
   FERRY_RETURN_IF_ERROR(CheckElements("code", a.code, DType::kF32, 16, "the 4-bit map"));
   if (!a.nested()) {
-    if (Given(a.nested_absmax) || Given(a.nested_code)) {
+    if (Given(a.nested_absmax) || Given(a.nested_code) || Given(a.nested_offset)) {
       return Status::InvalidArgument(std::string(kOp) +
-                                     ": nested_absmax/nested_code given but absmax is f32 "
-                                     "(a nested weight's absmax holds u8 indices)");
+                                     ": nested_absmax/nested_code/nested_offset given but absmax "
+                                     "is f32 (a nested weight's absmax holds u8 indices)");
     }
     return CheckElements("absmax", a.absmax, DType::kF32, blocks, of_out);
   }
@@ -51,14 +51,13 @@ Status ValidateNf4Dequantize(const Nf4DequantizeArgs& a) {
     return Status::InvalidArgument(std::string(kOp) + ": nested block size " +
                                    std::to_string(a.nested_block) + " is not positive");
   }
-  if (!std::isfinite(a.nested_offset)) {
-    return Status::InvalidArgument(std::string(kOp) + ": nested_offset is not finite");
-  }
   FERRY_RETURN_IF_ERROR(CheckElements("absmax", a.absmax, DType::kU8, blocks, of_out));
   FERRY_RETURN_IF_ERROR(CheckElements(
       "nested_absmax", a.nested_absmax, DType::kF32, (blocks + a.nested_block - 1) / a.nested_block,
       std::to_string(blocks) + " blocks in nested blocks of " + std::to_string(a.nested_block)));
-  return CheckElements("nested_code", a.nested_code, DType::kF32, 256, "the 8-bit dynamic map");
+  FERRY_RETURN_IF_ERROR(
+      CheckElements("nested_code", a.nested_code, DType::kF32, 256, "the 8-bit dynamic map"));
+  return CheckElements("nested_offset", a.nested_offset, DType::kF32, 1, "one offset a weight");
 }
 
 Status Nf4Dequantize(Device& d, const Nf4DequantizeArgs& a) {

@@ -27,7 +27,9 @@ struct Nf4DequantizeArgs {
   Tensor absmax;
   Tensor nested_absmax;  // nested only: f32 (ceil(blocks / nested_block))
   Tensor nested_code;    // nested only: f32 (256)
-  float nested_offset = 0;
+  // Nested only: f32 (1), on the device with the rest, so a device copy is whole (finite: the
+  // host codec's ValidateNf4 checks it before it is uploaded; the op does not read device data).
+  Tensor nested_offset;
   int64_t nested_block = kNf4NestedBlock;
   int64_t block = kNf4Block;
   Tensor out;  // f32, bf16 or f16 (numel elements, any shape), written (=)

@@ -96,7 +96,7 @@ TEST(Nf4DequantizeOp, ValidationSaysWhatIsWrong) {
   expect(a, {"'code'", "16 elements"});
   a = p.Args(out.tensor());
   a.nested_code = q.Args(out.tensor()).nested_code;
-  expect(a, {"nested_absmax/nested_code given"});
+  expect(a, {"nested_absmax/nested_code/nested_offset given"});
   a = p.Args(ints.tensor());
   expect(a, {"out", "f32, bf16 or f16"});
 
@@ -107,8 +107,11 @@ TEST(Nf4DequantizeOp, ValidationSaysWhatIsWrong) {
   a.nested_absmax = floats.tensor();
   expect(a, {"'nested_absmax'", "1 elements", "f32[65]"});
   a = q.Args(out.tensor());
-  a.nested_offset = NAN;
-  expect(a, {"nested_offset is not finite"});
+  a.nested_offset = floats.tensor();
+  expect(a, {"'nested_offset'", "1 elements"});
+  a = p.Args(out.tensor());
+  a.nested_offset = q.Args(out.tensor()).nested_offset;
+  expect(a, {"nested_offset given"});
   a = q.Args(out.tensor());
   a.nested_block = 0;
   expect(a, {"nested block size 0"});

@@ -70,6 +70,7 @@ class DeviceNf4 {
     if (w.nested()) {
       nested_absmax_ = Floats(d, w.nested_absmax, "nf4 nested_absmax");
       nested_code_ = Floats(d, w.nested_code, "nf4 nested_code");
+      nested_offset_ = Floats(d, {w.nested_offset}, "nf4 nested_offset");
     }
   }
 
@@ -81,7 +82,7 @@ class DeviceNf4 {
     if (w_.nested()) {
       a.nested_absmax = nested_absmax_->tensor();
       a.nested_code = nested_code_->tensor();
-      a.nested_offset = w_.nested_offset;
+      a.nested_offset = nested_offset_->tensor();
       a.nested_block = w_.nested_block;
     }
     a.block = w_.block;
@@ -104,7 +105,8 @@ class DeviceNf4 {
   }
 
   const Nf4Host& w_;
-  std::unique_ptr<DeviceTensor> packed_, code_, absmax_, nested_absmax_, nested_code_;
+  std::unique_ptr<DeviceTensor> packed_, code_, absmax_, nested_absmax_, nested_code_,
+      nested_offset_;
 };
 
 }  // namespace ferry::testing
