@@ -44,6 +44,8 @@ phase() { echo; echo "== $* ($((SECONDS - started)) s) =="; }
 
 phase "configure ($build_dir, Release, CUDA archs $archs)"
 mkdir -p "$build_dir"
+# The cuDNN frontend's headers (attention): pip, into the build dir, reused when present.
+scripts/fetch_cudnn_frontend.sh "$build_dir/_deps" || fail "fetching the cuDNN frontend headers"
 # Release: no debug info (the bundle strips anyway). FERRY_WERROR off: warnings are CI's business,
 # this build only has to produce binaries. Only $ORIGIN/lib in the run path, given to the linker:
 # CMake's own build run path would add this machine's /usr/local/cuda/lib.
@@ -106,13 +108,16 @@ chmod -R u+w,a+r "$stage"
 cuda_include=$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")/include
 cublas_version=$(awk '/#define CUBLAS_VER_(MAJOR|MINOR|PATCH)/ { v = v (v ? "." : "") $3 } END { print v }' \
   "$cuda_include/cublas_api.h" 2>/dev/null || true)
+cudnn_version=$(awk '/#define CUDNN_(MAJOR|MINOR|PATCHLEVEL) / { v = v (v ? "." : "") $3 } END { print v }' \
+  "$cuda_include/cudnn_version.h" 2>/dev/null || true)
+frontend_version=$(grep -o 'FERRY_CUDNN_FRONTEND_VERSION [0-9.]*' CMakeLists.txt | awk '{ print $2 }')
 {
   echo "ferry GPU bundle, built $(date -u +%Y-%m-%dT%H:%MZ) on $(uname -m)"
   echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo '+dirty')"
   echo "CUDA archs: $archs"
   echo "nvcc: $(nvcc --version | grep -o 'release [0-9.]*, V[0-9.]*')"
   echo "cuBLAS headers: ${cublas_version:-unknown}"
-  echo "cuDNN: not used by this build"
+  echo "cuDNN: headers ${cudnn_version:-unknown}, frontend ${frontend_version:-unknown} (libcudnn.so.9 from the device)"
   echo "cudart: $(grep -q 'libcudart.so' <(ldd "$stage/ferry") && echo shared || echo static)"
   echo "glibc here: $(ldd --version | head -1)"
   echo "files:"

@@ -91,7 +91,8 @@ phase "versions"
 compiled=$(grep -E "^(nvcc|cuBLAS headers|cuDNN|cudart):" "$bin/MANIFEST.txt" | paste -sd';')
 echo "compiled: $compiled"
 resolved() { grep -m1 -o "$1[^ ]* => [^ ]*" "$ldd_log" | awk '{ print $3 }'; }
-runtime=$(timeout 15 python3 - "$(resolved libcublasLt.so)" "$(resolved libcudart.so)" <<'EOF' 2>&1
+runtime=$(timeout 15 python3 - "$(resolved libcublasLt.so)" "$(resolved libcudart.so)" \
+  "$(resolved libcudnn.so)" <<'EOF' 2>&1
 import ctypes, ctypes.util, sys
 out = []
 def load(*names):
@@ -116,12 +117,14 @@ if lt:
     out.append("cuBLASLt %d" % lt.cublasLtGetVersion())
 else:
     out.append("cuBLASLt not loadable")
-dnn = load("libcudnn.so.9", ctypes.util.find_library("cudnn"))
+# The one ferry's binaries resolve (PyTorch's nvidia/cudnn/lib on the GPU machine): attention
+# refuses a ragged layout on sm_8x/sm_12x below 9.18.1 (91801), so the number matters.
+dnn = load(sys.argv[3], "libcudnn.so.9", ctypes.util.find_library("cudnn"))
 if dnn:
     dnn.cudnnGetVersion.restype = ctypes.c_size_t
-    out.append("cuDNN %d" % dnn.cudnnGetVersion())
+    out.append("cuDNN %d (%s)" % (dnn.cudnnGetVersion(), sys.argv[3] or "by name"))
 else:
-    out.append("cuDNN not found")
+    out.append("cuDNN not found (ferry's attention needs libcudnn.so.9)")
 drv = load("libcuda.so.1")
 if drv:
     v = ctypes.c_int()

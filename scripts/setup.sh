@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs ferry's build dependencies (Debian packages) and builds it into build/.
+# Installs ferry's build dependencies (Debian packages), fetches the cuDNN frontend's headers (pip,
+# into <build dir>/_deps, reused when present; CMake looks there) and builds ferry into build/.
 # Usage: scripts/setup.sh [extra cmake args...]
 # Environment: FERRY_BUILD_DIR (default build), FERRY_SKIP_APT=1 to skip apt-get.
 set -euo pipefail
@@ -23,6 +24,9 @@ if [[ "${FERRY_SKIP_APT:-0}" != 1 ]]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
   fi
 fi
+
+# The CUDA backend's attention needs them; cheap to fetch when CUDA is not built (headers only).
+scripts/fetch_cudnn_frontend.sh "$build_dir/_deps"
 
 jobs=$(nproc)
 cmake -S . -B "$build_dir" -G Ninja "$@" >/dev/null
