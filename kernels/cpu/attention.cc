@@ -436,7 +436,8 @@ Status ByStorage(const Tensor& t, Fn&& fn) {
     case DType::kBF16:
       return fn(bf16{});
     default:
-      return Status::InvalidArgument("attention: unsupported dtype " + t.ToString());
+      return Status::InvalidArgument("attention: the CPU kernels take f32 or bf16 storage, got " +
+                                     t.ToString() + " (f16 runs on CUDA only)");
   }
 }
 

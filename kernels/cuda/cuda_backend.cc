@@ -1,7 +1,7 @@
-// The CUDA backend's table (kernels/ops/backend.h): GEMM (cuBLAS) and hand-written kernels
-// (kernels/cuda/*.cu); an op without a kernel yet is an explicit NotYet entry until its kernel
-// lands. Its scratch reports live in kernels/ops/backend.cc, built without CUDA too (the kernels
-// here need none beyond GEMM's).
+// The CUDA backend's table (kernels/ops/backend.h): GEMM (cuBLAS), attention (cuDNN's fused SDPA)
+// and hand-written kernels (kernels/cuda/*.cu); an op without a kernel yet is an explicit NotYet
+// entry until its kernel lands. Its scratch reports live in kernels/ops/backend.cc, built without
+// CUDA too.
 #include <string>
 
 #include "kernels/cuda/cuda_ops.h"
@@ -47,8 +47,8 @@ constexpr Backend kCudaBackend = [] {
   b.layernorm_backward.run = &OnCuda<LayerNormBackwardArgs, cuda::LayerNormBackward>;
   b.rope_forward.run = &OnCuda<RopeArgs, cuda::RopeForward>;
   b.rope_backward.run = &OnCuda<RopeArgs, cuda::RopeBackward>;
-  b.attention_forward.run = &NotYet<AttentionForwardArgs>;
-  b.attention_backward.run = &NotYet<AttentionBackwardArgs>;
+  b.attention_forward.run = &OnCuda<AttentionForwardArgs, cuda::AttentionForward>;
+  b.attention_backward.run = &OnCuda<AttentionBackwardArgs, cuda::AttentionBackward>;
   b.decode_attention.run = &OnCuda<DecodeAttentionArgs, cuda::DecodeAttention>;
   b.swiglu_forward.run = &OnCuda<SwiGluForwardArgs, cuda::SwiGluForward>;
   b.swiglu_backward.run = &OnCuda<SwiGluBackwardArgs, cuda::SwiGluBackward>;

@@ -11,6 +11,8 @@
 
 namespace ferry {
 
+class CudnnAttention;  // kernels/cuda/attention_cudnn.h
+
 struct CudaContext {
   int ordinal = 0;
   cudaStream_t compute = nullptr;
@@ -18,7 +20,9 @@ struct CudaContext {
   cublasLtHandle_t cublas_lt = nullptr;  // pass `workspace` to cublasLtMatmul on `compute`
   void* workspace = nullptr;             // shared by cuBLAS and cuBLASLt (same stream, in order)
   size_t workspace_bytes = 0;
-  int multiprocessors = 0;  // for grid sizing
+  int multiprocessors = 0;              // for grid sizing
+  int compute_capability = 0;           // major * 10 + minor
+  CudnnAttention* attention = nullptr;  // cuDNN handle and SDPA graphs, created on first use
 };
 
 }  // namespace ferry

@@ -9,6 +9,7 @@
 
 #include "kernels/arena.h"
 #include "kernels/backend_access.h"
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/cuda_context.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/stream_errors.h"
@@ -118,6 +119,7 @@ struct CudaDevice::Impl {
   std::unique_ptr<Arena> arena;
   size_t workspace_handle = 0;  // the cuBLAS workspace's arena block
   CudaContext context;
+  CudnnAttention attention;  // context.attention; its cuDNN handle is created on first use
   std::shared_ptr<StreamErrorBook> errors = std::make_shared<StreamErrorBook>();
   // Serializes enqueues per stream (so sequence numbers follow stream order) and the use of the
   // cuBLAS handles on the compute stream.
@@ -269,6 +271,13 @@ Result<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaDeviceOptions& 
   }
   FERRY_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&c.multiprocessors, cudaDevAttrMultiProcessorCount, c.ordinal));
+  int major = 0, minor = 0;
+  FERRY_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c.ordinal));
+  FERRY_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c.ordinal));
+  c.compute_capability = major * 10 + minor;
+  c.attention = &impl->attention;
   return std::unique_ptr<CudaDevice>(new CudaDevice(std::move(impl)));
 }
 

@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/ops/adamw.h"
+#include "kernels/ops/attention.h"
 #include "kernels/ops/decode_attention.h"
 #include "kernels/ops/gelu.h"
 #include "kernels/ops/gemm.h"
@@ -97,6 +98,12 @@ Status RopeBackward(CudaDevice& d, const RopeArgs& a);
 // softmax (kernels/cuda/lm_head_loss.cu). Bad targets fail the stream (EnqueueComputeCheck).
 Status LmHeadLossForward(CudaDevice& d, const LmHeadLossArgs& a);
 Status LmHeadLossForwardBackward(CudaDevice& d, const LmHeadLossArgs& a);
+
+// Causal attention forward and backward through cuDNN's fused SDPA, bf16/f16 only; packed
+// documents as ragged sequences; the backward is not deterministic
+// (kernels/cuda/attention_cudnn.h).
+Status AttentionForward(CudaDevice& d, const AttentionForwardArgs& a);
+Status AttentionBackward(CudaDevice& d, const AttentionBackwardArgs& a);
 
 // Decode attention over a KV cache, f32: the new rows written into the cache, then a block per
 // (new token, query head) with an online softmax per warp, merged in warp order

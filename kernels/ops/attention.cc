@@ -30,8 +30,13 @@ Status ValidateCommon(const AttentionShape& s, const Tensor& q, const Tensor& k,
     return Status::InvalidArgument("attention: scale must be finite and > 0 (usually 1/sqrt(D))");
   }
   if (window < 0) return Status::InvalidArgument("attention: window must be >= 0 (0 = none)");
-  if (q.dtype != DType::kF32 && q.dtype != DType::kBF16) {
-    return Status::InvalidArgument("attention: tensor 'q' must be f32 or bf16, got " +
+  if (s.max_documents < 0 || s.max_documents > s.tokens()) {
+    return Status::InvalidArgument(
+        "attention: max_documents must be in [0, tokens = " + std::to_string(s.tokens()) +
+        "], got " + std::to_string(s.max_documents));
+  }
+  if (q.dtype != DType::kF32 && q.dtype != DType::kBF16 && q.dtype != DType::kF16) {
+    return Status::InvalidArgument("attention: tensor 'q' must be f32, bf16 or f16, got " +
                                    q.ToString());
   }
   const int64_t n = s.tokens();
@@ -82,6 +87,28 @@ size_t AttentionScratchBytes(OpTarget t, const AttentionShape& shape) {
 
 size_t AttentionScratchBytes(const Device& d, const AttentionShape& shape) {
   return AttentionScratchBytes(OpTargetOf(d), shape);
+}
+
+CudaAttentionLayout MakeCudaAttentionLayout(const AttentionShape& s) {
+  CudaAttentionLayout L;
+  size_t at = 0;
+  auto take = [&at](size_t bytes) {
+    const size_t offset = at;
+    at += (bytes + kCudaAttentionAlign - 1) / kCudaAttentionAlign * kCudaAttentionAlign;
+    return offset;
+  };
+  const size_t g = size_t(s.documents()), n = size_t(s.tokens()), hq = size_t(s.q_heads);
+  L.stats = take(g * hq * size_t(s.seq_len) * 4);
+  L.seq_len = take(g * 4);
+  L.q_offset = take((g + 1) * 4);
+  L.kv_offset = take((g + 1) * 4);
+  L.doc_start = take((g + 1) * 4);
+  L.token_doc = take(n * 4);
+  L.count = take(4);
+  L.workspace_bytes = 2 * n * hq * (size_t(s.head_dim) + 2) * 4;
+  L.workspace = take(L.workspace_bytes);
+  L.total = at;
+  return L;
 }
 
 Status AttentionForward(Device& d, const AttentionForwardArgs& a) {

@@ -24,9 +24,13 @@
 // (after Delta_i = rowsum(dO_i * o_i)) and writes dq, dk, dv: activation gradients, written (=),
 // never accumulated; with GQA, dk/dv of a KV head sum over the query heads that share it.
 //
-// Storage: q, k, v, o, dO, dq, dk, dv share one dtype, f32 or bf16; math is fp32. Scratch: one
-// byte tensor of at least AttentionScratchBytes(d, shape) (per-worker tiles plus O(N*Hq) fp32
-// rows; no T x T buffer). Thread-safety: the functions are pure; the caller owns the tensors.
+// Storage: q, k, v, o, dO, dq, dk, dv share one dtype, f32, bf16 or f16; math is fp32. The CPU
+// kernels take f32 and bf16; the CUDA kernels (cuDNN's fused SDPA, kernels/cuda/attention_cudnn.h)
+// take bf16 and f16 only, head_dim a multiple of 8 up to 256, and their backward is not
+// deterministic (cuDNN has no deterministic mode for the ragged layout packed documents use).
+// Scratch: one byte tensor of at least AttentionScratchBytes(d, shape) (CPU: per-worker tiles
+// plus O(N*Hq) fp32 rows; CUDA: CudaAttentionLayout; no T x T buffer). Thread-safety: the
+// functions are pure; the caller owns the tensors.
 #pragma once
 
 #include <cstddef>
@@ -45,8 +49,15 @@ struct AttentionShape {
   int64_t q_heads = 0;   // Hq, a multiple of kv_heads
   int64_t kv_heads = 0;  // Hkv
   int64_t head_dim = 0;  // D
+  // The most documents one call holds, all sequences together (doc_ids given): the CUDA kernels
+  // run each document as one cuDNN sequence and size their graph and scratch by it; 0 means
+  // `batch` (one document per sequence). A call holding more fails its stream on CUDA with an
+  // error naming this field. The CPU kernels ignore it.
+  int64_t max_documents = 0;
 
   int64_t tokens() const { return batch * seq_len; }
+  // max_documents, or batch when 0.
+  int64_t documents() const { return max_documents > 0 ? max_documents : batch; }
 };
 
 struct AttentionForwardArgs {
@@ -86,6 +97,29 @@ Status ValidateAttentionBackward(const AttentionBackwardArgs& a);
 // of target `t` (the planner's question) or for `d` (its target).
 size_t AttentionScratchBytes(OpTarget t, const AttentionShape& shape);
 size_t AttentionScratchBytes(const Device& d, const AttentionShape& shape);
+
+// The CUDA kernels' scratch (kernels/cuda/attention_cudnn.cc), computed without CUDA (the planner
+// sizes GPU plans anywhere): byte offsets of its pieces, each aligned to kCudaAttentionAlign.
+// With G = shape.documents() cuDNN sequences of up to T tokens:
+//   stats      f32 (G, Hq, T): cuDNN's log-sum-exp in its packed layout (its backward reads no
+//              other layout on sm_8x/sm_12x), moved to and from the args' lse (N, Hq);
+//   seq_len    i32 (G): tokens per document (0 for padding sequences);
+//   q_offset   i32 (G + 1): element offset of each document in q/o/dq (start row * Hq*D);
+//   kv_offset  i32 (G + 1): the same in k/v/dk/dv (start row * Hkv*D);
+//   doc_start  i32 (G + 1): each document's first row; token_doc i32 (N): each row's document;
+//   count      i32: documents found (checked against G);
+//   workspace  cuDNN's workspace, bounded (it is only known once a graph is built):
+//              2 * N * Hq * (D + 2) * 4 bytes, room for the backward's fp32 dq accumulator and
+//              softmax sums over the packed tokens, twice. A graph asking for more fails its
+//              call with an error naming both sizes.
+inline constexpr size_t kCudaAttentionAlign = 256;
+struct CudaAttentionLayout {
+  size_t stats = 0, seq_len = 0, q_offset = 0, kv_offset = 0, doc_start = 0, token_doc = 0,
+         count = 0, workspace = 0;
+  size_t workspace_bytes = 0;
+  size_t total = 0;
+};
+CudaAttentionLayout MakeCudaAttentionLayout(const AttentionShape& shape);
 
 // Validate, then enqueue on d's compute stream.
 Status AttentionForward(Device& d, const AttentionForwardArgs& a);

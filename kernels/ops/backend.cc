@@ -9,16 +9,18 @@ namespace ferry {
 namespace {
 
 // The CUDA kernels' sizes, compiled without CUDA too (the planner sizes GPU plans anywhere).
-// GEMM: fp32 copies of the operands cuBLAS does not take (kernels/ops/gemm.h). Attention has no
-// CUDA kernel yet and reports 0; the LM head reports its CudaLmHeadLossLayout. The library
-// workspace is CudaDeviceOptions::cublas_workspace_bytes' default: NVIDIA's advice for Hopper+,
-// enough for Ada/Ampere too. The other CUDA kernels need no scratch: the norms' parameter gradients
-// and the bias gradient sum columns inside one block per column tile (kernels/cuda/reduce.cuh),
-// with no cross-block partials to keep.
+// GEMM: fp32 copies of the operands cuBLAS does not take (kernels/ops/gemm.h). Attention reports
+// its CudaAttentionLayout (cuDNN's stats, the documents' offsets, a bounded workspace); the LM head
+// reports its CudaLmHeadLossLayout. The library workspace is
+// CudaDeviceOptions::cublas_workspace_bytes' default: NVIDIA's advice for Hopper+, enough for
+// Ada/Ampere too. The other CUDA kernels need no scratch: the norms' parameter gradients and the
+// bias gradient sum columns inside one block per column tile (kernels/cuda/reduce.cuh), with no
+// cross-block partials to keep.
 constexpr ScratchReports kCudaScratch{
     .gemm = [](int, int64_t m, int64_t n, int64_t k,
                GemmDTypes dtypes) { return CudaGemmScratchBytes(m, n, k, dtypes); },
-    .attention = [](int, const AttentionShape&) -> size_t { return 0; },
+    .attention = [](int,
+                    const AttentionShape& shape) { return MakeCudaAttentionLayout(shape).total; },
     .lm_head_loss =
         [](int, int64_t chunk_tokens, int64_t V, int64_t C, DType h_dtype,
            std::optional<DType> dw_dtype, bool backward) {

@@ -1,9 +1,10 @@
 // The backend tables (kernels/ops/backend.h). Every op DESIGN.md lists ("Ops (forward and
 // backward where it applies)") must have an entry in the table of every backend built: the CPU
 // backend, the reference, implements each; the CUDA backend says NotYet exactly for the ops whose
-// kernels have not landed (kCudaNotYet). The list below is written from DESIGN.md, not read from
-// the tables, so a table that leaves an op out fails here (TheCheckFailsForAMissingEntry shows
-// that it can). The scratch reports give the CPU kernels' and the CUDA GEMM's own sizes.
+// kernels have not landed (kCudaNotYet, empty since attention landed on cuDNN's SDPA). The list
+// below is written from DESIGN.md, not read from the tables, so a table that leaves an op out fails
+// here (TheCheckFailsForAMissingEntry shows that it can). The scratch reports give the CPU kernels'
+// and the CUDA GEMM's own sizes.
 #include "kernels/ops/backend.h"
 
 #include <gtest/gtest.h>
@@ -108,8 +109,8 @@ TEST(BackendTable, TheCpuReferenceImplementsEveryOp) {
 
 #ifdef FERRY_WITH_CUDA
 // The ops the CUDA backend has no kernel for yet: their entries say NotYet, every other entry is
-// a kernel.
-const std::set<std::string_view> kCudaNotYet = {"attention_forward", "attention_backward"};
+// a kernel. None: attention forward and backward run on cuDNN's fused SDPA.
+const std::set<std::string_view> kCudaNotYet = {};
 
 TEST(BackendTable, CudaSaysNotYetExactlyForTheOpsWithoutAKernel) {
   const Backend& b = CudaBackend();
@@ -180,11 +181,19 @@ TEST(ScratchReports, CudaReportsNeedNoCudaAndIgnoreThreads) {
   EXPECT_EQ(GemmScratchBytes(t, 1000, 24, 1000, {f16, bf, f32}),
             CudaGemmScratchBytes(1000, 24, 1000, {f16, bf, f32}));
   EXPECT_EQ(GemmScratchBytes(t, 1000, 24, 1000, {bf, bf, f32}), 0u);
-  EXPECT_EQ(AttentionScratchBytes(t, AttentionShape{2, 33, 4, 2, 16}), 0u);  // no kernel yet
+  auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+  // Attention: cuDNN's packed stats (G, Hq, T), the documents' lengths, offsets and starts, the
+  // rows' documents, the count, and the workspace bound 2 N Hq (D + 2) 4.
+  const size_t attention_ws = 2 * 66 * 4 * 18 * 4;
+  EXPECT_EQ(AttentionScratchBytes(t, AttentionShape{2, 33, 4, 2, 16}),
+            up(2 * 4 * 33 * 4) + up(2 * 4) + 3 * up(3 * 4) + up(66 * 4) + 256 + up(attention_ws));
+  EXPECT_EQ(MakeCudaAttentionLayout(AttentionShape{2, 33, 4, 2, 16}).workspace_bytes, attention_ws);
+  // With max_documents, G = 5 sequences of up to T.
+  EXPECT_EQ(AttentionScratchBytes(t, AttentionShape{2, 33, 4, 2, 16, 5}),
+            up(5 * 4 * 33 * 4) + up(5 * 4) + 3 * up(6 * 4) + up(66 * 4) + 256 + up(attention_ws));
   // The LM head: its CUDA layout, counted piece by piece (each rounded up to 256 bytes): the
   // (chunk, V) logits, the chunk's losses, the state; with bf16 h in the backward, the widened h
   // (only with a dW), one W panel of min(V, 1024) rows and the fp32 dh block.
-  auto up = [](size_t b) { return (b + 255) / 256 * 256; };
   const size_t logits = up(64 * 1000 * 4), losses = up(64 * 4), state = 256;
   const size_t h_panel = up(64 * 48 * 4), w_panel = up(1000 * 48 * 4), dh = up(64 * 48 * 4);
   EXPECT_EQ(LmHeadLossScratchBytes(t, 64, 1000, 48, f32, f32, true), logits + losses + state);
