@@ -16,7 +16,9 @@
 //    reused by every later call of that shape: never one per micro-batch.
 // Limits (InvalidArgument naming them): bf16 or f16 storage only (cuDNN's SDPA has no f32: cast
 // to bf16 or f16); head_dim a multiple of 8, at most 256; N * Hq * D < 2^31. On sm_8x and sm_12x
-// the ragged layout needs cuDNN >= 9.18.1 at run time (Unavailable below, naming the version).
+// the ragged layout needs cuDNN >= 9.18.1 at run time (Unavailable below, naming the version),
+// and cuDNN's backward there takes head_dim <= 128 (its support matrix): a larger one fails the
+// graph's build with cuDNN's own message.
 // The backward is NOT deterministic: cuDNN accumulates dq with atomics in an unspecified order
 // and has no deterministic mode for this layout on every GPU, so two runs may differ in the last
 // bits of dq (within the dtype's tolerance).
