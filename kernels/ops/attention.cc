@@ -30,10 +30,11 @@ Status ValidateCommon(const AttentionShape& s, const Tensor& q, const Tensor& k,
     return Status::InvalidArgument("attention: scale must be finite and > 0 (usually 1/sqrt(D))");
   }
   if (window < 0) return Status::InvalidArgument("attention: window must be >= 0 (0 = none)");
-  if (s.max_documents < 0 || s.max_documents > s.tokens()) {
+  if (s.max_documents != 0 && (s.max_documents < s.batch || s.max_documents > s.tokens())) {
     return Status::InvalidArgument(
-        "attention: max_documents must be in [0, tokens = " + std::to_string(s.tokens()) +
-        "], got " + std::to_string(s.max_documents));
+        "attention: max_documents must be 0 (one per sequence) or in [batch = " +
+        std::to_string(s.batch) + ", tokens = " + std::to_string(s.tokens()) +
+        "] (every sequence holds at least one document), got " + std::to_string(s.max_documents));
   }
   if (q.dtype != DType::kF32 && q.dtype != DType::kBF16 && q.dtype != DType::kF16) {
     return Status::InvalidArgument("attention: tensor 'q' must be f32, bf16 or f16, got " +
