@@ -25,8 +25,10 @@ if [[ "${FERRY_SKIP_APT:-0}" != 1 ]]; then
   fi
 fi
 
-# The CUDA backend's attention needs them; cheap to fetch when CUDA is not built (headers only).
-scripts/fetch_cudnn_frontend.sh "$build_dir/_deps"
+# The CUDA backend's attention needs them (headers only). Without pip or a network the build can
+# still go on without CUDA; a CUDA configure then fails and names what is missing.
+scripts/fetch_cudnn_frontend.sh "$build_dir/_deps" ||
+  echo "setup: could not fetch the cuDNN frontend headers; CUDA builds need them" >&2
 
 jobs=$(nproc)
 cmake -S . -B "$build_dir" -G Ninja "$@" >/dev/null
