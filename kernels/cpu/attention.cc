@@ -427,7 +427,7 @@ Status Backward(ThreadPool& pool, const AttentionBackwardArgs& a) {
   return Status::Ok();
 }
 
-// fn(T{}) for the storage type T of `t` (f32 or bf16).
+// fn(T{}) for the storage type T of `t` (f32, bf16 or f16).
 template <typename Fn>
 Status ByStorage(const Tensor& t, Fn&& fn) {
   switch (t.dtype) {
@@ -435,9 +435,11 @@ Status ByStorage(const Tensor& t, Fn&& fn) {
       return fn(float{});
     case DType::kBF16:
       return fn(bf16{});
+    case DType::kF16:
+      return fn(f16{});
     default:
-      return Status::InvalidArgument("attention: the CPU kernels take f32 or bf16 storage, got " +
-                                     t.ToString() + " (f16 runs on CUDA only)");
+      return Status::InvalidArgument(
+          "attention: the CPU kernels take f32, bf16 or f16 storage, got " + t.ToString());
   }
 }
 

@@ -156,7 +156,7 @@ void CheckAgainstReference(const AttnCase& c) {
 }
 
 TEST(AttentionTest, FastMatchesReference) {
-  for (DType t : {DType::kF32, DType::kBF16}) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
     CheckAgainstReference({1, 1, 4, 1, 8, 0, false, t, 1});
     CheckAgainstReference({2, 7, 6, 2, 8, 0, true, t, 2});
     CheckAgainstReference({1, 33, 3, 3, 64, 0, false, t, 3});
@@ -271,20 +271,15 @@ TEST(AttentionTest, TooSmallScratchIsAnError) {
   EXPECT_NE(s.message().find("scratch"), std::string::npos) << s.ToString();
 }
 
-// The op admits f16 (the CUDA kernels' dtype) and the CPU kernels refuse it by name; max_documents
-// is 0 or between the batch (a document per sequence at least) and the token count.
-TEST(AttentionTest, F16IsForCudaAndMaxDocumentsIsChecked) {
+// max_documents is 0 or between the batch (a document per sequence at least) and the token count.
+TEST(AttentionTest, MaxDocumentsIsChecked) {
   const AttnCase c{1, 7, 2, 1, 8, 0, false, DType::kF16, 2};
-  ThreadPool pool(2);
   HostTensor q(DType::kF16, Shape{7, 16}), k(DType::kF16, Shape{7, 8}), v(DType::kF16, Shape{7, 8});
   HostTensor o(DType::kF16, Shape{7, 16}), lse(DType::kF32, Shape{7, 2});
   HostTensor scratch(DType::kU8, Shape{int64_t(cpu::AttentionScratchBytes(2, ShapeOf(c)))});
   AttentionForwardArgs fa{ShapeOf(c), q.tensor(),   k.tensor(),       v.tensor(), Tensor{},
                           o.tensor(), lse.tensor(), scratch.tensor(), ScaleOf(c), 0};
   EXPECT_TRUE(ValidateAttentionForward(fa).ok());
-  const Status s = cpu::AttentionForward(pool, fa);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("f16 runs on CUDA only"), std::string::npos) << s.ToString();
   for (const int64_t ok : {0, 1, 3, 7}) {
     fa.shape.max_documents = ok;
     EXPECT_TRUE(ValidateAttentionForward(fa).ok()) << ok;

@@ -65,6 +65,10 @@ const float* WeightRows(const bf16* w, int64_t v0, int64_t rows, int64_t C, floa
   ConvertToFloat(DType::kBF16, w + v0 * C, panel, size_t(rows * C));
   return panel;
 }
+const float* WeightRows(const f16* w, int64_t v0, int64_t rows, int64_t C, float* panel) {
+  ConvertToFloat(DType::kF16, w + v0 * C, panel, size_t(rows * C));
+  return panel;
+}
 
 // Rows of W per GEMM: a part's whole range when W is fp32, else what one panel holds.
 template <typename T>
@@ -157,7 +161,7 @@ Status Run(ThreadPool& pool, const LmHeadLossArgs& a, bool backward) {
   const float s = float(a.loss_scale / a.normalizer);
   const int64_t row_grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(V, 1));
   double loss_sum = 0;
-  const OneDnn* dnnl = std::is_same_v<T, float> ? nullptr : Bf16GemmLibrary();
+  const OneDnn* dnnl = std::is_same_v<T, bf16> ? Bf16GemmLibrary() : nullptr;  // f16: panels
 
   for (int64_t n0 = 0; n0 < N; n0 += chunk) {
     const int64_t cn = std::min(chunk, N - n0);
@@ -168,7 +172,7 @@ Status Run(ThreadPool& pool, const LmHeadLossArgs& a, bool backward) {
     } else if (dnnl == nullptr || backward) {
       pool.ParallelFor(
           cn, std::max<int64_t>(1, 4096 / std::max<int64_t>(C, 1)), [&](int64_t b, int64_t e, int) {
-            ConvertToFloat(DType::kBF16, h + (n0 + b) * C, h_panel + b * C, size_t((e - b) * C));
+            ConvertToFloat(a.h.dtype, h + (n0 + b) * C, h_panel + b * C, size_t((e - b) * C));
           });
       hc = h_panel;
     }
@@ -269,11 +273,17 @@ size_t LmHeadLossScratchBytes(int threads, int64_t chunk_tokens, int64_t V, int6
 
 Status LmHeadLossForward(ThreadPool& pool, const LmHeadLossArgs& a) {
   if (a.h.dtype == DType::kF32) return Run<float, float>(pool, a, false);
+  if (a.h.dtype == DType::kF16) return Run<f16, float>(pool, a, false);
   return Run<bf16, float>(pool, a, false);
 }
 
+// f16 h and W (fp16 training): W's gradient is fp32 (the executor's parameter gradients).
 Status LmHeadLossForwardBackward(ThreadPool& pool, const LmHeadLossArgs& a) {
   if (a.h.dtype == DType::kF32) return Run<float, float>(pool, a, true);
+  if (a.h.dtype == DType::kF16) {
+    if (a.dw.data.is_null() || a.dw.dtype == DType::kF32) return Run<f16, float>(pool, a, true);
+    return Status::InvalidArgument("lm_head_loss: f16 h needs an f32 dw, got " + a.dw.ToString());
+  }
   if (a.dw.data.is_null() || a.dw.dtype == DType::kF32) return Run<bf16, float>(pool, a, true);
   return Run<bf16, bf16>(pool, a, true);
 }

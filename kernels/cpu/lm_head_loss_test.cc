@@ -180,6 +180,14 @@ TEST(LmHeadLossTest, MatchesReferenceBF16) {
   CheckCase({7, 11, 3, 1, 1, DType::kBF16, DType::kBF16});
 }
 
+// f16 h and W (fp16 training) with an fp32 dW, the executor's layout; the loss scale 1024 is what
+// fp16 dynamic loss scaling passes (gradients of loss_sum * 1024, the loss itself unscaled).
+TEST(LmHeadLossTest, MatchesReferenceF16) {
+  CheckCase({29, 300, 24, 8, 1, DType::kF16, DType::kF32});
+  CheckCase({37, 101, 19, 5, 3, DType::kF16, DType::kF32, 1024.0});
+  CheckCase({7, 11, 3, 1, 1, DType::kF16, DType::kF32});
+}
+
 TEST(LmHeadLossTest, AllTokensIgnored) {
   // Every token masked: zero loss, dh = 0, dW unchanged (exactly).
   CheckCase({12, 17, 5, 5, 2, DType::kF32, DType::kF32, 1.0, 1});

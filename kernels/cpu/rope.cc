@@ -60,6 +60,8 @@ Status RotateAny(ThreadPool& pool, const RopeArgs& a, float sign) {
       return Rotate<float>(pool, a, sign);
     case DType::kBF16:
       return Rotate<bf16>(pool, a, sign);
+    case DType::kF16:
+      return Rotate<f16>(pool, a, sign);
     default:
       return Status::InvalidArgument("rope: unsupported dtype " + a.in.ToString());
   }

@@ -86,7 +86,7 @@ void CheckAgainstReference(const RopeCase& c) {
 }
 
 TEST(RopeTest, FastMatchesReference) {
-  for (DType t : {DType::kF32, DType::kBF16}) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
     CheckAgainstReference({1, 1, 2, 0, t, false, false, 1});
     CheckAgainstReference({7, 3, 8, 0, t, false, false, 2});
     CheckAgainstReference({33, 4, 64, 0, t, true, false, 3});

@@ -30,8 +30,8 @@ Status CheckTensor(const Tensor& t, const char* name, Shape want, DType dtype) {
 
 Status ValidateLmHeadLoss(const LmHeadLossArgs& a, bool backward) {
   if (a.h.data.is_null() || a.h.shape.rank() != 2) return Bad("h must be a (N, C) tensor");
-  if (a.h.dtype != DType::kF32 && a.h.dtype != DType::kBF16) {
-    return Bad("h is " + a.h.ToString() + "; expected f32 or bf16");
+  if (a.h.dtype != DType::kF32 && a.h.dtype != DType::kBF16 && a.h.dtype != DType::kF16) {
+    return Bad("h is " + a.h.ToString() + "; expected f32, bf16 or f16");
   }
   const int64_t N = a.h.dim(0), C = a.h.dim(1);
   if (C < 1) return Bad("h has no features: " + a.h.ToString());

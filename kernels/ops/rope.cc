@@ -19,8 +19,9 @@ Status ValidateRope(const RopeArgs& a) {
     return Status::InvalidArgument("rope: rotary_dim must be even and in [2, head_dim = " +
                                    std::to_string(a.head_dim) + "], got " + std::to_string(r));
   }
-  if (a.in.dtype != DType::kF32 && a.in.dtype != DType::kBF16) {
-    return Status::InvalidArgument("rope: tensor 'in' must be f32 or bf16, got " + a.in.ToString());
+  if (a.in.dtype != DType::kF32 && a.in.dtype != DType::kBF16 && a.in.dtype != DType::kF16) {
+    return Status::InvalidArgument("rope: tensor 'in' must be f32, bf16 or f16, got " +
+                                   a.in.ToString());
   }
   if (a.in.shape.rank() != 2) {
     return Status::InvalidArgument("rope: tensor 'in' must be (N, H*D), got " + a.in.ToString());
