@@ -38,8 +38,16 @@ void AddTrainCommand(CLI::App& parent, TrainCommand* cmd) {
                 "fits) and the planned pipeline runs over them")
       ->capture_default_str();
   t->add_option("--dtype", j.dtype,
-                "Compute dtype: f32 (the exact reference) or bf16 (bf16 weights and activations, "
-                "bf16 GEMMs with fp32 accumulation where the CPU has them; fp32 master weights)")
+                "Compute dtype: f32 (the exact reference), bf16 (bf16 weights and activations, "
+                "bf16 GEMMs with fp32 accumulation where the CPU has them) or f16 (f16 weights "
+                "and activations, dynamic loss scaling); fp32 master weights")
+      ->capture_default_str();
+  t->add_option("--loss-scale", j.loss_scale,
+                "With --dtype f16: the initial dynamic loss scale, a power of two (halved on a "
+                "step with inf/nan gradients, which is skipped)")
+      ->capture_default_str();
+  t->add_option("--loss-scale-growth-interval", j.loss_scale_growth_interval,
+                "With --dtype f16: consecutive finite steps after which the loss scale doubles")
       ->capture_default_str();
   t->add_option("--host-memory", j.host_memory,
                 "Host RAM the job's plan may use, e.g. 2GiB (default: physical RAM)");

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/json.h"
@@ -46,6 +48,29 @@ void TrainOnOneAndTwoDevices(const std::string& dir, const std::string& job,
   ASSERT_EQ(one.size(), 3u);
   ASSERT_EQ(two.size(), 3u);
   EXPECT_LT(one[2], one[0]);  // it learns: the comparison is not moot
+}
+
+// `job` (train options without --steps and --out) run whole for `steps` into dir/whole, and run
+// for `stop` steps into dir/half then resumed there to `steps` (--resume, which reads the job
+// back from the run folder): the caller compares the two folders. `outputs`, when given, gets the
+// whole run's and the resumed run's output.
+void TrainWholeAndResumed(const std::string& dir, const std::string& job, int stop, int steps,
+                          std::pair<std::string, std::string>* outputs = nullptr) {
+  CommandResult whole =
+      Ferry("train " + job + " --steps " + std::to_string(steps) + " --out " + dir + "/whole");
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  CommandResult half =
+      Ferry("train " + job + " --steps " + std::to_string(stop) + " --out " + dir + "/half");
+  ASSERT_EQ(half.code, 0) << half.output;
+  CommandResult rest =
+      Ferry("train --steps " + std::to_string(steps) + " --resume " + dir + "/half");
+  ASSERT_EQ(rest.code, 0) << rest.output;
+  if (outputs != nullptr) *outputs = {whole.output, rest.output};
+}
+
+std::string FileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 // Tolerance as the executor's trainer test (engine/exec/pipeline_executor_test.cc): the first
@@ -206,14 +231,10 @@ TEST_F(PipelineCliTest, BadDeviceOptionsAreOneLine) {
 // the synchronous run's, the second is not (it runs on the initial weights again); one device
 // gives the same losses bit for bit.
 TEST_F(PipelineCliTest, StaleUpdatesResumeBitForBitOnAnyDevices) {
-  const std::string job =
-      "train --threads 2 --batch-size 4 --seq-len 32 --devices 2 --stale-updates --save-every 2 ";
-  CommandResult whole = Ferry(job + "--steps 4 --out " + dir_ + "/whole");
-  ASSERT_EQ(whole.code, 0) << whole.output;
-  CommandResult half = Ferry(job + "--steps 2 --out " + dir_ + "/half");
-  ASSERT_EQ(half.code, 0) << half.output;
-  CommandResult rest = Ferry("train --steps 4 --resume " + dir_ + "/half");
-  ASSERT_EQ(rest.code, 0) << rest.output;
+  TrainWholeAndResumed(
+      dir_, "--threads 2 --batch-size 4 --seq-len 32 --devices 2 --stale-updates --save-every 2", 2,
+      4);
+  ASSERT_FALSE(HasFatalFailure());
   const std::vector<double> want = Losses(dir_ + "/whole"), got = Losses(dir_ + "/half");
   ASSERT_EQ(want.size(), 4u);
   EXPECT_EQ(got, want);
@@ -272,6 +293,63 @@ TEST_F(PipelineCliTest, ValidationLossOnTwoDevices) {
   for (size_t s = 0; s < 2; ++s) {
     EXPECT_NEAR(val[1][s], val[0][s], 1e-5 * std::abs(val[0][s])) << "step " << s;
   }
+}
+
+// --dtype f16: dynamic loss scaling. The initial scale 2^20 overflows the f16 gradients, so the
+// first steps are skipped (and say so in metrics.jsonl) while the scale halves; growth after every
+// finite step (--loss-scale-growth-interval 1) then moves the scale every step, so a resume that
+// lost the scaler's state would diverge. A run stopped after 3 steps and resumed equals the
+// uninterrupted one bit for bit: losses, scales, skips and the final weights. Both final lines
+// give the whole run's final scale and skipped count, as metrics.jsonl has them; job.json keeps
+// the options.
+TEST_F(PipelineCliTest, F16LossScalingResumesBitForBit) {
+  std::pair<std::string, std::string> out;
+  TrainWholeAndResumed(dir_,
+                       "--threads 2 --batch-size 4 --seq-len 32 --devices 2 --dtype f16 "
+                       "--loss-scale 1048576 --loss-scale-growth-interval 1 --save-every 3",
+                       3, 8, &out);
+  ASSERT_FALSE(HasFatalFailure());
+  auto column = [](const std::string& run, const char* key) {
+    std::ifstream metrics(run + "/metrics.jsonl");
+    std::vector<nlohmann::json> values;
+    for (std::string line; std::getline(metrics, line);) {
+      values.push_back(nlohmann::json::parse(line, nullptr, false).value(key, nlohmann::json()));
+    }
+    return values;
+  };
+  const std::string whole = dir_ + "/whole", half = dir_ + "/half";
+  EXPECT_EQ(Losses(half), Losses(whole));
+  EXPECT_EQ(column(half, "loss_scale"), column(whole, "loss_scale"));
+  EXPECT_EQ(column(half, "skipped"), column(whole, "skipped"));
+  EXPECT_EQ(FileBytes(half + "/model.safetensors"), FileBytes(whole + "/model.safetensors"));
+  const std::vector<nlohmann::json> skipped = column(whole, "skipped");
+  const std::vector<nlohmann::json> scales = column(whole, "loss_scale");
+  ASSERT_EQ(skipped.size(), 8u);
+  ASSERT_TRUE(skipped[0].is_boolean());
+  EXPECT_TRUE(skipped[0].get<bool>()) << "2^20 did not overflow f16: the test is moot";
+  EXPECT_EQ(scales[0].get<double>(), 1048576.0);
+  int skips = 0;
+  for (size_t s = 0; s < 8; ++s) {
+    skips += skipped[s].get<bool>();
+    if (s == 0) continue;  // each step's scale follows from the previous step's outcome
+    const double before = scales[s - 1].get<double>();
+    EXPECT_EQ(scales[s].get<double>(), skipped[s - 1].get<bool>() ? before / 2 : before * 2)
+        << "step " << s;
+  }
+  EXPECT_LT(skips, 8) << "no step was finite";
+  // Growth after every finite step keeps the scale at the edge: the last step may overflow too.
+  const double final_scale =
+      skipped[7].get<bool>() ? scales[7].get<double>() / 2 : scales[7].get<double>() * 2;
+  char want[128];
+  std::snprintf(want, sizeof want, "f16 loss scale %.17g at the end, %d of 8 steps skipped",
+                final_scale, skips);
+  EXPECT_NE(out.first.find(want), std::string::npos) << want << "\n" << out.first;
+  EXPECT_NE(out.second.find(want), std::string::npos) << want << "\n" << out.second;
+  std::ifstream saved(whole + "/job.json");
+  const nlohmann::json j = nlohmann::json::parse(saved, nullptr, false);
+  EXPECT_EQ(j.value("dtype", ""), "f16") << j.dump();
+  EXPECT_EQ(j.value("loss_scale", 0.0), 1048576.0) << j.dump();
+  EXPECT_EQ(j.value("loss_scale_growth_interval", 0), 1) << j.dump();
 }
 
 }  // namespace

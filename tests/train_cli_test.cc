@@ -44,7 +44,8 @@ TEST_F(TrainCliTest, BadInputIsOneLineAndNonZero) {
   for (const std::string args :
        {"train --bogus", "train --steps abc", "train --steps 0", "train --seq-len 100000",
         "train --batch-size 10 --micro-batches 3", "train --lora-targets q,zz",
-        "train --out /dev/null/sub", "train --dtype f16"}) {
+        "train --out /dev/null/sub", "train --dtype f8", "train --dtype f16 --loss-scale 3",
+        "train --loss-scale-growth-interval 0"}) {
     CommandResult r = Ferry(args);
     EXPECT_EQ(r.code, 1) << args << ": " << r.output;
     EXPECT_EQ(Lines(r.output), 1) << args << ": " << r.output;

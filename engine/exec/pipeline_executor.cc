@@ -893,7 +893,9 @@ class Executor final : public PipelineExecutor {
       // The per-token loss lives in the head's saved set (saved.slot0).
       FERRY_RETURN_IF_ERROR(
           Compute(ds, {kHidden[xi], w}, {kHidden[dxi], kSaved[0], "grads.accum", "grad.work"}, [&] {
-            return forward_only_ ? hd.Forward(x) : hd.ForwardBackward(x, batches[m].normalizer, dx);
+            return forward_only_
+                       ? hd.Forward(x)
+                       : hd.ForwardBackward(x, batches[m].normalizer, dx, batches[m].loss_scale);
           }));
       if (!forward_only_) {
         FERRY_RETURN_IF_ERROR(ToHost(ds, bgrad_[m], kHidden[dxi], dx.data, HiddenBytes()));
@@ -1020,11 +1022,14 @@ Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const
           ": plan for the devices it runs on");
     }
   }
-  if (p.job.compute_dtype != DType::kF32 && p.job.compute_dtype != DType::kBF16) {
+  // f16 runs with the Trainer's dynamic loss scaling (engine/train/loss_scaler.h): the executor
+  // only passes each micro-batch's loss_scale to the head.
+  if (p.job.compute_dtype != DType::kF32 && p.job.compute_dtype != DType::kBF16 &&
+      p.job.compute_dtype != DType::kF16) {
     return Status::InvalidArgument(
-        "the executor stores weights and activations in f32 or bf16, not " +
-        std::string(DTypeName(p.job.compute_dtype)) +
-        " (f16 needs loss scaling, not there yet): plan with compute dtype f32 or bf16");
+        "the executor stores weights and activations in f32, bf16 or "
+        "f16, not " +
+        std::string(DTypeName(p.job.compute_dtype)));
   }
   // Saved activations and frozen weights live in host RAM for now: a plan that puts either on
   // NVMe is refused here, before any step, rather than run in RAM against its own memory figures.

@@ -110,6 +110,8 @@ void ForEachJobOption(Job& job, Visit&& visit) {
   visit("threads", job.threads);
   visit("devices", job.devices);
   visit("dtype", job.dtype);
+  visit("loss_scale", job.loss_scale);
+  visit("loss_scale_growth_interval", job.loss_scale_growth_interval);
   visit("host_memory", job.host_memory);
   visit("nvme_dir", job.nvme_dir);
   visit("out", job.out);
@@ -174,8 +176,19 @@ Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
     return Bad("--grad-clip must be 0 (off) or a positive number");
   }
   if (job.devices < 1 || job.devices > 64) return Bad("--devices must lie in [1, 64]");
-  if (job.dtype != "f32" && job.dtype != "bf16") {
-    return Bad("--dtype '" + job.dtype + "': use f32 (the exact reference) or bf16");
+  if (job.dtype != "f32" && job.dtype != "bf16" && job.dtype != "f16") {
+    return Bad("--dtype '" + job.dtype +
+               "': use f32 (the exact reference), bf16 or f16 (with dynamic loss scaling)");
+  }
+  // The Trainer's own check (engine/train/loss_scaler.h) says the same without the flags' names.
+  int exponent = 0;
+  if (!(job.loss_scale >= 1 && job.loss_scale <= 0x1p100) ||
+      std::frexp(job.loss_scale, &exponent) != 0.5) {
+    return Bad("--loss-scale " + std::to_string(job.loss_scale) +
+               ": must be a power of two in [1, 2^100] (so unscaling is exact), e.g. 65536");
+  }
+  if (job.loss_scale_growth_interval < 1) {
+    return Bad("--loss-scale-growth-interval must be at least 1");
   }
   if (job.out.empty()) return Bad("--out must name a folder");
   if (job.save_every < 0) return Bad("--save-every must be 0 (only at the end) or more");

@@ -52,9 +52,15 @@ struct JobSpec {
   int64_t threads = 0;  // CPU device threads; 0: all cores
   int64_t devices = 1;  // CPU devices the planned pipeline runs over (training_runner.h)
   // Compute (storage) dtype on the devices, with one device or --devices N: "f32", the exact
-  // reference, or "bf16" (bf16 weights and activations, bf16 GEMMs with fp32 accumulation where
-  // the CPU has them; master weights, gradients and optimizer state stay fp32).
+  // reference, "bf16" (bf16 weights and activations, bf16 GEMMs with fp32 accumulation where
+  // the CPU has them) or "f16" (f16 weights and activations, with dynamic loss scaling); master
+  // weights, gradients and optimizer state stay fp32.
   std::string dtype = "f32";
+  // f16's dynamic loss scaling (engine/train/loss_scaler.h, torch GradScaler's defaults): the
+  // initial scale (a power of two) and the finite steps after which it doubles. Unused (and the
+  // scale stays 1) with f32 and bf16.
+  double loss_scale = 65536;
+  int64_t loss_scale_growth_interval = 2000;
   // Budgets the job's plan obeys (engine/train/training_runner.h): the host RAM it may
   // use ("2GiB"; empty: physical RAM) and a folder on an NVMe drive for what it puts there
   // (empty: no NVMe tier). Today only optimizer state runs from NVMe.

@@ -127,6 +127,8 @@ JobSpec EveryOptionSet() {
   job.threads = 2;
   job.devices = 3;
   job.dtype = "bf16";
+  job.loss_scale = 1024;
+  job.loss_scale_growth_interval = 50;
   job.host_memory = "2GiB";
   job.nvme_dir = "/mnt/nvme";
   job.out = "somewhere";

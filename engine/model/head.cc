@@ -88,7 +88,7 @@ LmHeadLossArgs Head::LossArgs() const {
   return a;
 }
 
-Status Head::ForwardBackward(Tensor x, double normalizer, Tensor dx) {
+Status Head::ForwardBackward(Tensor x, double normalizer, Tensor dx, double loss_scale) {
   if (mode_ == HeadMode::kForwardOnly) {
     return Status::FailedPrecondition(
         "Head::ForwardBackward: this head was created with HeadMode::kForwardOnly (generation, "
@@ -97,6 +97,7 @@ Status Head::ForwardBackward(Tensor x, double normalizer, Tensor dx) {
   FERRY_RETURN_IF_ERROR(NormForward(x));
   LmHeadLossArgs a = LossArgs();
   a.normalizer = normalizer;
+  a.loss_scale = loss_scale;
   a.dh = dxn_;
   a.dw = params_.at(NamesOf(c_).lm_head).grad;  // null when frozen: no weight gradient
   FERRY_RETURN_IF_ERROR(LmHeadLossForwardBackward(d_, a));

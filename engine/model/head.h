@@ -48,9 +48,10 @@ class Head {
   // ForwardBackward.
   Tensor token_loss() const { return token_loss_; }
 
-  // token_loss and gradients of sum(token_loss) / normalizer: dx (=),
-  // parameters (+=). FailedPrecondition for a HeadMode::kForwardOnly head.
-  Status ForwardBackward(Tensor x, double normalizer, Tensor dx);
+  // token_loss and gradients of sum(token_loss) * loss_scale / normalizer: dx (=),
+  // parameters (+=); loss_scale > 1 only with fp16 loss scaling. FailedPrecondition for a
+  // HeadMode::kForwardOnly head.
+  Status ForwardBackward(Tensor x, double normalizer, Tensor dx, double loss_scale = 1);
   // token_loss only (evaluation): no gradients.
   Status Forward(Tensor x);
   // logits (N, V) = norm(x) W^T, written (=); `scratch`: GemmScratchBytes of that product when

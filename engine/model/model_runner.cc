@@ -125,7 +125,8 @@ class Runner final : public ModelRunner {
     FERRY_RETURN_IF_ERROR(params_.ZeroGrads(d_));
     for (int64_t i = 0; i < L; ++i) FERRY_RETURN_IF_ERROR(BlockForward(i));
     Tensor dy = grad_[0], dx = grad_[1];
-    FERRY_RETURN_IF_ERROR(head_->ForwardBackward(hidden_[size_t(L)], mb.normalizer, dy));
+    FERRY_RETURN_IF_ERROR(
+        head_->ForwardBackward(hidden_[size_t(L)], mb.normalizer, dy, mb.loss_scale));
     for (int64_t i = L - 1; i >= 0; --i) {
       if (Recomputed(i)) FERRY_RETURN_IF_ERROR(BlockForward(i));
       FERRY_RETURN_IF_ERROR(blocks_->Backward(i, slot_[size_t(i)], hidden_[size_t(i)], dy, dx));

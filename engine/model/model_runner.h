@@ -59,6 +59,9 @@ struct MicroBatchInput {
   std::span<const int32_t> tokens;        // (B, T)
   std::span<const int32_t> targets = {};  // (B, T), -100 where masked
   double normalizer = 1;                  // non-masked targets of the global batch (> 0)
+  // fp16 dynamic loss scaling (engine/train/loss_scaler.h): the gradients are those of
+  // loss * loss_scale (the loss returned is not scaled); 1 otherwise.
+  double loss_scale = 1;
   std::span<const int32_t> doc_ids = {};  // (B, T) or empty
   // (B, T) or empty; each below max_position_embeddings with learned positions (GPT-2).
   std::span<const int32_t> positions = {};

@@ -129,6 +129,10 @@ struct MemoryPlanInput {
   BatchShape micro_batch;  // one micro-batch
   int micro_batches = 1;
   int gpus = 1;
+  // f16 counts the same bytes as bf16: its dynamic loss scaling needs no buffer anywhere (the
+  // scale is a scalar the head multiplies its gradients by, the overflow check is the gradient
+  // sum of squares the clip norm takes anyway, and unscaling is folded into AdamW's grad_scale on
+  // the host; engine/train/loss_scaler.h).
   DType compute_dtype = DType::kBF16;
   std::vector<LayerRange> stages;  // block stages in layer order; the head is the fused tail
   std::vector<bool> recompute;     // per layer of BuildLayerSpecs (embedding, blocks, head)

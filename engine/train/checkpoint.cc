@@ -250,7 +250,7 @@ Result<std::string> SaveCheckpoint(const std::string& run_dir, const Trainer& tr
                               {"compression", "none"},
                               {"crc32c", Crc32c(Bytes(meta.metrics))}};
     FERRY_RETURN_IF_ERROR(Hook(options, step, "metrics"));
-    const nlohmann::json state = {
+    nlohmann::json state = {
         {"format", kFormat},
         {"step", step},
         {"data_position", step},
@@ -260,6 +260,12 @@ Result<std::string> SaveCheckpoint(const std::string& run_dir, const Trainer& tr
         {"elapsed_s", meta.elapsed_s},
         {"job", meta.job},
         {"files", files}};
+    if (trainer.loss_scaling()) {  // f16 only: other runs' state.json stays as it was
+      const LossScalerState& ls = trainer.loss_scaler_state();
+      state["loss_scaler"] = {{"scale", ls.scale},
+                              {"growth_tracker", ls.growth_tracker},
+                              {"skipped_steps", ls.skipped_steps}};
+    }
     FERRY_RETURN_IF_ERROR(WriteFileDurably(tmp_dir + "/state.json", Bytes(state.dump(2) + "\n")));
     FERRY_RETURN_IF_ERROR(Hook(options, step, "state"));
     FERRY_RETURN_IF_ERROR(SyncDirectory(tmp_dir));
@@ -301,6 +307,19 @@ Result<CheckpointState> ReadCheckpoint(const std::string& dir) {
   out.step = state["step"].get<int64_t>();
   out.meta.elapsed_s = state.value("elapsed_s", 0.0);
   out.meta.job = state.value("job", nlohmann::json::object());
+  if (state.contains("loss_scaler")) {
+    const nlohmann::json& ls = state["loss_scaler"];
+    if (!ls.is_object() || !ls.value("scale", nlohmann::json()).is_number() ||
+        !ls.value("growth_tracker", nlohmann::json()).is_number_integer() ||
+        !ls.value("skipped_steps", nlohmann::json()).is_number_integer()) {
+      return Status::Corruption(state_path +
+                                ": loss_scaler is not {scale, growth_tracker, "
+                                "skipped_steps}");
+    }
+    out.loss_scaler = LossScalerState{.scale = ls["scale"].get<double>(),
+                                      .growth_tracker = ls["growth_tracker"].get<int64_t>(),
+                                      .skipped_steps = ls["skipped_steps"].get<int64_t>()};
+  }
   const nlohmann::json& files = state["files"];
   for (const auto& [name, entry] : files.items()) {
     if (!entry.is_object()) return Status::Corruption(state_path + ": bad entry for " + name);

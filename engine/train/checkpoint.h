@@ -10,8 +10,9 @@
 //     optimizer.safetensors[.zst]  AdamW's "<name>/exp_avg" and "<name>/exp_avg_sq" for each
 //     metrics.jsonl                the run's metrics lines 1..step
 //     state.json                   written last: format, step, data_position, rng, elapsed_s, the
-//                                  resolved job, and for every other file its size, CRC-32C and
-//                                  compression
+//                                  resolved job, for every other file its size, CRC-32C and
+//                                  compression, and with f16 loss scaling the scaler's state
+//                                  (loss_scaler: scale, growth_tracker, skipped_steps)
 //   latest                         the name of the newest checkpoint ("step-00000040\n")
 //
 // Data position and RNG state: a micro-batch is a pure function of (seed, step, micro)
@@ -34,6 +35,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -71,6 +73,7 @@ struct CheckpointState {
   CheckpointMeta meta;
   HostTensors trainable;  // master weights of the trainable parameters
   HostTensors exp_avg, exp_avg_sq;
+  std::optional<LossScalerState> loss_scaler;  // present for runs with loss scaling (f16)
 };
 
 // RUN_DIR/checkpoints

@@ -59,24 +59,28 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
     FERRY_RETURN_IF_ERROR(ApplyCheckpointWeights(*resumed, layers, weights));
   }
   ThreadPool optimizer_pool(threads);
-  const OptimizerOptions optimizer{.schedule = {.lr = job.lr,
-                                                .warmup_steps = job.warmup_steps,
-                                                .total_steps = job.steps,
-                                                .min_ratio = job.min_lr_ratio},
-                                   .beta1 = job.beta1,
-                                   .beta2 = job.beta2,
-                                   .eps = job.adam_eps,
-                                   .weight_decay = job.weight_decay,
-                                   .grad_clip = job.grad_clip,
-                                   .stale_updates = job.stale_updates};
+  const OptimizerOptions optimizer{
+      .schedule = {.lr = job.lr,
+                   .warmup_steps = job.warmup_steps,
+                   .total_steps = job.steps,
+                   .min_ratio = job.min_lr_ratio},
+      .beta1 = job.beta1,
+      .beta2 = job.beta2,
+      .eps = job.adam_eps,
+      .weight_decay = job.weight_decay,
+      .grad_clip = job.grad_clip,
+      .stale_updates = job.stale_updates,
+      .loss_scaling = {.enabled = job.dtype == "f16",
+                       .initial_scale = job.loss_scale,
+                       .growth_interval = job.loss_scale_growth_interval}};
   FERRY_ASSIGN_OR_RETURN(
       std::unique_ptr<Trainer> trainer,
       Trainer::Create(runner, std::move(layers), std::move(weights), optimizer, &optimizer_pool,
                       {.nvme_dir = devices.optimizer_nvme_dir}));
   trainer->set_trace(devices.trace.get());
   if (resumed) {
-    FERRY_RETURN_IF_ERROR(
-        trainer->RestoreOptimizer(resumed->step, resumed->exp_avg, resumed->exp_avg_sq));
+    FERRY_RETURN_IF_ERROR(trainer->RestoreOptimizer(resumed->step, resumed->exp_avg,
+                                                    resumed->exp_avg_sq, resumed->loss_scaler));
     meta.elapsed_s = resumed->meta.elapsed_s;
     meta.metrics = std::move(resumed->meta.metrics);
     resumed->trainable = {};
@@ -201,6 +205,10 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
                            {"grad_norm", st->grad_norm},
                            {"tokens_per_s", double(st->tokens) / step_s},
                            {"elapsed_s", elapsed}};
+    if (job.dtype == "f16") {  // f32 and bf16 lines stay as they were
+      line["loss_scale"] = st->loss_scale;
+      line["skipped"] = st->skipped;
+    }
     if (job.eval_every > 0 && ((k + 1) % job.eval_every == 0 || k + 1 == job.steps)) {
       // A pipeline evaluates the master weights: the step's updates first (a synchronization
       // point for stale updates, as a checkpoint is).
@@ -240,6 +248,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
                                           trainer->weights(),
                                           /*with_base=*/job.model == "tiny"));
   if (job.model != "tiny") FERRY_RETURN_IF_ERROR(CopyTokenizerFiles(job.model, job.out));
+  const LossScalerState scaler_final = trainer->loss_scaler_state();  // trainer may go below
   if (!devices.optimizer_nvme_dir.empty()) {
     // The final checkpoint holds the state; a resume rebuilds the store from it. (A failed or
     // stopped run leaves the store for inspection; the next run of the job recreates it.)
@@ -251,8 +260,16 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
                    devices.optimizer_nvme_dir.c_str(), ec.message().c_str());
     }
   }
-  std::fprintf(stderr, "ferry train: done in %s, final loss %.4f; wrote %s/%s\n",
-               FormatDuration(seconds_since(start)).c_str(), last_loss, job.out.c_str(),
+  std::string scaling;
+  if (job.dtype == "f16") {  // over the whole run, resumed parts included (checkpointed)
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "; f16 loss scale %.17g at the end, %lld of %lld steps skipped",
+                  scaler_final.scale, (long long)scaler_final.skipped_steps, (long long)job.steps);
+    scaling = buf;
+  }
+  std::fprintf(stderr, "ferry train: done in %s, final loss %.4f%s; wrote %s/%s\n",
+               FormatDuration(seconds_since(start)).c_str(), last_loss, scaling.c_str(),
+               job.out.c_str(),
                job.lora.enabled() ? "adapter_model.safetensors" : "model.safetensors");
   return Status::Ok();
 }

@@ -19,7 +19,8 @@ Trainer::Trainer(ModelRunner* runner, std::vector<LayerSpec> layers, HostTensors
       weights_(std::move(weights)),
       options_(options),
       state_options_(std::move(state)),
-      pool_(pool) {}
+      pool_(pool),
+      scaler_(options.loss_scaling) {}
 
 Result<std::unique_ptr<Trainer>> Trainer::Create(ModelRunner* runner, std::vector<LayerSpec> layers,
                                                  HostTensors weights,
@@ -33,6 +34,9 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(ModelRunner* runner, std::vecto
                             .WithContext("optimizer"));
   if (!(options.grad_clip >= 0)) {
     return Status::InvalidArgument("grad_clip must be >= 0 (0 disables clipping)");
+  }
+  if (options.loss_scaling.enabled) {
+    FERRY_RETURN_IF_ERROR(ValidateLossScalerOptions(options.loss_scaling));
   }
   if (options.stale_updates && !state.nvme_dir.empty()) {
     return Status::InvalidArgument(
@@ -220,7 +224,7 @@ Status Trainer::ApplyRecord(size_t g, const Update& u) {
     // error; the layer's committed state (and any checkpoint) is still the step before.
     std::copy(p, p + w.size(), w.begin());
   }
-  return store_->Commit(g, u.step).WithContext(where);
+  return store_->Commit(g, u.version).WithContext(where);
 }
 
 Status Trainer::RequireStore() const {
@@ -252,8 +256,7 @@ Status Trainer::LandLayer(size_t l, const Update& u) {
     FERRY_RETURN_IF_ERROR(Land(k, u));
     landed_now = true;
   }
-  const bool immediate = options_.grad_clip == 0 && !options_.stale_updates;
-  if (!on_nvme() || !landed_now || !immediate) return Status::Ok();
+  if (!on_nvme() || !landed_now || updates_wait()) return Status::Ok();
   return ApplyRecord(record_of_[lands_[l].front()], u);
 }
 
@@ -304,14 +307,22 @@ Status Trainer::Land(size_t k, const Update& u) {
   sum_sq_[k] = kernel_.SumOfSquares(g.data(), DType::kF32, int64_t(g.size()), pool_);
   landed_[k] = 1;
   // On NVMe the layer's record is updated whole once all of it landed (LandLayer).
-  if (options_.grad_clip > 0 || options_.stale_updates || on_nvme()) return Status::Ok();
+  if (updates_wait() || on_nvme()) return Status::Ok();
   return Apply(k, u);
 }
 
 Status Trainer::RestoreOptimizer(int64_t steps_done, const HostTensors& exp_avg,
-                                 const HostTensors& exp_avg_sq) {
+                                 const HostTensors& exp_avg_sq,
+                                 const std::optional<LossScalerState>& loss_scaler) {
   RequireNoPending("RestoreOptimizer");
   if (steps_done < 0) return Status::InvalidArgument("a negative step count to restore");
+  LossScaler scaler(options_.loss_scaling);
+  if (loss_scaler.has_value()) {
+    FERRY_RETURN_IF_ERROR(scaler.Restore(*loss_scaler));
+    if (loss_scaler->skipped_steps > steps_done) {
+      return Status::InvalidArgument("loss scaler state: more skipped steps than steps done");
+    }
+  }
   for (const auto& [name, s] : state_) {
     for (const HostTensors* t : {&exp_avg, &exp_avg_sq}) {
       auto it = t->tensors.find(name);
@@ -331,6 +342,7 @@ Status Trainer::RestoreOptimizer(int64_t steps_done, const HostTensors& exp_avg,
     }
   }
   step_ = steps_done;
+  scaler_ = scaler;
   return Status::Ok();
 }
 
@@ -351,19 +363,23 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
   for (const MicroBatch& mb : micro_batches) {
     inputs.push_back(RunnerInput(mb, double(st.valid_targets)));
     inputs.back().overwrite_grads = inputs.size() == 1;
+    inputs.back().loss_scale = scaler_.scale();
     inputs.back().host_pool = pool_;
   }
   const bool streams = runner_->streams_weights();
   if (!streams) FERRY_RETURN_IF_ERROR(FinishUpdates());  // the device copy is uploaded below
   st.lr = options_.schedule.At(step_);
+  st.loss_scale = scaler_.scale();
+  // AdamW's step counts the updates made: a step skipped by the loss scaler is not one.
+  const int64_t adam_step = step_ - scaler_.state().skipped_steps + 1;
   // Without clipping each update is complete once its gradient lands (grad_scale 1 is
   // ClipCoefficient's value for max_norm 0).
-  const Update now{.lr = st.lr, .step = step_ + 1, .grad_scale = 1.0};
+  const Update now{.lr = st.lr, .step = adam_step, .version = step_ + 1, .grad_scale = 1.0};
   sum_sq_.assign(order_.size(), 0.0);
   landed_.assign(order_.size(), 0);
   // Updates made as gradients land follow the backward order when the runner reports landings,
   // the forward order otherwise; the store reads ahead in that order.
-  const bool immediate = options_.grad_clip == 0 && !options_.stale_updates;
+  const bool immediate = !updates_wait();
   updates_descend_ = streams && immediate;
   if (store_ != nullptr && immediate && store_->records() > 0) {
     store_->Prefetch(updates_descend_ ? store_->records() - 1 : 0);
@@ -428,10 +444,19 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
   }
   double sum_sq = 0;  // in parameter order, whatever order the layers landed in
   for (double x : sum_sq_) sum_sq += x;
+  // Loss scaling: finite squares sum to a finite double, so this is the global overflow check.
+  // Unscaled by a power of two (exact); without loss scaling inv_scale is 1 and nothing changes.
+  const double inv_scale = 1.0 / st.loss_scale;
+  const bool finite = std::isfinite(sum_sq);
+  sum_sq *= inv_scale * inv_scale;
   st.grad_norm = std::sqrt(sum_sq);
   st.clip_coef = ClipCoefficient(sum_sq, options_.grad_clip);
-  if (options_.grad_clip > 0 || options_.stale_updates) {
-    pending_update_ = {.lr = st.lr, .step = step_ + 1, .grad_scale = st.clip_coef};
+  st.skipped = !scaler_.Update(finite);
+  if (updates_wait() && !st.skipped) {
+    pending_update_ = {.lr = st.lr,
+                       .step = adam_step,
+                       .version = step_ + 1,
+                       .grad_scale = st.clip_coef * inv_scale};
     pending_.assign(order_.size(), 1);
     pending_count_ = order_.size();
     updates_descend_ = false;  // applied in forward order (the next step's reads, FinishUpdates)

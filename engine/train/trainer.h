@@ -53,6 +53,20 @@
 // reads the moments back for one. Stale updates are refused with it (they update parameter by
 // parameter, not layer by layer).
 //
+// fp16 dynamic loss scaling (OptimizerOptions::loss_scaling, engine/train/loss_scaler.h): the
+// runner gets the step's scale (MicroBatchInput::loss_scale), so the gradients that land are of
+// loss * scale. Whether they are finite is global like the clip norm, so updates wait the same
+// way (the step ends with all of them pending): the sum of squares, taken as gradients land, is
+// finite exactly when every gradient is. Finite: the norm is that of the unscaled gradients
+// (sum / scale^2, exact for a power of two) and AdamW's grad_scale is clip_coef / scale, so the
+// gradients are unscaled before clipping and the update and are never rewritten. Non-finite: the
+// step's update is skipped — no weight, moment or AdamW step count changes (AdamW's bias
+// correction counts the updates made, steps_done() - skipped steps) — and the scale halves. The
+// learning-rate schedule still advances with steps_done(), as with torch's GradScaler when
+// scheduler.step() is called every iteration: the schedule follows the data position and the
+// run's --steps, so a skipped step (rare after the first few, which find the scale) does not
+// stretch the run. The scaler's state goes into checkpoints (RestoreOptimizer).
+//
 // Ownership: the runner and pool are borrowed and must outlive the Trainer.
 // Thread-safety: one thread drives a Trainer at a time.
 #pragma once
@@ -60,6 +74,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -68,6 +83,7 @@
 #include "engine/model/model_runner.h"
 #include "engine/model/param_spec.h"
 #include "engine/train/dataset.h"
+#include "engine/train/loss_scaler.h"
 #include "engine/train/lr_schedule.h"
 #include "kernels/cpu/adamw.h"
 #include "kernels/cpu/thread_pool.h"
@@ -88,6 +104,8 @@ struct OptimizerOptions {
   // update older than the newest, w_{k+1} = AdamW(w_k, g(w_{k-1})), so the whole optimizer
   // overlaps the next step. Needs a runner that streams weights (see below).
   bool stale_updates = false;
+  // fp16 dynamic loss scaling (see above); disabled: scale 1, nothing changes.
+  LossScalerOptions loss_scaling = {};
 };
 
 // Where the optimizer state lives (see above).
@@ -102,6 +120,8 @@ struct StepStats {
   double lr = 0;              // the rate this update used
   double grad_norm = 0;       // global norm before clipping
   double clip_coef = 1;       // min(1, clip / (norm + 1e-6)); 1 without clipping
+  double loss_scale = 1;      // the scale this step's gradients were computed at
+  bool skipped = false;       // non-finite gradients (fp16 loss scaling): no update was made
   int64_t tokens = 0;         // tokens processed (B * T over the micro-batches)
   int64_t valid_targets = 0;  // the loss normalizer
   // Wall time of the step's parts: the runner's forward + backward over the micro-batches, and
@@ -135,6 +155,9 @@ class Trainer {
   bool updates_pending() const { return pending_count_ > 0; }
 
   int64_t steps_done() const { return step_; }
+  bool loss_scaling() const { return scaler_.enabled(); }
+  // The loss scaler's state (scale 1 and no skips without loss scaling).
+  const LossScalerState& loss_scaler_state() const { return scaler_.state(); }
   // Records each layer's optimizer work (norm and update) as a span on the trace's CPU optimizer
   // lane (null: none). Borrowed; must outlive the Trainer or be reset.
   void set_trace(exec::TraceRecorder* trace) { trace_ = trace; }
@@ -158,11 +181,13 @@ class Trainer {
                             std::vector<float>* exp_avg_sq) const;
   // The NVMe store of the optimizer state; null when it is in RAM.
   const VersionedStore* state_store() const { return store_.get(); }
-  // Resumes from a checkpoint: the moments of every trainable parameter and the number of updates
-  // already made (the master weights come in through Create). Errors: InvalidArgument naming a
-  // tensor that is missing or has the wrong size (nothing is changed then).
+  // Resumes from a checkpoint: the moments of every trainable parameter, the number of updates
+  // already made (the master weights come in through Create) and, when given, the loss scaler's
+  // state (absent: the scaler starts afresh). Errors: InvalidArgument naming a tensor that is
+  // missing or has the wrong size, or a scaler state that does not fit (nothing is changed then).
   Status RestoreOptimizer(int64_t steps_done, const HostTensors& exp_avg,
-                          const HostTensors& exp_avg_sq);
+                          const HostTensors& exp_avg_sq,
+                          const std::optional<LossScalerState>& loss_scaler = std::nullopt);
 
  private:
   struct State {
@@ -173,7 +198,8 @@ class Trainer {
   // The hyperparameters of one update, all but those of its parameter.
   struct Update {
     double lr = 0;
-    int64_t step = 0;  // 1-based
+    int64_t step = 0;     // AdamW's, 1-based: the updates made (skipped steps do not count)
+    int64_t version = 0;  // steps_done() after this step: the NVMe store's version
     double grad_scale = 1;
   };
   Trainer(ModelRunner* runner, std::vector<LayerSpec> layers, HostTensors weights,
@@ -199,6 +225,11 @@ class Trainer {
   void RequireNoPending(const char* what) const;
   void RequireStateInRam(const char* what) const;  // aborts naming ReadOptimizerState
   bool on_nvme() const { return !state_options_.nvme_dir.empty(); }
+  // Updates wait for a global figure (the clip norm, the loss scaler's finiteness check) or for
+  // the next step (stale updates) instead of running as gradients land.
+  bool updates_wait() const {
+    return options_.grad_clip > 0 || options_.stale_updates || options_.loss_scaling.enabled;
+  }
   // FailedPrecondition when the state is on NVMe but a failed CreateStore left no store.
   Status RequireStore() const;
   Status CheckLayers(int64_t first, int64_t last) const;  // a StepHooks range
@@ -214,6 +245,7 @@ class Trainer {
   ThreadPool* pool_;  // not owned; may be null
   cpu::AdamWKernel kernel_;
   int64_t step_ = 0;
+  LossScaler scaler_;
   exec::TraceRecorder* trace_ = nullptr;  // not owned; may be null
   // Per layer: the trainable parameters (indices into order_) whose gradients land with it, and
   // those whose master values it reads (its own and the owners of its tied parameters).

@@ -38,7 +38,8 @@ plan::HardwareProfile CpuDevicesProfile(int count, uint64_t device_bytes) {
 namespace {
 
 DType ComputeDtype(const JobSpec& job) {
-  return job.dtype == "bf16" ? DType::kBF16 : DType::kF32;  // ValidateJobSpec'd
+  if (job.dtype == "bf16") return DType::kBF16;  // ValidateJobSpec'd
+  return job.dtype == "f16" ? DType::kF16 : DType::kF32;
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // TrainingRunner: the devices and the runner `ferry train` trains with (RunTraining). One path
 // for any device count (--devices N, N >= 1): the planner (engine/plan/planner.h) plans the job
-// for N CPU devices (CpuDevicesProfile; the job's compute dtype, f32 or bf16, op scratch for
+// for N CPU devices (CpuDevicesProfile; the job's compute dtype, f32, bf16 or f16, op scratch for
 // `threads` threads, the job's micro-batch count), each device gets exactly the plan's per-device
 // bytes, and a PipelineRunner (engine/exec/pipeline_runner.h) runs the plan's stages round robin
 // over them. One device is a plan of one device (one stage when the whole model fits, which
