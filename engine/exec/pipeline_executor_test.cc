@@ -376,8 +376,8 @@ TEST_P(ExecutorTest, OverwritingGradientsEqualsAddingToZeros) {
 // Every device's arena holds exactly the plan's map (names and bytes, in its order), its peak is
 // the predicted per-device total, every component fitted its planned block, and one alignment
 // unit less fails naming the allocation that no longer fits.
-TEST_P(ExecutorTest, ArenaMatchesMemoryModel) {
-  const Case& k = GetParam();
+// (The body, shared with the f16 plans' check, F16TrainingTest.ArenaMatchesMemoryModel.)
+void CheckArenaMatchesMemoryModel(const Case& k) {
   const Model m = LoadModel(k.golden, k.lora_rank, k.nf4);
   const plan::Plan p = MakeTestPlan(m, k.spec);
   const uint64_t predicted = p.memory.gpu.total();
@@ -400,6 +400,7 @@ TEST_P(ExecutorTest, ArenaMatchesMemoryModel) {
   EXPECT_NE(e.status().message().find(p.memory.gpu.allocations.back().name), std::string::npos)
       << e.status().ToString();
 }
+TEST_P(ExecutorTest, ArenaMatchesMemoryModel) { CheckArenaMatchesMemoryModel(GetParam()); }
 
 // The executor's pinned host staging comes from the host pool as the plan's pinned map says: one
 // block per entry, named as the plan names it, each the plan's bytes, so the pool's peak is the
@@ -1785,6 +1786,13 @@ ScaledRun TrainScaled(const Model& m, const plan::Plan& p, int devices, const Ho
   r.final = Snapshot(**t);
   r.scaler = (*t)->loss_scaler_state();
   return r;
+}
+
+// f16 plans' device arenas are the plan's byte for byte, and one alignment unit less fails
+// naming the last allocation (loss scaling adds no buffer: memory_model.h).
+TEST(F16TrainingTest, ArenaMatchesMemoryModel) {
+  CheckArenaMatchesMemoryModel({"llama", 2, {{{1, 3}, {3, 5}}, {2}, 2, 2, 16, 2, DType::kF16}, 2});
+  CheckArenaMatchesMemoryModel({"gpt2", 0, {{{1, 2}, {2, 5}}, {}, 1, 2, 16, 2, DType::kF16}, 1});
 }
 
 OptimizerOptions ScaledOptions(double initial_scale, int64_t growth_interval) {
