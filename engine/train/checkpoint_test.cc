@@ -61,7 +61,9 @@ std::vector<std::array<double, 3>> Losses(const std::string& run) {
     EXPECT_FALSE(j.is_discarded()) << line;
     if (j.is_discarded()) continue;
     EXPECT_EQ(j["step"].get<size_t>(), out.size() + 1) << line;
-    out.push_back({j["loss"].get<double>(), j["lr"].get<double>(), j["grad_norm"].get<double>()});
+    // grad_norm is null on a step f16 loss scaling skipped (not finite): -1 here.
+    const double norm = j["grad_norm"].is_null() ? -1.0 : j["grad_norm"].get<double>();
+    out.push_back({j["loss"].get<double>(), j["lr"].get<double>(), norm});
   }
   return out;
 }
@@ -195,6 +197,58 @@ TEST_F(CheckpointTest, KeepsNewestAndPointsLatestAtIt) {
 
 // A flipped byte or a truncated file is Corruption naming the file; loading falls back to the
 // previous intact checkpoint with a warning naming the bad one.
+// f16 with growth after every finite step (the scale moves each step), stopped by a signal after
+// 3 updates and resumed: the straight run's numbers bit for bit, so the scaler's state came back.
+TEST_F(CheckpointTest, ResumeMatchesStraightRunF16LossScaling) {
+  JobSpec straight = Job("straight", 6, false), stopped = Job("stopped", 6, false);
+  for (JobSpec* j : {&straight, &stopped}) {
+    j->dtype = "f16";
+    j->loss_scale_growth_interval = 1;
+  }
+  ExpectResumeEqualsStraight(this, straight, stopped);
+}
+
+// state.json keeps the loss scaler's state for f16 runs only, as metrics.jsonl saw it; a
+// malformed one is Corruption naming the file.
+TEST_F(CheckpointTest, LossScalerStateIsSavedForF16Only) {
+  JobSpec f16 = Job("f16", 2, false);
+  f16.dtype = "f16";
+  f16.loss_scale = 1024;
+  f16.loss_scale_growth_interval = 1;
+  ASSERT_TRUE(Run(f16).ok());
+  const std::string dir = CheckpointsDir(f16.out) + "/" + CheckpointName(2);
+  Result<CheckpointState> c = ReadCheckpoint(dir);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->loss_scaler.has_value());
+  std::ifstream in(f16.out + "/metrics.jsonl");
+  double scale = 0;
+  int64_t skipped = 0;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    const bool skip = j["skipped"].get<bool>();
+    skipped += skip;
+    scale = skip ? j["loss_scale"].get<double>() / 2 : j["loss_scale"].get<double>() * 2;
+  }
+  EXPECT_EQ(c->loss_scaler->scale, scale);
+  EXPECT_EQ(c->loss_scaler->skipped_steps, skipped);
+  EXPECT_EQ(c->loss_scaler->growth_tracker, 0);  // interval 1: every finite step grows
+
+  JobSpec f32 = Job("f32", 2, false);
+  ASSERT_TRUE(Run(f32).ok());
+  Result<CheckpointState> plain = ReadCheckpoint(CheckpointsDir(f32.out) + "/" + CheckpointName(2));
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_FALSE(plain->loss_scaler.has_value());
+
+  nlohmann::json state = nlohmann::json::parse(std::ifstream(dir + "/state.json"));
+  state["loss_scaler"]["scale"] = "big";
+  std::ofstream(dir + "/state.json") << state.dump();
+  Result<CheckpointState> bad = ReadCheckpoint(dir);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kCorruption) << bad.status().ToString();
+  EXPECT_NE(bad.status().message().find("loss_scaler"), std::string::npos)
+      << bad.status().ToString();
+}
+
 TEST_F(CheckpointTest, CorruptCheckpointIsDetectedAndSkipped) {
   for (const bool compress : {false, true}) {
     JobSpec trained = Job("run" + std::to_string(compress), 4, false);
