@@ -10,7 +10,7 @@ build_dir=${FERRY_BUILD_DIR:-build}
 packages=(build-essential cmake ninja-build pkg-config git
   libopenblas-serial-dev libopenblas0-pthread libdnnl-dev liburing-dev libzstd-dev
   libcli11-dev nlohmann-json3-dev libpcre2-dev libicu-dev libfmt-dev libgtest-dev libgmock-dev
-  fio python3 python3-venv
+  fio python3 python3-venv python3-pip
   clang libclang-rt-14-dev)  # clang + its libFuzzer/sanitizer runtimes: scripts/fuzz.sh
 if [[ "${FERRY_SKIP_APT:-0}" != 1 ]]; then
   missing=()

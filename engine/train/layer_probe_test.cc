@@ -233,10 +233,12 @@ TEST(LayerProbe, RefusesALayerThatDoesNotFit) {
 // priced by bf16 layers, an NF4 base's blocks dequantize into it), keyed as the planner asks.
 TEST(LayerProbe, ProbesInThePlansDtype) {
   const ModelConfig m = Tiny("llama", 2);
-  for (const BaseQuant q : {BaseQuant::kNone, BaseQuant::kNf4}) {
-    SCOPED_TRACE(q == BaseQuant::kNf4 ? "nf4" : "plain");
+  for (const auto& [q, dtype] : {std::pair{BaseQuant::kNone, DType::kBF16},
+                                 {BaseQuant::kNf4, DType::kBF16},
+                                 {BaseQuant::kNf4, DType::kF16}}) {
+    SCOPED_TRACE(std::string(DTypeName(dtype)) + (q == BaseQuant::kNf4 ? " nf4" : " plain"));
     plan::PlanJob job = CpuJob(2, 16, 1);
-    job.compute_dtype = DType::kBF16;
+    job.compute_dtype = dtype;
     job.lora = {.rank = 4, .quantize = q};
     Devices devices;
     Result<std::vector<LayerProbeEntry>> times =
@@ -248,7 +250,8 @@ TEST(LayerProbe, ProbesInThePlansDtype) {
     }
     EXPECT_EQ(Keys(*times), want);
     for (const LayerProbeEntry& e : *times) {
-      EXPECT_NE(e.time.key.find("bf16"), std::string::npos) << e.time.key;
+      EXPECT_NE(e.time.key.find(" " + std::string(DTypeName(dtype))), std::string::npos)
+          << e.time.key;
       EXPECT_GT(e.time.forward_s, 0) << e.layer;
     }
   }
