@@ -6,6 +6,8 @@
 
 #include "apps/job_file.h"
 #include "apps/job_options.h"
+#include "engine/exec/job_device_factory.h"
+#include "engine/job/job_devices.h"
 #include "engine/job/job_spec.h"
 #include "engine/job/model_source.h"
 #include "engine/job/run_limits.h"
@@ -32,7 +34,12 @@ Status Run(const EvalCommand& cmd) {
   job.batch_size = cmd.batch_size;
   job.micro_batches = 1;
   job.seq_len = cmd.seq_len;
-  job.devices = 1;
+  job.devices = cmd.devices.devices;
+  job.device_kind = cmd.devices.device_kind;
+  job.gpus = cmd.devices.gpus;
+  job.dtype = cmd.devices.dtype;
+  // Settled (or refused) before anything is loaded; said once the run starts.
+  FERRY_ASSIGN_OR_RETURN(const std::string which, ResolveJobDevices(job, exec::TakeGpuCensus()));
   // Everything is checked against the model's config and this machine before anything is loaded.
   {
     FERRY_ASSIGN_OR_RETURN(ModelSource source,
@@ -66,8 +73,10 @@ Status Run(const EvalCommand& cmd) {
   if (rows.rows() == 0) {
     return Status::InvalidArgument(cmd.data + " has no target to score (" + log + ")");
   }
-  if (!cmd.json)
+  if (!cmd.json) {
     std::fprintf(stderr, "ferry eval: %s; %s\n", log.c_str(), DescribeRows(rows).c_str());
+    std::fprintf(stderr, "ferry eval: devices: %s\n", which.c_str());
+  }
 
   job.lora = m.lora;
   FERRY_ASSIGN_OR_RETURN(TrainingRunner devices,
@@ -123,6 +132,11 @@ void AddEvalCommand(CLI::App& parent, EvalCommand* cmd) {
   e->add_option("--seed", cmd->seed, "Initialization seed of --model tiny")->capture_default_str();
   e->add_option("--threads", cmd->threads, "CPU threads (0: all cores)")->capture_default_str();
   e->add_flag("--json", cmd->json, "Print one JSON object instead of text");
+  AddDevicesOption(*e, cmd->devices, "a forward-only plan runs over them");
+  e->add_option("--dtype", cmd->devices.dtype,
+                "Compute dtype: f32 (CPU devices), bf16, f16 or auto (f32 on CPU devices, bf16 "
+                "on GPUs)")
+      ->capture_default_str();
   AddQuantizeOptions(*e, &cmd->quantize, &cmd->double_quant, QuantizeUse::kInference);
 }
 

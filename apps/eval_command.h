@@ -5,13 +5,15 @@
 // --model / --adapter: resolved and loaded as for `ferry generate` (engine/job/model_source.h):
 // "tiny" (the preset at its seeded initialization, a smoke test), a Hugging Face model folder, or
 // a run folder of `ferry train` (full or LoRA), with an optional PEFT LoRA adapter. The forward
-// runs on an inference-only ModelRunner (no gradient buffers).
+// runs as a forward-only plan (no gradient buffers) on --devices (GPUs when present, else CPU
+// devices, as `ferry train`), said at the start.
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
 
+#include "engine/job/job_spec.h"
 #include "engine/model/lora_config.h"
 
 namespace ferry {
@@ -35,6 +37,9 @@ struct EvalCommand {
   BaseQuant quantize = BaseQuant::kNone;  // --quantize nf4: the base's projections in NF4
   bool double_quant = true;               // --[no-]double-quant: NF4's absmax nested
   bool json = false;
+  // --devices and --dtype (devices, device_kind, gpus and dtype only: the rest is set from the
+  // options above).
+  JobSpec devices;
 };
 
 // Adds the `eval` subcommand to `parent`; `cmd` must outlive parsing.

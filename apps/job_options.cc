@@ -1,6 +1,23 @@
 #include "apps/job_options.h"
 
+#include "engine/job/job_devices.h"
+
 namespace ferry {
+
+CLI::Option* AddDevicesOption(CLI::App& app, JobSpec& job, const std::string& help) {
+  return app
+      .add_option_function<std::string>(
+          "--devices",
+          [&job](const std::string& text) {
+            if (Status s = ParseDevicesOption(text, job); !s.ok()) {
+              throw CLI::ValidationError(s.message());
+            }
+          },
+          "Devices: a count (GPUs when present, else CPU devices), cpu,cpu (CPU devices), "
+          "cuda:0,cuda:1 (those GPUs) or cuda:0,cuda:0 (logical devices sharing a GPU); " +
+              help)
+      ->default_str(DevicesOptionText(job));
+}
 
 void AddJobOptions(CLI::App& app, JobSpec& j, std::string* lora_targets) {
   app.add_option("--model", j.model,

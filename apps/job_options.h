@@ -14,6 +14,11 @@ namespace ferry {
 // (parse it with ParseLoraTargets). `job` and `lora_targets` must outlive parsing.
 void AddJobOptions(CLI::App& app, JobSpec& job, std::string* lora_targets);
 
+// --devices (engine/job/job_devices.h: a count, cpu,cpu, cuda:0,cuda:1 or cuda:0,cuda:0), parsed
+// into job.devices, job.device_kind and job.gpus; a malformed value is a CLI11 validation error
+// naming the item. `help` ends the option's description. `job` must outlive parsing.
+CLI::Option* AddDevicesOption(CLI::App& app, JobSpec& job, const std::string& help);
+
 // What --quantize describes: the frozen base under LoRA (train, plan, probe) or the base a model
 // runs on (eval, generate).
 enum class QuantizeUse { kTraining, kInference };

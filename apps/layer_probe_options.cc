@@ -6,8 +6,9 @@
 
 #include "apps/job_options.h"
 #include "apps/plan_command.h"
+#include "engine/exec/job_device_factory.h"
+#include "engine/job/job_devices.h"
 #include "engine/train/layer_probe.h"
-#include "kernels/cpu/cpu_device.h"
 
 namespace ferry {
 
@@ -39,24 +40,34 @@ Status RunLayerProbe(const LayerProbeCommand& cmd, int threads, plan::HardwarePr
   o.repeats = cmd.repeats;
   o.cpu_threads = cores;
   o.seed = cmd.job.seed;
-  auto cpu = [&](size_t bytes) -> Result<std::unique_ptr<Device>> {
-    FERRY_ASSIGN_OR_RETURN(
-        std::unique_ptr<CpuDevice> d,
-        CpuDevice::Create({.name = "probe", .memory_bytes = bytes, .compute_threads = cores}));
-    return std::unique_ptr<Device>(std::move(d));
+  // On GPU 0 when the machine has one and the dtype is a GPU's; on a CPU device otherwise.
+  const GpuCensus census = exec::TakeGpuCensus();
+  const bool gpu = !census.gpus.empty() && job.scratch.cuda;
+  const std::string where = gpu ? "cuda:0 (" + census.gpus[0].name + ")"
+                                : "a CPU device, " + std::to_string(cores) + " threads";
+  const std::string why = gpu                   ? ""
+                          : census.gpus.empty() ? " (no GPU: " + census.none_reason + ")"
+                                                : " (--dtype f32 runs on CPU devices only)";
+  std::printf("probing layers on %s%s\n", where.c_str(), why.c_str());
+  o.device_memory_is_host = !gpu;
+  auto make_device = [&](size_t bytes) -> Result<std::unique_ptr<Device>> {
+    JobSpec one;
+    one.device_kind = gpu ? "cuda" : "cpu";
+    if (gpu) one.gpus = {0};
+    FERRY_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Device>> d,
+                           exec::CreateJobDevices(one, bytes, cores));
+    return std::move(d.at(0));
   };
   FERRY_ASSIGN_OR_RETURN(std::vector<LayerProbeEntry> times,
-                         ProbeLayerTimes(model, job, profile.gpu.count, cpu, o));
+                         ProbeLayerTimes(model, job, profile.gpu.count, make_device, o));
   for (const LayerProbeEntry& e : times) {
     std::printf("%-10s B=%-3lld T=%-5lld forward %9.3f ms  backward %9.3f ms\n", e.layer.c_str(),
                 static_cast<long long>(e.micro.batch), static_cast<long long>(e.micro.seq_len),
                 1e3 * e.time.forward_s, 1e3 * e.time.backward_s);
   }
   MergeLayerTimes(times, profile);
-  std::printf(
-      "%zu layer times for %s (CPU device, %d threads); plan with the same job options "
-      "and --dtype %s\n",
-      times.size(), cmd.job.model.c_str(), cores, cmd.dtype.c_str());
+  std::printf("%zu layer times for %s (on %s); plan with the same job options and --dtype %s\n",
+              times.size(), cmd.job.model.c_str(), where.c_str(), cmd.dtype.c_str());
   return Status::Ok();
 }
 

@@ -140,7 +140,9 @@ void AddPlanCommand(CLI::App& parent, PlanCommand* cmd) {
   p->fallthrough();
   AddJobOptions(*p, cmd->job, &cmd->lora_targets);
   p->add_option("--threads", cmd->job.threads, "Accepted so train job files plan as they are");
-  p->add_option("--devices", cmd->job.devices, "Accepted so train job files plan as they are");
+  AddDevicesOption(*p, cmd->job,
+                   "accepted so train job files plan as they are (the plan's GPUs are "
+                   "--hardware's)");
   p->add_option("--out", cmd->job.out, "Accepted so train job files plan as they are");
   p->add_option("--hardware", cmd->hardware,
                 "Hardware profile: a name in configs/hardware (1x-rtx4090-pcie4, "

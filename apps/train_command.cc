@@ -10,6 +10,8 @@
 
 #include "apps/job_file.h"
 #include "apps/job_options.h"
+#include "engine/exec/job_device_factory.h"
+#include "engine/job/job_devices.h"
 #include "engine/job/run_folder.h"
 #include "engine/job/run_limits.h"
 #include "engine/json.h"
@@ -33,14 +35,14 @@ void AddTrainCommand(CLI::App& parent, TrainCommand* cmd) {
   t->fallthrough();
   AddJobOptions(*t, j, &cmd->lora_targets);
   t->add_option("--threads", j.threads, "CPU threads (0: all cores)")->capture_default_str();
-  t->add_option("--devices", j.devices,
-                "CPU devices: the job is planned for them (one device: one stage when the model "
-                "fits) and the planned pipeline runs over them")
-      ->capture_default_str();
+  AddDevicesOption(*t, j,
+                   "the job is planned for them (one CPU device: one stage when the model fits) "
+                   "and the planned pipeline runs over them");
   t->add_option("--dtype", j.dtype,
-                "Compute dtype: f32 (the exact reference), bf16 (bf16 weights and activations, "
-                "bf16 GEMMs with fp32 accumulation where the CPU has them) or f16 (f16 weights "
-                "and activations, dynamic loss scaling); fp32 master weights")
+                "Compute dtype: f32 (the exact reference, CPU devices), bf16 (bf16 weights and "
+                "activations, bf16 GEMMs with fp32 accumulation where the device has them), f16 "
+                "(f16 weights and activations, dynamic loss scaling) or auto (f32 on CPU "
+                "devices, bf16 on GPUs); fp32 master weights")
       ->capture_default_str();
   t->add_option("--loss-scale", j.loss_scale,
                 "With --dtype f16: the initial dynamic loss scale, a power of two (halved on a "
@@ -94,6 +96,8 @@ Result<JobSpec> ResumedJob(const TrainCommand& cmd) {
   FERRY_ASSIGN_OR_RETURN(JobSpec job, JobSpecFromJson(saved, path));
   FERRY_ASSIGN_OR_RETURN(ModelConfig model, ResolveModel(job));
   const nlohmann::json given = JobSpecToJson(cmd.job, model);
+  // A run saved before job.json had device_kind ran on CPU devices.
+  if (!saved.contains("device_kind")) job.device_kind = "cpu";
   nlohmann::json merged = JobSpecToJson(job, model);
   const std::set<std::string> may_change = {"steps", "threads", "save_every", "keep_checkpoints",
                                             "checkpoint_compress"};
@@ -103,6 +107,20 @@ Result<JobSpec> ResumedJob(const TrainCommand& cmd) {
     while (!key.empty() && key.front() == '-') key.erase(key.begin());
     for (char& c : key) c = c == '-' ? '_' : c;
     if (key == "resume" || !given.contains(key)) continue;
+    // --devices sets three keys.
+    if (key == "devices") {
+      // A count ("auto") names no kind: it agrees with the run's devices of that count.
+      const bool count_only = given["device_kind"] == "auto";
+      nlohmann::json a = {given["devices"], given["device_kind"], given["gpus"]};
+      nlohmann::json b = {merged["devices"], merged["device_kind"], merged["gpus"]};
+      if (count_only) a = a[0], b = b[0];
+      if (a != b) {
+        return Status::InvalidArgument("--devices " + DevicesOptionText(cmd.job) +
+                                       " differs from the run's " + DevicesOptionText(job) + " (" +
+                                       path + "); a resumed run keeps its devices");
+      }
+      continue;
+    }
     if (key == "out") {
       return Status::InvalidArgument("--out cannot be combined with --resume (the run folder is " +
                                      cmd.resume + ")");
@@ -142,6 +160,10 @@ int RunTrainCommand(TrainCommand& cmd) {
   Result<ModelConfig> model = ResolveModel(job);
   if (!model.ok()) return fail(model.status());
   if (Status s = ValidateJobSpec(job, *model); !s.ok()) return fail(s);
+  // Which devices, settled before anything is written: job.json records them.
+  Result<std::string> which = ResolveJobDevices(job, exec::TakeGpuCensus());
+  if (!which.ok()) return fail(which.status());
+  control.devices_line = *which;
   // The device the run will create, against this machine, before the run folder is touched.
   const int threads =
       job.threads > 0 ? int(job.threads) : int(MachineLimits::OfThisMachine().hardware_threads);
@@ -151,7 +173,7 @@ int RunTrainCommand(TrainCommand& cmd) {
   run.device_from = "--batch-size " + std::to_string(job.batch_size) + " / --micro-batches " +
                     std::to_string(job.micro_batches) + " x --seq-len " +
                     std::to_string(job.seq_len);
-  run.device_from += " on --devices " + std::to_string(job.devices);
+  run.device_from += " on --devices " + DevicesOptionText(job);
   if (Status s = ValidateRunLimits(run, *model); !s.ok()) return fail(s);
   control.trace = cmd.trace;
   if (cmd.force && control.resume)

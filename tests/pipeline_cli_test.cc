@@ -218,12 +218,56 @@ TEST_F(PipelineCliTest, QloraTrainsTheSameOnAnyDevices) {
 }
 
 TEST_F(PipelineCliTest, BadDeviceOptionsAreOneLine) {
-  for (const std::string args : {"train --devices 0", "train --devices 65"}) {
+  for (const std::string args : {"train --devices 0", "train --devices 65",
+                                 "train --devices cpu,cuda:0", "train --devices gpu"}) {
     CommandResult r = Ferry(args + " --out " + dir_ + "/run");
     EXPECT_EQ(r.code, 1) << args << ": " << r.output;
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << args << ": " << r.output;
     EXPECT_NE(r.output.find("--devices"), std::string::npos) << args << ": " << r.output;
   }
+  // A GPU asked for where there is none (CUDA_VISIBLE_DEVICES hides any): refused in one line
+  // that says why and what to give, before the run folder exists.
+  CommandResult r =
+      Ferry("train --devices cuda:0,cuda:0 --out " + dir_ + "/gpu", "CUDA_VISIBLE_DEVICES=");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  EXPECT_NE(r.output.find("--devices cuda:0,cuda:0: no GPU ("), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("run on CPU devices with --devices 2"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/gpu"));
+}
+
+// --devices cpu,cpu: two CPU devices, said at the start with why, recorded in job.json as the list
+// and kept on --resume (a count of 2 agrees with it; another list is refused).
+TEST_F(PipelineCliTest, ListedCpuDevicesAreSaidRecordedAndKept) {
+  const std::string job =
+      "train" + ferry::testing::kQuickTrain + " --micro-batches 2 --steps 2 --save-every 1 ";
+  CommandResult r = Ferry(job + "--devices cpu,cpu --out " + dir_ + "/run");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("ferry train: devices: 2 CPU devices (--devices cpu,cpu)\n"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("ferry train: 2 CPU devices, "), std::string::npos) << r.output;
+  std::ifstream job_file(dir_ + "/run/job.json");
+  const nlohmann::json saved = nlohmann::json::parse(job_file, nullptr, false);
+  EXPECT_EQ(saved.value("device_kind", ""), "cpu") << saved.dump();
+  EXPECT_EQ(saved.value("devices", 0), 2) << saved.dump();
+  EXPECT_EQ(saved.value("dtype", ""), "f32") << saved.dump();
+  CommandResult same = Ferry("train --steps 3 --devices 2 --resume " + dir_ + "/run");
+  EXPECT_EQ(same.code, 0) << same.output;
+  CommandResult other = Ferry("train --steps 4 --devices cpu --resume " + dir_ + "/run");
+  EXPECT_EQ(other.code, 1) << other.output;
+  EXPECT_NE(other.output.find("--devices cpu differs from the run's cpu,cpu"), std::string::npos)
+      << other.output;
+}
+
+// Without a GPU (hidden here), a count of devices means CPU devices and the start says why.
+TEST_F(PipelineCliTest, WithoutAGpuACountIsCpuDevicesAndSaysWhy) {
+  CommandResult r =
+      Ferry("train" + ferry::testing::kQuickTrain + " --steps 1 --out " + dir_ + "/run",
+            "CUDA_VISIBLE_DEVICES=");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("ferry train: devices: 1 CPU device (no GPU: "), std::string::npos)
+      << r.output;
 }
 
 // --stale-updates over --devices 2: a checkpoint is a synchronization point, so a run stopped at

@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "engine/job/job_devices.h"
 #include "engine/job/model_source.h"
 #include "engine/job/run_limits.h"
 #include "engine/json.h"
@@ -109,6 +110,8 @@ void ForEachJobOption(Job& job, Visit&& visit) {
   visit("double_quant", job.lora.double_quant);
   visit("threads", job.threads);
   visit("devices", job.devices);
+  visit("device_kind", job.device_kind);
+  visit("gpus", job.gpus);
   visit("dtype", job.dtype);
   visit("loss_scale", job.loss_scale);
   visit("loss_scale_growth_interval", job.loss_scale_growth_interval);
@@ -175,11 +178,7 @@ Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
   if (!(job.grad_clip >= 0) || !std::isfinite(job.grad_clip)) {
     return Bad("--grad-clip must be 0 (off) or a positive number");
   }
-  if (job.devices < 1 || job.devices > 64) return Bad("--devices must lie in [1, 64]");
-  if (job.dtype != "f32" && job.dtype != "bf16" && job.dtype != "f16") {
-    return Bad("--dtype '" + job.dtype +
-               "': use f32 (the exact reference), bf16 or f16 (with dynamic loss scaling)");
-  }
+  FERRY_RETURN_IF_ERROR(ValidateJobDevices(job));
   // The Trainer's own check (engine/train/loss_scaler.h) says the same without the flags' names.
   int exponent = 0;
   if (!(job.loss_scale >= 1 && job.loss_scale <= 0x1p100) ||

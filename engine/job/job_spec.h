@@ -50,12 +50,19 @@ struct JobSpec {
   uint64_t seed = 1234;
   LoraConfig lora;      // rank 0: full fine-tuning
   int64_t threads = 0;  // CPU device threads; 0: all cores
-  int64_t devices = 1;  // CPU devices the planned pipeline runs over (training_runner.h)
-  // Compute (storage) dtype on the devices, with one device or --devices N: "f32", the exact
-  // reference, "bf16" (bf16 weights and activations, bf16 GEMMs with fp32 accumulation where
-  // the CPU has them) or "f16" (f16 weights and activations, with dynamic loss scaling); master
-  // weights, gradients and optimizer state stay fp32.
-  std::string dtype = "f32";
+  // The logical devices the planned pipeline runs over (engine/train/training_runner.h) and what
+  // they are (--devices, engine/job/job_devices.h): device_kind "auto" (GPUs when this build and
+  // machine have them, else CPU devices; ResolveJobDevices settles it before a run), "cpu" or
+  // "cuda". With "cuda", `gpus` holds each device's GPU (its CUDA ordinal); a repeated ordinal
+  // makes logical devices that share one GPU.
+  int64_t devices = 1;
+  std::string device_kind = "auto";
+  std::vector<int64_t> gpus;
+  // Compute (storage) dtype on the devices: "f32", the exact reference (CPU devices only), "bf16"
+  // (bf16 weights and activations, bf16 GEMMs with fp32 accumulation) or "f16" (f16 weights and
+  // activations, with dynamic loss scaling); "auto" is f32 on CPU devices and bf16 on GPUs
+  // (ResolveJobDevices). Master weights, gradients and optimizer state stay fp32.
+  std::string dtype = "auto";
   // f16's dynamic loss scaling (engine/train/loss_scaler.h, torch GradScaler's defaults): the
   // initial scale (a power of two) and the finite steps after which it doubles. Unused (and the
   // scale stays 1) with f32 and bf16.

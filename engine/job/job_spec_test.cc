@@ -126,6 +126,8 @@ JobSpec EveryOptionSet() {
               .double_quant = false};
   job.threads = 2;
   job.devices = 3;
+  job.device_kind = "cuda";
+  job.gpus = {1, 0, 1};
   job.dtype = "bf16";
   job.loss_scale = 1024;
   job.loss_scale_growth_interval = 50;

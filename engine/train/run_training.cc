@@ -136,6 +136,9 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
                model.model_type.c_str(), double(params) / 1e6, double(trainable) / 1e6,
                base.c_str(), (long long)job.steps, (long long)job.batch_size,
                (long long)job.seq_len, threads, job.dtype.c_str(), job.out.c_str());
+  if (!control.devices_line.empty()) {
+    std::fprintf(stderr, "ferry train: devices: %s\n", control.devices_line.c_str());
+  }
   std::fprintf(stderr, "ferry train: %s\n", devices.summary.c_str());
   ProgressBar progress(stderr, ::isatty(::fileno(stderr)) != 0,
                        std::max<int64_t>(1, job.steps / 20));

@@ -48,6 +48,9 @@ struct RunControl {
   // Non-empty: write what the pipeline's devices and the host ran, as Chrome-trace JSON
   // (engine/exec/trace_recorder.h), to this file when the run ends or is stopped.
   std::string trace;
+  // Which devices the run uses and why (ResolveJobDevices' line), printed with the other lines
+  // that start the run ("ferry train: devices: ..."); empty: not printed.
+  std::string devices_line;
 };
 
 Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunControl& control = {});

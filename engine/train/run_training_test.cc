@@ -5,11 +5,18 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <random>
 #include <utility>
+#include <vector>
 
+#include "engine/job/job_devices.h"
 #include "engine/job/job_spec.h"
+#include "engine/model/master_weights.h"
+#include "engine/model/param_spec.h"
 #include "engine/train/training_runner.h"
 #include "kernels/cpu/cpu_device.h"
+#include "kernels/testing/gpu_testing.h"
 
 namespace ferry {
 namespace {
@@ -45,6 +52,87 @@ TEST(TrainingDevicesBytes, IsWhatCreateTrainingRunnerCreates) {
         EXPECT_LT(bytes, TrainingDevicesBytes(job, *model, kThreads));
       }
     }
+  }
+}
+
+// CreateTrainingRunner on --devices cpu,cpu: CPU devices named as JobDeviceNames names them,
+// whatever GPUs the machine has, and the job's "auto" dtype is f32 there.
+TEST(CreateTrainingRunner, CpuDevicesAsListed) {
+  JobSpec job;
+  job.batch_size = 4;
+  job.micro_batches = 2;
+  job.seq_len = 32;
+  ASSERT_TRUE(ParseDevicesOption("cpu,cpu", job).ok());
+  Result<ModelConfig> model = ResolveModel(job);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  Result<TrainingRunner> t = CreateTrainingRunner(job, *model, kThreads);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  ASSERT_EQ(t->devices.size(), 2u);
+  EXPECT_EQ(t->devices[0]->name(), "cpu0");
+  EXPECT_EQ(t->devices[1]->name(), "cpu1");
+  EXPECT_EQ(t->devices[0]->kind(), DeviceKind::kCpu);
+  EXPECT_EQ(t->summary.rfind("2 CPU devices, ", 0), 0u) << t->summary;
+  ASSERT_TRUE(t->plan.has_value());
+  EXPECT_EQ(t->plan->job.compute_dtype, DType::kF32);
+}
+
+// One step of the tiny Llama in bf16 on two logical devices sharing GPU 0, against the same job
+// on two CPU devices (bf16 storage, fp32 math): the loss and every gradient agree within what
+// bf16 storage allows (each device rounds activations to 8 significant bits, in different
+// kernels and orders).
+TEST(CreateTrainingRunner, GpuStepMatchesCpuDevicesInBf16) {
+  FERRY_SKIP_WITHOUT_GPU();
+  JobSpec job;
+  job.batch_size = 4;
+  job.micro_batches = 2;
+  job.seq_len = 32;
+  job.dtype = "bf16";
+  Result<ModelConfig> model = ResolveModel(job);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(*model, job.lora);
+  const HostTensors weights = InitMasterWeights(layers, 7);
+  std::mt19937 rng(3);
+  std::vector<int32_t> tokens(size_t(job.batch_size * job.seq_len));
+  for (int32_t& t : tokens) t = int32_t(rng() % uint32_t(model->vocab_size));
+  const size_t half = tokens.size() / 2;
+  const double normalizer = double(tokens.size());
+  std::vector<MicroBatchInput> batches = {{.tokens = std::span(tokens).first(half),
+                                           .targets = std::span(tokens).first(half),
+                                           .normalizer = normalizer,
+                                           .overwrite_grads = true},
+                                          {.tokens = std::span(tokens).subspan(half),
+                                           .targets = std::span(tokens).subspan(half),
+                                           .normalizer = normalizer}};
+  auto step = [&](const std::string& devices, HostTensors& grads) -> double {
+    JobSpec j = job;
+    EXPECT_TRUE(ParseDevicesOption(devices, j).ok());
+    Result<TrainingRunner> t = CreateTrainingRunner(j, *model, kThreads);
+    EXPECT_TRUE(t.ok()) << devices << ": " << t.status().ToString();
+    if (!t.ok()) return NAN;
+    for (const LayerSpec& l : layers) {
+      for (const ParamSpec& p : l.params) {
+        if (p.trainable && p.tied_to.empty()) grads.tensors[p.name].assign(size_t(p.numel()), 0);
+      }
+    }
+    EXPECT_TRUE(t->runner->UploadWeights(weights).ok());
+    Result<double> loss = t->runner->AccumulateStep(batches, grads, {});
+    EXPECT_TRUE(loss.ok()) << devices << ": " << loss.status().ToString();
+    return loss.ok() ? *loss : NAN;
+  };
+  HostTensors cpu_grads, gpu_grads;
+  const double cpu = step("cpu,cpu", cpu_grads);
+  const double gpu = step("cuda:0,cuda:0", gpu_grads);
+  EXPECT_NEAR(gpu, cpu, 2e-2 * std::abs(cpu));
+  for (const auto& [name, ref] : cpu_grads.tensors) {
+    const std::vector<float>& got = gpu_grads.tensors[name];
+    ASSERT_EQ(got.size(), ref.size()) << name;
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      diff += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+      norm += double(ref[i]) * ref[i];
+    }
+    // bf16 activations through a few layers: a few percent of the gradient's norm.
+    EXPECT_LE(std::sqrt(diff), 5e-2 * std::sqrt(norm) + 1e-6) << name;
   }
 }
 

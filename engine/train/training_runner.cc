@@ -4,7 +4,9 @@
 
 #include <filesystem>
 
+#include "engine/exec/job_device_factory.h"
 #include "engine/exec/pipeline_runner.h"
+#include "engine/job/job_devices.h"
 #include "engine/plan/planner.h"
 #include "kernels/arena.h"
 #include "offload/file_io.h"
@@ -35,17 +37,54 @@ plan::HardwareProfile CpuDevicesProfile(int count, uint64_t device_bytes) {
   return h;
 }
 
+plan::HardwareProfile GpuDevicesProfile(int count, uint64_t device_bytes,
+                                        const std::string& gpu_model) {
+  plan::HardwareProfile h = CpuDevicesProfile(count, device_bytes);
+  const std::string src = "ferry train --devices: GPUs, nominal rates";
+  h.name = "gpu-devices";
+  h.description = std::to_string(count) + " CUDA devices on " + gpu_model;
+  h.gpu.model = gpu_model;
+  h.gpu.bf16_flops = 1e14;
+  h.gpu.memory_bandwidth = 1e12;
+  h.gpu.source = src;
+  h.pcie = {4, 16, 2.5e10, 2.5e10, 1e10, 1e10, src};
+  return h;
+}
+
 namespace {
 
+// The job with its devices and dtype settled (a job whose command settled them is unchanged).
+Result<JobSpec> Resolved(const JobSpec& job, const GpuCensus& census) {
+  JobSpec j = job;
+  FERRY_RETURN_IF_ERROR(ResolveJobDevices(j, census).status());
+  return j;
+}
+
+// The census a job needs: GPUs only when it may run on them.
+GpuCensus CensusFor(const JobSpec& job) {
+  if (job.device_kind == "cpu") return GpuCensus{.gpus = {}, .none_reason = "--devices cpu"};
+  return exec::TakeGpuCensus();
+}
+
+bool OnGpus(const JobSpec& job) { return job.device_kind == "cuda"; }
+
 DType ComputeDtype(const JobSpec& job) {
-  if (job.dtype == "bf16") return DType::kBF16;  // ValidateJobSpec'd
+  if (job.dtype == "bf16") return DType::kBF16;  // ValidateJobSpec'd, resolved
   return job.dtype == "f16" ? DType::kF16 : DType::kF32;
+}
+
+plan::ScratchTarget ScratchOf(const JobSpec& job, int threads) {
+  return OnGpus(job) ? plan::ScratchTarget{.cuda = true}
+                     : plan::ScratchTarget{.cuda = false, .cpu_threads = threads};
 }
 
 }  // namespace
 
-uint64_t WholeModelBytes(const JobSpec& job, const ModelConfig& model, int threads,
+uint64_t WholeModelBytes(const JobSpec& unresolved, const ModelConfig& model, int threads,
                          bool forward_only) {
+  JobSpec job = unresolved;
+  if (job.device_kind == "auto") job.device_kind = "cpu";
+  if (job.dtype == "auto") job.dtype = OnGpus(job) ? "bf16" : "f32";
   plan::MemoryPlanInput in;
   in.model = model;
   in.lora = job.lora;
@@ -54,7 +93,7 @@ uint64_t WholeModelBytes(const JobSpec& job, const ModelConfig& model, int threa
   in.compute_dtype = ComputeDtype(job);
   in.stages = {{1, int(model.num_layers) + 1}};
   in.recompute.assign(size_t(model.num_layers) + 2, false);
-  in.scratch = {.cuda = false, .cpu_threads = threads};
+  in.scratch = ScratchOf(job, threads);
   in.forward_only = forward_only;
   return plan::ComputeMemory(in).gpu.total();
 }
@@ -74,9 +113,9 @@ Status ApplyJobBudgets(const JobSpec& job, plan::HardwareProfile& hw) {
   return plan::ApplyBudgetOverrides(o, hw);
 }
 
-// The plan of a --devices N job on N CPU devices.
-Result<plan::Plan> PlanCpuDevices(const JobSpec& job, const ModelConfig& model, int threads,
-                                  bool forward_only) {
+// The plan of a --devices N job (settled: CPU devices or GPUs) on its devices.
+Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, int threads,
+                                  bool forward_only, const GpuCensus& census) {
   plan::PlanJob pj;
   pj.global_batch = job.batch_size;
   pj.seq_len = job.seq_len;
@@ -85,19 +124,26 @@ Result<plan::Plan> PlanCpuDevices(const JobSpec& job, const ModelConfig& model, 
   pj.compute_dtype = ComputeDtype(job);
   pj.stale_updates = job.stale_updates;
   pj.forward_only = forward_only;
-  // One device runs the whole model as one stage: on a CPU device a weight copy takes the cores
-  // its compute needs, so streaming stages would only add work.
-  if (job.devices == 1) pj.max_stages = 1;
-  pj.scratch = {.cuda = false, .cpu_threads = threads};
+  // One CPU device runs the whole model as one stage: on a CPU device a weight copy takes the
+  // cores its compute needs, so streaming stages would only add work. A GPU streams what does not
+  // fit.
+  if (job.devices == 1 && !OnGpus(job)) pj.max_stages = 1;
+  pj.scratch = ScratchOf(job, threads);
   pj.nvme_optimizer_only = true;  // the one NVMe tier the executor and trainer honour
-  // A stage never needs more than the whole model on one device: that bounds the budget.
+  // A CPU device never needs more than the whole model as one stage: that bounds its budget. A
+  // GPU's is its free memory.
   plan::HardwareProfile hw =
-      CpuDevicesProfile(int(job.devices), WholeModelBytes(job, model, threads, forward_only));
+      OnGpus(job)
+          ? GpuDevicesProfile(int(job.devices),
+                              GpuDeviceBytes(job, census, exec::kGpuMemoryFraction),
+                              census.gpus.at(size_t(job.gpus.at(0))).name)
+          : CpuDevicesProfile(int(job.devices), WholeModelBytes(job, model, threads, forward_only));
   FERRY_RETURN_IF_ERROR(ApplyJobBudgets(job, hw));
   FERRY_ASSIGN_OR_RETURN(plan::PlanOutcome outcome,
                          plan::MakePlan(job.model, model, pj, hw, /*suggest=*/false));
   if (!outcome.feasible) {
-    return Status::InvalidArgument("no plan fits " + std::to_string(job.devices) + " CPU device" +
+    return Status::InvalidArgument("no plan fits " + std::to_string(job.devices) +
+                                   (OnGpus(job) ? " CUDA device" : " CPU device") +
                                    (job.devices == 1 ? "" : "s") + ": " + outcome.binding);
   }
   const plan::Plan& p = outcome.plan;
@@ -118,34 +164,38 @@ std::string OptimizerStateDir(const JobSpec& job) {
   return job.nvme_dir + "/" + run + ".optimizer-state";
 }
 
-uint64_t TrainingDevicesBytes(const JobSpec& job, const ModelConfig& model, int threads,
+uint64_t TrainingDevicesBytes(const JobSpec& unresolved, const ModelConfig& model, int threads,
                               bool forward_only) {
-  Result<plan::Plan> p = PlanCpuDevices(job, model, threads, forward_only);
+  const GpuCensus census = CensusFor(unresolved);
+  Result<JobSpec> job = Resolved(unresolved, census);
+  if (job.ok() && OnGpus(*job)) return 0;  // device memory, not the host's
+  // Devices that do not resolve are CreateTrainingRunner's to report; CPU devices bound the host.
+  JobSpec j = job.ok() ? *job : unresolved;
+  if (!job.ok()) j.device_kind = "cpu", j.gpus.clear(), j.dtype = "f32";
+  Result<plan::Plan> p = PlanJobDevices(j, model, threads, forward_only, census);
   // Without a plan, CreateTrainingRunner reports why; the whole model bounds each stage.
-  if (!p.ok()) return uint64_t(job.devices) * WholeModelBytes(job, model, threads, forward_only);
-  return uint64_t(job.devices) * p->memory.gpu.total();
+  if (!p.ok()) return uint64_t(j.devices) * WholeModelBytes(j, model, threads, forward_only);
+  return uint64_t(j.devices) * p->memory.gpu.total();
 }
 
-Result<TrainingRunner> CreateTrainingRunner(const JobSpec& job, const ModelConfig& model,
+Result<TrainingRunner> CreateTrainingRunner(const JobSpec& unresolved, const ModelConfig& model,
                                             int threads, bool trace, bool forward_only) {
   TrainingRunner t;
-  FERRY_ASSIGN_OR_RETURN(const plan::Plan p, PlanCpuDevices(job, model, threads, forward_only));
+  const GpuCensus census = CensusFor(unresolved);
+  JobSpec job = unresolved;
+  FERRY_RETURN_IF_ERROR(ResolveJobDevices(job, census).status());
+  FERRY_ASSIGN_OR_RETURN(const plan::Plan p,
+                         PlanJobDevices(job, model, threads, forward_only, census));
+  FERRY_ASSIGN_OR_RETURN(t.devices, exec::CreateJobDevices(job, p.memory.gpu.total(), threads));
   std::vector<Device*> raw;
-  for (int64_t i = 0; i < job.devices; ++i) {
-    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<CpuDevice> d,
-                           CpuDevice::Create({.name = "cpu" + std::to_string(i),
-                                              .memory_bytes = p.memory.gpu.total(),
-                                              .compute_threads = threads}));
-    raw.push_back(d.get());
-    t.devices.push_back(std::move(d));
-  }
+  for (const std::unique_ptr<Device>& d : t.devices) raw.push_back(d.get());
   if (trace) t.trace = std::make_unique<exec::TraceRecorder>(p, job.steps);
   FERRY_ASSIGN_OR_RETURN(t.runner, exec::CreatePipelineRunner(raw, model, p, t.trace.get()));
   t.summary =
-      std::to_string(job.devices) + " CPU device" + (job.devices == 1 ? "" : "s") + ", " +
-      std::to_string(p.stages.size()) + " stage" + (p.stages.size() == 1 ? "" : "s") +
-      ", activations " + p.activation_policy + ", " + FormatBytes(p.memory.gpu.total()) +
-      " per device" +
+      std::to_string(job.devices) + (OnGpus(job) ? " CUDA device" : " CPU device") +
+      (job.devices == 1 ? "" : "s") + ", " + std::to_string(p.stages.size()) + " stage" +
+      (p.stages.size() == 1 ? "" : "s") + ", activations " + p.activation_policy + ", " +
+      FormatBytes(p.memory.gpu.total()) + " per device" +
       (p.optimizer_state == Tier::kNvme ? ", optimizer state on NVMe in " + OptimizerStateDir(job) +
                                               " (" + FormatBytes(p.memory.nvme.total()) + ")"
                                         : "");

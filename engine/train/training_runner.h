@@ -1,10 +1,11 @@
 // TrainingRunner: the devices and the runner `ferry train` trains with (RunTraining). One path
-// for any device count (--devices N, N >= 1): the planner (engine/plan/planner.h) plans the job
-// for N CPU devices (CpuDevicesProfile; the job's compute dtype, f32, bf16 or f16, op scratch for
-// `threads` threads, the job's micro-batch count), each device gets exactly the plan's per-device
-// bytes, and a PipelineRunner (engine/exec/pipeline_runner.h) runs the plan's stages round robin
-// over them. One device is a plan of one device (one stage when the whole model fits, which
-// bounds the budget).
+// for any device count and kind (--devices, engine/job/job_devices.h): the job's devices are
+// settled against the GPUs this process sees (ResolveJobDevices: GPUs when present, else CPU
+// devices), the planner (engine/plan/planner.h) plans the job for them (CpuDevicesProfile or
+// GpuDevicesProfile; the job's compute dtype, op scratch for the device kind, the job's
+// micro-batch count), each device gets exactly the plan's per-device bytes, and a PipelineRunner
+// (engine/exec/pipeline_runner.h) runs the plan's stages round robin over them. One CPU device is
+// a plan of one stage (the whole model fits its budget); one GPU streams what does not fit.
 // With `trace`, the pipeline records what its devices ran into a TraceRecorder
 // (engine/exec/trace_recorder.h).
 // The profile's host RAM is --host-memory (else physical RAM) and its NVMe the free space of
@@ -32,11 +33,12 @@
 namespace ferry {
 
 struct TrainingRunner {
-  std::vector<std::unique_ptr<CpuDevice>> devices;
+  std::vector<std::unique_ptr<Device>> devices;
   std::optional<plan::Plan> plan;              // the plan the pipeline runs
   std::unique_ptr<exec::TraceRecorder> trace;  // when asked for: what the pipeline ran
   std::unique_ptr<ModelRunner> runner;
-  std::string summary;  // one line for the log: devices, stages, bytes per device
+  // One line for the log: how many devices of which kind, stages, bytes per device.
+  std::string summary;
   // When the plan puts optimizer state on NVMe: the folder the Trainer keeps it in
   // (OptimizerStateDir); empty: host RAM.
   std::string optimizer_nvme_dir;
@@ -49,6 +51,10 @@ std::string OptimizerStateDir(const JobSpec& job);
 // A hardware profile for `count` CPU devices of `device_bytes` each (rates are nominal: they only
 // steer the partition; host RAM is this machine's).
 plan::HardwareProfile CpuDevicesProfile(int count, uint64_t device_bytes);
+// The same for `count` CUDA devices of `device_bytes` each on GPUs named `gpu_model` (nominal
+// rates too: `ferry plan` with a probed profile predicts a GPU's times).
+plan::HardwareProfile GpuDevicesProfile(int count, uint64_t device_bytes,
+                                        const std::string& gpu_model);
 
 // The bytes of the whole model as one stage on one CPU device of `threads` threads, every
 // activation saved (or, `forward_only`, nothing saved), by the memory model
@@ -57,10 +63,10 @@ plan::HardwareProfile CpuDevicesProfile(int count, uint64_t device_bytes);
 uint64_t WholeModelBytes(const JobSpec& job, const ModelConfig& model, int threads,
                          bool forward_only = false);
 
-// The bytes of all the CPU devices CreateTrainingRunner creates for `job`: --devices N times the
+// The host bytes of the CPU devices CreateTrainingRunner creates for `job`: --devices N times the
 // plan's per-device bytes (what `ferry train` checks against physical memory before it touches
 // the run folder). Without a plan: N times the whole model's one-stage bytes (each stage fits in
-// them; CreateTrainingRunner then says why there is no plan).
+// them; CreateTrainingRunner then says why there is no plan). 0 when the job runs on GPUs.
 // `forward_only`: as CreateTrainingRunner's.
 uint64_t TrainingDevicesBytes(const JobSpec& job, const ModelConfig& model, int threads,
                               bool forward_only = false);
@@ -68,8 +74,9 @@ uint64_t TrainingDevicesBytes(const JobSpec& job, const ModelConfig& model, int 
 // `trace`: record what the pipeline runs (TrainingRunner::trace, sized for job.steps steps).
 // `forward_only`: a forward-only plan (evaluation, `ferry eval`: no gradients, no optimizer
 // state; memory_model.h): the runner's EvaluateLoss runs, its AccumulateStep fails.
-// Errors: InvalidArgument when the planner finds no plan for the devices (naming the binding
-// constraint), and those of the device and runner factories.
+// `job`'s devices and dtype may still be "auto" (settled here as ResolveJobDevices does).
+// Errors: those of ResolveJobDevices; InvalidArgument when the planner finds no plan for the
+// devices (naming the binding constraint); those of the device and runner factories.
 Result<TrainingRunner> CreateTrainingRunner(const JobSpec& job, const ModelConfig& model,
                                             int threads, bool trace = false,
                                             bool forward_only = false);
