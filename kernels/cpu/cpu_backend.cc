@@ -16,14 +16,17 @@
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/swiglu.h"
 #include "kernels/ops/backend.h"
+#include "kernels/ops/kernel_work.h"
 
 namespace ferry {
 namespace {
 
-// Enqueues Fn(pool, a) on a CPU device's compute stream under the name `op`.
+// Enqueues Fn(pool, a) on a CPU device's compute stream under the name `op`, priced by its work
+// (for a virtual clock).
 template <typename Args, Status (*Fn)(ThreadPool&, const Args&)>
 Status OnPool(Device& d, std::string_view op, const Args& a) {
-  return static_cast<CpuDevice&>(d).EnqueueCompute(op, [a](ThreadPool& p) { return Fn(p, a); });
+  return static_cast<CpuDevice&>(d).EnqueueCompute(
+      op, [a](ThreadPool& p) { return Fn(p, a); }, WorkOf(a));
 }
 
 Status DecodeAttentionKernel(ThreadPool& p, const DecodeAttentionArgs& a) {

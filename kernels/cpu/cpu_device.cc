@@ -16,6 +16,7 @@
 #include "kernels/arena.h"
 #include "kernels/backend_access.h"
 #include "kernels/cpu/blas.h"
+#include "kernels/cpu/virtual_clock.h"
 
 namespace ferry {
 namespace {
@@ -23,17 +24,19 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // One Record of an event: completes once, with the status of the work it captured; a timed
-// event's record also notes when its stream reached it.
+// event's record also notes when its stream reached it. Every record notes its stream's virtual
+// time (0 without a virtual clock), which waits and host synchronizations carry on.
 struct Signal {
   explicit Signal(bool timed) : timed(timed) {}
   const bool timed;
   std::mutex mu;
   std::condition_variable cv;
-  bool done = false;     // guarded by mu
-  Status status;         // guarded by mu
-  Clock::time_point at;  // guarded by mu; when done, for a timed record
+  bool done = false;      // guarded by mu
+  Status status;          // guarded by mu
+  Clock::time_point at;   // guarded by mu; when done, for a timed record
+  double virtual_at = 0;  // guarded by mu; when done, the stream's virtual time at the record
 
-  void Complete(Status s) {
+  void Complete(Status s, double virtual_time) {
     // Read before the lock: the stream thread's own clock at the record, as a GPU stamps it.
     const Clock::time_point now = timed ? Clock::now() : Clock::time_point();
     {
@@ -41,6 +44,7 @@ struct Signal {
       done = true;
       status = std::move(s);
       at = now;
+      virtual_at = virtual_time;
     }
     cv.notify_all();
   }
@@ -48,6 +52,11 @@ struct Signal {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return done; });
     return status;
+  }
+  // REQUIRES: done (after Await).
+  double VirtualAt() {
+    std::lock_guard<std::mutex> lock(mu);
+    return virtual_at;
   }
   bool IsDone() {
     std::lock_guard<std::mutex> lock(mu);
@@ -77,11 +86,15 @@ class CpuEvent final : public EventImpl {
 };
 
 // A task on a stream. Normal tasks are skipped once the stream is poisoned; completion tasks
-// (event records) always run and carry the poison to the event.
+// (event records) always run and carry the poison to the event. The virtual fields are read only
+// under a virtual clock.
 struct Task {
   std::string what;
   std::function<Status()> run;        // normal task
   std::shared_ptr<Signal> completes;  // completion task when non-null
+  std::shared_ptr<Signal> waits_for;  // a wait's record: the task starts no earlier than it
+  double virtual_s = 0;               // the task's virtual duration
+  double not_before_s = 0;            // the enqueuer's virtual time at the enqueue
 };
 
 }  // namespace
@@ -89,8 +102,8 @@ struct Task {
 // One ordered worker.
 class CpuStream {
  public:
-  CpuStream(std::string name, uint32_t max_delay_us, uint64_t seed)
-      : name_(std::move(name)), max_delay_us_(max_delay_us), rng_(seed) {
+  CpuStream(std::string name, uint32_t max_delay_us, uint64_t seed, VirtualClock* clock)
+      : name_(std::move(name)), max_delay_us_(max_delay_us), clock_(clock), rng_(seed) {
     worker_ = std::thread([this] { Loop(); });
   }
   ~CpuStream() {
@@ -137,10 +150,19 @@ class CpuStream {
           max_delay_us_ ? uint32_t(rng_() % (max_delay_us_ + 1)) : 0;  // rng_ under mu_
       lock.unlock();
       if (delay) std::this_thread::sleep_for(std::chrono::microseconds(delay));
+      if (clock_ != nullptr) virtual_s_ = std::max(virtual_s_, t.not_before_s);
       if (t.completes) {
-        t.completes->Complete(poison);
+        t.completes->Complete(poison, virtual_s_);
       } else if (poison.ok()) {
-        Status s = t.run();
+        Status s;
+        {
+          const VirtualClock::StreamScope scope(clock_, &virtual_s_);
+          s = t.run();
+        }
+        if (clock_ != nullptr) {
+          if (t.waits_for) virtual_s_ = std::max(virtual_s_, t.waits_for->VirtualAt());
+          virtual_s_ += t.virtual_s;
+        }
         if (!s.ok()) {
           lock.lock();
           if (error_.ok()) {
@@ -156,6 +178,8 @@ class CpuStream {
 
   const std::string name_;
   const uint32_t max_delay_us_;
+  VirtualClock* const clock_;  // null: real time only
+  double virtual_s_ = 0;       // the worker's own: the stream's virtual time
   mutable std::mutex mu_;
   std::condition_variable cv_;  // guarded by mu_
   std::deque<Task> queue_;      // guarded by mu_
@@ -200,9 +224,9 @@ struct CpuDevice::Impl {
         upload_link(o.upload_bytes_per_s),
         download_link(o.download_bytes_per_s) {
     for (int i = 0; i < kNumStreams; ++i) {
-      streams[i] = std::make_unique<CpuStream>(o.name + "/" + std::string(StreamName(StreamId(i))),
-                                               o.max_random_delay_us,
-                                               o.random_delay_seed * 1000003ull + uint64_t(i));
+      streams[i] = std::make_unique<CpuStream>(
+          o.name + "/" + std::string(StreamName(StreamId(i))), o.max_random_delay_us,
+          o.random_delay_seed * 1000003ull + uint64_t(i), o.virtual_clock);
       streams[i]->error_counter = &error_counter;
     }
   }
@@ -224,19 +248,43 @@ struct CpuDevice::Impl {
     return Status::Ok();
   }
 
-  Status Enqueue(StreamId s, std::string what, std::function<Status()> fn) {
-    stream(s).Enqueue(Task{std::move(what), std::move(fn), nullptr});
+  // `virtual_s`: the task's virtual duration; `waits_for`: a wait's record (see Task).
+  Status Enqueue(StreamId s, std::string what, std::function<Status()> fn, double virtual_s = 0,
+                 std::shared_ptr<Signal> waits_for = nullptr) {
+    stream(s).Enqueue(Task{.what = std::move(what),
+                           .run = std::move(fn),
+                           .completes = nullptr,
+                           .waits_for = std::move(waits_for),
+                           .virtual_s = virtual_s,
+                           .not_before_s = VirtualNow()});
     return Status::Ok();
   }
 
   std::shared_ptr<Signal> Mark(StreamId s, bool timed = false) {
     auto sig = std::make_shared<Signal>(timed);
-    stream(s).Enqueue(Task{"record", nullptr, sig});
+    stream(s).Enqueue(Task{.what = "record",
+                           .run = nullptr,
+                           .completes = sig,
+                           .waits_for = nullptr,
+                           .virtual_s = 0,
+                           .not_before_s = VirtualNow()});
     return sig;
   }
 
+  // The enqueuer's virtual time (the host's, or a stream's inside one of its host functions).
+  double VirtualNow() const { return clock ? clock->Now() : 0; }
+  // Virtual seconds a copy of `bytes` takes over a link of `bytes_per_s` (0: unthrottled).
+  static double CopySeconds(size_t bytes, double bytes_per_s) {
+    return bytes_per_s > 0 ? double(bytes) / bytes_per_s : 0;
+  }
+  // The host has waited for `sig` (completed): under a virtual clock its time moves up to it.
+  void HostWaited(Signal& sig) {
+    if (clock) clock->HostReached(sig.VirtualAt());
+  }
+
   CpuDeviceOptions options;
-  HostAllocation memory;  // the arena's real, fixed-size allocation
+  VirtualClock* const clock = options.virtual_clock;  // borrowed; null: real time only
+  HostAllocation memory;                              // the arena's real, fixed-size allocation
   Arena arena;
   ThreadPool pool;
   Link upload_link;
@@ -387,22 +435,34 @@ Status CpuDevice::Wait(StreamId stream, const Event& event) {
   if (ev == nullptr) return Status::InvalidArgument("Wait: not an event of a CPU device");
   std::shared_ptr<Signal> sig = ev->Latest();  // the latest record at enqueue time
   if (sig == nullptr) return Status::Ok();     // never recorded: no-op, as CUDA
-  return impl_->Enqueue(stream, "wait on event", [sig] { return sig->Await(); });
+  return impl_->Enqueue(
+      stream, "wait on event", [sig] { return sig->Await(); }, 0, sig);
 }
 
 Status CpuDevice::Synchronize(const Event& event) {
   CpuEvent* ev = AsCpuEvent(event);
   if (ev == nullptr) return Status::InvalidArgument("Synchronize: not an event of a CPU device");
   std::shared_ptr<Signal> sig = ev->Latest();
-  return sig ? sig->Await() : Status::Ok();
+  if (sig == nullptr) return Status::Ok();
+  Status s = sig->Await();
+  impl_->HostWaited(*sig);
+  return s;
 }
 
-Status CpuDevice::Synchronize(StreamId stream) { return impl_->Mark(stream)->Await(); }
+Status CpuDevice::Synchronize(StreamId stream) {
+  std::shared_ptr<Signal> mark = impl_->Mark(stream);
+  Status s = mark->Await();
+  impl_->HostWaited(*mark);
+  return s;
+}
 
 Status CpuDevice::Synchronize() {
   std::shared_ptr<Signal> marks[kNumStreams];
   for (int i = 0; i < kNumStreams; ++i) marks[i] = impl_->Mark(StreamId(i));
-  for (auto& m : marks) (void)m->Await();
+  for (auto& m : marks) {
+    (void)m->Await();
+    impl_->HostWaited(*m);
+  }
   Status first;
   uint64_t first_seq = 0;
   for (auto& s : impl_->streams) {
@@ -418,6 +478,7 @@ Status CpuDevice::Synchronize() {
 
 Result<double> CpuDevice::ElapsedSeconds(const Event& from, const Event& to) {
   Clock::time_point at[2];
+  double virtual_at[2] = {0, 0};
   for (int i = 0; i < 2; ++i) {
     const CpuEvent* ev = AsCpuEvent(i == 0 ? from : to);
     // As CUDA: untimed events and another device's events cannot be timed here.
@@ -438,7 +499,9 @@ Result<double> CpuDevice::ElapsedSeconds(const Event& from, const Event& to) {
                                         "(synchronize on the event first)");
     }
     at[i] = sig->at;
+    virtual_at[i] = sig->virtual_at;
   }
+  if (impl_->clock != nullptr) return virtual_at[1] - virtual_at[0];
   return std::chrono::duration<double>(at[1] - at[0]).count();
 }
 
@@ -459,12 +522,16 @@ Status CpuDevice::CopyToDevice(DevicePtr<std::byte> dst, HostSpan src, size_t by
   }
   std::byte* d = impl_->Raw(dst);
   Impl* impl = impl_.get();
-  return impl_->Enqueue(stream, "copy to device", [impl, d, src, bytes] {
-    const auto started = Clock::now();
-    std::memcpy(d, src.data(), bytes);
-    impl->upload_link.Throttle(bytes, started);
-    return Status::Ok();
-  });
+  // Under a virtual clock the link is its duration, not a sleep.
+  return impl_->Enqueue(
+      stream, "copy to device",
+      [impl, d, src, bytes] {
+        const auto started = Clock::now();
+        std::memcpy(d, src.data(), bytes);
+        if (impl->clock == nullptr) impl->upload_link.Throttle(bytes, started);
+        return Status::Ok();
+      },
+      Impl::CopySeconds(bytes, impl_->options.upload_bytes_per_s));
 }
 
 Status CpuDevice::CopyToHost(HostSpan dst, DevicePtr<const std::byte> src, size_t bytes,
@@ -477,31 +544,42 @@ Status CpuDevice::CopyToHost(HostSpan dst, DevicePtr<const std::byte> src, size_
   }
   const std::byte* s = impl_->Raw(src);
   Impl* impl = impl_.get();
-  return impl_->Enqueue(stream, "copy to host", [impl, dst, s, bytes] {
-    const auto started = Clock::now();
-    std::memcpy(dst.data(), s, bytes);
-    impl->download_link.Throttle(bytes, started);
-    return Status::Ok();
-  });
+  return impl_->Enqueue(
+      stream, "copy to host",
+      [impl, dst, s, bytes] {
+        const auto started = Clock::now();
+        std::memcpy(dst.data(), s, bytes);
+        if (impl->clock == nullptr) impl->download_link.Throttle(bytes, started);
+        return Status::Ok();
+      },
+      Impl::CopySeconds(bytes, impl_->options.download_bytes_per_s));
 }
 
 Status CpuDevice::Zero(DevicePtr<std::byte> dst, size_t bytes, StreamId stream) {
   FERRY_RETURN_IF_ERROR(impl_->CheckRange(dst, bytes, "Zero"));
   std::byte* d = impl_->Raw(dst);
-  return impl_->Enqueue(stream, "zero", [d, bytes] {
-    std::memset(d, 0, bytes);
-    return Status::Ok();
-  });
+  const double virtual_s =
+      impl_->clock ? impl_->clock->KernelSeconds("zero", {.flops = 0, .bytes = double(bytes)}) : 0;
+  return impl_->Enqueue(
+      stream, "zero",
+      [d, bytes] {
+        std::memset(d, 0, bytes);
+        return Status::Ok();
+      },
+      virtual_s);
 }
 
 Status CpuDevice::LaunchHostFunc(StreamId stream, std::function<Status()> fn) {
   return impl_->Enqueue(stream, "host function", std::move(fn));
 }
 
-Status CpuDevice::EnqueueCompute(std::string_view op, std::function<Status(ThreadPool&)> kernel) {
+Status CpuDevice::EnqueueCompute(std::string_view op, std::function<Status(ThreadPool&)> kernel,
+                                 const KernelWork& work) {
   ThreadPool* pool = &impl_->pool;
-  return impl_->Enqueue(StreamId::kCompute, std::string(op),
-                        [pool, k = std::move(kernel)] { return k(*pool); });
+  const double virtual_s = impl_->clock ? impl_->clock->KernelSeconds(op, work) : 0;
+  return impl_->Enqueue(
+      StreamId::kCompute, std::string(op), [pool, k = std::move(kernel)] { return k(*pool); },
+      virtual_s);
 }
 
 }  // namespace ferry

@@ -8,6 +8,9 @@
 //    and transfer priorities are testable without a GPU.
 //  - Test hook: random delays before each stream task (seeded) to shake out missing
 //    synchronization; a race on a GPU must fail here too.
+//  - Opt-in virtual time (kernels/cpu/virtual_clock.h): each stream operation also takes a fixed
+//    virtual duration, timed events report virtual seconds and copies are not throttled, so a
+//    run's timing is deterministic. Without a clock the device reads steady_clock, as above.
 //
 // Thread-safety: as Device.
 #pragma once
@@ -20,8 +23,11 @@
 
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/device.h"
+#include "kernels/ops/kernel_work.h"
 
 namespace ferry {
+
+class VirtualClock;
 
 struct CpuDeviceOptions {
   std::string name = "cpu0";
@@ -32,6 +38,8 @@ struct CpuDeviceOptions {
   double download_bytes_per_s = 0;          // link model device->host; 0 = unthrottled
   uint32_t max_random_delay_us = 0;         // test hook: 0 = off
   uint64_t random_delay_seed = 1;
+  // Borrowed (it must outlive the device); shared by every device of a run. null = real time.
+  VirtualClock* virtual_clock = nullptr;
 };
 
 class CpuDevice final : public Device {
@@ -70,8 +78,10 @@ class CpuDevice final : public Device {
   Status LaunchHostFunc(StreamId stream, std::function<Status()> fn) override;
 
   // Enqueues a kernel on the compute stream; used by the op dispatchers (kernels/ops). `op`
-  // names the kernel in errors. The kernel gets the device's pool.
-  Status EnqueueCompute(std::string_view op, std::function<Status(ThreadPool&)> kernel);
+  // names the kernel in errors. The kernel gets the device's pool. `work` prices it under a
+  // virtual clock (ignored without one).
+  Status EnqueueCompute(std::string_view op, std::function<Status(ThreadPool&)> kernel,
+                        const KernelWork& work = {});
   ThreadPool& pool();
   const CpuDeviceOptions& options() const;
   // How many events CreateEvent has made (tests check that a step creates none).
