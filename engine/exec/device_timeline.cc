@@ -29,13 +29,13 @@ Result<std::unique_ptr<DeviceTimeline>> DeviceTimeline::Create(Device& device, i
       new DeviceTimeline(device, gpu, forward_stages, std::move(before), std::move(after)));
 }
 
-Status DeviceTimeline::BeginStep() {
+Status DeviceTimeline::BeginStep(const TraceRecorder& recorder) {
   used_ = 0;
   open_.fill(std::nullopt);
   tasks_.clear();  // keeps its capacity (and the names' buffers go with the tasks)
   FERRY_RETURN_IF_ERROR(device_.Record(anchor_before_, StreamId::kCompute));
-  FERRY_RETURN_IF_ERROR(device_.LaunchHostFunc(StreamId::kCompute, [this] {
-    anchor_host_ = TraceRecorder::Clock::now();
+  FERRY_RETURN_IF_ERROR(device_.LaunchHostFunc(StreamId::kCompute, [this, &recorder] {
+    anchor_host_s_ = recorder.Now();
     return Status::Ok();
   }));
   return device_.Record(anchor_after_, StreamId::kCompute);
@@ -95,7 +95,7 @@ Status DeviceTimeline::End(StreamId stream, char what, plan::TaskKind kind, int 
 
 Status DeviceTimeline::Collect(TraceRecorder& recorder) {
   FERRY_RETURN_IF_ERROR(device_.Synchronize(anchor_after_));
-  const double host = recorder.Seconds(anchor_host_);
+  const double host = anchor_host_s_;
   FERRY_ASSIGN_OR_RETURN(const double window,
                          device_.ElapsedSeconds(anchor_before_, anchor_after_));
   recorder.NoteClockError(gpu_, window);

@@ -3,9 +3,10 @@
 //
 // Per step:
 //  - BeginStep enqueues an anchor on the compute stream: a timed event, a host function that reads
-//    the host clock, and a second timed event. The host function ran between the two records, so
-//    a device time t maps onto the host clock as host_time + ElapsedSeconds(first, t), early by
-//    nothing and late by at most ElapsedSeconds(first, second) (the recorder's clock error).
+//    the recorder's clock, and a second timed event. The host function ran between the two
+//    records, so a device time t maps onto the host clock as host_time + ElapsedSeconds(first, t),
+//    early by nothing and late by at most ElapsedSeconds(first, second) (the recorder's clock
+//    error; 0 under a CPU device's virtual clock, whose host functions read the stream's time).
 //  - Begin(stream) and End(stream, ...) bracket each task: Begin is enqueued after the waits that
 //    order the task, so its record completes when the stream gets to the task, and End's when the
 //    task is done. Tasks on one stream are bracketed one at a time.
@@ -37,8 +38,9 @@ class DeviceTimeline {
   static Result<std::unique_ptr<DeviceTimeline>> Create(Device& device, int gpu,
                                                         int forward_stages);
 
-  // Starts a step: forgets the last step's marks and enqueues the clock anchor.
-  Status BeginStep();
+  // Starts a step: forgets the last step's marks and enqueues the clock anchor, which reads
+  // `recorder`'s clock (the recorder must outlive the step's Collect).
+  Status BeginStep(const TraceRecorder& recorder);
   // Marks the start of a task on `stream`.
   Status Begin(StreamId stream);
   // Marks the end of the task begun on `stream` and labels it as the round-robin schedule does
@@ -82,7 +84,7 @@ class DeviceTimeline {
   const int forward_stages_;
   Event anchor_before_, anchor_after_;
   // Written by the anchor's host function on the stream; read once anchor_after_ has completed.
-  TraceRecorder::Clock::time_point anchor_host_;
+  double anchor_host_s_ = 0;
   std::vector<Event> events_;                            // the pool
   size_t used_ = 0;                                      // events of the pool used this step
   size_t created_ = 0;                                   // events created since the last Collect

@@ -376,7 +376,7 @@ class Executor final : public PipelineExecutor {
                      HostTensors* grads, const StepHooks& hooks) {
     if (trace_ != nullptr) {
       trace_->BeginStep();
-      for (DeviceState& ds : devices_) FERRY_RETURN_IF_ERROR(ds.timeline->BeginStep());
+      for (DeviceState& ds : devices_) FERRY_RETURN_IF_ERROR(ds.timeline->BeginStep(*trace_));
     }
     hooks_ = &hooks;
     Result<double> r = RunStep(weights, batches, grads);

@@ -9,8 +9,9 @@
 
 namespace ferry::exec {
 
-TraceRecorder::TraceRecorder(const plan::Plan& plan, int64_t expected_steps)
+TraceRecorder::TraceRecorder(const plan::Plan& plan, int64_t expected_steps, ClockFn clock)
     : origin_(Clock::now()),
+      clock_(std::move(clock)),
       devices_(plan.gpus),
       forward_stages_(int(plan.stages.size())),
       expected_steps_(std::max<int64_t>(expected_steps, 1)),
@@ -29,8 +30,9 @@ TraceRecorder::TraceRecorder(const plan::Plan& plan, int64_t expected_steps)
   if (layers > 0) update_stage_.back() = S;
 }
 
-double TraceRecorder::Seconds(Clock::time_point t) const {
-  return std::chrono::duration<double>(t - origin_).count();
+double TraceRecorder::Now() const {
+  if (clock_) return clock_();
+  return std::chrono::duration<double>(Clock::now() - origin_).count();
 }
 
 void TraceRecorder::BeginStep() {
@@ -120,29 +122,30 @@ HostSpan::HostSpan(TraceRecorder* recorder, plan::LaneKind lane, plan::TaskKind 
   span_.stage = stage;
   span_.micro_batch = micro_batch;
   span_.bytes = bytes;
-  start_ = TraceRecorder::Clock::now();
+  start_s_ = recorder_->Now();
 }
 
 HostSpan::~HostSpan() { End(); }
 
 HostSpan::HostSpan(HostSpan&& o) noexcept
-    : recorder_(std::exchange(o.recorder_, nullptr)), span_(std::move(o.span_)), start_(o.start_) {}
+    : recorder_(std::exchange(o.recorder_, nullptr)),
+      span_(std::move(o.span_)),
+      start_s_(o.start_s_) {}
 
 HostSpan& HostSpan::operator=(HostSpan&& o) noexcept {
   if (this != &o) {
     End();
     recorder_ = std::exchange(o.recorder_, nullptr);
     span_ = std::move(o.span_);
-    start_ = o.start_;
+    start_s_ = o.start_s_;
   }
   return *this;
 }
 
 void HostSpan::End() {
   if (recorder_ == nullptr) return;
-  const TraceRecorder::Clock::time_point end = TraceRecorder::Clock::now();
-  span_.start_s = recorder_->Seconds(start_);
-  span_.end_s = recorder_->Seconds(end);
+  span_.start_s = start_s_;
+  span_.end_s = recorder_->Now();
   std::exchange(recorder_, nullptr)->Add(std::move(span_));
 }
 

@@ -6,7 +6,9 @@
 // `ferry plan --trace` (plan::ChromeTraceJson), so a measured and a predicted run open alike in
 // Perfetto, lane for lane and name for name.
 //
-// Times are seconds since the recorder was created, on the host's steady clock. Device spans come
+// Times are seconds since the recorder was created, on the host's steady clock, or on the clock the
+// caller gives (a CPU device's VirtualClock, kernels/cpu/virtual_clock.h, for a deterministic
+// trace: every span then has virtual times and the mapping below is exact). Device spans come
 // from the devices' own timed events (engine/exec/device_timeline.h: when a stream ran the work,
 // not when the host enqueued it); host spans (HostSpan) from the clock of the thread doing the
 // work. A device's times are mapped onto the host clock once per step, with an error of at most
@@ -23,6 +25,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -48,14 +51,20 @@ class TraceRecorder {
  public:
   using Clock = std::chrono::steady_clock;
 
+  // Seconds on some clock, callable from any thread (see Now).
+  using ClockFn = std::function<double()>;
+
   // `plan`: the plan the executor runs (its devices, and which stage updates each layer).
-  TraceRecorder(const plan::Plan& plan, int64_t expected_steps);
+  // `clock`: the host clock spans are timed on (e.g. [&c] { return c.Now(); } for a VirtualClock
+  // shared with the devices); empty: the steady clock.
+  TraceRecorder(const plan::Plan& plan, int64_t expected_steps, ClockFn clock = {});
   TraceRecorder(const TraceRecorder&) = delete;
   TraceRecorder& operator=(const TraceRecorder&) = delete;
 
   int devices() const { return devices_; }
-  // Seconds from the recorder's origin to `t`.
-  double Seconds(Clock::time_point t) const;
+  // The recorder's clock now, as the calling thread sees it: seconds since the recorder was made
+  // (steady clock), or the given clock's reading.
+  double Now() const;
 
   // A new step begins (the executor calls it at the start of each Step): spans added from now on
   // belong to it.
@@ -88,6 +97,7 @@ class TraceRecorder {
 
  private:
   const Clock::time_point origin_;
+  const ClockFn clock_;  // empty: steady clock since origin_
   const int devices_;
   const int forward_stages_;
   const int64_t expected_steps_;
@@ -120,7 +130,7 @@ class HostSpan {
  private:
   TraceRecorder* recorder_ = nullptr;
   TraceSpan span_;
-  TraceRecorder::Clock::time_point start_;
+  double start_s_ = 0;  // on the recorder's clock
 };
 
 // The CPU optimizer's update of `layer` (BuildLayerSpecs order), on the CPU optimizer lane, named
