@@ -209,6 +209,7 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
   s.gpus = G;
   std::vector<std::vector<int>> compute(K, std::vector<int>(m, kNone)), in = compute, out = compute;
   std::vector<int> weights_last(K, kNone);
+  std::vector<int> grads_of(K, kNone);                   // each stage's gradient download, if any
   std::vector<int> gather(m, kNone), scatter(m, kNone);  // the embedding's, per micro-batch
   for (int j = 0; j < m; ++j) {
     gather[j] = AddHostWork(s, job.embedding_forward, "E." + std::to_string(j), TaskKind::kForward,
@@ -269,6 +270,8 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
       for (int j = 1; j < m; ++j) AddDep(s, in[k][j], compute[k][j - 1]);
       // The device's stage before this one may still be downloading the slot it reuses.
       if (k >= G && all[k - G].reuses_saved_slot) AddDep(s, compute[k][0], out[k - G][m - 1]);
+      // ... or the gradients its micro-batch 0 zeroes (one accumulator per device).
+      if (k >= G && c.grad_bytes > 0) AddDep(s, compute[k][0], grads_of[k - G]);
     }
     if (c.output_bytes > 0) {
       for (int j = 0; j < m; ++j) {
@@ -296,6 +299,7 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
       t.bytes = c.grad_bytes;
       t.deps.push_back(compute[k][m - 1]);
       grads = s.Add(std::move(t));
+      grads_of[k] = grads;
     }
     if (c.param_count > 0) {
       SimTask t =

@@ -74,6 +74,8 @@ struct RoundRobinJob {
   //    of j-1 are done (a block's saved set has one slot per block parity; a longer stage's
   //    downloads of j-1 run ahead of its compute of j, slot by slot), and the device's next stage
   //    computes once those downloads of its last micro-batch are done;
+  //  - a stage with gradients computes micro-batch 0 (which zeroes the device's one gradient
+  //    accumulator) once the gradient download of the device's stage before it is done;
   // Measured on CPU devices, leaving them out made the replayed step 13-23% shorter than the
   // recorded one (engine/exec/trace_replay_test.cc).
   bool single_buffered_inputs = false;

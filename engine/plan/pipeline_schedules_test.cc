@@ -147,6 +147,29 @@ TEST(PipelineSchedules, RoundRobinDownloadsGradientsAndUpdatesOnTheCpu) {
   EXPECT_NEAR(r->BusySeconds({LaneKind::kCpuOptimizer, 0}), 2.0, kTol);
 }
 
+// Executor-faithful buffers: a device's next stage with gradients zeroes the one accumulator, so
+// its first micro-batch waits for the gradient download of the device's stage before it.
+TEST(PipelineSchedules, RoundRobinZeroesGradientsOnceTheLastOnesAreDownloaded) {
+  RoundRobinJob job = EqualRoundRobin(2, 4);  // B0 on GPU 0 (stage 4), then B2 (stage 6)
+  job.backward[0].grad_bytes = 5e9;           // GB0: 5 s at 1 GB/s
+  job.backward[2].grad_bytes = 1e9;
+  auto start_after = [&](bool single_buffered) {
+    job.single_buffered_inputs = single_buffered;
+    Result<Schedule> s = BuildRoundRobinSchedule(job);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    Result<SimResult> r = Simulate(*s, FastLinks());
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    double b2 = -1, gb0 = -1;
+    for (size_t i = 0; i < s->tasks.size(); ++i) {
+      if (s->tasks[i].name == "B2.0") b2 = r->timing[i].start_s;
+      if (s->tasks[i].name == "GB0") gb0 = r->timing[i].end_s;
+    }
+    return b2 - gb0;  // B2.0's start relative to GB0's end
+  };
+  EXPECT_NEAR(start_after(true), 0.0, kTol);
+  EXPECT_LT(start_after(false), -1.0);  // without the executor's buffers it overlaps GB0
+}
+
 TEST(PipelineSchedules, RejectsBadInput) {
   EXPECT_FALSE(BuildGpipeSchedule({}, 4).ok());
   EXPECT_FALSE(BuildGpipeSchedule(EqualStages(2, 1, 1), 0).ok());
