@@ -15,6 +15,7 @@
 #include "engine/job/run_folder.h"
 #include "engine/job/run_limits.h"
 #include "engine/json.h"
+#include "engine/plan/byte_size.h"
 #include "engine/train/run_training.h"
 #include "engine/train/stop_signals.h"
 #include "engine/train/training_runner.h"
@@ -53,6 +54,10 @@ void AddTrainCommand(CLI::App& parent, TrainCommand* cmd) {
       ->capture_default_str();
   t->add_option("--host-memory", j.host_memory,
                 "Host RAM the job's plan may use, e.g. 2GiB (default: physical RAM)");
+  t->add_option("--gpu-memory", j.gpu_memory,
+                "Device memory each CUDA device may use, e.g. 4GiB (default: 90% of its GPU's "
+                "free memory, split between devices sharing it); less than the model needs "
+                "makes the plan stream weights through the device");
   t->add_option("--nvme-dir", j.nvme_dir,
                 "Folder on an NVMe drive the job's plan may use (its free space): "
                 "optimizer state goes there when host RAM is short");
@@ -161,9 +166,16 @@ int RunTrainCommand(TrainCommand& cmd) {
   if (!model.ok()) return fail(model.status());
   if (Status s = ValidateJobSpec(job, *model); !s.ok()) return fail(s);
   // Which devices, settled before anything is written: job.json records them.
-  Result<std::string> which = ResolveJobDevices(job, exec::TakeGpuCensus());
+  const GpuCensus census = exec::TakeGpuCensus();
+  Result<std::string> which = ResolveJobDevices(job, census);
   if (!which.ok()) return fail(which.status());
   control.devices_line = *which;
+  Result<uint64_t> gpu_budget = JobGpuBudget(job, census);
+  if (!gpu_budget.ok()) return fail(gpu_budget.status());
+  if (!job.gpu_memory.empty()) {
+    control.devices_line +=
+        ", at most " + plan::FormatByteSize(*gpu_budget) + " each (--gpu-memory)";
+  }
   // The device the run will create, against this machine, before the run folder is touched.
   const int threads =
       job.threads > 0 ? int(job.threads) : int(MachineLimits::OfThisMachine().hardware_threads);

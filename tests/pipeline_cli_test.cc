@@ -234,6 +234,14 @@ TEST_F(PipelineCliTest, BadDeviceOptionsAreOneLine) {
   EXPECT_NE(r.output.find("--devices cuda:0,cuda:0: no GPU ("), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("run on CPU devices with --devices 2"), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/gpu"));
+  // --gpu-memory caps CUDA devices: on CPU devices it is refused the same way.
+  r = Ferry("train --devices cpu --gpu-memory 4GiB --out " + dir_ + "/cap");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  EXPECT_NE(r.output.find("--gpu-memory 4GiB: the job runs on cpu (CPU devices)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/cap"));
 }
 
 // --devices cpu,cpu: two CPU devices, said at the start with why, recorded in job.json as the list

@@ -38,8 +38,11 @@ TEST_F(PlanCliTest, JsonFitsItsBudgets) {
   const nlohmann::json& p = j["plan"];
   EXPECT_EQ(p["budgets"]["gpu_bytes"].get<uint64_t>(), 20ull << 30);
   EXPECT_LE(p["memory"]["per_gpu"]["total_bytes"].get<uint64_t>(), 20ull << 30);
-  EXPECT_EQ(p["micro_batches"].get<int>(),
-            3);  // the smallest divisor of 6 that is >= GPUs + 1
+  // A candidate: a divisor of 6 that is >= GPUs + 1 (3 and 6 predict within 0.1% of each other
+  // here: the step is bound by the optimizer's downloads, not the bubble).
+  const int m = p["micro_batches"].get<int>();
+  EXPECT_TRUE(m == 3 || m == 6) << m;
+  EXPECT_EQ(p["micro_batch_size"].get<int>() * m, 6);
   EXPECT_GT(p["predicted"]["tokens_per_s"].get<double>(), 0);
 }
 

@@ -20,10 +20,6 @@ namespace ferry::exec {
 
 GpuCensus TakeGpuCensus();
 
-// The share of a GPU's free memory a job's devices take (the rest stays with the CUDA context and
-// the libraries' own allocations outside the arena), as CudaDeviceOptions::memory_fraction.
-inline constexpr double kGpuMemoryFraction = 0.9;
-
 // The job's devices, each with an arena of `bytes_each`; CPU devices compute with `threads`
 // threads. REQUIRES: ResolveJobDevices settled the job (device_kind "cpu" or "cuda").
 // Errors: those of the device factories (a GPU that cannot be opened, an arena that does not

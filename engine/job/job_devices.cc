@@ -205,7 +205,8 @@ std::vector<std::string> JobDeviceNames(const JobSpec& job) {
   return names;
 }
 
-uint64_t GpuDeviceBytes(const JobSpec& job, const GpuCensus& census, double fraction) {
+uint64_t GpuDeviceBytes(const JobSpec& job, const GpuCensus& census) {
+  const double fraction = kGpuMemoryFraction;
   uint64_t least = UINT64_MAX;
   for (const auto& [g, n] : Sharers(job)) {
     if (g >= int64_t(census.gpus.size())) return 0;

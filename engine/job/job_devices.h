@@ -65,10 +65,14 @@ Result<std::string> ResolveJobDevices(JobSpec& job, const GpuCensus& census);
 // several devices share get "cuda0.0", "cuda0.1". REQUIRES: ValidateJobDevices(job) is ok.
 std::vector<std::string> JobDeviceNames(const JobSpec& job);
 
-// What each of a "cuda" job's devices may allocate: the least, over its GPUs, of `fraction` of
-// the GPU's free memory split evenly between the devices sharing it (the rest is left to the CUDA
-// context and the libraries' own allocations). 0 for a GPU the census lacks.
-// REQUIRES: job.device_kind == "cuda", fraction in (0, 1].
-uint64_t GpuDeviceBytes(const JobSpec& job, const GpuCensus& census, double fraction);
+// The share of a GPU's free memory a job's devices take (the rest stays with the CUDA context and
+// the libraries' own allocations outside the arena), as CudaDeviceOptions::memory_fraction.
+inline constexpr double kGpuMemoryFraction = 0.9;
+
+// What each of a "cuda" job's devices may allocate: the least, over its GPUs, of
+// kGpuMemoryFraction of the GPU's free memory split evenly between the devices sharing it (the
+// job's --gpu-memory may lower it: engine/train/training_runner.h). 0 for a GPU the census lacks.
+// REQUIRES: job.device_kind == "cuda".
+uint64_t GpuDeviceBytes(const JobSpec& job, const GpuCensus& census);
 
 }  // namespace ferry

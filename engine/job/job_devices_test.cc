@@ -168,9 +168,9 @@ TEST(JobDevices, DevicesSharingAGpuSplitItsFreeMemory) {
   EXPECT_EQ(JobDeviceNames(job), (std::vector<std::string>{"cuda1.0", "cuda0", "cuda1.1"}));
   // GPU 0 gives its one device 20 GiB x 0.9; GPU 1 gives each of two 21 GiB x 0.9 / 2: the least.
   const uint64_t gib = uint64_t(1) << 30;
-  EXPECT_EQ(GpuDeviceBytes(job, Gpus(2), 0.9), uint64_t(double(21 * gib) * 0.9 / 2));
-  EXPECT_EQ(GpuDeviceBytes(Parsed("cuda:0"), Gpus(2), 0.9), uint64_t(double(20 * gib) * 0.9));
-  EXPECT_EQ(GpuDeviceBytes(Parsed("cuda:5"), Gpus(2), 0.9), 0u);
+  EXPECT_EQ(GpuDeviceBytes(job, Gpus(2)), uint64_t(double(21 * gib) * 0.9 / 2));
+  EXPECT_EQ(GpuDeviceBytes(Parsed("cuda:0"), Gpus(2)), uint64_t(double(20 * gib) * 0.9));
+  EXPECT_EQ(GpuDeviceBytes(Parsed("cuda:5"), Gpus(2)), 0u);
 }
 
 }  // namespace

@@ -116,6 +116,7 @@ void ForEachJobOption(Job& job, Visit&& visit) {
   visit("loss_scale", job.loss_scale);
   visit("loss_scale_growth_interval", job.loss_scale_growth_interval);
   visit("host_memory", job.host_memory);
+  visit("gpu_memory", job.gpu_memory);
   visit("nvme_dir", job.nvme_dir);
   visit("out", job.out);
   visit("save_every", job.save_every);

@@ -73,6 +73,10 @@ struct JobSpec {
   // (empty: no NVMe tier). Today only optimizer state runs from NVMe.
   std::string host_memory;
   std::string nvme_dir;
+  // The most device memory each CUDA device may use ("4GiB"; empty: its share of
+  // kGpuMemoryFraction of its GPU's free memory, engine/job/job_devices.h). A cap below what the
+  // model needs makes the plan stream weights through the device.
+  std::string gpu_memory;
   std::string out = "ferry-run";  // run folder (created)
   // Checkpoints (engine/train/checkpoint.h): every `save_every` updates (0: only at the end and
   // on SIGINT/SIGTERM), the newest `keep_checkpoints` kept, tensor files zstd-compressed when

@@ -132,6 +132,7 @@ JobSpec EveryOptionSet() {
   job.loss_scale = 1024;
   job.loss_scale_growth_interval = 50;
   job.host_memory = "2GiB";
+  job.gpu_memory = "4GiB";
   job.nvme_dir = "/mnt/nvme";
   job.out = "somewhere";
   job.save_every = 5;

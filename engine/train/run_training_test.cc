@@ -14,6 +14,7 @@
 #include "engine/job/job_spec.h"
 #include "engine/model/master_weights.h"
 #include "engine/model/param_spec.h"
+#include "engine/testing/golden_files.h"
 #include "engine/train/training_runner.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/testing/gpu_testing.h"
@@ -76,11 +77,91 @@ TEST(CreateTrainingRunner, CpuDevicesAsListed) {
   EXPECT_EQ(t->plan->job.compute_dtype, DType::kF32);
 }
 
+// A GPU census without a GPU: one 4090 with `free` bytes free.
+GpuCensus OneGpu(uint64_t free) {
+  return {.gpus = {{.ordinal = 0,
+                    .name = "NVIDIA GeForce RTX 4090",
+                    .total_bytes = uint64_t(24) << 30,
+                    .free_bytes = free,
+                    .compute_capability = 89}},
+          .none_reason = ""};
+}
+
+TEST(JobGpuBudget, MayOnlyLowerEachDevicesShare) {
+  const GpuCensus census = OneGpu(uint64_t(20) << 30);
+  JobSpec job;
+  ASSERT_TRUE(ParseDevicesOption("cuda:0,cuda:0", job).ok());
+  ASSERT_TRUE(ResolveJobDevices(job, census).ok());
+  const uint64_t share = GpuDeviceBytes(job, census);
+  EXPECT_EQ(share, uint64_t(double(uint64_t(20) << 30) * kGpuMemoryFraction / 2));
+  Result<uint64_t> b = JobGpuBudget(job, census);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(*b, share);
+  job.gpu_memory = "4GiB";
+  b = JobGpuBudget(job, census);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(*b, uint64_t(4) << 30);
+  for (const char* bad : {"10GiB", "0", "lots", "-1G"}) {
+    job.gpu_memory = bad;
+    b = JobGpuBudget(job, census);
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(b.status().message().find("--gpu-memory"), std::string::npos) << b.status().message();
+  }
+  job.gpu_memory = "10GiB";
+  EXPECT_NE(JobGpuBudget(job, census).status().message().find("split between the devices"),
+            std::string::npos);
+  // CPU devices have no GPU memory to cap.
+  JobSpec cpu;
+  ASSERT_TRUE(ParseDevicesOption("cpu", cpu).ok());
+  b = JobGpuBudget(cpu, census);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(*b, 0u);
+  cpu.gpu_memory = "4GiB";
+  b = JobGpuBudget(cpu, census);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("CUDA devices"), std::string::npos) << b.status().message();
+}
+
+// A GPU job's plan obeys --gpu-memory: the model streams through one GPU in stages (weights and
+// optimizer state live on the host), a cap at the plan's own bytes still fits, and a cap below
+// what any plan needs is refused naming the GPU memory and the cap.
+TEST(PlanJobDevices, AGpuPlanObeysGpuMemory) {
+  const GpuCensus census = OneGpu(uint64_t(20) << 30);
+  JobSpec job;
+  job.batch_size = 4;
+  job.micro_batches = 2;
+  job.seq_len = 256;
+  ASSERT_TRUE(ParseDevicesOption("cuda:0", job).ok());
+  ASSERT_TRUE(ResolveJobDevices(job, census).ok());
+  // Planned only (no weights are read): Qwen3-0.6B's 28 blocks leave room for many stages.
+  Result<ModelConfig> model =
+      LoadHfConfig(testing::SourceDir() + "/configs/models/qwen3-0.6b.json");
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  Result<plan::Plan> uncapped = PlanJobDevices(job, *model, kThreads, false, census);
+  ASSERT_TRUE(uncapped.ok()) << uncapped.status().ToString();
+  EXPECT_GT(uncapped->stages.size(), 1u);
+  const uint64_t need = uncapped->memory.gpu.total();
+  EXPECT_LE(need, GpuDeviceBytes(job, census));
+  job.gpu_memory = std::to_string(need);
+  Result<plan::Plan> capped = PlanJobDevices(job, *model, kThreads, false, census);
+  ASSERT_TRUE(capped.ok()) << capped.status().ToString();
+  EXPECT_LE(capped->memory.gpu.total(), need);
+  job.gpu_memory = "1GiB";
+  Result<plan::Plan> none = PlanJobDevices(job, *model, kThreads, false, census);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("no plan fits 1 CUDA device: GPU memory is short"),
+            std::string::npos)
+      << none.status().message();
+  EXPECT_NE(none.status().message().find("(usable 1.00 GiB)"), std::string::npos)
+      << none.status().message();
+}
+
 // One step of the tiny Llama in bf16 on two logical devices sharing GPU 0, against the same job
 // on two CPU devices (bf16 storage, fp32 math): the loss and every gradient agree within what
 // bf16 storage allows (each device rounds activations to 8 significant bits, in different
 // kernels and orders).
-TEST(CreateTrainingRunner, GpuStepMatchesCpuDevicesInBf16) {
+TEST(CudaTrainingRunner, StepMatchesCpuDevicesInBf16) {
   FERRY_SKIP_WITHOUT_GPU();
   JobSpec job;
   job.batch_size = 4;

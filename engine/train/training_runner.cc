@@ -2,11 +2,14 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
+#include <set>
 
 #include "engine/exec/job_device_factory.h"
 #include "engine/exec/pipeline_runner.h"
 #include "engine/job/job_devices.h"
+#include "engine/plan/byte_size.h"
 #include "engine/plan/planner.h"
 #include "kernels/arena.h"
 #include "offload/file_io.h"
@@ -98,6 +101,32 @@ uint64_t WholeModelBytes(const JobSpec& unresolved, const ModelConfig& model, in
   return plan::ComputeMemory(in).gpu.total();
 }
 
+Result<uint64_t> JobGpuBudget(const JobSpec& job, const GpuCensus& census) {
+  if (!OnGpus(job)) {
+    if (job.gpu_memory.empty()) return uint64_t(0);
+    return Status::InvalidArgument("--gpu-memory " + job.gpu_memory + ": the job runs on " +
+                                   DevicesOptionText(job) + " (CPU devices); --gpu-memory caps " +
+                                   "CUDA devices (--host-memory caps the host)");
+  }
+  const uint64_t share = GpuDeviceBytes(job, census);
+  if (job.gpu_memory.empty()) return share;
+  Result<uint64_t> cap = plan::ParseByteSize(job.gpu_memory);
+  if (!cap.ok()) return cap.status().WithContext("--gpu-memory");
+  if (*cap == 0) return Status::InvalidArgument("--gpu-memory must be more than 0 bytes");
+  if (*cap > share) {
+    char pct[16];
+    std::snprintf(pct, sizeof pct, "%.0f%%", kGpuMemoryFraction * 100);
+    return Status::InvalidArgument(
+        "--gpu-memory " + plan::FormatByteSize(*cap) + " is more than each device has: " +
+        plan::FormatByteSize(share) + " (" + pct + " of its GPU's free memory" +
+        (job.gpus.size() > std::set<int64_t>(job.gpus.begin(), job.gpus.end()).size()
+             ? ", split between the devices sharing it"
+             : "") +
+        "); give less, or leave it out to use that");
+  }
+  return *cap;
+}
+
 namespace {
 
 // --host-memory and --nvme-dir (all its free space) on the CPU devices' profile.
@@ -113,7 +142,8 @@ Status ApplyJobBudgets(const JobSpec& job, plan::HardwareProfile& hw) {
   return plan::ApplyBudgetOverrides(o, hw);
 }
 
-// The plan of a --devices N job (settled: CPU devices or GPUs) on its devices.
+}  // namespace
+
 Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, int threads,
                                   bool forward_only, const GpuCensus& census) {
   plan::PlanJob pj;
@@ -132,10 +162,10 @@ Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, 
   pj.nvme_optimizer_only = true;  // the one NVMe tier the executor and trainer honour
   // A CPU device never needs more than the whole model as one stage: that bounds its budget. A
   // GPU's is its free memory.
+  FERRY_ASSIGN_OR_RETURN(const uint64_t gpu_budget, JobGpuBudget(job, census));
   plan::HardwareProfile hw =
       OnGpus(job)
-          ? GpuDevicesProfile(int(job.devices),
-                              GpuDeviceBytes(job, census, exec::kGpuMemoryFraction),
+          ? GpuDevicesProfile(int(job.devices), gpu_budget,
                               census.gpus.at(size_t(job.gpus.at(0))).name)
           : CpuDevicesProfile(int(job.devices), WholeModelBytes(job, model, threads, forward_only));
   FERRY_RETURN_IF_ERROR(ApplyJobBudgets(job, hw));
@@ -155,8 +185,6 @@ Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, 
   }
   return std::move(outcome.plan);
 }
-
-}  // namespace
 
 std::string OptimizerStateDir(const JobSpec& job) {
   std::string run = std::filesystem::path(job.out).lexically_normal().filename().string();

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "engine/exec/trace_recorder.h"
+#include "engine/job/job_devices.h"
 #include "engine/job/job_spec.h"
 #include "engine/model/model_config.h"
 #include "engine/model/model_runner.h"
@@ -55,6 +56,20 @@ plan::HardwareProfile CpuDevicesProfile(int count, uint64_t device_bytes);
 // rates too: `ferry plan` with a probed profile predicts a GPU's times).
 plan::HardwareProfile GpuDevicesProfile(int count, uint64_t device_bytes,
                                         const std::string& gpu_model);
+
+// What each of a settled job's CUDA devices may use: its share of its GPU (GpuDeviceBytes), or
+// the job's --gpu-memory, which may only lower it. 0 for CPU devices.
+// Errors (InvalidArgument, naming --gpu-memory): not a size (plan::ParseByteSize), zero, given for
+// CPU devices, or more than the share.
+Result<uint64_t> JobGpuBudget(const JobSpec& job, const GpuCensus& census);
+
+// The plan of a settled job (ResolveJobDevices) on its devices: CPU devices bounded by the whole
+// model (one stage on one CPU device), CUDA devices by JobGpuBudget (a budget below the model's
+// bytes streams stages through the devices round-robin); the job's --host-memory and --nvme-dir.
+// `forward_only`: as CreateTrainingRunner's. Errors: JobGpuBudget's; InvalidArgument when no plan
+// fits (naming the binding constraint).
+Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, int threads,
+                                  bool forward_only, const GpuCensus& census);
 
 // The bytes of the whole model as one stage on one CPU device of `threads` threads, every
 // activation saved (or, `forward_only`, nothing saved), by the memory model
