@@ -6,15 +6,20 @@
 # most about 6 minutes: the GPU (nvidia-smi; no GPU fails here, at once), the bundle unpacked, the
 # libraries each binary resolves (ldd) and the cuBLAS/cuDNN/driver versions compiled against and
 # found at run time, the CUDA tests with FERRY_REQUIRE_GPU=1 (they must run, not skip) and how many
-# ran, `ferry probe` (GEMM TFLOP/s, PCIe GB/s), any GPU benchmark in the bundle, then a summary.
+# ran, `ferry probe` (GEMM TFLOP/s, PCIe GB/s), a ~1B Llama job (random weights made on the device
+# by scripts/gpu_check_job.py) as probe -> plan -> train with --gpu-memory 4GiB and uncapped ->
+# ferry eval -> transformers loading and scoring the trained folders, any GPU benchmark in the
+# bundle, then a summary.
 #
 # How to call it through the device tool (after `scripts/gpu_bundle.sh` here):
 #   run  carry: ["gpu-bundle"]  command: "scripts/gpu_check.sh"  timeout_s: 400
 # The script's own steps end within 360 s (deadline below); 400 s leaves the 15-minute window
 # room for a machine start (a minute or two) and one rerun. Logs come back in
-# $OUT/gpu_check_logs (ldd.log, kernels_tests.log, engine_tests.log, probe.log, probe.json).
+# $OUT/gpu_check_logs (ldd.log, kernels_tests.log, engine_tests.log, probe.log, probe.json,
+# job_*.log).
 # Locally (no GPU) it fails within a second with "no GPU".
-# Environment: FERRY_GPU_BUNDLE (default gpu-bundle/ferry-gpu-bundle.tar.xz).
+# Environment: FERRY_GPU_BUNDLE (default gpu-bundle/ferry-gpu-bundle.tar.xz),
+# FERRY_GPU_CHECK_JOB_CONFIG (the job's Llama config; default configs/models/llama-3.2-1b.json).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 repo=$PWD
@@ -22,8 +27,10 @@ bundle=${FERRY_GPU_BUNDLE:-gpu-bundle/ferry-gpu-bundle.tar.xz}
 logs=${OUT:-build-gpu-check}/gpu_check_logs  # under $OUT on a device machine, so the logs come back
 mkdir -p "$logs"
 started=$SECONDS
-# The step timeouts below add up to this (nvidia-smi 15, unpack 20, python 15+15, ldd 4x5, CUDA
-# tests 130+60, probe 85); GPU benchmarks get what is left of it.
+# The step timeouts up to the probe add up to this (nvidia-smi 15, unpack 20, python 15+15, ldd
+# 4x5, CUDA tests 130+60, probe 85); they are ceilings, and the 1B job's steps (each cut to what
+# is left: about 3 minutes when the tests and probe take their usual 2) and the GPU benchmarks
+# get what is left of it.
 deadline=360
 summary=()
 fail() {
@@ -178,6 +185,83 @@ cat "$probe_log"
 grep -q "not measured" "$probe_log" && fail "ferry probe did not measure the GPU (see $probe_log)"
 while IFS= read -r line; do summary+=("probe $line"); done < <(grep -E "^(GPU|PCIe):" "$probe_log")
 
+# A ~1B Llama (random weights, made here by scripts/gpu_check_job.py: there is no network) through
+# probe -> plan -> train, once with --gpu-memory 4GiB (its 2.5 GB of bf16 weights, gradients and
+# activations cannot all stay: the plan streams stages through the GPU) and once uncapped; then
+# ferry eval and transformers score what each run wrote. Each step's timeout is cut to what is
+# left of the deadline; a step that cannot start says so in the summary.
+phase "1B Llama job: probe -> plan -> train (4 GiB cap, uncapped) -> eval -> transformers"
+job_dir=$root/job
+job_failures=()
+runs=()
+job_step() {  # <name> <timeout s> <log> <command...>: runs it, shows its tail, notes a failure
+  local name=$1 limit=$2 log=$3 left rc
+  shift 3
+  left=$((deadline - (SECONDS - started)))
+  ((left < limit)) && limit=$left
+  if ((limit < 5)); then
+    job_failures+=("$name: not run (the ${deadline}-second budget is spent)")
+    return 1
+  fi
+  echo "-- $name (timeout $limit s)"
+  timeout "$limit" "$@" >"$log" 2>&1
+  rc=$?
+  tail -n 12 "$log"
+  ((rc == 0)) && return 0
+  job_failures+=("$name failed (rc $rc$( ((rc == 124)) && echo ", timed out"), see $log)")
+  return 1
+}
+job_opts=(--model "$job_dir/model" --dtype bf16 --batch-size 8 --micro-batches 4 --seq-len 1024
+  --steps 5 --warmup-steps 1)
+eval_opts=(--data "$job_dir/tokens.tok" --seq-len 256 --batch-size 8 --json)
+job_config=${FERRY_GPU_CHECK_JOB_CONFIG:-$repo/configs/models/llama-3.2-1b.json}
+if job_step "make the model" 60 "$logs/job_make.log" python3 "$repo/scripts/gpu_check_job.py" \
+  make "$job_dir" --config "$job_config"; then
+  job_step "probe the model's layers" 90 "$logs/job_probe.log" "$bin/ferry" probe --quick \
+    "${job_opts[@]}" --out "$logs/job_profile.json"
+  hardware=$logs/job_profile.json
+  [[ -f $hardware ]] || hardware=$logs/probe.json
+  for cap in 4GiB ""; do
+    name=${cap:-uncapped}
+    cap_opt=()
+    [[ -n $cap ]] && cap_opt=(--gpu-memory "$cap")
+    if job_step "plan ($name)" 30 "$logs/job_plan_$name.log" "$bin/ferry" plan \
+      "${job_opts[@]}" "${cap_opt[@]}" --hardware "$hardware"; then
+      summary+=("job $name plan: $(grep -m1 -E '^ *predicted:' "$logs/job_plan_$name.log" |
+        sed 's/^ *//'); $(grep -m1 -E '^ *stages:' "$logs/job_plan_$name.log" | cut -c1-80 |
+        sed 's/^ *//')")
+    fi
+    log=$logs/job_train_$name.log
+    if job_step "train ($name)" 150 "$log" "$bin/ferry" train "${job_opts[@]}" "${cap_opt[@]}" \
+      --save-every 0 --out "$job_dir/$name"; then
+      tokps=$(grep -oE '\| [0-9]+ tok/s' "$log" | tail -1 | grep -oE '[0-9]+')
+      params=$(grep -m1 -oE '[0-9.]+M parameters' "$log" | grep -oE '^[0-9.]+')
+      bf16=$(grep -m1 -oE 'bf16 [0-9.]+' "$logs/probe.log" | grep -oE '[0-9.]+$')
+      mfu=$(awk -v t="${tokps:-0}" -v p="${params:-0}" -v g="${bf16:-0}" \
+        'BEGIN { if (g > 0) printf "%.1f%%", 100 * 6 * p * 1e6 * t / (g * 1e12); else print "?" }')
+      summary+=("job $name train: $(grep -m1 -E '^ferry train: [0-9]+ CUDA device' "$log" |
+        sed 's/^ferry train: //')")
+      summary+=("job $name train: ${tokps:-?} tok/s; model FLOP/s (6 x params x tok/s) $mfu of\
+ the probed bf16 GEMM rate (${bf16:-?} TFLOP/s)")
+      while IFS= read -r line; do summary+=("job $name train: $(echo "$line" | tr -s ' ')"); done \
+        < <(grep -E '^  (step time|cuda[0-9.]* peak|host peak)' "$log")
+      if job_step "eval ($name)" 45 "$logs/job_eval_$name.json" "$bin/ferry" eval \
+        --model "$job_dir/$name" "${eval_opts[@]}"; then
+        runs+=("$name=$job_dir/$name:$(python3 -c 'import json, sys
+print(json.load(open(sys.argv[1]))["loss"])' "$logs/job_eval_$name.json")")
+      fi
+    fi
+  done
+  if ((${#runs[@]} > 0)) && job_step "transformers" 120 "$logs/job_transformers.log" python3 \
+    "$repo/scripts/gpu_check_job.py" compare --tokens "$job_dir/tokens.tok" --seq-len 256 \
+    --init "$job_dir/model" "${runs[@]}"; then
+    while IFS= read -r line; do summary+=("job $line"); done \
+      < <(grep -E '^(transformers|capped|uncapped):' "$logs/job_transformers.log")
+  fi
+fi
+summary+=("job: ${#job_failures[@]} failure(s)\
+${job_failures:+: $(printf '%s; ' "${job_failures[@]}")}")
+
 phase "GPU benchmarks"
 benches=()
 for b in "$bin"/*; do
@@ -206,4 +290,5 @@ echo
 echo "== summary ($((SECONDS - started)) s) =="
 printf '  %s\n' "${summary[@]}"
 [[ -z "${bench_failed:-}" ]] || fail "a benchmark failed"
+((${#job_failures[@]} == 0)) || fail "the 1B job: $(printf '%s; ' "${job_failures[@]}")"
 echo "gpu_check: OK"
