@@ -79,9 +79,10 @@ Status Run(const EvalCommand& cmd) {
   }
 
   job.lora = m.lora;
-  FERRY_ASSIGN_OR_RETURN(TrainingRunner devices,
-                         CreateTrainingRunner(job, m.config, threads, /*trace=*/false,
-                                              /*forward_only=*/true));
+  FERRY_ASSIGN_OR_RETURN(
+      TrainingRunner devices,
+      CreateTrainingRunner(job, m.config, threads, /*trace=*/false,
+                           /*forward_only=*/true, rows.MostDocuments(job.batch_size)));
   FERRY_RETURN_IF_ERROR(devices.runner->UploadWeights(m.weights));
   FERRY_ASSIGN_OR_RETURN(EvalResult r,
                          EvaluateRows(*devices.runner, rows, cmd.batch_size, cmd.max_batches));

@@ -170,7 +170,7 @@ class Executor final : public PipelineExecutor {
 
   Status Init() {
     layers_ = BuildLayerSpecs(c_, lora_);
-    shape_ = {p_.micro_batch_size, p_.job.seq_len};
+    shape_ = plan::MicroBatchShape(p_.job, p_.micro_batch_size);
     const int64_t N = shape_.tokens(), C = c_.hidden_size;
     const size_t stages = 2 * p_.stages.size() + 1, hb = HiddenBytes();
     for (DeviceState& ds : devices_) {

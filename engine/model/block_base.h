@@ -29,7 +29,8 @@ class BlockBase : public DecoderBlocks {
   // `prefix`: Hugging Face name of the blocks up to the index ("model.layers.").
   BlockBase(const BlocksContext& ctx, std::string prefix, int64_t kv_heads)
       : ctx_(ctx), c_(*ctx.config), d_(*ctx.device), prefix_(std::move(prefix)) {
-    attn_shape_ = {ctx.shape.batch, ctx.shape.seq_len, c_.num_heads, kv_heads, c_.head_dim};
+    attn_shape_ = {ctx.shape.batch, ctx.shape.seq_len, c_.num_heads,
+                   kv_heads,        c_.head_dim,       ctx.shape.max_documents};
   }
 
   // The family's part of the saved slots and of the workspace.

@@ -348,8 +348,8 @@ size_t BlockScratchBytes(const ModelConfig& c, const LayerSpec& layer, BatchShap
     gemm(rank, in, n, grad);   // dA += du^T x
     gemm(n, in, rank, act);    // dx += du A
   }
-  const AttentionShape attention{shape.batch, shape.seq_len, c.num_heads, c.num_kv_heads,
-                                 c.head_dim};
+  const AttentionShape attention{shape.batch,    shape.seq_len, c.num_heads,
+                                 c.num_kv_heads, c.head_dim,    shape.max_documents};
   return BlockDequantBytes(layer, compute) + std::max(most, AttentionScratchBytes(t, attention));
 }
 

@@ -72,6 +72,10 @@ struct LayerSpec {
 struct BatchShape {
   int64_t batch = 1;    // sequences in one micro-batch (B)
   int64_t seq_len = 1;  // tokens per sequence (T)
+  // The most documents one micro-batch holds, its sequences together (packed data: a row's
+  // pieces and its padding each count; AttentionShape::max_documents sizes the CUDA attention's
+  // graph and scratch by it); 0: one per sequence.
+  int64_t max_documents = 0;
   int64_t tokens() const { return batch * seq_len; }
 };
 

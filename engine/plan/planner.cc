@@ -168,7 +168,7 @@ MemoryEstimate MemoryOf(const Context& c, const Candidate& k, int gpus) {
   MemoryPlanInput in;
   in.model = c.model;
   in.lora = c.job.lora;
-  in.micro_batch = {c.job.global_batch / k.micro_batches, c.job.seq_len};
+  in.micro_batch = MicroBatchShape(c.job, c.job.global_batch / k.micro_batches);
   in.micro_batches = int(k.micro_batches);
   in.gpus = gpus;
   in.compute_dtype = c.job.compute_dtype;
@@ -370,6 +370,14 @@ std::string UnusedLayerTimesWarning(const ModelConfig& model, const PlanJob& job
 
 }  // namespace
 
+BatchShape MicroBatchShape(const PlanJob& job, int64_t micro_batch_size) {
+  BatchShape s{micro_batch_size, job.seq_len};
+  if (micro_batch_size >= 1 && size_t(micro_batch_size) <= job.documents_in_rows.size()) {
+    s.max_documents = job.documents_in_rows[size_t(micro_batch_size) - 1];
+  }
+  return s;
+}
+
 std::string ComputeModeName(const PlanJob& job) {
   return job.fp16_accumulate ? std::string(kFp16AccumulateName)
                              : std::string(DTypeName(job.compute_dtype));
@@ -412,7 +420,7 @@ std::vector<LayerTimeQuery> LayerTimeQueries(const ModelConfig& model, const Pla
   const std::vector<LayerSpec> layers = BuildLayerSpecs(model, job.lora, job.compute_dtype);
   std::vector<LayerTimeQuery> out;
   for (int64_t m : MicroBatchCandidates(job, gpus)) {
-    const BatchShape micro{job.global_batch / m, job.seq_len};
+    const BatchShape micro = MicroBatchShape(job, job.global_batch / m);
     for (size_t i = 0; i < layers.size(); ++i) {
       std::string key = LayerTimeKey(model, job, layers[i], micro);
       auto same = [&](const LayerTimeQuery& q) { return q.key == key; };
@@ -451,7 +459,7 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
   Fit closest_fit;
   uint64_t closest_gpu = 0, closest_host = 0, closest_nvme = 0;
   for (int64_t m : MicroBatchCandidates(job, gpus)) {
-    const BatchShape micro{job.global_batch / m, job.seq_len};
+    const BatchShape micro = MicroBatchShape(job, job.global_batch / m);
     const std::vector<LayerNumbers> n = NumbersFor(c, micro);
     for (int stage_count : StageCountCandidates(blocks)) {
       if (job.max_stages > 0 && stage_count > job.max_stages) continue;
@@ -563,7 +571,8 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
 RoundRobinJob RoundRobinJobOf(const ModelConfig& model, const Plan& plan,
                               const HardwareProfile& hw) {
   Context c{model, plan.job, hw, BuildLayerSpecs(model, plan.job.lora, plan.job.compute_dtype)};
-  const std::vector<LayerNumbers> n = NumbersFor(c, {plan.micro_batch_size, plan.job.seq_len});
+  const std::vector<LayerNumbers> n =
+      NumbersFor(c, MicroBatchShape(plan.job, plan.micro_batch_size));
   Candidate k{plan.stages, plan.micro_batches, plan.activation_policy, plan.recompute};
   return BuildJob(n, k, plan.gpus);
 }
@@ -598,7 +607,7 @@ std::vector<StageCost> BaselineStagesOf(const ModelConfig& model, const PlanJob&
 uint64_t BaselineGpuBytes(const ModelConfig& model, const PlanJob& job, int micro_batches,
                           int gpus) {
   const std::vector<LayerSpec> layers = BuildLayerSpecs(model, job.lora, job.compute_dtype);
-  const BatchShape micro{job.global_batch / micro_batches, job.seq_len};
+  const BatchShape micro = MicroBatchShape(job, job.global_batch / micro_batches);
   double weights = 0, trainable = 0, saved = 0;
   for (const LayerSpec& l : layers) {
     if (l.kind == LayerKind::kEmbedding) continue;

@@ -64,7 +64,15 @@ struct PlanJob {
   // Only optimizer state may go on NVMe (what `ferry train` runs today: the executor refuses
   // saved activations and frozen weights there), so no plan it must refuse is chosen.
   bool nvme_optimizer_only = false;
+  // Packed data's documents: [b - 1] is the most documents any b of its rows hold (a row's pieces
+  // and its padding each count; PackedRows::MostDocuments), for b up to global_batch. Empty: one
+  // per sequence. A micro-batch of B rows is planned (and run) with max_documents [B - 1].
+  std::vector<int64_t> documents_in_rows = {};
 };
+
+// One micro-batch of `micro_batch_size` sequences of the job: B x T and the most documents B rows
+// hold (PlanJob::documents_in_rows; 0 when it is empty or shorter than B).
+BatchShape MicroBatchShape(const PlanJob& job, int64_t micro_batch_size);
 
 // The `--dtype` name of fp16 with fp16 accumulation.
 inline constexpr std::string_view kFp16AccumulateName = "fp16acc";

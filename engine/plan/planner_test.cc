@@ -454,5 +454,31 @@ TEST(Planner, RandomJobsRespectInvariants) {
   EXPECT_GT(infeasible, 0);
 }
 
+// A micro-batch of packed data is planned for the most documents its rows may hold: the CUDA
+// attention's scratch grows with them; the CPU kernels' does not.
+TEST(Planner, MicroBatchShapeCarriesTheDataDocuments) {
+  PlanJob job;
+  job.global_batch = 4;
+  job.seq_len = 64;
+  EXPECT_EQ(MicroBatchShape(job, 2).max_documents, 0);
+  job.documents_in_rows = {5, 9, 12, 14};
+  const BatchShape s = MicroBatchShape(job, 2);
+  EXPECT_EQ(s.batch, 2);
+  EXPECT_EQ(s.seq_len, 64);
+  EXPECT_EQ(s.max_documents, 9);
+  EXPECT_EQ(MicroBatchShape(job, 4).max_documents, 14);
+  const ModelConfig m = SmallModel(2, 64, 300);
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(m, {}, DType::kBF16);
+  const LayerSpec& block = layers[1];
+  ASSERT_EQ(block.kind, LayerKind::kBlock);
+  const BatchShape one_each{2, 64};
+  const ScratchTarget cuda{.cuda = true};
+  EXPECT_GT(OpScratchBytes(m, block, s, DType::kBF16, cuda),
+            OpScratchBytes(m, block, one_each, DType::kBF16, cuda));
+  const ScratchTarget cpu{.cuda = false, .cpu_threads = 1};
+  EXPECT_EQ(OpScratchBytes(m, block, s, DType::kBF16, cpu),
+            OpScratchBytes(m, block, one_each, DType::kBF16, cpu));
+}
+
 }  // namespace
 }  // namespace ferry::plan

@@ -220,7 +220,7 @@ PlanJob RoundPipeBenchmarkJob() {
 
 std::vector<RoundPipeLayer> RoundPipeLayersOf(const ModelConfig& model, const PlanJob& job,
                                               const HardwareProfile& hw, int micro_batches) {
-  const BatchShape micro{job.global_batch / micro_batches, job.seq_len};
+  const BatchShape micro = MicroBatchShape(job, job.global_batch / micro_batches);
   const double rate = hw.gpu.EffectiveFlops(job.fp16_accumulate);
   const double dtype_bytes = double(DTypeSize(job.compute_dtype));
   std::vector<RoundPipeLayer> out;

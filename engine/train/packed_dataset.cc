@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 
 #include "engine/model/counter_rng.h"
@@ -112,6 +113,7 @@ PackedRows PackedRows::Pack(std::span<const Example> examples, int64_t seq_len, 
   p.doc_ids_.assign(total, 0);
   p.positions_.assign(total, 0);
   p.row_valid_.assign(size_t(p.rows_), 0);
+  p.row_documents_.assign(size_t(p.rows_), 0);
   for (size_t r = 0; r < rows.size(); ++r) {
     size_t at = r * size_t(T);
     int32_t doc = 0;
@@ -129,6 +131,7 @@ PackedRows PackedRows::Pack(std::span<const Example> examples, int64_t seq_len, 
       ++doc;
       ++p.pieces_;
     }
+    p.row_documents_[r] = doc + (at < (r + 1) * size_t(T) ? 1 : 0);
     for (int32_t pos = 0; at < (r + 1) * size_t(T); ++at, ++pos) {
       p.doc_ids_[at] = doc;
       p.positions_[at] = pos;
@@ -137,6 +140,18 @@ PackedRows PackedRows::Pack(std::span<const Example> examples, int64_t seq_len, 
     p.valid_targets_ += p.row_valid_[r];
   }
   return p;
+}
+
+std::vector<int64_t> PackedRows::MostDocuments(int64_t max_rows) const {
+  std::vector<int64_t> counts = row_documents_;
+  std::sort(counts.begin(), counts.end(), std::greater<>());
+  std::vector<int64_t> most;
+  int64_t sum = 0;
+  for (int64_t b = 0; b < max_rows; ++b) {
+    sum += size_t(b) < counts.size() ? counts[size_t(b)] : 1;  // beyond rows(): a padding row
+    most.push_back(sum);
+  }
+  return most;
 }
 
 double PackedRows::fill() const {

@@ -58,6 +58,11 @@ class PackedRows {
   int64_t dropped_pieces() const { return dropped_; }       // pieces with nothing to learn
   int64_t valid_targets() const { return valid_targets_; }  // over all rows
   double fill() const;  // fraction of row tokens that are not padding
+  // [b - 1]: the most documents any b rows hold, for b in [1, max_rows] (a row's pieces and its
+  // padding each count as one, as the attention's doc_ids tell them apart; a padding row beyond
+  // rows() is one): what a micro-batch of b rows is planned for (plan::PlanJob::
+  // documents_in_rows).
+  std::vector<int64_t> MostDocuments(int64_t max_rows) const;
 
   // Copies row `row` into row `slot` of `mb` (sized B x T with doc_ids and positions); returns its
   // valid targets. A row >= rows() writes a fully masked padding row.
@@ -68,6 +73,7 @@ class PackedRows {
   int32_t pad_id_ = 0;
   std::vector<int32_t> tokens_, targets_, doc_ids_, positions_;  // (rows, T) each
   std::vector<int64_t> row_valid_;                               // (rows)
+  std::vector<int64_t> row_documents_;                           // (rows)
 };
 
 // An empty B x T micro-batch with doc_ids and positions, for CopyRow.

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
 #include <set>
 
@@ -55,6 +56,32 @@ TEST(PackedRowsTest, RowsHoldDocumentsWithTheirOwnPositionsAndTargets) {
   mb = SequentialMicroBatch(p, 1, 1);
   EXPECT_EQ(mb.valid_targets, 0);
   EXPECT_EQ(mb.tokens, std::vector<int32_t>(8, 99));
+}
+
+// MostDocuments counts what the CUDA attention counts: runs of one doc id in a row (pieces, and
+// the padding after them), summed over the b rows that hold the most; a row past the last is one.
+TEST(PackedRowsTest, MostDocumentsAreTheDocIdRunsOfTheFullestRows) {
+  const std::vector<Example> ex = {Ex({1, 2, 3, 4, 5}), Ex({6, 7, 8}), Ex({1, 2}),
+                                   Ex({3, 4}),          Ex({5, 6}),    Ex({1, 2, 3, 4, 5, 6, 7})};
+  const PackedRows p = PackedRows::Pack(ex, 8, LongExamples::kSplit, 0);
+  std::vector<int64_t> runs;
+  for (int64_t r = 0; r < p.rows(); ++r) {
+    const MicroBatch mb = SequentialMicroBatch(p, r, 1);
+    int64_t n = 1;
+    for (size_t t = 1; t < mb.doc_ids.size(); ++t) n += mb.doc_ids[t] != mb.doc_ids[t - 1];
+    runs.push_back(n);
+  }
+  std::sort(runs.begin(), runs.end(), std::greater<>());
+  ASSERT_GE(runs.size(), 2u);
+  EXPECT_GE(runs[0], 3);  // some row holds several short examples
+  const int64_t max_rows = p.rows() + 2;
+  const std::vector<int64_t> most = p.MostDocuments(max_rows);
+  ASSERT_EQ(most.size(), size_t(max_rows));
+  int64_t sum = 0;
+  for (int64_t b = 0; b < max_rows; ++b) {
+    sum += size_t(b) < runs.size() ? runs[size_t(b)] : 1;
+    EXPECT_EQ(most[size_t(b)], sum) << "b = " << b + 1;
+  }
 }
 
 TEST(PackedRowsTest, LongExamplesSplitWithoutLosingTargetsOrTruncate) {

@@ -36,8 +36,12 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
   const int threads =
       job.threads > 0 ? int(job.threads) : int(std::max(1u, std::thread::hardware_concurrency()));
   const BatchShape shape{job.micro_batch_size(), job.seq_len};
-  FERRY_ASSIGN_OR_RETURN(TrainingRunner devices,
-                         CreateTrainingRunner(job, model, threads, !control.trace.empty()));
+  // The data first: its documents per micro-batch size the plan's attention.
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<TrainingData> data, TrainingData::Load(job, model));
+  FERRY_ASSIGN_OR_RETURN(
+      TrainingRunner devices,
+      CreateTrainingRunner(job, model, threads, !control.trace.empty(), /*forward_only=*/false,
+                           data->MostDocuments(job.micro_batch_size())));
   ModelRunner* runner = devices.runner.get();
 
   std::vector<LayerSpec> layers = BuildLayerSpecs(model, job.lora);
@@ -103,7 +107,6 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
     return saved;
   };
 
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<TrainingData> data, TrainingData::Load(job, model));
   const BatchSource& batcher = data->source();
   std::fprintf(stderr, "ferry train: data: %s\n", data->summary().c_str());
   std::fprintf(stderr, "ferry train: CPU GEMM: %s; %s\n", cpu::Blas().Describe().c_str(),

@@ -1,7 +1,9 @@
 #include "engine/train/training_data.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <vector>
 
 #include "engine/train/examples.h"
 
@@ -114,6 +116,17 @@ Result<std::unique_ptr<TrainingData>> TrainingData::Load(const JobSpec& job,
   d->source_ = std::make_unique<PackedBatcher>(b);
   d->summary_ = std::move(log);
   return d;
+}
+
+std::vector<int64_t> TrainingData::MostDocuments(int64_t rows) const {
+  std::vector<int64_t> most;
+  for (const std::optional<PackedRows>* p : {&train_, &val_}) {
+    if (!p->has_value()) continue;
+    const std::vector<int64_t> m = (*p)->MostDocuments(rows);
+    if (most.empty()) most.assign(m.size(), 0);
+    for (size_t b = 0; b < m.size(); ++b) most[b] = std::max(most[b], m[b]);
+  }
+  return most;
 }
 
 double EvalResult::perplexity() const { return std::exp(mean_loss()); }

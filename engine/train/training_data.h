@@ -55,6 +55,10 @@ class TrainingData {
   const PackedRows* validation() const { return val_ ? &*val_ : nullptr; }
   // One line for the log: what was read, how it packed, what was skipped.
   const std::string& summary() const { return summary_; }
+  // The most documents any b rows of the training or validation rows hold, for b in [1, rows]
+  // (PackedRows::MostDocuments; the larger of the two): what the job's plan sizes a micro-batch's
+  // attention for. Empty for the built-in text (one document per sequence).
+  std::vector<int64_t> MostDocuments(int64_t rows) const;
 
  private:
   TrainingData() = default;

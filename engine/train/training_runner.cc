@@ -145,8 +145,10 @@ Status ApplyJobBudgets(const JobSpec& job, plan::HardwareProfile& hw) {
 }  // namespace
 
 Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, int threads,
-                                  bool forward_only, const GpuCensus& census) {
+                                  bool forward_only, const GpuCensus& census,
+                                  const std::vector<int64_t>& documents_in_rows) {
   plan::PlanJob pj;
+  pj.documents_in_rows = documents_in_rows;
   pj.global_batch = job.batch_size;
   pj.seq_len = job.seq_len;
   pj.micro_batches = job.micro_batches;
@@ -207,13 +209,14 @@ uint64_t TrainingDevicesBytes(const JobSpec& unresolved, const ModelConfig& mode
 }
 
 Result<TrainingRunner> CreateTrainingRunner(const JobSpec& unresolved, const ModelConfig& model,
-                                            int threads, bool trace, bool forward_only) {
+                                            int threads, bool trace, bool forward_only,
+                                            const std::vector<int64_t>& documents_in_rows) {
   TrainingRunner t;
   const GpuCensus census = CensusFor(unresolved);
   JobSpec job = unresolved;
   FERRY_RETURN_IF_ERROR(ResolveJobDevices(job, census).status());
-  FERRY_ASSIGN_OR_RETURN(const plan::Plan p,
-                         PlanJobDevices(job, model, threads, forward_only, census));
+  FERRY_ASSIGN_OR_RETURN(const plan::Plan p, PlanJobDevices(job, model, threads, forward_only,
+                                                            census, documents_in_rows));
   FERRY_ASSIGN_OR_RETURN(t.devices, exec::CreateJobDevices(job, p.memory.gpu.total(), threads));
   std::vector<Device*> raw;
   for (const std::unique_ptr<Device>& d : t.devices) raw.push_back(d.get());

@@ -66,10 +66,11 @@ Result<uint64_t> JobGpuBudget(const JobSpec& job, const GpuCensus& census);
 // The plan of a settled job (ResolveJobDevices) on its devices: CPU devices bounded by the whole
 // model (one stage on one CPU device), CUDA devices by JobGpuBudget (a budget below the model's
 // bytes streams stages through the devices round-robin); the job's --host-memory and --nvme-dir.
-// `forward_only`: as CreateTrainingRunner's. Errors: JobGpuBudget's; InvalidArgument when no plan
-// fits (naming the binding constraint).
+// `forward_only` and `documents_in_rows`: as CreateTrainingRunner's. Errors: JobGpuBudget's;
+// InvalidArgument when no plan fits (naming the binding constraint).
 Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, int threads,
-                                  bool forward_only, const GpuCensus& census);
+                                  bool forward_only, const GpuCensus& census,
+                                  const std::vector<int64_t>& documents_in_rows = {});
 
 // The bytes of the whole model as one stage on one CPU device of `threads` threads, every
 // activation saved (or, `forward_only`, nothing saved), by the memory model
@@ -89,11 +90,14 @@ uint64_t TrainingDevicesBytes(const JobSpec& job, const ModelConfig& model, int 
 // `trace`: record what the pipeline runs (TrainingRunner::trace, sized for job.steps steps).
 // `forward_only`: a forward-only plan (evaluation, `ferry eval`: no gradients, no optimizer
 // state; memory_model.h): the runner's EvaluateLoss runs, its AccumulateStep fails.
+// `documents_in_rows`: the data's documents (plan::PlanJob::documents_in_rows,
+// TrainingData::MostDocuments; empty: one per sequence), which size the CUDA attention.
 // `job`'s devices and dtype may still be "auto" (settled here as ResolveJobDevices does).
 // Errors: those of ResolveJobDevices; InvalidArgument when the planner finds no plan for the
 // devices (naming the binding constraint); those of the device and runner factories.
 Result<TrainingRunner> CreateTrainingRunner(const JobSpec& job, const ModelConfig& model,
                                             int threads, bool trace = false,
-                                            bool forward_only = false);
+                                            bool forward_only = false,
+                                            const std::vector<int64_t>& documents_in_rows = {});
 
 }  // namespace ferry
