@@ -13,6 +13,7 @@
 #include "engine/plan/planner.h"
 #include "engine/plan/simulator.h"
 #include "engine/plan/timeline_writers.h"
+#include "engine/train/training_data.h"
 #include "offload/file_io.h"
 
 namespace ferry {
@@ -179,6 +180,20 @@ int RunPlanCommand(PlanCommand& cmd) {
       PlanJobOf(cmd.job, cmd.lora_targets, cmd.app->count("--micro-batches") > 0, cmd.dtype);
   if (!job.ok()) return fail(job.status());
   job->stale_updates = cmd.job.stale_updates;  // every plan prices both modes
+  // Packed data's documents size the GPU attention (as `ferry train` plans them): read --data
+  // when the model has a tokenizer to read it with (a folder, or the built-in tiny model).
+  if (cmd.job.data != "builtin") {
+    if (cmd.job.model == "tiny" || fs::is_directory(cmd.job.model)) {
+      Result<std::unique_ptr<TrainingData>> data = TrainingData::Load(cmd.job, *model);
+      if (!data.ok()) return fail(data.status().WithContext("--data"));
+      job->documents_in_rows = (*data)->MostDocuments(job->global_batch);
+    } else {
+      std::fprintf(stderr,
+                   "ferry plan: note: --data %s is not read (the preset '%s' has no tokenizer): "
+                   "planned as one document per sequence; plan a model folder to count them\n",
+                   cmd.job.data.c_str(), cmd.job.model.c_str());
+    }
+  }
   Result<plan::HardwareProfile> hw = ResolveHardware(cmd);
   if (!hw.ok()) return fail(hw.status());
   Result<plan::PlanOutcome> outcome = plan::MakePlan(cmd.job.model, *model, *job, *hw);

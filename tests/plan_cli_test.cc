@@ -46,6 +46,35 @@ TEST_F(PlanCliTest, JsonFitsItsBudgets) {
   EXPECT_GT(p["predicted"]["tokens_per_s"].get<double>(), 0);
 }
 
+// Packed data's documents are counted from --data (as `ferry train` plans them): short examples
+// share rows, so a micro-batch of 2 rows holds more than 2 documents; without --data, one each.
+TEST_F(PlanCliTest, PackedDocumentsAreCountedFromTheData) {
+  {
+    std::ofstream data(dir_ + "/short.jsonl");
+    for (int i = 0; i < 40; ++i) data << "{\"text\": \"note " << i << "\"}\n";
+  }
+  const std::string job =
+      "plan --model tiny --hardware 1x-rtx4090-pcie4 --batch-size 4 --micro-batches 2 "
+      "--seq-len 64 --dtype bf16 --json";
+  CommandResult plain = Ferry(job);
+  ASSERT_EQ(plain.code, 0) << plain.output;
+  EXPECT_EQ(nlohmann::json::parse(plain.output)["plan"]["max_documents"].get<int>(), 0);
+  CommandResult packed = Ferry(job + " --data " + dir_ + "/short.jsonl");
+  ASSERT_EQ(packed.code, 0) << packed.output;
+  const int docs = nlohmann::json::parse(packed.output)["plan"]["max_documents"].get<int>();
+  EXPECT_GT(docs, 2);
+  EXPECT_LE(docs, 2 * 64);
+  CommandResult text = Ferry(
+      "plan --model tiny --hardware 1x-rtx4090-pcie4 --batch-size 4 "
+      "--micro-batches 2 --seq-len 64 --dtype bf16 --data " +
+      dir_ + "/short.jsonl");
+  ASSERT_EQ(text.code, 0) << text.output;
+  EXPECT_NE(text.output.find("micro-batches: 2 of 2 sequence(s), up to " + std::to_string(docs) +
+                             " packed documents"),
+            std::string::npos)
+      << text.output;
+}
+
 TEST_F(PlanCliTest, TrainJobFilePlansAsItIs) {
   std::ofstream(dir_ + "/job.toml") << "model = \"qwen3-0.6b\"\nbatch-size = 4\nseq-len = 256\n"
                                        "steps = 10\nlora-rank = 8\nout = \"run\"\nthreads = 2\n";

@@ -53,6 +53,8 @@ nlohmann::json PlanToJson(const Plan& p) {
   j["compute_dtype"] = ComputeModeName(p.job);
   j["micro_batches"] = p.micro_batches;
   j["micro_batch_size"] = p.micro_batch_size;
+  // The most documents a micro-batch holds (packed data; 0: one per sequence).
+  j["max_documents"] = MicroBatchShape(p.job, p.micro_batch_size).max_documents;
   nlohmann::json stages = nlohmann::json::array();
   for (const LayerRange& s : p.stages) stages.push_back({s.first, s.last});
   j["forward_stages"] = stages;  // layer ranges [first, last); backward runs them reversed
@@ -117,8 +119,10 @@ std::string PlanSummary(const Plan& p) {
                                           : std::string())
                                : std::string("full fine-tuning")) +
          ", " + ComputeModeName(p.job) + "\n";
+  const int64_t documents = MicroBatchShape(p.job, p.micro_batch_size).max_documents;
   out += "  micro-batches: " + std::to_string(p.micro_batches) + " of " +
-         std::to_string(p.micro_batch_size) + " sequence(s)\n";
+         std::to_string(p.micro_batch_size) + " sequence(s)" +
+         (documents > 0 ? ", up to " + std::to_string(documents) + " packed documents" : "") + "\n";
   out += "  stages: " + std::to_string(p.stages.size()) + " forward, " +
          std::to_string(p.stages.size()) + " backward (layers";
   for (const LayerRange& s : p.stages) {
