@@ -53,7 +53,7 @@ Result<plan::PlanJob> PlanJobOf(const JobSpec& spec, const std::string& lora_tar
   if (!compute.ok() ||
       (*compute != DType::kBF16 && *compute != DType::kF16 && *compute != DType::kF32)) {
     return Status::InvalidArgument("--dtype '" + dtype +
-                                   "': use bf16, fp16, fp16acc (fp16 accumulation; priced only) "
+                                   "': use bf16, fp16, fp16acc (fp16 accumulation, GPUs) "
                                    "or f32 (CPU devices)");
   }
   plan::PlanJob job;
@@ -155,8 +155,8 @@ void AddPlanCommand(CLI::App& parent, PlanCommand* cmd) {
   p->add_option("--nvme-space", cmd->nvme_space, "Space ferry may use in --nvme-dir, e.g. 2TB");
   p->add_option("--dtype", cmd->dtype,
                 "Compute dtype: bf16, fp16, fp16acc (fp16 GEMMs accumulating in fp16: priced at "
-                "the GPU's fp16-accumulate rate, not run by ferry train yet) or f32 (CPU devices: "
-                "ferry train runs f32 and bf16, ferry probe --model measures f32 today)")
+                "the GPU's fp16-accumulate rate; ferry train --dtype fp16acc runs it on GPUs) or "
+                "f32 (CPU devices)")
       ->capture_default_str();
   p->add_flag("--json", cmd->json, "Print the plan as JSON instead of the summary");
   p->add_option("--svg", cmd->svg, "Write the predicted timeline of one step as an SVG Gantt");

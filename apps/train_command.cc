@@ -42,8 +42,9 @@ void AddTrainCommand(CLI::App& parent, TrainCommand* cmd) {
   t->add_option("--dtype", j.dtype,
                 "Compute dtype: f32 (the exact reference, CPU devices), bf16 (bf16 weights and "
                 "activations, bf16 GEMMs with fp32 accumulation where the device has them), f16 "
-                "(f16 weights and activations, dynamic loss scaling) or auto (f32 on CPU "
-                "devices, bf16 on GPUs); fp32 master weights")
+                "(f16 weights and activations, dynamic loss scaling), fp16acc (f16 whose all-f16 "
+                "GEMMs accumulate in fp16: faster on RTX cards, less exact; GPUs only) or auto "
+                "(f32 on CPU devices, bf16 on GPUs); fp32 master weights")
       ->capture_default_str();
   t->add_option("--loss-scale", j.loss_scale,
                 "With --dtype f16: the initial dynamic loss scale, a power of two (halved on a "

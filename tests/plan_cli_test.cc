@@ -84,9 +84,9 @@ TEST_F(PlanCliTest, TrainJobFilePlansAsItIs) {
 }
 
 // fp16acc (fp16 GEMMs accumulating in fp16) is a price the planner knows, at the 4090's
-// fp16-accumulate rate, so it predicts a shorter step than fp16; `ferry train` cannot run it yet
-// and refuses it rather than training in another mode.
-TEST_F(PlanCliTest, Fp16AccumulateIsPricedByPlanAndRefusedByTrain) {
+// fp16-accumulate rate, so it predicts a shorter step than fp16; `ferry train` runs it on GPUs
+// only and, on CPU devices, refuses it rather than training in another mode.
+TEST_F(PlanCliTest, Fp16AccumulateIsPricedByPlanAndRefusedByTrainOnCpuDevices) {
   const std::string job =
       " --model qwen3-0.6b --hardware 2x-rtx4090-pcie4 --seq-len 1024 --batch-size 6 --json";
   CommandResult fp16 = Ferry("plan --dtype fp16" + job);
@@ -99,9 +99,13 @@ TEST_F(PlanCliTest, Fp16AccumulateIsPricedByPlanAndRefusedByTrain) {
   EXPECT_GT(b["predicted"]["tokens_per_s"].get<double>(),
             a["predicted"]["tokens_per_s"].get<double>());
 
-  CommandResult train = Ferry("train --dtype fp16acc --steps 1 --out " + dir_ + "/run");
+  CommandResult train =
+      Ferry("train --dtype fp16acc --devices cpu --steps 1 --out " + dir_ + "/run");
   EXPECT_NE(train.code, 0) << train.output;
-  EXPECT_NE(train.output.find("--dtype 'fp16acc'"), std::string::npos) << train.output;
+  EXPECT_NE(train.output.find("--dtype fp16acc (GEMMs accumulating in fp16) runs on GPUs only"),
+            std::string::npos)
+      << train.output;
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/run"));
 }
 
 TEST_F(PlanCliTest, WritesTimelines) {

@@ -58,6 +58,7 @@ Result<std::vector<std::unique_ptr<Device>>> CreateJobDevices(const JobSpec& job
     o.ordinal = int(job.gpus[i]);
     o.name = names[i];
     o.memory_bytes = size_t(bytes_each);
+    o.gemm_f16_accumulate = job.dtype == "fp16acc";
     Result<std::unique_ptr<CudaDevice>> d = CudaDevice::Create(o);
     if (!d.ok()) return d.status().WithContext("device " + names[i]);
     devices.push_back(std::move(d).value());

@@ -125,10 +125,12 @@ std::string DevicesOptionText(const JobSpec& job) {
 
 Status ValidateJobDevices(const JobSpec& job) {
   FERRY_RETURN_IF_ERROR(ValidateDeviceFields(job));
-  if (job.dtype != "auto" && job.dtype != "f32" && job.dtype != "bf16" && job.dtype != "f16") {
+  if (job.dtype != "auto" && job.dtype != "f32" && job.dtype != "bf16" && job.dtype != "f16" &&
+      job.dtype != "fp16acc") {
     return Bad("--dtype '" + job.dtype +
                "': use f32 (the exact reference, CPU devices), bf16, f16 (with dynamic loss "
-               "scaling) or auto (f32 on CPU devices, bf16 on GPUs)");
+               "scaling), fp16acc (f16 with fp16-accumulating GEMMs, GPUs) or auto (f32 on CPU "
+               "devices, bf16 on GPUs)");
   }
   return Status::Ok();
 }
@@ -171,6 +173,11 @@ Result<std::string> ResolveJobDevices(JobSpec& job, const GpuCensus& census) {
     }
   }
   if (job.dtype == "auto") job.dtype = job.device_kind == "cuda" ? "bf16" : "f32";
+  if (job.dtype == "fp16acc" && job.device_kind != "cuda") {
+    return Bad(
+        "--dtype fp16acc (GEMMs accumulating in fp16) runs on GPUs only; CPU devices accumulate "
+        "in fp32 (give --dtype f16 for the same storage)");
+  }
 
   const std::vector<std::string> names = JobDeviceNames(job);
   if (job.device_kind == "cpu") {

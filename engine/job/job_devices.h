@@ -34,6 +34,9 @@ Status ParseDevicesOption(std::string_view text, JobSpec& job);
 // "auto", else the list ("cpu,cpu", "cuda:0,cuda:0").
 std::string DevicesOptionText(const JobSpec& job);
 
+// Whether the job stores f16 on its devices (and so scales its loss): "f16" and "fp16acc".
+inline bool F16Storage(const JobSpec& job) { return job.dtype == "f16" || job.dtype == "fp16acc"; }
+
 // Checks the three fields against each other (count in [1, 64]; a GPU per device exactly when
 // the kind is "cuda"; ordinals >= 0) and the dtype's name. ValidateJobSpec calls it.
 Status ValidateJobDevices(const JobSpec& job);

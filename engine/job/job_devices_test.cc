@@ -155,6 +155,15 @@ TEST(JobDevices, RefusalsSayWhatToGiveInstead) {
   refused("cuda:0", NoGpu(), "no GPU (no CUDA-capable device is detected)");
   refused("cuda:0,cuda:0", NoGpu(), "run on CPU devices with --devices 2");
   refused("cuda:0", Gpus(1), "--dtype f32 runs on CPU devices only", "f32");
+  refused("1", NoGpu(), "--dtype fp16acc (GEMMs accumulating in fp16) runs on GPUs only",
+          "fp16acc");
+  refused("cpu", Gpus(1), "give --dtype f16 for the same storage", "fp16acc");
+  // On a GPU it is f16 storage.
+  JobSpec job = Parsed("cuda:0");
+  job.dtype = "fp16acc";
+  ASSERT_TRUE(ResolveJobDevices(job, Gpus(1)).ok());
+  EXPECT_EQ(job.dtype, "fp16acc");
+  EXPECT_TRUE(F16Storage(job));
 }
 
 TEST(JobDevices, DevicesSharingAGpuSplitItsFreeMemory) {

@@ -59,8 +59,9 @@ struct JobSpec {
   std::string device_kind = "auto";
   std::vector<int64_t> gpus;
   // Compute (storage) dtype on the devices: "f32", the exact reference (CPU devices only), "bf16"
-  // (bf16 weights and activations, bf16 GEMMs with fp32 accumulation) or "f16" (f16 weights and
-  // activations, with dynamic loss scaling); "auto" is f32 on CPU devices and bf16 on GPUs
+  // (bf16 weights and activations, bf16 GEMMs with fp32 accumulation), "f16" (f16 weights and
+  // activations, with dynamic loss scaling) or "fp16acc" (f16 whose all-f16 GEMMs accumulate in
+  // fp16: GPUs only, kernels/cuda/gemm.cu); "auto" is f32 on CPU devices and bf16 on GPUs
   // (ResolveJobDevices). Master weights, gradients and optimizer state stay fp32.
   std::string dtype = "auto";
   // f16's dynamic loss scaling (engine/train/loss_scaler.h, torch GradScaler's defaults): the

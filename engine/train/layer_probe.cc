@@ -265,7 +265,8 @@ Result<std::vector<LayerProbeEntry>> ProbeLayerTimes(const ModelConfig& model,
   // do the math in f32 whatever the storage).
   if (job.fp16_accumulate) {
     return Status::InvalidArgument(
-        "fp16acc: ferry's devices have no fp16-accumulate GEMM yet; probe with --dtype f16");
+        "fp16acc: the layer probe does not measure fp16-accumulating GEMMs yet (plan prices them "
+        "at the profile's fp16-accumulate rate); probe with --dtype f16");
   }
   if (job.global_batch < 1 || job.seq_len < 1 || gpus < 1 || o.repeats < 1 || o.warmup < 0 ||
       (job.micro_batches > 0 && job.global_batch % job.micro_batches != 0)) {

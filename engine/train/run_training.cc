@@ -10,6 +10,7 @@
 #include <optional>
 #include <thread>
 
+#include "engine/job/job_devices.h"
 #include "engine/job/run_folder.h"
 #include "engine/json.h"
 #include "engine/model/master_weights.h"
@@ -74,7 +75,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
       .weight_decay = job.weight_decay,
       .grad_clip = job.grad_clip,
       .stale_updates = job.stale_updates,
-      .loss_scaling = {.enabled = job.dtype == "f16",
+      .loss_scaling = {.enabled = F16Storage(job),
                        .initial_scale = job.loss_scale,
                        .growth_interval = job.loss_scale_growth_interval}};
   FERRY_ASSIGN_OR_RETURN(
@@ -211,7 +212,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
                            {"grad_norm", st->grad_norm},
                            {"tokens_per_s", double(st->tokens) / step_s},
                            {"elapsed_s", elapsed}};
-    if (job.dtype == "f16") {  // f32 and bf16 lines stay as they were
+    if (F16Storage(job)) {  // f32 and bf16 lines stay as they were
       line["loss_scale"] = st->loss_scale;
       line["skipped"] = st->skipped;
     }
@@ -267,7 +268,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
     }
   }
   std::string scaling;
-  if (job.dtype == "f16") {  // over the whole run, resumed parts included (checkpointed)
+  if (F16Storage(job)) {  // over the whole run, resumed parts included (checkpointed)
     char buf[160];
     std::snprintf(buf, sizeof buf, "; f16 loss scale %.17g at the end, %lld of %lld steps skipped",
                   scaler_final.scale, (long long)scaler_final.skipped_steps, (long long)job.steps);

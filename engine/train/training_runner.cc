@@ -73,7 +73,7 @@ bool OnGpus(const JobSpec& job) { return job.device_kind == "cuda"; }
 
 DType ComputeDtype(const JobSpec& job) {
   if (job.dtype == "bf16") return DType::kBF16;  // ValidateJobSpec'd, resolved
-  return job.dtype == "f16" ? DType::kF16 : DType::kF32;
+  return F16Storage(job) ? DType::kF16 : DType::kF32;
 }
 
 plan::ScratchTarget ScratchOf(const JobSpec& job, int threads) {
@@ -154,6 +154,7 @@ Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, 
   pj.micro_batches = job.micro_batches;
   pj.lora = job.lora;
   pj.compute_dtype = ComputeDtype(job);
+  pj.fp16_accumulate = job.dtype == "fp16acc";
   pj.stale_updates = job.stale_updates;
   pj.forward_only = forward_only;
   // One CPU device runs the whole model as one stage: on a CPU device a weight copy takes the

@@ -295,6 +295,7 @@ CudaDevice::~CudaDevice() {
 const std::string& CudaDevice::name() const { return impl_->name; }
 size_t CudaDevice::capacity() const { return impl_->capacity; }
 int CudaDevice::ordinal() const { return impl_->options.ordinal; }
+bool CudaDevice::gemm_f16_accumulate() const { return impl_->options.gemm_f16_accumulate; }
 
 // ---- memory ------------------------------------------------------------------------------
 

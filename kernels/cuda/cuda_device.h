@@ -58,6 +58,10 @@ struct CudaDeviceOptions {
   double memory_fraction = 0.9;
   size_t alignment = 256;                            // every allocation is rounded up to this
   size_t cublas_workspace_bytes = size_t(32) << 20;  // carved from the arena; 32 MiB suits sm_90
+  // `--dtype fp16acc`: GEMMs whose A, B and C are all f16 accumulate in fp16
+  // (CUBLAS_COMPUTE_16F, the consumer cards' doubled-rate mode; kernels/cuda/gemm.cu); every
+  // other GEMM keeps fp32 accumulation.
+  bool gemm_f16_accumulate = false;
 };
 
 class CudaDevice final : public Device {
@@ -77,6 +81,7 @@ class CudaDevice final : public Device {
   const std::string& name() const override;
   size_t capacity() const override;
   int ordinal() const;
+  bool gemm_f16_accumulate() const;  // CudaDeviceOptions::gemm_f16_accumulate
 
   Result<DeviceBuffer> Allocate(size_t bytes, std::string_view requester) override;
   ArenaStats arena_stats() const override;

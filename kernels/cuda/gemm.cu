@@ -1,6 +1,9 @@
 // GEMM on CUDA (semantics: kernels/ops/gemm.h) through cublasGemmEx with fp32 compute
 // (CUBLAS_COMPUTE_32F: neither TF32 nor fp16 accumulation), on the device's compute stream and
-// cuBLAS workspace.
+// cuBLAS workspace. On a device made with CudaDeviceOptions::gemm_f16_accumulate (`--dtype
+// fp16acc`), a direct GEMM whose A, B and C are all f16 accumulates in fp16 instead
+// (CUBLAS_COMPUTE_16F, half scalars): each partial sum is rounded to fp16 (u = 2^-11), so its error
+// grows with K as the summation bound says, against fp32's 2^-24; a bias is added first, as below.
 //
 // Row-major tensors are handed to cuBLAS (column-major) as their transposes:
 // C^T (N x M) = op(B)^T (N x K) op(A)^T (K x M), so B is cuBLAS's first operand.
@@ -160,7 +163,10 @@ Status Gemm(CudaDevice& d, const GemmArgs& g) {
       FERRY_RETURN_IF_ERROR(Prologue(d, g, g.c));
       beta = 1.0f;
     }
-    return CublasGemm(d, g.a, g.trans_a, g.b, g.trans_b, g.c, g.alpha, beta, CUBLAS_COMPUTE_32F);
+    const bool f16_accumulate = d.gemm_f16_accumulate() && g.a.dtype == DType::kF16 &&
+                                g.b.dtype == DType::kF16 && g.c.dtype == DType::kF16;
+    return CublasGemm(d, g.a, g.trans_a, g.b, g.trans_b, g.c, g.alpha, beta,
+                      f16_accumulate ? CUBLAS_COMPUTE_16F : CUBLAS_COMPUTE_32F);
   }
   // Converted path: fp32 copies of the non-f32 operands, an fp32 accumulator for C.
   size_t offset = 0;

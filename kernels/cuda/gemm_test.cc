@@ -204,6 +204,26 @@ TEST_F(CudaGemmTest, Fp16AccumulateMatchesCpuWithinFp16Sums) {
             StatusCode::kInvalidArgument);
 }
 
+// A device made for `--dtype fp16acc` runs the Gemm op's all-f16 products with fp16 accumulation
+// (within the fp16 summation bound, short K as above), bias and beta included; a product into an
+// f32 C keeps fp32 accumulation (the fp32 bound holds at the full K).
+TEST_F(CudaGemmTest, Fp16AccumulateDeviceAccumulatesAllF16GemmsInFp16) {
+  CudaDeviceOptions o;
+  o.memory_bytes = 64 * kMiB;
+  o.cublas_workspace_bytes = 4 * kMiB;
+  o.gemm_f16_accumulate = true;
+  Result<std::unique_ptr<CudaDevice>> d = CudaDevice::Create(o);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  device_ = std::move(d).value();
+  ASSERT_TRUE(device_->gemm_f16_accumulate());
+  const DType f16 = DType::kF16, f32 = DType::kF32;
+  for (int mask = 0; mask < 4; ++mask) {
+    Check({f16, f16, f16, f16, bool(mask & 1), bool(mask & 2), false, 0.0f, 8}, 0x1p-11f);
+  }
+  Check({f16, f16, f16, f16, false, true, true, 1.0f, 8}, 0x1p-11f);
+  Check({f16, f16, f32, f32, true, false, false, 1.0f, kK});
+}
+
 }  // namespace
 }  // namespace ferry
 
