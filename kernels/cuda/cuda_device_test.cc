@@ -6,11 +6,14 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <thread>
 #include <vector>
@@ -18,6 +21,8 @@
 #include "kernels/arena.h"
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/ops/gemm.h"
+#include "kernels/testing/device_staging.h"
 #include "kernels/testing/gpu_testing.h"
 #include "kernels/testing/op_testing.h"
 
@@ -154,6 +159,85 @@ TEST_F(CudaDeviceTest, TimedEventsMeasureWhenTheStreamReachesThem) {
   ASSERT_TRUE(device_->Record(*plain, StreamId::kCompute).ok());
   ASSERT_TRUE(device_->Synchronize().ok());
   EXPECT_EQ(device_->ElapsedSeconds(*a, *plain).status().code(), StatusCode::kInvalidArgument);
+}
+
+// A pinned upload on the upload stream runs beside GEMMs on the compute stream: the two together
+// take well under the sum of their times alone. Each side is sized (by doubling) to take at least
+// 20 ms alone on this GPU, and the copy about as long as the GEMMs, so neither hides in the
+// other's launch overhead. The figures are printed.
+TEST_F(CudaDeviceTest, PinnedCopyOverlapsGemms) {
+  CudaDeviceOptions o;
+  o.memory_bytes = 1024 * kMiB;
+  o.cublas_workspace_bytes = 32 * kMiB;
+  Result<std::unique_ptr<CudaDevice>> made = CudaDevice::Create(o);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  CudaDevice& d = **made;
+  constexpr int64_t kDim = 2048;
+  testing::DeviceTensor a(d, DType::kBF16, {kDim, kDim}, "a"),
+      b(d, DType::kBF16, {kDim, kDim}, "b"), c(d, DType::kBF16, {kDim, kDim}, "c");
+  a.Upload(testing::RandomVector(size_t(kDim * kDim), 1));
+  b.Upload(testing::RandomVector(size_t(kDim * kDim), 2));
+  const size_t copy_bytes = 256 * kMiB;
+  auto host = HostAllocation::Map(copy_bytes, "overlap staging");
+  ASSERT_TRUE(host.ok()) << host.status().ToString();
+  auto reg = d.RegisterHost(*host);
+  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  host->Attach(std::move(reg).value());
+  auto target = d.Allocate(copy_bytes, "overlap target");
+  ASSERT_TRUE(target.ok()) << target.status().ToString();
+
+  auto gemms = [&](int n) {
+    for (int i = 0; i < n; ++i) ASSERT_TRUE(Gemm(d, {a.tensor(), b.tensor(), c.tensor()}).ok());
+  };
+  auto copies = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      ASSERT_TRUE(d.CopyToDevice(target->data(), host->Whole(), copy_bytes).ok());
+    }
+  };
+  // Seconds from an event on `stream` to one after `work` (enqueued on it).
+  auto timed = [&](StreamId stream, const std::function<void()>& work) {
+    auto from = d.CreateTimedEvent(), to = d.CreateTimedEvent();
+    EXPECT_TRUE(from.ok() && to.ok());
+    EXPECT_TRUE(d.Record(*from, stream).ok());
+    work();
+    EXPECT_TRUE(d.Record(*to, stream).ok());
+    EXPECT_TRUE(d.Synchronize().ok());
+    Result<double> s = d.ElapsedSeconds(*from, *to);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? *s : 0.0;
+  };
+  gemms(2);  // warm-up: cuBLAS picks its kernel
+  copies(1);
+  ASSERT_TRUE(d.Synchronize().ok());
+  int n_gemm = 4, n_copy = 1;
+  double t_gemm = 0, t_copy = 0;
+  while ((t_gemm = timed(StreamId::kCompute, [&] { gemms(n_gemm); })) < 0.02 && n_gemm < 65536) {
+    n_gemm *= 2;
+  }
+  while ((t_copy = timed(StreamId::kUpload, [&] { copies(n_copy); })) < t_gemm && n_copy < 256) {
+    n_copy *= 2;
+  }
+  // Together: both streams start from one event on the compute stream.
+  auto start = d.CreateTimedEvent(), end_gemm = d.CreateTimedEvent(),
+       end_copy = d.CreateTimedEvent();
+  ASSERT_TRUE(start.ok() && end_gemm.ok() && end_copy.ok());
+  ASSERT_TRUE(d.Record(*start, StreamId::kCompute).ok());
+  ASSERT_TRUE(d.Wait(StreamId::kUpload, *start).ok());
+  gemms(n_gemm);
+  copies(n_copy);
+  ASSERT_TRUE(d.Record(*end_gemm, StreamId::kCompute).ok());
+  ASSERT_TRUE(d.Record(*end_copy, StreamId::kUpload).ok());
+  ASSERT_TRUE(d.Synchronize().ok());
+  Result<double> g = d.ElapsedSeconds(*start, *end_gemm), k = d.ElapsedSeconds(*start, *end_copy);
+  ASSERT_TRUE(g.ok() && k.ok());
+  const double together = std::max(*g, *k);
+  std::printf(
+      "overlap: %d GEMMs %.1f ms alone, %d x %zu MiB pinned uploads %.1f ms alone "
+      "(%.1f GB/s), together %.1f ms (%.2f of the sum)\n",
+      n_gemm, t_gemm * 1e3, n_copy, copy_bytes / kMiB, t_copy * 1e3,
+      double(n_copy) * double(copy_bytes) / t_copy / 1e9, together * 1e3,
+      together / (t_gemm + t_copy));
+  EXPECT_LT(together, 0.8 * (t_gemm + t_copy));
 }
 
 TEST_F(CudaDeviceTest, WaitOnNeverRecordedEventIsNoOp) {
