@@ -179,10 +179,7 @@ Result<std::string> ResolveJobDevices(JobSpec& job, const GpuCensus& census) {
         "in fp32 (give --dtype f16 for the same storage)");
   }
 
-  const std::vector<std::string> names = JobDeviceNames(job);
-  if (job.device_kind == "cpu") {
-    return std::to_string(job.devices) + " CPU device" + (job.devices == 1 ? "" : "s") + why;
-  }
+  if (job.device_kind == "cpu") return DevicesCountText(job) + why;
   std::string line;
   const std::map<int64_t, int> sharers = Sharers(job);
   for (const auto& [g, n] : sharers) {
@@ -192,8 +189,13 @@ Result<std::string> ResolveJobDevices(JobSpec& job, const GpuCensus& census) {
             " free, sm_" + std::to_string(info.compute_capability) +
             (n > 1 ? ", shared by " + std::to_string(n) + " devices" : "") + ")";
   }
-  return std::to_string(job.devices) + " CUDA device" + (job.devices == 1 ? "" : "s") + " on " +
-         line;
+  return DevicesCountText(job) + " on " + line;
+}
+
+std::string DevicesCountText(const JobSpec& job) {
+  return std::to_string(job.devices) +
+         (job.device_kind == "cuda" ? " CUDA device" : " CPU device") +
+         (job.devices == 1 ? "" : "s");
 }
 
 std::vector<std::string> JobDeviceNames(const JobSpec& job) {

@@ -64,6 +64,10 @@ struct GpuCensus {
 // than GPUs with an "auto" kind; --dtype f32 on GPUs.
 Result<std::string> ResolveJobDevices(JobSpec& job, const GpuCensus& census);
 
+// The job's devices counted as its start lines and errors say them: "1 CPU device", "2 CUDA
+// devices" (CPU unless the kind is "cuda").
+std::string DevicesCountText(const JobSpec& job);
+
 // The name of each of the job's devices, in order: "cpu0", "cpu1"; "cuda0", "cuda1"; GPUs that
 // several devices share get "cuda0.0", "cuda0.1". REQUIRES: ValidateJobDevices(job) is ok.
 std::vector<std::string> JobDeviceNames(const JobSpec& job);

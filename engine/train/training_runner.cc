@@ -175,9 +175,8 @@ Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, 
   FERRY_ASSIGN_OR_RETURN(plan::PlanOutcome outcome,
                          plan::MakePlan(job.model, model, pj, hw, /*suggest=*/false));
   if (!outcome.feasible) {
-    return Status::InvalidArgument("no plan fits " + std::to_string(job.devices) +
-                                   (OnGpus(job) ? " CUDA device" : " CPU device") +
-                                   (job.devices == 1 ? "" : "s") + ": " + outcome.binding);
+    return Status::InvalidArgument("no plan fits " + DevicesCountText(job) + ": " +
+                                   outcome.binding);
   }
   const plan::Plan& p = outcome.plan;
   if (p.micro_batches != job.micro_batches || p.micro_batch_size != job.micro_batch_size()) {
@@ -224,8 +223,7 @@ Result<TrainingRunner> CreateTrainingRunner(const JobSpec& unresolved, const Mod
   if (trace) t.trace = std::make_unique<exec::TraceRecorder>(p, job.steps);
   FERRY_ASSIGN_OR_RETURN(t.runner, exec::CreatePipelineRunner(raw, model, p, t.trace.get()));
   t.summary =
-      std::to_string(job.devices) + (OnGpus(job) ? " CUDA device" : " CPU device") +
-      (job.devices == 1 ? "" : "s") + ", " + std::to_string(p.stages.size()) + " stage" +
+      DevicesCountText(job) + ", " + std::to_string(p.stages.size()) + " stage" +
       (p.stages.size() == 1 ? "" : "s") + ", activations " + p.activation_policy + ", " +
       FormatBytes(p.memory.gpu.total()) + " per device" +
       (p.optimizer_state == Tier::kNvme ? ", optimizer state on NVMe in " + OptimizerStateDir(job) +
