@@ -15,7 +15,7 @@
 #include "engine/job/model_source.h"
 #include "engine/job/run_limits.h"
 #include "engine/model/generator.h"
-#include "kernels/cpu/cpu_device.h"
+#include "engine/train/training_runner.h"
 
 namespace ferry {
 namespace {
@@ -58,41 +58,35 @@ Status Run(const GenerateCommand& cmd) {
   const std::vector<int32_t> ids = loaded.tokenizer->Encode(prompt, /*add_special_tokens=*/true);
   if (ids.empty()) return Status::InvalidArgument("the prompt is empty: give --prompt TEXT");
 
-  CpuDeviceOptions dev;
-  dev.name = "cpu";
-  dev.compute_threads =
+  const int threads =
       cmd.threads > 0 ? int(cmd.threads) : int(std::max(1u, std::thread::hardware_concurrency()));
-  // fp32 weights, and NF4 ones as the device holds them (packed codes, quant state, the code) plus
-  // the buffer each stage's blocks dequantize one into (the one-token step's and the prefill's).
-  size_t weight_bytes = 0, dequant_bytes = 0;
-  for (const auto& [name, t] : m.weights.tensors) weight_bytes += t.size() * 4;
-  for (const auto& [name, q] : m.weights.nf4) {
-    weight_bytes += Nf4DeviceBytes(q.numel(), q.nested());
-  }
-  for (const LayerSpec& l : m.layers) {
-    dequant_bytes = std::max(dequant_bytes, 2 * BlockDequantBytes(l, DType::kF32));
-  }
   const int64_t positions = int64_t(ids.size()) + cmd.max_tokens;
-  const size_t cache_bytes = size_t(2 * m.config.num_layers * positions * m.config.kv_dim()) * 4;
-  // Weights (no gradient buffers: the generator asks for none; an eighth more for the packed LoRA
-  // groups' block-diagonal B and alignment), the cache, and the activations of the prefill (a few
-  // (n, C|I|V) tensors per step; 64 MiB covers the built-in sizes with margin).
-  const size_t act_bytes =
-      size_t(positions) *
-      size_t(8 * m.config.hidden_size + 4 * m.config.intermediate_size + m.config.vocab_size) * 4;
-  dev.memory_bytes = weight_bytes + weight_bytes / 8 + dequant_bytes + cache_bytes + act_bytes +
-                     (size_t(64) << 20);
+  // The job: one sequence, its longest step the prompt, on --devices (CPU devices unless asked:
+  // the KV cache is f32), a generation plan of the model and its adapter.
+  JobSpec job;
+  job.model = cmd.model;
+  job.batch_size = 1;
+  job.micro_batches = 1;
+  job.seq_len = int64_t(ids.size());
+  job.devices = cmd.devices.devices;
+  job.device_kind = cmd.devices.device_kind == "auto" ? "cpu" : cmd.devices.device_kind;
+  job.gpus = cmd.devices.gpus;
+  job.dtype = "f32";
+  job.lora = m.lora;
   const std::string shape = "the prompt's " + std::to_string(ids.size()) +
                             " tokens + --max-tokens " + std::to_string(cmd.max_tokens);
   RunLimits run;
   run.threads = cmd.threads;
   run.positions = positions;
   run.positions_from = run.device_from = shape;
-  run.device_bytes = [&] { return dev.memory_bytes; };
+  run.device_bytes = [&] {
+    return TrainingDevicesBytes(job, m.config, threads, /*forward_only=*/true, positions);
+  };
   FERRY_RETURN_IF_ERROR(ValidateRunLimits(run, m.config));
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<CpuDevice> device, CpuDevice::Create(dev));
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Generator> gen,
-                         Generator::Create(*device, m.config, m.lora, m.weights, positions));
+  FERRY_ASSIGN_OR_RETURN(GenerationRunner runner,
+                         CreateGenerationRunner(job, m.config, m.weights, threads, positions));
+  std::fprintf(stderr, "ferry generate: %s\n", runner.summary.c_str());
+  Generator* gen = runner.generator.get();
 
   GenerateOptions o;
   o.sampling = sampling;
@@ -154,6 +148,9 @@ void AddGenerateCommand(CLI::App& parent, GenerateCommand* cmd) {
       ->capture_default_str();
   g->add_option("--threads", cmd->threads, "CPU threads (0: all cores)")->capture_default_str();
   AddQuantizeOptions(*g, &cmd->quantize, &cmd->double_quant, QuantizeUse::kInference);
+  AddDevicesOption(*g, cmd->devices,
+                   "a generation plan runs over them, each keeping its blocks' KV cache (CPU "
+                   "devices: the cache is f32; default: one)");
 }
 
 int RunGenerateCommand(GenerateCommand& cmd) {

@@ -1,13 +1,16 @@
 // `ferry generate`: text generation with a KV cache (engine/model/generator.h) from the built-in
 // tiny model, a Hugging Face model folder or a run folder written by `ferry train` (full or LoRA),
 // with an optional PEFT LoRA adapter (--model/--adapter resolved by engine/job/model_source.h),
-// streaming the text to stdout as tokens are drawn and the speed to stderr.
+// streaming the text to stdout as tokens are drawn and the speed to stderr. It runs a generation
+// plan on --devices (CPU devices: the KV cache is f32), sized by the memory model, as train and
+// eval run theirs (engine/train/training_runner.h: CreateGenerationRunner).
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
 
+#include "engine/job/job_spec.h"
 #include "engine/model/lora_config.h"
 
 namespace ferry {
@@ -28,6 +31,9 @@ struct GenerateCommand {
   int64_t threads = 0;  // CPU threads (0: all cores); int64 so a huge value is refused by name
   BaseQuant quantize = BaseQuant::kNone;  // --quantize nf4: the base's projections in NF4
   bool double_quant = true;               // --[no-]double-quant: NF4's absmax nested
+  // --devices (devices, device_kind and gpus only: the rest of the job is set from the options
+  // above); "auto" runs on CPU devices.
+  JobSpec devices;
 };
 
 // Adds the `generate` subcommand to `parent`; `cmd` receives the parsed options and must outlive

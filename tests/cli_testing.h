@@ -39,6 +39,23 @@ inline CommandResult Ferry(const std::string& args, const std::string& env = "",
   return r;
 }
 
+// The text a successful `ferry generate` printed: its output (stdout and stderr) less the lines
+// its log writes on stderr (the devices at the start, the speed at the end: each a line of its own
+// that starts with "ferry generate: "). A failed run's output is left whole.
+inline CommandResult GeneratedText(CommandResult r) {
+  if (r.code != 0) return r;
+  const std::string log = "ferry generate: ";
+  for (size_t at = r.output.find(log); at != std::string::npos; at = r.output.find(log, at)) {
+    if (at > 0 && r.output[at - 1] != '\n') {  // not at a line's start: the text's own
+      at += log.size();
+      continue;
+    }
+    const size_t end = r.output.find('\n', at);
+    r.output.erase(at, end == std::string::npos ? std::string::npos : end + 1 - at);
+  }
+  return r;
+}
+
 // Options that make a `ferry train` of the tiny model take a fraction of a second.
 inline const std::string kQuickTrain = " --batch-size 2 --seq-len 16 --warmup-steps 2 --threads 2";
 

@@ -23,12 +23,9 @@ class GenerateCliTest : public CliTest {
     EXPECT_EQ(r.code, 0) << r.output;
     return out;
   }
-  // The generated text: the output less the speed line (on stderr, merged by Ferry).
+  // The generated text: the output less the log lines (on stderr, merged by Ferry).
   static CommandResult Stdout(const std::string& args) {
-    CommandResult r = Ferry(args);
-    const size_t speed = r.output.rfind("ferry generate: ");
-    if (r.code == 0 && speed != std::string::npos) r.output.resize(speed);
-    return r;
+    return ferry::testing::GeneratedText(Ferry(args));
   }
 };
 
@@ -59,10 +56,29 @@ TEST_F(GenerateCliTest, LoraRunFolderAndSeeds) {
   EXPECT_EQ(Stdout(args + " --seed 5 --adapter " + run).output, a.output);
 }
 
+// Streamed over two CPU devices (the planner's stages round robin, each device keeping its blocks'
+// KV cache), the text is one device's, greedy and sampled; the log names the devices.
+TEST_F(GenerateCliTest, TwoDevicesGenerateOneDevicesText) {
+  const std::string run = Train("full");
+  for (const char* sampling : {"--temperature 0", "--temperature 1 --seed 3"}) {
+    const std::string args =
+        "generate --model " + run + " --prompt 'The ' --max-tokens 12 --threads 2 " + sampling;
+    CommandResult one = Stdout(args);
+    ASSERT_EQ(one.code, 0) << one.output;
+    ASSERT_FALSE(one.output.empty());
+    EXPECT_EQ(Stdout(args + " --devices 2").output, one.output) << sampling;
+  }
+  CommandResult log = Ferry("generate --model " + run +
+                            " --prompt 'The ' --max-tokens 4 --threads 2 --devices cpu,cpu");
+  ASSERT_EQ(log.code, 0) << log.output;
+  ferry::testing::ExpectWords(log, {"2 CPU devices", "KV cache of"});
+}
+
 TEST_F(GenerateCliTest, BadInputIsOneLineAndNonZero) {
   for (const char* args :
        {"generate --prompt x --top-p 0", "generate --prompt x --temperature -1",
-        "generate --model /nonexistent --prompt x", "generate --prompt x --adapter /nonexistent"}) {
+        "generate --model /nonexistent --prompt x", "generate --prompt x --adapter /nonexistent",
+        "generate --prompt x --devices cuda"}) {
     CommandResult r = Ferry(args);
     EXPECT_EQ(r.code, 1) << args << ": " << r.output;
     EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << args << ": " << r.output;

@@ -9,8 +9,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "engine/exec/planned_generator.h"
 #include "engine/json.h"
-#include "engine/model/generator.h"
 #include "engine/model/model_folder.h"
 #include "engine/testing/golden_files.h"
 #include "engine/testing/tiny_models.h"
@@ -36,12 +36,9 @@ std::string TokenizerJson() { return testing::ByteLevelTokenizerJson().dump(); }
 
 // The generated text of a `ferry generate` run: its output less the speed line on stderr.
 CommandResult Generate(const std::string& args) {
-  CommandResult r =
-      Ferry("generate " + args + " --prompt '" + kPrompt +
-            "' --max-tokens 12 --temperature 0 --threads " + std::to_string(kThreads));
-  const size_t speed = r.output.rfind("ferry generate: ");
-  if (r.code == 0 && speed != std::string::npos) r.output.resize(speed);
-  return r;
+  return testing::GeneratedText(Ferry("generate " + args + " --prompt '" + kPrompt +
+                                      "' --max-tokens 12 --temperature 0 --threads " +
+                                      std::to_string(kThreads)));
 }
 
 // `ferry eval --json` on `data`: the loss it reports (NaN when it failed).
@@ -103,8 +100,13 @@ class ModelFolderCliTest : public testing::CliTest {
     Result<std::unique_ptr<CpuDevice>> device =
         CpuDevice::Create({.memory_bytes = size_t(64) << 20, .compute_threads = kThreads});
     EXPECT_TRUE(device.ok());
-    Result<std::unique_ptr<Generator>> gen =
-        Generator::Create(**device, m->config, m->lora, m->weights, int64_t(ids.size()) + 12);
+    if (!device.ok()) return "";
+    const int64_t positions = int64_t(ids.size()) + 12;
+    const plan::Plan p =
+        exec::GenerationPlan(m->config, m->lora, {}, 1, positions, int64_t(ids.size()), 1,
+                             {.cuda = false, .cpu_threads = kThreads});
+    Result<std::unique_ptr<exec::PlannedGenerator>> gen =
+        exec::CreatePlannedGenerator({device->get()}, m->config, p, m->weights);
     EXPECT_TRUE(gen.ok()) << gen.status().ToString();
     if (!gen.ok()) return "";
     GenerateOptions o;

@@ -32,7 +32,7 @@ struct Region {
 // ("scratch" is compute-only; "rope.inv_freq" is written once, at Create, before any compute.)
 constexpr std::string_view kTracked[] = {
     "hidden.0",      "hidden.1",      "hidden.2",    "hidden.3",  "saved.slot0", "saved.slot1",
-    "weights.slot0", "weights.slot1", "grads.accum", "grad.work", "layout"};
+    "weights.slot0", "weights.slot1", "grads.accum", "grad.work", "layout",      "logits"};
 constexpr std::string_view kHidden[4] = {"hidden.0", "hidden.1", "hidden.2", "hidden.3"};
 constexpr std::string_view kSaved[2] = {"saved.slot0", "saved.slot1"};
 constexpr std::string_view kWeights[2] = {"weights.slot0", "weights.slot1"};
@@ -44,6 +44,13 @@ struct DeviceState {
   std::map<std::string, Region, std::less<>> regions;
   std::map<std::string, size_t, std::less<>> used;  // plan name -> most bytes a component used
   int64_t stages_run = 0;
+  // Each weight slot's contents, (layer range, weights version), while they are whole;
+  // {kNone, -1} while none or being overwritten.
+  static constexpr size_t kNone = SIZE_MAX;
+  std::pair<size_t, int64_t> slot_holds[2] = {{kNone, -1}, {kNone, -1}};
+  // Generation: the KV cache of the blocks this device runs (plan::GenerationDevice), carved
+  // from its "kv_cache" allocation; other blocks' entries are empty.
+  KvCache kv;
   StreamHazards hazards;
   // Per micro-batch m, recorded on the download stream after each stage's downloads of m: a stage
   // reading them (on any device) waits for its latest record, which covers every earlier copy on
@@ -203,6 +210,7 @@ class Executor final : public PipelineExecutor {
       }
     }
     saved_bytes_ = devices_[0].regions.at("saved.slot0").bytes;
+    if (p_.job.generate_positions > 0) FERRY_RETURN_IF_ERROR(CarveKvCaches());
     // The embedding's fp32 gather and gradient when the compute dtype is not f32 (ForwardAs /
     // BackwardFrom convert through it): host-only, pageable.
     if (dtype_ != DType::kF32) embed_f32_.resize(size_t(N * C));
@@ -275,6 +283,9 @@ class Executor final : public PipelineExecutor {
     if (!fo) need["activations.grad"] = M * hb;
     need["batch.io"] = M * N * 16;
     if (!c_.learned_positions) need["rope.inv_freq"] = RopeInvFreq(c_).size() * sizeof(float);
+    const size_t logits_bytes =
+        p_.job.generate_positions > 0 ? size_t(p_.job.logit_rows * c_.vocab_size) * 4 : 0;
+    need["logits"] = logits_bytes;
 
     const uint64_t planned = p_.memory.pinned_host.total();
     if (host_pool_ == nullptr) {
@@ -340,6 +351,53 @@ class Executor final : public PipelineExecutor {
       loss_.push_back(carve("batch.io", N * 4));
     }
     if (!c_.learned_positions) inv_freq_ = carve("rope.inv_freq", RopeInvFreq(c_).size() * 4);
+    logits_host_ = carve("logits", logits_bytes);
+    return Status::Ok();
+  }
+
+  // Generation: each device's KV cache, carved from its "kv_cache" allocation: keys then values
+  // (f32, capacity x kv_dim) of each block of its stages (plan::GenerationDevice), in layer order.
+  Status CarveKvCaches() {
+    if (int(devices_.size()) != p_.gpus) {
+      return Status::InvalidArgument("the generation plan is for " + std::to_string(p_.gpus) +
+                                     " devices, the executor runs " +
+                                     std::to_string(devices_.size()));
+    }
+    if (c_.learned_positions && p_.job.generate_positions > c_.max_position_embeddings) {
+      return Status::InvalidArgument(
+          std::to_string(p_.job.generate_positions) + " tokens (prompt + new) exceed the model's " +
+          std::to_string(c_.max_position_embeddings) +
+          " learned positions; use a shorter prompt or fewer new tokens");
+    }
+    const int64_t capacity = p_.job.generate_positions, kv_dim = c_.kv_dim();
+    const size_t bytes = size_t(capacity * kv_dim) * 4;
+    for (size_t d = 0; d < devices_.size(); ++d) {
+      DeviceState& ds = devices_[d];
+      ds.kv.capacity = capacity;
+      ds.kv.k.assign(size_t(c_.num_layers), Tensor{});
+      ds.kv.v.assign(size_t(c_.num_layers), Tensor{});
+      if (!ds.regions.count("logits")) {
+        return Status::InvalidArgument("the generation plan's GPU map lacks 'logits'");
+      }
+      auto region = ds.regions.find("kv_cache");
+      size_t offset = 0;
+      for (size_t s = 0; s < p_.stages.size(); ++s) {
+        if (plan::GenerationDevice(s, p_.gpus) != int(d)) continue;
+        for (int li = p_.stages[s].first; li < p_.stages[s].last; ++li) {
+          if (region == ds.regions.end() || offset + 2 * bytes > region->second.bytes) {
+            return Status::InvalidArgument(
+                "the plan's 'kv_cache' on device '" + ds.device->name() +
+                "' is smaller than its blocks' caches: re-plan with this version");
+          }
+          for (std::vector<Tensor>* kv : {&ds.kv.k, &ds.kv.v}) {
+            (*kv)[size_t(li - 1)] = {region->second.data + std::ptrdiff_t(offset), DType::kF32,
+                                     Shape{capacity, kv_dim}};
+            offset += bytes;
+          }
+        }
+      }
+      if (offset > 0) ds.Use("kv_cache", offset);
+    }
     return Status::Ok();
   }
 
@@ -371,9 +429,87 @@ class Executor final : public PipelineExecutor {
     return Run(weights, batches, nullptr, hooks);
   }
 
+  Result<std::vector<float>> Decode(const HostTensors& weights, std::span<const int32_t> tokens,
+                                    int64_t past, bool last_only, const StepHooks& hooks) override {
+    const int64_t n = int64_t(tokens.size()), capacity = p_.job.generate_positions;
+    if (capacity == 0) {
+      return Status::FailedPrecondition(
+          "this executor's plan has no KV cache: plan the job for generation "
+          "(PlanJob::generate_positions) to decode");
+    }
+    if (trace_ != nullptr) return Status::FailedPrecondition("generation is not traced");
+    if (n < 1 || n > p_.job.seq_len) {
+      return Status::InvalidArgument("a generation step runs 1 to " +
+                                     std::to_string(p_.job.seq_len) +
+                                     " tokens (the plan's longest), got " + std::to_string(n));
+    }
+    if (!last_only && n > p_.job.logit_rows) {
+      return Status::InvalidArgument("the plan returns the logits of at most " +
+                                     std::to_string(p_.job.logit_rows) + " tokens a step, asked " +
+                                     std::to_string(n));
+    }
+    if (past < 0 || past + n > capacity) {
+      return Status::InvalidArgument("the KV cache holds " + std::to_string(capacity) +
+                                     " positions; " + std::to_string(std::max<int64_t>(past, 0)) +
+                                     " used and " + std::to_string(n) +
+                                     " more do not fit: plan a longer cache (prompt + new tokens)");
+    }
+    std::vector<int32_t> positions(size_t(n), 0);
+    for (int64_t t = 0; t < n; ++t) positions[size_t(t)] = int32_t(past + t);
+    if (past == 0) ++weights_version_;  // a new sequence: the weights may have changed
+    MicroBatchInput mb;
+    mb.tokens = tokens;
+    mb.positions = positions;
+    hooks_ = &hooks;
+    decoding_ = true;
+    last_only_ = last_only;
+    forward_only_ = true;
+    M_ = 1;
+    shape_ = {1, n};
+    for (DeviceState& ds : devices_) ds.kv.length = past;
+    // One-token steps of a sequence reuse the last one's stages (their parameters, blocks and head
+    // over the same regions, the blocks reading the cache's length at each call) and, with them,
+    // the weights they packed: only the first step of a shape builds them.
+    const bool reuse = one_token_runs_ && n == 1 && past > 0 && last_only;
+    one_token_runs_ = false;
+    Status s = [&]() -> Status {
+      FERRY_RETURN_IF_ERROR(SetLayout(0, mb));
+      FERRY_RETURN_IF_ERROR(WeightsNeeded({0, 1}));
+      FERRY_RETURN_IF_ERROR(Embed(weights, std::span<const MicroBatchInput>(&mb, 1)));
+      FERRY_RETURN_IF_ERROR(WeightsRead({0, 1}));
+      if (reuse) {
+        for (StageRun& st : runs_) st.weights_sent = false;
+      } else {
+        ScheduleStages();
+      }
+      for (size_t i = 0; i < runs_.size(); ++i) {
+        FERRY_RETURN_IF_ERROR(EnqueueStage(i, weights, std::span<const MicroBatchInput>(&mb, 1)));
+      }
+      for (DeviceState& ds : devices_) FERRY_RETURN_IF_ERROR(ds.device->Synchronize());
+      return Status::Ok();
+    }();
+    hooks_ = nullptr;
+    decoding_ = false;
+    shape_ = plan::MicroBatchShape(p_.job, p_.micro_batch_size);
+    if (!s.ok()) {
+      SynchronizeAll();
+      ForgetSlots();
+    }
+    if (s.ok() && n == 1 && last_only) {
+      one_token_runs_ = true;  // kept for the next token
+    } else {
+      runs_.clear();
+    }
+    if (!s.ok()) return s;
+    const int64_t rows = last_only ? 1 : n;
+    const float* l = reinterpret_cast<const float*>(logits_host_.data());
+    return std::vector<float>(l, l + rows * c_.vocab_size);
+  }
+
   // A training step (`grads`) or a forward-only pass (null), traced as a step when asked.
   Result<double> Run(const HostTensors& weights, std::span<const MicroBatchInput> batches,
                      HostTensors* grads, const StepHooks& hooks) {
+    one_token_runs_ = false;  // a step lays its stages out anew
     if (trace_ != nullptr) {
       trace_->BeginStep();
       for (DeviceState& ds : devices_) FERRY_RETURN_IF_ERROR(ds.timeline->BeginStep(*trace_));
@@ -382,7 +518,10 @@ class Executor final : public PipelineExecutor {
     Result<double> r = RunStep(weights, batches, grads);
     hooks_ = nullptr;
     const Status traced = r.ok() && trace_ != nullptr ? CollectTrace() : Status::Ok();
-    if (!r.ok() || !traced.ok()) SynchronizeAll();
+    if (!r.ok() || !traced.ok()) {
+      SynchronizeAll();
+      ForgetSlots();
+    }
     runs_.clear();  // every copy that used their mirrors has completed
     if (!traced.ok()) return traced;
     return r;
@@ -425,6 +564,13 @@ class Executor final : public PipelineExecutor {
     return Status::Ok();
   }
 
+  // After a failed step or call: a slot whose upload failed part-way holds no whole stage.
+  void ForgetSlots() {
+    for (DeviceState& ds : devices_) {
+      for (auto& h : ds.slot_holds) h = {DeviceState::kNone, -1};
+    }
+  }
+
   void SynchronizeAll() {
     for (DeviceState& ds : devices_) (void)ds.device->Synchronize();
   }
@@ -451,6 +597,7 @@ class Executor final : public PipelineExecutor {
       FERRY_RETURN_IF_ERROR(SetLayout(m, batches[m]));
     }
     ++steps_;
+    ++weights_version_;
     FERRY_RETURN_IF_ERROR(WeightsNeeded({0, 1}));
     FERRY_RETURN_IF_ERROR(Embed(weights, batches));
     FERRY_RETURN_IF_ERROR(WeightsRead({0, 1}));
@@ -520,6 +667,13 @@ class Executor final : public PipelineExecutor {
       }
       st.device = size_t(counter_++ % int64_t(devices_.size()));
       st.slot = int(devices_[st.device].stages_run++ % 2);
+      // Generation: forward stage s on plan::GenerationDevice(s) (the head on the next) and a
+      // device's stages in its two slots in turn from the first, at every call, so its blocks'
+      // caches and, when its stages fit its slots, their weights stay where they are.
+      if (decoding_) {
+        st.device = size_t(plan::GenerationDevice(size_t(i), int(devices_.size())));
+        st.slot = int(i / int64_t(devices_.size()) % 2);
+      }
     }
     stats_.stages_run = int64_t(runs_.size());
   }
@@ -550,6 +704,14 @@ class Executor final : public PipelineExecutor {
     return Status::Ok();
   }
 
+  // The layer range (its index: forward stage, or the head's after them) stage i runs.
+  size_t RangeIndex(size_t i) const {
+    const StageRun& st = runs_[i];
+    return st.kind == StageKind::kForward ? i
+           : st.kind == StageKind::kTail  ? p_.stages.size()
+                                          : size_t(st.forward);
+  }
+
   // Builds stage i's parameters, blocks or head in its planned blocks, and packs its weights
   // into the host mirror. No device work.
   Status Prepare(size_t i, const HostTensors& weights) {
@@ -562,25 +724,23 @@ class Executor final : public PipelineExecutor {
     // A forward stage's layers are those of its backward stage: one host mirror, packed once a
     // step (the master copy does not change in between), which the backward stage's upload
     // reads while the forward stage's may still run.
-    const size_t r = st.kind == StageKind::kForward ? i
-                     : st.kind == StageKind::kTail  ? p_.stages.size()
-                                                    : size_t(st.forward);
+    const size_t r = RangeIndex(i);
     FERRY_ASSIGN_OR_RETURN(
         DeviceParams params,
         DeviceParams::Create(*ds.device, c_, lora_, layers, st.source.get(),
                              p_.job.forward_only ? ParamGrads::kNone : ParamGrads::kAllocate,
                              dtype_, mirrors_[r]));
     st.params = std::make_unique<DeviceParams>(std::move(params));
-    if (packed_[r] != steps_) {
+    if (packed_[r] != weights_version_) {
       FERRY_RETURN_IF_ERROR(st.params->PackWeights(weights));
-      packed_[r] = steps_;
+      packed_[r] = weights_version_;
       FERRY_RETURN_IF_ERROR(WeightsRead(st.range));
     }
     if (st.kind == StageKind::kTail) {
       FERRY_ASSIGN_OR_RETURN(
           DeviceStack stack,
           BuildDeviceStack(*ds.device, c_, *st.params,
-                           {.shape = shape_,
+                           {.shape = decoding_ && last_only_ ? BatchShape{1, 1} : shape_,
                             .blocks = false,
                             .head = p_.job.forward_only ? HeadMode::kForwardOnly : HeadMode::kTrain,
                             .loss_chunk_tokens = plan::kLossChunkTokens,
@@ -606,6 +766,7 @@ class Executor final : public PipelineExecutor {
                         .inv_freq = inv_freq},  // RopeInvFreq: plain or Llama 3-scaled
              .num_slots = 2,
              .first_block = st.range.first - 1,
+             .kv_cache = decoding_ ? &ds.kv : nullptr,
              .source = st.source.get()}));
     st.blocks = std::move(stack.blocks);
     return Status::Ok();
@@ -621,15 +782,28 @@ class Executor final : public PipelineExecutor {
     constexpr size_t kAlign = 64;  // chunk boundaries on cache lines
     const size_t lo = k == 0 ? 0 : bytes * k / chunks / kAlign * kAlign;
     const size_t hi = k + 1 == chunks ? bytes : bytes * (k + 1) / chunks / kAlign * kAlign;
+    // The slot still holds these weights: packed from the same master copy for a stage over the
+    // same layers before it on this device (in a step, the forward stage whose backward stage
+    // is the device's next in that slot; in generation, an earlier call of the sequence).
+    const std::pair<size_t, int64_t> holds{RangeIndex(i), weights_version_};
+    if (ds.slot_holds[st.slot] == holds) {
+      if (k + 1 < chunks) return Status::Ok();
+      st.weights_sent = true;
+      if (observer_) observer_(Enqueued::kWeights, int64_t(i), *ds.device);
+      return Status::Ok();
+    }
+    if (k == 0) ds.slot_holds[st.slot] = {DeviceState::kNone, -1};
     if (k == 0) FERRY_RETURN_IF_ERROR(ds.hazards.Before(StreamId::kUpload, {}, {slot}));
     FERRY_RETURN_IF_ERROR(ds.TraceBegin(StreamId::kUpload));
     FERRY_RETURN_IF_ERROR(st.params->UploadWeights(*ds.device, lo, hi - lo));
+    stats_.weight_bytes_uploaded += hi - lo;
     if (ds.timeline) {
       FERRY_RETURN_IF_ERROR(ds.timeline->End(StreamId::kUpload, 'W', plan::TaskKind::kWeightUpload,
                                              int(i), -1, double(hi - lo), int(k)));
     }
     if (k + 1 < chunks) return Status::Ok();
     FERRY_RETURN_IF_ERROR(ds.hazards.After(StreamId::kUpload, {}, {slot}));
+    ds.slot_holds[st.slot] = holds;
     st.weights_sent = true;
     if (observer_) observer_(Enqueued::kWeights, int64_t(i), *ds.device);
     return Status::Ok();
@@ -647,7 +821,9 @@ class Executor final : public PipelineExecutor {
   // The prefetch's next chunk, if any is left.
   Status PrefetchChunk(Prefetch& p) {
     if (!p.stage || p.sent == p.chunks) return Status::Ok();
-    if (p.sent == 0) FERRY_RETURN_IF_ERROR(Prepare(*p.stage, *p.weights));
+    if (p.sent == 0 && runs_[*p.stage].params == nullptr) {
+      FERRY_RETURN_IF_ERROR(Prepare(*p.stage, *p.weights));
+    }
     return SendWeights(*p.stage, p.sent++, p.chunks);
   }
   Status WeightsNeeded(plan::LayerRange r) const {
@@ -676,7 +852,7 @@ class Executor final : public PipelineExecutor {
       }
       case StageKind::kTail: {
         Prefetch next = NextOnDevice(i, M, weights);
-        FERRY_RETURN_IF_ERROR(Tail(i, batches, next));
+        FERRY_RETURN_IF_ERROR(decoding_ ? LogitsTail(i, next) : Tail(i, batches, next));
         break;
       }
       case StageKind::kBackward: {
@@ -908,6 +1084,27 @@ class Executor final : public PipelineExecutor {
     return FinishPrefetch(next);
   }
 
+  // Generation's tail: the head over the last token's (or every token's) output, its logits to
+  // the host.
+  Status LogitsTail(size_t i, Prefetch& next) {
+    const StageRun& st = runs_[i];
+    DeviceState& ds = devices_[st.device];
+    const int64_t n = shape_.tokens(), rows = last_only_ ? 1 : n, V = c_.vocab_size;
+    const size_t row = size_t(c_.hidden_size) * DTypeSize(dtype_), lb = size_t(rows * V) * 4;
+    ds.task_stage = int(i), ds.task_micro_batch = 0;
+    const Tensor x = ds.Hidden(0, rows, c_.hidden_size, dtype_);
+    FERRY_RETURN_IF_ERROR(AwaitInputs(i, 0));
+    FERRY_RETURN_IF_ERROR(ToDevice(ds, kHidden[0], x.data, act_[layers_.size() - 1][0],
+                                   size_t(rows) * row, size_t(n - rows) * row));
+    FERRY_RETURN_IF_ERROR(PrefetchChunk(next));
+    const Tensor logits{ds.Use("logits", lb), DType::kF32, Shape{rows, V}};
+    FERRY_RETURN_IF_ERROR(Compute(ds, {kHidden[0], kWeights[st.slot]}, {"logits", kSaved[0]},
+                                  [&] { return st.head->Logits(x, logits); }));
+    FERRY_RETURN_IF_ERROR(ToHost(ds, logits_host_, "logits", logits.data, lb));
+    FERRY_RETURN_IF_ERROR(ds.device->Record(ds.landed[0], StreamId::kDownload));
+    return FinishPrefetch(next);
+  }
+
   Status BackwardStage(size_t i, Prefetch& next) {
     const StageRun& st = runs_[i];
     DeviceState& ds = devices_[st.device];
@@ -981,8 +1178,17 @@ class Executor final : public PipelineExecutor {
   TraceRecorder* const trace_;        // null: no trace
   const StepHooks* hooks_ = nullptr;  // the step in flight's
   int64_t steps_ = 0;                 // steps begun
-  bool forward_only_ = false;         // the step in flight is an evaluation
-  size_t M_ = 0;                      // the step in flight's micro-batches
+  // What the host mirrors and weight slots were packed from: a new version every step, every
+  // evaluation and every generated sequence (within one, the weights do not change).
+  int64_t weights_version_ = 0;
+  // The generation step in flight (Decode): its first position, and whether only the last
+  // token's logits are wanted. decoding_ is false outside Decode.
+  bool decoding_ = false, last_only_ = false;
+  // runs_ holds the stages of the last generation step, one token with last_only, whole.
+  bool one_token_runs_ = false;
+  HostMemorySpan logits_host_;  // generation: the logits' pinned staging
+  bool forward_only_ = false;   // the step in flight is an evaluation
+  size_t M_ = 0;                // the step in flight's micro-batches
   // Per layer range (forward stage index; the head last): its host mirrors, and the step that
   // last packed its weights into them.
   std::vector<std::shared_ptr<HostMirrors>> mirrors_;

@@ -24,7 +24,8 @@
 //    (fp32 / i32), as in ModelRunner with the same compute_dtype (f32 or bf16: ModelRunner does
 //    not take f16), whose results a one-micro-batch plan reproduces bit for bit.
 //  - A stage's weights are uploaded from the host master copy (fp32, HostTensors, rounded to the
-//    compute dtype as they are packed) into the device's free weight slot; its gradients accumulate
+//    compute dtype as they are packed) into the device's free weight slot, unless that slot still
+//    holds them (ExecutorStats::weight_bytes_uploaded); its gradients accumulate
 //    on the device across micro-batches and are downloaded once per stage and added (+=) to the
 //    host gradients, or stored (=) when the first micro-batch asks to overwrite them
 //    (MicroBatchInput::overwrite_grads; engine/model/device_params.h, GradOverwrite), in stage
@@ -102,6 +103,11 @@ namespace ferry::exec {
 struct ExecutorStats {
   int64_t stages_run = 0;           // per step, forward + tail + backward
   int64_t block_forward_calls = 0;  // counts recomputation too
+  // Bytes of weights copied to the devices so far. A stage whose weight slot still holds its
+  // weights, packed from the same master copy, copies none: in a step, the backward stage that
+  // follows its own forward stage into that slot (one device and one stage: the only backward
+  // stage); in generation, every stage that keeps its slot from token to token.
+  uint64_t weight_bytes_uploaded = 0;
   // Per plan allocation name: the most bytes any component used of it (<= its planned size).
   std::vector<plan::Allocation> used;
   // Host mappings made so far: the host pool's pinned mappings (at Create) and any mirror a
@@ -164,6 +170,23 @@ class PipelineExecutor {
   virtual Result<double> Evaluate(const HostTensors& weights,
                                   std::span<const MicroBatchInput> batches,
                                   const StepHooks& hooks = {}) = 0;
+  // Generation (a plan made with PlanJob::generate_positions; engine/plan/memory_model.h): runs
+  // `tokens` (1 to job.seq_len of them) of one sequence at positions [past, past + n) through the
+  // forward stages, each block attending over its KV cache (rows [0, past): the sequence's earlier
+  // tokens, which earlier calls wrote) and appending the new keys and values to it, then the
+  // head; returns the logits, f32, of the last token (V) or, without last_only, of all n (n x V;
+  // n at most job.logit_rows). Forward stage s runs on device plan::GenerationDevice(s) at every
+  // call (the head on the next), so a block's cache stays on one device; a weight slot that still
+  // holds a stage's weights from an earlier call of the same sequence is not uploaded again, so a
+  // model whose stages fit the devices' slots moves no weights after its first token, and a
+  // larger one streams them every token. A past of 0 starts a sequence: the weights are packed
+  // from `weights` afresh (the caller may have changed them); within a sequence they must not
+  // change. `hooks`' weights_needed and weights_read hear as in Evaluate. Not traced.
+  // Errors: FailedPrecondition for a plan without a cache; InvalidArgument for n or past out of
+  // range (nothing is run, the cache is unchanged).
+  virtual Result<std::vector<float>> Decode(const HostTensors& weights,
+                                            std::span<const int32_t> tokens, int64_t past,
+                                            bool last_only, const StepHooks& hooks = {}) = 0;
   virtual ExecutorStats stats() const = 0;
 };
 

@@ -310,6 +310,20 @@ TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
   std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(k.devices, p.memory.gpu.total());
   Result<std::unique_ptr<PipelineExecutor>> e = PipelineExecutor::Create(Raw(devs), m.config, p);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
+  // The weights a step copies: each forward stage's twice (for it and its backward stage) and the
+  // tail's, less one copy when a device's backward stage finds its forward stage's weights still
+  // in its slot: stage S + D of the step's 2S + 1 takes the slot stage S - D left (D <= S).
+  const std::vector<LayerSpec> specs = BuildLayerSpecs(m.config, m.lora);
+  auto range_bytes = [&](plan::LayerRange r) {
+    Result<DeviceParams::Bytes> b = DeviceParams::Measure(
+        m.config, m.lora, {specs.begin() + r.first, specs.begin() + r.last}, k.spec.dtype);
+    EXPECT_TRUE(b.ok()) << b.status().ToString();
+    return b.ok() ? uint64_t(b->weights) : 0;
+  };
+  const int S = int(k.spec.stages.size()), head = int(specs.size()) - 1;
+  uint64_t step_weights = range_bytes({head, head + 1});
+  for (const plan::LayerRange& r : k.spec.stages) step_weights += 2 * range_bytes(r);
+  if (k.devices <= S) step_weights -= range_bytes(k.spec.stages[size_t(S - k.devices)]);
   for (int step = 0; step < 2; ++step) {  // a second step reuses every buffer
     HostTensors got = ZeroGrads(m);
     Result<double> loss = (*e)->Step(w, b.inputs, got);
@@ -336,6 +350,7 @@ TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
     }
     const ExecutorStats st = (*e)->stats();
     EXPECT_EQ(st.stages_run, int64_t(2 * k.spec.stages.size() + 1));
+    EXPECT_EQ(st.weight_bytes_uploaded, uint64_t(step + 1) * step_weights);
   }
 }
 

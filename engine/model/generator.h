@@ -1,21 +1,16 @@
-// Generator: forward-only inference over a model's layers with a KV cache, for text generation
-// (`ferry generate`). The prompt is run once (prefill), then one token at a time; each step's keys
-// and values are appended to a per-block cache sized up front (max_tokens rows), so a step costs
-// O(length) attention instead of a forward over the whole prefix.
+// Generator: forward-only inference with a KV cache, for text generation (`ferry generate`). The
+// prompt is run once (prefill), then one token at a time; each step's keys and values are appended
+// to a per-block cache sized up front (capacity() rows), so a step costs O(length) attention
+// instead of a forward over the whole prefix.
 //
-// The math is the training path's: the same DecoderBlocks forward and Head (final norm + LM head)
-// over the same DeviceParams, with the blocks' attention switched to the cache
-// (decoder_blocks.h: KvCache; kernels/ops/decode_attention.h). RoPE positions continue from the
-// cache's length; GPT-2's learned positions are gathered on the host with the embedding. LoRA is
-// applied at run time, as in training (y = x W^T + scaling (x A^T) B^T per adapted projection):
-// nothing is merged, so the base weights stay as loaded.
+// Its one implementation is a generation plan run by the pipeline executor
+// (engine/exec/planned_generator.h: PipelineExecutor::Decode): the training path's blocks and head
+// (the same DecoderBlocks forward, with attention switched to the cache: decoder_blocks.h KvCache,
+// kernels/ops/decode_attention.h) over the same DeviceParams, in the plan's exact memory. RoPE
+// positions continue from the cache's length; GPT-2's learned positions are gathered on the host
+// with the embedding. LoRA is applied at run time, as in training (y = x W^T + scaling (x A^T) B^T
+// per adapted projection): nothing is merged. Compute is f32.
 //
-// Buffers: the cache ("generator.kv_cache") and the weights (no gradient buffers:
-// ParamGrads::kNone) are allocated at Create; the
-// activation buffers of a step of n tokens are planned for that n when it first appears (the
-// one-token step's are kept, a prefill's are freed after it). Compute is f32.
-//
-// Ownership: owns its device buffers; refers to the Device, which must outlive it.
 // Thread-safety: one host thread drives a generator at a time.
 #pragma once
 
@@ -26,11 +21,7 @@
 #include <span>
 #include <vector>
 
-#include "engine/model/lora_config.h"
-#include "engine/model/model_config.h"
-#include "engine/model/model_runner.h"
 #include "engine/model/sampler.h"
-#include "kernels/device.h"
 #include "kernels/status.h"
 
 namespace ferry {
@@ -38,15 +29,6 @@ namespace ferry {
 class Generator {
  public:
   virtual ~Generator() = default;
-
-  // Plans the layers, allocates the weights and a cache of `max_tokens` positions (prompt and
-  // generated tokens together) and uploads `weights` (the host master copy: HostTensors as
-  // ModelRunner takes them, LoRA A/B included when `lora` is enabled). Errors: InvalidArgument for
-  // a config the blocks cannot run (naming the feature) or max_tokens beyond GPT-2's learned
-  // positions; OutOfMemory from the device naming the buffer; the upload's errors naming a tensor.
-  static Result<std::unique_ptr<Generator>> Create(Device& device, const ModelConfig& config,
-                                                   const LoraConfig& lora,
-                                                   const HostTensors& weights, int64_t max_tokens);
 
   // Runs `tokens` (n >= 1) at positions [length(), length() + n), appends their keys and values to
   // the cache and returns their logits, (n, V) f32 row-major — or, with last_only, the last

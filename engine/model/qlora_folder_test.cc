@@ -8,9 +8,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/exec/planned_generator.h"
 #include "engine/job/job_spec.h"
 #include "engine/model/bnb_folder.h"
-#include "engine/model/generator.h"
 #include "engine/model/master_weights.h"
 #include "engine/model/model_folder.h"
 #include "engine/model/model_runner.h"
@@ -163,8 +163,11 @@ TEST(QloraFolderTest, InferenceOverThePreQuantizedFolderMatchesTransformers) {
   ASSERT_NO_FATAL_FAILURE(ReadTransformersIo(&io));
   std::unique_ptr<CpuDevice> d = SmallDevice();
   ASSERT_NE(d, nullptr);
-  Result<std::unique_ptr<Generator>> g =
-      Generator::Create(*d, m->config, m->lora, m->weights, io.seq);
+  const plan::Plan p =
+      exec::GenerationPlan(m->config, m->lora, {}, 1, io.seq, io.seq, io.seq,
+                           {.cuda = false, .cpu_threads = d->options().compute_threads});
+  Result<std::unique_ptr<exec::PlannedGenerator>> g =
+      exec::CreatePlannedGenerator({d.get()}, m->config, p, m->weights);
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   std::vector<float> got;
   for (int64_t b = 0; b < io.batch; ++b) {  // the cache reset between sequences

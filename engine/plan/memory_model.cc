@@ -206,6 +206,15 @@ uint64_t OpScratchBytes(const ModelConfig& model, const LayerSpec& layer, BatchS
   return RoundUp(most, kArenaAlignment);
 }
 
+uint64_t KvCacheBytes(const ModelConfig& model, const std::vector<LayerRange>& stages, int gpus,
+                      int device, int64_t positions) {
+  uint64_t blocks = 0;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    if (GenerationDevice(s, gpus) == device) blocks += uint64_t(stages[s].size());
+  }
+  return blocks * 2 * uint64_t(positions) * uint64_t(model.kv_dim()) * kF32;
+}
+
 MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   const std::vector<LayerSpec> layers = BuildLayerSpecs(in.model, in.lora, in.compute_dtype);
   assert(in.recompute.size() == layers.size());
@@ -287,6 +296,16 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   Add(e.gpu, "doc_ids", uint64_t(in.micro_batch.tokens()) * 4, A);
   Add(e.gpu, "library.workspace", ScratchReportsFor(OpsTarget(in.scratch).kind).library_workspace,
       A);
+  const bool generate = in.forward_only && in.generate_positions > 0;
+  const uint64_t logits = generate ? uint64_t(in.logit_rows * in.model.vocab_size) * kF32 : 0;
+  if (generate) {
+    uint64_t kv = 0;  // every device gets the same map: the busiest device's cache
+    for (int d = 0; d < in.gpus; ++d) {
+      kv = std::max(kv, KvCacheBytes(in.model, in.stages, in.gpus, d, in.generate_positions));
+    }
+    Add(e.gpu, "kv_cache", kv, A);
+    Add(e.gpu, "logits", logits, A);
+  }
 
   // Host and NVMe.
   const uint64_t P = kHostPageBytes;
@@ -350,6 +369,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   if (!in.model.learned_positions) {
     Add(e.pinned_host, "rope.inv_freq", uint64_t(in.model.head_dim / 2) * 4, P);
   }
+  Add(e.pinned_host, "logits", logits, P);
 
   if (in.forward_only) {
     // The fp32 weights the host packs each stage's upload from (and gathers the embedding from).

@@ -145,7 +145,23 @@ struct MemoryPlanInput {
   // each stage's input crosses the host), three hidden buffers, a loss-only head, no optimizer
   // state; the host holds the fp32 weights ("weights.master") instead.
   bool forward_only = false;
+  // Generation (forward only, PipelineExecutor::Decode on such a plan): each block's KV cache
+  // holds `generate_positions` tokens (prompt and new), f32 (capacity x kv_dim, keys and values),
+  // on the device that runs the block's stage (GenerationDevice), in "kv_cache"; the head writes
+  // the logits of up to `logit_rows` tokens (f32 x vocab) to "logits", downloaded through the
+  // pinned "logits". The micro-batch is the longest step (the prompt): 1 x T. 0: not generation.
+  int64_t generate_positions = 0;
+  int64_t logit_rows = 1;
 };
+
+// The device (of `gpus`) that runs forward stage `stage` of a generation plan, every step, so its
+// blocks' KV cache stays there: stage s on device s % gpus, the head on the next one.
+inline int GenerationDevice(size_t stage, int gpus) { return int(stage % size_t(gpus)); }
+
+// The bytes of the KV cache `device` holds in a generation plan (MemoryPlanInput): keys and values
+// of every block of its stages, f32, `positions` rows of kv_dim each.
+uint64_t KvCacheBytes(const ModelConfig& model, const std::vector<LayerRange>& stages, int gpus,
+                      int device, int64_t positions);
 
 struct MemoryEstimate {
   TierMemory gpu;  // per GPU

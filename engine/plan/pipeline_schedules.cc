@@ -231,6 +231,9 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
     weights_last[k] = s.Add(std::move(t));
   };
 
+  // Stage k finds its weights in its buffer: the stage before it there (k - 2G) was the forward
+  // stage over its layers (backward stage k runs forward stage 2 nf - k's layers).
+  auto resident = [&](int k) { return k > nf && k - 2 * G >= 0 && k - 2 * G == 2 * nf - k; };
   for (int k = 0; k < K; ++k) {
     const int d = k % G;
     const StageCost& c = all[k];
@@ -248,8 +251,8 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
         in[k][j] = s.Add(std::move(t));
       }
       // The next stage's weight chunks queue behind this stage's activation uploads.
-      while (next != kNone && all[next].weight_bytes > 0 && next_chunk < chunks &&
-             static_cast<long>(next_chunk) * m / chunks <= j) {
+      while (next != kNone && all[next].weight_bytes > 0 && !resident(next) &&
+             next_chunk < chunks && static_cast<long>(next_chunk) * m / chunks <= j) {
         add_weight_chunk(next, next_chunk++);
       }
     }

@@ -84,7 +84,10 @@ struct RoundRobinJob {
 // Round-robin dispatch: a global counter hands stage k (forward stages, the tail, then backward
 // stages) to GPU k mod gpus, which runs it for every micro-batch. Each GPU holds two weight
 // buffers: stage k's weights upload (in chunks, behind the activation uploads of the stage the GPU
-// runs before it) once stage k - 2*gpus has finished with the buffer. Micro-batch j of stage k
+// runs before it) once stage k - 2*gpus has finished with the buffer, unless that stage left the
+// very weights there: the backward stage over the layers of forward stage k - 2*gpus (with one GPU
+// and one forward stage, the backward stage reuses the forward stage's upload). Micro-batch j of
+// stage k
 // uploads its input after stage k-1 downloaded its output for j. Gradients download once per
 // stage after its last micro-batch; the CPU optimizer then updates that stage's parameters, in
 // the order the gradients land.

@@ -176,6 +176,8 @@ MemoryEstimate MemoryOf(const Context& c, const Candidate& k, int gpus) {
   in.recompute = k.recompute;
   in.activations_on_nvme = k.activations == Tier::kNvme;
   in.forward_only = c.job.forward_only;
+  in.generate_positions = c.job.generate_positions;
+  in.logit_rows = c.job.logit_rows;
   in.optimizer_on_nvme = k.optimizer == Tier::kNvme;
   in.frozen_weights_on_nvme = k.frozen == Tier::kNvme;
   in.scratch = c.job.scratch;
@@ -310,6 +312,19 @@ Status ValidateInputs(const ModelConfig& model, const PlanJob& job, const Hardwa
     return Status::InvalidArgument("--micro-batches " + std::to_string(job.micro_batches) +
                                    " must divide --batch-size " + std::to_string(job.global_batch) +
                                    " (or be 0 for auto)");
+  }
+  if (job.generate_positions != 0) {
+    if (!job.forward_only || job.global_batch != 1 || job.micro_batches > 1 ||
+        job.generate_positions < job.seq_len || job.logit_rows < 1 ||
+        job.logit_rows > job.seq_len) {
+      return Status::InvalidArgument(
+          "a generation plan is forward only, of one sequence in one micro-batch, with a KV cache "
+          "of at least seq_len tokens and 1 to seq_len logit rows");
+    }
+    if (job.compute_dtype != DType::kF32) {
+      return Status::InvalidArgument(
+          "generation computes in f32 (decode attention keeps its KV cache in f32)");
+    }
   }
   // f32 only for CPU devices (they compute in f32 today; engine/exec runs such plans).
   if (job.compute_dtype == DType::kF32 && job.scratch.cuda) {

@@ -61,6 +61,11 @@ struct PlanJob {
   // Forward only (evaluation): the memory model's forward-only map (memory_model.h); the
   // predicted times still price a training step.
   bool forward_only = false;
+  // Generation (forward only, one sequence, a KV cache of this many tokens; memory_model.h's
+  // MemoryPlanInput::generate_positions): seq_len is the longest step (the prompt), global_batch 1;
+  // f32 (decode attention's storage). `logit_rows`: the most tokens a step returns logits of.
+  int64_t generate_positions = 0;
+  int64_t logit_rows = 1;
   // Only optimizer state may go on NVMe (what `ferry train` runs today: the executor refuses
   // saved activations and frozen weights there), so no plan it must refuse is chosen.
   bool nvme_optimizer_only = false;

@@ -123,9 +123,9 @@ TEST(JobGpuBudget, MayOnlyLowerEachDevicesShare) {
   EXPECT_NE(b.status().message().find("CUDA devices"), std::string::npos) << b.status().message();
 }
 
-// A GPU job's plan obeys --gpu-memory: the model streams through one GPU in stages (weights and
-// optimizer state live on the host), a cap at the plan's own bytes still fits, and a cap below
-// what any plan needs is refused naming the GPU memory and the cap.
+// A GPU job's plan obeys --gpu-memory: a cap at the plan's own bytes still fits, half of them
+// makes the model stream through the GPU in stages (weights and optimizer state live on the host),
+// and a cap below what any plan needs is refused naming the GPU memory and the cap.
 TEST(PlanJobDevices, AGpuPlanObeysGpuMemory) {
   const GpuCensus census = OneGpu(uint64_t(20) << 30);
   JobSpec job;
@@ -140,13 +140,17 @@ TEST(PlanJobDevices, AGpuPlanObeysGpuMemory) {
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   Result<plan::Plan> uncapped = PlanJobDevices(job, *model, kThreads, false, census);
   ASSERT_TRUE(uncapped.ok()) << uncapped.status().ToString();
-  EXPECT_GT(uncapped->stages.size(), 1u);
   const uint64_t need = uncapped->memory.gpu.total();
   EXPECT_LE(need, GpuDeviceBytes(job, census));
   job.gpu_memory = std::to_string(need);
   Result<plan::Plan> capped = PlanJobDevices(job, *model, kThreads, false, census);
   ASSERT_TRUE(capped.ok()) << capped.status().ToString();
   EXPECT_LE(capped->memory.gpu.total(), need);
+  job.gpu_memory = std::to_string(need / 2);
+  Result<plan::Plan> half = PlanJobDevices(job, *model, kThreads, false, census);
+  ASSERT_TRUE(half.ok()) << half.status().ToString();
+  EXPECT_LE(half->memory.gpu.total(), need / 2);
+  EXPECT_GT(half->stages.size(), uncapped->stages.size());
   job.gpu_memory = "1GiB";
   Result<plan::Plan> none = PlanJobDevices(job, *model, kThreads, false, census);
   ASSERT_FALSE(none.ok());

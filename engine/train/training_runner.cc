@@ -8,6 +8,7 @@
 
 #include "engine/exec/job_device_factory.h"
 #include "engine/exec/pipeline_runner.h"
+#include "engine/exec/planned_generator.h"
 #include "engine/job/job_devices.h"
 #include "engine/plan/byte_size.h"
 #include "engine/plan/planner.h"
@@ -84,7 +85,7 @@ plan::ScratchTarget ScratchOf(const JobSpec& job, int threads) {
 }  // namespace
 
 uint64_t WholeModelBytes(const JobSpec& unresolved, const ModelConfig& model, int threads,
-                         bool forward_only) {
+                         bool forward_only, int64_t generate_positions) {
   JobSpec job = unresolved;
   if (job.device_kind == "auto") job.device_kind = "cpu";
   if (job.dtype == "auto") job.dtype = OnGpus(job) ? "bf16" : "f32";
@@ -97,7 +98,8 @@ uint64_t WholeModelBytes(const JobSpec& unresolved, const ModelConfig& model, in
   in.stages = {{1, int(model.num_layers) + 1}};
   in.recompute.assign(size_t(model.num_layers) + 2, false);
   in.scratch = ScratchOf(job, threads);
-  in.forward_only = forward_only;
+  in.forward_only = forward_only || generate_positions > 0;
+  in.generate_positions = generate_positions;
   return plan::ComputeMemory(in).gpu.total();
 }
 
@@ -146,7 +148,9 @@ Status ApplyJobBudgets(const JobSpec& job, plan::HardwareProfile& hw) {
 
 Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, int threads,
                                   bool forward_only, const GpuCensus& census,
-                                  const std::vector<int64_t>& documents_in_rows) {
+                                  const std::vector<int64_t>& documents_in_rows,
+                                  int64_t generate_positions) {
+  forward_only = forward_only || generate_positions > 0;
   plan::PlanJob pj;
   pj.documents_in_rows = documents_in_rows;
   pj.global_batch = job.batch_size;
@@ -157,10 +161,15 @@ Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, 
   pj.fp16_accumulate = job.dtype == "fp16acc";
   pj.stale_updates = job.stale_updates;
   pj.forward_only = forward_only;
+  pj.generate_positions = generate_positions;
   // One CPU device runs the whole model as one stage: on a CPU device a weight copy takes the
   // cores its compute needs, so streaming stages would only add work. A GPU streams what does not
   // fit.
   if (job.devices == 1 && !OnGpus(job)) pj.max_stages = 1;
+  // Generation prefers stages its devices keep (at most one per device, each with its weights
+  // resident token after token) and streams them only when none fits.
+  const bool resident_first = generate_positions > 0 && pj.max_stages == 0;
+  if (resident_first) pj.max_stages = int(job.devices);
   pj.scratch = ScratchOf(job, threads);
   pj.nvme_optimizer_only = true;  // the one NVMe tier the executor and trainer honour
   // A CPU device never needs more than the whole model as one stage: that bounds its budget. A
@@ -170,10 +179,15 @@ Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, 
       OnGpus(job)
           ? GpuDevicesProfile(int(job.devices), gpu_budget,
                               census.gpus.at(size_t(job.gpus.at(0))).name)
-          : CpuDevicesProfile(int(job.devices), WholeModelBytes(job, model, threads, forward_only));
+          : CpuDevicesProfile(int(job.devices), WholeModelBytes(job, model, threads, forward_only,
+                                                                generate_positions));
   FERRY_RETURN_IF_ERROR(ApplyJobBudgets(job, hw));
   FERRY_ASSIGN_OR_RETURN(plan::PlanOutcome outcome,
                          plan::MakePlan(job.model, model, pj, hw, /*suggest=*/false));
+  if (!outcome.feasible && resident_first) {
+    pj.max_stages = 0;
+    FERRY_ASSIGN_OR_RETURN(outcome, plan::MakePlan(job.model, model, pj, hw, /*suggest=*/false));
+  }
   if (!outcome.feasible) {
     return Status::InvalidArgument("no plan fits " + DevicesCountText(job) + ": " +
                                    outcome.binding);
@@ -195,16 +209,20 @@ std::string OptimizerStateDir(const JobSpec& job) {
 }
 
 uint64_t TrainingDevicesBytes(const JobSpec& unresolved, const ModelConfig& model, int threads,
-                              bool forward_only) {
+                              bool forward_only, int64_t generate_positions) {
   const GpuCensus census = CensusFor(unresolved);
   Result<JobSpec> job = Resolved(unresolved, census);
   if (job.ok() && OnGpus(*job)) return 0;  // device memory, not the host's
   // Devices that do not resolve are CreateTrainingRunner's to report; CPU devices bound the host.
   JobSpec j = job.ok() ? *job : unresolved;
   if (!job.ok()) j.device_kind = "cpu", j.gpus.clear(), j.dtype = "f32";
-  Result<plan::Plan> p = PlanJobDevices(j, model, threads, forward_only, census);
+  Result<plan::Plan> p =
+      PlanJobDevices(j, model, threads, forward_only, census, {}, generate_positions);
   // Without a plan, CreateTrainingRunner reports why; the whole model bounds each stage.
-  if (!p.ok()) return uint64_t(j.devices) * WholeModelBytes(j, model, threads, forward_only);
+  if (!p.ok()) {
+    return uint64_t(j.devices) *
+           WholeModelBytes(j, model, threads, forward_only, generate_positions);
+  }
   return uint64_t(j.devices) * p->memory.gpu.total();
 }
 
@@ -232,6 +250,32 @@ Result<TrainingRunner> CreateTrainingRunner(const JobSpec& unresolved, const Mod
   if (p.optimizer_state == Tier::kNvme) t.optimizer_nvme_dir = OptimizerStateDir(job);
   t.plan = p;
   return t;
+}
+
+Result<GenerationRunner> CreateGenerationRunner(const JobSpec& unresolved, const ModelConfig& model,
+                                                const HostTensors& weights, int threads,
+                                                int64_t positions) {
+  GenerationRunner g;
+  const GpuCensus census = CensusFor(unresolved);
+  JobSpec job = unresolved;
+  FERRY_RETURN_IF_ERROR(ResolveJobDevices(job, census).status());
+  if (OnGpus(job)) {
+    return Status::InvalidArgument(
+        "generation runs on CPU devices for now (--devices cpu): it keeps its KV cache in f32, "
+        "and GPU plans compute in bf16 or f16");
+  }
+  FERRY_ASSIGN_OR_RETURN(
+      g.plan, PlanJobDevices(job, model, threads, /*forward_only=*/true, census, {}, positions));
+  FERRY_ASSIGN_OR_RETURN(g.devices,
+                         exec::CreateJobDevices(job, g.plan.memory.gpu.total(), threads));
+  std::vector<Device*> raw;
+  for (const std::unique_ptr<Device>& d : g.devices) raw.push_back(d.get());
+  FERRY_ASSIGN_OR_RETURN(g.generator, exec::CreatePlannedGenerator(raw, model, g.plan, weights));
+  const size_t stages = g.plan.stages.size();
+  g.summary = DevicesCountText(job) + ", " + std::to_string(stages) + " stage" +
+              (stages == 1 ? "" : "s") + ", " + FormatBytes(g.plan.memory.gpu.total()) +
+              " per device (KV cache of " + std::to_string(positions) + " positions)";
+  return g;
 }
 
 }  // namespace ferry

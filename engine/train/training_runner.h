@@ -24,6 +24,7 @@
 #include "engine/exec/trace_recorder.h"
 #include "engine/job/job_devices.h"
 #include "engine/job/job_spec.h"
+#include "engine/model/generator.h"
 #include "engine/model/model_config.h"
 #include "engine/model/model_runner.h"
 #include "engine/plan/hardware_profile.h"
@@ -68,24 +69,28 @@ Result<uint64_t> JobGpuBudget(const JobSpec& job, const GpuCensus& census);
 // bytes streams stages through the devices round-robin); the job's --host-memory and --nvme-dir.
 // `forward_only` and `documents_in_rows`: as CreateTrainingRunner's. Errors: JobGpuBudget's;
 // InvalidArgument when no plan fits (naming the binding constraint).
+// `generate_positions` > 0: a generation plan (forward only, a KV cache of that many positions,
+// plan::PlanJob::generate_positions; job.seq_len is the longest step).
 Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, int threads,
                                   bool forward_only, const GpuCensus& census,
-                                  const std::vector<int64_t>& documents_in_rows = {});
+                                  const std::vector<int64_t>& documents_in_rows = {},
+                                  int64_t generate_positions = 0);
 
 // The bytes of the whole model as one stage on one CPU device of `threads` threads, every
 // activation saved (or, `forward_only`, nothing saved), by the memory model
 // (engine/plan/memory_model.h): no stage of any plan of `job` needs more, so it bounds each CPU
 // device's budget.
 uint64_t WholeModelBytes(const JobSpec& job, const ModelConfig& model, int threads,
-                         bool forward_only = false);
+                         bool forward_only = false, int64_t generate_positions = 0);
 
 // The host bytes of the CPU devices CreateTrainingRunner creates for `job`: --devices N times the
 // plan's per-device bytes (what `ferry train` checks against physical memory before it touches
 // the run folder). Without a plan: N times the whole model's one-stage bytes (each stage fits in
 // them; CreateTrainingRunner then says why there is no plan). 0 when the job runs on GPUs.
 // `forward_only`: as CreateTrainingRunner's.
+// `generate_positions`: as PlanJobDevices'.
 uint64_t TrainingDevicesBytes(const JobSpec& job, const ModelConfig& model, int threads,
-                              bool forward_only = false);
+                              bool forward_only = false, int64_t generate_positions = 0);
 
 // `trace`: record what the pipeline runs (TrainingRunner::trace, sized for job.steps steps).
 // `forward_only`: a forward-only plan (evaluation, `ferry eval`: no gradients, no optimizer
@@ -99,5 +104,25 @@ Result<TrainingRunner> CreateTrainingRunner(const JobSpec& job, const ModelConfi
                                             int threads, bool trace = false,
                                             bool forward_only = false,
                                             const std::vector<int64_t>& documents_in_rows = {});
+
+// What `ferry generate` runs: the job's devices and a generation plan of the model over them
+// (PlanJobDevices with `positions`: prompt and new tokens; job.seq_len is the prompt, the longest
+// step; batch 1), run by the pipeline executor (engine/exec/planned_generator.h). One CPU device
+// holds the whole model as one stage and uploads its weights once per sequence; several stream
+// the stages through them token by token, each keeping its blocks' KV cache.
+struct GenerationRunner {
+  std::vector<std::unique_ptr<Device>> devices;
+  plan::Plan plan;
+  std::unique_ptr<Generator> generator;  // borrows the devices: declared after them
+  std::string summary;                   // one line for the log
+};
+
+// `weights`: borrowed by the generator (LoadModelFolder's), which must not outlive them.
+// Errors: those of ResolveJobDevices; InvalidArgument for GPUs (generation keeps an f32 KV cache:
+// CPU devices only for now) or when no plan fits (naming the binding constraint); those of the
+// device factory and the executor.
+Result<GenerationRunner> CreateGenerationRunner(const JobSpec& job, const ModelConfig& model,
+                                                const HostTensors& weights, int threads,
+                                                int64_t positions);
 
 }  // namespace ferry

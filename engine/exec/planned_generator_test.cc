@@ -1,7 +1,9 @@
-// The Generator's cached incremental decoding against full forwards (ModelRunner::Logits) over the
-// same prefixes, for a tiny Llama (GQA; Qwen3's q/k norms; LoRA) and GPT-2; greedy generation
-// against argmax of repeated full forwards; seeds; the cache's limits.
-#include "engine/model/generator.h"
+// The Generator (a generation plan run by the pipeline executor) against full forwards
+// (ModelRunner::Logits) over the same prefixes, for a tiny Llama (GQA; Qwen3's q/k norms; LoRA) and
+// GPT-2, on one device (one stage, its weights resident) and streamed (a stage per block over one
+// and two devices); greedy generation against argmax of repeated full forwards; seeds; the
+// cache's limits; each device's memory is the plan's.
+#include "engine/exec/planned_generator.h"
 
 #include <gtest/gtest.h>
 
@@ -12,12 +14,14 @@
 #include <vector>
 
 #include "engine/model/master_weights.h"
+#include "engine/model/model_runner.h"
 #include "engine/model/param_spec.h"
 #include "engine/model/tensor_carver.h"
+#include "engine/plan/memory_model.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/testing/op_testing.h"
 
-namespace ferry {
+namespace ferry::exec {
 namespace {
 
 using testing::ExpectClose;
@@ -64,19 +68,36 @@ Model LlamaLora() {
   return m;
 }
 
-// A CPU device, the model's weights (random; LoRA B random too so the adapter matters).
+constexpr int kThreads = 2;
+
+std::unique_ptr<CpuDevice> MakeDevice(size_t bytes, const std::string& name = "cpu") {
+  CpuDeviceOptions o;
+  o.name = name;
+  o.memory_bytes = bytes;
+  o.compute_threads = kThreads;
+  Result<std::unique_ptr<CpuDevice>> d = CpuDevice::Create(o);
+  EXPECT_TRUE(d.ok()) << d.status().ToString();
+  return d.ok() ? std::move(*d) : nullptr;
+}
+
+// How a generator is laid out: its forward stages (empty: one of every block) over `gpus`
+// devices.
+struct Layout {
+  std::vector<plan::LayerRange> stages;
+  int gpus = 1;
+};
+
+// A reference device, the model's weights (random; LoRA B random too so the adapter matters), and
+// the devices of the generators made (each exactly the plan's bytes).
 struct Fixture {
   Model m;
-  std::unique_ptr<CpuDevice> device;
+  std::unique_ptr<CpuDevice> device;  // the reference runner's
   HostTensors weights;
+  std::vector<std::unique_ptr<CpuDevice>> devices;
+  plan::Plan plan;
 
   explicit Fixture(Model model) : m(std::move(model)) {
-    CpuDeviceOptions o;
-    o.memory_bytes = size_t(64) << 20;
-    o.compute_threads = 2;
-    Result<std::unique_ptr<CpuDevice>> d = CpuDevice::Create(o);
-    EXPECT_TRUE(d.ok());
-    if (d.ok()) device = std::move(*d);
+    device = MakeDevice(size_t(64) << 20);
     const std::vector<LayerSpec> layers = BuildLayerSpecs(m.config, m.lora);
     weights = InitMasterWeights(layers, 1234);
     uint64_t salt = 0;
@@ -87,11 +108,23 @@ struct Fixture {
     }
   }
 
-  std::unique_ptr<Generator> MakeGenerator(int64_t max_tokens) {
-    Result<std::unique_ptr<Generator>> g =
-        Generator::Create(*device, m.config, m.lora, weights, max_tokens);
+  // A generator of `max_tokens` positions, steps of up to max_tokens tokens (logits of all).
+  std::unique_ptr<PlannedGenerator> MakeGenerator(int64_t max_tokens, const Layout& layout = {}) {
+    Result<std::unique_ptr<PlannedGenerator>> g = TryGenerator(max_tokens, layout);
     EXPECT_TRUE(g.ok()) << g.status().ToString();
     return g.ok() ? std::move(*g) : nullptr;
+  }
+  Result<std::unique_ptr<PlannedGenerator>> TryGenerator(int64_t max_tokens,
+                                                         const Layout& layout = {}) {
+    plan = GenerationPlan(m.config, m.lora, layout.stages, layout.gpus, max_tokens, max_tokens,
+                          max_tokens, {.cuda = false, .cpu_threads = kThreads});
+    devices.clear();
+    std::vector<Device*> raw;
+    for (int i = 0; i < layout.gpus; ++i) {
+      devices.push_back(MakeDevice(plan.memory.gpu.total(), "cpu" + std::to_string(i)));
+      raw.push_back(devices.back().get());
+    }
+    return CreatePlannedGenerator(raw, m.config, plan, weights);
   }
 
   // The full forward's logits of the last token of `prefix` (a runner of 1 x prefix.size()).
@@ -115,8 +148,21 @@ std::vector<float> Row(const std::vector<float>& logits, size_t row, size_t v) {
                             logits.begin() + std::ptrdiff_t((row + 1) * v));
 }
 
-class CachedDecoding : public ::testing::TestWithParam<const char*> {
+// Each block its own stage.
+Layout StagePerBlock(const Model& m, int gpus) {
+  Layout l{.stages = {}, .gpus = gpus};
+  for (int b = 1; b <= int(m.config.num_layers); ++b) l.stages.push_back({b, b + 1});
+  return l;
+}
+
+class CachedDecoding : public ::testing::TestWithParam<std::tuple<const char*, int>> {
  protected:
+  // 0: one device, one stage; 1: a stage per block on one device (3 stages through 2 slots:
+  // streamed every token); 2: a stage per block over two devices.
+  static Layout LayoutNamed(const Model& m, int layout) {
+    if (layout == 0) return {};
+    return StagePerBlock(m, layout);
+  }
   static Model ModelNamed(const std::string& n) {
     if (n == "llama_gqa") return LlamaGqa();
     if (n == "qwen3_qk_norm") return Qwen3QkNorm();
@@ -128,11 +174,13 @@ class CachedDecoding : public ::testing::TestWithParam<const char*> {
 // Prefill of 5 tokens, then 7 single-token steps: every row of every step's logits equals the last
 // row of a full forward over the prefix up to that token.
 TEST_P(CachedDecoding, LogitsEqualFullForwardAtEveryStep) {
-  Fixture f(ModelNamed(GetParam()));
+  Fixture f(ModelNamed(std::get<0>(GetParam())));
   ASSERT_NE(f.device, nullptr);
+  const Layout layout = LayoutNamed(f.m, std::get<1>(GetParam()));
   const std::vector<int32_t> tokens = {3, 17, 42, 5, 63, 0, 8, 8, 21, 60, 1, 33};
   const size_t prompt = 5, v = size_t(f.m.config.vocab_size);
-  std::unique_ptr<Generator> g = f.MakeGenerator(int64_t(tokens.size()));
+  Fixture other(ModelNamed(std::get<0>(GetParam())));  // g_last's devices
+  std::unique_ptr<PlannedGenerator> g = f.MakeGenerator(int64_t(tokens.size()), layout);
   ASSERT_NE(g, nullptr);
   Result<std::vector<float>> pre = g->Forward(std::span(tokens.data(), prompt));
   ASSERT_TRUE(pre.ok()) << pre.status().ToString();
@@ -143,7 +191,7 @@ TEST_P(CachedDecoding, LogitsEqualFullForwardAtEveryStep) {
                 "prefill row " + std::to_string(t - 1));
   }
   // The last row alone, through the one-token head, is the same row.
-  std::unique_ptr<Generator> g_last = f.MakeGenerator(int64_t(prompt));
+  std::unique_ptr<PlannedGenerator> g_last = other.MakeGenerator(int64_t(prompt), layout);
   ASSERT_NE(g_last, nullptr);
   Result<std::vector<float>> last = g_last->Forward(std::span(tokens.data(), prompt), true);
   ASSERT_TRUE(last.ok()) << last.status().ToString();
@@ -160,7 +208,65 @@ TEST_P(CachedDecoding, LogitsEqualFullForwardAtEveryStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CachedDecoding,
-                         ::testing::Values("llama_gqa", "qwen3_qk_norm", "gpt2", "llama_lora"));
+                         ::testing::Combine(::testing::Values("llama_gqa", "qwen3_qk_norm", "gpt2",
+                                                              "llama_lora"),
+                                            ::testing::Values(0, 1, 2)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param)) + "_layout" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+// Weights move once when the stages fit the devices' slots (one stage and the head on one
+// device), and every token when they do not (three stages through one device's two slots); each
+// device's arena is the plan's map, and its KV cache is what the plan counts.
+TEST(Generator, ResidentStagesUploadOnceStreamedOnesEveryToken) {
+  Fixture f(LlamaGqa());
+  const std::vector<int32_t> prompt = {3, 17, 42}, one = {5};
+  for (int layout = 0; layout < 2; ++layout) {
+    SCOPED_TRACE(layout);
+    std::unique_ptr<PlannedGenerator> g =
+        f.MakeGenerator(8, layout == 0 ? Layout{} : StagePerBlock(f.m, 1));
+    ASSERT_NE(g, nullptr);
+    ASSERT_TRUE(g->Forward(prompt, true).ok());
+    const uint64_t first = g->stats().weight_bytes_uploaded;
+    ASSERT_GT(first, 0u);
+    ASSERT_TRUE(g->Forward(one, true).ok());
+    const uint64_t second = g->stats().weight_bytes_uploaded - first;
+    ASSERT_TRUE(g->Forward(one, true).ok());
+    const uint64_t later = g->stats().weight_bytes_uploaded - first;
+    if (layout == 0) {
+      EXPECT_EQ(later, 0u);
+    } else {
+      // Two of the three stages (the first block's and the head's) take the slot the other
+      // left, every token; the second block's stays.
+      EXPECT_GT(second, 0u);
+      EXPECT_LT(second, first);
+      EXPECT_EQ(later, 2 * second);
+    }
+    // A new sequence packs and uploads afresh (the weights may have changed in between).
+    g->Reset();
+    ASSERT_TRUE(g->Forward(prompt, true).ok());
+    EXPECT_EQ(g->stats().weight_bytes_uploaded - first - later, first);
+    for (const auto& d : f.devices) {
+      const std::vector<ArenaRecord> log = d->arena_log();
+      ASSERT_EQ(log.size(), f.plan.memory.gpu.allocations.size());
+      for (size_t i = 0; i < log.size(); ++i) {
+        EXPECT_EQ(log[i].requester, f.plan.memory.gpu.allocations[i].name);
+        EXPECT_EQ(log[i].reserved, f.plan.memory.gpu.allocations[i].bytes);
+      }
+    }
+    uint64_t kv_used = 0, kv_planned = 0;
+    for (const plan::Allocation& a : g->stats().used) {
+      if (a.name == "kv_cache") kv_used = a.bytes;
+    }
+    for (const plan::Allocation& a : f.plan.memory.gpu.allocations) {
+      if (a.name == "kv_cache") kv_planned = a.bytes;
+    }
+    // 2 blocks x (keys + values) x 8 positions x kv_dim 16 x 4 bytes.
+    EXPECT_EQ(kv_used, uint64_t(2 * 2 * 8 * 16 * 4));
+    EXPECT_EQ(kv_planned, plan::RoundUp(kv_used, plan::kArenaAlignment));
+  }
+}
 
 TEST(Generator, LoraChangesTheLogits) {
   Fixture with(LlamaLora()), without(LlamaGqa());
@@ -185,8 +291,9 @@ TEST(Generator, InferenceAllocatesNoGradients) {
     return false;
   };
   ASSERT_NE(f.MakeGenerator(16), nullptr);
-  EXPECT_TRUE(has("params.weights"));
-  EXPECT_FALSE(has("params.grads"));
+  for (const plan::Allocation& a : f.plan.memory.gpu.allocations) {
+    EXPECT_NE(a.name, "grads.accum");
+  }
 
   const std::vector<int32_t> tokens = {1, 2, 3, 4};
   ModelRunnerOptions o;
@@ -250,7 +357,7 @@ TEST(Generator, GreedyEqualsArgmaxOfRepeatedFullForwards) {
     SCOPED_TRACE(m.config.model_type);
     Fixture f(m);
     const std::vector<int32_t> prompt = {7, 3, 9};
-    std::unique_ptr<Generator> g = f.MakeGenerator(16);
+    std::unique_ptr<PlannedGenerator> g = f.MakeGenerator(16);
     ASSERT_NE(g, nullptr);
     std::vector<int32_t> streamed;
     GenerateOptions o;
@@ -282,7 +389,7 @@ TEST(Generator, GreedyEqualsArgmaxOfRepeatedFullForwards) {
 
 TEST(Generator, SeedReproducesTheSample) {
   Fixture f(LlamaGqa());
-  std::unique_ptr<Generator> g = f.MakeGenerator(20);
+  std::unique_ptr<PlannedGenerator> g = f.MakeGenerator(20);
   ASSERT_NE(g, nullptr);
   const std::vector<int32_t> prompt = {4, 5};
   auto sample = [&](uint64_t seed) {
@@ -303,7 +410,7 @@ TEST(Generator, SeedReproducesTheSample) {
 
 TEST(Generator, CacheLimitsAndBadTokensAreErrors) {
   Fixture f(LlamaGqa());
-  std::unique_ptr<Generator> g = f.MakeGenerator(4);
+  std::unique_ptr<PlannedGenerator> g = f.MakeGenerator(4);
   ASSERT_NE(g, nullptr);
   const std::vector<int32_t> three = {1, 2, 3}, two = {4, 5}, bad = {64};
   ASSERT_TRUE(g->Forward(three).ok());
@@ -320,8 +427,11 @@ TEST(Generator, CacheLimitsAndBadTokensAreErrors) {
   EXPECT_FALSE(Generate(*g, three, o, [](int32_t) { return Status::Ok(); }).ok());
   // GPT-2's learned positions bound the cache.
   Fixture gpt2(Gpt2());
-  EXPECT_FALSE(Generator::Create(*gpt2.device, gpt2.m.config, {}, gpt2.weights, 33).ok());
+  Result<std::unique_ptr<PlannedGenerator>> too_long = gpt2.TryGenerator(33);
+  ASSERT_FALSE(too_long.ok());
+  EXPECT_NE(too_long.status().message().find("learned positions"), std::string::npos)
+      << too_long.status().message();
 }
 
 }  // namespace
-}  // namespace ferry
+}  // namespace ferry::exec
