@@ -31,8 +31,9 @@ struct Region {
 // both touch, and "layout" for the row layout ("positions" and "doc_ids", written together).
 // ("scratch" is compute-only; "rope.inv_freq" is written once, at Create, before any compute.)
 constexpr std::string_view kTracked[] = {
-    "hidden.0",      "hidden.1",      "hidden.2",    "hidden.3",  "saved.slot0", "saved.slot1",
-    "weights.slot0", "weights.slot1", "grads.accum", "grad.work", "layout",      "logits"};
+    "hidden.0",    "hidden.1",         "hidden.2",      "hidden.3",    "saved.slot0",
+    "saved.slot1", "weights.slot0",    "weights.slot1", "grads.accum", "grad.work",
+    "layout",      "activations.keep", "logits"};
 constexpr std::string_view kHidden[4] = {"hidden.0", "hidden.1", "hidden.2", "hidden.3"};
 constexpr std::string_view kSaved[2] = {"saved.slot0", "saved.slot1"};
 constexpr std::string_view kWeights[2] = {"weights.slot0", "weights.slot1"};
@@ -86,9 +87,17 @@ struct DeviceState {
 };
 
 // Places a stage's components into the device's planned blocks (see the header's table).
+// Kept activations (plan.keep_activations): where a stage's blocks' saved slots sit in
+// "activations.keep": slot k of the stage is entry first + k of the device's (block, micro-batch)
+// entries, each `stride` bytes, its input first (`input` bytes) and its saved set after it.
+struct KeptSlots {
+  size_t first = 0, stride = 0, input = 0;
+};
+
 class PlannedSource final : public CarveSource {
  public:
-  PlannedSource(DeviceState& ds, int weight_slot) : ds_(ds) {
+  PlannedSource(DeviceState& ds, int weight_slot, std::optional<KeptSlots> kept = std::nullopt)
+      : ds_(ds), kept_(kept) {
     const std::string w = "weights.slot" + std::to_string(weight_slot);
     map_ = {{"params.weights", w},
             {"params.grads", "grads.accum"},
@@ -102,6 +111,20 @@ class PlannedSource final : public CarveSource {
   }
 
   Result<DevicePtr<std::byte>> Region(std::string_view requester, size_t bytes) override {
+    constexpr std::string_view kBlockSlot = "blocks.saved.";
+    if (kept_ && requester.substr(0, kBlockSlot.size()) == kBlockSlot) {
+      const size_t k = std::stoul(std::string(requester.substr(kBlockSlot.size())));
+      const size_t at = (kept_->first + k) * kept_->stride + kept_->input;
+      const exec::Region r = ds_.regions.at("activations.keep");
+      if (bytes > kept_->stride - kept_->input || at + bytes > r.bytes) {
+        return Status::OutOfMemory("device '" + ds_.device->name() + "': '" +
+                                   std::string(requester) + "' needs " + FormatBytes(bytes) +
+                                   " but the plan's 'activations.keep' holds less (the memory "
+                                   "model undercounts)");
+      }
+      ds_.Use("activations.keep", at + bytes);
+      return r.data + std::ptrdiff_t(at);
+    }
     auto m = map_.find(requester);
     if (m == map_.end()) {
       return Status::NotFound("the plan has no allocation for '" + std::string(requester) + "'");
@@ -126,6 +149,7 @@ class PlannedSource final : public CarveSource {
 
  private:
   DeviceState& ds_;
+  std::optional<KeptSlots> kept_;
   std::map<std::string, std::string, std::less<>> map_;
 };
 
@@ -192,6 +216,7 @@ class Executor final : public PipelineExecutor {
         // A forward-only plan has neither gradients nor a backward stage's fourth buffer.
         const std::string_view n = name;
         if (p_.job.forward_only && (n == "hidden.3" || n == "grads.accum")) continue;
+        if (keep_ && (n == "hidden.3" || n == "saved.slot1")) continue;
         if (!ds.regions.count(name)) {
           return Status::InvalidArgument(std::string("the plan's GPU map lacks '") + name + "'");
         }
@@ -210,6 +235,15 @@ class Executor final : public PipelineExecutor {
       }
     }
     saved_bytes_ = devices_[0].regions.at("saved.slot0").bytes;
+    if (keep_) {
+      if (!devices_[0].regions.count("activations.keep")) {
+        return Status::InvalidArgument(
+            "the plan keeps activations but its GPU map lacks "
+            "'activations.keep'");
+      }
+      kept_stride_ = plan::KeptActivationBytes(c_, lora_, N, dtype_);
+      kept_input_ = plan::RoundUp(uint64_t(N * C) * DTypeSize(dtype_), plan::kArenaAlignment);
+    }
     if (p_.job.generate_positions > 0) FERRY_RETURN_IF_ERROR(CarveKvCaches());
     // The embedding's fp32 gather and gradient when the compute dtype is not f32 (ForwardAs /
     // BackwardFrom convert through it): host-only, pageable.
@@ -273,7 +307,7 @@ class Executor final : public PipelineExecutor {
       mirror_bytes.push_back(b);
     }
     for (size_t li = 1; li <= head; ++li) {
-      if (fo) {
+      if (fo || keep_) {
         if (StageInput(li)) need["activations.saved"] += M * hb;
         continue;
       }
@@ -337,10 +371,11 @@ class Executor final : public PipelineExecutor {
     act_.resize(layers_.size());
     saved_.resize(layers_.size());
     for (size_t li = 1; li <= head; ++li) {
-      if (fo && !StageInput(li)) continue;  // forward only: nothing else crosses the host
+      // Forward only or kept activations: nothing else crosses the host.
+      if ((fo || keep_) && !StageInput(li)) continue;
       for (size_t m = 0; m < M; ++m) {
         act_[li].push_back(carve("activations.saved", hb));
-        if (fo || li == head || p_.recompute[li]) continue;
+        if (fo || keep_ || li == head || p_.recompute[li]) continue;
         saved_[li].push_back(carve("activations.saved", saved_bytes_));
       }
     }
@@ -718,7 +753,12 @@ class Executor final : public PipelineExecutor {
     StageRun& st = runs_[i];
     DeviceState& ds = devices_[st.device];
     FERRY_RETURN_IF_ERROR(WeightsNeeded(st.range));
-    st.source = std::make_unique<PlannedSource>(ds, st.slot);
+    std::optional<KeptSlots> kept;
+    if (keep_ && st.kind != StageKind::kTail) {
+      kept = KeptSlots{size_t(st.range.first - 1) * size_t(p_.micro_batches), kept_stride_,
+                       kept_input_};
+    }
+    st.source = std::make_unique<PlannedSource>(ds, st.slot, kept);
     std::vector<LayerSpec> layers(layers_.begin() + st.range.first,
                                   layers_.begin() + st.range.last);
     // A forward stage's layers are those of its backward stage: one host mirror, packed once a
@@ -764,7 +804,7 @@ class Executor final : public PipelineExecutor {
              .inputs = {.positions = positions,
                         .doc_ids = {ds.regions.at("doc_ids").data, DType::kI32, tokens},
                         .inv_freq = inv_freq},  // RopeInvFreq: plain or Llama 3-scaled
-             .num_slots = 2,
+             .num_slots = keep_ ? st.range.size() * p_.micro_batches : 2,
              .first_block = st.range.first - 1,
              .kv_cache = decoding_ ? &ds.kv : nullptr,
              .source = st.source.get()}));
@@ -1006,7 +1046,50 @@ class Executor final : public PipelineExecutor {
     }
   };
 
+  // Kept activations: the input of layer `li` (a block) for micro-batch m in "activations.keep".
+  Tensor Kept(DeviceState& ds, int li, size_t m) const {
+    const size_t entry = size_t(li - 1) * size_t(p_.micro_batches) + m;
+    return Tensor{ds.regions.at("activations.keep").data + std::ptrdiff_t(entry * kept_stride_),
+                  dtype_, Shape{shape_.tokens(), c_.hidden_size}};
+  }
+
+  // A forward stage that keeps every layer's input and saved set on its device: only the stage's
+  // input comes from the host and its output goes there (activations.keep is one hazard name: a
+  // micro-batch's input upload waits for the compute before it).
+  Status KeptForwardStage(size_t i, Prefetch& next) {
+    const StageRun& st = runs_[i];
+    DeviceState& ds = devices_[st.device];
+    const size_t hb = HiddenBytes(), M = size_t(p_.micro_batches);
+    const std::string_view w = kWeights[st.slot];
+    for (size_t m = 0; m < M_; ++m) {
+      ds.task_stage = int(i), ds.task_micro_batch = int(m);
+      const int yi = int(m % 2);
+      FERRY_RETURN_IF_ERROR(AwaitInputs(i, m));
+      const Tensor x0 = Kept(ds, st.range.first, m);
+      ds.Use("activations.keep", (size_t(st.range.first - 1) * M + m) * kept_stride_ + hb);
+      FERRY_RETURN_IF_ERROR(
+          ToDevice(ds, "activations.keep", x0.data, act_[size_t(st.range.first)][m], hb));
+      FERRY_RETURN_IF_ERROR(UploadLayout(ds, m));
+      FERRY_RETURN_IF_ERROR(PrefetchChunk(next));
+      for (int li = st.range.first; li < st.range.last; ++li) {
+        const int64_t b = li - 1;
+        const bool last = li + 1 == st.range.last;
+        const Tensor x = Kept(ds, li, m), y = last ? Hidden(ds, yi) : Kept(ds, li + 1, m);
+        const int slot = int(size_t(li - st.range.first) * M + m);
+        ++stats_.block_forward_calls;
+        FERRY_RETURN_IF_ERROR(Compute(ds, {"activations.keep", w, "layout"},
+                                      {"activations.keep", kHidden[yi], "grad.work"},
+                                      [&] { return st.blocks->Forward(b, slot, x, y); }));
+      }
+      FERRY_RETURN_IF_ERROR(
+          ToHost(ds, act_[size_t(st.range.last)][m], kHidden[yi], Hidden(ds, yi).data, hb));
+      FERRY_RETURN_IF_ERROR(ds.device->Record(ds.landed[m], StreamId::kDownload));
+    }
+    return FinishPrefetch(next);
+  }
+
   Status ForwardStage(size_t i, Prefetch& next) {
+    if (keep_) return KeptForwardStage(i, next);
     const StageRun& st = runs_[i];
     DeviceState& ds = devices_[st.device];
     const size_t hb = HiddenBytes(), head = layers_.size() - 1;
@@ -1113,7 +1196,8 @@ class Executor final : public PipelineExecutor {
     // schedule has no task of its own for it and counts it in the stage's first compute.
     ds.task_stage = int(i), ds.task_micro_batch = 0;
     FERRY_RETURN_IF_ERROR(ZeroGrads(ds, *st.params));
-    // Layer inputs alternate between hidden.1 and hidden.3 (one running counter over the
+    // Layer inputs alternate between hidden.1 and hidden.3 (kept activations: where the forward
+    // stage left them; one running counter over the
     // stage's layers and micro-batches), so a layer's input uploads while the layer before it
     // (in backward order) still computes from the other; the gradients ping-pong in 0 and 2.
     int inputs = 0;
@@ -1126,6 +1210,16 @@ class Executor final : public PipelineExecutor {
       FERRY_RETURN_IF_ERROR(UploadLayout(ds, m));
       for (int li = st.range.last - 1; li >= st.range.first; --li) {
         const int64_t b = li - 1;
+        if (keep_) {  // the layer's input and saved set are where its forward stage left them
+          FERRY_RETURN_IF_ERROR(PrefetchChunk(next));
+          const Tensor x = Kept(ds, li, m), dy = Hidden(ds, dyi), dx = Hidden(ds, dxi);
+          const int kept = int(size_t(li - st.range.first) * size_t(p_.micro_batches) + m);
+          FERRY_RETURN_IF_ERROR(Compute(ds, {"activations.keep", kHidden[dyi], w, "layout"},
+                                        {kHidden[dxi], "grads.accum", "grad.work"},
+                                        [&] { return st.blocks->Backward(b, kept, x, dy, dx); }));
+          std::swap(dyi, dxi);
+          continue;
+        }
         const std::string_view slot = kSaved[b % 2];
         const int xi = inputs++ % 2 == 0 ? 1 : 3;
         const Tensor x = Hidden(ds, xi), dy = Hidden(ds, dyi), dx = Hidden(ds, dxi);
@@ -1197,6 +1291,11 @@ class Executor final : public PipelineExecutor {
   std::vector<LayerSpec> layers_;
   BatchShape shape_;
   size_t saved_bytes_ = 0;
+  // Kept activations (plan.keep_activations, training only): "activations.keep" holds, per block
+  // and micro-batch (entry (block - 1) * M + m), its input then its saved slot, kept_stride_
+  // bytes in all, the input's share kept_input_.
+  const bool keep_ = p_.keep_activations && !p_.job.forward_only;
+  size_t kept_stride_ = 0, kept_input_ = 0;
   int64_t counter_ = 0;         // the global stage counter (round robin over devices)
   std::vector<StageRun> runs_;  // the step in flight
   // Pinned host staging (TakeHostStaging): one host-pool block per plan entry, by plan name, and
@@ -1249,6 +1348,14 @@ Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const
           " on NVMe, and the executor keeps them in host RAM for now: plan with more host "
           "memory (or a smaller batch), or without an NVMe budget");
     }
+  }
+  if (p.keep_activations && !p.job.forward_only &&
+      (devices.size() != 1 ||
+       std::any_of(p.recompute.begin(), p.recompute.end(), [](bool r) { return r; }))) {
+    return Status::InvalidArgument(
+        "the plan keeps activations on the device, which one device without recomputation does; "
+        "this one runs " +
+        std::to_string(devices.size()) + " devices: plan for the devices it runs on");
   }
   if (p.micro_batches < 1 || p.micro_batch_size < 1 || p.job.seq_len < 1) {
     return Status::InvalidArgument("the plan's micro-batches must be at least 1 x 1 x 1");

@@ -32,7 +32,11 @@
 //    order, so the sums do not depend on which device finishes first.
 //  - Activations: every layer's input, and its saved set unless the plan recomputes the layer,
 //    go to host memory after the layer's forward and come back for its backward (recomputed
-//    layers re-run their forward from the input). Stage outputs and input gradients travel
+//    layers re-run their forward from the input). A plan that keeps activations
+//    (plan.keep_activations: one device, nothing recomputed) leaves them on the device instead,
+//    in "activations.keep" (per block and micro-batch, its input then its saved slot: the blocks
+//    are built with a saved slot per layer and micro-batch there), and only stage inputs and
+//    outputs cross the host. Stage outputs and input gradients travel
 //    device -> host -> device. The embedding gather and its scatter-add run on the host in fp32,
 //    converted to and from the compute dtype (HostEmbedding::ForwardAs, BackwardFrom).
 //  - Semantics as ModelRunner (engine/model/model_runner.h): each micro-batch's loss is

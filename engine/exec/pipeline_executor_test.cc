@@ -145,6 +145,7 @@ struct PlanSpec {
   DType dtype = DType::kF32;  // the plan's compute dtype, and the reference runner's
   bool forward_only = false;  // a forward-only plan (evaluation)
   bool optimizer_on_nvme = false;
+  bool keep = false;  // one device keeps every saved activation (policy "keep")
 };
 
 plan::Plan MakeTestPlan(const Model& m, const PlanSpec& s) {
@@ -174,6 +175,9 @@ plan::Plan MakeTestPlan(const Model& m, const PlanSpec& s) {
   in.scratch = p.job.scratch;
   in.forward_only = s.forward_only;
   in.optimizer_on_nvme = s.optimizer_on_nvme;
+  in.keep_activations = s.keep;
+  p.keep_activations = s.keep;
+  p.activation_policy = s.keep ? "keep" : "save";
   p.optimizer_state = s.optimizer_on_nvme ? Tier::kNvme : Tier::kHost;
   p.memory = plan::ComputeMemory(in);
   return p;
@@ -272,7 +276,8 @@ struct Case {
 void PrintTo(const Case& c, std::ostream* os) {
   *os << c.golden << " lora " << c.lora_rank << ", " << c.spec.stages.size() << " stages, "
       << c.spec.micro_batches << " micro-batches, " << c.devices << " devices, "
-      << DTypeName(c.spec.dtype) << (c.packed ? ", packed rows" : "") << (c.nf4 ? ", nf4" : "");
+      << DTypeName(c.spec.dtype) << (c.packed ? ", packed rows" : "") << (c.nf4 ? ", nf4" : "")
+      << (c.spec.keep ? ", activations kept" : "");
 }
 
 Batches MakeCaseBatches(const Model& m, const Case& k, uint32_t seed) {
@@ -1127,6 +1132,25 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"qwen3", 0, {{{1, 3}, {3, 5}}, {2}, 3, 2, 32, 3, DType::kBF16}, 3},
         // QLoRA in bf16: NF4 dequantized straight to bf16.
         Case{"llama", 4, {{{1, 3}, {3, 5}}, {}, 1, 2, 32, 2, DType::kBF16}, 2, false, true}),
+    CaseName);
+
+// One device keeping every block's input and saved set ("activations.keep": no saved activation
+// crosses the host): the single-device runner's losses and gradients (bit for bit with one
+// micro-batch), each arena the plan's map both ways, the pinned host the plan's. One and two
+// stages, full and LoRA, f32 and bf16, packed rows, NF4, awkward sizes.
+INSTANTIATE_TEST_SUITE_P(
+    KeptPlans, ExecutorTest,
+    ::testing::Values(
+        Case{"llama", 0, {{{1, 5}}, {}, 1, 2, 32, 1, DType::kF32, false, false, true}, 1},
+        Case{"llama", 4, {{{1, 3}, {3, 5}}, {}, 2, 2, 32, 1, DType::kF32, false, false, true}, 1},
+        Case{"qwen3", 3, {{{1, 2}, {2, 5}}, {}, 2, 1, 25, 1, DType::kF32, false, false, true}, 1},
+        Case{"gpt2", 0, {{{1, 5}}, {}, 3, 2, 32, 1, DType::kF32, false, false, true}, 1, true},
+        Case{"llama",
+             4,
+             {{{1, 5}}, {}, 1, 2, 32, 1, DType::kBF16, false, false, true},
+             1,
+             false,
+             true}),
     CaseName);
 
 // QLoRA's plumbing against an independent path: a model whose block projections are NF4 gives

@@ -215,6 +215,18 @@ uint64_t KvCacheBytes(const ModelConfig& model, const std::vector<LayerRange>& s
   return blocks * 2 * uint64_t(positions) * uint64_t(model.kv_dim()) * kF32;
 }
 
+uint64_t KeptActivationBytes(const ModelConfig& model, const LoraConfig& lora, int64_t tokens,
+                             DType compute_dtype) {
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(model, lora, compute_dtype);
+  const uint64_t act = DTypeSize(compute_dtype);
+  uint64_t saved = 0;
+  for (size_t i = 1; i + 1 < layers.size(); ++i) {
+    saved = std::max(saved, SavedSlotBytes(model, layers[i], tokens, act));
+  }
+  return RoundUp(uint64_t(tokens * model.hidden_size) * act, kArenaAlignment) +
+         RoundUp(saved, kArenaAlignment);
+}
+
 MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   const std::vector<LayerSpec> layers = BuildLayerSpecs(in.model, in.lora, in.compute_dtype);
   assert(in.recompute.size() == layers.size());
@@ -274,15 +286,25 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
 
   MemoryEstimate e;
   const uint64_t A = kArenaAlignment;
+  const bool keep = in.keep_activations && !in.forward_only;
   Add(e.gpu, "weights.slot0", stage_weights, A);
   Add(e.gpu, "weights.slot1", stage_weights, A);
   if (!in.forward_only) Add(e.gpu, "grads.accum", stage_grads, A);
-  // Forward stages and the tail rotate three hidden buffers; backward stages use a fourth.
-  for (int k = 0; k < (in.forward_only ? 3 : 4); ++k) {
+  // Forward stages and the tail rotate three hidden buffers; backward stages use a fourth (their
+  // layer inputs alternate between two), unless the inputs stay on the device.
+  for (int k = 0; k < (in.forward_only || keep ? 3 : 4); ++k) {
     Add(e.gpu, "hidden." + std::to_string(k), hidden, A);
   }
-  Add(e.gpu, "saved.slot0", saved_set, A);
-  Add(e.gpu, "saved.slot1", saved_set, A);
+  if (keep) {
+    Add(e.gpu, "saved.slot0", SavedSlotBytes(in.model, layers[size_t(head)], tokens, act), A);
+    Add(e.gpu, "activations.keep",
+        m * uint64_t(in.model.num_layers) *
+            KeptActivationBytes(in.model, in.lora, tokens, in.compute_dtype),
+        A);
+  } else {
+    Add(e.gpu, "saved.slot0", saved_set, A);
+    Add(e.gpu, "saved.slot1", saved_set, A);
+  }
   Add(e.gpu, "grad.work", work, A);
   Add(e.gpu, "scratch", scratch, A);
   // RoPE position ids (i32 per token) and RoPE's inverse-frequency table (f32, head_dim / 2:
@@ -349,7 +371,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   // head's set never leaves the device (the fused tail runs its forward and backward at once).
   // Forward only: each stage's input (the tail's included), nothing saved.
   uint64_t saved_all = 0;
-  if (in.forward_only) {
+  if (in.forward_only || keep) {
     saved_all = m * hidden * (in.stages.size() + 1);
   } else {
     for (int i = 1; i <= head; ++i) {

@@ -137,6 +137,13 @@ struct MemoryPlanInput {
   std::vector<LayerRange> stages;  // block stages in layer order; the head is the fused tail
   std::vector<bool> recompute;     // per layer of BuildLayerSpecs (embedding, blocks, head)
   bool activations_on_nvme = false;
+  // One device keeps every block's input and saved set of every micro-batch on the device
+  // ("activations.keep": per block and micro-batch, its input then its saved slot, each rounded
+  // to kArenaAlignment: KeptActivationBytes), so no saved activation crosses the host; only stage
+  // inputs do ("activations.saved"), as in a forward-only plan. "saved.slot0" then holds the
+  // head's set alone, and neither "saved.slot1" nor "hidden.3" is planned. REQUIRES: gpus == 1,
+  // no layer recomputed, activations not on NVMe.
+  bool keep_activations = false;
   bool optimizer_on_nvme = false;       // fp32 master weights and Adam moments
   bool frozen_weights_on_nvme = false;  // LoRA base weights of blocks and head
   ScratchTarget scratch;
@@ -162,6 +169,12 @@ inline int GenerationDevice(size_t stage, int gpus) { return int(stage % size_t(
 // of every block of its stages, f32, `positions` rows of kv_dim each.
 uint64_t KvCacheBytes(const ModelConfig& model, const std::vector<LayerRange>& stages, int gpus,
                       int device, int64_t positions);
+
+// The stride of one (block, micro-batch) entry of "activations.keep": the block's input
+// (tokens x hidden in `act`-byte elements) and the largest block saved slot, each rounded to
+// kArenaAlignment.
+uint64_t KeptActivationBytes(const ModelConfig& model, const LoraConfig& lora, int64_t tokens,
+                             DType compute_dtype);
 
 struct MemoryEstimate {
   TierMemory gpu;  // per GPU

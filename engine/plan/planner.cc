@@ -162,6 +162,7 @@ struct Candidate {
   std::string policy;
   std::vector<bool> recompute;
   Tier activations = Tier::kHost, optimizer = Tier::kHost, frozen = Tier::kHost;
+  bool keep = false;  // policy "keep": one device keeps every saved activation
 };
 
 MemoryEstimate MemoryOf(const Context& c, const Candidate& k, int gpus) {
@@ -175,6 +176,7 @@ MemoryEstimate MemoryOf(const Context& c, const Candidate& k, int gpus) {
   in.stages = k.stages;
   in.recompute = k.recompute;
   in.activations_on_nvme = k.activations == Tier::kNvme;
+  in.keep_activations = k.keep;
   in.forward_only = c.job.forward_only;
   in.generate_positions = c.job.generate_positions;
   in.logit_rows = c.job.logit_rows;
@@ -202,19 +204,21 @@ Fit FitOf(const MemoryEstimate& m, const HardwareProfile& hw) {
   return f;
 }
 
+// `keep`: the device keeps every block's input and saved set (policy "keep"): only stage inputs
+// and outputs cross the host.
 std::vector<StageCost> StageCosts(const std::vector<LayerNumbers>& n,
                                   const std::vector<LayerRange>& stages,
-                                  const std::vector<bool>& recompute, bool backward) {
+                                  const std::vector<bool>& recompute, bool backward, bool keep) {
   std::vector<StageCost> out;
   for (const LayerRange& s : stages) {
     StageCost sc;
     for (int i = s.first; i < s.last; ++i) {
       const LayerNumbers& l = n[size_t(i)];
-      const double kept = l.input + (recompute[size_t(i)] ? 0 : l.saved);
+      const double kept = keep ? 0 : l.input + (recompute[size_t(i)] ? 0 : l.saved);
       sc.weight_bytes += l.weights;
       if (!backward) {
         sc.fwd_s += l.fwd_s;
-        sc.output_bytes += l.output + (recompute[size_t(i)] ? 0 : l.saved);
+        if (!keep) sc.output_bytes += l.output + (recompute[size_t(i)] ? 0 : l.saved);
       } else {
         sc.bwd_s += l.bwd_s + (recompute[size_t(i)] ? l.fwd_s : 0);
         sc.input_bytes += kept;
@@ -224,8 +228,9 @@ std::vector<StageCost> StageCosts(const std::vector<LayerNumbers>& n,
     }
     const LayerNumbers& first = n[size_t(s.first)];
     if (!backward) sc.input_bytes = first.input;
-    sc.reuses_saved_slot =
-        !backward && s.last - s.first == 1 && !recompute[size_t(s.first)] && first.saved > 0;
+    if (!backward && keep) sc.output_bytes = n[size_t(s.last - 1)].output;
+    sc.reuses_saved_slot = !keep && !backward && s.last - s.first == 1 &&
+                           !recompute[size_t(s.first)] && first.saved > 0;
     if (backward) {
       sc.input_bytes += n[size_t(s.last - 1)].output;  // dY
       sc.output_bytes = first.input;                   // dX
@@ -240,9 +245,9 @@ RoundRobinJob BuildJob(const std::vector<LayerNumbers>& n, const Candidate& k, i
   job.gpus = gpus;
   job.micro_batches = int(k.micro_batches);
   job.single_buffered_inputs = true;  // as the executor runs its plans
-  job.forward = StageCosts(n, k.stages, k.recompute, false);
+  job.forward = StageCosts(n, k.stages, k.recompute, false, k.keep);
   std::vector<LayerRange> reversed(k.stages.rbegin(), k.stages.rend());
-  job.backward = StageCosts(n, reversed, k.recompute, true);
+  job.backward = StageCosts(n, reversed, k.recompute, true, k.keep);
   const LayerNumbers& head = n.back();
   job.tail.fwd_s = head.fwd_s;
   job.tail.bwd_s = head.bwd_s;
@@ -480,12 +485,17 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
       if (job.max_stages > 0 && stage_count > job.max_stages) continue;
       const std::vector<LayerRange> stages = Partition(n, blocks, stage_count);
       std::vector<std::vector<bool>> seen;
-      for (const char* policy : {"save", "per-layer", "recompute"}) {
+      // "keep": one device keeps every saved activation (no transfers; training only).
+      for (const char* policy : {"keep", "save", "per-layer", "recompute"}) {
+        const bool keep = std::string_view(policy) == "keep";
+        if (keep && (gpus != 1 || job.forward_only)) continue;
         Candidate k{stages, m, policy, RecomputePolicy(policy, n, hw)};
-        if (std::find(seen.begin(), seen.end(), k.recompute) != seen.end()) continue;
-        seen.push_back(k.recompute);
+        k.keep = keep;
+        if (!keep && std::find(seen.begin(), seen.end(), k.recompute) != seen.end()) continue;
+        if (!keep) seen.push_back(k.recompute);
         std::optional<Timing> timing;  // simulated once per (m, stages, policy)
         for (Tier act : activation_tiers) {
+          if (keep && act != Tier::kHost) continue;
           for (Tier opt : tiers) {
             for (Tier frozen : frozen_tiers) {
               k.activations = act;
@@ -512,6 +522,7 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
               p.recompute = k.recompute;
               p.activation_policy = k.policy;
               p.activations = act;
+              p.keep_activations = k.keep;
               p.optimizer_state = opt;
               p.frozen_weights = frozen;
               p.micro_batches = int(m);

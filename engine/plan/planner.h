@@ -94,8 +94,11 @@ struct Plan {
   int64_t micro_batch_size = 1;    // sequences
   std::vector<LayerRange> stages;  // forward stages in layer order; backward runs them reversed
   std::vector<bool> recompute;     // per layer (embedding, blocks, head)
-  std::string activation_policy;   // "save", "per-layer", "recompute"
+  // "keep" (one device keeps every block's input and saved set: keep_activations), "save",
+  // "per-layer", "recompute".
+  std::string activation_policy;
   Tier activations = Tier::kHost;
+  bool keep_activations = false;  // memory_model.h's MemoryPlanInput::keep_activations
   Tier optimizer_state = Tier::kHost;
   Tier frozen_weights = Tier::kHost;
   MemoryEstimate memory;

@@ -100,6 +100,8 @@ uint64_t WholeModelBytes(const JobSpec& unresolved, const ModelConfig& model, in
   in.scratch = ScratchOf(job, threads);
   in.forward_only = forward_only || generate_positions > 0;
   in.generate_positions = generate_positions;
+  // One device may keep every saved activation (the planner's "keep" policy): that bounds it.
+  in.keep_activations = job.devices == 1 && !in.forward_only;
   return plan::ComputeMemory(in).gpu.total();
 }
 

@@ -77,7 +77,8 @@ Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, 
                                   int64_t generate_positions = 0);
 
 // The bytes of the whole model as one stage on one CPU device of `threads` threads, every
-// activation saved (or, `forward_only`, nothing saved), by the memory model
+// activation saved (on the device itself for one device: the "keep" policy; or, `forward_only`,
+// nothing saved), by the memory model
 // (engine/plan/memory_model.h): no stage of any plan of `job` needs more, so it bounds each CPU
 // device's budget.
 uint64_t WholeModelBytes(const JobSpec& job, const ModelConfig& model, int threads,
