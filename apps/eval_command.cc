@@ -137,6 +137,7 @@ void AddEvalCommand(CLI::App& parent, EvalCommand* cmd) {
   e->add_option("--dtype", cmd->devices.dtype,
                 "Compute dtype: f32 (CPU devices), bf16, f16 or auto (f32 on CPU devices, bf16 "
                 "on GPUs)")
+      ->transform([](std::string name) { return CanonicalDtypeName(std::move(name)); })
       ->capture_default_str();
   AddQuantizeOptions(*e, &cmd->quantize, &cmd->double_quant, QuantizeUse::kInference);
 }

@@ -45,6 +45,7 @@ void AddTrainCommand(CLI::App& parent, TrainCommand* cmd) {
                 "(f16 weights and activations, dynamic loss scaling), fp16acc (f16 whose all-f16 "
                 "GEMMs accumulate in fp16: faster on RTX cards, less exact; GPUs only) or auto "
                 "(f32 on CPU devices, bf16 on GPUs); fp32 master weights")
+      ->transform([](std::string name) { return CanonicalDtypeName(std::move(name)); })
       ->capture_default_str();
   t->add_option("--loss-scale", j.loss_scale,
                 "With --dtype f16: the initial dynamic loss scale, a power of two (halved on a "

@@ -125,18 +125,20 @@ std::string DevicesOptionText(const JobSpec& job) {
 
 Status ValidateJobDevices(const JobSpec& job) {
   FERRY_RETURN_IF_ERROR(ValidateDeviceFields(job));
-  if (job.dtype != "auto" && job.dtype != "f32" && job.dtype != "bf16" && job.dtype != "f16" &&
-      job.dtype != "fp16acc") {
+  const std::string dtype = CanonicalDtypeName(job.dtype);
+  if (dtype != "auto" && dtype != "f32" && dtype != "bf16" && dtype != "f16" &&
+      dtype != "fp16acc") {
     return Bad("--dtype '" + job.dtype +
                "': use f32 (the exact reference, CPU devices), bf16, f16 (with dynamic loss "
-               "scaling), fp16acc (f16 with fp16-accumulating GEMMs, GPUs) or auto (f32 on CPU "
-               "devices, bf16 on GPUs)");
+               "scaling; fp16 and fp32 are taken too), fp16acc (f16 with fp16-accumulating "
+               "GEMMs, GPUs) or auto (f32 on CPU devices, bf16 on GPUs)");
   }
   return Status::Ok();
 }
 
 Result<std::string> ResolveJobDevices(JobSpec& job, const GpuCensus& census) {
   FERRY_RETURN_IF_ERROR(ValidateJobDevices(job));
+  job.dtype = CanonicalDtypeName(job.dtype);
   const int64_t have = int64_t(census.gpus.size());
   std::string why;
   if (job.device_kind == "auto") {

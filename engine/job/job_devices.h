@@ -34,6 +34,14 @@ Status ParseDevicesOption(std::string_view text, JobSpec& job);
 // "auto", else the list ("cpu,cpu", "cuda:0,cuda:0").
 std::string DevicesOptionText(const JobSpec& job);
 
+// A --dtype name as the job keeps it: "fp16" and "fp32" (`ferry plan`'s spellings) are "f16" and
+// "f32"; any other name is returned as given.
+inline std::string CanonicalDtypeName(std::string name) {
+  if (name == "fp16") return "f16";
+  if (name == "fp32") return "f32";
+  return name;
+}
+
 // Whether the job stores f16 on its devices (and so scales its loss): "f16" and "fp16acc".
 inline bool F16Storage(const JobSpec& job) { return job.dtype == "f16" || job.dtype == "fp16acc"; }
 

@@ -98,6 +98,19 @@ TEST(JobDevices, ValidationKeepsTheThreeFieldsConsistent) {
   EXPECT_NE(s.message().find("--dtype 'fp8'"), std::string::npos) << s.ToString();
 }
 
+// `ferry plan` spells f16 and f32 "fp16" and "fp32": train and eval take those names too, and the
+// job keeps the canonical one.
+TEST(JobDevices, PlanSpellingsOfDtypesAreTheCanonicalOnes) {
+  for (const auto& [given, kept] : {std::pair{"fp16", "f16"}, {"fp32", "f32"}, {"bf16", "bf16"}}) {
+    JobSpec job = Parsed("cpu");
+    job.dtype = given;
+    ASSERT_TRUE(ValidateJobDevices(job).ok()) << given;
+    ASSERT_TRUE(ResolveJobDevices(job, NoGpu()).ok()) << given;
+    EXPECT_EQ(job.dtype, kept);
+    EXPECT_EQ(CanonicalDtypeName(given), kept);
+  }
+}
+
 TEST(JobDevices, AutoIsCpuDevicesWithoutAGpuAndSaysWhy) {
   JobSpec job = Parsed("2");
   Result<std::string> line = ResolveJobDevices(job, NoGpu());
