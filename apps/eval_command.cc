@@ -38,8 +38,11 @@ Status Run(const EvalCommand& cmd) {
   job.device_kind = cmd.devices.device_kind;
   job.gpus = cmd.devices.gpus;
   job.dtype = cmd.devices.dtype;
+  job.gpu_memory = cmd.devices.gpu_memory;
   // Settled (or refused) before anything is loaded; said once the run starts.
-  FERRY_ASSIGN_OR_RETURN(const std::string which, ResolveJobDevices(job, exec::TakeGpuCensus()));
+  const GpuCensus census = exec::TakeGpuCensus();
+  FERRY_ASSIGN_OR_RETURN(const std::string which, ResolveJobDevices(job, census));
+  FERRY_RETURN_IF_ERROR(JobGpuBudget(job, census).status());  // --gpu-memory against them
   // Everything is checked against the model's config and this machine before anything is loaded.
   {
     FERRY_ASSIGN_OR_RETURN(ModelSource source,
@@ -134,6 +137,7 @@ void AddEvalCommand(CLI::App& parent, EvalCommand* cmd) {
   e->add_option("--threads", cmd->threads, "CPU threads (0: all cores)")->capture_default_str();
   e->add_flag("--json", cmd->json, "Print one JSON object instead of text");
   AddDevicesOption(*e, cmd->devices, "a forward-only plan runs over them");
+  AddGpuMemoryOption(*e, cmd->devices);
   e->add_option("--dtype", cmd->devices.dtype,
                 "Compute dtype: f32 (CPU devices), bf16, f16 or auto (f32 on CPU devices, bf16 "
                 "on GPUs)")

@@ -37,8 +37,8 @@ struct EvalCommand {
   BaseQuant quantize = BaseQuant::kNone;  // --quantize nf4: the base's projections in NF4
   bool double_quant = true;               // --[no-]double-quant: NF4's absmax nested
   bool json = false;
-  // --devices and --dtype (devices, device_kind, gpus and dtype only: the rest is set from the
-  // options above).
+  // --devices, --dtype and --gpu-memory (devices, device_kind, gpus, dtype and gpu_memory only:
+  // the rest is set from the options above).
   JobSpec devices;
 };
 

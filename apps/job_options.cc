@@ -19,6 +19,13 @@ CLI::Option* AddDevicesOption(CLI::App& app, JobSpec& job, const std::string& he
       ->default_str(DevicesOptionText(job));
 }
 
+CLI::Option* AddGpuMemoryOption(CLI::App& app, JobSpec& job) {
+  return app.add_option("--gpu-memory", job.gpu_memory,
+                        "Device memory each CUDA device may use, e.g. 4GiB (default: 90% of its "
+                        "GPU's free memory, split between devices sharing it); less than the "
+                        "model needs makes the plan stream weights through the device");
+}
+
 void AddJobOptions(CLI::App& app, JobSpec& j, std::string* lora_targets) {
   app.add_option("--model", j.model,
                  "Model: 'tiny' (built-in preset) or a Hugging Face model folder")

@@ -19,6 +19,10 @@ void AddJobOptions(CLI::App& app, JobSpec& job, std::string* lora_targets);
 // naming the item. `help` ends the option's description. `job` must outlive parsing.
 CLI::Option* AddDevicesOption(CLI::App& app, JobSpec& job, const std::string& help);
 
+// Adds --gpu-memory SIZE (into job.gpu_memory: what each CUDA device may use, at most its share;
+// JobGpuBudget checks it). `job` must outlive parsing.
+CLI::Option* AddGpuMemoryOption(CLI::App& app, JobSpec& job);
+
 // What --quantize describes: the frozen base under LoRA (train, plan, probe) or the base a model
 // runs on (eval, generate).
 enum class QuantizeUse { kTraining, kInference };

@@ -56,10 +56,7 @@ void AddTrainCommand(CLI::App& parent, TrainCommand* cmd) {
       ->capture_default_str();
   t->add_option("--host-memory", j.host_memory,
                 "Host RAM the job's plan may use, e.g. 2GiB (default: physical RAM)");
-  t->add_option("--gpu-memory", j.gpu_memory,
-                "Device memory each CUDA device may use, e.g. 4GiB (default: 90% of its GPU's "
-                "free memory, split between devices sharing it); less than the model needs "
-                "makes the plan stream weights through the device");
+  AddGpuMemoryOption(*t, j);
   t->add_option("--nvme-dir", j.nvme_dir,
                 "Folder on an NVMe drive the job's plan may use (its free space): "
                 "optimizer state goes there when host RAM is short");
@@ -172,6 +169,16 @@ int RunTrainCommand(TrainCommand& cmd) {
   Result<std::string> which = ResolveJobDevices(job, census);
   if (!which.ok()) return fail(which.status());
   control.devices_line = *which;
+  // Loss scaling is f16's (engine/train/loss_scaler.h): a scale asked of another dtype is said
+  // to be unused rather than dropped in silence.
+  if (!F16Storage(job) &&
+      (job.loss_scale != JobSpec{}.loss_scale ||
+       job.loss_scale_growth_interval != JobSpec{}.loss_scale_growth_interval)) {
+    std::fprintf(stderr,
+                 "ferry train: note: --loss-scale and --loss-scale-growth-interval apply to "
+                 "--dtype f16; this run is %s, which needs no loss scaling: not used\n",
+                 job.dtype.c_str());
+  }
   Result<uint64_t> gpu_budget = JobGpuBudget(job, census);
   if (!gpu_budget.ok()) return fail(gpu_budget.status());
   if (!job.gpu_memory.empty()) {

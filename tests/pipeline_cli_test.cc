@@ -242,6 +242,13 @@ TEST_F(PipelineCliTest, BadDeviceOptionsAreOneLine) {
             std::string::npos)
       << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/cap"));
+  // eval takes it too, refused alike before anything is read.
+  r = Ferry("eval --devices cpu --gpu-memory 4GiB --data " + dir_ + "/none.jsonl");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  EXPECT_NE(r.output.find("ferry eval: --gpu-memory 4GiB: the job runs on cpu (CPU devices)"),
+            std::string::npos)
+      << r.output;
 }
 
 // --devices cpu,cpu: two CPU devices, said at the start with why, recorded in job.json as the list

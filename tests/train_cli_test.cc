@@ -16,6 +16,7 @@ namespace {
 
 using ferry::testing::CommandResult;
 using ferry::testing::Ferry;
+using ferry::testing::kQuickTrain;
 
 class TrainCliTest : public ferry::testing::CliTest {};
 
@@ -50,6 +51,19 @@ TEST_F(TrainCliTest, BadInputIsOneLineAndNonZero) {
     EXPECT_EQ(r.code, 1) << args << ": " << r.output;
     EXPECT_EQ(Lines(r.output), 1) << args << ": " << r.output;
   }
+}
+
+// A loss scale given to a dtype that needs none is said to be unused (f16 takes it without a
+// word).
+TEST_F(TrainCliTest, LossScaleOutsideF16IsSaidToBeUnused) {
+  const std::string note = "--loss-scale and --loss-scale-growth-interval apply to --dtype f16";
+  CommandResult f32 = Ferry("train --steps 1 --loss-scale 1024 --out " + dir_ + "/a" + kQuickTrain);
+  ASSERT_EQ(f32.code, 0) << f32.output;
+  EXPECT_NE(f32.output.find(note + "; this run is f32"), std::string::npos) << f32.output;
+  CommandResult f16 =
+      Ferry("train --steps 1 --dtype f16 --loss-scale 1024 --out " + dir_ + "/b" + kQuickTrain);
+  ASSERT_EQ(f16.code, 0) << f16.output;
+  EXPECT_EQ(f16.output.find(note), std::string::npos) << f16.output;
 }
 
 TEST_F(TrainCliTest, JobFileSetsKeysAndFlagsWin) {
