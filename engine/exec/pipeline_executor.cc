@@ -631,7 +631,6 @@ class Executor final : public PipelineExecutor {
       std::memcpy(targets_[m].data(), batches[m].targets.data(), size_t(N) * 4);
       FERRY_RETURN_IF_ERROR(SetLayout(m, batches[m]));
     }
-    ++steps_;
     ++weights_version_;
     FERRY_RETURN_IF_ERROR(WeightsNeeded({0, 1}));
     FERRY_RETURN_IF_ERROR(Embed(weights, batches));
@@ -700,14 +699,15 @@ class Executor final : public PipelineExecutor {
         st.forward = 2 * S - i;
         st.range = p_.stages[size_t(st.forward)];
       }
-      st.device = size_t(counter_++ % int64_t(devices_.size()));
-      st.slot = int(devices_[st.device].stages_run++ % 2);
-      // Generation: forward stage s on plan::GenerationDevice(s) (the head on the next) and a
-      // device's stages in its two slots in turn from the first, at every call, so its blocks'
-      // caches and, when its stages fit its slots, their weights stay where they are.
       if (decoding_) {
+        // Generation: forward stage s on plan::GenerationDevice(s) (the head on the next) and a
+        // device's stages in its two slots in turn from the first, at every call, so its blocks'
+        // caches and, when its stages fit its slots, their weights stay where they are.
         st.device = size_t(plan::GenerationDevice(size_t(i), int(devices_.size())));
         st.slot = int(i / int64_t(devices_.size()) % 2);
+      } else {
+        st.device = size_t(counter_++ % int64_t(devices_.size()));
+        st.slot = int(devices_[st.device].stages_run++ % 2);
       }
     }
     stats_.stages_run = int64_t(runs_.size());
@@ -1196,10 +1196,10 @@ class Executor final : public PipelineExecutor {
     // schedule has no task of its own for it and counts it in the stage's first compute.
     ds.task_stage = int(i), ds.task_micro_batch = 0;
     FERRY_RETURN_IF_ERROR(ZeroGrads(ds, *st.params));
-    // Layer inputs alternate between hidden.1 and hidden.3 (kept activations: where the forward
-    // stage left them; one running counter over the
-    // stage's layers and micro-batches), so a layer's input uploads while the layer before it
-    // (in backward order) still computes from the other; the gradients ping-pong in 0 and 2.
+    // Layer inputs alternate between hidden.1 and hidden.3 (one running counter over the stage's
+    // layers and micro-batches), so a layer's input uploads while the layer before it (in
+    // backward order) still computes from the other; kept activations are where the forward
+    // stage left them. The gradients ping-pong in 0 and 2.
     int inputs = 0;
     for (size_t m = 0; m < M_; ++m) {
       ds.task_micro_batch = int(m);
@@ -1271,20 +1271,19 @@ class Executor final : public PipelineExecutor {
   const EnqueueObserver observer_;
   TraceRecorder* const trace_;        // null: no trace
   const StepHooks* hooks_ = nullptr;  // the step in flight's
-  int64_t steps_ = 0;                 // steps begun
   // What the host mirrors and weight slots were packed from: a new version every step, every
   // evaluation and every generated sequence (within one, the weights do not change).
   int64_t weights_version_ = 0;
-  // The generation step in flight (Decode): its first position, and whether only the last
-  // token's logits are wanted. decoding_ is false outside Decode.
+  // The generation step in flight (Decode), and whether only its last token's logits are
+  // wanted. decoding_ is false outside Decode.
   bool decoding_ = false, last_only_ = false;
   // runs_ holds the stages of the last generation step, one token with last_only, whole.
   bool one_token_runs_ = false;
   HostMemorySpan logits_host_;  // generation: the logits' pinned staging
   bool forward_only_ = false;   // the step in flight is an evaluation
   size_t M_ = 0;                // the step in flight's micro-batches
-  // Per layer range (forward stage index; the head last): its host mirrors, and the step that
-  // last packed its weights into them.
+  // Per layer range (forward stage index; the head last): its host mirrors, and the weights
+  // version last packed into them.
   std::vector<std::shared_ptr<HostMirrors>> mirrors_;
   std::vector<int64_t> packed_;
   std::vector<DeviceState> devices_;
@@ -1349,13 +1348,17 @@ Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const
           "memory (or a smaller batch), or without an NVMe budget");
     }
   }
-  if (p.keep_activations && !p.job.forward_only &&
-      (devices.size() != 1 ||
-       std::any_of(p.recompute.begin(), p.recompute.end(), [](bool r) { return r; }))) {
-    return Status::InvalidArgument(
-        "the plan keeps activations on the device, which one device without recomputation does; "
-        "this one runs " +
-        std::to_string(devices.size()) + " devices: plan for the devices it runs on");
+  if (p.keep_activations && !p.job.forward_only) {
+    if (devices.size() != 1) {
+      return Status::InvalidArgument(
+          "the plan keeps activations on its one device, and the executor runs " +
+          std::to_string(devices.size()) + " devices: plan for the devices it runs on");
+    }
+    if (std::any_of(p.recompute.begin(), p.recompute.end(), [](bool r) { return r; })) {
+      return Status::InvalidArgument(
+          "the plan keeps activations on the device and also recomputes layers: a kept plan "
+          "saves every layer (plan it again)");
+    }
   }
   if (p.micro_batches < 1 || p.micro_batch_size < 1 || p.job.seq_len < 1) {
     return Status::InvalidArgument("the plan's micro-batches must be at least 1 x 1 x 1");
