@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "offload/io_env.h"
@@ -56,6 +58,27 @@ inline std::vector<std::byte> Pattern(size_t n, uint64_t seed) {
   for (size_t i = 0; i < n; ++i) v[i] = std::byte(rng() >> 56);
   return v;
 }
+
+// Delays every completion by a random 0 to max_us microseconds (seeded), so the store's callers
+// see transfers finish later and in other orders than the disk would have them.
+class DelayingEnv : public IoEnv {
+ public:
+  DelayingEnv(uint32_t max_us, uint64_t seed) : max_us_(max_us), rng_(seed) {}
+  int FilterCompletion(const IoRequest& request, int res) override {
+    uint32_t us = 0;
+    {
+      std::lock_guard lock(mu_);
+      us = uint32_t(rng_() % (uint64_t(max_us_) + 1));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(us));
+    return res;
+  }
+
+ private:
+  const uint32_t max_us_;
+  std::mutex mu_;
+  std::mt19937_64 rng_;  // guarded by mu_
+};
 
 // Rewrites completions: each rule applies to the completions of one kind, skipping `skip`
 // matching ones and then rewriting the next `count`.

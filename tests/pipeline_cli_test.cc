@@ -148,37 +148,64 @@ TEST_F(PipelineCliTest, OneDeviceIsTracedAndEqualsTwo) {
   EXPECT_EQ(Losses(dir_ + "/one"), Losses(dir_ + "/two"));
 }
 
-// One device obeys the budgets too: with host RAM short and --nvme-dir, its one-stage plan puts
-// the optimizer state on NVMe (the smallest budget, searched, that fits), the losses are the RAM
-// run's bit for bit, the report's NVMe bytes per step are the plan's, and a finished run removes
-// its store.
-TEST_F(PipelineCliTest, OneDeviceOptimizerOnNvmeEqualsRam) {
-  const std::string job = "train --threads 2 --batch-size 4 --seq-len 32 --steps 3 ";
-  CommandResult ram = Ferry(job + "--out " + dir_ + "/ram");
-  ASSERT_EQ(ram.code, 0) << ram.output;
-  const std::string nvme = dir_ + "/nvme";
-  std::filesystem::create_directories(nvme);
-  CommandResult r;
-  bool on_nvme = false;
-  for (int mib = 28; mib <= 44 && !on_nvme; mib += 2) {
-    r = Ferry(job + "--host-memory " + std::to_string(mib) + "MiB --nvme-dir " + nvme +
-              " --force --out " + dir_ + "/nv");
-    on_nvme = r.code == 0 && r.output.find("optimizer state on NVMe") != std::string::npos;
-  }
-  ASSERT_TRUE(on_nvme) << r.output;
-  EXPECT_NE(r.output.find("ferry train: 1 CPU device, 1 stage"), std::string::npos) << r.output;
-  EXPECT_EQ(Losses(dir_ + "/nv"), Losses(dir_ + "/ram"));
-  // "NVMe/step  X read, X written   planned X read, X written": measured equals planned.
-  const size_t at = r.output.find("NVMe/step");
-  ASSERT_NE(at, std::string::npos) << r.output;
-  const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+// "NVMe/step  X read, X written   planned X read, X written" in a run's report: measured equals
+// planned.
+void ExpectNvmeStepAsPlanned(const std::string& output) {
+  const size_t at = output.find("NVMe/step");
+  ASSERT_NE(at, std::string::npos) << output;
+  const std::string line = output.substr(at, output.find('\n', at) - at);
   const size_t planned = line.find("planned ");
   ASSERT_NE(planned, std::string::npos) << line;
   std::string measured = line.substr(std::string("NVMe/step").size(), planned - 9);
   measured.erase(0, measured.find_first_not_of(' '));
   measured.erase(measured.find_last_not_of(' ') + 1);
   EXPECT_EQ(measured, line.substr(planned + 8)) << line;
+}
+
+// Runs `job` into dir_/ram, then with --nvme-dir dir_/nvme and each host budget of `mib` in turn
+// into dir_/nv until a run succeeds saying `says`; that run's losses are the RAM run's bit for
+// bit, its report's NVMe bytes per step are the plan's, and it removed its store. Returns it.
+CommandResult ExpectNvmeRunEqualsRam(const std::string& dir, const std::string& job,
+                                     const std::vector<int>& mib, const std::string& says) {
+  CommandResult ram = Ferry(job + "--out " + dir + "/ram");
+  EXPECT_EQ(ram.code, 0) << ram.output;
+  const std::string nvme = dir + "/nvme";
+  std::filesystem::create_directories(nvme);
+  CommandResult r;
+  bool found = false;
+  for (size_t i = 0; i < mib.size() && !found; ++i) {
+    r = Ferry(job + "--host-memory " + std::to_string(mib[i]) + "MiB --nvme-dir " + nvme +
+              " --force --out " + dir + "/nv");
+    found = r.code == 0 && r.output.find(says) != std::string::npos;
+  }
+  EXPECT_TRUE(found) << says << " in\n" << r.output;
+  if (!found) return r;
+  EXPECT_EQ(Losses(dir + "/nv"), Losses(dir + "/ram"));
+  ExpectNvmeStepAsPlanned(r.output);
   EXPECT_TRUE(std::filesystem::is_empty(nvme)) << "the finished run left its store";
+  return r;
+}
+
+// One device obeys the budgets too: with host RAM short and --nvme-dir, its one-stage plan puts
+// the optimizer state on NVMe (the smallest budget, searched, that fits), the losses are the RAM
+// run's bit for bit, the report's NVMe bytes per step are the plan's, and a finished run removes
+// its store.
+TEST_F(PipelineCliTest, OneDeviceOptimizerOnNvmeEqualsRam) {
+  const CommandResult r =
+      ExpectNvmeRunEqualsRam(dir_, "train --threads 2 --batch-size 4 --seq-len 32 --steps 3 ",
+                             {28, 30, 32, 34, 36, 38, 40, 42, 44}, "optimizer state on NVMe");
+  EXPECT_NE(r.output.find("ferry train: 1 CPU device, 1 stage"), std::string::npos) << r.output;
+}
+
+// Two devices with host RAM short and --nvme-dir: the plan puts the saved activations on NVMe
+// (the largest budget, searched, for which it does), with the same checks: the RAM run's losses
+// bit for bit, the plan's bytes per step, the activation store removed.
+TEST_F(PipelineCliTest, SavedActivationsOnNvmeEqualRam) {
+  ExpectNvmeRunEqualsRam(
+      dir_,
+      "train --threads 1 --devices 2 --batch-size 64 --micro-batches 8 --seq-len 64 --steps 2 ",
+      {280, 260, 240, 220, 200, 180, 160, 140, 120, 100},
+      "saved activations on NVMe in " + dir_ + "/nvme/nv.activations");
 }
 
 // QLoRA (--quantize nf4): the built-in model's block projections in NF4, LoRA on every one. The

@@ -15,6 +15,7 @@
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/host_memory.h"
 #include "offload/host_pool.h"
+#include "offload/nvme_store.h"
 
 namespace ferry::exec {
 namespace {
@@ -37,6 +38,18 @@ constexpr std::string_view kTracked[] = {
 constexpr std::string_view kHidden[4] = {"hidden.0", "hidden.1", "hidden.2", "hidden.3"};
 constexpr std::string_view kSaved[2] = {"saved.slot0", "saved.slot1"};
 constexpr std::string_view kWeights[2] = {"weights.slot0", "weights.slot1"};
+
+// A transfer to or from the activation store and what it moves, for its error.
+struct PendingIo {
+  TransferHandle handle;
+  std::string what;
+  // Waits for it (ok when none); its error names what it moved.
+  Status Wait() const {
+    if (!handle.valid()) return Status::Ok();
+    Status s = handle.Wait();
+    return s.ok() ? s : s.WithContext(what);
+  }
+};
 
 // One device's planned arena blocks, by plan name, and what orders the work on its streams.
 struct DeviceState {
@@ -64,6 +77,17 @@ struct DeviceState {
   // For the trace's task names: the stage (its index in the step) and micro-batch (-1: the whole
   // stage) whose work the executor is enqueuing on this device.
   int task_stage = -1, task_micro_batch = -1;
+  // Saved activations on NVMe: the device's pinned staging rings, two slots each way. Downloads
+  // fill `outgoing` in turn, each then written to the store (the slot's write waited for before
+  // its next download); `incoming` takes reads that uploads drain. writes[k] and reads[k] are the
+  // slots' transfers in flight, touched only by host functions on the download and upload
+  // stream respectively. `fetches` lists the entries of the backward micro-batch being enqueued,
+  // in upload order, `fetched` how many of them are enqueued (both the enqueuing thread's).
+  HostMemorySpan outgoing[2], incoming[2];
+  PendingIo writes[2], reads[2];
+  uint64_t spills = 0;
+  std::vector<size_t> fetches;
+  size_t fetched = 0;
 
   Status TraceBegin(StreamId s) { return timeline ? timeline->Begin(s) : Status::Ok(); }
   // what == 0: the stage's compute (DeviceTimeline::End).
@@ -183,8 +207,10 @@ struct Prefetch {
 class Executor final : public PipelineExecutor {
  public:
   Executor(std::vector<Device*> devices, const ModelConfig& c, const plan::Plan& p,
-           EnqueueObserver observer, TraceRecorder* trace, HostPool* host_pool)
+           EnqueueObserver observer, TraceRecorder* trace, HostPool* host_pool,
+           NvmeStore* activation_store)
       : host_pool_(host_pool),
+        store_(activation_store),
         c_(c),
         p_(p),
         lora_(p.job.lora),
@@ -197,7 +223,17 @@ class Executor final : public PipelineExecutor {
     }
   }
 
-  ~Executor() override { SynchronizeAll(); }
+  ~Executor() override {
+    SynchronizeAll();
+    // A failed stream skips its later host functions: what they would have waited for may still
+    // be in flight into or out of the staging, which dies with this executor.
+    for (const DeviceState& ds : devices_) {
+      for (const PendingIo* io : {&ds.writes[0], &ds.writes[1], &ds.reads[0], &ds.reads[1]}) {
+        (void)io->Wait();
+      }
+    }
+    for (const PendingIo& io : written_) (void)io.Wait();
+  }
 
   Status Init() {
     layers_ = BuildLayerSpecs(c_, lora_);
@@ -307,12 +343,15 @@ class Executor final : public PipelineExecutor {
       mirror_bytes.push_back(b);
     }
     for (size_t li = 1; li <= head; ++li) {
-      if (fo || keep_) {
+      if (fo || keep_ || spill_) {  // only stage inputs stay in host RAM
         if (StageInput(li)) need["activations.saved"] += M * hb;
         continue;
       }
       const bool saved = li != head && !p_.recompute[li];
       need["activations.saved"] += M * (hb + (saved ? saved_bytes_ : 0));
+    }
+    if (spill_) {
+      need["activations.staging"] = devices_.size() * plan::kNvmeStagingSlots * StagingSlotBytes();
     }
     if (!fo) need["activations.grad"] = M * hb;
     need["batch.io"] = M * N * 16;
@@ -371,13 +410,24 @@ class Executor final : public PipelineExecutor {
     act_.resize(layers_.size());
     saved_.resize(layers_.size());
     for (size_t li = 1; li <= head; ++li) {
-      // Forward only or kept activations: nothing else crosses the host.
-      if ((fo || keep_) && !StageInput(li)) continue;
+      // Forward only or kept activations: nothing else crosses the host; on NVMe, nothing else
+      // stays in it.
+      if ((fo || keep_ || spill_) && !StageInput(li)) continue;
       for (size_t m = 0; m < M; ++m) {
         act_[li].push_back(carve("activations.saved", hb));
-        if (fo || keep_ || li == head || p_.recompute[li]) continue;
+        if (fo || keep_ || spill_ || li == head || p_.recompute[li]) continue;
         saved_[li].push_back(carve("activations.saved", saved_bytes_));
       }
+    }
+    if (spill_) {
+      for (DeviceState& ds : devices_) {
+        for (HostMemorySpan* slot :
+             {&ds.outgoing[0], &ds.outgoing[1], &ds.incoming[0], &ds.incoming[1]}) {
+          *slot = carve("activations.staging", StagingSlotBytes());
+        }
+        ds.fetches.reserve(2 * layers_.size());
+      }
+      written_.resize(2 * layers_.size() * M);
     }
     for (size_t m = 0; m < M; ++m) {
       if (!fo) bgrad_.push_back(carve("activations.grad", hb));
@@ -959,6 +1009,96 @@ class Executor final : public PipelineExecutor {
         ds.TraceEnd(StreamId::kDownload, 'O', plan::TaskKind::kActivationDownload, double(bytes)));
     return ds.hazards.After(StreamId::kDownload, {buffer}, {});
   }
+  // ---- Saved activations on NVMe (plan.activations == Tier::kNvme) ----
+  // Every block input that does not start a stage (kind kInput) and every saved set (kSaved) of
+  // every micro-batch is an entry of the activation store, written by its forward stage's
+  // download stream and read back by its backward stage's upload stream through the devices'
+  // staging rings; the reader first waits for the write (its handle in written_), which the
+  // micro-batch's landed event orders before it.
+  enum EntryKind { kInput = 0, kSavedSet = 1 };
+  // One ring slot: the larger of a hidden buffer and a saved set, page-rounded (as the plan).
+  size_t StagingSlotBytes() const {
+    return plan::RoundUp(std::max(HiddenBytes(), saved_bytes_), plan::kHostPageBytes);
+  }
+  size_t EntryIndex(EntryKind kind, size_t li, size_t m) const {
+    return (size_t(kind) * layers_.size() + li) * size_t(p_.micro_batches) + m;
+  }
+  static std::string EntryName(EntryKind kind, size_t li, size_t m) {
+    return std::string(kind == kInput ? "input." : "saved.") + std::to_string(li) + "." +
+           std::to_string(m);
+  }
+  std::string EntryWhat(size_t i, EntryKind kind, size_t li, size_t m, const char* verb) const {
+    return "stage " + std::to_string(i) + ", layer " + std::to_string(li) + ", micro-batch " +
+           std::to_string(m) + ": " + verb + " its " +
+           (kind == kInput ? "input" : "saved activations") + " on NVMe";
+  }
+
+  // Downloads `bytes` of plan buffer `buffer` (at `src`) into the device's next outgoing slot and
+  // writes them to the store, all on the download stream: the download waits until the slot's
+  // last write is done.
+  Status Spill(DeviceState& ds, size_t i, EntryKind kind, size_t li, size_t m,
+               std::string_view buffer, DevicePtr<const std::byte> src, size_t bytes) {
+    const size_t k = size_t(ds.spills++ % 2);
+    PendingIo* ring = &ds.writes[k];
+    FERRY_RETURN_IF_ERROR(
+        ds.device->LaunchHostFunc(StreamId::kDownload, [ring] { return ring->Wait(); }));
+    FERRY_RETURN_IF_ERROR(ToHost(ds, ds.outgoing[k], buffer, src, bytes));
+    return ds.device->LaunchHostFunc(
+        StreamId::kDownload, [store = store_, ring, written = &written_[EntryIndex(kind, li, m)],
+                              name = EntryName(kind, li, m), from = ds.outgoing[k].Sub(0, bytes),
+                              what = EntryWhat(i, kind, li, m, "writing")] {
+          const TransferHandle h =
+              store->WriteAsync(name, from.as<const std::byte>(), TransferPriority::kSpill);
+          *ring = {h, what};
+          *written = {h, what};
+          return Status::Ok();
+        });
+  }
+  // Micro-batch m of backward stage i: lists its entries in upload order (per layer, last
+  // first: the saved set unless recomputed, then the input unless it starts the stage) and
+  // starts the first two reads, on the upload stream (after its wait for m's inputs).
+  Status StartFetches(DeviceState& ds, size_t i, size_t m) {
+    const plan::LayerRange r = runs_[i].range;
+    ds.fetches.clear();
+    ds.fetched = 0;
+    for (int li = r.last - 1; li >= r.first; --li) {
+      if (!p_.recompute[size_t(li)]) ds.fetches.push_back(EntryIndex(kSavedSet, size_t(li), m));
+      if (!StageInput(size_t(li))) ds.fetches.push_back(EntryIndex(kInput, size_t(li), m));
+    }
+    for (size_t j = 0; j < std::min<size_t>(2, ds.fetches.size()); ++j) {
+      FERRY_RETURN_IF_ERROR(SubmitRead(ds, i, j));
+    }
+    return Status::Ok();
+  }
+  // Starts reading entry j of the list into incoming slot j % 2 once its write is done.
+  Status SubmitRead(DeviceState& ds, size_t i, size_t j) {
+    const size_t e = ds.fetches[j], M = size_t(p_.micro_batches), L = layers_.size();
+    const EntryKind kind = EntryKind(e / M / L);
+    const size_t li = e / M % L, m = e % M;
+    const size_t bytes = kind == kInput ? HiddenBytes() : saved_bytes_;
+    return ds.device->LaunchHostFunc(StreamId::kUpload, [store = store_, ring = &ds.reads[j % 2],
+                                                         written = &written_[e],
+                                                         name = EntryName(kind, li, m),
+                                                         to = ds.incoming[j % 2].Sub(0, bytes),
+                                                         what =
+                                                             EntryWhat(i, kind, li, m, "reading")] {
+      FERRY_RETURN_IF_ERROR(written->Wait());
+      *ring = {store->ReadAsync(name, to.as<std::byte>(), TransferPriority::kActivationNow), what};
+      return Status::Ok();
+    });
+  }
+  // Uploads the list's next entry into plan buffer `buffer` (at `dst`) once its read is done,
+  // then starts the read two entries on into the slot it leaves.
+  Status Fetch(DeviceState& ds, size_t i, std::string_view buffer, DevicePtr<std::byte> dst,
+               size_t bytes) {
+    const size_t j = ds.fetched++;
+    PendingIo* ring = &ds.reads[j % 2];
+    FERRY_RETURN_IF_ERROR(
+        ds.device->LaunchHostFunc(StreamId::kUpload, [ring] { return ring->Wait(); }));
+    FERRY_RETURN_IF_ERROR(ToDevice(ds, buffer, dst, ds.incoming[j % 2], bytes));
+    return j + 2 < ds.fetches.size() ? SubmitRead(ds, i, j + 2) : Status::Ok();
+  }
+
   // Enqueues kernels on the compute stream that read `reads` and write `writes`.
   template <typename Kernels>
   static Status Compute(DeviceState& ds, StreamHazards::Names reads, StreamHazards::Names writes,
@@ -1112,11 +1252,16 @@ class Executor final : public PipelineExecutor {
                                       [&] { return st.blocks->Forward(b, int(b % 2), x, y); }));
         // Forward only: nothing is saved, and only the stage's output travels.
         if (!p_.recompute[size_t(li)] && !forward_only_) {
-          FERRY_RETURN_IF_ERROR(
-              ToHost(ds, saved_[size_t(li)][m], kSaved[b % 2], SlotData(ds, b), saved_bytes_));
+          FERRY_RETURN_IF_ERROR(spill_ ? Spill(ds, i, kSavedSet, size_t(li), m, kSaved[b % 2],
+                                               SlotData(ds, b), saved_bytes_)
+                                       : ToHost(ds, saved_[size_t(li)][m], kSaved[b % 2],
+                                                SlotData(ds, b), saved_bytes_));
         }
         if (size_t(li) + 1 <= head && (!forward_only_ || li + 1 == st.range.last)) {
-          FERRY_RETURN_IF_ERROR(ToHost(ds, act_[size_t(li) + 1][m], kHidden[yi], y.data, hb));
+          FERRY_RETURN_IF_ERROR(
+              spill_ && !StageInput(size_t(li) + 1)
+                  ? Spill(ds, i, kInput, size_t(li) + 1, m, kHidden[yi], y.data, hb)
+                  : ToHost(ds, act_[size_t(li) + 1][m], kHidden[yi], y.data, hb));
         }
         std::swap(xi, yi);
       }
@@ -1208,6 +1353,7 @@ class Executor final : public PipelineExecutor {
       FERRY_RETURN_IF_ERROR(
           ToDevice(ds, kHidden[dyi], Hidden(ds, dyi).data, bgrad_[m], HiddenBytes()));
       FERRY_RETURN_IF_ERROR(UploadLayout(ds, m));
+      if (spill_) FERRY_RETURN_IF_ERROR(StartFetches(ds, i, m));
       for (int li = st.range.last - 1; li >= st.range.first; --li) {
         const int64_t b = li - 1;
         if (keep_) {  // the layer's input and saved set are where its forward stage left them
@@ -1227,10 +1373,13 @@ class Executor final : public PipelineExecutor {
         // buffer is not.
         if (!p_.recompute[size_t(li)]) {
           FERRY_RETURN_IF_ERROR(
-              ToDevice(ds, slot, SlotData(ds, b), saved_[size_t(li)][m], saved_bytes_));
+              spill_ ? Fetch(ds, i, slot, SlotData(ds, b), saved_bytes_)
+                     : ToDevice(ds, slot, SlotData(ds, b), saved_[size_t(li)][m], saved_bytes_));
         }
         FERRY_RETURN_IF_ERROR(
-            ToDevice(ds, kHidden[xi], x.data, act_[size_t(li)][m], HiddenBytes()));
+            spill_ && !StageInput(size_t(li))
+                ? Fetch(ds, i, kHidden[xi], x.data, HiddenBytes())
+                : ToDevice(ds, kHidden[xi], x.data, act_[size_t(li)][m], HiddenBytes()));
         FERRY_RETURN_IF_ERROR(PrefetchChunk(next));
         if (p_.recompute[size_t(li)]) {
           ++stats_.block_forward_calls;
@@ -1264,6 +1413,7 @@ class Executor final : public PipelineExecutor {
   // The pinned host pool staging comes from: the caller's, or own_pool_ (sized to the plan).
   std::unique_ptr<HostPool> own_pool_;
   HostPool* host_pool_;
+  NvmeStore* const store_;  // saved activations on NVMe: where (borrowed); else null
   const ModelConfig c_;
   const plan::Plan p_;
   const LoraConfig lora_;
@@ -1295,6 +1445,11 @@ class Executor final : public PipelineExecutor {
   // bytes in all, the input's share kept_input_.
   const bool keep_ = p_.keep_activations && !p_.job.forward_only;
   size_t kept_stride_ = 0, kept_input_ = 0;
+  // Saved activations on NVMe (a training plan's activations tier): per entry (EntryIndex), its
+  // latest write, set on the writing device's download stream and read on the reading device's
+  // upload stream after the landed event that orders them.
+  const bool spill_ = p_.activations == Tier::kNvme && !p_.job.forward_only && !keep_;
+  std::vector<PendingIo> written_;
   int64_t counter_ = 0;         // the global stage counter (round robin over devices)
   std::vector<StageRun> runs_;  // the step in flight
   // Pinned host staging (TakeHostStaging): one host-pool block per plan entry, by plan name, and
@@ -1308,7 +1463,8 @@ class Executor final : public PipelineExecutor {
   ExecutorStats stats_;
 };
 
-Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const plan::Plan& p) {
+Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const plan::Plan& p,
+                const NvmeStore* activation_store) {
   FERRY_RETURN_IF_ERROR(ValidateModelConfig(c));
   FERRY_RETURN_IF_ERROR(ValidateLoraConfig(p.job.lora));
   if (devices.empty()) return Status::InvalidArgument("the executor needs at least one device");
@@ -1335,18 +1491,19 @@ Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const
         "f16, not " +
         std::string(DTypeName(p.job.compute_dtype)));
   }
-  // Saved activations and frozen weights live in host RAM for now: a plan that puts either on
-  // NVMe is refused here, before any step, rather than run in RAM against its own memory figures.
-  // (Optimizer state on NVMe is the Trainer's to honour, OptimizerStateOptions::nvme_dir: the
-  // executor never touches it.)
-  for (const auto& [group, tier] :
-       {std::pair{"activations", p.activations}, {"frozen weights", p.frozen_weights}}) {
-    if (tier != Tier::kHost) {
-      return Status::InvalidArgument(
-          std::string("the plan puts ") + group +
-          " on NVMe, and the executor keeps them in host RAM for now: plan with more host "
-          "memory (or a smaller batch), or without an NVMe budget");
-    }
+  // Frozen weights live in host RAM for now: a plan that puts them on NVMe is refused here,
+  // before any step, rather than run in RAM against its own memory figures; saved activations go
+  // there only through a store. (Optimizer state on NVMe is the Trainer's to honour,
+  // OptimizerStateOptions::nvme_dir: the executor never touches it.)
+  if (p.frozen_weights != Tier::kHost) {
+    return Status::InvalidArgument(
+        "the plan puts frozen weights on NVMe, and the executor keeps them in host RAM for now: "
+        "plan with more host memory (or a smaller batch), or without an NVMe budget");
+  }
+  if (p.activations != Tier::kHost && !p.job.forward_only && activation_store == nullptr) {
+    return Status::InvalidArgument(
+        "the plan puts activations on NVMe, and the executor was given no store there: open one "
+        "in the job's NVMe directory (--nvme-dir)");
   }
   if (p.keep_activations && !p.job.forward_only) {
     if (devices.size() != 1) {
@@ -1393,14 +1550,15 @@ Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const
 
 Result<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
     std::vector<Device*> devices, const ModelConfig& config, const plan::Plan& plan,
-    EnqueueObserver observer, TraceRecorder* trace, HostPool* host_pool) {
-  FERRY_RETURN_IF_ERROR(Validate(devices, config, plan));
+    EnqueueObserver observer, TraceRecorder* trace, HostPool* host_pool,
+    NvmeStore* activation_store) {
+  FERRY_RETURN_IF_ERROR(Validate(devices, config, plan, activation_store));
   if (trace != nullptr && trace->devices() != int(devices.size())) {
     return Status::InvalidArgument("the trace records " + std::to_string(trace->devices()) +
                                    " devices, the executor runs " + std::to_string(devices.size()));
   }
   auto e = std::make_unique<Executor>(std::move(devices), config, plan, std::move(observer), trace,
-                                      host_pool);
+                                      host_pool, activation_store);
   FERRY_RETURN_IF_ERROR(e->Init());
   return std::unique_ptr<PipelineExecutor>(std::move(e));
 }

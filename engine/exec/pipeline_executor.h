@@ -68,6 +68,19 @@
 // the copies that read it.
 // Backward stages alternate each layer's input between two hidden buffers (the plan has four), so
 // the next layer's input uploads while a layer computes.
+// Saved activations on NVMe (plan.activations == Tier::kNvme, a training plan; Create's
+// `activation_store`): the stage inputs (the head's included) stay in pinned host RAM, where the
+// next stage's device reads them; every other block input and every saved set is an entry of the
+// store ("input.<layer>.<micro-batch>", "saved.<layer>.<micro-batch>"). A forward stage downloads
+// each into one of its device's two outgoing staging slots (plan entry "activations.staging") and
+// a host function on the download stream hands it to the store (priority kSpill); the slot's next
+// download first waits for that write. A backward stage, once a micro-batch's inputs have landed,
+// starts reading that micro-batch's entries (kActivationNow) two ahead into its device's two
+// incoming slots, each read waiting first for its entry's write; each upload waits for its read,
+// then starts the read two entries on. So the disk runs beside the copies and compute, two entries
+// deep each way, and a step writes and reads every entry once: the plan's NVMe bytes. A failed
+// write or read stops the step with an error naming the device's stream, stage, layer and
+// micro-batch.
 // Not yet: a host-side transfer scheduler that reorders copies as they become ready (here the
 // order is fixed when the step is enqueued).
 //
@@ -101,6 +114,7 @@
 #include "kernels/device.h"
 #include "kernels/status.h"
 #include "offload/host_pool.h"
+#include "offload/nvme_store.h"
 
 namespace ferry::exec {
 
@@ -150,12 +164,13 @@ class PipelineExecutor {
   // With `trace` (borrowed; it must outlive the executor and record as many devices), each step's
   // tasks are timed by the devices' own events and added to it (see "Tracing" above); without
   // one nothing is recorded.
-  static Result<std::unique_ptr<PipelineExecutor>> Create(std::vector<Device*> devices,
-                                                          const ModelConfig& config,
-                                                          const plan::Plan& plan,
-                                                          EnqueueObserver observer = nullptr,
-                                                          TraceRecorder* trace = nullptr,
-                                                          HostPool* host_pool = nullptr);
+  // With the plan's activations on NVMe (a training plan), `activation_store` (borrowed; it must
+  // outlive the executor) holds the saved activations: see "Saved activations on NVMe" above;
+  // without a store such a plan is refused (InvalidArgument). Frozen weights on NVMe are refused.
+  static Result<std::unique_ptr<PipelineExecutor>> Create(
+      std::vector<Device*> devices, const ModelConfig& config, const plan::Plan& plan,
+      EnqueueObserver observer = nullptr, TraceRecorder* trace = nullptr,
+      HostPool* host_pool = nullptr, NvmeStore* activation_store = nullptr);
 
   // One step over plan.micro_batches micro-batches (each plan.micro_batch_size x job.seq_len):
   // returns the summed loss contributions and adds the gradients of the trainable parameters into

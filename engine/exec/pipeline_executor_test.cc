@@ -145,7 +145,8 @@ struct PlanSpec {
   DType dtype = DType::kF32;  // the plan's compute dtype, and the reference runner's
   bool forward_only = false;  // a forward-only plan (evaluation)
   bool optimizer_on_nvme = false;
-  bool keep = false;  // one device keeps every saved activation (policy "keep")
+  bool keep = false;                 // one device keeps every saved activation (policy "keep")
+  bool activations_on_nvme = false;  // saved activations in an NVMe store (Tier::kNvme)
 };
 
 plan::Plan MakeTestPlan(const Model& m, const PlanSpec& s) {
@@ -176,6 +177,8 @@ plan::Plan MakeTestPlan(const Model& m, const PlanSpec& s) {
   in.forward_only = s.forward_only;
   in.optimizer_on_nvme = s.optimizer_on_nvme;
   in.keep_activations = s.keep;
+  in.activations_on_nvme = s.activations_on_nvme;
+  p.activations = s.activations_on_nvme ? Tier::kNvme : Tier::kHost;
   p.keep_activations = s.keep;
   p.activation_policy = s.keep ? "keep" : "save";
   p.optimizer_state = s.optimizer_on_nvme ? Tier::kNvme : Tier::kHost;
@@ -204,6 +207,46 @@ std::vector<Device*> Raw(const std::vector<std::unique_ptr<CpuDevice>>& ds) {
   std::vector<Device*> out;
   for (const auto& d : ds) out.push_back(d.get());
   return out;
+}
+
+// This process's storage I/O counter `key` ("read_bytes", "write_bytes") from /proc/self/io.
+uint64_t ProcIo(const std::string& key) {
+  std::ifstream f("/proc/self/io");
+  std::string k;
+  uint64_t v = 0;
+  while (f >> k >> v) {
+    if (k == key + ":") return v;
+  }
+  return 0;
+}
+
+// The store a plan's saved activations go to when it puts them on NVMe: opened in a temporary
+// folder on the first Get of such a plan (the folder goes with it); null for other plans.
+class ActivationStore {
+ public:
+  NvmeStore* Get(const plan::Plan& p, IoEnv* env = nullptr) {
+    if (p.activations != Tier::kNvme) return nullptr;
+    if (store_ == nullptr) {
+      EXPECT_FALSE(dir_.path().empty()) << "could not create a temporary directory";
+      Result<std::unique_ptr<NvmeStore>> s = NvmeStore::Open(
+          {.directory = dir_.path() + "/activations", .env = env, .log = [](std::string_view) {}});
+      EXPECT_TRUE(s.ok()) << s.status().ToString();
+      if (s.ok()) store_ = std::move(*s);
+    }
+    return store_.get();
+  }
+  NvmeStore* get() const { return store_.get(); }
+
+ private:
+  ferry::testing::TempDir dir_;
+  std::unique_ptr<NvmeStore> store_;  // destroyed before the folder
+};
+
+// PipelineExecutor::Create with the plan's activation store (from `store`) when it needs one.
+Result<std::unique_ptr<PipelineExecutor>> CreateExecutor(
+    const std::vector<std::unique_ptr<CpuDevice>>& devs, const Model& m, const plan::Plan& p,
+    ActivationStore& store, HostPool* pool = nullptr) {
+  return PipelineExecutor::Create(Raw(devs), m.config, p, nullptr, nullptr, pool, store.Get(p));
 }
 
 // Each device's arena log is the plan's GPU map (names, sizes, peak), and each planned
@@ -277,7 +320,8 @@ void PrintTo(const Case& c, std::ostream* os) {
   *os << c.golden << " lora " << c.lora_rank << ", " << c.spec.stages.size() << " stages, "
       << c.spec.micro_batches << " micro-batches, " << c.devices << " devices, "
       << DTypeName(c.spec.dtype) << (c.packed ? ", packed rows" : "") << (c.nf4 ? ", nf4" : "")
-      << (c.spec.keep ? ", activations kept" : "");
+      << (c.spec.keep ? ", activations kept" : "")
+      << (c.spec.activations_on_nvme ? ", activations on NVMe" : "");
 }
 
 Batches MakeCaseBatches(const Model& m, const Case& k, uint32_t seed) {
@@ -289,8 +333,8 @@ class ExecutorTest : public ::testing::TestWithParam<Case> {};
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& i) {
   return std::string(i.param.golden) + (i.param.lora_rank ? "_lora" : "") +
-         (i.param.nf4 ? "_nf4" : "") + (i.param.packed ? "_packed" : "") + "_" +
-         std::to_string(i.index);
+         (i.param.nf4 ? "_nf4" : "") + (i.param.packed ? "_packed" : "") +
+         (i.param.spec.activations_on_nvme ? "_nvme" : "") + "_" + std::to_string(i.index);
 }
 
 // Tolerance: the executor runs the same kernels in the same order on the same inputs (layer
@@ -313,7 +357,8 @@ TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
   const double want_loss = RunnerStep(m, k.spec, w, b, want);
 
   std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(k.devices, p.memory.gpu.total());
-  Result<std::unique_ptr<PipelineExecutor>> e = PipelineExecutor::Create(Raw(devs), m.config, p);
+  ActivationStore store;
+  Result<std::unique_ptr<PipelineExecutor>> e = CreateExecutor(devs, m, p, store);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   // The weights a step copies: each forward stage's twice (for it and its backward stage) and the
   // tail's, less one copy when a device's backward stage finds its forward stage's weights still
@@ -329,10 +374,30 @@ TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
   uint64_t step_weights = range_bytes({head, head + 1});
   for (const plan::LayerRange& r : k.spec.stages) step_weights += 2 * range_bytes(r);
   if (k.devices <= S) step_weights -= range_bytes(k.spec.stages[size_t(S - k.devices)]);
+  // Saved activations on NVMe: a step writes and reads each entry once, in whole 4096-byte
+  // blocks, which is what the plan counts, by the store's count and by /proc/self/io.
+  uint64_t planned_nvme = 0;
+  for (const plan::Allocation& a : p.memory.nvme.allocations) {
+    if (a.name == "activations.saved") planned_nvme = a.bytes;
+  }
+  EXPECT_EQ(planned_nvme > 0, k.spec.activations_on_nvme);
   for (int step = 0; step < 2; ++step) {  // a second step reuses every buffer
     HostTensors got = ZeroGrads(m);
+    const StoreStats io0 = store.get() ? store.get()->stats() : StoreStats{};
+    const uint64_t r0 = ProcIo("read_bytes"), w0 = ProcIo("write_bytes");
     Result<double> loss = (*e)->Step(w, b.inputs, got);
     ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+    if (store.get() != nullptr) {
+      const StoreStats io1 = store.get()->stats();
+      EXPECT_EQ(io1.disk_bytes_written - io0.disk_bytes_written, planned_nvme);
+      EXPECT_EQ(io1.disk_bytes_read - io0.disk_bytes_read, planned_nvme);
+      // By the kernel's count too, once the store exists (the first step also creates its
+      // segment file): O_DIRECT, so the page cache hides nothing.
+      if (step > 0 && store.get()->direct_io()) {
+        EXPECT_EQ(ProcIo("write_bytes") - w0, planned_nvme);
+        EXPECT_EQ(ProcIo("read_bytes") - r0, planned_nvme);
+      }
+    }
     const bool exact = k.spec.micro_batches == 1;
     if (exact) {
       EXPECT_EQ(*loss, want_loss);
@@ -371,7 +436,8 @@ TEST_P(ExecutorTest, OverwritingGradientsEqualsAddingToZeros) {
   const HostTensors w = RandomWeights(m, 5);
   Batches b = MakeCaseBatches(m, k, 13);
   std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(k.devices, p.memory.gpu.total());
-  Result<std::unique_ptr<PipelineExecutor>> e = PipelineExecutor::Create(Raw(devs), m.config, p);
+  ActivationStore store;
+  Result<std::unique_ptr<PipelineExecutor>> e = CreateExecutor(devs, m, p, store);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   HostTensors added = ZeroGrads(m);
   Result<double> want = (*e)->Step(w, b.inputs, added);
@@ -405,7 +471,8 @@ void CheckArenaMatchesMemoryModel(const Case& k) {
   const Batches b = MakeCaseBatches(m, k, 5);
   {
     std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(k.devices, predicted);
-    Result<std::unique_ptr<PipelineExecutor>> e = PipelineExecutor::Create(Raw(devs), m.config, p);
+    ActivationStore store;
+    Result<std::unique_ptr<PipelineExecutor>> e = CreateExecutor(devs, m, p, store);
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     HostTensors g = ZeroGrads(m);
     Result<double> loss = (*e)->Step(w, b.inputs, g);
@@ -414,7 +481,8 @@ void CheckArenaMatchesMemoryModel(const Case& k) {
   }
   std::vector<std::unique_ptr<CpuDevice>> small =
       MakeDevices(k.devices, predicted - plan::kArenaAlignment);
-  Result<std::unique_ptr<PipelineExecutor>> e = PipelineExecutor::Create(Raw(small), m.config, p);
+  ActivationStore small_store;
+  Result<std::unique_ptr<PipelineExecutor>> e = CreateExecutor(small, m, p, small_store);
   ASSERT_FALSE(e.ok());
   EXPECT_EQ(e.status().code(), StatusCode::kOutOfMemory) << e.status().ToString();
   EXPECT_NE(e.status().message().find(p.memory.gpu.allocations.back().name), std::string::npos)
@@ -434,7 +502,8 @@ TEST_P(ExecutorTest, PinnedHostMatchesMemoryModel) {
   const uint64_t planned = p.memory.pinned_host.total();
   std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(k.devices, p.memory.gpu.total());
   {
-    Result<std::unique_ptr<PipelineExecutor>> e = PipelineExecutor::Create(Raw(devs), m.config, p);
+    ActivationStore store;
+    Result<std::unique_ptr<PipelineExecutor>> e = CreateExecutor(devs, m, p, store);
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     const ExecutorStats at_create = (*e)->stats();
     ASSERT_EQ(at_create.host_pinned.size(), p.memory.pinned_host.allocations.size());
@@ -457,12 +526,13 @@ TEST_P(ExecutorTest, PinnedHostMatchesMemoryModel) {
     EXPECT_EQ(after.pinned.in_use, planned);
     EXPECT_EQ(after.host_mappings, 1);  // no mirror of its own: the plan's map holds them all
   }
+  ActivationStore short_store;
   auto short_pool = HostPool::Create({.pinned_budget = planned - plan::kHostPageBytes,
                                       .chunk_bytes = planned - plan::kHostPageBytes,
                                       .devices = Raw(devs)});
   ASSERT_TRUE(short_pool.ok()) << short_pool.status().ToString();
   Result<std::unique_ptr<PipelineExecutor>> e =
-      PipelineExecutor::Create(Raw(devs), m.config, p, nullptr, nullptr, short_pool->get());
+      CreateExecutor(devs, m, p, short_store, short_pool->get());
   ASSERT_FALSE(e.ok());
   EXPECT_EQ(e.status().code(), StatusCode::kOutOfMemory) << e.status().ToString();
   EXPECT_NE(e.status().message().find("'" + p.memory.pinned_host.allocations.back().name + "'"),
@@ -548,11 +618,15 @@ TEST(ExecutorRaceTest, RefusesDevicesThePlanWasNotSizedFor) {
 }
 
 // One step of `p` on `count` fresh devices; the loss, and the gradients in `g`.
+// `env`: the activation store's (when the plan puts activations on NVMe).
 double ExecutorStep(const Model& m, const plan::Plan& p, int count, const HostTensors& w,
-                    const Batches& b, HostTensors& g, uint32_t delay_us = 0, uint64_t seed = 0) {
+                    const Batches& b, HostTensors& g, uint32_t delay_us = 0, uint64_t seed = 0,
+                    IoEnv* env = nullptr) {
   std::vector<std::unique_ptr<CpuDevice>> devs =
       MakeDevices(count, p.memory.gpu.total(), delay_us, seed);
-  Result<std::unique_ptr<PipelineExecutor>> e = PipelineExecutor::Create(Raw(devs), m.config, p);
+  ActivationStore store;
+  store.Get(p, env);
+  Result<std::unique_ptr<PipelineExecutor>> e = CreateExecutor(devs, m, p, store);
   EXPECT_TRUE(e.ok()) << e.status().ToString();
   if (!e.ok()) return NAN;
   Result<double> loss = (*e)->Step(w, b.inputs, g);
@@ -583,6 +657,27 @@ TEST(ExecutorRaceTest, RandomStreamDelaysChangeNothing) {
     HostTensors delayed = ZeroGrads(m);
     EXPECT_EQ(ExecutorStep(m, p, 3, w, b, delayed, 2000, seed), want) << "seed " << seed;
     ExpectSameBits(delayed, plain, "with delays, seed " + std::to_string(seed));
+  }
+}
+
+// The same with the saved activations on NVMe and the store's completions delayed too (0-2 ms,
+// three seeds): the host-RAM run's bits, no deadlock. Every read waits for its entry's write and
+// every staging slot's reuse for its last transfer.
+TEST(ExecutorRaceTest, RandomStreamAndDiskDelaysChangeNothingWithActivationsOnNvme) {
+  const Model m = LoadModel("llama", 2);
+  PlanSpec spec{{{1, 2}, {2, 4}, {4, 5}}, {2}, 3, 2, 16, 3};
+  const HostTensors w = RandomWeights(m, 9);
+  const Batches b = MakeBatches(m, spec.micro_batches, spec.batch * spec.seq_len, 4);
+  HostTensors plain = ZeroGrads(m);
+  const double want = ExecutorStep(m, MakeTestPlan(m, spec), 3, w, b, plain);
+  spec.activations_on_nvme = true;
+  const plan::Plan p = MakeTestPlan(m, spec);
+  constexpr int kSeeds = 3;
+  for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
+    ferry::testing::DelayingEnv env(2000, seed);
+    HostTensors delayed = ZeroGrads(m);
+    EXPECT_EQ(ExecutorStep(m, p, 3, w, b, delayed, 2000, seed, &env), want) << "seed " << seed;
+    ExpectSameBits(delayed, plain, "on NVMe with delays, seed " + std::to_string(seed));
   }
 }
 
@@ -1153,6 +1248,68 @@ INSTANTIATE_TEST_SUITE_P(
              true}),
     CaseName);
 
+// Saved activations on NVMe (every block input that does not start a stage and every saved set an
+// entry of the store, through each device's four staging slots): the single-device runner's
+// losses and gradients (bit for bit with one micro-batch), each step writing and reading exactly
+// the plan's NVMe bytes, each arena the plan's map, the pinned host (stage inputs and staging)
+// the plan's. 1, 2 and 3 devices; full and LoRA; recompute on and off; packed rows; bf16;
+// awkward sizes.
+INSTANTIATE_TEST_SUITE_P(
+    NvmePlans, ExecutorTest,
+    ::testing::Values(
+        Case{"llama", 0, {{{1, 5}}, {}, 1, 2, 32, 1, DType::kF32, false, false, false, true}, 1},
+        Case{"llama",
+             0,
+             {{{1, 2}, {2, 4}, {4, 5}}, {2}, 3, 2, 32, 3, DType::kF32, false, false, false, true},
+             3},
+        Case{"qwen3",
+             3,
+             {{{1, 2}, {2, 5}}, {3}, 2, 1, 25, 2, DType::kF32, false, false, false, true},
+             2},
+        Case{"gpt2",
+             0,
+             {{{1, 3}, {3, 5}}, {}, 2, 2, 32, 2, DType::kF32, false, false, false, true},
+             2,
+             true},
+        Case{"llama",
+             4,
+             {{{1, 3}, {3, 5}}, {4}, 1, 2, 32, 1, DType::kBF16, false, false, false, true},
+             1}),
+    CaseName);
+
+// A failed activation write or read stops the step with an error naming the device, stage, layer
+// and micro-batch, without hanging; the executor can be destroyed at once after it.
+TEST(ExecutorNvmeFaultTest, AnIoErrorStopsTheStepNamingTheLayer) {
+  const Model m = LoadModel("llama");
+  PlanSpec spec{{{1, 3}, {3, 5}}, {}, 2};
+  spec.activations_on_nvme = true;
+  const plan::Plan p = MakeTestPlan(m, spec);
+  const HostTensors w = RandomWeights(m, 3);
+  const Batches b = MakeBatches(m, 2, spec.batch * spec.seq_len, 9, 0);
+  for (IoKind kind : {IoKind::kWrite, IoKind::kRead}) {
+    ferry::testing::FaultyEnv env;
+    ActivationStore store;
+    ASSERT_NE(store.Get(p, &env), nullptr);
+    std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(2, p.memory.gpu.total());
+    Result<std::unique_ptr<PipelineExecutor>> e = CreateExecutor(devs, m, p, store);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    HostTensors g = ZeroGrads(m);
+    ASSERT_TRUE((*e)->Step(w, b.inputs, g).ok());
+    env.AddRule({.kind = kind,
+                 .action = ferry::testing::FaultyEnv::Action::kError,
+                 .error = EIO,
+                 .skip = 2});
+    Result<double> loss = (*e)->Step(w, b.inputs, g);
+    ASSERT_FALSE(loss.ok());
+    const std::string msg = loss.status().ToString();
+    EXPECT_EQ(loss.status().code(), StatusCode::kIOError) << msg;
+    EXPECT_NE(msg.find("cpu"), std::string::npos) << msg;  // the device's stream
+    EXPECT_NE(msg.find(", layer "), std::string::npos) << msg;
+    EXPECT_NE(msg.find(kind == IoKind::kWrite ? "writing its" : "reading its"), std::string::npos)
+        << msg;
+  }
+}
+
 // QLoRA's plumbing against an independent path: a model whose block projections are NF4 gives
 // the loss and the LoRA gradients of the plain model whose base weights are those NF4 weights
 // dequantized on the host (kernels/nf4.h: DequantizeNf4), bit for bit, in f32 and bf16, over a
@@ -1403,9 +1560,10 @@ TEST(ExecutorEvaluateTest, ForwardOnlyPlanIsExactAndEqualsTheRunner) {
   }
 }
 
-// A plan that puts activations or frozen weights on NVMe is refused at Create, naming the group,
-// rather than run in host RAM against its own memory figures. (Optimizer state on NVMe is the
-// Trainer's: the executor never touches it; see NvmeOptimizerTest.)
+// A plan that puts frozen weights on NVMe, or activations there without a store to put them in,
+// is refused at Create, naming the group, rather than run in host RAM against its own memory
+// figures. (Optimizer state on NVMe is the Trainer's: the executor never touches it; see
+// NvmeOptimizerTest.)
 TEST(ExecutorTierTest, RefusesNvmeTiersNamingTheGroup) {
   const Model m = LoadModel("llama");
   const plan::Plan base = MakeTestPlan(m, {{{1, 3}, {3, 5}}, {}, 1});
@@ -1459,17 +1617,6 @@ void ExpectSameState(const OptimizerSnapshot& got, const OptimizerSnapshot& want
   ExpectSameBits(got.w, want.w, what + " weights");
   ExpectSameBits(got.m, want.m, what + " exp_avg");
   ExpectSameBits(got.v, want.v, what + " exp_avg_sq");
-}
-
-// This process's storage I/O counter `key` ("read_bytes", "write_bytes") from /proc/self/io.
-uint64_t ProcIo(const std::string& key) {
-  std::ifstream f("/proc/self/io");
-  std::string k;
-  uint64_t v = 0;
-  while (f >> k >> v) {
-    if (k == key + ":") return v;
-  }
-  return 0;
 }
 
 // The trainable storage-owning parameters of each layer that has some: one record each, in

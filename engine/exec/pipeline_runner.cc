@@ -49,10 +49,11 @@ class PipelineRunner final : public ModelRunner {
 Result<std::unique_ptr<ModelRunner>> CreatePipelineRunner(std::vector<Device*> devices,
                                                           const ModelConfig& config,
                                                           const plan::Plan& plan,
-                                                          TraceRecorder* trace) {
-  FERRY_ASSIGN_OR_RETURN(
-      std::unique_ptr<PipelineExecutor> e,
-      PipelineExecutor::Create(std::move(devices), config, plan, nullptr, trace));
+                                                          TraceRecorder* trace,
+                                                          NvmeStore* activation_store) {
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<PipelineExecutor> e,
+                         PipelineExecutor::Create(std::move(devices), config, plan, nullptr, trace,
+                                                  nullptr, activation_store));
   return std::unique_ptr<ModelRunner>(std::make_unique<PipelineRunner>(std::move(e)));
 }
 

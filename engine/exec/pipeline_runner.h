@@ -22,10 +22,12 @@
 
 namespace ferry::exec {
 
-// `trace`: as PipelineExecutor::Create's (may be null). Errors: those of PipelineExecutor::Create.
+// `trace` and `activation_store`: as PipelineExecutor::Create's (may be null; the store must
+// outlive the runner). Errors: those of PipelineExecutor::Create.
 Result<std::unique_ptr<ModelRunner>> CreatePipelineRunner(std::vector<Device*> devices,
                                                           const ModelConfig& config,
                                                           const plan::Plan& plan,
-                                                          TraceRecorder* trace = nullptr);
+                                                          TraceRecorder* trace = nullptr,
+                                                          NvmeStore* activation_store = nullptr);
 
 }  // namespace ferry::exec

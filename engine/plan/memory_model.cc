@@ -237,11 +237,6 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   const uint64_t gpus = uint64_t(in.gpus);
   const uint64_t hidden = uint64_t(in.micro_batch.tokens() * in.model.hidden_size) * act;
 
-  std::vector<LayerCost> cost(layers.size());
-  for (size_t i = 0; i < layers.size(); ++i) {
-    cost[i] = ComputeLayerCost(in.model, in.lora, layers[i], in.micro_batch, cd);
-  }
-
   // Per-stage weights and gradients; the head is a stage of its own (the fused
   // tail).
   std::vector<LayerRange> gpu_stages = in.stages;
@@ -262,12 +257,11 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     upload_mirrors += w_host;
     landing += g;
   }
-  uint64_t saved_set = 0, saved_values = 0, scratch = 0, work = 0;
+  uint64_t saved_set = 0, scratch = 0, work = 0;
   const int64_t tokens = in.micro_batch.tokens();
   for (int i = 1; i <= head; ++i) {
     saved_set =
         std::max<uint64_t>(saved_set, SavedSlotBytes(in.model, layers[size_t(i)], tokens, act));
-    saved_values = std::max<uint64_t>(saved_values, cost[size_t(i)].saved_bytes);
     if (in.forward_only && i == head) {
       // A loss-only head (HeadMode::kForwardOnly): its workspace holds the targets alone.
       work = std::max(work, RoundUp(uint64_t(tokens) * 4, kArenaAlignment));
@@ -370,19 +364,30 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   // Every layer's input; a block's saved set (a whole slot's layout) unless recomputed; the
   // head's set never leaves the device (the fused tail runs its forward and backward at once).
   // Forward only: each stage's input (the tail's included), nothing saved.
-  uint64_t saved_all = 0;
-  if (in.forward_only || keep) {
-    saved_all = m * hidden * (in.stages.size() + 1);
-  } else {
+  // On NVMe: the stage inputs (the head's included) stay here, where the next stage's device
+  // reads them at once; every other layer input and every saved set is an NVMe entry of its own,
+  // each written and read whole in 4096-byte blocks, staged through a device's ring of
+  // kNvmeStagingSlots slots of the larger of the two.
+  const bool on_nvme = in.activations_on_nvme && !in.forward_only && !keep;
+  uint64_t saved_all = 0, nvme_entries = 0;
+  if (in.forward_only || keep || on_nvme) saved_all = m * hidden * (in.stages.size() + 1);
+  if (on_nvme) {
+    for (int i = 1; i < head; ++i) {
+      const bool input = std::none_of(in.stages.begin(), in.stages.end(),
+                                      [&](const LayerRange& s) { return s.first == i; });
+      if (input) nvme_entries += m * RoundUp(hidden, kNvmeBlockBytes);
+      if (!in.recompute[size_t(i)]) nvme_entries += m * RoundUp(saved_set, kNvmeBlockBytes);
+    }
+  } else if (!in.forward_only && !keep) {
     for (int i = 1; i <= head; ++i) {
       saved_all += m * (hidden + (i == head || in.recompute[size_t(i)] ? 0 : saved_set));
     }
   }
-  if (in.activations_on_nvme && !in.forward_only) {
-    Add(e.pinned_host, "activations.staging", 2 * gpus * (hidden + saved_values), P);
-    Add(e.nvme, "activations.saved", saved_all, kNvmeBlockBytes);
-  } else {
-    Add(e.pinned_host, "activations.saved", saved_all, P);
+  Add(e.pinned_host, "activations.saved", saved_all, P);
+  if (on_nvme) {
+    Add(e.pinned_host, "activations.staging",
+        gpus * kNvmeStagingSlots * RoundUp(std::max(hidden, saved_set), P), P);
+    Add(e.nvme, "activations.saved", nvme_entries, kNvmeBlockBytes);
   }
   if (!in.forward_only) Add(e.pinned_host, "activations.grad", m * hidden, P);
   // Per micro-batch and token: positions and document ids, targets (i32, uploaded) and the

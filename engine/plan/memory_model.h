@@ -54,10 +54,12 @@
 //            activations.saved: each layer's input (a hidden buffer) for all micro-batches, and
 //            a block's saved set — a whole saved slot's layout, as it is downloaded — unless
 //            recomputed; the head's set never leaves the device (the fused tail runs its forward
-//            and backward at once), so the head counts its input only (on NVMe when the plan puts
-//            activations there).
-//            activations.staging (two per-layer sets per GPU when saved activations live on
-//            NVMe).
+//            and backward at once), so the head counts its input only. With activations on NVMe
+//            only the stage inputs (the head's included) stay here.
+//            activations.staging (saved activations on NVMe): per GPU, kNvmeStagingSlots slots of
+//            the larger of a hidden buffer and a saved set, page-rounded: two that downloads
+//            fill while the disk writes the other, two that the disk reads into while uploads
+//            drain the other.
 //            activations.grad: one activation gradient (a hidden buffer) per micro-batch. (Once
 //            "two stage boundaries": a backward stage reads its input gradient before it writes
 //            its output gradient over it, ordered by its device's streams, and the next stage
@@ -72,10 +74,13 @@
 //            weights.embedding: a frozen, untied embedding's compute-dtype copy (the gather runs
 //            on the host).
 // NVMe (4096-byte blocks): whichever groups the plan places there (weights.frozen,
-// activations.saved, optimizer.slots). optimizer.slots: per layer with trainable parameters, its
-// fp32 master weights and both moments (12 bytes a parameter) as one record kept in two versioned
-// slots, each VersionedSlotBytes (offload/versioned_store.h: a header, 4096-byte blocks); a step
-// reads one slot of every layer and writes the other, half the allocation each way.
+// activations.saved, optimizer.slots). activations.saved: per micro-batch, every block input that
+// does not start a stage and every block's saved set unless recomputed, each an entry of its own
+// rounded up to 4096 bytes (as the store writes and reads it); a step writes and reads each once.
+// optimizer.slots: per layer with trainable parameters, its fp32 master weights and both moments
+// (12 bytes a parameter) as one record kept in two versioned slots, each VersionedSlotBytes
+// (offload/versioned_store.h: a header, 4096-byte blocks); a step reads one slot of every layer and
+// writes the other, half the allocation each way.
 //
 // Pure functions of value types; thread-safe.
 #pragma once
@@ -92,6 +97,7 @@ namespace ferry::plan {
 inline constexpr uint64_t kArenaAlignment = 256;   // kernels/arena.h, CpuDeviceOptions
 inline constexpr uint64_t kHostPageBytes = 4096;   // offload/host_pool.h
 inline constexpr uint64_t kNvmeBlockBytes = 4096;  // O_DIRECT block
+inline constexpr uint64_t kNvmeStagingSlots = 4;   // per GPU: activations.staging
 inline constexpr int64_t kLossChunkTokens = 256;   // engine/model/model_runner.h default
 
 uint64_t RoundUp(uint64_t bytes, uint64_t unit);

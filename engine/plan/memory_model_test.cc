@@ -178,15 +178,17 @@ TEST(MemoryModel, LoraWithFrozenWeightsAndActivationsOnNvmeByHand) {
   EXPECT_EQ(pinned.at("weights.upload"), 4096u);
   // Two stage buffers per GPU for frozen weights read from NVMe: 2 x 2 x 3328 = 13312 -> 16384.
   EXPECT_EQ(pinned.at("weights.nvme_staging"), 16384u);
-  // Two (hidden + saved set) per GPU: 2 x 2 x (64 + 896) = 3840 -> 4096.
-  EXPECT_EQ(pinned.at("activations.staging"), 4096u);
-  EXPECT_EQ(pinned.count("activations.saved"), 0u);
+  // Four slots per GPU, each the larger of the hidden state (64) and the saved set's slot (3584),
+  // page-rounded: 2 x 4 x 4096.
+  EXPECT_EQ(pinned.at("activations.staging"), 32768u);
+  // The stage inputs stay in RAM: 3 micro-batches x 64 B x (2 stages + the head) = 576 -> 4096.
+  EXPECT_EQ(pinned.at("activations.saved"), 4096u);
 
   const auto nvme = Named(e.nvme);
   // Frozen bf16: blocks 2 x 592 x 2 B + head 88 x 2 B = 2544 -> one 4096-byte block.
   EXPECT_EQ(nvme.at("weights.frozen"), 4096u);
-  // Saved: per block 3 x (64 + a 3584-byte slot) = 10944, twice, + the head's inputs 192 = 22080
-  // -> 24576.
+  // Saved: both blocks start a stage, so only their saved sets go there, each micro-batch's an
+  // entry of its own rounded to a block: 2 x 3 x 4096.
   EXPECT_EQ(nvme.at("activations.saved"), 24576u);
 
   const auto pageable = Named(e.pageable_host);

@@ -467,9 +467,8 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
   const std::vector<Tier> tiers =
       hw.HasNvme() ? std::vector<Tier>{Tier::kHost, Tier::kNvme} : std::vector<Tier>{Tier::kHost};
   const std::vector<Tier> host_only{Tier::kHost};
-  const std::vector<Tier>& activation_tiers = job.nvme_optimizer_only ? host_only : tiers;
   const std::vector<Tier>& frozen_tiers =
-      job.lora.enabled() && !job.nvme_optimizer_only ? tiers : host_only;
+      job.lora.enabled() && !job.host_frozen_weights ? tiers : host_only;
 
   PlanOutcome outcome;
   bool have = false;
@@ -494,7 +493,7 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
         if (!keep && std::find(seen.begin(), seen.end(), k.recompute) != seen.end()) continue;
         if (!keep) seen.push_back(k.recompute);
         std::optional<Timing> timing;  // simulated once per (m, stages, policy)
-        for (Tier act : activation_tiers) {
+        for (Tier act : tiers) {
           if (keep && act != Tier::kHost) continue;
           for (Tier opt : tiers) {
             for (Tier frozen : frozen_tiers) {

@@ -66,9 +66,10 @@ struct PlanJob {
   // f32 (decode attention's storage). `logit_rows`: the most tokens a step returns logits of.
   int64_t generate_positions = 0;
   int64_t logit_rows = 1;
-  // Only optimizer state may go on NVMe (what `ferry train` runs today: the executor refuses
-  // saved activations and frozen weights there), so no plan it must refuse is chosen.
-  bool nvme_optimizer_only = false;
+  // The frozen base stays in host RAM (what `ferry train` runs today: the executor does not serve
+  // frozen weights from NVMe yet, though it takes saved activations and optimizer state there),
+  // so no plan it must refuse is chosen.
+  bool host_frozen_weights = false;
   // Packed data's documents: [b - 1] is the most documents any b of its rows hold (a row's pieces
   // and its padding each count; PackedRows::MostDocuments), for b up to global_batch. Empty: one
   // per sequence. A micro-batch of B rows is planned (and run) with max_documents [B - 1].

@@ -87,7 +87,7 @@ std::string MeasuredVsPredicted(const plan::Plan& plan, const MeasuredRun& run) 
                 " + pageable " + FormatByteSize(pageable) + ")");
   if (const uint64_t nvme = plan.memory.nvme.total(); nvme > 0) {
     table.Add("NVMe",
-              run.nvme_bytes == 0 ? std::string("none")
+              run.nvme_bytes == 0 ? std::string("not measured")
                                   : FormatByteSize(run.nvme_bytes) + " (optimizer state)",
               "planned " + FormatByteSize(nvme));
     table.Add("NVMe/step",

@@ -151,6 +151,8 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
   const int64_t steps_at_start = trainer->steps_done();
   const VersionedStoreStats nvme_at_start =
       trainer->state_store() != nullptr ? trainer->state_store()->stats() : VersionedStoreStats{};
+  const NvmeStore* activations = devices.activation_store.get();
+  const StoreStats activations_at_start = activations ? activations->stats() : StoreStats{};
   measured.step_seconds.reserve(size_t(std::max<int64_t>(job.steps, 0)));
   // A pipeline run ends with what it measured against its plan, and the trace when asked for.
   auto report = [&]() -> Status {
@@ -169,6 +171,14 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
           double(now.bytes_read - nvme_at_start.bytes_read - nvme_checkpoint_reads) / steps;
       measured.nvme_written_per_step =
           double(now.bytes_written - nvme_at_start.bytes_written) / steps;
+    }
+    if (activations != nullptr) {  // what the disk moved: whole 4096-byte blocks, as planned
+      const StoreStats now = activations->stats();
+      const double steps = double(std::max<int64_t>(1, trainer->steps_done() - steps_at_start));
+      measured.nvme_read_per_step +=
+          double(now.disk_bytes_read - activations_at_start.disk_bytes_read) / steps;
+      measured.nvme_written_per_step +=
+          double(now.disk_bytes_written - activations_at_start.disk_bytes_written) / steps;
     }
     std::fprintf(stderr, "ferry train: %s", MeasuredVsPredicted(*devices.plan, measured).c_str());
     if (devices.trace == nullptr) return Status::Ok();

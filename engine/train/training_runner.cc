@@ -173,7 +173,7 @@ Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, 
   const bool resident_first = generate_positions > 0 && pj.max_stages == 0;
   if (resident_first) pj.max_stages = int(job.devices);
   pj.scratch = ScratchOf(job, threads);
-  pj.nvme_optimizer_only = true;  // the one NVMe tier the executor and trainer honour
+  pj.host_frozen_weights = true;  // the executor does not serve the frozen base from NVMe yet
   // A CPU device never needs more than the whole model as one stage: that bounds its budget. A
   // GPU's is its free memory.
   FERRY_ASSIGN_OR_RETURN(const uint64_t gpu_budget, JobGpuBudget(job, census));
@@ -204,10 +204,27 @@ Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, 
   return std::move(outcome.plan);
 }
 
-std::string OptimizerStateDir(const JobSpec& job) {
+namespace {
+
+std::string RunNvmeDir(const JobSpec& job, const char* what) {
   std::string run = std::filesystem::path(job.out).lexically_normal().filename().string();
   if (run.empty() || run == "." || run == "..") run = "run";
-  return job.nvme_dir + "/" + run + ".optimizer-state";
+  return job.nvme_dir + "/" + run + what;
+}
+
+}  // namespace
+
+std::string OptimizerStateDir(const JobSpec& job) { return RunNvmeDir(job, ".optimizer-state"); }
+std::string ActivationsDir(const JobSpec& job) { return RunNvmeDir(job, ".activations"); }
+
+void ScratchStoreDeleter::operator()(NvmeStore* store) const {
+  delete store;  // closes its files
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (ec) {
+    std::fprintf(stderr, "ferry: warning: could not remove %s: %s\n", dir.c_str(),
+                 ec.message().c_str());
+  }
 }
 
 uint64_t TrainingDevicesBytes(const JobSpec& unresolved, const ModelConfig& model, int threads,
@@ -241,14 +258,36 @@ Result<TrainingRunner> CreateTrainingRunner(const JobSpec& unresolved, const Mod
   std::vector<Device*> raw;
   for (const std::unique_ptr<Device>& d : t.devices) raw.push_back(d.get());
   if (trace) t.trace = std::make_unique<exec::TraceRecorder>(p, job.steps);
-  FERRY_ASSIGN_OR_RETURN(t.runner, exec::CreatePipelineRunner(raw, model, p, t.trace.get()));
-  t.summary =
-      DevicesCountText(job) + ", " + std::to_string(p.stages.size()) + " stage" +
-      (p.stages.size() == 1 ? "" : "s") + ", activations " + p.activation_policy + ", " +
-      FormatBytes(p.memory.gpu.total()) + " per device" +
-      (p.optimizer_state == Tier::kNvme ? ", optimizer state on NVMe in " + OptimizerStateDir(job) +
-                                              " (" + FormatBytes(p.memory.nvme.total()) + ")"
-                                        : "");
+  std::string nvme;  // what the plan puts on NVMe, for the summary
+  auto nvme_bytes = [&p](std::string_view name) {
+    uint64_t b = 0;
+    for (const plan::Allocation& a : p.memory.nvme.allocations) b += a.name == name ? a.bytes : 0;
+    return FormatBytes(b);
+  };
+  if (p.activations == Tier::kNvme && !p.job.forward_only) {
+    // Scratch for this run only: a killed run's leftovers go first, and the folder goes with the
+    // runner (a resume recomputes what it held).
+    const std::string dir = ActivationsDir(job);
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<NvmeStore> store,
+                           NvmeStore::Open({.directory = dir, .log = [](std::string_view line) {
+                                              std::fprintf(stderr,
+                                                           "ferry: activations on NVMe: %.*s\n",
+                                                           int(line.size()), line.data());
+                                            }}));
+    t.activation_store = ScratchStore(store.release(), ScratchStoreDeleter{dir});
+    nvme += ", saved activations on NVMe in " + dir + " (" + nvme_bytes("activations.saved") + ")";
+  }
+  FERRY_ASSIGN_OR_RETURN(
+      t.runner, exec::CreatePipelineRunner(raw, model, p, t.trace.get(), t.activation_store.get()));
+  if (p.optimizer_state == Tier::kNvme) {
+    nvme += ", optimizer state on NVMe in " + OptimizerStateDir(job) + " (" +
+            nvme_bytes("optimizer.slots") + ")";
+  }
+  t.summary = DevicesCountText(job) + ", " + std::to_string(p.stages.size()) + " stage" +
+              (p.stages.size() == 1 ? "" : "s") + ", activations " + p.activation_policy + ", " +
+              FormatBytes(p.memory.gpu.total()) + " per device" + nvme;
   if (p.optimizer_state == Tier::kNvme) t.optimizer_nvme_dir = OptimizerStateDir(job);
   t.plan = p;
   return t;

@@ -9,8 +9,9 @@
 // With `trace`, the pipeline records what its devices ran into a TraceRecorder
 // (engine/exec/trace_recorder.h).
 // The profile's host RAM is --host-memory (else physical RAM) and its NVMe the free space of
-// --nvme-dir (else none); the plan may put optimizer state there (only that: PlanJob::
-// nvme_optimizer_only), and then optimizer_nvme_dir tells the Trainer where.
+// --nvme-dir (else none); the plan may put saved activations there (the runner's activation
+// store, in ActivationsDir) and optimizer state (then optimizer_nvme_dir tells the Trainer where),
+// but not the frozen base (PlanJob::host_frozen_weights).
 //
 // Ownership: TrainingRunner owns its devices, the trace and the runner (declared after them, so
 // destroyed first). Thread-safety: one host thread at a time.
@@ -31,13 +32,24 @@
 #include "engine/plan/planner.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/status.h"
+#include "offload/nvme_store.h"
 
 namespace ferry {
+
+// Deletes a scratch store and then its folder.
+struct ScratchStoreDeleter {
+  std::string dir;
+  void operator()(NvmeStore* store) const;
+};
+using ScratchStore = std::unique_ptr<NvmeStore, ScratchStoreDeleter>;
 
 struct TrainingRunner {
   std::vector<std::unique_ptr<Device>> devices;
   std::optional<plan::Plan> plan;              // the plan the pipeline runs
   std::unique_ptr<exec::TraceRecorder> trace;  // when asked for: what the pipeline ran
+  // When the plan puts saved activations on NVMe: their store, in ActivationsDir (removed with
+  // it); else null.
+  ScratchStore activation_store;
   std::unique_ptr<ModelRunner> runner;
   // One line for the log: how many devices of which kind, stages, bytes per device.
   std::string summary;
@@ -49,6 +61,9 @@ struct TrainingRunner {
 // Where a run keeps optimizer state the plan puts on NVMe: "<nvme_dir>/<run folder name>
 // .optimizer-state" (a resume rebuilds it from the checkpoint; a finished run removes it).
 std::string OptimizerStateDir(const JobSpec& job);
+// Where a run keeps the saved activations the plan puts on NVMe: "<nvme_dir>/<run folder name>
+// .activations", scratch for the run's lifetime.
+std::string ActivationsDir(const JobSpec& job);
 
 // A hardware profile for `count` CPU devices of `device_bytes` each (rates are nominal: they only
 // steer the partition; host RAM is this machine's).
