@@ -15,14 +15,19 @@
 // Each figure is a median with its min and max over the timed steps, next to the 1-thread fp32
 // GEMM ceiling measured in the same run. Then QLoRA (issue 18): 2 devices with the link
 // throttled, bf16 compute, the frozen base streamed in bf16 against NF4: bytes uploaded and step
-// time. Activations on NVMe: the executor refuses NVMe tiers today (said at the end).
+// time. Activations on NVMe: 2 devices unthrottled, the same plan with its saved activations in
+// an NVMe store under --nvme-dir (default: the current directory), against the host-RAM run:
+// step time, bytes per step each way, and the disk time they take at the store's own sequential
+// rates measured in the same run (offload/store_rate.h).
 //
-// Usage: executor_bench [--steps N] [--seq-len T] [--micro-batches M] [--qlora-only]
+// Usage: executor_bench [--steps N] [--seq-len T] [--micro-batches M] [--nvme-dir DIR]
+//                       [--qlora-only]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -39,6 +44,7 @@
 #include "engine/train/run_training.h"
 #include "engine/train/trainer.h"
 #include "engine/train/training_runner.h"
+#include "offload/store_rate.h"
 
 namespace ferry {
 namespace {
@@ -52,8 +58,9 @@ struct Options {
   int steps = 4;
   int64_t seq_len = 128;
   int64_t micro_batches = 4;
-  DType dtype = DType::kF32;  // compute
-  bool qlora_only = false;    // skip the overlap runs
+  DType dtype = DType::kF32;   // compute
+  bool qlora_only = false;     // skip the overlap runs
+  std::string nvme_dir = ".";  // where the activations-on-NVMe run keeps its store
 };
 
 // One step's lanes, from the trace: seconds busy per device and lane, and the host optimizer's.
@@ -110,6 +117,7 @@ StepLanes LanesOf(const std::vector<exec::TraceSpan>& spans, int devices, int64_
 
 struct RunResult {
   std::vector<double> step_s, bound_s, serial_s, compute_s, upload_s, uploaded_bytes, weight_bytes;
+  std::vector<double> nvme_written, nvme_read;  // activations on NVMe: disk bytes per step
   double predicted_s = 0;
   int stages = 0;
 };
@@ -141,9 +149,11 @@ std::vector<LayerProbeEntry> ProbeLayers(const ModelConfig& model, const plan::P
   return std::move(*entries);
 }
 
-// `link`: bytes/s of each device's links (0: unthrottled); `times`: the layers' measured times.
+// `link`: bytes/s of each device's links (0: unthrottled); `times`: the layers' measured times;
+// `nvme_dir` non-empty: the plan's saved activations go to an NVMe store there (removed after).
 RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o, int devices,
-              double link, const std::vector<LayerProbeEntry>& times) {
+              double link, const std::vector<LayerProbeEntry>& times,
+              const std::string& nvme_dir = "") {
   const BatchShape shape{1, o.seq_len};
   const plan::PlanJob pj = JobOf(lora, o);
   // The profile carries this run's rates, so the planner's prediction is for this machine.
@@ -159,7 +169,17 @@ RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o
   auto outcome = plan::MakePlan("llama-100M", model, pj, hw, /*suggest=*/false);
   Check(outcome.status(), "plan");
   if (!outcome->feasible) Check(Status::Internal(outcome->binding), "plan");
-  const plan::Plan& p = outcome->plan;
+  plan::Plan p = outcome->plan;
+  ScratchStore store;
+  if (!nvme_dir.empty()) {
+    p.activations = Tier::kNvme;
+    p.memory = plan::ComputeMemory(plan::MemoryInputOf(model, p));
+    NvmeStoreOptions so = exec::ActivationStoreOptions(p, nvme_dir + "/executor_bench.activations");
+    so.log = [](std::string_view) {};
+    auto s = OpenScratchStore(std::move(so));
+    Check(s.status(), "NVMe store");
+    store = std::move(*s);
+  }
   std::vector<std::unique_ptr<CpuDevice>> owned;
   std::vector<Device*> raw;
   for (int i = 0; i < devices; ++i) {
@@ -173,7 +193,7 @@ RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o
     owned.push_back(std::move(*d));
   }
   exec::TraceRecorder trace(p, o.steps + 1);
-  auto runner = exec::CreatePipelineRunner(raw, model, p, &trace);
+  auto runner = exec::CreatePipelineRunner(raw, model, p, &trace, store.get());
   Check(runner.status(), "pipeline");
   std::vector<LayerSpec> layers = BuildLayerSpecs(model, lora);
   ThreadPool pool(1);
@@ -194,10 +214,16 @@ RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o
   for (int k = 0; k <= o.steps; ++k) {
     std::vector<MicroBatch> batch;
     for (int64_t m = 0; m < o.micro_batches; ++m) batch.push_back(batcher->MakeMicroBatch(k, m));
+    const StoreStats io0 = store ? store->stats() : StoreStats{};
     const auto t0 = Clock::now();
     Check((*trainer)->Step(batch).status(), "step");
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (k == 0) continue;  // the first step warms up (and maps the host mirrors)
+    if (store) {
+      const StoreStats io1 = store->stats();
+      r.nvme_written.push_back(double(io1.disk_bytes_written - io0.disk_bytes_written));
+      r.nvme_read.push_back(double(io1.disk_bytes_read - io0.disk_bytes_read));
+    }
     const StepLanes l = LanesOf(trace.spans(), devices, k);
     r.step_s.push_back(s);
     r.bound_s.push_back(l.Bound());
@@ -242,6 +268,10 @@ int main(int argc, char** argv) {
       o.qlora_only = true;
       continue;
     }
+    if (flag == "--nvme-dir" && i + 1 < argc) {
+      o.nvme_dir = argv[++i];
+      continue;
+    }
     const long long v = i + 1 < argc ? std::atoll(argv[++i]) : 0;
     if (flag == "--steps")
       o.steps = int(v);
@@ -252,7 +282,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: executor_bench [--steps N] [--seq-len T] [--micro-batches M] "
-                   "[--qlora-only]\n");
+                   "[--nvme-dir DIR] [--qlora-only]\n");
       return 2;
     }
   }
@@ -289,7 +319,29 @@ int main(int argc, char** argv) {
     ferry::Print("1 device, unthrottled", one);
     std::printf("2 devices vs 1 (unthrottled): %.2fx the step rate\n",
                 ferry::plan::MedianOf(one.step_s) / ferry::plan::MedianOf(two.step_s));
-    std::printf("activations on NVMe: not run (the executor refuses NVMe tiers for now)\n");
+    // Activations on NVMe: the unthrottled 2-device plan with its saved activations in a store,
+    // the disk's own rates measured alongside.
+    auto rate = ferry::MeasureStoreRate(
+        {.directory = o.nvme_dir + "/executor_bench.rate", .log = [](std::string_view) {}},
+        size_t(256) << 20);
+    ferry::bench::Check(rate.status(), "store rate");
+    std::error_code ec;
+    std::filesystem::remove_all(o.nvme_dir + "/executor_bench.rate", ec);
+    const ferry::RunResult nvme = ferry::Run(model, lora, o, 2, 0, times2, o.nvme_dir);
+    std::printf(
+        "\nactivations on NVMe (%s, %s, O_DIRECT %s): store write %.2f GB/s, read %.2f GB/s\n",
+        o.nvme_dir.c_str(), rate->backend.c_str(), rate->direct_io ? "on" : "off",
+        rate->write_bytes_per_s * 1e-9, rate->read_bytes_per_s * 1e-9);
+    ferry::Print("2 devices, activations NVMe", nvme);
+    const double w = ferry::plan::MedianOf(nvme.nvme_written),
+                 rd = ferry::plan::MedianOf(nvme.nvme_read);
+    const double disk_s = w / rate->write_bytes_per_s + rd / rate->read_bytes_per_s;
+    std::printf(
+        "NVMe per step: %.1f MB written, %.1f MB read = %.3f s of disk at those rates; step %.3f s "
+        "against %.3f s with them in RAM (%.2fx)\n",
+        w * 1e-6, rd * 1e-6, disk_s, ferry::plan::MedianOf(nvme.step_s),
+        ferry::plan::MedianOf(two.step_s),
+        ferry::plan::MedianOf(nvme.step_s) / ferry::plan::MedianOf(two.step_s));
   }
 
   // Issue 18: the frozen base streamed in bf16 against NF4 (QLoRA), bf16 compute, 2 devices,

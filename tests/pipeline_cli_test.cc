@@ -148,23 +148,27 @@ TEST_F(PipelineCliTest, OneDeviceIsTracedAndEqualsTwo) {
   EXPECT_EQ(Losses(dir_ + "/one"), Losses(dir_ + "/two"));
 }
 
-// "NVMe/step  X read, X written   planned X read, X written" in a run's report: measured equals
-// planned.
-void ExpectNvmeStepAsPlanned(const std::string& output) {
-  const size_t at = output.find("NVMe/step");
-  ASSERT_NE(at, std::string::npos) << output;
-  const std::string line = output.substr(at, output.find('\n', at) - at);
-  const size_t planned = line.find("planned ");
-  ASSERT_NE(planned, std::string::npos) << line;
-  std::string measured = line.substr(std::string("NVMe/step").size(), planned - 9);
-  measured.erase(0, measured.find_first_not_of(' '));
-  measured.erase(measured.find_last_not_of(' ') + 1);
-  EXPECT_EQ(measured, line.substr(planned + 8)) << line;
+// The NVMe rows of a run's report: "NVMe  X (what)  planned X" and "NVMe/step  X read, X written
+// planned X read, X written": measured equals planned in both.
+void ExpectNvmeAsPlanned(const std::string& output) {
+  for (const std::string row : {"NVMe ", "NVMe/step "}) {
+    const size_t at = output.find("  " + row);
+    ASSERT_NE(at, std::string::npos) << row << " in\n" << output;
+    const std::string line = output.substr(at + 2, output.find('\n', at) - at - 2);
+    const size_t planned = line.find("planned ");
+    ASSERT_NE(planned, std::string::npos) << line;
+    std::string measured = line.substr(row.size(), planned - row.size());
+    measured = measured.substr(0, measured.find(" ("));  // the space row names what it holds
+    measured.erase(0, measured.find_first_not_of(' '));
+    measured.erase(measured.find_last_not_of(' ') + 1);
+    EXPECT_EQ(measured, line.substr(planned + 8)) << line;
+  }
 }
 
 // Runs `job` into dir_/ram, then with --nvme-dir dir_/nvme and each host budget of `mib` in turn
 // into dir_/nv until a run succeeds saying `says`; that run's losses are the RAM run's bit for
-// bit, its report's NVMe bytes per step are the plan's, and it removed its store. Returns it.
+// bit, its report's NVMe space and bytes per step are the plan's, and it removed its store.
+// Returns it.
 CommandResult ExpectNvmeRunEqualsRam(const std::string& dir, const std::string& job,
                                      const std::vector<int>& mib, const std::string& says) {
   CommandResult ram = Ferry(job + "--out " + dir + "/ram");
@@ -181,7 +185,7 @@ CommandResult ExpectNvmeRunEqualsRam(const std::string& dir, const std::string& 
   EXPECT_TRUE(found) << says << " in\n" << r.output;
   if (!found) return r;
   EXPECT_EQ(Losses(dir + "/nv"), Losses(dir + "/ram"));
-  ExpectNvmeStepAsPlanned(r.output);
+  ExpectNvmeAsPlanned(r.output);
   EXPECT_TRUE(std::filesystem::is_empty(nvme)) << "the finished run left its store";
   return r;
 }

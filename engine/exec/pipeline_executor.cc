@@ -1082,6 +1082,9 @@ class Executor final : public PipelineExecutor {
                                                          to = ds.incoming[j % 2].Sub(0, bytes),
                                                          what =
                                                              EntryWhat(i, kind, li, m, "reading")] {
+      // The slot's last read is done (its upload waited for it, unless a failed step skipped
+      // that wait), then this entry's write.
+      (void)ring->Wait();
       FERRY_RETURN_IF_ERROR(written->Wait());
       *ring = {store->ReadAsync(name, to.as<std::byte>(), TransferPriority::kActivationNow), what};
       return Status::Ok();
@@ -1500,10 +1503,18 @@ Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const
         "the plan puts frozen weights on NVMe, and the executor keeps them in host RAM for now: "
         "plan with more host memory (or a smaller batch), or without an NVMe budget");
   }
-  if (p.activations != Tier::kHost && !p.job.forward_only && activation_store == nullptr) {
-    return Status::InvalidArgument(
-        "the plan puts activations on NVMe, and the executor was given no store there: open one "
-        "in the job's NVMe directory (--nvme-dir)");
+  if (p.activations != Tier::kHost && !p.job.forward_only) {
+    if (activation_store == nullptr) {
+      return Status::InvalidArgument(
+          "the plan puts activations on NVMe, and the executor was given no store there: open "
+          "one in the job's NVMe directory (--nvme-dir)");
+    }
+    if (int(devices.size()) != p.gpus) {  // each device has its own staging ring
+      return Status::InvalidArgument("the plan stages activations on NVMe for " +
+                                     std::to_string(p.gpus) + " devices, the executor runs " +
+                                     std::to_string(devices.size()) +
+                                     ": plan for the devices it runs on");
+    }
   }
   if (p.keep_activations && !p.job.forward_only) {
     if (devices.size() != 1) {
@@ -1547,6 +1558,16 @@ Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const
 }
 
 }  // namespace
+
+NvmeStoreOptions ActivationStoreOptions(const plan::Plan& plan, std::string directory) {
+  NvmeStoreOptions o;
+  o.directory = std::move(directory);
+  o.block_bytes = plan::kActivationBlockBytes;
+  for (const plan::Allocation& a : plan.memory.nvme.allocations) {
+    if (a.name == "activations.saved") o.segment_bytes = std::max<size_t>(a.bytes, o.block_bytes);
+  }
+  return o;
+}
 
 Result<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
     std::vector<Device*> devices, const ModelConfig& config, const plan::Plan& plan,

@@ -164,25 +164,11 @@ plan::Plan MakeTestPlan(const Model& m, const PlanSpec& s) {
   p.stages = s.stages;
   p.recompute.assign(size_t(m.config.num_layers) + 2, false);
   for (int li : s.recomputed) p.recompute[size_t(li)] = true;
-  plan::MemoryPlanInput in;
-  in.model = m.config;
-  in.lora = m.lora;
-  in.micro_batch = {s.batch, s.seq_len};
-  in.micro_batches = s.micro_batches;
-  in.gpus = s.gpus;
-  in.compute_dtype = s.dtype;
-  in.stages = s.stages;
-  in.recompute = p.recompute;
-  in.scratch = p.job.scratch;
-  in.forward_only = s.forward_only;
-  in.optimizer_on_nvme = s.optimizer_on_nvme;
-  in.keep_activations = s.keep;
-  in.activations_on_nvme = s.activations_on_nvme;
   p.activations = s.activations_on_nvme ? Tier::kNvme : Tier::kHost;
   p.keep_activations = s.keep;
   p.activation_policy = s.keep ? "keep" : "save";
   p.optimizer_state = s.optimizer_on_nvme ? Tier::kNvme : Tier::kHost;
-  p.memory = plan::ComputeMemory(in);
+  p.memory = plan::ComputeMemory(plan::MemoryInputOf(m.config, p));
   return p;
 }
 
@@ -228,8 +214,10 @@ class ActivationStore {
     if (p.activations != Tier::kNvme) return nullptr;
     if (store_ == nullptr) {
       EXPECT_FALSE(dir_.path().empty()) << "could not create a temporary directory";
-      Result<std::unique_ptr<NvmeStore>> s = NvmeStore::Open(
-          {.directory = dir_.path() + "/activations", .env = env, .log = [](std::string_view) {}});
+      NvmeStoreOptions o = ActivationStoreOptions(p, dir_.path() + "/activations");
+      o.env = env;
+      o.log = [](std::string_view) {};
+      Result<std::unique_ptr<NvmeStore>> s = NvmeStore::Open(std::move(o));
       EXPECT_TRUE(s.ok()) << s.status().ToString();
       if (s.ok()) store_ = std::move(*s);
     }
@@ -376,10 +364,7 @@ TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
   if (k.devices <= S) step_weights -= range_bytes(k.spec.stages[size_t(S - k.devices)]);
   // Saved activations on NVMe: a step writes and reads each entry once, in whole 4096-byte
   // blocks, which is what the plan counts, by the store's count and by /proc/self/io.
-  uint64_t planned_nvme = 0;
-  for (const plan::Allocation& a : p.memory.nvme.allocations) {
-    if (a.name == "activations.saved") planned_nvme = a.bytes;
-  }
+  const uint64_t planned_nvme = p.memory.nvme_activation_step_bytes;
   EXPECT_EQ(planned_nvme > 0, k.spec.activations_on_nvme);
   for (int step = 0; step < 2; ++step) {  // a second step reuses every buffer
     HostTensors got = ZeroGrads(m);

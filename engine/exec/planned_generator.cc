@@ -69,20 +69,7 @@ plan::Plan GenerationPlan(const ModelConfig& config, const LoraConfig& lora,
   p.stages = std::move(stages);
   p.recompute.assign(size_t(config.num_layers) + 2, false);
   p.activation_policy = "save";
-  plan::MemoryPlanInput in;
-  in.model = config;
-  in.lora = lora;
-  in.micro_batch = {1, max_step};
-  in.micro_batches = 1;
-  in.gpus = gpus;
-  in.compute_dtype = DType::kF32;
-  in.stages = p.stages;
-  in.recompute = p.recompute;
-  in.scratch = scratch;
-  in.forward_only = true;
-  in.generate_positions = positions;
-  in.logit_rows = logit_rows;
-  p.memory = plan::ComputeMemory(in);
+  p.memory = plan::ComputeMemory(plan::MemoryInputOf(config, p));
   return p;
 }
 

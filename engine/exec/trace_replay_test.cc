@@ -86,16 +86,7 @@ plan::Plan MakePlan(const ModelConfig& model, const Case& c) {
   p.recompute.assign(size_t(model.num_layers) + 2, false);
   for (int li : c.recomputed) p.recompute[size_t(li)] = true;
   p.activation_policy = c.recomputed.empty() ? "save" : "per-layer";
-  plan::MemoryPlanInput in;
-  in.model = model;
-  in.micro_batch = {p.micro_batch_size, p.job.seq_len};
-  in.micro_batches = c.micro_batches;
-  in.gpus = c.devices;
-  in.compute_dtype = p.job.compute_dtype;
-  in.stages = p.stages;
-  in.recompute = p.recompute;
-  in.scratch = p.job.scratch;
-  p.memory = plan::ComputeMemory(in);
+  p.memory = plan::ComputeMemory(plan::MemoryInputOf(model, p));
   return p;
 }
 

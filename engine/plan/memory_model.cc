@@ -366,18 +366,23 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   // Forward only: each stage's input (the tail's included), nothing saved.
   // On NVMe: the stage inputs (the head's included) stay here, where the next stage's device
   // reads them at once; every other layer input and every saved set is an NVMe entry of its own,
-  // each written and read whole in 4096-byte blocks, staged through a device's ring of
-  // kNvmeStagingSlots slots of the larger of the two.
+  // staged through a device's ring of kNvmeStagingSlots slots of the larger of the two.
   const bool on_nvme = in.activations_on_nvme && !in.forward_only && !keep;
-  uint64_t saved_all = 0, nvme_entries = 0;
+  uint64_t saved_all = 0, nvme_space = 0;
   if (in.forward_only || keep || on_nvme) saved_all = m * hidden * (in.stages.size() + 1);
   if (on_nvme) {
+    auto entry = [&](uint64_t bytes) {
+      nvme_space += m * RoundUp(bytes, kActivationBlockBytes);
+      e.nvme_activation_step_bytes += m * RoundUp(bytes, kNvmeBlockBytes);
+    };
     for (int i = 1; i < head; ++i) {
-      const bool input = std::none_of(in.stages.begin(), in.stages.end(),
-                                      [&](const LayerRange& s) { return s.first == i; });
-      if (input) nvme_entries += m * RoundUp(hidden, kNvmeBlockBytes);
-      if (!in.recompute[size_t(i)]) nvme_entries += m * RoundUp(saved_set, kNvmeBlockBytes);
+      if (std::none_of(in.stages.begin(), in.stages.end(),
+                       [&](const LayerRange& s) { return s.first == i; })) {
+        entry(hidden);
+      }
+      if (!in.recompute[size_t(i)]) entry(saved_set);
     }
+    nvme_space += 2 * gpus * RoundUp(std::max(hidden, saved_set), kActivationBlockBytes);
   } else if (!in.forward_only && !keep) {
     for (int i = 1; i <= head; ++i) {
       saved_all += m * (hidden + (i == head || in.recompute[size_t(i)] ? 0 : saved_set));
@@ -387,7 +392,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   if (on_nvme) {
     Add(e.pinned_host, "activations.staging",
         gpus * kNvmeStagingSlots * RoundUp(std::max(hidden, saved_set), P), P);
-    Add(e.nvme, "activations.saved", nvme_entries, kNvmeBlockBytes);
+    Add(e.nvme, "activations.saved", nvme_space, kActivationBlockBytes);
   }
   if (!in.forward_only) Add(e.pinned_host, "activations.grad", m * hidden, P);
   // Per micro-batch and token: positions and document ids, targets (i32, uploaded) and the

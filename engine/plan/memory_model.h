@@ -76,7 +76,9 @@
 // NVMe (4096-byte blocks): whichever groups the plan places there (weights.frozen,
 // activations.saved, optimizer.slots). activations.saved: per micro-batch, every block input that
 // does not start a stage and every block's saved set unless recomputed, each an entry of its own
-// rounded up to 4096 bytes (as the store writes and reads it); a step writes and reads each once.
+// in whole kActivationBlockBytes blocks, plus two entries per GPU being rewritten (a rewrite takes
+// new blocks and frees the old ones when it completes; each GPU has two in flight); a step writes
+// and reads each entry once (MemoryEstimate::nvme_activation_step_bytes).
 // optimizer.slots: per layer with trainable parameters, its fp32 master weights and both moments
 // (12 bytes a parameter) as one record kept in two versioned slots, each VersionedSlotBytes
 // (offload/versioned_store.h: a header, 4096-byte blocks); a step reads one slot of every layer and
@@ -98,7 +100,10 @@ inline constexpr uint64_t kArenaAlignment = 256;   // kernels/arena.h, CpuDevice
 inline constexpr uint64_t kHostPageBytes = 4096;   // offload/host_pool.h
 inline constexpr uint64_t kNvmeBlockBytes = 4096;  // O_DIRECT block
 inline constexpr uint64_t kNvmeStagingSlots = 4;   // per GPU: activations.staging
-inline constexpr int64_t kLossChunkTokens = 256;   // engine/model/model_runner.h default
+// The block of the saved activations' NVMe store (offload/nvme_store.h: an entry takes whole
+// blocks; the last one moves only its 4096-byte pages).
+inline constexpr uint64_t kActivationBlockBytes = uint64_t(1) << 20;
+inline constexpr int64_t kLossChunkTokens = 256;  // engine/model/model_runner.h default
 
 uint64_t RoundUp(uint64_t bytes, uint64_t unit);
 
@@ -187,6 +192,9 @@ struct MemoryEstimate {
   TierMemory pinned_host;
   TierMemory pageable_host;
   TierMemory nvme;
+  // Saved activations on NVMe: the bytes a step writes, and reads back, of "activations.saved"
+  // (each entry rounded up to 4096 bytes, as O_DIRECT moves it); its allocation is the space.
+  uint64_t nvme_activation_step_bytes = 0;
 };
 
 // The largest scratch any op of a block (forward and backward GEMMs, attention)

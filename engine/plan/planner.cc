@@ -293,9 +293,9 @@ Result<Timing> SimulateJob(const RoundRobinJob& job, const HardwareProfile& hw) 
 void NvmeTraffic(const MemoryEstimate& m, Plan& p) {
   for (const Allocation& a : m.nvme.allocations) {
     if (a.name == "weights.frozen") p.nvme_read_bytes += double(a.bytes);
-    if (a.name == "activations.saved") {
-      p.nvme_write_bytes += double(a.bytes);
-      p.nvme_read_bytes += double(a.bytes);
+    if (a.name == "activations.saved") {  // each entry written and read once; a.bytes is space
+      p.nvme_write_bytes += double(m.nvme_activation_step_bytes);
+      p.nvme_read_bytes += double(m.nvme_activation_step_bytes);
     }
     if (a.name == "optimizer.slots") {  // one of each layer's two slots read, the other written
       p.nvme_write_bytes += double(a.bytes) / 2;
@@ -389,6 +389,27 @@ std::string UnusedLayerTimesWarning(const ModelConfig& model, const PlanJob& job
 }
 
 }  // namespace
+
+MemoryPlanInput MemoryInputOf(const ModelConfig& model, const Plan& plan) {
+  MemoryPlanInput in;
+  in.model = model;
+  in.lora = plan.job.lora;
+  in.micro_batch = MicroBatchShape(plan.job, plan.micro_batch_size);
+  in.micro_batches = plan.micro_batches;
+  in.gpus = plan.gpus;
+  in.compute_dtype = plan.job.compute_dtype;
+  in.stages = plan.stages;
+  in.recompute = plan.recompute;
+  in.activations_on_nvme = plan.activations == Tier::kNvme;
+  in.keep_activations = plan.keep_activations;
+  in.optimizer_on_nvme = plan.optimizer_state == Tier::kNvme;
+  in.frozen_weights_on_nvme = plan.frozen_weights == Tier::kNvme;
+  in.scratch = plan.job.scratch;
+  in.forward_only = plan.job.forward_only;
+  in.generate_positions = plan.job.generate_positions;
+  in.logit_rows = plan.job.logit_rows;
+  return in;
+}
 
 BatchShape MicroBatchShape(const PlanJob& job, int64_t micro_batch_size) {
   BatchShape s{micro_batch_size, job.seq_len};

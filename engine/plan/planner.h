@@ -128,6 +128,11 @@ struct Plan {
   std::string_view LayerTimeSource() const;
 };
 
+// The memory model's input for `plan` of `model`: its job, stages, recomputation, micro-batches,
+// device count and tiers, so ComputeMemory(MemoryInputOf(model, plan)) is its memory map (for a
+// plan made or changed outside the planner).
+MemoryPlanInput MemoryInputOf(const ModelConfig& model, const Plan& plan);
+
 // The margin NVMe advice adds to the space a plan puts on the drive (PlanSuggestion).
 inline constexpr uint64_t kNvmeSpaceMarginPercent = 10;
 

@@ -24,9 +24,10 @@ struct MeasuredRun {
   };
   std::vector<Device> devices;
   uint64_t host_peak_bytes = 0;  // the process's peak resident set; 0: unknown
-  // Optimizer state on NVMe (the trainer's VersionedStore): the space its files take, and the
-  // bytes it read and wrote over the run's steps, per step (checkpoints' reads left out).
-  uint64_t nvme_bytes = 0;
+  // Optimizer state on NVMe (the trainer's VersionedStore): the space its files take; saved
+  // activations on NVMe: the space their store's files take; the bytes both read and wrote over
+  // the run's steps, per step (checkpoints' reads left out).
+  uint64_t nvme_bytes = 0, nvme_activation_bytes = 0;
   double nvme_read_per_step = 0, nvme_written_per_step = 0;
 };
 

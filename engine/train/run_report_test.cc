@@ -56,6 +56,9 @@ TEST(RunReport, NvmeRowsCompareSpaceAndBytesPerStepWithThePlan) {
   EXPECT_NE(text.find("16.00 KiB (optimizer state)"), std::string::npos) << text;
   EXPECT_NE(text.find("8.00 KiB read, 8.00 KiB written"), std::string::npos) << text;
   EXPECT_NE(text.find("planned 8.00 KiB read, 8.00 KiB written"), std::string::npos) << text;
+  run.nvme_activation_bytes = 4096;
+  const std::string both = MeasuredVsPredicted(p, run);
+  EXPECT_NE(both.find("20.00 KiB (optimizer state + activations)"), std::string::npos) << both;
 }
 
 TEST(RunReport, PeakResidentBytesIsThisProcesss) {

@@ -1,8 +1,12 @@
 #include "engine/train/training_runner.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <set>
 
@@ -207,7 +211,9 @@ Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, 
 namespace {
 
 std::string RunNvmeDir(const JobSpec& job, const char* what) {
-  std::string run = std::filesystem::path(job.out).lexically_normal().filename().string();
+  std::filesystem::path out = std::filesystem::path(job.out).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();  // "runs/exp/" is "runs/exp"
+  std::string run = out.filename().string();
   if (run.empty() || run == "." || run == "..") run = "run";
   return job.nvme_dir + "/" + run + what;
 }
@@ -217,14 +223,75 @@ std::string RunNvmeDir(const JobSpec& job, const char* what) {
 std::string OptimizerStateDir(const JobSpec& job) { return RunNvmeDir(job, ".optimizer-state"); }
 std::string ActivationsDir(const JobSpec& job) { return RunNvmeDir(job, ".activations"); }
 
+namespace {
+
+constexpr const char* kScratchLock = ".ferry-lock";
+
+bool IsSegmentFile(const std::string& name) {
+  return name.rfind("segment-", 0) == 0 && name.size() > 6 &&
+         name.compare(name.size() - 6, 6, ".ferry") == 0;
+}
+
+// Removes the segment files in `dir`; the first error.
+std::error_code RemoveSegments(const std::string& dir) {
+  std::error_code ec, first;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (IsSegmentFile(e.path().filename().string()) && !std::filesystem::remove(e.path(), ec) &&
+        ec && !first) {
+      first = ec;
+    }
+  }
+  return first ? first : ec;
+}
+
+}  // namespace
+
 void ScratchStoreDeleter::operator()(NvmeStore* store) const {
   delete store;  // closes its files
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
+  std::error_code ec = RemoveSegments(dir);
+  if (!ec) std::filesystem::remove(std::filesystem::path(dir) / kScratchLock, ec);
+  if (!ec) std::filesystem::remove(dir, ec);  // only when empty
   if (ec) {
     std::fprintf(stderr, "ferry: warning: could not remove %s: %s\n", dir.c_str(),
                  ec.message().c_str());
   }
+  if (lock_fd >= 0) ::close(lock_fd);
+}
+
+Result<ScratchStore> OpenScratchStore(NvmeStoreOptions options) {
+  const std::string dir = options.directory;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::IOError("cannot create " + dir + ": " + ec.message());
+  const std::string lock = (std::filesystem::path(dir) / kScratchLock).string();
+  const int fd = ::open(lock.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::IOError("cannot open " + lock + ": " + std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    return Status::FailedPrecondition(dir + " is in use by another ferry run: give this run " +
+                                      "another --out or --nvme-dir");
+  }
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name != kScratchLock && !IsSegmentFile(name)) {
+      ::close(fd);
+      return Status::InvalidArgument(dir + " holds " + name +
+                                     ", which ferry did not write: remove it or give another "
+                                     "--nvme-dir");
+    }
+  }
+  if (!ec) ec = RemoveSegments(dir);  // a killed run's
+  if (ec) {
+    ::close(fd);
+    return Status::IOError("cannot clear " + dir + ": " + ec.message());
+  }
+  ScratchStoreDeleter deleter{dir, fd};
+  Result<std::unique_ptr<NvmeStore>> store = NvmeStore::Open(std::move(options));
+  if (!store.ok()) {
+    deleter(nullptr);  // removes what it made, releases the lock
+    return store.status();
+  }
+  return ScratchStore(store->release(), std::move(deleter));
 }
 
 uint64_t TrainingDevicesBytes(const JobSpec& unresolved, const ModelConfig& model, int threads,
@@ -268,15 +335,13 @@ Result<TrainingRunner> CreateTrainingRunner(const JobSpec& unresolved, const Mod
     // Scratch for this run only: a killed run's leftovers go first, and the folder goes with the
     // runner (a resume recomputes what it held).
     const std::string dir = ActivationsDir(job);
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<NvmeStore> store,
-                           NvmeStore::Open({.directory = dir, .log = [](std::string_view line) {
-                                              std::fprintf(stderr,
-                                                           "ferry: activations on NVMe: %.*s\n",
-                                                           int(line.size()), line.data());
-                                            }}));
-    t.activation_store = ScratchStore(store.release(), ScratchStoreDeleter{dir});
+    NvmeStoreOptions o = exec::ActivationStoreOptions(p, dir);
+    o.log = [](std::string_view line) {
+      std::fprintf(stderr, "ferry: activations on NVMe: %.*s\n", int(line.size()), line.data());
+    };
+    Result<ScratchStore> store = OpenScratchStore(std::move(o));
+    if (!store.ok()) return store.status().WithContext("--nvme-dir");
+    t.activation_store = std::move(*store);
     nvme += ", saved activations on NVMe in " + dir + " (" + nvme_bytes("activations.saved") + ")";
   }
   FERRY_ASSIGN_OR_RETURN(

@@ -36,12 +36,20 @@
 
 namespace ferry {
 
-// Deletes a scratch store and then its folder.
+// Closes a scratch store, removes its segment files, its lock file and (when empty) its folder,
+// then releases the lock.
 struct ScratchStoreDeleter {
   std::string dir;
+  int lock_fd = -1;
   void operator()(NvmeStore* store) const;
 };
 using ScratchStore = std::unique_ptr<NvmeStore, ScratchStoreDeleter>;
+
+// An NVMe store for one run's scratch in options.directory (created when missing), held under an
+// exclusive lock on a file in it, so two runs never share one; a killed run's segment files there
+// are removed first. Errors: FailedPrecondition when another process holds the folder;
+// InvalidArgument when it holds files ferry did not write (naming one); IOError; NvmeStore::Open's.
+Result<ScratchStore> OpenScratchStore(NvmeStoreOptions options);
 
 struct TrainingRunner {
   std::vector<std::unique_ptr<Device>> devices;

@@ -1,0 +1,82 @@
+// The NVMe folders a run keeps its scratch in (engine/train/training_runner.h): their names, and
+// the scratch store's lock, leftovers and clean-up.
+#include "engine/train/training_runner.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "offload/offload_test_util.h"
+
+namespace ferry {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The run's folder name is the last component of --out, a trailing separator or not.
+TEST(RunNvmeFolders, AreNamedAfterTheRunFolder) {
+  JobSpec job;
+  job.nvme_dir = "/nvme";
+  for (const char* out : {"runs/exp1", "runs/exp1/", "./runs/exp1//"}) {
+    job.out = out;
+    EXPECT_EQ(ActivationsDir(job), "/nvme/exp1.activations") << out;
+    EXPECT_EQ(OptimizerStateDir(job), "/nvme/exp1.optimizer-state") << out;
+  }
+  job.out = "/";
+  EXPECT_EQ(ActivationsDir(job), "/nvme/run.activations");
+}
+
+NvmeStoreOptions Quiet(const std::string& dir) {
+  NvmeStoreOptions o;
+  o.directory = dir;
+  o.log = [](std::string_view) {};
+  return o;
+}
+
+// One run holds the folder: a second store there is refused naming it; closing the first removes
+// the folder; a killed run's segment files are cleared when the next run opens it.
+TEST(ScratchStore, IsLockedClearedAndRemoved) {
+  testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string dir = tmp.path() + "/run.activations";
+  {
+    Result<ScratchStore> first = OpenScratchStore(Quiet(dir));
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+    ASSERT_TRUE((*first)->Write("x", std::as_bytes(std::span("abc", 3))).ok());
+    Result<ScratchStore> second = OpenScratchStore(Quiet(dir));
+    ASSERT_FALSE(second.ok());
+    EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(second.status().message().find(dir + " is in use"), std::string::npos)
+        << second.status().ToString();
+    EXPECT_TRUE(fs::exists(dir));  // the refusal touched nothing
+  }
+  EXPECT_FALSE(fs::exists(dir)) << "the closed store left its folder";
+
+  fs::create_directories(dir);
+  std::ofstream(dir + "/segment-00007.ferry") << "left by a killed run";
+  {
+    Result<ScratchStore> s = OpenScratchStore(Quiet(dir));
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_FALSE(fs::exists(dir + "/segment-00007.ferry"));
+  }
+  EXPECT_FALSE(fs::exists(dir));
+}
+
+// A folder holding anything ferry did not write is refused naming the file, which stays.
+TEST(ScratchStore, RefusesAFolderWithOtherFiles) {
+  testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string dir = tmp.path() + "/mine";
+  fs::create_directories(dir);
+  std::ofstream(dir + "/notes.txt") << "keep me";
+  Result<ScratchStore> s = OpenScratchStore(Quiet(dir));
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("notes.txt"), std::string::npos) << s.status().ToString();
+  EXPECT_TRUE(fs::exists(dir + "/notes.txt"));
+}
+
+}  // namespace
+}  // namespace ferry
