@@ -208,7 +208,7 @@ TEST_F(PipelineCliTest, SavedActivationsOnNvmeEqualRam) {
   ExpectNvmeRunEqualsRam(
       dir_,
       "train --threads 1 --devices 2 --batch-size 64 --micro-batches 8 --seq-len 64 --steps 2 ",
-      {280, 260, 240, 220, 200, 180, 160, 140, 120, 100},
+      {220, 200, 180, 160, 140, 120, 100},
       "saved activations on NVMe in " + dir_ + "/nvme/nv.activations");
 }
 

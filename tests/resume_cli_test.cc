@@ -77,6 +77,34 @@ TEST_F(ResumeCliTest, KillDuringCheckpointLeavesPreviousOneUsable) {
   EXPECT_EQ(a, b);  // bit for bit
 }
 
+// kill -9 with the saved activations on NVMe (the process SIGKILLs itself while writing step 4's
+// checkpoint, leaving its activation store's files and lock file behind): --resume clears them,
+// reproduces the uninterrupted run's losses bit for bit, and leaves the NVMe folder empty.
+TEST_F(ResumeCliTest, KillWithActivationsOnNvmeResumesBitForBit) {
+  const std::string nvme = dir_ + "/nvme", straight = dir_ + "/straight", killed = dir_ + "/killed";
+  fs::create_directories(nvme);
+  const std::string job =
+      "train --steps 6 --save-every 2 --threads 1 --devices 2 --batch-size 64 --micro-batches 8 "
+      "--seq-len 64 --host-memory 200MiB --nvme-dir " +
+      nvme;
+  CommandResult r = Ferry(job + " --out " + straight);
+  ASSERT_EQ(r.code, 0) << r.output;
+  ASSERT_NE(r.output.find("saved activations on NVMe in " + nvme + "/straight.activations"),
+            std::string::npos)
+      << r.output;
+  r = Ferry(job + " --out " + killed, "FERRY_TEST_CHECKPOINT_KILL=4:optimizer");
+  EXPECT_TRUE(r.code == 137 || r.code == -1) << r.code << ": " << r.output;
+  EXPECT_TRUE(fs::exists(nvme + "/killed.activations")) << "the killed run left no store";
+
+  r = Ferry("train --resume " + killed);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("saved activations on NVMe"), std::string::npos) << r.output;
+  const std::vector<double> a = Losses(straight), b = Losses(killed);
+  ASSERT_EQ(a.size(), 6u);
+  EXPECT_EQ(a, b);  // bit for bit
+  EXPECT_TRUE(fs::is_empty(nvme)) << "a store was left behind";
+}
+
 TEST_F(ResumeCliTest, ResumeRefusesChangedJobAndExtendsSteps) {
   const std::string run = dir_ + "/run";
   CommandResult r = Ferry("train --steps 2" + kQuick + " --out " + run);
