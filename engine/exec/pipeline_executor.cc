@@ -1562,7 +1562,9 @@ Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const
 NvmeStoreOptions ActivationStoreOptions(const plan::Plan& plan, std::string directory) {
   NvmeStoreOptions o;
   o.directory = std::move(directory);
-  o.block_bytes = plan::kActivationBlockBytes;
+  if (plan.memory.nvme_activation_block_bytes > 0) {
+    o.block_bytes = plan.memory.nvme_activation_block_bytes;
+  }
   for (const plan::Allocation& a : plan.memory.nvme.allocations) {
     if (a.name == "activations.saved") o.segment_bytes = std::max<size_t>(a.bytes, o.block_bytes);
   }

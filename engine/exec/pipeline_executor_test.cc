@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -224,6 +225,15 @@ class ActivationStore {
     return store_.get();
   }
   NvmeStore* get() const { return store_.get(); }
+  // The store's segment files: one holds the plan's space, so a second means it undercounts.
+  int Segments() const {
+    int n = 0;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir_.path() + "/activations", ec)) {
+      n += e.path().filename().string().rfind("segment-", 0) == 0;
+    }
+    return n;
+  }
 
  private:
   ferry::testing::TempDir dir_;
@@ -402,6 +412,9 @@ TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
         }
       }
       EXPECT_EQ(bad, 0) << name;
+    }
+    if (store.get() != nullptr) {
+      EXPECT_EQ(store.Segments(), 1);
     }
     const ExecutorStats st = (*e)->stats();
     EXPECT_EQ(st.stages_run, int64_t(2 * k.spec.stages.size() + 1));

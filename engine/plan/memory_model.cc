@@ -370,9 +370,13 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   const bool on_nvme = in.activations_on_nvme && !in.forward_only && !keep;
   uint64_t saved_all = 0, nvme_space = 0;
   if (in.forward_only || keep || on_nvme) saved_all = m * hidden * (in.stages.size() + 1);
+  // The store's block: 1 MiB, or the largest entry's pages when smaller.
+  const uint64_t block =
+      std::min(kActivationBlockBytes, RoundUp(std::max(hidden, saved_set), kNvmeBlockBytes));
   if (on_nvme) {
+    e.nvme_activation_block_bytes = block;
     auto entry = [&](uint64_t bytes) {
-      nvme_space += m * RoundUp(bytes, kActivationBlockBytes);
+      nvme_space += m * RoundUp(bytes, block);
       e.nvme_activation_step_bytes += m * RoundUp(bytes, kNvmeBlockBytes);
     };
     for (int i = 1; i < head; ++i) {
@@ -382,7 +386,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
       }
       if (!in.recompute[size_t(i)]) entry(saved_set);
     }
-    nvme_space += 2 * gpus * RoundUp(std::max(hidden, saved_set), kActivationBlockBytes);
+    nvme_space += 2 * gpus * RoundUp(std::max(hidden, saved_set), block);
   } else if (!in.forward_only && !keep) {
     for (int i = 1; i <= head; ++i) {
       saved_all += m * (hidden + (i == head || in.recompute[size_t(i)] ? 0 : saved_set));
@@ -392,7 +396,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   if (on_nvme) {
     Add(e.pinned_host, "activations.staging",
         gpus * kNvmeStagingSlots * RoundUp(std::max(hidden, saved_set), P), P);
-    Add(e.nvme, "activations.saved", nvme_space, kActivationBlockBytes);
+    Add(e.nvme, "activations.saved", nvme_space, block);
   }
   if (!in.forward_only) Add(e.pinned_host, "activations.grad", m * hidden, P);
   // Per micro-batch and token: positions and document ids, targets (i32, uploaded) and the

@@ -76,7 +76,8 @@
 // NVMe (4096-byte blocks): whichever groups the plan places there (weights.frozen,
 // activations.saved, optimizer.slots). activations.saved: per micro-batch, every block input that
 // does not start a stage and every block's saved set unless recomputed, each an entry of its own
-// in whole kActivationBlockBytes blocks, plus two entries per GPU being rewritten (a rewrite takes
+// in whole blocks (MemoryEstimate::nvme_activation_block_bytes), plus two entries per GPU being
+// rewritten (a rewrite takes
 // new blocks and frees the old ones when it completes; each GPU has two in flight); a step writes
 // and reads each entry once (MemoryEstimate::nvme_activation_step_bytes).
 // optimizer.slots: per layer with trainable parameters, its fp32 master weights and both moments
@@ -100,8 +101,8 @@ inline constexpr uint64_t kArenaAlignment = 256;   // kernels/arena.h, CpuDevice
 inline constexpr uint64_t kHostPageBytes = 4096;   // offload/host_pool.h
 inline constexpr uint64_t kNvmeBlockBytes = 4096;  // O_DIRECT block
 inline constexpr uint64_t kNvmeStagingSlots = 4;   // per GPU: activations.staging
-// The block of the saved activations' NVMe store (offload/nvme_store.h: an entry takes whole
-// blocks; the last one moves only its 4096-byte pages).
+// The largest block of the saved activations' NVMe store (offload/nvme_store.h: an entry takes
+// whole blocks; the last one moves only its 4096-byte pages).
 inline constexpr uint64_t kActivationBlockBytes = uint64_t(1) << 20;
 inline constexpr int64_t kLossChunkTokens = 256;  // engine/model/model_runner.h default
 
@@ -195,6 +196,9 @@ struct MemoryEstimate {
   // Saved activations on NVMe: the bytes a step writes, and reads back, of "activations.saved"
   // (each entry rounded up to 4096 bytes, as O_DIRECT moves it); its allocation is the space.
   uint64_t nvme_activation_step_bytes = 0;
+  // ... and the block its store is opened with (kActivationBlockBytes, or the largest entry's
+  // 4096-byte pages when smaller); 0 when nothing is there.
+  uint64_t nvme_activation_block_bytes = 0;
 };
 
 // The largest scratch any op of a block (forward and backward GEMMs, attention)

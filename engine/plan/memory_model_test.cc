@@ -188,9 +188,11 @@ TEST(MemoryModel, LoraWithFrozenWeightsAndActivationsOnNvmeByHand) {
   // Frozen bf16: blocks 2 x 592 x 2 B + head 88 x 2 B = 2544 -> one 4096-byte block.
   EXPECT_EQ(nvme.at("weights.frozen"), 4096u);
   // Saved: both blocks start a stage, so only their saved sets go there, each micro-batch's an
-  // entry of its own in whole 1 MiB blocks, 2 x 3, plus two being rewritten per GPU: 10 MiB of
-  // space; a step moves each entry's 4096-byte pages once each way: 2 x 3 x 4096.
-  EXPECT_EQ(nvme.at("activations.saved"), 10u << 20);
+  // entry of its own in whole blocks of the largest entry's pages (4096: under 1 MiB), 2 x 3,
+  // plus two being rewritten per GPU: 10 x 4096 of space; a step moves each entry's pages once
+  // each way: 2 x 3 x 4096.
+  EXPECT_EQ(e.nvme_activation_block_bytes, 4096u);
+  EXPECT_EQ(nvme.at("activations.saved"), 40960u);
   EXPECT_EQ(e.nvme_activation_step_bytes, 24576u);
 
   const auto pageable = Named(e.pageable_host);

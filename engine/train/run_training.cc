@@ -174,13 +174,8 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
     }
     if (activations != nullptr) {  // what the disk moved: whole 4096-byte pages, as planned
       // The space: its segment files (one, of the plan's size, unless the plan undercounts).
-      std::error_code ec;
-      for (const auto& e :
-           std::filesystem::directory_iterator(devices.activation_store.get_deleter().dir, ec)) {
-        if (e.path().filename().string().rfind("segment-", 0) == 0) {
-          measured.nvme_activation_bytes += e.file_size(ec);
-        }
-      }
+      measured.nvme_activation_bytes =
+          ScratchStoreBytes(devices.activation_store.get_deleter().dir);
       const StoreStats now = activations->stats();
       const double steps = double(std::max<int64_t>(1, trainer->steps_done() - steps_at_start));
       measured.nvme_read_per_step +=

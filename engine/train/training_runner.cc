@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -225,32 +226,89 @@ std::string ActivationsDir(const JobSpec& job) { return RunNvmeDir(job, ".activa
 
 namespace {
 
+namespace fs = std::filesystem;
 constexpr const char* kScratchLock = ".ferry-lock";
 
-bool IsSegmentFile(const std::string& name) {
-  return name.rfind("segment-", 0) == 0 && name.size() > 6 &&
-         name.compare(name.size() - 6, 6, ".ferry") == 0;
+// What ferry writes in a scratch store's folder: its segments, the store's O_DIRECT probe (left
+// when a run dies while opening the store), and the lock file.
+bool IsStoreFile(const std::string& name) {
+  return (name.rfind("segment-", 0) == 0 && name.size() > 6 &&
+          name.compare(name.size() - 6, 6, ".ferry") == 0) ||
+         name == ".odirect-probe";
 }
 
-// Removes the segment files in `dir`; the first error.
-std::error_code RemoveSegments(const std::string& dir) {
-  std::error_code ec, first;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    if (IsSegmentFile(e.path().filename().string()) && !std::filesystem::remove(e.path(), ec) &&
-        ec && !first) {
-      first = ec;
-    }
+// Calls fn(name) for each entry of `dir`, stopping at the first error (none: an empty code; a
+// missing folder is no error).
+template <typename Fn>
+std::error_code ForEachEntry(const std::string& dir, Fn&& fn) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return {};
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (std::error_code e = fn(it->path().filename().string()); e) return e;
   }
-  return first ? first : ec;
+  return ec;
+}
+
+// Removes the store's files in `dir` (not the lock file); the first error.
+std::error_code RemoveStoreFiles(const std::string& dir) {
+  return ForEachEntry(dir, [&](const std::string& name) {
+    std::error_code ec;
+    if (IsStoreFile(name)) fs::remove(fs::path(dir) / name, ec);
+    return ec;
+  });
+}
+
+// Takes the folder's lock: an open descriptor of its lock file holding an exclusive flock, the
+// file still the one at that path (a run that is removing the folder unlinks it). Errors:
+// FailedPrecondition when another process holds it; IOError.
+Result<int> LockScratchFolder(const std::string& dir) {
+  const std::string lock = (fs::path(dir) / kScratchLock).string();
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) return Status::IOError("cannot create " + dir + ": " + ec.message());
+    const int fd = ::open(lock.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      if (errno == ENOENT) continue;  // the folder went away meanwhile
+      return Status::IOError("cannot open " + lock + ": " + std::strerror(errno));
+    }
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int e = errno;
+      ::close(fd);
+      if (e == EWOULDBLOCK) {
+        return Status::FailedPrecondition(dir + " is in use by another ferry run: give this " +
+                                          "run another --out or --nvme-dir");
+      }
+      return Status::IOError("cannot lock " + lock + ": " + std::strerror(e));
+    }
+    struct stat held, now;
+    if (::fstat(fd, &held) == 0 && ::stat(lock.c_str(), &now) == 0 && held.st_ino == now.st_ino &&
+        held.st_dev == now.st_dev) {
+      return fd;
+    }
+    ::close(fd);  // unlinked by the run that held it: take the new one
+  }
+  return Status::IOError("cannot lock " + lock + ": it keeps being replaced");
+}
+
+// The first file in `dir` that ferry did not write, or "".
+std::string ForeignFile(const std::string& dir) {
+  std::string foreign;
+  (void)ForEachEntry(dir, [&](const std::string& name) {
+    if (foreign.empty() && name != kScratchLock && !IsStoreFile(name)) foreign = name;
+    return std::error_code();
+  });
+  return foreign;
 }
 
 }  // namespace
 
 void ScratchStoreDeleter::operator()(NvmeStore* store) const {
   delete store;  // closes its files
-  std::error_code ec = RemoveSegments(dir);
-  if (!ec) std::filesystem::remove(std::filesystem::path(dir) / kScratchLock, ec);
-  if (!ec) std::filesystem::remove(dir, ec);  // only when empty
+  std::error_code ec = RemoveStoreFiles(dir);
+  // Unlinked while still locked: a run waiting for the folder retries on the new lock file.
+  if (!ec) fs::remove(fs::path(dir) / kScratchLock, ec);
+  if (!ec) fs::remove(dir, ec);  // only when empty
   if (ec) {
     std::fprintf(stderr, "ferry: warning: could not remove %s: %s\n", dir.c_str(),
                  ec.message().c_str());
@@ -258,34 +316,43 @@ void ScratchStoreDeleter::operator()(NvmeStore* store) const {
   if (lock_fd >= 0) ::close(lock_fd);
 }
 
+Status ClearScratchLeftovers(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::exists(fs::path(dir) / kScratchLock, ec)) return Status::Ok();  // not ferry's
+  if (!ForeignFile(dir).empty()) return Status::Ok();  // OpenScratchStore names it
+  Result<int> fd = LockScratchFolder(dir);
+  if (!fd.ok()) {  // another run's: OpenScratchStore refuses it if this run needs it
+    return fd.status().code() == StatusCode::kFailedPrecondition ? Status::Ok() : fd.status();
+  }
+  ScratchStoreDeleter{dir, *fd}(nullptr);
+  return Status::Ok();
+}
+
+uint64_t ScratchStoreBytes(const std::string& dir) {
+  uint64_t bytes = 0;
+  (void)ForEachEntry(dir, [&](const std::string& name) {
+    std::error_code ec;
+    const uintmax_t size = IsStoreFile(name) ? fs::file_size(fs::path(dir) / name, ec) : 0;
+    if (!ec) bytes += uint64_t(size);
+    return std::error_code();
+  });
+  return bytes;
+}
+
 Result<ScratchStore> OpenScratchStore(NvmeStoreOptions options) {
   const std::string dir = options.directory;
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return Status::IOError("cannot create " + dir + ": " + ec.message());
-  const std::string lock = (std::filesystem::path(dir) / kScratchLock).string();
-  const int fd = ::open(lock.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::IOError("cannot open " + lock + ": " + std::strerror(errno));
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    ::close(fd);
-    return Status::FailedPrecondition(dir + " is in use by another ferry run: give this run " +
-                                      "another --out or --nvme-dir");
+  // Refused before anything is written there.
+  if (const std::string foreign = ForeignFile(dir); !foreign.empty()) {
+    return Status::InvalidArgument(dir + " holds " + foreign +
+                                   ", which ferry did not write: remove it or give another "
+                                   "--nvme-dir");
   }
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name != kScratchLock && !IsSegmentFile(name)) {
-      ::close(fd);
-      return Status::InvalidArgument(dir + " holds " + name +
-                                     ", which ferry did not write: remove it or give another "
-                                     "--nvme-dir");
-    }
-  }
-  if (!ec) ec = RemoveSegments(dir);  // a killed run's
-  if (ec) {
+  FERRY_ASSIGN_OR_RETURN(const int fd, LockScratchFolder(dir));
+  ScratchStoreDeleter deleter{dir, fd};
+  if (std::error_code ec = RemoveStoreFiles(dir); ec) {  // a killed run's
     ::close(fd);
     return Status::IOError("cannot clear " + dir + ": " + ec.message());
   }
-  ScratchStoreDeleter deleter{dir, fd};
   Result<std::unique_ptr<NvmeStore>> store = NvmeStore::Open(std::move(options));
   if (!store.ok()) {
     deleter(nullptr);  // removes what it made, releases the lock
@@ -319,6 +386,10 @@ Result<TrainingRunner> CreateTrainingRunner(const JobSpec& unresolved, const Mod
   const GpuCensus census = CensusFor(unresolved);
   JobSpec job = unresolved;
   FERRY_RETURN_IF_ERROR(ResolveJobDevices(job, census).status());
+  // A killed run of this job left its activation store's segments: their space is free to plan.
+  if (!job.nvme_dir.empty() && !forward_only) {
+    FERRY_RETURN_IF_ERROR(ClearScratchLeftovers(ActivationsDir(job)).WithContext("--nvme-dir"));
+  }
   FERRY_ASSIGN_OR_RETURN(const plan::Plan p, PlanJobDevices(job, model, threads, forward_only,
                                                             census, documents_in_rows));
   FERRY_ASSIGN_OR_RETURN(t.devices, exec::CreateJobDevices(job, p.memory.gpu.total(), threads));

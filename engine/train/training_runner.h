@@ -46,10 +46,17 @@ struct ScratchStoreDeleter {
 using ScratchStore = std::unique_ptr<NvmeStore, ScratchStoreDeleter>;
 
 // An NVMe store for one run's scratch in options.directory (created when missing), held under an
-// exclusive lock on a file in it, so two runs never share one; a killed run's segment files there
+// exclusive lock on a file in it, so two runs never share one; a killed run's store files there
 // are removed first. Errors: FailedPrecondition when another process holds the folder;
-// InvalidArgument when it holds files ferry did not write (naming one); IOError; NvmeStore::Open's.
+// InvalidArgument when it holds files ferry did not write (naming one, before touching anything);
+// IOError; NvmeStore::Open's.
 Result<ScratchStore> OpenScratchStore(NvmeStoreOptions options);
+// Removes a killed run's scratch store in `dir` (its files, lock and folder) when no process
+// holds it, so its space counts as free; anything else (no such folder, another run's, a folder
+// with other files) is left as it is. Errors: IOError.
+Status ClearScratchLeftovers(const std::string& dir);
+// The space a scratch store's segment files in `dir` reserve (their sizes; 0 for none).
+uint64_t ScratchStoreBytes(const std::string& dir);
 
 struct TrainingRunner {
   std::vector<std::unique_ptr<Device>> devices;

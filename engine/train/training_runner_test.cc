@@ -31,6 +31,7 @@ TEST(RunNvmeFolders, AreNamedAfterTheRunFolder) {
 NvmeStoreOptions Quiet(const std::string& dir) {
   NvmeStoreOptions o;
   o.directory = dir;
+  o.segment_bytes = o.block_bytes;  // small: the tests' folder may be on tmpfs
   o.log = [](std::string_view) {};
   return o;
 }
@@ -62,6 +63,27 @@ TEST(ScratchStore, IsLockedClearedAndRemoved) {
     EXPECT_FALSE(fs::exists(dir + "/segment-00007.ferry"));
   }
   EXPECT_FALSE(fs::exists(dir));
+}
+
+// A killed run's folder (lock file and segments, no process holding it) is removed before the next
+// run plans, so its space counts as free; a folder another run holds is left as it is.
+TEST(ScratchStore, LeftoversOfAKilledRunAreClearedOthersLeft) {
+  testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string dir = tmp.path() + "/run.activations";
+  fs::create_directories(dir);
+  std::ofstream(dir + "/.ferry-lock");
+  std::ofstream(dir + "/segment-00000.ferry") << "left by a killed run";
+  ASSERT_TRUE(ClearScratchLeftovers(dir).ok());
+  EXPECT_FALSE(fs::exists(dir));
+  EXPECT_TRUE(ClearScratchLeftovers(dir).ok());  // nothing there: nothing to do
+
+  Result<ScratchStore> held = OpenScratchStore(Quiet(dir));
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  ASSERT_TRUE((*held)->Write("x", std::as_bytes(std::span("abc", 3))).ok());
+  const Status s = ClearScratchLeftovers(dir);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(ScratchStoreBytes(dir), (*held)->block_bytes());  // one segment of one block, intact
 }
 
 // A folder holding anything ferry did not write is refused naming the file, which stays.
