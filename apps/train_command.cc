@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <set>
 
@@ -242,6 +243,16 @@ int RunTrainCommand(TrainCommand& cmd) {
     control.checkpoint_fault_hook = [step, stage](int64_t at, std::string_view reached) {
       if (at == step && reached == stage) ::kill(::getpid(), SIGKILL);
       return Status::Ok();
+    };
+  }
+  if (const char* kill_at = std::getenv("FERRY_TEST_COMMIT_KILL"); kill_at != nullptr) {
+    const std::string spec = kill_at;
+    const size_t colon = spec.find(':');
+    const int64_t version = std::atoll(spec.substr(0, colon).c_str());
+    const int64_t nth = colon == std::string::npos ? 1 : std::atoll(spec.substr(colon + 1).c_str());
+    auto seen = std::make_shared<int64_t>(0);  // commits at `version` so far
+    control.optimizer_commit_hook = [version, nth, seen](int64_t at, int64_t) {
+      if (at == version && ++*seen == nth) ::kill(::getpid(), SIGKILL);
     };
   }
   Status s = RunTraining(job, *model, control);

@@ -35,7 +35,9 @@ void AddTrainCommand(CLI::App& parent, TrainCommand* cmd);
 //
 // Test-only: FERRY_TEST_CHECKPOINT_KILL=<step>:<stage> makes the process kill itself with
 // SIGKILL at that stage of that step's checkpoint (CheckpointOptions::fault_hook), to prove that
-// a kill -9 mid-save leaves the previous checkpoint usable.
+// a kill -9 mid-save leaves the previous checkpoint usable; FERRY_TEST_COMMIT_KILL=<version>:<n>,
+// with the optimizer state on NVMe, kills it right after the n-th layer record committed at that
+// version (OptimizerStateOptions::committed): inside a step, its other layers not yet updated.
 int RunTrainCommand(TrainCommand& cmd);
 
 }  // namespace ferry

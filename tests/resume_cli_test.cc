@@ -77,32 +77,76 @@ TEST_F(ResumeCliTest, KillDuringCheckpointLeavesPreviousOneUsable) {
   EXPECT_EQ(a, b);  // bit for bit
 }
 
-// kill -9 with the saved activations on NVMe (the process SIGKILLs itself while writing step 4's
-// checkpoint, leaving its activation store's files and lock file behind): --resume clears them,
-// reproduces the uninterrupted run's losses bit for bit, and leaves the NVMe folder empty.
+// A run of `job` (six steps, a checkpoint every two, --nvme-dir `nvme`) into dir/killed, which
+// SIGKILLs itself as `kill_env` says after `done` updates: step 2's checkpoint stays the latest
+// and the run's NVMe folders `left` (under `nvme`) stay behind. --resume clears them, reproduces
+// the uninterrupted run's losses (dir/straight) bit for bit, and leaves `nvme` empty.
+void ExpectKilledRunResumesBitForBit(const std::string& dir, const std::string& nvme,
+                                     const std::string& job, const std::string& kill_env,
+                                     size_t done, const std::vector<std::string>& left) {
+  const std::string killed = dir + "/killed";
+  CommandResult r = Ferry(job + " --out " + killed, kill_env);
+  EXPECT_TRUE(r.code == 137 || r.code == -1) << r.code << ": " << r.output;
+  EXPECT_EQ(Losses(killed).size(), done) << "not killed where asked";
+  EXPECT_EQ(ReadFile(killed + "/checkpoints/latest"), "step-00000002\n");
+  for (const std::string& folder : left) {
+    EXPECT_TRUE(fs::exists(nvme + "/" + folder)) << "the killed run left no " << folder;
+  }
+  r = Ferry("train --resume " + killed);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::vector<double> a = Losses(dir + "/straight"), b = Losses(killed);
+  ASSERT_EQ(a.size(), 6u);
+  EXPECT_EQ(a, b);  // bit for bit
+  EXPECT_TRUE(fs::is_empty(nvme)) << "a store was left behind";
+}
+
+// kill -9 with the saved activations on NVMe, while writing step 4's checkpoint (between steps).
 TEST_F(ResumeCliTest, KillWithActivationsOnNvmeResumesBitForBit) {
-  const std::string nvme = dir_ + "/nvme", straight = dir_ + "/straight", killed = dir_ + "/killed";
+  const std::string nvme = dir_ + "/nvme";
   fs::create_directories(nvme);
   const std::string job =
       "train --steps 6 --save-every 2 --threads 1 --devices 2 --batch-size 64 --micro-batches 8 "
       "--seq-len 64 --host-memory 200MiB --nvme-dir " +
       nvme;
-  CommandResult r = Ferry(job + " --out " + straight);
+  CommandResult r = Ferry(job + " --out " + dir_ + "/straight");
   ASSERT_EQ(r.code, 0) << r.output;
   ASSERT_NE(r.output.find("saved activations on NVMe in " + nvme + "/straight.activations"),
             std::string::npos)
       << r.output;
-  r = Ferry(job + " --out " + killed, "FERRY_TEST_CHECKPOINT_KILL=4:optimizer");
-  EXPECT_TRUE(r.code == 137 || r.code == -1) << r.code << ": " << r.output;
-  EXPECT_TRUE(fs::exists(nvme + "/killed.activations")) << "the killed run left no store";
+  ExpectKilledRunResumesBitForBit(dir_, nvme, job, "FERRY_TEST_CHECKPOINT_KILL=4:optimizer", 4,
+                                  {"killed.activations"});
+}
 
-  r = Ferry("train --resume " + killed);
-  ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("saved activations on NVMe"), std::string::npos) << r.output;
-  const std::vector<double> a = Losses(straight), b = Losses(killed);
-  ASSERT_EQ(a.size(), 6u);
-  EXPECT_EQ(a, b);  // bit for bit
-  EXPECT_TRUE(fs::is_empty(nvme)) << "a store was left behind";
+// kill -9 inside a step with both NVMe tiers: saved activations and optimizer state on NVMe
+// (--grad-clip 0, so each layer is updated as its gradients land, during the backward stages).
+// The process SIGKILLs itself right after the second layer record of step 4's update is
+// committed (FERRY_TEST_COMMIT_KILL): step 4's backward is still running and its other layers are
+// still at step 3.
+TEST_F(ResumeCliTest, KillInsideAStepWithNvmeTiersResumesBitForBit) {
+  const std::string nvme = dir_ + "/nvme", straight = dir_ + "/straight";
+  fs::create_directories(nvme);
+  const std::string common =
+      "train --steps 6 --save-every 2 --threads 1 --devices 2 --batch-size 64 --micro-batches 8 "
+      "--seq-len 64 --grad-clip 0 --nvme-dir " +
+      nvme + " --host-memory ";
+  const std::string both[] = {"saved activations on NVMe in " + nvme + "/straight.activations",
+                              "optimizer state on NVMe in " + nvme + "/straight.optimizer-state"};
+  // The first host budget (the planner's choice today first) whose plan puts both on NVMe.
+  std::string job;
+  CommandResult r;
+  for (const int mib : {96, 88, 100, 92, 84, 80, 76, 72, 68, 64, 60, 56}) {
+    job = common + std::to_string(mib) + "MiB";
+    r = Ferry(job + " --force --out " + straight);
+    ASSERT_EQ(r.code, 0) << r.output;
+    if (r.output.find(both[0]) != std::string::npos &&
+        r.output.find(both[1]) != std::string::npos) {
+      break;
+    }
+    job.clear();
+  }
+  ASSERT_FALSE(job.empty()) << "no budget puts both tiers on NVMe:\n" << r.output;
+  ExpectKilledRunResumesBitForBit(dir_, nvme, job, "FERRY_TEST_COMMIT_KILL=4:2", 3,
+                                  {"killed.activations", "killed.optimizer-state"});
 }
 
 TEST_F(ResumeCliTest, ResumeRefusesChangedJobAndExtendsSteps) {

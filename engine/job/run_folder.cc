@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -100,22 +101,15 @@ Result<std::vector<std::string>> Entries(const std::string& dir) {
 
 Result<RunFolderLock> Lock(const std::string& dir) {
   const std::string marker = dir + "/" + kRunMarker;
-  const int fd = ::open(marker.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return Status::FromErrno(
-        errno, "cannot write the run folder's marker " + marker + " (choose another --out)");
-  }
-  RunFolderLock lock(fd);
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    if (errno == EWOULDBLOCK) {
-      return Status::FailedPrecondition("run folder '" + dir +
-                                        "' is in use by another ferry run (" + marker +
-                                        " is locked); wait for it to end or choose a new --out");
-    }
-    return Status::FromErrno(errno, "cannot lock " + marker);
+  Result<FileLock> lock =
+      FileLock::Take(marker, "run folder '" + dir + "' is in use by another ferry run (" + marker +
+                                 " is locked); wait for it to end or choose a new --out");
+  if (!lock.ok()) {
+    if (lock.status().code() == StatusCode::kFailedPrecondition) return lock.status();
+    return lock.status().WithContext("choose another --out");
   }
   static constexpr char kText[] = "ferry run folder (locked while a run uses it)\n";
-  if (::pwrite(fd, kText, sizeof(kText) - 1, 0) != ssize_t(sizeof(kText) - 1)) {
+  if (::pwrite(lock->fd(), kText, sizeof(kText) - 1, 0) != ssize_t(sizeof(kText) - 1)) {
     return Status::FromErrno(errno, "cannot write " + marker);
   }
   return lock;
@@ -131,17 +125,35 @@ std::optional<nlohmann::json> ReadJobJson(const std::string& dir) {
 
 }  // namespace
 
-RunFolderLock& RunFolderLock::operator=(RunFolderLock&& o) noexcept {
+Result<FileLock> FileLock::Take(const std::string& path, const std::string& busy) {
+  FileLock lock;
+  lock.fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (!lock.held()) return Status::FromErrno(errno, "cannot open " + path);
+  if (::flock(lock.fd_, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) return Status::FailedPrecondition(busy);
+    return Status::FromErrno(errno, "cannot lock " + path);
+  }
+  return lock;
+}
+
+FileLock& FileLock::operator=(FileLock&& o) noexcept {
   if (this != &o) {
-    if (fd_ >= 0) ::close(fd_);
+    Release();
     fd_ = o.fd_;
     o.fd_ = -1;
   }
   return *this;
 }
 
-RunFolderLock::~RunFolderLock() {
+bool FileLock::StillAt(const std::string& path) const {
+  struct stat held, now;
+  return fd_ >= 0 && ::fstat(fd_, &held) == 0 && ::stat(path.c_str(), &now) == 0 &&
+         held.st_ino == now.st_ino && held.st_dev == now.st_dev;
+}
+
+void FileLock::Release() {
   if (fd_ >= 0) ::close(fd_);  // closing releases the flock
+  fd_ = -1;
 }
 
 bool IsResumableJobKey(std::string_view key) {

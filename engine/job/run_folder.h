@@ -14,7 +14,7 @@
 // A folder is ferry's when it holds the marker, or job.json (run folders written before the
 // marker existed: they resume, and get the marker then).
 //
-// Thread-compatible; RunFolderLock is move-only and owns the lock's descriptor.
+// Thread-compatible; FileLock is move-only and owns the lock's descriptor.
 #pragma once
 
 #include <string>
@@ -34,20 +34,33 @@ enum class RunFolderMode {
   kResume,  // `--resume DIR`
 };
 
-// Holds a run folder's flock until destroyed.
-class RunFolderLock {
+// A file held under an exclusive flock() until released or destroyed (closing its descriptor
+// releases the lock): a run folder's marker, a run's NVMe folder's lock file.
+class FileLock {
  public:
-  RunFolderLock() = default;
-  explicit RunFolderLock(int fd) : fd_(fd) {}
-  RunFolderLock(RunFolderLock&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
-  RunFolderLock& operator=(RunFolderLock&& o) noexcept;
-  RunFolderLock(const RunFolderLock&) = delete;
-  RunFolderLock& operator=(const RunFolderLock&) = delete;
-  ~RunFolderLock();
+  // Opens `path` (created when missing) and locks it without waiting. Errors:
+  // FailedPrecondition(`busy`) when another process holds it; NotFound when its folder is gone;
+  // IOError, naming the file.
+  static Result<FileLock> Take(const std::string& path, const std::string& busy);
+
+  FileLock() = default;
+  FileLock(FileLock&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  FileLock& operator=(FileLock&& o) noexcept;
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+  ~FileLock() { Release(); }
+
+  bool held() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
+  // Whether `path` still names the locked file: a process that removes a locked folder unlinks
+  // the file while holding it, so a process that was waiting for it takes the new one.
+  bool StillAt(const std::string& path) const;
+  void Release();
 
  private:
   int fd_ = -1;
 };
+using RunFolderLock = FileLock;  // the run folder's marker (kRunMarker)
 
 // The job.json keys a resumed run may change (--steps, --threads, the checkpoint options).
 bool IsResumableJobKey(std::string_view key);

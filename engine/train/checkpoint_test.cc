@@ -155,8 +155,15 @@ TEST_F(CheckpointTest, ResumeMatchesStraightRunWithOptimizerStateOnNvme) {
     Result<TrainingRunner> t = CreateTrainingRunner(straight, TinyLlamaPreset(), 2);
     if (t.ok() && t->plan->optimizer_state == Tier::kNvme) {
       EXPECT_EQ(t->optimizer_nvme_dir, nvme + "/straight.optimizer-state");
-      EXPECT_EQ(t->plan->activations, Tier::kHost);  // the one NVMe tier `ferry train` runs
+      EXPECT_EQ(t->plan->activations, Tier::kHost);
       planned = t->plan;
+      // The run holds its folder: a second run of the same name is refused, naming it.
+      Result<TrainingRunner> twin = CreateTrainingRunner(straight, TinyLlamaPreset(), 2);
+      ASSERT_FALSE(twin.ok());
+      EXPECT_EQ(twin.status().code(), StatusCode::kFailedPrecondition);
+      EXPECT_NE(twin.status().message().find(t->optimizer_nvme_dir + " is in use by another"),
+                std::string::npos)
+          << twin.status().ToString();
     }
   }
   ASSERT_TRUE(planned) << "no host budget below " << host << " puts optimizer state on NVMe";

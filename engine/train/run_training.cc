@@ -80,8 +80,9 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
                        .growth_interval = job.loss_scale_growth_interval}};
   FERRY_ASSIGN_OR_RETURN(
       std::unique_ptr<Trainer> trainer,
-      Trainer::Create(runner, std::move(layers), std::move(weights), optimizer, &optimizer_pool,
-                      {.nvme_dir = devices.optimizer_nvme_dir}));
+      Trainer::Create(
+          runner, std::move(layers), std::move(weights), optimizer, &optimizer_pool,
+          {.nvme_dir = devices.optimizer_nvme_dir, .committed = control.optimizer_commit_hook}));
   trainer->set_trace(devices.trace.get());
   if (resumed) {
     FERRY_RETURN_IF_ERROR(trainer->RestoreOptimizer(resumed->step, resumed->exp_avg,
@@ -175,7 +176,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
     if (activations != nullptr) {  // what the disk moved: whole 4096-byte pages, as planned
       // The space: its segment files (one, of the plan's size, unless the plan undercounts).
       measured.nvme_activation_bytes =
-          ScratchStoreBytes(devices.activation_store.get_deleter().dir);
+          ScratchStoreBytes(devices.activation_store.get_deleter().folder.dir());
       const StoreStats now = activations->stats();
       const double steps = double(std::max<int64_t>(1, trainer->steps_done() - steps_at_start));
       measured.nvme_read_per_step +=
@@ -269,16 +270,11 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
                                           /*with_base=*/job.model == "tiny"));
   if (job.model != "tiny") FERRY_RETURN_IF_ERROR(CopyTokenizerFiles(job.model, job.out));
   const LossScalerState scaler_final = trainer->loss_scaler_state();  // trainer may go below
-  if (!devices.optimizer_nvme_dir.empty()) {
+  if (devices.optimizer_folder.held()) {
     // The final checkpoint holds the state; a resume rebuilds the store from it. (A failed or
-    // stopped run leaves the store for inspection; the next run of the job recreates it.)
+    // stopped run leaves the store for inspection; the next run of the job clears it.)
     trainer.reset();  // closes the store's files
-    std::error_code ec;
-    std::filesystem::remove_all(devices.optimizer_nvme_dir, ec);
-    if (ec) {
-      std::fprintf(stderr, "ferry train: warning: could not remove %s: %s\n",
-                   devices.optimizer_nvme_dir.c_str(), ec.message().c_str());
-    }
+    devices.optimizer_folder.RemoveFolder();
   }
   std::string scaling;
   if (F16Storage(job)) {  // over the whole run, resumed parts included (checkpointed)

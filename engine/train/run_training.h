@@ -45,6 +45,8 @@ struct RunControl {
   std::function<Status(int64_t checkpoint_step)> on_resume;
   // Test-only (CheckpointOptions::fault_hook).
   std::function<Status(int64_t step, std::string_view stage)> checkpoint_fault_hook;
+  // Test-only (OptimizerStateOptions::committed): with the optimizer state on NVMe.
+  std::function<void(int64_t version, int64_t layer)> optimizer_commit_hook = nullptr;
   // Non-empty: write what the pipeline's devices and the host ran, as Chrome-trace JSON
   // (engine/exec/trace_recorder.h), to this file when the run ends or is stopped.
   std::string trace;

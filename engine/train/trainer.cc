@@ -224,7 +224,9 @@ Status Trainer::ApplyRecord(size_t g, const Update& u) {
     // error; the layer's committed state (and any checkpoint) is still the step before.
     std::copy(p, p + w.size(), w.begin());
   }
-  return store_->Commit(g, u.version).WithContext(where);
+  FERRY_RETURN_IF_ERROR(store_->Commit(g, u.version).WithContext(where));
+  if (state_options_.committed) state_options_.committed(u.version, int64_t(record_layer_[g]));
+  return Status::Ok();
 }
 
 Status Trainer::RequireStore() const {

@@ -72,6 +72,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -112,6 +113,9 @@ struct OptimizerOptions {
 struct OptimizerStateOptions {
   std::string nvme_dir;  // non-empty: master weights and AdamW moments on NVMe here, else RAM
   IoEnv* env = nullptr;  // the store's IoEnv (tests inject faults); null: the real OS
+  // Test seam (production passes none): called on the updating thread right after a layer's
+  // record is committed, with the version it now holds (the steps it has seen) and the layer.
+  std::function<void(int64_t version, int64_t layer)> committed = nullptr;
 };
 
 struct StepStats {

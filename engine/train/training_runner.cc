@@ -1,15 +1,9 @@
 #include "engine/train/training_runner.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <set>
+#include <string_view>
 
 #include "engine/exec/job_device_factory.h"
 #include "engine/exec/pipeline_runner.h"
@@ -229,12 +223,14 @@ namespace {
 namespace fs = std::filesystem;
 constexpr const char* kScratchLock = ".ferry-lock";
 
-// What ferry writes in a scratch store's folder: its segments, the store's O_DIRECT probe (left
-// when a run dies while opening the store), and the lock file.
+// What ferry's stores write in a run's NVMe folder: an NvmeStore's segments and its O_DIRECT
+// probe (left when a run dies while opening the store), a VersionedStore's records.
 bool IsStoreFile(const std::string& name) {
-  return (name.rfind("segment-", 0) == 0 && name.size() > 6 &&
-          name.compare(name.size() - 6, 6, ".ferry") == 0) ||
-         name == ".odirect-probe";
+  auto named = [&name](std::string_view prefix, std::string_view suffix) {
+    return name.size() > prefix.size() + suffix.size() && name.starts_with(prefix) &&
+           name.ends_with(suffix);
+  };
+  return named("segment-", ".ferry") || named("record-", ".slots") || name == ".odirect-probe";
 }
 
 // Calls fn(name) for each entry of `dir`, stopping at the first error (none: an empty code; a
@@ -258,35 +254,19 @@ std::error_code RemoveStoreFiles(const std::string& dir) {
   });
 }
 
-// Takes the folder's lock: an open descriptor of its lock file holding an exclusive flock, the
-// file still the one at that path (a run that is removing the folder unlinks it). Errors:
-// FailedPrecondition when another process holds it; IOError.
-Result<int> LockScratchFolder(const std::string& dir) {
+// Takes the folder's lock file, still the one at that path (a run that is removing the folder
+// unlinks it while holding it). Errors: FailedPrecondition when another process holds it; IOError.
+Result<FileLock> LockFolder(const std::string& dir) {
   const std::string lock = (fs::path(dir) / kScratchLock).string();
   for (int attempt = 0; attempt < 8; ++attempt) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) return Status::IOError("cannot create " + dir + ": " + ec.message());
-    const int fd = ::open(lock.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
-    if (fd < 0) {
-      if (errno == ENOENT) continue;  // the folder went away meanwhile
-      return Status::IOError("cannot open " + lock + ": " + std::strerror(errno));
-    }
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      const int e = errno;
-      ::close(fd);
-      if (e == EWOULDBLOCK) {
-        return Status::FailedPrecondition(dir + " is in use by another ferry run: give this " +
-                                          "run another --out or --nvme-dir");
-      }
-      return Status::IOError("cannot lock " + lock + ": " + std::strerror(e));
-    }
-    struct stat held, now;
-    if (::fstat(fd, &held) == 0 && ::stat(lock.c_str(), &now) == 0 && held.st_ino == now.st_ino &&
-        held.st_dev == now.st_dev) {
-      return fd;
-    }
-    ::close(fd);  // unlinked by the run that held it: take the new one
+    Result<FileLock> held = FileLock::Take(
+        lock, dir + " is in use by another ferry run: give this run another --out or --nvme-dir");
+    if (held.status().code() == StatusCode::kNotFound) continue;  // the folder went away
+    if (!held.ok() || held->StillAt(lock)) return held;
+    // Unlinked by the run that held it: take the new one.
   }
   return Status::IOError("cannot lock " + lock + ": it keeps being replaced");
 }
@@ -303,28 +283,48 @@ std::string ForeignFile(const std::string& dir) {
 
 }  // namespace
 
-void ScratchStoreDeleter::operator()(NvmeStore* store) const {
-  delete store;  // closes its files
-  std::error_code ec = RemoveStoreFiles(dir);
+Result<NvmeFolderLock> NvmeFolderLock::Take(const std::string& dir) {
+  // Refused before anything is written there.
+  if (const std::string foreign = ForeignFile(dir); !foreign.empty()) {
+    return Status::InvalidArgument(dir + " holds " + foreign +
+                                   ", which ferry did not write: remove it or give another "
+                                   "--nvme-dir");
+  }
+  NvmeFolderLock folder;
+  FERRY_ASSIGN_OR_RETURN(folder.lock_, LockFolder(dir));
+  folder.dir_ = dir;
+  return folder;
+}
+
+void NvmeFolderLock::RemoveFolder() {
+  if (!held()) return;
+  std::error_code ec = RemoveStoreFiles(dir_);
   // Unlinked while still locked: a run waiting for the folder retries on the new lock file.
-  if (!ec) fs::remove(fs::path(dir) / kScratchLock, ec);
-  if (!ec) fs::remove(dir, ec);  // only when empty
+  if (!ec) fs::remove(fs::path(dir_) / kScratchLock, ec);
+  if (!ec) fs::remove(dir_, ec);  // only when empty
   if (ec) {
-    std::fprintf(stderr, "ferry: warning: could not remove %s: %s\n", dir.c_str(),
+    std::fprintf(stderr, "ferry: warning: could not remove %s: %s\n", dir_.c_str(),
                  ec.message().c_str());
   }
-  if (lock_fd >= 0) ::close(lock_fd);
+  lock_.Release();
+}
+
+void ScratchStoreDeleter::operator()(NvmeStore* store) const {
+  delete store;  // closes its files
+  folder.RemoveFolder();
 }
 
 Status ClearScratchLeftovers(const std::string& dir) {
   std::error_code ec;
   if (!fs::exists(fs::path(dir) / kScratchLock, ec)) return Status::Ok();  // not ferry's
-  if (!ForeignFile(dir).empty()) return Status::Ok();  // OpenScratchStore names it
-  Result<int> fd = LockScratchFolder(dir);
-  if (!fd.ok()) {  // another run's: OpenScratchStore refuses it if this run needs it
-    return fd.status().code() == StatusCode::kFailedPrecondition ? Status::Ok() : fd.status();
+  Result<NvmeFolderLock> held = NvmeFolderLock::Take(dir);
+  if (!held.ok()) {  // another run's, or foreign files: Take refuses it if this run needs it
+    const StatusCode c = held.status().code();
+    return c == StatusCode::kFailedPrecondition || c == StatusCode::kInvalidArgument
+               ? Status::Ok()
+               : held.status();
   }
-  ScratchStoreDeleter{dir, *fd}(nullptr);
+  held->RemoveFolder();
   return Status::Ok();
 }
 
@@ -340,25 +340,16 @@ uint64_t ScratchStoreBytes(const std::string& dir) {
 }
 
 Result<ScratchStore> OpenScratchStore(NvmeStoreOptions options) {
-  const std::string dir = options.directory;
-  // Refused before anything is written there.
-  if (const std::string foreign = ForeignFile(dir); !foreign.empty()) {
-    return Status::InvalidArgument(dir + " holds " + foreign +
-                                   ", which ferry did not write: remove it or give another "
-                                   "--nvme-dir");
-  }
-  FERRY_ASSIGN_OR_RETURN(const int fd, LockScratchFolder(dir));
-  ScratchStoreDeleter deleter{dir, fd};
-  if (std::error_code ec = RemoveStoreFiles(dir); ec) {  // a killed run's
-    ::close(fd);
-    return Status::IOError("cannot clear " + dir + ": " + ec.message());
+  FERRY_ASSIGN_OR_RETURN(NvmeFolderLock folder, NvmeFolderLock::Take(options.directory));
+  if (std::error_code ec = RemoveStoreFiles(folder.dir()); ec) {  // a killed run's
+    return Status::IOError("cannot clear " + folder.dir() + ": " + ec.message());
   }
   Result<std::unique_ptr<NvmeStore>> store = NvmeStore::Open(std::move(options));
   if (!store.ok()) {
-    deleter(nullptr);  // removes what it made, releases the lock
+    folder.RemoveFolder();  // what it made, and the lock
     return store.status();
   }
-  return ScratchStore(store->release(), std::move(deleter));
+  return ScratchStore(store->release(), ScratchStoreDeleter{std::move(folder)});
 }
 
 uint64_t TrainingDevicesBytes(const JobSpec& unresolved, const ModelConfig& model, int threads,
@@ -386,9 +377,12 @@ Result<TrainingRunner> CreateTrainingRunner(const JobSpec& unresolved, const Mod
   const GpuCensus census = CensusFor(unresolved);
   JobSpec job = unresolved;
   FERRY_RETURN_IF_ERROR(ResolveJobDevices(job, census).status());
-  // A killed run of this job left its activation store's segments: their space is free to plan.
+  // A killed run of this job left its stores' files: their space is free to plan (a resume
+  // rebuilds the optimizer state from its checkpoint).
   if (!job.nvme_dir.empty() && !forward_only) {
-    FERRY_RETURN_IF_ERROR(ClearScratchLeftovers(ActivationsDir(job)).WithContext("--nvme-dir"));
+    for (const std::string& dir : {ActivationsDir(job), OptimizerStateDir(job)}) {
+      FERRY_RETURN_IF_ERROR(ClearScratchLeftovers(dir).WithContext("--nvme-dir"));
+    }
   }
   FERRY_ASSIGN_OR_RETURN(const plan::Plan p, PlanJobDevices(job, model, threads, forward_only,
                                                             census, documents_in_rows));
@@ -418,13 +412,16 @@ Result<TrainingRunner> CreateTrainingRunner(const JobSpec& unresolved, const Mod
   FERRY_ASSIGN_OR_RETURN(
       t.runner, exec::CreatePipelineRunner(raw, model, p, t.trace.get(), t.activation_store.get()));
   if (p.optimizer_state == Tier::kNvme) {
-    nvme += ", optimizer state on NVMe in " + OptimizerStateDir(job) + " (" +
+    Result<NvmeFolderLock> folder = NvmeFolderLock::Take(OptimizerStateDir(job));
+    if (!folder.ok()) return folder.status().WithContext("--nvme-dir");
+    t.optimizer_folder = std::move(*folder);
+    t.optimizer_nvme_dir = OptimizerStateDir(job);
+    nvme += ", optimizer state on NVMe in " + t.optimizer_nvme_dir + " (" +
             nvme_bytes("optimizer.slots") + ")";
   }
   t.summary = DevicesCountText(job) + ", " + std::to_string(p.stages.size()) + " stage" +
               (p.stages.size() == 1 ? "" : "s") + ", activations " + p.activation_policy + ", " +
               FormatBytes(p.memory.gpu.total()) + " per device" + nvme;
-  if (p.optimizer_state == Tier::kNvme) t.optimizer_nvme_dir = OptimizerStateDir(job);
   t.plan = p;
   return t;
 }

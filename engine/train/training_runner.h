@@ -25,6 +25,7 @@
 #include "engine/exec/trace_recorder.h"
 #include "engine/job/job_devices.h"
 #include "engine/job/job_spec.h"
+#include "engine/job/run_folder.h"
 #include "engine/model/generator.h"
 #include "engine/model/model_config.h"
 #include "engine/model/model_runner.h"
@@ -36,26 +37,44 @@
 
 namespace ferry {
 
-// Closes a scratch store, removes its segment files, its lock file and (when empty) its folder,
-// then releases the lock.
+// A run's hold on one of its NVMe folders (its activation store's, its optimizer state's): the
+// folder's lock file "<dir>/.ferry-lock" held (FileLock), so two runs never share a folder (two
+// runs of the same --out name and --nvme-dir would otherwise overwrite each other's files).
+// Move-only; destroying it releases the lock and leaves the folder as it is.
+class NvmeFolderLock {
+ public:
+  // Creates `dir` when missing. Errors: InvalidArgument when it holds a file ferry did not write
+  // (naming it; nothing touched); FailedPrecondition when another process holds it; IOError.
+  static Result<NvmeFolderLock> Take(const std::string& dir);
+
+  bool held() const { return lock_.held(); }
+  const std::string& dir() const { return dir_; }
+  // Removes what ferry wrote in the folder (its stores' files, then the lock file), the folder
+  // when that leaves it empty, and releases the lock; a failure is a warning on stderr. Does
+  // nothing when not held.
+  void RemoveFolder();
+
+ private:
+  std::string dir_;
+  FileLock lock_;
+};
+
+// Closes a scratch store, then removes its folder (NvmeFolderLock::RemoveFolder).
 struct ScratchStoreDeleter {
-  std::string dir;
-  int lock_fd = -1;
+  mutable NvmeFolderLock folder;
   void operator()(NvmeStore* store) const;
 };
 using ScratchStore = std::unique_ptr<NvmeStore, ScratchStoreDeleter>;
 
-// An NVMe store for one run's scratch in options.directory (created when missing), held under an
-// exclusive lock on a file in it, so two runs never share one; a killed run's store files there
-// are removed first. Errors: FailedPrecondition when another process holds the folder;
-// InvalidArgument when it holds files ferry did not write (naming one, before touching anything);
-// IOError; NvmeStore::Open's.
+// An NVMe store for one run's scratch in options.directory, held under the folder's lock
+// (NvmeFolderLock::Take, whose errors it returns); a killed run's store files there are removed
+// first. Errors: also IOError; NvmeStore::Open's.
 Result<ScratchStore> OpenScratchStore(NvmeStoreOptions options);
-// Removes a killed run's scratch store in `dir` (its files, lock and folder) when no process
+// Removes a killed run's NVMe folder in `dir` (its store files, lock and folder) when no process
 // holds it, so its space counts as free; anything else (no such folder, another run's, a folder
 // with other files) is left as it is. Errors: IOError.
 Status ClearScratchLeftovers(const std::string& dir);
-// The space a scratch store's segment files in `dir` reserve (their sizes; 0 for none).
+// The space the store files in `dir` take (their sizes; 0 for none).
 uint64_t ScratchStoreBytes(const std::string& dir);
 
 struct TrainingRunner {
@@ -69,8 +88,9 @@ struct TrainingRunner {
   // One line for the log: how many devices of which kind, stages, bytes per device.
   std::string summary;
   // When the plan puts optimizer state on NVMe: the folder the Trainer keeps it in
-  // (OptimizerStateDir); empty: host RAM.
+  // (OptimizerStateDir), held for this run (a finished run removes it); empty: host RAM.
   std::string optimizer_nvme_dir;
+  NvmeFolderLock optimizer_folder;
 };
 
 // Where a run keeps optimizer state the plan puts on NVMe: "<nvme_dir>/<run folder name>

@@ -86,6 +86,40 @@ TEST(ScratchStore, LeftoversOfAKilledRunAreClearedOthersLeft) {
   EXPECT_EQ(ScratchStoreBytes(dir), (*held)->block_bytes());  // one segment of one block, intact
 }
 
+// The optimizer state's folder is held as the scratch store's is: a second hold is refused, a
+// killed run's records (no process holding the folder) are cleared, and RemoveFolder removes the
+// records, the lock and the folder.
+TEST(NvmeFolderLock, HoldsClearsAndRemovesTheOptimizerStateFolder) {
+  testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string dir = tmp.path() + "/run.optimizer-state";
+  fs::create_directories(dir);
+  std::ofstream(dir + "/.ferry-lock");
+  std::ofstream(dir + "/record-00003.slots") << "left by a killed run";
+  ASSERT_TRUE(ClearScratchLeftovers(dir).ok());
+  EXPECT_FALSE(fs::exists(dir));
+
+  Result<NvmeFolderLock> held = NvmeFolderLock::Take(dir);
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  EXPECT_TRUE(held->held());
+  std::ofstream(dir + "/record-00000.slots") << "state";
+  Result<NvmeFolderLock> twin = NvmeFolderLock::Take(dir);
+  ASSERT_FALSE(twin.ok());
+  EXPECT_EQ(twin.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(ClearScratchLeftovers(dir).ok());  // held: left as it is
+  EXPECT_EQ(ScratchStoreBytes(dir), 5u);
+
+  NvmeFolderLock moved = std::move(*held);
+  EXPECT_FALSE(held->held());
+  held->RemoveFolder();  // not held: nothing
+  EXPECT_TRUE(fs::exists(dir + "/record-00000.slots"));
+  moved.RemoveFolder();
+  EXPECT_FALSE(moved.held());
+  EXPECT_FALSE(fs::exists(dir));
+  Result<NvmeFolderLock> again = NvmeFolderLock::Take(dir);  // free again
+  EXPECT_TRUE(again.ok()) << again.status().ToString();
+}
+
 // A folder holding anything ferry did not write is refused naming the file, which stays.
 TEST(ScratchStore, RefusesAFolderWithOtherFiles) {
   testing::TempDir tmp;
@@ -97,6 +131,11 @@ TEST(ScratchStore, RefusesAFolderWithOtherFiles) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.status().message().find("notes.txt"), std::string::npos) << s.status().ToString();
+  EXPECT_TRUE(fs::exists(dir + "/notes.txt"));
+  Result<NvmeFolderLock> lock = NvmeFolderLock::Take(dir);
+  ASSERT_FALSE(lock.ok());
+  EXPECT_EQ(lock.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ClearScratchLeftovers(dir).ok());  // not ferry's folder: left alone
   EXPECT_TRUE(fs::exists(dir + "/notes.txt"));
 }
 
