@@ -606,6 +606,11 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
     }
     best.warnings.push_back(w);
   }
+  if (best.frozen_weights == Tier::kNvme) {  // never for ferry train's own plans
+    best.warnings.push_back(
+        "the frozen base is planned on NVMe, which `ferry train` does not run yet: it keeps the "
+        "frozen base in host RAM, so give it more host RAM (--host-memory) or a smaller model");
+  }
   if (std::string w = UnusedLayerTimesWarning(model, job, hw); !w.empty()) {
     best.warnings.push_back(std::move(w));
   }
