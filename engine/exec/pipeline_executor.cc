@@ -85,8 +85,12 @@ struct DeviceState {
   // in upload order, `fetched` how many of them are enqueued (both the enqueuing thread's).
   HostMemorySpan outgoing[2], incoming[2];
   PendingIo writes[2], reads[2];
+  struct ActivationEntry {
+    int kind;  // Executor::EntryKind
+    size_t layer, micro_batch;
+  };
   uint64_t spills = 0;
-  std::vector<size_t> fetches;
+  std::vector<ActivationEntry> fetches;
   size_t fetched = 0;
 
   Status TraceBegin(StreamId s) { return timeline ? timeline->Begin(s) : Status::Ok(); }
@@ -1062,8 +1066,8 @@ class Executor final : public PipelineExecutor {
     ds.fetches.clear();
     ds.fetched = 0;
     for (int li = r.last - 1; li >= r.first; --li) {
-      if (!p_.recompute[size_t(li)]) ds.fetches.push_back(EntryIndex(kSavedSet, size_t(li), m));
-      if (!StageInput(size_t(li))) ds.fetches.push_back(EntryIndex(kInput, size_t(li), m));
+      if (!p_.recompute[size_t(li)]) ds.fetches.push_back({kSavedSet, size_t(li), m});
+      if (!StageInput(size_t(li))) ds.fetches.push_back({kInput, size_t(li), m});
     }
     for (size_t j = 0; j < std::min<size_t>(2, ds.fetches.size()); ++j) {
       FERRY_RETURN_IF_ERROR(SubmitRead(ds, i, j));
@@ -1072,12 +1076,12 @@ class Executor final : public PipelineExecutor {
   }
   // Starts reading entry j of the list into incoming slot j % 2 once its write is done.
   Status SubmitRead(DeviceState& ds, size_t i, size_t j) {
-    const size_t e = ds.fetches[j], M = size_t(p_.micro_batches), L = layers_.size();
-    const EntryKind kind = EntryKind(e / M / L);
-    const size_t li = e / M % L, m = e % M;
+    const EntryKind kind = EntryKind(ds.fetches[j].kind);
+    const size_t li = ds.fetches[j].layer, m = ds.fetches[j].micro_batch;
     const size_t bytes = kind == kInput ? HiddenBytes() : saved_bytes_;
     return ds.device->LaunchHostFunc(StreamId::kUpload, [store = store_, ring = &ds.reads[j % 2],
-                                                         written = &written_[e],
+                                                         written =
+                                                             &written_[EntryIndex(kind, li, m)],
                                                          name = EntryName(kind, li, m),
                                                          to = ds.incoming[j % 2].Sub(0, bytes),
                                                          what =
