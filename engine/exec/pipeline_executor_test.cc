@@ -1399,15 +1399,21 @@ int64_t ResidentBytes() {
 // stages' host mirrors are carved from the host pool at Create and shared, though 7 stages on 2
 // devices land on the other device and weight slot from one step to the next), and the resident
 // set does not grow past malloc's slack (not checked under sanitizers, whose allocators keep
-// freed memory).
-TEST(ExecutorAllocationTest, NothingIsAllocatedAfterTheFirstStep) {
+// freed memory). With the saved activations in host RAM and on NVMe (the store's staging and
+// bounce buffers are taken at Create and Open; each step rewrites the same entries).
+class ExecutorAllocationTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ExecutorAllocationTest, NothingIsAllocatedAfterTheFirstStep) {
   const Model m = LoadModel("llama", 0);
-  const PlanSpec spec{{{1, 2}, {2, 4}, {4, 5}}, {2}, 2};
+  PlanSpec spec{{{1, 2}, {2, 4}, {4, 5}}, {2}, 2};
+  spec.activations_on_nvme = GetParam();
   const plan::Plan p = MakeTestPlan(m, spec);
+  ASSERT_EQ(p.activations, GetParam() ? Tier::kNvme : Tier::kHost);
   const HostTensors w = RandomWeights(m, 3);
   const Batches b = MakeBatches(m, spec.micro_batches, spec.batch * spec.seq_len, 8);
   std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(2, p.memory.gpu.total());
-  Result<std::unique_ptr<PipelineExecutor>> e = PipelineExecutor::Create(Raw(devs), m.config, p);
+  ActivationStore store;
+  Result<std::unique_ptr<PipelineExecutor>> e = CreateExecutor(devs, m, p, store);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   HostTensors g = ZeroGrads(m);
   struct Counts {
@@ -1457,7 +1463,15 @@ TEST(ExecutorAllocationTest, NothingIsAllocatedAfterTheFirstStep) {
       << "the resident set grew over steps 5..12 by " << rss1 - rss0 << " bytes and over steps "
       << "13..20 by " << rss2 - rss1;
 #endif
+  if (store.get() != nullptr) {
+    EXPECT_EQ(store.Segments(), 1);  // the entries' space, reused
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Tiers, ExecutorAllocationTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return std::string(i.param ? "ActivationsOnNvme" : "ActivationsInRam");
+                         });
 
 // Evaluate runs the forward stages and the tail's loss-only pass: each micro-batch's loss equals
 // the single-device runner's EvaluateLoss bit for bit (f32: the same kernels in the same order),
