@@ -4,6 +4,8 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <string_view>
 
 #include "engine/plan/byte_size.h"
 #include "offload/file_io.h"
@@ -79,10 +81,19 @@ std::string MeasuredVsPredicted(const plan::Plan& plan, const MeasuredRun& run) 
   }
   const uint64_t pinned = plan.memory.pinned_host.total();
   const uint64_t pageable = plan.memory.pageable_host.total();
-  table.Add("host peak",
-            run.host_peak_bytes == 0 ? std::string("unknown")
-                                     : FormatByteSize(run.host_peak_bytes) + " (process RSS; " +
-                                           FormatByteSize(arenas) + " of it device arenas)",
+  std::string host = "unknown";
+  if (run.host_peak_bytes > 0 && run.host_start_bytes > 0) {
+    const uint64_t known = run.host_start_bytes + arenas;
+    host = FormatByteSize(run.host_peak_bytes) +
+           " (process RSS: " + FormatByteSize(run.host_start_bytes) + " at start + " +
+           FormatByteSize(arenas) + " device arenas + " +
+           FormatByteSize(run.host_peak_bytes > known ? run.host_peak_bytes - known : 0) +
+           " the rest)";
+  } else if (run.host_peak_bytes > 0) {
+    host = FormatByteSize(run.host_peak_bytes) + " (process RSS; " + FormatByteSize(arenas) +
+           " of it device arenas)";
+  }
+  table.Add("host peak", host,
             "planned " + FormatByteSize(pinned + pageable) + " (pinned " + FormatByteSize(pinned) +
                 " + pageable " + FormatByteSize(pageable) + ")");
   if (const uint64_t nvme = plan.memory.nvme.total(); nvme > 0) {
@@ -104,14 +115,23 @@ std::string MeasuredVsPredicted(const plan::Plan& plan, const MeasuredRun& run) 
   return head + table.Text();
 }
 
-Result<uint64_t> PeakResidentBytes() {
+namespace {
+
+// A "Key:  123456 kB" line of /proc/self/status, in bytes.
+Result<uint64_t> ProcStatusBytes(std::string_view key, std::string_view what) {
   FERRY_ASSIGN_OR_RETURN(const std::string status, ReadWholeFile("/proc/self/status"));
-  const size_t at = status.find("VmHWM:");
+  const size_t at = status.find(std::string(key) + ":");
   if (at == std::string::npos) {
-    return Status::NotFound("/proc/self/status has no VmHWM (peak resident set)");
+    return Status::NotFound("/proc/self/status has no " + std::string(key) + " (" +
+                            std::string(what) + ")");
   }
-  // "VmHWM:     123456 kB"
-  return uint64_t(std::strtoull(status.c_str() + at + 6, nullptr, 10)) * 1024;
+  return uint64_t(std::strtoull(status.c_str() + at + key.size() + 1, nullptr, 10)) * 1024;
 }
+
+}  // namespace
+
+Result<uint64_t> PeakResidentBytes() { return ProcStatusBytes("VmHWM", "peak resident set"); }
+
+Result<uint64_t> ResidentBytes() { return ProcStatusBytes("VmRSS", "resident set"); }
 
 }  // namespace ferry

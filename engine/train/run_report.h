@@ -24,6 +24,9 @@ struct MeasuredRun {
   };
   std::vector<Device> devices;
   uint64_t host_peak_bytes = 0;  // the process's peak resident set; 0: unknown
+  // Its resident set when the run started (ferry's code and libraries, the parsed job): what the
+  // plan does not count; 0: unknown.
+  uint64_t host_start_bytes = 0;
   // Optimizer state on NVMe (the trainer's VersionedStore): the space its files take; saved
   // activations on NVMe: the space their store's files take; the bytes both read and wrote over
   // the run's steps, per step (checkpoints' reads left out).
@@ -36,8 +39,11 @@ struct MeasuredRun {
 //     step time  546 ms (median of 2 after the first; min 534 ms, max 558 ms)   predicted 450 ms
 //     cpu0 peak  83.30 MiB (arena)                                              planned 83.30 MiB
 //     cpu1 peak  83.30 MiB (arena)                                              planned 83.30 MiB
-//     host peak  476.87 MiB (process RSS; 166.60 MiB of it device arenas)       planned 138.04 MiB
-//                                    ... (pinned 112.48 MiB + pageable 25.56 MiB)  [one line]
+//     host peak  476.87 MiB (process RSS: 234.10 MiB at start + 166.60 MiB device arenas
+//                + 76.17 MiB the rest)    planned 138.04 MiB (pinned 112.48 MiB + pageable
+//                25.56 MiB)                                                   [one line]
+//   ("the rest", what the run's data and plan took beyond the arenas, is what compares with the
+//   plan's host total; without a start figure: "(process RSS; 166.60 MiB of it device arenas)")
 //     NVMe       38.36 MiB (optimizer state)                               planned 38.36 MiB
 //     NVMe/step  19.18 MiB read, 19.18 MiB written                         planned 19.18 MiB each
 //   (the NVMe rows only when the plan puts bytes there)
@@ -48,5 +54,7 @@ std::string MeasuredVsPredicted(const plan::Plan& plan, const MeasuredRun& run);
 // The process's peak resident set size (VmHWM in /proc/self/status). Errors: NotFound when the
 // kernel does not report it.
 Result<uint64_t> PeakResidentBytes();
+// The process's resident set size now (VmRSS), likewise.
+Result<uint64_t> ResidentBytes();
 
 }  // namespace ferry

@@ -37,6 +37,8 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
   const int threads =
       job.threads > 0 ? int(job.threads) : int(std::max(1u, std::thread::hardware_concurrency()));
   const BatchShape shape{job.micro_batch_size(), job.seq_len};
+  // What the process holds before the run's data and plan (ferry's code, its libraries).
+  const Result<uint64_t> rss_at_start = ResidentBytes();
   // The data first: its documents per micro-batch size the plan's attention.
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<TrainingData> data, TrainingData::Load(job, model));
   FERRY_ASSIGN_OR_RETURN(
@@ -163,6 +165,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
     }
     const Result<uint64_t> rss = PeakResidentBytes();
     measured.host_peak_bytes = rss.ok() ? *rss : 0;
+    measured.host_start_bytes = rss_at_start.ok() ? *rss_at_start : 0;
     if (const VersionedStore* store = trainer->state_store(); store != nullptr) {
       FERRY_RETURN_IF_ERROR(trainer->FinishUpdates());  // the last step's traffic, when deferred
       const VersionedStoreStats now = store->stats();
