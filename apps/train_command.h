@@ -37,7 +37,8 @@ void AddTrainCommand(CLI::App& parent, TrainCommand* cmd);
 // SIGKILL at that stage of that step's checkpoint (CheckpointOptions::fault_hook), to prove that
 // a kill -9 mid-save leaves the previous checkpoint usable; FERRY_TEST_COMMIT_KILL=<version>:<n>,
 // with the optimizer state on NVMe, kills it right after the n-th layer record committed at that
-// version (OptimizerStateOptions::committed): inside a step, its other layers not yet updated.
+// version (OptimizerStateOptions::committed), its other layers not yet updated: inside step
+// <version> with --grad-clip 0 (updates as gradients land), else inside the next step's forward.
 int RunTrainCommand(TrainCommand& cmd);
 
 }  // namespace ferry

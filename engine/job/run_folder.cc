@@ -106,7 +106,7 @@ Result<RunFolderLock> Lock(const std::string& dir) {
                                  " is locked); wait for it to end or choose a new --out");
   if (!lock.ok()) {
     if (lock.status().code() == StatusCode::kFailedPrecondition) return lock.status();
-    return lock.status().WithContext("choose another --out");
+    return lock.status().WithContext("cannot write the run folder's marker (choose another --out)");
   }
   static constexpr char kText[] = "ferry run folder (locked while a run uses it)\n";
   if (::pwrite(lock->fd(), kText, sizeof(kText) - 1, 0) != ssize_t(sizeof(kText) - 1)) {

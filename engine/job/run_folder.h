@@ -40,7 +40,7 @@ class FileLock {
  public:
   // Opens `path` (created when missing) and locks it without waiting. Errors:
   // FailedPrecondition(`busy`) when another process holds it; NotFound when its folder is gone;
-  // IOError, naming the file.
+  // NoSpace; IOError; each naming the file.
   static Result<FileLock> Take(const std::string& path, const std::string& busy);
 
   FileLock() = default;

@@ -371,6 +371,9 @@ TEST(Planner, HostFrozenWeightsKeepsTheFrozenBaseInRam) {
       if (!only->feasible) continue;
       ExpectFits(only->plan, h);
       EXPECT_EQ(only->plan.frozen_weights, Tier::kHost) << host;
+      for (const std::string& w : only->plan.warnings) {
+        EXPECT_EQ(w.find("frozen base is planned on NVMe"), std::string::npos) << w;
+      }
       optimizer_on_nvme += only->plan.optimizer_state == Tier::kNvme;
     }
   }

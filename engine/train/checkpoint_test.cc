@@ -150,9 +150,16 @@ TEST_F(CheckpointTest, ResumeMatchesStraightRunWithOptimizerStateOnNvme) {
   straight.micro_batches = 2;
   straight.nvme_dir = nvme;
   std::optional<plan::Plan> planned;
+  // A killed run's records (its folder's lock file left, no process holding it) are cleared
+  // before the next run of the job plans.
+  const std::string leftover = nvme + "/straight.optimizer-state";
+  fs::create_directories(leftover);
+  std::ofstream(leftover + "/.ferry-lock");
+  std::ofstream(leftover + "/record-00009.slots") << "left by a killed run";
   for (uint64_t budget = host - 4096; budget > host / 4 && !planned; budget -= 4096) {
     straight.host_memory = std::to_string(budget);
     Result<TrainingRunner> t = CreateTrainingRunner(straight, TinyLlamaPreset(), 2);
+    EXPECT_FALSE(fs::exists(leftover + "/record-00009.slots"));
     if (t.ok() && t->plan->optimizer_state == Tier::kNvme) {
       EXPECT_EQ(t->optimizer_nvme_dir, nvme + "/straight.optimizer-state");
       EXPECT_EQ(t->plan->activations, Tier::kHost);

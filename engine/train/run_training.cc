@@ -275,7 +275,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
   const LossScalerState scaler_final = trainer->loss_scaler_state();  // trainer may go below
   if (devices.optimizer_folder.held()) {
     // The final checkpoint holds the state; a resume rebuilds the store from it. (A failed or
-    // stopped run leaves the store for inspection; the next run of the job clears it.)
+    // stopped run leaves the store until the next run of the job clears it, before planning.)
     trainer.reset();  // closes the store's files
     devices.optimizer_folder.RemoveFolder();
   }

@@ -255,12 +255,15 @@ std::error_code RemoveStoreFiles(const std::string& dir) {
 }
 
 // Takes the folder's lock file, still the one at that path (a run that is removing the folder
-// unlinks it while holding it). Errors: FailedPrecondition when another process holds it; IOError.
+// unlinks it while holding it); a folder it creates is the user's alone (0700). Errors:
+// FailedPrecondition when another process holds it; NoSpace; IOError.
 Result<FileLock> LockFolder(const std::string& dir) {
   const std::string lock = (fs::path(dir) / kScratchLock).string();
   for (int attempt = 0; attempt < 8; ++attempt) {
     std::error_code ec;
-    fs::create_directories(dir, ec);
+    if (fs::create_directories(dir, ec) && !ec) {
+      fs::permissions(dir, fs::perms::owner_all, fs::perm_options::replace, ec);
+    }
     if (ec) return Status::IOError("cannot create " + dir + ": " + ec.message());
     Result<FileLock> held = FileLock::Take(
         lock, dir + " is in use by another ferry run: give this run another --out or --nvme-dir");

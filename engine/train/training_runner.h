@@ -43,8 +43,9 @@ namespace ferry {
 // Move-only; destroying it releases the lock and leaves the folder as it is.
 class NvmeFolderLock {
  public:
-  // Creates `dir` when missing. Errors: InvalidArgument when it holds a file ferry did not write
-  // (naming it; nothing touched); FailedPrecondition when another process holds it; IOError.
+  // Creates `dir` (0700) when missing. Errors: InvalidArgument when it holds a file ferry did not
+  // write (naming it; nothing touched); FailedPrecondition when another process holds it; NoSpace;
+  // IOError.
   static Result<NvmeFolderLock> Take(const std::string& dir);
 
   bool held() const { return lock_.held(); }
@@ -88,7 +89,9 @@ struct TrainingRunner {
   // One line for the log: how many devices of which kind, stages, bytes per device.
   std::string summary;
   // When the plan puts optimizer state on NVMe: the folder the Trainer keeps it in
-  // (OptimizerStateDir), held for this run (a finished run removes it); empty: host RAM.
+  // (OptimizerStateDir), held for this run (a finished run removes it); empty: host RAM. A
+  // Trainer using it must be destroyed before the TrainingRunner, or it would write into a folder
+  // no longer held.
   std::string optimizer_nvme_dir;
   NvmeFolderLock optimizer_folder;
 };

@@ -120,6 +120,29 @@ TEST(NvmeFolderLock, HoldsClearsAndRemovesTheOptimizerStateFolder) {
   EXPECT_TRUE(again.ok()) << again.status().ToString();
 }
 
+// FileLock: a second lock of the file is refused with the caller's words; StillAt tells a file
+// unlinked (by a run removing its folder) or replaced at that path from the one held.
+TEST(FileLock, RefusesASecondHolderAndSeesItsFileReplaced) {
+  testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string path = tmp.path() + "/lock";
+  Result<FileLock> held = FileLock::Take(path, "busy here");
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  EXPECT_TRUE(held->StillAt(path));
+  Result<FileLock> twin = FileLock::Take(path, "busy here");
+  ASSERT_FALSE(twin.ok());
+  EXPECT_EQ(twin.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(twin.status().message(), "busy here");
+  fs::remove(path);
+  EXPECT_FALSE(held->StillAt(path));                          // unlinked
+  Result<FileLock> next = FileLock::Take(path, "busy here");  // a new file: free
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_FALSE(held->StillAt(path));  // replaced
+  EXPECT_TRUE(next->StillAt(path));
+  Result<FileLock> gone = FileLock::Take(tmp.path() + "/no/such/lock", "busy here");
+  EXPECT_EQ(gone.status().code(), StatusCode::kNotFound) << gone.status().ToString();
+}
+
 // A folder holding anything ferry did not write is refused naming the file, which stays.
 TEST(ScratchStore, RefusesAFolderWithOtherFiles) {
   testing::TempDir tmp;
