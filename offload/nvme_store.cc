@@ -382,6 +382,7 @@ std::string_view NvmeStore::backend_name() const { return impl_->engine->name();
 bool NvmeStore::direct_io() const { return impl_->direct; }
 unsigned NvmeStore::registered_buffers() const { return impl_->engine->registered_buffers(); }
 size_t NvmeStore::block_bytes() const { return impl_->options.block_bytes; }
+size_t NvmeStore::bounce_bytes() const { return impl_->bounce.size(); }
 const std::string& NvmeStore::report() const { return impl_->report; }
 
 StoreStats NvmeStore::stats() const {

@@ -139,6 +139,8 @@ class NvmeStore {
   bool direct_io() const;
   unsigned registered_buffers() const;
   size_t block_bytes() const;
+  // Host bytes of its bounce buffers (queue_depth blocks): all the host memory it maps itself.
+  size_t bounce_bytes() const;
   // The line logged at Open: backend, O_DIRECT, registration, and why any fallback was taken.
   const std::string& report() const;
   StoreStats stats() const;

@@ -139,7 +139,7 @@ TEST_F(ResumeCliTest, KillInsideAStepWithNvmeTiersResumesBitForBit) {
   // The first host budget (the planner's choice today first) whose plan puts both on NVMe.
   std::string job;
   CommandResult r;
-  for (const int mib : {96, 88, 100, 92, 84, 80, 76, 72, 68, 64, 60, 56}) {
+  for (const int mib : {128, 120, 136, 132, 124, 116, 112, 108, 104, 100, 96, 92, 88}) {
     job = common + std::to_string(mib) + "MiB";
     r = Ferry(job + " --force --out " + straight);
     if (r.code == 0 && r.output.find(both[0]) != std::string::npos &&

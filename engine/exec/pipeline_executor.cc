@@ -1566,6 +1566,7 @@ Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const
 NvmeStoreOptions ActivationStoreOptions(const plan::Plan& plan, std::string directory) {
   NvmeStoreOptions o;
   o.directory = std::move(directory);
+  o.queue_depth = unsigned(plan::kActivationQueueDepth);  // its bounce buffers: activations.store
   if (plan.memory.nvme_activation_block_bytes > 0) {
     o.block_bytes = plan.memory.nvme_activation_block_bytes;
   }

@@ -151,8 +151,9 @@ enum class Enqueued {
 using EnqueueObserver = std::function<void(Enqueued what, int64_t stage, Device& device)>;
 
 // The options of a store for `plan`'s saved activations on NVMe in `directory`: the memory
-// model's block (MemoryEstimate::nvme_activation_block_bytes) and one segment of the plan's NVMe
-// space for them, reserved when the store first writes, so the store never takes more than the plan
+// model's block (MemoryEstimate::nvme_activation_block_bytes) and queue depth (its bounce
+// buffers are the plan's pageable "activations.store"), and one segment of the plan's NVMe space
+// for them, reserved when the store first writes, so the store never takes more than the plan
 // counts.
 NvmeStoreOptions ActivationStoreOptions(const plan::Plan& plan, std::string directory);
 

@@ -415,6 +415,12 @@ TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
     }
     if (store.get() != nullptr) {
       EXPECT_EQ(store.Segments(), 1);
+      // The host memory the store maps itself is the plan's too.
+      uint64_t planned = 0;
+      for (const plan::Allocation& a : p.memory.pageable_host.allocations) {
+        if (a.name == "activations.store") planned = a.bytes;
+      }
+      EXPECT_EQ(store.get()->bounce_bytes(), planned);
     }
     const ExecutorStats st = (*e)->stats();
     EXPECT_EQ(st.stages_run, int64_t(2 * k.spec.stages.size() + 1));

@@ -397,6 +397,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     Add(e.pinned_host, "activations.staging",
         gpus * kNvmeStagingSlots * RoundUp(std::max(hidden, saved_set), P), P);
     Add(e.nvme, "activations.saved", nvme_space, block);
+    Add(e.pageable_host, "activations.store", kActivationQueueDepth * block, P);
   }
   if (!in.forward_only) Add(e.pinned_host, "activations.grad", m * hidden, P);
   // Per micro-batch and token: positions and document ids, targets (i32, uploaded) and the

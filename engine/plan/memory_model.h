@@ -72,7 +72,9 @@
 //            can move to NVMe (optimizer.slots below), then optimizer.staging (two buffers of
 //            the largest layer's slot: one layer updated while the next is read) streams it;
 //            weights.embedding: a frozen, untied embedding's compute-dtype copy (the gather runs
-//            on the host).
+//            on the host); activations.store (saved activations on NVMe): the store's own
+//            bounce buffers, kActivationQueueDepth blocks (mapped by the store, locked when
+//            io_uring registers them; the devices never copy from them).
 // NVMe (4096-byte blocks): whichever groups the plan places there (weights.frozen,
 // activations.saved, optimizer.slots). activations.saved: per micro-batch, every block input that
 // does not start a stage and every block's saved set unless recomputed, each an entry of its own
@@ -104,6 +106,8 @@ inline constexpr uint64_t kNvmeStagingSlots = 4;   // per GPU: activations.stagi
 // The largest block of the saved activations' NVMe store (offload/nvme_store.h: an entry takes
 // whole blocks; the last one moves only its 4096-byte pages).
 inline constexpr uint64_t kActivationBlockBytes = uint64_t(1) << 20;
+// Its blocks in flight, each with a bounce buffer of one block (activations.store).
+inline constexpr uint64_t kActivationQueueDepth = 32;
 inline constexpr int64_t kLossChunkTokens = 256;  // engine/model/model_runner.h default
 
 uint64_t RoundUp(uint64_t bytes, uint64_t unit);

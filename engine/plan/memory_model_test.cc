@@ -193,6 +193,8 @@ TEST(MemoryModel, LoraWithFrozenWeightsAndActivationsOnNvmeByHand) {
   // each way: 2 x 3 x 4096.
   EXPECT_EQ(e.nvme_activation_block_bytes, 4096u);
   EXPECT_EQ(nvme.at("activations.saved"), 40960u);
+  // The store's own bounce buffers: its queue depth of those blocks.
+  EXPECT_EQ(Named(e.pageable_host).at("activations.store"), kActivationQueueDepth * 4096u);
   EXPECT_EQ(e.nvme_activation_step_bytes, 24576u);
 
   const auto pageable = Named(e.pageable_host);
