@@ -142,7 +142,7 @@ TEST_F(CheckpointTest, ResumeMatchesStraightRunWithOptimizerStateOnNvme) {
   Result<TrainingRunner> all_ram = CreateTrainingRunner(ram, TinyLlamaPreset(), 2);
   ASSERT_TRUE(all_ram.ok()) << all_ram.status().ToString();
   ASSERT_EQ(all_ram->plan->optimizer_state, Tier::kHost);
-  EXPECT_TRUE(all_ram->optimizer_nvme_dir.empty());
+  EXPECT_TRUE(all_ram->optimizer_nvme_dir().empty());
   const uint64_t host =
       all_ram->plan->memory.pinned_host.total() + all_ram->plan->memory.pageable_host.total();
   JobSpec straight = Job("straight", 6, false);
@@ -161,14 +161,14 @@ TEST_F(CheckpointTest, ResumeMatchesStraightRunWithOptimizerStateOnNvme) {
     Result<TrainingRunner> t = CreateTrainingRunner(straight, TinyLlamaPreset(), 2);
     EXPECT_FALSE(fs::exists(leftover + "/record-00009.slots"));
     if (t.ok() && t->plan->optimizer_state == Tier::kNvme) {
-      EXPECT_EQ(t->optimizer_nvme_dir, nvme + "/straight.optimizer-state");
+      EXPECT_EQ(t->optimizer_nvme_dir(), nvme + "/straight.optimizer-state");
       EXPECT_EQ(t->plan->activations, Tier::kHost);
       planned = t->plan;
       // The run holds its folder: a second run of the same name is refused, naming it.
       Result<TrainingRunner> twin = CreateTrainingRunner(straight, TinyLlamaPreset(), 2);
       ASSERT_FALSE(twin.ok());
       EXPECT_EQ(twin.status().code(), StatusCode::kFailedPrecondition);
-      EXPECT_NE(twin.status().message().find(t->optimizer_nvme_dir + " is in use by another"),
+      EXPECT_NE(twin.status().message().find(t->optimizer_nvme_dir() + " is in use by another"),
                 std::string::npos)
           << twin.status().ToString();
     }

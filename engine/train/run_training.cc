@@ -84,7 +84,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
       std::unique_ptr<Trainer> trainer,
       Trainer::Create(
           runner, std::move(layers), std::move(weights), optimizer, &optimizer_pool,
-          {.nvme_dir = devices.optimizer_nvme_dir, .committed = control.optimizer_commit_hook}));
+          {.nvme_dir = devices.optimizer_nvme_dir(), .committed = control.optimizer_commit_hook}));
   trainer->set_trace(devices.trace.get());
   if (resumed) {
     FERRY_RETURN_IF_ERROR(trainer->RestoreOptimizer(resumed->step, resumed->exp_avg,

@@ -418,8 +418,7 @@ Result<TrainingRunner> CreateTrainingRunner(const JobSpec& unresolved, const Mod
     Result<NvmeFolderLock> folder = NvmeFolderLock::Take(OptimizerStateDir(job));
     if (!folder.ok()) return folder.status().WithContext("--nvme-dir");
     t.optimizer_folder = std::move(*folder);
-    t.optimizer_nvme_dir = OptimizerStateDir(job);
-    nvme += ", optimizer state on NVMe in " + t.optimizer_nvme_dir + " (" +
+    nvme += ", optimizer state on NVMe in " + t.optimizer_folder.dir() + " (" +
             nvme_bytes("optimizer.slots") + ")";
   }
   t.summary = DevicesCountText(job) + ", " + std::to_string(p.stages.size()) + " stage" +

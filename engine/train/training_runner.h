@@ -10,8 +10,8 @@
 // (engine/exec/trace_recorder.h).
 // The profile's host RAM is --host-memory (else physical RAM) and its NVMe the free space of
 // --nvme-dir (else none); the plan may put saved activations there (the runner's activation
-// store, in ActivationsDir) and optimizer state (then optimizer_nvme_dir tells the Trainer where),
-// but not the frozen base (PlanJob::host_frozen_weights).
+// store, in ActivationsDir) and optimizer state (then optimizer_nvme_dir() tells the Trainer
+// where), but not the frozen base (PlanJob::host_frozen_weights).
 //
 // Ownership: TrainingRunner owns its devices, the trace and the runner (declared after them, so
 // destroyed first). Thread-safety: one host thread at a time.
@@ -89,11 +89,15 @@ struct TrainingRunner {
   // One line for the log: how many devices of which kind, stages, bytes per device.
   std::string summary;
   // When the plan puts optimizer state on NVMe: the folder the Trainer keeps it in
-  // (OptimizerStateDir), held for this run (a finished run removes it); empty: host RAM. A
+  // (OptimizerStateDir), held for this run (a finished run removes it); not held: host RAM. A
   // Trainer using it must be destroyed before the TrainingRunner, or it would write into a folder
   // no longer held.
-  std::string optimizer_nvme_dir;
   NvmeFolderLock optimizer_folder;
+  // Where the Trainer keeps optimizer state (OptimizerStateOptions::nvme_dir): the folder held
+  // above, or "" (host RAM).
+  std::string optimizer_nvme_dir() const {
+    return optimizer_folder.held() ? optimizer_folder.dir() : std::string();
+  }
 };
 
 // Where a run keeps optimizer state the plan puts on NVMe: "<nvme_dir>/<run folder name>
