@@ -78,19 +78,22 @@ TEST_F(ResumeCliTest, KillDuringCheckpointLeavesPreviousOneUsable) {
 }
 
 // A run of `job` (six steps, a checkpoint every two, --nvme-dir `nvme`) into dir/killed, which
-// SIGKILLs itself as `kill_env` says after `done` updates: step 2's checkpoint stays the latest
-// and the run's NVMe folders `left` (under `nvme`) stay behind. --resume clears them, reproduces
-// the uninterrupted run's losses (dir/straight) bit for bit, saying it runs the same tiers
+// SIGKILLs itself as `kill_env` says after `done` steps logged their loss: step `latest`'s
+// checkpoint stays the latest and the run's NVMe folders `left` (under `nvme`) stay behind.
+// --resume clears them, reproduces the uninterrupted run's losses (dir/straight) bit for bit,
+// saying it runs the same tiers
 // (`tiers`, e.g. "saved activations on NVMe"), and leaves `nvme` empty.
 void ExpectKilledRunResumesBitForBit(const std::string& dir, const std::string& nvme,
                                      const std::string& job, const std::string& kill_env,
-                                     size_t done, const std::vector<std::string>& left,
+                                     size_t done, int latest, const std::vector<std::string>& left,
                                      const std::vector<std::string>& tiers) {
   const std::string killed = dir + "/killed";
   CommandResult r = Ferry(job + " --out " + killed, kill_env);
   EXPECT_TRUE(r.code == 137 || r.code == -1) << r.code << ": " << r.output;
   EXPECT_EQ(Losses(killed).size(), done) << "not killed where asked";
-  EXPECT_EQ(ReadFile(killed + "/checkpoints/latest"), "step-00000002\n");
+  char latest_name[32];
+  std::snprintf(latest_name, sizeof latest_name, "step-%08d\n", latest);
+  EXPECT_EQ(ReadFile(killed + "/checkpoints/latest"), latest_name);
   for (const std::string& folder : left) {
     EXPECT_TRUE(fs::exists(nvme + "/" + folder)) << "the killed run left no " << folder;
   }
@@ -118,38 +121,62 @@ TEST_F(ResumeCliTest, KillWithActivationsOnNvmeResumesBitForBit) {
   ASSERT_NE(r.output.find("saved activations on NVMe in " + nvme + "/straight.activations"),
             std::string::npos)
       << r.output;
-  ExpectKilledRunResumesBitForBit(dir_, nvme, job, "FERRY_TEST_CHECKPOINT_KILL=4:optimizer", 4,
+  ExpectKilledRunResumesBitForBit(dir_, nvme, job, "FERRY_TEST_CHECKPOINT_KILL=4:optimizer", 4, 2,
                                   {"killed.activations"}, {"saved activations on NVMe"});
 }
+
+class ResumeCliNvmeTest : public ResumeCliTest {
+ protected:
+  // A six-step job (`extra` options added) whose plan puts both saved activations and optimizer
+  // state on NVMe, under dir_/nvme, with the host budget that does it; run once, uninterrupted,
+  // into dir_/straight. Empty (a failure reported) when no budget tried does.
+  std::string JobWithBothTiersOnNvme(const std::string& extra) {
+    const std::string nvme = dir_ + "/nvme", straight = dir_ + "/straight";
+    fs::create_directories(nvme);
+    const std::string common =
+        "train --steps 6 --save-every 2 --threads 1 --devices 2 --batch-size 64 "
+        "--micro-batches 8 --seq-len 64" +
+        extra + " --nvme-dir " + nvme + " --host-memory ";
+    const std::string both[] = {"saved activations on NVMe in " + nvme + "/straight.activations",
+                                "optimizer state on NVMe in " + nvme + "/straight.optimizer-state"};
+    // The first host budget (the planner's choice today first) whose plan puts both on NVMe.
+    CommandResult r;
+    for (const int mib : {128, 120, 136, 132, 124, 116, 112, 108, 104, 100, 96, 92, 88}) {
+      const std::string job = common + std::to_string(mib) + "MiB";
+      r = Ferry(job + " --force --out " + straight);
+      if (r.code == 0 && r.output.find(both[0]) != std::string::npos &&
+          r.output.find(both[1]) != std::string::npos) {
+        return job;
+      }
+    }
+    ADD_FAILURE() << "no budget puts both tiers on NVMe:\n" << r.output;
+    return "";
+  }
+};
 
 // kill -9 inside a step with both NVMe tiers: saved activations and optimizer state on NVMe
 // (--grad-clip 0, so each layer is updated as its gradients land, during the backward stages).
 // The process SIGKILLs itself right after the second layer record of step 4's update is
 // committed (FERRY_TEST_COMMIT_KILL): step 4's backward is still running and its other layers are
 // still at step 3.
-TEST_F(ResumeCliTest, KillInsideAStepWithNvmeTiersResumesBitForBit) {
-  const std::string nvme = dir_ + "/nvme", straight = dir_ + "/straight";
-  fs::create_directories(nvme);
-  const std::string common =
-      "train --steps 6 --save-every 2 --threads 1 --devices 2 --batch-size 64 --micro-batches 8 "
-      "--seq-len 64 --grad-clip 0 --nvme-dir " +
-      nvme + " --host-memory ";
-  const std::string both[] = {"saved activations on NVMe in " + nvme + "/straight.activations",
-                              "optimizer state on NVMe in " + nvme + "/straight.optimizer-state"};
-  // The first host budget (the planner's choice today first) whose plan puts both on NVMe.
-  std::string job;
-  CommandResult r;
-  for (const int mib : {128, 120, 136, 132, 124, 116, 112, 108, 104, 100, 96, 92, 88}) {
-    job = common + std::to_string(mib) + "MiB";
-    r = Ferry(job + " --force --out " + straight);
-    if (r.code == 0 && r.output.find(both[0]) != std::string::npos &&
-        r.output.find(both[1]) != std::string::npos) {
-      break;
-    }
-    job.clear();
-  }
-  ASSERT_FALSE(job.empty()) << "no budget puts both tiers on NVMe:\n" << r.output;
-  ExpectKilledRunResumesBitForBit(dir_, nvme, job, "FERRY_TEST_COMMIT_KILL=4:2", 3,
+TEST_F(ResumeCliNvmeTest, KillInsideAStepWithNvmeTiersResumesBitForBit) {
+  const std::string job = JobWithBothTiersOnNvme(" --grad-clip 0");
+  ASSERT_FALSE(job.empty());
+  ExpectKilledRunResumesBitForBit(dir_, dir_ + "/nvme", job, "FERRY_TEST_COMMIT_KILL=4:2", 3, 2,
+                                  {"killed.activations", "killed.optimizer-state"},
+                                  {"saved activations on NVMe", "optimizer state on NVMe"});
+}
+
+// The same with global-norm clipping (the default): step 5's update waits for its norm, so each
+// layer is updated when step 6's forward asks for its weights (StepHooks::weights_needed). The
+// kill comes after the second record of step 5's update is committed, while step 6's forward is
+// being enqueued: step 5 has logged its loss, its other layers are still at step 4, and step 4's
+// checkpoint is the latest.
+TEST_F(ResumeCliNvmeTest, KillInTheForwardOfAClippedStepResumesBitForBit) {
+  const std::string job = JobWithBothTiersOnNvme("");
+  ASSERT_FALSE(job.empty());
+  ASSERT_NE(ReadFile(dir_ + "/straight/job.json").find("\"grad_clip\": 1.0"), std::string::npos);
+  ExpectKilledRunResumesBitForBit(dir_, dir_ + "/nvme", job, "FERRY_TEST_COMMIT_KILL=5:2", 5, 4,
                                   {"killed.activations", "killed.optimizer-state"},
                                   {"saved activations on NVMe", "optimizer state on NVMe"});
 }
