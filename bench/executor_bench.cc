@@ -354,7 +354,9 @@ int main(int argc, char** argv) {
   }
 
   // Issue 18: the frozen base streamed in bf16 against NF4 (QLoRA), bf16 compute, 2 devices,
-  // the link throttled so that the bf16 base's uploads take about as long as the compute.
+  // the link throttled so that the bf16 base's uploads take about as long as the compute. When
+  // the plan's stages fit the devices' weight slots the base stays there from step to step
+  // (plan::StageRoundRobin) and neither run streams it: the two then upload the same bytes.
   ferry::Options b = o;
   b.dtype = ferry::DType::kBF16;
   ferry::LoraConfig q = lora;

@@ -11,6 +11,7 @@
 #include "engine/exec/stream_hazards.h"
 #include "engine/model/device_params.h"
 #include "engine/model/model_stack.h"
+#include "engine/plan/pipeline_schedules.h"
 #include "kernels/arena.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/host_memory.h"
@@ -57,11 +58,14 @@ struct DeviceState {
   std::vector<DeviceBuffer> buffers;
   std::map<std::string, Region, std::less<>> regions;
   std::map<std::string, size_t, std::less<>> used;  // plan name -> most bytes a component used
-  int64_t stages_run = 0;
   // Each weight slot's contents, (layer range, weights version), while they are whole;
   // {kNone, -1} while none or being overwritten.
   static constexpr size_t kNone = SIZE_MAX;
   std::pair<size_t, int64_t> slot_holds[2] = {{kNone, -1}, {kNone, -1}};
+  // Each weight slot's frozen weights, (layer range, the master copy they were packed from),
+  // while whole: a LoRA job's base, which no update changes, so a later stage over the same
+  // layers packed from the same master copy uploads its trainable weights only.
+  std::pair<size_t, const HostTensors*> slot_frozen[2] = {{kNone, nullptr}, {kNone, nullptr}};
   // Generation: the KV cache of the blocks this device runs (plan::GenerationDevice), carved
   // from its "kv_cache" allocation; other blocks' entries are empty.
   KvCache kv;
@@ -225,6 +229,7 @@ class Executor final : public PipelineExecutor {
       devices_.emplace_back();
       devices_.back().device = d;
     }
+    round_robin_ = plan::StageRoundRobin(int(devices_.size()));
   }
 
   ~Executor() override {
@@ -546,6 +551,7 @@ class Executor final : public PipelineExecutor {
     std::vector<int32_t> positions(size_t(n), 0);
     for (int64_t t = 0; t < n; ++t) positions[size_t(t)] = int32_t(past + t);
     if (past == 0) ++weights_version_;  // a new sequence: the weights may have changed
+    packed_from_ = &weights;
     MicroBatchInput mb;
     mb.tokens = tokens;
     mb.positions = positions;
@@ -657,7 +663,9 @@ class Executor final : public PipelineExecutor {
   void ForgetSlots() {
     for (DeviceState& ds : devices_) {
       for (auto& h : ds.slot_holds) h = {DeviceState::kNone, -1};
+      for (auto& f : ds.slot_frozen) f = {DeviceState::kNone, nullptr};
     }
+    round_robin_.Forget();
   }
 
   void SynchronizeAll() {
@@ -686,6 +694,7 @@ class Executor final : public PipelineExecutor {
       FERRY_RETURN_IF_ERROR(SetLayout(m, batches[m]));
     }
     ++weights_version_;
+    packed_from_ = &weights;
     FERRY_RETURN_IF_ERROR(WeightsNeeded({0, 1}));
     FERRY_RETURN_IF_ERROR(Embed(weights, batches));
     FERRY_RETURN_IF_ERROR(WeightsRead({0, 1}));
@@ -734,12 +743,14 @@ class Executor final : public PipelineExecutor {
     return total;
   }
 
-  // The step's stages in order (forward, tail, backward), each handed by the global counter to
-  // the next device in turn, and the weight slot each takes there.
+  // The step's stages in order (forward, tail, backward), each handed to the next device in turn,
+  // and the weight slot each takes there (plan::StageRoundRobin, which the planner prices).
   void ScheduleStages() {
     const int64_t S = int64_t(p_.stages.size()), head = int64_t(layers_.size()) - 1;
     runs_.clear();
     runs_.resize(size_t(forward_only_ ? S + 1 : 2 * S + 1));
+    std::vector<plan::StageRoundRobin::Placement> at;
+    if (!decoding_) at = round_robin_.Place(int(runs_.size()), lora_.enabled());
     for (int64_t i = 0; i < int64_t(runs_.size()); ++i) {
       StageRun& st = runs_[size_t(i)];
       if (i < S) {
@@ -760,8 +771,8 @@ class Executor final : public PipelineExecutor {
         st.device = size_t(plan::GenerationDevice(size_t(i), int(devices_.size())));
         st.slot = int(i / int64_t(devices_.size()) % 2);
       } else {
-        st.device = size_t(counter_++ % int64_t(devices_.size()));
-        st.slot = int(devices_[st.device].stages_run++ % 2);
+        st.device = size_t(at[size_t(i)].device);
+        st.slot = at[size_t(i)].slot;
       }
     }
     stats_.stages_run = int64_t(runs_.size());
@@ -886,18 +897,29 @@ class Executor final : public PipelineExecutor {
       if (observer_) observer_(Enqueued::kWeights, int64_t(i), *ds.device);
       return Status::Ok();
     }
+    // The slot holds these layers' frozen weights from the same master copy (a LoRA job's base):
+    // only the trainable ranges change.
+    const std::pair<size_t, const HostTensors*> frozen{RangeIndex(i), packed_from_};
+    const bool trainable_only = lora_.enabled() && ds.slot_frozen[st.slot] == frozen;
     if (k == 0) ds.slot_holds[st.slot] = {DeviceState::kNone, -1};
+    if (k == 0 && !trainable_only) ds.slot_frozen[st.slot] = {DeviceState::kNone, nullptr};
     if (k == 0) FERRY_RETURN_IF_ERROR(ds.hazards.Before(StreamId::kUpload, {}, {slot}));
     FERRY_RETURN_IF_ERROR(ds.TraceBegin(StreamId::kUpload));
-    FERRY_RETURN_IF_ERROR(st.params->UploadWeights(*ds.device, lo, hi - lo));
-    stats_.weight_bytes_uploaded += hi - lo;
+    size_t sent = hi - lo;
+    if (trainable_only) {
+      FERRY_ASSIGN_OR_RETURN(sent, st.params->UploadTrainableWeights(*ds.device, lo, hi - lo));
+    } else {
+      FERRY_RETURN_IF_ERROR(st.params->UploadWeights(*ds.device, lo, hi - lo));
+    }
+    stats_.weight_bytes_uploaded += sent;
     if (ds.timeline) {
       FERRY_RETURN_IF_ERROR(ds.timeline->End(StreamId::kUpload, 'W', plan::TaskKind::kWeightUpload,
-                                             int(i), -1, double(hi - lo), int(k)));
+                                             int(i), -1, double(sent), int(k)));
     }
     if (k + 1 < chunks) return Status::Ok();
     FERRY_RETURN_IF_ERROR(ds.hazards.After(StreamId::kUpload, {}, {slot}));
     ds.slot_holds[st.slot] = holds;
+    ds.slot_frozen[st.slot] = frozen;
     st.weights_sent = true;
     if (observer_) observer_(Enqueued::kWeights, int64_t(i), *ds.device);
     return Status::Ok();
@@ -1457,7 +1479,11 @@ class Executor final : public PipelineExecutor {
   // upload stream after the landed event that orders them.
   const bool spill_ = p_.activations == Tier::kNvme && !p_.job.forward_only && !keep_;
   std::vector<PendingIo> written_;
-  int64_t counter_ = 0;         // the global stage counter (round robin over devices)
+  // Training and evaluation stages over the devices and their slots; a LoRA job's step starts
+  // where the last one ended, so its stages find their frozen base where the last step left it.
+  plan::StageRoundRobin round_robin_{1};  // set for devices_ by the constructor
+  // The master copy the step in flight packs its weights from.
+  const HostTensors* packed_from_ = nullptr;
   std::vector<StageRun> runs_;  // the step in flight
   // Pinned host staging (TakeHostStaging): one host-pool block per plan entry, by plan name, and
   // the spans carved from them.

@@ -28,6 +28,7 @@
 #include "engine/json.h"
 #include "engine/model/device_params.h"
 #include "engine/model/master_weights.h"
+#include "engine/plan/pipeline_schedules.h"
 #include "engine/testing/golden_files.h"
 #include "engine/testing/stream_gate.h"
 #include "engine/train/grad_clip.h"
@@ -358,20 +359,43 @@ TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
   ActivationStore store;
   Result<std::unique_ptr<PipelineExecutor>> e = CreateExecutor(devs, m, p, store);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
-  // The weights a step copies: each forward stage's twice (for it and its backward stage) and the
-  // tail's, less one copy when a device's backward stage finds its forward stage's weights still
-  // in its slot: stage S + D of the step's 2S + 1 takes the slot stage S - D left (D <= S).
+  // The weights a step copies, stage by stage as plan::StageRoundRobin places them: none when the
+  // stage's slot holds its layers from earlier in the step (a backward stage after the forward
+  // stage over its layers there); in a LoRA job, only the adapters when the slot holds the
+  // layers' frozen base from an earlier step; else all of them.
   const std::vector<LayerSpec> specs = BuildLayerSpecs(m.config, m.lora);
-  auto range_bytes = [&](plan::LayerRange r) {
+  auto range_bytes = [&](plan::LayerRange r, bool trainable_only) {
     Result<DeviceParams::Bytes> b = DeviceParams::Measure(
         m.config, m.lora, {specs.begin() + r.first, specs.begin() + r.last}, k.spec.dtype);
     EXPECT_TRUE(b.ok()) << b.status().ToString();
-    return b.ok() ? uint64_t(b->weights) : 0;
+    return !b.ok() ? 0 : uint64_t(trainable_only ? b->trainable_weights : b->weights);
   };
   const int S = int(k.spec.stages.size()), head = int(specs.size()) - 1;
-  uint64_t step_weights = range_bytes({head, head + 1});
-  for (const plan::LayerRange& r : k.spec.stages) step_weights += 2 * range_bytes(r);
-  if (k.devices <= S) step_weights -= range_bytes(k.spec.stages[size_t(S - k.devices)]);
+  std::vector<plan::LayerRange> ranges;  // per stage of a step
+  for (int i = 0; i <= 2 * S; ++i) {
+    ranges.push_back(i < S    ? k.spec.stages[size_t(i)]
+                     : i == S ? plan::LayerRange{head, head + 1}
+                              : k.spec.stages[size_t(2 * S - i)]);
+  }
+  if (m.lora.enabled()) {
+    EXPECT_LT(range_bytes(ranges[0], true), range_bytes(ranges[0], false) / 2);
+  }
+  plan::StageRoundRobin placement(k.devices);
+  std::map<std::pair<int, int>, std::pair<int, int>> held;  // slot -> (first layer, step)
+  auto step_weights = [&](int step) {
+    uint64_t bytes = 0;
+    const auto at = placement.Place(2 * S + 1, m.lora.enabled());
+    for (int i = 0; i <= 2 * S; ++i) {
+      auto it = held.try_emplace({at[size_t(i)].device, at[size_t(i)].slot}, -1, -1).first;
+      if (it->second != std::pair{ranges[size_t(i)].first, step}) {
+        bytes += range_bytes(ranges[size_t(i)],
+                             m.lora.enabled() && it->second.first == ranges[size_t(i)].first);
+      }
+      it->second = {ranges[size_t(i)].first, step};
+    }
+    return bytes;
+  };
+  uint64_t weights_uploaded = 0;
   // Saved activations on NVMe: a step writes and reads each entry once, in whole 4096-byte
   // blocks, which is what the plan counts, by the store's count and by /proc/self/io.
   const uint64_t planned_nvme = p.memory.nvme_activation_step_bytes;
@@ -424,7 +448,8 @@ TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
     }
     const ExecutorStats st = (*e)->stats();
     EXPECT_EQ(st.stages_run, int64_t(2 * k.spec.stages.size() + 1));
-    EXPECT_EQ(st.weight_bytes_uploaded, uint64_t(step + 1) * step_weights);
+    weights_uploaded += step_weights(step);
+    EXPECT_EQ(st.weight_bytes_uploaded, weights_uploaded) << "step " << step;
   }
 }
 

@@ -64,7 +64,9 @@ Result<DeviceParams::Bytes> DeviceParams::Measure(const ModelConfig& c, const Lo
                                                   DType dtype) {
   FERRY_ASSIGN_OR_RETURN(const DeviceParams p,
                          Lay(nullptr, c, lora, layers, nullptr, ParamGrads::kAllocate, dtype));
-  return Bytes{p.weights_bytes_, p.grads_bytes_};
+  size_t trainable = 0;
+  for (const auto& [begin, end] : p.trainable_extents_) trainable += end - begin;
+  return Bytes{p.weights_bytes_, p.grads_bytes_, trainable};
 }
 
 Result<DeviceParams> DeviceParams::Create(Device& d, const ModelConfig& c, const LoraConfig& lora,
@@ -186,6 +188,7 @@ Result<DeviceParams> DeviceParams::Lay(Device* d, const ModelConfig& c, const Lo
         (grads ? dp.g_offset : dp.w_offset) = off;
         const ParamSpec* spec = by_name.count(name) ? by_name.at(name) : &s;
         dp.host_name = spec->tied_to.empty() ? name : spec->tied_to;
+        dp.trainable = spec->trainable;
       };
       if (pp.up == nullptr) {
         assign(s.name, t, offset);
@@ -225,6 +228,25 @@ Result<DeviceParams> DeviceParams::Lay(Device* d, const ModelConfig& c, const Lo
     return Status::Ok();
   };
   FERRY_RETURN_IF_ERROR(place(false, p.weights_, p.weights_data_, p.weights_bytes_));
+  // What an update changes: the trainable weights and every LoRA factor, merged.
+  std::vector<std::pair<size_t, size_t>> extents;
+  for (const auto& [name, dp] : p.params_) {
+    if (dp.trainable && dp.nf4.empty()) {
+      extents.emplace_back(dp.w_offset, dp.w_offset + size_t(dp.w.bytes()));
+    }
+  }
+  for (const auto& [group, pack] : p.lora_) {
+    extents.emplace_back(pack.a_offset, pack.a_offset + size_t(pack.a.bytes()));
+    extents.emplace_back(pack.b_offset, pack.b_offset + size_t(pack.b.bytes()));
+  }
+  std::sort(extents.begin(), extents.end());
+  for (const auto& e : extents) {
+    if (!p.trainable_extents_.empty() && e.first <= p.trainable_extents_.back().second) {
+      p.trainable_extents_.back().second = std::max(p.trainable_extents_.back().second, e.second);
+    } else {
+      p.trainable_extents_.push_back(e);
+    }
+  }
   if (grad_buffers == ParamGrads::kAllocate) {
     FERRY_RETURN_IF_ERROR(place(true, p.grads_, p.grads_data_, p.grads_bytes_));
   }
@@ -315,6 +337,20 @@ Status DeviceParams::UploadWeights(Device& d, size_t offset, size_t bytes) {
   if (bytes == 0) return Status::Ok();
   return d.CopyToDevice(weights_data_ + std::ptrdiff_t(offset),
                         mirrors_->weights.Sub(offset, bytes), bytes);
+}
+
+Result<size_t> DeviceParams::UploadTrainableWeights(Device& d, size_t offset, size_t bytes) {
+  if (offset > weights_bytes_ || bytes > weights_bytes_ - offset) {
+    return UploadWeights(d, offset, bytes);  // InvalidArgument naming the range
+  }
+  size_t copied = 0;
+  for (const auto& [begin, end] : trainable_extents_) {
+    const size_t lo = std::max(begin, offset), hi = std::min(end, offset + bytes);
+    if (lo >= hi) continue;
+    FERRY_RETURN_IF_ERROR(UploadWeights(d, lo, hi - lo));
+    copied += hi - lo;
+  }
+  return copied;
 }
 
 Status DeviceParams::Upload(Device& d, const HostTensors& weights) {

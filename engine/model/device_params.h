@@ -32,6 +32,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/model/host_tensors.h"
@@ -50,7 +51,8 @@ struct DeviceParam {
   Tensor grad;          // same shape; null data when frozen
   size_t w_offset = 0;  // byte offsets in the weights / grads allocation
   size_t g_offset = 0;
-  std::string host_name;  // HostTensors key (the owner's name for a tied parameter)
+  std::string host_name;   // HostTensors key (the owner's name for a tied parameter)
+  bool trainable = false;  // the optimizer updates it (a LoRA job's base weights are frozen)
   // An NF4 weight (ParamSpec::nf4) as it sits in "params.weights": packed codes, absmax and the
   // 16-entry code, and when nested (ParamSpec::nf4_nested, as the host holds it) the nested
   // absmax, code and offset (the tensors Nf4DeviceTensorBytes counts, in its order). Such a
@@ -140,6 +142,7 @@ class DeviceParams {
   // mirrors hold), without a device: a caller sizes the mirrors before any DeviceParams exists.
   struct Bytes {
     size_t weights = 0, grads = 0;
+    size_t trainable_weights = 0;  // of `weights`: the trainable_extents' bytes
   };
   static Result<Bytes> Measure(const ModelConfig& c, const LoraConfig& lora,
                                const std::vector<LayerSpec>& layers, DType dtype = DType::kF32);
@@ -185,6 +188,16 @@ class DeviceParams {
   size_t weights_bytes() const { return weights_bytes_; }
   size_t grads_bytes() const { return grads_bytes_; }
   Status UploadWeights(Device& d, size_t offset, size_t bytes);
+  // The byte ranges [begin, end) of "params.weights" that hold trainable weights (LoRA adapters,
+  // and every weight in full fine-tuning), ascending and merged: what changes from one update to
+  // the next.
+  const std::vector<std::pair<size_t, size_t>>& trainable_extents() const {
+    return trainable_extents_;
+  }
+  // Enqueues, as UploadWeights, the copy of those trainable ranges that lie in [offset, offset +
+  // bytes) only, for a slot that holds these layers' frozen weights already (packed from the same
+  // master copy). Returns the bytes copied.
+  Result<size_t> UploadTrainableWeights(Device& d, size_t offset, size_t bytes);
   Status DownloadGrads(Device& d);
   Status AddGrads(HostTensors& grads, GradOverwrite* overwrite = nullptr,
                   ThreadPool* pool = nullptr);
@@ -199,6 +212,7 @@ class DeviceParams {
   DeviceBuffer weights_, grads_;  // empty with a CarveSource
   DevicePtr<std::byte> weights_data_, grads_data_;
   size_t weights_bytes_ = 0, grads_bytes_ = 0;
+  std::vector<std::pair<size_t, size_t>> trainable_extents_;
   std::shared_ptr<HostMirrors> mirrors_;  // never null after Create
   DType dtype_ = DType::kF32;
   std::vector<LayerSpec> layers_;

@@ -226,7 +226,8 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
     const int d = k % G;
     SimTask t = MakeTask(name_of('W', k, -1) + "/" + std::to_string(c), TaskKind::kWeightUpload,
                          {LaneKind::kHostToDevice, d}, k, -1);
-    t.bytes = all[k].weight_bytes / chunks;
+    const bool base = size_t(k) < job.base_resident.size() && job.base_resident[size_t(k)];
+    t.bytes = (base ? all[k].trainable_weight_bytes : all[k].weight_bytes) / chunks;
     if (k - 2 * G >= 0) t.deps.push_back(compute[k - 2 * G][m - 1]);  // buffer is free
     weights_last[k] = s.Add(std::move(t));
   };
@@ -314,6 +315,37 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
     }
   }
   return s;
+}
+
+std::vector<StageRoundRobin::Placement> StageRoundRobin::Place(int stages, bool resume) {
+  std::vector<Placement> out;
+  for (int k = 0; k < stages; ++k) {
+    if (k == 0 && resume && last_) {
+      counter_ = last_->device;
+      runs_[size_t(last_->device)] = last_->slot;
+    }
+    const int d = int(counter_++ % gpus_);
+    out.push_back({d, int(runs_[size_t(d)]++ % 2)});
+  }
+  if (!out.empty()) last_ = out.back();
+  return out;
+}
+
+std::vector<bool> ResidentBases(const std::vector<int>& ranges, int gpus) {
+  StageRoundRobin rr(gpus);
+  std::vector<int> held(size_t(2 * gpus), -1);  // per device and slot: the range it holds
+  std::vector<bool> resident(ranges.size(), false);
+  // Enough steps for the placement to settle into its cycle; the last one is reported.
+  const int steps = 2 * gpus + 2;
+  for (int step = 0; step < steps; ++step) {
+    const std::vector<StageRoundRobin::Placement> at = rr.Place(int(ranges.size()), true);
+    for (size_t k = 0; k < ranges.size(); ++k) {
+      int& h = held[size_t(2 * at[k].device + at[k].slot)];
+      if (step + 1 == steps) resident[k] = h == ranges[k];
+      h = ranges[k];
+    }
+  }
+  return resident;
 }
 
 }  // namespace ferry::plan

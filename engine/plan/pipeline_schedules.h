@@ -11,6 +11,7 @@
 // Pure functions; thread-safe.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,9 +21,12 @@
 namespace ferry::plan {
 
 struct StageCost {
-  double fwd_s = 0;            // compute per micro-batch, forward (tail: its forward)
-  double bwd_s = 0;            // compute per micro-batch, backward (with any recompute)
-  double weight_bytes = 0;     // uploaded once per stage (round-robin); resident in the baselines
+  double fwd_s = 0;         // compute per micro-batch, forward (tail: its forward)
+  double bwd_s = 0;         // compute per micro-batch, backward (with any recompute)
+  double weight_bytes = 0;  // uploaded once per stage (round-robin); resident in the baselines
+  // Of weight_bytes, the trainable weights (what an update changes): all a stage uploads when
+  // its slot holds its layers' frozen base from an earlier step (RoundRobinJob::base_resident).
+  double trainable_weight_bytes = 0;
   double input_bytes = 0;      // round-robin: uploaded per micro-batch before the stage runs
   double output_bytes = 0;     // round-robin: downloaded per micro-batch after it runs.
                                // Baselines: the stage's boundary activation per micro-batch, sent
@@ -79,7 +83,41 @@ struct RoundRobinJob {
   // Measured on CPU devices, leaving them out made the replayed step 13-23% shorter than the
   // recorded one (engine/exec/trace_replay_test.cc).
   bool single_buffered_inputs = false;
+  // Per stage of the step (forward stages, the tail, backward stages; empty: none): its weight
+  // slot holds its layers' frozen base from an earlier step (a LoRA job, ResidentBases), so its
+  // upload moves StageCost::trainable_weight_bytes only.
+  std::vector<bool> base_resident;
 };
+
+// The executor's round robin of stages over devices and their two weight slots
+// (engine/exec/pipeline_executor.cc): stage k of a step runs on the device after stage k - 1's,
+// in that device's slots in turn. With `resume` a step's first stage goes to the device and slot
+// of the previous step's last stage, the backward stage over the same layers, so a LoRA job's
+// frozen base is still there; without, the counter runs on from the previous step.
+// Thread-compatible.
+class StageRoundRobin {
+ public:
+  struct Placement {
+    int device = 0;
+    int slot = 0;
+  };
+  explicit StageRoundRobin(int gpus) : gpus_(gpus), runs_(size_t(gpus), 0) {}
+  // Places a step's `stages` stages, in order.
+  std::vector<Placement> Place(int stages, bool resume);
+  // Forgets the previous step (after a failed one: the next step starts afresh).
+  void Forget() { last_.reset(); }
+
+ private:
+  int gpus_;
+  int64_t counter_ = 0;
+  std::vector<int64_t> runs_;  // per device: stages placed so far
+  std::optional<Placement> last_;
+};
+
+// Per stage of a LoRA training step after many (StageRoundRobin with resume, every step alike),
+// whether its weight slot still holds its layers' frozen base when the stage starts: the stage
+// that last used the slot ran the same layers. `ranges`: each stage's layer range (any id).
+std::vector<bool> ResidentBases(const std::vector<int>& ranges, int gpus);
 
 // Round-robin dispatch: a global counter hands stage k (forward stages, the tail, then backward
 // stages) to GPU k mod gpus, which runs it for every micro-batch. Each GPU holds two weight

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
+#include <vector>
 
 namespace ferry::plan {
 namespace {
@@ -224,6 +226,62 @@ TEST(PipelineSchedules, RoundRobinRunsTheEmbeddingOnTheHost) {
   EXPECT_NEAR(finish(job, "UB0"), 9.0, kTol);
   job.embedding_backward.bytes = -1;
   EXPECT_FALSE(BuildRoundRobinSchedule(job).ok());
+}
+
+// The executor's placement: round robin over devices, each device's two slots in turn; with
+// `resume` a step starts on the last step's last device and slot.
+TEST(StageRoundRobin, PlacesInTurnAndResumesWhereTheLastStepEnded) {
+  using P = StageRoundRobin::Placement;
+  auto eq = [](const std::vector<P>& got, const std::vector<P>& want) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].device, want[i].device) << i;
+      EXPECT_EQ(got[i].slot, want[i].slot) << i;
+    }
+  };
+  StageRoundRobin on(2);
+  eq(on.Place(5, false), {{0, 0}, {1, 0}, {0, 1}, {1, 1}, {0, 0}});
+  eq(on.Place(5, false), {{1, 0}, {0, 1}, {1, 1}, {0, 0}, {1, 0}});  // the counter runs on
+  StageRoundRobin resume(2);
+  eq(resume.Place(7, true), {{0, 0}, {1, 0}, {0, 1}, {1, 1}, {0, 0}, {1, 0}, {0, 1}});
+  eq(resume.Place(7, true), {{0, 1}, {1, 1}, {0, 0}, {1, 0}, {0, 1}, {1, 1}, {0, 0}});
+  resume.Forget();  // after a failed step: the counter runs on
+  eq(resume.Place(3, true), {{1, 0}, {0, 1}, {1, 1}});
+}
+
+// Worked by hand from the placements above. Two devices, two forward stages (ranges 0 1, the
+// tail 2, backward 1 0): each device's slots keep the same ranges from step to step. Three
+// forward stages: the first stage (after the backward stage over its layers), the second
+// forward stage and the backward stage that follows its forward stage on the same slot.
+TEST(StageRoundRobin, ResidentBasesOfASteadyStep) {
+  EXPECT_EQ(ResidentBases({0, 1, 2, 1, 0}, 2), std::vector<bool>(5, true));
+  EXPECT_EQ(ResidentBases({0, 1, 2, 3, 2, 1, 0}, 2),
+            (std::vector<bool>{true, false, true, false, false, true, false}));
+  EXPECT_EQ(ResidentBases({0, 1, 0}, 1), std::vector<bool>(3, true));
+  // Eight devices, more slots than ranges: every base stays.
+  EXPECT_EQ(ResidentBases({0, 1, 2, 1, 0}, 8), std::vector<bool>(5, true));
+}
+
+// A stage whose base is resident uploads its trainable bytes only.
+TEST(PipelineSchedules, ResidentBaseUploadsTheTrainableBytes) {
+  RoundRobinJob job;
+  job.gpus = 2;
+  job.micro_batches = 2;
+  job.weight_chunks = 1;
+  StageCost c{.fwd_s = 1, .bwd_s = 2, .weight_bytes = 100, .trainable_weight_bytes = 3};
+  job.forward = {c};
+  job.tail = c;
+  job.backward = {c};
+  job.base_resident = {true, false, true};
+  Result<Schedule> s = BuildRoundRobinSchedule(job);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  std::map<int, double> bytes;  // per stage: its weight uploads' bytes
+  for (const SimTask& t : s->tasks) {
+    if (t.kind == TaskKind::kWeightUpload) bytes[t.stage] += t.bytes;
+  }
+  EXPECT_EQ(bytes[0], 3);
+  EXPECT_EQ(bytes[1], 100);
+  EXPECT_EQ(bytes.count(2) ? bytes[2] : 3.0, 3);  // none when it reuses stage 0's upload
 }
 
 }  // namespace

@@ -18,10 +18,11 @@ constexpr double kF32 = 4;
 struct LayerNumbers {
   double fwd_s = 0, bwd_s = 0;  // compute at the profile's effective rate
   double input = 0, saved = 0, output = 0;
-  double weights = 0;     // compute-dtype bytes uploaded
-  double grads = 0;       // fp32 gradient bytes downloaded
-  double trainable = 0;   // parameters the optimizer updates
-  bool measured = false;  // fwd_s, bwd_s from the profile's layer_times
+  double weights = 0;            // compute-dtype bytes uploaded
+  double trainable_weights = 0;  // of which trainable (what an update changes)
+  double grads = 0;              // fp32 gradient bytes downloaded
+  double trainable = 0;          // parameters the optimizer updates
+  bool measured = false;         // fwd_s, bwd_s from the profile's layer_times
   // The embedding (on the host) when not measured: host bytes its gather / scatter-add move.
   double host_fwd_bytes = 0, host_bwd_bytes = 0;
 };
@@ -76,8 +77,10 @@ std::vector<LayerNumbers> NumbersFor(const Context& c, BatchShape micro) {
     n.output = double(cost.output_bytes);
     for (const ParamSpec& p : c.layers[i].params) {
       // What the upload moves: the compute dtype, or an NF4 weight's codes and quant state.
-      n.weights +=
+      const double bytes =
           p.nf4 ? double(p.bytes()) : double(p.numel()) * double(DTypeSize(c.job.compute_dtype));
+      n.weights += bytes;
+      if (p.trainable) n.trainable_weights += bytes;
       if (p.trainable) n.grads += double(p.numel()) * kF32;
       if (p.trainable && p.tied_to.empty()) n.trainable += double(p.numel());
     }
@@ -216,6 +219,7 @@ std::vector<StageCost> StageCosts(const std::vector<LayerNumbers>& n,
       const LayerNumbers& l = n[size_t(i)];
       const double kept = keep ? 0 : l.input + (recompute[size_t(i)] ? 0 : l.saved);
       sc.weight_bytes += l.weights;
+      sc.trainable_weight_bytes += l.trainable_weights;
       if (!backward) {
         sc.fwd_s += l.fwd_s;
         if (!keep) sc.output_bytes += l.output + (recompute[size_t(i)] ? 0 : l.saved);
@@ -240,7 +244,13 @@ std::vector<StageCost> StageCosts(const std::vector<LayerNumbers>& n,
   return out;
 }
 
-RoundRobinJob BuildJob(const std::vector<LayerNumbers>& n, const Candidate& k, int gpus) {
+bool ResidentBase(const PlanJob& job) { return job.lora.enabled() && !job.forward_only; }
+
+// `resident_base`: a LoRA training step, whose stages find their layers' frozen base in their
+// weight slots where an earlier step left it (ResidentBases, as the executor places them): they
+// upload the adapters only.
+RoundRobinJob BuildJob(const std::vector<LayerNumbers>& n, const Candidate& k, int gpus,
+                       bool resident_base) {
   RoundRobinJob job;
   job.gpus = gpus;
   job.micro_batches = int(k.micro_batches);
@@ -252,6 +262,15 @@ RoundRobinJob BuildJob(const std::vector<LayerNumbers>& n, const Candidate& k, i
   job.tail.fwd_s = head.fwd_s;
   job.tail.bwd_s = head.bwd_s;
   job.tail.weight_bytes = head.weights;
+  job.tail.trainable_weight_bytes = head.trainable_weights;
+  if (resident_base) {
+    // Each stage's layer range: forward stage s and backward stage 2S - k run range s, the tail
+    // range S.
+    const int S = int(k.stages.size());
+    std::vector<int> ranges;
+    for (int i = 0; i <= 2 * S; ++i) ranges.push_back(i <= S ? i : 2 * S - i);
+    job.base_resident = ResidentBases(ranges, gpus);
+  }
   job.tail.input_bytes = head.input;
   job.tail.output_bytes = head.input;  // dh
   job.tail.grad_bytes = head.grads;
@@ -534,7 +553,8 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
                 continue;
               }
               if (!timing) {
-                FERRY_ASSIGN_OR_RETURN(Timing t, SimulateJob(BuildJob(n, k, gpus), hw));
+                FERRY_ASSIGN_OR_RETURN(Timing t,
+                                       SimulateJob(BuildJob(n, k, gpus, ResidentBase(c.job)), hw));
                 timing = t;
               }
               Plan p;
@@ -625,7 +645,7 @@ RoundRobinJob RoundRobinJobOf(const ModelConfig& model, const Plan& plan,
   const std::vector<LayerNumbers> n =
       NumbersFor(c, MicroBatchShape(plan.job, plan.micro_batch_size));
   Candidate k{plan.stages, plan.micro_batches, plan.activation_policy, plan.recompute};
-  return BuildJob(n, k, plan.gpus);
+  return BuildJob(n, k, plan.gpus, ResidentBase(plan.job));
 }
 
 std::vector<StageCost> BaselineStagesOf(const ModelConfig& model, const PlanJob& job,
