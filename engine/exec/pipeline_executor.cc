@@ -550,7 +550,12 @@ class Executor final : public PipelineExecutor {
     }
     std::vector<int32_t> positions(size_t(n), 0);
     for (int64_t t = 0; t < n; ++t) positions[size_t(t)] = int32_t(past + t);
-    if (past == 0) ++weights_version_;  // a new sequence: the weights may have changed
+    if (past == 0) {  // a new sequence: the weights may have changed, the frozen base too
+      ++weights_version_;
+      for (DeviceState& ds : devices_) {
+        for (auto& f : ds.slot_frozen) f = {DeviceState::kNone, nullptr};
+      }
+    }
     packed_from_ = &weights;
     MicroBatchInput mb;
     mb.tokens = tokens;
@@ -647,8 +652,8 @@ class Executor final : public PipelineExecutor {
     return Status::Ok();
   }
 
-  // Adds the step's spans to the trace. The round robin's counter runs on, so next step each
-  // device runs what another ran in this one: every device keeps as many events as the busiest.
+  // Adds the step's spans to the trace. Next step a device may run what another ran in this one
+  // (the round robin runs on): every device keeps as many events as the busiest.
   Status CollectTrace() {
     size_t most = 0;
     for (DeviceState& ds : devices_) most = std::max(most, ds.timeline->events_used());
@@ -749,8 +754,13 @@ class Executor final : public PipelineExecutor {
     const int64_t S = int64_t(p_.stages.size()), head = int64_t(layers_.size()) - 1;
     runs_.clear();
     runs_.resize(size_t(forward_only_ ? S + 1 : 2 * S + 1));
+    // An evaluation starts where the next step will (a copy of the round robin): its stages find
+    // the frozen base where the last step left it, and leave it where the next step looks.
     std::vector<plan::StageRoundRobin::Placement> at;
-    if (!decoding_) at = round_robin_.Place(int(runs_.size()), lora_.enabled());
+    if (!decoding_) {
+      plan::StageRoundRobin eval = round_robin_;
+      at = (forward_only_ ? eval : round_robin_).Place(int(runs_.size()), lora_.enabled());
+    }
     for (int64_t i = 0; i < int64_t(runs_.size()); ++i) {
       StageRun& st = runs_[size_t(i)];
       if (i < S) {
@@ -900,7 +910,7 @@ class Executor final : public PipelineExecutor {
     // The slot holds these layers' frozen weights from the same master copy (a LoRA job's base):
     // only the trainable ranges change.
     const std::pair<size_t, const HostTensors*> frozen{RangeIndex(i), packed_from_};
-    const bool trainable_only = lora_.enabled() && ds.slot_frozen[st.slot] == frozen;
+    const bool trainable_only = lora_.enabled() && !decoding_ && ds.slot_frozen[st.slot] == frozen;
     if (k == 0) ds.slot_holds[st.slot] = {DeviceState::kNone, -1};
     if (k == 0 && !trainable_only) ds.slot_frozen[st.slot] = {DeviceState::kNone, nullptr};
     if (k == 0) FERRY_RETURN_IF_ERROR(ds.hazards.Before(StreamId::kUpload, {}, {slot}));

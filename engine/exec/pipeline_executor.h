@@ -1,7 +1,8 @@
 // PipelineExecutor: runs one training step of a Plan (engine/plan/planner.h) on a set of devices
 // (DESIGN.md, "Execution"): the forward stages, then the fused head + loss tail, then the backward
-// stages in reverse, each handed by a global counter to the next device in turn (round robin);
-// that device runs the stage for every micro-batch.
+// stages in reverse, each handed to the next device in turn (round robin, plan::StageRoundRobin;
+// a LoRA job's step starts where the last one ended); that device runs the stage for every
+// micro-batch.
 //
 //  - Device memory: at Create, each device allocates exactly the plan's GPU allocation map
 //    (plan.memory.gpu: names and sizes from engine/plan/memory_model.h), one arena block per
@@ -124,7 +125,9 @@ struct ExecutorStats {
   // Bytes of weights copied to the devices so far. A stage whose weight slot still holds its
   // weights, packed from the same master copy, copies none: in a step, the backward stage that
   // follows its own forward stage into that slot (one device and one stage: the only backward
-  // stage); in generation, every stage that keeps its slot from token to token.
+  // stage); in generation, every stage that keeps its slot from token to token. In a LoRA job's
+  // steps and evaluations, a stage whose slot holds its layers' frozen base, packed from the
+  // same master copy, copies only the trainable ranges (DeviceParams::trainable_extents).
   uint64_t weight_bytes_uploaded = 0;
   // Per plan allocation name: the most bytes any component used of it (<= its planned size).
   std::vector<plan::Allocation> used;
@@ -187,6 +190,10 @@ class PipelineExecutor {
   // forward stage's and the tail's weights are packed from `weights` (a backward stage uploads
   // its forward stage's packed bytes) and the embedding reads them, and after each tail or
   // backward stage's gradients, then the embedding's, are final in `grads`.
+  // In a LoRA job the frozen base stays in the devices' weight slots from call to call: between
+  // Step and Evaluate calls with the same `weights` object only its trainable tensors may change
+  // (the Trainer's contract); a changed base needs another object that was never passed here, or
+  // a Decode at past 0.
   virtual Result<double> Step(const HostTensors& weights, std::span<const MicroBatchInput> batches,
                               HostTensors& grads, const StepHooks& hooks = {}) = 0;
   // Forward only (evaluation): the forward stages and the tail's loss-only pass over 1 to

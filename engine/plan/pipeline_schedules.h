@@ -92,8 +92,9 @@ struct RoundRobinJob {
 // The executor's round robin of stages over devices and their two weight slots
 // (engine/exec/pipeline_executor.cc): stage k of a step runs on the device after stage k - 1's,
 // in that device's slots in turn. With `resume` a step's first stage goes to the device and slot
-// of the previous step's last stage, the backward stage over the same layers, so a LoRA job's
-// frozen base is still there; without, the counter runs on from the previous step.
+// of the previous step's last stage (in training, the backward stage over the same layers), so a
+// LoRA job's frozen base is still there; without, the counter runs on from the previous step.
+// (The executor places an evaluation on a copy, so it starts where the next step will.)
 // Thread-compatible.
 class StageRoundRobin {
  public:
