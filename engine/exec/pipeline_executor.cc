@@ -552,9 +552,7 @@ class Executor final : public PipelineExecutor {
     for (int64_t t = 0; t < n; ++t) positions[size_t(t)] = int32_t(past + t);
     if (past == 0) {  // a new sequence: the weights may have changed, the frozen base too
       ++weights_version_;
-      for (DeviceState& ds : devices_) {
-        for (auto& f : ds.slot_frozen) f = {DeviceState::kNone, nullptr};
-      }
+      ForgetFrozenBases();
     }
     packed_from_ = &weights;
     MicroBatchInput mb;
@@ -668,9 +666,15 @@ class Executor final : public PipelineExecutor {
   void ForgetSlots() {
     for (DeviceState& ds : devices_) {
       for (auto& h : ds.slot_holds) h = {DeviceState::kNone, -1};
+    }
+    ForgetFrozenBases();
+    round_robin_.Forget();
+  }
+  // No slot's frozen base may be reused: the next upload of each stage is whole.
+  void ForgetFrozenBases() {
+    for (DeviceState& ds : devices_) {
       for (auto& f : ds.slot_frozen) f = {DeviceState::kNone, nullptr};
     }
-    round_robin_.Forget();
   }
 
   void SynchronizeAll() {

@@ -127,7 +127,7 @@ struct ExecutorStats {
   // follows its own forward stage into that slot (one device and one stage: the only backward
   // stage); in generation, every stage that keeps its slot from token to token. In a LoRA job's
   // steps and evaluations, a stage whose slot holds its layers' frozen base, packed from the
-  // same master copy, copies only the trainable ranges (DeviceParams::trainable_extents).
+  // same master copy, copies only the trainable ranges (DeviceParams::UploadTrainableWeights).
   uint64_t weight_bytes_uploaded = 0;
   // Per plan allocation name: the most bytes any component used of it (<= its planned size).
   std::vector<plan::Allocation> used;

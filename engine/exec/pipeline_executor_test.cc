@@ -373,9 +373,8 @@ TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
   const int S = int(k.spec.stages.size()), head = int(specs.size()) - 1;
   std::vector<plan::LayerRange> ranges;  // per stage of a step
   for (int i = 0; i <= 2 * S; ++i) {
-    ranges.push_back(i < S    ? k.spec.stages[size_t(i)]
-                     : i == S ? plan::LayerRange{head, head + 1}
-                              : k.spec.stages[size_t(2 * S - i)]);
+    const int r = plan::StepStageRange(i, S);
+    ranges.push_back(r < S ? k.spec.stages[size_t(r)] : plan::LayerRange{head, head + 1});
   }
   if (m.lora.enabled()) {
     EXPECT_LT(range_bytes(ranges[0], true), range_bytes(ranges[0], false) / 2);

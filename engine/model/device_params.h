@@ -142,7 +142,7 @@ class DeviceParams {
   // mirrors hold), without a device: a caller sizes the mirrors before any DeviceParams exists.
   struct Bytes {
     size_t weights = 0, grads = 0;
-    size_t trainable_weights = 0;  // of `weights`: the trainable_extents' bytes
+    size_t trainable_weights = 0;  // of `weights`: what UploadTrainableWeights copies in all
   };
   static Result<Bytes> Measure(const ModelConfig& c, const LoraConfig& lora,
                                const std::vector<LayerSpec>& layers, DType dtype = DType::kF32);
@@ -188,15 +188,9 @@ class DeviceParams {
   size_t weights_bytes() const { return weights_bytes_; }
   size_t grads_bytes() const { return grads_bytes_; }
   Status UploadWeights(Device& d, size_t offset, size_t bytes);
-  // The byte ranges [begin, end) of "params.weights" that hold trainable weights (LoRA adapters,
-  // and every weight in full fine-tuning), ascending and merged: what changes from one update to
-  // the next.
-  const std::vector<std::pair<size_t, size_t>>& trainable_extents() const {
-    return trainable_extents_;
-  }
-  // Enqueues, as UploadWeights, the copy of those trainable ranges that lie in [offset, offset +
-  // bytes) only, for a slot that holds these layers' frozen weights already (packed from the same
-  // master copy). Returns the bytes copied.
+  // Enqueues, as UploadWeights, the copy of the trainable ranges (trainable_extents_) that lie
+  // in [offset, offset + bytes) only, for a slot that holds these layers' frozen weights already
+  // (packed from the same master copy). Returns the bytes copied.
   Result<size_t> UploadTrainableWeights(Device& d, size_t offset, size_t bytes);
   Status DownloadGrads(Device& d);
   Status AddGrads(HostTensors& grads, GradOverwrite* overwrite = nullptr,
@@ -212,6 +206,9 @@ class DeviceParams {
   DeviceBuffer weights_, grads_;  // empty with a CarveSource
   DevicePtr<std::byte> weights_data_, grads_data_;
   size_t weights_bytes_ = 0, grads_bytes_ = 0;
+  // The byte ranges [begin, end) of "params.weights" that hold trainable weights (LoRA adapters,
+  // and every weight in full fine-tuning), ascending and merged: what changes from one update to
+  // the next.
   std::vector<std::pair<size_t, size_t>> trainable_extents_;
   std::shared_ptr<HostMirrors> mirrors_;  // never null after Create
   DType dtype_ = DType::kF32;

@@ -115,6 +115,12 @@ class StageRoundRobin {
   std::optional<Placement> last_;
 };
 
+// The layer range (forward stage index; the tail's is `forward_stages`) that stage `stage` of a
+// step runs: forward stages, then the tail, then the backward stages in reverse.
+inline int StepStageRange(int stage, int forward_stages) {
+  return stage <= forward_stages ? stage : 2 * forward_stages - stage;
+}
+
 // Per stage of a LoRA training step after many (StageRoundRobin with resume, every step alike),
 // whether its weight slot still holds its layers' frozen base when the stage starts: the stage
 // that last used the slot ran the same layers. `ranges`: each stage's layer range (any id).

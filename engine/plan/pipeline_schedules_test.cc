@@ -254,6 +254,9 @@ TEST(StageRoundRobin, PlacesInTurnAndResumesWhereTheLastStepEnded) {
 // forward stages: the first stage (after the backward stage over its layers), the second
 // forward stage and the backward stage that follows its forward stage on the same slot.
 TEST(StageRoundRobin, ResidentBasesOfASteadyStep) {
+  std::vector<int> ranges;  // a step's stages with two forward stages: 0 1, the tail, 1 0
+  for (int i = 0; i < 5; ++i) ranges.push_back(StepStageRange(i, 2));
+  EXPECT_EQ(ranges, (std::vector<int>{0, 1, 2, 1, 0}));
   EXPECT_EQ(ResidentBases({0, 1, 2, 1, 0}, 2), std::vector<bool>(5, true));
   EXPECT_EQ(ResidentBases({0, 1, 2, 3, 2, 1, 0}, 2),
             (std::vector<bool>{true, false, true, false, false, true, false}));

@@ -264,11 +264,9 @@ RoundRobinJob BuildJob(const std::vector<LayerNumbers>& n, const Candidate& k, i
   job.tail.weight_bytes = head.weights;
   job.tail.trainable_weight_bytes = head.trainable_weights;
   if (resident_base) {
-    // Each stage's layer range: forward stage s and backward stage 2S - k run range s, the tail
-    // range S.
     const int S = int(k.stages.size());
     std::vector<int> ranges;
-    for (int i = 0; i <= 2 * S; ++i) ranges.push_back(i <= S ? i : 2 * S - i);
+    for (int i = 0; i <= 2 * S; ++i) ranges.push_back(StepStageRange(i, S));
     job.base_resident = ResidentBases(ranges, gpus);
   }
   job.tail.input_bytes = head.input;
