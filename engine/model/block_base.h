@@ -3,7 +3,8 @@
 // parameters, gradients and LoRA groups by module name; and attention over saved q, k, v.
 //
 // `Workspace` must have the members du (LoRA, (N, Rmax)), scratch and sink (the gradient
-// sink for frozen weights, 2 * max(C, head_dim) f32): BlockBase lays those out itself. Activations
+// sink for frozen weights, 2 * max(C, head_dim) f32): LayoutWorkspace and BlockBase lay those out
+// themselves. Activations
 // and their gradients are in the weights' dtype (Act()); statistics and parameter gradients f32.
 //
 // Ownership and thread-safety as DecoderBlocks.
@@ -11,11 +12,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <initializer_list>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "engine/model/decoder_blocks.h"
+#include "engine/model/model_stack.h"
 #include "engine/model/projection.h"
 #include "engine/model/tensor_carver.h"
 #include "kernels/ops/attention.h"
@@ -23,33 +25,80 @@
 
 namespace ferry {
 
+// A family's layouts of one saved slot and of its own part of the workspace, and the modules
+// whose LoRA groups the blocks look up (for du's width). Plain functions of BlockBufferArgs, so
+// the blocks carve by them and BlockBuffersOf (model_stack.h) counts them: one layout, no mirror.
+template <typename Saved, typename Workspace>
+struct BlockLayouts {
+  void (*saved)(const BlockBufferArgs&, TensorCarver&, Saved&) = nullptr;
+  void (*workspace)(const BlockBufferArgs&, TensorCarver&, Workspace&) = nullptr;
+  std::span<const char* const> lora_modules = {};
+};
+
+// u = x A^T (N, R) for the module's LoRA group, or an empty tensor when it has none.
+inline Tensor TakeLoraU(const BlockBufferArgs& a, TensorCarver& cv, const char* module) {
+  const int64_t r = a.lora_rank ? a.lora_rank(module) : 0;
+  return r == 0 ? Tensor{} : cv.Take(a.act, {a.tokens, r});
+}
+
+// The whole workspace: the family's part, then LoRA's du (N, the widest group's rank, at least 1)
+// and the sink.
+template <typename Saved, typename Workspace>
+void CarveWorkspace(const BlockLayouts<Saved, Workspace>& l, const BlockBufferArgs& a,
+                    TensorCarver& cv, Workspace& w) {
+  l.workspace(a, cv, w);
+  int64_t rmax = 1;
+  for (const char* m : l.lora_modules) {
+    if (a.lora_rank) rmax = std::max(rmax, a.lora_rank(m));
+  }
+  const ModelConfig& c = *a.config;
+  w.du = cv.Take(a.act, {a.tokens, rmax});
+  w.sink = cv.Take(DType::kF32, {2 * std::max(c.hidden_size, c.head_dim)});
+}
+
+// The bytes the family's blocks allocate for one saved slot and the workspace.
+template <typename Saved, typename Workspace>
+BlockBufferBytes CountBlockBuffers(const BlockLayouts<Saved, Workspace>& l,
+                                   const BlockBufferArgs& a) {
+  Saved s;
+  Workspace w;
+  TensorCarver saved, workspace;
+  l.saved(a, saved, s);
+  CarveWorkspace(l, a, workspace, w);
+  return {saved.bytes(), saved.unaligned_bytes(), workspace.bytes()};
+}
+
 template <typename Saved, typename Workspace>
 class BlockBase : public DecoderBlocks {
  protected:
-  // `prefix`: Hugging Face name of the blocks up to the index ("model.layers.").
-  BlockBase(const BlocksContext& ctx, std::string prefix, int64_t kv_heads)
-      : ctx_(ctx), c_(*ctx.config), d_(*ctx.device), prefix_(std::move(prefix)) {
+  BlockBase(const BlocksContext& ctx, int64_t kv_heads)
+      : ctx_(ctx), c_(*ctx.config), d_(*ctx.device), prefix_(NamesOf(c_).block_prefix) {
     attn_shape_ = {ctx.shape.batch, ctx.shape.seq_len, c_.num_heads,
                    kv_heads,        c_.head_dim,       ctx.shape.max_documents};
   }
 
-  // The family's part of the saved slots and of the workspace.
-  virtual void LayoutSaved(TensorCarver& cv, Saved& s) const = 0;
-  virtual void LayoutWorkspace(TensorCarver& cv) = 0;
+  // What the layouts read for these blocks: the micro-batch, the weights' dtype and the first
+  // block's LoRA groups.
+  BlockBufferArgs LayoutArgs() const {
+    return {.config = &c_,
+            .tokens = ctx_.shape.tokens(),
+            .act = Act(),
+            .lora_rank = [this](std::string_view module) -> int64_t {
+              const LoraPack* l = Lora(ctx_.first_block, std::string(module));
+              return l == nullptr ? 0 : l->total_rank();
+            }};
+  }
 
-  // Allocates every slot and the workspace; `lora_modules` are the block's projection groups.
-  Status AllocateBuffers(std::initializer_list<const char*> lora_modules) {
+  // Allocates every slot and the workspace by the family's layouts.
+  Status AllocateBuffers(const BlockLayouts<Saved, Workspace>& layouts) {
+    const BlockBufferArgs args = LayoutArgs();
     saved_.resize(size_t(ctx_.num_slots));
     for (int s = 0; s < ctx_.num_slots; ++s) {
-      auto layout = [&](TensorCarver& cv) { LayoutSaved(cv, saved_[size_t(s)]); };
+      auto layout = [&](TensorCarver& cv) { layouts.saved(args, cv, saved_[size_t(s)]); };
       FERRY_ASSIGN_OR_RETURN(
           DeviceBuffer b,
           AllocateCarved(d_, ctx_.source, "blocks.saved." + std::to_string(s), layout));
       saved_buffers_.push_back(std::move(b));
-    }
-    int64_t rmax = 1;
-    for (const char* m : lora_modules) {
-      if (const LoraPack* p = Lora(ctx_.first_block, m)) rmax = std::max(rmax, p->total_rank());
     }
     // Attention's and the GEMMs' scratch, one buffer (the ops run one at a time): the figure the
     // memory model plans (BlockScratchBytes over this block's spec).
@@ -63,11 +112,7 @@ class BlockBase : public DecoderBlocks {
     }
     const size_t scratch_bytes =
         std::max<size_t>(BlockScratchBytes(c_, *spec, ctx_.shape, Act(), OpTargetOf(d_)), 4);
-    auto layout = [&](TensorCarver& cv) {
-      LayoutWorkspace(cv);
-      ws_.du = cv.Take(Act(), {ctx_.shape.tokens(), rmax});
-      ws_.sink = cv.Take(DType::kF32, {2 * std::max(c_.hidden_size, c_.head_dim)});
-    };
+    auto layout = [&](TensorCarver& cv) { CarveWorkspace(layouts, args, cv, ws_); };
     FERRY_ASSIGN_OR_RETURN(workspace_buffer_,
                            AllocateCarved(d_, ctx_.source, "blocks.workspace", layout));
     // An NF4 weight dequantized for a product, then the ops' own scratch.
@@ -107,12 +152,6 @@ class BlockBase : public DecoderBlocks {
     const std::string m = Prefix(block) + module;
     return {{PartOf(*ctx_.params, m, y, dy)}, ctx_.params->lora(m), ws_.scratch, dequant_};
   }
-  // u = x A^T (N, R) for the module's LoRA group, or an empty tensor when it has none.
-  Tensor TakeLoraU(TensorCarver& cv, const char* module) const {
-    const LoraPack* l = Lora(ctx_.first_block, module);
-    return l == nullptr ? Tensor{} : cv.Take(Act(), {ctx_.shape.tokens(), l->total_rank()});
-  }
-
   // Attention over the saved q, k, v into o and lse (window: c_.sliding_window, documents:
   // ctx_.doc_ids); with a KV cache
   // in the context, over the cached keys and values of `block` followed by k and v.

@@ -51,12 +51,61 @@ constexpr const char* kO = "self_attn.o_proj";
 constexpr const char* kGateUp = "mlp.gate_up_proj";  // gate_proj and up_proj, fused
 constexpr const char* kDown = "mlp.down_proj";
 
+// One saved slot: what a block's backward needs beyond its input.
+void SavedLayout(const BlockBufferArgs& a, TensorCarver& cv, Saved& s) {
+  const ModelConfig& c = *a.config;
+  const int64_t N = a.tokens, C = c.hidden_size, I = c.intermediate_size;
+  const int64_t H = c.num_heads, Hkv = c.num_kv_heads;
+  const DType A = a.act;  // activations; statistics stay f32
+  s.xn1 = cv.Take(A, {N, C});
+  s.rstd1 = cv.Take(DType::kF32, {N});
+  if (c.qk_norm) {
+    s.q_pre = cv.Take(A, {N, c.q_dim()});
+    s.k_pre = cv.Take(A, {N, c.kv_dim()});
+    s.rstd_q = cv.Take(DType::kF32, {N * H});
+    s.rstd_k = cv.Take(DType::kF32, {N * Hkv});
+  }
+  s.q = cv.Take(A, {N, c.q_dim()});
+  s.k = cv.Take(A, {N, c.kv_dim()});
+  s.v = cv.Take(A, {N, c.kv_dim()});
+  s.att = cv.Take(A, {N, c.q_dim()});
+  s.lse = cv.Take(DType::kF32, {N, H});
+  s.x_mid = cv.Take(A, {N, C});
+  s.xn2 = cv.Take(A, {N, C});
+  s.rstd2 = cv.Take(DType::kF32, {N});
+  s.gate_up = cv.Take(A, {N, 2 * I});
+  s.h = cv.Take(A, {N, I});
+  s.u_q = TakeLoraU(a, cv, kQ);
+  s.u_k = TakeLoraU(a, cv, kK);
+  s.u_v = TakeLoraU(a, cv, kV);
+  s.u_o = TakeLoraU(a, cv, kO);
+  s.u_gu = TakeLoraU(a, cv, kGateUp);
+  s.u_down = TakeLoraU(a, cv, kDown);
+}
+
+// The family's part of the workspace.
+void WorkspaceLayout(const BlockBufferArgs& a, TensorCarver& cv, Workspace& w) {
+  const ModelConfig& c = *a.config;
+  const int64_t N = a.tokens, C = c.hidden_size, I = c.intermediate_size;
+  const DType A = a.act;
+  w.branch = cv.Take(A, {N, C});
+  w.d_h = cv.Take(A, {N, I});
+  w.d_gate_up = cv.Take(A, {N, 2 * I});
+  w.d_xn = cv.Take(A, {N, C});
+  w.d_att = cv.Take(A, {N, c.q_dim()});
+  w.dq = cv.Take(A, {N, c.q_dim()});
+  w.dk = cv.Take(A, {N, c.kv_dim()});
+  w.dv = cv.Take(A, {N, c.kv_dim()});
+}
+
+constexpr const char* kLoraModules[] = {kQ, kK, kV, kO, kGateUp, kDown};
+constexpr BlockLayouts<Saved, Workspace> kLayouts{&SavedLayout, &WorkspaceLayout, kLoraModules};
+
 class LlamaBlocks final : public BlockBase<Saved, Workspace> {
  public:
-  explicit LlamaBlocks(const BlocksContext& ctx)
-      : BlockBase(ctx, "model.layers.", ctx.config->num_kv_heads) {}
+  explicit LlamaBlocks(const BlocksContext& ctx) : BlockBase(ctx, ctx.config->num_kv_heads) {}
 
-  Status Init() { return AllocateBuffers({kQ, kK, kV, kO, kGateUp, kDown}); }
+  Status Init() { return AllocateBuffers(kLayouts); }
 
   Status Forward(int64_t block, int slot, Tensor x, Tensor y) override {
     Saved& s = saved_[size_t(slot)];
@@ -153,49 +202,6 @@ class LlamaBlocks final : public BlockBase<Saved, Workspace> {
   Projection Down(int64_t block, const Saved&, Tensor dy) const {
     return One(block, kDown, ws_.branch, dy);
   }
-
-  void LayoutSaved(TensorCarver& cv, Saved& s) const override {
-    const int64_t N = ctx_.shape.tokens(), C = c_.hidden_size, I = c_.intermediate_size;
-    const int64_t H = c_.num_heads, Hkv = c_.num_kv_heads;
-    const DType A = Act();  // activations; statistics stay f32
-    s.xn1 = cv.Take(A, {N, C});
-    s.rstd1 = cv.Take(DType::kF32, {N});
-    if (c_.qk_norm) {
-      s.q_pre = cv.Take(A, {N, c_.q_dim()});
-      s.k_pre = cv.Take(A, {N, c_.kv_dim()});
-      s.rstd_q = cv.Take(DType::kF32, {N * H});
-      s.rstd_k = cv.Take(DType::kF32, {N * Hkv});
-    }
-    s.q = cv.Take(A, {N, c_.q_dim()});
-    s.k = cv.Take(A, {N, c_.kv_dim()});
-    s.v = cv.Take(A, {N, c_.kv_dim()});
-    s.att = cv.Take(A, {N, c_.q_dim()});
-    s.lse = cv.Take(DType::kF32, {N, H});
-    s.x_mid = cv.Take(A, {N, C});
-    s.xn2 = cv.Take(A, {N, C});
-    s.rstd2 = cv.Take(DType::kF32, {N});
-    s.gate_up = cv.Take(A, {N, 2 * I});
-    s.h = cv.Take(A, {N, I});
-    s.u_q = TakeLoraU(cv, kQ);
-    s.u_k = TakeLoraU(cv, kK);
-    s.u_v = TakeLoraU(cv, kV);
-    s.u_o = TakeLoraU(cv, kO);
-    s.u_gu = TakeLoraU(cv, kGateUp);
-    s.u_down = TakeLoraU(cv, kDown);
-  }
-
-  void LayoutWorkspace(TensorCarver& cv) override {
-    const int64_t N = ctx_.shape.tokens(), C = c_.hidden_size, I = c_.intermediate_size;
-    const DType A = Act();  // activations; statistics stay f32
-    ws_.branch = cv.Take(A, {N, C});
-    ws_.d_h = cv.Take(A, {N, I});
-    ws_.d_gate_up = cv.Take(A, {N, 2 * I});
-    ws_.d_xn = cv.Take(A, {N, C});
-    ws_.d_att = cv.Take(A, {N, c_.q_dim()});
-    ws_.dq = cv.Take(A, {N, c_.q_dim()});
-    ws_.dk = cv.Take(A, {N, c_.kv_dim()});
-    ws_.dv = cv.Take(A, {N, c_.kv_dim()});
-  }
 };
 }  // namespace
 
@@ -203,6 +209,36 @@ Result<std::unique_ptr<DecoderBlocks>> CreateLlamaBlocks(const BlocksContext& ct
   auto blocks = std::make_unique<LlamaBlocks>(ctx);
   FERRY_RETURN_IF_ERROR(blocks->Init());
   return std::unique_ptr<DecoderBlocks>(std::move(blocks));
+}
+
+BlockParams LlamaBlockParams(const ModelConfig& c) {
+  const int64_t C = c.hidden_size, I = c.intermediate_size;
+  BlockParams b;
+  b.linears = {
+      {kQ, C, c.q_dim(), c.qkv_bias, kLoraQ, false},
+      {kK, C, c.kv_dim(), c.qkv_bias, kLoraK, false},
+      {kV, C, c.kv_dim(), c.qkv_bias, kLoraV, false},
+      {kO, c.q_dim(), C, c.o_bias, kLoraO, false},
+      {"mlp.gate_proj", C, I, c.mlp_bias, kLoraGate, false},
+      {"mlp.up_proj", C, I, c.mlp_bias, kLoraUp, false},
+      {kDown, I, C, c.mlp_bias, kLoraDown, false},
+  };
+  auto vector = [&](const char* name, int64_t n) { b.entries.push_back({name, n, 0}); };
+  auto linear = [&](size_t i) { b.entries.push_back({"", 0, i}); };
+  vector("input_layernorm.weight", C);
+  for (size_t k = 0; k < 3; ++k) linear(k);  // q, k, v
+  if (c.qk_norm) {
+    vector("self_attn.q_norm.weight", c.head_dim);
+    vector("self_attn.k_norm.weight", c.head_dim);
+  }
+  linear(3);  // o
+  vector("post_attention_layernorm.weight", C);
+  for (size_t k = 4; k < 7; ++k) linear(k);  // gate, up, down
+  return b;
+}
+
+BlockBufferBytes LlamaBlockBufferBytes(const BlockBufferArgs& a) {
+  return CountBlockBuffers(kLayouts, a);
 }
 
 }  // namespace ferry

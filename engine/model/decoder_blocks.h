@@ -4,11 +4,11 @@
 //
 // Saved activations live in "slots": one arena allocation per slot
 // ("blocks.saved.<slot>"), each holding exactly what one block's backward needs
-// beyond its input (param_spec.h, BlockSavedBytes). A block that is not
-// recomputed has a slot of its own; blocks marked for recomputation share one
-// slot, and the caller re-runs Forward into it just before Backward. One
-// workspace ("blocks.workspace") holds the temporaries of every block's forward
-// and backward, and "blocks.scratch" the attention op's scratch.
+// beyond its input (its family's layout; model_stack.h's BlockBuffersOf counts it). A block that is
+// not recomputed has a slot of its own; blocks marked for recomputation share one slot, and the
+// caller re-runs Forward into it just before Backward. One workspace ("blocks.workspace") holds the
+// temporaries of every block's forward and backward, and "blocks.scratch" the attention op's
+// scratch.
 //
 // Accumulation: Backward writes the input gradient dx (=) and accumulates (+=)
 // the gradients of trainable parameters (DeviceParams); frozen weights get
@@ -19,7 +19,9 @@
 // a time.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "engine/model/device_params.h"
@@ -71,13 +73,39 @@ class DecoderBlocks {
   virtual Status Backward(int64_t block, int slot, Tensor x, Tensor dy, Tensor dx) = 0;
 };
 
+// What a family's buffer layouts depend on. One layout per family serves both the blocks, which
+// carve their saved slots and workspace by it, and whoever sizes them without building them (the
+// memory model, the planner's LayerCost), through model_stack.h's BlockBuffersOf.
+struct BlockBufferArgs {
+  const ModelConfig* config = nullptr;
+  int64_t tokens = 0;       // N of the micro-batch
+  DType act = DType::kF32;  // activations and their gradients; statistics stay f32
+  // The total rank of the LoRA group a module of the block belongs to, as DeviceParams packs it
+  // ("self_attn.q_proj", "mlp.gate_up_proj"); 0 when the module is not adapted.
+  std::function<int64_t(std::string_view module)> lora_rank = nullptr;
+};
+
+// The bytes of a family's block buffers, as the blocks allocate them.
+struct BlockBufferBytes {
+  size_t saved = 0;            // one saved slot, each tensor aligned (TensorCarver)
+  size_t saved_unaligned = 0;  // the same tensors without alignment (LayerCost::saved_bytes)
+  size_t workspace = 0;        // the family's temporaries, LoRA's du and the sink
+};
+
+// Each family's block implementation (model_stack.cc's table names them): its blocks, its
+// parameters in Hugging Face order (names under the block prefix) and its buffers' bytes.
+//
 // Llama family: RMSNorm, q/k/v (+ biases), optional Qwen3 q/k RMSNorm, RoPE,
 // GQA attention, o_proj, residual, RMSNorm, fused gate/up, SwiGLU, down,
 // residual.
 Result<std::unique_ptr<DecoderBlocks>> CreateLlamaBlocks(const BlocksContext& ctx);
+BlockParams LlamaBlockParams(const ModelConfig& c);
+BlockBufferBytes LlamaBlockBufferBytes(const BlockBufferArgs& a);
 // GPT-2: LayerNorm, fused c_attn with bias, attention, c_proj, residual,
 // LayerNorm, c_fc, tanh GELU, c_proj, residual.
 Result<std::unique_ptr<DecoderBlocks>> CreateGpt2Blocks(const BlocksContext& ctx);
+BlockParams Gpt2BlockParams(const ModelConfig& c);
+BlockBufferBytes Gpt2BlockBufferBytes(const BlockBufferArgs& a);
 
 // What the caller of the blocks owns and fills for each batch; a tensor stays empty where the
 // model (GPT-2: no RoPE) or the caller (generation: no packed rows) has none.

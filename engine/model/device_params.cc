@@ -30,14 +30,6 @@ std::string Replace(std::string s, std::string_view from, std::string_view to) {
   return s.replace(at, from.size(), to);
 }
 
-// The projection group a LoRA'd module belongs to, and the first output row it
-// fills there.
-std::string LoraGroup(const std::string& module) {
-  if (EndsWith(module, "mlp.gate_proj")) return Replace(module, "gate_proj", "gate_up_proj");
-  if (EndsWith(module, "mlp.up_proj")) return Replace(module, "up_proj", "gate_up_proj");
-  return module;
-}
-
 struct PlannedParam {
   const ParamSpec* spec = nullptr;
   const ParamSpec* up = nullptr;  // set on a gate_proj param: its up_proj twin, fused after it
@@ -58,6 +50,12 @@ Status CheckHost(const HostTensors& t, const std::string& name, int64_t numel, c
 }
 
 }  // namespace
+
+std::string LoraGroupOf(const std::string& module) {
+  if (EndsWith(module, "mlp.gate_proj")) return Replace(module, "gate_proj", "gate_up_proj");
+  if (EndsWith(module, "mlp.up_proj")) return Replace(module, "up_proj", "gate_up_proj");
+  return module;
+}
 
 Result<DeviceParams::Bytes> DeviceParams::Measure(const ModelConfig& c, const LoraConfig& lora,
                                                   const std::vector<LayerSpec>& layers,
@@ -119,7 +117,7 @@ Result<DeviceParams> DeviceParams::Lay(Device* d, const ModelConfig& c, const Lo
         if (!EndsWith(s.name, ".lora_A.weight")) continue;
         const std::string module = s.name.substr(
             kPeftPrefix.size(), s.name.size() - kPeftPrefix.size() - strlen(".lora_A.weight"));
-        const std::string group = LoraGroup(module);
+        const std::string group = LoraGroupOf(module);
         LoraPack& pack = p.lora_[group];
         // Output rows of the base weight (GPT-2's Conv1D stores it (in, out)).
         const ParamSpec* base = by_name.at(module + ".weight");

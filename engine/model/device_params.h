@@ -68,6 +68,10 @@ struct DeviceParam {
   std::vector<Nf4Part> nf4;
 };
 
+// The projection group a LoRA'd module belongs to ("…mlp.gate_proj" and "…mlp.up_proj":
+// "…mlp.gate_up_proj"; any other module is a group of its own).
+std::string LoraGroupOf(const std::string& module);
+
 // The LoRA adapters of one projection group, packed.
 struct LoraPack {
   struct Adapter {

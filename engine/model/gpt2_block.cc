@@ -44,12 +44,53 @@ constexpr const char* kProj = "attn.c_proj";
 constexpr const char* kFc = "mlp.c_fc";
 constexpr const char* kMlpProj = "mlp.c_proj";
 
+// One saved slot: what a block's backward needs beyond its input.
+void SavedLayout(const BlockBufferArgs& a, TensorCarver& cv, Saved& s) {
+  const ModelConfig& c = *a.config;
+  const int64_t N = a.tokens, C = c.hidden_size, I = c.intermediate_size;
+  const DType A = a.act;  // activations; statistics stay f32
+  s.xn1 = cv.Take(A, {N, C});
+  s.mean1 = cv.Take(DType::kF32, {N});
+  s.rstd1 = cv.Take(DType::kF32, {N});
+  s.q = cv.Take(A, {N, C});
+  s.k = cv.Take(A, {N, C});
+  s.v = cv.Take(A, {N, C});
+  s.att = cv.Take(A, {N, C});
+  s.lse = cv.Take(DType::kF32, {N, c.num_heads});
+  s.x_mid = cv.Take(A, {N, C});
+  s.xn2 = cv.Take(A, {N, C});
+  s.mean2 = cv.Take(DType::kF32, {N});
+  s.rstd2 = cv.Take(DType::kF32, {N});
+  s.fc = cv.Take(A, {N, I});
+  s.act = cv.Take(A, {N, I});
+  s.u_attn = TakeLoraU(a, cv, kAttn);
+  s.u_proj = TakeLoraU(a, cv, kProj);
+  s.u_fc = TakeLoraU(a, cv, kFc);
+  s.u_mlp_proj = TakeLoraU(a, cv, kMlpProj);
+}
+
+// The family's part of the workspace.
+void WorkspaceLayout(const BlockBufferArgs& a, TensorCarver& cv, Workspace& w) {
+  const ModelConfig& c = *a.config;
+  const int64_t N = a.tokens, C = c.hidden_size, I = c.intermediate_size;
+  const DType A = a.act;
+  w.branch = cv.Take(A, {N, C});
+  w.d_act = cv.Take(A, {N, I});
+  w.d_xn = cv.Take(A, {N, C});
+  w.d_att = cv.Take(A, {N, C});
+  w.dq = cv.Take(A, {N, C});
+  w.dk = cv.Take(A, {N, C});
+  w.dv = cv.Take(A, {N, C});
+}
+
+constexpr const char* kLoraModules[] = {kAttn, kProj, kFc, kMlpProj};
+constexpr BlockLayouts<Saved, Workspace> kLayouts{&SavedLayout, &WorkspaceLayout, kLoraModules};
+
 class Gpt2Blocks final : public BlockBase<Saved, Workspace> {
  public:
-  explicit Gpt2Blocks(const BlocksContext& ctx)
-      : BlockBase(ctx, "transformer.h.", ctx.config->num_heads) {}
+  explicit Gpt2Blocks(const BlocksContext& ctx) : BlockBase(ctx, ctx.config->num_heads) {}
 
-  Status Init() { return AllocateBuffers({kAttn, kProj, kFc, kMlpProj}); }
+  Status Init() { return AllocateBuffers(kLayouts); }
 
   Status Forward(int64_t block, int slot, Tensor x, Tensor y) override {
     Saved& s = saved_[size_t(slot)];
@@ -118,41 +159,6 @@ class Gpt2Blocks final : public BlockBase<Saved, Workspace> {
     }
     return p;
   }
-
-  void LayoutSaved(TensorCarver& cv, Saved& s) const override {
-    const int64_t N = ctx_.shape.tokens(), C = c_.hidden_size, I = c_.intermediate_size;
-    const DType A = Act();  // activations; statistics stay f32
-    s.xn1 = cv.Take(A, {N, C});
-    s.mean1 = cv.Take(DType::kF32, {N});
-    s.rstd1 = cv.Take(DType::kF32, {N});
-    s.q = cv.Take(A, {N, C});
-    s.k = cv.Take(A, {N, C});
-    s.v = cv.Take(A, {N, C});
-    s.att = cv.Take(A, {N, C});
-    s.lse = cv.Take(DType::kF32, {N, c_.num_heads});
-    s.x_mid = cv.Take(A, {N, C});
-    s.xn2 = cv.Take(A, {N, C});
-    s.mean2 = cv.Take(DType::kF32, {N});
-    s.rstd2 = cv.Take(DType::kF32, {N});
-    s.fc = cv.Take(A, {N, I});
-    s.act = cv.Take(A, {N, I});
-    s.u_attn = TakeLoraU(cv, kAttn);
-    s.u_proj = TakeLoraU(cv, kProj);
-    s.u_fc = TakeLoraU(cv, kFc);
-    s.u_mlp_proj = TakeLoraU(cv, kMlpProj);
-  }
-
-  void LayoutWorkspace(TensorCarver& cv) override {
-    const int64_t N = ctx_.shape.tokens(), C = c_.hidden_size, I = c_.intermediate_size;
-    const DType A = Act();  // activations; statistics stay f32
-    ws_.branch = cv.Take(A, {N, C});
-    ws_.d_act = cv.Take(A, {N, I});
-    ws_.d_xn = cv.Take(A, {N, C});
-    ws_.d_att = cv.Take(A, {N, C});
-    ws_.dq = cv.Take(A, {N, C});
-    ws_.dk = cv.Take(A, {N, C});
-    ws_.dv = cv.Take(A, {N, C});
-  }
 };
 }  // namespace
 
@@ -160,6 +166,32 @@ Result<std::unique_ptr<DecoderBlocks>> CreateGpt2Blocks(const BlocksContext& ctx
   auto blocks = std::make_unique<Gpt2Blocks>(ctx);
   FERRY_RETURN_IF_ERROR(blocks->Init());
   return std::unique_ptr<DecoderBlocks>(std::move(blocks));
+}
+
+BlockParams Gpt2BlockParams(const ModelConfig& c) {
+  const int64_t C = c.hidden_size, I = c.intermediate_size;
+  BlockParams b;
+  b.linears = {
+      {kAttn, C, 3 * C, true, kLoraQ | kLoraK | kLoraV, true},
+      {kProj, C, C, true, kLoraO, true},
+      {kFc, C, I, true, kLoraUp, true},
+      {kMlpProj, I, C, true, kLoraDown, true},
+  };
+  auto vector = [&](const char* name, int64_t n) { b.entries.push_back({name, n, 0}); };
+  auto linear = [&](size_t i) { b.entries.push_back({"", 0, i}); };
+  vector("ln_1.weight", C);
+  vector("ln_1.bias", C);
+  linear(0);
+  linear(1);
+  vector("ln_2.weight", C);
+  vector("ln_2.bias", C);
+  linear(2);
+  linear(3);
+  return b;
+}
+
+BlockBufferBytes Gpt2BlockBufferBytes(const BlockBufferArgs& a) {
+  return CountBlockBuffers(kLayouts, a);
 }
 
 }  // namespace ferry

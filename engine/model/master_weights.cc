@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <optional>
-#include <set>
 
 #include "engine/json.h"
 #include "engine/model/bnb_folder.h"
 #include "engine/model/model_folder.h"
+#include "engine/model/model_stack.h"
 #include "engine/model/weights_io.h"
 #include "offload/file_io.h"
 
@@ -128,17 +128,6 @@ Result<HostTensors> InitialWeights(const std::string& model, const ModelConfig& 
 }
 
 nlohmann::json PeftAdapterConfig(const ModelConfig& model, const LoraConfig& lora) {
-  // PEFT names a LoRA'd module by its last component (q_proj, c_attn, ...).
-  const std::vector<std::pair<LoraTarget, std::string>> llama = {
-      {kLoraQ, "q_proj"},       {kLoraK, "k_proj"},   {kLoraV, "v_proj"},      {kLoraO, "o_proj"},
-      {kLoraGate, "gate_proj"}, {kLoraUp, "up_proj"}, {kLoraDown, "down_proj"}};
-  const std::vector<std::pair<LoraTarget, std::string>> gpt2 = {
-      {kLoraQ, "c_attn"},      {kLoraK, "c_attn"}, {kLoraV, "c_attn"},
-      {kLoraO, "attn.c_proj"}, {kLoraUp, "c_fc"},  {kLoraDown, "mlp.c_proj"}};
-  std::set<std::string> modules;
-  for (const auto& [bit, name] : model.family == ModelFamily::kGpt2 ? gpt2 : llama) {
-    if (lora.Targets(bit)) modules.insert(name);
-  }
   return {{"peft_type", "LORA"},
           {"task_type", "CAUSAL_LM"},
           {"base_model_name_or_path", nullptr},
@@ -146,13 +135,13 @@ nlohmann::json PeftAdapterConfig(const ModelConfig& model, const LoraConfig& lor
           {"lora_alpha", lora.alpha},
           {"lora_dropout", 0.0},
           {"bias", "none"},
-          {"fan_in_fan_out", model.family == ModelFamily::kGpt2},
+          {"fan_in_fan_out", PeftFanInFanOut(model)},
           {"use_rslora", false},
           {"use_dora", false},
           {"inference_mode", true},
           {"init_lora_weights", true},
           {"modules_to_save", nullptr},
-          {"target_modules", std::vector<std::string>(modules.begin(), modules.end())}};
+          {"target_modules", PeftTargetModules(model, lora.enabled() ? lora.targets : 0)}};
 }
 
 Status WriteFinalWeights(const std::string& dir, const ModelConfig& model, const LoraConfig& lora,

@@ -139,7 +139,6 @@ Status ParseWeightsDType(const Fields& f, ModelConfig* c) {
 }
 
 Status ParseLlamaFamily(const json& j, const Fields& f, ModelConfig* c) {
-  c->family = ModelFamily::kLlama;
   c->norm = NormKind::kRmsNorm;
   FERRY_ASSIGN_OR_RETURN(c->vocab_size, f.Int("vocab_size"));
   FERRY_ASSIGN_OR_RETURN(c->hidden_size, f.Int("hidden_size"));
@@ -212,7 +211,6 @@ Status ParseLlamaFamily(const json& j, const Fields& f, ModelConfig* c) {
 }
 
 Status ParseGpt2(const json& j, const Fields& f, ModelConfig* c) {
-  c->family = ModelFamily::kGpt2;
   c->norm = NormKind::kLayerNorm;
   c->learned_positions = true;
   c->qkv_bias = c->o_bias = c->mlp_bias = true;
@@ -256,6 +254,96 @@ Status ParseGpt2(const json& j, const Fields& f, ModelConfig* c) {
   return Status::Ok();
 }
 
+// GPT-2's head_dim is n_embd / n_head: the heads must tile the hidden size.
+Status ValidateGpt2(const ModelConfig& c) {
+  if (c.num_heads * c.head_dim == c.hidden_size) return Status::Ok();
+  return Status::InvalidArgument("model config: n_embd = " + std::to_string(c.hidden_size) +
+                                 " must be a multiple of n_head = " + std::to_string(c.num_heads));
+}
+
+// config.json of the Llama family: the fields parsing read, as transformers writes them.
+void WriteLlamaFamily(const ModelConfig& c, json& j) {
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_hidden_layers"] = c.num_layers;
+  j["num_attention_heads"] = c.num_heads;
+  j["num_key_value_heads"] = c.num_kv_heads;
+  j["head_dim"] = c.head_dim;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rms_norm_eps"] = c.norm_eps;
+  j["rope_theta"] = c.rope_theta;
+  j["rope_scaling"] = nullptr;
+  if (c.rope_scaling.kind == RopeScaling::Kind::kLlama3) {
+    j["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", c.rope_scaling.factor},
+        {"low_freq_factor", c.rope_scaling.low_freq_factor},
+        {"high_freq_factor", c.rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+  }
+  if (c.sliding_window > 0) {
+    j["sliding_window"] = c.sliding_window;
+    if (c.model_type != "mistral") {
+      j["use_sliding_window"] = true;
+      j["max_window_layers"] = 0;  // every block windowed, as ferry runs it
+    }
+  }
+  j["hidden_act"] = "silu";
+  j["attention_dropout"] = c.dropout;
+  if (c.model_type != "qwen2") j["attention_bias"] = c.qkv_bias;
+  if (c.model_type == "llama") j["mlp_bias"] = c.mlp_bias;
+}
+
+void WriteGpt2(const ModelConfig& c, json& j) {
+  j["n_embd"] = c.hidden_size;
+  j["n_layer"] = c.num_layers;
+  j["n_head"] = c.num_heads;
+  j["n_inner"] = c.intermediate_size;
+  j["n_positions"] = c.max_position_embeddings;
+  j["layer_norm_epsilon"] = c.norm_eps;
+  j["activation_function"] = c.activation == Activation::kGeluExact ? "gelu" : "gelu_new";
+  j["resid_pdrop"] = j["embd_pdrop"] = j["attn_pdrop"] = c.dropout;
+}
+
+// One family's config.json schema: the model types it reads, the class transformers names when
+// the file names none, and how its fields are read, checked and written.
+struct ConfigSchema {
+  ModelFamily family;
+  std::string_view name;
+  std::vector<std::string_view> model_types;
+  std::string_view architecture;
+  Status (*parse)(const json&, const Fields&, ModelConfig*);
+  Status (*validate)(const ModelConfig&);  // beyond ValidateModelConfig's shared checks, or null
+  void (*write)(const ModelConfig&, json&);
+};
+
+const std::vector<ConfigSchema>& Schemas() {
+  static const std::vector<ConfigSchema> kSchemas = {
+      {ModelFamily::kLlama,
+       "llama",
+       {"llama", "mistral", "qwen2", "qwen3"},
+       "LlamaForCausalLM",
+       &ParseLlamaFamily,
+       nullptr,
+       &WriteLlamaFamily},
+      {ModelFamily::kGpt2,
+       "gpt2",
+       {"gpt2"},
+       "GPT2LMHeadModel",
+       &ParseGpt2,
+       &ValidateGpt2,
+       &WriteGpt2},
+  };
+  return kSchemas;
+}
+
+const ConfigSchema& SchemaOf(ModelFamily f) {
+  for (const ConfigSchema& s : Schemas()) {
+    if (s.family == f) return s;
+  }
+  return Schemas().front();
+}
+
 Status Positive(const char* field, int64_t v) {
   if (v > 0) return Status::Ok();
   return Status::InvalidArgument(std::string("model config: ") + field + " = " + std::to_string(v) +
@@ -264,9 +352,7 @@ Status Positive(const char* field, int64_t v) {
 
 }  // namespace
 
-std::string_view ModelFamilyName(ModelFamily f) {
-  return f == ModelFamily::kLlama ? "llama" : "gpt2";
-}
+std::string_view ModelFamilyName(ModelFamily f) { return SchemaOf(f).name; }
 
 Result<ModelConfig> ParseHfConfig(std::string_view json_text) {
   json j = json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
@@ -282,21 +368,26 @@ Result<ModelConfig> ParseHfConfig(std::string_view json_text) {
   if (c.model_type.empty()) {
     return Status::InvalidArgument("config.json: field 'model_type' is missing");
   }
-  if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2" ||
-      c.model_type == "qwen3") {
-    FERRY_RETURN_IF_ERROR(ParseLlamaFamily(j, f, &c));
-  } else if (c.model_type == "gpt2") {
-    FERRY_RETURN_IF_ERROR(ParseGpt2(j, f, &c));
-  } else {
+  const ConfigSchema* schema = nullptr;
+  std::string known;  // "llama, mistral, qwen2, qwen3 and gpt2"
+  for (const ConfigSchema& sc : Schemas()) {
+    for (std::string_view type : sc.model_types) {
+      if (type == c.model_type) schema = &sc;
+      known += (known.empty() ? "" : ", ") + std::string(type);
+    }
+  }
+  if (const size_t last = known.rfind(", "); last != std::string::npos) {
+    known.replace(last, 2, " and ");
+  }
+  if (schema == nullptr) {
     std::string arch = c.architecture.empty() ? "" : " (" + c.architecture + ")";
     return Status::InvalidArgument("config.json: model_type '" + c.model_type + "'" + arch +
-                                   " is not supported; ferry runs llama, mistral, qwen2, qwen3 "
-                                   "and gpt2");
+                                   " is not supported; ferry runs " + known);
   }
+  c.family = schema->family;
+  FERRY_RETURN_IF_ERROR(schema->parse(j, f, &c));
   FERRY_RETURN_IF_ERROR(ParseWeightsDType(f, &c));
-  if (c.architecture.empty()) {
-    c.architecture = c.family == ModelFamily::kGpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM";
-  }
+  if (c.architecture.empty()) c.architecture = schema->architecture;
   FERRY_RETURN_IF_ERROR(ValidateModelConfig(c));
   return c;
 }
@@ -356,10 +447,8 @@ Status ValidateModelConfig(const ModelConfig& c) {
         "model config: num_attention_heads = " + std::to_string(c.num_heads) +
         " must be a multiple of num_key_value_heads = " + std::to_string(c.num_kv_heads));
   }
-  if (c.family == ModelFamily::kGpt2 && c.num_heads * c.head_dim != c.hidden_size) {
-    return Status::InvalidArgument(
-        "model config: n_embd = " + std::to_string(c.hidden_size) +
-        " must be a multiple of n_head = " + std::to_string(c.num_heads));
+  if (const ConfigSchema& schema = SchemaOf(c.family); schema.validate != nullptr) {
+    FERRY_RETURN_IF_ERROR(schema.validate(c));
   }
   if (!c.learned_positions && c.head_dim % 2 != 0) {
     return Status::InvalidArgument("model config: head_dim = " + std::to_string(c.head_dim) +
@@ -395,46 +484,7 @@ nlohmann::json ToHfConfigJson(const ModelConfig& c) {
   for (auto [dtype, torch_name] : kTorchDTypes) {
     if (dtype == c.weights_dtype) j["torch_dtype"] = torch_name;
   }
-  if (c.family == ModelFamily::kGpt2) {
-    j["n_embd"] = c.hidden_size;
-    j["n_layer"] = c.num_layers;
-    j["n_head"] = c.num_heads;
-    j["n_inner"] = c.intermediate_size;
-    j["n_positions"] = c.max_position_embeddings;
-    j["layer_norm_epsilon"] = c.norm_eps;
-    j["activation_function"] = c.activation == Activation::kGeluExact ? "gelu" : "gelu_new";
-    j["resid_pdrop"] = j["embd_pdrop"] = j["attn_pdrop"] = c.dropout;
-    return j;
-  }
-  j["hidden_size"] = c.hidden_size;
-  j["intermediate_size"] = c.intermediate_size;
-  j["num_hidden_layers"] = c.num_layers;
-  j["num_attention_heads"] = c.num_heads;
-  j["num_key_value_heads"] = c.num_kv_heads;
-  j["head_dim"] = c.head_dim;
-  j["max_position_embeddings"] = c.max_position_embeddings;
-  j["rms_norm_eps"] = c.norm_eps;
-  j["rope_theta"] = c.rope_theta;
-  j["rope_scaling"] = nullptr;
-  if (c.rope_scaling.kind == RopeScaling::Kind::kLlama3) {
-    j["rope_scaling"] = {
-        {"rope_type", "llama3"},
-        {"factor", c.rope_scaling.factor},
-        {"low_freq_factor", c.rope_scaling.low_freq_factor},
-        {"high_freq_factor", c.rope_scaling.high_freq_factor},
-        {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
-  }
-  if (c.sliding_window > 0) {
-    j["sliding_window"] = c.sliding_window;
-    if (c.model_type != "mistral") {
-      j["use_sliding_window"] = true;
-      j["max_window_layers"] = 0;  // every block windowed, as ferry runs it
-    }
-  }
-  j["hidden_act"] = "silu";
-  j["attention_dropout"] = c.dropout;
-  if (c.model_type != "qwen2") j["attention_bias"] = c.qkv_bias;
-  if (c.model_type == "llama") j["mlp_bias"] = c.mlp_bias;
+  SchemaOf(c.family).write(c, j);
   return j;
 }
 

@@ -1,5 +1,6 @@
 #include "engine/model/model_folder.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <set>
@@ -24,15 +25,15 @@ constexpr const char* kAdapterWeights = "adapter_model.safetensors";
 
 // Buffers transformers keeps out of the parameters (and ignores when a checkpoint has them).
 bool IsHarmlessBuffer(const ModelConfig& c, const std::string& name) {
-  if (name.ends_with(".rotary_emb.inv_freq")) return true;
-  return c.family == ModelFamily::kGpt2 &&
-         (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias"));
+  const std::vector<std::string>& ignored = NamesOf(c).ignored_buffers;
+  return std::any_of(ignored.begin(), ignored.end(),
+                     [&](const std::string& end) { return name.ends_with(end); });
 }
 
 // The name a parameter may have in a checkpoint saved from the bare model (GPT2Model: "h.0...",
 // "wte.weight" without "transformer."); empty when there is no such alternative.
 std::string BareName(const ModelConfig& c, const std::string& name) {
-  const std::string prefix = c.family == ModelFamily::kGpt2 ? "transformer." : "";
+  const std::string& prefix = NamesOf(c).bare_prefix;
   if (prefix.empty() || !name.starts_with(prefix)) return {};
   return name.substr(prefix.size());
 }
@@ -77,26 +78,6 @@ bool HeldElsewhere(const std::set<std::string, std::less<>>& held, std::string_v
     if (held.contains(name.substr(0, end))) return true;
   }
   return false;
-}
-
-// PEFT's target module names, mapped onto ferry's LoRA target bits.
-Result<uint32_t> PeftTargetBits(const std::string& module, const ModelConfig& model) {
-  // A target may be a dotted path ("self_attn.q_proj"); PEFT matches on its suffix.
-  const std::string last =
-      module.substr(module.rfind('.') == std::string::npos ? 0 : module.rfind('.') + 1);
-  if (model.family == ModelFamily::kGpt2) {
-    if (last == "c_attn") return uint32_t(kLoraQ | kLoraK | kLoraV);
-    if (last == "c_fc") return uint32_t(kLoraUp);
-    if (module == "attn.c_proj") return uint32_t(kLoraO);
-    if (module == "mlp.c_proj") return uint32_t(kLoraDown);
-    if (last == "c_proj") return uint32_t(kLoraO | kLoraDown);
-  } else {
-    Result<uint32_t> bits = ParseLoraTargets(last);
-    if (bits.ok() && last != "all") return bits;
-  }
-  return Status::InvalidArgument(std::string(kAdapterConfig) + ": target module '" + module +
-                                 "' is not a projection ferry can adapt in a " + model.model_type +
-                                 " model");
 }
 
 }  // namespace
@@ -274,8 +255,9 @@ Result<LoraConfig> ParsePeftAdapterConfig(std::string_view json_text, const Mode
   }
   lora.targets = 0;
   for (const std::string& m : modules) {
-    FERRY_ASSIGN_OR_RETURN(uint32_t bits, PeftTargetBits(m, model));
-    lora.targets |= bits;
+    Result<uint32_t> bits = PeftTargetBits(model, m);
+    if (!bits.ok()) return bits.status().WithContext(kAdapterConfig);
+    lora.targets |= *bits;
   }
   FERRY_RETURN_IF_ERROR(ValidateLoraConfig(lora));
   return lora;

@@ -1,16 +1,21 @@
 // The family table and the stack builder (engine/model/model_stack.h has the contract).
 #include "engine/model/model_stack.h"
 
+#include <algorithm>
 #include <cassert>
+#include <map>
+#include <set>
 
 namespace ferry {
 namespace {
 
-// One entry per family: its names, its blocks, and why its projections cannot be held in NF4
-// (nullptr: they can).
+// One entry per family: its names, its block implementation, and why its projections cannot be
+// held in NF4 (nullptr: they can).
 struct Family {
   FamilyNames names;
   Result<std::unique_ptr<DecoderBlocks>> (*create_blocks)(const BlocksContext&);
+  BlockParams (*block_params)(const ModelConfig&);
+  BlockBufferBytes (*buffer_bytes)(const BlockBufferArgs&);
   const char* no_nf4 = nullptr;
 };
 
@@ -20,15 +25,23 @@ const Family& FamilyOf(ModelFamily f) {
                               .final_norm_weight = "model.norm.weight",
                               .final_norm_bias = "",
                               .block_prefix = "model.layers.",
-                              .lm_head = "lm_head.weight"},
-                             &CreateLlamaBlocks};
+                              .lm_head = "lm_head.weight",
+                              .bare_prefix = "",
+                              .ignored_buffers = {".rotary_emb.inv_freq"}},
+                             &CreateLlamaBlocks,
+                             &LlamaBlockParams,
+                             &LlamaBlockBufferBytes};
   static const Family kGpt2{{.token_table = "transformer.wte.weight",
                              .position_table = "transformer.wpe.weight",
                              .final_norm_weight = "transformer.ln_f.weight",
                              .final_norm_bias = "transformer.ln_f.bias",
                              .block_prefix = "transformer.h.",
-                             .lm_head = "lm_head.weight"},
+                             .lm_head = "lm_head.weight",
+                             .bare_prefix = "transformer.",
+                             .ignored_buffers = {".attn.bias", ".attn.masked_bias"}},
                             &CreateGpt2Blocks,
+                            &Gpt2BlockParams,
+                            &Gpt2BlockBufferBytes,
                             "GPT-2's Conv1D weights are not quantized yet"};
   switch (f) {
     case ModelFamily::kGpt2:
@@ -37,6 +50,25 @@ const Family& FamilyOf(ModelFamily f) {
       break;
   }
   return kLlama;
+}
+
+// Whether dotted path `path` ends with the whole components of `suffix` (or equals it).
+bool PathEndsWith(std::string_view path, std::string_view suffix) {
+  return path == suffix || (path.size() > suffix.size() && path.ends_with(suffix) &&
+                            path[path.size() - suffix.size() - 1] == '.');
+}
+
+// PEFT's name of projection `module` of the block: its shortest path suffix no other of `linears`
+// ends with.
+std::string PeftName(const std::vector<BlockLinear>& linears, const std::string& module) {
+  for (size_t dot = module.rfind('.'); dot != std::string::npos && dot > 0;
+       dot = module.rfind('.', dot - 1)) {
+    const std::string_view suffix = std::string_view(module).substr(dot + 1);
+    int sharing = 0;
+    for (const BlockLinear& l : linears) sharing += PathEndsWith(l.module, suffix) ? 1 : 0;
+    if (sharing == 1) return std::string(suffix);
+  }
+  return module;
 }
 
 // The table `name` of `rows` x C in `tensors`, or InvalidArgument naming what is missing.
@@ -65,6 +97,58 @@ Status CheckBaseQuant(const ModelConfig& c, BaseQuant quantize) {
 
 std::string BlockPrefix(const ModelConfig& c, int64_t block) {
   return NamesOf(c).block_prefix + std::to_string(block) + ".";
+}
+
+BlockParams BlockParamsOf(const ModelConfig& c) { return FamilyOf(c.family).block_params(c); }
+
+BlockBufferBytes BlockBuffersOf(const ModelConfig& c, const LayerSpec& layer, int64_t tokens,
+                                DType act) {
+  assert(layer.kind == LayerKind::kBlock);
+  // Each LoRA group's rank, by its module under the block prefix ("mlp.gate_up_proj").
+  const std::string prefix = "base_model.model." + BlockPrefix(c, layer.block);
+  constexpr std::string_view kA = ".lora_A.weight";
+  std::map<std::string, int64_t, std::less<>> ranks;
+  for (const ParamSpec& p : layer.params) {
+    if (!p.lora || !p.name.ends_with(kA) || !p.name.starts_with(prefix)) continue;
+    const std::string module = p.name.substr(0, p.name.size() - kA.size());
+    ranks[LoraGroupOf(module).substr(prefix.size())] += p.shape[0];
+  }
+  const BlockBufferArgs args{.config = &c,
+                             .tokens = tokens,
+                             .act = act,
+                             .lora_rank = [&ranks](std::string_view module) -> int64_t {
+                               auto it = ranks.find(module);
+                               return it == ranks.end() ? 0 : it->second;
+                             }};
+  return FamilyOf(c.family).buffer_bytes(args);
+}
+
+std::vector<std::string> PeftTargetModules(const ModelConfig& c, uint32_t targets) {
+  const BlockParams b = BlockParamsOf(c);
+  std::set<std::string> modules;
+  for (const BlockLinear& l : b.linears) {
+    if ((l.lora_bits & targets) != 0) modules.insert(PeftName(b.linears, l.module));
+  }
+  return {modules.begin(), modules.end()};
+}
+
+bool PeftFanInFanOut(const ModelConfig& c) {
+  const BlockParams b = BlockParamsOf(c);
+  return std::any_of(b.linears.begin(), b.linears.end(),
+                     [](const BlockLinear& l) { return l.transposed; });
+}
+
+Result<uint32_t> PeftTargetBits(const ModelConfig& c, std::string_view module) {
+  uint32_t bits = 0;
+  for (const BlockLinear& l : BlockParamsOf(c).linears) {
+    if (PathEndsWith(l.module, module) || PathEndsWith(module, l.module)) bits |= l.lora_bits;
+  }
+  if (bits == 0) {
+    return Status::InvalidArgument("target module '" + std::string(module) +
+                                   "' is not a projection ferry can adapt in a " + c.model_type +
+                                   " model");
+  }
+  return bits;
 }
 
 EmbeddingShape EmbeddingShapeOf(const ModelConfig& c) {

@@ -1,13 +1,15 @@
 // ModelStack: the one builder of a model's layers, and the one description of each model family.
 //
 // A family (ModelConfig::family) is described here once: the Hugging Face names of the tensors a
-// driver addresses by name (the embedding tables, the final norm, the block prefix) and which
-// decoder-block implementation runs it. Parameter specs (param_spec.h) take their names from here;
-// every driver that puts the model on a device (ModelRunner, the pipeline executor, the Generator,
-// the layer probe) builds its blocks and head with BuildDeviceStack and finds the host embedding
-// tables with FindHostEmbedding / FindHostEmbeddingGrads, so none of them switches on the family.
-// Adding a family means a FamilyNames entry and a block factory in model_stack.cc (and the block
-// implementation it names).
+// driver addresses by name (the embedding tables, the final norm, the block prefix, the buffers a
+// checkpoint may carry), and its block implementation, which gives the blocks, their parameters
+// in Hugging Face order (BlockParamsOf) and their buffers' bytes (BlockBuffersOf). Parameter specs
+// and FLOPs (param_spec.h), the memory model, PEFT's adapter_config.json and the folder loader
+// take what they need from here; every driver that puts the model on a device (the pipeline
+// executor, the Generator, the layer probe) builds its blocks and head with BuildDeviceStack and
+// finds the host embedding tables with FindHostEmbedding / FindHostEmbeddingGrads, so none of them
+// switches on the family. Adding a family means a table entry in model_stack.cc and the block
+// implementation it names (decoder_blocks.h); its config.json schema is model_config.cc's.
 //
 // Stateless functions; thread-safe.
 #pragma once
@@ -18,6 +20,8 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "engine/model/decoder_blocks.h"
 #include "engine/model/device_params.h"
@@ -41,6 +45,12 @@ struct FamilyNames {
   std::string final_norm_bias;    // GPT-2 "transformer.ln_f.bias", or "" (RMSNorm has none)
   std::string block_prefix;       // "model.layers.", GPT-2 "transformer.h."
   std::string lm_head;            // "lm_head.weight"
+  // The prefix a checkpoint saved from the bare model leaves out (GPT2Model: "h.0…", "wte.weight"
+  // without GPT-2's "transformer."), or "".
+  std::string bare_prefix;
+  // Endings of buffers transformers keeps out of the parameters, which a checkpoint may hold and
+  // the loader ignores (".rotary_emb.inv_freq"; GPT-2's ".attn.bias", ".attn.masked_bias").
+  std::vector<std::string> ignored_buffers;
 };
 
 const FamilyNames& NamesOf(ModelFamily family);
@@ -52,6 +62,24 @@ Status CheckBaseQuant(const ModelConfig& c, BaseQuant quantize);
 
 // The prefix of block `block`'s parameters, e.g. "model.layers.3.".
 std::string BlockPrefix(const ModelConfig& c, int64_t block);
+
+// The family's block parameters and projections (names under the block prefix).
+BlockParams BlockParamsOf(const ModelConfig& c);
+// The bytes of the buffers `layer`'s blocks allocate at `tokens` tokens with activations in
+// `act` (its LoRA groups read from the layer's adapters). REQUIRES: layer.kind is kBlock.
+BlockBufferBytes BlockBuffersOf(const ModelConfig& c, const LayerSpec& layer, int64_t tokens,
+                                DType act);
+
+// PEFT's view of the family's projections. A projection's module name is its shortest path
+// suffix no other projection of the block shares ("q_proj"; GPT-2's "c_attn", "attn.c_proj").
+// The names adapter_config.json's target_modules lists for `targets` (LoraTarget bits), sorted.
+std::vector<std::string> PeftTargetModules(const ModelConfig& c, uint32_t targets);
+// adapter_config.json's fan_in_fan_out: the projections store (in, out) (GPT-2's Conv1D).
+bool PeftFanInFanOut(const ModelConfig& c);
+// The LoraTarget bits of the projections a target_modules entry names, as PEFT matches a target
+// (the module path equals it or ends with "." + it; a longer path names the same projection).
+// InvalidArgument when it names none.
+Result<uint32_t> PeftTargetBits(const ModelConfig& c, std::string_view module);
 
 // The embedding's shape: V x C tokens, and P learned positions when the model has them.
 EmbeddingShape EmbeddingShapeOf(const ModelConfig& c);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 
+#include "engine/model/device_params.h"
 #include "engine/model/model_stack.h"
 #include "engine/model/tensor_carver.h"
 #include "kernels/nf4.h"
@@ -12,40 +13,7 @@
 namespace ferry {
 namespace {
 
-// One linear projection of a decoder block, family-agnostic: parameter specs and FLOPs are both
-// derived from this list, so they cannot disagree.
-struct Linear {
-  std::string module;  // Hugging Face module path, e.g. "model.layers.0.self_attn.q_proj"
-  int64_t in = 0;
-  int64_t out = 0;
-  bool bias = false;
-  uint32_t lora_bits = 0;  // LoraTarget bits that select this projection
-  bool transposed = false;
-};
-
-std::vector<Linear> BlockLinears(const ModelConfig& c, int64_t i) {
-  const std::string p = BlockPrefix(c, i);
-  const int64_t C = c.hidden_size, I = c.intermediate_size;
-  if (c.family == ModelFamily::kGpt2) {
-    return {
-        {p + "attn.c_attn", C, 3 * C, true, kLoraQ | kLoraK | kLoraV, true},
-        {p + "attn.c_proj", C, C, true, kLoraO, true},
-        {p + "mlp.c_fc", C, I, true, kLoraUp, true},
-        {p + "mlp.c_proj", I, C, true, kLoraDown, true},
-    };
-  }
-  return {
-      {p + "self_attn.q_proj", C, c.q_dim(), c.qkv_bias, kLoraQ, false},
-      {p + "self_attn.k_proj", C, c.kv_dim(), c.qkv_bias, kLoraK, false},
-      {p + "self_attn.v_proj", C, c.kv_dim(), c.qkv_bias, kLoraV, false},
-      {p + "self_attn.o_proj", c.q_dim(), C, c.o_bias, kLoraO, false},
-      {p + "mlp.gate_proj", C, I, c.mlp_bias, kLoraGate, false},
-      {p + "mlp.up_proj", C, I, c.mlp_bias, kLoraUp, false},
-      {p + "mlp.down_proj", I, C, c.mlp_bias, kLoraDown, false},
-  };
-}
-
-bool HasLora(const LoraConfig& lora, const Linear& l) {
+bool HasLora(const LoraConfig& lora, const BlockLinear& l) {
   return lora.enabled() && (lora.targets & l.lora_bits) != 0;
 }
 
@@ -68,11 +36,13 @@ class SpecBuilder {
                      transposed,
                      false});
   }
-  void Projection(const Linear& l, const LoraConfig& lora) {
+  // Projection `l` of the block whose parameters start with `prefix`.
+  void Projection(const std::string& prefix, const BlockLinear& l, const LoraConfig& lora) {
+    const std::string module = prefix + l.module;
     if (l.transposed) {
-      Matrix(l.module + ".weight", l.in, l.out, /*transposed=*/true);
+      Matrix(module + ".weight", l.in, l.out, /*transposed=*/true);
     } else {
-      Matrix(l.module + ".weight", l.out, l.in);
+      Matrix(module + ".weight", l.out, l.in);
       // The frozen base weight in NF4: QLoRA, or a quantized model run as it is (GPT-2's Conv1D
       // is refused by ValidateJobShape and LoadModelFolder).
       if (lora.quantize == BaseQuant::kNf4) {
@@ -80,9 +50,9 @@ class SpecBuilder {
         out_->back().nf4_nested = lora.double_quant;
       }
     }
-    if (l.bias) Vector(l.module + ".bias", l.out);
+    if (l.bias) Vector(module + ".bias", l.out);
     if (HasLora(lora, l)) {
-      const std::string peft = "base_model.model." + l.module;
+      const std::string peft = "base_model.model." + module;
       out_->push_back(
           {peft + ".lora_A.weight", {lora.rank, l.in}, dtype_, true, true, "", false, true});
       out_->push_back(
@@ -111,27 +81,14 @@ LayerSpec BlockLayer(const ModelConfig& c, const LoraConfig& lora, int64_t i, DT
   LayerSpec l{LayerKind::kBlock, i, "block." + std::to_string(i), {}};
   SpecBuilder b(&l.params, dtype, !lora.base_frozen());
   const std::string p = BlockPrefix(c, i);
-  const std::vector<Linear> lin = BlockLinears(c, i);
-  if (c.family == ModelFamily::kGpt2) {
-    b.Vector(p + "ln_1.weight", c.hidden_size);
-    b.Vector(p + "ln_1.bias", c.hidden_size);
-    b.Projection(lin[0], lora);
-    b.Projection(lin[1], lora);
-    b.Vector(p + "ln_2.weight", c.hidden_size);
-    b.Vector(p + "ln_2.bias", c.hidden_size);
-    b.Projection(lin[2], lora);
-    b.Projection(lin[3], lora);
-    return l;
+  const BlockParams block = BlockParamsOf(c);
+  for (const BlockParams::Entry& e : block.entries) {
+    if (e.vector.empty()) {
+      b.Projection(p, block.linears[e.linear], lora);
+    } else {
+      b.Vector(p + e.vector, e.length);
+    }
   }
-  b.Vector(p + "input_layernorm.weight", c.hidden_size);
-  for (int k = 0; k < 3; ++k) b.Projection(lin[size_t(k)], lora);  // q, k, v
-  if (c.qk_norm) {
-    b.Vector(p + "self_attn.q_norm.weight", c.head_dim);
-    b.Vector(p + "self_attn.k_norm.weight", c.head_dim);
-  }
-  b.Projection(lin[3], lora);  // o
-  b.Vector(p + "post_attention_layernorm.weight", c.hidden_size);
-  for (int k = 4; k < 7; ++k) b.Projection(lin[size_t(k)], lora);  // gate, up, down
   return l;
 }
 
@@ -144,36 +101,6 @@ LayerSpec HeadLayer(const ModelConfig& c, bool trainable, DType dtype) {
   b.Matrix(n.lm_head, c.vocab_size, c.hidden_size);
   if (c.tie_word_embeddings) l.params.back().tied_to = n.token_table;
   return l;
-}
-
-// Bytes a block keeps for its backward beyond its input (see LayerCost::saved_bytes). This is the
-// contract the block implementations allocate by:
-//   Llama: rstd of both norms (fp32 per token), both normed inputs, q and k after RoPE, v, the
-//   attention output and its log-sum-exp (fp32 per token and head), the residual after attention,
-//   gate, up and the SwiGLU product; Qwen3's q/k norms add q and k before the norm and their rstd
-//   (fp32 per token and head). GPT-2: mean and rstd of both LayerNorms, both normed inputs, the
-//   fused qkv, the attention output and its log-sum-exp, the residual after attention, the fc
-//   output before and after GELU. LoRA: x A^T (r per token) for each adapted projection.
-size_t BlockSavedBytes(const ModelConfig& c, const LoraConfig& lora, int64_t i, int64_t n,
-                       size_t a) {
-  const size_t f = 4;  // fp32 statistics
-  const int64_t C = c.hidden_size, I = c.intermediate_size, H = c.num_heads;
-  size_t elems = 0, stats = 0;  // activation elements, fp32 values
-  if (c.family == ModelFamily::kGpt2) {
-    elems = size_t(n * (C + 3 * C + C + C + C + I + I));
-    stats = size_t(n * (2 + 2 + H));
-  } else {
-    elems = size_t(n * (C + c.q_dim() + 2 * c.kv_dim() + c.q_dim() + C + C + 3 * I));
-    stats = size_t(n * (1 + 1 + H));
-    if (c.qk_norm) {
-      elems += size_t(n * (c.q_dim() + c.kv_dim()));
-      stats += size_t(n * (H + c.num_kv_heads));
-    }
-  }
-  for (const Linear& l : BlockLinears(c, i)) {
-    if (HasLora(lora, l)) elems += size_t(n * lora.rank);
-  }
-  return elems * a + stats * f;
 }
 
 }  // namespace
@@ -257,7 +184,7 @@ LayerCost ComputeLayerCost(const ModelConfig& c, const LoraConfig& lora, const L
     case LayerKind::kBlock:
       break;
   }
-  for (const Linear& l : BlockLinears(c, layer.block)) {
+  for (const BlockLinear& l : BlockParamsOf(c).linears) {
     const double gemm = 2.0 * n * double(l.in) * double(l.out);
     cost.forward_flops += gemm;
     cost.backward_flops += gemm + (lora.base_frozen() ? 0.0 : gemm);  // dX, and dW when trainable
@@ -274,7 +201,9 @@ LayerCost ComputeLayerCost(const ModelConfig& c, const LoraConfig& lora, const L
   cost.forward_flops += 4.0 * double(c.head_dim) * pairs;
   cost.backward_flops += 8.0 * double(c.head_dim) * pairs;
   cost.input_bytes = hidden_bytes;
-  cost.saved_bytes = BlockSavedBytes(c, lora, layer.block, tokens, a);
+  // What a block keeps for its backward beyond its input: its saved slot's tensors, as the
+  // blocks lay them out (engine/model/decoder_block.cc, gpt2_block.cc).
+  cost.saved_bytes = BlockBuffersOf(c, layer, tokens, activation_dtype).saved_unaligned;
   cost.output_bytes = hidden_bytes;
   return cost;
 }
@@ -300,19 +229,18 @@ int64_t CountTrainableParameters(const std::vector<LayerSpec>& layers) {
 }
 
 std::vector<int64_t> LoraGroupRanks(const LayerSpec& layer) {
-  std::vector<int64_t> ranks;
-  int64_t gate_up_rank = 0;
+  constexpr std::string_view kA = ".lora_A.weight";
+  std::vector<std::pair<std::string, int64_t>> groups;  // in the order of their first adapter
   for (const ParamSpec& p : layer.params) {
-    if (!p.lora || p.name.find("lora_A") == std::string::npos) continue;
-    const int64_t r = p.shape[0];
-    if (p.name.find(".mlp.gate_proj.") != std::string::npos ||
-        p.name.find(".mlp.up_proj.") != std::string::npos) {
-      gate_up_rank += r;
-    } else {
-      ranks.push_back(r);
-    }
+    if (!p.lora || !p.name.ends_with(kA)) continue;
+    const std::string group = LoraGroupOf(p.name.substr(0, p.name.size() - kA.size()));
+    auto it =
+        std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == group; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {group, 0});
+    it->second += p.shape[0];
   }
-  if (gate_up_rank > 0) ranks.push_back(gate_up_rank);
+  std::vector<int64_t> ranks;
+  for (const auto& [group, rank] : groups) ranks.push_back(rank);
   return ranks;
 }
 

@@ -98,6 +98,30 @@ struct LayerCost {
   size_t output_bytes = 0;
 };
 
+// One linear projection of a decoder block, as its family describes it (engine/model/model_stack.h,
+// BlockParamsOf): parameter specs, FLOPs and PEFT's module names are all derived from this list,
+// so they cannot disagree.
+struct BlockLinear {
+  std::string module;  // Hugging Face module path under the block's prefix, e.g. "self_attn.q_proj"
+  int64_t in = 0;
+  int64_t out = 0;
+  bool bias = false;
+  uint32_t lora_bits = 0;   // LoraTarget bits that select this projection
+  bool transposed = false;  // stored (in, out): GPT-2's Conv1D
+};
+
+// A decoder block's parameters in Hugging Face order: each entry a vector (a norm's weight or bias,
+// named under the block's prefix) or one of `linears` (its weight, bias and LoRA adapters).
+struct BlockParams {
+  struct Entry {
+    std::string vector;  // e.g. "input_layernorm.weight"; empty for a projection
+    int64_t length = 0;  // the vector's length
+    size_t linear = 0;   // the projection's index in `linears` when `vector` is empty
+  };
+  std::vector<BlockLinear> linears;
+  std::vector<Entry> entries;
+};
+
 // The parameters of the model `c`: the base trainable unless lora.base_frozen(), LoRA A/B when
 // lora is enabled, Llama-family block projection weights nf4 when lora.quantize is kNf4 (with or
 // without LoRA). REQUIRES: ValidateModelConfig(c) and ValidateLoraConfig(lora) are ok.

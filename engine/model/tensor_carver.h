@@ -42,15 +42,19 @@ class TensorCarver {
     if (offset != nullptr) *offset = offset_;
     const size_t bytes = size_t(shape.numel()) * DTypeSize(dtype);
     offset_ += (bytes + kAlignment - 1) / kAlignment * kAlignment;
+    unaligned_ += bytes;
     return t;
   }
   size_t bytes() const { return offset_; }
+  // The tensors' own bytes, without the alignment between them.
+  size_t unaligned_bytes() const { return unaligned_; }
 
  private:
   const DeviceBuffer* buffer_ = nullptr;
   DevicePtr<std::byte> base_;
   bool has_base_ = false;
   size_t offset_ = 0;
+  size_t unaligned_ = 0;
 };
 
 // Hands out device regions by requester name ("blocks.saved.0", "params.weights", ...).

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string_view>
 
+#include "engine/model/model_stack.h"
 #include "kernels/ops/attention.h"
 #include "kernels/ops/backend.h"
 #include "kernels/ops/gemm.h"
@@ -86,73 +87,35 @@ uint64_t LayerGradBytes(const LayerSpec& layer) {
   return bytes;
 }
 
-// A layer's saved set as a GPU slot holds it: the tensors ComputeLayerCost's saved_bytes counts
-// (engine/model/param_spec.cc, BlockSavedBytes; the head's normed input, norm statistics and
-// per-token loss), each at an aligned offset. Activations are `act` bytes per value, statistics
-// fp32. LoRA keeps x A^T per packed group (a Llama MLP's gate and up adapters share one).
-uint64_t SavedSlotBytes(const ModelConfig& c, const LayerSpec& layer, int64_t n, uint64_t act) {
-  const uint64_t N = uint64_t(n), C = uint64_t(c.hidden_size), I = uint64_t(c.intermediate_size);
-  const uint64_t H = uint64_t(c.num_heads), Hkv = uint64_t(c.num_kv_heads);
-  const uint64_t q = uint64_t(c.q_dim()), kv = uint64_t(c.kv_dim());
+// A layer's saved set as a GPU slot holds it: a block's as its family lays the slot out
+// (BlockBuffersOf), the head's normed input, norm statistics and per-token loss (engine/model/
+// head.cc), each at an aligned offset. Activations are in `act`, statistics fp32.
+uint64_t SavedSlotBytes(const ModelConfig& c, const LayerSpec& layer, int64_t n, DType act) {
+  if (layer.kind == LayerKind::kBlock) return BlockBuffersOf(c, layer, n, act).saved;
+  if (layer.kind != LayerKind::kHead) return 0;
+  const uint64_t N = uint64_t(n), C = uint64_t(c.hidden_size);
   uint64_t bytes = 0;
-  auto a = [&](uint64_t values) { bytes += RoundUp(values * act, kArenaAlignment); };
+  auto a = [&](uint64_t values) { bytes += RoundUp(values * DTypeSize(act), kArenaAlignment); };
   auto f = [&](uint64_t values) { bytes += RoundUp(values * kF32, kArenaAlignment); };
-  const bool ln = c.norm == NormKind::kLayerNorm;
-  if (layer.kind == LayerKind::kHead) {
-    a(N * C);  // normed input
-    if (ln) f(N);
-    f(N);  // rstd
-    f(N);  // per-token loss
-    return bytes;
-  }
-  if (layer.kind != LayerKind::kBlock) return 0;
-  if (c.family == ModelFamily::kGpt2) {
-    a(N * C), f(N), f(N);            // ln_1 output, mean, rstd
-    a(N * C), a(N * C), a(N * C);    // q, k, v
-    a(N * C), f(N * H);              // attention output, log-sum-exp
-    a(N * C), a(N * C), f(N), f(N);  // residual, ln_2 output, mean, rstd
-    a(N * I), a(N * I);              // fc before and after GELU
-  } else {
-    a(N * C), f(N);  // input_layernorm output, rstd
-    if (c.qk_norm) a(N * q), a(N * kv), f(N * H), f(N * Hkv);
-    a(N * q), a(N * kv), a(N * kv), a(N * q), f(N * H);  // q, k, v, attention output, lse
-    a(N * C), a(N * C), f(N);                            // residual, post-attention norm, rstd
-    a(N * 2 * I), a(N * I);                              // gate|up, SwiGLU product
-  }
-  for (int64_t r : LoraGroupRanks(layer)) a(N * uint64_t(r));  // each group's u (N, R)
+  a(N * C);  // normed input
+  if (c.norm == NormKind::kLayerNorm) f(N);
+  f(N);  // rstd
+  f(N);  // per-token loss
   return bytes;
 }
 
 // The backward's temporaries of a layer ("blocks.workspace" / "head.workspace", both placed in
-// the plan's "grad.work"), carved as the blocks and the head carve them: the family's part
-// (engine/model/decoder_block.cc, gpt2_block.cc), LoRA's du (N, widest projection group's rank,
-// at least 1) and a sink of 2 max(C, head_dim) (engine/model/block_base.h); the head's targets,
-// input gradient and sink (engine/model/head.cc).
-// Activation gradients are `act` bytes per value; the sink (parameter gradients) and the targets
-// 4 bytes.
-uint64_t WorkspaceBytes(const ModelConfig& c, const LayerSpec& layer, int64_t n, uint64_t act) {
-  const uint64_t N = uint64_t(n), C = uint64_t(c.hidden_size), I = uint64_t(c.intermediate_size);
-  const uint64_t q = uint64_t(c.q_dim()), kv = uint64_t(c.kv_dim());
+// the plan's "grad.work"): a block's as its family lays them out (BlockBuffersOf); the head's
+// targets, input gradient and sink (engine/model/head.cc). Activation gradients are in `act`; the
+// sink (parameter gradients) and the targets 4 bytes a value.
+uint64_t WorkspaceBytes(const ModelConfig& c, const LayerSpec& layer, int64_t n, DType act) {
+  if (layer.kind == LayerKind::kBlock) return BlockBuffersOf(c, layer, n, act).workspace;
+  if (layer.kind != LayerKind::kHead) return 0;
+  const uint64_t N = uint64_t(n), C = uint64_t(c.hidden_size);
   uint64_t bytes = 0;
-  auto a = [&](uint64_t values) { bytes += RoundUp(values * act, kArenaAlignment); };
-  auto f = [&](uint64_t values) { bytes += RoundUp(values * kF32, kArenaAlignment); };
-  if (layer.kind == LayerKind::kHead) {
-    f(N);                // targets (i32)
-    a(N * C), f(2 * C);  // the normed input's gradient, the frozen-parameter sink
-    return bytes;
-  }
-  if (layer.kind != LayerKind::kBlock) return 0;
-  if (c.family == ModelFamily::kGpt2) {
-    a(N * C), a(N * I), a(N * C);            // branch, d_act, d_xn
-    a(N * C), a(N * C), a(N * C), a(N * C);  // d_att, dq, dk, dv
-  } else {
-    a(N * C), a(N * I), a(N * 2 * I), a(N * C);  // branch, d_h, d_gate_up, d_xn
-    a(N * q), a(N * q), a(N * kv), a(N * kv);    // d_att, dq, dk, dv
-  }
-  uint64_t rank = 1;
-  for (int64_t r : LoraGroupRanks(layer)) rank = std::max(rank, uint64_t(r));
-  a(N * rank);                                         // du: the widest group's (N, R)
-  f(2 * std::max<uint64_t>(C, uint64_t(c.head_dim)));  // sink
+  bytes += RoundUp(N * kF32, kArenaAlignment);                // targets (i32)
+  bytes += RoundUp(N * C * DTypeSize(act), kArenaAlignment);  // the normed input's gradient
+  bytes += RoundUp(2 * C * kF32, kArenaAlignment);            // the frozen-parameter sink
   return bytes;
 }
 
@@ -221,7 +184,7 @@ uint64_t KeptActivationBytes(const ModelConfig& model, const LoraConfig& lora, i
   const uint64_t act = DTypeSize(compute_dtype);
   uint64_t saved = 0;
   for (size_t i = 1; i + 1 < layers.size(); ++i) {
-    saved = std::max(saved, SavedSlotBytes(model, layers[i], tokens, act));
+    saved = std::max(saved, SavedSlotBytes(model, layers[i], tokens, compute_dtype));
   }
   return RoundUp(uint64_t(tokens * model.hidden_size) * act, kArenaAlignment) +
          RoundUp(saved, kArenaAlignment);
@@ -261,7 +224,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   const int64_t tokens = in.micro_batch.tokens();
   for (int i = 1; i <= head; ++i) {
     saved_set =
-        std::max<uint64_t>(saved_set, SavedSlotBytes(in.model, layers[size_t(i)], tokens, act));
+        std::max<uint64_t>(saved_set, SavedSlotBytes(in.model, layers[size_t(i)], tokens, cd));
     if (in.forward_only && i == head) {
       // A loss-only head (HeadMode::kForwardOnly): its workspace holds the targets alone.
       work = std::max(work, RoundUp(uint64_t(tokens) * 4, kArenaAlignment));
@@ -273,7 +236,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
                   kArenaAlignment));
       continue;
     }
-    work = std::max(work, WorkspaceBytes(in.model, layers[size_t(i)], tokens, act));
+    work = std::max(work, WorkspaceBytes(in.model, layers[size_t(i)], tokens, cd));
     scratch = std::max(scratch,
                        OpScratchBytes(in.model, layers[size_t(i)], in.micro_batch, cd, in.scratch));
   }
@@ -290,7 +253,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     Add(e.gpu, "hidden." + std::to_string(k), hidden, A);
   }
   if (keep) {
-    Add(e.gpu, "saved.slot0", SavedSlotBytes(in.model, layers[size_t(head)], tokens, act), A);
+    Add(e.gpu, "saved.slot0", SavedSlotBytes(in.model, layers[size_t(head)], tokens, cd), A);
     Add(e.gpu, "activations.keep",
         m * uint64_t(in.model.num_layers) *
             KeptActivationBytes(in.model, in.lora, tokens, in.compute_dtype),

@@ -1,0 +1,125 @@
+// The family table's derived views: PEFT's module names and target matching, and the block
+// buffers' bytes against what the blocks themselves allocate.
+#include "engine/model/model_stack.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "engine/testing/golden_files.h"
+#include "kernels/cpu/cpu_device.h"
+#include "kernels/device.h"
+
+namespace ferry {
+namespace {
+
+ModelConfig Config(const char* dir) {
+  Result<ModelConfig> c = LoadHfConfig(testing::GoldenPath(dir, "config.json"));
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? *c : ModelConfig{};
+}
+
+TEST(ModelStackTest, PeftNamesAreTheShortestSuffixNoOtherProjectionShares) {
+  const ModelConfig llama = Config("llama"), gpt2 = Config("gpt2");
+  EXPECT_EQ(PeftTargetModules(llama, kLoraQ | kLoraV),
+            (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_EQ(PeftTargetModules(llama, kLoraAll),
+            (std::vector<std::string>{"down_proj", "gate_proj", "k_proj", "o_proj", "q_proj",
+                                      "up_proj", "v_proj"}));
+  // GPT-2: q, k and v share c_attn; its two c_proj are told apart by their parent.
+  EXPECT_EQ(PeftTargetModules(gpt2, kLoraK), (std::vector<std::string>{"c_attn"}));
+  EXPECT_EQ(PeftTargetModules(gpt2, kLoraO | kLoraDown),
+            (std::vector<std::string>{"attn.c_proj", "mlp.c_proj"}));
+  EXPECT_FALSE(PeftFanInFanOut(llama));
+  EXPECT_TRUE(PeftFanInFanOut(gpt2));
+}
+
+TEST(ModelStackTest, PeftTargetsArePathSuffixesOfBlockProjections) {
+  const ModelConfig llama = Config("llama"), gpt2 = Config("gpt2");
+  struct Case {
+    const ModelConfig* c;
+    const char* target;
+    uint32_t bits;  // 0: refused
+  };
+  for (const Case& t : std::vector<Case>{
+           {&llama, "q_proj", kLoraQ},
+           {&llama, "self_attn.q_proj", kLoraQ},
+           {&llama, "model.layers.0.mlp.gate_proj", kLoraGate},
+           {&llama, "q", 0},        // not a module name
+           {&llama, "proj", 0},     // a part of a name, not a path suffix
+           {&llama, "lm_head", 0},  // not a block projection
+           {&gpt2, "c_attn", kLoraQ | kLoraK | kLoraV},
+           {&gpt2, "c_proj", kLoraO | kLoraDown},
+           {&gpt2, "attn.c_proj", kLoraO},
+           {&gpt2, "transformer.h.3.mlp.c_proj", kLoraDown},
+           {&gpt2, "q_proj", 0},
+       }) {
+    Result<uint32_t> bits = PeftTargetBits(*t.c, t.target);
+    if (t.bits == 0) {
+      ASSERT_FALSE(bits.ok()) << t.target;
+      EXPECT_NE(bits.status().message().find(t.target), std::string::npos);
+    } else {
+      ASSERT_TRUE(bits.ok()) << t.target << ": " << bits.status().ToString();
+      EXPECT_EQ(*bits, t.bits) << t.target;
+    }
+  }
+}
+
+// BlockBuffersOf counts the very layouts the blocks carve: built on a CPU device, the blocks'
+// saved slot and workspace take exactly those bytes (with and without LoRA, gate and up adapted
+// together, and GPT-2's fused c_attn).
+TEST(ModelStackTest, BlockBuffersEqualWhatTheBlocksAllocate) {
+  struct Case {
+    const char* dir;
+    LoraConfig lora;
+  };
+  for (const Case& t : std::vector<Case>{
+           {"llama", {}},
+           {"llama", {.rank = 4, .alpha = 8, .targets = kLoraQ | kLoraGate | kLoraUp}},
+           {"qwen3", {}},
+           {"gpt2", {}},
+           {"gpt2", {.rank = 2, .alpha = 4, .targets = kLoraQ | kLoraDown}},
+       }) {
+    SCOPED_TRACE(t.dir);
+    const ModelConfig c = Config(t.dir);
+    const BatchShape shape{.batch = 2, .seq_len = 7};
+    const std::vector<LayerSpec> all = BuildLayerSpecs(c, t.lora);
+    const std::vector<LayerSpec> layers = {all[1]};  // block 0
+    Result<std::unique_ptr<CpuDevice>> device =
+        CpuDevice::Create({.memory_bytes = size_t(64) << 20});
+    ASSERT_TRUE(device.ok()) << device.status().ToString();
+    CpuDevice& d = **device;
+    Result<DeviceParams> params = DeviceParams::Create(d, c, t.lora, layers);
+    ASSERT_TRUE(params.ok()) << params.status().ToString();
+    Result<std::unique_ptr<DecoderBlocks>> blocks =
+        CreateDecoderBlocks(MakeBlocksContext(d, c, *params, shape, {}));
+    ASSERT_TRUE(blocks.ok()) << blocks.status().ToString();
+    const BlockBufferBytes b = BlockBuffersOf(c, layers[0], shape.tokens(), DType::kF32);
+    size_t saved = 0, workspace = 0;
+    for (const ArenaRecord& r : d.arena_log()) {
+      if (r.requester == "blocks.saved.0") saved = r.bytes;
+      if (r.requester == "blocks.workspace") workspace = r.bytes;
+    }
+    EXPECT_EQ(saved, b.saved);
+    EXPECT_EQ(workspace, b.workspace);
+    // The saved set's own bytes, counted by hand from the blocks' list of saved tensors: fp32
+    // activations and statistics, and x A^T (N, r) per adapted projection.
+    const int64_t N = shape.tokens(), C = c.hidden_size, I = c.intermediate_size;
+    const int64_t H = c.num_heads, Hkv = c.num_kv_heads, q = c.q_dim(), kv = c.kv_dim();
+    int64_t values = c.family == ModelFamily::kGpt2
+                         ? N * (7 * C + 2 * I) + N * (4 + H)
+                         : N * (3 * C + 2 * q + 2 * kv + 3 * I) + N * (2 + H);
+    if (c.qk_norm) values += N * (q + kv) + N * (H + Hkv);
+    for (LoraTarget bit : {kLoraQ, kLoraK, kLoraV, kLoraO, kLoraGate, kLoraUp, kLoraDown}) {
+      // GPT-2's c_attn is one projection for q, k and v.
+      const bool fused_qkv = c.family == ModelFamily::kGpt2 && (bit == kLoraK || bit == kLoraV);
+      if (t.lora.Targets(bit) && !fused_qkv) values += N * t.lora.rank;
+    }
+    EXPECT_EQ(b.saved_unaligned, size_t(values) * sizeof(float));
+    EXPECT_LT(b.saved_unaligned, b.saved);
+  }
+}
+
+}  // namespace
+}  // namespace ferry
