@@ -141,6 +141,18 @@ ParamCounts CountParams(const LayerSpec& layer) {
 
 uint64_t RoundUp(uint64_t bytes, uint64_t unit) { return (bytes + unit - 1) / unit * unit; }
 
+LayerDeviceBytes DeviceBytesOf(const LayerSpec& layer, DType compute_dtype) {
+  // An update's upload copies the trainable tensors' own bytes (DeviceParams' trainable extents),
+  // not the alignment between them; the whole slot and the gradients move whole.
+  uint64_t trainable = 0;
+  for (uint64_t n : DeviceTensorElems(layer, /*trainable_only=*/true)) {
+    trainable += n * DTypeSize(compute_dtype);
+  }
+  return {.weights = LayerWeightBytes(layer, compute_dtype),
+          .trainable_weights = trainable,
+          .grads = LayerGradBytes(layer)};
+}
+
 uint64_t TierMemory::total() const {
   uint64_t t = 0;
   for (const Allocation& a : allocations) t += a.bytes;

@@ -192,6 +192,18 @@ uint64_t KvCacheBytes(const ModelConfig& model, const std::vector<LayerRange>& s
 uint64_t KeptActivationBytes(const ModelConfig& model, const LoraConfig& lora, int64_t tokens,
                              DType compute_dtype);
 
+// A layer's parameters on a device, as the executor lays them out and moves them (DeviceParams:
+// gate and up fused, each LoRA group packed with its block-diagonal B, NF4 weights as stored,
+// every tensor at an aligned offset): the weight upload, the part of it an update changes (the
+// trainable tensors' own bytes, as UploadTrainableWeights copies them), and the fp32 gradients
+// downloaded.
+struct LayerDeviceBytes {
+  uint64_t weights = 0;
+  uint64_t trainable_weights = 0;
+  uint64_t grads = 0;
+};
+LayerDeviceBytes DeviceBytesOf(const LayerSpec& layer, DType compute_dtype);
+
 struct MemoryEstimate {
   TierMemory gpu;  // per GPU
   TierMemory pinned_host;

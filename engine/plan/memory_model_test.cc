@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 
+#include "engine/model/device_params.h"
 #include "kernels/ops/attention.h"
 #include "kernels/ops/lm_head_loss.h"
 
@@ -219,6 +220,28 @@ TEST(MemoryModel, GateUpLoraIsOnePackedGroupByHand) {
   // Weights: the 9 base tensors as before (gate+up fused: 512 bf16 B = two 256-byte tensors)
   // + A 256 B + B 1024 B.
   EXPECT_EQ(gpu.at("weights.slot0"), 2304u + 256u + 1024u);
+}
+
+// What the planner prices a layer's copies at (DeviceBytesOf) is what DeviceParams lays out and
+// uploads, packing included: more than the adapters' raw bytes once gate and up share a group.
+TEST(MemoryModel, DeviceBytesOfEqualsWhatDeviceParamsLaysOut) {
+  MemoryPlanInput in = HandInput();
+  in.lora.rank = 8;
+  in.lora.targets = kLoraQ | kLoraGate | kLoraUp;
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(in.model, in.lora, DType::kBF16);
+  for (const LayerSpec& layer : {layers[1], layers.back()}) {
+    SCOPED_TRACE(layer.name);
+    const LayerDeviceBytes got = DeviceBytesOf(layer, DType::kBF16);
+    Result<DeviceParams::Bytes> want =
+        DeviceParams::Measure(in.model, in.lora, {layer}, DType::kBF16);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    EXPECT_EQ(got.weights, want->weights);
+    EXPECT_EQ(got.trainable_weights, want->trainable_weights);
+    EXPECT_EQ(got.grads, want->grads);
+  }
+  uint64_t raw = 0;  // the block's adapters as parameters, in bf16
+  for (const ParamSpec& p : layers[1].params) raw += p.lora ? uint64_t(p.numel()) * 2 : 0;
+  EXPECT_GT(DeviceBytesOf(layers[1], DType::kBF16).trainable_weights, raw);
 }
 
 TEST(MemoryModel, CpuDeviceScratchFollowsThreadCount) {

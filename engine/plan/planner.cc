@@ -75,13 +75,15 @@ std::vector<LayerNumbers> NumbersFor(const Context& c, BatchShape micro) {
     n.input = double(cost.input_bytes);
     n.saved = double(cost.saved_bytes);
     n.output = double(cost.output_bytes);
+    // What the copies move: the device layout the executor uploads (compute dtype, or an NF4
+    // weight's codes and quant state; LoRA groups packed) and the fp32 gradients it downloads.
+    if (c.layers[i].kind != LayerKind::kEmbedding) {
+      const LayerDeviceBytes d = DeviceBytesOf(c.layers[i], c.job.compute_dtype);
+      n.weights = double(d.weights);
+      n.trainable_weights = double(d.trainable_weights);
+      n.grads = double(d.grads);
+    }
     for (const ParamSpec& p : c.layers[i].params) {
-      // What the upload moves: the compute dtype, or an NF4 weight's codes and quant state.
-      const double bytes =
-          p.nf4 ? double(p.bytes()) : double(p.numel()) * double(DTypeSize(c.job.compute_dtype));
-      n.weights += bytes;
-      if (p.trainable) n.trainable_weights += bytes;
-      if (p.trainable) n.grads += double(p.numel()) * kF32;
       if (p.trainable && p.tied_to.empty()) n.trainable += double(p.numel());
     }
   }
