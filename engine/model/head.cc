@@ -19,7 +19,39 @@ const char* NormName(const ModelConfig& c, bool bias) {
   return bias ? n.final_norm_bias.c_str() : n.final_norm_weight.c_str();
 }
 
+// The saved set: normed input, norm statistics, per-token loss.
+struct HeadSaved {
+  Tensor xn, mean, rstd, token_loss;
+};
+void SavedLayout(const ModelConfig& c, int64_t N, DType act, TensorCarver& cv, HeadSaved& s) {
+  s.xn = cv.Take(act, {N, c.hidden_size});
+  if (c.norm == NormKind::kLayerNorm) s.mean = cv.Take(DType::kF32, {N});
+  s.rstd = cv.Take(DType::kF32, {N});
+  s.token_loss = cv.Take(DType::kF32, {N});
+}
+
+// The workspace: the targets; to train, the normed input's gradient and the frozen-parameter sink.
+struct HeadWork {
+  Tensor targets, dxn, sink;
+};
+void WorkspaceLayout(const ModelConfig& c, int64_t N, DType act, HeadMode mode, TensorCarver& cv,
+                     HeadWork& w) {
+  w.targets = cv.Take(DType::kI32, {N});
+  if (mode != HeadMode::kTrain) return;
+  w.dxn = cv.Take(act, {N, c.hidden_size});
+  w.sink = cv.Take(DType::kF32, {2 * c.hidden_size});
+}
+
 }  // namespace
+
+HeadBufferBytes HeadBuffersOf(const ModelConfig& c, int64_t tokens, DType act, HeadMode mode) {
+  HeadSaved s;
+  HeadWork w;
+  TensorCarver saved, workspace;
+  SavedLayout(c, tokens, act, saved, s);
+  WorkspaceLayout(c, tokens, act, mode, workspace, w);
+  return {saved.bytes(), saved.unaligned_bytes(), workspace.bytes()};
+}
 
 Result<std::unique_ptr<Head>> Head::Create(Device& d, const ModelConfig& c,
                                            const DeviceParams& params, BatchShape shape,
@@ -30,12 +62,10 @@ Result<std::unique_ptr<Head>> Head::Create(Device& d, const ModelConfig& c,
   const int64_t N = shape.tokens(), C = c.hidden_size, V = c.vocab_size;
   const DType act = params.dtype();  // the normed input and its gradient; the rest f32
   h->chunk_ = std::min(loss_chunk_tokens, N);
-  // Exactly what ComputeLayerCost counts: normed input, norm statistics, per-token loss.
   auto saved = [&](TensorCarver& cv) {
-    h->xn_ = cv.Take(act, {N, C});
-    if (c.norm == NormKind::kLayerNorm) h->mean_ = cv.Take(DType::kF32, {N});
-    h->rstd_ = cv.Take(DType::kF32, {N});
-    h->token_loss_ = cv.Take(DType::kF32, {N});
+    HeadSaved t;
+    SavedLayout(c, N, act, cv, t);
+    h->xn_ = t.xn, h->mean_ = t.mean, h->rstd_ = t.rstd, h->token_loss_ = t.token_loss;
   };
   FERRY_ASSIGN_OR_RETURN(h->saved_buffer_, AllocateCarved(d, source, "head.saved", saved));
   // A frozen head weight (LoRA) has no gradient: the loss op computes no dW (and needs no scratch
@@ -45,10 +75,9 @@ Result<std::unique_ptr<Head>> Head::Create(Device& d, const ModelConfig& c,
       d, h->chunk_, V, C, act,
       frozen || !backward ? std::nullopt : std::optional<DType>(DType::kF32), backward);
   auto workspace = [&](TensorCarver& cv) {
-    h->targets_ = cv.Take(DType::kI32, {N});
-    if (!backward) return;
-    h->dxn_ = cv.Take(act, {N, C});
-    h->sink_ = cv.Take(DType::kF32, {2 * C});
+    HeadWork t;
+    WorkspaceLayout(c, N, act, mode, cv, t);
+    h->targets_ = t.targets, h->dxn_ = t.dxn, h->sink_ = t.sink;
   };
   FERRY_ASSIGN_OR_RETURN(h->workspace_buffer_,
                          AllocateCarved(d, source, "head.workspace", workspace));

@@ -34,6 +34,16 @@ namespace ferry {
 // kForwardOnly (generate, eval) only Forward and Logits, with less memory.
 enum class HeadMode { kTrain, kForwardOnly };
 
+// The bytes of a head's saved set ("head.saved") and workspace ("head.workspace") at `tokens`
+// tokens with activations in `act`, as Create carves them (its layouts, run over a counting
+// carver): the memory model and LayerCost::saved_bytes size the head by these.
+struct HeadBufferBytes {
+  size_t saved = 0;            // each tensor aligned (TensorCarver)
+  size_t saved_unaligned = 0;  // the same tensors without alignment (LayerCost::saved_bytes)
+  size_t workspace = 0;        // for `mode`: kForwardOnly holds the targets alone
+};
+HeadBufferBytes HeadBuffersOf(const ModelConfig& c, int64_t tokens, DType act, HeadMode mode);
+
 class Head {
  public:
   static Result<std::unique_ptr<Head>> Create(Device& d, const ModelConfig& c,

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/model/head.h"
 #include "engine/testing/golden_files.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/device.h"
@@ -18,6 +19,14 @@ ModelConfig Config(const char* dir) {
   Result<ModelConfig> c = LoadHfConfig(testing::GoldenPath(dir, "config.json"));
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   return c.ok() ? *c : ModelConfig{};
+}
+
+// The bytes `requester` asked the arena of `d` for (0 when it asked nothing).
+size_t Requested(const Device& d, std::string_view requester) {
+  for (const ArenaRecord& r : d.arena_log()) {
+    if (r.requester == requester) return r.bytes;
+  }
+  return 0;
 }
 
 TEST(ModelStackTest, PeftNamesAreTheShortestSuffixNoOtherProjectionShares) {
@@ -96,13 +105,8 @@ TEST(ModelStackTest, BlockBuffersEqualWhatTheBlocksAllocate) {
         CreateDecoderBlocks(MakeBlocksContext(d, c, *params, shape, {}));
     ASSERT_TRUE(blocks.ok()) << blocks.status().ToString();
     const BlockBufferBytes b = BlockBuffersOf(c, layers[0], shape.tokens(), DType::kF32);
-    size_t saved = 0, workspace = 0;
-    for (const ArenaRecord& r : d.arena_log()) {
-      if (r.requester == "blocks.saved.0") saved = r.bytes;
-      if (r.requester == "blocks.workspace") workspace = r.bytes;
-    }
-    EXPECT_EQ(saved, b.saved);
-    EXPECT_EQ(workspace, b.workspace);
+    EXPECT_EQ(Requested(d, "blocks.saved.0"), b.saved);
+    EXPECT_EQ(Requested(d, "blocks.workspace"), b.workspace);
     // The saved set's own bytes, counted by hand from the blocks' list of saved tensors: fp32
     // activations and statistics, and x A^T (N, r) per adapted projection.
     const int64_t N = shape.tokens(), C = c.hidden_size, I = c.intermediate_size;
@@ -118,6 +122,33 @@ TEST(ModelStackTest, BlockBuffersEqualWhatTheBlocksAllocate) {
     }
     EXPECT_EQ(b.saved_unaligned, size_t(values) * sizeof(float));
     EXPECT_LT(b.saved_unaligned, b.saved);
+  }
+}
+
+// HeadBuffersOf counts the head's layouts: the bytes Head::Create takes for its saved set and
+// workspace, training and loss-only, RMSNorm and LayerNorm; the saved set's own bytes by hand.
+TEST(ModelStackTest, HeadBuffersEqualWhatTheHeadAllocates) {
+  for (const char* dir : {"llama", "gpt2"}) {
+    for (HeadMode mode : {HeadMode::kTrain, HeadMode::kForwardOnly}) {
+      SCOPED_TRACE(std::string(dir) + (mode == HeadMode::kTrain ? " train" : " forward-only"));
+      const ModelConfig c = Config(dir);
+      const BatchShape shape{.batch = 3, .seq_len = 5};
+      const std::vector<LayerSpec> all = BuildLayerSpecs(c, {});
+      const std::vector<LayerSpec> layers = {all.back()};
+      Result<std::unique_ptr<CpuDevice>> device =
+          CpuDevice::Create({.memory_bytes = size_t(64) << 20});
+      ASSERT_TRUE(device.ok()) << device.status().ToString();
+      CpuDevice& d = **device;
+      Result<DeviceParams> params = DeviceParams::Create(d, c, {}, layers);
+      ASSERT_TRUE(params.ok()) << params.status().ToString();
+      Result<std::unique_ptr<Head>> head = Head::Create(d, c, *params, shape, 4, mode);
+      ASSERT_TRUE(head.ok()) << head.status().ToString();
+      const HeadBufferBytes b = HeadBuffersOf(c, shape.tokens(), DType::kF32, mode);
+      EXPECT_EQ(Requested(d, "head.saved"), b.saved);
+      EXPECT_EQ(Requested(d, "head.workspace"), b.workspace);
+      const int64_t N = shape.tokens(), stats = c.norm == NormKind::kLayerNorm ? 2 : 1;
+      EXPECT_EQ(b.saved_unaligned, size_t(N * c.hidden_size + N * (stats + 1)) * sizeof(float));
+    }
   }
 }
 

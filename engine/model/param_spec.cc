@@ -4,6 +4,7 @@
 #include <cassert>
 
 #include "engine/model/device_params.h"
+#include "engine/model/head.h"
 #include "engine/model/model_stack.h"
 #include "engine/model/tensor_carver.h"
 #include "kernels/nf4.h"
@@ -175,9 +176,9 @@ LayerCost ComputeLayerCost(const ModelConfig& c, const LoraConfig& lora, const L
       cost.forward_flops = gemm;
       cost.backward_flops = gemm + (trainable ? gemm : 0.0);
       cost.input_bytes = hidden_bytes;
-      // Norm statistics (LayerNorm: mean and rstd), the normed input, per-token log-sum-exp.
-      const size_t stats = c.norm == NormKind::kLayerNorm ? 2 : 1;
-      cost.saved_bytes = hidden_bytes + size_t(tokens) * 4 * (stats + 1);
+      // The normed input, norm statistics and per-token loss, as the head lays them out.
+      cost.saved_bytes =
+          HeadBuffersOf(c, tokens, activation_dtype, HeadMode::kTrain).saved_unaligned;
       cost.output_bytes = size_t(tokens) * 4;
       return cost;
     }

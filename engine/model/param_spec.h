@@ -3,8 +3,9 @@
 // frozen ones marked, which ones decay), its FLOPs and the bytes it keeps for backward.
 //
 // Everything here is a pure function of ModelConfig + LoraConfig + batch shape: the planner sizes
-// a plan from it before anything is allocated, and the layer implementations must allocate
-// exactly what SavedBytes() says (the exact memory model depends on it; see ComputeLayerCost).
+// a plan from it before anything is allocated. The bytes a layer keeps for backward come from the
+// layer code's own layouts (model_stack.h's BlockBuffersOf, head.h's HeadBuffersOf), so what is
+// planned and what is allocated cannot drift apart.
 //
 // Plain value types; thread-compatible.
 #pragma once

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string_view>
 
+#include "engine/model/head.h"
 #include "engine/model/model_stack.h"
 #include "kernels/ops/attention.h"
 #include "kernels/ops/backend.h"
@@ -87,36 +88,20 @@ uint64_t LayerGradBytes(const LayerSpec& layer) {
   return bytes;
 }
 
-// A layer's saved set as a GPU slot holds it: a block's as its family lays the slot out
-// (BlockBuffersOf), the head's normed input, norm statistics and per-token loss (engine/model/
-// head.cc), each at an aligned offset. Activations are in `act`, statistics fp32.
+// A layer's saved set as a GPU slot holds it, as the layer code lays it out: a block's by its
+// family's layout (BlockBuffersOf), the head's by Head's (HeadBuffersOf). Activations in `act`.
 uint64_t SavedSlotBytes(const ModelConfig& c, const LayerSpec& layer, int64_t n, DType act) {
   if (layer.kind == LayerKind::kBlock) return BlockBuffersOf(c, layer, n, act).saved;
-  if (layer.kind != LayerKind::kHead) return 0;
-  const uint64_t N = uint64_t(n), C = uint64_t(c.hidden_size);
-  uint64_t bytes = 0;
-  auto a = [&](uint64_t values) { bytes += RoundUp(values * DTypeSize(act), kArenaAlignment); };
-  auto f = [&](uint64_t values) { bytes += RoundUp(values * kF32, kArenaAlignment); };
-  a(N * C);  // normed input
-  if (c.norm == NormKind::kLayerNorm) f(N);
-  f(N);  // rstd
-  f(N);  // per-token loss
-  return bytes;
+  if (layer.kind == LayerKind::kHead) return HeadBuffersOf(c, n, act, HeadMode::kTrain).saved;
+  return 0;
 }
 
 // The backward's temporaries of a layer ("blocks.workspace" / "head.workspace", both placed in
-// the plan's "grad.work"): a block's as its family lays them out (BlockBuffersOf); the head's
-// targets, input gradient and sink (engine/model/head.cc). Activation gradients are in `act`; the
-// sink (parameter gradients) and the targets 4 bytes a value.
+// the plan's "grad.work"), as the layer code lays them out.
 uint64_t WorkspaceBytes(const ModelConfig& c, const LayerSpec& layer, int64_t n, DType act) {
   if (layer.kind == LayerKind::kBlock) return BlockBuffersOf(c, layer, n, act).workspace;
-  if (layer.kind != LayerKind::kHead) return 0;
-  const uint64_t N = uint64_t(n), C = uint64_t(c.hidden_size);
-  uint64_t bytes = 0;
-  bytes += RoundUp(N * kF32, kArenaAlignment);                // targets (i32)
-  bytes += RoundUp(N * C * DTypeSize(act), kArenaAlignment);  // the normed input's gradient
-  bytes += RoundUp(2 * C * kF32, kArenaAlignment);            // the frozen-parameter sink
-  return bytes;
+  if (layer.kind == LayerKind::kHead) return HeadBuffersOf(c, n, act, HeadMode::kTrain).workspace;
+  return 0;
 }
 
 struct ParamCounts {
@@ -239,7 +224,8 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
         std::max<uint64_t>(saved_set, SavedSlotBytes(in.model, layers[size_t(i)], tokens, cd));
     if (in.forward_only && i == head) {
       // A loss-only head (HeadMode::kForwardOnly): its workspace holds the targets alone.
-      work = std::max(work, RoundUp(uint64_t(tokens) * 4, kArenaAlignment));
+      work = std::max<uint64_t>(
+          work, HeadBuffersOf(in.model, tokens, cd, HeadMode::kForwardOnly).workspace);
       scratch = std::max<uint64_t>(
           scratch,
           RoundUp(LmHeadLossScratchBytes(OpsTarget(in.scratch), std::min(kLossChunkTokens, tokens),
