@@ -10,8 +10,6 @@
 namespace ferry {
 namespace {
 
-constexpr std::string_view kPeftPrefix = "base_model.model.";
-
 bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }

@@ -105,7 +105,7 @@ BlockBufferBytes BlockBuffersOf(const ModelConfig& c, const LayerSpec& layer, in
                                 DType act) {
   assert(layer.kind == LayerKind::kBlock);
   // Each LoRA group's rank, by its module under the block prefix ("mlp.gate_up_proj").
-  const std::string prefix = "base_model.model." + BlockPrefix(c, layer.block);
+  const std::string prefix = std::string(kPeftPrefix) + BlockPrefix(c, layer.block);
   constexpr std::string_view kA = ".lora_A.weight";
   std::map<std::string, int64_t, std::less<>> ranks;
   for (const ParamSpec& p : layer.params) {

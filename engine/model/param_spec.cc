@@ -53,7 +53,7 @@ class SpecBuilder {
     }
     if (l.bias) Vector(module + ".bias", l.out);
     if (HasLora(lora, l)) {
-      const std::string peft = "base_model.model." + module;
+      const std::string peft = std::string(kPeftPrefix) + module;
       out_->push_back(
           {peft + ".lora_A.weight", {lora.rank, l.in}, dtype_, true, true, "", false, true});
       out_->push_back(

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/model/lora_config.h"
@@ -23,6 +24,10 @@
 namespace ferry {
 
 enum class LayerKind { kEmbedding, kBlock, kHead };
+
+// What PEFT puts before a module's name in a LoRA adapter's tensor names
+// ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight").
+inline constexpr std::string_view kPeftPrefix = "base_model.model.";
 
 struct ParamSpec {
   std::string name;            // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
