@@ -18,7 +18,7 @@ constexpr double kF32 = 4;
 struct LayerNumbers {
   double fwd_s = 0, bwd_s = 0;  // compute at the profile's effective rate
   double input = 0, saved = 0, output = 0;
-  double weights = 0;            // compute-dtype bytes uploaded
+  double weights = 0;            // bytes uploaded: the device layout (aligned; NF4 as stored)
   double trainable_weights = 0;  // of which trainable (what an update changes)
   double grads = 0;              // fp32 gradient bytes downloaded
   double trainable = 0;          // parameters the optimizer updates
