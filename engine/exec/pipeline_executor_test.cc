@@ -11,6 +11,7 @@
 #include "engine/exec/pipeline_executor.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -195,6 +196,14 @@ std::vector<Device*> Raw(const std::vector<std::unique_ptr<CpuDevice>>& ds) {
   std::vector<Device*> out;
   for (const auto& d : ds) out.push_back(d.get());
   return out;
+}
+
+// This process's major page faults so far (every thread): pages read back from disk, which
+// /proc/self/io's read_bytes counts too.
+uint64_t MajorFaults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return uint64_t(u.ru_majflt);
 }
 
 // This process's storage I/O counter `key` ("read_bytes", "write_bytes") from /proc/self/io.
@@ -1715,6 +1724,7 @@ TEST_P(NvmeOptimizerTest, EqualsHostRamBitForBitAndMovesThePlannedBytes) {
     std::vector<double> losses;
     OptimizerSnapshot state;
     uint64_t store_read = 0, store_written = 0, io_read = 0, io_written = 0, wasted = 0;
+    uint64_t faults = 0;  // major page faults while the counters ran
     bool direct = false;
   };
   auto train = [&](const std::string& state_dir) {
@@ -1729,7 +1739,7 @@ TEST_P(NvmeOptimizerTest, EqualsHostRamBitForBitAndMovesThePlannedBytes) {
     const VersionedStore* store = (*t)->state_store();
     EXPECT_EQ(store != nullptr, !state_dir.empty());
     const VersionedStoreStats s0 = store ? store->stats() : VersionedStoreStats{};
-    const uint64_t r0 = ProcIo("read_bytes"), w0 = ProcIo("write_bytes");
+    const uint64_t r0 = ProcIo("read_bytes"), w0 = ProcIo("write_bytes"), f0 = MajorFaults();
     for (const auto& mbs : steps) {
       Result<StepStats> st = (*t)->Step(mbs);
       EXPECT_TRUE(st.ok()) << st.status().ToString();
@@ -1742,6 +1752,7 @@ TEST_P(NvmeOptimizerTest, EqualsHostRamBitForBitAndMovesThePlannedBytes) {
       r.store_written = s1.bytes_written - s0.bytes_written;
       r.io_read = ProcIo("read_bytes") - r0;
       r.io_written = ProcIo("write_bytes") - w0;
+      r.faults = MajorFaults() - f0;
       r.wasted = s1.wasted_prefetches;
       r.direct = store->direct_io();
       for (const plan::Allocation& a : p.memory.pageable_host.allocations) {
@@ -1754,7 +1765,13 @@ TEST_P(NvmeOptimizerTest, EqualsHostRamBitForBitAndMovesThePlannedBytes) {
     return r;
   };
   const Run ram = train("");
-  const Run nvme = train(dir_.path() + "/optim");
+  // A page of the test binary read back from disk inside the window (its NVMe-only code runs
+  // first there) shows in read_bytes too: such a run is repeated, each in a fresh folder.
+  Run nvme;
+  for (int run = 0; run < 3; ++run) {
+    nvme = train(dir_.path() + "/optim" + std::to_string(run));
+    if (nvme.faults == 0) break;
+  }
   EXPECT_EQ(nvme.losses, ram.losses);
   EXPECT_GT(ram.losses[0], ram.losses[kSteps - 1]);  // it learns: the comparison is not moot
   ExpectSameState(nvme.state, ram.state, "NVMe vs RAM");
@@ -1763,12 +1780,13 @@ TEST_P(NvmeOptimizerTest, EqualsHostRamBitForBitAndMovesThePlannedBytes) {
   EXPECT_EQ(nvme.wasted, 0u);
   std::printf(
       "NVMe optimizer bytes per step: planned %llu each way; measured store %llu read, "
-      "%llu written; /proc/self/io %llu read, %llu written (O_DIRECT %s)\n",
+      "%llu written; /proc/self/io %llu read, %llu written (O_DIRECT %s; %llu major faults)\n",
       (unsigned long long)planned, (unsigned long long)(nvme.store_read / kSteps),
       (unsigned long long)(nvme.store_written / kSteps),
       (unsigned long long)(nvme.io_read / kSteps), (unsigned long long)(nvme.io_written / kSteps),
-      nvme.direct ? "on" : "off");
+      nvme.direct ? "on" : "off", (unsigned long long)nvme.faults);
   if (!nvme.direct) GTEST_SKIP() << "O_DIRECT refused here: /proc/self/io would not show the disk";
+  EXPECT_EQ(nvme.faults, 0u) << "every run read pages of the process back from disk";
   EXPECT_EQ(nvme.io_read, kSteps * planned);
   EXPECT_EQ(nvme.io_written, kSteps * planned);
 }
