@@ -3,243 +3,138 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
 #include <fstream>
-#include <functional>
+#include <map>
 #include <random>
-#include <span>
 #include <sstream>
 #include <utility>
 
-#include "engine/model/device_params.h"
+#include "engine/exec/pipeline_executor.h"
+#include "engine/exec/trace_recorder.h"
 #include "engine/model/master_weights.h"
-#include "engine/model/model_stack.h"
 #include "engine/plan/device_probe.h"
 #include "engine/plan/memory_model.h"
 #include "kernels/arena.h"
-#include "kernels/host_memory.h"
 
 namespace ferry {
 namespace {
 
-constexpr uint64_t kF32 = 4;
-
-using Step = std::function<Status()>;
-
-// Runs `steps` (forward, backward: each timed, the device synchronized after it; d == nullptr for
-// host work) warmup + repeats times and keeps the medians of the timed runs in `out`: the first
-// step's as forward_s, the second's as backward_s (0 without one).
-Status MedianOfRuns(Device* d, const LayerProbeOptions& o, std::span<const Step> steps,
-                    plan::MeasuredLayerTime& out) {
-  FERRY_ASSIGN_OR_RETURN(const std::vector<std::vector<double>> s,
-                         plan::TimeRuns(d, o.warmup, o.repeats, steps));
-  out.forward_s = plan::MedianOf(s[0]);
-  out.backward_s = s.size() > 1 ? plan::MedianOf(s[1]) : 0.0;
-  return Status::Ok();
-}
-
-// The layers whose master copies a layer's probe needs on the host: the layer, and for a head
-// whose weight is tied, the embedding that owns it.
-std::vector<LayerSpec> HostLayers(const std::vector<LayerSpec>& all, const LayerSpec& layer) {
-  std::vector<LayerSpec> out{layer};
-  for (const ParamSpec& p : layer.params) {
-    if (!p.tied_to.empty()) out.insert(out.begin(), all.front());
+// The duration of the span of `kind` on `lane` that started last in trace step `step` (a stage's
+// gradient zeroing is traced as its first compute span, before the layer's), or -1 without one.
+double LastSpan(const std::vector<exec::TraceSpan>& spans, int64_t step, plan::LaneKind lane,
+                plan::TaskKind kind) {
+  const exec::TraceSpan* last = nullptr;
+  for (const exec::TraceSpan& s : spans) {
+    if (s.step != step || s.lane.kind != lane || s.kind != kind) continue;
+    if (last == nullptr || s.start_s >= last->start_s) last = &s;
   }
-  return out;
+  return last != nullptr ? last->end_s - last->start_s : -1.0;
 }
 
-uint64_t MasterBytes(const std::vector<LayerSpec>& layers) {
-  uint64_t bytes = 0;
-  for (const LayerSpec& l : layers) {
-    for (const ParamSpec& p : l.params) bytes += p.tied_to.empty() ? uint64_t(p.numel()) * kF32 : 0;
-  }
-  return bytes;
-}
-
-// Device tensors of one probe: RoPE tables and packed-document ids, the hidden states.
-struct ProbeIo {
-  Tensor positions, doc_ids, inv_freq, x, y, dy, dx;
+// The timed rounds' durations of one probe run, seconds.
+struct RoundTimes {
+  std::vector<double> block_forward, block_backward, head_forward, head_backward;
+  std::vector<double> embedding_forward, embedding_backward;
 };
 
-// Uploads `bytes` from `src` to `dst` through a fresh host mapping; waits for the copy.
-Status UploadBytes(Device& d, DevicePtr<std::byte> dst, const void* src, size_t bytes) {
-  FERRY_ASSIGN_OR_RETURN(HostAllocation host, HostAllocation::Map(bytes, "layer probe staging"));
-  std::memcpy(host.data(), src, bytes);
-  FERRY_RETURN_IF_ERROR(d.CopyToDevice(dst, host.Whole(), bytes));
-  return d.Synchronize(StreamId::kUpload);
+std::string ShapeText(BatchShape micro) {
+  return std::to_string(micro.batch) + " x " + std::to_string(micro.seq_len) + " tokens";
 }
 
-std::vector<float> RandomNormal(size_t n, std::mt19937_64& rng) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
-}
-
-// Allocates and fills the probe's io tensors: positions 0..T-1 per row, one document per row, the
-// model's RoPE table, random hidden states and output gradients (in `dtype`, the plan's compute
-// dtype, as the executor's stages hold them).
-Result<DeviceBuffer> MakeIo(Device& d, const ModelConfig& c, BatchShape micro, DType dtype,
-                            std::mt19937_64& rng, ProbeIo& io) {
-  const int64_t N = micro.tokens(), C = c.hidden_size;
-  FERRY_ASSIGN_OR_RETURN(DeviceBuffer buf, AllocateCarved(d, "probe.io", [&](TensorCarver& cv) {
-                           io.positions = cv.Take(DType::kI32, {N});
-                           io.doc_ids = cv.Take(DType::kI32, {N});
-                           if (!c.learned_positions) {
-                             io.inv_freq = cv.Take(DType::kF32, {c.head_dim / 2});
-                           }
-                           for (Tensor* t : {&io.x, &io.y, &io.dy, &io.dx}) {
-                             *t = cv.Take(dtype, {N, C});
-                           }
-                         }));
-  std::vector<int32_t> positions(static_cast<size_t>(N)), docs(static_cast<size_t>(N), 0);
-  for (int64_t n = 0; n < N; ++n) positions[size_t(n)] = int32_t(n % micro.seq_len);
-  FERRY_RETURN_IF_ERROR(UploadBytes(d, io.positions.data, positions.data(), size_t(N) * 4));
-  FERRY_RETURN_IF_ERROR(UploadBytes(d, io.doc_ids.data, docs.data(), size_t(N) * 4));
-  if (!c.learned_positions) {
-    const std::vector<float> inv_freq = RopeInvFreq(c);
-    FERRY_RETURN_IF_ERROR(
-        UploadBytes(d, io.inv_freq.data, inv_freq.data(), inv_freq.size() * sizeof(float)));
+// Runs `plan` (LayerProbePlan of `one`, a one-block model) on a device of `make_device`:
+// warmup + repeats rounds of a traced Step and Evaluate; the timed rounds' layer times in `out`.
+Status RunProbe(const ModelConfig& one, const plan::Plan& plan,
+                const ProbeDeviceFactory& make_device, const LayerProbeOptions& o,
+                RoundTimes& out) {
+  const plan::PlanJob& job = plan.job;
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(one, job.lora, job.compute_dtype);
+  HostTensors weights = InitMasterWeights(layers, o.seed);
+  FERRY_RETURN_IF_ERROR(QuantizeFrozenBase(layers, weights));  // QLoRA's NF4
+  HostTensors grads;
+  bool embedding_trainable = false;
+  for (const ParamSpec* p : StorageParams(layers)) {
+    if (p->trainable) grads.tensors[p->name].resize(size_t(p->numel()));
   }
-  for (Tensor* t : {&io.x, &io.dy}) {
-    const std::vector<float> v = RandomNormal(size_t(N * C), rng);
-    std::vector<std::byte> bytes(v.size() * DTypeSize(dtype));
-    ConvertFromFloat(v.data(), dtype, bytes.data(), v.size());
-    FERRY_RETURN_IF_ERROR(UploadBytes(d, t->data, bytes.data(), bytes.size()));
-  }
-  return buf;
-}
-
-// The layer's parameters on `d` in `dtype`, uploaded from fresh master weights, gradients zeroed.
-Result<DeviceParams> LayerParams(Device& d, const ModelConfig& c, const LoraConfig& lora,
-                                 DType dtype, const std::vector<LayerSpec>& all,
-                                 const LayerSpec& layer, uint64_t seed) {
-  FERRY_ASSIGN_OR_RETURN(DeviceParams params, DeviceParams::Create(d, c, lora, {layer}, nullptr,
-                                                                   ParamGrads::kAllocate, dtype));
-  {
-    HostTensors weights = InitMasterWeights(HostLayers(all, layer), seed);
-    FERRY_RETURN_IF_ERROR(QuantizeFrozenBase(HostLayers(all, layer), weights));  // QLoRA's NF4
-    FERRY_RETURN_IF_ERROR(params.Upload(d, weights));
-  }  // the host copy is freed before the timed runs
-  FERRY_RETURN_IF_ERROR(params.ZeroGrads(d));
-  return params;
-}
-
-Status ProbeBlock(Device& d, const ModelConfig& c, const LoraConfig& lora, DType dtype,
-                  const std::vector<LayerSpec>& all, const LayerSpec& layer, BatchShape micro,
-                  const LayerProbeOptions& o, plan::MeasuredLayerTime& out) {
+  for (const ParamSpec& p : layers.front().params) embedding_trainable |= p.trainable;
+  const BatchShape micro = plan::MicroBatchShape(job, plan.micro_batch_size);
   std::mt19937_64 rng(o.seed);
-  FERRY_ASSIGN_OR_RETURN(DeviceParams params, LayerParams(d, c, lora, dtype, all, layer, o.seed));
-  ProbeIo io;
-  FERRY_ASSIGN_OR_RETURN(DeviceBuffer io_buffer, MakeIo(d, c, micro, dtype, rng, io));
-  FERRY_ASSIGN_OR_RETURN(
-      DeviceStack stack,
-      BuildDeviceStack(
-          d, c, params,
-          {.shape = micro,
-           .inputs = {.positions = io.positions, .doc_ids = io.doc_ids, .inv_freq = io.inv_freq},
-           .first_block = layer.block}));
-  std::unique_ptr<DecoderBlocks> blocks = std::move(stack.blocks);
-  const Step steps[] = {[&] { return blocks->Forward(layer.block, 0, io.x, io.y); },
-                        [&] { return blocks->Backward(layer.block, 0, io.x, io.dy, io.dx); }};
-  return MedianOfRuns(&d, o, steps, out);
-}
-
-Status ProbeHead(Device& d, const ModelConfig& c, const LoraConfig& lora, DType dtype,
-                 const std::vector<LayerSpec>& all, const LayerSpec& layer, BatchShape micro,
-                 const LayerProbeOptions& o, plan::MeasuredLayerTime& out) {
-  std::mt19937_64 rng(o.seed);
-  const int64_t N = micro.tokens();
-  FERRY_ASSIGN_OR_RETURN(DeviceParams params, LayerParams(d, c, lora, dtype, all, layer, o.seed));
-  ProbeIo io;
-  FERRY_ASSIGN_OR_RETURN(DeviceBuffer io_buffer, MakeIo(d, c, micro, dtype, rng, io));
-  FERRY_ASSIGN_OR_RETURN(DeviceStack stack,
-                         BuildDeviceStack(d, c, params,
-                                          {.shape = micro,
-                                           .blocks = false,
-                                           .head = HeadMode::kTrain,
-                                           .loss_chunk_tokens = plan::kLossChunkTokens}));
-  std::unique_ptr<Head> head = std::move(stack.head);
-  std::uniform_int_distribution<int32_t> token(0, int32_t(c.vocab_size - 1));
-  std::vector<int32_t> targets(static_cast<size_t>(N));
-  for (int32_t& t : targets) t = token(rng);
-  FERRY_RETURN_IF_ERROR(UploadBytes(d, head->targets().data, targets.data(), size_t(N) * 4));
-  const Step steps[] = {[&] { return head->Forward(io.x); },
-                        [&] { return head->ForwardBackward(io.x, double(N), io.dx); }};
-  FERRY_ASSIGN_OR_RETURN(const std::vector<std::vector<double>> s,
-                         plan::TimeRuns(&d, o.warmup, o.repeats, steps));
-  // backward_s: the fused pass less the loss-only pass of the same run.
-  std::vector<double> backward(s[1].size());
-  for (size_t r = 0; r < backward.size(); ++r) backward[r] = std::max(0.0, s[1][r] - s[0][r]);
-  out.forward_s = plan::MedianOf(s[0]);
-  out.backward_s = plan::MedianOf(backward);
-  return Status::Ok();
-}
-
-// The embedding runs on the host (engine/model/embedding.h): no device.
-Status ProbeEmbedding(const ModelConfig& c, const LayerSpec& layer, BatchShape micro,
-                      const LayerProbeOptions& o, plan::MeasuredLayerTime& out) {
-  std::mt19937_64 rng(o.seed);
-  const int64_t N = micro.tokens(), C = c.hidden_size;
-  HostTensors weights = InitMasterWeights({layer}, o.seed);
-  FERRY_ASSIGN_OR_RETURN(const HostEmbedding e, FindHostEmbedding(c, weights));
-  std::vector<int32_t> tokens(static_cast<size_t>(N)), positions;
-  std::uniform_int_distribution<int32_t> token(0, int32_t(c.vocab_size - 1));
+  std::uniform_int_distribution<int32_t> token(0, int32_t(one.vocab_size - 1));
+  std::vector<int32_t> tokens(size_t(micro.tokens())), targets(tokens.size());
   for (int32_t& t : tokens) t = token(rng);
-  if (c.learned_positions) {
-    for (int64_t n = 0; n < N; ++n) positions.push_back(int32_t(n % micro.seq_len));
+  for (int32_t& t : targets) t = token(rng);
+  const MicroBatchInput mb{.tokens = tokens,
+                           .targets = targets,
+                           .normalizer = double(micro.tokens()),
+                           .overwrite_grads = true};
+
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Device> d, make_device(size_t(plan.memory.gpu.total())));
+  const int rounds = o.warmup + o.repeats;
+  exec::TraceRecorder trace(plan, 2 * rounds);
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<exec::PipelineExecutor> e,
+                         exec::PipelineExecutor::Create({d.get()}, one, plan, nullptr, &trace));
+  const std::span<const MicroBatchInput> batches(&mb, 1);
+  for (int r = 0; r < rounds; ++r) {
+    FERRY_RETURN_IF_ERROR(e->Step(weights, batches, grads).status());
+    FERRY_RETURN_IF_ERROR(e->Evaluate(weights, batches).status());
   }
-  bool trainable = false;
-  for (const ParamSpec& p : layer.params) trainable = trainable || p.trainable;
-  std::vector<float> hidden(size_t(N * C)), dwte(trainable ? e.wte.size() : 0);
-  std::vector<float> dwpe(trainable ? e.wpe.size() : 0);
-  const HostEmbeddingGrads g{e.shape, dwte, dwpe};
-  const Step steps[] = {[&] { return e.Forward(tokens, positions, hidden); },
-                        [&] {
-                          g.Backward(hidden, tokens, positions);
-                          return Status::Ok();
-                        }};
-  // A frozen table has no backward: only the gather is run (backward_s 0).
-  return MedianOfRuns(nullptr, o, std::span(steps, trainable ? 2 : 1), out);
+  const std::vector<exec::TraceSpan> spans = trace.spans();
+  using plan::LaneKind, plan::TaskKind;
+  for (int r = o.warmup; r < rounds; ++r) {
+    const int64_t step = 2 * int64_t(r), eval = step + 1;  // trace steps: each Run is one
+    const double f = LastSpan(spans, step, LaneKind::kCompute, TaskKind::kForward);
+    const double b = LastSpan(spans, step, LaneKind::kCompute, TaskKind::kBackward);
+    const double tail = LastSpan(spans, step, LaneKind::kCompute, TaskKind::kTail);
+    const double loss = LastSpan(spans, eval, LaneKind::kCompute, TaskKind::kTail);
+    const double ef = LastSpan(spans, step, LaneKind::kHostMemory, TaskKind::kForward);
+    const double eb = LastSpan(spans, step, LaneKind::kHostMemory, TaskKind::kBackward);
+    if (f < 0 || b < 0 || tail < 0 || loss < 0 || ef < 0 || (embedding_trainable && eb < 0)) {
+      return Status::Internal("layer probe: the executor's trace of round " + std::to_string(r) +
+                              " lacks a layer's span");
+    }
+    out.block_forward.push_back(f);
+    out.block_backward.push_back(b);
+    out.head_forward.push_back(loss);
+    out.head_backward.push_back(std::max(0.0, tail - loss));
+    out.embedding_forward.push_back(ef);
+    out.embedding_backward.push_back(embedding_trainable ? eb : 0.0);
+  }
+  return Status::Ok();
 }
 
 }  // namespace
 
-LayerProbeBytes LayerProbeNeeds(const ModelConfig& c, const plan::PlanJob& job,
-                                const LayerSpec& layer, BatchShape micro,
-                                const LayerProbeOptions& o) {
-  const std::vector<LayerSpec> all = BuildLayerSpecs(c, job.lora, job.compute_dtype);
-  // (Sized in f32, an upper bound for bf16 and f16 storage; the scratch as the dtype asks.)
-  const uint64_t N = uint64_t(micro.tokens()), C = uint64_t(c.hidden_size);
-  const uint64_t hidden = N * C * kF32;
+plan::Plan LayerProbePlan(const ModelConfig& model, const plan::PlanJob& job, BatchShape micro,
+                          const LayerProbeOptions& o) {
+  ModelConfig one = model;
+  one.num_layers = 1;
+  plan::Plan p;
+  p.model_name = "layer probe";
+  p.gpus = 1;
+  p.job = job;
+  p.job.global_batch = micro.batch;
+  p.job.seq_len = micro.seq_len;
+  p.job.micro_batches = 1;
+  p.job.scratch = {.cuda = !o.device_memory_is_host, .cpu_threads = o.cpu_threads};
+  // MicroBatchShape(p.job, B) is then `micro`, its most documents included.
+  if (p.job.documents_in_rows.size() > size_t(micro.batch)) {
+    p.job.documents_in_rows.resize(size_t(micro.batch));
+  }
+  p.micro_batches = 1;
+  p.micro_batch_size = micro.batch;
+  p.stages = {{1, 2}};
+  p.recompute.assign(3, false);
+  p.activation_policy = "save";
+  p.memory = plan::ComputeMemory(plan::MemoryInputOf(one, p));
+  return p;
+}
+
+LayerProbeBytes LayerProbeNeeds(const plan::Plan& plan) {
   LayerProbeBytes b;
-  if (layer.kind == LayerKind::kEmbedding) {
-    // Tables, their gradients when trainable, tokens, positions, the hidden state.
-    const uint64_t tables = MasterBytes({layer});
-    b.host = tables * (layer.params.front().trainable ? 2 : 1) + hidden + 2 * N * 4;
-    return b;
+  b.device = plan.memory.gpu.total();
+  b.host = plan.memory.pinned_host.total();
+  for (const plan::Allocation& a : plan.memory.pageable_host.allocations) {
+    if (a.name != "optimizer.moments") b.host += a.bytes;  // no update runs
   }
-  // Host: fresh master weights while uploading, the staging of one io tensor at a time.
-  b.host = MasterBytes(HostLayers(all, layer)) + hidden;
-  // Device: weights (a tied head weight has its own device copy), gradients of trainable ones
-  // (a frozen LM head gets a V x C sink: the fused op always accumulates a dW), the io tensors,
-  // one saved set, the workspace (a few hidden states and the MLP width, and for the head the
-  // logits chunk and its gradient) and the largest op scratch; a quarter more for the LoRA packing
-  // (block-diagonal B), alignment and per-op temporaries.
-  uint64_t device = 0;
-  for (const ParamSpec& p : layer.params) {
-    const bool sink = layer.kind == LayerKind::kHead && !p.trainable;
-    device += uint64_t(p.numel()) * kF32 * (p.trainable || sink ? 2 : 1);
-  }
-  const LayerCost cost = ComputeLayerCost(c, job.lora, layer, micro);
-  device += 4 * hidden + 2 * N * 4 + uint64_t(c.head_dim) * 2;
-  device += cost.saved_bytes + N * (8 * C + 4 * uint64_t(c.intermediate_size)) * kF32;
-  if (layer.kind == LayerKind::kHead) {
-    device += 2 * std::min<uint64_t>(N, plan::kLossChunkTokens) * uint64_t(c.vocab_size) * kF32;
-  }
-  device += plan::OpScratchBytes(c, layer, micro, job.compute_dtype,
-                                 {.cuda = !o.device_memory_is_host, .cpu_threads = o.cpu_threads});
-  b.device = device + device / 4 + (uint64_t(16) << 20);
   return b;
 }
 
@@ -277,37 +172,57 @@ Result<std::vector<LayerProbeEntry>> ProbeLayerTimes(const ModelConfig& model,
   const std::vector<LayerSpec> all = BuildLayerSpecs(model, job.lora, job.compute_dtype);
   const std::vector<plan::LayerTimeQuery> queries = plan::LayerTimeQueries(model, job, gpus);
   const uint64_t available = o.host_memory_bytes > 0 ? o.host_memory_bytes : AvailableHostMemory();
+  // One run per micro-batch shape, in the order the queries first ask for it.
+  std::vector<plan::Plan> runs;
+  std::vector<BatchShape> shapes;
   std::vector<LayerProbeEntry> out;
+  std::vector<size_t> run_of;  // per entry
   for (const plan::LayerTimeQuery& q : queries) {
+    auto same = [&](const BatchShape& s) {
+      return s.batch == q.micro.batch && s.seq_len == q.micro.seq_len &&
+             s.max_documents == q.micro.max_documents;
+    };
+    size_t r = size_t(std::find_if(shapes.begin(), shapes.end(), same) - shapes.begin());
+    if (r == shapes.size()) {
+      shapes.push_back(q.micro);
+      runs.push_back(LayerProbePlan(model, job, q.micro, o));
+      const LayerProbeBytes bytes = LayerProbeNeeds(runs.back());
+      const uint64_t need = bytes.host + (o.device_memory_is_host ? bytes.device : 0);
+      if (need > available) {
+        return Status::OutOfMemory(
+            "layer probe: " + all[1].name + " at " + ShapeText(q.micro) + " needs " +
+            FormatBytes(need) +
+            " of host memory (its one-device plan of the embedding, one block "
+            "and the head: " +
+            FormatBytes(bytes.host) + " pinned staging, weights and gradients" +
+            (o.device_memory_is_host ? " + " + FormatBytes(bytes.device) + " device arena" : "") +
+            "), " + FormatBytes(available) +
+            " available; probe a shorter --seq-len, fewer sequences per micro-batch (more "
+            "--micro-batches) or on a machine with more RAM");
+      }
+    }
     const LayerSpec& layer = all[size_t(q.layer)];
-    LayerProbeEntry e{{q.key, 0, 0}, layer.name, q.micro, {}};
-    e.bytes = LayerProbeNeeds(model, job, layer, q.micro, o);
-    const uint64_t need = e.bytes.host + (o.device_memory_is_host ? e.bytes.device : 0);
-    if (need > available) {
-      return Status::OutOfMemory(
-          "layer probe: " + layer.name + " at " + std::to_string(q.micro.batch) + " x " +
-          std::to_string(q.micro.seq_len) + " tokens needs " + FormatBytes(need) +
-          " of host memory (" + FormatBytes(e.bytes.host) + " host copies" +
-          (o.device_memory_is_host ? " + " + FormatBytes(e.bytes.device) + " device arena" : "") +
-          "), " + FormatBytes(available) +
-          " available; probe a shorter --seq-len, fewer sequences per micro-batch (more "
-          "--micro-batches) or on a machine with more RAM");
-    }
-    out.push_back(std::move(e));
+    out.push_back({{q.key, 0, 0}, layer.name, q.micro, LayerProbeNeeds(runs[r])});
+    run_of.push_back(r);
   }
-  for (LayerProbeEntry& e : out) {
-    const LayerSpec& layer = *std::find_if(all.begin(), all.end(),
-                                           [&](const LayerSpec& l) { return l.name == e.layer; });
-    if (layer.kind == LayerKind::kEmbedding) {
-      FERRY_RETURN_IF_ERROR(ProbeEmbedding(model, layer, e.micro, o, e.time));
-      continue;
+  ModelConfig one = model;
+  one.num_layers = 1;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    RoundTimes t;
+    FERRY_RETURN_IF_ERROR(RunProbe(one, runs[r], make_device, o, t)
+                              .WithContext("layer probe at " + ShapeText(shapes[r])));
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (run_of[i] != r) continue;
+      const LayerKind kind = all[size_t(queries[i].layer)].kind;
+      plan::MeasuredLayerTime& m = out[i].time;
+      const bool head = kind == LayerKind::kHead, embedding = kind == LayerKind::kEmbedding;
+      m.forward_s = plan::MedianOf(head        ? t.head_forward
+                                   : embedding ? t.embedding_forward
+                                               : t.block_forward);
+      m.backward_s = plan::MedianOf(head        ? t.head_backward
+                                    : embedding ? t.embedding_backward
+                                                : t.block_backward);
     }
-    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Device> d, make_device(size_t(e.bytes.device)));
-    const Status s =
-        layer.kind == LayerKind::kHead
-            ? ProbeHead(*d, model, job.lora, job.compute_dtype, all, layer, e.micro, o, e.time)
-            : ProbeBlock(*d, model, job.lora, job.compute_dtype, all, layer, e.micro, o, e.time);
-    FERRY_RETURN_IF_ERROR(s.WithContext("layer probe of " + layer.name));
   }
   return out;
 }

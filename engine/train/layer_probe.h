@@ -5,23 +5,30 @@
 // Merged into a hardware profile's layer_times (`ferry probe --model M ...`), the times replace the
 // planner's FLOP formulas for that job.
 //
-// Each layer runs the real layer code (DecoderBlocks, Head, the host embedding) on randomly
-// initialized weights of the real shapes, one layer at a time: what the device and the host hold
-// is one layer's weights, gradients and activations, freed before the next layer. Before anything
-// is allocated every layer's bytes are checked against the memory the probe may use; a layer that
-// does not fit is refused (OutOfMemory naming the layer, the bytes it needs and what is there).
+// A probe is a plan run by the executor (engine/exec/pipeline_executor.h), as every run is: for
+// each micro-batch shape, a one-block model of the job's shapes (its embedding, one block, its
+// head) as a one-device, one-stage plan of one micro-batch (nothing recomputed, every tier in host
+// RAM, the job's dtype, LoRA and quantized base), sized by the memory model like any plan: the
+// device arena is the plan's GPU map, the host holds its pinned map and the fp32 (or NF4) weights
+// and gradients of its pageable map (the optimizer's moments aside: nothing is updated). Before
+// anything is allocated every run's bytes are checked against the memory the probe may use; a run
+// that does not fit is refused (OutOfMemory naming the block and micro-batch, the bytes and what
+// is there). Weights are randomly initialized at the real shapes.
 //
-// What is timed (plan::TimeRuns: wall clock, each call followed by a device synchronize; `warmup`
-// untimed runs, then the median of `repeats`):
-//  - block: Forward, then Backward (input gradient and parameter gradients);
-//  - head: forward_s = the loss-only pass (Head::Forward), backward_s = the fused
-//    ForwardBackward's time minus that (so forward_s + backward_s is the fused pass, which is
-//    what the planner's tail costs);
+// What is timed: `warmup` untimed, then `repeats` timed rounds of a training step (Step) and an
+// evaluation (Evaluate), each traced (engine/exec/trace_recorder.h) by the device's own events
+// around the kernels of each layer, so a time is what the device spent on that layer's compute,
+// not on copies or waits; the median of the rounds is kept:
+//  - block: its forward span, and its backward span (a stage's gradient zeroing, traced as the
+//    stage's first compute, is not counted: the planner does not price it);
+//  - head: forward_s = the evaluation's loss-only pass, backward_s = the step's fused
+//    forward + backward less that (so forward_s + backward_s is the fused pass, which is what the
+//    planner's tail costs);
 //  - embedding: the host gather, then the host scatter-add of its gradient (0 when the table is
-//    frozen: LoRA).
+//    frozen: LoRA), on the host's clock.
 //
-// Stateless functions; the device factory's device is owned here for one layer's probe. Not for
-// concurrent use with other timing-sensitive work.
+// Stateless functions; the device factory's device is owned here for one run. Not for concurrent
+// use with other timing-sensitive work.
 #pragma once
 
 #include <cstdint>
@@ -53,10 +60,10 @@ struct LayerProbeOptions {
   uint64_t seed = 1;    // weights, hidden states and targets
 };
 
-// What one layer's probe allocates.
+// What the probe run that measures a layer allocates: its plan's maps (see above).
 struct LayerProbeBytes {
-  uint64_t host = 0;    // host master weights and staging
-  uint64_t device = 0;  // the device arena (weights, gradients, activations, workspace, scratch)
+  uint64_t host = 0;    // pinned staging, fp32 (or NF4) weights and fp32 gradients
+  uint64_t device = 0;  // the device arena: the plan's GPU map
 };
 
 struct LayerProbeEntry {
@@ -66,18 +73,21 @@ struct LayerProbeEntry {
   LayerProbeBytes bytes;
 };
 
-// The bytes probing `layer` at `micro` takes (an upper estimate).
-LayerProbeBytes LayerProbeNeeds(const ModelConfig& model, const plan::PlanJob& job,
-                                const LayerSpec& layer, BatchShape micro,
-                                const LayerProbeOptions& options);
+// The plan a probe at `micro` runs (see above): `model` with one block, one device and one
+// micro-batch of `micro`; the scratch sized for the probe's device (LayerProbeOptions).
+plan::Plan LayerProbePlan(const ModelConfig& model, const plan::PlanJob& job, BatchShape micro,
+                          const LayerProbeOptions& options);
+
+// What running `plan` (a LayerProbePlan) allocates.
+LayerProbeBytes LayerProbeNeeds(const plan::Plan& plan);
 
 // The OS's available host memory (MemAvailable; free pages when /proc/meminfo is unreadable).
 uint64_t AvailableHostMemory();
 
-// Probes every query of plan::LayerTimeQueries(model, job, gpus), in that order. Errors:
-// InvalidArgument for a compute dtype the devices cannot run (f32 only today) or a bad model or
-// job; OutOfMemory, before anything runs, naming the first layer that does not fit; those of the
-// device factory and the layers.
+// Probes every query of plan::LayerTimeQueries(model, job, gpus), in that order, one executor run
+// (one device) per micro-batch shape. Errors: InvalidArgument for fp16 accumulation or a bad model
+// or job; OutOfMemory, before anything runs, naming the first run that does not fit; those of the
+// device factory and the executor.
 [[nodiscard]] Result<std::vector<LayerProbeEntry>> ProbeLayerTimes(
     const ModelConfig& model, const plan::PlanJob& job, int gpus,
     const ProbeDeviceFactory& make_device, const LayerProbeOptions& options);

@@ -2,12 +2,20 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
 #include <set>
+#include <span>
 #include <string_view>
 
+#include "engine/exec/pipeline_executor.h"
+#include "engine/exec/trace_recorder.h"
+#include "engine/model/master_weights.h"
 #include "engine/testing/tiny_models.h"
 #include "engine/train/training_runner.h"
+#include "kernels/arena.h"
 #include "kernels/cpu/cpu_device.h"
+#include "kernels/cpu/virtual_clock.h"
 
 namespace ferry {
 namespace {
@@ -76,7 +84,7 @@ TEST(LayerProbe, WritesTheKeysThePlannerUsesAndThePlanUsesThem) {
       ProbeLayerTimes(m, job, 1, devices.factory(), Quick());
   ASSERT_TRUE(times.ok()) << times.status().ToString();
   ASSERT_EQ(times->size(), 3u);  // embedding, block (all three alike), head
-  EXPECT_EQ(devices.made, 2);    // the embedding runs on the host
+  EXPECT_EQ(devices.made, 1);    // one executor run for the one micro-batch shape
   std::set<std::string> want;
   for (const plan::LayerTimeQuery& q : plan::LayerTimeQueries(m, job, 1)) want.insert(q.key);
   EXPECT_EQ(Keys(*times), want);
@@ -204,21 +212,130 @@ TEST(LayerProbe, EveryArchitectureAndItsBlockQuirksGetKeysOfTheirOwn) {
   EXPECT_EQ(at_length, plan::LayerTimeKey(mistral, job, block, {2, 8}));
 }
 
-// A layer that does not fit the memory the probe may use is refused before anything runs, with
-// the layer and the bytes it needs in the message.
+// Virtual kernel seconds (kernels/cpu/virtual_clock.h): the probe's times become a function of
+// the kernels it times.
+double KernelSeconds(std::string_view, const KernelWork& w) {
+  return 1e-6 + w.flops / 1e10 + w.bytes / 1e10;
+}
+
+// The durations of the spans of `kind` on the compute lane in trace step `step`, in start order.
+std::vector<double> ComputeSpans(const std::vector<exec::TraceSpan>& spans, int64_t step,
+                                 plan::TaskKind kind) {
+  std::vector<std::pair<double, double>> found;  // start, duration
+  for (const exec::TraceSpan& s : spans) {
+    if (s.step == step && s.lane.kind == plan::LaneKind::kCompute && s.kind == kind) {
+      found.push_back({s.start_s, s.end_s - s.start_s});
+    }
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<double> out;
+  for (const auto& f : found) out.push_back(f.second);
+  return out;
+}
+
+// The probe measures what the executor runs, layer by layer: on a virtual clock, a block's
+// probed forward and backward equal each block's spans in a two-block model's training step, the
+// head's loss-only pass equals its evaluation's tail and forward + backward its step's fused tail;
+// the gradient zeroing a stage's first compute span holds is not counted. The probe's device is
+// sized by its plan's GPU map.
+TEST(LayerProbe, TimesAreTheExecutorsOwnSpansOfEachLayer) {
+  const ModelConfig m = Tiny("llama", 2);
+  const plan::PlanJob job = CpuJob(2, 16, 1);
+  const LayerProbeOptions o = Quick();
+  VirtualClock probe_clock(&KernelSeconds);
+  std::vector<size_t> arenas;
+  const ProbeDeviceFactory factory = [&](size_t bytes) -> Result<std::unique_ptr<Device>> {
+    arenas.push_back(bytes);
+    FERRY_ASSIGN_OR_RETURN(
+        std::unique_ptr<CpuDevice> d,
+        CpuDevice::Create({.name = "probe", .memory_bytes = bytes, .virtual_clock = &probe_clock}));
+    return std::unique_ptr<Device>(std::move(d));
+  };
+  Result<std::vector<LayerProbeEntry>> times = ProbeLayerTimes(m, job, 1, factory, o);
+  ASSERT_TRUE(times.ok()) << times.status().ToString();
+  const plan::Plan one = LayerProbePlan(m, job, {2, 16}, o);
+  ASSERT_EQ(arenas, std::vector<size_t>{size_t(one.memory.gpu.total())});
+  std::map<std::string, plan::MeasuredLayerTime> probed;
+  for (const LayerProbeEntry& e : *times) {
+    probed[e.layer] = e.time;
+    EXPECT_EQ(e.bytes.device, one.memory.gpu.total()) << e.layer;
+  }
+  ASSERT_TRUE(probed.contains("block.0") && probed.contains("head"));
+
+  // The reference: the two-block model as one stage on the same cost model, a step and an
+  // evaluation traced.
+  plan::Plan p = one;
+  p.stages = {{1, 3}};
+  p.recompute.assign(4, false);
+  p.memory = plan::ComputeMemory(plan::MemoryInputOf(m, p));
+  VirtualClock clock(&KernelSeconds);
+  Result<std::unique_ptr<CpuDevice>> d = CpuDevice::Create(
+      {.name = "ref", .memory_bytes = p.memory.gpu.total(), .virtual_clock = &clock});
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  exec::TraceRecorder trace(p, 2);
+  Result<std::unique_ptr<exec::PipelineExecutor>> e =
+      exec::PipelineExecutor::Create({d->get()}, m, p, nullptr, &trace);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(m, job.lora, job.compute_dtype);
+  const HostTensors weights = InitMasterWeights(layers, 7);
+  HostTensors grads;
+  for (const ParamSpec* ps : StorageParams(layers)) {
+    grads.tensors[ps->name].resize(size_t(ps->numel()));
+  }
+  std::vector<int32_t> tokens(32);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = int32_t((7 * i + 3) % size_t(m.vocab_size));
+  const MicroBatchInput mb{
+      .tokens = tokens, .targets = tokens, .normalizer = 32, .overwrite_grads = true};
+  ASSERT_TRUE((*e)->Step(weights, std::span(&mb, 1), grads).ok());
+  ASSERT_TRUE((*e)->Evaluate(weights, std::span(&mb, 1)).ok());
+  const std::vector<exec::TraceSpan> spans = trace.spans();
+
+  auto near = [](double got, double want) { EXPECT_NEAR(got, want, 1e-9 * want); };
+  const plan::MeasuredLayerTime& block = probed["block.0"];
+  const plan::MeasuredLayerTime& head = probed["head"];
+  const std::vector<double> forward = ComputeSpans(spans, 0, plan::TaskKind::kForward);
+  ASSERT_EQ(forward.size(), 2u);  // block 0, block 1
+  for (double f : forward) near(block.forward_s, f);
+  const std::vector<double> backward = ComputeSpans(spans, 0, plan::TaskKind::kBackward);
+  ASSERT_EQ(backward.size(), 3u);  // the gradient zeroing, block 1, block 0
+  EXPECT_GT(backward[0], 0);
+  near(block.backward_s, backward[1]);
+  near(block.backward_s, backward[2]);
+  const std::vector<double> tail = ComputeSpans(spans, 0, plan::TaskKind::kTail);
+  ASSERT_EQ(tail.size(), 2u);  // the gradient zeroing, the fused pass
+  near(head.forward_s + head.backward_s, tail[1]);
+  const std::vector<double> loss_only = ComputeSpans(spans, 1, plan::TaskKind::kTail);
+  ASSERT_EQ(loss_only.size(), 1u);
+  near(head.forward_s, loss_only[0]);
+  EXPECT_GT(head.backward_s, 0);
+}
+
+// A run that does not fit the memory the probe may use is refused before anything runs, with the
+// block, the micro-batch and the bytes its plan needs in the message: one byte short of the
+// plan's host and device maps fails, exactly them runs.
 TEST(LayerProbe, RefusesALayerThatDoesNotFit) {
   const ModelConfig m = Tiny("llama");
   LayerProbeOptions o = Quick();
-  o.host_memory_bytes = uint64_t(1) << 20;  // 1 MiB: the device arena alone takes more
+  const LayerProbeBytes bytes = LayerProbeNeeds(LayerProbePlan(m, CpuJob(2, 16, 1), {2, 16}, o));
+  const uint64_t need = bytes.host + bytes.device;
+  EXPECT_GT(bytes.host, 0u);
+  EXPECT_GT(bytes.device, 0u);
+  o.host_memory_bytes = need - 1;
   Devices devices;
   Result<std::vector<LayerProbeEntry>> times =
       ProbeLayerTimes(m, CpuJob(2, 16, 1), 1, devices.factory(), o);
   ASSERT_FALSE(times.ok());
   EXPECT_EQ(times.status().code(), StatusCode::kOutOfMemory);
   const std::string msg = times.status().message();
-  EXPECT_NE(msg.find("block.0 at 2 x 16 tokens needs"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("1.00 MiB (1048576 bytes) available"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("block.0 at 2 x 16 tokens needs " + FormatBytes(need)), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find(FormatBytes(need - 1) + " available"), std::string::npos) << msg;
   EXPECT_EQ(devices.made, 0);
+  o.host_memory_bytes = need;
+  times = ProbeLayerTimes(m, CpuJob(2, 16, 1), 1, devices.factory(), o);
+  ASSERT_TRUE(times.ok()) << times.status().ToString();
+  EXPECT_EQ(devices.made, 1);
   // fp16 accumulation is a GEMM mode no device has yet: refused, naming what to probe instead.
   plan::PlanJob fp16acc = CpuJob(2, 16, 1);
   fp16acc.compute_dtype = DType::kF16;
