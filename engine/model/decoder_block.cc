@@ -329,8 +329,8 @@ BlockParams LlamaBlockParams(const ModelConfig& c) {
       {kK, C, c.kv_dim(), c.qkv_bias, kLoraK, false},
       {kV, C, c.kv_dim(), c.qkv_bias, kLoraV, false},
       {kO, c.q_dim(), C, c.o_bias, kLoraO, false},
-      {"mlp.gate_proj", C, I, c.mlp_bias, kLoraGate, false},
-      {"mlp.up_proj", C, I, c.mlp_bias, kLoraUp, false},
+      {"mlp.gate_proj", C, I, c.mlp_bias, kLoraGate, false, kGateUp},
+      {"mlp.up_proj", C, I, c.mlp_bias, kLoraUp, false, kGateUp},
       {kDown, I, C, c.mlp_bias, kLoraDown, false},
   };
   auto vector = [&](const char* name, int64_t n) { b.entries.push_back({name, n, 0}); };

@@ -21,16 +21,16 @@ Shape ShapeOf(const std::vector<int64_t>& dims) {
   return s;
 }
 
-// "…mlp.gate_proj.weight" -> "…mlp.up_proj.weight" /
-// "…mlp.gate_up_proj.weight".
-std::string Replace(std::string s, std::string_view from, std::string_view to) {
-  const size_t at = s.find(from);
-  return s.replace(at, from.size(), to);
+// The device name of the fused tensor part 0 `s` opens: the fused module and s's own kind
+// ("…mlp.gate_up_proj.weight", "….bias").
+std::string FusedName(const ParamSpec& s) {
+  return s.fused_module + s.name.substr(s.name.rfind('.'));
 }
 
 struct PlannedParam {
   const ParamSpec* spec = nullptr;
-  const ParamSpec* up = nullptr;  // set on a gate_proj param: its up_proj twin, fused after it
+  // Part 0 of a fused projection: part 1 (ParamSpec::fused_part), its rows after this one's.
+  const ParamSpec* up = nullptr;
 };
 
 Status CheckHost(const HostTensors& t, const std::string& name, int64_t numel, const char* what) {
@@ -49,10 +49,11 @@ Status CheckHost(const HostTensors& t, const std::string& name, int64_t numel, c
 
 }  // namespace
 
-std::string LoraGroupOf(const std::string& module) {
-  if (EndsWith(module, "mlp.gate_proj")) return Replace(module, "gate_proj", "gate_up_proj");
-  if (EndsWith(module, "mlp.up_proj")) return Replace(module, "up_proj", "gate_up_proj");
-  return module;
+std::string LoraGroupOf(const ParamSpec& adapter) {
+  if (!adapter.fused_module.empty()) return adapter.fused_module;
+  const std::string_view name = adapter.name;
+  const size_t end = name.size() - std::string_view(".lora_A.weight").size();
+  return std::string(name.substr(kPeftPrefix.size(), end - kPeftPrefix.size()));
 }
 
 Result<DeviceParams::Bytes> DeviceParams::Measure(const ModelConfig& c, const LoraConfig& lora,
@@ -115,23 +116,36 @@ Result<DeviceParams> DeviceParams::Lay(Device* d, const ModelConfig& c, const Lo
         if (!EndsWith(s.name, ".lora_A.weight")) continue;
         const std::string module = s.name.substr(
             kPeftPrefix.size(), s.name.size() - kPeftPrefix.size() - strlen(".lora_A.weight"));
-        const std::string group = LoraGroupOf(module);
-        LoraPack& pack = p.lora_[group];
-        // Output rows of the base weight (GPT-2's Conv1D stores it (in, out)).
+        LoraPack& pack = p.lora_[LoraGroupOf(s)];
+        // Output rows of the base weight (GPT-2's Conv1D stores it (in, out)); a fused
+        // projection's parts stack theirs in part order.
         const ParamSpec* base = by_name.at(module + ".weight");
         const int64_t rows = base->transposed ? base->shape[1] : base->shape[0];
-        const int64_t row = EndsWith(module, "mlp.up_proj") ? c.intermediate_size : 0;
-        pack.adapters.push_back(
-            {s.name, Replace(s.name, "lora_A", "lora_B"), row, rows, /*col=*/0});
+        std::string b_name = s.name;
+        b_name.replace(b_name.size() - strlen("lora_A.weight"), 6, "lora_B");
+        pack.adapters.push_back({s.name, b_name, s.fused_part * rows, rows, /*col=*/0});
+        pack.out = s.fused_parts * rows;
         pack.in = s.shape[1];
         pack.rank = lora.rank;
         pack.scaling = float(lora.scaling());
         continue;
       }
-      if (s.name.find("mlp.up_proj.") != std::string::npos) continue;  // fused with gate
+      if (s.fused_part > 0) continue;  // laid out with part 0
       PlannedParam pp{&s, nullptr};
-      if (s.name.find("mlp.gate_proj.") != std::string::npos) {
-        pp.up = by_name.at(Replace(s.name, "gate_proj", "up_proj"));
+      if (s.fused_parts > 1) {
+        // Part 1: the parameter of the same kind (weight or bias) in the same fused projection.
+        const std::string_view kind = std::string_view(s.name).substr(s.name.rfind('.'));
+        for (const ParamSpec& q : l.params) {
+          if (q.fused_module == s.fused_module && q.fused_part == 1 && !q.lora &&
+              std::string_view(q.name).ends_with(kind)) {
+            pp.up = &q;
+          }
+        }
+        if (pp.up == nullptr || s.fused_parts > 2) {
+          return Status::Internal("'" + s.name + "' is part of '" + s.fused_module + "' of " +
+                                  std::to_string(s.fused_parts) +
+                                  " parts: a fused projection has two, both present");
+        }
       }
       plan.push_back(pp);
     }
@@ -139,7 +153,6 @@ Result<DeviceParams> DeviceParams::Lay(Device* d, const ModelConfig& c, const Lo
   for (auto& [group, pack] : p.lora_) {
     std::sort(pack.adapters.begin(), pack.adapters.end(),
               [](const auto& x, const auto& y) { return x.row < y.row; });
-    pack.out = EndsWith(group, "gate_up_proj") ? 2 * c.intermediate_size : pack.adapters[0].rows;
     for (size_t i = 0; i < pack.adapters.size(); ++i) pack.adapters[i].col = int64_t(i) * pack.rank;
   }
 
@@ -169,10 +182,11 @@ Result<DeviceParams> DeviceParams::Lay(Device* d, const ModelConfig& c, const Lo
         const DeviceParam::Nf4Part gate = take(s);
         if (pp.up != nullptr) {
           const DeviceParam::Nf4Part up = take(*pp.up);
-          DeviceParam& fused = p.params_[Replace(s.name, "gate_proj", "gate_up_proj")];
+          DeviceParam& fused = p.params_[FusedName(s)];
           fused.w = Tensor{{}, dtype, ShapeOf(dims)};
           fused.nf4 = {gate, up};
           fused.host_name = s.name;
+          fused.fused = true;
         }
         continue;
       }
@@ -192,7 +206,8 @@ Result<DeviceParams> DeviceParams::Lay(Device* d, const ModelConfig& c, const Lo
       }
       const int64_t half = dims[0] / 2;
       const size_t half_bytes = size_t(t.numel() / 2) * DTypeSize(t.dtype);
-      assign(Replace(s.name, "gate_proj", "gate_up_proj"), t, offset);
+      assign(FusedName(s), t, offset);
+      p.params_[FusedName(s)].fused = true;
       assign(s.name, t.Rows(0, half), offset);
       assign(pp.up->name, t.Rows(half, 2 * half), offset + half_bytes);
     }
@@ -252,7 +267,7 @@ Result<DeviceParams> DeviceParams::Lay(Device* d, const ModelConfig& c, const Lo
 Status DeviceParams::PackWeights(const HostTensors& weights) {
   std::byte* mirror = mirrors_->weights.data();
   for (const auto& [name, dp] : params_) {
-    if (name.find("gate_up_proj") != std::string::npos) continue;  // filled by its halves
+    if (dp.fused) continue;  // filled by its parts
     if (!dp.nf4.empty()) {
       auto it = weights.nf4.find(dp.host_name);
       if (it == weights.nf4.end() || it->second.numel() != dp.w.numel()) {
@@ -416,7 +431,7 @@ Status DeviceParams::AddGrads(HostTensors& grads, GradOverwrite* overwrite, Thre
   if (grads_bytes_ == 0) return Status::Ok();
   const std::byte* mirror = mirrors_->grads.data();
   for (const auto& [name, dp] : params_) {
-    if (dp.grad.data.is_null() || name.find("gate_up_proj") != std::string::npos) continue;
+    if (dp.grad.data.is_null() || dp.fused) continue;
     FERRY_RETURN_IF_ERROR(CheckHost(grads, dp.host_name, dp.grad.numel(), "the gradients"));
     float* dst = grads.tensors.at(dp.host_name).data();
     const float* src = reinterpret_cast<const float*>(mirror + dp.g_offset);

@@ -5,16 +5,15 @@
 // Layout: one arena allocation "params.weights" and one "params.grads"
 // (trainable parameters only; frozen LoRA base weights get none). Two layouts
 // serve the kernels directly:
-//  - a Llama block's gate_proj and up_proj (weights, biases, gradients) are one
-//  (2I, ...) tensor,
-//    gate rows first, so gate and up are one GEMM whose output is SwiGLU's
+//  - the parts of a fused projection (ParamSpec::fused_module, as the family's BlockLinear::fused
+//    says: a Llama block's gate_proj and up_proj) are one tensor (weights, biases, gradients),
+//    part 0's rows first, so gate and up are one (2I, C) GEMM whose output is SwiGLU's
 //    [gate | up] input;
-//  - LoRA adapters are packed per group of projections that share an input and
-//  one output tensor
-//    (gate+up; any other projection alone): A of the group is the adapters' A
-//    stacked (R, in), B is block-diagonal (out, R) with zeros elsewhere, so u =
-//    x A^T (N, R) and y += s u B^T are single GEMMs. The zeros' gradients are
-//    computed and dropped when unpacking.
+//  - LoRA adapters are packed per group of projections that share an input and one output
+//    tensor (a fused projection's parts; any other projection alone): A of the group is the
+//    adapters' A stacked (R, in), B is block-diagonal (out, R) with zeros elsewhere, so
+//    u = x A^T (N, R) and y += s u B^T are single GEMMs. The zeros' gradients are computed and
+//    dropped when unpacking.
 // The embedding tables stay on the host (the gather runs there): they are not
 // in this table. A tied head weight is uploaded from its owner's master copy,
 // and its gradient is added to the owner's.
@@ -66,11 +65,15 @@ struct DeviceParam {
     bool nested() const { return !t[Nf4Slot::kNestedOffset].data.is_null(); }
   };
   std::vector<Nf4Part> nf4;
+  // The whole of a fused projection (ParamSpec::fused_module), over its parts' tensors: packed
+  // and downloaded through them, never itself.
+  bool fused = false;
 };
 
-// The projection group a LoRA'd module belongs to ("…mlp.gate_proj" and "…mlp.up_proj":
-// "…mlp.gate_up_proj"; any other module is a group of its own).
-std::string LoraGroupOf(const std::string& module);
+// The projection group LoRA A or B parameter `adapter` belongs to, without PEFT's prefix: the
+// fused projection its module is a part of (ParamSpec::fused_module: a Llama MLP's gate_proj and
+// up_proj, "…mlp.gate_up_proj"), else its module alone ("…self_attn.q_proj").
+std::string LoraGroupOf(const ParamSpec& adapter);
 
 // The LoRA adapters of one projection group, packed.
 struct LoraPack {

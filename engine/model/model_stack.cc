@@ -77,13 +77,12 @@ BlockBufferBytes BlockBuffersOf(const ModelConfig& c, const LayerSpec& layer, in
                                 DType act) {
   assert(layer.kind == LayerKind::kBlock);
   // Each LoRA group's rank, by its module under the block prefix ("mlp.gate_up_proj").
-  const std::string prefix = std::string(kPeftPrefix) + BlockPrefix(c, layer.block);
-  constexpr std::string_view kA = ".lora_A.weight";
+  const std::string prefix = BlockPrefix(c, layer.block);
   std::map<std::string, int64_t, std::less<>> ranks;
   for (const ParamSpec& p : layer.params) {
-    if (!p.lora || !p.name.ends_with(kA) || !p.name.starts_with(prefix)) continue;
-    const std::string module = p.name.substr(0, p.name.size() - kA.size());
-    ranks[LoraGroupOf(module).substr(prefix.size())] += p.shape[0];
+    if (!p.lora || !p.name.ends_with(".lora_A.weight")) continue;
+    const std::string group = LoraGroupOf(p);
+    if (group.starts_with(prefix)) ranks[group.substr(prefix.size())] += p.shape[0];
   }
   const BlockBufferArgs args{.config = &c,
                              .tokens = tokens,

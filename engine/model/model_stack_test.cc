@@ -1,5 +1,6 @@
-// The family table's derived views: PEFT's module names and target matching, and the block
-// buffers' bytes against what the blocks themselves allocate.
+// The family descriptions and their derived views: PEFT's module names and target matching, fused
+// projections in the parameter specs, and the block buffers' bytes against what the blocks
+// themselves allocate.
 #include "engine/model/model_stack.h"
 
 #include <gtest/gtest.h>
@@ -176,6 +177,36 @@ TEST(ModelStackTest, EachFamilyIsListedOnceAndOwnsItsModelTypes) {
   }
   EXPECT_EQ(families.size(), 2u);  // Llama (with Mistral, Qwen2, Qwen3) and GPT-2
   EXPECT_EQ(model_types.size(), 5u);
+}
+
+// A fused projection is the family's word (BlockLinear::fused), carried by every parameter of its
+// parts: Llama's gate_proj (part 0) and up_proj (part 1) of "mlp.gate_up_proj", weight, bias and
+// LoRA A/B alike, and one LoRA group for both; GPT-2 fuses nothing.
+TEST(ModelStackTest, FusedProjectionsComeFromTheFamilyAndReachEveryPartsParameter) {
+  ModelConfig llama = Config("llama");
+  llama.mlp_bias = true;
+  const LoraConfig lora{.rank = 4, .targets = kLoraAll};
+  const LayerSpec block = BuildLayerSpecs(llama, lora)[1];
+  const std::string fused = BlockPrefix(llama, 0) + "mlp.gate_up_proj";
+  int parts[2] = {0, 0};
+  for (const ParamSpec& p : block.params) {
+    SCOPED_TRACE(p.name);
+    const bool gate = p.name.find(".mlp.gate_proj.") != std::string::npos;
+    const bool up = p.name.find(".mlp.up_proj.") != std::string::npos;
+    EXPECT_EQ(p.fused_module, gate || up ? fused : "");
+    EXPECT_EQ(p.fused_part, up ? 1 : 0);
+    EXPECT_EQ(p.fused_parts, gate || up ? 2 : 1);
+    if (gate || up) ++parts[up ? 1 : 0];
+    if (p.lora && (gate || up)) {
+      EXPECT_EQ(LoraGroupOf(p), fused);
+    }
+  }
+  EXPECT_EQ(parts[0], 4);  // weight, bias, lora_A, lora_B
+  EXPECT_EQ(parts[1], 4);
+  EXPECT_EQ(LoraGroupRanks(block).size(), 6u);  // q, k, v, o, gate+up, down
+
+  const LayerSpec gpt2 = BuildLayerSpecs(Config("gpt2"), lora)[1];
+  for (const ParamSpec& p : gpt2.params) EXPECT_TRUE(p.fused_module.empty()) << p.name;
 }
 
 }  // namespace

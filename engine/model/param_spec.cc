@@ -37,9 +37,12 @@ class SpecBuilder {
                      transposed,
                      false});
   }
-  // Projection `l` of the block whose parameters start with `prefix`.
-  void Projection(const std::string& prefix, const BlockLinear& l, const LoraConfig& lora) {
+  // Projection `l` of the block whose parameters start with `prefix`: part `part` of `parts` of
+  // its fused projection (BlockLinear::fused), if any.
+  void Projection(const std::string& prefix, const BlockLinear& l, const LoraConfig& lora, int part,
+                  int parts) {
     const std::string module = prefix + l.module;
+    const size_t first = out_->size();
     if (l.transposed) {
       Matrix(module + ".weight", l.in, l.out, /*transposed=*/true);
     } else {
@@ -58,6 +61,13 @@ class SpecBuilder {
           {peft + ".lora_A.weight", {lora.rank, l.in}, dtype_, true, true, "", false, true});
       out_->push_back(
           {peft + ".lora_B.weight", {l.out, lora.rank}, dtype_, true, true, "", false, true});
+    }
+    if (l.fused.empty()) return;
+    for (size_t i = first; i < out_->size(); ++i) {
+      ParamSpec& p = (*out_)[i];
+      p.fused_module = prefix + l.fused;
+      p.fused_part = part;
+      p.fused_parts = parts;
     }
   }
 
@@ -85,7 +95,14 @@ LayerSpec BlockLayer(const ModelConfig& c, const LoraConfig& lora, int64_t i, DT
   const BlockParams block = BlockParamsOf(c);
   for (const BlockParams::Entry& e : block.entries) {
     if (e.vector.empty()) {
-      b.Projection(p, block.linears[e.linear], lora);
+      const BlockLinear& linear = block.linears[e.linear];
+      int part = 0, parts = 0;
+      for (size_t k = 0; k < block.linears.size(); ++k) {
+        if (linear.fused.empty() || block.linears[k].fused != linear.fused) continue;
+        part += k < e.linear ? 1 : 0;
+        ++parts;
+      }
+      b.Projection(p, linear, lora, part, std::max(parts, 1));
     } else {
       b.Vector(p + e.vector, e.length);
     }
@@ -137,9 +154,8 @@ size_t Nf4DeviceBytes(int64_t numel, bool nested) {
 size_t BlockDequantBytes(const LayerSpec& layer, DType compute) {
   int64_t most = 0;
   for (const ParamSpec& p : layer.params) {
-    if (!p.nf4 || p.name.find(".mlp.up_proj.") != std::string::npos) continue;
-    const bool gate = p.name.find(".mlp.gate_proj.") != std::string::npos;
-    most = std::max(most, p.numel() * (gate ? 2 : 1));  // gate and up dequantize as one (2I, C)
+    if (!p.nf4 || p.fused_part > 0) continue;
+    most = std::max(most, p.numel() * p.fused_parts);  // a fused projection dequantizes as one
   }
   const size_t bytes = size_t(most) * DTypeSize(compute);
   constexpr size_t kAlign = TensorCarver::kAlignment;  // as the blocks carve it
@@ -234,7 +250,7 @@ std::vector<int64_t> LoraGroupRanks(const LayerSpec& layer) {
   std::vector<std::pair<std::string, int64_t>> groups;  // in the order of their first adapter
   for (const ParamSpec& p : layer.params) {
     if (!p.lora || !p.name.ends_with(kA)) continue;
-    const std::string group = LoraGroupOf(p.name.substr(0, p.name.size() - kA.size()));
+    const std::string group = LoraGroupOf(p);
     auto it =
         std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == group; });
     if (it == groups.end()) it = groups.insert(groups.end(), {group, 0});
@@ -259,12 +275,10 @@ size_t BlockScratchBytes(const ModelConfig& c, const LayerSpec& layer, BatchShap
   };
   for (const ParamSpec& p : layer.params) {
     if (p.shape.size() != 2 || p.lora) continue;
-    // (out, in) as the GEMM sees it (GPT-2's Conv1D weights are stored (in, out)); a Llama
-    // MLP's gate_proj and up_proj run as one (2I, C) product.
-    const bool gate = p.name.find(".mlp.gate_proj.") != std::string::npos;
-    const bool up = p.name.find(".mlp.up_proj.") != std::string::npos;
-    if (up) continue;
-    const int64_t out = (p.transposed ? p.shape[1] : p.shape[0]) * (gate ? 2 : 1);
+    // (out, in) as the GEMM sees it (GPT-2's Conv1D weights are stored (in, out)); a fused
+    // projection's parts (a Llama MLP's gate_proj and up_proj) run as one product.
+    if (p.fused_part > 0) continue;
+    const int64_t out = (p.transposed ? p.shape[1] : p.shape[0]) * p.fused_parts;
     const int64_t in = p.transposed ? p.shape[0] : p.shape[1];
     gemm(n, out, in, act);                    // y = x W^T
     gemm(n, in, out, act);                    // dx (+)= dy W

@@ -48,6 +48,13 @@ struct ParamSpec {
   // for each product.
   bool nf4 = false;
   bool nf4_nested = false;
+  // One part of a projection the device runs fused (BlockLinear::fused), set on the part's
+  // weight, bias and LoRA A/B: the fused module's full name, without PEFT's prefix
+  // ("model.layers.0.mlp.gate_up_proj"), this part's index (its rows follow the earlier parts')
+  // and the number of parts. Empty, 0, 1: a tensor of its own.
+  std::string fused_module = {};
+  int fused_part = 0;
+  int fused_parts = 1;
 
   int64_t numel() const;
   // The bytes of the copy a device computes with (NF4: Nf4DeviceBytes).
@@ -114,6 +121,11 @@ struct BlockLinear {
   bool bias = false;
   uint32_t lora_bits = 0;   // LoraTarget bits that select this projection
   bool transposed = false;  // stored (in, out): GPT-2's Conv1D
+  // The fused projection the device runs it as one part of: its module under the block prefix,
+  // shared by adjacent linears of one shape, whose rows it stacks in their order (a Llama MLP's
+  // gate_proj and up_proj: "mlp.gate_up_proj", gate's rows first; two parts at most). Empty: a
+  // projection of its own.
+  std::string fused = {};
 };
 
 // A decoder block's parameters in Hugging Face order: each entry a vector (a norm's weight or bias,
@@ -138,8 +150,9 @@ LayerCost ComputeLayerCost(const ModelConfig& c, const LoraConfig& lora, const L
                            BatchShape shape, DType activation_dtype = DType::kF32);
 
 // The total rank R of each LoRA projection group of a layer, as DeviceParams packs them
-// (engine/model/device_params.h): gate_proj and up_proj share one group (their ranks add), every
-// other adapted projection is a group of its own. Empty without LoRA.
+// (engine/model/device_params.h): a fused projection's parts (gate_proj and up_proj) share one
+// group (their ranks add), every other adapted projection is a group of its own. Empty without
+// LoRA.
 std::vector<int64_t> LoraGroupRanks(const LayerSpec& layer);
 
 // The scratch bytes the ops of a decoder block need at micro-batch `shape` with activations in

@@ -31,34 +31,29 @@ OpTarget OpsTarget(ScratchTarget t) {
 }
 
 // Element counts of the device tensors a layer's parameters occupy (all of them, or the trainable
-// ones), as the executor lays them out (engine/model/device_params.h): a Llama MLP's gate_proj and
-// up_proj are one (2I, ...) tensor, weight and bias alike; their LoRA adapters are one packed
-// group whose A stacks the adapters' (r, C) and whose B is block-diagonal (2I, k r) for k adapted
-// projections, i.e. twice the elements of the adapters' own B matrices. Anything else is one
-// tensor per parameter.
+// ones), as the executor lays them out (engine/model/device_params.h): the parts of a fused
+// projection (ParamSpec::fused_module: a Llama MLP's gate_proj and up_proj) are one tensor, weight
+// and bias alike; their LoRA adapters are one packed group whose A stacks the adapters' (r, C) and
+// whose B is block-diagonal (parts x out, k r) for k adapted parts, i.e. `parts` times the
+// elements of the adapters' own B matrices. Anything else is one tensor per parameter.
 std::vector<uint64_t> DeviceTensorElems(const LayerSpec& layer, bool trainable_only) {
-  static constexpr std::string_view kGroup[] = {".mlp.gate_proj.", ".mlp.up_proj."};
-  std::map<std::string, uint64_t> fused;  // suffix after the projection name -> elements
+  std::map<std::string, uint64_t> fused;  // fused module + the parameter's kind -> elements
   std::vector<uint64_t> out;
   for (const ParamSpec& p : layer.params) {
     if (trainable_only && !p.trainable) continue;
     if (p.nf4) continue;  // NF4WeightBytes
     const uint64_t n = uint64_t(p.numel());
-    size_t at = std::string::npos, len = 0;
-    for (std::string_view g : kGroup) {
-      if ((at = p.name.find(g)) != std::string::npos) {
-        len = g.size();
-        break;
-      }
-    }
-    if (at == std::string::npos) {
+    if (p.fused_module.empty()) {
       out.push_back(n);
       continue;
     }
-    const std::string suffix = p.name.substr(at + len);  // "weight", "lora_B.weight", ...
-    fused[suffix] += suffix.rfind("lora_B", 0) == 0 ? 2 * n : n;
+    const bool b = p.lora && p.name.ends_with(".lora_B.weight");
+    const std::string kind =
+        p.lora ? p.name.substr(p.name.size() - std::string_view(".lora_A.weight").size())
+               : p.name.substr(p.name.rfind('.'));
+    fused[p.fused_module + kind] += b ? uint64_t(p.fused_parts) * n : n;
   }
-  for (const auto& [suffix, n] : fused) out.push_back(n);
+  for (const auto& [name, n] : fused) out.push_back(n);
   return out;
 }
 
