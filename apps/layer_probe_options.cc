@@ -8,7 +8,7 @@
 #include "apps/plan_command.h"
 #include "engine/exec/job_device_factory.h"
 #include "engine/job/job_devices.h"
-#include "engine/train/layer_probe.h"
+#include "engine/probe/layer_probe.h"
 
 namespace ferry {
 

@@ -1,4 +1,4 @@
-// `ferry probe --model M [job options]`: the layer probe's options (engine/train/layer_probe.h) and
+// `ferry probe --model M [job options]`: the layer probe's options (engine/probe/layer_probe.h) and
 // the step that measures the job's layers and merges their times into the profile being written,
 // so `ferry plan --hardware FILE --model M [same job options] --dtype f32` uses measured times.
 #pragma once

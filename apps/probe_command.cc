@@ -6,7 +6,7 @@
 #include "apps/plan_command.h"
 #include "engine/job/job_spec.h"
 #include "engine/plan/byte_size.h"
-#include "engine/plan/machine_probe.h"
+#include "engine/probe/machine_probe.h"
 
 namespace ferry {
 

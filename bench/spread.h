@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "engine/plan/device_probe.h"
+#include "engine/probe/device_probe.h"
 
 namespace ferry::bench {
 

@@ -2,8 +2,8 @@
 #
 # The layers, lowest first: kernels/, offload/, engine/'s own files (engine/json.*), then engine's
 # folders in the order engine/CMakeLists.txt stacks their libraries (FERRY_ENGINE_LAYERS: text,
-# model, job, plan, exec, train), then apps/. A file may include headers of its own layer and of
-# lower ones only. Test code may use every layer: *_test.cc files, engine/testing/ (test helpers),
+# model, job, plan, exec, train, probe), then apps/. A file may include headers of its own layer
+# and of lower ones only. Test code may use every layer: *_test.cc files, engine/testing/ (test helpers),
 # tests/ and bench/ are not checked, but no other file may include engine/testing/. An engine
 # folder that is in no layer fails the lint, so a new folder is given its place first.
 #

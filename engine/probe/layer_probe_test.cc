@@ -1,4 +1,4 @@
-#include "engine/train/layer_probe.h"
+#include "engine/probe/layer_probe.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "engine/plan/machine_probe.h"
+#include "engine/probe/machine_probe.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "engine/plan/machine_probe.h"
+#include "engine/probe/machine_probe.h"
 
 #include <unistd.h>
 
@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/plan/device_probe.h"
+#include "engine/probe/device_probe.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/cpu/onednn.h"

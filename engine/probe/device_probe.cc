@@ -1,4 +1,4 @@
-#include "engine/plan/device_probe.h"
+#include "engine/probe/device_probe.h"
 
 #include <algorithm>
 #include <cctype>

@@ -1,4 +1,4 @@
-#include "engine/train/layer_probe.h"
+#include "engine/probe/layer_probe.h"
 
 #include <unistd.h>
 
@@ -12,8 +12,8 @@
 #include "engine/exec/pipeline_executor.h"
 #include "engine/exec/trace_recorder.h"
 #include "engine/model/master_weights.h"
-#include "engine/plan/device_probe.h"
 #include "engine/plan/memory_model.h"
+#include "engine/probe/device_probe.h"
 #include "kernels/arena.h"
 
 namespace ferry {

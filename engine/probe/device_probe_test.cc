@@ -2,7 +2,7 @@
 // measurement into a profile, and — with a GPU — MeasureGpus and ProbeMachine on the real device
 // (skipped without one; a failure under FERRY_REQUIRE_GPU). Timings vary: rates are checked to be
 // finite and positive, never against a speed.
-#include "engine/plan/device_probe.h"
+#include "engine/probe/device_probe.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/plan/machine_probe.h"
+#include "engine/probe/machine_probe.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/testing/gpu_testing.h"
 

@@ -24,7 +24,7 @@
 
 namespace ferry::plan {
 
-// The one clock for device work (the probes here, engine/train/layer_probe, machine_probe): every
+// The one clock for device work (the probes here, layer_probe, machine_probe): every
 // run is timed from before its step to after d.Synchronize() returns, so a figure includes what a
 // caller of the Device interface pays.
 //

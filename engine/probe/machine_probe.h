@@ -1,7 +1,7 @@
 // Machine probes for `ferry probe`: what this machine sustains — fp32 GEMM through the GEMM op on
 // a CpuDevice, host memory bandwidth (STREAM triad), CPU AdamW through the AdamW op on a
 // CpuDevice, NVMe through the NVMe store (offload/store_rate.h), and on a CUDA build with a GPU
-// visible the GPUs' GEMM rates, memory and PCIe copy rates (engine/plan/device_probe.h) — and a
+// visible the GPUs' GEMM rates, memory and PCIe copy rates (engine/probe/device_probe.h) — and a
 // hardware profile built from them. Without a GPU (or a CUDA build) the GPU and PCIe figures come
 // from a base profile and their `source` says so.
 //
@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <string>
 
-#include "engine/plan/device_probe.h"
 #include "engine/plan/hardware_profile.h"
+#include "engine/probe/device_probe.h"
 #include "kernels/status.h"
 
 namespace ferry::plan {
