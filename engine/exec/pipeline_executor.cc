@@ -76,6 +76,9 @@ struct DeviceState {
   std::vector<Event> landed;
   // Per stage of a step (on this device): its gradients are in its host mirror.
   std::vector<Event> grads_landed;
+  // Isolated compute (Create's `isolate_compute`): a stage's weights are up, recorded on the
+  // upload stream for the compute stream to wait for.
+  std::vector<Event> weights_up;
   // With a trace: times this device's tasks (null without one: then nothing is recorded).
   std::unique_ptr<DeviceTimeline> timeline;
   // For the trace's task names: the stage (its index in the step) and micro-batch (-1: the whole
@@ -216,8 +219,9 @@ class Executor final : public PipelineExecutor {
  public:
   Executor(std::vector<Device*> devices, const ModelConfig& c, const plan::Plan& p,
            EnqueueObserver observer, TraceRecorder* trace, HostPool* host_pool,
-           NvmeStore* activation_store)
-      : host_pool_(host_pool),
+           NvmeStore* activation_store, bool isolate_compute)
+      : isolate_(isolate_compute),
+        host_pool_(host_pool),
         store_(activation_store),
         c_(c),
         p_(p),
@@ -273,6 +277,7 @@ class Executor final : public PipelineExecutor {
       FERRY_ASSIGN_OR_RETURN(ds.hazards, StreamHazards::Create(*ds.device, kTracked));
       FERRY_RETURN_IF_ERROR(CreateEvents(*ds.device, size_t(p_.micro_batches), ds.landed));
       FERRY_RETURN_IF_ERROR(CreateEvents(*ds.device, stages, ds.grads_landed));
+      if (isolate_) FERRY_RETURN_IF_ERROR(CreateEvents(*ds.device, 1, ds.weights_up));
       if (trace_ != nullptr) {
         FERRY_ASSIGN_OR_RETURN(
             ds.timeline,
@@ -720,6 +725,9 @@ class Executor final : public PipelineExecutor {
     // in the step's order whatever order their devices finish in.
     GradOverwrite overwrite;
     GradOverwrite* ow = batches.front().overwrite_grads ? &overwrite : nullptr;
+    if (isolate_) {  // no host work beside a kernel: the gradients are added once all have run
+      for (DeviceState& ds : devices_) FERRY_RETURN_IF_ERROR(ds.device->Synchronize());
+    }
     for (size_t i = 0; i < runs_.size(); ++i) {
       if (runs_[i].kind == StageKind::kForward) continue;
       DeviceState& ds = devices_[runs_[i].device];
@@ -935,6 +943,10 @@ class Executor final : public PipelineExecutor {
     ds.slot_holds[st.slot] = holds;
     ds.slot_frozen[st.slot] = frozen;
     st.weights_sent = true;
+    if (isolate_) {  // no kernel of this device runs beside the copy
+      FERRY_RETURN_IF_ERROR(ds.device->Record(ds.weights_up[0], StreamId::kUpload));
+      FERRY_RETURN_IF_ERROR(ds.device->Wait(StreamId::kCompute, ds.weights_up[0]));
+    }
     if (observer_) observer_(Enqueued::kWeights, int64_t(i), *ds.device);
     return Status::Ok();
   }
@@ -1455,6 +1467,9 @@ class Executor final : public PipelineExecutor {
 
   // The pinned host pool staging comes from: the caller's, or own_pool_ (sized to the plan).
   std::unique_ptr<HostPool> own_pool_;
+  // Create's isolate_compute: weight copies and the host's gradient adds never run beside a
+  // kernel.
+  const bool isolate_;
   HostPool* host_pool_;
   NvmeStore* const store_;  // saved activations on NVMe: where (borrowed); else null
   const ModelConfig c_;
@@ -1462,7 +1477,8 @@ class Executor final : public PipelineExecutor {
   const LoraConfig lora_;
   const DType dtype_;  // weights, activations and activation gradients on the devices
   const EnqueueObserver observer_;
-  TraceRecorder* const trace_;        // null: no trace
+  TraceRecorder* const trace_;  // null: no trace
+
   const StepHooks* hooks_ = nullptr;  // the step in flight's
   // What the host mirrors and weight slots were packed from: a new version every step, every
   // evaluation and every generated sequence (within one, the weights do not change).
@@ -1619,14 +1635,14 @@ NvmeStoreOptions ActivationStoreOptions(const plan::Plan& plan, std::string dire
 Result<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
     std::vector<Device*> devices, const ModelConfig& config, const plan::Plan& plan,
     EnqueueObserver observer, TraceRecorder* trace, HostPool* host_pool,
-    NvmeStore* activation_store) {
+    NvmeStore* activation_store, bool isolate_compute) {
   FERRY_RETURN_IF_ERROR(Validate(devices, config, plan, activation_store));
   if (trace != nullptr && trace->devices() != int(devices.size())) {
     return Status::InvalidArgument("the trace records " + std::to_string(trace->devices()) +
                                    " devices, the executor runs " + std::to_string(devices.size()));
   }
   auto e = std::make_unique<Executor>(std::move(devices), config, plan, std::move(observer), trace,
-                                      host_pool, activation_store);
+                                      host_pool, activation_store, isolate_compute);
   FERRY_RETURN_IF_ERROR(e->Init());
   return std::unique_ptr<PipelineExecutor>(std::move(e));
 }

@@ -177,10 +177,16 @@ class PipelineExecutor {
   // With the plan's activations on NVMe (a training plan), `activation_store` (borrowed; it must
   // outlive the executor) holds the saved activations: see "Saved activations on NVMe" above;
   // without a store such a plan is refused (InvalidArgument). Frozen weights on NVMe are refused.
+  // `isolate_compute` (the layer probe's mode, engine/probe/layer_probe.h; off for training):
+  // nothing runs beside a device's kernels that would slow them on a CPU device, so a traced
+  // kernel span times the kernels alone: a device's compute waits for each stage's weights to be
+  // up (the next stage's prefetch no longer overlaps the running stage), and the host adds a
+  // step's gradients only after every device has finished. Results are unchanged.
   static Result<std::unique_ptr<PipelineExecutor>> Create(
       std::vector<Device*> devices, const ModelConfig& config, const plan::Plan& plan,
       EnqueueObserver observer = nullptr, TraceRecorder* trace = nullptr,
-      HostPool* host_pool = nullptr, NvmeStore* activation_store = nullptr);
+      HostPool* host_pool = nullptr, NvmeStore* activation_store = nullptr,
+      bool isolate_compute = false);
 
   // One step over plan.micro_batches micro-batches (each plan.micro_batch_size x job.seq_len):
   // returns the summed loss contributions and adds the gradients of the trainable parameters into

@@ -70,8 +70,10 @@ Status RunProbe(const ModelConfig& one, const plan::Plan& plan,
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Device> d, make_device(size_t(plan.memory.gpu.total())));
   const int rounds = o.warmup + o.repeats;
   exec::TraceRecorder trace(plan, 2 * rounds);
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<exec::PipelineExecutor> e,
-                         exec::PipelineExecutor::Create({d.get()}, one, plan, nullptr, &trace));
+  FERRY_ASSIGN_OR_RETURN(
+      std::unique_ptr<exec::PipelineExecutor> e,
+      exec::PipelineExecutor::Create({d.get()}, one, plan, nullptr, &trace, nullptr, nullptr,
+                                     /*isolate_compute=*/true));
   const std::span<const MicroBatchInput> batches(&mb, 1);
   for (int r = 0; r < rounds; ++r) {
     FERRY_RETURN_IF_ERROR(e->Step(weights, batches, grads).status());

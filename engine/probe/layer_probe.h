@@ -18,7 +18,10 @@
 // What is timed: `warmup` untimed, then `repeats` timed rounds of a training step (Step) and an
 // evaluation (Evaluate), each traced (engine/exec/trace_recorder.h) by the device's own events
 // around the kernels of each layer, so a time is what the device spent on that layer's compute,
-// not on copies or waits; the median of the rounds is kept:
+// not on copies or waits. The executor runs isolated (PipelineExecutor::Create's
+// isolate_compute): no weight copy and no host gradient add runs beside a kernel, as they would
+// on a CPU device's cores (in training the head's upload and gradients overlap the first and last
+// blocks; here the one block would take all of it). The median of the rounds is kept:
 //  - block: its forward span, and its backward span (a stage's gradient zeroing, traced as the
 //    stage's first compute, is not counted: the planner does not price it);
 //  - head: forward_s = the evaluation's loss-only pass, backward_s = the step's fused

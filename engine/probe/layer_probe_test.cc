@@ -311,6 +311,58 @@ TEST(LayerProbe, TimesAreTheExecutorsOwnSpansOfEachLayer) {
   EXPECT_GT(head.backward_s, 0);
 }
 
+// The probe's executor runs isolated: on a virtual clock with a link model, the head's weights,
+// which an ordinary step uploads while the block's forward computes, are up before it starts, so
+// no weight copy overlaps a kernel span. Without isolation one does (the check can fail).
+TEST(LayerProbe, NoWeightCopyRunsBesideAProbedKernel) {
+  const ModelConfig m = Tiny("llama", 2);
+  const plan::PlanJob job = CpuJob(2, 16, 1);
+  const plan::Plan p = LayerProbePlan(m, job, {2, 16}, Quick());
+  ModelConfig one = m;
+  one.num_layers = 1;
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(one, job.lora, job.compute_dtype);
+  const HostTensors weights = InitMasterWeights(layers, 7);
+  std::vector<int32_t> tokens(32, 5);
+  const MicroBatchInput mb{
+      .tokens = tokens, .targets = tokens, .normalizer = 32, .overwrite_grads = true};
+  for (const bool isolate : {true, false}) {
+    SCOPED_TRACE(isolate ? "isolated" : "overlapped");
+    VirtualClock clock(&KernelSeconds);
+    Result<std::unique_ptr<CpuDevice>> d = CpuDevice::Create({.name = "probe",
+                                                              .memory_bytes = p.memory.gpu.total(),
+                                                              .upload_bytes_per_s = 1e8,
+                                                              .download_bytes_per_s = 1e8,
+                                                              .virtual_clock = &clock});
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    exec::TraceRecorder trace(p, 1);
+    Result<std::unique_ptr<exec::PipelineExecutor>> e = exec::PipelineExecutor::Create(
+        {d->get()}, one, p, nullptr, &trace, nullptr, nullptr, isolate);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    HostTensors grads;
+    for (const ParamSpec* ps : StorageParams(layers)) {
+      grads.tensors[ps->name].resize(size_t(ps->numel()));
+    }
+    ASSERT_TRUE((*e)->Step(weights, std::span(&mb, 1), grads).ok());
+    int overlaps = 0, copies = 0;
+    const std::vector<exec::TraceSpan> spans = trace.spans();
+    for (const exec::TraceSpan& w : spans) {
+      if (w.kind != plan::TaskKind::kWeightUpload) continue;
+      ++copies;
+      for (const exec::TraceSpan& k : spans) {
+        if (k.lane.kind == plan::LaneKind::kCompute && k.start_s < w.end_s && w.start_s < k.end_s) {
+          ++overlaps;
+        }
+      }
+    }
+    EXPECT_EQ(copies, 2);  // the block's weights, then the head's
+    if (isolate) {
+      EXPECT_EQ(overlaps, 0);
+    } else {
+      EXPECT_GT(overlaps, 0);
+    }
+  }
+}
+
 // A run that does not fit the memory the probe may use is refused before anything runs, with the
 // block, the micro-batch and the bytes its plan needs in the message: one byte short of the
 // plan's host and device maps fails, exactly them runs.
