@@ -4,7 +4,6 @@
 #include <vector>
 
 #include "engine/model/block_base.h"
-#include "engine/model/model_family.h"
 #include "kernels/ops/residual.h"
 #include "kernels/ops/rmsnorm.h"
 #include "kernels/ops/rope.h"
@@ -204,116 +203,7 @@ class LlamaBlocks final : public BlockBase<Saved, Workspace> {
     return One(block, kDown, ws_.branch, dy);
   }
 };
-// ---- config.json ----
-
-using nlohmann::json;
-
-Status ParseLlamaFamily(const json& j, const ConfigFields& f, ModelConfig* c) {
-  c->norm = NormKind::kRmsNorm;
-  FERRY_ASSIGN_OR_RETURN(c->vocab_size, f.Int("vocab_size"));
-  FERRY_ASSIGN_OR_RETURN(c->hidden_size, f.Int("hidden_size"));
-  FERRY_ASSIGN_OR_RETURN(c->intermediate_size, f.Int("intermediate_size"));
-  FERRY_ASSIGN_OR_RETURN(c->num_layers, f.Int("num_hidden_layers"));
-  FERRY_ASSIGN_OR_RETURN(c->num_heads, f.Int("num_attention_heads"));
-  FERRY_ASSIGN_OR_RETURN(c->num_kv_heads, f.Int("num_key_value_heads", c->num_heads));
-  const int64_t default_head_dim = c->num_heads > 0 ? c->hidden_size / c->num_heads : 0;
-  FERRY_ASSIGN_OR_RETURN(c->head_dim, f.Int("head_dim", default_head_dim));
-  FERRY_ASSIGN_OR_RETURN(c->max_position_embeddings, f.Int("max_position_embeddings", 2048));
-  FERRY_ASSIGN_OR_RETURN(c->norm_eps, f.Number("rms_norm_eps", 1e-6));
-  FERRY_ASSIGN_OR_RETURN(c->tie_word_embeddings, f.Bool("tie_word_embeddings", false));
-  FERRY_ASSIGN_OR_RETURN(c->dropout, f.Number("attention_dropout", 0.0));
-  FERRY_ASSIGN_OR_RETURN(std::string act, f.String("hidden_act", "silu"));
-  if (act != "silu") {
-    return ConfigUnsupported(
-        "field 'hidden_act' = \"" + act + "\"",
-        "is not supported for " + c->model_type + " (ferry runs SwiGLU: \"silu\")");
-  }
-  c->activation = Activation::kSiluGlu;
-  FERRY_RETURN_IF_ERROR(ParseConfigRope(j, f, c));
-
-  FERRY_ASSIGN_OR_RETURN(bool attention_bias, f.Bool("attention_bias", false));
-  FERRY_ASSIGN_OR_RETURN(c->mlp_bias, f.Bool("mlp_bias", false));
-  if (c->model_type == "qwen2") {
-    c->qkv_bias = true;  // Qwen2 always has q/k/v biases and no o bias
-    c->o_bias = false;
-  } else {
-    c->qkv_bias = attention_bias;
-    c->o_bias = attention_bias;
-  }
-  c->qk_norm = c->model_type == "qwen3";
-
-  // Mistral applies sliding_window whenever it is set; Qwen2/3 only with use_sliding_window.
-  bool windowed = c->model_type == "mistral";
-  if (c->model_type == "qwen2" || c->model_type == "qwen3") {
-    FERRY_ASSIGN_OR_RETURN(windowed, f.Bool("use_sliding_window", false));
-  }
-  if (windowed && f.Has("sliding_window")) {
-    FERRY_ASSIGN_OR_RETURN(c->sliding_window, f.Int("sliding_window"));
-    if (c->sliding_window <= 0) {
-      return ConfigUnsupported("field 'sliding_window'", "must be positive or null");
-    }
-    if (c->sliding_window >= c->max_position_embeddings) c->sliding_window = 0;  // no effect
-  }
-  if (c->sliding_window > 0 && c->model_type != "mistral") {
-    // Qwen2/3 window only the blocks from max_window_layers on (transformers' layer_types);
-    // ferry windows all blocks or none.
-    FERRY_ASSIGN_OR_RETURN(int64_t first, f.Int("max_window_layers", 28));
-    if (first >= c->num_layers) {
-      c->sliding_window = 0;  // no block is windowed
-    } else if (first > 0) {
-      return ConfigUnsupported(
-          "fields 'use_sliding_window' with 'max_window_layers' = " + std::to_string(first) +
-              " of " + std::to_string(c->num_layers) + " layers",
-          "(a window on some blocks only) are not supported; ferry windows all "
-          "blocks (max_window_layers 0) or none");
-    }
-  }
-  if (auto it = j.find("layer_types"); it != j.end() && it->is_array()) {
-    for (const json& t : *it) {
-      const bool sliding = t == "sliding_attention";
-      if ((!sliding && t != "full_attention") || sliding != (c->sliding_window > 0)) {
-        return ConfigUnsupported(
-            "field 'layer_types' = " + it->dump(),
-            "is not supported: ferry runs every block with the same attention "
-            "(all \"full_attention\", or all \"sliding_attention\" with a window)");
-      }
-    }
-  }
-  return Status::Ok();
-}
-
-// config.json of the Llama family: the fields parsing read, as transformers writes them.
-void WriteLlamaFamily(const ModelConfig& c, json& j) {
-  j["hidden_size"] = c.hidden_size;
-  j["intermediate_size"] = c.intermediate_size;
-  j["num_hidden_layers"] = c.num_layers;
-  j["num_attention_heads"] = c.num_heads;
-  j["num_key_value_heads"] = c.num_kv_heads;
-  j["head_dim"] = c.head_dim;
-  j["max_position_embeddings"] = c.max_position_embeddings;
-  j["rms_norm_eps"] = c.norm_eps;
-  j["rope_theta"] = c.rope_theta;
-  j["rope_scaling"] = nullptr;
-  if (c.rope_scaling.kind == RopeScaling::Kind::kLlama3) {
-    j["rope_scaling"] = {
-        {"rope_type", "llama3"},
-        {"factor", c.rope_scaling.factor},
-        {"low_freq_factor", c.rope_scaling.low_freq_factor},
-        {"high_freq_factor", c.rope_scaling.high_freq_factor},
-        {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
-  }
-  if (c.sliding_window > 0) {
-    j["sliding_window"] = c.sliding_window;
-    if (c.model_type != "mistral") {
-      j["use_sliding_window"] = true;
-      j["max_window_layers"] = 0;  // every block windowed, as ferry runs it
-    }
-  }
-  j["hidden_act"] = "silu";
-  j["attention_dropout"] = c.dropout;
-  if (c.model_type != "qwen2") j["attention_bias"] = c.qkv_bias;
-  if (c.model_type == "llama") j["mlp_bias"] = c.mlp_bias;
-}
+}  // namespace
 
 Result<std::unique_ptr<DecoderBlocks>> CreateLlamaBlocks(const BlocksContext& ctx) {
   auto blocks = std::make_unique<LlamaBlocks>(ctx);
@@ -349,30 +239,6 @@ BlockParams LlamaBlockParams(const ModelConfig& c) {
 
 BlockBufferBytes LlamaBlockBufferBytes(const BlockBufferArgs& a) {
   return CountBlockBuffers(kLayouts, a);
-}
-
-}  // namespace
-
-const ModelFamilyDescription& LlamaFamily() {
-  static const ModelFamilyDescription kLlama{.family = ModelFamily::kLlama,
-                                             .name = "llama",
-                                             .model_types = {"llama", "mistral", "qwen2", "qwen3"},
-                                             .architecture = "LlamaForCausalLM",
-                                             .parse = &ParseLlamaFamily,
-                                             .validate = nullptr,
-                                             .write = &WriteLlamaFamily,
-                                             .names = {.token_table = "model.embed_tokens.weight",
-                                                       .position_table = "",
-                                                       .final_norm_weight = "model.norm.weight",
-                                                       .final_norm_bias = "",
-                                                       .block_prefix = "model.layers.",
-                                                       .lm_head = "lm_head.weight",
-                                                       .bare_prefix = "",
-                                                       .ignored_buffers = {".rotary_emb.inv_freq"}},
-                                             .create_blocks = &CreateLlamaBlocks,
-                                             .block_params = &LlamaBlockParams,
-                                             .buffer_bytes = &LlamaBlockBufferBytes};
-  return kLlama;
 }
 
 }  // namespace ferry

@@ -92,6 +92,21 @@ struct BlockBufferBytes {
   size_t workspace = 0;        // the family's temporaries, LoRA's du and the sink
 };
 
+// Each family's block implementation (model_stack.cc's table names them): its blocks, its
+// parameters in Hugging Face order (names under the block prefix) and its buffers' bytes.
+//
+// Llama family: RMSNorm, q/k/v (+ biases), optional Qwen3 q/k RMSNorm, RoPE,
+// GQA attention, o_proj, residual, RMSNorm, fused gate/up, SwiGLU, down,
+// residual.
+Result<std::unique_ptr<DecoderBlocks>> CreateLlamaBlocks(const BlocksContext& ctx);
+BlockParams LlamaBlockParams(const ModelConfig& c);
+BlockBufferBytes LlamaBlockBufferBytes(const BlockBufferArgs& a);
+// GPT-2: LayerNorm, fused c_attn with bias, attention, c_proj, residual,
+// LayerNorm, c_fc, tanh GELU, c_proj, residual.
+Result<std::unique_ptr<DecoderBlocks>> CreateGpt2Blocks(const BlocksContext& ctx);
+BlockParams Gpt2BlockParams(const ModelConfig& c);
+BlockBufferBytes Gpt2BlockBufferBytes(const BlockBufferArgs& a);
+
 // What the caller of the blocks owns and fills for each batch; a tensor stays empty where the
 // model (GPT-2: no RoPE) or the caller (generation: no packed rows) has none.
 struct BlocksInputs {

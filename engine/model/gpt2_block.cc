@@ -1,14 +1,11 @@
 // The GPT-2 decoder block. Positions are learned (added by the host embedding),
 // so there is no RoPE; c_attn is one (3C, C) weight whose row thirds produce q,
 // k and v.
-#include <algorithm>
 #include <cmath>
-#include <limits>
 #include <string>
 #include <vector>
 
 #include "engine/model/block_base.h"
-#include "engine/model/model_family.h"
 #include "kernels/ops/gelu.h"
 #include "kernels/ops/layernorm.h"
 #include "kernels/ops/residual.h"
@@ -163,71 +160,7 @@ class Gpt2Blocks final : public BlockBase<Saved, Workspace> {
     return p;
   }
 };
-// ---- config.json ----
-
-using nlohmann::json;
-
-Status ParseGpt2(const json& j, const ConfigFields& f, ModelConfig* c) {
-  c->norm = NormKind::kLayerNorm;
-  c->learned_positions = true;
-  c->qkv_bias = c->o_bias = c->mlp_bias = true;
-  FERRY_ASSIGN_OR_RETURN(c->vocab_size, f.Int("vocab_size"));
-  FERRY_ASSIGN_OR_RETURN(c->hidden_size, f.Int("n_embd"));
-  FERRY_ASSIGN_OR_RETURN(c->num_layers, f.Int("n_layer"));
-  FERRY_ASSIGN_OR_RETURN(c->num_heads, f.Int("n_head"));
-  c->num_kv_heads = c->num_heads;
-  c->head_dim = c->num_heads > 0 ? c->hidden_size / c->num_heads : 0;
-  // n_inner defaults to 4 C; a C so large that 4 C overflows is refused by validation below.
-  constexpr int64_t kQuarter = std::numeric_limits<int64_t>::max() / 4;
-  const int64_t default_inner = c->hidden_size >= -kQuarter && c->hidden_size <= kQuarter
-                                    ? 4 * c->hidden_size
-                                    : c->hidden_size;
-  FERRY_ASSIGN_OR_RETURN(c->intermediate_size, f.Int("n_inner", default_inner));
-  FERRY_ASSIGN_OR_RETURN(c->max_position_embeddings, f.Int("n_positions"));
-  FERRY_ASSIGN_OR_RETURN(c->norm_eps, f.Number("layer_norm_epsilon", 1e-5));
-  FERRY_ASSIGN_OR_RETURN(c->tie_word_embeddings, f.Bool("tie_word_embeddings", true));
-  FERRY_ASSIGN_OR_RETURN(std::string act, f.String("activation_function", "gelu_new"));
-  if (act == "gelu_new" || act == "gelu_pytorch_tanh") {
-    c->activation = Activation::kGeluTanh;
-  } else if (act == "gelu") {
-    c->activation = Activation::kGeluExact;
-  } else {
-    return ConfigUnsupported("field 'activation_function' = \"" + act + "\"",
-                             "is not supported (use gelu_new, gelu_pytorch_tanh or gelu)");
-  }
-  FERRY_ASSIGN_OR_RETURN(bool scale, f.Bool("scale_attn_weights", true));
-  FERRY_ASSIGN_OR_RETURN(bool inverse_idx, f.Bool("scale_attn_by_inverse_layer_idx", false));
-  FERRY_ASSIGN_OR_RETURN(bool cross, f.Bool("add_cross_attention", false));
-  if (!scale) return ConfigUnsupported("field 'scale_attn_weights' = false", "is not supported");
-  if (inverse_idx) {
-    return ConfigUnsupported("field 'scale_attn_by_inverse_layer_idx' = true", "is not supported");
-  }
-  if (cross) return ConfigUnsupported("field 'add_cross_attention' = true", "is not supported");
-  for (const char* key : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) {
-    FERRY_ASSIGN_OR_RETURN(double p, f.Number(key, 0.0));
-    c->dropout = std::max(c->dropout, p);
-  }
-  (void)j;
-  return Status::Ok();
-}
-
-// GPT-2's head_dim is n_embd / n_head: the heads must tile the hidden size.
-Status ValidateGpt2(const ModelConfig& c) {
-  if (c.num_heads * c.head_dim == c.hidden_size) return Status::Ok();
-  return Status::InvalidArgument("model config: n_embd = " + std::to_string(c.hidden_size) +
-                                 " must be a multiple of n_head = " + std::to_string(c.num_heads));
-}
-
-void WriteGpt2(const ModelConfig& c, json& j) {
-  j["n_embd"] = c.hidden_size;
-  j["n_layer"] = c.num_layers;
-  j["n_head"] = c.num_heads;
-  j["n_inner"] = c.intermediate_size;
-  j["n_positions"] = c.max_position_embeddings;
-  j["layer_norm_epsilon"] = c.norm_eps;
-  j["activation_function"] = c.activation == Activation::kGeluExact ? "gelu" : "gelu_new";
-  j["resid_pdrop"] = j["embd_pdrop"] = j["attn_pdrop"] = c.dropout;
-}
+}  // namespace
 
 Result<std::unique_ptr<DecoderBlocks>> CreateGpt2Blocks(const BlocksContext& ctx) {
   auto blocks = std::make_unique<Gpt2Blocks>(ctx);
@@ -259,32 +192,6 @@ BlockParams Gpt2BlockParams(const ModelConfig& c) {
 
 BlockBufferBytes Gpt2BlockBufferBytes(const BlockBufferArgs& a) {
   return CountBlockBuffers(kLayouts, a);
-}
-
-}  // namespace
-
-const ModelFamilyDescription& Gpt2Family() {
-  static const ModelFamilyDescription kGpt2{
-      .family = ModelFamily::kGpt2,
-      .name = "gpt2",
-      .model_types = {"gpt2"},
-      .architecture = "GPT2LMHeadModel",
-      .parse = &ParseGpt2,
-      .validate = &ValidateGpt2,
-      .write = &WriteGpt2,
-      .names = {.token_table = "transformer.wte.weight",
-                .position_table = "transformer.wpe.weight",
-                .final_norm_weight = "transformer.ln_f.weight",
-                .final_norm_bias = "transformer.ln_f.bias",
-                .block_prefix = "transformer.h.",
-                .lm_head = "lm_head.weight",
-                .bare_prefix = "transformer.",
-                .ignored_buffers = {".attn.bias", ".attn.masked_bias"}},
-      .create_blocks = &CreateGpt2Blocks,
-      .block_params = &Gpt2BlockParams,
-      .buffer_bytes = &Gpt2BlockBufferBytes,
-      .no_nf4 = "GPT-2's Conv1D weights are not quantized yet"};
-  return kGpt2;
 }
 
 }  // namespace ferry

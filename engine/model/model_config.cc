@@ -6,84 +6,85 @@
 #include <utility>
 
 #include "engine/json.h"
-#include "engine/model/model_family.h"
 #include "kernels/ops/rope_math.h"
 #include "offload/file_io.h"
 
 namespace ferry {
+namespace {
 
 using nlohmann::json;
 
-namespace {
+// Typed access to config.json fields; every error names the field.
+class Fields {
+ public:
+  explicit Fields(const json& j) : j_(j) {}
 
-Status Missing(const char* key, const char* what) {
-  return Status::InvalidArgument(std::string("config.json: field '") + key + "' is missing (" +
-                                 what + " is required)");
-}
-Status WrongType(const char* key, const char* what) {
-  return Status::InvalidArgument(std::string("config.json: field '") + key + "' must be " + what);
-}
+  bool Has(const char* key) const {
+    auto it = j_.find(key);
+    return it != j_.end() && !it->is_null();
+  }
+  Result<int64_t> Int(const char* key) const {
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) return Missing(key, "an integer");
+    if (!it->is_number_integer()) return WrongType(key, "an integer");
+    return it->get<int64_t>();
+  }
+  Result<int64_t> Int(const char* key, int64_t dflt) const {
+    return Has(key) ? Int(key) : Result<int64_t>(dflt);
+  }
+  Result<double> Number(const char* key, double dflt) const {
+    if (!Has(key)) return dflt;
+    const json& v = j_.at(key);
+    if (!v.is_number()) return WrongType(key, "a number");
+    return v.get<double>();
+  }
+  Result<bool> Bool(const char* key, bool dflt) const {
+    if (!Has(key)) return dflt;
+    const json& v = j_.at(key);
+    if (!v.is_boolean()) return WrongType(key, "true or false");
+    return v.get<bool>();
+  }
+  Result<std::string> String(const char* key, std::string dflt) const {
+    if (!Has(key)) return dflt;
+    const json& v = j_.at(key);
+    if (!v.is_string()) return WrongType(key, "a string");
+    return v.get<std::string>();
+  }
 
-}  // namespace
+ private:
+  static Status Missing(const char* key, const char* what) {
+    return Status::InvalidArgument(std::string("config.json: field '") + key + "' is missing (" +
+                                   what + " is required)");
+  }
+  static Status WrongType(const char* key, const char* what) {
+    return Status::InvalidArgument(std::string("config.json: field '") + key + "' must be " + what);
+  }
+  const json& j_;
+};
 
-bool ConfigFields::Has(const char* key) const {
-  auto it = j_.find(key);
-  return it != j_.end() && !it->is_null();
-}
-Result<int64_t> ConfigFields::Int(const char* key) const {
-  auto it = j_.find(key);
-  if (it == j_.end() || it->is_null()) return Missing(key, "an integer");
-  if (!it->is_number_integer()) return WrongType(key, "an integer");
-  return it->get<int64_t>();
-}
-Result<int64_t> ConfigFields::Int(const char* key, int64_t dflt) const {
-  return Has(key) ? Int(key) : Result<int64_t>(dflt);
-}
-Result<double> ConfigFields::Number(const char* key, double dflt) const {
-  if (!Has(key)) return dflt;
-  const json& v = j_.at(key);
-  if (!v.is_number()) return WrongType(key, "a number");
-  return v.get<double>();
-}
-Result<bool> ConfigFields::Bool(const char* key, bool dflt) const {
-  if (!Has(key)) return dflt;
-  const json& v = j_.at(key);
-  if (!v.is_boolean()) return WrongType(key, "true or false");
-  return v.get<bool>();
-}
-Result<std::string> ConfigFields::String(const char* key, std::string dflt) const {
-  if (!Has(key)) return dflt;
-  const json& v = j_.at(key);
-  if (!v.is_string()) return WrongType(key, "a string");
-  return v.get<std::string>();
-}
-
-Status ConfigUnsupported(const std::string& field, const std::string& why) {
+Status Unsupported(const std::string& field, const std::string& why) {
   return Status::InvalidArgument("config.json: " + field + " " + why);
 }
-
-namespace {
 
 // One RoPE description: null, {"rope_type"|"type": "default"} or a llama3 scaling; transformers
 // 5's rope_parameters also carries rope_theta.
 Status ParseRopeObject(const json& obj, const std::string& field, ModelConfig* c) {
   if (obj.is_null()) return Status::Ok();
-  if (!obj.is_object())
-    return ConfigUnsupported("field '" + field + "'", "must be an object or null");
+  if (!obj.is_object()) return Unsupported("field '" + field + "'", "must be an object or null");
   std::string type = "default";
   for (const char* key : {"rope_type", "type"}) {
     auto t = obj.find(key);
     if (t == obj.end()) continue;
     if (!t->is_string())
-      return ConfigUnsupported("field '" + field + "." + key + "'", "must be a string");
+      return Unsupported("field '" + field + "." + key + "'", "must be a string");
     type = t->get<std::string>();
   }
-  ConfigFields f(obj);
+  Fields f(obj);
   FERRY_ASSIGN_OR_RETURN(c->rope_theta, f.Number("rope_theta", c->rope_theta));
   if (type == "default") return Status::Ok();
   if (type != "llama3") {
-    return ConfigUnsupported("field '" + field + "' has rope type \"" + type + "\"",
-                             "which ferry does not support (default and llama3 are)");
+    return Unsupported("field '" + field + "' has rope type \"" + type + "\"",
+                       "which ferry does not support (default and llama3 are)");
   }
   RopeScaling& r = c->rope_scaling;
   r.kind = RopeScaling::Kind::kLlama3;
@@ -94,16 +95,15 @@ Status ParseRopeObject(const json& obj, const std::string& field, ModelConfig* c
                          f.Int("original_max_position_embeddings"));
   if (!(r.factor > 0) || !(r.low_freq_factor > 0) || !(r.high_freq_factor > r.low_freq_factor) ||
       r.original_max_position_embeddings <= 0) {
-    return ConfigUnsupported("field '" + field + "'",
-                             "needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
-                             "original_max_position_embeddings > 0 for llama3 scaling");
+    return Unsupported("field '" + field + "'",
+                       "needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
+                       "original_max_position_embeddings > 0 for llama3 scaling");
   }
   return Status::Ok();
 }
 
-}  // namespace
-
-Status ParseConfigRope(const json& j, const ConfigFields& f, ModelConfig* c) {
+// rope_theta and scaling from the older fields or transformers 5's rope_parameters.
+Status ParseRope(const json& j, const Fields& f, ModelConfig* c) {
   FERRY_ASSIGN_OR_RETURN(c->rope_theta, f.Number("rope_theta", 10000.0));
   if (auto it = j.find("rope_scaling"); it != j.end()) {
     FERRY_RETURN_IF_ERROR(ParseRopeObject(*it, "rope_scaling", c));
@@ -114,14 +114,12 @@ Status ParseConfigRope(const json& j, const ConfigFields& f, ModelConfig* c) {
   return Status::Ok();
 }
 
-namespace {
-
 // Hugging Face's names of the checkpoint dtypes.
 constexpr std::pair<DType, const char*> kTorchDTypes[] = {
     {DType::kF32, "float32"}, {DType::kBF16, "bfloat16"}, {DType::kF16, "float16"}};
 
 // torch_dtype (transformers 4) or dtype (transformers 5); float32 when absent.
-Status ParseWeightsDType(const ConfigFields& f, ModelConfig* c) {
+Status ParseWeightsDType(const Fields& f, ModelConfig* c) {
   for (const char* key : {"torch_dtype", "dtype"}) {
     if (!f.Has(key)) continue;
     FERRY_ASSIGN_OR_RETURN(std::string name, f.String(key, ""));
@@ -133,11 +131,217 @@ Status ParseWeightsDType(const ConfigFields& f, ModelConfig* c) {
       }
     }
     if (!known) {
-      return ConfigUnsupported(std::string("field '") + key + "' = \"" + name + "\"",
-                               "is not supported (float32, bfloat16 or float16)");
+      return Unsupported(std::string("field '") + key + "' = \"" + name + "\"",
+                         "is not supported (float32, bfloat16 or float16)");
     }
   }
   return Status::Ok();
+}
+
+Status ParseLlamaFamily(const json& j, const Fields& f, ModelConfig* c) {
+  c->norm = NormKind::kRmsNorm;
+  FERRY_ASSIGN_OR_RETURN(c->vocab_size, f.Int("vocab_size"));
+  FERRY_ASSIGN_OR_RETURN(c->hidden_size, f.Int("hidden_size"));
+  FERRY_ASSIGN_OR_RETURN(c->intermediate_size, f.Int("intermediate_size"));
+  FERRY_ASSIGN_OR_RETURN(c->num_layers, f.Int("num_hidden_layers"));
+  FERRY_ASSIGN_OR_RETURN(c->num_heads, f.Int("num_attention_heads"));
+  FERRY_ASSIGN_OR_RETURN(c->num_kv_heads, f.Int("num_key_value_heads", c->num_heads));
+  const int64_t default_head_dim = c->num_heads > 0 ? c->hidden_size / c->num_heads : 0;
+  FERRY_ASSIGN_OR_RETURN(c->head_dim, f.Int("head_dim", default_head_dim));
+  FERRY_ASSIGN_OR_RETURN(c->max_position_embeddings, f.Int("max_position_embeddings", 2048));
+  FERRY_ASSIGN_OR_RETURN(c->norm_eps, f.Number("rms_norm_eps", 1e-6));
+  FERRY_ASSIGN_OR_RETURN(c->tie_word_embeddings, f.Bool("tie_word_embeddings", false));
+  FERRY_ASSIGN_OR_RETURN(c->dropout, f.Number("attention_dropout", 0.0));
+  FERRY_ASSIGN_OR_RETURN(std::string act, f.String("hidden_act", "silu"));
+  if (act != "silu") {
+    return Unsupported("field 'hidden_act' = \"" + act + "\"",
+                       "is not supported for " + c->model_type + " (ferry runs SwiGLU: \"silu\")");
+  }
+  c->activation = Activation::kSiluGlu;
+  FERRY_RETURN_IF_ERROR(ParseRope(j, f, c));
+
+  FERRY_ASSIGN_OR_RETURN(bool attention_bias, f.Bool("attention_bias", false));
+  FERRY_ASSIGN_OR_RETURN(c->mlp_bias, f.Bool("mlp_bias", false));
+  if (c->model_type == "qwen2") {
+    c->qkv_bias = true;  // Qwen2 always has q/k/v biases and no o bias
+    c->o_bias = false;
+  } else {
+    c->qkv_bias = attention_bias;
+    c->o_bias = attention_bias;
+  }
+  c->qk_norm = c->model_type == "qwen3";
+
+  // Mistral applies sliding_window whenever it is set; Qwen2/3 only with use_sliding_window.
+  bool windowed = c->model_type == "mistral";
+  if (c->model_type == "qwen2" || c->model_type == "qwen3") {
+    FERRY_ASSIGN_OR_RETURN(windowed, f.Bool("use_sliding_window", false));
+  }
+  if (windowed && f.Has("sliding_window")) {
+    FERRY_ASSIGN_OR_RETURN(c->sliding_window, f.Int("sliding_window"));
+    if (c->sliding_window <= 0) {
+      return Unsupported("field 'sliding_window'", "must be positive or null");
+    }
+    if (c->sliding_window >= c->max_position_embeddings) c->sliding_window = 0;  // no effect
+  }
+  if (c->sliding_window > 0 && c->model_type != "mistral") {
+    // Qwen2/3 window only the blocks from max_window_layers on (transformers' layer_types);
+    // ferry windows all blocks or none.
+    FERRY_ASSIGN_OR_RETURN(int64_t first, f.Int("max_window_layers", 28));
+    if (first >= c->num_layers) {
+      c->sliding_window = 0;  // no block is windowed
+    } else if (first > 0) {
+      return Unsupported(
+          "fields 'use_sliding_window' with 'max_window_layers' = " + std::to_string(first) +
+              " of " + std::to_string(c->num_layers) + " layers",
+          "(a window on some blocks only) are not supported; ferry windows all "
+          "blocks (max_window_layers 0) or none");
+    }
+  }
+  if (auto it = j.find("layer_types"); it != j.end() && it->is_array()) {
+    for (const json& t : *it) {
+      const bool sliding = t == "sliding_attention";
+      if ((!sliding && t != "full_attention") || sliding != (c->sliding_window > 0)) {
+        return Unsupported("field 'layer_types' = " + it->dump(),
+                           "is not supported: ferry runs every block with the same attention "
+                           "(all \"full_attention\", or all \"sliding_attention\" with a window)");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status ParseGpt2(const json& j, const Fields& f, ModelConfig* c) {
+  c->norm = NormKind::kLayerNorm;
+  c->learned_positions = true;
+  c->qkv_bias = c->o_bias = c->mlp_bias = true;
+  FERRY_ASSIGN_OR_RETURN(c->vocab_size, f.Int("vocab_size"));
+  FERRY_ASSIGN_OR_RETURN(c->hidden_size, f.Int("n_embd"));
+  FERRY_ASSIGN_OR_RETURN(c->num_layers, f.Int("n_layer"));
+  FERRY_ASSIGN_OR_RETURN(c->num_heads, f.Int("n_head"));
+  c->num_kv_heads = c->num_heads;
+  c->head_dim = c->num_heads > 0 ? c->hidden_size / c->num_heads : 0;
+  // n_inner defaults to 4 C; a C so large that 4 C overflows is refused by validation below.
+  constexpr int64_t kQuarter = std::numeric_limits<int64_t>::max() / 4;
+  const int64_t default_inner = c->hidden_size >= -kQuarter && c->hidden_size <= kQuarter
+                                    ? 4 * c->hidden_size
+                                    : c->hidden_size;
+  FERRY_ASSIGN_OR_RETURN(c->intermediate_size, f.Int("n_inner", default_inner));
+  FERRY_ASSIGN_OR_RETURN(c->max_position_embeddings, f.Int("n_positions"));
+  FERRY_ASSIGN_OR_RETURN(c->norm_eps, f.Number("layer_norm_epsilon", 1e-5));
+  FERRY_ASSIGN_OR_RETURN(c->tie_word_embeddings, f.Bool("tie_word_embeddings", true));
+  FERRY_ASSIGN_OR_RETURN(std::string act, f.String("activation_function", "gelu_new"));
+  if (act == "gelu_new" || act == "gelu_pytorch_tanh") {
+    c->activation = Activation::kGeluTanh;
+  } else if (act == "gelu") {
+    c->activation = Activation::kGeluExact;
+  } else {
+    return Unsupported("field 'activation_function' = \"" + act + "\"",
+                       "is not supported (use gelu_new, gelu_pytorch_tanh or gelu)");
+  }
+  FERRY_ASSIGN_OR_RETURN(bool scale, f.Bool("scale_attn_weights", true));
+  FERRY_ASSIGN_OR_RETURN(bool inverse_idx, f.Bool("scale_attn_by_inverse_layer_idx", false));
+  FERRY_ASSIGN_OR_RETURN(bool cross, f.Bool("add_cross_attention", false));
+  if (!scale) return Unsupported("field 'scale_attn_weights' = false", "is not supported");
+  if (inverse_idx) {
+    return Unsupported("field 'scale_attn_by_inverse_layer_idx' = true", "is not supported");
+  }
+  if (cross) return Unsupported("field 'add_cross_attention' = true", "is not supported");
+  for (const char* key : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) {
+    FERRY_ASSIGN_OR_RETURN(double p, f.Number(key, 0.0));
+    c->dropout = std::max(c->dropout, p);
+  }
+  (void)j;
+  return Status::Ok();
+}
+
+// GPT-2's head_dim is n_embd / n_head: the heads must tile the hidden size.
+Status ValidateGpt2(const ModelConfig& c) {
+  if (c.num_heads * c.head_dim == c.hidden_size) return Status::Ok();
+  return Status::InvalidArgument("model config: n_embd = " + std::to_string(c.hidden_size) +
+                                 " must be a multiple of n_head = " + std::to_string(c.num_heads));
+}
+
+// config.json of the Llama family: the fields parsing read, as transformers writes them.
+void WriteLlamaFamily(const ModelConfig& c, json& j) {
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_hidden_layers"] = c.num_layers;
+  j["num_attention_heads"] = c.num_heads;
+  j["num_key_value_heads"] = c.num_kv_heads;
+  j["head_dim"] = c.head_dim;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rms_norm_eps"] = c.norm_eps;
+  j["rope_theta"] = c.rope_theta;
+  j["rope_scaling"] = nullptr;
+  if (c.rope_scaling.kind == RopeScaling::Kind::kLlama3) {
+    j["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", c.rope_scaling.factor},
+        {"low_freq_factor", c.rope_scaling.low_freq_factor},
+        {"high_freq_factor", c.rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+  }
+  if (c.sliding_window > 0) {
+    j["sliding_window"] = c.sliding_window;
+    if (c.model_type != "mistral") {
+      j["use_sliding_window"] = true;
+      j["max_window_layers"] = 0;  // every block windowed, as ferry runs it
+    }
+  }
+  j["hidden_act"] = "silu";
+  j["attention_dropout"] = c.dropout;
+  if (c.model_type != "qwen2") j["attention_bias"] = c.qkv_bias;
+  if (c.model_type == "llama") j["mlp_bias"] = c.mlp_bias;
+}
+
+void WriteGpt2(const ModelConfig& c, json& j) {
+  j["n_embd"] = c.hidden_size;
+  j["n_layer"] = c.num_layers;
+  j["n_head"] = c.num_heads;
+  j["n_inner"] = c.intermediate_size;
+  j["n_positions"] = c.max_position_embeddings;
+  j["layer_norm_epsilon"] = c.norm_eps;
+  j["activation_function"] = c.activation == Activation::kGeluExact ? "gelu" : "gelu_new";
+  j["resid_pdrop"] = j["embd_pdrop"] = j["attn_pdrop"] = c.dropout;
+}
+
+// One family's config.json schema: the model types it reads, the class transformers names when
+// the file names none, and how its fields are read, checked and written.
+struct ConfigSchema {
+  ModelFamily family;
+  std::string_view name;
+  std::vector<std::string_view> model_types;
+  std::string_view architecture;
+  Status (*parse)(const json&, const Fields&, ModelConfig*);
+  Status (*validate)(const ModelConfig&);  // beyond ValidateModelConfig's shared checks, or null
+  void (*write)(const ModelConfig&, json&);
+};
+
+const std::vector<ConfigSchema>& Schemas() {
+  static const std::vector<ConfigSchema> kSchemas = {
+      {ModelFamily::kLlama,
+       "llama",
+       {"llama", "mistral", "qwen2", "qwen3"},
+       "LlamaForCausalLM",
+       &ParseLlamaFamily,
+       nullptr,
+       &WriteLlamaFamily},
+      {ModelFamily::kGpt2,
+       "gpt2",
+       {"gpt2"},
+       "GPT2LMHeadModel",
+       &ParseGpt2,
+       &ValidateGpt2,
+       &WriteGpt2},
+  };
+  return kSchemas;
+}
+
+const ConfigSchema& SchemaOf(ModelFamily f) {
+  for (const ConfigSchema& s : Schemas()) {
+    if (s.family == f) return s;
+  }
+  return Schemas().front();
 }
 
 Status Positive(const char* field, int64_t v) {
@@ -148,13 +352,13 @@ Status Positive(const char* field, int64_t v) {
 
 }  // namespace
 
-std::string_view ModelFamilyName(ModelFamily f) { return FamilyOf(f).name; }
+std::string_view ModelFamilyName(ModelFamily f) { return SchemaOf(f).name; }
 
 Result<ModelConfig> ParseHfConfig(std::string_view json_text) {
   json j = json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Status::InvalidArgument("config.json is not well-formed JSON");
   if (!j.is_object()) return Status::InvalidArgument("config.json is not a JSON object");
-  ConfigFields f(j);
+  Fields f(j);
   ModelConfig c;
   FERRY_ASSIGN_OR_RETURN(c.model_type, f.String("model_type", ""));
   if (auto it = j.find("architectures");
@@ -164,11 +368,11 @@ Result<ModelConfig> ParseHfConfig(std::string_view json_text) {
   if (c.model_type.empty()) {
     return Status::InvalidArgument("config.json: field 'model_type' is missing");
   }
-  const ModelFamilyDescription* schema = nullptr;
+  const ConfigSchema* schema = nullptr;
   std::string known;  // "llama, mistral, qwen2, qwen3 and gpt2"
-  for (const ModelFamilyDescription* sc : Families()) {
-    for (std::string_view type : sc->model_types) {
-      if (type == c.model_type) schema = sc;
+  for (const ConfigSchema& sc : Schemas()) {
+    for (std::string_view type : sc.model_types) {
+      if (type == c.model_type) schema = &sc;
       known += (known.empty() ? "" : ", ") + std::string(type);
     }
   }
@@ -243,8 +447,8 @@ Status ValidateModelConfig(const ModelConfig& c) {
         "model config: num_attention_heads = " + std::to_string(c.num_heads) +
         " must be a multiple of num_key_value_heads = " + std::to_string(c.num_kv_heads));
   }
-  if (const ModelFamilyDescription& family = FamilyOf(c.family); family.validate != nullptr) {
-    FERRY_RETURN_IF_ERROR(family.validate(c));
+  if (const ConfigSchema& schema = SchemaOf(c.family); schema.validate != nullptr) {
+    FERRY_RETURN_IF_ERROR(schema.validate(c));
   }
   if (!c.learned_positions && c.head_dim % 2 != 0) {
     return Status::InvalidArgument("model config: head_dim = " + std::to_string(c.head_dim) +
@@ -280,7 +484,7 @@ nlohmann::json ToHfConfigJson(const ModelConfig& c) {
   for (auto [dtype, torch_name] : kTorchDTypes) {
     if (dtype == c.weights_dtype) j["torch_dtype"] = torch_name;
   }
-  FamilyOf(c.family).write(c, j);
+  SchemaOf(c.family).write(c, j);
   return j;
 }
 

@@ -1,5 +1,4 @@
-// The list of families (engine/model/model_family.h) and the stack builder
-// (engine/model/model_stack.h has the contract).
+// The family table and the stack builder (engine/model/model_stack.h has the contract).
 #include "engine/model/model_stack.h"
 
 #include <algorithm>
@@ -7,10 +6,51 @@
 #include <map>
 #include <set>
 
-#include "engine/model/model_family.h"
-
 namespace ferry {
 namespace {
+
+// One entry per family: its names, its block implementation, and why its projections cannot be
+// held in NF4 (nullptr: they can).
+struct Family {
+  FamilyNames names;
+  Result<std::unique_ptr<DecoderBlocks>> (*create_blocks)(const BlocksContext&);
+  BlockParams (*block_params)(const ModelConfig&);
+  BlockBufferBytes (*buffer_bytes)(const BlockBufferArgs&);
+  const char* no_nf4 = nullptr;
+};
+
+const Family& FamilyOf(ModelFamily f) {
+  static const Family kLlama{{.token_table = "model.embed_tokens.weight",
+                              .position_table = "",
+                              .final_norm_weight = "model.norm.weight",
+                              .final_norm_bias = "",
+                              .block_prefix = "model.layers.",
+                              .lm_head = "lm_head.weight",
+                              .bare_prefix = "",
+                              .ignored_buffers = {".rotary_emb.inv_freq"}},
+                             &CreateLlamaBlocks,
+                             &LlamaBlockParams,
+                             &LlamaBlockBufferBytes};
+  static const Family kGpt2{{.token_table = "transformer.wte.weight",
+                             .position_table = "transformer.wpe.weight",
+                             .final_norm_weight = "transformer.ln_f.weight",
+                             .final_norm_bias = "transformer.ln_f.bias",
+                             .block_prefix = "transformer.h.",
+                             .lm_head = "lm_head.weight",
+                             .bare_prefix = "transformer.",
+                             .ignored_buffers = {".attn.bias", ".attn.masked_bias"}},
+                            &CreateGpt2Blocks,
+                            &Gpt2BlockParams,
+                            &Gpt2BlockBufferBytes,
+                            "GPT-2's Conv1D weights are not quantized yet"};
+  switch (f) {
+    case ModelFamily::kGpt2:
+      return kGpt2;
+    case ModelFamily::kLlama:
+      break;
+  }
+  return kLlama;
+}
 
 // Whether dotted path `path` ends with the whole components of `suffix` (or equals it).
 bool PathEndsWith(std::string_view path, std::string_view suffix) {
@@ -44,18 +84,6 @@ auto FindTable(Map& tensors, const std::string& name, int64_t rows, int64_t cols
 }
 
 }  // namespace
-
-std::span<const ModelFamilyDescription* const> Families() {
-  static const ModelFamilyDescription* const kFamilies[] = {&LlamaFamily(), &Gpt2Family()};
-  return kFamilies;
-}
-
-const ModelFamilyDescription& FamilyOf(ModelFamily family) {
-  for (const ModelFamilyDescription* f : Families()) {
-    if (f->family == family) return *f;
-  }
-  return *Families().front();
-}
 
 const FamilyNames& NamesOf(ModelFamily family) { return FamilyOf(family).names; }
 

@@ -1,14 +1,15 @@
-// ModelStack: the one builder of a model's layers, and what the engine asks of a model family.
+// ModelStack: the one builder of a model's layers, and the one description of each model family.
 //
-// A family (ModelConfig::family) is described once, by its block file (model_family.h): the
-// Hugging Face names of the tensors a driver addresses by name (the embedding tables, the final
-// norm, the block prefix, the buffers a checkpoint may carry), its config.json schema, and its
-// blocks, their parameters in Hugging Face order (BlockParamsOf) and their buffers' bytes
-// (BlockBuffersOf). Parameter specs and FLOPs (param_spec.h), the memory model, PEFT's
-// adapter_config.json and the folder loader take what they need from here; every driver that puts
-// the model on a device (the pipeline executor and, through it, the Generator and the layer probe)
-// builds its blocks and head with BuildDeviceStack and finds the host embedding tables with
-// FindHostEmbedding / FindHostEmbeddingGrads, so none of them switches on the family.
+// A family (ModelConfig::family) is described here once: the Hugging Face names of the tensors a
+// driver addresses by name (the embedding tables, the final norm, the block prefix, the buffers a
+// checkpoint may carry), and its block implementation, which gives the blocks, their parameters
+// in Hugging Face order (BlockParamsOf) and their buffers' bytes (BlockBuffersOf). Parameter specs
+// and FLOPs (param_spec.h), the memory model, PEFT's adapter_config.json and the folder loader
+// take what they need from here; every driver that puts the model on a device (the pipeline
+// executor, the Generator, the layer probe) builds its blocks and head with BuildDeviceStack and
+// finds the host embedding tables with FindHostEmbedding / FindHostEmbeddingGrads, so none of them
+// switches on the family. Adding a family means a table entry in model_stack.cc and the block
+// implementation it names (decoder_blocks.h); its config.json schema is model_config.cc's.
 //
 // Stateless functions; thread-safe.
 #pragma once
@@ -122,7 +123,7 @@ struct HostEmbeddingGrads {
 // Errors: InvalidArgument naming a table `grads` lacks or holds with the wrong size.
 Result<HostEmbeddingGrads> FindHostEmbeddingGrads(const ModelConfig& c, HostTensors& grads);
 
-// The blocks of ctx.config's family (its ModelFamilyDescription::create_blocks).
+// The blocks of ctx.config's family (CreateLlamaBlocks or CreateGpt2Blocks).
 Result<std::unique_ptr<DecoderBlocks>> CreateDecoderBlocks(const BlocksContext& ctx);
 
 // What BuildDeviceStack builds over a DeviceParams.

@@ -5,13 +5,10 @@
 
 #include <gtest/gtest.h>
 
-#include <set>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "engine/model/head.h"
-#include "engine/model/model_family.h"
 #include "engine/testing/golden_files.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/device.h"
@@ -154,29 +151,6 @@ TEST(ModelStackTest, HeadBuffersEqualWhatTheHeadAllocates) {
       EXPECT_EQ(b.saved_unaligned, size_t(N * c.hidden_size + N * (stats + 1)) * sizeof(float));
     }
   }
-}
-
-// Each family is listed once, under its own ModelFamily value, with every part of its
-// description, and each config.json model_type names one family (so ParseHfConfig can tell them
-// apart): FamilyOf and ModelFamilyName find every listed description.
-TEST(ModelStackTest, EachFamilyIsListedOnceAndOwnsItsModelTypes) {
-  std::set<ModelFamily> families;
-  std::set<std::string_view> model_types;
-  for (const ModelFamilyDescription* f : Families()) {
-    SCOPED_TRACE(std::string(f->name));
-    EXPECT_TRUE(families.insert(f->family).second);
-    EXPECT_EQ(&FamilyOf(f->family), f);
-    EXPECT_EQ(ModelFamilyName(f->family), f->name);
-    for (std::string_view t : f->model_types) EXPECT_TRUE(model_types.insert(t).second) << t;
-    EXPECT_FALSE(f->architecture.empty());
-    EXPECT_TRUE(f->parse != nullptr && f->write != nullptr);
-    EXPECT_TRUE(f->create_blocks != nullptr && f->block_params != nullptr &&
-                f->buffer_bytes != nullptr);
-    EXPECT_FALSE(f->names.token_table.empty() || f->names.block_prefix.empty() ||
-                 f->names.lm_head.empty() || f->names.final_norm_weight.empty());
-  }
-  EXPECT_EQ(families.size(), 2u);  // Llama (with Mistral, Qwen2, Qwen3) and GPT-2
-  EXPECT_EQ(model_types.size(), 5u);
 }
 
 // A fused projection is the family's word (BlockLinear::fused), carried by every parameter of its
