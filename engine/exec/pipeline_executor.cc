@@ -1477,8 +1477,7 @@ class Executor final : public PipelineExecutor {
   const LoraConfig lora_;
   const DType dtype_;  // weights, activations and activation gradients on the devices
   const EnqueueObserver observer_;
-  TraceRecorder* const trace_;  // null: no trace
-
+  TraceRecorder* const trace_;        // null: no trace
   const StepHooks* hooks_ = nullptr;  // the step in flight's
   // What the host mirrors and weight slots were packed from: a new version every step, every
   // evaluation and every generated sequence (within one, the weights do not change).
