@@ -3,6 +3,7 @@
 #include <string>
 
 #include "kernels/cpu/cpu_device.h"
+#include "kernels/ops/backend.h"
 #ifdef FERRY_WITH_CUDA
 #include "kernels/cuda/cuda_device.h"
 #endif
@@ -58,6 +59,8 @@ Result<std::vector<std::unique_ptr<Device>>> CreateJobDevices(const JobSpec& job
     o.ordinal = int(job.gpus[i]);
     o.name = names[i];
     o.memory_bytes = size_t(bytes_each);
+    // What the plan's "library.workspace" entry counts; the device carves it from its arena.
+    o.cublas_workspace_bytes = ScratchReportsFor(DeviceKind::kCuda).library_workspace;
     o.gemm_f16_accumulate = job.dtype == "fp16acc";
     Result<std::unique_ptr<CudaDevice>> d = CudaDevice::Create(o);
     if (!d.ok()) return d.status().WithContext("device " + names[i]);

@@ -255,6 +255,9 @@ class Executor final : public PipelineExecutor {
     const size_t stages = 2 * p_.stages.size() + 1, hb = HiddenBytes();
     for (DeviceState& ds : devices_) {
       for (const plan::Allocation& a : p_.memory.gpu.allocations) {
+        // The device carves its libraries' workspace (cuBLAS's) from its arena when it is
+        // created; the plan's entry counts those bytes, so the arena the plan sizes holds both.
+        if (a.name == "library.workspace") continue;
         FERRY_ASSIGN_OR_RETURN(DeviceBuffer b, ds.device->Allocate(a.bytes, a.name));
         ds.regions[a.name] = {b.data(), a.bytes};
         ds.buffers.push_back(std::move(b));
