@@ -6,6 +6,7 @@
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -229,6 +230,11 @@ struct CudnnAttention::Impl {
 CudnnAttention::CudnnAttention() : impl_(std::make_unique<Impl>()) {}
 CudnnAttention::~CudnnAttention() = default;
 int64_t CudnnAttention::graphs_built() const { return impl_->built; }
+int64_t CudnnAttention::largest_workspace() const {
+  int64_t most = 0;
+  for (const auto& [key, g] : impl_->graphs) most = std::max(most, g.workspace);
+  return most;
+}
 
 namespace cuda {
 namespace {

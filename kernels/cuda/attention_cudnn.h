@@ -44,8 +44,10 @@ class CudnnAttention {
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
 
-  // Graphs built so far (tests bound how many they build).
+  // Graphs built so far (tests bound how many they build), and the most workspace any of them
+  // asked for (tests print it next to ferry's bound).
   int64_t graphs_built() const;
+  int64_t largest_workspace() const;
 
   // The handle and the graph cache (defined in attention_cudnn.cc, the frontend's one user).
   struct Impl;

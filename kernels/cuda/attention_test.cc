@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -125,15 +126,18 @@ Magnitudes MagnitudesOf(const AttentionCase& c, const std::vector<float>& q,
 
 class CudaAttentionTest : public CudaVsCpuTest {
  protected:
-  int64_t GraphsBuilt() {
+  // A figure of the device's cuDNN attention (graphs built, largest workspace), read on its stream.
+  int64_t FromAttention(int64_t (CudnnAttention::*figure)() const) {
     int64_t n = -1;
     const Status s = gpu_->EnqueueCompute("test", [&](const CudaContext& ctx) {
-      n = ctx.attention->graphs_built();
+      n = (ctx.attention->*figure)();
       return Status::Ok();
     });
     EXPECT_TRUE(s.ok()) << s.ToString();
     return n;
   }
+  int64_t GraphsBuilt() { return FromAttention(&CudnnAttention::graphs_built); }
+  int64_t LargestWorkspace() { return FromAttention(&CudnnAttention::largest_workspace); }
 
   // Forward and backward of `c` on both devices (the GPU in c.dtype, the CPU in f32 on the same
   // values), compared; each direction runs twice on the GPU (the second must reuse its graph).
@@ -191,8 +195,10 @@ class CudaAttentionTest : public CudaVsCpuTest {
                                    f.scale,       f.window};
     };
     for (int run = 0; run < 2; ++run) {
-      ASSERT_TRUE(AttentionForward(*gpu_, fwd(g)).ok());
-      ASSERT_TRUE(AttentionBackward(*gpu_, bwd(g)).ok());
+      const Status f = AttentionForward(*gpu_, fwd(g));
+      ASSERT_TRUE(f.ok()) << f.ToString();
+      const Status b = AttentionBackward(*gpu_, bwd(g));
+      ASSERT_TRUE(b.ok()) << b.ToString();
     }
     const Status gs = gpu_->Synchronize();
     ASSERT_TRUE(gs.ok()) << gs.ToString();
@@ -201,6 +207,9 @@ class CudaAttentionTest : public CudaVsCpuTest {
     ASSERT_TRUE(AttentionBackward(*cpu_, bwd(h)).ok());
     ASSERT_TRUE(cpu_->Synchronize().ok());
     EXPECT_EQ(GraphsBuilt() - before, 2) << "one forward and one backward graph, reused";
+    std::printf("%s: cuDNN's largest workspace so far %lld bytes; ferry's bound %zu\n",
+                c.Name().c_str(), (long long)LargestWorkspace(),
+                MakeCudaAttentionLayout(s).workspace_bytes);
 
     const Magnitudes m = MagnitudesOf(c, qv, kv, vv, dov, scale);
     const double sp = Spacing(c.dtype);

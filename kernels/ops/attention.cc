@@ -1,5 +1,6 @@
 #include "kernels/ops/attention.h"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -106,7 +107,13 @@ CudaAttentionLayout MakeCudaAttentionLayout(const AttentionShape& s) {
   L.doc_start = take((g + 1) * 4);
   L.token_doc = take(n * 4);
   L.count = take(4);
-  L.workspace_bytes = 2 * n * hq * (size_t(s.head_dim) + 2) * 4;
+  // The backward's fp32 accumulators, over the larger of the packed tokens and the G sequences
+  // padded to 128 rows: dq and the softmax sums, and with grouped KV heads dk and dv at full
+  // head count before their reduction. No smaller than the packed tokens' bound, twice.
+  const size_t d = size_t(s.head_dim), padded = g * ((size_t(s.seq_len) + 127) / 128 * 128);
+  const size_t rows = std::max(n, padded) * hq;
+  const size_t accumulators = rows * (d + 1) * 4 + (s.kv_heads < s.q_heads ? 2 * rows * d * 4 : 0);
+  L.workspace_bytes = std::max(2 * n * hq * (d + 2) * 4, accumulators) + (size_t(1) << 20);
   L.workspace = take(L.workspace_bytes);
   L.total = at;
   return L;

@@ -108,10 +108,11 @@ size_t AttentionScratchBytes(const Device& d, const AttentionShape& shape);
 //   kv_offset  i32 (G + 1): the same in k/v/dk/dv (start row * Hkv*D);
 //   doc_start  i32 (G + 1): each document's first row; token_doc i32 (N): each row's document;
 //   count      i32: documents found (checked against G);
-//   workspace  cuDNN's workspace, bounded (it is only known once a graph is built):
-//              2 * N * Hq * (D + 2) * 4 bytes, room for the backward's fp32 dq accumulator and
-//              softmax sums over the packed tokens, twice. A graph asking for more fails its
-//              call with an error naming both sizes.
+//   workspace  cuDNN's workspace, bounded (it is only known once a graph is built): the
+//              backward's fp32 accumulators over R = Hq * max(N, G * T rounded up to 128) rows,
+//              R * (D + 1) * 4 bytes for dq and the softmax sums, plus 2 * R * D * 4 for dk and
+//              dv at full head count when Hkv < Hq; at least 2 * N * Hq * (D + 2) * 4; plus
+//              1 MiB. A graph asking for more fails its call with an error naming both sizes.
 inline constexpr size_t kCudaAttentionAlign = 256;
 struct CudaAttentionLayout {
   size_t stats = 0, seq_len = 0, q_offset = 0, kv_offset = 0, doc_start = 0, token_doc = 0,

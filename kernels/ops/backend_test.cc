@@ -183,14 +183,20 @@ TEST(ScratchReports, CudaReportsNeedNoCudaAndIgnoreThreads) {
   EXPECT_EQ(GemmScratchBytes(t, 1000, 24, 1000, {bf, bf, f32}), 0u);
   auto up = [](size_t b) { return (b + 255) / 256 * 256; };
   // Attention: cuDNN's packed stats (G, Hq, T), the documents' lengths, offsets and starts, the
-  // rows' documents, the count, and the workspace bound 2 N Hq (D + 2) 4.
-  const size_t attention_ws = 2 * 66 * 4 * 18 * 4;
+  // rows' documents, the count, and the workspace bound: fp32 dq, softmax sums and (Hkv < Hq)
+  // full-head dk, dv over R = Hq * G * 128 rows (T = 33 padded to 128), plus 1 MiB.
+  auto workspace = [](size_t rows) { return rows * 17 * 4 + 2 * rows * 16 * 4 + (1u << 20); };
+  const size_t attention_ws = workspace(4 * 2 * 128);
   EXPECT_EQ(AttentionScratchBytes(t, AttentionShape{2, 33, 4, 2, 16}),
             up(2 * 4 * 33 * 4) + up(2 * 4) + 3 * up(3 * 4) + up(66 * 4) + 256 + up(attention_ws));
   EXPECT_EQ(MakeCudaAttentionLayout(AttentionShape{2, 33, 4, 2, 16}).workspace_bytes, attention_ws);
+  // Without grouped KV heads, dq and the softmax sums only.
+  EXPECT_EQ(MakeCudaAttentionLayout(AttentionShape{2, 33, 4, 4, 16}).workspace_bytes,
+            4 * 2 * 128 * 17 * 4 + (1u << 20));
   // With max_documents, G = 5 sequences of up to T.
   EXPECT_EQ(AttentionScratchBytes(t, AttentionShape{2, 33, 4, 2, 16, 5}),
-            up(5 * 4 * 33 * 4) + up(5 * 4) + 3 * up(6 * 4) + up(66 * 4) + 256 + up(attention_ws));
+            up(5 * 4 * 33 * 4) + up(5 * 4) + 3 * up(6 * 4) + up(66 * 4) + 256 +
+                up(workspace(4 * 5 * 128)));
   // The LM head: its CUDA layout, counted piece by piece (each rounded up to 256 bytes): the
   // (chunk, V) logits, the chunk's losses, the state; with bf16 h in the backward, the widened h
   // (only with a dW), one W panel of min(V, 1024) rows and the fp32 dh block.
