@@ -702,6 +702,11 @@ class Executor final : public PipelineExecutor {
                                      ", got " + std::to_string(batches.size()));
     }
     M_ = batches.size();
+    // The caller's host threads pack weights and add gradients for this step only.
+    struct StepThreads {
+      ThreadPool*& slot;
+      ~StepThreads() { slot = nullptr; }
+    } step_threads{host_threads_ = batches.empty() ? nullptr : batches.front().host_pool};
     for (size_t m = 0; m < batches.size(); ++m) {
       if (int64_t(batches[m].targets.size()) != N || !(batches[m].normalizer > 0)) {
         return Status::InvalidArgument("micro-batch " + std::to_string(m) +
@@ -735,7 +740,7 @@ class Executor final : public PipelineExecutor {
       if (runs_[i].kind == StageKind::kForward) continue;
       DeviceState& ds = devices_[runs_[i].device];
       FERRY_RETURN_IF_ERROR(ds.device->Synchronize(ds.grads_landed[i]));
-      FERRY_RETURN_IF_ERROR(runs_[i].params->AddGrads(*grads, ow));
+      FERRY_RETURN_IF_ERROR(runs_[i].params->AddGrads(*grads, ow, host_threads_));
       // What lands here is final unless it is tied to the embedding (its layer lands last), and
       // the caller's optimizer may use it while the devices go on.
       if (hooks_->grads_landed) {
@@ -862,7 +867,7 @@ class Executor final : public PipelineExecutor {
                              dtype_, mirrors_[r]));
     st.params = std::make_unique<DeviceParams>(std::move(params));
     if (packed_[r] != weights_version_) {
-      FERRY_RETURN_IF_ERROR(st.params->PackWeights(weights));
+      FERRY_RETURN_IF_ERROR(st.params->PackWeights(weights, host_threads_));
       packed_[r] = weights_version_;
       FERRY_RETURN_IF_ERROR(WeightsRead(st.range));
     }
@@ -1474,6 +1479,9 @@ class Executor final : public PipelineExecutor {
   // kernel.
   const bool isolate_;
   HostPool* host_pool_;
+  // MicroBatchInput::host_pool of the step running (RunStep), else null: the threads that pack
+  // the stages' weights into their host mirrors and add their gradients from them.
+  ThreadPool* host_threads_ = nullptr;
   NvmeStore* const store_;  // saved activations on NVMe: where (borrowed); else null
   const ModelConfig c_;
   const plan::Plan p_;

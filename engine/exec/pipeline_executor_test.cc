@@ -35,6 +35,7 @@
 #include "engine/train/grad_clip.h"
 #include "engine/train/trainer.h"
 #include "kernels/cpu/cpu_device.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/ops/lm_head_loss.h"
 #include "offload/offload_test_util.h"
 #include "offload/versioned_store.h"
@@ -492,6 +493,42 @@ TEST_P(ExecutorTest, OverwritingGradientsEqualsAddingToZeros) {
     ASSERT_EQ(g.size(), h.size());
     for (size_t i = 0; i < g.size(); ++i) {
       ASSERT_EQ(g[i], h[i]) << name << "[" << i << "] differs when overwriting";
+    }
+  }
+}
+
+// The step's host threads (MicroBatchInput::host_pool) pack the stages' weights into bf16 and add
+// their gradients in pieces; the pieces are elementwise, so a step on two threads gives the bits
+// of a step on none. The vocabulary is widened so that the head's and embedding's 4096 x 64
+// tensors are large enough to be split.
+TEST(ExecutorHostThreadsTest, PackingAndAddingOnThreadsChangeNoBit) {
+  Model m = LoadModel("llama");
+  m.config.vocab_size = 4096;
+  const PlanSpec spec{{{1, 3}, {3, 5}}, {}, 2, 2, 32, 2, DType::kBF16};
+  const plan::Plan p = MakeTestPlan(m, spec);
+  const HostTensors w = RandomWeights(m, 5);
+  ThreadPool threads(2);
+  auto step = [&](ThreadPool* pool, HostTensors& grads) -> double {
+    Batches b = MakeBatches(m, spec.micro_batches, spec.batch * spec.seq_len, 13);
+    for (MicroBatchInput& in : b.inputs) in.host_pool = pool;
+    std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(spec.gpus, p.memory.gpu.total());
+    ActivationStore store;
+    Result<std::unique_ptr<PipelineExecutor>> e = CreateExecutor(devs, m, p, store);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    if (!e.ok()) return NAN;
+    Result<double> loss = (*e)->Step(w, b.inputs, grads);
+    EXPECT_TRUE(loss.ok()) << loss.status().ToString();
+    return loss.ok() ? *loss : NAN;
+  };
+  HostTensors inline_grads = ZeroGrads(m), pooled_grads = ZeroGrads(m);
+  const double inline_loss = step(nullptr, inline_grads);
+  EXPECT_EQ(step(&threads, pooled_grads), inline_loss);
+  ASSERT_GE(inline_grads.tensors.at("model.embed_tokens.weight").size(), size_t(4096 * 64));
+  for (const auto& [name, g] : inline_grads.tensors) {
+    const std::vector<float>& h = pooled_grads.tensors.at(name);
+    ASSERT_EQ(g.size(), h.size()) << name;
+    for (size_t i = 0; i < g.size(); ++i) {
+      ASSERT_EQ(g[i], h[i]) << name << "[" << i << "] differs on two threads";
     }
   }
 }

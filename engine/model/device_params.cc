@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <set>
 
 #include "engine/model/tensor_carver.h"
@@ -264,7 +265,31 @@ Result<DeviceParams> DeviceParams::Lay(Device* d, const ModelConfig& c, const Lo
   return p;
 }
 
-Status DeviceParams::PackWeights(const HostTensors& weights) {
+namespace {
+
+// fn(begin, end) over [0, n), split over `pool` when it has more than one thread and n is large
+// enough to pay for the split.
+void SplitOver(ThreadPool* pool, int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  constexpr int64_t kGrain = 1 << 16;  // 256 KiB of fp32: below it a split costs more than it saves
+  if (pool == nullptr || pool->size() == 1 || n < 2 * kGrain) {
+    fn(0, n);
+  } else {
+    pool->ParallelFor(n, kGrain, [&](int64_t begin, int64_t end, int) { fn(begin, end); });
+  }
+}
+
+// ConvertFromFloat of n elements, split over `pool`.
+void ConvertFromFloatOn(ThreadPool* pool, const float* src, DType dtype, std::byte* dst,
+                        int64_t n) {
+  const size_t size = DTypeSize(dtype);
+  SplitOver(pool, n, [&](int64_t begin, int64_t end) {
+    ConvertFromFloat(src + begin, dtype, dst + size_t(begin) * size, size_t(end - begin));
+  });
+}
+
+}  // namespace
+
+Status DeviceParams::PackWeights(const HostTensors& weights, ThreadPool* pool) {
   std::byte* mirror = mirrors_->weights.data();
   for (const auto& [name, dp] : params_) {
     if (dp.fused) continue;  // filled by its parts
@@ -312,7 +337,7 @@ Status DeviceParams::PackWeights(const HostTensors& weights) {
     }
     FERRY_RETURN_IF_ERROR(CheckHost(weights, dp.host_name, dp.w.numel(), "the weights"));
     const std::vector<float>& src = weights.tensors.at(dp.host_name);
-    ConvertFromFloat(src.data(), dtype_, mirror + dp.w_offset, src.size());
+    ConvertFromFloatOn(pool, src.data(), dtype_, mirror + dp.w_offset, int64_t(src.size()));
   }
   std::vector<float> a_f32, b_f32;  // a group's packed factors in fp32, then in the mirror
   for (const auto& [group, pack] : lora_) {
@@ -386,19 +411,13 @@ namespace {
 
 // dst[i] (+)= src[i] for i in [0, n), split over `pool` when it has more than one thread.
 void StoreOrAdd(float* dst, const float* src, int64_t n, bool overwrite, ThreadPool* pool) {
-  auto run = [&](int64_t begin, int64_t end, int) {
+  SplitOver(pool, n, [&](int64_t begin, int64_t end) {
     if (overwrite) {
       std::memcpy(dst + begin, src + begin, size_t(end - begin) * sizeof(float));
     } else {
       for (int64_t i = begin; i < end; ++i) dst[i] += src[i];
     }
-  };
-  constexpr int64_t kGrain = 1 << 16;  // 256 KiB: below it a split costs more than it saves
-  if (pool == nullptr || pool->size() == 1 || n < 2 * kGrain) {
-    run(0, n, 0);
-  } else {
-    pool->ParallelFor(n, kGrain, run);
-  }
+  });
 }
 
 }  // namespace

@@ -186,12 +186,13 @@ class DeviceParams {
   // The two halves of Upload and of DownloadAndAddGrads, for a caller that orders the copies
   // with the compute stream itself and never blocks on them (engine/exec: a stage's weights are
   // prefetched in chunks while another stage computes; its gradients are added once they land).
-  // PackWeights fills the host mirror from `weights` (errors as Upload); UploadWeights enqueues
+  // PackWeights fills the host mirror from `weights` (errors as Upload), converting to the
+  // device dtype on `pool`'s threads when one is given; UploadWeights enqueues
   // the copy of mirror bytes [offset, offset + bytes) on the upload stream. DownloadGrads enqueues
   // the gradients' copy into the host mirror on the download stream; AddGrads, once that copy has
   // completed, adds (or stores) them into `grads` as DownloadAndAddGrads does. The mirrors must
   // not be repacked, nor this object destroyed, while a copy enqueued here may still run.
-  Status PackWeights(const HostTensors& weights);
+  Status PackWeights(const HostTensors& weights, ThreadPool* pool = nullptr);
   size_t weights_bytes() const { return weights_bytes_; }
   size_t grads_bytes() const { return grads_bytes_; }
   Status UploadWeights(Device& d, size_t offset, size_t bytes);
