@@ -37,8 +37,11 @@ started=$SECONDS
 # get what is left of it.
 deadline=360
 summary=()
+test_failures=()
 fail() {
   echo "gpu_check: FAILED: $*" >&2
+  # CUDA test failures are otherwise reported at the end, which a later failure never reaches.
+  ((${#test_failures[@]} == 0)) || printf '  CUDA tests: %s\n' "${test_failures[@]}" >&2
   ((${#summary[@]} == 0)) || printf '  %s\n' "${summary[@]}" >&2
   exit 1
 }
@@ -151,7 +154,6 @@ summary+=("compiled: $compiled" "runtime: $runtime")
 # them runs to its end before any verdict, so one call shows every failure.
 export FERRY_REQUIRE_GPU=1 FERRY_SOURCE_DIR=$repo
 cuda_filter='Cuda*:StreamErrorBook*'
-test_failures=()
 cuda_tests() {  # <binary> <timeout s>
   local name=$1 limit=$2 log=$logs/$1.log rc ran passed skipped failed
   [[ -x $bin/$name ]] || { test_failures+=("$name is not in the bundle"); return; }
@@ -176,7 +178,7 @@ cuda_tests() {  # <binary> <timeout s>
     test_failures+=("$name failed (rc $rc, see $log)")
   fi
 }
-if [[ ${FERRY_GPU_CHECK_TESTS:-1} == 1 ]]; then
+if [[ ${FERRY_GPU_CHECK_TESTS:-1} != 0 ]]; then
   cuda_tests kernels_tests 130  # every CUDA op against the CPU backend, the device, stream errors
   cuda_tests engine_tests 60    # CudaMachineProbe, one training step per family on the GPU
 else

@@ -44,8 +44,9 @@ def main():
             threads[(e["pid"], e["tid"])] = e["args"]["name"]
     by_step = collections.defaultdict(list)
     for e in events:
-        if e.get("ph") == "X" and "step" in e.get("args", {}):
-            by_step[e["args"]["step"]].append(e)
+        args_ = e.get("args") or {}
+        if e.get("ph") == "X" and "step" in args_ and "dur" in e and "ts" in e:
+            by_step[args_["step"]].append(e)
     steps = sorted(s for s in by_step if s >= 0)
     if not steps:
         sys.exit("trace_summary: no timed events with a step in " + args.trace)

@@ -109,7 +109,7 @@ size_t AttentionScratchBytes(const Device& d, const AttentionShape& shape);
 //   doc_start  i32 (G + 1): each document's first row; token_doc i32 (N): each row's document;
 //   count      i32: documents found (checked against G);
 //   workspace  cuDNN's workspace, bounded (it is only known once a graph is built): the
-//              backward's fp32 accumulators over R = Hq * max(N, G * T rounded up to 128) rows,
+//              backward's fp32 accumulators over R = Hq * max(N, G * (T rounded up to 128)) rows,
 //              R * (D + 1) * 4 bytes for dq and the softmax sums, plus 2 * R * D * 4 for dk and
 //              dv at full head count when Hkv < Hq; at least 2 * N * Hq * (D + 2) * 4; plus
 //              1 MiB. A graph asking for more fails its call with an error naming both sizes.
