@@ -1,14 +1,15 @@
 // Training throughput of the whole stack as `ferry train` runs it (Trainer + the planned pipeline
-// on one CpuDevice, engine/train/training_runner.h), beside the single-device ModelRunner it
-// replaced (--path both, the default; or --path executor | runner): tokens/s, model
-// FLOP/s of the forward + backward (summed from the layers' own ComputeLayerCost reports, no
-// recomputation, over the runner's time alone: the optimizer's share is printed apart) and peak
-// RSS, next to the machine's fp32 GEMM rate measured in the same run (a large square product
-// through the GEMM op on a CpuDevice with the same threads), so the figure reads as a fraction of
-// this machine's ceiling. Each model runs twice: in fp32 (the exact reference path) against that
-// ceiling, then in bf16 (ModelRunnerOptions::compute_dtype: bf16 weights and activations, bf16
-// GEMMs on oneDNN where the CPU has them, kernels/cpu/onednn.h) against the bf16-input GEMM rate
-// measured the same way. Every figure is a median with its min and max.
+// on one CpuDevice, engine/train/training_runner.h), beside the reference runner, the
+// single-device path it replaced (engine/testing/reference_runner.h) (--path both, the default; or
+// --path executor | runner): tokens/s, model FLOP/s of the forward + backward (summed from the
+// layers' own ComputeLayerCost reports, no recomputation, over the runner's time alone: the
+// optimizer's share is printed apart) and peak RSS, next to the machine's fp32 GEMM rate measured
+// in the same run (a large square product through the GEMM op on a CpuDevice with the same
+// threads), so the figure reads as a fraction of this machine's ceiling. Each model runs twice: in
+// fp32 (the exact reference path) against that ceiling, then in bf16
+// (ReferenceRunnerOptions::compute_dtype: bf16 weights and activations, bf16 GEMMs on oneDNN where
+// the CPU has them, kernels/cpu/onednn.h) against the bf16-input GEMM rate measured the same way.
+// Every figure is a median with its min and max.
 //
 // Models: a GPT-2-124M-shaped model at B=4, T=64 and a ~100M-parameter Llama-shaped model at B=4,
 // T=256, fresh weights, the built-in text; one warm-up update, then --steps (default 5) timed
@@ -29,6 +30,7 @@
 #include "bench/spread.h"
 #include "engine/model/master_weights.h"
 #include "engine/model/model_runner.h"
+#include "engine/testing/reference_runner.h"
 #include "engine/train/dataset.h"
 #include "engine/train/run_training.h"
 #include "engine/train/trainer.h"
@@ -75,7 +77,7 @@ ModelConfig Gpt2Small() {
 }
 
 // `dtype`: the runner's compute dtype (f32, or bf16 judged against the bf16 GEMM rate `gemm`).
-// `executor`: `ferry train`'s path (the planned pipeline on one device), else a ModelRunner.
+// `executor`: `ferry train`'s path (the planned pipeline on one device), else the reference runner.
 void BenchModel(const char* label, const ModelConfig& model, BatchShape shape, int threads,
                 int steps, DType dtype, const Spread& gemm, bool executor) {
   Check(ValidateModelConfig(model), label);
@@ -98,7 +100,7 @@ void BenchModel(const char* label, const ModelConfig& model, BatchShape shape, i
     runner = devices.runner.get();
     std::printf("%s %s executor: %s\n", label, DTypeName(dtype).data(), devices.summary.c_str());
   } else {
-    ModelRunnerOptions options;
+    ReferenceRunnerOptions options;
     options.shape = shape;
     options.compute_dtype = dtype;
     // A cap, not a reservation: the arena is mapped, and its pages are touched only as the
@@ -107,7 +109,7 @@ void BenchModel(const char* label, const ModelConfig& model, BatchShape shape, i
         {.name = "cpu0", .memory_bytes = size_t(16) << 30, .compute_threads = threads});
     Check(d.status(), "device");
     dev = std::move(*d);
-    auto r = ModelRunner::Create(*dev, model, lora, options);
+    auto r = CreateReferenceRunner(*dev, model, lora, options);
     Check(r.status(), "runner");
     own = std::move(*r);
     runner = own.get();
@@ -155,10 +157,10 @@ void BenchModel(const char* label, const ModelConfig& model, BatchShape shape, i
       "%.0f tok/s\n"
       "  fwd+bwd %.1f GFLOP/s (%.1f-%.1f) = %.0f%% of the %s GEMM median (%.0f-%.0f%% of "
       "its min-max)  loss %.3f  peak RSS %.0f MiB\n",
-      label, DTypeName(dtype).data(), executor ? "executor" : "ModelRunner", double(params) / 1e6,
-      (long long)shape.batch, (long long)shape.seq_len, steps, step.median, step.min, step.max,
-      fwd_bwd.median, fwd_bwd.min, fwd_bwd.max, optim.median, optim.min, optim.max,
-      double(shape.tokens()) / step.median, rate.median, rate.min, rate.max,
+      label, DTypeName(dtype).data(), executor ? "executor" : "reference runner",
+      double(params) / 1e6, (long long)shape.batch, (long long)shape.seq_len, steps, step.median,
+      step.min, step.max, fwd_bwd.median, fwd_bwd.min, fwd_bwd.max, optim.median, optim.min,
+      optim.max, double(shape.tokens()) / step.median, rate.median, rate.min, rate.max,
       100 * rate.median / gemm.median, dtype == DType::kF32 ? "fp32" : "bf16",
       100 * rate.median / gemm.max, 100 * rate.median / gemm.min, loss, PeakRssMiB());
   std::fflush(stdout);

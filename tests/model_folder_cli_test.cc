@@ -1,8 +1,8 @@
 // `ferry generate` and `ferry eval` on Hugging Face model folders, as a user runs them: a tiny
 // sharded bf16 Llama folder with a byte-level BPE tokenizer.json, a LoRA run trained on it (used
 // as --model and as --adapter), and bad folders. The CLI's results are checked against the same
-// weights run in-process (Generator, ModelRunner), loaded from the folder by LoadModelFolder
-// (whose round trip model_folder_test checks against the weights written).
+// weights run in-process (Generator, the reference runner), loaded from the folder by
+// LoadModelFolder (whose round trip model_folder_test checks against the weights written).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include "engine/json.h"
 #include "engine/model/model_folder.h"
 #include "engine/testing/golden_files.h"
+#include "engine/testing/reference_runner.h"
 #include "engine/testing/tiny_models.h"
 #include "engine/testing/tokenizer_json.h"
 #include "engine/text/tokenizer.h"
@@ -135,13 +136,13 @@ class ModelFolderCliTest : public testing::CliTest {
     EXPECT_TRUE(examples.ok()) << examples.status().ToString();
     if (!chat.ok() || !examples.ok()) return NAN;
     const PackedRows rows = PackedRows::Pack(*examples, 16, LongExamples::kSplit, PadId(**tok));
-    ModelRunnerOptions ro;
+    ReferenceRunnerOptions ro;
     ro.shape = {2, 16};
     Result<std::unique_ptr<CpuDevice>> device =
         CpuDevice::Create({.memory_bytes = size_t(256) << 20,  // a cap: the arena is mapped
                            .compute_threads = kThreads});
     Result<std::unique_ptr<ModelRunner>> runner =
-        ModelRunner::Create(**device, m->config, m->lora, ro);
+        CreateReferenceRunner(**device, m->config, m->lora, ro);
     EXPECT_TRUE(runner.ok()) << runner.status().ToString();
     if (!runner.ok() || !(*runner)->UploadWeights(m->weights).ok()) return NAN;
     Result<EvalResult> r = EvaluateRows(**runner, rows, 2, 0);
@@ -200,8 +201,8 @@ std::string LetterTokenizerJson() {
 
 // A folder pre-quantized by transformers + bitsandbytes (tests/goldens/llama_bnb4, with a
 // tokenizer.json added): generate and eval run its NF4 base as it is, with and without a PEFT
-// adapter on top, and equal the in-process Generator and ModelRunner over LoadModelFolder's NF4
-// weights exactly.
+// adapter on top, and equal the in-process Generator and the reference runner over
+// LoadModelFolder's NF4 weights exactly.
 TEST_F(ModelFolderCliTest, GenerateAndEvalOnAPreQuantizedFolder) {
   namespace fs = std::filesystem;
   const std::string golden = testing::SourceDir() + "/tests/goldens/llama_bnb4";

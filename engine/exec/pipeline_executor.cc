@@ -257,7 +257,7 @@ class Executor final : public PipelineExecutor {
       for (const plan::Allocation& a : p_.memory.gpu.allocations) {
         // The device carves its libraries' workspace (cuBLAS's) from its arena when it is
         // created; the plan's entry counts those bytes, so the arena the plan sizes holds both.
-        if (a.name == "library.workspace") continue;
+        if (a.name == plan::kLibraryWorkspace) continue;
         FERRY_ASSIGN_OR_RETURN(DeviceBuffer b, ds.device->Allocate(a.bytes, a.name));
         ds.regions[a.name] = {b.data(), a.bytes};
         ds.buffers.push_back(std::move(b));
@@ -1022,7 +1022,7 @@ class Executor final : public PipelineExecutor {
   }
 
   // Writes micro-batch m's row layout into its staging: positions (0..T-1 per row unless packed)
-  // then document ids (one document per row unless packed), as ModelRunner does.
+  // then document ids (one document per row unless packed), as the reference runner does.
   Status SetLayout(size_t m, const MicroBatchInput& mb) {
     const int64_t N = shape_.tokens(), T = shape_.seq_len;
     for (auto [span, name] :

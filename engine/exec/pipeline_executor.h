@@ -13,17 +13,18 @@
 //    "blocks.workspace" and "head.workspace" -> grad.work, "blocks.scratch" and "head.scratch" ->
 //    scratch; the executor itself fills "positions" (RoPE ids),
 //    "rope.inv_freq" (RopeInvFreq: plain or Llama 3-scaled) and "doc_ids" (packed rows, per
-//    micro-batch; MicroBatchInput doc_ids/positions as ModelRunner reads them). The executor never
-//    sizes a device buffer itself: a component that does not fit its planned block fails with
-//    OutOfMemory naming both, and a device too small for the map fails at Create with the arena's
-//    OutOfMemory naming the allocation.
+//    micro-batch; MicroBatchInput doc_ids/positions as the reference runner reads them). The
+//    executor never sizes a device buffer itself: a component that does not fit its planned block
+//    fails with OutOfMemory naming both, and a device too small for the map fails at Create with
+//    the arena's OutOfMemory naming the allocation.
 //  - Storage dtype: the plan's compute dtype (job.compute_dtype), f32, bf16 or f16 (f16 with the
 //    Trainer's dynamic loss scaling: the head's gradients are of loss * MicroBatchInput::
 //    loss_scale, so small activation gradients stay in f16's range). Weights, activations,
 //    activation gradients and their host staging are stored in it; parameter gradients, norm
 //    statistics, RoPE's table, positions, doc ids, targets and per-token losses stay as they are
-//    (fp32 / i32), as in ModelRunner with the same compute_dtype (f32 or bf16: ModelRunner does
-//    not take f16), whose results a one-micro-batch plan reproduces bit for bit.
+//    (fp32 / i32), as in the reference runner (engine/testing/reference_runner.h) with the same
+//    compute_dtype (f32 or bf16: it does not take f16), whose results a one-micro-batch plan
+//    reproduces bit for bit.
 //  - A stage's weights are uploaded from the host master copy (fp32, HostTensors, rounded to the
 //    compute dtype as they are packed) into the device's free weight slot, unless that slot still
 //    holds them (ExecutorStats::weight_bytes_uploaded); its gradients accumulate

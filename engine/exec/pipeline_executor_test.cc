@@ -1,7 +1,7 @@
 // PipelineExecutor on several CpuDevices:
 //  - correctness: a multi-stage plan gives the losses and gradients of the single-device
-//    ModelRunner (itself checked against PyTorch in model_runner_test.cc) on the same weights and
-//    micro-batches, in f32 and in bf16 (bit for bit against the bf16 runner);
+//    reference runner (itself checked against PyTorch in model_runner_test.cc) on the same weights
+//    and micro-batches, in f32 and in bf16 (bit for bit against the bf16 runner);
 //  - exactness of the memory model: each device arena's allocation log is the plan's GPU map
 //    (engine/plan/memory_model.h), name by name and byte by byte, the measured peak equals the
 //    predicted per-device bytes, every component fits the block it is placed in, and a device one
@@ -31,6 +31,7 @@
 #include "engine/model/master_weights.h"
 #include "engine/plan/pipeline_schedules.h"
 #include "engine/testing/golden_files.h"
+#include "engine/testing/reference_runner.h"
 #include "engine/testing/stream_gate.h"
 #include "engine/train/grad_clip.h"
 #include "engine/train/trainer.h"
@@ -294,16 +295,16 @@ void ExpectArenasAreThePlan(const std::vector<std::unique_ptr<CpuDevice>>& devs,
   for (const auto& [name, bytes] : used) EXPECT_TRUE(planned.count(name)) << name;
 }
 
-// The reference: one ModelRunner on one device, micro-batch after micro-batch.
+// The reference: the reference runner on one device, micro-batch after micro-batch.
 double RunnerStep(const Model& m, const PlanSpec& s, const HostTensors& w, const Batches& b,
                   HostTensors& grads) {
   std::vector<std::unique_ptr<CpuDevice>> dev = MakeDevices(1, size_t(64) << 20);
-  ModelRunnerOptions o;
+  ReferenceRunnerOptions o;
   o.shape = {s.batch, s.seq_len};
   o.compute_dtype = s.dtype;
   o.recompute.assign(s.recomputed.empty() ? 0 : size_t(m.config.num_layers), false);
   for (int li : s.recomputed) o.recompute[size_t(li - 1)] = true;  // layer li is block li - 1
-  Result<std::unique_ptr<ModelRunner>> r = ModelRunner::Create(*dev[0], m.config, m.lora, o);
+  Result<std::unique_ptr<ModelRunner>> r = CreateReferenceRunner(*dev[0], m.config, m.lora, o);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   if (!r.ok()) return NAN;
   EXPECT_TRUE((*r)->UploadWeights(w).ok());
@@ -502,6 +503,23 @@ TEST_P(ExecutorTest, OverwritingGradientsEqualsAddingToZeros) {
 // of a step on none. The vocabulary is widened so that the head's 4096 x 64 weight is large
 // enough to be split (the embedding is gathered on the host, not packed). A wrong piece offset
 // fails it (checked once).
+// One step of `p` on `count` fresh devices; the loss, and the gradients in `g`.
+// `env`: the activation store's (when the plan puts activations on NVMe).
+double ExecutorStep(const Model& m, const plan::Plan& p, int count, const HostTensors& w,
+                    const Batches& b, HostTensors& g, uint32_t delay_us = 0, uint64_t seed = 0,
+                    IoEnv* env = nullptr) {
+  std::vector<std::unique_ptr<CpuDevice>> devs =
+      MakeDevices(count, p.memory.gpu.total(), delay_us, seed);
+  ActivationStore store;
+  store.Get(p, env);
+  Result<std::unique_ptr<PipelineExecutor>> e = CreateExecutor(devs, m, p, store);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  if (!e.ok()) return NAN;
+  Result<double> loss = (*e)->Step(w, b.inputs, g);
+  EXPECT_TRUE(loss.ok()) << loss.status().ToString();
+  return loss.ok() ? *loss : NAN;
+}
+
 TEST(ExecutorHostThreadsTest, PackingAndAddingOnThreadsChangeNoBit) {
   Model m = LoadModel("llama");
   m.config.vocab_size = 4096;
@@ -512,14 +530,7 @@ TEST(ExecutorHostThreadsTest, PackingAndAddingOnThreadsChangeNoBit) {
   auto step = [&](ThreadPool* pool, HostTensors& grads) -> double {
     Batches b = MakeBatches(m, spec.micro_batches, spec.batch * spec.seq_len, 13);
     for (MicroBatchInput& in : b.inputs) in.host_pool = pool;
-    std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(spec.gpus, p.memory.gpu.total());
-    ActivationStore store;
-    Result<std::unique_ptr<PipelineExecutor>> e = CreateExecutor(devs, m, p, store);
-    EXPECT_TRUE(e.ok()) << e.status().ToString();
-    if (!e.ok()) return NAN;
-    Result<double> loss = (*e)->Step(w, b.inputs, grads);
-    EXPECT_TRUE(loss.ok()) << loss.status().ToString();
-    return loss.ok() ? *loss : NAN;
+    return ExecutorStep(m, p, spec.gpus, w, b, grads);
   };
   HostTensors inline_grads = ZeroGrads(m), pooled_grads = ZeroGrads(m);
   const double inline_loss = step(nullptr, inline_grads);
@@ -674,8 +685,8 @@ TEST(ExecutorPlannerTest, PlannerChosenPlanRunsInItsPredictedBytes) {
   for (const auto& d : devs) EXPECT_EQ(d->arena_stats().peak, predicted) << d->name();
 }
 
-// Three optimizer steps (AdamW, clipping, warm-up) of the Trainer driving the pipeline on three
-// devices against the Trainer driving one ModelRunner, from the same weights on the same batches.
+// Devices with other thread counts than the plan's scratch was sized for are refused at Create,
+// naming the threads.
 TEST(ExecutorRaceTest, RefusesDevicesThePlanWasNotSizedFor) {
   const Model m = LoadModel("llama");
   const plan::Plan p = MakeTestPlan(m, {{{1, 3}, {3, 5}}, {}, 1, 2, 16, 2});
@@ -690,23 +701,6 @@ TEST(ExecutorRaceTest, RefusesDevicesThePlanWasNotSizedFor) {
   ASSERT_FALSE(e.ok());
   EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(e.status().message().find("3 threads"), std::string::npos) << e.status().ToString();
-}
-
-// One step of `p` on `count` fresh devices; the loss, and the gradients in `g`.
-// `env`: the activation store's (when the plan puts activations on NVMe).
-double ExecutorStep(const Model& m, const plan::Plan& p, int count, const HostTensors& w,
-                    const Batches& b, HostTensors& g, uint32_t delay_us = 0, uint64_t seed = 0,
-                    IoEnv* env = nullptr) {
-  std::vector<std::unique_ptr<CpuDevice>> devs =
-      MakeDevices(count, p.memory.gpu.total(), delay_us, seed);
-  ActivationStore store;
-  store.Get(p, env);
-  Result<std::unique_ptr<PipelineExecutor>> e = CreateExecutor(devs, m, p, store);
-  EXPECT_TRUE(e.ok()) << e.status().ToString();
-  if (!e.ok()) return NAN;
-  Result<double> loss = (*e)->Step(w, b.inputs, g);
-  EXPECT_TRUE(loss.ok()) << loss.status().ToString();
-  return loss.ok() ? *loss : NAN;
 }
 
 void ExpectSameBits(const HostTensors& got, const HostTensors& want, const std::string& what) {
@@ -825,8 +819,9 @@ TEST(ExecutorConcurrencyTest, DeviceOneRunsAndDeviceZeroPrefetchesWhileDeviceZer
   ExpectSameBits(got, want, "after the held step");
 }
 
-// A single-device ModelRunner for micro-batches of batch x seq_len (the reference the pipeline
-// is compared with), with its device; runner is null (and the test failed) when it cannot be made.
+// The single-device reference runner for micro-batches of batch x seq_len (the reference the
+// pipeline is compared with), with its device; runner is null (and the test failed) when it cannot
+// be made.
 struct SingleDevice {
   std::vector<std::unique_ptr<CpuDevice>> device;
   std::unique_ptr<ModelRunner> runner;
@@ -834,9 +829,10 @@ struct SingleDevice {
 SingleDevice MakeSingleDevice(const Model& m, int64_t batch, int64_t seq_len) {
   SingleDevice s;
   s.device = MakeDevices(1, size_t(64) << 20);
-  ModelRunnerOptions ro;
+  ReferenceRunnerOptions ro;
   ro.shape = {batch, seq_len};
-  Result<std::unique_ptr<ModelRunner>> r = ModelRunner::Create(*s.device[0], m.config, m.lora, ro);
+  Result<std::unique_ptr<ModelRunner>> r =
+      CreateReferenceRunner(*s.device[0], m.config, m.lora, ro);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   if (r.ok()) s.runner = std::move(*r);
   return s;
@@ -894,9 +890,10 @@ TEST_P(PipelineTrainerTest, ThreeStepsMatchTheSingleDeviceTrainer) {
     return (*t)->weights();
   };
   std::vector<std::unique_ptr<CpuDevice>> one = MakeDevices(1, size_t(64) << 20);
-  ModelRunnerOptions ro;
+  ReferenceRunnerOptions ro;
   ro.shape = {spec.batch, spec.seq_len};
-  Result<std::unique_ptr<ModelRunner>> single = ModelRunner::Create(*one[0], m.config, m.lora, ro);
+  Result<std::unique_ptr<ModelRunner>> single =
+      CreateReferenceRunner(*one[0], m.config, m.lora, ro);
   ASSERT_TRUE(single.ok()) << single.status().ToString();
   std::vector<double> want_losses, got_losses;
   const HostTensors want = train(single->get(), want_losses);
@@ -1234,9 +1231,10 @@ INSTANTIATE_TEST_SUITE_P(Cases, StaleUpdatesTest,
 TEST(StaleUpdatesTest, RefusedWithARunnerThatHoldsItsWeights) {
   const Model m = LoadModel("llama");
   std::vector<std::unique_ptr<CpuDevice>> one = MakeDevices(1, size_t(64) << 20);
-  ModelRunnerOptions ro;
+  ReferenceRunnerOptions ro;
   ro.shape = {2, 16};
-  Result<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(*one[0], m.config, m.lora, ro);
+  Result<std::unique_ptr<ModelRunner>> runner =
+      CreateReferenceRunner(*one[0], m.config, m.lora, ro);
   ASSERT_TRUE(runner.ok()) << runner.status().ToString();
   OptimizerOptions o;
   o.stale_updates = true;
@@ -1283,7 +1281,7 @@ INSTANTIATE_TEST_SUITE_P(
     CaseName);
 
 // bf16 plans (bf16 weights, activations, activation gradients and their host staging; fp32
-// parameter gradients) against the single-device ModelRunner in bf16: one micro-batch runs the
+// parameter gradients) against the single-device reference runner in bf16: one micro-batch runs the
 // same kernels in the same order on the same bits, so losses and gradients are bit for bit the
 // runner's on 1, 2 and 3 devices (several micro-batches reassociate the fp32 gradient sums, as in
 // f32). Pairwise coverage of devices x {full, LoRA} x {recompute on, off}, plus GPT-2 (learned
@@ -1415,15 +1413,7 @@ TEST(ExecutorNf4Test, EqualsThePlainModelOnDequantizedWeights) {
     }
     const Batches b = MakeBatches(q, 1, 64, 23);
     auto step = [&](const Model& m, const HostTensors& w, HostTensors& g) -> double {
-      const plan::Plan p = MakeTestPlan(m, spec);
-      std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(2, p.memory.gpu.total());
-      Result<std::unique_ptr<PipelineExecutor>> e =
-          PipelineExecutor::Create(Raw(devs), m.config, p);
-      EXPECT_TRUE(e.ok()) << e.status().ToString();
-      if (!e.ok()) return NAN;
-      Result<double> loss = (*e)->Step(w, b.inputs, g);
-      EXPECT_TRUE(loss.ok()) << loss.status().ToString();
-      return loss.ok() ? *loss : NAN;
+      return ExecutorStep(m, MakeTestPlan(m, spec), 2, w, b, g);
     };
     HostTensors gq = ZeroGrads(q), gp = ZeroGrads(plain);
     const double lq = step(q, wq, gq), lp = step(plain, wp, gp);

@@ -31,7 +31,8 @@ class PipelineRunner final : public ModelRunner {
   }
   Result<std::vector<float>> Logits(std::span<const int32_t>) override {
     return Status::FailedPrecondition(
-        "the pipeline executor does not compute logits: use a single-device ModelRunner");
+        "the pipeline executor does not compute full logits: use the generator (engine/exec/"
+        "planned_generator.h) or, in tests, the reference runner");
   }
   RunnerStats stats() const override {
     RunnerStats s;

@@ -1,7 +1,7 @@
 // The Generator (a generation plan run by the pipeline executor) against full forwards
-// (ModelRunner::Logits) over the same prefixes, for a tiny Llama (GQA; Qwen3's q/k norms; LoRA) and
-// GPT-2, on one device (one stage, its weights resident) and streamed (a stage per block over one
-// and two devices); greedy generation against argmax of repeated full forwards; seeds; the
+// (the reference runner's Logits) over the same prefixes, for a tiny Llama (GQA; Qwen3's q/k norms;
+// LoRA) and GPT-2, on one device (one stage, its weights resident) and streamed (a stage per block
+// over one and two devices); greedy generation against argmax of repeated full forwards; seeds; the
 // cache's limits; each device's memory is the plan's.
 #include "engine/exec/planned_generator.h"
 
@@ -18,6 +18,7 @@
 #include "engine/model/param_spec.h"
 #include "engine/model/tensor_carver.h"
 #include "engine/plan/memory_model.h"
+#include "engine/testing/reference_runner.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/testing/op_testing.h"
 
@@ -129,9 +130,9 @@ struct Fixture {
 
   // The full forward's logits of the last token of `prefix` (a runner of 1 x prefix.size()).
   std::vector<float> FullLastRow(const std::vector<int32_t>& prefix) {
-    ModelRunnerOptions o;
+    ReferenceRunnerOptions o;
     o.shape = {1, int64_t(prefix.size())};
-    Result<std::unique_ptr<ModelRunner>> r = ModelRunner::Create(*device, m.config, m.lora, o);
+    Result<std::unique_ptr<ModelRunner>> r = CreateReferenceRunner(*device, m.config, m.lora, o);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     if (!r.ok()) return {};
     EXPECT_TRUE((*r)->UploadWeights(weights).ok());
@@ -296,10 +297,11 @@ TEST(Generator, InferenceAllocatesNoGradients) {
   }
 
   const std::vector<int32_t> tokens = {1, 2, 3, 4};
-  ModelRunnerOptions o;
+  ReferenceRunnerOptions o;
   o.shape = {1, 4};
   o.inference_only = true;
-  Result<std::unique_ptr<ModelRunner>> r = ModelRunner::Create(*f.device, f.m.config, f.m.lora, o);
+  Result<std::unique_ptr<ModelRunner>> r =
+      CreateReferenceRunner(*f.device, f.m.config, f.m.lora, o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_FALSE(has("params.grads"));
   ASSERT_TRUE((*r)->UploadWeights(f.weights).ok());
@@ -326,11 +328,11 @@ TEST(Generator, ForwardOnlyHeadAllocatesLessAndEvaluatesTheSame) {
   double loss[2] = {0, 0};
   for (int inference = 0; inference < 2; ++inference) {
     Fixture f(LlamaLora());  // a fresh device each: its arena log holds this runner only
-    ModelRunnerOptions o;
+    ReferenceRunnerOptions o;
     o.shape = {2, 4};
     o.inference_only = inference == 1;
     Result<std::unique_ptr<ModelRunner>> r =
-        ModelRunner::Create(*f.device, f.m.config, f.m.lora, o);
+        CreateReferenceRunner(*f.device, f.m.config, f.m.lora, o);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     ASSERT_TRUE((*r)->UploadWeights(f.weights).ok());
     Result<double> l = (*r)->EvaluateLoss({tokens, targets, 8.0});

@@ -203,7 +203,6 @@ class LlamaBlocks final : public BlockBase<Saved, Workspace> {
     return One(block, kDown, ws_.branch, dy);
   }
 };
-}  // namespace
 
 Result<std::unique_ptr<DecoderBlocks>> CreateLlamaBlocks(const BlocksContext& ctx) {
   auto blocks = std::make_unique<LlamaBlocks>(ctx);
@@ -239,6 +238,23 @@ BlockParams LlamaBlockParams(const ModelConfig& c) {
 
 BlockBufferBytes LlamaBlockBufferBytes(const BlockBufferArgs& a) {
   return CountBlockBuffers(kLayouts, a);
+}
+
+}  // namespace
+
+const FamilyDescription& LlamaFamily() {
+  static const FamilyDescription kLlama{{.token_table = "model.embed_tokens.weight",
+                                         .position_table = "",
+                                         .final_norm_weight = "model.norm.weight",
+                                         .final_norm_bias = "",
+                                         .block_prefix = "model.layers.",
+                                         .lm_head = "lm_head.weight",
+                                         .bare_prefix = "",
+                                         .ignored_buffers = {".rotary_emb.inv_freq"}},
+                                        &CreateLlamaBlocks,
+                                        &LlamaBlockParams,
+                                        &LlamaBlockBufferBytes};
+  return kLlama;
 }
 
 }  // namespace ferry

@@ -21,6 +21,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -92,20 +93,40 @@ struct BlockBufferBytes {
   size_t workspace = 0;        // the family's temporaries, LoRA's du and the sink
 };
 
-// Each family's block implementation (model_stack.cc's table names them): its blocks, its
-// parameters in Hugging Face order (names under the block prefix) and its buffers' bytes.
-//
-// Llama family: RMSNorm, q/k/v (+ biases), optional Qwen3 q/k RMSNorm, RoPE,
-// GQA attention, o_proj, residual, RMSNorm, fused gate/up, SwiGLU, down,
-// residual.
-Result<std::unique_ptr<DecoderBlocks>> CreateLlamaBlocks(const BlocksContext& ctx);
-BlockParams LlamaBlockParams(const ModelConfig& c);
-BlockBufferBytes LlamaBlockBufferBytes(const BlockBufferArgs& a);
-// GPT-2: LayerNorm, fused c_attn with bias, attention, c_proj, residual,
+// The Hugging Face names of one family's tensors outside the decoder blocks.
+struct FamilyNames {
+  std::string token_table;     // (V, C): "model.embed_tokens.weight", GPT-2 "transformer.wte…"
+  std::string position_table;  // (P, C) learned positions (GPT-2 "transformer.wpe.weight"), or ""
+  std::string final_norm_weight;  // "model.norm.weight", GPT-2 "transformer.ln_f.weight"
+  std::string final_norm_bias;    // GPT-2 "transformer.ln_f.bias", or "" (RMSNorm has none)
+  std::string block_prefix;       // "model.layers.", GPT-2 "transformer.h."
+  std::string lm_head;            // "lm_head.weight"
+  // The prefix a checkpoint saved from the bare model leaves out (GPT2Model: "h.0…", "wte.weight"
+  // without GPT-2's "transformer."), or "".
+  std::string bare_prefix;
+  // Endings of buffers transformers keeps out of the parameters, which a checkpoint may hold and
+  // the loader ignores (".rotary_emb.inv_freq"; GPT-2's ".attn.bias", ".attn.masked_bias").
+  std::vector<std::string> ignored_buffers;
+};
+
+// One model family as its block file describes it: its tensors' Hugging Face names, its blocks,
+// its block parameters in Hugging Face order (names under the block prefix), its buffers' bytes,
+// and why its projections cannot be held in NF4 (nullptr: they can). model_stack.h serves every
+// driver from these; config.json's schema of the family is model_config.cc's.
+struct FamilyDescription {
+  FamilyNames names;
+  Result<std::unique_ptr<DecoderBlocks>> (*create_blocks)(const BlocksContext&) = nullptr;
+  BlockParams (*block_params)(const ModelConfig&) = nullptr;
+  BlockBufferBytes (*buffer_bytes)(const BlockBufferArgs&) = nullptr;
+  const char* no_nf4 = nullptr;
+};
+
+// Llama family (decoder_block.cc): RMSNorm, q/k/v (+ biases), optional Qwen3 q/k RMSNorm, RoPE,
+// GQA attention, o_proj, residual, RMSNorm, fused gate/up, SwiGLU, down, residual.
+const FamilyDescription& LlamaFamily();
+// GPT-2 (gpt2_block.cc): LayerNorm, fused c_attn with bias, attention, c_proj, residual,
 // LayerNorm, c_fc, tanh GELU, c_proj, residual.
-Result<std::unique_ptr<DecoderBlocks>> CreateGpt2Blocks(const BlocksContext& ctx);
-BlockParams Gpt2BlockParams(const ModelConfig& c);
-BlockBufferBytes Gpt2BlockBufferBytes(const BlockBufferArgs& a);
+const FamilyDescription& Gpt2Family();
 
 // What the caller of the blocks owns and fills for each batch; a tensor stays empty where the
 // model (GPT-2: no RoPE) or the caller (generation: no packed rows) has none.

@@ -93,7 +93,7 @@ struct LoraPack {
   int64_t total_rank() const { return rank * int64_t(adapters.size()); }
 };
 
-// Whether DeviceParams allocates gradient buffers: inference (Generator, a ModelRunner built for
+// Whether DeviceParams allocates gradient buffers: inference (Generator, a runner built for
 // evaluation) needs none.
 enum class ParamGrads { kAllocate, kNone };
 

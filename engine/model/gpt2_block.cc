@@ -160,7 +160,6 @@ class Gpt2Blocks final : public BlockBase<Saved, Workspace> {
     return p;
   }
 };
-}  // namespace
 
 Result<std::unique_ptr<DecoderBlocks>> CreateGpt2Blocks(const BlocksContext& ctx) {
   auto blocks = std::make_unique<Gpt2Blocks>(ctx);
@@ -192,6 +191,24 @@ BlockParams Gpt2BlockParams(const ModelConfig& c) {
 
 BlockBufferBytes Gpt2BlockBufferBytes(const BlockBufferArgs& a) {
   return CountBlockBuffers(kLayouts, a);
+}
+
+}  // namespace
+
+const FamilyDescription& Gpt2Family() {
+  static const FamilyDescription kGpt2{{.token_table = "transformer.wte.weight",
+                                        .position_table = "transformer.wpe.weight",
+                                        .final_norm_weight = "transformer.ln_f.weight",
+                                        .final_norm_bias = "transformer.ln_f.bias",
+                                        .block_prefix = "transformer.h.",
+                                        .lm_head = "lm_head.weight",
+                                        .bare_prefix = "transformer.",
+                                        .ignored_buffers = {".attn.bias", ".attn.masked_bias"}},
+                                       &CreateGpt2Blocks,
+                                       &Gpt2BlockParams,
+                                       &Gpt2BlockBufferBytes,
+                                       "GPT-2's Conv1D weights are not quantized yet"};
+  return kGpt2;
 }
 
 }  // namespace ferry

@@ -1,14 +1,11 @@
-// ModelRunner: runs a whole model's forward and backward for micro-batches on ONE device, driving
-// it only through its streams and events (weights uploaded from the host master copy, gradients
-// downloaded to it), so the pipeline executor can generalize it rather than replace it.
+// ModelRunner: the contract between the Trainer (engine/train) and what runs a whole model's
+// forward and backward for the micro-batches of a step, with the types it exchanges (a micro-batch,
+// the step's hooks, the runner's counters).
 //
-//  - The embedding gather and its gradient scatter-add run on the host (engine/model/embedding.h):
-//    only hidden states travel.
-//  - Blocks run in order; the head (final norm + LM head + cross-entropy, fused forward and
-//    backward) runs at the tail; the backward runs the blocks in reverse. A block marked for
-//    recomputation keeps only its input and re-runs its forward before its backward.
-//  - Device memory is sized once, at Create, from the layer specs (nothing allocates inside a
-//    step); every allocation is named in the device's arena log.
+// Every job runs through one implementation, the pipeline executor's PipelineRunner
+// (engine/exec/pipeline_runner.h): one device is a one-stage plan sized by the exact memory model.
+// A second, plain implementation stays as the independent reference the executor is checked
+// against (engine/testing/reference_runner.h: tests and train_bench only, never linked into ferry).
 //
 // Gradient semantics: AccumulateGradients adds (+=) into HostGradients across micro-batches; the
 // loss of a micro-batch is sum(-log p) over its non-masked targets divided by `normalizer` (the
@@ -36,20 +33,6 @@
 #include "kernels/status.h"
 
 namespace ferry {
-
-struct ModelRunnerOptions {
-  BatchShape shape;  // micro-batch B x T (fixed for the runner's life)
-  // Storage dtype of weights and activations on the device: f32 (the exact reference) or bf16
-  // (GEMMs on bf16 inputs with fp32 accumulation, element-wise math in fp32; gradients of
-  // parameters, norm statistics and the loss stay fp32).
-  DType compute_dtype = DType::kF32;
-  std::vector<bool> recompute;      // per block; empty = save everything
-  int64_t loss_chunk_tokens = 256;  // fused LM-head chunk
-  // Forward only (evaluation): no gradient buffers are allocated (ParamGrads::kNone, no gradient
-  // stream, a HeadMode::kForwardOnly head) and AccumulateGradients / AccumulateStep fail with
-  // FailedPrecondition.
-  bool inference_only = false;
-};
 
 // A micro-batch. Packed rows (several documents per row) give doc_ids and positions: attention
 // never crosses a change of doc id within a row, and RoPE / learned positions use `positions`
@@ -99,12 +82,6 @@ struct RunnerStats {
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
-
-  // Sizes and allocates the device buffers. Errors: OutOfMemory from the device arena naming the
-  // buffer; InvalidArgument for a config the runner cannot run (naming the feature).
-  static Result<std::unique_ptr<ModelRunner>> Create(Device& device, const ModelConfig& config,
-                                                     const LoraConfig& lora,
-                                                     const ModelRunnerOptions& options);
 
   // Uploads the parameters (frozen and trainable) from the host master copy. A runner that
   // streams weights (streams_weights()) instead borrows `weights` until the next call and reads

@@ -1,8 +1,9 @@
-// ModelRunner in bf16 (ModelRunnerOptions::compute_dtype): bf16 weights and activations, GEMMs on
-// bf16 inputs with fp32 accumulation (oneDNN's kernels where the CPU has AVX512-BF16 or AMX, the
-// converted fp32 panels elsewhere), element-wise math in fp32, fp32 parameter gradients. Checked
-// element by element against the same PyTorch fp32 goldens the f32 runner matches
-// (model_runner_test.cc), with tolerances derived from bf16's unit roundoff u = 2^-8:
+// The reference runner in bf16 (ReferenceRunnerOptions::compute_dtype): bf16 weights and
+// activations, GEMMs on bf16 inputs with fp32 accumulation (oneDNN's kernels where the CPU has
+// AVX512-BF16 or AMX, the converted fp32 panels elsewhere), element-wise math in fp32, fp32
+// parameter gradients. Checked element by element against the same PyTorch fp32 goldens the f32
+// runner matches (model_runner_test.cc), with tolerances derived from bf16's unit roundoff u =
+// 2^-8:
 //  - every stored activation and weight is rounded once (relative error <= u), and an error
 //    carries through the two blocks, the head and the backward: a few dozen roundings compose, so
 //    errors of several u times the magnitudes involved are expected. Each tensor is checked with
@@ -21,6 +22,7 @@
 
 #include "engine/model/model_runner.h"
 #include "engine/model/tensor_carver.h"
+#include "engine/testing/reference_runner.h"
 #include "engine/testing/runner_fixture.h"
 #include "kernels/testing/op_testing.h"
 
@@ -34,7 +36,7 @@ constexpr float kU = DTypeEpsilon(DType::kBF16);  // 2^-8
 constexpr float kLogitK = 8, kGradK = 16;         // roundings composed, see the header
 constexpr double kLossRtol = 8 * double(kU);
 
-ModelRunnerOptions Bf16(ModelRunnerOptions o = {}) {
+ReferenceRunnerOptions Bf16(ReferenceRunnerOptions o = {}) {
   o.compute_dtype = DType::kBF16;
   return o;
 }
@@ -92,7 +94,7 @@ TEST_P(RunnerBf16Test, DiffersFromF32) {
 TEST_P(RunnerBf16Test, RecomputationIsBitIdentical) {
   Result<std::unique_ptr<RunnerFixture>> saved = RunnerFixture::Create(GetParam(), Bf16());
   ASSERT_TRUE(saved.ok()) << saved.status().ToString();
-  ModelRunnerOptions o = Bf16();
+  ReferenceRunnerOptions o = Bf16();
   o.recompute.assign(size_t((*saved)->golden.config.num_layers), true);
   Result<std::unique_ptr<RunnerFixture>> recomputed = RunnerFixture::Create(GetParam(), o);
   ASSERT_TRUE(recomputed.ok()) << recomputed.status().ToString();

@@ -1,6 +1,6 @@
-// ModelRunner against PyTorch goldens (tests/goldens/, scripts/make_goldens.py)
-// on a CpuDevice in f32: logits, loss and every parameter gradient, element by
-// element.
+// The reference runner (engine/testing/reference_runner.h) against PyTorch goldens (tests/goldens/,
+// scripts/make_goldens.py) on a CpuDevice in f32: logits, loss and every parameter gradient,
+// element by element.
 #include "engine/model/model_runner.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +9,7 @@
 #include <map>
 
 #include "engine/model/tensor_carver.h"
+#include "engine/testing/reference_runner.h"
 #include "engine/testing/runner_fixture.h"
 #include "kernels/testing/op_testing.h"
 
@@ -74,7 +75,7 @@ Step RunGoldenStep(RunnerFixture& fx) {
 TEST_P(RunnerGoldenTest, RecomputationGivesBitIdenticalGradientsWithLessMemory) {
   Result<std::unique_ptr<RunnerFixture>> saved = RunnerFixture::Create(GetParam());
   ASSERT_TRUE(saved.ok()) << saved.status().ToString();
-  ModelRunnerOptions options;
+  ReferenceRunnerOptions options;
   options.recompute.assign(size_t((*saved)->golden.config.num_layers), true);
   Result<std::unique_ptr<RunnerFixture>> recomputed = RunnerFixture::Create(GetParam(), options);
   ASSERT_TRUE(recomputed.ok()) << recomputed.status().ToString();
@@ -130,7 +131,7 @@ INSTANTIATE_TEST_SUITE_P(Goldens, RunnerGoldenTest,
 // Two micro-batches of one sequence each, with the global batch's normalizer, accumulate to the
 // gradients of the golden's batch of two (same tolerances: only the summation order differs).
 TEST(RunnerAccumulationTest, TwoMicroBatchesGiveTheGradientOfTheWholeBatch) {
-  ModelRunnerOptions options;
+  ReferenceRunnerOptions options;
   Result<GoldenModel> g = GoldenModel::Load("llama");
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   const int64_t T = g->info["seq_len"];
@@ -194,13 +195,13 @@ class RunnerConfigTest : public ::testing::Test {
   }
   std::string CreateError() {
     Result<std::unique_ptr<ModelRunner>> r =
-        ModelRunner::Create(*device_, config_, lora_, options_);
+        CreateReferenceRunner(*device_, config_, lora_, options_);
     return r.ok() ? "" : r.status().ToString();
   }
   std::unique_ptr<CpuDevice> device_;
   ModelConfig config_;
   LoraConfig lora_;
-  ModelRunnerOptions options_;
+  ReferenceRunnerOptions options_;
 };
 
 TEST_F(RunnerConfigTest, BadConfigsGetClearErrors) {
@@ -223,7 +224,7 @@ TEST_F(RunnerConfigTest, ArenaTooSmallNamesTheBuffer) {
   small.memory_bytes = 64 << 10;
   Result<std::unique_ptr<CpuDevice>> d = CpuDevice::Create(small);
   ASSERT_TRUE(d.ok());
-  Result<std::unique_ptr<ModelRunner>> r = ModelRunner::Create(**d, config_, lora_, options_);
+  Result<std::unique_ptr<ModelRunner>> r = CreateReferenceRunner(**d, config_, lora_, options_);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kOutOfMemory);
   EXPECT_NE(r.status().ToString().find("params.weights"), std::string::npos)
@@ -231,7 +232,8 @@ TEST_F(RunnerConfigTest, ArenaTooSmallNamesTheBuffer) {
 }
 
 TEST_F(RunnerConfigTest, BadBatchesGetClearErrors) {
-  Result<std::unique_ptr<ModelRunner>> r = ModelRunner::Create(*device_, config_, lora_, options_);
+  Result<std::unique_ptr<ModelRunner>> r =
+      CreateReferenceRunner(*device_, config_, lora_, options_);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   std::vector<int32_t> tokens(16, 1), targets(16, 2);
   HostTensors grads;
@@ -251,7 +253,7 @@ TEST_F(RunnerConfigTest, BadBatchesGetClearErrors) {
 TEST_P(RunnerGoldenTest, SavedBuffersMatchTheMemoryModel) {
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     SCOPED_TRACE(DTypeName(dtype));
-    ModelRunnerOptions o;
+    ReferenceRunnerOptions o;
     o.compute_dtype = dtype;
     Result<std::unique_ptr<RunnerFixture>> f = RunnerFixture::Create(GetParam(), o);
     ASSERT_TRUE(f.ok()) << f.status().ToString();

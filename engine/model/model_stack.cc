@@ -9,47 +9,15 @@
 namespace ferry {
 namespace {
 
-// One entry per family: its names, its block implementation, and why its projections cannot be
-// held in NF4 (nullptr: they can).
-struct Family {
-  FamilyNames names;
-  Result<std::unique_ptr<DecoderBlocks>> (*create_blocks)(const BlocksContext&);
-  BlockParams (*block_params)(const ModelConfig&);
-  BlockBufferBytes (*buffer_bytes)(const BlockBufferArgs&);
-  const char* no_nf4 = nullptr;
-};
-
-const Family& FamilyOf(ModelFamily f) {
-  static const Family kLlama{{.token_table = "model.embed_tokens.weight",
-                              .position_table = "",
-                              .final_norm_weight = "model.norm.weight",
-                              .final_norm_bias = "",
-                              .block_prefix = "model.layers.",
-                              .lm_head = "lm_head.weight",
-                              .bare_prefix = "",
-                              .ignored_buffers = {".rotary_emb.inv_freq"}},
-                             &CreateLlamaBlocks,
-                             &LlamaBlockParams,
-                             &LlamaBlockBufferBytes};
-  static const Family kGpt2{{.token_table = "transformer.wte.weight",
-                             .position_table = "transformer.wpe.weight",
-                             .final_norm_weight = "transformer.ln_f.weight",
-                             .final_norm_bias = "transformer.ln_f.bias",
-                             .block_prefix = "transformer.h.",
-                             .lm_head = "lm_head.weight",
-                             .bare_prefix = "transformer.",
-                             .ignored_buffers = {".attn.bias", ".attn.masked_bias"}},
-                            &CreateGpt2Blocks,
-                            &Gpt2BlockParams,
-                            &Gpt2BlockBufferBytes,
-                            "GPT-2's Conv1D weights are not quantized yet"};
+// The family's description, from its block file (decoder_blocks.h).
+const FamilyDescription& FamilyOf(ModelFamily f) {
   switch (f) {
     case ModelFamily::kGpt2:
-      return kGpt2;
+      return Gpt2Family();
     case ModelFamily::kLlama:
       break;
   }
-  return kLlama;
+  return LlamaFamily();
 }
 
 // Whether dotted path `path` ends with the whole components of `suffix` (or equals it).

@@ -1,15 +1,17 @@
-// ModelStack: the one builder of a model's layers, and the one description of each model family.
+// ModelStack: the one builder of a model's layers, over the one description of each model family.
 //
-// A family (ModelConfig::family) is described here once: the Hugging Face names of the tensors a
-// driver addresses by name (the embedding tables, the final norm, the block prefix, the buffers a
-// checkpoint may carry), and its block implementation, which gives the blocks, their parameters
-// in Hugging Face order (BlockParamsOf) and their buffers' bytes (BlockBuffersOf). Parameter specs
+// A family (ModelConfig::family) is described once, by its block file (decoder_blocks.h's
+// FamilyDescription): the Hugging Face names of the tensors a driver addresses by name (the
+// embedding tables, the final norm, the block prefix, the buffers a checkpoint may carry), its
+// blocks, their parameters in Hugging Face order (BlockParamsOf) and their buffers' bytes
+// (BlockBuffersOf). This file serves every driver from it. Parameter specs
 // and FLOPs (param_spec.h), the memory model, PEFT's adapter_config.json and the folder loader
 // take what they need from here; every driver that puts the model on a device (the pipeline
 // executor, the Generator, the layer probe) builds its blocks and head with BuildDeviceStack and
 // finds the host embedding tables with FindHostEmbedding / FindHostEmbeddingGrads, so none of them
-// switches on the family. Adding a family means a table entry in model_stack.cc and the block
-// implementation it names (decoder_blocks.h); its config.json schema is model_config.cc's.
+// switches on the family. Adding a family means its block file, which describes it whole
+// (decoder_blocks.h's FamilyDescription: names, blocks, parameters, buffers), a case in FamilyOf
+// (model_stack.cc), and its config.json schema (model_config.cc).
 //
 // Stateless functions; thread-safe.
 #pragma once
@@ -36,22 +38,6 @@
 #include "kernels/status.h"
 
 namespace ferry {
-
-// The Hugging Face names of one family's tensors outside the decoder blocks.
-struct FamilyNames {
-  std::string token_table;     // (V, C): "model.embed_tokens.weight", GPT-2 "transformer.wte…"
-  std::string position_table;  // (P, C) learned positions (GPT-2 "transformer.wpe.weight"), or ""
-  std::string final_norm_weight;  // "model.norm.weight", GPT-2 "transformer.ln_f.weight"
-  std::string final_norm_bias;    // GPT-2 "transformer.ln_f.bias", or "" (RMSNorm has none)
-  std::string block_prefix;       // "model.layers.", GPT-2 "transformer.h."
-  std::string lm_head;            // "lm_head.weight"
-  // The prefix a checkpoint saved from the bare model leaves out (GPT2Model: "h.0…", "wte.weight"
-  // without GPT-2's "transformer."), or "".
-  std::string bare_prefix;
-  // Endings of buffers transformers keeps out of the parameters, which a checkpoint may hold and
-  // the loader ignores (".rotary_emb.inv_freq"; GPT-2's ".attn.bias", ".attn.masked_bias").
-  std::vector<std::string> ignored_buffers;
-};
 
 const FamilyNames& NamesOf(ModelFamily family);
 inline const FamilyNames& NamesOf(const ModelConfig& c) { return NamesOf(c.family); }
@@ -123,7 +109,7 @@ struct HostEmbeddingGrads {
 // Errors: InvalidArgument naming a table `grads` lacks or holds with the wrong size.
 Result<HostEmbeddingGrads> FindHostEmbeddingGrads(const ModelConfig& c, HostTensors& grads);
 
-// The blocks of ctx.config's family (CreateLlamaBlocks or CreateGpt2Blocks).
+// The blocks of ctx.config's family (its FamilyDescription's create_blocks).
 Result<std::unique_ptr<DecoderBlocks>> CreateDecoderBlocks(const BlocksContext& ctx);
 
 // What BuildDeviceStack builds over a DeviceParams.

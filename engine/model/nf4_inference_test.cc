@@ -1,7 +1,7 @@
 // Inference over an NF4 base (what `ferry eval` and `ferry generate` run): LoadModelFolder reads a
 // folder pre-quantized by transformers + bitsandbytes (tests/goldens/llama_bnb4/) into NF4 weights
 // with no fp32 copy, with or without a PEFT adapter on top, and quantizes an unquantized folder on
-// load when asked. (The Generator's and the ModelRunner's logits over the pre-quantized folder
+// load when asked. (The Generator's and the reference runner's logits over the pre-quantized folder
 // against transformers': qlora_folder_test.cc.)
 #include <gtest/gtest.h>
 

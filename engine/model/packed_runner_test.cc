@@ -7,6 +7,7 @@
 #include <random>
 
 #include "engine/model/model_runner.h"
+#include "engine/testing/reference_runner.h"
 #include "engine/testing/runner_fixture.h"
 #include "kernels/testing/op_testing.h"
 
@@ -46,7 +47,7 @@ Doc MakeDoc(int64_t len, int64_t vocab, std::mt19937& rng) {
 class PackedRunnerTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(PackedRunnerTest, PackedRowMatchesEachDocumentAlone) {
-  ModelRunnerOptions packed_options;
+  ReferenceRunnerOptions packed_options;
   packed_options.shape = {1, kT};
   Result<std::unique_ptr<RunnerFixture>> packed = RunnerFixture::Create(GetParam(), packed_options);
   ASSERT_TRUE(packed.ok()) << packed.status().ToString();
@@ -89,7 +90,7 @@ TEST_P(PackedRunnerTest, PackedRowMatchesEachDocumentAlone) {
   double alone_loss = 0;
   size_t offset = 0;
   for (const Doc& d : docs) {
-    ModelRunnerOptions o;
+    ReferenceRunnerOptions o;
     o.shape = {1, int64_t(d.tokens.size())};
     Result<std::unique_ptr<RunnerFixture>> alone = RunnerFixture::Create(GetParam(), o);
     ASSERT_TRUE(alone.ok()) << alone.status().ToString();
@@ -114,7 +115,7 @@ TEST_P(PackedRunnerTest, PackedRowMatchesEachDocumentAlone) {
 INSTANTIATE_TEST_SUITE_P(Goldens, PackedRunnerTest, ::testing::Values("llama", "qwen3", "gpt2"));
 
 TEST(PackedRunnerTest, RejectsLayoutOfTheWrongSize) {
-  ModelRunnerOptions o;
+  ReferenceRunnerOptions o;
   o.shape = {1, 8};
   Result<std::unique_ptr<RunnerFixture>> f = RunnerFixture::Create("llama", o);
   ASSERT_TRUE(f.ok()) << f.status().ToString();

@@ -2,7 +2,7 @@
 // the job adopts the folder's NF4 base (AdoptPreQuantizedBase), InitialWeights takes its NF4
 // weights as they are (no fp32 copy, no requantization), and ferry's forward over them gives the
 // logits transformers computed for that folder; a full fine-tune of it is refused naming what to
-// give. Inference over it (LoadModelFolder, the ModelRunner and the Generator) gives them too.
+// give. Inference over it (LoadModelFolder, the reference runner and the Generator) gives them too.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +16,7 @@
 #include "engine/model/model_runner.h"
 #include "engine/model/weights_io.h"
 #include "engine/testing/golden_files.h"
+#include "engine/testing/reference_runner.h"
 #include "kernels/cpu/cpu_device.h"
 
 namespace ferry {
@@ -119,16 +120,16 @@ std::unique_ptr<CpuDevice> SmallDevice() {
   return d.ok() ? std::move(*d) : nullptr;
 }
 
-// A ModelRunner over `weights` gives transformers' logits (all rows at once).
+// The reference runner over `weights` gives transformers' logits (all rows at once).
 void ExpectRunnerGivesTransformersLogits(const ModelConfig& c, const LoraConfig& lora,
                                          const HostTensors& weights, const char* what) {
   TransformersIo io;
   ASSERT_NO_FATAL_FAILURE(ReadTransformersIo(&io));
   std::unique_ptr<CpuDevice> d = SmallDevice();
   ASSERT_NE(d, nullptr);
-  ModelRunnerOptions o;
+  ReferenceRunnerOptions o;
   o.shape = {io.batch, io.seq};
-  Result<std::unique_ptr<ModelRunner>> r = ModelRunner::Create(*d, c, lora, o);
+  Result<std::unique_ptr<ModelRunner>> r = CreateReferenceRunner(*d, c, lora, o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_TRUE((*r)->UploadWeights(weights).ok());
   Result<std::vector<float>> got = (*r)->Logits(io.ids);
@@ -151,7 +152,7 @@ TEST(QloraFolderTest, LogitsOfThePreQuantizedFolderMatchTransformers) {
 }
 
 // Inference (ferry eval, ferry generate): the folder loaded by LoadModelFolder (NF4 as stored, no
-// LoRA), run by the ModelRunner and by the Generator one sequence at a time.
+// LoRA), run by the reference runner and by the Generator one sequence at a time.
 TEST(QloraFolderTest, InferenceOverThePreQuantizedFolderMatchesTransformers) {
   Result<LoadedModel> m = LoadModelFolder(Bnb4Dir());
   ASSERT_TRUE(m.ok()) << m.status().ToString();

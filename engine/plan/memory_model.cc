@@ -266,8 +266,8 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     Add(e.gpu, "rope.inv_freq", uint64_t(in.model.head_dim / 2) * 4, A);
   }
   Add(e.gpu, "doc_ids", uint64_t(in.micro_batch.tokens()) * 4, A);
-  Add(e.gpu, "library.workspace", ScratchReportsFor(OpsTarget(in.scratch).kind).library_workspace,
-      A);
+  Add(e.gpu, std::string(kLibraryWorkspace),
+      ScratchReportsFor(OpsTarget(in.scratch).kind).library_workspace, A);
   const bool generate = in.forward_only && in.generate_positions > 0;
   const uint64_t logits = generate ? uint64_t(in.logit_rows * in.model.vocab_size) * kF32 : 0;
   if (generate) {

@@ -92,6 +92,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/model/param_spec.h"
@@ -108,7 +109,11 @@ inline constexpr uint64_t kNvmeStagingSlots = 4;   // per GPU: activations.stagi
 inline constexpr uint64_t kActivationBlockBytes = uint64_t(1) << 20;
 // Its blocks in flight, each with a bounce buffer of one block (activations.store).
 inline constexpr uint64_t kActivationQueueDepth = 32;
-inline constexpr int64_t kLossChunkTokens = 256;  // engine/model/model_runner.h default
+inline constexpr int64_t kLossChunkTokens = 256;  // the head's chunk: StackOptions' default
+// The GPU entry of the device kind's library workspace: the device carves it from its own arena
+// when it is created (engine/exec/job_device_factory.h), so the executor allocates it no second
+// time.
+inline constexpr std::string_view kLibraryWorkspace = "library.workspace";
 
 uint64_t RoundUp(uint64_t bytes, uint64_t unit);
 

@@ -1,4 +1,4 @@
-// Test helper: a ModelRunner on a CpuDevice (f32 compute) fed with a PyTorch
+// Test helper: the reference runner on a CpuDevice (f32 compute) fed with a PyTorch
 // golden (engine/testing/golden_model.h): its initial weights as HostTensors,
 // zeroed gradient buffers for the trainable parameters, the micro-batch, and
 // the golden gradients in master layout.
@@ -15,6 +15,7 @@
 #include "engine/model/model_runner.h"
 #include "engine/model/weights_io.h"
 #include "engine/testing/golden_model.h"
+#include "engine/testing/reference_runner.h"
 #include "kernels/cpu/cpu_device.h"
 
 namespace ferry::testing {
@@ -50,7 +51,7 @@ struct RunnerFixture {
   // Loads the golden, creates the device and runner, uploads the initial
   // weights.
   static Result<std::unique_ptr<RunnerFixture>> Create(std::string_view name,
-                                                       ModelRunnerOptions options = {}) {
+                                                       ReferenceRunnerOptions options = {}) {
     auto f = std::make_unique<RunnerFixture>();
     FERRY_ASSIGN_OR_RETURN(f->golden, GoldenModel::Load(name));
     f->lora = GoldenLora(f->golden);
@@ -78,7 +79,7 @@ struct RunnerFixture {
     dev.compute_threads = 2;
     FERRY_ASSIGN_OR_RETURN(f->device, CpuDevice::Create(dev));
     FERRY_ASSIGN_OR_RETURN(f->runner,
-                           ModelRunner::Create(*f->device, f->golden.config, f->lora, options));
+                           CreateReferenceRunner(*f->device, f->golden.config, f->lora, options));
     FERRY_RETURN_IF_ERROR(f->runner->UploadWeights(f->weights));
     return f;
   }

@@ -18,6 +18,7 @@
 #include "engine/model/model_runner.h"
 #include "engine/model/param_spec.h"
 #include "engine/model/weights_io.h"
+#include "engine/testing/reference_runner.h"
 #include "kernels/cpu/cpu_device.h"
 
 namespace ferry::testing {
@@ -91,10 +92,10 @@ inline Result<std::vector<float>> TinyLogits(const ModelConfig& c, const LoraCon
   FERRY_ASSIGN_OR_RETURN(
       std::unique_ptr<CpuDevice> device,
       CpuDevice::Create({.memory_bytes = size_t(32) << 20, .compute_threads = 1}));
-  ModelRunnerOptions o;
+  ReferenceRunnerOptions o;
   o.shape = {1, int64_t(tokens.size())};
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
-                         ModelRunner::Create(*device, c, lora, o));
+                         CreateReferenceRunner(*device, c, lora, o));
   FERRY_RETURN_IF_ERROR(runner->UploadWeights(w));
   return runner->Logits(tokens);
 }

@@ -11,6 +11,7 @@
 
 #include "engine/model/master_weights.h"
 #include "engine/model/model_runner.h"
+#include "engine/testing/reference_runner.h"
 #include "engine/train/trainer.h"
 #include "kernels/cpu/cpu_device.h"
 
@@ -56,9 +57,9 @@ TEST(CopyTaskTest, AttentionLearnsToCopy) {
   auto dev =
       CpuDevice::Create({.name = "cpu0", .memory_bytes = size_t(32) << 20, .compute_threads = 2});
   ASSERT_TRUE(dev.ok());
-  ModelRunnerOptions ro;
+  ReferenceRunnerOptions ro;
   ro.shape = {kB, kT};
-  auto runner = ModelRunner::Create(**dev, model, {}, ro);
+  auto runner = CreateReferenceRunner(**dev, model, {}, ro);
   ASSERT_TRUE(runner.ok()) << runner.status().ToString();
   const std::vector<LayerSpec> layers = BuildLayerSpecs(model, {});
   OptimizerOptions o;

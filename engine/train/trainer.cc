@@ -47,7 +47,7 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(ModelRunner* runner, std::vecto
   if (options.stale_updates && !runner->streams_weights()) {
     return Status::InvalidArgument(
         "one-step-stale updates need a runner that reads the weights during the step (a "
-        "pipeline: `ferry train` runs every job through one); a ModelRunner holds its own copy");
+        "pipeline: `ferry train` runs every job through one); this runner holds its own copy");
   }
   std::unique_ptr<Trainer> t(
       new Trainer(runner, std::move(layers), std::move(weights), options, pool, state));

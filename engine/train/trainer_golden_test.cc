@@ -1,4 +1,4 @@
-// The whole training path — ModelRunner forward/backward on a CpuDevice, the Trainer's
+// The whole training path — the reference runner's forward/backward on a CpuDevice, the Trainer's
 // accumulation, clipping, schedule and AdamW — against five torch.optim.AdamW steps of
 // transformers/PEFT models (tests/goldens/<model>/: golden.json's per-step losses, and
 // final.safetensors, the trainable parameters after the fifth update).

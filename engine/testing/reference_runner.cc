@@ -1,7 +1,6 @@
-// ModelRunner's one implementation: host embedding, DecoderBlocks, Head over
-// DeviceParams, with per-block recomputation (engine/model/model_runner.h has
-// the contract).
-#include "engine/model/model_runner.h"
+// The reference runner: host embedding, DecoderBlocks, Head over DeviceParams, with per-block
+// recomputation (engine/testing/reference_runner.h; engine/model/model_runner.h has the contract).
+#include "engine/testing/reference_runner.h"
 
 #include <cstring>
 
@@ -26,7 +25,7 @@ struct Staging {
 
 class Runner final : public ModelRunner {
  public:
-  Runner(Device& d, const ModelConfig& c, const LoraConfig& lora, const ModelRunnerOptions& o)
+  Runner(Device& d, const ModelConfig& c, const LoraConfig& lora, const ReferenceRunnerOptions& o)
       : d_(d), c_(c), lora_(lora), o_(o) {}
 
   Status Init() {
@@ -336,7 +335,7 @@ class Runner final : public ModelRunner {
   Device& d_;
   const ModelConfig c_;
   const LoraConfig lora_;
-  const ModelRunnerOptions o_;
+  const ReferenceRunnerOptions o_;
   std::vector<LayerSpec> layers_;
   DeviceParams params_;
   DeviceBuffer io_buffer_;
@@ -359,7 +358,8 @@ class Runner final : public ModelRunner {
   RunnerStats stats_;
 };
 
-Status ValidateRunner(const ModelConfig& c, const LoraConfig& lora, const ModelRunnerOptions& o) {
+Status ValidateRunner(const ModelConfig& c, const LoraConfig& lora,
+                      const ReferenceRunnerOptions& o) {
   FERRY_RETURN_IF_ERROR(ValidateModelConfig(c));
   FERRY_RETURN_IF_ERROR(CheckTrainable(c));
   FERRY_RETURN_IF_ERROR(ValidateLoraConfig(lora));
@@ -392,9 +392,10 @@ Status ValidateRunner(const ModelConfig& c, const LoraConfig& lora, const ModelR
 
 }  // namespace
 
-Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(Device& device, const ModelConfig& config,
-                                                         const LoraConfig& lora,
-                                                         const ModelRunnerOptions& options) {
+Result<std::unique_ptr<ModelRunner>> CreateReferenceRunner(Device& device,
+                                                           const ModelConfig& config,
+                                                           const LoraConfig& lora,
+                                                           const ReferenceRunnerOptions& options) {
   FERRY_RETURN_IF_ERROR(ValidateRunner(config, lora, options));
   auto runner = std::make_unique<Runner>(device, config, lora, options);
   FERRY_RETURN_IF_ERROR(runner->Init());
