@@ -305,6 +305,7 @@ class Executor final : public PipelineExecutor {
       mirrors_.push_back(std::make_shared<HostMirrors>());
     }
     packed_.assign(mirrors_.size(), -1);
+    mirror_frozen_.assign(mirrors_.size(), nullptr);
     FERRY_RETURN_IF_ERROR(TakeHostStaging());
     if (c_.learned_positions) return Status::Ok();
     // RoPE's inverse frequencies (plain or Llama 3-scaled), uploaded once to every device; the
@@ -683,6 +684,7 @@ class Executor final : public PipelineExecutor {
     for (DeviceState& ds : devices_) {
       for (auto& f : ds.slot_frozen) f = {DeviceState::kNone, nullptr};
     }
+    std::fill(mirror_frozen_.begin(), mirror_frozen_.end(), nullptr);
   }
 
   void SynchronizeAll() {
@@ -740,7 +742,10 @@ class Executor final : public PipelineExecutor {
       if (runs_[i].kind == StageKind::kForward) continue;
       DeviceState& ds = devices_[runs_[i].device];
       FERRY_RETURN_IF_ERROR(ds.device->Synchronize(ds.grads_landed[i]));
+      HostSpan span(trace_, plan::LaneKind::kHostMemory, plan::TaskKind::kGradientAdd,
+                    plan::RoundRobinTaskName('A', int(i), int(p_.stages.size()), -1), -1, int(i));
       FERRY_RETURN_IF_ERROR(runs_[i].params->AddGrads(*grads, ow, host_threads_));
+      span.End();
       // What lands here is final unless it is tied to the embedding (its layer lands last), and
       // the caller's optimizer may use it while the devices go on.
       if (hooks_->grads_landed) {
@@ -867,7 +872,17 @@ class Executor final : public PipelineExecutor {
                              dtype_, mirrors_[r]));
     st.params = std::make_unique<DeviceParams>(std::move(params));
     if (packed_[r] != weights_version_) {
-      FERRY_RETURN_IF_ERROR(st.params->PackWeights(weights, host_threads_));
+      // A LoRA job's frozen base in the mirror was packed from this master copy, whose frozen
+      // tensors do not change between calls (Step's contract): only the trainable ones are.
+      const bool trainable_only =
+          lora_.enabled() && !decoding_ && mirror_frozen_[r] == packed_from_;
+      HostSpan span(trace_, plan::LaneKind::kHostMemory, plan::TaskKind::kWeightPack,
+                    plan::RoundRobinTaskName('P', int(i), int(p_.stages.size()), -1), -1, int(i));
+      mirror_frozen_[r] = nullptr;  // until the packing has succeeded
+      FERRY_RETURN_IF_ERROR(st.params->PackWeights(weights, host_threads_, trainable_only));
+      mirror_frozen_[r] = packed_from_;
+      stats_.frozen_packs_skipped += trainable_only ? 1 : 0;
+      span.End();
       packed_[r] = weights_version_;
       FERRY_RETURN_IF_ERROR(WeightsRead(st.range));
     }
@@ -1524,6 +1539,9 @@ class Executor final : public PipelineExecutor {
   plan::StageRoundRobin round_robin_{1};  // set for devices_ by the constructor
   // The master copy the step in flight packs its weights from.
   const HostTensors* packed_from_ = nullptr;
+  // Per layer range: the master copy its host mirror's frozen tensors were packed from (LoRA
+  // jobs), or null.
+  std::vector<const HostTensors*> mirror_frozen_;
   std::vector<StageRun> runs_;  // the step in flight
   // Pinned host staging (TakeHostStaging): one host-pool block per plan entry, by plan name, and
   // the spans carved from them.

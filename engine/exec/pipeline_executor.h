@@ -93,7 +93,8 @@
 // timeline (compute "F0.1" / "T.1" / "B0.1", with a stage's gradient zeroing in its "B0.0" / "T.0"
 // as the plan counts it; a task is one span per layer or tensor, its name repeated), uploads
 // "IF1.0", "IB0.1" (inputs, saved sets, layouts, targets), downloads "OF0.1", weights
-// "WF1/<chunk>", gradients "GB0"; the embedding on the host, "E.0" and "EB.0"). At the step's end
+// "WF1/<chunk>", gradients "GB0"; on the host the embedding, "E.0" and "EB.0", each range's
+// weight packing "PF1" / "PT" and each stage's gradient adding "AT" / "AB0"). At the step's end
 // the executor waits for the traced work only, then reads the events. The events are created in
 // the first step and reused.
 // Ownership: borrows the devices (they must outlive the executor) and a caller's host pool (it
@@ -130,6 +131,9 @@ struct ExecutorStats {
   // steps and evaluations, a stage whose slot holds its layers' frozen base, packed from the
   // same master copy, copies only the trainable ranges (DeviceParams::UploadTrainableWeights).
   uint64_t weight_bytes_uploaded = 0;
+  // Weight packings (one per layer range a step) that wrote the trainable tensors only: a LoRA
+  // job's host mirror keeps its frozen base, packed from the same master copy, from step to step.
+  int64_t frozen_packs_skipped = 0;
   // Per plan allocation name: the most bytes any component used of it (<= its planned size).
   std::vector<plan::Allocation> used;
   // Host mappings made so far: the host pool's pinned mappings (at Create) and any mirror a

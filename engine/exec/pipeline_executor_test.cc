@@ -460,6 +460,10 @@ TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
     EXPECT_EQ(st.stages_run, int64_t(2 * k.spec.stages.size() + 1));
     weights_uploaded += step_weights(step);
     EXPECT_EQ(st.weight_bytes_uploaded, weights_uploaded) << "step " << step;
+    // A LoRA job's second step packs the adapters only (each forward range and the head's): the
+    // host mirrors keep the base packed from the same master copy, and the results stay exact.
+    const int64_t ranges = int64_t(k.spec.stages.size()) + 1;
+    EXPECT_EQ(st.frozen_packs_skipped, k.lora_rank > 0 && step > 0 ? ranges : 0) << "step " << step;
   }
 }
 
@@ -707,6 +711,49 @@ void ExpectSameBits(const HostTensors& got, const HostTensors& want, const std::
   for (const auto& [name, g] : want.tensors) {
     EXPECT_EQ(got.tensors.at(name), g) << name << " differs " << what;
   }
+}
+
+// A LoRA job's host mirrors keep the frozen base from step to step (Step's contract: with the
+// same master copy only trainable tensors change): adapters changed between steps give what a
+// fresh executor gives, bit for bit; another master copy is packed whole.
+TEST(ExecutorLoraMirrorTest, KeptBaseWithChangedAdaptersEqualsAFreshExecutor) {
+  const Model m = LoadModel("llama", 4);
+  const PlanSpec spec{{{1, 3}, {3, 5}}, {}, 2, 2, 16, 2};
+  const plan::Plan p = MakeTestPlan(m, spec);
+  HostTensors w = RandomWeights(m, 3);
+  const Batches b = MakeBatches(m, spec.micro_batches, spec.batch * spec.seq_len, 8);
+  std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(spec.gpus, p.memory.gpu.total());
+  ActivationStore store;
+  Result<std::unique_ptr<PipelineExecutor>> e = CreateExecutor(devs, m, p, store);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  HostTensors first = ZeroGrads(m);
+  ASSERT_TRUE((*e)->Step(w, b.inputs, first).ok());
+  EXPECT_EQ((*e)->stats().frozen_packs_skipped, 0);
+  int changed = 0;
+  for (auto& [name, t] : w.tensors) {
+    if (name.find("lora_") == std::string::npos) continue;
+    for (size_t i = 0; i < t.size(); ++i) t[i] += 0.01f * float(i % 7 + 1);
+    ++changed;
+  }
+  ASSERT_GT(changed, 0);
+  HostTensors kept = ZeroGrads(m), fresh = ZeroGrads(m);
+  Result<double> loss = (*e)->Step(w, b.inputs, kept);
+  ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+  const int64_t ranges = int64_t(spec.stages.size()) + 1;
+  EXPECT_EQ((*e)->stats().frozen_packs_skipped, ranges);
+  EXPECT_EQ(*loss, ExecutorStep(m, p, spec.gpus, w, b, fresh));
+  ExpectSameBits(kept, fresh, "with the kept base");
+  // Another master copy with another base: packed whole, as a fresh executor would.
+  HostTensors other = w;
+  for (auto& [name, t] : other.tensors) {
+    if (name.find("mlp.down_proj.weight") != std::string::npos) t[0] += 0.5f;
+  }
+  HostTensors again = ZeroGrads(m), fresh_other = ZeroGrads(m);
+  loss = (*e)->Step(other, b.inputs, again);
+  ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+  EXPECT_EQ((*e)->stats().frozen_packs_skipped, ranges);
+  EXPECT_EQ(*loss, ExecutorStep(m, p, spec.gpus, other, b, fresh_other));
+  ExpectSameBits(again, fresh_other, "after another master copy");
 }
 
 // Random delays of 0-2 ms before every stream task (the CPU device's race detector), on five

@@ -1,8 +1,9 @@
 // TraceRecorder: what ran during a run of the pipeline executor (`ferry train --devices N --trace
 // FILE`), as spans on the lanes of the plan's predicted timeline (engine/plan/simulator.h): per
 // device its compute, host->device and device->host lanes; on the host the CPU optimizer and host
-// memory (the embedding) lanes. Spans are named as the round-robin schedule names its tasks
-// (plan::RoundRobinTaskName: "F0.1", "IB1.0", "WF1/2", "UB0", "E.0") and written by the writer of
+// memory (the embedding, weight packing, gradient adding) lanes. Spans are named as the
+// round-robin schedule names its tasks (plan::RoundRobinTaskName: "F0.1", "IB1.0", "WF1/2", "UB0",
+// "E.0", "PF1", "AB0") and written by the writer of
 // `ferry plan --trace` (plan::ChromeTraceJson), so a measured and a predicted run open alike in
 // Perfetto, lane for lane and name for name.
 //

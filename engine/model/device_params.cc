@@ -289,10 +289,12 @@ void ConvertFromFloatOn(ThreadPool* pool, const float* src, DType dtype, std::by
 
 }  // namespace
 
-Status DeviceParams::PackWeights(const HostTensors& weights, ThreadPool* pool) {
+Status DeviceParams::PackWeights(const HostTensors& weights, ThreadPool* pool,
+                                 bool trainable_only) {
   std::byte* mirror = mirrors_->weights.data();
   for (const auto& [name, dp] : params_) {
     if (dp.fused) continue;  // filled by its parts
+    if (trainable_only && !dp.trainable) continue;
     if (!dp.nf4.empty()) {
       auto it = weights.nf4.find(dp.host_name);
       if (it == weights.nf4.end() || it->second.numel() != dp.w.numel()) {

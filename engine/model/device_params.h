@@ -192,7 +192,10 @@ class DeviceParams {
   // the gradients' copy into the host mirror on the download stream; AddGrads, once that copy has
   // completed, adds (or stores) them into `grads` as DownloadAndAddGrads does. The mirrors must
   // not be repacked, nor this object destroyed, while a copy enqueued here may still run.
-  Status PackWeights(const HostTensors& weights, ThreadPool* pool = nullptr);
+  // `trainable_only`: the mirror's frozen tensors are already packed from the same values; only
+  // the trainable ones (and the LoRA packs) are written.
+  Status PackWeights(const HostTensors& weights, ThreadPool* pool = nullptr,
+                     bool trainable_only = false);
   size_t weights_bytes() const { return weights_bytes_; }
   size_t grads_bytes() const { return grads_bytes_; }
   Status UploadWeights(Device& d, size_t offset, size_t bytes);

@@ -128,9 +128,17 @@ LayerDeviceBytes DeviceBytesOf(const LayerSpec& layer, DType compute_dtype) {
   for (uint64_t n : DeviceTensorElems(layer, /*trainable_only=*/true)) {
     trainable += n * DTypeSize(compute_dtype);
   }
-  return {.weights = LayerWeightBytes(layer, compute_dtype),
+  const uint64_t weights = LayerWeightBytes(layer, compute_dtype);
+  uint64_t master = 0, trainable_master = 0;
+  for (const ParamSpec& p : layer.params) {
+    master += p.host_bytes();
+    if (p.trainable) trainable_master += p.host_bytes();
+  }
+  return {.weights = weights,
           .trainable_weights = trainable,
-          .grads = LayerGradBytes(layer)};
+          .grads = LayerGradBytes(layer),
+          .pack = master + weights,
+          .trainable_pack = trainable_master + trainable};
 }
 
 uint64_t TierMemory::total() const {

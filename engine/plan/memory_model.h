@@ -201,11 +201,15 @@ uint64_t KeptActivationBytes(const ModelConfig& model, const LoraConfig& lora, i
 // gate and up fused, each LoRA group packed with its block-diagonal B, NF4 weights as stored,
 // every tensor at an aligned offset): the weight upload, the part of it an update changes (the
 // trainable tensors' own bytes, as UploadTrainableWeights copies them), and the fp32 gradients
-// downloaded.
+// downloaded; and the host memory traffic of packing the weights (DeviceParams::PackWeights: the
+// master copy read, fp32 or NF4 as the host keeps it, and the upload mirror written), whole and
+// of the trainable tensors only (a LoRA job's steps after the first: the mirror keeps the base).
 struct LayerDeviceBytes {
   uint64_t weights = 0;
   uint64_t trainable_weights = 0;
   uint64_t grads = 0;
+  uint64_t pack = 0;
+  uint64_t trainable_pack = 0;
 };
 LayerDeviceBytes DeviceBytesOf(const LayerSpec& layer, DType compute_dtype);
 

@@ -56,7 +56,8 @@ Status CheckStages(const std::vector<StageCost>& stages, int micro_batches, cons
   for (size_t i = 0; i < stages.size(); ++i) {
     const StageCost& c = stages[i];
     for (double v : {c.fwd_s, c.bwd_s, c.weight_bytes, c.input_bytes, c.output_bytes, c.grad_bytes,
-                     c.param_count, c.gpu_optimizer_s}) {
+                     c.param_count, c.gpu_optimizer_s, c.pack.seconds, c.pack.bytes,
+                     c.add_grads.seconds, c.add_grads.bytes}) {
       if (!(v >= 0)) {
         return Status::InvalidArgument(std::string(what) + ": stage " + std::to_string(i) +
                                        " has a negative or NaN cost");
@@ -215,6 +216,33 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
     gather[j] = AddHostWork(s, job.embedding_forward, "E." + std::to_string(j), TaskKind::kForward,
                             j, {j > 0 ? gather[j - 1] : kNone});
   }
+  // The host thread's work, one task after another (`host`: its last task so far): the gathers,
+  // then the packing in enqueue order (stage k < G as it is enqueued, stage k + G while stage k
+  // is), each layer range's once, by the first of its stages (forward or backward) prepared;
+  // its work is the forward stage's (or the tail's) StageCost::pack.
+  int host = m > 0 ? gather[m - 1] : kNone;
+  // A backward stage runs a forward stage's layers when the partitions are the same.
+  const bool mirrored = job.backward.size() == job.forward.size();
+  auto range_of = [&](int k) { return k <= nf || !mirrored ? k : 2 * nf - k; };
+  std::vector<int> pack_of(K, kNone);
+  std::vector<bool> prepared(K, false);
+  auto add_pack = [&](int k) {
+    const int r = range_of(k);
+    if (prepared[r]) return;
+    prepared[r] = true;
+    const int t =
+        AddHostWork(s, all[r].pack, name_of('P', k, -1), TaskKind::kWeightPack, -1, {host});
+    if (t == kNone) return;
+    s.tasks[t].stage = k;
+    pack_of[r] = host = t;
+  };
+  for (int k = 0; k < K; ++k) {
+    if (k < G) add_pack(k);
+    if (k + G < K) add_pack(k + G);
+  }
+  // The packing a stage's upload waits for: its layer range's.
+  auto packed = [&](int k) { return pack_of[range_of(k)]; };
+
   // What micro-batch j of stage k waits for: the previous stage's output (or compute), or the
   // embedding's gather for the first stage.
   auto before = [&](int k, int j) {
@@ -229,6 +257,7 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
     const bool base = size_t(k) < job.base_resident.size() && job.base_resident[size_t(k)];
     t.bytes = (base ? all[k].trainable_weight_bytes : all[k].weight_bytes) / chunks;
     if (k - 2 * G >= 0) t.deps.push_back(compute[k - 2 * G][m - 1]);  // buffer is free
+    if (packed(k) != kNone) t.deps.push_back(packed(k));
     weights_last[k] = s.Add(std::move(t));
   };
 
@@ -289,13 +318,6 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
         for (int j = 1; j < m; ++j) AddDep(s, compute[k][j], out[k][j - 1]);
       }
     }
-    if (k == K - 1) {  // the last backward stage: its input gradient feeds the scatter-add
-      for (int j = 0; j < m; ++j) {
-        scatter[j] = AddHostWork(
-            s, job.embedding_backward, "EB." + std::to_string(j), TaskKind::kBackward, j,
-            {out[k][j] != kNone ? out[k][j] : compute[k][j], j > 0 ? scatter[j - 1] : kNone});
-      }
-    }
     int grads = kNone;
     if (c.grad_bytes > 0) {
       SimTask t = MakeTask(name_of('G', k, -1), TaskKind::kGradientDownload,
@@ -305,11 +327,25 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
       grads = s.Add(std::move(t));
       grads_of[k] = grads;
     }
+    const int landed = grads != kNone ? grads : compute[k][m - 1];
+    const int added = AddHostWork(s, c.add_grads, name_of('A', k, -1), TaskKind::kGradientAdd, -1,
+                                  {landed, host});
+    if (added != kNone) {
+      s.tasks[added].stage = k;
+      host = added;
+    }
+    if (k == K - 1) {  // the last backward stage: its input gradient feeds the scatter-add
+      for (int j = 0; j < m; ++j) {
+        scatter[j] = AddHostWork(
+            s, job.embedding_backward, "EB." + std::to_string(j), TaskKind::kBackward, j,
+            {out[k][j] != kNone ? out[k][j] : compute[k][j], j > 0 ? scatter[j - 1] : host});
+      }
+    }
     if (c.param_count > 0) {
       SimTask t =
           MakeTask(name_of('U', k, -1), TaskKind::kOptimizer, {LaneKind::kCpuOptimizer, 0}, k, -1);
       t.bytes = c.param_count * kAdamWBytesPerParameter;
-      t.deps.push_back(grads != kNone ? grads : compute[k][m - 1]);
+      t.deps.push_back(added != kNone ? added : landed);
       if (k == K - 1 && scatter[m - 1] != kNone) t.deps.push_back(scatter[m - 1]);
       s.Add(std::move(t));
     }

@@ -6,7 +6,8 @@
 // Task names: F<s>.<j> forward of stage s on micro-batch j, B<s>.<j> backward, T.<j> the fused
 // head+loss tail, W<s>[.<c>] weight upload (chunk c), I<s>.<j> activation upload, O<s>.<j>
 // activation download, G<s> gradient download, U<s> optimizer update, E.<j> / EB.<j> the
-// embedding's host gather / gradient scatter-add.
+// embedding's host gather / gradient scatter-add, P<s> / A<s> the host's weight packing /
+// gradient adding.
 //
 // Pure functions; thread-safe.
 #pragma once
@@ -19,6 +20,13 @@
 #include "kernels/status.h"
 
 namespace ferry::plan {
+
+// Work on the host (per micro-batch, or per stage): a measured time, or else bytes moved at the
+// host memory bandwidth (shared with the transfers running then). Both 0: none.
+struct HostWork {
+  double seconds = 0;
+  double bytes = 0;
+};
 
 struct StageCost {
   double fwd_s = 0;         // compute per micro-batch, forward (tail: its forward)
@@ -38,6 +46,13 @@ struct StageCost {
   // activations are saved), so its compute waits for the slot's download of the micro-batch before
   // (RoundRobinJob::single_buffered_inputs).
   bool reuses_saved_slot = false;
+  // Round-robin: the executor's host thread (engine/exec/pipeline_executor.h) packs a layer
+  // range's weights from the master copy into their upload mirror once a step, before the first
+  // upload of a stage over them ("P…", named for the first such stage it prepares; the work is
+  // the forward stage's and the tail's; a backward stage's only when the backward partition is
+  // not the forward one), and adds a stage's
+  // downloaded gradients into the master gradients before its update ("A…").
+  HostWork pack = {}, add_grads = {};
 };
 
 // GPipe: stage s on GPU s (p = stages.size() GPUs); all forwards, then all backwards. Activations
@@ -49,13 +64,6 @@ struct StageCost {
 // forward and one backward, then drains the remaining backwards. Same placement and transfers.
 [[nodiscard]] Result<Schedule> Build1F1BSchedule(const std::vector<StageCost>& stages,
                                                  int micro_batches);
-
-// Work on the host per micro-batch: a measured time, or else bytes moved at the host memory
-// bandwidth (shared with the transfers running then). Both 0: none.
-struct HostWork {
-  double seconds = 0;
-  double bytes = 0;
-};
 
 struct RoundRobinJob {
   int gpus = 1;
@@ -136,6 +144,12 @@ std::vector<bool> ResidentBases(const std::vector<int>& ranges, int gpus);
 // uploads its input after stage k-1 downloaded its output for j. Gradients download once per
 // stage after its last micro-batch; the CPU optimizer then updates that stage's parameters, in
 // the order the gradients land.
+// The host work runs as the executor's one host thread does it, one task after another: the
+// embedding's gathers, then the weight packing in the order the stages are enqueued (a device's
+// first stage as it is enqueued, every later stage while the stage before it on its device is
+// enqueued, as its weights are prefetched), then each stage's gradient adding in stage order,
+// each once its gradients have landed, then the embedding's scatter-adds. A stage's weight upload
+// waits for the packing of its layers, its update for its gradient adding.
 [[nodiscard]] Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job);
 
 // The round-robin schedule's name for a task of stage `stage` (its index in the step: forward

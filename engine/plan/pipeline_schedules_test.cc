@@ -228,6 +228,57 @@ TEST(PipelineSchedules, RoundRobinRunsTheEmbeddingOnTheHost) {
   EXPECT_FALSE(BuildRoundRobinSchedule(job).ok());
 }
 
+// The executor's host thread: gathers, then packing in enqueue order, then gradient adding in
+// stage order as each stage's gradients land, then the scatter-adds. Uploads wait for their
+// packing, updates for their adding.
+TEST(PipelineSchedules, RoundRobinRunsHostWorkAsTheExecutorsHostThread) {
+  RoundRobinJob job;
+  job.gpus = 2;
+  job.micro_batches = 2;
+  job.weight_chunks = 1;
+  job.forward = EqualStages(1, 1.0, 0.0);
+  job.forward[0].weight_bytes = 1e9;  // 1 s at FastLinks' 1e9 B/s
+  job.forward[0].pack.seconds = 1;
+  job.tail.fwd_s = job.tail.bwd_s = 0.5;
+  job.tail.pack.seconds = 1;
+  job.backward = EqualStages(1, 0.0, 1.0);
+  for (StageCost* c : {&job.tail, &job.backward[0]}) {
+    c->grad_bytes = 1e9;
+    c->add_grads.seconds = 1;
+    c->param_count = 1;
+  }
+  job.embedding_forward.seconds = 0.5;
+  job.embedding_backward.seconds = 0.25;
+  LaneRates rates = FastLinks();
+  rates.cpu_optimizer = kAdamWBytesPerParameter;  // 1 parameter/s
+  rates.transfers_share_host_memory = false;
+  Result<Schedule> s = BuildRoundRobinSchedule(job);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  Result<SimResult> r = Simulate(*s, rates);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::map<std::string, TaskTiming> at;
+  for (size_t i = 0; i < s->tasks.size(); ++i) {
+    at[s->tasks[i].name] = r->timing[i];
+    if (s->tasks[i].name[0] == 'P' || s->tasks[i].name[0] == 'A') {
+      EXPECT_EQ(s->tasks[i].lane.kind, LaneKind::kHostMemory) << s->tasks[i].name;
+    }
+  }
+  ASSERT_EQ(at.count("PB0"), 0u) << "the backward stage reuses the forward stage's packing";
+  const std::vector<std::pair<std::string, TaskTiming>> want = {
+      {"E.1", {0.5, 1}},     {"PF0", {1, 2}},     {"PT", {2, 3}}, {"WF0/0", {2, 3}},
+      {"F0.0", {3, 4}},      {"T.1", {5, 6}},     {"GT", {6, 7}}, {"AT", {7, 8}},
+      {"GB0", {7, 8}},       {"AB0", {8, 9}},     {"UT", {8, 9}}, {"EB.0", {9, 9.25}},
+      {"EB.1", {9.25, 9.5}}, {"UB0", {9.5, 10.5}}};
+  for (const auto& [name, t] : want) {
+    ASSERT_EQ(at.count(name), 1u) << name;
+    EXPECT_NEAR(at[name].start_s, t.start_s, kTol) << name;
+    EXPECT_NEAR(at[name].end_s, t.end_s, kTol) << name;
+  }
+  EXPECT_NEAR(r->makespan_s, 10.5, kTol);
+  job.tail.pack.bytes = -1;
+  EXPECT_FALSE(BuildRoundRobinSchedule(job).ok());
+}
+
 // The executor's placement: round robin over devices, each device's two slots in turn; with
 // `resume` a step starts on the last step's last device and slot.
 TEST(StageRoundRobin, PlacesInTurnAndResumesWhereTheLastStepEnded) {

@@ -21,6 +21,7 @@ struct LayerNumbers {
   double weights = 0;            // bytes uploaded: the device layout (aligned; NF4 as stored)
   double trainable_weights = 0;  // of which trainable (what an update changes)
   double grads = 0;              // fp32 gradient bytes downloaded
+  double pack = 0;               // host bytes of packing the weights for upload
   double trainable = 0;          // parameters the optimizer updates
   bool measured = false;         // fwd_s, bwd_s from the profile's layer_times
   // The embedding (on the host) when not measured: host bytes its gather / scatter-add move.
@@ -82,6 +83,9 @@ std::vector<LayerNumbers> NumbersFor(const Context& c, BatchShape micro) {
       n.weights = double(d.weights);
       n.trainable_weights = double(d.trainable_weights);
       n.grads = double(d.grads);
+      // A LoRA job's steps repack the adapters only: the host mirror keeps the frozen base.
+      const bool lora_steps = c.job.lora.enabled() && !c.job.forward_only;
+      n.pack = double(lora_steps ? d.trainable_pack : d.pack);
     }
     for (const ParamSpec& p : c.layers[i].params) {
       if (p.trainable && p.tied_to.empty()) n.trainable += double(p.numel());
@@ -209,6 +213,11 @@ Fit FitOf(const MemoryEstimate& m, const HardwareProfile& hw) {
   return f;
 }
 
+// The host passes over a stage's gradient bytes when its landed gradients are added to the
+// master gradients: the landing mirror read and the gradient written (the Trainer's first
+// micro-batch asks the step to store, not add: MicroBatchInput::overwrite_grads).
+constexpr double kGradAddPasses = 2;
+
 // `keep`: the device keeps every block's input and saved set (policy "keep"): only stage inputs
 // and outputs cross the host.
 std::vector<StageCost> StageCosts(const std::vector<LayerNumbers>& n,
@@ -224,11 +233,13 @@ std::vector<StageCost> StageCosts(const std::vector<LayerNumbers>& n,
       sc.trainable_weight_bytes += l.trainable_weights;
       if (!backward) {
         sc.fwd_s += l.fwd_s;
+        sc.pack.bytes += l.pack;  // the backward stage over these layers reuses the mirror
         if (!keep) sc.output_bytes += l.output + (recompute[size_t(i)] ? 0 : l.saved);
       } else {
         sc.bwd_s += l.bwd_s + (recompute[size_t(i)] ? l.fwd_s : 0);
         sc.input_bytes += kept;
         sc.grad_bytes += l.grads;
+        sc.add_grads.bytes += kGradAddPasses * l.grads;
         sc.param_count += l.trainable;
       }
     }
@@ -274,6 +285,8 @@ RoundRobinJob BuildJob(const std::vector<LayerNumbers>& n, const Candidate& k, i
   job.tail.input_bytes = head.input;
   job.tail.output_bytes = head.input;  // dh
   job.tail.grad_bytes = head.grads;
+  job.tail.pack.bytes = head.pack;
+  job.tail.add_grads.bytes = kGradAddPasses * head.grads;
   job.tail.param_count = head.trainable;
   job.backward.back().param_count += n.front().trainable;  // the embedding, updated on the host
   const LayerNumbers& embedding = n.front();  // measured seconds, else host bytes (formula)

@@ -135,6 +135,10 @@ std::string_view TaskKindName(TaskKind kind) {
       return "NVMe read";
     case TaskKind::kNvmeWrite:
       return "NVMe write";
+    case TaskKind::kWeightPack:
+      return "weight packing";
+    case TaskKind::kGradientAdd:
+      return "gradient adding";
     case TaskKind::kOther:
       return "other";
   }

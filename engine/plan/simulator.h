@@ -63,9 +63,11 @@ enum class TaskKind {
   kOptimizer,
   kNvmeRead,
   kNvmeWrite,
+  kWeightPack,   // host: master weights into an upload mirror
+  kGradientAdd,  // host: landed gradients into the master gradients
   kOther,
 };
-inline constexpr int kTaskKindCount = 11;
+inline constexpr int kTaskKindCount = 13;
 std::string_view TaskKindName(TaskKind kind);
 
 struct SimTask {

@@ -24,6 +24,8 @@ constexpr std::array<unsigned, kTaskKindCount> kKindColour = {
     0x9D755D,  // optimizer: brown
     0xBAB0AC,  // NVMe read: grey
     0x79706E,  // NVMe write: dark grey
+    0xEECA3B,  // weight packing: yellow
+    0xFF9DA6,  // gradient adding: pink
     0xCCCCCC,  // other
 };
 
