@@ -413,7 +413,7 @@ TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
   for (int step = 0; step < 2; ++step) {  // a second step reuses every buffer
     HostTensors got = ZeroGrads(m);
     const StoreStats io0 = store.get() ? store.get()->stats() : StoreStats{};
-    const uint64_t r0 = ProcIo("read_bytes"), w0 = ProcIo("write_bytes");
+    const uint64_t r0 = ProcIo("read_bytes"), w0 = ProcIo("write_bytes"), f0 = MajorFaults();
     Result<double> loss = (*e)->Step(w, b.inputs, got);
     ASSERT_TRUE(loss.ok()) << loss.status().ToString();
     if (store.get() != nullptr) {
@@ -421,10 +421,16 @@ TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
       EXPECT_EQ(io1.disk_bytes_written - io0.disk_bytes_written, planned_nvme);
       EXPECT_EQ(io1.disk_bytes_read - io0.disk_bytes_read, planned_nvme);
       // By the kernel's count too, once the store exists (the first step also creates its
-      // segment file): O_DIRECT, so the page cache hides nothing.
-      if (step > 0 && store.get()->direct_io()) {
+      // segment file): O_DIRECT, so the page cache hides nothing. The counters are the whole
+      // process's: a step that took a major page fault (the test binary's own pages read back
+      // from disk, as NvmeOptimizerTest saw under TSan) reads more, so it is not judged by them.
+      const uint64_t faults = MajorFaults() - f0;
+      if (step > 0 && store.get()->direct_io() && faults == 0) {
         EXPECT_EQ(ProcIo("write_bytes") - w0, planned_nvme);
         EXPECT_EQ(ProcIo("read_bytes") - r0, planned_nvme);
+      } else if (step > 0 && faults > 0) {
+        std::printf("[ note ] step %d took %llu major page faults: /proc/self/io not compared\n",
+                    step, static_cast<unsigned long long>(faults));
       }
     }
     const bool exact = k.spec.micro_batches == 1;
