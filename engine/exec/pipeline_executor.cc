@@ -742,8 +742,12 @@ class Executor final : public PipelineExecutor {
       if (runs_[i].kind == StageKind::kForward) continue;
       DeviceState& ds = devices_[runs_[i].device];
       FERRY_RETURN_IF_ERROR(ds.device->Synchronize(ds.grads_landed[i]));
-      HostSpan span(trace_, plan::LaneKind::kHostMemory, plan::TaskKind::kGradientAdd,
-                    plan::RoundRobinTaskName('A', int(i), int(p_.stages.size()), -1), -1, int(i));
+      HostSpan span;  // a stage with gradients (not a LoRA job's frozen head), as the plan has it
+      if (trace_ != nullptr && runs_[i].params->grads_bytes() > 0) {
+        span =
+            HostSpan(trace_, plan::LaneKind::kHostMemory, plan::TaskKind::kGradientAdd,
+                     plan::RoundRobinTaskName('A', int(i), int(p_.stages.size()), -1), -1, int(i));
+      }
       FERRY_RETURN_IF_ERROR(runs_[i].params->AddGrads(*grads, ow, host_threads_));
       span.End();
       // What lands here is final unless it is tied to the embedding (its layer lands last), and
@@ -876,8 +880,12 @@ class Executor final : public PipelineExecutor {
       // tensors do not change between calls (Step's contract): only the trainable ones are.
       const bool trainable_only =
           lora_.enabled() && !decoding_ && mirror_frozen_[r] == packed_from_;
-      HostSpan span(trace_, plan::LaneKind::kHostMemory, plan::TaskKind::kWeightPack,
-                    plan::RoundRobinTaskName('P', int(i), int(p_.stages.size()), -1), -1, int(i));
+      HostSpan span;  // traced when it writes anything, as the plan prices it
+      if (trace_ != nullptr && (!trainable_only || st.params->has_trainable_weights())) {
+        span =
+            HostSpan(trace_, plan::LaneKind::kHostMemory, plan::TaskKind::kWeightPack,
+                     plan::RoundRobinTaskName('P', int(i), int(p_.stages.size()), -1), -1, int(i));
+      }
       mirror_frozen_[r] = nullptr;  // until the packing has succeeded
       FERRY_RETURN_IF_ERROR(st.params->PackWeights(weights, host_threads_, trainable_only));
       mirror_frozen_[r] = packed_from_;
@@ -1212,9 +1220,12 @@ class Executor final : public PipelineExecutor {
   Status DownloadGrads(size_t i) {
     DeviceState& ds = devices_[runs_[i].device];
     FERRY_RETURN_IF_ERROR(ds.hazards.Before(StreamId::kDownload, {"grads.accum"}, {}));
-    FERRY_RETURN_IF_ERROR(ds.TraceBegin(StreamId::kDownload));
+    // A stage without gradients (a LoRA job's frozen head) copies nothing: no span, as the plan
+    // has no task for it.
+    const bool traced = ds.timeline && runs_[i].params->grads_bytes() > 0;
+    if (traced) FERRY_RETURN_IF_ERROR(ds.TraceBegin(StreamId::kDownload));
     FERRY_RETURN_IF_ERROR(runs_[i].params->DownloadGrads(*ds.device));
-    if (ds.timeline) {
+    if (traced) {
       FERRY_RETURN_IF_ERROR(ds.timeline->End(StreamId::kDownload, 'G',
                                              plan::TaskKind::kGradientDownload, int(i), -1,
                                              double(runs_[i].params->grads_bytes())));

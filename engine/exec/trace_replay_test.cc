@@ -1,7 +1,8 @@
 // The simulator against the executor (issue 17, "True"): the pipeline executor runs steps of the
 // tiny model on CPU devices, its trace is replayed through the plan's round-robin schedule
 // (engine/exec/trace_replay.h), for plans that differ in stage count, micro-batches,
-// recomputation, device count and compute dtype (bf16 halves the bytes moved). Asserted: every task
+// recomputation, device count, compute dtype (bf16 halves the bytes moved) and LoRA (the base
+// stays in the slots and the host mirrors; adapters move). Asserted: every task
 // of the schedule is in the trace (bar the optimizer's, not run here), every span maps to a task,
 // and the replayed step is within 15% of the recorded one.
 //
@@ -14,14 +15,15 @@
 // recording. One case also runs on real time and prints its ratio (not asserted: on 2 shared cores
 // host work and load stretch the recorded step).
 //
-// Where the ratios come from (1.045, 1.006, 1.005, 1.111, 1.020, 1.035 for cases 0-5): the
+// Where the ratios come from (1.045, 1.006, 1.005, 1.111, 1.043, 1.020, 1.035 for cases 0-6): the
 // schedule's tasks are whole stages per micro-batch, while the executor works layer by layer
 // inside a stage: a forward stage downloads each block's saved set and output as soon as the block
 // has run (its "O" spans overlap its later blocks' compute), and a backward stage starts its last
 // block once that block's inputs are up (its "I" spans overlap its compute). The replay waits for
 // the whole transfer each time, so it runs long where those transfers are on the critical path
 // (case 3: 2 micro-batches, little else to hide them behind). A replayed step shorter than the
-// recorded one would mean a dependency of the executor's that the schedule lacks: cases 2 and 4
+// recorded one would mean a dependency of the executor's that the schedule lacks: cases 2 and 5
+// (then numbered 2 and 5)
 // were at 0.973 and 0.979 until the schedule learnt that a stage's gradient zeroing waits for the
 // gradient download of the device's stage before it (one accumulator per device).
 //
@@ -67,6 +69,7 @@ struct Case {
   int micro_batches;
   int devices;
   DType dtype = DType::kF32;  // compute dtype: bf16 halves the weights' and activations' bytes
+  int lora_rank = 0;          // > 0: a LoRA job (every projection adapted; the base frozen)
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -79,6 +82,7 @@ plan::Plan MakePlan(const ModelConfig& model, const Case& c) {
   p.job.seq_len = 32;
   p.job.micro_batches = c.micro_batches;
   p.job.compute_dtype = c.dtype;
+  if (c.lora_rank > 0) p.job.lora = {.rank = c.lora_rank, .alpha = 2.0 * c.lora_rank};
   p.job.scratch = {.cuda = false, .cpu_threads = kThreads};
   p.micro_batches = c.micro_batches;
   p.micro_batch_size = 2;
@@ -119,7 +123,7 @@ void RunAndReplay(const Case& c, VirtualClock* clock, std::vector<StepReplay>& r
       PipelineExecutor::Create(raw, model, p, nullptr, &trace);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
 
-  const std::vector<LayerSpec> layers = BuildLayerSpecs(model, {});
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(model, p.job.lora);
   const HostTensors weights = InitMasterWeights(layers, 3);
   HostTensors grads;
   for (const LayerSpec& l : layers) {
@@ -213,6 +217,13 @@ INSTANTIATE_TEST_SUITE_P(
              3,
              2},
         Case{"2 stages, 2 micro-batches, saved, 3 devices", {{1, 3}, {3, 5}}, {}, 2, 3},
+        Case{"2 stages, 3 micro-batches, LoRA, 2 devices",
+             {{1, 3}, {3, 5}},
+             {},
+             3,
+             2,
+             DType::kF32,
+             4},
         Case{"2 stages, 3 micro-batches, mixed, 1 device", {{1, 3}, {3, 5}}, {1, 4}, 3, 1},
         Case{"3 stages, 4 micro-batches, saved, 2 devices, bf16",
              {{1, 2}, {2, 4}, {4, 5}},

@@ -198,6 +198,8 @@ class DeviceParams {
                      bool trainable_only = false);
   size_t weights_bytes() const { return weights_bytes_; }
   size_t grads_bytes() const { return grads_bytes_; }
+  // Whether any packed weight is trainable (a LoRA stage's adapters; none in a frozen head).
+  bool has_trainable_weights() const { return !trainable_extents_.empty(); }
   Status UploadWeights(Device& d, size_t offset, size_t bytes);
   // Enqueues, as UploadWeights, the copy of the trainable ranges (trainable_extents_) that lie
   // in [offset, offset + bytes) only, for a slot that holds these layers' frozen weights already

@@ -5,7 +5,8 @@
 // Every job runs through one implementation, the pipeline executor's PipelineRunner
 // (engine/exec/pipeline_runner.h): one device is a one-stage plan sized by the exact memory model.
 // A second, plain implementation stays as the independent reference the executor is checked
-// against (engine/testing/reference_runner.h: tests and train_bench only, never linked into ferry).
+// against (engine/testing/reference_runner.h: tests, bench/ and the interop tool; never linked into
+// ferry).
 //
 // Gradient semantics: AccumulateGradients adds (+=) into HostGradients across micro-batches; the
 // loss of a micro-batch is sum(-log p) over its non-masked targets divided by `normalizer` (the

@@ -49,8 +49,8 @@ struct StageCost {
   // Round-robin: the executor's host thread (engine/exec/pipeline_executor.h) packs a layer
   // range's weights from the master copy into their upload mirror once a step, before the first
   // upload of a stage over them ("P…", named for the first such stage it prepares; the work is
-  // the forward stage's and the tail's; a backward stage's only when the backward partition is
-  // not the forward one), and adds a stage's
+  // the forward stage's and the tail's; a backward stage's only when there are not as many
+  // backward stages as forward ones, the sign that the partitions differ), and adds a stage's
   // downloaded gradients into the master gradients before its update ("A…").
   HostWork pack = {}, add_grads = {};
 };

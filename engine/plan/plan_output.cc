@@ -84,7 +84,11 @@ nlohmann::json PlanToJson(const Plan& p) {
                     {"pcie_h2d_bytes_per_step", p.pcie_h2d_bytes},
                     {"pcie_d2h_bytes_per_step", p.pcie_d2h_bytes},
                     {"nvme_read_bytes_per_step", p.nvme_read_bytes},
-                    {"nvme_write_bytes_per_step", p.nvme_write_bytes}};
+                    {"nvme_write_bytes_per_step", p.nvme_write_bytes},
+                    {"host_thread_s_per_step",
+                     {{"weight_packing", p.host_pack_s},
+                      {"gradient_adding", p.host_grad_add_s},
+                      {"embedding", p.host_embedding_s}}}};
   const auto measured = std::count(p.measured_times.begin(), p.measured_times.end(), true);
   j["layer_times"] = {{"source", p.LayerTimeSource()},
                       {"measured_layers", measured},
@@ -158,6 +162,9 @@ std::string PlanSummary(const Plan& p) {
              "%.2f GB",
              p.pcie_h2d_bytes / 1e9, p.pcie_d2h_bytes / 1e9, p.nvme_read_bytes / 1e9) +
          Format(", NVMe written %.2f GB\n", p.nvme_write_bytes / 1e9);
+  out += Format(
+      "  host thread per step: weight packing %.3f s, gradient adding %.3f s, embedding %.3f s\n",
+      p.host_pack_s, p.host_grad_add_s, p.host_embedding_s);
   out += "Memory (exact, alignment included):\n";
   TableRows(out, "each GPU", p.memory.gpu, p.gpu_budget);
   TableRows(out, "pinned host", p.memory.pinned_host, 0);

@@ -298,6 +298,7 @@ RoundRobinJob BuildJob(const std::vector<LayerNumbers>& n, const Candidate& k, i
 struct Timing {
   double makespan = 0, bubble = 0, h2d = 0, d2h = 0;
   double stale = 0;  // the step with one-step-stale updates (see planner.h)
+  double pack = 0, grad_add = 0, embedding = 0;  // the host thread's work (Plan::host_pack_s...)
 };
 
 Result<Timing> SimulateJob(const RoundRobinJob& job, const HardwareProfile& hw) {
@@ -311,6 +312,13 @@ Result<Timing> SimulateJob(const RoundRobinJob& job, const HardwareProfile& hw) 
     const SimTask& task = schedule.tasks[i];
     if (task.lane.kind == LaneKind::kHostToDevice) t.h2d += task.bytes;
     if (task.lane.kind == LaneKind::kDeviceToHost) t.d2h += task.bytes;
+    const double busy = sim.timing[i].end_s - sim.timing[i].start_s;
+    if (task.kind == TaskKind::kWeightPack) t.pack += busy;
+    if (task.kind == TaskKind::kGradientAdd) t.grad_add += busy;
+    if (task.lane.kind == LaneKind::kHostMemory &&
+        (task.kind == TaskKind::kForward || task.kind == TaskKind::kBackward)) {
+      t.embedding += busy;
+    }
     if (task.kind != TaskKind::kOptimizer) {
       last_non_optimizer = std::max(last_non_optimizer, sim.timing[i].end_s);
     }
@@ -592,6 +600,9 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
               p.bubble_fraction = timing->bubble;
               p.pcie_h2d_bytes = timing->h2d;
               p.pcie_d2h_bytes = timing->d2h;
+              p.host_pack_s = timing->pack;
+              p.host_grad_add_s = timing->grad_add;
+              p.host_embedding_s = timing->embedding;
               const double host = double(mem.pinned_host.total() + mem.pageable_host.total());
               const std::tuple<double, double, double> key{p.step_s, double(mem.nvme.total()),
                                                            host};

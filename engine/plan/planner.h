@@ -116,6 +116,12 @@ struct Plan {
   double pcie_d2h_bytes = 0;
   double nvme_read_bytes = 0;
   double nvme_write_bytes = 0;
+  // The executor's host thread per step, as the simulator ran it (synchronous updates): packing
+  // the weights into the upload mirrors, adding the landed gradients, the embedding's gather and
+  // scatter-add (seconds of work, not of the step: much of it overlaps the GPUs).
+  double host_pack_s = 0;
+  double host_grad_add_s = 0;
+  double host_embedding_s = 0;
   // Where each layer's compute time came from, per layer of BuildLayerSpecs: true when the
   // hardware profile's layer_times had the layer's LayerTimeKey (measured), false for the FLOP
   // formulas at the profile's effective rate.

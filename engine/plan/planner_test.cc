@@ -227,6 +227,25 @@ TEST(Planner, WarnsWhenTheProfilesLayerTimesAreForAnotherDType) {
       << w[0];
 }
 
+// A LoRA job's steps pack the adapters only (the host mirrors keep the frozen base), and add only
+// the adapters' gradients: far less host work than full fine-tuning of the same model.
+TEST(Planner, LoraStepsPackAndAddTheAdaptersOnly) {
+  const ModelConfig m = SmallModel(6, 64, 300);
+  PlanJob full;
+  full.global_batch = 6;
+  full.seq_len = 32;
+  PlanJob lora = full;
+  lora.lora = {.rank = 2, .alpha = 4};
+  const HardwareProfile h = SmallMachine(2);
+  Result<PlanOutcome> f = MakePlan("small", m, full, h);
+  Result<PlanOutcome> l = MakePlan("small", m, lora, h);
+  ASSERT_TRUE(f.ok() && l.ok());
+  ASSERT_TRUE(f->feasible && l->feasible);
+  EXPECT_GT(l->plan.host_pack_s, 0);
+  EXPECT_LT(l->plan.host_pack_s, 0.25 * f->plan.host_pack_s);
+  EXPECT_LT(l->plan.host_grad_add_s, 0.25 * f->plan.host_grad_add_s);
+}
+
 TEST(Planner, PlanCoversEveryBlockAndFits) {
   const ModelConfig m = SmallModel(6, 64, 300);
   PlanJob job;
@@ -256,9 +275,16 @@ TEST(Planner, PlanCoversEveryBlockAndFits) {
   // Everything on the GPUs crosses PCIe at least once: the weights of every
   // stage twice (forward and backward), the head once.
   EXPECT_GT(p.pcie_h2d_bytes, 0);
+  // The host thread packs every weight and adds every gradient once a step.
+  EXPECT_GT(p.host_pack_s, 0);
+  EXPECT_GT(p.host_grad_add_s, 0);
+  EXPECT_GT(p.host_embedding_s, 0);
   const nlohmann::json j = PlanToJson(p);
   EXPECT_EQ(j["memory"]["per_gpu"]["total_bytes"].get<uint64_t>(), p.memory.gpu.total());
+  EXPECT_EQ(j["predicted"]["host_thread_s_per_step"]["weight_packing"].get<double>(),
+            p.host_pack_s);
   EXPECT_NE(PlanSummary(p).find("weights.slot0"), std::string::npos);
+  EXPECT_NE(PlanSummary(p).find("host thread per step: weight packing"), std::string::npos);
 }
 
 // max_stages bounds the forward stages: 1 gives one stage over every block (one device's plan in
