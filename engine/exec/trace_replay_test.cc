@@ -23,9 +23,9 @@
 // the whole transfer each time, so it runs long where those transfers are on the critical path
 // (case 3: 2 micro-batches, little else to hide them behind). A replayed step shorter than the
 // recorded one would mean a dependency of the executor's that the schedule lacks: cases 2 and 5
-// (then numbered 2 and 5)
-// were at 0.973 and 0.979 until the schedule learnt that a stage's gradient zeroing waits for the
-// gradient download of the device's stage before it (one accumulator per device).
+// (then numbered 2 and 4) were at 0.973 and 0.979 until the schedule learnt that a stage's
+// gradient zeroing waits for the gradient download of the device's stage before it (one
+// accumulator per device).
 //
 // Tiers: every case keeps activations, optimizer state and weights in host RAM. NVMe tiers are not
 // covered: the executor refuses a plan that puts a group on NVMe (pipeline_executor.cc, Validate).

@@ -118,7 +118,8 @@ struct Plan {
   double nvme_write_bytes = 0;
   // The executor's host thread per step, as the simulator ran it (synchronous updates): packing
   // the weights into the upload mirrors, adding the landed gradients, the embedding's gather and
-  // scatter-add (seconds of work, not of the step: much of it overlaps the GPUs).
+  // scatter-add: each task's simulated time, its share of the host's bandwidth beside the copies
+  // included (time of the host thread, not of the step: much of it overlaps the GPUs).
   double host_pack_s = 0;
   double host_grad_add_s = 0;
   double host_embedding_s = 0;
