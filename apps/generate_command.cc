@@ -37,6 +37,11 @@ Status Run(const GenerateCommand& cmd) {
   const SamplingOptions sampling{cmd.temperature, cmd.top_p, cmd.top_k, cmd.seed};
   FERRY_RETURN_IF_ERROR(ValidateSamplingOptions(sampling));
   if (cmd.max_tokens < 1) return Status::InvalidArgument("--max-tokens must be at least 1");
+  if (cmd.devices.device_kind == "cuda") {
+    return Status::InvalidArgument(
+        "--devices names GPUs: generation runs on CPU devices for now (its KV cache is f32, and "
+        "GPUs compute in bf16 or f16); use --devices cpu");
+  }
   // The options against the model's config and this machine before anything is loaded (the
   // prompt has a token at least); with the prompt's tokens again below, before the device.
   {

@@ -84,6 +84,11 @@ TEST_F(GenerateCliTest, BadInputIsOneLineAndNonZero) {
     EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << args << ": " << r.output;
     EXPECT_EQ(r.output.rfind("ferry generate: ", 0), 0u) << args << ": " << r.output;
   }
+  // GPUs are refused for what generation cannot do there yet, never with advice about an
+  // option generate does not have (--dtype), and whether or not this machine has a GPU.
+  CommandResult r = Ferry("generate --prompt x --devices cuda");
+  ferry::testing::ExpectWords(r, {"generation runs on CPU devices", "--devices cpu"});
+  EXPECT_EQ(r.output.find("--dtype"), std::string::npos) << r.output;
 }
 
 }  // namespace
