@@ -62,6 +62,7 @@ Result<plan::PlanJob> PlanJobOf(const JobSpec& spec, const std::string& lora_tar
   job.micro_batches = micro_batches_given ? spec.micro_batches : 0;
   job.lora = spec.lora;
   job.lora.targets = *targets;
+  job.frozen_base_from_files = spec.model != "tiny";
   job.compute_dtype = *compute;
   job.fp16_accumulate = fp16_accumulate;
   if (*compute == DType::kF32) {

@@ -208,6 +208,7 @@ int QloraTable(const std::string& configs, const HardwareProfile& hw) {
       job.global_batch = kBatch;
       job.seq_len = kSeq;
       job.lora = {.rank = 16, .alpha = 32, .targets = kLoraAll, .quantize = q};
+      job.frozen_base_from_files = true;  // as `ferry train --model DIR` serves it
       if (row(name, hw, job) != 0) return 1;
     }
   }
@@ -223,6 +224,7 @@ int QloraTable(const std::string& configs, const HardwareProfile& hw) {
     job.global_batch = 4;
     job.seq_len = kSeq;
     job.lora = {.rank = 16, .alpha = 32, .targets = kLoraAll, .quantize = q};
+    job.frozen_base_from_files = true;
     if (row("llama-3.1-70b", *one, job) != 0) return 1;
   }
   std::printf(

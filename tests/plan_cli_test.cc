@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 
 #include "engine/json.h"
@@ -124,18 +125,44 @@ TEST_F(PlanCliTest, WritesTimelines) {
 }
 
 TEST_F(PlanCliTest, NothingFitsExitsThreeWithWhatWouldFit) {
-  // 0.6 B parameters need about 9.6 GB of fp32 master, gradients and moments: 2
-  // GiB is short, and without an NVMe directory nothing can move. LoRA's frozen fp32 base (2.4 GB)
-  // is short too; QLoRA's NF4 base fits.
+  // 0.6 B parameters need about 9.6 GB of fp32 master, gradients and moments: 1400 MiB
+  // is short, and without an NVMe directory nothing can move. LoRA's base, packed from the model's
+  // files into bf16 upload mirrors (1.63 GiB in all), is short too; QLoRA's NF4 base (1.23) fits.
   CommandResult r = Ferry(
       "plan --model qwen3-0.6b --hardware 1x-rtx4090-pcie4 "
       "--seq-len 512 --batch-size 2 "
-      "--host-memory 2GiB");
+      "--host-memory 1400MiB");
   EXPECT_EQ(r.code, 3) << r.output;
   EXPECT_NE(r.output.find("Nothing fits. host memory is short"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("fits with --lora-rank 16 --quantize nf4"), std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("fits with --host-memory"), std::string::npos) << r.output;
+}
+
+// A LoRA job over a model folder packs its frozen base from the model's files: no fp32 copy of
+// it in the host's map. The built-in `tiny` base is made from the seed and held in fp32.
+TEST_F(PlanCliTest, ALoraBaseFromTheModelsFilesHasNoFp32Copy) {
+  CommandResult folder = Ferry("plan --model smollm2-135m --lora-rank 8 --seq-len 256 --json");
+  ASSERT_EQ(folder.code, 0) << folder.output;
+  const nlohmann::json f = nlohmann::json::parse(folder.output).at("plan");
+  EXPECT_TRUE(f.at("frozen_base_from_files").get<bool>());
+  std::set<std::string> names;
+  for (const nlohmann::json& a : f.at("memory").at("pageable_host").at("allocations")) {
+    names.insert(a.at("name").get<std::string>());
+  }
+  EXPECT_FALSE(names.contains("weights.frozen")) << folder.output;
+  EXPECT_TRUE(names.contains("weights.embedding")) << folder.output;  // the file's mapped table
+  CommandResult text = Ferry("plan --model smollm2-135m --lora-rank 8 --seq-len 256");
+  EXPECT_NE(text.output.find("packed from the model's files"), std::string::npos) << text.output;
+  CommandResult tiny = Ferry("plan --model tiny --lora-rank 8 --seq-len 64 --json");
+  ASSERT_EQ(tiny.code, 0) << tiny.output;
+  const nlohmann::json t = nlohmann::json::parse(tiny.output).at("plan");
+  EXPECT_FALSE(t.at("frozen_base_from_files").get<bool>());
+  bool fp32_base = false;
+  for (const nlohmann::json& a : t.at("memory").at("pageable_host").at("allocations")) {
+    fp32_base = fp32_base || a.at("name") == "weights.frozen";
+  }
+  EXPECT_TRUE(fp32_base) << tiny.output;
 }
 
 TEST_F(PlanCliTest, UnknownModelIsOneLine) {

@@ -29,6 +29,7 @@
 #include "engine/json.h"
 #include "engine/model/device_params.h"
 #include "engine/model/master_weights.h"
+#include "engine/model/model_folder.h"
 #include "engine/plan/pipeline_schedules.h"
 #include "engine/testing/golden_files.h"
 #include "engine/testing/reference_runner.h"
@@ -760,6 +761,56 @@ TEST(ExecutorLoraMirrorTest, KeptBaseWithChangedAdaptersEqualsAFreshExecutor) {
   EXPECT_EQ((*e)->stats().frozen_packs_skipped, ranges);
   EXPECT_EQ(*loss, ExecutorStep(m, p, spec.gpus, other, b, fresh_other));
   ExpectSameBits(again, fresh_other, "after another master copy");
+}
+
+// A LoRA job's frozen base served from the model's safetensors files (HostTensors::files: packed
+// into the upload mirrors straight from the file, the embedding gathered from it) gives the
+// loss and adapter gradients of the same base read into fp32 tensors by the independent loader
+// (LoadParameter), bit for bit: a file in the compute dtype (copied), in another dtype
+// (converted), and GPT-2's transposed Conv1D weights with its tied head and learned positions.
+TEST(ExecutorFileBaseTest, ABaseServedFromItsFilesEqualsItsFp32Copy) {
+  struct Case {
+    const char* golden;
+    DType file, compute;
+  };
+  for (const Case& k :
+       {Case{"llama", DType::kBF16, DType::kBF16}, Case{"llama", DType::kF32, DType::kBF16},
+        Case{"gpt2", DType::kBF16, DType::kF32}}) {
+    const std::string what = std::string(k.golden) + ", " + std::string(DTypeName(k.file)) +
+                             " file, " + std::string(DTypeName(k.compute)) + " compute";
+    const Model m = LoadModel(k.golden, 4);
+    const PlanSpec spec{{{1, 3}, {3, 5}}, {}, 2, 2, 16, 2, k.compute};
+    const plan::Plan p = MakeTestPlan(m, spec);
+    const HostTensors random = RandomWeights(m, 21);
+    testing::TempDir dir;
+    const std::vector<LayerSpec> lora_layers = BuildLayerSpecs(m.config, m.lora);
+    ModelFolderWriteOptions as;
+    as.dtype = k.file;
+    ASSERT_TRUE(WriteModelFolder(dir.path(), m.config, lora_layers, random, as).ok());
+    Result<FolderWeights> folder = FolderWeights::Open(dir.path());
+    ASSERT_TRUE(folder.ok()) << folder.status().ToString();
+    // Served: the LoRA layers' frozen base from the file; read: a full fine-tune's layers (base
+    // trainable) read it into fp32. Both take the same adapters.
+    HostTensors served, read;
+    ASSERT_TRUE(LoadBaseWeights(*folder, m.config, lora_layers, served).ok()) << what;
+    ASSERT_TRUE(
+        LoadBaseWeights(*folder, m.config, BuildLayerSpecs(m.config, LoraConfig{}), read).ok())
+        << what;
+    for (const ParamSpec* q : StorageParams(lora_layers)) {
+      if (q->lora) {
+        served.tensors[q->name] = read.tensors[q->name] = random.tensors.at(q->name);
+      } else {
+        EXPECT_TRUE(served.files.contains(q->name) && !served.tensors.contains(q->name))
+            << q->name << " is not served from the file (" << what << ")";
+      }
+    }
+    const Batches b = MakeBatches(m, spec.micro_batches, spec.batch * spec.seq_len, 8);
+    HostTensors from_files = ZeroGrads(m), from_ram = ZeroGrads(m);
+    const double loss = ExecutorStep(m, p, spec.gpus, served, b, from_files);
+    EXPECT_TRUE(std::isfinite(loss)) << what;
+    EXPECT_EQ(loss, ExecutorStep(m, p, spec.gpus, read, b, from_ram)) << what;
+    ExpectSameBits(from_files, from_ram, "with the base served from its file, " + what);
+  }
 }
 
 // Random delays of 0-2 ms before every stream task (the CPU device's race detector), on five

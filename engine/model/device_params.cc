@@ -287,6 +287,22 @@ void ConvertFromFloatOn(ThreadPool* pool, const float* src, DType dtype, std::by
   });
 }
 
+// A weight served from its model file (HostTensors::files) into `dst` as `dtype`, split over
+// `pool`; then its pages leave the resident set (they are read once per packing).
+void PackFileTensorOn(ThreadPool* pool, const FileTensor& t, DType dtype, std::byte* dst) {
+  if (t.transposed) {
+    std::vector<float> values(size_t(t.numel()));
+    ReadFileTensor(t, values);
+    ConvertFromFloatOn(pool, values.data(), dtype, dst, t.numel());
+  } else {
+    const size_t size = DTypeSize(dtype);
+    SplitOver(pool, t.numel(), [&](int64_t begin, int64_t end) {
+      ConvertFileRange(t, begin, end, dtype, dst + size_t(begin) * size);
+    });
+  }
+  ReleaseFilePages(t);
+}
+
 }  // namespace
 
 Status DeviceParams::PackWeights(const HostTensors& weights, ThreadPool* pool,
@@ -335,6 +351,16 @@ Status DeviceParams::PackWeights(const HostTensors& weights, ThreadPool* pool,
       } else {
         copy(Nf4Slot::kAbsmax, q.absmax);
       }
+      continue;
+    }
+    if (auto f = weights.files.find(dp.host_name); f != weights.files.end()) {
+      if (f->second.numel() != dp.w.numel()) {
+        return Status::InvalidArgument("the weights' tensor '" + dp.host_name + "' in " +
+                                       f->second.path + " has " +
+                                       std::to_string(f->second.numel()) + " elements, expected " +
+                                       std::to_string(dp.w.numel()));
+      }
+      PackFileTensorOn(pool, f->second, dtype_, mirror + dp.w_offset);
       continue;
     }
     FERRY_RETURN_IF_ERROR(CheckHost(weights, dp.host_name, dp.w.numel(), "the weights"));

@@ -1,6 +1,8 @@
 #include "engine/model/embedding.h"
 
+#include <algorithm>
 #include <cassert>
+#include <cstring>
 #include <string>
 
 namespace ferry {
@@ -17,26 +19,40 @@ Status CheckIds(std::span<const int32_t> ids, int64_t limit, const char* what) {
   return Status::Ok();
 }
 
+// out[0, C) = row `r` of `t` in fp32, or out += it when `add`.
+void GatherRow(const EmbeddingTable& t, size_t r, size_t C, float* out, bool add) {
+  if (t.dtype == DType::kF32 && reinterpret_cast<uintptr_t>(t.data) % alignof(float) == 0) {
+    const float* row = reinterpret_cast<const float*>(t.data) + r * C;
+    for (size_t c = 0; c < C; ++c) out[c] = add ? out[c] + row[c] : row[c];
+    return;
+  }
+  const size_t es = DTypeSize(t.dtype);
+  const std::byte* row = t.data + r * C * es;
+  constexpr size_t kPiece = 1024;
+  alignas(16) std::byte stored[kPiece * 4];
+  float f[kPiece];
+  for (size_t c0 = 0; c0 < C; c0 += kPiece) {
+    const size_t n = std::min(kPiece, C - c0);
+    std::memcpy(stored, row + c0 * es, n * es);
+    ConvertToFloat(t.dtype, stored, f, n);
+    for (size_t c = 0; c < n; ++c) out[c0 + c] = add ? out[c0 + c] + f[c] : f[c];
+  }
+}
+
 }  // namespace
 
-Status EmbeddingForward(const EmbeddingShape& s, std::span<const float> wte,
-                        std::span<const float> wpe, std::span<const int32_t> tokens,
+Status EmbeddingForward(const EmbeddingShape& s, const EmbeddingTable& wte,
+                        const EmbeddingTable& wpe, std::span<const int32_t> tokens,
                         std::span<const int32_t> positions, std::span<float> out) {
   const size_t C = size_t(s.hidden);
-  assert(wte.size() == size_t(s.vocab) * C && out.size() == tokens.size() * C);
+  assert(wte.size == size_t(s.vocab) * C && out.size() == tokens.size() * C);
   assert(s.positions == 0 ||
-         (wpe.size() == size_t(s.positions) * C && positions.size() == tokens.size()));
+         (wpe.size == size_t(s.positions) * C && positions.size() == tokens.size()));
   FERRY_RETURN_IF_ERROR(CheckIds(tokens, s.vocab, "token id"));
   if (s.positions > 0) FERRY_RETURN_IF_ERROR(CheckIds(positions, s.positions, "position"));
   for (size_t n = 0; n < tokens.size(); ++n) {
-    const float* e = &wte[size_t(tokens[n]) * C];
-    float* o = &out[n * C];
-    if (s.positions > 0) {
-      const float* p = &wpe[size_t(positions[n]) * C];
-      for (size_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
-    } else {
-      for (size_t c = 0; c < C; ++c) o[c] = e[c];
-    }
+    GatherRow(wte, size_t(tokens[n]), C, &out[n * C], /*add=*/false);
+    if (s.positions > 0) GatherRow(wpe, size_t(positions[n]), C, &out[n * C], /*add=*/true);
   }
   return Status::Ok();
 }

@@ -1,25 +1,57 @@
 // HostTensors: a model's fp32 host tensors (master weights, gradients, optimizer moments) in
 // ferry's master layout (engine/model/weights_io.h: MasterShape), keyed by the Hugging Face name
-// of each storage-owning parameter (tied aliases have no entry).
+// of each storage-owning parameter (tied aliases have no entry). A frozen base weight may instead
+// be held in NF4 or served from its model file (FileTensor), never copied into RAM.
 //
-// Plain value type; thread-compatible.
+// Plain value type (copies share the files' mappings); thread-compatible.
 #pragma once
 
+#include <cstdint>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "kernels/dtype.h"
 #include "kernels/nf4.h"
 
 namespace ferry {
+
+// A frozen parameter served from the model's own safetensors file (a LoRA job's base): a view of
+// the tensor's bytes in the file's read-only memory mapping, which `owner` keeps alive. The host
+// packs it into each upload mirror straight from the file (a copy when the file's dtype is the
+// upload dtype, else converted on the fly: engine/model/weights_io.h), so the base never exists
+// in fp32 in RAM. The pages read stay the kernel's page cache, which it may reclaim.
+struct FileTensor {
+  std::shared_ptr<const void> owner;
+  std::span<const std::byte> bytes;  // as stored: row-major `shape`, `dtype`; alignment not given
+  DType dtype = DType::kF32;         // kF32, kBF16 or kF16
+  std::vector<int64_t> shape;        // as stored (ParamSpec::shape)
+  bool transposed = false;           // stored (in, out), the master layout (out, in) (GPT-2 Conv1D)
+  std::string path;                  // the file, for messages
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
 
 struct HostTensors {
   std::map<std::string, std::vector<float>> tensors;
   // Frozen base weights stored in NF4 (ParamSpec::nf4), by Hugging Face name; such a weight has
   // no entry in `tensors`.
   std::map<std::string, Nf4Host> nf4;
+  // Frozen base weights served from the model's files; such a weight has no entry in `tensors`.
+  std::map<std::string, FileTensor> files;
   std::span<float> at(const std::string& name) { return tensors.at(name); }
+  // The number of values `name` holds in whichever form; -1 when it has none.
+  int64_t numel(const std::string& name) const {
+    if (auto it = tensors.find(name); it != tensors.end()) return int64_t(it->second.size());
+    if (auto it = nf4.find(name); it != nf4.end()) return it->second.numel();
+    if (auto it = files.find(name); it != files.end()) return it->second.numel();
+    return -1;
+  }
 };
 
 }  // namespace ferry

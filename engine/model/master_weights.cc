@@ -75,6 +75,11 @@ Result<std::span<const float>> ParameterValues(const ParamSpec& p, const HostTen
   if (auto it = weights.tensors.find(p.name); it != weights.tensors.end()) {
     return std::span<const float>(it->second);
   }
+  if (auto f = weights.files.find(p.name); f != weights.files.end()) {
+    dequantized.resize(size_t(f->second.numel()));
+    ReadFileTensor(f->second, dequantized);
+    return std::span<const float>(dequantized);
+  }
   auto q = weights.nf4.find(p.name);
   if (q == weights.nf4.end()) {
     return Status::NotFound("the weights have no tensor '" + p.name + "'");
@@ -117,7 +122,7 @@ Result<HostTensors> InitialWeights(const std::string& model, const ModelConfig& 
     FERRY_RETURN_IF_ERROR(bnb.has_value() ? LoadBnb4bitBase(folder, config, *bnb, layers, w)
                                           : LoadBaseWeights(folder, config, layers, w));
     for (const ParamSpec* p : StorageParams(layers)) {
-      if (w.tensors.contains(p->name) || w.nf4.contains(p->name)) continue;  // LoRA A/B: fresh
+      if (w.numel(p->name) >= 0) continue;  // LoRA A/B: fresh
       std::vector<float>& t = w.tensors[p->name];
       t.resize(size_t(p->numel()));
       InitParameter(*p, seed, t);

@@ -57,8 +57,9 @@ Status QuantizeFrozenBase(const std::vector<LayerSpec>& layers, HostTensors& wei
 Status QuantizeParameter(const ParamSpec& p, HostTensors& weights,
                          Nf4Rounding rounding = Nf4Rounding::kThresholdTree);
 
-// A parameter's fp32 values: its tensor, or its NF4 weight dequantized into `dequantized` (whose
-// storage the span then views). Errors: NotFound when `weights` holds neither.
+// A parameter's fp32 values: its tensor, or its NF4 weight dequantized (or its file's tensor
+// read) into `dequantized`, whose storage the span then views. Errors: NotFound when `weights`
+// holds none.
 Result<std::span<const float>> ParameterValues(const ParamSpec& p, const HostTensors& weights,
                                                std::vector<float>& dequantized);
 

@@ -66,6 +66,13 @@ Status LoadOne(const FolderWeights& folder, const ModelConfig& c, const ParamSpe
   used.insert(stored);
   ParamSpec as_stored = p;
   as_stored.name = stored;
+  if (!p.trainable && !p.nf4) {  // a frozen weight is read from the file when it is packed
+    FERRY_ASSIGN_OR_RETURN(FileTensor t, ServeParameter(folder.Owner(), *file, as_stored));
+    if (!t.bytes.empty()) {
+      weights.files[p.name] = std::move(t);
+      return Status::Ok();
+    }
+  }
   std::vector<float>& out = weights.tensors[p.name];
   out.resize(size_t(p.numel()));
   return LoadParameter(*file, as_stored, out);
@@ -98,7 +105,7 @@ Result<FolderWeights> FolderWeights::Open(const std::string& dir) {
     }
     FERRY_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Open(single_path));
     for (const SafetensorsTensorInfo& t : f.tensors()) w.index_[t.name] = 0;
-    w.files_.push_back(std::move(f));
+    w.files_->push_back(std::move(f));
     return w;
   }
   FERRY_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(index_path));
@@ -128,20 +135,20 @@ Result<FolderWeights> FolderWeights::Open(const std::string& dir) {
                               it.key() + "') is missing from the folder");
     }
     FERRY_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Open(path));
-    shard_of_file[shard] = w.files_.size();
-    w.files_.push_back(std::move(f));
+    shard_of_file[shard] = w.files_->size();
+    w.files_->push_back(std::move(f));
   }
   // Each tensor in exactly one shard, the one the index names.
   for (const auto& [shard, k] : shard_of_file) {
-    for (const SafetensorsTensorInfo& t : w.files_[k].tensors()) {
+    for (const SafetensorsTensorInfo& t : (*w.files_)[k].tensors()) {
       auto [it, inserted] = w.index_.emplace(t.name, k);
       if (!inserted) {
         return Status::Corruption("tensor '" + t.name + "' is stored in both " +
-                                  w.files_[it->second].path() + " and " + w.files_[k].path());
+                                  (*w.files_)[it->second].path() + " and " + (*w.files_)[k].path());
       }
       auto l = listed.find(t.name);
       if (l == listed.end()) {
-        return Status::Corruption("tensor '" + t.name + "' in " + w.files_[k].path() +
+        return Status::Corruption("tensor '" + t.name + "' in " + (*w.files_)[k].path() +
                                   " is not listed in " + index_path);
       }
       if (l->second != shard) {
@@ -161,7 +168,7 @@ Result<FolderWeights> FolderWeights::Open(const std::string& dir) {
 
 const SafetensorsFile* FolderWeights::FileOf(std::string_view name) const {
   auto it = index_.find(name);
-  return it == index_.end() ? nullptr : &files_[it->second];
+  return it == index_.end() ? nullptr : &(*files_)[it->second];
 }
 
 std::vector<std::string> FolderWeights::Names() const {
@@ -358,13 +365,14 @@ Status WriteModelFolder(const std::string& dir, const ModelConfig& config,
     }
     SafetensorsWriter writer;
     writer.SetMetadata("format", "pt");
+    std::vector<float> read;  // a tensor dequantized or read from its file
     for (const ParamSpec* p : shards[s]) {
-      auto it = weights.tensors.find(p->name);
-      if (it == weights.tensors.end() || it->second.size() != size_t(p->numel())) {
+      Result<std::span<const float>> values = ParameterValues(*p, weights, read);
+      if (!values.ok() || values->size() != size_t(p->numel())) {
         return Status::InvalidArgument("the weights to write lack '" + p->name + "' of " +
                                        std::to_string(p->numel()) + " values");
       }
-      AddParameter(writer, *p, it->second, options.dtype);
+      AddParameter(writer, *p, *values, options.dtype);
       weight_map[p->name] = name;
     }
     FERRY_RETURN_IF_ERROR(writer.Write(dir + "/" + name));

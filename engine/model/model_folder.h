@@ -34,6 +34,7 @@
 
 #include <cstddef>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <string_view>
@@ -57,7 +58,8 @@ struct LoadedModel {
   std::vector<LayerSpec> layers;  // BuildLayerSpecs(config, lora)
   HostTensors weights;            // fp32 master values (MasterShape layout) of every
                                   // storage-owning parameter of `layers`, LoRA A/B included;
-                                  // NF4 parameters (ParamSpec::nf4) in weights.nf4 instead
+                                  // NF4 parameters (ParamSpec::nf4) in weights.nf4 instead, and
+                                  // other frozen ones served from the files (weights.files)
 };
 
 // Reads the model folder `dir` and, when `adapter_dir` is not empty, the PEFT LoRA adapter in it
@@ -83,10 +85,14 @@ class FolderWeights {
   // Every tensor name, sorted.
   std::vector<std::string> Names() const;
   const std::string& dir() const { return dir_; }
+  // What keeps the files' mappings alive (FileTensor::owner): they outlive this object while a
+  // copy of it exists.
+  std::shared_ptr<const void> Owner() const { return files_; }
 
  private:
   std::string dir_;
-  std::vector<SafetensorsFile> files_;
+  std::shared_ptr<std::vector<SafetensorsFile>> files_ =
+      std::make_shared<std::vector<SafetensorsFile>>();
   std::map<std::string, size_t, std::less<>> index_;  // tensor -> files_ index
 };
 
@@ -98,6 +104,8 @@ class FolderWeights {
 // parameter stored quantized by bitsandbytes and not held elsewhere is a FailedPrecondition
 // (UnexpectedQuantizedTensor). An NF4 parameter (ParamSpec::nf4, QLoRA) is quantized into
 // weights.nf4 as soon as it is read (QuantizeParameter): one fp32 tensor of the base at a time.
+// Any other frozen parameter (a LoRA job's base) stored as F32, BF16 or F16 is served from its
+// file (weights.files: ServeParameter), never read into RAM.
 Status LoadBaseWeights(const FolderWeights& folder, const ModelConfig& config,
                        const std::vector<LayerSpec>& layers, HostTensors& weights,
                        const std::set<std::string, std::less<>>& held_elsewhere = {});

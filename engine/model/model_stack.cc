@@ -125,11 +125,23 @@ EmbeddingShape EmbeddingShapeOf(const ModelConfig& c) {
 Result<HostEmbedding> FindHostEmbedding(const ModelConfig& c, const HostTensors& weights) {
   const FamilyNames& n = NamesOf(c);
   HostEmbedding e{.shape = EmbeddingShapeOf(c)};
-  FERRY_ASSIGN_OR_RETURN(
-      e.wte, FindTable(weights.tensors, n.token_table, c.vocab_size, c.hidden_size, "weights"));
+  // fp32 in RAM, or a frozen table served from its model file (HostTensors::files).
+  auto table = [&](const std::string& name, int64_t rows) -> Result<EmbeddingTable> {
+    if (auto f = weights.files.find(name); f != weights.files.end()) {
+      if (f->second.transposed || f->second.numel() != rows * c.hidden_size) {
+        return Status::InvalidArgument("the weights' table '" + name + "' in " + f->second.path +
+                                       " is not " + std::to_string(rows) + " x " +
+                                       std::to_string(c.hidden_size));
+      }
+      return EmbeddingTable(f->second.bytes, f->second.dtype);
+    }
+    FERRY_ASSIGN_OR_RETURN(std::span<const float> values,
+                           FindTable(weights.tensors, name, rows, c.hidden_size, "weights"));
+    return EmbeddingTable(values);
+  };
+  FERRY_ASSIGN_OR_RETURN(e.wte, table(n.token_table, c.vocab_size));
   if (c.learned_positions) {
-    FERRY_ASSIGN_OR_RETURN(e.wpe, FindTable(weights.tensors, n.position_table,
-                                            c.max_position_embeddings, c.hidden_size, "weights"));
+    FERRY_ASSIGN_OR_RETURN(e.wpe, table(n.position_table, c.max_position_embeddings));
   }
   return e;
 }

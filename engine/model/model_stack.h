@@ -70,12 +70,13 @@ Result<uint32_t> PeftTargetBits(const ModelConfig& c, std::string_view module);
 // The embedding's shape: V x C tokens, and P learned positions when the model has them.
 EmbeddingShape EmbeddingShapeOf(const ModelConfig& c);
 
-// The host embedding tables of `weights` (the gather runs on the host: engine/model/embedding.h).
-// The spans view `weights`, which must outlive them.
+// The host embedding tables of `weights` (the gather runs on the host: engine/model/embedding.h):
+// fp32 master tables, or frozen ones served from the model's file. The tables view `weights`,
+// which must outlive them.
 struct HostEmbedding {
   EmbeddingShape shape = {};
-  std::span<const float> wte = {};  // (V, C)
-  std::span<const float> wpe = {};  // (P, C), or empty without learned positions
+  EmbeddingTable wte = {};  // (V, C)
+  EmbeddingTable wpe = {};  // (P, C), or empty without learned positions
   // out (N, C) = the gather of `tokens` (+ `positions`' rows of wpe); errors as EmbeddingForward.
   Status Forward(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                  std::span<float> out) const {

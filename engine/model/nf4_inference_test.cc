@@ -26,7 +26,7 @@ namespace {
 std::string Bnb4Dir() { return testing::SourceDir() + "/tests/goldens/llama_bnb4"; }
 
 // Every NF4 parameter of `m` is in weights.nf4 and nowhere else; every other storage-owning
-// parameter is an fp32 tensor.
+// parameter is an fp32 tensor, or served from its file when frozen.
 void ExpectNf4Base(const LoadedModel& m) {
   size_t nf4 = 0;
   for (const ParamSpec* p : StorageParams(m.layers)) {
@@ -35,7 +35,10 @@ void ExpectNf4Base(const LoadedModel& m) {
       EXPECT_TRUE(m.weights.nf4.contains(p->name)) << p->name;
       EXPECT_FALSE(m.weights.tensors.contains(p->name)) << p->name << " has an fp32 copy";
     } else {
-      EXPECT_TRUE(m.weights.tensors.contains(p->name)) << p->name;
+      EXPECT_TRUE(p->trainable ? m.weights.tensors.contains(p->name)
+                               : m.weights.files.contains(p->name))
+          << p->name;
+      EXPECT_EQ(m.weights.numel(p->name), p->numel()) << p->name;
     }
   }
   EXPECT_EQ(nf4, size_t(7 * m.config.num_layers));  // q, k, v, o, gate, up, down

@@ -294,14 +294,21 @@ std::span<const std::byte> SafetensorsFile::Data(const SafetensorsTensorInfo& in
   return {map_ + info.offset, info.bytes};
 }
 
-Result<std::vector<float>> SafetensorsFile::ReadFloats(
-    std::string_view name, const std::vector<int64_t>* expected_shape) const {
+Result<const SafetensorsTensorInfo*> SafetensorsFile::GetShaped(
+    std::string_view name, const std::vector<int64_t>& shape) const {
   FERRY_ASSIGN_OR_RETURN(const SafetensorsTensorInfo* info, Get(name));
-  if (expected_shape != nullptr && *expected_shape != info->shape) {
+  if (shape != info->shape) {
     return Status::InvalidArgument("tensor '" + info->name + "' in " + path_ + " has shape " +
                                    ShapeToString(info->shape) + ", expected " +
-                                   ShapeToString(*expected_shape));
+                                   ShapeToString(shape));
   }
+  return info;
+}
+
+Result<std::vector<float>> SafetensorsFile::ReadFloats(
+    std::string_view name, const std::vector<int64_t>* expected_shape) const {
+  FERRY_ASSIGN_OR_RETURN(const SafetensorsTensorInfo* info,
+                         expected_shape != nullptr ? GetShaped(name, *expected_shape) : Get(name));
   std::span<const std::byte> src = Data(*info);
   std::vector<float> out(size_t(info->numel()));
   switch (info->dtype) {

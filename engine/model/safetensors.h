@@ -91,6 +91,10 @@ class SafetensorsFile {
   const SafetensorsTensorInfo* Find(std::string_view name) const;
   // NotFound naming the tensor and the file when absent.
   Result<const SafetensorsTensorInfo*> Get(std::string_view name) const;
+  // Get, and an InvalidArgument naming the tensor, the file and both shapes when its shape is not
+  // `shape`.
+  Result<const SafetensorsTensorInfo*> GetShaped(std::string_view name,
+                                                 const std::vector<int64_t>& shape) const;
   // The tensor's bytes inside the mapping (alignment not guaranteed: copy out with memcpy).
   std::span<const std::byte> Data(const SafetensorsTensorInfo& info) const;
 

@@ -1,7 +1,11 @@
 #include "engine/model/weights_io.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cassert>
 #include <cmath>
+#include <cstring>
 #include <numbers>
 
 #include "engine/model/counter_rng.h"
@@ -34,6 +38,78 @@ Status LoadParameter(const SafetensorsFile& file, const ParamSpec& p, std::span<
     std::copy(stored.begin(), stored.end(), out.begin());
   }
   return Status::Ok();
+}
+
+Result<FileTensor> ServeParameter(std::shared_ptr<const void> owner, const SafetensorsFile& file,
+                                  const ParamSpec& p) {
+  assert(p.tied_to.empty());
+  FERRY_ASSIGN_OR_RETURN(const SafetensorsTensorInfo* info, file.GetShaped(p.name, p.shape));
+  FileTensor t;
+  t.shape = p.shape;
+  t.transposed = p.transposed;
+  t.path = file.path();
+  switch (info->dtype) {
+    case SafetensorsDType::kF32:
+      t.dtype = DType::kF32;
+      break;
+    case SafetensorsDType::kBF16:
+      t.dtype = DType::kBF16;
+      break;
+    case SafetensorsDType::kF16:
+      t.dtype = DType::kF16;
+      break;
+    case SafetensorsDType::kF64:
+      return t;  // no bytes: read into fp32 instead
+    default:
+      return Status::InvalidArgument("tensor '" + info->name + "' in " + file.path() + " is " +
+                                     std::string(SafetensorsDTypeName(info->dtype)) +
+                                     ", not a floating-point dtype");
+  }
+  t.owner = std::move(owner);
+  t.bytes = file.Data(*info);
+  return t;
+}
+
+void ConvertFileRange(const FileTensor& t, int64_t begin, int64_t end, DType dtype,
+                      std::byte* dst) {
+  assert(!t.transposed && 0 <= begin && begin <= end && end <= t.numel());
+  const size_t in = DTypeSize(t.dtype), out = DTypeSize(dtype);
+  const std::byte* src = t.bytes.data() + size_t(begin) * in;
+  if (dtype == t.dtype) {
+    std::memcpy(dst, src, size_t(end - begin) * in);
+    return;
+  }
+  // Through fp32 in pieces (the file's bytes may be unaligned: copied out first).
+  constexpr int64_t kPiece = 2048;
+  alignas(16) std::byte stored[kPiece * 4];
+  float f32[kPiece];
+  for (int64_t i = begin; i < end; i += kPiece) {
+    const size_t n = size_t(std::min(kPiece, end - i));
+    std::memcpy(stored, src + size_t(i - begin) * in, n * in);
+    ConvertToFloat(t.dtype, stored, f32, n);
+    ConvertFromFloat(f32, dtype, dst + size_t(i - begin) * out, n);
+  }
+}
+
+void ReadFileTensor(const FileTensor& t, std::span<float> out) {
+  assert(out.size() == size_t(t.numel()));
+  if (!t.transposed) {
+    ConvertFileRange(t, 0, t.numel(), DType::kF32, reinterpret_cast<std::byte*>(out.data()));
+    return;
+  }
+  FileTensor plain = t;
+  plain.transposed = false;
+  std::vector<float> stored(out.size());
+  ConvertFileRange(plain, 0, t.numel(), DType::kF32, reinterpret_cast<std::byte*>(stored.data()));
+  Transpose(stored.data(), t.shape[0], t.shape[1], out.data());
+}
+
+void ReleaseFilePages(const FileTensor& t) {
+  static const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(t.bytes.data()) + page - 1) & ~(page - 1);
+  const uintptr_t end =
+      (reinterpret_cast<uintptr_t>(t.bytes.data()) + t.bytes.size()) & ~(page - 1);
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 void AddParameter(SafetensorsWriter& writer, const ParamSpec& p, std::span<const float> values,

@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "engine/model/host_tensors.h"
 #include "engine/model/param_spec.h"
 #include "engine/model/safetensors.h"
 #include "kernels/status.h"
@@ -26,6 +27,27 @@ std::vector<int64_t> MasterShape(const ParamSpec& p);
 // tensor and the file: NotFound when absent, InvalidArgument when the stored shape differs.
 // REQUIRES: out.size() == p.numel(); p.tied_to is empty (an alias has no storage of its own).
 Status LoadParameter(const SafetensorsFile& file, const ParamSpec& p, std::span<float> out);
+
+// `p` as `file` stores it, to be served from the file (HostTensors::files) rather than read into
+// RAM: a view of its bytes kept alive by `owner` (which must own `file`'s mapping). Errors as
+// LoadParameter's. A dtype ferry does not compute from as it is (F64) gives an empty `bytes`: the
+// caller loads it with LoadParameter instead.
+Result<FileTensor> ServeParameter(std::shared_ptr<const void> owner, const SafetensorsFile& file,
+                                  const ParamSpec& p);
+
+// The values [begin, end) of `t` in the master layout, stored into `dst` as `dtype` (f32, bf16 or
+// f16: a copy when it is t's dtype, else converted through fp32, rounding to nearest even).
+// REQUIRES: !t.transposed (a transposed tensor is read whole: ReadFileTensor); 0 <= begin <= end
+// <= t.numel(); dst holds (end - begin) values of `dtype`.
+void ConvertFileRange(const FileTensor& t, int64_t begin, int64_t end, DType dtype, std::byte* dst);
+
+// All of `t` in fp32, in the master layout. REQUIRES: out.size() == t.numel().
+void ReadFileTensor(const FileTensor& t, std::span<float> out);
+
+// Tells the kernel this process will not read `t`'s pages again soon (MADV_DONTNEED on the whole
+// pages inside it): they leave the process's resident set and stay in the page cache, read back
+// from there (or the drive) when touched again. A hint: nothing fails.
+void ReleaseFilePages(const FileTensor& t);
 
 // Adds `p` (values in the master layout) to `writer` in the checkpoint layout, stored as `dtype`.
 // REQUIRES: values.size() == p.numel().

@@ -135,5 +135,41 @@ TEST(EmbeddingTest, GatherAndScatterAdd) {
   EXPECT_EQ(out, (std::vector<float>{5, 6, 1, 2, 5, 6}));
 }
 
+// Tables served from a model file: bf16 or f16 bytes at any alignment, gathered as the fp32
+// tables of the same values (rows longer than the gather's 1024-value pieces included).
+TEST(EmbeddingTest, GathersFileTablesAsTheirFp32Values) {
+  const EmbeddingShape s{.vocab = 5, .positions = 3, .hidden = 1500};
+  std::vector<float> wte(size_t(s.vocab * s.hidden)), wpe(size_t(s.positions * s.hidden));
+  for (size_t i = 0; i < wte.size(); ++i) wte[i] = BF16ToFloat(FloatToBF16(0.37f * float(i % 97)));
+  for (size_t i = 0; i < wpe.size(); ++i) wpe[i] = BF16ToFloat(FloatToBF16(-0.11f * float(i % 13)));
+  const std::vector<int32_t> tokens = {4, 0, 4, 2}, pos = {0, 2, 1, 0};
+  std::vector<float> want(tokens.size() * size_t(s.hidden));
+  ASSERT_TRUE(EmbeddingForward(s, wte, wpe, tokens, pos, want).ok());
+  for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
+    // One byte in, so no row is aligned.
+    std::vector<std::byte> wte_bytes(1 + wte.size() * DTypeSize(t));
+    std::vector<std::byte> wpe_bytes(1 + wpe.size() * DTypeSize(t));
+    ConvertFromFloat(wte.data(), t, wte_bytes.data() + 1, wte.size());
+    ConvertFromFloat(wpe.data(), t, wpe_bytes.data() + 1, wpe.size());
+    std::vector<float> got(want.size());
+    ASSERT_TRUE(EmbeddingForward(s, EmbeddingTable(std::span(wte_bytes).subspan(1), t),
+                                 EmbeddingTable(std::span(wpe_bytes).subspan(1), t), tokens, pos,
+                                 got)
+                    .ok());
+    if (t == DType::kF16) {  // bf16 values need not be f16 ones: compare with f16's rounding
+      auto as_f16 = [](std::vector<float> v) {
+        for (float& x : v) x = F16ToFloat(FloatToF16(x));
+        return v;
+      };
+      const std::vector<float> wte16 = as_f16(wte), wpe16 = as_f16(wpe);
+      std::vector<float> want16(want.size());
+      ASSERT_TRUE(EmbeddingForward(s, wte16, wpe16, tokens, pos, want16).ok());
+      EXPECT_EQ(got, want16);
+    } else {
+      EXPECT_EQ(got, want) << DTypeName(t);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ferry

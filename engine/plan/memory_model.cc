@@ -100,9 +100,10 @@ uint64_t WorkspaceBytes(const ModelConfig& c, const LayerSpec& layer, int64_t n,
 }
 
 struct ParamCounts {
-  uint64_t trainable = 0;  // owners only (a tied alias counts at its owner)
-  uint64_t frozen = 0;     // fp32 on the host
-  uint64_t nf4_bytes = 0;  // frozen NF4 weights on the host: codes and quant state
+  uint64_t trainable = 0;          // owners only (a tied alias counts at its owner)
+  uint64_t frozen = 0;             // fp32 on the host, unless served from the model's files
+  uint64_t frozen_from_files = 0;  // of `frozen`: served from the model's files (ComputeMemory)
+  uint64_t nf4_bytes = 0;          // frozen NF4 weights on the host: codes and quant state
 };
 ParamCounts CountParams(const LayerSpec& layer) {
   ParamCounts c;
@@ -308,11 +309,19 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     for (const ParamSpec& p : l.params) {
       const uint64_t bytes = uint64_t(p.numel()) * act;
       if (l.kind == LayerKind::kEmbedding) {
-        // The gather runs on the host: a frozen embedding keeps one
-        // compute-dtype copy there (the head's upload copy when tied); a
-        // trainable one gathers from its fp32 master.
-        if (!p.trainable && !in.model.tie_word_embeddings) embedding_frozen_copy += bytes;
+        // The gather runs on the host: a frozen embedding served from the model's file reads its
+        // mapped table there, in the file's dtype; else a frozen one keeps one compute-dtype copy
+        // (the head's upload copy when tied); a trainable one gathers from its fp32 master.
+        if (!p.trainable && in.frozen_base_from_files) {
+          embedding_frozen_copy += uint64_t(p.numel()) * DTypeSize(in.model.weights_dtype);
+          params.frozen_from_files += uint64_t(p.numel());
+        } else if (!p.trainable && !in.model.tie_word_embeddings) {
+          embedding_frozen_copy += bytes;
+        }
         continue;
+      }
+      if (!p.trainable && !p.nf4 && p.tied_to.empty() && in.frozen_base_from_files) {
+        params.frozen_from_files += uint64_t(p.numel());
       }
       if (!p.trainable && in.frozen_weights_on_nvme) {
         upload_frozen_nvme += p.nf4 ? p.bytes() : bytes;
@@ -374,7 +383,8 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
 
   if (in.forward_only) {
     // The fp32 weights the host packs each stage's upload from (and gathers the embedding from).
-    Add(e.pageable_host, "weights.master", (params.trainable + params.frozen) * kF32, P);
+    Add(e.pageable_host, "weights.master",
+        (params.trainable + params.frozen - params.frozen_from_files) * kF32, P);
     Add(e.pageable_host, "weights.nf4", params.nf4_bytes, P);
     Add(e.pageable_host, "weights.embedding", embedding_frozen_copy, P);
     return e;
@@ -397,9 +407,12 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   Add(e.pageable_host, "grads.update", master, P);
   Add(e.pageable_host, "weights.embedding", embedding_frozen_copy, P);
   // The frozen base (LoRA) in fp32, which each stage's upload is packed from, unless the plan
-  // serves it from NVMe; QLoRA's block projections as NF4 codes and quant state instead, at their
-  // real size.
-  if (!in.frozen_weights_on_nvme) Add(e.pageable_host, "weights.frozen", params.frozen * kF32, P);
+  // serves it from NVMe or the model's files serve it (packed into the upload mirrors straight
+  // from there); QLoRA's block projections as NF4 codes and quant state instead, at their real
+  // size.
+  if (!in.frozen_weights_on_nvme) {
+    Add(e.pageable_host, "weights.frozen", (params.frozen - params.frozen_from_files) * kF32, P);
+  }
   Add(e.pageable_host, "weights.nf4", params.nf4_bytes, P);
   return e;
 }

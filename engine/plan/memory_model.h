@@ -72,7 +72,9 @@
 //            can move to NVMe (optimizer.slots below), then optimizer.staging (two buffers of
 //            the largest layer's slot: one layer updated while the next is read) streams it;
 //            weights.embedding: a frozen, untied embedding's compute-dtype copy (the gather runs
-//            on the host); activations.store (saved activations on NVMe): the store's own
+//            on the host), or a frozen embedding's tables as mapped from the model's file
+//            (frozen_base_from_files); weights.frozen: the frozen base in fp32 unless the files
+//            serve it; activations.store (saved activations on NVMe): the store's own
 //            bounce buffers, kActivationQueueDepth blocks (mapped by the store, locked when
 //            io_uring registers them; the devices never copy from them).
 // NVMe (4096-byte blocks): whichever groups the plan places there (weights.frozen,
@@ -167,6 +169,12 @@ struct MemoryPlanInput {
   bool keep_activations = false;
   bool optimizer_on_nvme = false;       // fp32 master weights and Adam moments
   bool frozen_weights_on_nvme = false;  // LoRA base weights of blocks and head
+  // The frozen base (a LoRA job's, but NF4 weights) is served from the model's safetensors files
+  // (engine/model/host_tensors.h, FileTensor): packed into the upload mirrors from there, no fp32
+  // copy in RAM ("weights.frozen" / "weights.master" leave it out); a frozen embedding is its
+  // mapped table in the file's dtype (ModelConfig::weights_dtype), "weights.embedding". False: a
+  // base made from the seed (`tiny`), held in fp32.
+  bool frozen_base_from_files = false;
   ScratchTarget scratch;
   // Forward only (evaluation, PipelineExecutor::Evaluate on such a plan): nothing only a backward
   // or an update uses: no gradient buffers on the device or the host, no saved activations (only

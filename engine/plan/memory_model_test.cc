@@ -207,6 +207,34 @@ TEST(MemoryModel, LoraWithFrozenWeightsAndActivationsOnNvmeByHand) {
   for (const Allocation& a : e.gpu.allocations) EXPECT_EQ(a.name.find("sink"), std::string::npos);
 }
 
+// A LoRA base served from the model's files (frozen_base_from_files) has no fp32 copy on the
+// host: each range's upload mirror is packed from the file. The frozen embedding is its table as
+// the file maps it, in the file's dtype. Nothing else moves.
+TEST(MemoryModel, ABaseServedFromTheModelsFilesHasNoFp32CopyByHand) {
+  MemoryPlanInput in = HandInput();
+  in.lora.rank = 2;
+  in.lora.targets = kLoraQ | kLoraV;
+  in.model.weights_dtype = DType::kF32;
+  const MemoryEstimate held = ComputeMemory(in);
+  const auto h = Named(held.pageable_host);
+  // Frozen: embedding 80, per block 2 x 8 norms + q 64 + k 32 + v 32 + o 64 + 3 x 128 MLP = 592,
+  // final norm 8, untied head 80: 1352 x 4 B = 5408 -> 8192. The embedding's bf16 copy: 160 B.
+  EXPECT_EQ(h.at("weights.frozen"), 8192u);
+  EXPECT_EQ(h.at("weights.embedding"), 4096u);
+  in.frozen_base_from_files = true;
+  const MemoryEstimate served = ComputeMemory(in);
+  const auto s = Named(served.pageable_host);
+  EXPECT_EQ(s.count("weights.frozen"), 0u);
+  EXPECT_EQ(s.at("weights.embedding"), 4096u);  // the f32 file's table: 80 x 4 B
+  EXPECT_EQ(held.pageable_host.total() - served.pageable_host.total(), 8192u);
+  EXPECT_EQ(held.gpu.total(), served.gpu.total());
+  EXPECT_EQ(held.pinned_host.total(), served.pinned_host.total());
+  // Forward only (evaluation): the fp32 weights the host packs from are the adapters alone.
+  in.forward_only = true;
+  const auto fwd = Named(ComputeMemory(in).pageable_host);
+  EXPECT_EQ(fwd.at("weights.master"), 4096u);  // 112 trainable x 4 B
+}
+
 // A Llama MLP's gate and up projections are one device tensor, and their LoRA adapters one
 // packed group whose B is block-diagonal (engine/model/device_params.h): counted as laid out.
 TEST(MemoryModel, GateUpLoraIsOnePackedGroupByHand) {

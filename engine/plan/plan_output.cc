@@ -68,6 +68,8 @@ nlohmann::json PlanToJson(const Plan& p) {
   j["tiers"] = {{"saved_activations", TierName(p.activations)},
                 {"optimizer_state", TierName(p.optimizer_state)},
                 {"frozen_weights", TierName(p.frozen_weights)}};
+  // The frozen base is packed from the model's files, with no fp32 copy in RAM (PlanJob).
+  j["frozen_base_from_files"] = p.job.frozen_base_from_files;
   j["updates"] = "synchronous";
   j["budgets"] = {
       {"gpu_bytes", p.gpu_budget}, {"host_bytes", p.host_budget}, {"nvme_bytes", p.nvme_budget}};
@@ -139,7 +141,10 @@ std::string PlanSummary(const Plan& p) {
       "  activations: " + p.activation_policy + " (" + std::to_string(recomputed) +
       " layers recomputed), saved on " + std::string(TierName(p.activations)) +
       "; optimizer state on " + std::string(TierName(p.optimizer_state)) +
-      (p.job.lora.enabled() ? "; frozen weights on " + std::string(TierName(p.frozen_weights))
+      (p.job.lora.enabled() ? "; frozen weights on " + std::string(TierName(p.frozen_weights)) +
+                                  (p.job.frozen_base_from_files && p.frozen_weights == Tier::kHost
+                                       ? " (packed from the model's files, no fp32 copy)"
+                                       : "")
                             : std::string()) +
       (p.job.stale_updates ? "; one-step-stale updates (opted in)\n" : "; synchronous updates\n");
   out += Format("  predicted: %.3f s/step, %.0f tokens/s, bubble %.1f%%\n", p.step_s,

@@ -192,6 +192,7 @@ MemoryEstimate MemoryOf(const Context& c, const Candidate& k, int gpus) {
   in.optimizer_on_nvme = k.optimizer == Tier::kNvme;
   in.frozen_weights_on_nvme = k.frozen == Tier::kNvme;
   in.scratch = c.job.scratch;
+  in.frozen_base_from_files = c.job.frozen_base_from_files;
   return ComputeMemory(in);
 }
 
@@ -445,6 +446,7 @@ MemoryPlanInput MemoryInputOf(const ModelConfig& model, const Plan& plan) {
   in.optimizer_on_nvme = plan.optimizer_state == Tier::kNvme;
   in.frozen_weights_on_nvme = plan.frozen_weights == Tier::kNvme;
   in.scratch = plan.job.scratch;
+  in.frozen_base_from_files = plan.job.frozen_base_from_files;
   in.forward_only = plan.job.forward_only;
   in.generate_positions = plan.job.generate_positions;
   in.logit_rows = plan.job.logit_rows;

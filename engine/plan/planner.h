@@ -70,6 +70,10 @@ struct PlanJob {
   // frozen weights from NVMe yet, though it takes saved activations and optimizer state there),
   // so no plan it must refuse is chosen.
   bool host_frozen_weights = false;
+  // The frozen base comes from the model's safetensors files, which serve it (memory_model.h's
+  // MemoryPlanInput::frozen_base_from_files): any model but `tiny`, whose base is made from the
+  // seed and held in fp32.
+  bool frozen_base_from_files = false;
   // Packed data's documents: [b - 1] is the most documents any b of its rows hold (a row's pieces
   // and its padding each count; PackedRows::MostDocuments), for b up to global_batch. Empty: one
   // per sequence. A micro-batch of B rows is planned (and run) with max_documents [B - 1].

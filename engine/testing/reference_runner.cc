@@ -100,8 +100,11 @@ class Runner final : public ModelRunner {
 
   Status UploadWeights(const HostTensors& weights) override {
     FERRY_ASSIGN_OR_RETURN(const HostEmbedding e, FindHostEmbedding(c_, weights));
-    wte_.assign(e.wte.begin(), e.wte.end());
-    wpe_.assign(e.wpe.begin(), e.wpe.end());
+    // The runner's own fp32 copies (a frozen table may be served from its file).
+    wte_.resize(e.wte.size);
+    ConvertToFloat(e.wte.dtype, e.wte.data, wte_.data(), e.wte.size);
+    wpe_.resize(e.wpe.size);
+    if (e.wpe.size > 0) ConvertToFloat(e.wpe.dtype, e.wpe.data, wpe_.data(), e.wpe.size);
     FERRY_RETURN_IF_ERROR(params_.Upload(d_, weights));
     uploaded_ = true;
     return Status::Ok();

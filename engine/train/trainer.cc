@@ -61,8 +61,11 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(ModelRunner* runner, std::vecto
       }
       continue;
     }
-    auto it = t->weights_.tensors.find(p->name);
-    if (it == t->weights_.tensors.end() || int64_t(it->second.size()) != p->numel()) {
+    // A frozen weight may be served from its model file (HostTensors::files); a trainable one
+    // needs its fp32 values in RAM, for the optimizer.
+    const bool held =
+        p->trainable ? t->weights_.tensors.contains(p->name) : t->weights_.numel(p->name) >= 0;
+    if (!held || t->weights_.numel(p->name) != p->numel()) {
       return Status::InvalidArgument("master weights lack " + p->name +
                                      " or hold the wrong number of elements");
     }

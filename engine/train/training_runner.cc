@@ -173,6 +173,7 @@ Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, 
   if (resident_first) pj.max_stages = int(job.devices);
   pj.scratch = ScratchOf(job, threads);
   pj.host_frozen_weights = true;  // the executor does not serve the frozen base from NVMe yet
+  pj.frozen_base_from_files = job.model != "tiny";
   // A CPU device never needs more than the whole model as one stage: that bounds its budget. A
   // GPU's is its free memory.
   FERRY_ASSIGN_OR_RETURN(const uint64_t gpu_budget, JobGpuBudget(job, census));
