@@ -436,7 +436,7 @@ Result<QuantizedWeights> ReadBnb4bitWeights(const FolderWeights& folder,
 
 Status LoadBnb4bitBase(const FolderWeights& folder, const ModelConfig& config,
                        const Bnb4bitSettings& settings, const std::vector<LayerSpec>& layers,
-                       HostTensors& weights) {
+                       HostTensors& weights, ServedBase served) {
   FERRY_ASSIGN_OR_RETURN(QuantizedWeights q, ReadBnb4bitWeights(folder, settings, layers));
   std::map<std::string, const ParamSpec*, std::less<>> specs;
   for (const LayerSpec& l : layers) {
@@ -456,7 +456,7 @@ Status LoadBnb4bitBase(const FolderWeights& folder, const ModelConfig& config,
     held.insert(name);
     weights.nf4[name] = std::move(w);
   }
-  return LoadBaseWeights(folder, config, layers, weights, held);
+  return LoadBaseWeights(folder, config, layers, weights, held, served);
 }
 
 Result<Bnb4bitModel> LoadBnb4bitFolder(const std::string& dir) {

@@ -106,14 +106,14 @@ Result<QuantizedWeights> ReadBnb4bitWeights(const FolderWeights& folder,
 
 // Fills `weights` with the base parameters of `layers` from the pre-quantized `folder`: its NF4
 // weights into weights.nf4 as stored (no fp32 copy, no requantization; each checked by
-// ValidateNf4), the others as fp32 tensors (LoadBaseWeights). `layers` must hold every stored NF4
-// weight in NF4 (ParamSpec::nf4: BuildLayerSpecs with lora.quantize kNf4); a block projection the
-// folder left unquantized (llm_int8_skip_modules) is read as floats. Errors name the folder and
-// the tensor: a quantized weight whose parameter is not nf4 in `layers` (InvalidArgument), and
-// those of ReadBnb4bitWeights and LoadBaseWeights.
+// ValidateNf4), the others as LoadBaseWeights loads them (`served`). `layers` must hold every
+// stored NF4 weight in NF4 (ParamSpec::nf4: BuildLayerSpecs with lora.quantize kNf4); a block
+// projection the folder left unquantized (llm_int8_skip_modules) is read as floats. Errors name the
+// folder and the tensor: a quantized weight whose parameter is not nf4 in `layers`
+// (InvalidArgument), and those of ReadBnb4bitWeights and LoadBaseWeights.
 Status LoadBnb4bitBase(const FolderWeights& folder, const ModelConfig& config,
                        const Bnb4bitSettings& settings, const std::vector<LayerSpec>& layers,
-                       HostTensors& weights);
+                       HostTensors& weights, ServedBase served = ServedBase::kFrozen);
 
 // A pre-quantized folder, read whole: what LoadModelFolder returns for an unquantized one, with
 // the quantized weights in `quantized` instead of `weights`.

@@ -50,7 +50,7 @@ std::vector<const ParamSpec*> StorageParamsOf(const std::vector<LayerSpec>& laye
 
 // Loads `p` from whichever file of `folder` holds it (under its name or its bare name).
 Status LoadOne(const FolderWeights& folder, const ModelConfig& c, const ParamSpec& p,
-               std::set<std::string>& used, HostTensors& weights) {
+               ServedBase served, std::set<std::string>& used, HostTensors& weights) {
   std::string stored = p.name;
   const SafetensorsFile* file = folder.FileOf(stored);
   if (file == nullptr) {
@@ -66,7 +66,7 @@ Status LoadOne(const FolderWeights& folder, const ModelConfig& c, const ParamSpe
   used.insert(stored);
   ParamSpec as_stored = p;
   as_stored.name = stored;
-  if (!p.trainable && !p.nf4) {  // a frozen weight is read from the file when it is packed
+  if ((!p.trainable || served == ServedBase::kAll) && !p.nf4) {  // read when it is packed
     FERRY_ASSIGN_OR_RETURN(FileTensor t, ServeParameter(folder.Owner(), *file, as_stored));
     if (!t.bytes.empty()) {
       weights.files[p.name] = std::move(t);
@@ -179,11 +179,12 @@ std::vector<std::string> FolderWeights::Names() const {
 
 Status LoadBaseWeights(const FolderWeights& folder, const ModelConfig& config,
                        const std::vector<LayerSpec>& layers, HostTensors& weights,
-                       const std::set<std::string, std::less<>>& held_elsewhere) {
+                       const std::set<std::string, std::less<>>& held_elsewhere,
+                       ServedBase served) {
   std::set<std::string> used;
   for (const ParamSpec* p : StorageParamsOf(layers, /*lora=*/false)) {
     if (held_elsewhere.contains(p->name)) continue;
-    FERRY_RETURN_IF_ERROR(LoadOne(folder, config, *p, used, weights));
+    FERRY_RETURN_IF_ERROR(LoadOne(folder, config, *p, served, used, weights));
     // QLoRA: an NF4 parameter is quantized as soon as it is read, so the base never exists in
     // fp32 as a whole (a 70B base is 280 GB in fp32, 36 GB in NF4).
     FERRY_RETURN_IF_ERROR(QuantizeParameter(*p, weights));
@@ -319,9 +320,10 @@ Result<LoadedModel> LoadModelFolder(const std::string& dir, const std::string& a
   }
   m.layers = BuildLayerSpecs(m.config, m.lora);
   FERRY_ASSIGN_OR_RETURN(FolderWeights folder, FolderWeights::Open(dir));
-  FERRY_RETURN_IF_ERROR(bnb.has_value()
-                            ? LoadBnb4bitBase(folder, m.config, *bnb, m.layers, m.weights)
-                            : LoadBaseWeights(folder, m.config, m.layers, m.weights));
+  FERRY_RETURN_IF_ERROR(
+      bnb.has_value()
+          ? LoadBnb4bitBase(folder, m.config, *bnb, m.layers, m.weights, ServedBase::kAll)
+          : LoadBaseWeights(folder, m.config, m.layers, m.weights, {}, ServedBase::kAll));
   // --quantize nf4 (and a projection a pre-quantized folder left in floats): NF4 from here on.
   FERRY_RETURN_IF_ERROR(QuantizeFrozenBase(m.layers, m.weights));
   if (!adapter_dir.empty()) {

@@ -56,13 +56,15 @@ struct LoadedModel {
   // in NF4 (double_quant as stored).
   LoraConfig lora;
   std::vector<LayerSpec> layers;  // BuildLayerSpecs(config, lora)
-  HostTensors weights;            // fp32 master values (MasterShape layout) of every
-                                  // storage-owning parameter of `layers`, LoRA A/B included;
-                                  // NF4 parameters (ParamSpec::nf4) in weights.nf4 instead, and
-                                  // other frozen ones served from the files (weights.files)
+  HostTensors weights;            // every storage-owning parameter of `layers`: LoRA A/B as
+                                  // fp32 values (MasterShape layout), NF4 ones (ParamSpec::nf4)
+                                  // in weights.nf4, the rest served from the files
+                                  // (weights.files; fp32 values when a file stores F64)
 };
 
-// Reads the model folder `dir` and, when `adapter_dir` is not empty, the PEFT LoRA adapter in it
+// Reads the model folder `dir` for inference (`ferry eval`, `generate`: every base parameter not
+// held in NF4 is served from the files, ServedBase::kAll) and, when `adapter_dir` is not empty,
+// the PEFT LoRA adapter in it
 // (its A/B matrices are loaded; the base weights are frozen in `layers`). A folder pre-quantized
 // by bitsandbytes (engine/model/bnb_folder.h) keeps its NF4 weights as stored (LoadBnb4bitBase:
 // no fp32 copy); `quantize` kNf4 quantizes an unquantized base's block projections on load
@@ -73,6 +75,11 @@ struct LoadedModel {
 Result<LoadedModel> LoadModelFolder(const std::string& dir, const std::string& adapter_dir = "",
                                     BaseQuant quantize = BaseQuant::kNone,
                                     bool double_quant = true);
+
+// The base parameters a loader serves from the model's files (HostTensors::files) instead of
+// reading them into fp32: the frozen ones (training: the trainable ones need fp32 masters), or all
+// of them (inference, which trains nothing). NF4 ones are held as NF4 either way.
+enum class ServedBase { kFrozen, kAll };
 
 // The safetensors files of a model folder, memory-mapped, indexed by tensor name.
 class FolderWeights {
@@ -105,10 +112,12 @@ class FolderWeights {
 // (UnexpectedQuantizedTensor). An NF4 parameter (ParamSpec::nf4, QLoRA) is quantized into
 // weights.nf4 as soon as it is read (QuantizeParameter): one fp32 tensor of the base at a time.
 // Any other frozen parameter (a LoRA job's base) stored as F32, BF16 or F16 is served from its
-// file (weights.files: ServeParameter), never read into RAM.
+// file (weights.files: ServeParameter), never read into RAM; with ServedBase::kAll every such
+// base parameter is (inference).
 Status LoadBaseWeights(const FolderWeights& folder, const ModelConfig& config,
                        const std::vector<LayerSpec>& layers, HostTensors& weights,
-                       const std::set<std::string, std::less<>>& held_elsewhere = {});
+                       const std::set<std::string, std::less<>>& held_elsewhere = {},
+                       ServedBase served = ServedBase::kFrozen);
 
 // Parses a PEFT adapter_config.json (its text) into a LoraConfig for `model`. Errors name the
 // field.

@@ -100,10 +100,12 @@ uint64_t WorkspaceBytes(const ModelConfig& c, const LayerSpec& layer, int64_t n,
 }
 
 struct ParamCounts {
-  uint64_t trainable = 0;          // owners only (a tied alias counts at its owner)
-  uint64_t frozen = 0;             // fp32 on the host, unless served from the model's files
-  uint64_t frozen_from_files = 0;  // of `frozen`: served from the model's files (ComputeMemory)
-  uint64_t nf4_bytes = 0;          // frozen NF4 weights on the host: codes and quant state
+  uint64_t trainable = 0;  // owners only (a tied alias counts at its owner)
+  uint64_t frozen = 0;     // fp32 on the host, unless served from the model's files
+  // Served from the model's files (ComputeMemory): of `frozen` when training; forward only, of
+  // every base weight.
+  uint64_t from_files = 0;
+  uint64_t nf4_bytes = 0;  // frozen NF4 weights on the host: codes and quant state
 };
 ParamCounts CountParams(const LayerSpec& layer) {
   ParamCounts c;
@@ -308,21 +310,23 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     params.nf4_bytes += c.nf4_bytes;
     for (const ParamSpec& p : l.params) {
       const uint64_t bytes = uint64_t(p.numel()) * act;
+      // Served from the model's files: a frozen base weight, and forward only (evaluation and
+      // generation train nothing) every base weight; NF4 ones are held as NF4.
+      const bool served = in.frozen_base_from_files && p.tied_to.empty() && !p.nf4 && !p.lora &&
+                          (!p.trainable || in.forward_only);
       if (l.kind == LayerKind::kEmbedding) {
-        // The gather runs on the host: a frozen embedding served from the model's file reads its
+        // The gather runs on the host: an embedding served from the model's file reads its
         // mapped table there, in the file's dtype; else a frozen one keeps one compute-dtype copy
         // (the head's upload copy when tied); a trainable one gathers from its fp32 master.
-        if (!p.trainable && in.frozen_base_from_files) {
+        if (served) {
           embedding_frozen_copy += uint64_t(p.numel()) * DTypeSize(in.model.weights_dtype);
-          params.frozen_from_files += uint64_t(p.numel());
+          params.from_files += uint64_t(p.numel());
         } else if (!p.trainable && !in.model.tie_word_embeddings) {
           embedding_frozen_copy += bytes;
         }
         continue;
       }
-      if (!p.trainable && !p.nf4 && p.tied_to.empty() && in.frozen_base_from_files) {
-        params.frozen_from_files += uint64_t(p.numel());
-      }
+      if (served) params.from_files += uint64_t(p.numel());
       if (!p.trainable && in.frozen_weights_on_nvme) {
         upload_frozen_nvme += p.nf4 ? p.bytes() : bytes;
       }
@@ -384,7 +388,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   if (in.forward_only) {
     // The fp32 weights the host packs each stage's upload from (and gathers the embedding from).
     Add(e.pageable_host, "weights.master",
-        (params.trainable + params.frozen - params.frozen_from_files) * kF32, P);
+        (params.trainable + params.frozen - params.from_files) * kF32, P);
     Add(e.pageable_host, "weights.nf4", params.nf4_bytes, P);
     Add(e.pageable_host, "weights.embedding", embedding_frozen_copy, P);
     return e;
@@ -411,7 +415,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   // from there); QLoRA's block projections as NF4 codes and quant state instead, at their real
   // size.
   if (!in.frozen_weights_on_nvme) {
-    Add(e.pageable_host, "weights.frozen", (params.frozen - params.frozen_from_files) * kF32, P);
+    Add(e.pageable_host, "weights.frozen", (params.frozen - params.from_files) * kF32, P);
   }
   Add(e.pageable_host, "weights.nf4", params.nf4_bytes, P);
   return e;

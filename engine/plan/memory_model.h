@@ -169,9 +169,10 @@ struct MemoryPlanInput {
   bool keep_activations = false;
   bool optimizer_on_nvme = false;       // fp32 master weights and Adam moments
   bool frozen_weights_on_nvme = false;  // LoRA base weights of blocks and head
-  // The frozen base (a LoRA job's, but NF4 weights) is served from the model's safetensors files
+  // The frozen base (a LoRA job's, but NF4 weights; forward only, the whole base: evaluation and
+  // generation train nothing) is served from the model's safetensors files
   // (engine/model/host_tensors.h, FileTensor): packed into the upload mirrors from there, no fp32
-  // copy in RAM ("weights.frozen" / "weights.master" leave it out); a frozen embedding is its
+  // copy in RAM ("weights.frozen" / "weights.master" leave it out); such an embedding is its
   // mapped table in the file's dtype (ModelConfig::weights_dtype), "weights.embedding". False: a
   // base made from the seed (`tiny`), held in fp32.
   bool frozen_base_from_files = false;

@@ -209,7 +209,8 @@ TEST(MemoryModel, LoraWithFrozenWeightsAndActivationsOnNvmeByHand) {
 
 // A LoRA base served from the model's files (frozen_base_from_files) has no fp32 copy on the
 // host: each range's upload mirror is packed from the file. The frozen embedding is its table as
-// the file maps it, in the file's dtype. Nothing else moves.
+// the file maps it, in the file's dtype. Nothing else moves. Forward only, the whole base is
+// served.
 TEST(MemoryModel, ABaseServedFromTheModelsFilesHasNoFp32CopyByHand) {
   MemoryPlanInput in = HandInput();
   in.lora.rank = 2;
@@ -233,6 +234,12 @@ TEST(MemoryModel, ABaseServedFromTheModelsFilesHasNoFp32CopyByHand) {
   in.forward_only = true;
   const auto fwd = Named(ComputeMemory(in).pageable_host);
   EXPECT_EQ(fwd.at("weights.master"), 4096u);  // 112 trainable x 4 B
+  // Without an adapter nothing is held in fp32: evaluation and generation train nothing, so the
+  // files serve the whole base.
+  in.lora = {};
+  const auto bare = Named(ComputeMemory(in).pageable_host);
+  EXPECT_EQ(bare.count("weights.master"), 0u);
+  EXPECT_EQ(bare.at("weights.embedding"), 4096u);
 }
 
 // A Llama MLP's gate and up projections are one device tensor, and their LoRA adapters one
