@@ -877,9 +877,10 @@ class Executor final : public PipelineExecutor {
     st.params = std::make_unique<DeviceParams>(std::move(params));
     if (packed_[r] != weights_version_) {
       // A LoRA job's frozen base in the mirror was packed from this master copy, whose frozen
-      // tensors do not change between calls (Step's contract): only the trainable ones are.
-      const bool trainable_only =
-          lora_.enabled() && !decoding_ && mirror_frozen_[r] == packed_from_;
+      // tensors do not change between calls (Step's contract): only the trainable ones are. Nor
+      // do the tensors its model's files serve (an evaluation's whole base).
+      const bool same_base = !decoding_ && mirror_frozen_[r] == packed_from_;
+      const bool trainable_only = lora_.enabled() && same_base;
       HostSpan span;  // traced when it writes anything, as the plan prices it
       if (trace_ != nullptr && (!trainable_only || st.params->has_trainable_weights())) {
         span =
@@ -887,9 +888,10 @@ class Executor final : public PipelineExecutor {
                      plan::RoundRobinTaskName('P', int(i), int(p_.stages.size()), -1), -1, int(i));
       }
       mirror_frozen_[r] = nullptr;  // until the packing has succeeded
-      FERRY_RETURN_IF_ERROR(st.params->PackWeights(weights, host_threads_, trainable_only));
+      FERRY_RETURN_IF_ERROR(
+          st.params->PackWeights(weights, host_threads_, trainable_only, same_base));
       mirror_frozen_[r] = packed_from_;
-      stats_.frozen_packs_skipped += trainable_only ? 1 : 0;
+      stats_.frozen_packs_skipped += trainable_only || (same_base && !weights.files.empty());
       span.End();
       packed_[r] = weights_version_;
       FERRY_RETURN_IF_ERROR(WeightsRead(st.range));

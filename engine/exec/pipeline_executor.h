@@ -132,7 +132,8 @@ struct ExecutorStats {
   // same master copy, copies only the trainable ranges (DeviceParams::UploadTrainableWeights).
   uint64_t weight_bytes_uploaded = 0;
   // Weight packings (one per layer range a step) that wrote the trainable tensors only: a LoRA
-  // job's host mirror keeps its frozen base, packed from the same master copy, from step to step.
+  // job's host mirror keeps its frozen base, packed from the same master copy, from step to step,
+  // and any job's the tensors the model's files serve (an evaluation's whole base).
   int64_t frozen_packs_skipped = 0;
   // Per plan allocation name: the most bytes any component used of it (<= its planned size).
   std::vector<plan::Allocation> used;
@@ -204,7 +205,8 @@ class PipelineExecutor {
   // In a LoRA job the frozen base stays in the devices' weight slots from call to call: between
   // Step and Evaluate calls with the same `weights` object only its trainable tensors may change
   // (the Trainer's contract); a changed base needs another object that was never passed here, or
-  // a Decode at past 0.
+  // a Decode at past 0. Likewise, in any job, the tensors the model's files serve
+  // (HostTensors::files) stay packed in the host mirrors from call to call.
   virtual Result<double> Step(const HostTensors& weights, std::span<const MicroBatchInput> batches,
                               HostTensors& grads, const StepHooks& hooks = {}) = 0;
   // Forward only (evaluation): the forward stages and the tail's loss-only pass over 1 to

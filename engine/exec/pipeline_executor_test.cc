@@ -813,6 +813,45 @@ TEST(ExecutorFileBaseTest, ABaseServedFromItsFilesEqualsItsFp32Copy) {
   }
 }
 
+// An evaluation over a whole base served from the model's files (as `ferry eval` loads one)
+// packs it into the host mirrors once: later evaluations with the same weights object keep it
+// (frozen_packs_skipped counts each range), and give the losses of the base read into fp32.
+TEST(ExecutorFileBaseTest, EvaluationsKeepTheServedBasePacked) {
+  const Model m = LoadModel("llama");
+  const PlanSpec spec{{{1, 3}, {3, 5}}, {}, 2, 2, 16, 2, DType::kF32, /*forward_only=*/true};
+  const plan::Plan p = MakeTestPlan(m, spec);
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(m.config, m.lora);
+  testing::TempDir dir;
+  ModelFolderWriteOptions as;
+  as.dtype = DType::kBF16;
+  ASSERT_TRUE(WriteModelFolder(dir.path(), m.config, layers, RandomWeights(m, 4), as).ok());
+  Result<FolderWeights> folder = FolderWeights::Open(dir.path());
+  ASSERT_TRUE(folder.ok()) << folder.status().ToString();
+  HostTensors served, read;
+  ASSERT_TRUE(LoadBaseWeights(*folder, m.config, layers, served, {}, ServedBase::kAll).ok());
+  ASSERT_TRUE(LoadBaseWeights(*folder, m.config, layers, read).ok());
+  ASSERT_TRUE(served.tensors.empty());
+  ASSERT_TRUE(read.files.empty());
+  const Batches b = MakeBatches(m, spec.micro_batches, spec.batch * spec.seq_len, 31);
+  std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(spec.gpus, p.memory.gpu.total());
+  Result<std::unique_ptr<PipelineExecutor>> from_files =
+      PipelineExecutor::Create(Raw(devs), m.config, p);
+  ASSERT_TRUE(from_files.ok()) << from_files.status().ToString();
+  std::vector<std::unique_ptr<CpuDevice>> devs2 = MakeDevices(spec.gpus, p.memory.gpu.total());
+  Result<std::unique_ptr<PipelineExecutor>> from_ram =
+      PipelineExecutor::Create(Raw(devs2), m.config, p);
+  ASSERT_TRUE(from_ram.ok()) << from_ram.status().ToString();
+  const int64_t ranges = int64_t(spec.stages.size()) + 1;
+  for (int call = 0; call < 3; ++call) {
+    Result<double> got = (*from_files)->Evaluate(served, b.inputs);
+    Result<double> want = (*from_ram)->Evaluate(read, b.inputs);
+    ASSERT_TRUE(got.ok() && want.ok()) << got.status().ToString() << want.status().ToString();
+    EXPECT_EQ(*got, *want) << "call " << call;
+    EXPECT_EQ((*from_files)->stats().frozen_packs_skipped, call * ranges) << "call " << call;
+    EXPECT_EQ((*from_ram)->stats().frozen_packs_skipped, 0) << "fp32 weights are packed each call";
+  }
+}
+
 // Random delays of 0-2 ms before every stream task (the CPU device's race detector), on five
 // seeds, leave the results bit for bit unchanged and do not deadlock: every copy is ordered
 // against the compute that reads or writes its buffer, and every hand-off between devices is an

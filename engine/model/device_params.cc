@@ -305,12 +305,13 @@ void PackFileTensorOn(ThreadPool* pool, const FileTensor& t, DType dtype, std::b
 
 }  // namespace
 
-Status DeviceParams::PackWeights(const HostTensors& weights, ThreadPool* pool,
-                                 bool trainable_only) {
+Status DeviceParams::PackWeights(const HostTensors& weights, ThreadPool* pool, bool trainable_only,
+                                 bool keep_served) {
   std::byte* mirror = mirrors_->weights.data();
   for (const auto& [name, dp] : params_) {
     if (dp.fused) continue;  // filled by its parts
     if (trainable_only && !dp.trainable) continue;
+    if (keep_served && weights.files.contains(dp.host_name)) continue;
     if (!dp.nf4.empty()) {
       auto it = weights.nf4.find(dp.host_name);
       if (it == weights.nf4.end() || it->second.numel() != dp.w.numel()) {

@@ -193,9 +193,10 @@ class DeviceParams {
   // completed, adds (or stores) them into `grads` as DownloadAndAddGrads does. The mirrors must
   // not be repacked, nor this object destroyed, while a copy enqueued here may still run.
   // `trainable_only`: the mirror's frozen tensors are already packed from the same values; only
-  // the trainable ones (and the LoRA packs) are written.
+  // the trainable ones (and the LoRA packs) are written. `keep_served`: so are the tensors served
+  // from the model's files (HostTensors::files: a file's view never changes), not written again.
   Status PackWeights(const HostTensors& weights, ThreadPool* pool = nullptr,
-                     bool trainable_only = false);
+                     bool trainable_only = false, bool keep_served = false);
   size_t weights_bytes() const { return weights_bytes_; }
   size_t grads_bytes() const { return grads_bytes_; }
   // Whether any packed weight is trainable (a LoRA stage's adapters; none in a frozen head).

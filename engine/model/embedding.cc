@@ -57,6 +57,11 @@ Status EmbeddingForward(const EmbeddingShape& s, const EmbeddingTable& wte,
   return Status::Ok();
 }
 
+void ReadEmbeddingTable(const EmbeddingTable& t, std::span<float> out) {
+  assert(out.size() == t.size);
+  GatherRow(t, 0, t.size, out.data(), /*add=*/false);
+}
+
 void EmbeddingBackward(const EmbeddingShape& s, std::span<const float> dout,
                        std::span<const int32_t> tokens, std::span<const int32_t> positions,
                        std::span<float> dwte, std::span<float> dwpe) {

@@ -47,6 +47,9 @@ Status EmbeddingForward(const EmbeddingShape& s, const EmbeddingTable& wte,
                         const EmbeddingTable& wpe, std::span<const int32_t> tokens,
                         std::span<const int32_t> positions, std::span<float> out);
 
+// All of `t` in fp32 (any alignment). REQUIRES: out.size() == t.size.
+void ReadEmbeddingTable(const EmbeddingTable& t, std::span<float> out);
+
 // dwte[tokens[n], :] += dout[n, :]; dwpe[positions[n], :] += dout[n, :] when present.
 // REQUIRES: ids validated by EmbeddingForward on the same tokens and positions.
 void EmbeddingBackward(const EmbeddingShape& s, std::span<const float> dout,

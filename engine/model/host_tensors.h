@@ -1,7 +1,8 @@
 // HostTensors: a model's fp32 host tensors (master weights, gradients, optimizer moments) in
 // ferry's master layout (engine/model/weights_io.h: MasterShape), keyed by the Hugging Face name
-// of each storage-owning parameter (tied aliases have no entry). A frozen base weight may instead
-// be held in NF4 or served from its model file (FileTensor), never copied into RAM.
+// of each storage-owning parameter (tied aliases have no entry). A base weight nothing trains (a
+// LoRA job's frozen base; every base weight of an inference load) may instead be held in NF4 or
+// served from its model file (FileTensor), never copied into RAM.
 //
 // Plain value type (copies share the files' mappings); thread-compatible.
 #pragma once
@@ -18,11 +19,13 @@
 
 namespace ferry {
 
-// A frozen parameter served from the model's own safetensors file (a LoRA job's base): a view of
+// A parameter nothing trains served from the model's own safetensors file (a LoRA job's frozen
+// base; an inference load's whole base): a view of
 // the tensor's bytes in the file's read-only memory mapping, which `owner` keeps alive. The host
 // packs it into each upload mirror straight from the file (a copy when the file's dtype is the
 // upload dtype, else converted on the fly: engine/model/weights_io.h), so the base never exists
-// in fp32 in RAM. The pages read stay the kernel's page cache, which it may reclaim.
+// in fp32 in RAM as a whole (a transposed tensor is read whole into fp32 while it is packed). The
+// pages read stay the kernel's page cache, which it may reclaim.
 struct FileTensor {
   std::shared_ptr<const void> owner;
   std::span<const std::byte> bytes;  // as stored: row-major `shape`, `dtype`; alignment not given
@@ -42,7 +45,8 @@ struct HostTensors {
   // Frozen base weights stored in NF4 (ParamSpec::nf4), by Hugging Face name; such a weight has
   // no entry in `tensors`.
   std::map<std::string, Nf4Host> nf4;
-  // Frozen base weights served from the model's files; such a weight has no entry in `tensors`.
+  // Base weights nothing trains, served from the model's files; such a weight has no entry in
+  // `tensors`.
   std::map<std::string, FileTensor> files;
   std::span<float> at(const std::string& name) { return tensors.at(name); }
   // The number of values `name` holds in whichever form; -1 when it has none.

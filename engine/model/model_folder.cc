@@ -370,7 +370,8 @@ Status WriteModelFolder(const std::string& dir, const ModelConfig& config,
     std::vector<float> read;  // a tensor dequantized or read from its file
     for (const ParamSpec* p : shards[s]) {
       Result<std::span<const float>> values = ParameterValues(*p, weights, read);
-      if (!values.ok() || values->size() != size_t(p->numel())) {
+      if (!values.ok()) return values.status().WithContext("writing model folder " + dir);
+      if (values->size() != size_t(p->numel())) {
         return Status::InvalidArgument("the weights to write lack '" + p->name + "' of " +
                                        std::to_string(p->numel()) + " values");
       }

@@ -71,7 +71,7 @@ Result<uint32_t> PeftTargetBits(const ModelConfig& c, std::string_view module);
 EmbeddingShape EmbeddingShapeOf(const ModelConfig& c);
 
 // The host embedding tables of `weights` (the gather runs on the host: engine/model/embedding.h):
-// fp32 master tables, or frozen ones served from the model's file. The tables view `weights`,
+// fp32 master tables, or tables served from the model's file. The tables view `weights`,
 // which must outlive them.
 struct HostEmbedding {
   EmbeddingShape shape = {};

@@ -72,10 +72,10 @@
 //            can move to NVMe (optimizer.slots below), then optimizer.staging (two buffers of
 //            the largest layer's slot: one layer updated while the next is read) streams it;
 //            weights.embedding: a frozen, untied embedding's compute-dtype copy (the gather runs
-//            on the host), or a frozen embedding's tables as mapped from the model's file
-//            (frozen_base_from_files); weights.frozen: the frozen base in fp32 unless the files
-//            serve it; activations.store (saved activations on NVMe): the store's own
-//            bounce buffers, kActivationQueueDepth blocks (mapped by the store, locked when
+//            on the host), or the embedding's tables as mapped from the model's file when the
+//            files serve them (frozen_base_from_files); weights.frozen: the frozen base in fp32
+//            unless the files serve it; activations.store (saved activations on NVMe): the store's
+//            own bounce buffers, kActivationQueueDepth blocks (mapped by the store, locked when
 //            io_uring registers them; the devices never copy from them).
 // NVMe (4096-byte blocks): whichever groups the plan places there (weights.frozen,
 // activations.saved, optimizer.slots). activations.saved: per micro-batch, every block input that
@@ -173,14 +173,16 @@ struct MemoryPlanInput {
   // generation train nothing) is served from the model's safetensors files
   // (engine/model/host_tensors.h, FileTensor): packed into the upload mirrors from there, no fp32
   // copy in RAM ("weights.frozen" / "weights.master" leave it out); such an embedding is its
-  // mapped table in the file's dtype (ModelConfig::weights_dtype), "weights.embedding". False: a
-  // base made from the seed (`tiny`), held in fp32.
+  // mapped table in the file's dtype (ModelConfig::weights_dtype, config.json's torch_dtype, is
+  // taken for it; an F64 file, which is read into fp32, is not counted so), "weights.embedding".
+  // False: a base made from the seed (`tiny`), held in fp32.
   bool frozen_base_from_files = false;
   ScratchTarget scratch;
   // Forward only (evaluation, PipelineExecutor::Evaluate on such a plan): nothing only a backward
   // or an update uses: no gradient buffers on the device or the host, no saved activations (only
   // each stage's input crosses the host), three hidden buffers, a loss-only head, no optimizer
-  // state; the host holds the fp32 weights ("weights.master") instead.
+  // state; the host holds the fp32 weights ("weights.master": those the model's files do not
+  // serve, frozen_base_from_files) instead.
   bool forward_only = false;
   // Generation (forward only, PipelineExecutor::Decode on such a plan): each block's KV cache
   // holds `generate_positions` tokens (prompt and new), f32 (capacity x kv_dim, keys and values),

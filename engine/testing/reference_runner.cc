@@ -102,9 +102,9 @@ class Runner final : public ModelRunner {
     FERRY_ASSIGN_OR_RETURN(const HostEmbedding e, FindHostEmbedding(c_, weights));
     // The runner's own fp32 copies (a frozen table may be served from its file).
     wte_.resize(e.wte.size);
-    ConvertToFloat(e.wte.dtype, e.wte.data, wte_.data(), e.wte.size);
+    ReadEmbeddingTable(e.wte, wte_);
     wpe_.resize(e.wpe.size);
-    if (e.wpe.size > 0) ConvertToFloat(e.wpe.dtype, e.wpe.data, wpe_.data(), e.wpe.size);
+    if (e.wpe.size > 0) ReadEmbeddingTable(e.wpe, wpe_);
     FERRY_RETURN_IF_ERROR(params_.Upload(d_, weights));
     uploaded_ = true;
     return Status::Ok();

@@ -240,7 +240,8 @@ class Trainer {
 
   ModelRunner* runner_;  // not owned
   std::vector<LayerSpec> layers_;
-  HostTensors weights_;                 // fp32 master weights, storage-owning parameters
+  HostTensors weights_;                 // storage-owning parameters: fp32 masters (frozen ones
+                                        // may be NF4 or served from the model's files)
   HostTensors grads_;                   // trainable storage-owning parameters only
   std::map<std::string, State> state_;  // AdamW moments, trainable parameters only
   std::vector<std::string> order_;      // trainable names in layer order (deterministic sums)
