@@ -167,9 +167,11 @@ std::string PlanSummary(const Plan& p) {
              "%.2f GB",
              p.pcie_h2d_bytes / 1e9, p.pcie_d2h_bytes / 1e9, p.nvme_read_bytes / 1e9) +
          Format(", NVMe written %.2f GB\n", p.nvme_write_bytes / 1e9);
+  // In milliseconds: a LoRA job's packing (adapters only) takes a few.
   out += Format(
-      "  host thread per step: weight packing %.3f s, gradient adding %.3f s, embedding %.3f s\n",
-      p.host_pack_s, p.host_grad_add_s, p.host_embedding_s);
+      "  host thread per step: weight packing %.1f ms, gradient adding %.1f ms, embedding %.1f "
+      "ms\n",
+      1e3 * p.host_pack_s, 1e3 * p.host_grad_add_s, 1e3 * p.host_embedding_s);
   out += "Memory (exact, alignment included):\n";
   TableRows(out, "each GPU", p.memory.gpu, p.gpu_budget);
   TableRows(out, "pinned host", p.memory.pinned_host, 0);
