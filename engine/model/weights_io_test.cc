@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 
 #include "engine/model/embedding.h"
@@ -147,10 +148,14 @@ TEST(EmbeddingTest, GathersFileTablesAsTheirFp32Values) {
   ASSERT_TRUE(EmbeddingForward(s, wte, wpe, tokens, pos, want).ok());
   for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
     // One byte in, so no row is aligned.
-    std::vector<std::byte> wte_bytes(1 + wte.size() * DTypeSize(t));
-    std::vector<std::byte> wpe_bytes(1 + wpe.size() * DTypeSize(t));
-    ConvertFromFloat(wte.data(), t, wte_bytes.data() + 1, wte.size());
-    ConvertFromFloat(wpe.data(), t, wpe_bytes.data() + 1, wpe.size());
+    auto unaligned = [t](const std::vector<float>& values) {
+      std::vector<float> converted(values.size());  // aligned for any dtype, then moved in
+      ConvertFromFloat(values.data(), t, converted.data(), values.size());
+      std::vector<std::byte> bytes(1 + values.size() * DTypeSize(t));
+      std::memcpy(bytes.data() + 1, converted.data(), bytes.size() - 1);
+      return bytes;
+    };
+    const std::vector<std::byte> wte_bytes = unaligned(wte), wpe_bytes = unaligned(wpe);
     std::vector<float> got(want.size());
     ASSERT_TRUE(EmbeddingForward(s, EmbeddingTable(std::span(wte_bytes).subspan(1), t),
                                  EmbeddingTable(std::span(wpe_bytes).subspan(1), t), tokens, pos,
