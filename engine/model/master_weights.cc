@@ -91,24 +91,16 @@ Result<std::span<const float>> ParameterValues(const ParamSpec& p, const HostTen
 
 Status QuantizeParameter(const ParamSpec& p, HostTensors& weights, Nf4Rounding rounding) {
   if (!p.nf4 || weights.nf4.contains(p.name)) return Status::Ok();  // read quantized: as it is
-  auto it = weights.tensors.find(p.name);
-  auto file = weights.files.find(p.name);
-  if (it == weights.tensors.end() && file == weights.files.end()) {
+  if (weights.numel(p.name) < 0) {
     return Status::NotFound("no base weight '" + p.name + "' to quantize");
   }
   std::vector<float> read;  // a weight served from its file, read for the quantization
-  if (it == weights.tensors.end()) {
-    read.resize(size_t(file->second.numel()));
-    ReadFileTensor(file->second, read);
-  }
-  FERRY_ASSIGN_OR_RETURN(
-      Nf4Host q, QuantizeNf4(it != weights.tensors.end() ? std::span<const float>(it->second)
-                                                         : std::span<const float>(read),
-                             MasterShape(p), p.nf4_nested, rounding));
-  weights.nf4[p.name] = std::move(q);
+  FERRY_ASSIGN_OR_RETURN(std::span<const float> values, ParameterValues(p, weights, read));
+  FERRY_ASSIGN_OR_RETURN(Nf4Host q, QuantizeNf4(values, MasterShape(p), p.nf4_nested, rounding));
   // The fp32 copy (or the file's view) goes as soon as its NF4 one exists.
-  if (it != weights.tensors.end()) weights.tensors.erase(it);
-  if (file != weights.files.end()) weights.files.erase(file);
+  weights.tensors.erase(p.name);
+  weights.files.erase(p.name);
+  weights.nf4[p.name] = std::move(q);
   return Status::Ok();
 }
 
