@@ -313,12 +313,20 @@ int main(int argc, char** argv) {
     // The throttle: the busiest device's uploads at this rate take as long as its compute. The
     // planner prices the slower link (it recomputes instead of uploading saved activations), so
     // the throttled plan uploads less and computes more than the unthrottled one: the rate is
-    // taken again from a first throttled run, so that the timed plan's own transfer and compute
-    // are comparable.
+    // taken again from a short throttled run (one timed step) until it settles (within 20%, at
+    // most four runs), so that the timed plan's own transfer and compute are comparable.
     auto throttle = [](const ferry::RunResult& r) {
       return ferry::plan::MedianOf(r.uploaded_bytes) / ferry::plan::MedianOf(r.compute_s);
     };
-    const double link = throttle(ferry::Run(model, lora, o, 2, throttle(two), times2));
+    ferry::Options quick = o;
+    quick.steps = 1;
+    double link = throttle(two);
+    for (int run = 0; run < 4; ++run) {
+      const double next = throttle(ferry::Run(model, lora, quick, 2, link, times2));
+      const bool settled = next > 0.8 * link && next < 1.25 * link;
+      link = next;
+      if (settled) break;
+    }
     const ferry::RunResult throttled = ferry::Run(model, lora, o, 2, link, times2);
     const ferry::RunResult one = ferry::Run(model, lora, o, 1, 0, times1);
     char label[64];

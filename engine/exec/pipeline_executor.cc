@@ -30,13 +30,16 @@ struct Region {
 };
 
 // The names StreamHazards tracks on every device: the plan buffers that a copy and a kernel may
-// both touch, and "layout" for the row layout ("positions" and "doc_ids", written together).
+// both touch, and "layout.0" / "layout.1" for the row layout's two slots ("positions" and
+// "doc_ids", written together; micro-batch m's in slot m % 2).
 // ("scratch" is compute-only; "rope.inv_freq" is written once, at Create, before any compute.)
 constexpr std::string_view kTracked[] = {
-    "hidden.0",    "hidden.1",         "hidden.2",      "hidden.3",    "saved.slot0",
-    "saved.slot1", "weights.slot0",    "weights.slot1", "grads.accum", "grad.work",
-    "layout",      "activations.keep", "logits"};
-constexpr std::string_view kHidden[4] = {"hidden.0", "hidden.1", "hidden.2", "hidden.3"};
+    "hidden.0",    "hidden.1",    "hidden.2",      "hidden.3",         "hidden.4",
+    "saved.slot0", "saved.slot1", "weights.slot0", "weights.slot1",    "grads.accum",
+    "grad.work",   "layout.0",    "layout.1",      "activations.keep", "logits"};
+constexpr std::string_view kHidden[5] = {"hidden.0", "hidden.1", "hidden.2", "hidden.3",
+                                         "hidden.4"};
+constexpr std::string_view kLayout[2] = {"layout.0", "layout.1"};
 constexpr std::string_view kSaved[2] = {"saved.slot0", "saved.slot1"};
 constexpr std::string_view kWeights[2] = {"weights.slot0", "weights.slot1"};
 
@@ -262,16 +265,27 @@ class Executor final : public PipelineExecutor {
         ds.regions[a.name] = {b.data(), a.bytes};
         ds.buffers.push_back(std::move(b));
       }
-      for (const char* name :
-           {"hidden.0", "hidden.1", "hidden.2", "hidden.3", "saved.slot0", "saved.slot1",
-            "weights.slot0", "weights.slot1", "grads.accum", "grad.work", "doc_ids"}) {
-        // A forward-only plan has neither gradients nor a backward stage's fourth buffer.
+      for (const char* name : {"hidden.0", "hidden.1", "hidden.2", "hidden.3", "hidden.4",
+                               "saved.slot0", "saved.slot1", "weights.slot0", "weights.slot1",
+                               "grads.accum", "grad.work", "doc_ids"}) {
+        // A forward-only plan has neither gradients nor a backward stage's fourth and fifth
+        // buffers; with one micro-batch the residual gradient needs no third (hidden.4).
         const std::string_view n = name;
-        if (p_.job.forward_only && (n == "hidden.3" || n == "grads.accum")) continue;
-        if (keep_ && (n == "hidden.3" || n == "saved.slot1")) continue;
+        if (p_.job.forward_only && (n == "hidden.3" || n == "hidden.4" || n == "grads.accum")) {
+          continue;
+        }
+        if (keep_ && (n == "hidden.3" || n == "hidden.4" || n == "saved.slot1")) continue;
+        if (n == "hidden.4" && p_.micro_batches < 2) continue;
         if (!ds.regions.count(name)) {
           return Status::InvalidArgument(std::string("the plan's GPU map lacks '") + name + "'");
         }
+      }
+      const size_t layout = LayoutStride() * std::min<size_t>(size_t(p_.micro_batches), 2);
+      if (ds.regions.at("doc_ids").bytes < layout ||
+          (ds.regions.count("positions") && ds.regions.at("positions").bytes < layout)) {
+        return Status::InvalidArgument(
+            "the plan's row layout buffers (positions, doc_ids) are smaller than " +
+            std::to_string(layout) + " bytes");
       }
       if (ds.regions.at("hidden.0").bytes < hb) {
         return Status::InvalidArgument("the plan's hidden buffers are smaller than B*T x C " +
@@ -1198,21 +1212,41 @@ class Executor final : public PipelineExecutor {
     return ds.hazards.After(StreamId::kCompute, reads, writes);
   }
 
-  // Uploads micro-batch m's row layout into the device's "positions" (RoPE models) and "doc_ids".
-  Status UploadLayout(DeviceState& ds, size_t m) {
+  // The bytes between the row layout's two slots in "positions" and "doc_ids" (as the plan).
+  size_t LayoutStride() const {
+    return plan::RoundUp(uint64_t(shape_.tokens()) * 4, plan::kArenaAlignment);
+  }
+  // Micro-batch m's row layout on the device: slot m % 2 of "positions" (RoPE models; else
+  // empty) and "doc_ids".
+  std::pair<Tensor, Tensor> Layout(DeviceState& ds, size_t m) {
+    const int64_t N = shape_.tokens();
+    const size_t offset = (m % 2) * LayoutStride(), bytes = size_t(N) * 4;
+    Tensor positions;
+    if (ds.regions.count("positions") != 0) {
+      positions = {ds.Use("positions", offset + bytes) + std::ptrdiff_t(offset), DType::kI32,
+                   Shape{N}};
+    }
+    return {positions,
+            {ds.Use("doc_ids", offset + bytes) + std::ptrdiff_t(offset), DType::kI32, Shape{N}}};
+  }
+  // Uploads micro-batch m's row layout into its slot (Layout) and points stage `st`'s blocks at
+  // it for the micro-batch's calls.
+  Status UploadLayout(DeviceState& ds, const StageRun& st, size_t m) {
     const size_t bytes = size_t(shape_.tokens()) * 4;
-    FERRY_RETURN_IF_ERROR(ds.hazards.Before(StreamId::kUpload, {}, {"layout"}));
+    const auto [positions, doc_ids] = Layout(ds, m);
+    const bool rope = ds.regions.count("positions") != 0;
+    FERRY_RETURN_IF_ERROR(ds.hazards.Before(StreamId::kUpload, {}, {kLayout[m % 2]}));
     FERRY_RETURN_IF_ERROR(ds.TraceBegin(StreamId::kUpload));
-    const bool positions = ds.regions.count("positions") != 0;
-    if (positions) {
+    if (rope) {
       FERRY_RETURN_IF_ERROR(
-          ds.device->CopyToDevice(ds.Use("positions", bytes), layout_[m].Sub(0, bytes), bytes));
+          ds.device->CopyToDevice(positions.data, layout_[m].Sub(0, bytes), bytes));
     }
     FERRY_RETURN_IF_ERROR(
-        ds.device->CopyToDevice(ds.Use("doc_ids", bytes), layout_[m].Sub(bytes, bytes), bytes));
+        ds.device->CopyToDevice(doc_ids.data, layout_[m].Sub(bytes, bytes), bytes));
     FERRY_RETURN_IF_ERROR(ds.TraceEnd(StreamId::kUpload, 'I', plan::TaskKind::kActivationUpload,
-                                      double(bytes * (positions ? 2 : 1))));
-    return ds.hazards.After(StreamId::kUpload, {}, {"layout"});
+                                      double(bytes * (rope ? 2 : 1))));
+    st.blocks->SetRowLayout(positions, doc_ids);
+    return ds.hazards.After(StreamId::kUpload, {}, {kLayout[m % 2]});
   }
 
   Status ZeroGrads(DeviceState& ds, DeviceParams& params) {
@@ -1300,7 +1334,7 @@ class Executor final : public PipelineExecutor {
       ds.Use("activations.keep", (size_t(st.range.first - 1) * M + m) * kept_stride_ + hb);
       FERRY_RETURN_IF_ERROR(
           ToDevice(ds, "activations.keep", x0.data, act_[size_t(st.range.first)][m], hb));
-      FERRY_RETURN_IF_ERROR(UploadLayout(ds, m));
+      FERRY_RETURN_IF_ERROR(UploadLayout(ds, st, m));
       FERRY_RETURN_IF_ERROR(PrefetchChunk(next));
       for (int li = st.range.first; li < st.range.last; ++li) {
         const int64_t b = li - 1;
@@ -1308,7 +1342,7 @@ class Executor final : public PipelineExecutor {
         const Tensor x = Kept(ds, li, m), y = last ? Hidden(ds, yi) : Kept(ds, li + 1, m);
         const int slot = int(size_t(li - st.range.first) * M + m);
         ++stats_.block_forward_calls;
-        FERRY_RETURN_IF_ERROR(Compute(ds, {"activations.keep", w, "layout"},
+        FERRY_RETURN_IF_ERROR(Compute(ds, {"activations.keep", w, kLayout[m % 2]},
                                       {"activations.keep", kHidden[yi], "grad.work"},
                                       [&] { return st.blocks->Forward(b, slot, x, y); }));
       }
@@ -1332,13 +1366,13 @@ class Executor final : public PipelineExecutor {
       FERRY_RETURN_IF_ERROR(AwaitInputs(i, m));
       FERRY_RETURN_IF_ERROR(
           ToDevice(ds, kHidden[xi], Hidden(ds, xi).data, act_[size_t(st.range.first)][m], hb));
-      FERRY_RETURN_IF_ERROR(UploadLayout(ds, m));
+      FERRY_RETURN_IF_ERROR(UploadLayout(ds, st, m));
       FERRY_RETURN_IF_ERROR(PrefetchChunk(next));
       for (int li = st.range.first; li < st.range.last; ++li) {
         const int64_t b = li - 1;
         const Tensor x = Hidden(ds, xi), y = Hidden(ds, yi);
         ++stats_.block_forward_calls;
-        FERRY_RETURN_IF_ERROR(Compute(ds, {kHidden[xi], w, "layout"},
+        FERRY_RETURN_IF_ERROR(Compute(ds, {kHidden[xi], w, kLayout[m % 2]},
                                       {kHidden[yi], kSaved[b % 2], "grad.work"},
                                       [&] { return st.blocks->Forward(b, int(b % 2), x, y); }));
         // Forward only: nothing is saved, and only the stage's output travels.
@@ -1435,15 +1469,18 @@ class Executor final : public PipelineExecutor {
     // Layer inputs alternate between hidden.1 and hidden.3 (one running counter over the stage's
     // layers and micro-batches), so a layer's input uploads while the layer before it (in
     // backward order) still computes from the other; kept activations are where the forward
-    // stage left them. The gradients ping-pong in 0 and 2.
+    // stage left them. The residual gradient ping-pongs within a micro-batch and turns over
+    // three buffers between them (0, 2 and 4; 0, 2 and 1 when the inputs are kept), so the next
+    // micro-batch's dY uploads while this one computes and the one before's dX downloads.
     int inputs = 0;
+    HiddenRotation g{.in = 0, .other = 2, .idle = keep_ ? 1 : 4};
     for (size_t m = 0; m < M_; ++m) {
       ds.task_micro_batch = int(m);
-      int dyi = 0, dxi = 2;
+      int dyi = g.in, dxi = g.other;
       FERRY_RETURN_IF_ERROR(AwaitInputs(i, m));
       FERRY_RETURN_IF_ERROR(
           ToDevice(ds, kHidden[dyi], Hidden(ds, dyi).data, bgrad_[m], HiddenBytes()));
-      FERRY_RETURN_IF_ERROR(UploadLayout(ds, m));
+      FERRY_RETURN_IF_ERROR(UploadLayout(ds, st, m));
       if (spill_) FERRY_RETURN_IF_ERROR(StartFetches(ds, i, m));
       for (int li = st.range.last - 1; li >= st.range.first; --li) {
         const int64_t b = li - 1;
@@ -1451,7 +1488,7 @@ class Executor final : public PipelineExecutor {
           FERRY_RETURN_IF_ERROR(PrefetchChunk(next));
           const Tensor x = Kept(ds, li, m), dy = Hidden(ds, dyi), dx = Hidden(ds, dxi);
           const int kept = int(size_t(li - st.range.first) * size_t(p_.micro_batches) + m);
-          FERRY_RETURN_IF_ERROR(Compute(ds, {"activations.keep", kHidden[dyi], w, "layout"},
+          FERRY_RETURN_IF_ERROR(Compute(ds, {"activations.keep", kHidden[dyi], w, kLayout[m % 2]},
                                         {kHidden[dxi], "grads.accum", "grad.work"},
                                         [&] { return st.blocks->Backward(b, kept, x, dy, dx); }));
           std::swap(dyi, dxi);
@@ -1475,10 +1512,10 @@ class Executor final : public PipelineExecutor {
         if (p_.recompute[size_t(li)]) {
           ++stats_.block_forward_calls;
           FERRY_RETURN_IF_ERROR(  // dx: scratch output
-              Compute(ds, {kHidden[xi], w, "layout"}, {kHidden[dxi], slot, "grad.work"},
+              Compute(ds, {kHidden[xi], w, kLayout[m % 2]}, {kHidden[dxi], slot, "grad.work"},
                       [&] { return st.blocks->Forward(b, int(b % 2), x, dx); }));
         }
-        FERRY_RETURN_IF_ERROR(Compute(ds, {kHidden[xi], kHidden[dyi], slot, w, "layout"},
+        FERRY_RETURN_IF_ERROR(Compute(ds, {kHidden[xi], kHidden[dyi], slot, w, kLayout[m % 2]},
                                       {kHidden[dxi], "grads.accum", "grad.work"}, [&] {
                                         return st.blocks->Backward(b, int(b % 2), x, dy, dx);
                                       }));
@@ -1487,6 +1524,7 @@ class Executor final : public PipelineExecutor {
       FERRY_RETURN_IF_ERROR(
           ToHost(ds, bgrad_[m], kHidden[dyi], Hidden(ds, dyi).data, HiddenBytes()));
       FERRY_RETURN_IF_ERROR(ds.device->Record(ds.landed[m], StreamId::kDownload));
+      g.Next(dyi);  // the last layer's input gradient (swapped into dy)
     }
     FERRY_RETURN_IF_ERROR(DownloadGrads(i));
     return FinishPrefetch(next);

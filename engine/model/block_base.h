@@ -70,6 +70,12 @@ BlockBufferBytes CountBlockBuffers(const BlockLayouts<Saved, Workspace>& l,
 
 template <typename Saved, typename Workspace>
 class BlockBase : public DecoderBlocks {
+ public:
+  void SetRowLayout(Tensor positions, Tensor doc_ids) final {
+    ctx_.positions = positions;
+    ctx_.doc_ids = doc_ids;
+  }
+
  protected:
   BlockBase(const BlocksContext& ctx, int64_t kv_heads)
       : ctx_(ctx), c_(*ctx.config), d_(*ctx.device), prefix_(NamesOf(c_).block_prefix) {

@@ -72,6 +72,10 @@ class DecoderBlocks {
   // dx (=) from dy, parameter gradients (+=). REQUIRES: the last Forward into
   // `slot` was this block's, on this x. dx must not alias x or dy.
   virtual Status Backward(int64_t block, int slot, Tensor x, Tensor dy, Tensor dx) = 0;
+  // The row layout the calls from now on read (BlocksContext::positions and doc_ids, the same
+  // shapes): a caller that uploads the next micro-batch's layout while this one computes keeps
+  // two and switches between them. Kernels already enqueued keep the tensors they were given.
+  virtual void SetRowLayout(Tensor positions, Tensor doc_ids) = 0;
 };
 
 // What a family's buffer layouts depend on. One layout per family serves both the blocks, which

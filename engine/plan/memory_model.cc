@@ -251,9 +251,12 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   Add(e.gpu, "weights.slot0", stage_weights, A);
   Add(e.gpu, "weights.slot1", stage_weights, A);
   if (!in.forward_only) Add(e.gpu, "grads.accum", stage_grads, A);
-  // Forward stages and the tail rotate three hidden buffers; backward stages use a fourth (their
-  // layer inputs alternate between two), unless the inputs stay on the device.
-  for (int k = 0; k < (in.forward_only || keep ? 3 : 4); ++k) {
+  // Forward stages and the tail rotate three hidden buffers. Backward stages rotate the residual
+  // gradient through three (with two micro-batches or more: the next one's dY uploads while this
+  // one computes and its dX downloads) and alternate their layer inputs between two more,
+  // unless the inputs stay on the device (then the gradients take the three).
+  const int hidden_buffers = in.forward_only || keep ? 3 : m >= 2 ? 5 : 4;
+  for (int k = 0; k < hidden_buffers; ++k) {
     Add(e.gpu, "hidden." + std::to_string(k), hidden, A);
   }
   if (keep) {
@@ -272,11 +275,14 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   // plain or Llama 3-scaled) for models without learned positions (GPT-2 adds its position table
   // on the host). Packed-document ids (i32 per token) for every model: attention never crosses a
   // document boundary (all one id when rows are not packed).
+  // Two of each with two micro-batches or more (micro-batch m's in slot m % 2, aligned), so the
+  // next micro-batch's upload does not wait for this one's compute.
+  const uint64_t layout = std::min<uint64_t>(m, 2) * RoundUp(uint64_t(tokens) * 4, A);
   if (!in.model.learned_positions) {
-    Add(e.gpu, "positions", uint64_t(in.micro_batch.tokens()) * 4, A);
+    Add(e.gpu, "positions", layout, A);
     Add(e.gpu, "rope.inv_freq", uint64_t(in.model.head_dim / 2) * 4, A);
   }
-  Add(e.gpu, "doc_ids", uint64_t(in.micro_batch.tokens()) * 4, A);
+  Add(e.gpu, "doc_ids", layout, A);
   Add(e.gpu, std::string(kLibraryWorkspace),
       ScratchReportsFor(OpsTarget(in.scratch).kind).library_workspace, A);
   const bool generate = in.forward_only && in.generate_positions > 0;

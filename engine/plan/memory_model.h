@@ -15,11 +15,14 @@
 //                       block-diagonal B, as engine/model/device_params.h lays them out);
 //   grads.accum         fp32 gradient accumulators of the largest stage's trainable weights
 //                       (accumulated across micro-batches, downloaded once per stage);
-//   hidden.0..3         four hidden-state buffers (B*T, C): forward stages and the tail rotate
+//   hidden.0..4         five hidden-state buffers (B*T, C): forward stages and the tail rotate
 //                       three (a micro-batch's input uploads while the one before computes);
-//                       backward keeps the residual gradient in two (ping-pong) and a layer's
-//                       input in the other two, alternating, so the next layer's input uploads
-//                       while this layer computes;
+//                       backward rotates the residual gradient through three (0, 2, 4: the
+//                       next micro-batch's dY uploads while this one computes and the one
+//                       before's dX downloads; two, 0 and 2, with one micro-batch) and a layer's
+//                       input through the other two, alternating, so the next layer's input
+//                       uploads while this layer computes (forward only, or activations kept on
+//                       the device: three, 0..2);
 //   saved.slot0/1       two per-layer saved-activation buffers, each the largest layer's saved set
 //                       (the tensors ComputeLayerCost::saved_bytes counts, each at an aligned
 //                       offset): forward writes layer i's set into one
@@ -31,7 +34,9 @@
 //                       blocks and the head carve their workspace (activation gradients,
 //                       LoRA's du, a frozen-parameter sink; the head: targets, input gradient);
 //   scratch             the largest scratch any op of the plan asks for (see OpScratchBytes);
-//   positions           RoPE position ids, i32 per token (models without learned positions);
+//   positions           RoPE position ids, i32 per token (models without learned positions),
+//                       and doc_ids, packed-document ids, i32 per token: two slots each, each
+//                       aligned (one with one micro-batch), micro-batch m's in slot m % 2;
 //   library.workspace   the device kind's library workspace as kernels/ops/backend.h reports it
 //                       (CUDA: cuBLAS/cuBLASLt's, 32 MiB; CPU: none).
 // Every allocation is rounded up to the arena alignment (256 bytes, as kernels/arena.h).
@@ -164,8 +169,8 @@ struct MemoryPlanInput {
   // ("activations.keep": per block and micro-batch, its input then its saved slot, each rounded
   // to kArenaAlignment: KeptActivationBytes), so no saved activation crosses the host; only stage
   // inputs do ("activations.saved"), as in a forward-only plan. "saved.slot0" then holds the
-  // head's set alone, and neither "saved.slot1" nor "hidden.3" is planned. REQUIRES: gpus == 1,
-  // no layer recomputed, activations not on NVMe.
+  // head's set alone, and neither "saved.slot1" nor "hidden.3" and "hidden.4" are planned.
+  // REQUIRES: gpus == 1, no layer recomputed, activations not on NVMe.
   bool keep_activations = false;
   bool optimizer_on_nvme = false;       // fp32 master weights and Adam moments
   bool frozen_weights_on_nvme = false;  // LoRA base weights of blocks and head

@@ -90,16 +90,18 @@ TEST(MemoryModel, FullFineTuningByHand) {
   EXPECT_EQ(gpu.at("grads.accum"), 3072u);
   EXPECT_EQ(gpu.at("hidden.0"), 256u);
   EXPECT_EQ(gpu.at("hidden.3"), 256u);
+  EXPECT_EQ(gpu.at("hidden.4"), 256u);  // the backward's third gradient buffer (2 micro-batches)
   EXPECT_EQ(gpu.at("saved.slot0"), 3072u);
   EXPECT_EQ(gpu.at("saved.slot1"), 3072u);
   EXPECT_EQ(gpu.at("grad.work"), 2560u);
   EXPECT_EQ(gpu.at("scratch"), Scratch());  // the CUDA GEMM needs none in bf16
   EXPECT_EQ(gpu.at("library.workspace"), 32u << 20);
-  EXPECT_EQ(gpu.at("positions"), 256u);      // RoPE ids: 4 tokens x 4 B -> 256
+  // Two slots of the row layout (two micro-batches), each 4 tokens x 4 B -> 256.
+  EXPECT_EQ(gpu.at("positions"), 512u);      // RoPE ids
   EXPECT_EQ(gpu.at("rope.inv_freq"), 256u);  // head_dim / 2 f32 -> 256
-  EXPECT_EQ(gpu.at("doc_ids"), 256u);        // packed-document ids: 4 tokens x 4 B -> 256
+  EXPECT_EQ(gpu.at("doc_ids"), 512u);        // packed-document ids
   EXPECT_EQ(e.gpu.total(),
-            2 * 2304 + 3072 + 4 * 256 + 2 * 3072 + 2560 + Scratch() + (32u << 20) + 3 * 256);
+            2 * 2304 + 3072 + 5 * 256 + 2 * 3072 + 2560 + Scratch() + (32u << 20) + 2 * 512 + 256);
 
   // Pinned, as the executor carves it: upload mirrors in the slots' layout, one per layer range:
   // 2 blocks x 2304 + the head's 512 = 5120 -> 8192; gradient landing mirrors likewise: 2 x 3072
@@ -125,6 +127,18 @@ TEST(MemoryModel, FullFineTuningByHand) {
   EXPECT_EQ(pageable.at("grads.update"), 8192u);
   EXPECT_EQ(e.pageable_host.total(), 8192u + 12288 + 8192);
   EXPECT_EQ(e.nvme.total(), 0u);
+}
+
+// One micro-batch: nothing uploads for a next one, so the row layout has one slot and the
+// backward's residual gradient two buffers (no "hidden.4").
+TEST(MemoryModel, OneMicroBatchPlansOneLayoutSlotAndTwoGradientBuffers) {
+  MemoryPlanInput in = HandInput();
+  in.micro_batches = 1;
+  const auto gpu = Named(ComputeMemory(in).gpu);
+  EXPECT_EQ(gpu.at("positions"), 256u);
+  EXPECT_EQ(gpu.at("doc_ids"), 256u);
+  EXPECT_EQ(gpu.count("hidden.3"), 1u);
+  EXPECT_EQ(gpu.count("hidden.4"), 0u);
 }
 
 // Optimizer state on NVMe: each layer's master weights and moments (12 B a parameter) plus a

@@ -299,8 +299,9 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
       if (weights_last[k] != kNone) t.deps.push_back(weights_last[k]);
       compute[k][j] = s.Add(std::move(t));
     }
-    if (job.single_buffered_inputs) {
-      for (int j = 1; j < m; ++j) AddDep(s, in[k][j], compute[k][j - 1]);
+    if (job.executor_buffers) {
+      const int slots = std::max(job.input_slots, 1);
+      for (int j = slots; j < m; ++j) AddDep(s, in[k][j], compute[k][j - slots]);
       // The device's stage before this one may still be downloading the slot it reuses.
       if (k >= G && all[k - G].reuses_saved_slot) AddDep(s, compute[k][0], out[k - G][m - 1]);
       // ... or the gradients its micro-batch 0 zeroes (one accumulator per device).
@@ -314,8 +315,19 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
         t.deps.push_back(compute[k][j]);
         out[k][j] = s.Add(std::move(t));
       }
-      if (job.single_buffered_inputs && c.reuses_saved_slot) {
+      if (job.executor_buffers && c.reuses_saved_slot) {
         for (int j = 1; j < m; ++j) AddDep(s, compute[k][j], out[k][j - 1]);
+      }
+      if (job.executor_buffers) {
+        for (int j = 2; j < m; ++j) {
+          // Micro-batch j's input lands in the buffer j - 2's output left (three turn over) ...
+          AddDep(s, in[k][j], out[k][j - 2]);
+          // ... and a forward stage's layers write the hidden buffers and saved slots whose
+          // downloads the layers before them started: its compute runs at most about a
+          // micro-batch ahead of its downloads, so a stage that downloads more than it computes
+          // runs at the download's pace.
+          if (kind_of(k) == TaskKind::kForward) AddDep(s, compute[k][j], out[k][j - 2]);
+        }
       }
     }
     int grads = kNone;

@@ -44,7 +44,7 @@ struct StageCost {
   double gpu_optimizer_s = 0;  // baselines: on-GPU optimizer step after the last backward
   // Round-robin forward stages: every micro-batch writes the same saved-set slot (one block whose
   // activations are saved), so its compute waits for the slot's download of the micro-batch before
-  // (RoundRobinJob::single_buffered_inputs).
+  // (RoundRobinJob::executor_buffers).
   bool reuses_saved_slot = false;
   // Round-robin: the executor's host thread (engine/exec/pipeline_executor.h) packs a layer
   // range's weights from the master copy into their upload mirror once a step, before the first
@@ -80,8 +80,14 @@ struct RoundRobinJob {
   // stage that runs before (0 = one chunk per micro-batch).
   int weight_chunks = 0;
   // The buffers ferry's executor keeps once per device (engine/exec/pipeline_executor.h):
-  //  - micro-batch j's input upload of a stage starts once the stage's compute of j-1 is done (one
-  //    row layout, positions and doc ids, per device; the tail's targets live in its workspace);
+  //  - micro-batch j's input upload of a stage starts once the stage's compute of
+  //    j - input_slots is done (the row layout, positions and doc ids, has two slots per device,
+  //    and a backward stage's dY turns over three buffers; activations kept on the device are one
+  //    buffer, whose next input waits for the compute before it), and once the download of
+  //    j - 2's output is done (three hidden buffers turn over);
+  //  - a forward stage computes micro-batch j once its downloads of j - 2 are done (its layers
+  //    write two hidden buffers and two saved slots in turn, each once its download is done, so
+  //    its compute runs at most about a micro-batch ahead of its downloads);
   //  - a forward stage with StageCost::reuses_saved_slot computes micro-batch j once its downloads
   //    of j-1 are done (a block's saved set has one slot per block parity; a longer stage's
   //    downloads of j-1 run ahead of its compute of j, slot by slot), and the device's next stage
@@ -90,7 +96,8 @@ struct RoundRobinJob {
   //    accumulator) once the gradient download of the device's stage before it is done;
   // Measured on CPU devices, leaving them out made the replayed step 13-23% shorter than the
   // recorded one (engine/exec/trace_replay_test.cc).
-  bool single_buffered_inputs = false;
+  bool executor_buffers = false;
+  int input_slots = 2;  // with executor_buffers; 1 when the activations stay on the device
   // Per stage of the step (forward stages, the tail, backward stages; empty: none): its weight
   // slot holds its layers' frozen base from an earlier step (a LoRA job, ResidentBases), so its
   // upload moves StageCost::trainable_weight_bytes only.

@@ -155,8 +155,8 @@ TEST(PipelineSchedules, RoundRobinZeroesGradientsOnceTheLastOnesAreDownloaded) {
   RoundRobinJob job = EqualRoundRobin(2, 4);  // B0 on GPU 0 (stage 4), then B2 (stage 6)
   job.backward[0].grad_bytes = 5e9;           // GB0: 5 s at 1 GB/s
   job.backward[2].grad_bytes = 1e9;
-  auto start_after = [&](bool single_buffered) {
-    job.single_buffered_inputs = single_buffered;
+  auto start_after = [&](bool executor_buffers) {
+    job.executor_buffers = executor_buffers;
     Result<Schedule> s = BuildRoundRobinSchedule(job);
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     Result<SimResult> r = Simulate(*s, FastLinks());
@@ -170,6 +170,34 @@ TEST(PipelineSchedules, RoundRobinZeroesGradientsOnceTheLastOnesAreDownloaded) {
   };
   EXPECT_NEAR(start_after(true), 0.0, kTol);
   EXPECT_LT(start_after(false), -1.0);  // without the executor's buffers it overlaps GB0
+}
+
+// Executor-faithful buffers: micro-batch j's input lands in a slot that micro-batch
+// j - input_slots read. One GPU, one forward stage of 4 micro-batches, each a 2 s upload (2 GB at
+// 1 GB/s) and 1 s of compute. Two slots: the uploads run back to back ([2j, 2j + 2)) and F0.3
+// ends at 9, as with no buffers at all. One slot (activations kept on the device): each upload
+// waits for the compute before it, 3 s a micro-batch after the first: F0.3 ends at 12.
+TEST(PipelineSchedules, RoundRobinInputUploadsWaitForTheComputeThatFreesTheirSlot) {
+  RoundRobinJob job;
+  job.micro_batches = 4;
+  job.forward = EqualStages(1, 1.0, 0.0);
+  job.forward[0].input_bytes = 2e9;
+  job.backward = EqualStages(1, 0.0, 0.0);
+  auto f3_end = [&](bool executor_buffers, int slots) {
+    job.executor_buffers = executor_buffers;
+    job.input_slots = slots;
+    Result<Schedule> s = BuildRoundRobinSchedule(job);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    Result<SimResult> r = Simulate(*s, FastLinks());
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    for (size_t i = 0; i < s->tasks.size(); ++i) {
+      if (s->tasks[i].name == "F0.3") return r->timing[i].end_s;
+    }
+    return -1.0;
+  };
+  EXPECT_NEAR(f3_end(false, 2), 9.0, kTol);
+  EXPECT_NEAR(f3_end(true, 2), 9.0, kTol);
+  EXPECT_NEAR(f3_end(true, 1), 12.0, kTol);
 }
 
 TEST(PipelineSchedules, RejectsBadInput) {

@@ -268,7 +268,8 @@ RoundRobinJob BuildJob(const std::vector<LayerNumbers>& n, const Candidate& k, i
   RoundRobinJob job;
   job.gpus = gpus;
   job.micro_batches = int(k.micro_batches);
-  job.single_buffered_inputs = true;  // as the executor runs its plans
+  job.executor_buffers = true;  // as the executor runs its plans
+  job.input_slots = k.keep ? 1 : 2;
   job.forward = StageCosts(n, k.stages, k.recompute, false, k.keep);
   std::vector<LayerRange> reversed(k.stages.rbegin(), k.stages.rend());
   job.backward = StageCosts(n, reversed, k.recompute, true, k.keep);
