@@ -12,16 +12,16 @@
 //     probe of `ferry probe --model`), the throttled link's rate.
 // Runs: 2 devices with the link throttled so that one device's uploads take about as long as its
 // compute (rate chosen from an unthrottled run, then again from a first throttled run, whose plan
-// recomputes more), 2 devices unthrottled, 1 device unthrottled. 16 micro-batches by default:
-// the pipeline's fill and drain, which no overlap removes (the simulator counts them), are a
-// smaller share of a step than with 4.
-// Each figure is a median with its min and max over the timed steps, next to the 1-thread fp32
-// GEMM ceiling measured in the same run. Then QLoRA (issue 18): 2 devices with the link
-// throttled, bf16 compute, the frozen base streamed in bf16 against NF4: bytes uploaded and step
-// time. Activations on NVMe: 2 devices unthrottled, the same plan with its saved activations in
-// an NVMe store under --nvme-dir (default: the current directory), against the host-RAM run:
-// step time, bytes per step each way, and the disk time they take at the store's own sequential
-// rates measured in the same run (offload/store_rate.h).
+// recomputes more; when the throttled plan keeps its activations on the devices, the same link
+// again with a plan that does not), 2 devices unthrottled, 1 device unthrottled. 16 micro-batches
+// by default: the pipeline's fill and drain, which no overlap removes (the simulator counts them),
+// are a smaller share of a step than with 4. Each figure is a median with its min and max over the
+// timed steps, next to the 1-thread fp32 GEMM ceiling measured in the same run. Then QLoRA (issue
+// 18): 2 devices with the link throttled, bf16 compute, the frozen base streamed in bf16 against
+// NF4: bytes uploaded and step time. Activations on NVMe: 2 devices unthrottled, the same plan with
+// its saved activations in an NVMe store under --nvme-dir (default: the current directory), against
+// the host-RAM run: step time, bytes per step each way, and the disk time they take at the store's
+// own sequential rates measured in the same run (offload/store_rate.h).
 //
 // Usage: executor_bench [--steps N] [--seq-len T] [--micro-batches M] [--nvme-dir DIR]
 //                       [--qlora-only]
@@ -123,6 +123,8 @@ struct RunResult {
   std::vector<double> nvme_written, nvme_read;  // activations on NVMe: disk bytes per step
   double predicted_s = 0;
   int stages = 0;
+  std::string policy;      // the plan's activation policy
+  uint64_t gpu_bytes = 0;  // the plan's arena per device
 };
 
 plan::PlanJob JobOf(const LoraConfig& lora, const Options& o) {
@@ -154,9 +156,10 @@ std::vector<LayerProbeEntry> ProbeLayers(const ModelConfig& model, const plan::P
 
 // `link`: bytes/s of each device's links (0: unthrottled); `times`: the layers' measured times;
 // `nvme_dir` non-empty: the plan's saved activations go to an NVMe store there (removed after).
+// `gpu_cap` > 0: the profile's device memory, so that plans needing more are out.
 RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o, int devices,
               double link, const std::vector<LayerProbeEntry>& times,
-              const std::string& nvme_dir = "") {
+              const std::string& nvme_dir = "", uint64_t gpu_cap = 0) {
   const BatchShape shape{1, o.seq_len};
   const plan::PlanJob pj = JobOf(lora, o);
   // The profile carries this run's rates, so the planner's prediction is for this machine.
@@ -169,6 +172,7 @@ RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o
   plan::HardwareProfile hw = CpuDevicesProfile(devices, one_device);
   MergeLayerTimes(times, hw);
   if (link > 0) hw.pcie.h2d_pinned = hw.pcie.d2h_pinned = link;
+  if (gpu_cap > 0) hw.gpu.memory_usable_bytes = gpu_cap;
   auto outcome = plan::MakePlan("llama-100M", model, pj, hw, /*suggest=*/false);
   Check(outcome.status(), "plan");
   if (!outcome->feasible) Check(Status::Internal(outcome->binding), "plan");
@@ -214,6 +218,8 @@ RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o
   RunResult r;
   r.predicted_s = p.step_s;
   r.stages = int(p.stages.size());
+  r.policy = p.activation_policy;
+  r.gpu_bytes = p.memory.gpu.total();
   for (int k = 0; k <= o.steps; ++k) {
     std::vector<MicroBatch> batch;
     for (int64_t m = 0; m < o.micro_batches; ++m) batch.push_back(batcher->MakeMicroBatch(k, m));
@@ -250,9 +256,10 @@ void Print(const char* label, const RunResult& r) {
                serial = SpreadOf(Ratio(r.step_s, r.serial_s)), compute = SpreadOf(r.compute_s),
                upload = SpreadOf(r.upload_s);
   std::printf(
-      "%-26s %d stage(s)  step %.3f s (%.3f-%.3f)  busiest device: compute %.3f s, "
+      "%-26s %d stage(s), %s  step %.3f s (%.3f-%.3f)  busiest device: compute %.3f s, "
       "uploads %.3f s\n",
-      label, r.stages, step.median, step.min, step.max, compute.median, upload.median);
+      label, r.stages, r.policy.c_str(), step.median, step.min, step.max, compute.median,
+      upload.median);
   std::printf(
       "%-26s step / max(lanes) %.2f (%.2f-%.2f)   step / serial sum %.2f (%.2f-%.2f)   "
       "step / predicted (%.3f s) %.2f\n",
@@ -332,6 +339,15 @@ int main(int argc, char** argv) {
     char label[64];
     std::snprintf(label, sizeof label, "2 devices, link %.0f MB/s", link * 1e-6);
     ferry::Print(label, throttled);
+    if (throttled.policy == "keep") {
+      // The same link without kept activations (device memory one byte short of the kept plan):
+      // what keeping them saves.
+      const ferry::RunResult via_host =
+          ferry::Run(model, lora, o, 2, link, times2, "", throttled.gpu_bytes - 1);
+      ferry::Print("  the same, not kept", via_host);
+      std::printf("kept activations: %.2fx the step rate of the plan without them\n",
+                  ferry::plan::MedianOf(via_host.step_s) / ferry::plan::MedianOf(throttled.step_s));
+    }
     ferry::Print("2 devices, unthrottled", two);
     ferry::Print("1 device, unthrottled", one);
     std::printf("2 devices vs 1 (unthrottled): %.2fx the step rate\n",

@@ -202,6 +202,9 @@ struct StageRun {
   int64_t forward = -1;    // a backward stage: the index of the forward stage over its layers
   size_t device = 0;       // index into the executor's devices
   int slot = 0;            // its weights go to weights.slot<slot>
+  // Kept activations: the entry of its first block's micro-batch 0 in its device's
+  // "activations.keep" (a backward stage's are its forward stage's, on the same device).
+  size_t kept_first = 0;
   std::unique_ptr<PlannedSource> source;
   std::unique_ptr<DeviceParams> params;   // null until prepared
   std::unique_ptr<DecoderBlocks> blocks;  // forward and backward stages
@@ -601,7 +604,7 @@ class Executor final : public PipelineExecutor {
       if (reuse) {
         for (StageRun& st : runs_) st.weights_sent = false;
       } else {
-        ScheduleStages();
+        FERRY_RETURN_IF_ERROR(ScheduleStages());
       }
       for (size_t i = 0; i < runs_.size(); ++i) {
         FERRY_RETURN_IF_ERROR(EnqueueStage(i, weights, std::span<const MicroBatchInput>(&mb, 1)));
@@ -736,7 +739,7 @@ class Executor final : public PipelineExecutor {
     FERRY_RETURN_IF_ERROR(WeightsNeeded({0, 1}));
     FERRY_RETURN_IF_ERROR(Embed(weights, batches));
     FERRY_RETURN_IF_ERROR(WeightsRead({0, 1}));
-    ScheduleStages();
+    FERRY_RETURN_IF_ERROR(ScheduleStages());
     for (size_t i = 0; i < runs_.size(); ++i) {
       FERRY_RETURN_IF_ERROR(EnqueueStage(i, weights, batches));
     }
@@ -793,8 +796,9 @@ class Executor final : public PipelineExecutor {
 
   // The step's stages in order (forward, tail, backward), each handed to the next device in turn,
   // and the weight slot each takes there (plan::StageRoundRobin, which the planner prices).
-  void ScheduleStages() {
+  Status ScheduleStages() {
     const int64_t S = int64_t(p_.stages.size()), head = int64_t(layers_.size()) - 1;
+    std::vector<size_t> kept(devices_.size(), 0);  // per device: entries its stages keep so far
     runs_.clear();
     runs_.resize(size_t(forward_only_ ? S + 1 : 2 * S + 1));
     // An evaluation starts where the next step will (a copy of the round robin): its stages find
@@ -827,8 +831,21 @@ class Executor final : public PipelineExecutor {
         st.device = size_t(at[size_t(i)].device);
         st.slot = at[size_t(i)].slot;
       }
+      // Each device keeps its forward stages' blocks, in stage order, from its region's start.
+      if (st.kind == StageKind::kForward) {
+        st.kept_first = kept[st.device];
+        kept[st.device] += size_t(st.range.size()) * size_t(p_.micro_batches);
+      } else if (st.kind == StageKind::kBackward) {
+        st.kept_first = runs_[size_t(st.forward)].kept_first;
+        if (keep_ && st.device != runs_[size_t(st.forward)].device) {
+          return Status::Internal("kept activations of blocks [" + std::to_string(st.range.first) +
+                                  ", " + std::to_string(st.range.last) +
+                                  ") are on another device than their backward stage");
+        }
+      }
     }
     stats_.stages_run = int64_t(runs_.size());
+    return Status::Ok();
   }
 
   // The stages whose downloads of a micro-batch stage i reads: the stage before it and, for a
@@ -873,8 +890,7 @@ class Executor final : public PipelineExecutor {
     FERRY_RETURN_IF_ERROR(WeightsNeeded(st.range));
     std::optional<KeptSlots> kept;
     if (keep_ && st.kind != StageKind::kTail) {
-      kept = KeptSlots{size_t(st.range.first - 1) * size_t(p_.micro_batches), kept_stride_,
-                       kept_input_};
+      kept = KeptSlots{st.kept_first, kept_stride_, kept_input_};
     }
     st.source = std::make_unique<PlannedSource>(ds, st.slot, kept);
     std::vector<LayerSpec> layers(layers_.begin() + st.range.first,
@@ -1311,9 +1327,10 @@ class Executor final : public PipelineExecutor {
     }
   };
 
-  // Kept activations: the input of layer `li` (a block) for micro-batch m in "activations.keep".
-  Tensor Kept(DeviceState& ds, int li, size_t m) const {
-    const size_t entry = size_t(li - 1) * size_t(p_.micro_batches) + m;
+  // Kept activations: the input of stage `st`'s layer `li` (a block) for micro-batch m in its
+  // device's "activations.keep".
+  Tensor Kept(DeviceState& ds, const StageRun& st, int li, size_t m) const {
+    const size_t entry = st.kept_first + size_t(li - st.range.first) * size_t(p_.micro_batches) + m;
     return Tensor{ds.regions.at("activations.keep").data + std::ptrdiff_t(entry * kept_stride_),
                   dtype_, Shape{shape_.tokens(), c_.hidden_size}};
   }
@@ -1330,8 +1347,8 @@ class Executor final : public PipelineExecutor {
       ds.task_stage = int(i), ds.task_micro_batch = int(m);
       const int yi = int(m % 2);
       FERRY_RETURN_IF_ERROR(AwaitInputs(i, m));
-      const Tensor x0 = Kept(ds, st.range.first, m);
-      ds.Use("activations.keep", (size_t(st.range.first - 1) * M + m) * kept_stride_ + hb);
+      const Tensor x0 = Kept(ds, st, st.range.first, m);
+      ds.Use("activations.keep", (st.kept_first + m) * kept_stride_ + hb);
       FERRY_RETURN_IF_ERROR(
           ToDevice(ds, "activations.keep", x0.data, act_[size_t(st.range.first)][m], hb));
       FERRY_RETURN_IF_ERROR(UploadLayout(ds, st, m));
@@ -1339,7 +1356,7 @@ class Executor final : public PipelineExecutor {
       for (int li = st.range.first; li < st.range.last; ++li) {
         const int64_t b = li - 1;
         const bool last = li + 1 == st.range.last;
-        const Tensor x = Kept(ds, li, m), y = last ? Hidden(ds, yi) : Kept(ds, li + 1, m);
+        const Tensor x = Kept(ds, st, li, m), y = last ? Hidden(ds, yi) : Kept(ds, st, li + 1, m);
         const int slot = int(size_t(li - st.range.first) * M + m);
         ++stats_.block_forward_calls;
         FERRY_RETURN_IF_ERROR(Compute(ds, {"activations.keep", w, kLayout[m % 2]},
@@ -1486,7 +1503,7 @@ class Executor final : public PipelineExecutor {
         const int64_t b = li - 1;
         if (keep_) {  // the layer's input and saved set are where its forward stage left them
           FERRY_RETURN_IF_ERROR(PrefetchChunk(next));
-          const Tensor x = Kept(ds, li, m), dy = Hidden(ds, dyi), dx = Hidden(ds, dxi);
+          const Tensor x = Kept(ds, st, li, m), dy = Hidden(ds, dyi), dx = Hidden(ds, dxi);
           const int kept = int(size_t(li - st.range.first) * size_t(p_.micro_batches) + m);
           FERRY_RETURN_IF_ERROR(Compute(ds, {"activations.keep", kHidden[dyi], w, kLayout[m % 2]},
                                         {kHidden[dxi], "grads.accum", "grad.work"},
@@ -1656,10 +1673,11 @@ Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const
     }
   }
   if (p.keep_activations && !p.job.forward_only) {
-    if (devices.size() != 1) {
+    if (devices.size() > 2 || int(devices.size()) != p.gpus) {
       return Status::InvalidArgument(
-          "the plan keeps activations on its one device, and the executor runs " +
-          std::to_string(devices.size()) + " devices: plan for the devices it runs on");
+          "the plan keeps activations on its " + std::to_string(p.gpus) +
+          " device(s), and the executor runs " + std::to_string(devices.size()) +
+          " (kept activations need one device or two): plan for the devices it runs on");
     }
     if (std::any_of(p.recompute.begin(), p.recompute.end(), [](bool r) { return r; })) {
       return Status::InvalidArgument(

@@ -35,10 +35,12 @@
 //  - Activations: every layer's input, and its saved set unless the plan recomputes the layer,
 //    go to host memory after the layer's forward and come back for its backward (recomputed
 //    layers re-run their forward from the input). A plan that keeps activations
-//    (plan.keep_activations: one device, nothing recomputed) leaves them on the device instead,
-//    in "activations.keep" (per block and micro-batch, its input then its saved slot: the blocks
-//    are built with a saved slot per layer and micro-batch there), and only stage inputs and
-//    outputs cross the host. Stage outputs and input gradients travel
+//    (plan.keep_activations: one or two devices, nothing recomputed) leaves them on the device
+//    instead, in "activations.keep" (per block of the device's forward stages this step, in
+//    stage order, and micro-batch, its input then its saved slot: the blocks are built with a
+//    saved slot per layer and micro-batch there; round-robin on one or two devices runs each
+//    backward stage where its forward stage ran), and only stage inputs and outputs cross the
+//    host. Stage outputs and input gradients travel
 //    device -> host -> device. The embedding gather and its scatter-add run on the host in fp32,
 //    converted to and from the compute dtype (HostEmbedding::ForwardAs, BackwardFrom).
 //  - Semantics as ModelRunner (engine/model/model_runner.h): each micro-batch's loss is

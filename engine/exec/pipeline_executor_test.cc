@@ -1445,10 +1445,12 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"llama", 4, {{{1, 3}, {3, 5}}, {}, 1, 2, 32, 2, DType::kBF16}, 2, false, true}),
     CaseName);
 
-// One device keeping every block's input and saved set ("activations.keep": no saved activation
+// Devices keeping every block's input and saved set ("activations.keep": no saved activation
 // crosses the host): the single-device runner's losses and gradients (bit for bit with one
-// micro-batch), each arena the plan's map both ways, the pinned host the plan's. One and two
-// stages, full and LoRA, f32 and bf16, packed rows, NF4, awkward sizes.
+// micro-batch), each arena the plan's map both ways, the pinned host the plan's. One device and
+// two (each keeps its forward stages' blocks, where their backward stages run; with three
+// stages one device keeps two of them, which sizes the region), one to three stages, full and
+// LoRA, f32 and bf16, packed rows, NF4, awkward sizes.
 INSTANTIATE_TEST_SUITE_P(
     KeptPlans, ExecutorTest,
     ::testing::Values(
@@ -1461,7 +1463,14 @@ INSTANTIATE_TEST_SUITE_P(
              {{{1, 5}}, {}, 1, 2, 32, 1, DType::kBF16, false, false, true},
              1,
              false,
-             true}),
+             true},
+        Case{"llama", 0, {{{1, 3}, {3, 5}}, {}, 2, 2, 32, 2, DType::kF32, false, false, true}, 2},
+        Case{"qwen3",
+             3,
+             {{{1, 2}, {2, 3}, {3, 5}}, {}, 3, 1, 25, 2, DType::kF32, false, false, true},
+             2,
+             true},
+        Case{"gpt2", 2, {{{1, 3}, {3, 5}}, {}, 2, 2, 32, 2, DType::kBF16, false, false, true}, 2}),
     CaseName);
 
 // Saved activations on NVMe (every block input that does not start a stage and every saved set an

@@ -193,6 +193,12 @@ uint64_t KeptActivationBytes(const ModelConfig& model, const LoraConfig& lora, i
          RoundUp(saved, kArenaAlignment);
 }
 
+int64_t KeptBlocksPerDevice(const std::vector<LayerRange>& stages, int gpus) {
+  std::vector<int64_t> blocks(size_t(std::max(gpus, 1)), 0);
+  for (size_t s = 0; s < stages.size(); ++s) blocks[s % blocks.size()] += stages[s].size();
+  return *std::max_element(blocks.begin(), blocks.end());
+}
+
 MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   const std::vector<LayerSpec> layers = BuildLayerSpecs(in.model, in.lora, in.compute_dtype);
   assert(in.recompute.size() == layers.size());
@@ -262,7 +268,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   if (keep) {
     Add(e.gpu, "saved.slot0", SavedSlotBytes(in.model, layers[size_t(head)], tokens, cd), A);
     Add(e.gpu, "activations.keep",
-        m * uint64_t(in.model.num_layers) *
+        m * uint64_t(KeptBlocksPerDevice(in.stages, in.gpus)) *
             KeptActivationBytes(in.model, in.lora, tokens, in.compute_dtype),
         A);
   } else {

@@ -165,12 +165,15 @@ struct MemoryPlanInput {
   std::vector<LayerRange> stages;  // block stages in layer order; the head is the fused tail
   std::vector<bool> recompute;     // per layer of BuildLayerSpecs (embedding, blocks, head)
   bool activations_on_nvme = false;
-  // One device keeps every block's input and saved set of every micro-batch on the device
-  // ("activations.keep": per block and micro-batch, its input then its saved slot, each rounded
-  // to kArenaAlignment: KeptActivationBytes), so no saved activation crosses the host; only stage
-  // inputs do ("activations.saved"), as in a forward-only plan. "saved.slot0" then holds the
-  // head's set alone, and neither "saved.slot1" nor "hidden.3" and "hidden.4" are planned.
-  // REQUIRES: gpus == 1, no layer recomputed, activations not on NVMe.
+  // Each device keeps the input and saved set of every micro-batch of the blocks of its forward
+  // stages ("activations.keep": per block and micro-batch, its input then its saved slot, each
+  // rounded to kArenaAlignment: KeptActivationBytes; sized for the device with the most:
+  // KeptBlocksPerDevice), so no saved activation crosses the host; only stage inputs do
+  // ("activations.saved"), as in a forward-only plan. Round-robin on one or two devices runs a
+  // backward stage on the device of the forward stage over its layers (their distance in the
+  // step, 2 (S - s), is even). "saved.slot0" then holds the head's set alone, and neither
+  // "saved.slot1" nor "hidden.3" and "hidden.4" are planned. REQUIRES: gpus <= 2, no layer
+  // recomputed, activations not on NVMe.
   bool keep_activations = false;
   bool optimizer_on_nvme = false;       // fp32 master weights and Adam moments
   bool frozen_weights_on_nvme = false;  // LoRA base weights of blocks and head
@@ -212,6 +215,11 @@ uint64_t KvCacheBytes(const ModelConfig& model, const std::vector<LayerRange>& s
 // kArenaAlignment.
 uint64_t KeptActivationBytes(const ModelConfig& model, const LoraConfig& lora, int64_t tokens,
                              DType compute_dtype);
+
+// The most blocks whose activations one device keeps (MemoryPlanInput::keep_activations): the
+// blocks of the forward stages it runs, stage s on device (first + s) mod gpus, whichever device
+// the step starts on. REQUIRES: 1 <= gpus <= 2.
+int64_t KeptBlocksPerDevice(const std::vector<LayerRange>& stages, int gpus);
 
 // A layer's parameters on a device, as the executor lays them out and moves them (DeviceParams:
 // gate and up fused, each LoRA group packed with its block-diagonal B, NF4 weights as stored,

@@ -171,7 +171,7 @@ struct Candidate {
   std::string policy;
   std::vector<bool> recompute;
   Tier activations = Tier::kHost, optimizer = Tier::kHost, frozen = Tier::kHost;
-  bool keep = false;  // policy "keep": one device keeps every saved activation
+  bool keep = false;  // policy "keep": the devices keep every saved activation
 };
 
 MemoryEstimate MemoryOf(const Context& c, const Candidate& k, int gpus) {
@@ -548,10 +548,13 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
       if (job.max_stages > 0 && stage_count > job.max_stages) continue;
       const std::vector<LayerRange> stages = Partition(n, blocks, stage_count);
       std::vector<std::vector<bool>> seen;
-      // "keep": one device keeps every saved activation (no transfers; training only).
+      // "keep": the devices keep every saved activation (only stage boundaries cross the host;
+      // training only).
       for (const char* policy : {"keep", "save", "per-layer", "recompute"}) {
         const bool keep = std::string_view(policy) == "keep";
-        if (keep && (gpus != 1 || job.forward_only)) continue;
+        // Kept activations stay where their backward stage runs on one or two devices only
+        // (memory_model.h).
+        if (keep && (gpus > 2 || job.forward_only)) continue;
         Candidate k{stages, m, policy, RecomputePolicy(policy, n, hw)};
         k.keep = keep;
         if (!keep && std::find(seen.begin(), seen.end(), k.recompute) != seen.end()) continue;

@@ -99,7 +99,7 @@ struct Plan {
   int64_t micro_batch_size = 1;    // sequences
   std::vector<LayerRange> stages;  // forward stages in layer order; backward runs them reversed
   std::vector<bool> recompute;     // per layer (embedding, blocks, head)
-  // "keep" (one device keeps every block's input and saved set: keep_activations), "save",
+  // "keep" (each device keeps its blocks' inputs and saved sets: keep_activations), "save",
   // "per-layer", "recompute".
   std::string activation_policy;
   Tier activations = Tier::kHost;

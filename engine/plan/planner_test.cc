@@ -35,6 +35,14 @@ ModelConfig SmallModel(int layers, int64_t hidden, int64_t vocab) {
   return c;
 }
 
+PlanJob JobOf(int64_t global_batch, int64_t seq_len, int64_t micro_batches) {
+  PlanJob job;
+  job.global_batch = global_batch;
+  job.seq_len = seq_len;
+  job.micro_batches = micro_batches;
+  return job;
+}
+
 uint64_t HostTotal(const Plan& p) {
   return p.memory.pinned_host.total() + p.memory.pageable_host.total();
 }
@@ -122,10 +130,7 @@ TEST(Planner, Fp16AccumulatePricesAtTheFp16AccumulateRate) {
 
 TEST(Planner, MeasuredLayerTimesReplaceTheFormulas) {
   const ModelConfig m = SmallModel(6, 64, 300);
-  PlanJob job;
-  job.global_batch = 6;
-  job.seq_len = 32;
-  job.micro_batches = 3;
+  PlanJob job = JobOf(6, 32, 3);
   HardwareProfile h = SmallMachine(2);
   Result<PlanOutcome> formulas = MakePlan("small", m, job, h);
   ASSERT_TRUE(formulas.ok() && formulas->feasible);
@@ -311,6 +316,42 @@ TEST(Planner, MaxStagesBoundsTheStageCount) {
   Result<PlanOutcome> bad = MakePlan("small", m, job, h);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("max_stages"), std::string::npos);
+}
+
+// Over a slow link the devices keep their activations when they fit: one device or two (where
+// round-robin runs each backward stage on its forward stage's device), each sized for the
+// device whose forward stages hold the most blocks; never three.
+TEST(Planner, KeepsActivationsOnOneOrTwoDevices) {
+  const ModelConfig m = SmallModel(4, 64, 300);
+  const PlanJob job = JobOf(8, 32, 4);
+  for (int gpus : {1, 2, 3}) {
+    HardwareProfile h = SmallMachine(gpus);
+    h.pcie.h2d_pinned = h.pcie.d2h_pinned = h.pcie.h2d_pageable = h.pcie.d2h_pageable = 1e6;
+    Result<PlanOutcome> r = MakePlan("small", m, job, h, /*suggest=*/false);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    ASSERT_TRUE(r->feasible) << r->binding;
+    const Plan& p = r->plan;
+    ExpectFits(p, h);
+    EXPECT_EQ(p.keep_activations, gpus <= 2) << gpus << " devices";
+    EXPECT_EQ(p.activation_policy == "keep", gpus <= 2) << gpus << " devices";
+    if (!p.keep_activations) continue;
+    uint64_t kept = 0;
+    for (const Allocation& a : p.memory.gpu.allocations) {
+      if (a.name == "activations.keep") kept = a.bytes;
+    }
+    const BatchShape micro = MicroBatchShape(job, job.global_batch / p.micro_batches);
+    EXPECT_EQ(kept,
+              RoundUp(uint64_t(p.micro_batches) * uint64_t(KeptBlocksPerDevice(p.stages, gpus)) *
+                          KeptActivationBytes(m, job.lora, micro.tokens(), job.compute_dtype),
+                      kArenaAlignment));
+  }
+}
+
+TEST(MemoryModel, KeptBlocksPerDeviceCountsTheBusiestDevicesForwardStages) {
+  const std::vector<LayerRange> three = {{1, 2}, {2, 3}, {3, 6}};  // 1, 1 and 3 blocks
+  EXPECT_EQ(KeptBlocksPerDevice(three, 1), 5);
+  EXPECT_EQ(KeptBlocksPerDevice(three, 2), 4);  // stages 0 and 2 on one device
+  EXPECT_EQ(KeptBlocksPerDevice({{1, 4}, {4, 6}}, 2), 3);
 }
 
 TEST(Planner, TooLittleGpuMemoryIsReportedWithTheBindingConstraint) {
