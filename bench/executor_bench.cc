@@ -19,8 +19,9 @@
 // timed steps, next to the 1-thread fp32 GEMM ceiling measured in the same run. Then QLoRA (issue
 // 18): 2 devices with the link throttled, bf16 compute, the frozen base streamed in bf16 against
 // NF4: bytes uploaded and step time. Activations on NVMe: 2 devices unthrottled, the same plan with
-// its saved activations in an NVMe store under --nvme-dir (default: the current directory), against
-// the host-RAM run: step time, bytes per step each way, and the disk time they take at the store's
+// its saved activations in an NVMe store under --nvme-dir (default: the current directory; when
+// the planner keeps them on the devices, the plan that does not), against the host-RAM run: step
+// time, bytes per step each way, and the disk time they take at the store's
 // own sequential rates measured in the same run (offload/store_rate.h).
 //
 // Usage: executor_bench [--steps N] [--seq-len T] [--micro-batches M] [--nvme-dir DIR]
@@ -353,18 +354,24 @@ int main(int argc, char** argv) {
     std::printf("2 devices vs 1 (unthrottled): %.2fx the step rate\n",
                 ferry::plan::MedianOf(one.step_s) / ferry::plan::MedianOf(two.step_s));
     // Activations on NVMe: the unthrottled 2-device plan with its saved activations in a store,
-    // the disk's own rates measured alongside.
+    // the disk's own rates measured alongside. A plan that keeps them on the devices has none to
+    // store: then the plan without (device memory one byte short of the kept plan's), in RAM and
+    // on NVMe.
+    const uint64_t cap = two.policy == "keep" ? two.gpu_bytes - 1 : 0;
+    const ferry::RunResult in_ram =
+        cap > 0 ? ferry::Run(model, lora, o, 2, 0, times2, "", cap) : two;
     auto rate = ferry::MeasureStoreRate(
         {.directory = o.nvme_dir + "/executor_bench.rate", .log = [](std::string_view) {}},
         size_t(256) << 20);
     ferry::bench::Check(rate.status(), "store rate");
     std::error_code ec;
     std::filesystem::remove_all(o.nvme_dir + "/executor_bench.rate", ec);
-    const ferry::RunResult nvme = ferry::Run(model, lora, o, 2, 0, times2, o.nvme_dir);
+    const ferry::RunResult nvme = ferry::Run(model, lora, o, 2, 0, times2, o.nvme_dir, cap);
     std::printf(
         "\nactivations on NVMe (%s, %s, O_DIRECT %s): store write %.2f GB/s, read %.2f GB/s\n",
         o.nvme_dir.c_str(), rate->backend.c_str(), rate->direct_io ? "on" : "off",
         rate->write_bytes_per_s * 1e-9, rate->read_bytes_per_s * 1e-9);
+    if (cap > 0) ferry::Print("2 devices, not kept, RAM", in_ram);
     ferry::Print("2 devices, activations NVMe", nvme);
     const double w = ferry::plan::MedianOf(nvme.nvme_written),
                  rd = ferry::plan::MedianOf(nvme.nvme_read);
@@ -373,8 +380,8 @@ int main(int argc, char** argv) {
         "NVMe per step: %.1f MB written, %.1f MB read = %.3f s of disk at those rates; step %.3f s "
         "against %.3f s with them in RAM (%.2fx)\n",
         w * 1e-6, rd * 1e-6, disk_s, ferry::plan::MedianOf(nvme.step_s),
-        ferry::plan::MedianOf(two.step_s),
-        ferry::plan::MedianOf(nvme.step_s) / ferry::plan::MedianOf(two.step_s));
+        ferry::plan::MedianOf(in_ram.step_s),
+        ferry::plan::MedianOf(nvme.step_s) / ferry::plan::MedianOf(in_ram.step_s));
   }
 
   // Issue 18: the frozen base streamed in bf16 against NF4 (QLoRA), bf16 compute, 2 devices,

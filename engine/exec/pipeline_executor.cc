@@ -34,12 +34,17 @@ struct Region {
 // "doc_ids", written together; micro-batch m's in slot m % 2).
 // ("scratch" is compute-only; "rope.inv_freq" is written once, at Create, before any compute.)
 constexpr std::string_view kTracked[] = {
-    "hidden.0",    "hidden.1",    "hidden.2",      "hidden.3",         "hidden.4",
-    "saved.slot0", "saved.slot1", "weights.slot0", "weights.slot1",    "grads.accum",
-    "grad.work",   "layout.0",    "layout.1",      "activations.keep", "logits"};
+    "hidden.0",    "hidden.1",         "hidden.2",      "hidden.3",     "hidden.4",  "saved.slot0",
+    "saved.slot1", "weights.slot0",    "weights.slot1", "grads.accum",  "grad.work", "layout.0",
+    "layout.1",    "activations.keep", "keep.input.0",  "keep.input.1", "logits"};
 constexpr std::string_view kHidden[5] = {"hidden.0", "hidden.1", "hidden.2", "hidden.3",
                                          "hidden.4"};
 constexpr std::string_view kLayout[2] = {"layout.0", "layout.1"};
+// Kept activations: a forward stage's input for micro-batch m, uploaded into its own entry of
+// "activations.keep" under name m % 2, so the upload waits for the compute two micro-batches
+// back, not for the one before (which never touches that entry). Every other use of the region
+// is the compute stream's, and a step ends with every device synchronized.
+constexpr std::string_view kKeepInput[2] = {"keep.input.0", "keep.input.1"};
 constexpr std::string_view kSaved[2] = {"saved.slot0", "saved.slot1"};
 constexpr std::string_view kWeights[2] = {"weights.slot0", "weights.slot1"};
 
@@ -1336,8 +1341,7 @@ class Executor final : public PipelineExecutor {
   }
 
   // A forward stage that keeps every layer's input and saved set on its device: only the stage's
-  // input comes from the host and its output goes there (activations.keep is one hazard name: a
-  // micro-batch's input upload waits for the compute before it).
+  // input comes from the host (into its entry, kKeepInput) and its output goes there.
   Status KeptForwardStage(size_t i, Prefetch& next) {
     const StageRun& st = runs_[i];
     DeviceState& ds = devices_[st.device];
@@ -1350,7 +1354,7 @@ class Executor final : public PipelineExecutor {
       const Tensor x0 = Kept(ds, st, st.range.first, m);
       ds.Use("activations.keep", (st.kept_first + m) * kept_stride_ + hb);
       FERRY_RETURN_IF_ERROR(
-          ToDevice(ds, "activations.keep", x0.data, act_[size_t(st.range.first)][m], hb));
+          ToDevice(ds, kKeepInput[m % 2], x0.data, act_[size_t(st.range.first)][m], hb));
       FERRY_RETURN_IF_ERROR(UploadLayout(ds, st, m));
       FERRY_RETURN_IF_ERROR(PrefetchChunk(next));
       for (int li = st.range.first; li < st.range.last; ++li) {
@@ -1359,7 +1363,8 @@ class Executor final : public PipelineExecutor {
         const Tensor x = Kept(ds, st, li, m), y = last ? Hidden(ds, yi) : Kept(ds, st, li + 1, m);
         const int slot = int(size_t(li - st.range.first) * M + m);
         ++stats_.block_forward_calls;
-        FERRY_RETURN_IF_ERROR(Compute(ds, {"activations.keep", w, kLayout[m % 2]},
+        FERRY_RETURN_IF_ERROR(Compute(ds,
+                                      {"activations.keep", kKeepInput[m % 2], w, kLayout[m % 2]},
                                       {"activations.keep", kHidden[yi], "grad.work"},
                                       [&] { return st.blocks->Forward(b, slot, x, y); }));
       }

@@ -82,8 +82,8 @@ struct RoundRobinJob {
   // The buffers ferry's executor keeps once per device (engine/exec/pipeline_executor.h):
   //  - micro-batch j's input upload of a stage starts once the stage's compute of
   //    j - input_slots is done (the row layout, positions and doc ids, has two slots per device,
-  //    and a backward stage's dY turns over three buffers; activations kept on the device are one
-  //    buffer, whose next input waits for the compute before it), and once the download of
+  //    a backward stage's dY turns over three buffers, and a kept stage input alternates two
+  //    hazard names), and once the download of
   //    j - 2's output is done (three hidden buffers turn over);
   //  - a forward stage computes micro-batch j once its downloads of j - 2 are done (its layers
   //    write two hidden buffers and two saved slots in turn, each once its download is done, so
@@ -97,7 +97,7 @@ struct RoundRobinJob {
   // Measured on CPU devices, leaving them out made the replayed step 13-23% shorter than the
   // recorded one (engine/exec/trace_replay_test.cc).
   bool executor_buffers = false;
-  int input_slots = 2;  // with executor_buffers; 1 when the activations stay on the device
+  int input_slots = 2;  // with executor_buffers
   // Per stage of the step (forward stages, the tail, backward stages; empty: none): its weight
   // slot holds its layers' frozen base from an earlier step (a LoRA job, ResidentBases), so its
   // upload moves StageCost::trainable_weight_bytes only.

@@ -175,8 +175,8 @@ TEST(PipelineSchedules, RoundRobinZeroesGradientsOnceTheLastOnesAreDownloaded) {
 // Executor-faithful buffers: micro-batch j's input lands in a slot that micro-batch
 // j - input_slots read. One GPU, one forward stage of 4 micro-batches, each a 2 s upload (2 GB at
 // 1 GB/s) and 1 s of compute. Two slots: the uploads run back to back ([2j, 2j + 2)) and F0.3
-// ends at 9, as with no buffers at all. One slot (activations kept on the device): each upload
-// waits for the compute before it, 3 s a micro-batch after the first: F0.3 ends at 12.
+// ends at 9, as with no buffers at all. One slot: each upload waits for the compute before it,
+// 3 s a micro-batch after the first: F0.3 ends at 12.
 TEST(PipelineSchedules, RoundRobinInputUploadsWaitForTheComputeThatFreesTheirSlot) {
   RoundRobinJob job;
   job.micro_batches = 4;

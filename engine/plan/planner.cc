@@ -269,7 +269,7 @@ RoundRobinJob BuildJob(const std::vector<LayerNumbers>& n, const Candidate& k, i
   job.gpus = gpus;
   job.micro_batches = int(k.micro_batches);
   job.executor_buffers = true;  // as the executor runs its plans
-  job.input_slots = k.keep ? 1 : 2;
+  job.input_slots = 2;
   job.forward = StageCosts(n, k.stages, k.recompute, false, k.keep);
   std::vector<LayerRange> reversed(k.stages.rbegin(), k.stages.rend());
   job.backward = StageCosts(n, reversed, k.recompute, true, k.keep);
