@@ -1597,9 +1597,10 @@ class Executor final : public PipelineExecutor {
   std::vector<LayerSpec> layers_;
   BatchShape shape_;
   size_t saved_bytes_ = 0;
-  // Kept activations (plan.keep_activations, training only): "activations.keep" holds, per block
-  // and micro-batch (entry (block - 1) * M + m), its input then its saved slot, kept_stride_
-  // bytes in all, the input's share kept_input_.
+  // Kept activations (plan.keep_activations, training only): a device's "activations.keep"
+  // holds, per block of its forward stages this step and micro-batch (entry
+  // StageRun::kept_first + (block - the stage's first) * M + m: Kept), its input then its saved
+  // slot, kept_stride_ bytes in all, the input's share kept_input_.
   const bool keep_ = p_.keep_activations && !p_.job.forward_only;
   size_t kept_stride_ = 0, kept_input_ = 0;
   // Saved activations on NVMe (a training plan's activations tier): per entry (EntryIndex), its

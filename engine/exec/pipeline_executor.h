@@ -13,7 +13,8 @@
 //    "blocks.workspace" and "head.workspace" -> grad.work, "blocks.scratch" and "head.scratch" ->
 //    scratch; the executor itself fills "positions" (RoPE ids),
 //    "rope.inv_freq" (RopeInvFreq: plain or Llama 3-scaled) and "doc_ids" (packed rows, per
-//    micro-batch; MicroBatchInput doc_ids/positions as the reference runner reads them). The
+//    micro-batch; MicroBatchInput doc_ids/positions as the reference runner reads them; two slots
+//    of each, micro-batch m's in slot m % 2, so the next one uploads while this one computes). The
 //    executor never sizes a device buffer itself: a component that does not fit its planned block
 //    fails with OutOfMemory naming both, and a device too small for the map fails at Create with
 //    the arena's OutOfMemory naming the allocation.
@@ -70,8 +71,11 @@
 // them (the forward stage packs the weights once a step; its backward stage uploads the same
 // bytes). The pool's pinned peak is the plan's pinned total. Host memory is written only after
 // the copies that read it.
-// Backward stages alternate each layer's input between two hidden buffers (the plan has four), so
-// the next layer's input uploads while a layer computes.
+// Backward stages alternate each layer's input between two hidden buffers (1 and 3), so the next
+// layer's input uploads while a layer computes, and turn the residual gradient over three (0, 2
+// and 4; 0, 2 and 1 when activations are kept), so the next micro-batch's dY uploads while this
+// one computes and the one before's dX downloads: five hidden buffers with two micro-batches or
+// more, four with one, three when activations are kept or nothing trains.
 // Saved activations on NVMe (plan.activations == Tier::kNvme, a training plan; Create's
 // `activation_store`): the stage inputs (the head's included) stay in pinned host RAM, where the
 // next stage's device reads them; every other block input and every saved set is an entry of the

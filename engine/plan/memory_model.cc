@@ -194,6 +194,7 @@ uint64_t KeptActivationBytes(const ModelConfig& model, const LoraConfig& lora, i
 }
 
 int64_t KeptBlocksPerDevice(const std::vector<LayerRange>& stages, int gpus) {
+  assert(gpus <= 2);
   std::vector<int64_t> blocks(size_t(std::max(gpus, 1)), 0);
   for (size_t s = 0; s < stages.size(); ++s) blocks[s % blocks.size()] += stages[s].size();
   return *std::max_element(blocks.begin(), blocks.end());

@@ -320,7 +320,8 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
       }
       if (job.executor_buffers) {
         for (int j = 2; j < m; ++j) {
-          // Micro-batch j's input lands in the buffer j - 2's output left (three turn over) ...
+          // Micro-batch j's input lands in the buffer j - 2's output left (three turn over; a
+          // kept forward stage's input has an entry of its own, an approximation there) ...
           AddDep(s, in[k][j], out[k][j - 2]);
           // ... and a forward stage's layers write the hidden buffers and saved slots whose
           // downloads the layers before them started: its compute runs at most about a

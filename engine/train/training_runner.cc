@@ -100,6 +100,9 @@ uint64_t WholeModelBytes(const JobSpec& unresolved, const ModelConfig& model, in
   in.forward_only = forward_only || generate_positions > 0;
   in.generate_positions = generate_positions;
   // One device may keep every saved activation (the planner's "keep" policy): that bounds it.
+  // Two CPU devices could too (each its forward stages'), but are not sized for it: their arenas
+  // are host RAM that --host-memory does not count, so a kept plan there would move the saved
+  // activations out of the host budget rather than save a copy over a link.
   in.keep_activations = job.devices == 1 && !in.forward_only;
   return plan::ComputeMemory(in).gpu.total();
 }
