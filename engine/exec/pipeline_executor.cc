@@ -1234,9 +1234,7 @@ class Executor final : public PipelineExecutor {
   }
 
   // The bytes between the row layout's two slots in "positions" and "doc_ids" (as the plan).
-  size_t LayoutStride() const {
-    return plan::RoundUp(uint64_t(shape_.tokens()) * 4, plan::kArenaAlignment);
-  }
+  size_t LayoutStride() const { return plan::RowLayoutSlotBytes(shape_.tokens()); }
   // Micro-batch m's row layout on the device: slot m % 2 of "positions" (RoPE models; else
   // empty) and "doc_ids".
   std::pair<Tensor, Tensor> Layout(DeviceState& ds, size_t m) {

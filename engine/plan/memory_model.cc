@@ -193,6 +193,10 @@ uint64_t KeptActivationBytes(const ModelConfig& model, const LoraConfig& lora, i
          RoundUp(saved, kArenaAlignment);
 }
 
+uint64_t RowLayoutSlotBytes(int64_t tokens) {
+  return RoundUp(uint64_t(tokens) * 4, kArenaAlignment);
+}
+
 int64_t KeptBlocksPerDevice(const std::vector<LayerRange>& stages, int gpus) {
   assert(gpus <= 2);
   std::vector<int64_t> blocks(size_t(std::max(gpus, 1)), 0);
@@ -284,7 +288,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   // document boundary (all one id when rows are not packed).
   // Two of each with two micro-batches or more (micro-batch m's in slot m % 2, aligned), so the
   // next micro-batch's upload does not wait for this one's compute.
-  const uint64_t layout = std::min<uint64_t>(m, 2) * RoundUp(uint64_t(tokens) * 4, A);
+  const uint64_t layout = std::min<uint64_t>(m, 2) * RowLayoutSlotBytes(tokens);
   if (!in.model.learned_positions) {
     Add(e.gpu, "positions", layout, A);
     Add(e.gpu, "rope.inv_freq", uint64_t(in.model.head_dim / 2) * 4, A);

@@ -216,6 +216,10 @@ uint64_t KvCacheBytes(const ModelConfig& model, const std::vector<LayerRange>& s
 uint64_t KeptActivationBytes(const ModelConfig& model, const LoraConfig& lora, int64_t tokens,
                              DType compute_dtype);
 
+// The bytes of one slot of a device's row layout ("positions", "doc_ids": an i32 per token),
+// rounded to kArenaAlignment; the plan holds two slots of each (one with one micro-batch).
+uint64_t RowLayoutSlotBytes(int64_t tokens);
+
 // The most blocks whose activations one device keeps (MemoryPlanInput::keep_activations): the
 // blocks of the forward stages it runs, stage s on device (first + s) mod gpus, whichever device
 // the step starts on. REQUIRES: 1 <= gpus <= 2.
