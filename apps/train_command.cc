@@ -17,6 +17,7 @@
 #include "engine/job/run_limits.h"
 #include "engine/json.h"
 #include "engine/plan/byte_size.h"
+#include "engine/probe/layer_probe.h"
 #include "engine/train/run_training.h"
 #include "engine/train/stop_signals.h"
 #include "engine/train/training_runner.h"
@@ -198,6 +199,9 @@ int RunTrainCommand(TrainCommand& cmd) {
   run.device_from += " on --devices " + DevicesOptionText(job);
   if (Status s = ValidateRunLimits(run, *model); !s.ok()) return fail(s);
   control.trace = cmd.trace;
+  control.price_plan = [&model](plan::Plan& p, const plan::HardwareProfile& hw, int each) {
+    return PriceOnCpuDevices(*model, hw, each, p);
+  };
   if (cmd.force && control.resume)
     return fail(
         Status::InvalidArgument("--force cannot be "

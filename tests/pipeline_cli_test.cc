@@ -96,7 +96,8 @@ TEST_F(PipelineCliTest, Bf16OnTwoDevicesGivesTheOneDeviceLosses) {
 }
 
 // --trace FILE: the measured timeline as Chrome-trace JSON with the plan's lanes, and the run ends
-// with measured vs predicted step time and memory per tier (no timing is asserted).
+// with measured vs predicted step time and memory per tier (no timing is asserted), the prediction
+// on this machine's measured rates.
 TEST_F(PipelineCliTest, TraceWritesTheMeasuredTimelineAndTheRunComparesItWithThePlan) {
   const std::string trace = dir_ + "/trace.json";
   CommandResult r = Ferry(
@@ -104,8 +105,12 @@ TEST_F(PipelineCliTest, TraceWritesTheMeasuredTimelineAndTheRunComparesItWithThe
       "--seq-len 32 --out " +
       dir_ + "/run --trace " + trace);
   ASSERT_EQ(r.code, 0) << r.output;
-  for (const char* line : {"measured vs predicted", "step time", "cpu0 peak", "cpu1 peak",
-                           "host peak", "predicted ", "planned ", "wrote the trace of 3 steps"}) {
+  // The prediction is priced on rates measured at start (PriceOnCpuDevices), not nominal ones.
+  for (const char* line : {"on this machine's rates, measured in",
+                           "measured vs predicted (plan for profile "
+                           "cpu-devices, rates measured here, 2 devices",
+                           "step time", "cpu0 peak", "cpu1 peak", "host peak", "predicted ",
+                           "planned ", "wrote the trace of 3 steps"}) {
     EXPECT_NE(r.output.find(line), std::string::npos) << line << " in\n" << r.output;
   }
   std::ifstream in(trace);

@@ -149,6 +149,7 @@ struct LayerRange {
   int first = 0;  // inclusive
   int last = 0;   // exclusive
   int size() const { return last - first; }
+  bool operator==(const LayerRange&) const = default;
 };
 
 struct MemoryPlanInput {

@@ -346,6 +346,33 @@ void NvmeTraffic(const MemoryEstimate& m, Plan& p) {
   }
 }
 
+// A plan's step and traffic from its simulated timing on `hw` (its NVMe traffic already set: the
+// disk's time bounds the step too).
+void ApplyTiming(const Timing& t, const HardwareProfile& hw, Plan& p) {
+  const double nvme_s = hw.HasNvme() ? p.nvme_read_bytes / hw.nvme.read_rate +
+                                           p.nvme_write_bytes / hw.nvme.sustained_write_rate
+                                     : 0.0;
+  p.sync_step_s = std::max(t.makespan, nvme_s);
+  p.stale_step_s = std::max(t.stale, nvme_s);
+  p.step_s = p.job.stale_updates ? p.stale_step_s : p.sync_step_s;
+  p.bubble_fraction = t.bubble;
+  p.pcie_h2d_bytes = t.h2d;
+  p.pcie_d2h_bytes = t.d2h;
+  p.host_pack_s = t.pack;
+  p.host_grad_add_s = t.grad_add;
+  p.host_embedding_s = t.embedding;
+}
+
+// The candidate a plan was made from.
+Candidate CandidateOf(const Plan& plan) {
+  Candidate k{plan.stages, plan.micro_batches, plan.activation_policy, plan.recompute};
+  k.activations = plan.activations;
+  k.optimizer = plan.optimizer_state;
+  k.frozen = plan.frozen_weights;
+  k.keep = plan.keep_activations;
+  return k;
+}
+
 Status ValidateInputs(const ModelConfig& model, const PlanJob& job, const HardwareProfile& hw) {
   FERRY_RETURN_IF_ERROR(ValidateModelConfig(model));
   // A quantized base alone has nothing to train: evaluation only.
@@ -595,20 +622,9 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
               p.micro_batches = int(m);
               p.memory = mem;
               for (const LayerNumbers& l : n) p.measured_times.push_back(l.measured);
+              p.job = job;
               NvmeTraffic(mem, p);
-              const double nvme_s = hw.HasNvme()
-                                        ? p.nvme_read_bytes / hw.nvme.read_rate +
-                                              p.nvme_write_bytes / hw.nvme.sustained_write_rate
-                                        : 0.0;
-              p.sync_step_s = std::max(timing->makespan, nvme_s);
-              p.stale_step_s = std::max(timing->stale, nvme_s);
-              p.step_s = job.stale_updates ? p.stale_step_s : p.sync_step_s;
-              p.bubble_fraction = timing->bubble;
-              p.pcie_h2d_bytes = timing->h2d;
-              p.pcie_d2h_bytes = timing->d2h;
-              p.host_pack_s = timing->pack;
-              p.host_grad_add_s = timing->grad_add;
-              p.host_embedding_s = timing->embedding;
+              ApplyTiming(*timing, hw, p);
               const double host = double(mem.pinned_host.total() + mem.pageable_host.total());
               const std::tuple<double, double, double> key{p.step_s, double(mem.nvme.total()),
                                                            host};
@@ -640,7 +656,6 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
   best.model_name = model_name;
   best.hardware_name = hw.name;
   best.gpus = gpus;
-  best.job = job;
   best.micro_batch_size = job.global_batch / best.micro_batches;
   best.gpu_budget = hw.gpu.memory_usable_bytes;
   best.host_budget = hw.host.ram_usable_bytes;
@@ -674,8 +689,32 @@ RoundRobinJob RoundRobinJobOf(const ModelConfig& model, const Plan& plan,
   Context c{model, plan.job, hw, BuildLayerSpecs(model, plan.job.lora, plan.job.compute_dtype)};
   const std::vector<LayerNumbers> n =
       NumbersFor(c, MicroBatchShape(plan.job, plan.micro_batch_size));
-  Candidate k{plan.stages, plan.micro_batches, plan.activation_policy, plan.recompute};
-  return BuildJob(n, k, plan.gpus, ResidentBase(plan.job));
+  return BuildJob(n, CandidateOf(plan), plan.gpus, ResidentBase(plan.job));
+}
+
+Status PricePlan(const ModelConfig& model, const HardwareProfile& hw, Plan& plan) {
+  FERRY_RETURN_IF_ERROR(ValidateInputs(model, plan.job, hw));
+  if (hw.gpu.count != plan.gpus) {
+    return Status::InvalidArgument("the plan runs on " + std::to_string(plan.gpus) +
+                                   (plan.gpus == 1 ? " device" : " devices") + ", the profile '" +
+                                   hw.name + "' has " + std::to_string(hw.gpu.count));
+  }
+  Context c{model, plan.job, hw, BuildLayerSpecs(model, plan.job.lora, plan.job.compute_dtype)};
+  const std::vector<LayerNumbers> n =
+      NumbersFor(c, MicroBatchShape(plan.job, plan.micro_batch_size));
+  if (n.size() != plan.recompute.size()) {
+    return Status::InvalidArgument("the plan has " + std::to_string(plan.recompute.size()) +
+                                   " layers, the model " + std::to_string(n.size()));
+  }
+  FERRY_ASSIGN_OR_RETURN(
+      const Timing t,
+      SimulateJob(BuildJob(n, CandidateOf(plan), plan.gpus, ResidentBase(plan.job)), hw));
+  ApplyTiming(t, hw, plan);
+  plan.measured_times.clear();
+  for (const LayerNumbers& l : n) plan.measured_times.push_back(l.measured);
+  plan.tokens_per_s = double(plan.job.global_batch * plan.job.seq_len) / plan.step_s;
+  plan.hardware_name = hw.name;
+  return Status::Ok();
 }
 
 std::vector<StageCost> BaselineStagesOf(const ModelConfig& model, const PlanJob& job,

@@ -173,6 +173,16 @@ struct PlanOutcome {
 std::vector<PlanSuggestion> SuggestChanges(const std::string& model_name, const ModelConfig& model,
                                            const PlanJob& job, const HardwareProfile& hardware);
 
+// Re-prices `plan` (made by MakePlan for `model`, maybe on another profile) on `hardware`: the
+// same stages, micro-batches, recomputation, kept activations and tiers, simulated with its rates
+// and layer times, so its step, bubble, traffic, host work, measured_times and tokens/s are what
+// MakePlan would have found for that candidate on `hardware` (hardware_name becomes its name).
+// Memory, budgets and warnings are left as they are. Errors: InvalidArgument when the model,
+// job or profile do not validate, or the profile's device count or the model's layers are not
+// the plan's.
+[[nodiscard]] Status PricePlan(const ModelConfig& model, const HardwareProfile& hardware,
+                               Plan& plan);
+
 // The plan's stages as the simulator's round-robin job, and the 1F1B baseline's
 // stages (one per GPU, weights resident, activations saved on the GPU).
 RoundRobinJob RoundRobinJobOf(const ModelConfig& model, const Plan& plan,

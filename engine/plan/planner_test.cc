@@ -347,6 +347,74 @@ TEST(Planner, KeepsActivationsOnOneOrTwoDevices) {
   }
 }
 
+// PricePlan re-simulates a plan as MakePlan priced it: on the profile it was made on, every figure
+// it sets is MakePlan's (kept plans among them: their schedule keeps the activations on the
+// devices), on another profile they move with its rates, and the choices stay as they were.
+TEST(Planner, PricePlanReproducesMakePlanAndFollowsTheProfile) {
+  const ModelConfig m = SmallModel(4, 64, 300);
+  for (int gpus : {1, 2, 3}) {
+    for (bool stale : {false, true}) {
+      PlanJob job = JobOf(8, 32, 4);
+      job.stale_updates = stale;
+      HardwareProfile h = SmallMachine(gpus);
+      h.pcie.h2d_pinned = h.pcie.d2h_pinned = h.pcie.h2d_pageable = h.pcie.d2h_pageable = 1e6;
+      Result<PlanOutcome> r = MakePlan("small", m, job, h, /*suggest=*/false);
+      ASSERT_TRUE(r.ok() && r->feasible) << r.status().message();
+      const Plan& made = r->plan;
+      EXPECT_EQ(made.keep_activations, gpus <= 2);
+      Plan again = made;
+      again.step_s = again.sync_step_s = again.stale_step_s = again.bubble_fraction = 0;
+      again.pcie_h2d_bytes = again.pcie_d2h_bytes = again.tokens_per_s = 0;
+      again.host_pack_s = again.host_grad_add_s = again.host_embedding_s = 0;
+      again.measured_times.clear();
+      ASSERT_TRUE(PricePlan(m, h, again).ok());
+      EXPECT_EQ(again.step_s, made.step_s) << gpus << " devices, stale " << stale;
+      EXPECT_EQ(again.sync_step_s, made.sync_step_s);
+      EXPECT_EQ(again.stale_step_s, made.stale_step_s);
+      EXPECT_EQ(again.bubble_fraction, made.bubble_fraction);
+      EXPECT_EQ(again.pcie_h2d_bytes, made.pcie_h2d_bytes);
+      EXPECT_EQ(again.pcie_d2h_bytes, made.pcie_d2h_bytes);
+      EXPECT_EQ(again.host_pack_s, made.host_pack_s);
+      EXPECT_EQ(again.host_grad_add_s, made.host_grad_add_s);
+      EXPECT_EQ(again.host_embedding_s, made.host_embedding_s);
+      EXPECT_EQ(again.tokens_per_s, made.tokens_per_s);
+      EXPECT_EQ(again.measured_times, made.measured_times);
+
+      // Ten times the link: the transfers shrink, the step cannot grow; the choices stay.
+      HardwareProfile fast = h;
+      fast.name = "fast links";
+      fast.pcie.h2d_pinned = fast.pcie.d2h_pinned = 1e7;
+      Plan priced = made;
+      ASSERT_TRUE(PricePlan(m, fast, priced).ok());
+      EXPECT_LT(priced.step_s, made.step_s);
+      EXPECT_EQ(priced.hardware_name, "fast links");
+      EXPECT_EQ(priced.stages, made.stages);
+      EXPECT_EQ(priced.recompute, made.recompute);
+      EXPECT_EQ(priced.keep_activations, made.keep_activations);
+      EXPECT_EQ(priced.memory.gpu.total(), made.memory.gpu.total());
+    }
+  }
+  // Measured times for every layer: all of them are used.
+  const PlanJob job = JobOf(8, 32, 4);
+  HardwareProfile h = SmallMachine(1);
+  Result<PlanOutcome> r = MakePlan("small", m, job, h, /*suggest=*/false);
+  ASSERT_TRUE(r.ok() && r->feasible);
+  Plan p = r->plan;
+  EXPECT_EQ(p.LayerTimeSource(), "formulas");
+  for (const LayerTimeQuery& q : LayerTimeQueries(m, job, 1))
+    h.layer_times.push_back({q.key, 1, 2});
+  ASSERT_TRUE(PricePlan(m, h, p).ok());
+  EXPECT_EQ(p.LayerTimeSource(), "measured");
+  EXPECT_GE(p.step_s, 4 * 4 * 3.0);  // 4 micro-batches through 4 blocks, 1 s + 2 s each
+  // A profile for another device count is refused.
+  Plan other = r->plan;
+  const Status wrong = PricePlan(m, SmallMachine(2), other);
+  EXPECT_EQ(wrong.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.message().find("the plan runs on 1 device, the profile"), std::string::npos)
+      << wrong.message();
+  EXPECT_EQ(other.step_s, r->plan.step_s);
+}
+
 TEST(MemoryModel, KeptBlocksPerDeviceCountsTheBusiestDevicesForwardStages) {
   const std::vector<LayerRange> three = {{1, 2}, {2, 3}, {3, 6}};  // 1, 1 and 3 blocks
   EXPECT_EQ(KeptBlocksPerDevice(three, 1), 5);

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <random>
@@ -14,7 +16,9 @@
 #include "engine/model/master_weights.h"
 #include "engine/plan/memory_model.h"
 #include "engine/probe/device_probe.h"
+#include "engine/probe/machine_probe.h"
 #include "kernels/arena.h"
+#include "kernels/cpu/cpu_device.h"
 
 namespace ferry {
 namespace {
@@ -239,6 +243,53 @@ void MergeLayerTimes(const std::vector<LayerProbeEntry>& times, plan::HardwarePr
       profile.layer_times.push_back(e.time);
     }
   }
+}
+
+Result<std::string> PriceOnCpuDevices(const ModelConfig& model,
+                                      const plan::HardwareProfile& profile, int threads,
+                                      plan::Plan& plan) {
+  const auto start = std::chrono::steady_clock::now();
+  if (threads < 1) return Status::InvalidArgument("pricing a plan needs at least one thread");
+  plan::HardwareProfile hw = profile;
+  auto make_device = [threads](size_t bytes) -> Result<std::unique_ptr<Device>> {
+    FERRY_ASSIGN_OR_RETURN(
+        std::unique_ptr<CpuDevice> d,
+        CpuDevice::Create({.name = "probe", .memory_bytes = bytes, .compute_threads = threads}));
+    return std::unique_ptr<Device>(std::move(d));
+  };
+  FERRY_ASSIGN_OR_RETURN(
+      const std::vector<LayerProbeEntry> times,
+      ProbeLayerTimes(model, plan.job, plan.gpus, make_device, {.cpu_threads = threads}));
+  MergeLayerTimes(times, hw);
+  // 16 MiB each way: past the caches' share of one copy, a few milliseconds.
+  constexpr size_t kCopyBytes = size_t(16) << 20;
+  {
+    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Device> d,
+                           make_device(2 * kCopyBytes));  // its two halves
+    FERRY_ASSIGN_OR_RETURN(const plan::CopyRates copy, plan::ProbeCopyRates(*d, kCopyBytes));
+    hw.pcie.h2d_pinned = copy.h2d_pinned;
+    hw.pcie.d2h_pinned = copy.d2h_pinned;
+    hw.pcie.h2d_pageable = copy.h2d_pageable;
+    hw.pcie.d2h_pageable = copy.d2h_pageable;
+  }
+  // The sizes of `ferry probe --quick`.
+  FERRY_ASSIGN_OR_RETURN(hw.host.memory_bandwidth,
+                         plan::ProbeTriadBandwidth(threads, size_t(32) << 20));
+  FERRY_ASSIGN_OR_RETURN(hw.optimizer.cpu_adamw_params_per_s,
+                         plan::ProbeAdamWRate(threads, int64_t(4) << 20));
+  hw.name = profile.name + ", rates measured here";
+  FERRY_RETURN_IF_ERROR(plan::PricePlan(model, hw, plan));
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "predicted %.3g s a step on this machine's rates, measured in %.2f s on %d "
+                "thread%s: %zu layer time%s, copies %.1f GB/s, host memory %.1f GB/s, AdamW "
+                "%.2f G params/s",
+                plan.step_s, took, threads, threads == 1 ? "" : "s", times.size(),
+                times.size() == 1 ? "" : "s", hw.pcie.h2d_pinned / 1e9,
+                hw.host.memory_bandwidth / 1e9, hw.optimizer.cpu_adamw_params_per_s / 1e9);
+  return std::string(line);
 }
 
 }  // namespace ferry

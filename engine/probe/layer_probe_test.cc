@@ -143,6 +143,39 @@ TEST(LayerProbe, WritesTheKeysThePlannerUsesAndThePlanUsesThem) {
   EXPECT_EQ(formulas->plan.LayerTimeSource(), "formulas");
 }
 
+// `ferry train`'s re-pricing on CPU devices: the plan made at nominal rates keeps its choices and
+// is priced on the layer times, copy rates, host bandwidth and AdamW rate measured here.
+TEST(LayerProbe, PriceOnCpuDevicesMeasuresEveryLayerAndKeepsThePlansChoices) {
+  const ModelConfig m = Tiny("llama", 3);
+  const plan::PlanJob job = CpuJob(4, 16, 2);
+  for (int devices : {1, 2}) {
+    const plan::HardwareProfile nominal = CpuDevicesProfile(devices, uint64_t(1) << 30);
+    Result<plan::PlanOutcome> made = plan::MakePlan("tiny", m, job, nominal, false);
+    ASSERT_TRUE(made.ok() && made->feasible) << made.status().ToString();
+    plan::Plan p = made->plan;
+    ASSERT_EQ(p.LayerTimeSource(), "formulas");
+    Result<std::string> line = PriceOnCpuDevices(m, nominal, 1, p);
+    ASSERT_TRUE(line.ok()) << line.status().ToString();
+    EXPECT_NE(line->find("3 layer times"), std::string::npos) << *line;
+    EXPECT_NE(line->find("on 1 thread:"), std::string::npos) << *line;
+    EXPECT_EQ(p.LayerTimeSource(), "measured");
+    EXPECT_EQ(p.hardware_name, "cpu-devices, rates measured here");
+    EXPECT_GT(p.step_s, 0);
+    EXPECT_NE(p.step_s, made->plan.step_s);
+    EXPECT_EQ(p.stages, made->plan.stages);
+    EXPECT_EQ(p.recompute, made->plan.recompute);
+    EXPECT_EQ(p.activation_policy, made->plan.activation_policy);
+    EXPECT_EQ(p.memory.gpu.total(), made->plan.memory.gpu.total());
+  }
+  plan::Plan p =
+      plan::MakePlan("tiny", m, job, CpuDevicesProfile(1, uint64_t(1) << 30), false)->plan;
+  const double before = p.step_s;
+  const Result<std::string> none =
+      PriceOnCpuDevices(m, CpuDevicesProfile(1, uint64_t(1) << 30), 0, p);
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(p.step_s, before);
+}
+
 // With automatic micro-batches the planner tries several micro-batch sizes: each gets its keys.
 TEST(LayerProbe, ProbesEveryMicroBatchSizeThePlannerTries) {
   const ModelConfig m = Tiny("llama");

@@ -46,6 +46,18 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
       CreateTrainingRunner(job, model, threads, !control.trace.empty(), /*forward_only=*/false,
                            data->MostDocuments(job.micro_batch_size())));
   ModelRunner* runner = devices.runner.get();
+  // The plan's prediction on this machine's rates (CPU devices: the profile's are nominal),
+  // measured while nothing else runs.
+  std::string pricing;
+  const bool on_cpu = std::all_of(devices.devices.begin(), devices.devices.end(),
+                                  [](const auto& d) { return d->kind() == DeviceKind::kCpu; });
+  if (control.price_plan && devices.plan && on_cpu && !devices.devices.empty()) {
+    const int each = std::max(1, threads / int(devices.devices.size()));
+    Result<std::string> line = control.price_plan(*devices.plan, devices.profile, each);
+    pricing = line.ok()
+                  ? *line
+                  : "warning: the prediction stays at nominal rates: " + line.status().ToString();
+  }
 
   std::vector<LayerSpec> layers = BuildLayerSpecs(model, job.lora);
   FERRY_ASSIGN_OR_RETURN(HostTensors weights, InitialWeights(job.model, model, layers, job.seed));
@@ -147,6 +159,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
     std::fprintf(stderr, "ferry train: devices: %s\n", control.devices_line.c_str());
   }
   std::fprintf(stderr, "ferry train: %s\n", devices.summary.c_str());
+  if (!pricing.empty()) std::fprintf(stderr, "ferry train: %s\n", pricing.c_str());
   ProgressBar progress(stderr, ::isatty(::fileno(stderr)) != 0,
                        std::max<int64_t>(1, job.steps / 20));
   MeasuredRun measured;

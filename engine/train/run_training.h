@@ -30,6 +30,7 @@
 #include "engine/model/lora_config.h"
 #include "engine/model/model_config.h"
 #include "engine/model/param_spec.h"
+#include "engine/plan/planner.h"
 #include "engine/train/checkpoint.h"
 #include "kernels/status.h"
 
@@ -53,6 +54,14 @@ struct RunControl {
   // Which devices the run uses and why (ResolveJobDevices' line), printed with the other lines
   // that start the run ("ferry train: devices: ..."); empty: not printed.
   std::string devices_line;
+  // Re-prices the plan on this machine's measured rates when the job runs on CPU devices, given
+  // the profile it was planned on and each device's share of the job's threads, and returns a
+  // line for the log (the app passes PriceOnCpuDevices, engine/probe/layer_probe.h, which sits
+  // above this layer). Empty, or failing (a warning then): the prediction stays at the profile's
+  // nominal rates.
+  std::function<Result<std::string>(plan::Plan& plan, const plan::HardwareProfile& profile,
+                                    int threads)>
+      price_plan;
 };
 
 Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunControl& control = {});

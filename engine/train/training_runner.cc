@@ -153,7 +153,7 @@ Status ApplyJobBudgets(const JobSpec& job, plan::HardwareProfile& hw) {
 Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, int threads,
                                   bool forward_only, const GpuCensus& census,
                                   const std::vector<int64_t>& documents_in_rows,
-                                  int64_t generate_positions) {
+                                  int64_t generate_positions, plan::HardwareProfile* profile) {
   forward_only = forward_only || generate_positions > 0;
   plan::PlanJob pj;
   pj.documents_in_rows = documents_in_rows;
@@ -187,6 +187,7 @@ Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, 
           : CpuDevicesProfile(int(job.devices), WholeModelBytes(job, model, threads, forward_only,
                                                                 generate_positions));
   FERRY_RETURN_IF_ERROR(ApplyJobBudgets(job, hw));
+  if (profile != nullptr) *profile = hw;
   FERRY_ASSIGN_OR_RETURN(plan::PlanOutcome outcome,
                          plan::MakePlan(job.model, model, pj, hw, /*suggest=*/false));
   if (!outcome.feasible && resident_first) {
@@ -391,8 +392,9 @@ Result<TrainingRunner> CreateTrainingRunner(const JobSpec& unresolved, const Mod
       FERRY_RETURN_IF_ERROR(ClearScratchLeftovers(dir).WithContext("--nvme-dir"));
     }
   }
-  FERRY_ASSIGN_OR_RETURN(const plan::Plan p, PlanJobDevices(job, model, threads, forward_only,
-                                                            census, documents_in_rows));
+  FERRY_ASSIGN_OR_RETURN(const plan::Plan p,
+                         PlanJobDevices(job, model, threads, forward_only, census,
+                                        documents_in_rows, /*generate_positions=*/0, &t.profile));
   FERRY_ASSIGN_OR_RETURN(t.devices, exec::CreateJobDevices(job, p.memory.gpu.total(), threads));
   std::vector<Device*> raw;
   for (const std::unique_ptr<Device>& d : t.devices) raw.push_back(d.get());

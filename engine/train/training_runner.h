@@ -81,6 +81,7 @@ uint64_t ScratchStoreBytes(const std::string& dir);
 struct TrainingRunner {
   std::vector<std::unique_ptr<Device>> devices;
   std::optional<plan::Plan> plan;              // the plan the pipeline runs
+  plan::HardwareProfile profile;               // the one it was planned on (nominal rates)
   std::unique_ptr<exec::TraceRecorder> trace;  // when asked for: what the pipeline ran
   // When the plan puts saved activations on NVMe: their store, in ActivationsDir (removed with
   // it); else null.
@@ -128,10 +129,12 @@ Result<uint64_t> JobGpuBudget(const JobSpec& job, const GpuCensus& census);
 // InvalidArgument when no plan fits (naming the binding constraint).
 // `generate_positions` > 0: a generation plan (forward only, a KV cache of that many positions,
 // plan::PlanJob::generate_positions; job.seq_len is the longest step).
+// `profile` (optional) receives the profile it planned on.
 Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, int threads,
                                   bool forward_only, const GpuCensus& census,
                                   const std::vector<int64_t>& documents_in_rows = {},
-                                  int64_t generate_positions = 0);
+                                  int64_t generate_positions = 0,
+                                  plan::HardwareProfile* profile = nullptr);
 
 // The bytes of the whole model as one stage on one CPU device of `threads` threads, every
 // activation saved (on the device itself for one device: the "keep" policy; or, `forward_only`,
