@@ -70,7 +70,7 @@ class Event {
 struct ArenaRecord {
   std::string requester;
   size_t offset = 0;
-  size_t bytes = 0;  // as requested
+  size_t bytes = 0;     // as requested
   size_t reserved = 0;  // rounded up to the alignment
   bool live = true;
 };
@@ -78,8 +78,8 @@ struct ArenaRecord {
 struct ArenaStats {
   size_t capacity = 0;
   size_t alignment = 0;
-  size_t in_use = 0;  // reserved bytes of live allocations
-  size_t peak = 0;    // high-water mark of in_use since creation or ResetPeak()
+  size_t in_use = 0;       // reserved bytes of live allocations
+  size_t peak = 0;         // high-water mark of in_use since creation or ResetPeak()
   size_t allocations = 0;  // live allocations
 };
 
@@ -120,6 +120,9 @@ class Device {
   virtual const std::string& name() const = 0;
   // Bytes the arena may hand out (what a program can use, not the card's label).
   virtual size_t capacity() const = 0;
+  // Host RAM this device's memory occupies now: a CPU device's arena pages that have been touched
+  // (its arena is host memory, mapped whole and filled as used); 0 for a GPU.
+  virtual size_t host_resident_bytes() const { return 0; }
 
   // ---- memory ----------------------------------------------------------------------------
   // REQUIRES: bytes > 0. Errors: OutOfMemory naming requester, size, in-use and capacity.

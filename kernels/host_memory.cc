@@ -9,6 +9,7 @@
 #include <fstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace ferry {
 
@@ -54,6 +55,17 @@ void HostAllocation::Release() {
   if (data_ != nullptr) munmap(data_, size_);
   data_ = nullptr;
   size_ = 0;
+}
+
+size_t HostAllocation::ResidentBytes() const {
+  if (data_ == nullptr || size_ == 0) return 0;
+  const size_t page = HostPageSize();
+  const size_t pages = (size_ + page - 1) / page;
+  std::vector<unsigned char> in_ram(pages);
+  if (::mincore(data_, size_, in_ram.data()) != 0) return 0;
+  size_t resident = 0;
+  for (unsigned char v : in_ram) resident += (v & 1) != 0 ? 1 : 0;
+  return resident * page;
 }
 
 Result<HostAllocation> HostAllocation::Map(size_t bytes, std::string name, HostPages pages) {

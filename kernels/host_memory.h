@@ -65,6 +65,9 @@ class HostAllocation {
     registration_ = std::move(registration);
   }
   bool registered() const { return registration_ != nullptr; }
+  // Bytes of the mapping in RAM now (mincore: pages touched and not released or swapped out);
+  // 0 for an empty allocation or when the kernel cannot say.
+  size_t ResidentBytes() const;
 
  private:
   void Release();

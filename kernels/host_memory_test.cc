@@ -65,6 +65,18 @@ TEST(HostMemory, LargeMappingsAreHugePageAlignedAndAdvised) {
   EXPECT_EQ(ThpEligible(base->data()), 0) << "MADV_NOHUGEPAGE was not applied";
 }
 
+// The pages touched are resident, the rest of a fresh mapping is not (base pages, so no huge page
+// fills a whole region at the first touch).
+TEST(HostMemory, ResidentBytesCountsTheTouchedPages) {
+  const size_t page = HostPageSize();
+  Result<HostAllocation> a = HostAllocation::Map(64 * page, "resident test", HostPages::kBase);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->ResidentBytes(), 0u);
+  for (size_t p : {0, 7, 63}) a->data()[p * page + 5] = std::byte{1};
+  EXPECT_EQ(a->ResidentBytes(), 3 * page);
+  EXPECT_EQ(HostAllocation().ResidentBytes(), 0u);
+}
+
 TEST(HostMemory, TransparentHugePagesModeIsOneOfTheKernelsWords) {
   const std::string mode = TransparentHugePagesMode();
   EXPECT_TRUE(mode == "always" || mode == "madvise" || mode == "never" || mode == "unavailable")

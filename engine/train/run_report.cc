@@ -77,7 +77,7 @@ std::string MeasuredVsPredicted(const plan::Plan& plan, const MeasuredRun& run) 
   for (const MeasuredRun::Device& d : run.devices) {
     table.Add(d.name + " peak", FormatByteSize(d.peak_bytes) + " (arena)",
               "planned " + FormatByteSize(plan.memory.gpu.total()));
-    arenas += d.capacity;
+    arenas += d.host_resident;
   }
   const uint64_t pinned = plan.memory.pinned_host.total();
   const uint64_t pageable = plan.memory.pageable_host.total();
@@ -86,12 +86,12 @@ std::string MeasuredVsPredicted(const plan::Plan& plan, const MeasuredRun& run) 
     const uint64_t known = run.host_start_bytes + arenas;
     host = FormatByteSize(run.host_peak_bytes) +
            " (process RSS: " + FormatByteSize(run.host_start_bytes) + " at start + " +
-           FormatByteSize(arenas) + " device arenas + " +
+           FormatByteSize(arenas) + " device arenas in RAM + " +
            FormatByteSize(run.host_peak_bytes > known ? run.host_peak_bytes - known : 0) +
            " the rest)";
   } else if (run.host_peak_bytes > 0) {
     host = FormatByteSize(run.host_peak_bytes) + " (process RSS; " + FormatByteSize(arenas) +
-           " of it device arenas)";
+           " of it device arenas in RAM)";
   }
   table.Add("host peak", host,
             "planned " + FormatByteSize(pinned + pageable) + " (pinned " + FormatByteSize(pinned) +

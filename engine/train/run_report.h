@@ -21,6 +21,9 @@ struct MeasuredRun {
     std::string name;
     uint64_t peak_bytes = 0;  // its arena's high-water mark
     uint64_t capacity = 0;    // its arena's size (on a CPU device, host memory)
+    // Host RAM its arena occupies at the end (Device::host_resident_bytes: a CPU device's touched
+    // pages, never released, so no fewer than at the peak; 0 for a GPU).
+    uint64_t host_resident = 0;
   };
   std::vector<Device> devices;
   uint64_t host_peak_bytes = 0;  // the process's peak resident set; 0: unknown
@@ -39,11 +42,13 @@ struct MeasuredRun {
 //     step time  546 ms (median of 2 after the first; min 534 ms, max 558 ms)   predicted 450 ms
 //     cpu0 peak  83.30 MiB (arena)                                              planned 83.30 MiB
 //     cpu1 peak  83.30 MiB (arena)                                              planned 83.30 MiB
-//     host peak  476.87 MiB (process RSS: 234.10 MiB at start + 166.60 MiB device arenas
-//                + 76.17 MiB the rest)    planned 138.04 MiB (pinned 112.48 MiB + pageable
+//     host peak  476.87 MiB (process RSS: 234.10 MiB at start + 101.20 MiB device arenas in RAM
+//                + 141.57 MiB the rest)    planned 138.04 MiB (pinned 112.48 MiB + pageable
 //                25.56 MiB)                                                   [one line]
 //   ("the rest", what the run's data and plan took beyond the arenas, is what compares with the
-//   plan's host total; without a start figure: "(process RSS; 166.60 MiB of it device arenas)")
+//   plan's host total; the arenas count the pages they filled, not their size, since a CPU
+//   device's arena is mapped whole and filled as used; without a start figure: "(process RSS;
+//   101.20 MiB of it device arenas in RAM)")
 //     NVMe       38.36 MiB (optimizer state)                               planned 38.36 MiB
 //     NVMe/step  19.18 MiB read, 19.18 MiB written                         planned 19.18 MiB each
 //   (the NVMe rows only when the plan puts bytes there)

@@ -23,7 +23,8 @@ plan::Plan TwoDevicePlan() {
 TEST(RunReport, ComparesSteadyStepsAndEveryTierWithThePlan) {
   MeasuredRun run;
   run.step_seconds = {9.0, 0.3, 0.1, 0.2};
-  run.devices = {{"cpu0", 1024, 4096}, {"cpu1", 512, 4096}};
+  // The arenas' pages in RAM count, not their size (4 KiB each here).
+  run.devices = {{"cpu0", 1024, 4096, 4096}, {"cpu1", 512, 4096, 4096}};
   run.host_peak_bytes = 1 << 20;
   const std::string text = MeasuredVsPredicted(TwoDevicePlan(), run);
   EXPECT_NE(text.find("2 devices, 2 forward stages"), std::string::npos) << text;
@@ -33,19 +34,27 @@ TEST(RunReport, ComparesSteadyStepsAndEveryTierWithThePlan) {
   EXPECT_NE(text.find("predicted 250 ms"), std::string::npos) << text;
   EXPECT_NE(text.find("cpu1 peak"), std::string::npos) << text;
   EXPECT_NE(text.find("planned 1.00 KiB"), std::string::npos) << text;
-  EXPECT_NE(text.find("8.00 KiB of it device arenas"), std::string::npos) << text;
+  EXPECT_NE(text.find("8.00 KiB of it device arenas in RAM"), std::string::npos) << text;
   EXPECT_NE(text.find("(pinned 2.00 KiB + pageable 0 B)"), std::string::npos) << text;
   EXPECT_EQ(text.find("NVMe"), std::string::npos) << text;
   EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 5) << text;
   // With the resident set at the start: the part the plan's host total compares with.
   run.host_start_bytes = 1000 << 10;
   const std::string split = MeasuredVsPredicted(TwoDevicePlan(), run);
-  EXPECT_NE(split.find("1.00 MiB (process RSS: 1000.00 KiB at start + 8.00 KiB device arenas + "
-                       "16.00 KiB the rest)"),
-            std::string::npos)
+  EXPECT_NE(
+      split.find("1.00 MiB (process RSS: 1000.00 KiB at start + 8.00 KiB device arenas in RAM + "
+                 "16.00 KiB the rest)"),
+      std::string::npos)
       << split;
-  run.host_start_bytes = 1 << 20;  // arenas not all resident: nothing left, not a wrap-around
+  run.host_start_bytes = 1 << 20;  // nothing left beyond start and arenas: 0, not a wrap-around
   EXPECT_NE(MeasuredVsPredicted(TwoDevicePlan(), run).find("+ 0 B the rest"), std::string::npos);
+  // Arenas mapped but one page filled: only that page is theirs.
+  run.host_start_bytes = 1000 << 10;
+  run.devices = {{"cpu0", 1024, 1 << 20, 4096}, {"cpu1", 512, 1 << 20, 0}};
+  EXPECT_NE(MeasuredVsPredicted(TwoDevicePlan(), run)
+                .find("1000.00 KiB at start + 4.00 KiB device arenas in RAM + 20.00 KiB the rest"),
+            std::string::npos)
+      << MeasuredVsPredicted(TwoDevicePlan(), run);
 
   run.step_seconds = {0.5};
   EXPECT_NE(MeasuredVsPredicted(TwoDevicePlan(), run).find("500 ms (the only update)"),

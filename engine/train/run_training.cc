@@ -174,7 +174,8 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
   auto report = [&]() -> Status {
     if (!devices.plan) return Status::Ok();
     for (const auto& d : devices.devices) {
-      measured.devices.push_back({d->name(), d->arena_stats().peak, d->capacity()});
+      measured.devices.push_back(
+          {d->name(), d->arena_stats().peak, d->capacity(), d->host_resident_bytes()});
     }
     const Result<uint64_t> rss = PeakResidentBytes();
     measured.host_peak_bytes = rss.ok() ? *rss : 0;

@@ -363,6 +363,7 @@ CpuDevice::~CpuDevice() {
 
 const std::string& CpuDevice::name() const { return impl_->options.name; }
 size_t CpuDevice::capacity() const { return impl_->options.memory_bytes; }
+size_t CpuDevice::host_resident_bytes() const { return impl_->memory.ResidentBytes(); }
 const CpuDeviceOptions& CpuDevice::options() const { return impl_->options; }
 ThreadPool& CpuDevice::pool() { return impl_->pool; }
 

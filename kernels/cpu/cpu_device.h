@@ -52,6 +52,7 @@ class CpuDevice final : public Device {
   DeviceKind kind() const override { return DeviceKind::kCpu; }
   const std::string& name() const override;
   size_t capacity() const override;
+  size_t host_resident_bytes() const override;
 
   Result<DeviceBuffer> Allocate(size_t bytes, std::string_view requester) override;
   ArenaStats arena_stats() const override;

@@ -15,8 +15,8 @@ namespace {
 using namespace std::chrono_literals;
 
 std::unique_ptr<CpuDevice> MakeDevice(std::string name = "cpu0", size_t bytes = 1 << 20,
-                                      uint32_t max_delay_us = 0, uint64_t seed = 1,
-                                      double up = 0, double down = 0) {
+                                      uint32_t max_delay_us = 0, uint64_t seed = 1, double up = 0,
+                                      double down = 0) {
   CpuDeviceOptions o;
   o.name = std::move(name);
   o.memory_bytes = bytes;
@@ -84,6 +84,23 @@ TEST(CpuDevice, CopiesRoundTrip) {
   EXPECT_EQ(std::memcmp(host.data(), back.data(), 1000), 0);
 }
 
+// The arena is host memory filled as used: what a run's report counts as the device's share of
+// the process's resident set is the pages written, not the capacity.
+TEST(CpuDevice, HostResidentBytesAreTheArenasFilledPages) {
+  auto dev = MakeDevice();
+  ASSERT_GE(dev->capacity(), size_t(64) * HostPageSize());
+  const size_t before = dev->host_resident_bytes();
+  EXPECT_LT(before, dev->capacity());
+  HostAllocation host = MapHost(HostPageSize());
+  auto buf = dev->Allocate(HostPageSize(), "x");
+  ASSERT_TRUE(buf.ok());
+  ASSERT_TRUE(dev->CopyToDevice(buf->data(), host.Whole(), HostPageSize()).ok());
+  ASSERT_TRUE(dev->Synchronize(StreamId::kUpload).ok());
+  const size_t after = dev->host_resident_bytes();
+  EXPECT_GE(after, HostPageSize());
+  EXPECT_LT(after, dev->capacity());
+}
+
 // As cudaHostRegister (cudaErrorHostMemoryAlreadyRegistered): a host range is registered with a
 // device once; the second registration is refused naming the allocation, and the range may be
 // registered again once its registration is gone. Other ranges, and other devices, are unaffected.
@@ -145,7 +162,12 @@ TEST(CpuDevice, WaitOnNeverRecordedEventIsNoOp) {
   ASSERT_TRUE(ev.ok());
   ASSERT_TRUE(dev->Wait(StreamId::kCompute, *ev).ok());
   std::atomic<bool> ran{false};
-  ASSERT_TRUE(dev->LaunchHostFunc(StreamId::kCompute, [&] { ran = true; return Status::Ok(); }).ok());
+  ASSERT_TRUE(dev->LaunchHostFunc(StreamId::kCompute,
+                                  [&] {
+                                    ran = true;
+                                    return Status::Ok();
+                                  })
+                  .ok());
   EXPECT_TRUE(dev->Synchronize(StreamId::kCompute).ok());
   EXPECT_TRUE(ran);
   EXPECT_TRUE(dev->Query(*ev).value());
@@ -189,19 +211,23 @@ TEST(CpuDevice, WaitUsesTheRecordAtEnqueueTime) {
   //    a stream that completes at once.
   Gate gate1;
   std::atomic<bool> slow_done{false};
-  ASSERT_TRUE(dev->LaunchHostFunc(StreamId::kUpload, [&] {
-    Status s = gate1.Pass();
-    slow_done = true;
-    return s;
-  }).ok());
+  ASSERT_TRUE(dev->LaunchHostFunc(StreamId::kUpload,
+                                  [&] {
+                                    Status s = gate1.Pass();
+                                    slow_done = true;
+                                    return s;
+                                  })
+                  .ok());
   ASSERT_TRUE(dev->Record(*ev, StreamId::kUpload).ok());
   ASSERT_TRUE(dev->Wait(StreamId::kCompute, *ev).ok());
   ASSERT_TRUE(dev->Record(*ev, StreamId::kDownload).ok());  // completes immediately
   std::atomic<bool> saw_slow_done{false};
-  ASSERT_TRUE(dev->LaunchHostFunc(StreamId::kCompute, [&] {
-    saw_slow_done = slow_done.load();
-    return Status::Ok();
-  }).ok());
+  ASSERT_TRUE(dev->LaunchHostFunc(StreamId::kCompute,
+                                  [&] {
+                                    saw_slow_done = slow_done.load();
+                                    return Status::Ok();
+                                  })
+                  .ok());
   std::this_thread::sleep_for(5ms);
   gate1.Open();
   ASSERT_TRUE(dev->Synchronize(StreamId::kCompute).ok());
@@ -212,9 +238,9 @@ TEST(CpuDevice, WaitUsesTheRecordAtEnqueueTime) {
   ASSERT_TRUE(dev->Wait(StreamId::kCompute, *ev).ok());
   Gate gate2;
   ASSERT_TRUE(dev->LaunchHostFunc(StreamId::kUpload, [&] { return gate2.Pass(); }).ok());
-  ASSERT_TRUE(dev->Record(*ev, StreamId::kUpload).ok());  // blocked behind gate2
+  ASSERT_TRUE(dev->Record(*ev, StreamId::kUpload).ok());   // blocked behind gate2
   EXPECT_TRUE(dev->Synchronize(StreamId::kCompute).ok());  // must not deadlock on gate2
-  EXPECT_FALSE(dev->Query(*ev).value());  // the latest record is still pending
+  EXPECT_FALSE(dev->Query(*ev).value());                   // the latest record is still pending
   gate2.Open();
   EXPECT_TRUE(dev->Synchronize(*ev).ok());
   EXPECT_TRUE(dev->Query(*ev).value());
@@ -260,14 +286,14 @@ TEST(CpuDevice, RandomizedCrossStreamAndCrossDeviceOrdering) {
       const std::byte* expect_at = out.data() + i * kBytes;
       ASSERT_TRUE(b->Wait(StreamId::kCompute, *b_done).ok());
       ASSERT_TRUE(b->LaunchHostFunc(StreamId::kCompute, [&bad, expect_at, i] {
-        for (size_t k = 0; k < kBytes; ++k) {
-          if (expect_at[k] != std::byte(i + 1)) {
-            ++bad;
-            break;
-          }
-        }
-        return Status::Ok();
-      }).ok());
+                     for (size_t k = 0; k < kBytes; ++k) {
+                       if (expect_at[k] != std::byte(i + 1)) {
+                         ++bad;
+                         break;
+                       }
+                     }
+                     return Status::Ok();
+                   }).ok());
     }
     ASSERT_TRUE(a->Synchronize().ok());
     ASSERT_TRUE(b->Synchronize().ok());
@@ -283,15 +309,25 @@ TEST(CpuDevice, ErrorInStreamSurfacesAtNextWaitAndPoisons) {
   auto ev = dev->CreateEvent();
   ASSERT_TRUE(ev.ok());
   std::atomic<bool> later_ran{false};
-  ASSERT_TRUE(dev->LaunchHostFunc(StreamId::kCompute, [] {
-    return Status::IOError("injected failure");
-  }).ok());
-  ASSERT_TRUE(dev->LaunchHostFunc(StreamId::kCompute, [&] { later_ran = true; return Status::Ok(); }).ok());
+  ASSERT_TRUE(
+      dev->LaunchHostFunc(StreamId::kCompute, [] { return Status::IOError("injected failure"); })
+          .ok());
+  ASSERT_TRUE(dev->LaunchHostFunc(StreamId::kCompute,
+                                  [&] {
+                                    later_ran = true;
+                                    return Status::Ok();
+                                  })
+                  .ok());
   ASSERT_TRUE(dev->Record(*ev, StreamId::kCompute).ok());
   // Another stream that waits on the failed work is poisoned too.
   ASSERT_TRUE(dev->Wait(StreamId::kDownload, *ev).ok());
   std::atomic<bool> download_ran{false};
-  ASSERT_TRUE(dev->LaunchHostFunc(StreamId::kDownload, [&] { download_ran = true; return Status::Ok(); }).ok());
+  ASSERT_TRUE(dev->LaunchHostFunc(StreamId::kDownload,
+                                  [&] {
+                                    download_ran = true;
+                                    return Status::Ok();
+                                  })
+                  .ok());
 
   Status s = dev->Synchronize(*ev);
   EXPECT_EQ(s.code(), StatusCode::kIOError);
@@ -307,7 +343,12 @@ TEST(CpuDevice, ErrorInStreamSurfacesAtNextWaitAndPoisons) {
   EXPECT_EQ(first.code(), StatusCode::kIOError);
   EXPECT_NE(first.message().find("cpu0/compute"), std::string::npos) << first.ToString();
   EXPECT_TRUE(dev->Synchronize().ok());
-  ASSERT_TRUE(dev->LaunchHostFunc(StreamId::kCompute, [&] { later_ran = true; return Status::Ok(); }).ok());
+  ASSERT_TRUE(dev->LaunchHostFunc(StreamId::kCompute,
+                                  [&] {
+                                    later_ran = true;
+                                    return Status::Ok();
+                                  })
+                  .ok());
   EXPECT_TRUE(dev->Synchronize(StreamId::kCompute).ok());
   EXPECT_TRUE(later_ran);
 }
@@ -326,9 +367,11 @@ TEST(CpuDevice, LinkModelThrottlesCopies) {
   EXPECT_GE(s, 0.049);
   // Two copies on two streams in the same direction share the link: 2 x 0.5 MiB >= 50 ms too.
   const auto t1 = std::chrono::steady_clock::now();
-  ASSERT_TRUE(dev->CopyToDevice(buf->data(), host.Span(0, 1 << 19), 1 << 19, StreamId::kUpload).ok());
+  ASSERT_TRUE(
+      dev->CopyToDevice(buf->data(), host.Span(0, 1 << 19), 1 << 19, StreamId::kUpload).ok());
   ASSERT_TRUE(dev->CopyToDevice(buf->data() + (1 << 19), host.Span(1 << 19, 1 << 19), 1 << 19,
-                                StreamId::kCompute).ok());
+                                StreamId::kCompute)
+                  .ok());
   ASSERT_TRUE(dev->Synchronize().ok());
   const double s2 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   EXPECT_GE(s2, 0.049);
@@ -337,14 +380,17 @@ TEST(CpuDevice, LinkModelThrottlesCopies) {
 TEST(CpuDevice, ComputeRunsOnTheDevicePool) {
   auto dev = MakeDevice();
   std::atomic<int> pool_size{0};
-  ASSERT_TRUE(dev->EnqueueCompute("probe", [&](ThreadPool& p) {
-    pool_size = p.size();
-    std::atomic<int64_t> sum{0};
-    p.ParallelFor(1000, 10, [&](int64_t b, int64_t e, int) {
-      for (int64_t i = b; i < e; ++i) sum += i;
-    });
-    return sum == 999 * 1000 / 2 ? Status::Ok() : Status::Internal("wrong sum");
-  }).ok());
+  ASSERT_TRUE(dev->EnqueueCompute("probe",
+                                  [&](ThreadPool& p) {
+                                    pool_size = p.size();
+                                    std::atomic<int64_t> sum{0};
+                                    p.ParallelFor(1000, 10, [&](int64_t b, int64_t e, int) {
+                                      for (int64_t i = b; i < e; ++i) sum += i;
+                                    });
+                                    return sum == 999 * 1000 / 2 ? Status::Ok()
+                                                                 : Status::Internal("wrong sum");
+                                  })
+                  .ok());
   EXPECT_TRUE(dev->Synchronize().ok());
   EXPECT_EQ(pool_size.load(), 2);
 }
