@@ -7,10 +7,14 @@ namespace ferry {
 
 std::string_view DTypeName(DType t) {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
-    case DType::kI32: return "i32";
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+    case DType::kI32:
+      return "i32";
     case DType::kU8:
       return "u8";
   }
@@ -55,7 +59,7 @@ f16 FloatToF16(float f) {
   const uint32_t u = std::bit_cast<uint32_t>(f);
   const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
   const uint32_t absu = u & 0x7fffffffu;
-  if (absu > 0x7f800000u) return f16{uint16_t(sign | 0x7e00u)};  // NaN
+  if (absu > 0x7f800000u) return f16{uint16_t(sign | 0x7e00u)};   // NaN
   if (absu >= 0x477ff000u) return f16{uint16_t(sign | 0x7c00u)};  // >= 65520 rounds to inf
   const int32_t exp = int32_t(absu >> 23) - 127;
   if (exp >= -14) {  // normal f16
@@ -76,61 +80,64 @@ f16 FloatToF16(float f) {
   return f16{uint16_t(sign | h)};
 }
 
+namespace {
+
+// One element at byte address p, and its store: memcpy, which compiles to a plain load or store,
+// so the arrays need no alignment (a safetensors file's tensors start at any byte).
+template <typename T>
+T LoadAt(const std::byte* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <typename T>
+void StoreAt(std::byte* p, T v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+}  // namespace
+
 void ConvertToFloat(DType src_type, const void* src, float* dst, size_t n) {
   if (n == 0) return;
+  const auto* s = static_cast<const std::byte*>(src);
   switch (src_type) {
     case DType::kF32:
       std::memcpy(dst, src, n * 4);
       return;
-    case DType::kBF16: {
-      const auto* s = static_cast<const bf16*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = BF16ToFloat(s[i]);
+    case DType::kBF16:
+      for (size_t i = 0; i < n; ++i) dst[i] = BF16ToFloat(LoadAt<bf16>(s + 2 * i));
       return;
-    }
-    case DType::kF16: {
-      const auto* s = static_cast<const f16*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = F16ToFloat(s[i]);
+    case DType::kF16:
+      for (size_t i = 0; i < n; ++i) dst[i] = F16ToFloat(LoadAt<f16>(s + 2 * i));
       return;
-    }
-    case DType::kI32: {
-      const auto* s = static_cast<const int32_t*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = float(s[i]);
+    case DType::kI32:
+      for (size_t i = 0; i < n; ++i) dst[i] = float(LoadAt<int32_t>(s + 4 * i));
       return;
-    }
-    case DType::kU8: {
-      const auto* s = static_cast<const uint8_t*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = float(s[i]);
+    case DType::kU8:
+      for (size_t i = 0; i < n; ++i) dst[i] = float(uint8_t(s[i]));
       return;
-    }
   }
 }
 
 void ConvertFromFloat(const float* src, DType dst_type, void* dst, size_t n) {
   if (n == 0) return;
+  auto* d = static_cast<std::byte*>(dst);
   switch (dst_type) {
     case DType::kF32:
       std::memcpy(dst, src, n * 4);
       return;
-    case DType::kBF16: {
-      auto* d = static_cast<bf16*>(dst);
-      for (size_t i = 0; i < n; ++i) d[i] = FloatToBF16(src[i]);
+    case DType::kBF16:
+      for (size_t i = 0; i < n; ++i) StoreAt(d + 2 * i, FloatToBF16(src[i]));
       return;
-    }
-    case DType::kF16: {
-      auto* d = static_cast<f16*>(dst);
-      for (size_t i = 0; i < n; ++i) d[i] = FloatToF16(src[i]);
+    case DType::kF16:
+      for (size_t i = 0; i < n; ++i) StoreAt(d + 2 * i, FloatToF16(src[i]));
       return;
-    }
-    case DType::kI32: {
-      auto* d = static_cast<int32_t*>(dst);
-      for (size_t i = 0; i < n; ++i) d[i] = int32_t(src[i]);
+    case DType::kI32:
+      for (size_t i = 0; i < n; ++i) StoreAt(d + 4 * i, int32_t(src[i]));
       return;
-    }
-    case DType::kU8: {
-      auto* d = static_cast<uint8_t*>(dst);
-      for (size_t i = 0; i < n; ++i) d[i] = uint8_t(int32_t(src[i]));
+    case DType::kU8:
+      for (size_t i = 0; i < n; ++i) StoreAt(d + i, uint8_t(int32_t(src[i])));
       return;
-    }
   }
 }
 

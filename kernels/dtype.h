@@ -56,25 +56,41 @@ f16 FloatToF16(float f);
 inline float ToFloat(float v) { return v; }
 inline float ToFloat(bf16 v) { return BF16ToFloat(v); }
 inline float ToFloat(f16 v) { return F16ToFloat(v); }
-template <typename T> T FromFloat(float v);
-template <> inline float FromFloat<float>(float v) { return v; }
-template <> inline bf16 FromFloat<bf16>(float v) { return FloatToBF16(v); }
-template <> inline f16 FromFloat<f16>(float v) { return FloatToF16(v); }
+template <typename T>
+T FromFloat(float v);
+template <>
+inline float FromFloat<float>(float v) {
+  return v;
+}
+template <>
+inline bf16 FromFloat<bf16>(float v) {
+  return FloatToBF16(v);
+}
+template <>
+inline f16 FromFloat<f16>(float v) {
+  return FloatToF16(v);
+}
 
 // Rounds an fp32 value through a storage dtype and back (what storing it would keep).
 inline float RoundTo(DType t, float v) {
   switch (t) {
-    case DType::kF32: return v;
-    case DType::kBF16: return BF16ToFloat(FloatToBF16(v));
-    case DType::kF16: return F16ToFloat(FloatToF16(v));
-    case DType::kI32: return float(int32_t(v));
+    case DType::kF32:
+      return v;
+    case DType::kBF16:
+      return BF16ToFloat(FloatToBF16(v));
+    case DType::kF16:
+      return F16ToFloat(FloatToF16(v));
+    case DType::kI32:
+      return float(int32_t(v));
     case DType::kU8:
       return float(uint8_t(int32_t(v)));
   }
   return v;
 }
 
-// Bulk conversions between host arrays (n elements).
+// Bulk conversions between host arrays (n elements). The stored side (src of ConvertToFloat,
+// dst of ConvertFromFloat) may start at any byte: its elements are loaded and stored through
+// memcpy, which compiles to the same plain loads and stores (bf16 to f32 measured no slower).
 void ConvertToFloat(DType src_type, const void* src, float* dst, size_t n);
 void ConvertFromFloat(const float* src, DType dst_type, void* dst, size_t n);
 

@@ -21,21 +21,18 @@ Status CheckIds(std::span<const int32_t> ids, int64_t limit, const char* what) {
 
 // out[0, C) = row `r` of `t` in fp32, or out += it when `add`.
 void GatherRow(const EmbeddingTable& t, size_t r, size_t C, float* out, bool add) {
-  if (t.dtype == DType::kF32 && reinterpret_cast<uintptr_t>(t.data) % alignof(float) == 0) {
-    const float* row = reinterpret_cast<const float*>(t.data) + r * C;
-    for (size_t c = 0; c < C; ++c) out[c] = add ? out[c] + row[c] : row[c];
+  const size_t es = DTypeSize(t.dtype);
+  const std::byte* row = t.data + r * C * es;  // any alignment: ConvertToFloat loads bytewise
+  if (!add) {
+    ConvertToFloat(t.dtype, row, out, C);
     return;
   }
-  const size_t es = DTypeSize(t.dtype);
-  const std::byte* row = t.data + r * C * es;
   constexpr size_t kPiece = 1024;
-  alignas(16) std::byte stored[kPiece * 4];
   float f[kPiece];
   for (size_t c0 = 0; c0 < C; c0 += kPiece) {
     const size_t n = std::min(kPiece, C - c0);
-    std::memcpy(stored, row + c0 * es, n * es);
-    ConvertToFloat(t.dtype, stored, f, n);
-    for (size_t c = 0; c < n; ++c) out[c0 + c] = add ? out[c0 + c] + f[c] : f[c];
+    ConvertToFloat(t.dtype, row + c0 * es, f, n);
+    for (size_t c = 0; c < n; ++c) out[c0 + c] += f[c];
   }
 }
 

@@ -79,14 +79,16 @@ void ConvertFileRange(const FileTensor& t, int64_t begin, int64_t end, DType dty
     std::memcpy(dst, src, size_t(end - begin) * in);
     return;
   }
-  // Through fp32 in pieces (the file's bytes may be unaligned: copied out first).
+  if (dtype == DType::kF32) {  // the file's bytes may sit at any byte: ConvertToFloat allows it
+    ConvertToFloat(t.dtype, src, reinterpret_cast<float*>(dst), size_t(end - begin));
+    return;
+  }
+  // Through fp32 in pieces.
   constexpr int64_t kPiece = 2048;
-  alignas(16) std::byte stored[kPiece * 4];
   float f32[kPiece];
   for (int64_t i = begin; i < end; i += kPiece) {
     const size_t n = size_t(std::min(kPiece, end - i));
-    std::memcpy(stored, src + size_t(i - begin) * in, n * in);
-    ConvertToFloat(t.dtype, stored, f32, n);
+    ConvertToFloat(t.dtype, src + size_t(i - begin) * in, f32, n);
     ConvertFromFloat(f32, dtype, dst + size_t(i - begin) * out, n);
   }
 }

@@ -38,7 +38,8 @@ Result<FileTensor> ServeParameter(std::shared_ptr<const void> owner, const Safet
 // The values [begin, end) of `t` in the master layout, stored into `dst` as `dtype` (f32, bf16 or
 // f16: a copy when it is t's dtype, else converted through fp32, rounding to nearest even).
 // REQUIRES: !t.transposed (a transposed tensor is read whole: ReadFileTensor); 0 <= begin <= end
-// <= t.numel(); dst holds (end - begin) values of `dtype`.
+// <= t.numel(); dst holds (end - begin) values of `dtype`, aligned for it (the file's bytes may
+// sit at any byte).
 void ConvertFileRange(const FileTensor& t, int64_t begin, int64_t end, DType dtype, std::byte* dst);
 
 // All of `t` in fp32, in the master layout. REQUIRES: out.size() == t.numel().
