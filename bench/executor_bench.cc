@@ -13,16 +13,17 @@
 // Runs: 2 devices with the link throttled so that one device's uploads take about as long as its
 // compute (rate chosen from an unthrottled run, then again from a first throttled run, whose plan
 // recomputes more; when the throttled plan keeps its activations on the devices, the same link
-// again with a plan that does not), 2 devices unthrottled, 1 device unthrottled. 16 micro-batches
-// by default: the pipeline's fill and drain, which no overlap removes (the simulator counts them),
-// are a smaller share of a step than with 4. Each figure is a median with its min and max over the
-// timed steps, next to the 1-thread fp32 GEMM ceiling measured in the same run. Then QLoRA (issue
-// 18): 2 devices with the link throttled, bf16 compute, the frozen base streamed in bf16 against
-// NF4: bytes uploaded and step time. Activations on NVMe: 2 devices unthrottled, the same plan with
-// its saved activations in an NVMe store under --nvme-dir (default: the current directory; when
-// the planner keeps them on the devices, the plan that does not), against the host-RAM run: step
-// time, bytes per step each way, and the disk time they take at the store's
-// own sequential rates measured in the same run (offload/store_rate.h).
+// again with a plan that does not), the same link with one-step-stale updates, 2 devices
+// unthrottled, 1 device unthrottled. 16 micro-batches by default: the pipeline's fill and drain,
+// which no overlap removes (the simulator counts them), are a smaller share of a step than with 4.
+// Each figure is a median with its min and max over the timed steps, next to the 1-thread fp32 GEMM
+// ceiling measured in the same run. Then QLoRA (issue 18): 2 devices with the link throttled, bf16
+// compute, the frozen base streamed in bf16 against NF4 by one plan (a stage per block): bytes
+// uploaded and step time. Activations on NVMe: 2 devices unthrottled, the same plan with its saved
+// activations in an NVMe store under --nvme-dir (default: the current directory; when the planner
+// keeps them on the devices, the plan that does not), against the host-RAM run: step time, bytes
+// per step each way, and the disk time they take at the store's own sequential rates measured in
+// the same run (offload/store_rate.h).
 //
 // Usage: executor_bench [--steps N] [--seq-len T] [--micro-batches M] [--nvme-dir DIR]
 //                       [--qlora-only]
@@ -64,6 +65,7 @@ struct Options {
   int64_t micro_batches = 16;
   DType dtype = DType::kF32;   // compute
   bool qlora_only = false;     // skip the overlap runs
+  bool stale = false;          // one-step-stale updates (planned and run)
   std::string nvme_dir = ".";  // where the activations-on-NVMe run keeps its store
 };
 
@@ -126,6 +128,7 @@ struct RunResult {
   int stages = 0;
   std::string policy;      // the plan's activation policy
   uint64_t gpu_bytes = 0;  // the plan's arena per device
+  plan::Plan plan;         // the plan it ran
 };
 
 plan::PlanJob JobOf(const LoraConfig& lora, const Options& o) {
@@ -136,6 +139,7 @@ plan::PlanJob JobOf(const LoraConfig& lora, const Options& o) {
   pj.lora = lora;
   pj.compute_dtype = o.dtype;
   pj.scratch = {.cuda = false, .cpu_threads = 1};
+  pj.stale_updates = o.stale;
   return pj;
 }
 
@@ -158,9 +162,12 @@ std::vector<LayerProbeEntry> ProbeLayers(const ModelConfig& model, const plan::P
 // `link`: bytes/s of each device's links (0: unthrottled); `times`: the layers' measured times;
 // `nvme_dir` non-empty: the plan's saved activations go to an NVMe store there (removed after).
 // `gpu_cap` > 0: the profile's device memory, so that plans needing more are out.
+// `like` non-null: run that plan's stages, micro-batches, recomputation and activation policy
+// (sized and priced again for this job: plan::PricePlan), not the planner's own choice.
 RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o, int devices,
               double link, const std::vector<LayerProbeEntry>& times,
-              const std::string& nvme_dir = "", uint64_t gpu_cap = 0) {
+              const std::string& nvme_dir = "", uint64_t gpu_cap = 0,
+              const plan::Plan* like = nullptr) {
   const BatchShape shape{1, o.seq_len};
   const plan::PlanJob pj = JobOf(lora, o);
   // The profile carries this run's rates, so the planner's prediction is for this machine.
@@ -178,6 +185,17 @@ RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o
   Check(outcome.status(), "plan");
   if (!outcome->feasible) Check(Status::Internal(outcome->binding), "plan");
   plan::Plan p = outcome->plan;
+  if (like != nullptr) {
+    p.stages = like->stages;
+    p.recompute = like->recompute;
+    p.micro_batches = like->micro_batches;
+    p.micro_batch_size = like->micro_batch_size;
+    p.activation_policy = like->activation_policy;
+    p.keep_activations = like->keep_activations;
+    p.activations = like->activations;
+    p.memory = plan::ComputeMemory(plan::MemoryInputOf(model, p));
+    Check(plan::PricePlan(model, hw, p), "price the pinned plan");
+  }
   ScratchStore store;
   if (!nvme_dir.empty()) {
     p.activations = Tier::kNvme;
@@ -208,6 +226,7 @@ RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o
   OptimizerOptions opt;
   opt.schedule = {.lr = 1e-4, .warmup_steps = 0, .total_steps = 100, .min_ratio = 0};
   opt.grad_clip = 1.0;
+  opt.stale_updates = o.stale;
   HostTensors weights = InitMasterWeights(layers, 1);
   Check(QuantizeFrozenBase(layers, weights), "quantize");  // QLoRA: the base in NF4
   auto trainer = Trainer::Create(runner->get(), layers, std::move(weights), opt, &pool);
@@ -221,6 +240,7 @@ RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o
   r.stages = int(p.stages.size());
   r.policy = p.activation_policy;
   r.gpu_bytes = p.memory.gpu.total();
+  r.plan = p;
   for (int k = 0; k <= o.steps; ++k) {
     std::vector<MicroBatch> batch;
     for (int64_t m = 0; m < o.micro_batches; ++m) batch.push_back(batcher->MakeMicroBatch(k, m));
@@ -244,6 +264,12 @@ RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o
     r.weight_bytes.push_back(l.weight_bytes);
   }
   return r;
+}
+
+// `o` with one timed step (a run whose plan, not its times, is wanted).
+Options OneStep(Options o) {
+  o.steps = 1;
+  return o;
 }
 
 std::vector<double> Ratio(const std::vector<double>& a, const std::vector<double>& b) {
@@ -326,8 +352,7 @@ int main(int argc, char** argv) {
     auto throttle = [](const ferry::RunResult& r) {
       return ferry::plan::MedianOf(r.uploaded_bytes) / ferry::plan::MedianOf(r.compute_s);
     };
-    ferry::Options quick = o;
-    quick.steps = 1;
+    const ferry::Options quick = ferry::OneStep(o);
     double link = throttle(two);
     for (int run = 0; run < 4; ++run) {
       const double next = throttle(ferry::Run(model, lora, quick, 2, link, times2));
@@ -340,6 +365,12 @@ int main(int argc, char** argv) {
     char label[64];
     std::snprintf(label, sizeof label, "2 devices, link %.0f MB/s", link * 1e-6);
     ferry::Print(label, throttled);
+    // One-step-stale updates (#13 item 6), the same link: the next step's first uploads no longer
+    // wait for this step's last updates.
+    ferry::Options stale = o;
+    stale.stale = true;
+    const ferry::RunResult stale_run = ferry::Run(model, lora, stale, 2, link, times2);
+    ferry::Print("  the same, stale updates", stale_run);
     if (throttled.policy == "keep") {
       // The same link without kept activations (device memory one byte short of the kept plan):
       // what keeping them saves.
@@ -384,10 +415,12 @@ int main(int argc, char** argv) {
         ferry::plan::MedianOf(nvme.step_s) / ferry::plan::MedianOf(in_ram.step_s));
   }
 
-  // Issue 18: the frozen base streamed in bf16 against NF4 (QLoRA), bf16 compute, 2 devices,
-  // the link throttled so that the bf16 base's uploads take about as long as the compute. When
-  // the plan's stages fit the devices' weight slots the base stays there from step to step
-  // (plan::StageRoundRobin) and neither run streams it: the two then upload the same bytes.
+  // Issue 18: the frozen base streamed in bf16 against NF4 (QLoRA), bf16 compute, 2 devices.
+  // When a plan's stages fit the devices' weight slots the base stays there from step to step
+  // (plan::StageRoundRobin) and nothing streams it, so both runs run one plan that cannot keep
+  // it: a stage per block, activations saved to the host (the planner's plan otherwise, sized and
+  // priced for each job), so the two differ only in the base's storage. The link is throttled so
+  // that the bf16 base's uploads take about as long as the compute.
   ferry::Options b = o;
   b.dtype = ferry::DType::kBF16;
   ferry::LoraConfig q = lora;
@@ -395,12 +428,22 @@ int main(int argc, char** argv) {
   const std::vector<ferry::LayerProbeEntry> tb =
                                                 ferry::ProbeLayers(model, ferry::JobOf(lora, b), 2),
                                             tq = ferry::ProbeLayers(model, ferry::JobOf(q, b), 2);
-  const ferry::RunResult free_bf16 = ferry::Run(model, lora, b, 2, 0, tb);
+  ferry::plan::Plan streamed = ferry::Run(model, lora, ferry::OneStep(b), 2, 0, tb).plan;
+  streamed.stages.clear();
+  for (int li = 1; li <= int(model.num_layers); ++li) streamed.stages.push_back({li, li + 1});
+  streamed.recompute.assign(streamed.recompute.size(), false);
+  streamed.activation_policy = "save";
+  streamed.keep_activations = false;
+  streamed.activations = ferry::Tier::kHost;
+  const ferry::RunResult free_bf16 = ferry::Run(model, lora, b, 2, 0, tb, "", 0, &streamed);
   const double link16 =
       ferry::plan::MedianOf(free_bf16.uploaded_bytes) / ferry::plan::MedianOf(free_bf16.compute_s);
-  const ferry::RunResult base16 = ferry::Run(model, lora, b, 2, link16, tb);
-  const ferry::RunResult base4 = ferry::Run(model, q, b, 2, link16, tq);
-  std::printf("\nQLoRA: bf16 compute, 2 devices, link %.0f MB/s each\n", link16 * 1e-6);
+  const ferry::RunResult base16 = ferry::Run(model, lora, b, 2, link16, tb, "", 0, &streamed);
+  const ferry::RunResult base4 = ferry::Run(model, q, b, 2, link16, tq, "", 0, &streamed);
+  std::printf(
+      "\nQLoRA: bf16 compute, 2 devices, link %.0f MB/s each, one plan for both (a stage per "
+      "block, activations saved to the host)\n",
+      link16 * 1e-6);
   ferry::Print("bf16 base", base16);
   ferry::Print("NF4 base", base4);
   const double w16 = ferry::plan::MedianOf(base16.weight_bytes),
