@@ -81,6 +81,10 @@ void AddTrainCommand(CLI::App& parent, TrainCommand* cmd) {
                 "Write what ran as Chrome-trace JSON (Perfetto), timed by the devices' streams: "
                 "per device compute, host->device and device->host lanes, the host's lanes, "
                 "named as `ferry plan --trace` names the predicted ones");
+  t->add_flag("--skip-rate-probe", cmd->skip_rate_probe,
+              "On CPU devices, skip measuring this machine's rates at start (a probe of the "
+              "plan's layers, copies, memory bandwidth and AdamW): the closing report then "
+              "compares the run with a prediction at nominal rates");
   t->add_option("--resume", cmd->resume,
                 "Continue the run in RUN_DIR from its newest intact checkpoint (job from "
                 "RUN_DIR/job.json; only --steps, --threads and the checkpoint options may change)");
@@ -199,9 +203,11 @@ int RunTrainCommand(TrainCommand& cmd) {
   run.device_from += " on --devices " + DevicesOptionText(job);
   if (Status s = ValidateRunLimits(run, *model); !s.ok()) return fail(s);
   control.trace = cmd.trace;
-  control.price_plan = [&model](plan::Plan& p, const plan::HardwareProfile& hw, int each) {
-    return PriceOnCpuDevices(*model, hw, each, p);
-  };
+  if (!cmd.skip_rate_probe) {
+    control.price_plan = [&model](plan::Plan& p, const plan::HardwareProfile& hw, int threads) {
+      return PriceOnCpuDevices(*model, hw, threads, p);
+    };
+  }
   if (cmd.force && control.resume)
     return fail(
         Status::InvalidArgument("--force cannot be "

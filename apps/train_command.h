@@ -16,9 +16,10 @@ struct TrainCommand {
   CLI::App* app = nullptr;
   JobSpec job;
   std::string lora_targets = "all";
-  std::string resume;  // --resume RUN_DIR; empty: a new run
-  bool force = false;  // --force: replace the run folder --out (engine/job/run_folder.h)
-  std::string trace;   // --trace FILE: the measured timeline (Chrome trace)
+  std::string resume;            // --resume RUN_DIR; empty: a new run
+  bool force = false;            // --force: replace the run folder --out (engine/job/run_folder.h)
+  std::string trace;             // --trace FILE: the measured timeline (Chrome trace)
+  bool skip_rate_probe = false;  // --skip-rate-probe: predict at the profile's nominal rates
 };
 
 // Adds the `train` subcommand to `parent`; the returned object receives the parsed options and

@@ -162,8 +162,9 @@ std::vector<LayerProbeEntry> ProbeLayers(const ModelConfig& model, const plan::P
 // `link`: bytes/s of each device's links (0: unthrottled); `times`: the layers' measured times;
 // `nvme_dir` non-empty: the plan's saved activations go to an NVMe store there (removed after).
 // `gpu_cap` > 0: the profile's device memory, so that plans needing more are out.
-// `like` non-null: run that plan's stages, micro-batches, recomputation and activation policy
-// (sized and priced again for this job: plan::PricePlan), not the planner's own choice.
+// `like` non-null: run that plan's stages, micro-batches, recomputation, activation policy, kept
+// activations and activation tier (sized and priced again for this job: plan::PricePlan), not
+// the planner's own choice.
 RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o, int devices,
               double link, const std::vector<LayerProbeEntry>& times,
               const std::string& nvme_dir = "", uint64_t gpu_cap = 0,
@@ -266,7 +267,7 @@ RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o
   return r;
 }
 
-// `o` with one timed step (a run whose plan, not its times, is wanted).
+// `o` with one timed step: a short run (the throttle's rate, a plan to pin).
 Options OneStep(Options o) {
   o.steps = 1;
   return o;
@@ -365,11 +366,12 @@ int main(int argc, char** argv) {
     char label[64];
     std::snprintf(label, sizeof label, "2 devices, link %.0f MB/s", link * 1e-6);
     ferry::Print(label, throttled);
-    // One-step-stale updates (#13 item 6), the same link: the next step's first uploads no longer
-    // wait for this step's last updates.
+    // One-step-stale updates (#13 item 6), the same link and plan: the next step's first uploads
+    // no longer wait for this step's last updates.
     ferry::Options stale = o;
     stale.stale = true;
-    const ferry::RunResult stale_run = ferry::Run(model, lora, stale, 2, link, times2);
+    const ferry::RunResult stale_run =
+        ferry::Run(model, lora, stale, 2, link, times2, "", 0, &throttled.plan);
     ferry::Print("  the same, stale updates", stale_run);
     if (throttled.policy == "keep") {
       // The same link without kept activations (device memory one byte short of the kept plan):
@@ -420,7 +422,8 @@ int main(int argc, char** argv) {
   // (plan::StageRoundRobin) and nothing streams it, so both runs run one plan that cannot keep
   // it: a stage per block, activations saved to the host (the planner's plan otherwise, sized and
   // priced for each job), so the two differ only in the base's storage. The link is throttled so
-  // that the bf16 base's uploads take about as long as the compute.
+  // that the bf16 run's uploads (its base and the saved activations) take about as long as its
+  // compute.
   ferry::Options b = o;
   b.dtype = ferry::DType::kBF16;
   ferry::LoraConfig q = lora;

@@ -43,8 +43,6 @@ TEST(DType, Sizes) {
   EXPECT_FALSE(ParseDType("int8").ok());
 }
 
-// u8 is byte storage (packed NF4 codes), not a float format: the conversions carry its values
-// exactly, as they do i32's.
 // The stored side of a bulk conversion may start at any byte (a safetensors file's tensors do):
 // at every offset 0-3 the values equal the aligned conversion's, bit for bit, both ways (UBSan's
 // alignment check runs this in the sanitizer build).
@@ -73,6 +71,8 @@ TEST(DType, BulkConversionsTakeStoredArraysAtAnyByte) {
   }
 }
 
+// u8 is byte storage (packed NF4 codes), not a float format: the conversions carry its values
+// exactly, as they do i32's.
 TEST(DType, U8ConvertsItsValuesExactly) {
   const uint8_t bytes[4] = {0, 1, 127, 255};
   float f[4];

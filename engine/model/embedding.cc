@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cassert>
-#include <cstring>
 #include <string>
 
 namespace ferry {
@@ -22,7 +21,7 @@ Status CheckIds(std::span<const int32_t> ids, int64_t limit, const char* what) {
 // out[0, C) = row `r` of `t` in fp32, or out += it when `add`.
 void GatherRow(const EmbeddingTable& t, size_t r, size_t C, float* out, bool add) {
   const size_t es = DTypeSize(t.dtype);
-  const std::byte* row = t.data + r * C * es;  // any alignment: ConvertToFloat loads bytewise
+  const std::byte* row = t.data + r * C * es;  // at any byte: ConvertToFloat allows it
   if (!add) {
     ConvertToFloat(t.dtype, row, out, C);
     return;

@@ -316,13 +316,10 @@ Result<std::vector<float>> SafetensorsFile::ReadFloats(
       if (!out.empty()) std::memcpy(out.data(), src.data(), src.size());
       break;
     case SafetensorsDType::kBF16:
-    case SafetensorsDType::kF16: {
-      std::vector<uint16_t> raw(out.size());
-      if (!raw.empty()) std::memcpy(raw.data(), src.data(), src.size());
+    case SafetensorsDType::kF16:  // the file's bytes may sit at any byte: ConvertToFloat allows it
       ConvertToFloat(info->dtype == SafetensorsDType::kBF16 ? DType::kBF16 : DType::kF16,
-                     raw.data(), out.data(), out.size());
+                     src.data(), out.data(), out.size());
       break;
-    }
     case SafetensorsDType::kF64:
       for (size_t i = 0; i < out.size(); ++i) {
         double d;

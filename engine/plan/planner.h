@@ -177,9 +177,10 @@ std::vector<PlanSuggestion> SuggestChanges(const std::string& model_name, const 
 // same stages, micro-batches, recomputation, kept activations and tiers, simulated with its rates
 // and layer times, so its step, bubble, traffic, host work, measured_times and tokens/s are what
 // MakePlan would have found for that candidate on `hardware` (hardware_name becomes its name).
-// Memory, budgets and warnings are left as they are. Errors: InvalidArgument when the model,
-// job or profile do not validate, or the profile's device count or the model's layers are not
-// the plan's.
+// Memory, budgets, NVMe traffic and warnings are left as they are (an NVMe warning's per-day
+// figure stays the first pricing's). Errors: InvalidArgument when the model, job or profile do not
+// validate, or the profile's device count or the model's layers are not the plan's; those of
+// building and simulating the schedule. On an error the plan is unchanged.
 [[nodiscard]] Status PricePlan(const ModelConfig& model, const HardwareProfile& hardware,
                                Plan& plan);
 

@@ -380,7 +380,8 @@ TEST(Planner, PricePlanReproducesMakePlanAndFollowsTheProfile) {
       EXPECT_EQ(again.tokens_per_s, made.tokens_per_s);
       EXPECT_EQ(again.measured_times, made.measured_times);
 
-      // Ten times the link: the transfers shrink, the step cannot grow; the choices stay.
+      // Ten times the link: the transfers take a tenth as long and the step shrinks; the choices
+      // stay (PricePlan does not touch them: these check its contract).
       HardwareProfile fast = h;
       fast.name = "fast links";
       fast.pcie.h2d_pinned = fast.pcie.d2h_pinned = 1e7;

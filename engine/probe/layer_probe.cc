@@ -251,15 +251,20 @@ Result<std::string> PriceOnCpuDevices(const ModelConfig& model,
   const auto start = std::chrono::steady_clock::now();
   if (threads < 1) return Status::InvalidArgument("pricing a plan needs at least one thread");
   plan::HardwareProfile hw = profile;
-  auto make_device = [threads](size_t bytes) -> Result<std::unique_ptr<Device>> {
+  const int each = std::max(1, threads / std::max(1, plan.gpus));
+  auto make_device = [each](size_t bytes) -> Result<std::unique_ptr<Device>> {
     FERRY_ASSIGN_OR_RETURN(
         std::unique_ptr<CpuDevice> d,
-        CpuDevice::Create({.name = "probe", .memory_bytes = bytes, .compute_threads = threads}));
+        CpuDevice::Create({.name = "probe", .memory_bytes = bytes, .compute_threads = each}));
     return std::unique_ptr<Device>(std::move(d));
   };
-  FERRY_ASSIGN_OR_RETURN(
-      const std::vector<LayerProbeEntry> times,
-      ProbeLayerTimes(model, plan.job, plan.gpus, make_device, {.cpu_threads = threads}));
+  plan::PlanJob job = plan.job;
+  job.micro_batches = plan.micro_batches;  // the plan's shape only
+  FERRY_ASSIGN_OR_RETURN(const std::vector<LayerProbeEntry> times,
+                         ProbeLayerTimes(model, job, plan.gpus, make_device,
+                                         {.host_memory_bytes = std::min(
+                                              AvailableHostMemory(), profile.host.ram_usable_bytes),
+                                          .cpu_threads = each}));
   MergeLayerTimes(times, hw);
   // 16 MiB each way: past the caches' share of one copy, a few milliseconds.
   constexpr size_t kCopyBytes = size_t(16) << 20;
@@ -283,12 +288,12 @@ Result<std::string> PriceOnCpuDevices(const ModelConfig& model,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   char line[320];
   std::snprintf(line, sizeof line,
-                "predicted %.3g s a step on this machine's rates, measured in %.2f s on %d "
-                "thread%s: %zu layer time%s, copies %.1f GB/s, host memory %.1f GB/s, AdamW "
-                "%.2f G params/s",
-                plan.step_s, took, threads, threads == 1 ? "" : "s", times.size(),
-                times.size() == 1 ? "" : "s", hw.pcie.h2d_pinned / 1e9,
-                hw.host.memory_bandwidth / 1e9, hw.optimizer.cpu_adamw_params_per_s / 1e9);
+                "predicted %.3g s a step on this machine's rates, measured in %.2f s: %zu layer "
+                "time%s on %d thread%s, copies %.1f GB/s, host memory %.1f GB/s and AdamW %.2f "
+                "G params/s on %d thread%s",
+                plan.step_s, took, times.size(), times.size() == 1 ? "" : "s", each,
+                each == 1 ? "" : "s", hw.pcie.h2d_pinned / 1e9, hw.host.memory_bandwidth / 1e9,
+                hw.optimizer.cpu_adamw_params_per_s / 1e9, threads, threads == 1 ? "" : "s");
   return std::string(line);
 }
 

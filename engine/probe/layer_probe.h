@@ -100,17 +100,21 @@ void MergeLayerTimes(const std::vector<LayerProbeEntry>& times, plan::HardwarePr
 
 // Re-prices `plan`, made on `profile` for CPU devices at nominal rates (`ferry train`'s
 // CpuDevicesProfile), on this machine as it runs now, and returns a line for the log saying what
-// was measured and how long it took (~0.1-1 s). Measured, each on `threads` threads:
-//  - every layer time the plan looks up (ProbeLayerTimes on a CPU device; the job's micro-batch
-//    shape only, as its micro-batch count is fixed);
+// was measured and how long it took (0.4 s for the default job and for a 109M-parameter Llama's
+// LoRA job; a probe round costs about a layer's step, so larger models take longer). `threads`:
+// the job's. Measured:
+//  - every layer time the plan looks up (ProbeLayerTimes on a CPU device of threads / devices
+//    threads, at least one: the job's CPU devices each get `threads` threads but run at once on
+//    the same cores; the plan's micro-batch shape only), within the host memory the profile
+//    allows and the OS has free;
 //  - the CPU devices' copy rates (ProbeCopyRates: an upload or download is a memcpy on the
 //    device's copy thread), for the links;
 //  - the host's triad bandwidth (the host thread's packing and gradient adds) and AdamW rate (the
-//    optimizer), at small sizes.
-// `threads` is what one device has to itself: the job's threads shared by its devices, which run
-// at once. The plan's stages, policy and tiers are unchanged (plan::PricePlan): the search stays a
-// pure function of the job and its budgets, only its prediction is this machine's.
-// Errors: those of the probes and of plan::PricePlan; the plan is unchanged then.
+//    optimizer's pool), on all `threads`, at `ferry probe --quick`'s sizes.
+// NVMe rates stay the profile's. The plan's stages, policy and tiers are unchanged
+// (plan::PricePlan): the search stays a pure function of the job and its budgets, only its
+// prediction is this machine's. Errors: those of the probes and of plan::PricePlan; the plan is
+// unchanged then.
 [[nodiscard]] Result<std::string> PriceOnCpuDevices(const ModelConfig& model,
                                                     const plan::HardwareProfile& profile,
                                                     int threads, plan::Plan& plan);

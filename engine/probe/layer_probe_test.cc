@@ -154,10 +154,13 @@ TEST(LayerProbe, PriceOnCpuDevicesMeasuresEveryLayerAndKeepsThePlansChoices) {
     ASSERT_TRUE(made.ok() && made->feasible) << made.status().ToString();
     plan::Plan p = made->plan;
     ASSERT_EQ(p.LayerTimeSource(), "formulas");
-    Result<std::string> line = PriceOnCpuDevices(m, nominal, 1, p);
+    // One thread per device: the layers on one thread each, the host's rates on all of them.
+    Result<std::string> line = PriceOnCpuDevices(m, nominal, devices, p);
     ASSERT_TRUE(line.ok()) << line.status().ToString();
-    EXPECT_NE(line->find("3 layer times"), std::string::npos) << *line;
-    EXPECT_NE(line->find("on 1 thread:"), std::string::npos) << *line;
+    EXPECT_NE(line->find("3 layer times on 1 thread,"), std::string::npos) << *line;
+    EXPECT_NE(line->find(devices == 1 ? "G params/s on 1 thread" : "G params/s on 2 threads"),
+              std::string::npos)
+        << *line;
     EXPECT_EQ(p.LayerTimeSource(), "measured");
     EXPECT_EQ(p.hardware_name, "cpu-devices, rates measured here");
     EXPECT_GT(p.step_s, 0);

@@ -1,7 +1,11 @@
 #include "engine/train/run_report.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -133,5 +137,18 @@ Result<uint64_t> ProcStatusBytes(std::string_view key, std::string_view what) {
 Result<uint64_t> PeakResidentBytes() { return ProcStatusBytes("VmHWM", "peak resident set"); }
 
 Result<uint64_t> ResidentBytes() { return ProcStatusBytes("VmRSS", "resident set"); }
+
+Status ResetPeakResidentBytes() {
+  // Written in place (WriteTextFile would write a new file and rename it over this one).
+  const char* path = "/proc/self/clear_refs";
+  const int fd = ::open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0)
+    return Status::FromErrno(errno, std::string("resetting the peak resident set: ") + path);
+  const bool ok = ::write(fd, "5", 1) == 1;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) return Status::FromErrno(err, std::string("resetting the peak resident set: ") + path);
+  return Status::Ok();
+}
 
 }  // namespace ferry

@@ -61,5 +61,8 @@ std::string MeasuredVsPredicted(const plan::Plan& plan, const MeasuredRun& run);
 Result<uint64_t> PeakResidentBytes();
 // The process's resident set size now (VmRSS), likewise.
 Result<uint64_t> ResidentBytes();
+// Resets the process's peak resident set (VmHWM) to its resident set now (writes 5 to
+// /proc/self/clear_refs, Linux 4.0 and later). Errors: IOError when the kernel refuses.
+Status ResetPeakResidentBytes();
 
 }  // namespace ferry

@@ -52,11 +52,14 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
   const bool on_cpu = std::all_of(devices.devices.begin(), devices.devices.end(),
                                   [](const auto& d) { return d->kind() == DeviceKind::kCpu; });
   if (control.price_plan && devices.plan && on_cpu && !devices.devices.empty()) {
-    const int each = std::max(1, threads / int(devices.devices.size()));
-    Result<std::string> line = control.price_plan(*devices.plan, devices.profile, each);
+    Result<std::string> line = control.price_plan(*devices.plan, devices.profile, threads);
     pricing = line.ok()
                   ? *line
                   : "warning: the prediction stays at nominal rates: " + line.status().ToString();
+    // The probe's buffers are gone: the run's own peak starts from here.
+    if (Status s = ResetPeakResidentBytes(); !s.ok()) {
+      pricing += "; warning: the host peak may be the probe's: " + s.ToString();
+    }
   }
 
   std::vector<LayerSpec> layers = BuildLayerSpecs(model, job.lora);
