@@ -134,6 +134,25 @@ TEST_F(PipelineCliTest, TraceWritesTheMeasuredTimelineAndTheRunComparesItWithThe
 
 // One device runs through the same executor, so it is traced too: the trace has one device's
 // lanes, and its losses are the two-device run's bit for bit.
+// --skip-rate-probe: no probe line, the report's profile is the nominal one, and the weights are
+// those of a run that probed (pricing changes the prediction only).
+TEST_F(PipelineCliTest, SkipRateProbeKeepsTheNominalPredictionAndTheSameWeights) {
+  const std::string job = "train --steps 2 --threads 1 --batch-size 4 --seq-len 32 --out ";
+  CommandResult probed = Ferry(job + dir_ + "/probed");
+  ASSERT_EQ(probed.code, 0) << probed.output;
+  CommandResult skipped = Ferry(job + dir_ + "/skipped --skip-rate-probe");
+  ASSERT_EQ(skipped.code, 0) << skipped.output;
+  EXPECT_NE(probed.output.find("on this machine's rates, measured in"), std::string::npos)
+      << probed.output;
+  EXPECT_EQ(skipped.output.find("measured in"), std::string::npos) << skipped.output;
+  EXPECT_EQ(skipped.output.find("rates measured here"), std::string::npos) << skipped.output;
+  EXPECT_NE(skipped.output.find("plan for profile cpu-devices, 1 devices"), std::string::npos)
+      << skipped.output;
+  const std::string a = FileBytes(dir_ + "/probed/model.safetensors");
+  EXPECT_FALSE(a.empty());
+  EXPECT_EQ(a, FileBytes(dir_ + "/skipped/model.safetensors"));
+}
+
 TEST_F(PipelineCliTest, OneDeviceIsTracedAndEqualsTwo) {
   const std::string job = "train --threads 2 --batch-size 4 --seq-len 32 --steps 2 ";
   CommandResult one = Ferry(job + "--trace " + dir_ + "/t.json --out " + dir_ + "/one");

@@ -141,13 +141,16 @@ Result<uint64_t> ResidentBytes() { return ProcStatusBytes("VmRSS", "resident set
 Status ResetPeakResidentBytes() {
   // Written in place (WriteTextFile would write a new file and rename it over this one).
   const char* path = "/proc/self/clear_refs";
+  const std::string what = std::string("resetting the peak resident set: ") + path;
   const int fd = ::open(path, O_WRONLY | O_CLOEXEC);
-  if (fd < 0)
-    return Status::FromErrno(errno, std::string("resetting the peak resident set: ") + path);
-  const bool ok = ::write(fd, "5", 1) == 1;
-  const int err = errno;
+  if (fd < 0) {
+    const int err = errno;
+    return Status::FromErrno(err, what);
+  }
+  const ssize_t n = ::write(fd, "5", 1);
+  const int err = n < 0 ? errno : EIO;  // 0 bytes written: no errno to report
   ::close(fd);
-  if (!ok) return Status::FromErrno(err, std::string("resetting the peak resident set: ") + path);
+  if (n != 1) return Status::FromErrno(err, what);
   return Status::Ok();
 }
 

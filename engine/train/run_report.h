@@ -62,7 +62,8 @@ Result<uint64_t> PeakResidentBytes();
 // The process's resident set size now (VmRSS), likewise.
 Result<uint64_t> ResidentBytes();
 // Resets the process's peak resident set (VmHWM) to its resident set now (writes 5 to
-// /proc/self/clear_refs, Linux 4.0 and later). Errors: IOError when the kernel refuses.
+// /proc/self/clear_refs, Linux 4.0 and later). Errors: NotFound when the kernel has no
+// clear_refs; IOError when it refuses.
 Status ResetPeakResidentBytes();
 
 }  // namespace ferry

@@ -90,14 +90,16 @@ TEST(RunReport, ResetPeakResidentBytesForgetsWhatWasFreed) {
     Result<HostAllocation> big = HostAllocation::Map(size_t(64) << 20, "test", HostPages::kBase);
     ASSERT_TRUE(big.ok()) << big.status().ToString();
     std::memset(big->data(), 1, big->size());
-    Result<uint64_t> peak = PeakResidentBytes(), now = ResidentBytes();
-    ASSERT_TRUE(peak.ok() && now.ok());
+    Result<uint64_t> peak = PeakResidentBytes();
+    ASSERT_TRUE(peak.ok()) << peak.status().ToString();
     EXPECT_GE(*peak, uint64_t(64) << 20);
   }
   Result<uint64_t> before = PeakResidentBytes(), now = ResidentBytes();
   ASSERT_TRUE(before.ok() && now.ok());
   ASSERT_GE(*before, *now + (uint64_t(48) << 20)) << "the 64 MiB were not returned to the OS";
-  ASSERT_TRUE(ResetPeakResidentBytes().ok());
+  if (Status s = ResetPeakResidentBytes(); !s.ok()) {
+    GTEST_SKIP() << "this kernel cannot reset the peak: " << s.ToString();
+  }
   Result<uint64_t> after = PeakResidentBytes();
   ASSERT_TRUE(after.ok());
   EXPECT_LT(*after, *before - (uint64_t(32) << 20));

@@ -56,10 +56,12 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
     pricing = line.ok()
                   ? *line
                   : "warning: the prediction stays at nominal rates: " + line.status().ToString();
-    // The probe's buffers are gone: the run's own peak starts from here.
-    if (Status s = ResetPeakResidentBytes(); !s.ok()) {
-      pricing += "; warning: the host peak may be the probe's: " + s.ToString();
-    }
+  }
+  // The run's own host peak starts here: what loading the data and pricing the plan held for a
+  // while (the probe's buffers) is gone, with or without a probe.
+  if (Status s = ResetPeakResidentBytes(); !s.ok()) {
+    pricing += std::string(pricing.empty() ? "" : "; ") +
+               "warning: the host peak includes what the start held for a while: " + s.ToString();
   }
 
   std::vector<LayerSpec> layers = BuildLayerSpecs(model, job.lora);

@@ -57,7 +57,8 @@ struct RunControl {
   // Re-prices the plan on this machine's measured rates when the job runs on CPU devices, given
   // the profile it was planned on and the job's threads, and returns a line for the log (the app
   // passes PriceOnCpuDevices, engine/probe/layer_probe.h, which sits above this layer). The
-  // process's peak resident set is reset after it, so the run's host peak is not the probe's.
+  // process's peak resident set is reset after it (and without it), so the run's host peak is
+  // never the probe's.
   // Empty (`ferry train --skip-rate-probe`), or failing (a warning then): the prediction stays at
   // the profile's nominal rates.
   std::function<Result<std::string>(plan::Plan& plan, const plan::HardwareProfile& profile,
