@@ -374,6 +374,15 @@ TEST_F(PipelineCliTest, StaleUpdatesResumeBitForBitOnAnyDevices) {
   EXPECT_EQ(Losses(dir_ + "/one"), want);
 }
 
+// --stale-updates with host RAM short and --nvme-dir over --devices 2: the optimizer state goes
+// to NVMe (updated a layer's record at a time, once the step has read the layer) and the losses
+// are the stale RAM run's bit for bit, with the plan's NVMe bytes per step.
+TEST_F(PipelineCliTest, StaleUpdatesWithOptimizerOnNvmeEqualRam) {
+  ExpectNvmeRunEqualsRam(
+      dir_, "train --threads 2 --batch-size 4 --seq-len 32 --steps 3 --devices 2 --stale-updates ",
+      {30, 32, 34, 36, 38, 40, 42, 44}, "optimizer state on NVMe");
+}
+
 // Validation on --devices 2 runs forward only through the executor: val_loss is reported, and
 // equals the one-device run's within the tolerance of the weights it evaluates (1e-5 relative:
 // their updates differ by reassociation only).

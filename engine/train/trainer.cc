@@ -38,12 +38,6 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(ModelRunner* runner, std::vecto
   if (options.loss_scaling.enabled) {
     FERRY_RETURN_IF_ERROR(ValidateLossScalerOptions(options.loss_scaling));
   }
-  if (options.stale_updates && !state.nvme_dir.empty()) {
-    return Status::InvalidArgument(
-        "one-step-stale updates with optimizer state on NVMe are not supported yet (the store "
-        "updates a layer at a time, stale updates a parameter at a time): plan the optimizer "
-        "state in host RAM or drop --stale-updates");
-  }
   if (options.stale_updates && !runner->streams_weights()) {
     return Status::InvalidArgument(
         "one-step-stale updates need a runner that reads the weights during the step (a "
@@ -106,6 +100,23 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(ModelRunner* runner, std::vecto
       }
       t->record_layer_.push_back(l);
       t->record_params_.push_back(t->lands_[l]);
+    }
+    // The layer after which no layer reads a record's parameters any more, for stale updates.
+    std::vector<size_t> last_read(t->order_.size(), 0);
+    for (size_t l = 0; l < t->reads_.size(); ++l) {
+      for (size_t k : t->reads_[l]) last_read[k] = l;
+    }
+    std::vector<std::pair<size_t, size_t>> by_last;  // (last reading layer, record)
+    for (size_t g = 0; g < t->record_params_.size(); ++g) {
+      size_t last = 0;
+      for (size_t k : t->record_params_[g]) last = std::max(last, last_read[k]);
+      by_last.emplace_back(last, g);
+    }
+    std::ranges::sort(by_last);
+    t->stale_next_.assign(by_last.size(), by_last.size());
+    for (size_t i = 0; i < by_last.size(); ++i) {
+      t->stale_order_.push_back(by_last[i].second);
+      if (i > 0) t->stale_next_[by_last[i - 1].second] = by_last[i].second;
     }
     FERRY_RETURN_IF_ERROR(t->CreateStore(0, nullptr, nullptr));
   }
@@ -213,8 +224,13 @@ Status Trainer::ApplyRecord(size_t g, const Update& u) {
   Result<std::span<std::byte>> record = store_->Acquire(g);
   if (!record.ok()) return record.status().WithContext(where);
   // Read the next record in update order while this one is updated.
-  if (!updates_descend_) store_->Prefetch(g + 1);
-  if (updates_descend_ && g > 0) store_->Prefetch(g - 1);
+  if (options_.stale_updates) {
+    store_->Prefetch(stale_next_[g]);
+  } else if (!updates_descend_) {
+    store_->Prefetch(g + 1);
+  } else if (g > 0) {
+    store_->Prefetch(g - 1);
+  }
   float* f = reinterpret_cast<float*>(record->data());
   for (size_t k : record_params_[g]) {
     std::vector<float>& w = weights_.tensors.at(order_[k]);
@@ -301,7 +317,17 @@ Status Trainer::ApplyPending(int64_t first, int64_t last) {
   return Status::Ok();
 }
 
-Status Trainer::FinishUpdates() { return ApplyPending(0, int64_t(reads_.size())); }
+Status Trainer::FinishUpdates() {
+  if (!on_nvme() || !options_.stale_updates) return ApplyPending(0, int64_t(reads_.size()));
+  // Stale updates on NVMe: in the order the store reads ahead (a step's reads would apply them).
+  for (size_t g : stale_order_) {
+    if (pending_count_ == 0) break;
+    if (!pending_[record_params_[g].front()]) continue;
+    exec::HostSpan span = exec::OptimizerSpan(trace_, int(record_layer_[g]));
+    FERRY_RETURN_IF_ERROR(ApplyAndClear(record_params_[g].front(), pending_update_));
+  }
+  return Status::Ok();
+}
 
 Status Trainer::Land(size_t k, const Update& u) {
   if (pending_[k]) {  // its gradient is already overwritten: the update would use the new one
@@ -390,6 +416,8 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
     store_->Prefetch(updates_descend_ ? store_->records() - 1 : 0);
   }
   unread_ = readers_;
+  record_unread_.clear();
+  for (const std::vector<size_t>& params : record_params_) record_unread_.push_back(params.size());
   using Clock = std::chrono::steady_clock;
   double in_step = 0;  // optimizer time inside the step, overlapping the devices
   auto timed = [&in_step](auto&& fn) {
@@ -414,10 +442,10 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
           bool traced = false;
           for (size_t k : reads_[size_t(l)]) {
             if (--unread_[k] > 0 || !pending_[k]) continue;
+            // On NVMe a record is updated whole, once all of its parameters have been read.
+            if (on_nvme() && --record_unread_[record_of_[k]] > 0) continue;
             if (!std::exchange(traced, true)) span = exec::OptimizerSpan(trace_, int(l));
-            FERRY_RETURN_IF_ERROR(Apply(k, pending_update_));
-            pending_[k] = 0;
-            --pending_count_;
+            FERRY_RETURN_IF_ERROR(ApplyAndClear(k, pending_update_));
           }
         }
         return Status::Ok();
@@ -465,7 +493,9 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
     pending_.assign(order_.size(), 1);
     pending_count_ = order_.size();
     updates_descend_ = false;  // applied in forward order (the next step's reads, FinishUpdates)
-    if (store_ != nullptr) store_->Prefetch(0);
+    if (store_ != nullptr && !stale_order_.empty()) {
+      store_->Prefetch(options_.stale_updates ? stale_order_.front() : 0);
+    }
   }
   if (!streams) {
     FERRY_RETURN_IF_ERROR(FinishUpdates());

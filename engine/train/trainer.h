@@ -50,8 +50,9 @@
 // runner uploads from; with f32 compute it equals the master values), the gradients, and two
 // staging buffers of one layer's record each (the plan counts two stages' worth,
 // optimizer.staging). RestoreOptimizer rebuilds the store from a checkpoint; ReadOptimizerState
-// reads the moments back for one. Stale updates are refused with it (they update parameter by
-// parameter, not layer by layer).
+// reads the moments back for one. With stale updates a layer's record is updated once the step
+// has read all of its parameters (a tied one by its last reader), so records are updated, and
+// read ahead, in the order the step finishes reading them.
 //
 // fp16 dynamic loss scaling (OptimizerOptions::loss_scaling, engine/train/loss_scaler.h): the
 // runner gets the step's scale (MicroBatchInput::loss_scale), so the gradients that land are of
@@ -271,6 +272,11 @@ class Trainer {
   std::vector<size_t> record_of_, record_offset_;   // per trainable parameter
   std::vector<size_t> record_layer_;                // per record
   std::vector<std::vector<size_t>> record_params_;  // per record, indices into order_
+  // Stale updates on NVMe: the records in the order a step finishes reading them (by the last
+  // layer that reads one of their parameters), the next record after each in that order
+  // (records(): none), and per record, for the step in flight, how many of its parameters some
+  // layer has still to read.
+  std::vector<size_t> stale_order_, stale_next_, record_unread_;
   bool updates_descend_ = false;  // this step's updates run in backward layer order
 };
 
