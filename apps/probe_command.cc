@@ -42,14 +42,7 @@ int RunProbeCommand(ProbeCommand& cmd) {
   o.threads = int(cmd.threads);  // checked above
   o.nvme_dir = cmd.nvme_dir;
   o.nvme_bytes = *nvme_bytes;
-  if (cmd.quick) {
-    o.gemm_n = 512;
-    o.triad_bytes = size_t(32) << 20;
-    o.adamw_params = int64_t(4) << 20;
-    o.nvme_bytes = std::min<size_t>(o.nvme_bytes, size_t(64) << 20);
-    o.gpu.gemm_n = 2048;
-    o.gpu.copy_bytes = size_t(64) << 20;
-  }
+  if (cmd.quick) o = plan::QuickProbeOptions(o);
   if (cmd.layers.layers_only && !cmd.layers.wanted()) {
     return fail(Status::InvalidArgument("--layers-only measures layers: name them with --model"));
   }

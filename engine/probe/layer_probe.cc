@@ -277,11 +277,11 @@ Result<std::string> PriceOnCpuDevices(const ModelConfig& model,
     hw.pcie.h2d_pageable = copy.h2d_pageable;
     hw.pcie.d2h_pageable = copy.d2h_pageable;
   }
-  // The sizes of `ferry probe --quick`.
+  const plan::ProbeOptions quick = plan::QuickProbeOptions();
   FERRY_ASSIGN_OR_RETURN(hw.host.memory_bandwidth,
-                         plan::ProbeTriadBandwidth(threads, size_t(32) << 20));
+                         plan::ProbeTriadBandwidth(threads, quick.triad_bytes));
   FERRY_ASSIGN_OR_RETURN(hw.optimizer.cpu_adamw_params_per_s,
-                         plan::ProbeAdamWRate(threads, int64_t(4) << 20));
+                         plan::ProbeAdamWRate(threads, quick.adamw_params));
   hw.name = profile.name + ", rates measured here";
   FERRY_RETURN_IF_ERROR(plan::PricePlan(model, hw, plan));
   const double took =

@@ -9,6 +9,7 @@
 // though concurrent probes disturb each other's timings.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -40,6 +41,18 @@ struct ProbeOptions {
   bool measure_gpus = true;  // false: GPU and PCIe figures from the base even when a GPU exists
   GpuProbeOptions gpu;
 };
+
+// The sizes of `ferry probe --quick` (seconds, rougher figures), also those `ferry train` measures
+// its CPU devices' host rates at. NVMe bytes: at most 64 MiB of `nvme_bytes`.
+inline ProbeOptions QuickProbeOptions(ProbeOptions o = {}) {
+  o.gemm_n = 512;
+  o.triad_bytes = size_t(32) << 20;
+  o.adamw_params = int64_t(4) << 20;
+  o.nvme_bytes = std::min<size_t>(o.nvme_bytes, size_t(64) << 20);
+  o.gpu.gemm_n = 2048;
+  o.gpu.copy_bytes = size_t(64) << 20;
+  return o;
+}
 
 // Measures this machine and returns a profile: host (RAM from the OS, cores, NUMA nodes,
 // triad bandwidth), optimizer (AdamW rate), NVMe (store rates, free space of nvme_dir), and the GPU
