@@ -926,7 +926,8 @@ class Executor final : public PipelineExecutor {
       FERRY_RETURN_IF_ERROR(
           st.params->PackWeights(weights, host_threads_, trainable_only, same_base));
       mirror_frozen_[r] = packed_from_;
-      stats_.frozen_packs_skipped += trainable_only || (same_base && !weights.files.empty());
+      stats_.frozen_packs_skipped +=
+          trainable_only || (same_base && (!weights.files.empty() || !weights.nf4_served.empty()));
       span.End();
       packed_[r] = weights_version_;
       FERRY_RETURN_IF_ERROR(WeightsRead(st.range));

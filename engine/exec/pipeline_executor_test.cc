@@ -813,6 +813,69 @@ TEST(ExecutorFileBaseTest, ABaseServedFromItsFilesEqualsItsFp32Copy) {
   }
 }
 
+// QLoRA from a model folder: each NF4 weight is made from the file when its stage is packed
+// (HostTensors::nf4_served: quantized from a bf16 file, or read as a pre-quantized folder would
+// be), never held. Over two steps of one executor (the second reuses the mirrors' base and makes
+// nothing) it gives the losses and adapter gradients of the same NF4 weights held in RAM, bit for
+// bit, and a changed adapter is still picked up.
+TEST(ExecutorFileBaseTest, AnNf4BaseMadeWhenPackedEqualsTheSameBaseHeld) {
+  const Model m = LoadModel("llama", 4, /*nf4=*/true);
+  const PlanSpec spec{{{1, 3}, {3, 5}}, {}, 2, 2, 16, 2, DType::kBF16};
+  const plan::Plan p = MakeTestPlan(m, spec);
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(m.config, m.lora);
+  HostTensors random = RandomWeights(m, 29);
+  testing::TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  ModelFolderWriteOptions as;
+  as.dtype = DType::kBF16;
+  ASSERT_TRUE(WriteModelFolder(dir.path(), m.config, layers, random, as).ok());
+  Result<FolderWeights> folder = FolderWeights::Open(dir.path());
+  ASSERT_TRUE(folder.ok()) << folder.status().ToString();
+  HostTensors served;
+  ASSERT_TRUE(LoadBaseWeights(*folder, m.config, layers, served).ok());
+  EXPECT_TRUE(served.nf4.empty());
+  HostTensors held = served;  // the same weights, each made once and kept
+  size_t made = 0;
+  for (const ParamSpec* q : StorageParams(layers)) {
+    if (q->lora) {
+      served.tensors[q->name] = held.tensors[q->name] = random.tensors.at(q->name);
+      for (float& v : served.tensors[q->name]) v += 0.01f;  // B starts at zero: make it count
+      held.tensors[q->name] = served.tensors[q->name];
+    }
+    if (!q->nf4) continue;
+    ASSERT_TRUE(served.nf4_served.contains(q->name)) << q->name;
+    Nf4Host one;
+    Result<const Nf4Host*> r = served.FindNf4(q->name, one);
+    ASSERT_TRUE(r.ok() && *r != nullptr) << q->name;
+    held.nf4[q->name] = **r;
+    held.nf4_served.erase(q->name);
+    ++made;
+  }
+  ASSERT_EQ(made, size_t(7 * m.config.num_layers));
+  const Batches b = MakeBatches(m, spec.micro_batches, spec.batch * spec.seq_len, 8);
+  std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(spec.gpus, p.memory.gpu.total());
+  ActivationStore store;
+  Result<std::unique_ptr<PipelineExecutor>> e = CreateExecutor(devs, m, p, store);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  const int64_t ranges = int64_t(spec.stages.size()) + 1;
+  for (int step = 0; step < 2; ++step) {
+    if (step == 1) {  // a changed adapter, as after an update
+      for (HostTensors* w : {&served, &held}) {
+        for (auto& [name, t] : w->tensors) {
+          if (name.find("lora_") != std::string::npos) t[0] += 0.25f;
+        }
+      }
+    }
+    HostTensors got = ZeroGrads(m), want = ZeroGrads(m);
+    Result<double> loss = (*e)->Step(served, b.inputs, got);
+    ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+    EXPECT_EQ((*e)->stats().frozen_packs_skipped, step * ranges) << "step " << step;
+    EXPECT_TRUE(std::isfinite(*loss));
+    EXPECT_EQ(*loss, ExecutorStep(m, p, spec.gpus, held, b, want)) << "step " << step;
+    ExpectSameBits(got, want, "an NF4 base made when packed, step " + std::to_string(step));
+  }
+}
+
 // An evaluation over a whole base served from the model's files (as `ferry eval` loads one)
 // packs it into the host mirrors once: later evaluations with the same weights object keep it
 // (frozen_packs_skipped counts each range), and give the losses of the base read into fp32.

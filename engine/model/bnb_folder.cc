@@ -443,6 +443,9 @@ Status LoadBnb4bitBase(const FolderWeights& folder, const ModelConfig& config,
     for (const ParamSpec& p : l.params) specs[p.name] = &p;
   }
   std::set<std::string, std::less<>> held;
+  // Each weight is read again from the folder when it is packed (HostTensors::nf4_served): the
+  // upload mirrors are then the only copy of the base in RAM.
+  auto shared = std::make_shared<const FolderWeights>(folder);
   for (auto& [name, w] : q.weights) {
     auto spec = specs.find(name);
     if (spec == specs.end() || !spec->second->nf4) {
@@ -454,7 +457,11 @@ Status LoadBnb4bitBase(const FolderWeights& folder, const ModelConfig& config,
     }
     FERRY_RETURN_IF_ERROR(ValidateNf4(w, name));
     held.insert(name);
-    weights.nf4[name] = std::move(w);
+    weights.nf4_served[name] =
+        Nf4Source{.shape = w.shape, .make = [shared, name, shape = w.shape]() {
+                    return ReadBnb4bitWeight(*shared, name, shape);
+                  }};
+    w = Nf4Host{};  // read again when packed
   }
   return LoadBaseWeights(folder, config, layers, weights, held, served);
 }

@@ -311,16 +311,20 @@ Status DeviceParams::PackWeights(const HostTensors& weights, ThreadPool* pool, b
   for (const auto& [name, dp] : params_) {
     if (dp.fused) continue;  // filled by its parts
     if (trainable_only && !dp.trainable) continue;
-    if (keep_served && weights.files.contains(dp.host_name)) continue;
+    if (keep_served &&
+        (weights.files.contains(dp.host_name) || weights.nf4_served.contains(dp.host_name))) {
+      continue;
+    }
     if (!dp.nf4.empty()) {
-      auto it = weights.nf4.find(dp.host_name);
-      if (it == weights.nf4.end() || it->second.numel() != dp.w.numel()) {
+      Nf4Host made;  // a served weight's, made for this packing only
+      FERRY_ASSIGN_OR_RETURN(const Nf4Host* found, weights.FindNf4(dp.host_name, made));
+      if (found == nullptr || found->numel() != dp.w.numel()) {
         return Status::NotFound("the weights have no NF4 tensor '" + dp.host_name + "' of " +
                                 std::to_string(dp.w.numel()) +
                                 " elements; a quantized base (--quantize nf4) needs one for "
                                 "every block projection");
       }
-      const Nf4Host& q = it->second;
+      const Nf4Host& q = *found;
       FERRY_RETURN_IF_ERROR(ValidateNf4(q, dp.host_name));
       if (q.block != kNf4Block) {
         return Status::InvalidArgument("NF4 tensor '" + dp.host_name + "' has block size " +

@@ -194,7 +194,8 @@ class DeviceParams {
   // not be repacked, nor this object destroyed, while a copy enqueued here may still run.
   // `trainable_only`: the mirror's frozen tensors are already packed from the same values; only
   // the trainable ones (and the LoRA packs) are written. `keep_served`: so are the tensors served
-  // from the model's files (HostTensors::files: a file's view never changes), not written again.
+  // from the model's files (HostTensors::files and nf4_served: a file's view never changes), not
+  // written again.
   Status PackWeights(const HostTensors& weights, ThreadPool* pool = nullptr,
                      bool trainable_only = false, bool keep_served = false);
   size_t weights_bytes() const { return weights_bytes_; }

@@ -2,12 +2,13 @@
 // ferry's master layout (engine/model/weights_io.h: MasterShape), keyed by the Hugging Face name
 // of each storage-owning parameter (tied aliases have no entry). A base weight nothing trains (a
 // LoRA job's frozen base; every base weight of an inference load) may instead be held in NF4 or
-// served from its model file (FileTensor), never copied into RAM.
+// served from its model file (FileTensor, Nf4Source), never copied into RAM.
 //
 // Plain value type (copies share the files' mappings); thread-compatible.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -16,6 +17,7 @@
 
 #include "kernels/dtype.h"
 #include "kernels/nf4.h"
+#include "kernels/status.h"
 
 namespace ferry {
 
@@ -40,6 +42,20 @@ struct FileTensor {
   }
 };
 
+// A frozen NF4 weight (QLoRA's base) made each time it is packed into an upload mirror, from the
+// model's file: quantized from its stored values, or read as a pre-quantized folder stores it. The
+// mirrors are then the only copy of the NF4 base in RAM (none beside them, as with FileTensor).
+// `make` returns the same bits at every call (quantization is deterministic).
+struct Nf4Source {
+  std::vector<int64_t> shape;  // the logical (dequantized) shape, (out, in)
+  std::function<Result<Nf4Host>()> make;
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
 struct HostTensors {
   std::map<std::string, std::vector<float>> tensors;
   // Frozen base weights stored in NF4 (ParamSpec::nf4), by Hugging Face name; such a weight has
@@ -48,13 +64,28 @@ struct HostTensors {
   // Base weights nothing trains, served from the model's files; such a weight has no entry in
   // `tensors`.
   std::map<std::string, FileTensor> files;
+  // Frozen NF4 weights made from the model's files when packed (Nf4Source); such a weight has no
+  // entry in `tensors` or `nf4`.
+  std::map<std::string, Nf4Source> nf4_served;
   std::span<float> at(const std::string& name) { return tensors.at(name); }
   // The number of values `name` holds in whichever form; -1 when it has none.
   int64_t numel(const std::string& name) const {
     if (auto it = tensors.find(name); it != tensors.end()) return int64_t(it->second.size());
     if (auto it = nf4.find(name); it != nf4.end()) return it->second.numel();
     if (auto it = files.find(name); it != files.end()) return it->second.numel();
+    if (auto it = nf4_served.find(name); it != nf4_served.end()) return it->second.numel();
     return -1;
+  }
+  // The NF4 weight `name`: the one held (nf4), or one made now from its source (nf4_served) into
+  // `made`; null when it has neither. Errors: the source's.
+  Result<const Nf4Host*> FindNf4(const std::string& name, Nf4Host& made) const {
+    if (auto it = nf4.find(name); it != nf4.end()) return &it->second;
+    auto s = nf4_served.find(name);
+    if (s == nf4_served.end()) return static_cast<const Nf4Host*>(nullptr);
+    Result<Nf4Host> m = s->second.make();
+    if (!m.ok()) return m.status().WithContext(name);
+    made = std::move(*m);
+    return &made;
   }
 };
 

@@ -80,17 +80,19 @@ Result<std::span<const float>> ParameterValues(const ParamSpec& p, const HostTen
     ReadFileTensor(f->second, dequantized);
     return std::span<const float>(dequantized);
   }
-  auto q = weights.nf4.find(p.name);
-  if (q == weights.nf4.end()) {
-    return Status::NotFound("the weights have no tensor '" + p.name + "'");
-  }
-  dequantized.resize(size_t(q->second.numel()));
-  DequantizeNf4(q->second, DType::kF32, dequantized.data());
+  Nf4Host made;
+  FERRY_ASSIGN_OR_RETURN(const Nf4Host* q, weights.FindNf4(p.name, made));
+  if (q == nullptr) return Status::NotFound("the weights have no tensor '" + p.name + "'");
+  dequantized.resize(size_t(q->numel()));
+  DequantizeNf4(*q, DType::kF32, dequantized.data());
   return std::span<const float>(dequantized);
 }
 
 Status QuantizeParameter(const ParamSpec& p, HostTensors& weights, Nf4Rounding rounding) {
-  if (!p.nf4 || weights.nf4.contains(p.name)) return Status::Ok();  // read quantized: as it is
+  // Read quantized (as it is), or made from the model's file when packed.
+  if (!p.nf4 || weights.nf4.contains(p.name) || weights.nf4_served.contains(p.name)) {
+    return Status::Ok();
+  }
   if (weights.numel(p.name) < 0) {
     return Status::NotFound("no base weight '" + p.name + "' to quantize");
   }
@@ -102,6 +104,18 @@ Status QuantizeParameter(const ParamSpec& p, HostTensors& weights, Nf4Rounding r
   weights.files.erase(p.name);
   weights.nf4[p.name] = std::move(q);
   return Status::Ok();
+}
+
+Nf4Source QuantizeWhenPacked(FileTensor t, const ParamSpec& p, Nf4Rounding rounding) {
+  std::vector<int64_t> shape = MasterShape(p);
+  return Nf4Source{
+      .shape = shape,
+      .make = [t = std::move(t), shape, nested = p.nf4_nested, rounding]() -> Result<Nf4Host> {
+        std::vector<float> values(size_t(t.numel()));
+        ReadFileTensor(t, values);
+        ReleaseFilePages(t);
+        return QuantizeNf4(values, shape, nested, rounding);
+      }};
 }
 
 Status QuantizeFrozenBase(const std::vector<LayerSpec>& layers, HostTensors& weights,

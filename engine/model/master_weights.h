@@ -56,6 +56,12 @@ Status QuantizeFrozenBase(const std::vector<LayerSpec>& layers, HostTensors& wei
 // calls right after reading it, so that one fp32 tensor at a time exists.
 Status QuantizeParameter(const ParamSpec& p, HostTensors& weights,
                          Nf4Rounding rounding = Nf4Rounding::kThresholdTree);
+// QLoRA from a model's file: NF4 parameter `p` served from `t` (its stored values, ServeParameter)
+// and quantized as QuantizeParameter would each time it is packed (HostTensors::nf4_served), so
+// neither its values nor its NF4 form stay in RAM beside the upload mirrors. The file's pages are
+// released after each read (ReleaseFilePages).
+Nf4Source QuantizeWhenPacked(FileTensor t, const ParamSpec& p,
+                             Nf4Rounding rounding = Nf4Rounding::kThresholdTree);
 
 // A parameter's fp32 values: its tensor, or its NF4 weight dequantized (or its file's tensor
 // read) into `dequantized`, whose storage the span then views. Errors: NotFound when `weights`

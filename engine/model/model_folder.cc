@@ -66,8 +66,12 @@ Status LoadOne(const FolderWeights& folder, const ModelConfig& c, const ParamSpe
   used.insert(stored);
   ParamSpec as_stored = p;
   as_stored.name = stored;
-  if ((!p.trainable || served == ServedBase::kAll) && !p.nf4) {  // read when it is packed
+  if (!p.trainable || served == ServedBase::kAll) {  // read when it is packed
     FERRY_ASSIGN_OR_RETURN(FileTensor t, ServeParameter(folder.Owner(), *file, as_stored));
+    if (!t.bytes.empty() && p.nf4) {  // QLoRA: quantized when packed
+      weights.nf4_served[p.name] = QuantizeWhenPacked(std::move(t), p);
+      return Status::Ok();
+    }
     if (!t.bytes.empty()) {
       weights.files[p.name] = std::move(t);
       return Status::Ok();
@@ -185,8 +189,8 @@ Status LoadBaseWeights(const FolderWeights& folder, const ModelConfig& config,
   for (const ParamSpec* p : StorageParamsOf(layers, /*lora=*/false)) {
     if (held_elsewhere.contains(p->name)) continue;
     FERRY_RETURN_IF_ERROR(LoadOne(folder, config, *p, served, used, weights));
-    // QLoRA: an NF4 parameter is quantized as soon as it is read, so the base never exists in
-    // fp32 as a whole (a 70B base is 280 GB in fp32, 36 GB in NF4).
+    // QLoRA: an NF4 parameter not served (F64) is quantized as soon as it is read, so the base
+    // never exists in fp32 as a whole (a 70B base is 280 GB in fp32, 36 GB in NF4).
     FERRY_RETURN_IF_ERROR(QuantizeParameter(*p, weights));
   }
   for (const std::string& name : folder.Names()) {

@@ -58,8 +58,9 @@ struct LoadedModel {
   std::vector<LayerSpec> layers;  // BuildLayerSpecs(config, lora)
   HostTensors weights;            // every storage-owning parameter of `layers`: LoRA A/B as
                                   // fp32 values (MasterShape layout), NF4 ones (ParamSpec::nf4)
-                                  // in weights.nf4, the rest served from the files
-                                  // (weights.files; fp32 values when a file stores F64)
+                                  // made from the files when packed (weights.nf4_served), the
+                                  // rest served from the files (weights.files; fp32 values, or
+                                  // weights.nf4, when a file stores F64)
 };
 
 // Reads the model folder `dir` for inference (`ferry eval`, `generate`: every base parameter not
@@ -109,11 +110,13 @@ class FolderWeights {
 // named in `held_elsewhere` are left out, and so are their tensors in the folder ("<name>" and
 // "<name>.<anything>": the NF4 weights of a pre-quantized folder, engine/model/bnb_folder.h). A
 // parameter stored quantized by bitsandbytes and not held elsewhere is a FailedPrecondition
-// (UnexpectedQuantizedTensor). An NF4 parameter (ParamSpec::nf4, QLoRA) is quantized into
-// weights.nf4 as soon as it is read (QuantizeParameter): one fp32 tensor of the base at a time.
-// Any other frozen parameter (a LoRA job's base) stored as F32, BF16 or F16 is served from its
-// file (weights.files: ServeParameter), never read into RAM; with ServedBase::kAll every such
-// base parameter is (inference).
+// (UnexpectedQuantizedTensor). An NF4 parameter (ParamSpec::nf4, QLoRA) stored as F32, BF16 or
+// F16 is served from its file and quantized each time it is packed (weights.nf4_served:
+// QuantizeWhenPacked), so the NF4 base is never held beside the upload mirrors; one stored as F64
+// is quantized into weights.nf4 as soon as it is read (QuantizeParameter). Any other frozen
+// parameter (a LoRA job's base) stored as F32, BF16 or F16 is served from its file (weights.files:
+// ServeParameter), never read into RAM; with ServedBase::kAll every such base parameter is
+// (inference).
 Status LoadBaseWeights(const FolderWeights& folder, const ModelConfig& config,
                        const std::vector<LayerSpec>& layers, HostTensors& weights,
                        const std::set<std::string, std::less<>>& held_elsewhere = {},

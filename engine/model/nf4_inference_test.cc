@@ -25,15 +25,27 @@ namespace {
 
 std::string Bnb4Dir() { return testing::SourceDir() + "/tests/goldens/llama_bnb4"; }
 
-// Every NF4 parameter of `m` is in weights.nf4 and nowhere else; every other storage-owning
-// parameter is an fp32 tensor, or served from its file when frozen.
+// The NF4 weight `name` of `w`, made from its file (HostTensors::nf4_served).
+Nf4Host Made(const HostTensors& w, const std::string& name) {
+  Nf4Host made;
+  Result<const Nf4Host*> q = w.FindNf4(name, made);
+  EXPECT_TRUE(q.ok() && *q != nullptr)
+      << name << ": " << (q.ok() ? "absent" : q.status().ToString());
+  return q.ok() && *q != nullptr ? **q : Nf4Host{};
+}
+
+// Every NF4 parameter of `m` is served from the folder (weights.nf4_served: made when packed,
+// never held) and nowhere else; every other storage-owning parameter is an fp32 tensor, or
+// served from its file when frozen.
 void ExpectNf4Base(const LoadedModel& m) {
   size_t nf4 = 0;
   for (const ParamSpec* p : StorageParams(m.layers)) {
     if (p->nf4) {
       ++nf4;
-      EXPECT_TRUE(m.weights.nf4.contains(p->name)) << p->name;
+      EXPECT_TRUE(m.weights.nf4_served.contains(p->name)) << p->name;
+      EXPECT_FALSE(m.weights.nf4.contains(p->name)) << p->name << " is held in RAM";
       EXPECT_FALSE(m.weights.tensors.contains(p->name)) << p->name << " has an fp32 copy";
+      EXPECT_EQ(Made(m.weights, p->name).numel(), p->numel()) << p->name;
     } else {
       EXPECT_TRUE(p->trainable ? m.weights.tensors.contains(p->name)
                                : m.weights.files.contains(p->name))
@@ -42,7 +54,7 @@ void ExpectNf4Base(const LoadedModel& m) {
     }
   }
   EXPECT_EQ(nf4, size_t(7 * m.config.num_layers));  // q, k, v, o, gate, up, down
-  EXPECT_EQ(m.weights.nf4.size(), nf4);
+  EXPECT_EQ(m.weights.nf4_served.size(), nf4);
 }
 
 TEST(Nf4InferenceTest, APreQuantizedFolderLoadsAsItsNf4Weights) {
@@ -57,7 +69,7 @@ TEST(Nf4InferenceTest, APreQuantizedFolderLoadsAsItsNf4Weights) {
   Result<Bnb4bitModel> stored = LoadBnb4bitFolder(Bnb4Dir());
   ASSERT_TRUE(stored.ok()) << stored.status().ToString();
   for (const auto& [name, q] : stored->quantized.weights) {
-    const Nf4Host& got = m->weights.nf4.at(name);
+    const Nf4Host got = Made(m->weights, name);
     EXPECT_EQ(got.packed, q.packed) << name;
     EXPECT_EQ(got.absmax_q, q.absmax_q) << name;
     EXPECT_EQ(got.nested_absmax, q.nested_absmax) << name;
@@ -74,8 +86,8 @@ TEST(Nf4InferenceTest, APreQuantizedFolderLoadsAsItsNf4Weights) {
       "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"));
 }
 
-// An unquantized folder with --quantize nf4: the base's block projections quantized on load as
-// training quantizes them (QuantizeFrozenBase), the fp32 copies dropped.
+// An unquantized folder with --quantize nf4: the base's block projections quantized when packed
+// as training quantizes them (QuantizeFrozenBase), nothing held.
 TEST(Nf4InferenceTest, AnUnquantizedFolderIsQuantizedOnLoadWhenAsked) {
   const std::string dir = testing::SourceDir() + "/tests/goldens/llama";
   Result<LoadedModel> m = LoadModelFolder(dir, "", BaseQuant::kNf4);
@@ -88,7 +100,8 @@ TEST(Nf4InferenceTest, AnUnquantizedFolderIsQuantizedOnLoadWhenAsked) {
   std::vector<LayerSpec> layers = BuildLayerSpecs(plain->config, m->lora);
   ASSERT_TRUE(QuantizeFrozenBase(layers, plain->weights).ok());
   for (const auto& [name, q] : plain->weights.nf4) {
-    EXPECT_EQ(m->weights.nf4.at(name).packed, q.packed) << name;
+    EXPECT_EQ(Made(m->weights, name).packed, q.packed) << name;
+    EXPECT_EQ(Made(m->weights, name).absmax_q, q.absmax_q) << name;
   }
 }
 
@@ -166,9 +179,12 @@ TEST(Nf4InferenceTest, AQloraRunFolderRunsOverAnNf4Base) {
     if (nf4) {
       ExpectNf4Base(*lm);
       EXPECT_EQ(lm->lora.double_quant, nested);
-      for (const auto& [name, q] : lm->weights.nf4) EXPECT_EQ(q.nested(), nested) << name;
+      for (const auto& [name, q] : lm->weights.nf4_served) {
+        EXPECT_EQ(Made(lm->weights, name).nested(), nested) << name;
+      }
     } else {
       EXPECT_TRUE(lm->weights.nf4.empty());
+      EXPECT_TRUE(lm->weights.nf4_served.empty());
     }
   }
 }

@@ -47,8 +47,9 @@ TEST(QloraFolderTest, AJobOnAPreQuantizedFolderAdoptsItsBase) {
   EXPECT_EQ(plain.lora.quantize, BaseQuant::kNone);
 }
 
-// --quantize nf4 over an ordinary (fp32) folder: InitialWeights quantizes each block projection
-// as it is read (no fp32 copy stays), the same NF4 weight QuantizeNf4 gives for the fp32 values.
+// --quantize nf4 over an ordinary (fp32) folder: InitialWeights serves each block projection from
+// the file, quantized when packed (no fp32 or NF4 copy stays), the same NF4 weight QuantizeNf4
+// gives for the fp32 values, at every making.
 TEST(QloraFolderTest, AnUnquantizedFolderIsQuantizedAsItLoads) {
   const std::string dir = testing::SourceDir() + "/tests/goldens/llama";
   Result<ModelConfig> c = LoadHfConfig(dir + "/config.json");
@@ -57,7 +58,8 @@ TEST(QloraFolderTest, AnUnquantizedFolderIsQuantizedAsItLoads) {
   const std::vector<LayerSpec> layers = BuildLayerSpecs(*c, lora);
   Result<HostTensors> w = InitialWeights(dir, *c, layers, 1);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
-  ASSERT_EQ(w->nf4.size(), size_t(7 * c->num_layers));
+  ASSERT_EQ(w->nf4_served.size(), size_t(7 * c->num_layers));
+  EXPECT_TRUE(w->nf4.empty());
   Result<SafetensorsFile> f = SafetensorsFile::Open(dir + "/model.safetensors");
   ASSERT_TRUE(f.ok());
   for (const LayerSpec& l : layers) {
@@ -68,10 +70,15 @@ TEST(QloraFolderTest, AnUnquantizedFolderIsQuantizedAsItLoads) {
       ASSERT_TRUE(LoadParameter(*f, p, fp32).ok()) << p.name;
       Result<Nf4Host> want = QuantizeNf4(fp32, MasterShape(p), /*nested=*/true);
       ASSERT_TRUE(want.ok());
-      const Nf4Host& got = w->nf4.at(p.name);
-      EXPECT_EQ(got.packed, want->packed) << p.name;
-      EXPECT_EQ(got.absmax_q, want->absmax_q) << p.name;
-      EXPECT_EQ(got.nested_absmax, want->nested_absmax) << p.name;
+      for (int making = 0; making < 2; ++making) {
+        Nf4Host made;
+        Result<const Nf4Host*> got = w->FindNf4(p.name, made);
+        ASSERT_TRUE(got.ok() && *got != nullptr) << p.name;
+        EXPECT_EQ((*got)->packed, want->packed) << p.name;
+        EXPECT_EQ((*got)->absmax_q, want->absmax_q) << p.name;
+        EXPECT_EQ((*got)->nested_absmax, want->nested_absmax) << p.name;
+        EXPECT_EQ((*got)->nested_offset, want->nested_offset) << p.name;
+      }
     }
   }
 }
@@ -144,8 +151,9 @@ TEST(QloraFolderTest, LogitsOfThePreQuantizedFolderMatchTransformers) {
   const std::vector<LayerSpec> layers = BuildLayerSpecs(*c, lora);
   Result<HostTensors> w = InitialWeights(Bnb4Dir(), *c, layers, 1);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
-  EXPECT_EQ(w->nf4.size(), size_t(7 * c->num_layers));
-  for (const auto& [name, q] : w->nf4) EXPECT_EQ(w->tensors.count(name), 0u) << name;
+  EXPECT_EQ(w->nf4_served.size(), size_t(7 * c->num_layers));  // read again when packed
+  EXPECT_TRUE(w->nf4.empty());
+  for (const auto& [name, q] : w->nf4_served) EXPECT_EQ(w->tensors.count(name), 0u) << name;
 
   // LoRA's B starts at zero (PEFT's init): the adapter adds nothing yet.
   ExpectRunnerGivesTransformersLogits(*c, lora, *w, "QLoRA runner");

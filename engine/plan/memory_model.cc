@@ -107,6 +107,18 @@ struct ParamCounts {
   uint64_t from_files = 0;
   uint64_t nf4_bytes = 0;  // frozen NF4 weights on the host: codes and quant state
 };
+// QLoRA's NF4 base on the host: held whole (codes and quant state), or, made from the model's
+// files when packed (HostTensors::nf4_served), only the staging of one weight: the upload mirrors
+// hold the rest.
+void AddNf4Base(MemoryEstimate& e, const MemoryPlanInput& in, uint64_t held, uint64_t staging) {
+  if (held == 0) return;
+  if (in.frozen_base_from_files) {
+    Add(e.pageable_host, "weights.nf4_staging", staging, kHostPageBytes);
+  } else {
+    Add(e.pageable_host, "weights.nf4", held, kHostPageBytes);
+  }
+}
+
 ParamCounts CountParams(const LayerSpec& layer) {
   ParamCounts c;
   for (const ParamSpec& p : layer.params) {
@@ -314,9 +326,15 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   uint64_t embedding_frozen_copy = 0;
   uint64_t optimizer_slots = 0;  // two versioned slots per layer with trainable parameters
   uint64_t largest_slot = 0;
+  // QLoRA's base from the model's files is made into NF4 as each stage is packed, one weight at a
+  // time: its fp32 values and its NF4 form, for the largest weight.
+  uint64_t nf4_staging = 0;
   for (int i = 0; i <= head; ++i) {
     const LayerSpec& l = layers[size_t(i)];
     const ParamCounts c = CountParams(l);
+    for (const ParamSpec& p : l.params) {
+      if (p.nf4) nf4_staging = std::max(nf4_staging, uint64_t(p.numel()) * kF32 + p.host_bytes());
+    }
     if (c.trainable > 0) {
       const uint64_t slot = VersionedSlotBytes(3 * c.trainable * kF32);
       optimizer_slots += 2 * slot;
@@ -328,7 +346,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     for (const ParamSpec& p : l.params) {
       const uint64_t bytes = uint64_t(p.numel()) * act;
       // Served from the model's files: a frozen base weight, and forward only (evaluation and
-      // generation train nothing) every base weight; NF4 ones are held as NF4.
+      // generation train nothing) every base weight; NF4 ones: AddNf4Base.
       const bool served = in.frozen_base_from_files && p.tied_to.empty() && !p.nf4 && !p.lora &&
                           (!p.trainable || in.forward_only);
       if (l.kind == LayerKind::kEmbedding) {
@@ -406,7 +424,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     // The fp32 weights the host packs each stage's upload from (and gathers the embedding from).
     Add(e.pageable_host, "weights.master",
         (params.trainable + params.frozen - params.from_files) * kF32, P);
-    Add(e.pageable_host, "weights.nf4", params.nf4_bytes, P);
+    AddNf4Base(e, in, params.nf4_bytes, nf4_staging);
     Add(e.pageable_host, "weights.embedding", embedding_frozen_copy, P);
     return e;
   }
@@ -434,7 +452,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   if (!in.frozen_weights_on_nvme) {
     Add(e.pageable_host, "weights.frozen", (params.frozen - params.from_files) * kF32, P);
   }
-  Add(e.pageable_host, "weights.nf4", params.nf4_bytes, P);
+  AddNf4Base(e, in, params.nf4_bytes, nf4_staging);
   return e;
 }
 

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "engine/model/device_params.h"
+#include "kernels/nf4.h"
 #include "kernels/ops/attention.h"
 #include "kernels/ops/lm_head_loss.h"
 
@@ -254,6 +255,38 @@ TEST(MemoryModel, ABaseServedFromTheModelsFilesHasNoFp32CopyByHand) {
   const auto bare = Named(ComputeMemory(in).pageable_host);
   EXPECT_EQ(bare.count("weights.master"), 0u);
   EXPECT_EQ(bare.at("weights.embedding"), 4096u);
+}
+
+// QLoRA's NF4 base: held whole in RAM (a base made from the seed: codes and quant state of every
+// block projection), or, when the model's files serve it, made into NF4 as each stage is packed:
+// then only the largest weight's fp32 values and NF4 form are staged on the host, since the upload
+// mirrors (pinned, unchanged) hold the base.
+TEST(MemoryModel, AnNf4BaseFromTheFilesIsStagedOneWeightAtATimeByHand) {
+  MemoryPlanInput in = HandInput();
+  in.lora.rank = 2;
+  in.lora.targets = kLoraAll;
+  in.lora.quantize = BaseQuant::kNf4;
+  in.lora.double_quant = true;
+  const MemoryEstimate held = ComputeMemory(in);
+  const auto h = Named(held.pageable_host);
+  // Per block: q 64, k 32, v 32, o 64, gate, up and down 128 elements each.
+  uint64_t nf4 = 0;
+  for (int64_t n : {64, 32, 32, 64, 128, 128, 128}) nf4 += 2 * Nf4StoredBytes(n, true);
+  EXPECT_EQ(h.at("weights.nf4"), RoundUp(nf4, kHostPageBytes));
+  EXPECT_EQ(h.count("weights.nf4_staging"), 0u);
+  in.frozen_base_from_files = true;
+  const MemoryEstimate served = ComputeMemory(in);
+  const auto s = Named(served.pageable_host);
+  EXPECT_EQ(s.count("weights.nf4"), 0u);
+  EXPECT_EQ(s.at("weights.nf4_staging"),
+            RoundUp(128 * 4 + Nf4StoredBytes(128, true), kHostPageBytes));
+  EXPECT_EQ(held.pinned_host.total(), served.pinned_host.total());
+  EXPECT_EQ(held.gpu.total(), served.gpu.total());
+  // Forward only (evaluation over an NF4 base) alike.
+  in.forward_only = true;
+  const auto fwd = Named(ComputeMemory(in).pageable_host);
+  EXPECT_EQ(fwd.count("weights.nf4"), 0u);
+  EXPECT_EQ(fwd.count("weights.nf4_staging"), 1u);
 }
 
 // A Llama MLP's gate and up projections are one device tensor, and their LoRA adapters one

@@ -48,8 +48,9 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(ModelRunner* runner, std::vecto
   std::map<std::string, size_t> index;  // trainable name -> its place in order_
   for (const ParamSpec* p : StorageParams(t->layers_)) {
     if (p->nf4) {  // a frozen NF4 base weight: held as its codes and quant state
-      auto q = t->weights_.nf4.find(p->name);
-      if (q == t->weights_.nf4.end() || q->second.numel() != p->numel()) {
+      const bool held =
+          t->weights_.nf4.contains(p->name) || t->weights_.nf4_served.contains(p->name);
+      if (!held || t->weights_.numel(p->name) != p->numel()) {
         return Status::InvalidArgument("master weights lack the NF4 weight " + p->name +
                                        " or hold the wrong number of elements");
       }
