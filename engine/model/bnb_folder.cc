@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -402,11 +403,10 @@ Result<Nf4Host> ReadBnb4bitWeight(const FolderWeights& folder, const std::string
   return out;
 }
 
-Result<QuantizedWeights> ReadBnb4bitWeights(const FolderWeights& folder,
-                                            const Bnb4bitSettings& settings,
-                                            const std::vector<LayerSpec>& layers) {
-  QuantizedWeights q;
-  q.settings = settings;
+Status ForEachBnb4bitWeight(const FolderWeights& folder, const Bnb4bitSettings& settings,
+                            const std::vector<LayerSpec>& layers,
+                            const std::function<Status(const ParamSpec&, Nf4Host)>& fn) {
+  bool any = false;
   for (const LayerSpec& l : layers) {
     for (const ParamSpec& p : l.params) {
       if (!p.tied_to.empty() || p.lora || !IsBnbQuantized(folder, p.name)) continue;
@@ -423,46 +423,56 @@ Result<QuantizedWeights> ReadBnb4bitWeights(const FolderWeights& folder,
             (settings.double_quant ? "true" : "false") + " but '" + p.name + "' is " +
             (w.nested() ? "" : "not ") + "double-quantized: an inconsistent quant state");
       }
-      q.weights.emplace(p.name, std::move(w));
+      any = true;
+      FERRY_RETURN_IF_ERROR(fn(p, std::move(w)));
     }
   }
-  if (q.weights.empty()) {
+  if (!any) {
     return Status::InvalidArgument("model folder " + folder.dir() +
                                    ": config.json has a bitsandbytes 4-bit quantization_config "
                                    "but no weight is stored quantized");
   }
+  return Status::Ok();
+}
+
+Result<QuantizedWeights> ReadBnb4bitWeights(const FolderWeights& folder,
+                                            const Bnb4bitSettings& settings,
+                                            const std::vector<LayerSpec>& layers) {
+  QuantizedWeights q;
+  q.settings = settings;
+  FERRY_RETURN_IF_ERROR(
+      ForEachBnb4bitWeight(folder, settings, layers, [&](const ParamSpec& p, Nf4Host w) {
+        q.weights.emplace(p.name, std::move(w));
+        return Status::Ok();
+      }));
   return q;
 }
 
 Status LoadBnb4bitBase(const FolderWeights& folder, const ModelConfig& config,
                        const Bnb4bitSettings& settings, const std::vector<LayerSpec>& layers,
                        HostTensors& weights, ServedBase served) {
-  FERRY_ASSIGN_OR_RETURN(QuantizedWeights q, ReadBnb4bitWeights(folder, settings, layers));
-  std::map<std::string, const ParamSpec*, std::less<>> specs;
-  for (const LayerSpec& l : layers) {
-    for (const ParamSpec& p : l.params) specs[p.name] = &p;
-  }
   std::set<std::string, std::less<>> held;
-  // Each weight is read again from the folder when it is packed (HostTensors::nf4_served): the
-  // upload mirrors are then the only copy of the base in RAM.
+  // Each weight is checked here, one at a time, and read again from the folder when it is packed
+  // (HostTensors::nf4_served): the upload mirrors are the only copy of the base in RAM.
   auto shared = std::make_shared<const FolderWeights>(folder);
-  for (auto& [name, w] : q.weights) {
-    auto spec = specs.find(name);
-    if (spec == specs.end() || !spec->second->nf4) {
-      return Status::InvalidArgument(
-          "model folder " + folder.dir() + " is pre-quantized by bitsandbytes (NF4, '" + name +
-          "'), but the model was set up to hold that weight unquantized: ferry keeps NF4 the block "
-          "projections of Llama-family models (Llama, Mistral, Qwen2, Qwen3) only, with "
-          "--quantize nf4 (training: with --lora-rank N too)");
-    }
-    FERRY_RETURN_IF_ERROR(ValidateNf4(w, name));
-    held.insert(name);
-    weights.nf4_served[name] =
-        Nf4Source{.shape = w.shape, .make = [shared, name, shape = w.shape]() {
-                    return ReadBnb4bitWeight(*shared, name, shape);
-                  }};
-    w = Nf4Host{};  // read again when packed
-  }
+  FERRY_RETURN_IF_ERROR(
+      ForEachBnb4bitWeight(folder, settings, layers, [&](const ParamSpec& p, Nf4Host w) -> Status {
+        if (!p.nf4) {
+          return Status::InvalidArgument(
+              "model folder " + folder.dir() + " is pre-quantized by bitsandbytes (NF4, '" +
+              p.name +
+              "'), but the model was set up to hold that weight unquantized: ferry keeps NF4 the "
+              "block projections of Llama-family models (Llama, Mistral, Qwen2, Qwen3) only, with "
+              "--quantize nf4 (training: with --lora-rank N too)");
+        }
+        FERRY_RETURN_IF_ERROR(ValidateNf4(w, p.name));
+        held.insert(p.name);
+        weights.nf4_served[p.name] =
+            Nf4Source{.shape = w.shape, .make = [shared, name = p.name, shape = w.shape]() {
+                        return ReadBnb4bitWeight(*shared, name, shape);
+                      }};
+        return Status::Ok();
+      }));
   return LoadBaseWeights(folder, config, layers, weights, held, served);
 }
 

@@ -38,6 +38,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -96,6 +97,13 @@ struct QuantizedWeights {
 Result<Nf4Host> ReadBnb4bitWeight(const FolderWeights& folder, const std::string& name,
                                   std::span<const int64_t> shape);
 
+// Reads the quantized weights of `layers` (the base parameters BuildLayerSpecs made from
+// config.json) from `folder` one at a time, each checked and handed to `fn` (whose error stops the
+// walk), so only one is read at a time. Errors as ReadBnb4bitWeights'.
+Status ForEachBnb4bitWeight(const FolderWeights& folder, const Bnb4bitSettings& settings,
+                            const std::vector<LayerSpec>& layers,
+                            const std::function<Status(const ParamSpec&, Nf4Host)>& fn);
+
 // Reads every quantized weight of `layers` (the base parameters BuildLayerSpecs made from
 // config.json) from `folder`. Only decoder-block linear weights may be quantized (an embedding
 // or lm_head stored quantized is refused by name); a block weight stored as floats is left to
@@ -105,12 +113,13 @@ Result<QuantizedWeights> ReadBnb4bitWeights(const FolderWeights& folder,
                                             const std::vector<LayerSpec>& layers);
 
 // Fills `weights` with the base parameters of `layers` from the pre-quantized `folder`: its NF4
-// weights into weights.nf4 as stored (no fp32 copy, no requantization; each checked by
-// ValidateNf4), the others as LoadBaseWeights loads them (`served`). `layers` must hold every
-// stored NF4 weight in NF4 (ParamSpec::nf4: BuildLayerSpecs with lora.quantize kNf4); a block
-// projection the folder left unquantized (llm_int8_skip_modules) is read as floats. Errors name the
-// folder and the tensor: a quantized weight whose parameter is not nf4 in `layers`
-// (InvalidArgument), and those of ReadBnb4bitWeights and LoadBaseWeights.
+// weights checked one at a time (ValidateNf4) and served from the folder as stored (no fp32 copy,
+// no requantization: weights.nf4_served, read again when packed), the others as LoadBaseWeights
+// loads them (`served`). `layers` must hold every stored NF4 weight in NF4 (ParamSpec::nf4:
+// BuildLayerSpecs with lora.quantize kNf4); a block projection the folder left unquantized
+// (llm_int8_skip_modules) is read as floats. Errors name the folder and the tensor: a quantized
+// weight whose parameter is not nf4 in `layers` (InvalidArgument), and those of ReadBnb4bitWeights
+// and LoadBaseWeights.
 Status LoadBnb4bitBase(const FolderWeights& folder, const ModelConfig& config,
                        const Bnb4bitSettings& settings, const std::vector<LayerSpec>& layers,
                        HostTensors& weights, ServedBase served = ServedBase::kFrozen);
