@@ -143,6 +143,11 @@ Status AppendFile::Append(std::string_view text) {
   return s;
 }
 
+Status AppendFile::Sync() {
+  if (::fsync(fd_) != 0) return Status::FromErrno(errno, "fsync " + path_);
+  return Status::Ok();
+}
+
 Result<uint64_t> FreeSpace(const std::string& dir) {
   struct statvfs st {};
   if (::statvfs(dir.c_str(), &st) != 0) return Status::FromErrno(errno, "statvfs " + dir);

@@ -53,6 +53,11 @@ class AppendFile {
 
   // Errors name the path and the reason; the file keeps its previous records.
   [[nodiscard]] Status Append(std::string_view text);
+  [[nodiscard]] Status Append(std::span<const std::byte> data) {
+    return Append(std::string_view(reinterpret_cast<const char*>(data.data()), data.size()));
+  }
+  // fsyncs what was appended (a file inside a folder that is published atomically).
+  [[nodiscard]] Status Sync();
 
  private:
   AppendFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}

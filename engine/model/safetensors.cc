@@ -373,37 +373,51 @@ Result<std::vector<int64_t>> SafetensorsFile::ReadInts(std::string_view name) co
 
 // ---- writing --------------------------------------------------------------------------------
 
-Status WriteSafetensors(const std::string& path, std::span<const SafetensorsWriteTensor> tensors,
-                        const std::map<std::string, std::string>& metadata) {
+size_t SafetensorsDataBytes(const SafetensorsWriteTensor& t) {
+  size_t bytes = SafetensorsDTypeSize(t.file_dtype.value_or(ToSafetensorsDType(t.dtype)));
+  for (int64_t d : t.shape) bytes *= size_t(d);
+  return bytes;
+}
+
+Result<std::string> SafetensorsHeaderBytes(std::span<const SafetensorsWriteTensor> tensors,
+                                           const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::set<std::string_view> names;
   size_t offset = 0;
   for (const SafetensorsWriteTensor& t : tensors) {
     if (t.name.empty() || t.name == "__metadata__" || !names.insert(t.name).second) {
-      return Status::InvalidArgument("cannot write tensor named '" + t.name + "' to " + path +
-                                     ": names must be unique, non-empty and not __metadata__");
+      return Status::InvalidArgument("cannot write tensor named '" + t.name +
+                                     "': names must be unique, non-empty and not __metadata__");
     }
-    const SafetensorsDType file_dtype = t.file_dtype.value_or(ToSafetensorsDType(t.dtype));
-    size_t bytes = SafetensorsDTypeSize(file_dtype);
-    for (int64_t d : t.shape) bytes *= size_t(d);
+    const size_t bytes = SafetensorsDataBytes(t);
+    header[t.name] = {
+        {"dtype", SafetensorsDTypeName(t.file_dtype.value_or(ToSafetensorsDType(t.dtype)))},
+        {"shape", t.shape},
+        {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[size_t(i)] = char(uint8_t(uint64_t(text.size()) >> (8 * i)));
+  return out + text;
+}
+
+Status WriteSafetensors(const std::string& path, std::span<const SafetensorsWriteTensor> tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  for (const SafetensorsWriteTensor& t : tensors) {
+    const size_t bytes = SafetensorsDataBytes(t);
     if (bytes != t.data.size()) {
       return Status::InvalidArgument("tensor '" + t.name + "' has " +
                                      std::to_string(t.data.size()) + " bytes, shape " +
                                      ShapeToString(t.shape) + " needs " + std::to_string(bytes));
     }
-    header[t.name] = {{"dtype", SafetensorsDTypeName(file_dtype)},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
   }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
-  std::byte len[8];
-  for (int i = 0; i < 8; ++i) len[i] = std::byte(uint64_t(text.size()) >> (8 * i));
-
-  // The 8-byte header length, the header, then each tensor's bytes.
-  std::vector<std::span<const std::byte>> pieces = {len, AsBytes(text)};
+  Result<std::string> header = SafetensorsHeaderBytes(tensors, metadata);
+  if (!header.ok()) return header.status().WithContext(path);
+  // The header, then each tensor's bytes.
+  std::vector<std::span<const std::byte>> pieces = {AsBytes(*header)};
   for (const SafetensorsWriteTensor& t : tensors) pieces.push_back(t.data);
   return WritePiecesAtomically(path, pieces);
 }

@@ -118,11 +118,20 @@ struct SafetensorsWriteTensor {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
-  std::span<const std::byte> data;
+  std::span<const std::byte> data = {};
   // When set, the dtype the file names instead of `dtype` (any the format has: U8 quant state,
   // I64 token ids); `data` then holds numel * SafetensorsDTypeSize(*file_dtype) bytes.
   std::optional<SafetensorsDType> file_dtype = std::nullopt;
 };
+
+// The start of a safetensors file holding `tensors` in this order (their `data` is not read): the
+// 8-byte header length and the JSON header, padded to 8 bytes; the tensors' bytes follow it in
+// order. For a file written as its tensors are produced (a checkpoint). Errors: InvalidArgument
+// for a name that is empty, "__metadata__" or repeated.
+Result<std::string> SafetensorsHeaderBytes(std::span<const SafetensorsWriteTensor> tensors,
+                                           const std::map<std::string, std::string>& metadata = {});
+// The bytes tensor `t` takes in the file: numel x its file dtype's size.
+size_t SafetensorsDataBytes(const SafetensorsWriteTensor& t);
 
 // Writes the tensors (names unique, non-empty, not "__metadata__") to `path`.
 Status WriteSafetensors(const std::string& path, std::span<const SafetensorsWriteTensor> tensors,

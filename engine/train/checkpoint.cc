@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 
@@ -88,32 +89,55 @@ bool OfAnotherJob(const std::string& dir, const nlohmann::json& job) {
   return saved && !CompareSavedJob(*saved, job, dir).ok();
 }
 
-// Serializes `writer` as one file of the temporary folder (compressed when asked) and records its
-// size and checksum in `files`.
-Status WriteTensorFile(const SafetensorsWriter& writer, const std::string& tmp_dir,
-                       const std::string& name, bool compress, nlohmann::json& files) {
-  const std::string raw_path = tmp_dir + "/" + name;
-  FERRY_RETURN_IF_ERROR(writer.Write(raw_path));  // fsynced by the writer
-  FERRY_ASSIGN_OR_RETURN(std::string raw_file, ReadWholeFile(raw_path));
-  const std::span<const std::byte> raw = AsBytes(raw_file);
-  nlohmann::json entry = {{"raw_bytes", raw.size()}, {"compression", "none"}};
-  std::string stored_name = name;
-  std::span<const std::byte> stored = raw;
+// Writes one safetensors file of `tensors` into the temporary folder as it is produced: the
+// header, then each tensor's bytes as `bytes_of(i)` gives them (valid until its next call), so
+// one tensor at a time is in memory, never a copy of the file. Compressed when asked, in zstd
+// frames of at most kFrameBytes raw bytes each (a reader decompresses the frames as one). Records
+// the file's raw and stored sizes and the stored bytes' checksum in `files`.
+constexpr size_t kFrameBytes = size_t(16) << 20;
+Status WriteTensorFile(const std::vector<SafetensorsWriteTensor>& tensors,
+                       const std::function<Result<std::span<const std::byte>>(size_t)>& bytes_of,
+                       const std::string& tmp_dir, const std::string& name, bool compress,
+                       nlohmann::json& files) {
+  FERRY_ASSIGN_OR_RETURN(const std::string header, SafetensorsHeaderBytes(tensors));
+  const std::string stored_name = compress ? name + ".zst" : name;
+  const std::string path = tmp_dir + "/" + stored_name;
+  FERRY_ASSIGN_OR_RETURN(AppendFile file, AppendFile::Open(path, /*truncate=*/true));
+  std::optional<ZstdCodec> codec;
+  if (compress) codec.emplace(3);
   std::vector<std::byte> packed;
-  if (compress) {
-    ZstdCodec codec(3);
-    packed.resize(ZstdCodec::CompressBound(raw.size()));
-    FERRY_ASSIGN_OR_RETURN(size_t n, codec.Compress(raw, packed));
-    packed.resize(n);
-    stored_name = name + ".zst";
-    stored = packed;
-    entry["compression"] = "zstd";
-    FERRY_RETURN_IF_ERROR(WriteFileDurably(tmp_dir + "/" + stored_name, stored));
-    if (::unlink(raw_path.c_str()) != 0) return Status::FromErrno(errno, "remove " + raw_path);
+  uint64_t raw = 0, stored = 0;
+  uint32_t crc = 0;
+  auto put = [&](std::span<const std::byte> piece) -> Status {
+    raw += piece.size();
+    for (size_t at = 0; at < piece.size(); at += kFrameBytes) {
+      std::span<const std::byte> out = piece.subspan(at, std::min(kFrameBytes, piece.size() - at));
+      if (codec) {
+        packed.resize(ZstdCodec::CompressBound(out.size()));
+        FERRY_ASSIGN_OR_RETURN(const size_t n, codec->Compress(out, packed));
+        out = std::span<const std::byte>(packed.data(), n);
+      }
+      crc = Crc32c(out, crc);
+      stored += out.size();
+      FERRY_RETURN_IF_ERROR(file.Append(out));
+    }
+    return Status::Ok();
+  };
+  FERRY_RETURN_IF_ERROR(put(AsBytes(header)));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    FERRY_ASSIGN_OR_RETURN(const std::span<const std::byte> bytes, bytes_of(i));
+    if (bytes.size() != SafetensorsDataBytes(tensors[i])) {
+      return Status::Internal("checkpoint tensor '" + tensors[i].name + "' gave " +
+                              std::to_string(bytes.size()) + " bytes, its shape needs " +
+                              std::to_string(SafetensorsDataBytes(tensors[i])));
+    }
+    FERRY_RETURN_IF_ERROR(put(bytes));
   }
-  entry["bytes"] = stored.size();
-  entry["crc32c"] = Crc32c(stored);
-  files[stored_name] = entry;
+  FERRY_RETURN_IF_ERROR(file.Sync());
+  files[stored_name] = {{"raw_bytes", raw},
+                        {"compression", compress ? "zstd" : "none"},
+                        {"bytes", stored},
+                        {"crc32c", crc}};
   return Status::Ok();
 }
 
@@ -228,21 +252,29 @@ Result<std::string> SaveCheckpoint(const std::string& run_dir, const Trainer& tr
 
   auto write_all = [&]() -> Status {
     nlohmann::json files = nlohmann::json::object();
-    SafetensorsWriter weights, moments;
-    std::vector<float> m, v;
-    for (const std::string& n : trainer.trainable_names()) {
-      const std::vector<float>& w = trainer.weights().tensors.at(n);
-      weights.Add(n, {int64_t(w.size())}, w);
-      // In RAM, or read back from the layer's committed slot on NVMe.
-      FERRY_RETURN_IF_ERROR(trainer.ReadOptimizerState(n, &m, &v));
-      moments.Add(n + kExpAvg, {int64_t(w.size())}, m);
-      moments.Add(n + kExpAvgSq, {int64_t(w.size())}, v);
+    // Straight from the trainer's buffers (fp32, stored as it is); the moments one parameter at
+    // a time (in RAM, or read back from the layer's committed slot on NVMe).
+    const std::vector<std::string>& names = trainer.trainable_names();
+    std::vector<SafetensorsWriteTensor> weights, moments;
+    for (const std::string& n : names) {
+      const std::vector<int64_t> shape = {int64_t(trainer.weights().tensors.at(n).size())};
+      weights.push_back({.name = n, .shape = shape});
+      moments.push_back({.name = n + kExpAvg, .shape = shape});
+      moments.push_back({.name = n + kExpAvgSq, .shape = shape});
     }
-    FERRY_RETURN_IF_ERROR(
-        WriteTensorFile(weights, tmp_dir, "trainable.safetensors", options.compress, files));
+    auto weight_bytes = [&](size_t i) -> Result<std::span<const std::byte>> {
+      return std::as_bytes(std::span(trainer.weights().tensors.at(names[i])));
+    };
+    std::vector<float> m, v;
+    auto moment_bytes = [&](size_t i) -> Result<std::span<const std::byte>> {
+      if (i % 2 == 0) FERRY_RETURN_IF_ERROR(trainer.ReadOptimizerState(names[i / 2], &m, &v));
+      return std::as_bytes(std::span(i % 2 == 0 ? m : v));
+    };
+    FERRY_RETURN_IF_ERROR(WriteTensorFile(weights, weight_bytes, tmp_dir, "trainable.safetensors",
+                                          options.compress, files));
     FERRY_RETURN_IF_ERROR(Hook(options, step, "trainable"));
-    FERRY_RETURN_IF_ERROR(
-        WriteTensorFile(moments, tmp_dir, "optimizer.safetensors", options.compress, files));
+    FERRY_RETURN_IF_ERROR(WriteTensorFile(moments, moment_bytes, tmp_dir, "optimizer.safetensors",
+                                          options.compress, files));
     FERRY_RETURN_IF_ERROR(Hook(options, step, "optimizer"));
     FERRY_RETURN_IF_ERROR(WriteFileDurably(tmp_dir + "/metrics.jsonl", Bytes(meta.metrics)));
     files["metrics.jsonl"] = {{"bytes", meta.metrics.size()},
