@@ -92,9 +92,10 @@ void AddQuantizeOptions(CLI::App& app, BaseQuant* quantize, bool* double_quant, 
   const std::string help =
       training ? "The frozen base's storage under LoRA: none, or nf4 (QLoRA: 4-bit NormalFloat, "
                  "blocks of 64, as bitsandbytes stores it)"
-               : "The base's block projections: none, or nf4 (quantized on load to 4-bit "
-                 "NormalFloat, as QLoRA holds them); a folder pre-quantized by bitsandbytes is "
-                 "NF4 already, and a QLoRA run folder's base is held as it was trained";
+               : "The base's block projections: none, or nf4 (quantized to 4-bit NormalFloat "
+                 "as they are packed for the devices, as QLoRA holds them); a folder "
+                 "pre-quantized by bitsandbytes is NF4 already, and a QLoRA run folder's base "
+                 "is taken as it was trained";
   app.add_option_function<std::string>(
          "--quantize",
          [quantize](const std::string& v) {

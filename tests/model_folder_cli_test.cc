@@ -222,9 +222,9 @@ TEST_F(ModelFolderCliTest, GenerateAndEvalOnAPreQuantizedFolder) {
   }
 }
 
-// --quantize nf4 on an unquantized folder: the base quantized on load, as QLoRA holds it. The CLI
-// equals the in-process NF4 model exactly and the fp32 model nearly (4-bit weights move the loss a
-// little, not to another model's); a GPT-2 model is one line naming it.
+// --quantize nf4 on an unquantized folder: the base quantized as it is packed, as QLoRA holds it.
+// The CLI equals the in-process NF4 model exactly and the fp32 model nearly (4-bit weights move the
+// loss a little, not to another model's); a GPT-2 model is one line naming it.
 TEST_F(ModelFolderCliTest, QuantizeOnLoad) {
   const std::string args = "--model " + src_ + " --quantize nf4";
   CommandResult g = Generate(args);

@@ -82,7 +82,7 @@ struct InferenceModel {
 };
 
 // Resolves (ModelUse::kInference) and loads --model/--adapter; "tiny" is initialized from `seed`.
-// `quantize` kNf4 (--quantize nf4) holds the base's block projections in NF4, quantized on load
+// `quantize` kNf4 (--quantize nf4) holds the base's block projections in NF4, quantized as packed
 // (LoadModelFolder) with `double_quant`'s nesting; a pre-quantized folder is NF4 as it is stored
 // whatever these say, and the base of a QLoRA run folder as it was trained
 // (ModelSource::run_quantize, run_double_quant).

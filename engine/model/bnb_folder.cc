@@ -118,6 +118,7 @@ class WeightTensors {
     std::span<const std::byte> data = file.Data(info);
     std::vector<uint8_t> out(data.size());
     if (!out.empty()) std::memcpy(out.data(), data.data(), data.size());
+    ReleaseMappedPages(data);  // read once per packing: the pages leave the resident set
     return out;
   }
 

@@ -106,11 +106,12 @@ void ReadFileTensor(const FileTensor& t, std::span<float> out) {
   Transpose(stored.data(), t.shape[0], t.shape[1], out.data());
 }
 
-void ReleaseFilePages(const FileTensor& t) {
+void ReleaseFilePages(const FileTensor& t) { ReleaseMappedPages(t.bytes); }
+
+void ReleaseMappedPages(std::span<const std::byte> bytes) {
   static const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(t.bytes.data()) + page - 1) & ~(page - 1);
-  const uintptr_t end =
-      (reinterpret_cast<uintptr_t>(t.bytes.data()) + t.bytes.size()) & ~(page - 1);
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(bytes.data()) + page - 1) & ~(page - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(bytes.data()) + bytes.size()) & ~(page - 1);
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 

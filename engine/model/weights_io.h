@@ -49,6 +49,8 @@ void ReadFileTensor(const FileTensor& t, std::span<float> out);
 // pages inside it): they leave the process's resident set and stay in the page cache, read back
 // from there (or the drive) when touched again. A hint: nothing fails.
 void ReleaseFilePages(const FileTensor& t);
+// The same for any bytes of a memory-mapped file.
+void ReleaseMappedPages(std::span<const std::byte> bytes);
 
 // Adds `p` (values in the master layout) to `writer` in the checkpoint layout, stored as `dtype`.
 // REQUIRES: values.size() == p.numel().
