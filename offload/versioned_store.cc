@@ -306,6 +306,7 @@ Result<std::span<std::byte>> VersionedStore::Acquire(size_t r) {
       cv_.wait(lock);
       continue;
     }
+    ++stats_.unprefetched;
     buffers_[size_t(take)] =
         Buffer{.state = BufferState::kReading, .record = r, .status = Status::Ok()};
     queue_.push_front(size_t(take));  // ahead of any read-ahead

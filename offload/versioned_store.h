@@ -73,6 +73,7 @@ struct VersionedStoreStats {
   uint64_t bytes_written = 0;  // whole slots written
   uint64_t commits = 0;
   uint64_t wasted_prefetches = 0;  // prefetched records dropped unused to free a buffer
+  uint64_t unprefetched = 0;       // acquires whose record was not read ahead (read then, waited)
 };
 
 class VersionedStore {

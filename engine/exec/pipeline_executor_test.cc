@@ -1971,7 +1971,8 @@ TEST_P(NvmeOptimizerTest, EqualsHostRamBitForBitAndMovesThePlannedBytes) {
     std::vector<double> losses;
     OptimizerSnapshot state;
     uint64_t store_read = 0, store_written = 0, io_read = 0, io_written = 0, wasted = 0;
-    uint64_t faults = 0;  // major page faults while the counters ran
+    uint64_t faults = 0;                  // major page faults while the counters ran
+    uint64_t unprefetched_last_step = 0;  // records the last step's updates waited to read
     bool direct = false;
   };
   auto train = [&](const std::string& state_dir) {
@@ -1987,11 +1988,14 @@ TEST_P(NvmeOptimizerTest, EqualsHostRamBitForBitAndMovesThePlannedBytes) {
     EXPECT_EQ(store != nullptr, !state_dir.empty());
     const VersionedStoreStats s0 = store ? store->stats() : VersionedStoreStats{};
     const uint64_t r0 = ProcIo("read_bytes"), w0 = ProcIo("write_bytes"), f0 = MajorFaults();
+    uint64_t unprefetched = 0;
     for (const auto& mbs : steps) {
+      if (store != nullptr) unprefetched = store->stats().unprefetched;
       Result<StepStats> st = (*t)->Step(mbs);
       EXPECT_TRUE(st.ok()) << st.status().ToString();
       r.losses.push_back(st.ok() ? st->loss : NAN);
     }
+    if (store != nullptr) r.unprefetched_last_step = store->stats().unprefetched - unprefetched;
     EXPECT_TRUE((*t)->FinishUpdates().ok());
     if (store != nullptr) {
       const VersionedStoreStats s1 = store->stats();
@@ -2028,6 +2032,9 @@ TEST_P(NvmeOptimizerTest, EqualsHostRamBitForBitAndMovesThePlannedBytes) {
   EXPECT_EQ(nvme.store_read, kSteps * planned);
   EXPECT_EQ(nvme.store_written, kSteps * planned);
   EXPECT_EQ(nvme.wasted, 0u);
+  // Every record the last step updated was read ahead, in the order the step applied them (with
+  // stale updates: the order of its stages' reads, learned from the step before).
+  EXPECT_EQ(nvme.unprefetched_last_step, 0u);
   std::printf(
       "NVMe optimizer bytes per step: planned %llu each way; measured store %llu read, "
       "%llu written; /proc/self/io %llu read, %llu written (O_DIRECT %s; %llu major faults)\n",

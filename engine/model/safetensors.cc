@@ -170,24 +170,35 @@ std::string ShapeToString(std::span<const int64_t> shape) {
 
 Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> file,
                                                  std::string_view what) {
-  if (file.size() < 8) return Bad(what, "", "shorter than the 8-byte header length");
+  return ParseSafetensorsHeader(file, file.size(), what);
+}
+
+Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> head, size_t file_size,
+                                                 std::string_view what) {
+  if (file_size < 8 || head.size() < 8) {
+    return Bad(what, "", "shorter than the 8-byte header length");
+  }
   uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | uint64_t(file[size_t(i)]);  // little-endian
+  for (int i = 7; i >= 0; --i) n = (n << 8) | uint64_t(head[size_t(i)]);  // little-endian
   if (n > kMaxHeaderBytes)
     return Bad(what, "", "header length " + std::to_string(n) + " too large");
-  if (n > file.size() - 8) {
+  if (n > file_size - 8) {
     return Bad(what, "",
                "header length " + std::to_string(n) + " runs past the end of the file (" +
-                   std::to_string(file.size()) + " bytes)");
+                   std::to_string(file_size) + " bytes)");
   }
-  const char* text = reinterpret_cast<const char*>(file.data() + 8);
+  if (n > head.size() - 8) {
+    return Status::InvalidArgument(std::string(what) + ": " + std::to_string(head.size()) +
+                                   " bytes given for a header of " + std::to_string(n));
+  }
+  const char* text = reinterpret_cast<const char*>(head.data() + 8);
   json root = json::parse(text, text + n, /*cb=*/nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) return Bad(what, "", "header is not well-formed JSON");
   if (!root.is_object()) return Bad(what, "", "header is not a JSON object");
 
   SafetensorsHeader header;
   header.data_begin = 8 + size_t(n);
-  const size_t data_bytes = file.size() - header.data_begin;
+  const size_t data_bytes = file_size - header.data_begin;
   for (auto it = root.begin(); it != root.end(); ++it) {
     if (it.key() == "__metadata__") {
       if (!it->is_object()) return Bad(what, "", "__metadata__ is not an object");

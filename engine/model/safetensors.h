@@ -71,6 +71,10 @@ struct SafetensorsHeader {
 // tensor and the problem.
 Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> file,
                                                  std::string_view what);
+// The same from the start of a file of `file_size` bytes: `head` holds at least its first
+// 8 + header length bytes (a file read a piece at a time).
+Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> head, size_t file_size,
+                                                 std::string_view what);
 
 class SafetensorsFile {
  public:

@@ -1,5 +1,7 @@
 #include "engine/train/checkpoint.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -179,6 +181,85 @@ Result<std::map<std::string, std::vector<float>>> ParseTensors(std::span<const s
   return out;
 }
 
+// Reads exactly `out.size()` bytes at the descriptor's position, extending `crc` over them.
+Status ReadExactly(int fd, std::span<std::byte> out, const std::string& path, uint32_t& crc) {
+  for (size_t done = 0; done < out.size();) {
+    const ssize_t r = ::read(fd, out.data() + done, std::min<size_t>(out.size() - done, 1 << 26));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Status::FromErrno(errno, "read " + path);
+    if (r == 0) return Status::Corruption(path + " ends early (truncated?)");
+    done += size_t(r);
+  }
+  crc = Crc32c(out, crc);
+  return Status::Ok();
+}
+
+// The F32 tensors of a checkpoint's tensor file, verified. A compressed file is read and
+// decompressed whole; an uncompressed one is read a piece at a time straight into its tensors,
+// its checksum taken as it goes (checked before anything is returned), so the file's bytes never
+// sit in RAM beside them.
+Result<std::map<std::string, std::vector<float>>> ReadTensorFile(const std::string& dir,
+                                                                 const std::string& name,
+                                                                 const nlohmann::json& entry) {
+  const std::string path = dir + "/" + name;
+  if (entry.value("compression", "none") == "zstd") {
+    FERRY_ASSIGN_OR_RETURN(std::string image, ReadVerified(dir, name, entry));
+    return ParseTensors(AsBytes(image), path);
+  }
+  struct Fd {
+    int fd;
+    ~Fd() {
+      if (fd >= 0) ::close(fd);
+    }
+  } f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (f.fd < 0) return Status::FromErrno(errno, "open " + path);
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) return Status::FromErrno(errno, "stat " + path);
+  const size_t size = size_t(st.st_size), want = entry.value("bytes", size_t(0));
+  if (size != want) {
+    return Status::Corruption(path + " holds " + std::to_string(size) + " bytes, state.json says " +
+                              std::to_string(want) + " (truncated?)");
+  }
+  uint32_t crc = 0;
+  std::vector<std::byte> head(std::min<size_t>(size, 8));
+  FERRY_RETURN_IF_ERROR(ReadExactly(f.fd, head, path, crc));
+  uint64_t n = 0;
+  for (size_t i = head.size(); i-- > 0;) n = (n << 8) | uint64_t(head[i]);
+  if (head.size() == 8 && n <= size - 8) {  // else the parse below names the problem
+    head.resize(8 + n);
+    FERRY_RETURN_IF_ERROR(ReadExactly(f.fd, std::span(head).subspan(8), path, crc));
+  }
+  FERRY_ASSIGN_OR_RETURN(SafetensorsHeader header, ParseSafetensorsHeader(head, size, path));
+  std::vector<const SafetensorsTensorInfo*> in_file;  // by offset: the order to read them in
+  for (const SafetensorsTensorInfo& t : header.tensors) {
+    if (t.dtype != SafetensorsDType::kF32) {
+      return Status::Corruption(path + ": tensor " + t.name + " is not F32");
+    }
+    in_file.push_back(&t);
+  }
+  std::ranges::sort(in_file, {}, &SafetensorsTensorInfo::offset);
+  std::map<std::string, std::vector<float>> out;
+  size_t at = head.size();
+  std::vector<std::byte> gap;  // bytes between tensors, read for the checksum only
+  auto skip_to = [&](size_t offset) -> Status {
+    gap.resize(offset - at);
+    at = offset;
+    return ReadExactly(f.fd, gap, path, crc);
+  };
+  for (const SafetensorsTensorInfo* t : in_file) {
+    FERRY_RETURN_IF_ERROR(skip_to(t->offset));
+    std::vector<float>& v = out[t->name];
+    v.resize(t->bytes / sizeof(float));
+    FERRY_RETURN_IF_ERROR(ReadExactly(f.fd, std::as_writable_bytes(std::span(v)), path, crc));
+    at += t->bytes;
+  }
+  FERRY_RETURN_IF_ERROR(skip_to(size));
+  if (crc != entry.value("crc32c", uint32_t(0))) {
+    return Status::Corruption(path + " fails its CRC-32C checksum (the file is corrupt)");
+  }
+  return out;
+}
+
 // The file of `files` whose name starts with `stem` (the plain or the .zst one).
 Result<std::string> FileNamed(const nlohmann::json& files, const std::string& stem,
                               const std::string& dir) {
@@ -252,8 +333,8 @@ Result<std::string> SaveCheckpoint(const std::string& run_dir, const Trainer& tr
 
   auto write_all = [&]() -> Status {
     nlohmann::json files = nlohmann::json::object();
-    // Straight from the trainer's buffers (fp32, stored as it is); the moments one parameter at
-    // a time (in RAM, or read back from the layer's committed slot on NVMe).
+    // Straight from the trainer's buffers (fp32, stored as it is); with the optimizer state on
+    // NVMe, the moments one parameter at a time, read back from its layer's committed slot.
     const std::vector<std::string>& names = trainer.trainable_names();
     std::vector<SafetensorsWriteTensor> weights, moments;
     for (const std::string& n : names) {
@@ -267,8 +348,12 @@ Result<std::string> SaveCheckpoint(const std::string& run_dir, const Trainer& tr
     };
     std::vector<float> m, v;
     auto moment_bytes = [&](size_t i) -> Result<std::span<const std::byte>> {
-      if (i % 2 == 0) FERRY_RETURN_IF_ERROR(trainer.ReadOptimizerState(names[i / 2], &m, &v));
-      return std::as_bytes(std::span(i % 2 == 0 ? m : v));
+      const std::string& n = names[i / 2];
+      if (trainer.state_store() == nullptr) {  // in RAM: the trainer's own buffers
+        return std::as_bytes(i % 2 == 0 ? trainer.exp_avg(n) : trainer.exp_avg_sq(n));
+      }
+      if (i % 2 == 0) FERRY_RETURN_IF_ERROR(trainer.ReadOptimizerState(n, &m, &v));
+      return std::as_bytes(std::span<const float>(i % 2 == 0 ? m : v));
     };
     FERRY_RETURN_IF_ERROR(WriteTensorFile(weights, weight_bytes, tmp_dir, "trainable.safetensors",
                                           options.compress, files));
@@ -361,15 +446,12 @@ Result<CheckpointState> ReadCheckpoint(const std::string& dir) {
       ReadVerified(dir, "metrics.jsonl", files.value("metrics.jsonl", nlohmann::json::object())));
 
   FERRY_ASSIGN_OR_RETURN(std::string weights_name, FileNamed(files, "trainable.safetensors", dir));
-  FERRY_ASSIGN_OR_RETURN(std::string weights, ReadVerified(dir, weights_name, files[weights_name]));
-  FERRY_ASSIGN_OR_RETURN(auto weight_tensors,
-                         ParseTensors(AsBytes(weights), dir + "/" + weights_name));
-  out.trainable.tensors = std::move(weight_tensors);
+  FERRY_ASSIGN_OR_RETURN(out.trainable.tensors,
+                         ReadTensorFile(dir, weights_name, files[weights_name]));
 
   FERRY_ASSIGN_OR_RETURN(std::string moments_name, FileNamed(files, "optimizer.safetensors", dir));
-  FERRY_ASSIGN_OR_RETURN(std::string moments, ReadVerified(dir, moments_name, files[moments_name]));
   FERRY_ASSIGN_OR_RETURN(auto moment_tensors,
-                         ParseTensors(AsBytes(moments), dir + "/" + moments_name));
+                         ReadTensorFile(dir, moments_name, files[moments_name]));
   for (auto& [name, values] : moment_tensors) {
     const auto ends_with = [&](const std::string& suffix) {
       return name.size() > suffix.size() &&
@@ -410,8 +492,8 @@ Result<CheckpointState> LoadLatestCheckpoint(
                           "; start a new run (ferry train --out ...) instead of --resume");
 }
 
-Status ApplyCheckpointWeights(const CheckpointState& checkpoint,
-                              const std::vector<LayerSpec>& layers, HostTensors& weights) {
+Status ApplyCheckpointWeights(CheckpointState& checkpoint, const std::vector<LayerSpec>& layers,
+                              HostTensors& weights) {
   for (const ParamSpec* p : StorageParams(layers)) {
     if (!p->trainable) continue;
     auto it = checkpoint.trainable.tensors.find(p->name);
@@ -419,8 +501,12 @@ Status ApplyCheckpointWeights(const CheckpointState& checkpoint,
       return Status::InvalidArgument("checkpoint " + checkpoint.dir + " lacks " + p->name +
                                      " or holds it at another size: it is not of this job's model");
     }
-    weights.tensors.at(p->name) = it->second;
   }
+  for (const ParamSpec* p : StorageParams(layers)) {  // all present: moved, not copied
+    if (p->trainable)
+      weights.tensors.at(p->name) = std::move(checkpoint.trainable.tensors[p->name]);
+  }
+  checkpoint.trainable = {};
   return Status::Ok();
 }
 

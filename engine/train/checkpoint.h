@@ -23,7 +23,10 @@
 // fsynced, renamed to "step-K" and the parent fsynced; then `latest` is replaced the same way
 // (WriteFileAtomically); then checkpoints beyond the newest `keep` are renamed to ".trash-*" and
 // removed. Leftover ".tmp-*" and ".trash-*" folders (a killed save) are removed by the next save.
-// With `compress`, the tensor files are zstd-compressed whole (offload/zstd_codec.h).
+// With `compress`, the tensor files are zstd-compressed in frames (the header's, then at most
+// 16 MiB of a tensor each; offload/zstd_codec.h), which a reader decompresses as one. A tensor file
+// is written straight from the trainer's buffers as it is produced, and read back a piece at a time
+// straight into its tensors when it is not compressed: no second copy of the state in RAM.
 //
 // Reading (ReadCheckpoint) verifies every file's size and checksum before using it: a corrupt or
 // truncated checkpoint is a Corruption error naming the file. LoadLatestCheckpoint tries `latest`
@@ -103,9 +106,10 @@ Result<CheckpointState> LoadLatestCheckpoint(
     const std::string& run_dir, const std::function<void(const std::string&)>& warn,
     const std::function<Status(const CheckpointState&)>& accept = {});
 
-// Overwrites the trainable parameters of `weights` with the checkpoint's. InvalidArgument naming
-// the tensor when one is missing or mis-sized (a checkpoint of another model).
-Status ApplyCheckpointWeights(const CheckpointState& checkpoint,
-                              const std::vector<LayerSpec>& layers, HostTensors& weights);
+// Overwrites the trainable parameters of `weights` with the checkpoint's, moving them out of
+// `checkpoint` (its `trainable` is empty after). InvalidArgument naming the tensor when one is
+// missing or mis-sized (a checkpoint of another model); nothing is moved then.
+Status ApplyCheckpointWeights(CheckpointState& checkpoint, const std::vector<LayerSpec>& layers,
+                              HostTensors& weights);
 
 }  // namespace ferry

@@ -97,19 +97,24 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
       .loss_scaling = {.enabled = F16Storage(job),
                        .initial_scale = job.loss_scale,
                        .growth_interval = job.loss_scale_growth_interval}};
-  FERRY_ASSIGN_OR_RETURN(
-      std::unique_ptr<Trainer> trainer,
-      Trainer::Create(
-          runner, std::move(layers), std::move(weights), optimizer, &optimizer_pool,
-          {.nvme_dir = devices.optimizer_nvme_dir(), .committed = control.optimizer_commit_hook}));
-  trainer->set_trace(devices.trace.get());
+  // A resume hands the checkpoint's moments to the trainer (moved, never held twice).
+  std::shared_ptr<OptimizerStateOptions::Resumed> resume;
   if (resumed) {
-    FERRY_RETURN_IF_ERROR(trainer->RestoreOptimizer(resumed->step, resumed->exp_avg,
-                                                    resumed->exp_avg_sq, resumed->loss_scaler));
+    resume = std::make_shared<OptimizerStateOptions::Resumed>(
+        OptimizerStateOptions::Resumed{.steps_done = resumed->step,
+                                       .exp_avg = std::move(resumed->exp_avg),
+                                       .exp_avg_sq = std::move(resumed->exp_avg_sq),
+                                       .loss_scaler = resumed->loss_scaler});
     meta.elapsed_s = resumed->meta.elapsed_s;
     meta.metrics = std::move(resumed->meta.metrics);
-    resumed->trainable = {};
   }
+  FERRY_ASSIGN_OR_RETURN(
+      std::unique_ptr<Trainer> trainer,
+      Trainer::Create(runner, std::move(layers), std::move(weights), optimizer, &optimizer_pool,
+                      {.nvme_dir = devices.optimizer_nvme_dir(),
+                       .committed = control.optimizer_commit_hook,
+                       .resume = std::move(resume)}));
+  trainer->set_trace(devices.trace.get());
   const CheckpointOptions checkpoint_options{.keep = job.keep_checkpoints,
                                              .compress = job.checkpoint_compress,
                                              .fault_hook = control.checkpoint_fault_hook,

@@ -67,7 +67,8 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(ModelRunner* runner, std::vecto
     if (!p->trainable) continue;
     const size_t n = size_t(p->numel());
     t->grads_.tensors[p->name].assign(n, 0.0f);
-    const size_t in_ram = state.nvme_dir.empty() ? n : 0;
+    // Zeros in RAM, unless a resume brings the moments (below) or they live on NVMe.
+    const size_t in_ram = state.nvme_dir.empty() && state.resume == nullptr ? n : 0;
     t->state_[p->name] = State{p, std::vector<float>(in_ram, 0.0f),
                                std::vector<float>(in_ram, 0.0f), t->order_.size()};
     index[p->name] = t->order_.size();
@@ -102,27 +103,43 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(ModelRunner* runner, std::vecto
       t->record_layer_.push_back(l);
       t->record_params_.push_back(t->lands_[l]);
     }
-    // The layer after which no layer reads a record's parameters any more, for stale updates.
-    std::vector<size_t> last_read(t->order_.size(), 0);
+    // The layer whose read applies a record's update (SetUpdateOrder): the first that reads one
+    // of its parameters, or with stale updates the last.
+    std::vector<size_t> first_read(t->order_.size(), t->reads_.size()), last_read(t->order_.size());
     for (size_t l = 0; l < t->reads_.size(); ++l) {
-      for (size_t k : t->reads_[l]) last_read[k] = l;
+      for (size_t k : t->reads_[l]) {
+        first_read[k] = std::min(first_read[k], l);
+        last_read[k] = l;
+      }
     }
-    std::vector<std::pair<size_t, size_t>> by_last;  // (last reading layer, record)
+    std::vector<std::pair<size_t, size_t>> by_read;  // (the layer that applies it, record)
     for (size_t g = 0; g < t->record_params_.size(); ++g) {
-      size_t last = 0;
-      for (size_t k : t->record_params_[g]) last = std::max(last, last_read[k]);
-      by_last.emplace_back(last, g);
+      size_t at = options.stale_updates ? 0 : t->reads_.size();
+      for (size_t k : t->record_params_[g]) {
+        at = options.stale_updates ? std::max(at, last_read[k]) : std::min(at, first_read[k]);
+      }
+      by_read.emplace_back(at, g);
     }
-    std::ranges::sort(by_last);
-    t->stale_next_.assign(by_last.size(), by_last.size());
-    for (size_t i = 0; i < by_last.size(); ++i) {
-      t->stale_order_.push_back(by_last[i].second);
-      if (i > 0) t->stale_next_[by_last[i - 1].second] = by_last[i].second;
-    }
-    FERRY_RETURN_IF_ERROR(t->CreateStore(0, nullptr, nullptr));
+    std::ranges::sort(by_read);
+    std::vector<size_t> order;
+    for (const auto& [at, g] : by_read) order.push_back(g);
+    t->SetUpdateOrder(order);
+    if (state.resume == nullptr) FERRY_RETURN_IF_ERROR(t->CreateStore(0, nullptr, nullptr));
+  }
+  if (state.resume != nullptr) {
+    OptimizerStateOptions::Resumed& r = *state.resume;
+    FERRY_RETURN_IF_ERROR(t->RestoreOptimizer(r.steps_done, std::move(r.exp_avg),
+                                              std::move(r.exp_avg_sq), r.loss_scaler));
+    t->state_options_.resume = nullptr;
   }
   FERRY_RETURN_IF_ERROR(runner->UploadWeights(t->weights_));
   return t;
+}
+
+void Trainer::SetUpdateOrder(std::span<const size_t> order) {
+  update_order_.assign(order.begin(), order.end());
+  update_next_.assign(order.size(), order.size());
+  for (size_t i = 1; i < order.size(); ++i) update_next_[order[i - 1]] = order[i];
 }
 
 Status Trainer::CreateStore(int64_t step, const HostTensors* exp_avg,
@@ -225,12 +242,16 @@ Status Trainer::ApplyRecord(size_t g, const Update& u) {
   Result<std::span<std::byte>> record = store_->Acquire(g);
   if (!record.ok()) return record.status().WithContext(where);
   // Read the next record in update order while this one is updated.
-  if (options_.stale_updates) {
-    store_->Prefetch(stale_next_[g]);
-  } else if (!updates_descend_) {
+  if (updates_descend_) {  // as gradients land, backward
+    if (g > 0) store_->Prefetch(g - 1);
+  } else if (pending_count_ > 0) {  // waiting updates: the next one still pending in their order
+    size_t next = update_next_[g];
+    while (next < update_next_.size() && !pending_[record_params_[next].front()]) {
+      next = update_next_[next];
+    }
+    store_->Prefetch(next);
+  } else {  // after the step, forward
     store_->Prefetch(g + 1);
-  } else if (g > 0) {
-    store_->Prefetch(g - 1);
   }
   float* f = reinterpret_cast<float*>(record->data());
   for (size_t k : record_params_[g]) {
@@ -268,6 +289,7 @@ Status Trainer::ApplyAndClear(size_t k, const Update& u) {
   for (size_t j : record_params_[g]) {
     if (pending_[j]) pending_[j] = 0, --pending_count_;
   }
+  applied_.push_back(g);
   return Status::Ok();
 }
 
@@ -319,9 +341,9 @@ Status Trainer::ApplyPending(int64_t first, int64_t last) {
 }
 
 Status Trainer::FinishUpdates() {
-  if (!on_nvme() || !options_.stale_updates) return ApplyPending(0, int64_t(reads_.size()));
-  // Stale updates on NVMe: in the order the store reads ahead (a step's reads would apply them).
-  for (size_t g : stale_order_) {
+  if (!on_nvme()) return ApplyPending(0, int64_t(reads_.size()));
+  // On NVMe: in the order the store reads ahead (the one a step's reads would apply them in).
+  for (size_t g : update_order_) {
     if (pending_count_ == 0) break;
     if (!pending_[record_params_[g].front()]) continue;
     exec::HostSpan span = exec::OptimizerSpan(trace_, int(record_layer_[g]));
@@ -343,8 +365,7 @@ Status Trainer::Land(size_t k, const Update& u) {
   return Apply(k, u);
 }
 
-Status Trainer::RestoreOptimizer(int64_t steps_done, const HostTensors& exp_avg,
-                                 const HostTensors& exp_avg_sq,
+Status Trainer::RestoreOptimizer(int64_t steps_done, HostTensors exp_avg, HostTensors exp_avg_sq,
                                  const std::optional<LossScalerState>& loss_scaler) {
   RequireNoPending("RestoreOptimizer");
   if (steps_done < 0) return Status::InvalidArgument("a negative step count to restore");
@@ -369,8 +390,8 @@ Status Trainer::RestoreOptimizer(int64_t steps_done, const HostTensors& exp_avg,
     FERRY_RETURN_IF_ERROR(CreateStore(steps_done, &exp_avg, &exp_avg_sq));
   } else {
     for (auto& [name, s] : state_) {
-      s.m = exp_avg.tensors.at(name);
-      s.v = exp_avg_sq.tensors.at(name);
+      s.m = std::move(exp_avg.tensors.at(name));
+      s.v = std::move(exp_avg_sq.tensors.at(name));
     }
   }
   step_ = steps_done;
@@ -467,7 +488,14 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
     };
   }
   const Clock::time_point t0 = Clock::now();
-  FERRY_ASSIGN_OR_RETURN(st.loss, runner_->AccumulateStep(inputs, grads_, hooks));
+  applied_.clear();
+  Result<double> loss = runner_->AccumulateStep(inputs, grads_, hooks);
+  // Waiting updates on NVMe: the next step applies its records in the order this one did.
+  if (loss.ok() && updates_wait() && applied_.size() == update_order_.size() && !applied_.empty()) {
+    SetUpdateOrder(applied_);
+  }
+  if (!loss.ok()) return loss.status();
+  st.loss = *loss;
   const Clock::time_point t1 = Clock::now();
   st.compute_seconds = std::chrono::duration<double>(t1 - t0).count() - in_step;
   st.optimizer_in_step_seconds = in_step;
@@ -494,9 +522,7 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
     pending_.assign(order_.size(), 1);
     pending_count_ = order_.size();
     updates_descend_ = false;  // applied in forward order (the next step's reads, FinishUpdates)
-    if (store_ != nullptr && !stale_order_.empty()) {
-      store_->Prefetch(options_.stale_updates ? stale_order_.front() : 0);
-    }
+    if (store_ != nullptr && !update_order_.empty()) store_->Prefetch(update_order_.front());
   }
   if (!streams) {
     FERRY_RETURN_IF_ERROR(FinishUpdates());

@@ -117,6 +117,15 @@ struct OptimizerStateOptions {
   // Test seam (production passes none): called on the updating thread right after a layer's
   // record is committed, with the version it now holds (the steps it has seen) and the layer.
   std::function<void(int64_t version, int64_t layer)> committed = nullptr;
+  // Resuming: what RestoreOptimizer takes, taken by Create instead, the moments moved in (or, on
+  // NVMe, written into the store) rather than allocated as zeros beside them, so a resumed run
+  // never holds its moments twice. Null: a new run.
+  struct Resumed {
+    int64_t steps_done = 0;
+    HostTensors exp_avg, exp_avg_sq;  // emptied by Create
+    std::optional<LossScalerState> loss_scaler;
+  };
+  std::shared_ptr<Resumed> resume = nullptr;
 };
 
 struct StepStats {
@@ -190,8 +199,8 @@ class Trainer {
   // already made (the master weights come in through Create) and, when given, the loss scaler's
   // state (absent: the scaler starts afresh). Errors: InvalidArgument naming a tensor that is
   // missing or has the wrong size, or a scaler state that does not fit (nothing is changed then).
-  Status RestoreOptimizer(int64_t steps_done, const HostTensors& exp_avg,
-                          const HostTensors& exp_avg_sq,
+  // The moments are taken by value: pass them with std::move not to hold them twice.
+  Status RestoreOptimizer(int64_t steps_done, HostTensors exp_avg, HostTensors exp_avg_sq,
                           const std::optional<LossScalerState>& loss_scaler = std::nullopt);
 
  private:
@@ -272,11 +281,15 @@ class Trainer {
   std::vector<size_t> record_of_, record_offset_;   // per trainable parameter
   std::vector<size_t> record_layer_;                // per record
   std::vector<std::vector<size_t>> record_params_;  // per record, indices into order_
-  // Stale updates on NVMe: the records in the order a step finishes reading them (by the last
-  // layer that reads one of their parameters), the next record after each in that order
-  // (records(): none), and per record, for the step in flight, how many of its parameters some
-  // layer has still to read.
-  std::vector<size_t> stale_order_, stale_next_, record_unread_;
+  // Updates that wait (clipping, loss scaling, stale updates) with the state on NVMe: the records
+  // in the order the next step's reads apply them, which the store reads ahead in, and the next
+  // record after each in that order (records(): none). First guessed from the layers (the first
+  // layer that reads a record's parameters; stale: the last), then learned from each step that
+  // applied them all (applied_): the executor reads its stages' weights in the order it prepares
+  // them, which is not the layers' order on several devices. record_unread_: stale updates, per
+  // record, for the step in flight, how many of its parameters some layer has still to read.
+  std::vector<size_t> update_order_, update_next_, record_unread_, applied_;
+  void SetUpdateOrder(std::span<const size_t> order);
   bool updates_descend_ = false;  // this step's updates run in backward layer order
 };
 
