@@ -21,7 +21,6 @@ namespace {
 using nlohmann::json;
 
 // The Python library refuses headers above 100 MB; so do we (a corrupt length is caught here).
-constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 
 struct DTypeRow {
   SafetensorsDType type;
@@ -180,7 +179,7 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> head
   }
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | uint64_t(head[size_t(i)]);  // little-endian
-  if (n > kMaxHeaderBytes)
+  if (n > kSafetensorsMaxHeaderBytes)
     return Bad(what, "", "header length " + std::to_string(n) + " too large");
   if (n > file_size - 8) {
     return Bad(what, "",

@@ -66,6 +66,9 @@ struct SafetensorsHeader {
   size_t data_begin = 0;  // 8 + header length
 };
 
+// The largest header the reader accepts.
+inline constexpr uint64_t kSafetensorsMaxHeaderBytes = 100ull << 20;
+
 // Validates the header of a complete file image (`file` is the whole file). `what` names the
 // file in errors. Fails with Corruption (or InvalidArgument for an unknown dtype) naming the
 // tensor and the problem.

@@ -225,30 +225,43 @@ Result<std::map<std::string, std::vector<float>>> ReadTensorFile(const std::stri
   FERRY_RETURN_IF_ERROR(ReadExactly(f.fd, head, path, crc));
   uint64_t n = 0;
   for (size_t i = head.size(); i-- > 0;) n = (n << 8) | uint64_t(head[i]);
-  if (head.size() == 8 && n <= size - 8) {  // else the parse below names the problem
+  // A length past the file or the format's bound is left to the parse below to name.
+  if (head.size() == 8 && n <= size - 8 && n <= kSafetensorsMaxHeaderBytes) {
     head.resize(8 + n);
     FERRY_RETURN_IF_ERROR(ReadExactly(f.fd, std::span(head).subspan(8), path, crc));
   }
-  FERRY_ASSIGN_OR_RETURN(SafetensorsHeader header, ParseSafetensorsHeader(head, size, path));
-  std::vector<const SafetensorsTensorInfo*> in_file;  // by offset: the order to read them in
-  for (const SafetensorsTensorInfo& t : header.tensors) {
+  // The header is read before the checksum can be checked: whatever is wrong with it is a
+  // corrupt file, as a failed checksum would have said.
+  Result<SafetensorsHeader> header = ParseSafetensorsHeader(head, size, path);
+  if (!header.ok()) return Status::Corruption(header.status().message());
+  std::vector<const SafetensorsTensorInfo*> in_file;  // the order to read them in
+  for (const SafetensorsTensorInfo& t : header->tensors) {
     if (t.dtype != SafetensorsDType::kF32) {
       return Status::Corruption(path + ": tensor " + t.name + " is not F32");
     }
     in_file.push_back(&t);
   }
-  std::ranges::sort(in_file, {}, &SafetensorsTensorInfo::offset);
+  std::ranges::sort(in_file, [](const SafetensorsTensorInfo* a, const SafetensorsTensorInfo* b) {
+    return std::pair(a->offset, a->bytes) < std::pair(b->offset, b->bytes);
+  });
   std::map<std::string, std::vector<float>> out;
   size_t at = head.size();
-  std::vector<std::byte> gap;  // bytes between tensors, read for the checksum only
+  std::vector<std::byte> gap;  // bytes between tensors, read (a piece at a time) for the checksum
   auto skip_to = [&](size_t offset) -> Status {
-    gap.resize(offset - at);
-    at = offset;
-    return ReadExactly(f.fd, gap, path, crc);
+    while (at < offset) {
+      gap.resize(std::min<size_t>(offset - at, size_t(4) << 20));
+      FERRY_RETURN_IF_ERROR(ReadExactly(f.fd, gap, path, crc));
+      at += gap.size();
+    }
+    return Status::Ok();
   };
   for (const SafetensorsTensorInfo* t : in_file) {
-    FERRY_RETURN_IF_ERROR(skip_to(t->offset));
     std::vector<float>& v = out[t->name];
+    if (t->bytes == 0) continue;  // nothing to read, wherever it says it is
+    if (t->offset < at) {
+      return Status::Corruption(path + ": tensor " + t->name + " overlaps the one before it");
+    }
+    FERRY_RETURN_IF_ERROR(skip_to(t->offset));
     v.resize(t->bytes / sizeof(float));
     FERRY_RETURN_IF_ERROR(ReadExactly(f.fd, std::as_writable_bytes(std::span(v)), path, crc));
     at += t->bytes;
@@ -349,7 +362,7 @@ Result<std::string> SaveCheckpoint(const std::string& run_dir, const Trainer& tr
     std::vector<float> m, v;
     auto moment_bytes = [&](size_t i) -> Result<std::span<const std::byte>> {
       const std::string& n = names[i / 2];
-      if (trainer.state_store() == nullptr) {  // in RAM: the trainer's own buffers
+      if (!trainer.optimizer_state_on_nvme()) {  // in RAM: the trainer's own buffers
         return std::as_bytes(i % 2 == 0 ? trainer.exp_avg(n) : trainer.exp_avg_sq(n));
       }
       if (i % 2 == 0) FERRY_RETURN_IF_ERROR(trainer.ReadOptimizerState(n, &m, &v));

@@ -303,6 +303,49 @@ TEST_F(CheckpointTest, CorruptCheckpointIsDetectedAndSkipped) {
   }
 }
 
+// A tensor file is read a piece at a time, its header parsed before the checksum can be checked:
+// a damaged header is still a corrupt checkpoint naming the file, never a crash nor another error
+// code — a flipped byte in a dtype, and an empty tensor placed inside another's bytes (which the
+// format's own checks let through).
+TEST_F(CheckpointTest, ADamagedHeaderIsCorruption) {
+  JobSpec trained = Job("header", 2, false);
+  trained.save_every = 2;
+  ASSERT_TRUE(Run(trained).ok());
+  const std::string ckpt = CheckpointsDir(trained.out) + "/" + CheckpointName(2);
+  const std::string victim = ckpt + "/trainable.safetensors";
+  std::string original;
+  {
+    std::ifstream in(victim, std::ios::binary);
+    original.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_GT(original.size(), 16u);
+  std::string flipped = original;
+  const size_t dtype = flipped.find("\"F32\"");
+  ASSERT_NE(dtype, std::string::npos);
+  flipped[dtype + 2] = char(flipped[dtype + 2] ^ 0x10);  // "F32" -> "F#2"
+  std::string nested = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                       R"("e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})";
+  nested.append((8 - nested.size() % 8) % 8, ' ');
+  std::string crafted(8, '\0');
+  for (int i = 0; i < 8; ++i) crafted[size_t(i)] = char(uint8_t(nested.size() >> (8 * i)));
+  crafted += nested + std::string(8, '\x01');
+  for (const std::string* bytes : {&flipped, &crafted}) {
+    {
+      std::ofstream out(victim, std::ios::binary | std::ios::trunc);
+      out << *bytes;
+    }
+    // state.json's size for the file, so the read gets past the size check.
+    std::ifstream in(ckpt + "/state.json");
+    nlohmann::json state = nlohmann::json::parse(in);
+    state["files"]["trainable.safetensors"]["bytes"] = bytes->size();
+    std::ofstream(ckpt + "/state.json", std::ios::trunc) << state.dump(2);
+    Result<CheckpointState> bad = ReadCheckpoint(ckpt);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.status().code(), StatusCode::kCorruption) << bad.status().ToString();
+    EXPECT_NE(bad.status().message().find(victim), std::string::npos) << bad.status().message();
+  }
+}
+
 TEST_F(CheckpointTest, NoIntactCheckpointIsAnErrorWithAdvice) {
   Result<CheckpointState> c = LoadLatestCheckpoint(dir_ + "/nothing", nullptr);
   ASSERT_FALSE(c.ok());

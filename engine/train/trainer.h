@@ -195,6 +195,8 @@ class Trainer {
                             std::vector<float>* exp_avg_sq) const;
   // The NVMe store of the optimizer state; null when it is in RAM.
   const VersionedStore* state_store() const { return store_.get(); }
+  // Whether the optimizer state lives on NVMe (even when a failed rebuild left no store).
+  bool optimizer_state_on_nvme() const { return on_nvme(); }
   // Resumes from a checkpoint: the moments of every trainable parameter, the number of updates
   // already made (the master weights come in through Create) and, when given, the loss scaler's
   // state (absent: the scaler starts afresh). Errors: InvalidArgument naming a tensor that is
