@@ -332,9 +332,6 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   for (int i = 0; i <= head; ++i) {
     const LayerSpec& l = layers[size_t(i)];
     const ParamCounts c = CountParams(l);
-    for (const ParamSpec& p : l.params) {
-      if (p.nf4) nf4_staging = std::max(nf4_staging, uint64_t(p.numel()) * kF32 + p.host_bytes());
-    }
     if (c.trainable > 0) {
       const uint64_t slot = VersionedSlotBytes(3 * c.trainable * kF32);
       optimizer_slots += 2 * slot;
@@ -344,6 +341,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     params.frozen += c.frozen;
     params.nf4_bytes += c.nf4_bytes;
     for (const ParamSpec& p : l.params) {
+      if (p.nf4) nf4_staging = std::max(nf4_staging, uint64_t(p.numel()) * kF32 + p.host_bytes());
       const uint64_t bytes = uint64_t(p.numel()) * act;
       // Served from the model's files: a frozen base weight, and forward only (evaluation and
       // generation train nothing) every base weight; NF4 ones: AddNf4Base.
