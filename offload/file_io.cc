@@ -35,15 +35,15 @@ Status WriteAll(int fd, std::span<const std::byte> data, const std::string& path
   return Status::Ok();
 }
 
-// Creates (or truncates) `path`, writes the pieces one after another, fsyncs it when `sync`,
-// closes it.
-Status WriteFile(const std::string& path, std::span<const std::span<const std::byte>> pieces,
-                 bool sync) {
+// Creates (or truncates) `path`, writes the `count` pieces `piece` makes one after another,
+// fsyncs it when `sync`, closes it.
+Status WriteFile(const std::string& path, size_t count, const PieceSource& piece, bool sync) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return CreateError(errno, path);
   Status s;
-  for (std::span<const std::byte> piece : pieces) {
-    if (s.ok()) s = WriteAll(fd, piece, path);
+  for (size_t i = 0; i < count && s.ok(); ++i) {
+    Result<std::span<const std::byte>> bytes = piece(i);
+    s = bytes.ok() ? WriteAll(fd, *bytes, path) : bytes.status();
   }
   if (s.ok() && sync && ::fsync(fd) != 0) s = Status::FromErrno(errno, "fsync " + path);
   if (::close(fd) != 0 && s.ok()) s = Status::FromErrno(errno, "close " + path);
@@ -51,7 +51,8 @@ Status WriteFile(const std::string& path, std::span<const std::span<const std::b
 }
 
 Status WriteFile(const std::string& path, std::span<const std::byte> data, bool sync) {
-  return WriteFile(path, std::span(&data, 1), sync);
+  return WriteFile(
+      path, 1, [&](size_t) -> Result<std::span<const std::byte>> { return data; }, sync);
 }
 
 }  // namespace
@@ -69,10 +70,9 @@ Status SyncDirectory(const std::string& dir) {
   return s;
 }
 
-Status WritePiecesAtomically(const std::string& path,
-                             std::span<const std::span<const std::byte>> pieces) {
+Status WriteProducedAtomically(const std::string& path, size_t count, const PieceSource& piece) {
   const std::string tmp = path + ".tmp";
-  Status s = WriteFile(tmp, pieces, /*sync=*/true);
+  Status s = WriteFile(tmp, count, piece, /*sync=*/true);
   if (s.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
     s = Status::FromErrno(errno, "rename " + tmp + " to " + path);
   }
@@ -82,6 +82,13 @@ Status WritePiecesAtomically(const std::string& path,
   }
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   return SyncDirectory(parent.empty() ? "." : parent.string());
+}
+
+Status WritePiecesAtomically(const std::string& path,
+                             std::span<const std::span<const std::byte>> pieces) {
+  return WriteProducedAtomically(
+      path, pieces.size(),
+      [&](size_t i) -> Result<std::span<const std::byte>> { return pieces[i]; });
 }
 
 Status WriteFileAtomically(const std::string& path, std::span<const std::byte> data) {

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -73,6 +74,14 @@ class AppendFile {
 // data behind it need not be copied together first).
 [[nodiscard]] Status WritePiecesAtomically(const std::string& path,
                                            std::span<const std::span<const std::byte>> pieces);
+// The bytes of piece i of a file written as it is produced, valid until the next call.
+using PieceSource = std::function<Result<std::span<const std::byte>>(size_t)>;
+// WritePiecesAtomically of `count` pieces made one at a time by `piece(0)`, `piece(1)`, ... in
+// order, so a file larger than the free RAM (a model's weights, converted as they are written)
+// never has its whole image in memory. An error from `piece` removes the temporary file and is
+// returned as it is.
+[[nodiscard]] Status WriteProducedAtomically(const std::string& path, size_t count,
+                                             const PieceSource& piece);
 [[nodiscard]] Status SyncDirectory(const std::string& dir);
 
 // The bytes an unprivileged user may still write in the filesystem that holds `dir` (statvfs:

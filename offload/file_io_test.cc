@@ -62,6 +62,32 @@ TEST(FileIo, ReadsFilesWithoutASize) {
   EXPECT_NE(status->find("Name:"), std::string::npos);
 }
 
+// Pieces made one at a time into one reused buffer are written in order; a piece that fails
+// midway leaves the old file as it was and no temporary file.
+TEST(FileIo, ProducedPiecesAreWrittenInOrderOrNotAtAll) {
+  const std::string dir = ScratchDir(), path = dir + "/w.bin";
+  std::string buffer;
+  std::vector<size_t> asked;
+  auto piece = [&](size_t i) -> Result<std::span<const std::byte>> {
+    asked.push_back(i);
+    if (i == 2 && buffer == "fail") return Status::NotFound("no piece 2");
+    buffer.assign(i + 1, char('a' + i));
+    return AsBytes(buffer);
+  };
+  ASSERT_TRUE(WriteProducedAtomically(path, 3, piece).ok());
+  EXPECT_EQ(asked, (std::vector<size_t>{0, 1, 2}));
+  EXPECT_EQ(*ReadWholeFile(path), "abbccc");
+  buffer = "fail";
+  auto failing = [&](size_t i) -> Result<std::span<const std::byte>> {
+    if (i == 1) return Status::NotFound("no piece 1");
+    return AsBytes(buffer);
+  };
+  const Status s = WriteProducedAtomically(path, 3, failing);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
+  EXPECT_EQ(*ReadWholeFile(path), "abbccc");
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+}
+
 // The file size limit (as a full disk would) stops a write midway: an appended record is cut back
 // off, a rewritten file keeps its old contents, and nothing partial is left.
 TEST(FileIo, FailedWritesLeaveNoPartialFile) {

@@ -56,18 +56,40 @@ Status LoadMasterWeights(const SafetensorsFile& file, const std::vector<LayerSpe
   return Status::Ok();
 }
 
+Status WriteParameters(const std::string& path, std::span<const ParamSpec* const> params,
+                       const HostTensors& weights, DType dtype) {
+  std::vector<SafetensorsWriteTensor> tensors;
+  tensors.reserve(params.size());
+  for (const ParamSpec* p : params)
+    tensors.push_back({.name = p->name, .dtype = dtype, .shape = p->shape});
+  std::vector<float> read, laid;  // a tensor read from its file or dequantized; its transpose
+  std::vector<std::byte> bytes;   // the tensor as stored
+  return WriteSafetensors(
+      path, tensors,
+      [&](size_t i) -> Result<std::span<const std::byte>> {
+        const ParamSpec& p = *params[i];
+        FERRY_ASSIGN_OR_RETURN(std::span<const float> values, ParameterValues(p, weights, read));
+        if (values.size() != size_t(p.numel())) {
+          return Status::InvalidArgument("the weights to write hold " +
+                                         std::to_string(values.size()) + " values of '" + p.name +
+                                         "', its shape " + ShapeToString(p.shape) + " needs " +
+                                         std::to_string(p.numel()));
+        }
+        const std::span<const float> stored = CheckpointLayout(p, values, laid);
+        bytes.resize(stored.size() * DTypeSize(dtype));
+        if (!stored.empty()) ConvertFromFloat(stored.data(), dtype, bytes.data(), stored.size());
+        return std::span<const std::byte>(bytes);
+      },
+      {{"format", "pt"}});
+}
+
 Status SaveMasterWeights(const std::string& path, const std::vector<LayerSpec>& layers,
                          ParamSelection which, const HostTensors& weights, DType dtype) {
-  SafetensorsWriter writer;
-  writer.SetMetadata("format", "pt");
-  std::vector<float> dequantized;
+  std::vector<const ParamSpec*> params;
   for (const ParamSpec* p : StorageParams(layers)) {
-    if (!Selected(*p, which)) continue;
-    FERRY_ASSIGN_OR_RETURN(std::span<const float> values,
-                           ParameterValues(*p, weights, dequantized));
-    AddParameter(writer, *p, values, dtype);
+    if (Selected(*p, which)) params.push_back(p);
   }
-  return writer.Write(path);
+  return WriteParameters(path, params, weights, dtype);
 }
 
 Result<std::span<const float>> ParameterValues(const ParamSpec& p, const HostTensors& weights,

@@ -41,8 +41,15 @@ HostTensors InitMasterWeights(const std::vector<LayerSpec>& layers, uint64_t see
 Status LoadMasterWeights(const SafetensorsFile& file, const std::vector<LayerSpec>& layers,
                          ParamSelection which, HostTensors& weights);
 
-// Writes the selected parameters to `path` with their Hugging Face (or PEFT) names and checkpoint
-// layout, as `dtype`.
+// Writes `params` of `weights` to safetensors file `path` with their Hugging Face (or PEFT) names
+// and checkpoint layout, as `dtype`, one tensor at a time as the file is written: the file's image
+// is never whole in memory (a 70B model's final weights take no second 280 GB). Errors: a
+// parameter `weights` lacks or holds at another size, named; an I/O error naming the file.
+// Neither leaves a file at `path`.
+Status WriteParameters(const std::string& path, std::span<const ParamSpec* const> params,
+                       const HostTensors& weights, DType dtype);
+
+// WriteParameters of the selected parameters.
 Status SaveMasterWeights(const std::string& path, const std::vector<LayerSpec>& layers,
                          ParamSelection which, const HostTensors& weights,
                          DType dtype = DType::kF32);

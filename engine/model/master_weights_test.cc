@@ -91,6 +91,36 @@ TEST_F(MasterWeightsTest, LoraRunFolderIsPeftShaped) {
   EXPECT_EQ(back->hidden_size, c.hidden_size);
 }
 
+// The weights are written as they are converted, one tensor at a time: one missing midway is a
+// NotFound naming it, and the file already at the path stays as it was, with no temporary left.
+TEST_F(MasterWeightsTest, AWeightMissingMidwayLeavesTheOldFile) {
+  const ModelConfig c = TinyLlamaPreset();
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(c, {});
+  HostTensors w = InitMasterWeights(layers, 3);
+  const std::string path = dir_ + "/model.safetensors";
+  ASSERT_TRUE(SaveMasterWeights(path, layers, ParamSelection::kAll, w, DType::kBF16).ok());
+  Result<std::string> before = ReadWholeFile(path);
+  ASSERT_TRUE(before.ok());
+  const std::string missing = "model.layers.1.mlp.up_proj.weight";
+  ASSERT_EQ(w.tensors.erase(missing), 1u);
+  const Status s = SaveMasterWeights(path, layers, ParamSelection::kAll, w);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
+  EXPECT_NE(s.message().find(missing), std::string::npos) << s.ToString();
+  EXPECT_EQ(*ReadWholeFile(path), *before);
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  // What was written reads back as the weights rounded to bf16.
+  Result<SafetensorsFile> f = SafetensorsFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  const std::string name = "model.layers.0.self_attn.q_proj.weight";
+  Result<std::vector<float>> back = f->ReadFloats(name);
+  ASSERT_TRUE(back.ok());
+  const std::vector<float>& master = w.tensors.at(name);
+  ASSERT_EQ(back->size(), master.size());
+  for (size_t i = 0; i < master.size(); ++i) {
+    ASSERT_EQ((*back)[i], BF16ToFloat(FloatToBF16(master[i]))) << i;
+  }
+}
+
 TEST_F(MasterWeightsTest, MissingTensorNamesIt) {
   Result<testing::GoldenModel> g = testing::GoldenModel::Load("llama");
   ASSERT_TRUE(g.ok());

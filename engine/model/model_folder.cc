@@ -369,20 +369,9 @@ Status WriteModelFolder(const std::string& dir, const ModelConfig& config,
       std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
       name = buf;
     }
-    SafetensorsWriter writer;
-    writer.SetMetadata("format", "pt");
-    std::vector<float> read;  // a tensor dequantized or read from its file
-    for (const ParamSpec* p : shards[s]) {
-      Result<std::span<const float>> values = ParameterValues(*p, weights, read);
-      if (!values.ok()) return values.status().WithContext("writing model folder " + dir);
-      if (values->size() != size_t(p->numel())) {
-        return Status::InvalidArgument("the weights to write lack '" + p->name + "' of " +
-                                       std::to_string(p->numel()) + " values");
-      }
-      AddParameter(writer, *p, *values, options.dtype);
-      weight_map[p->name] = name;
-    }
-    FERRY_RETURN_IF_ERROR(writer.Write(dir + "/" + name));
+    for (const ParamSpec* p : shards[s]) weight_map[p->name] = name;
+    FERRY_RETURN_IF_ERROR(WriteParameters(dir + "/" + name, shards[s], weights, options.dtype)
+                              .WithContext("writing model folder " + dir));
   }
   if (sharded) {
     json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};

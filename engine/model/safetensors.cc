@@ -424,12 +424,29 @@ Status WriteSafetensors(const std::string& path, std::span<const SafetensorsWrit
                                      ShapeToString(t.shape) + " needs " + std::to_string(bytes));
     }
   }
+  return WriteSafetensors(
+      path, tensors,
+      [&](size_t i) -> Result<std::span<const std::byte>> { return tensors[i].data; }, metadata);
+}
+
+Status WriteSafetensors(const std::string& path, std::span<const SafetensorsWriteTensor> tensors,
+                        const PieceSource& bytes_of,
+                        const std::map<std::string, std::string>& metadata) {
   Result<std::string> header = SafetensorsHeaderBytes(tensors, metadata);
   if (!header.ok()) return header.status().WithContext(path);
   // The header, then each tensor's bytes.
-  std::vector<std::span<const std::byte>> pieces = {AsBytes(*header)};
-  for (const SafetensorsWriteTensor& t : tensors) pieces.push_back(t.data);
-  return WritePiecesAtomically(path, pieces);
+  return WriteProducedAtomically(
+      path, tensors.size() + 1, [&](size_t i) -> Result<std::span<const std::byte>> {
+        if (i == 0) return AsBytes(*header);
+        const SafetensorsWriteTensor& t = tensors[i - 1];
+        FERRY_ASSIGN_OR_RETURN(const std::span<const std::byte> bytes, bytes_of(i - 1));
+        if (bytes.size() != SafetensorsDataBytes(t)) {
+          return Status::Internal("tensor '" + t.name + "' gave " + std::to_string(bytes.size()) +
+                                  " bytes, shape " + ShapeToString(t.shape) + " needs " +
+                                  std::to_string(SafetensorsDataBytes(t)));
+        }
+        return bytes;
+      });
 }
 
 void SafetensorsWriter::Add(std::string name, std::vector<int64_t> shape,

@@ -28,6 +28,7 @@
 
 #include "kernels/dtype.h"
 #include "kernels/status.h"
+#include "offload/file_io.h"
 
 namespace ferry {
 
@@ -142,6 +143,12 @@ size_t SafetensorsDataBytes(const SafetensorsWriteTensor& t);
 
 // Writes the tensors (names unique, non-empty, not "__metadata__") to `path`.
 Status WriteSafetensors(const std::string& path, std::span<const SafetensorsWriteTensor> tensors,
+                        const std::map<std::string, std::string>& metadata = {});
+// WriteSafetensors of tensors whose bytes are made as the file is written, one at a time: tensor
+// i's by `bytes_of(i)` (their `data` is not read), so the file's image is never whole in memory.
+// A tensor given the wrong number of bytes is an Internal error naming it; no file is left.
+Status WriteSafetensors(const std::string& path, std::span<const SafetensorsWriteTensor> tensors,
+                        const PieceSource& bytes_of,
                         const std::map<std::string, std::string>& metadata = {});
 
 // Collects fp32 tensors, converts each to its chosen storage dtype (round to nearest even) and

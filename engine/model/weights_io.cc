@@ -115,17 +115,20 @@ void ReleaseMappedPages(std::span<const std::byte> bytes) {
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
+std::span<const float> CheckpointLayout(const ParamSpec& p, std::span<const float> values,
+                                        std::vector<float>& scratch) {
+  assert(values.size() == size_t(p.numel()));
+  if (!p.transposed) return values;
+  scratch.resize(values.size());
+  const std::vector<int64_t> master = MasterShape(p);
+  Transpose(values.data(), master[0], master[1], scratch.data());
+  return scratch;
+}
+
 void AddParameter(SafetensorsWriter& writer, const ParamSpec& p, std::span<const float> values,
                   DType dtype) {
-  assert(values.size() == size_t(p.numel()));
-  if (!p.transposed) {
-    writer.Add(p.name, p.shape, values, dtype);
-    return;
-  }
-  std::vector<float> stored(values.size());
-  const std::vector<int64_t> master = MasterShape(p);
-  Transpose(values.data(), master[0], master[1], stored.data());
-  writer.Add(p.name, p.shape, stored, dtype);
+  std::vector<float> scratch;
+  writer.Add(p.name, p.shape, CheckpointLayout(p, values, scratch), dtype);
 }
 
 void InitParameter(const ParamSpec& p, uint64_t seed, std::span<float> out, double std) {

@@ -52,6 +52,11 @@ void ReleaseFilePages(const FileTensor& t);
 // The same for any bytes of a memory-mapped file.
 void ReleaseMappedPages(std::span<const std::byte> bytes);
 
+// `p`'s values (in the master layout) in the checkpoint layout: `values` themselves, or their
+// transpose made in `scratch`. REQUIRES: values.size() == p.numel().
+std::span<const float> CheckpointLayout(const ParamSpec& p, std::span<const float> values,
+                                        std::vector<float>& scratch);
+
 // Adds `p` (values in the master layout) to `writer` in the checkpoint layout, stored as `dtype`.
 // REQUIRES: values.size() == p.numel().
 void AddParameter(SafetensorsWriter& writer, const ParamSpec& p, std::span<const float> values,
