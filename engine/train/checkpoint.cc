@@ -347,7 +347,7 @@ Result<std::string> SaveCheckpoint(const std::string& run_dir, const Trainer& tr
   auto write_all = [&]() -> Status {
     nlohmann::json files = nlohmann::json::object();
     // Straight from the trainer's buffers (fp32, stored as it is); with the optimizer state on
-    // NVMe, the moments one parameter at a time, read back from its layer's committed slot.
+    // NVMe, the moments from each layer's committed slot, read once.
     const std::vector<std::string>& names = trainer.trainable_names();
     std::vector<SafetensorsWriteTensor> weights, moments;
     for (const std::string& n : names) {
@@ -359,20 +359,19 @@ Result<std::string> SaveCheckpoint(const std::string& run_dir, const Trainer& tr
     auto weight_bytes = [&](size_t i) -> Result<std::span<const std::byte>> {
       return std::as_bytes(std::span(trainer.weights().tensors.at(names[i])));
     };
-    std::vector<float> m, v;
-    auto moment_bytes = [&](size_t i) -> Result<std::span<const std::byte>> {
-      const std::string& n = names[i / 2];
-      if (!trainer.optimizer_state_on_nvme()) {  // in RAM: the trainer's own buffers
-        return std::as_bytes(i % 2 == 0 ? trainer.exp_avg(n) : trainer.exp_avg_sq(n));
-      }
-      if (i % 2 == 0) FERRY_RETURN_IF_ERROR(trainer.ReadOptimizerState(n, &m, &v));
-      return std::as_bytes(std::span<const float>(i % 2 == 0 ? m : v));
-    };
     FERRY_RETURN_IF_ERROR(WriteTensorFile(weights, weight_bytes, tmp_dir, "trainable.safetensors",
                                           options.compress, files));
     FERRY_RETURN_IF_ERROR(Hook(options, step, "trainable"));
-    FERRY_RETURN_IF_ERROR(WriteTensorFile(moments, moment_bytes, tmp_dir, "optimizer.safetensors",
-                                          options.compress, files));
+    {
+      Trainer::OptimizerStateReader moments_of = trainer.StateReader();
+      auto moment_bytes = [&](size_t i) -> Result<std::span<const std::byte>> {
+        FERRY_ASSIGN_OR_RETURN(const Trainer::OptimizerStateReader::Moments m,
+                               moments_of.Read(names[i / 2]));
+        return std::as_bytes(i % 2 == 0 ? m.exp_avg : m.exp_avg_sq);
+      };
+      FERRY_RETURN_IF_ERROR(WriteTensorFile(moments, moment_bytes, tmp_dir, "optimizer.safetensors",
+                                            options.compress, files));
+    }
     FERRY_RETURN_IF_ERROR(Hook(options, step, "optimizer"));
     FERRY_RETURN_IF_ERROR(WriteFileDurably(tmp_dir + "/metrics.jsonl", Bytes(meta.metrics)));
     files["metrics.jsonl"] = {{"bytes", meta.metrics.size()},

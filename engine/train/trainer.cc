@@ -206,27 +206,44 @@ std::span<const float> Trainer::exp_avg_sq(const std::string& name) const {
   return state_.at(name).v;
 }
 
+Trainer::OptimizerStateReader Trainer::StateReader() const {
+  RequireNoPending("StateReader");
+  return OptimizerStateReader(*this);
+}
+
+void Trainer::OptimizerStateReader::Release() {
+  if (held_) t_.store_->Release(*held_);
+  held_.reset();
+}
+
+Result<Trainer::OptimizerStateReader::Moments> Trainer::OptimizerStateReader::Read(
+    const std::string& name) {
+  const State& s = t_.state_.at(name);
+  if (!t_.on_nvme()) return Moments{s.m, s.v};
+  const size_t g = t_.record_of_[s.index];
+  if (held_ != g) {
+    Release();
+    FERRY_RETURN_IF_ERROR(t_.RequireStore());
+    Result<std::span<std::byte>> record = t_.store_->Acquire(g);
+    if (!record.ok()) {
+      return record.status().WithContext("layer " + std::to_string(t_.record_layer_[g]) +
+                                         " (optimizer state on NVMe)");
+    }
+    held_ = g;
+    record_ = *record;
+    t_.store_->Prefetch(g + 1);  // the next layer's, read next in layer order
+  }
+  const size_t n = t_.weights_.tensors.at(name).size();
+  const float* p = reinterpret_cast<const float*>(record_.data()) + t_.record_offset_[s.index];
+  return Moments{{p + n, n}, {p + 2 * n, n}};
+}
+
 Status Trainer::ReadOptimizerState(const std::string& name, std::vector<float>* exp_avg,
                                    std::vector<float>* exp_avg_sq) const {
-  RequireNoPending("ReadOptimizerState");
-  const State& s = state_.at(name);
-  if (!on_nvme()) {
-    *exp_avg = s.m;
-    *exp_avg_sq = s.v;
-    return Status::Ok();
-  }
-  const size_t g = record_of_[s.index];
-  FERRY_RETURN_IF_ERROR(RequireStore());
-  Result<std::span<std::byte>> record = store_->Acquire(g);
-  if (!record.ok()) {
-    return record.status().WithContext("layer " + std::to_string(record_layer_[g]) +
-                                       " (optimizer state on NVMe)");
-  }
-  const size_t n = weights_.tensors.at(name).size();
-  const float* p = reinterpret_cast<const float*>(record->data()) + record_offset_[s.index];
-  exp_avg->assign(p + n, p + 2 * n);
-  exp_avg_sq->assign(p + 2 * n, p + 3 * n);
-  store_->Release(g);
+  OptimizerStateReader reader = StateReader();
+  FERRY_ASSIGN_OR_RETURN(const OptimizerStateReader::Moments m, reader.Read(name));
+  exp_avg->assign(m.exp_avg.begin(), m.exp_avg.end());
+  exp_avg_sq->assign(m.exp_avg_sq.begin(), m.exp_avg_sq.end());
   return Status::Ok();
 }
 

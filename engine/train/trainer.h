@@ -188,9 +188,33 @@ class Trainer {
   // see ReadOptimizerState).
   std::span<const float> exp_avg(const std::string& name) const;
   std::span<const float> exp_avg_sq(const std::string& name) const;
-  // Copies both moments of `name` wherever they live (NVMe: read back from the layer's committed
-  // slot). Errors: the store's, naming the layer. REQUIRES: !updates_pending(),
-  // has_optimizer_state(name).
+  // Reads AdamW's moments wherever they live, for a checkpoint: in RAM, the trainer's own buffers;
+  // on NVMe, the committed record of each layer, read once and held (the next one read ahead)
+  // while its parameters are read, so asking in trainable_names() order reads every record once.
+  // Borrows the trainer, which must not update while it lives; releases what it holds.
+  class OptimizerStateReader {
+   public:
+    OptimizerStateReader(const OptimizerStateReader&) = delete;
+    OptimizerStateReader& operator=(const OptimizerStateReader&) = delete;
+    ~OptimizerStateReader() { Release(); }
+    struct Moments {
+      std::span<const float> exp_avg, exp_avg_sq;
+    };
+    // `name`'s moments, valid until a read of another layer's parameter or the reader's end.
+    // Errors: the store's, naming the layer. REQUIRES: has_optimizer_state(name).
+    Result<Moments> Read(const std::string& name);
+
+   private:
+    friend class Trainer;
+    explicit OptimizerStateReader(const Trainer& t) : t_(t) {}
+    void Release();
+    const Trainer& t_;
+    std::optional<size_t> held_;  // the record acquired from the store
+    std::span<const std::byte> record_;
+  };
+  // REQUIRES: !updates_pending().
+  OptimizerStateReader StateReader() const;
+  // Copies both moments of `name` (StateReader's Read).
   Status ReadOptimizerState(const std::string& name, std::vector<float>* exp_avg,
                             std::vector<float>* exp_avg_sq) const;
   // The NVMe store of the optimizer state; null when it is in RAM.
