@@ -26,13 +26,12 @@ ZstdCodec& ZstdCodec::operator=(ZstdCodec&&) noexcept = default;
 size_t ZstdCodec::CompressBound(size_t n) { return ZSTD_compressBound(n); }
 
 Result<size_t> ZstdCodec::Compress(std::span<const std::byte> src, std::span<std::byte> dst) {
-  const size_t n = ZSTD_compressCCtx(ctx_->c, dst.data(), dst.size(), src.data(), src.size(),
-                                     level_);
+  const size_t n =
+      ZSTD_compressCCtx(ctx_->c, dst.data(), dst.size(), src.data(), src.size(), level_);
   if (ZSTD_isError(n)) {
     return Status::FailedPrecondition(std::string("zstd compression of ") +
                                       std::to_string(src.size()) + " bytes into " +
-                                      std::to_string(dst.size()) +
-                                      ": " + ZSTD_getErrorName(n));
+                                      std::to_string(dst.size()) + ": " + ZSTD_getErrorName(n));
   }
   return n;
 }
@@ -46,6 +45,33 @@ Status ZstdCodec::Decompress(std::span<const std::byte> src, std::span<std::byte
     return Status::Corruption("zstd block decompressed to " + std::to_string(n) +
                               " bytes, expected " + std::to_string(dst.size()));
   }
+  return Status::Ok();
+}
+
+struct ZstdDecompressStream::Context {
+  ZSTD_DStream* d = ZSTD_createDStream();
+  ~Context() { ZSTD_freeDStream(d); }
+};
+
+ZstdDecompressStream::ZstdDecompressStream() : ctx_(std::make_unique<Context>()) {}
+ZstdDecompressStream::~ZstdDecompressStream() = default;
+ZstdDecompressStream::ZstdDecompressStream(ZstdDecompressStream&&) noexcept = default;
+ZstdDecompressStream& ZstdDecompressStream::operator=(ZstdDecompressStream&&) noexcept = default;
+
+Status ZstdDecompressStream::Decompress(std::span<const std::byte>& in, std::span<std::byte>& out) {
+  ZSTD_inBuffer src{in.data(), in.size(), 0};
+  ZSTD_outBuffer dst{out.data(), out.size(), 0};
+  while (dst.pos < dst.size && (src.pos < src.size || !at_frame_end_)) {
+    const size_t before_in = src.pos, before_out = dst.pos;
+    const size_t r = ZSTD_decompressStream(ctx_->d, &dst, &src);
+    if (ZSTD_isError(r)) {
+      return Status::Corruption(std::string("zstd decompression failed: ") + ZSTD_getErrorName(r));
+    }
+    at_frame_end_ = r == 0;
+    if (src.pos == before_in && dst.pos == before_out) break;  // needs more input
+  }
+  in = in.subspan(src.pos);
+  out = out.subspan(dst.pos);
   return Status::Ok();
 }
 
@@ -79,8 +105,8 @@ CodecMeasurement ZstdCodec::Measure(std::span<const std::byte> sample) {
 }
 
 bool ZstdCodec::Pays(const CodecMeasurement& m, double disk_bytes_per_s) {
-  const double with = std::min({m.compress_bytes_per_s, m.decompress_bytes_per_s,
-                                m.ratio * disk_bytes_per_s});
+  const double with =
+      std::min({m.compress_bytes_per_s, m.decompress_bytes_per_s, m.ratio * disk_bytes_per_s});
   return with > 1.1 * disk_bytes_per_s;
 }
 

@@ -21,9 +21,9 @@
 namespace ferry {
 
 struct CodecMeasurement {
-  double ratio = 1.0;                  // input bytes / compressed bytes
-  double compress_bytes_per_s = 0;     // input bytes per second
-  double decompress_bytes_per_s = 0;   // output bytes per second
+  double ratio = 1.0;                 // input bytes / compressed bytes
+  double compress_bytes_per_s = 0;    // input bytes per second
+  double decompress_bytes_per_s = 0;  // output bytes per second
   std::string ToString() const;
 };
 
@@ -57,6 +57,27 @@ class ZstdCodec {
   struct Contexts;
   int level_;
   std::unique_ptr<Contexts> ctx_;
+};
+
+// Decompresses a stream of zstd frames a piece at a time, so a compressed file (a checkpoint's)
+// is read back without its whole image in memory. Owns its zstd context; one thread at a time.
+class ZstdDecompressStream {
+ public:
+  ZstdDecompressStream();
+  ~ZstdDecompressStream();
+  ZstdDecompressStream(ZstdDecompressStream&&) noexcept;
+  ZstdDecompressStream& operator=(ZstdDecompressStream&&) noexcept;
+
+  // Decompresses from the front of `in` into the front of `out`, advancing both past what was
+  // consumed and made; stops when `in` is used up or `out` is full. Errors: Corruption.
+  Status Decompress(std::span<const std::byte>& in, std::span<std::byte>& out);
+  // True when everything given so far formed whole frames, all of it handed out.
+  bool at_frame_end() const { return at_frame_end_; }
+
+ private:
+  struct Context;
+  std::unique_ptr<Context> ctx_;
+  bool at_frame_end_ = true;
 };
 
 }  // namespace ferry

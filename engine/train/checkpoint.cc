@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <utility>
 
 #include "engine/job/run_folder.h"
 #include "engine/model/master_weights.h"
@@ -143,46 +144,8 @@ Status WriteTensorFile(const std::vector<SafetensorsWriteTensor>& tensors,
   return Status::Ok();
 }
 
-// A verified file of a checkpoint, decompressed (its bytes in a string).
-Result<std::string> ReadVerified(const std::string& dir, const std::string& name,
-                                 const nlohmann::json& entry) {
-  const std::string path = dir + "/" + name;
-  FERRY_ASSIGN_OR_RETURN(std::string stored, ReadWholeFile(path));
-  const size_t want = entry.value("bytes", size_t(0));
-  if (stored.size() != want) {
-    return Status::Corruption(path + " holds " + std::to_string(stored.size()) +
-                              " bytes, state.json says " + std::to_string(want) + " (truncated?)");
-  }
-  if (Crc32c(AsBytes(stored)) != entry.value("crc32c", uint32_t(0))) {
-    return Status::Corruption(path + " fails its CRC-32C checksum (the file is corrupt)");
-  }
-  if (entry.value("compression", "none") != "zstd") return stored;
-  std::string raw(entry.value("raw_bytes", size_t(0)), '\0');
-  ZstdCodec codec;
-  FERRY_RETURN_IF_ERROR(
-      codec.Decompress(AsBytes(stored), std::as_writable_bytes(std::span(raw.data(), raw.size())))
-          .WithContext(path));
-  return raw;
-}
-
-// The F32 tensors of a verified safetensors image, by name.
-Result<std::map<std::string, std::vector<float>>> ParseTensors(std::span<const std::byte> image,
-                                                               const std::string& path) {
-  FERRY_ASSIGN_OR_RETURN(SafetensorsHeader header, ParseSafetensorsHeader(image, path));
-  std::map<std::string, std::vector<float>> out;
-  for (const SafetensorsTensorInfo& t : header.tensors) {
-    if (t.dtype != SafetensorsDType::kF32) {
-      return Status::Corruption(path + ": tensor " + t.name + " is not F32");
-    }
-    std::vector<float>& v = out[t.name];
-    v.resize(t.bytes / sizeof(float));
-    std::memcpy(v.data(), image.data() + t.offset, t.bytes);
-  }
-  return out;
-}
-
-// Reads exactly `out.size()` bytes at the descriptor's position, extending `crc` over them.
-Status ReadExactly(int fd, std::span<std::byte> out, const std::string& path, uint32_t& crc) {
+// Reads exactly `out.size()` bytes at the descriptor's position.
+Status ReadExactly(int fd, std::span<std::byte> out, const std::string& path) {
   for (size_t done = 0; done < out.size();) {
     const ssize_t r = ::read(fd, out.data() + done, std::min<size_t>(out.size() - done, 1 << 26));
     if (r < 0 && errno == EINTR) continue;
@@ -190,45 +153,147 @@ Status ReadExactly(int fd, std::span<std::byte> out, const std::string& path, ui
     if (r == 0) return Status::Corruption(path + " ends early (truncated?)");
     done += size_t(r);
   }
-  crc = Crc32c(out, crc);
   return Status::Ok();
 }
 
-// The F32 tensors of a checkpoint's tensor file, verified. A compressed file is read and
-// decompressed whole; an uncompressed one is read a piece at a time straight into its tensors,
-// its checksum taken as it goes (checked before anything is returned), so the file's bytes never
-// sit in RAM beside them.
+// A checkpoint file's raw bytes, read in order a piece at a time: decompressed as they come when
+// stored with zstd, the CRC-32C of the stored bytes taken as they are read. Nothing read is
+// verified until Finish: a caller uses it only once Finish succeeds.
+class StoredFileReader {
+ public:
+  // Errors: the file cannot be opened, or its size is not state.json's (Corruption).
+  static Result<StoredFileReader> Open(const std::string& dir, const std::string& name,
+                                       const nlohmann::json& entry) {
+    StoredFileReader r;
+    r.path_ = dir + "/" + name;
+    r.fd_ = ::open(r.path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (r.fd_ < 0) return Status::FromErrno(errno, "open " + r.path_);
+    struct stat st {};
+    if (::fstat(r.fd_, &st) != 0) return Status::FromErrno(errno, "stat " + r.path_);
+    r.stored_left_ = size_t(st.st_size);
+    const size_t want = entry.value("bytes", size_t(0));
+    if (r.stored_left_ != want) {
+      return Status::Corruption(r.path_ + " holds " + std::to_string(r.stored_left_) +
+                                " bytes, state.json says " + std::to_string(want) +
+                                " (truncated?)");
+    }
+    r.crc_want_ = entry.value("crc32c", uint32_t(0));
+    r.raw_size_ = r.stored_left_;
+    if (entry.value("compression", "none") == "zstd") {
+      r.stream_.emplace();
+      r.raw_size_ = entry.value("raw_bytes", size_t(0));
+    }
+    return r;
+  }
+  StoredFileReader(StoredFileReader&& o) noexcept
+      : path_(std::move(o.path_)),
+        fd_(std::exchange(o.fd_, -1)),
+        stored_left_(o.stored_left_),
+        raw_size_(o.raw_size_),
+        crc_(o.crc_),
+        crc_want_(o.crc_want_),
+        stream_(std::move(o.stream_)),
+        stored_(std::move(o.stored_)),
+        pending_(o.pending_) {}
+  StoredFileReader& operator=(StoredFileReader&&) = delete;
+  ~StoredFileReader() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  const std::string& path() const { return path_; }
+  // The raw bytes the file holds (as state.json says, for a compressed one: checked by Finish).
+  size_t raw_size() const { return raw_size_; }
+
+  // The next out.size() raw bytes. Errors: the file ends first, a read error, a damaged frame.
+  Status Read(std::span<std::byte> out) {
+    if (!stream_) {
+      FERRY_RETURN_IF_ERROR(ReadStored(out));
+      return Status::Ok();
+    }
+    while (!out.empty()) {
+      if (pending_.empty()) {
+        if (stored_left_ == 0) {
+          return Status::Corruption(path_ + " ends early (truncated?)");
+        }
+        stored_.resize(std::min(stored_left_, kPieceBytes));
+        FERRY_RETURN_IF_ERROR(ReadStored(stored_));
+        pending_ = stored_;
+      }
+      FERRY_RETURN_IF_ERROR(stream_->Decompress(pending_, out).WithContext(path_));
+    }
+    return Status::Ok();
+  }
+
+  // Reads whatever is left (nothing may be), then checks the checksum: Corruption when raw bytes
+  // are left over, a frame is cut short or the checksum fails.
+  Status Finish() {
+    std::byte extra[1];
+    if (stream_) {
+      if (Read(extra).ok()) {
+        return Status::Corruption(path_ + " holds more than the " + std::to_string(raw_size_) +
+                                  " bytes state.json says");
+      }
+      if (!stream_->at_frame_end()) return Status::Corruption(path_ + " ends inside a frame");
+    } else if (stored_left_ > 0) {
+      return Status::Corruption(path_ + " holds more than its data (the file is corrupt)");
+    }
+    if (stored_left_ != 0 || crc_ != crc_want_) {
+      return Status::Corruption(path_ + " fails its CRC-32C checksum (the file is corrupt)");
+    }
+    return Status::Ok();
+  }
+
+ private:
+  static constexpr size_t kPieceBytes = size_t(4) << 20;
+  StoredFileReader() = default;
+  Status ReadStored(std::span<std::byte> out) {
+    if (out.size() > stored_left_) return Status::Corruption(path_ + " ends early (truncated?)");
+    FERRY_RETURN_IF_ERROR(ReadExactly(fd_, out, path_));
+    stored_left_ -= out.size();
+    crc_ = Crc32c(out, crc_);
+    return Status::Ok();
+  }
+
+  std::string path_;
+  int fd_ = -1;
+  size_t stored_left_ = 0, raw_size_ = 0;
+  uint32_t crc_ = 0, crc_want_ = 0;
+  std::optional<ZstdDecompressStream> stream_;  // set for a compressed file
+  std::vector<std::byte> stored_;               // a piece of it, read
+  std::span<const std::byte> pending_;          // its part not yet decompressed
+};
+
+// A verified file of a checkpoint, decompressed (its bytes in a string), read a piece at a time.
+Result<std::string> ReadVerified(const std::string& dir, const std::string& name,
+                                 const nlohmann::json& entry) {
+  FERRY_ASSIGN_OR_RETURN(StoredFileReader file, StoredFileReader::Open(dir, name, entry));
+  std::string out;
+  while (out.size() < file.raw_size()) {  // grown as it is read: a size state.json invents fails
+    const size_t at = out.size();
+    out.resize(std::min(file.raw_size(), at + (size_t(4) << 20)));
+    FERRY_RETURN_IF_ERROR(file.Read(std::as_writable_bytes(std::span(out)).subspan(at)));
+  }
+  FERRY_RETURN_IF_ERROR(file.Finish());
+  return out;
+}
+
+// The F32 tensors of a checkpoint's tensor file, verified. Read a piece at a time straight into
+// its tensors (decompressed as it comes when stored with zstd), its checksum taken as it goes and
+// checked before anything is returned, so the file's bytes never sit in RAM beside them.
 Result<std::map<std::string, std::vector<float>>> ReadTensorFile(const std::string& dir,
                                                                  const std::string& name,
                                                                  const nlohmann::json& entry) {
-  const std::string path = dir + "/" + name;
-  if (entry.value("compression", "none") == "zstd") {
-    FERRY_ASSIGN_OR_RETURN(std::string image, ReadVerified(dir, name, entry));
-    return ParseTensors(AsBytes(image), path);
-  }
-  struct Fd {
-    int fd;
-    ~Fd() {
-      if (fd >= 0) ::close(fd);
-    }
-  } f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (f.fd < 0) return Status::FromErrno(errno, "open " + path);
-  struct stat st {};
-  if (::fstat(f.fd, &st) != 0) return Status::FromErrno(errno, "stat " + path);
-  const size_t size = size_t(st.st_size), want = entry.value("bytes", size_t(0));
-  if (size != want) {
-    return Status::Corruption(path + " holds " + std::to_string(size) + " bytes, state.json says " +
-                              std::to_string(want) + " (truncated?)");
-  }
-  uint32_t crc = 0;
+  FERRY_ASSIGN_OR_RETURN(StoredFileReader file, StoredFileReader::Open(dir, name, entry));
+  const std::string& path = file.path();
+  const size_t size = file.raw_size();
   std::vector<std::byte> head(std::min<size_t>(size, 8));
-  FERRY_RETURN_IF_ERROR(ReadExactly(f.fd, head, path, crc));
+  FERRY_RETURN_IF_ERROR(file.Read(head));
   uint64_t n = 0;
   for (size_t i = head.size(); i-- > 0;) n = (n << 8) | uint64_t(head[i]);
   // A length past the file or the format's bound is left to the parse below to name.
   if (head.size() == 8 && n <= size - 8 && n <= kSafetensorsMaxHeaderBytes) {
     head.resize(8 + n);
-    FERRY_RETURN_IF_ERROR(ReadExactly(f.fd, std::span(head).subspan(8), path, crc));
+    FERRY_RETURN_IF_ERROR(file.Read(std::span(head).subspan(8)));
   }
   // The header is read before the checksum can be checked: whatever is wrong with it is a
   // corrupt file, as a failed checksum would have said.
@@ -250,7 +315,7 @@ Result<std::map<std::string, std::vector<float>>> ReadTensorFile(const std::stri
   auto skip_to = [&](size_t offset) -> Status {
     while (at < offset) {
       gap.resize(std::min<size_t>(offset - at, size_t(4) << 20));
-      FERRY_RETURN_IF_ERROR(ReadExactly(f.fd, gap, path, crc));
+      FERRY_RETURN_IF_ERROR(file.Read(gap));
       at += gap.size();
     }
     return Status::Ok();
@@ -263,13 +328,11 @@ Result<std::map<std::string, std::vector<float>>> ReadTensorFile(const std::stri
     }
     FERRY_RETURN_IF_ERROR(skip_to(t->offset));
     v.resize(t->bytes / sizeof(float));
-    FERRY_RETURN_IF_ERROR(ReadExactly(f.fd, std::as_writable_bytes(std::span(v)), path, crc));
+    FERRY_RETURN_IF_ERROR(file.Read(std::as_writable_bytes(std::span(v))));
     at += t->bytes;
   }
   FERRY_RETURN_IF_ERROR(skip_to(size));
-  if (crc != entry.value("crc32c", uint32_t(0))) {
-    return Status::Corruption(path + " fails its CRC-32C checksum (the file is corrupt)");
-  }
+  FERRY_RETURN_IF_ERROR(file.Finish());
   return out;
 }
 

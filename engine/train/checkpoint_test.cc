@@ -303,6 +303,39 @@ TEST_F(CheckpointTest, CorruptCheckpointIsDetectedAndSkipped) {
   }
 }
 
+// A compressed tensor file is decompressed a piece at a time, straight into its tensors: it reads
+// back as the uncompressed one does, and a raw size in state.json the frames do not make (more or
+// fewer bytes) is Corruption naming the file.
+TEST_F(CheckpointTest, ACompressedFileReadsInPiecesAndItsRawSizeIsChecked) {
+  std::map<bool, CheckpointState> read;
+  for (const bool compress : {false, true}) {
+    JobSpec job = Job("pieces" + std::to_string(compress), 2, false);
+    job.save_every = 2;
+    job.checkpoint_compress = compress;
+    ASSERT_TRUE(Run(job).ok());
+    Result<CheckpointState> c = ReadCheckpoint(CheckpointsDir(job.out) + "/" + CheckpointName(2));
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    read[compress] = std::move(*c);
+  }
+  EXPECT_EQ(read[true].trainable.tensors, read[false].trainable.tensors);
+  EXPECT_EQ(read[true].exp_avg.tensors, read[false].exp_avg.tensors);
+  EXPECT_EQ(read[true].exp_avg_sq.tensors, read[false].exp_avg_sq.tensors);
+  EXPECT_FALSE(read[true].trainable.tensors.empty());
+  const std::string dir = CheckpointsDir(Job("pieces1", 2, false).out) + "/" + CheckpointName(2);
+  const nlohmann::json original = nlohmann::json::parse(std::ifstream(dir + "/state.json"));
+  for (const int64_t delta : {-4, 4}) {
+    nlohmann::json state = original;
+    nlohmann::json& entry = state["files"]["trainable.safetensors.zst"];
+    entry["raw_bytes"] = entry["raw_bytes"].get<int64_t>() + delta;
+    std::ofstream(dir + "/state.json") << state.dump();
+    Result<CheckpointState> bad = ReadCheckpoint(dir);
+    ASSERT_FALSE(bad.ok()) << delta;
+    EXPECT_EQ(bad.status().code(), StatusCode::kCorruption) << bad.status().ToString();
+    EXPECT_NE(bad.status().message().find(dir + "/trainable.safetensors.zst"), std::string::npos)
+        << bad.status().ToString();
+  }
+}
+
 // A tensor file is read a piece at a time, its header parsed before the checksum can be checked:
 // a damaged header is still a corrupt checkpoint naming the file, never a crash nor another error
 // code — a flipped byte in a dtype, and an empty tensor placed inside another's bytes (which the
