@@ -87,6 +87,15 @@ struct DeviceState {
   // Isolated compute (Create's `isolate_compute`): a stage's weights are up, recorded on the
   // upload stream for the compute stream to wait for.
   std::vector<Event> weights_up;
+  // The frozen base streamed from the model's files (plan.frozen_weights on NVMe): the device's
+  // two pinned stage images ("weights.nvme_staging"), packed in turn by its stages (the frozen
+  // base read from the files, the trainable tensors from the master copy) and uploaded from
+  // there; image_free[k] is recorded on the upload stream after image k's last copy, and
+  // image_busy[k] says a record is outstanding, which the next packing of k waits for.
+  HostMemorySpan images[2];
+  std::vector<Event> image_free;
+  bool image_busy[2] = {false, false};
+  int next_image = 0;
   // With a trace: times this device's tasks (null without one: then nothing is recorded).
   std::unique_ptr<DeviceTimeline> timeline;
   // For the trace's task names: the stage (its index in the step) and micro-batch (-1: the whole
@@ -215,6 +224,7 @@ struct StageRun {
   std::unique_ptr<DecoderBlocks> blocks;  // forward and backward stages
   std::unique_ptr<Head> head;             // the tail
   bool weights_sent = false;
+  int image = -1;  // the frozen base streamed: the device image its weights are packed into
 };
 
 // The next stage's weights on a device, sent in `chunks` pieces between the running stage's
@@ -303,6 +313,7 @@ class Executor final : public PipelineExecutor {
       FERRY_RETURN_IF_ERROR(CreateEvents(*ds.device, size_t(p_.micro_batches), ds.landed));
       FERRY_RETURN_IF_ERROR(CreateEvents(*ds.device, stages, ds.grads_landed));
       if (isolate_) FERRY_RETURN_IF_ERROR(CreateEvents(*ds.device, 1, ds.weights_up));
+      if (stream_base_) FERRY_RETURN_IF_ERROR(CreateEvents(*ds.device, 2, ds.image_free));
       if (trace_ != nullptr) {
         FERRY_ASSIGN_OR_RETURN(
             ds.timeline,
@@ -359,7 +370,9 @@ class Executor final : public PipelineExecutor {
   // plan's, else naming both sizes). Without a caller's pool the executor makes one whose budget
   // is exactly the plan's pinned total, in one mapping registered once with each device.
   //  - weights.upload / grads.landing: each layer range's weight and gradient mirrors
-  //    (DeviceParams::Measure), in range order;
+  //    (DeviceParams::Measure), in range order; with the frozen base streamed from the model's
+  //    files, no weight mirrors but weights.nvme_staging: two images of the largest range's
+  //    weights per device (DeviceState::images);
   //  - activations.saved: per layer, per micro-batch, its input and (unless recomputed; never
   //    the head's) its saved slot's bytes;
   //  - activations.grad: per micro-batch, its boundary gradient (B*T x C in the compute dtype);
@@ -371,6 +384,7 @@ class Executor final : public PipelineExecutor {
     const size_t N = size_t(shape_.tokens());
     std::vector<DeviceParams::Bytes> mirror_bytes;
     std::map<std::string, size_t, std::less<>> need;
+    size_t image_bytes = 0;  // the largest range's weights
     for (size_t r = 0; r < mirrors_.size(); ++r) {
       const plan::LayerRange range =
           r < p_.stages.size() ? p_.stages[r] : plan::LayerRange{int(head), int(head) + 1};
@@ -378,7 +392,8 @@ class Executor final : public PipelineExecutor {
                                           layers_.begin() + range.last);
       FERRY_ASSIGN_OR_RETURN(DeviceParams::Bytes b,
                              DeviceParams::Measure(c_, lora_, layers, dtype_));
-      need["weights.upload"] += b.weights;
+      if (!stream_base_) need["weights.upload"] += b.weights;
+      image_bytes = std::max(image_bytes, b.weights);
       if (!fo) need["grads.landing"] += b.grads;
       mirror_bytes.push_back(b);
     }
@@ -390,6 +405,7 @@ class Executor final : public PipelineExecutor {
       const bool saved = li != head && !p_.recompute[li];
       need["activations.saved"] += M * (hb + (saved ? saved_bytes_ : 0));
     }
+    if (stream_base_) need["weights.nvme_staging"] = devices_.size() * 2 * image_bytes;
     if (spill_) {
       need["activations.staging"] = devices_.size() * plan::kNvmeStagingSlots * StagingSlotBytes();
     }
@@ -444,8 +460,13 @@ class Executor final : public PipelineExecutor {
       return out;
     };
     for (size_t r = 0; r < mirrors_.size(); ++r) {
-      mirrors_[r]->weights = carve("weights.upload", mirror_bytes[r].weights);
+      if (!stream_base_) mirrors_[r]->weights = carve("weights.upload", mirror_bytes[r].weights);
       mirrors_[r]->grads = carve("grads.landing", mirror_bytes[r].grads);
+    }
+    if (stream_base_) {
+      for (DeviceState& ds : devices_) {
+        for (HostMemorySpan& image : ds.images) image = carve("weights.nvme_staging", image_bytes);
+      }
     }
     act_.resize(layers_.size());
     saved_.resize(layers_.size());
@@ -741,6 +762,7 @@ class Executor final : public PipelineExecutor {
     }
     ++weights_version_;
     packed_from_ = &weights;
+    if (stream_base_) FERRY_RETURN_IF_ERROR(BaseServedFromFiles(weights));
     FERRY_RETURN_IF_ERROR(WeightsNeeded({0, 1}));
     FERRY_RETURN_IF_ERROR(Embed(weights, batches));
     FERRY_RETURN_IF_ERROR(WeightsRead({0, 1}));
@@ -900,38 +922,8 @@ class Executor final : public PipelineExecutor {
     st.source = std::make_unique<PlannedSource>(ds, st.slot, kept);
     std::vector<LayerSpec> layers(layers_.begin() + st.range.first,
                                   layers_.begin() + st.range.last);
-    // A forward stage's layers are those of its backward stage: one host mirror, packed once a
-    // step (the master copy does not change in between), which the backward stage's upload
-    // reads while the forward stage's may still run.
-    const size_t r = RangeIndex(i);
-    FERRY_ASSIGN_OR_RETURN(
-        DeviceParams params,
-        DeviceParams::Create(*ds.device, c_, lora_, layers, st.source.get(),
-                             p_.job.forward_only ? ParamGrads::kNone : ParamGrads::kAllocate,
-                             dtype_, mirrors_[r]));
-    st.params = std::make_unique<DeviceParams>(std::move(params));
-    if (packed_[r] != weights_version_) {
-      // A LoRA job's frozen base in the mirror was packed from this master copy, whose frozen
-      // tensors do not change between calls (Step's contract): only the trainable ones are. Nor
-      // do the tensors its model's files serve (an evaluation's whole base).
-      const bool same_base = !decoding_ && mirror_frozen_[r] == packed_from_;
-      const bool trainable_only = lora_.enabled() && same_base;
-      HostSpan span;  // traced when it writes anything, as the plan prices it
-      if (trace_ != nullptr && (!trainable_only || st.params->has_trainable_weights())) {
-        span =
-            HostSpan(trace_, plan::LaneKind::kHostMemory, plan::TaskKind::kWeightPack,
-                     plan::RoundRobinTaskName('P', int(i), int(p_.stages.size()), -1), -1, int(i));
-      }
-      mirror_frozen_[r] = nullptr;  // until the packing has succeeded
-      FERRY_RETURN_IF_ERROR(
-          st.params->PackWeights(weights, host_threads_, trainable_only, same_base));
-      mirror_frozen_[r] = packed_from_;
-      stats_.frozen_packs_skipped +=
-          trainable_only || (same_base && (!weights.files.empty() || !weights.nf4_served.empty()));
-      span.End();
-      packed_[r] = weights_version_;
-      FERRY_RETURN_IF_ERROR(WeightsRead(st.range));
-    }
+    FERRY_RETURN_IF_ERROR(stream_base_ ? PrepareStreamed(i, layers, weights)
+                                       : PrepareMirrored(i, layers, weights));
     if (st.kind == StageKind::kTail) {
       FERRY_ASSIGN_OR_RETURN(
           DeviceStack stack,
@@ -966,6 +958,125 @@ class Executor final : public PipelineExecutor {
              .source = st.source.get()}));
     st.blocks = std::move(stack.blocks);
     return Status::Ok();
+  }
+
+  // Stage i's parameters over its range's host mirror: a forward stage's layers are those of its
+  // backward stage, so one mirror, packed once a step (the master copy does not change in between),
+  // which the backward stage's upload reads while the forward stage's may still run.
+  Status PrepareMirrored(size_t i, const std::vector<LayerSpec>& layers,
+                         const HostTensors& weights) {
+    StageRun& st = runs_[i];
+    DeviceState& ds = devices_[st.device];
+    const size_t r = RangeIndex(i);
+    FERRY_ASSIGN_OR_RETURN(
+        DeviceParams params,
+        DeviceParams::Create(*ds.device, c_, lora_, layers, st.source.get(),
+                             p_.job.forward_only ? ParamGrads::kNone : ParamGrads::kAllocate,
+                             dtype_, mirrors_[r]));
+    st.params = std::make_unique<DeviceParams>(std::move(params));
+    if (packed_[r] == weights_version_) return Status::Ok();
+    // A LoRA job's frozen base in the mirror was packed from this master copy, whose frozen
+    // tensors do not change between calls (Step's contract): only the trainable ones are. Nor
+    // do the tensors its model's files serve (an evaluation's whole base).
+    const bool same_base = !decoding_ && mirror_frozen_[r] == packed_from_;
+    const bool trainable_only = lora_.enabled() && same_base;
+    HostSpan span;  // traced when it writes anything, as the plan prices it
+    if (trace_ != nullptr && (!trainable_only || st.params->has_trainable_weights())) {
+      span = PackSpan(i);
+    }
+    mirror_frozen_[r] = nullptr;  // until the packing has succeeded
+    FERRY_RETURN_IF_ERROR(
+        st.params->PackWeights(weights, host_threads_, trainable_only, same_base));
+    mirror_frozen_[r] = packed_from_;
+    stats_.frozen_packs_skipped +=
+        trainable_only || (same_base && (!weights.files.empty() || !weights.nf4_served.empty()));
+    span.End();
+    packed_[r] = weights_version_;
+    return WeightsRead(st.range);
+  }
+
+  // Stage i's parameters over its device's next image, the frozen base streamed from the model's
+  // files: packed whole (the base read from its files) unless the device's weight slot already
+  // holds its layers' base (ResidentBases), then its trainable tensors only; nothing when the slot
+  // holds all of its weights. The image's last upload is waited for first. Both stages over a
+  // range pack its trainable tensors: the updates of its layers wait (StepHooks::weights_read)
+  // until the last of them has.
+  Status PrepareStreamed(size_t i, const std::vector<LayerSpec>& layers,
+                         const HostTensors& weights) {
+    StageRun& st = runs_[i];
+    DeviceState& ds = devices_[st.device];
+    const size_t r = RangeIndex(i);
+    const int k = ds.next_image;
+    ds.next_image ^= 1;
+    if (ds.image_busy[k]) {
+      FERRY_RETURN_IF_ERROR(ds.device->Synchronize(ds.image_free[size_t(k)]));
+      ds.image_busy[k] = false;
+    }
+    st.image = k;
+    auto mirrors = std::make_shared<HostMirrors>();
+    mirrors->weights = ds.images[k];
+    mirrors->grads = mirrors_[r]->grads;
+    FERRY_ASSIGN_OR_RETURN(DeviceParams params,
+                           DeviceParams::Create(*ds.device, c_, lora_, layers, st.source.get(),
+                                                ParamGrads::kAllocate, dtype_, std::move(mirrors)));
+    st.params = std::make_unique<DeviceParams>(std::move(params));
+    const bool holds = ds.slot_holds[st.slot] == std::pair<size_t, int64_t>{r, weights_version_};
+    const bool base_held =
+        ds.slot_frozen[st.slot] == std::pair<size_t, const HostTensors*>{r, packed_from_};
+    if (!holds) {
+      HostSpan span;
+      if (trace_ != nullptr) span = PackSpan(i);
+      FERRY_RETURN_IF_ERROR(st.params->PackWeights(weights, host_threads_, base_held));
+      span.End();
+      if (base_held) {
+        ++stats_.frozen_packs_skipped;
+      } else {
+        stats_.base_bytes_streamed += ServedFrozenBytes(layers, weights);
+      }
+    }
+    // The range's last reader this step: the backward stage (or the tail, which is both); in a
+    // forward-only call, its only one.
+    if (st.kind != StageKind::kForward || forward_only_) {
+      packed_[r] = weights_version_;
+      return WeightsRead(st.range);
+    }
+    return Status::Ok();
+  }
+
+  // The plan streams the frozen base from the model's files: every frozen block and head weight
+  // must be served from them (HostTensors::files), never silently held in RAM.
+  Status BaseServedFromFiles(const HostTensors& weights) const {
+    for (const LayerSpec& l : layers_) {
+      if (l.kind == LayerKind::kEmbedding) continue;  // gathered on the host, not streamed
+      for (const ParamSpec& p : l.params) {
+        const std::string& owner = p.tied_to.empty() ? p.name : p.tied_to;
+        if (p.trainable || weights.files.contains(owner)) continue;
+        return Status::InvalidArgument(
+            "the plan streams the frozen base from the model's files, and '" + owner +
+            "' is not served from them (a base held in RAM, or converted): plan with the frozen "
+            "weights in host RAM");
+      }
+    }
+    return Status::Ok();
+  }
+
+  // The bytes of the frozen tensors of `layers` that the model's files serve, as stored there.
+  static uint64_t ServedFrozenBytes(const std::vector<LayerSpec>& layers,
+                                    const HostTensors& weights) {
+    uint64_t bytes = 0;
+    for (const LayerSpec& l : layers) {
+      for (const ParamSpec& p : l.params) {
+        if (p.trainable) continue;
+        auto f = weights.files.find(p.tied_to.empty() ? p.name : p.tied_to);
+        if (f != weights.files.end()) bytes += f->second.bytes.size();
+      }
+    }
+    return bytes;
+  }
+
+  HostSpan PackSpan(size_t i) const {
+    return HostSpan(trace_, plan::LaneKind::kHostMemory, plan::TaskKind::kWeightPack,
+                    plan::RoundRobinTaskName('P', int(i), int(p_.stages.size()), -1), -1, int(i));
   }
 
   // Enqueues chunk k of `chunks` of stage i's weights on its device's upload stream; the first
@@ -1009,6 +1120,10 @@ class Executor final : public PipelineExecutor {
     }
     if (k + 1 < chunks) return Status::Ok();
     FERRY_RETURN_IF_ERROR(ds.hazards.After(StreamId::kUpload, {}, {slot}));
+    if (st.image >= 0) {  // the image may be packed again once this copy is done
+      FERRY_RETURN_IF_ERROR(ds.device->Record(ds.image_free[size_t(st.image)], StreamId::kUpload));
+      ds.image_busy[st.image] = true;
+    }
     ds.slot_holds[st.slot] = holds;
     ds.slot_frozen[st.slot] = frozen;
     st.weights_sent = true;
@@ -1606,6 +1721,9 @@ class Executor final : public PipelineExecutor {
   // latest write, set on the writing device's download stream and read on the reading device's
   // upload stream after the landed event that orders them.
   const bool spill_ = p_.activations == Tier::kNvme && !p_.job.forward_only && !keep_;
+  // The frozen base streamed from the model's files each step (a LoRA training plan's frozen
+  // weights on NVMe): DeviceState::images instead of per-range weight mirrors.
+  const bool stream_base_ = p_.frozen_weights == Tier::kNvme;
   std::vector<PendingIo> written_;
   // Training and evaluation stages over the devices and their slots; a LoRA job's step starts
   // where the last one ended, so its stages find their frozen base where the last step left it.
@@ -1655,14 +1773,20 @@ Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const
         "f16, not " +
         std::string(DTypeName(p.job.compute_dtype)));
   }
-  // Frozen weights live in host RAM for now: a plan that puts them on NVMe is refused here,
-  // before any step, rather than run in RAM against its own memory figures; saved activations go
-  // there only through a store. (Optimizer state on NVMe is the Trainer's to honour,
+  // Frozen weights on NVMe are streamed from the model's files, for LoRA training only (not an
+  // NF4 base, nor a converted copy): any other such plan is refused here, before any step, rather
+  // than run in RAM against its own memory figures; saved activations go there only through a
+  // store. (Optimizer state on NVMe is the Trainer's to honour,
   // OptimizerStateOptions::nvme_dir: the executor never touches it.)
   if (p.frozen_weights != Tier::kHost) {
-    return Status::InvalidArgument(
-        "the plan puts frozen weights on NVMe, and the executor keeps them in host RAM for now: "
-        "plan with more host memory (or a smaller batch), or without an NVMe budget");
+    const bool nf4 = p.job.lora.quantize != BaseQuant::kNone;
+    if (!p.job.lora.enabled() || p.job.forward_only || nf4 || !p.job.frozen_base_from_files) {
+      return Status::InvalidArgument(
+          std::string("the plan puts frozen weights on NVMe, which the executor streams from the "
+                      "model's files for LoRA training only, ") +
+          (nf4 ? "not for an NF4 base" : "not for this job") +
+          ": plan with more host memory, or without an NVMe budget");
+    }
   }
   if (p.activations != Tier::kHost && !p.job.forward_only) {
     if (activation_store == nullptr) {

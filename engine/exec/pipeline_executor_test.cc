@@ -153,6 +153,7 @@ struct PlanSpec {
   bool optimizer_on_nvme = false;
   bool keep = false;                 // one device keeps every saved activation (policy "keep")
   bool activations_on_nvme = false;  // saved activations in an NVMe store (Tier::kNvme)
+  bool base_streamed = false;        // a LoRA base streamed from the model's files (frozen on NVMe)
 };
 
 plan::Plan MakeTestPlan(const Model& m, const PlanSpec& s) {
@@ -174,6 +175,8 @@ plan::Plan MakeTestPlan(const Model& m, const PlanSpec& s) {
   p.keep_activations = s.keep;
   p.activation_policy = s.keep ? "keep" : "save";
   p.optimizer_state = s.optimizer_on_nvme ? Tier::kNvme : Tier::kHost;
+  p.frozen_weights = s.base_streamed ? Tier::kNvme : Tier::kHost;
+  p.job.frozen_base_from_files = s.base_streamed;
   p.memory = plan::ComputeMemory(plan::MemoryInputOf(m.config, p));
   return p;
 }
@@ -813,6 +816,140 @@ TEST(ExecutorFileBaseTest, ABaseServedFromItsFilesEqualsItsFp32Copy) {
   }
 }
 
+// `weights`' base written to a bf16 model folder in `dir` and served from it (LoadBaseWeights)
+// into `served`.
+void ServeFromFolder(const Model& m, const std::vector<LayerSpec>& layers,
+                     const HostTensors& weights, const std::string& dir, HostTensors& served) {
+  ASSERT_FALSE(dir.empty());
+  ModelFolderWriteOptions as;
+  as.dtype = DType::kBF16;
+  ASSERT_TRUE(WriteModelFolder(dir, m.config, layers, weights, as).ok());
+  Result<FolderWeights> folder = FolderWeights::Open(dir);
+  ASSERT_TRUE(folder.ok()) << folder.status().ToString();
+  ASSERT_TRUE(LoadBaseWeights(*folder, m.config, layers, served).ok());
+}
+
+// A LoRA job's frozen base streamed from the model's files (the plan's frozen weights on NVMe):
+// each stage packs its device's next pinned image, the base read from the files unless the
+// device's weight slot holds it already. Over three steps, the adapters changed between them as
+// updates change them, the losses and adapter gradients equal those of the base kept in the host
+// mirrors, bit for bit, on two devices and on one (whose slots keep more of the base), with random
+// stream delays and a weights_read hook that changes the adapters; the pinned staging is the
+// plan's images, and the last step reads the plan's bytes from the files.
+TEST(ExecutorFileBaseTest, AStreamedBaseEqualsTheBaseKeptInTheMirrors) {
+  const Model m = LoadModel("llama", 4);
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(m.config, m.lora);
+  const HostTensors random = RandomWeights(m, 31);
+  testing::TempDir dir;
+  HostTensors served;
+  ASSERT_NO_FATAL_FAILURE(ServeFromFolder(m, layers, random, dir.path(), served));
+  for (const ParamSpec* q : StorageParams(layers)) {
+    if (q->lora) served.tensors[q->name] = random.tensors.at(q->name);
+  }
+  for (const int gpus : {2, 1}) {
+    const std::string what = std::to_string(gpus) + " device(s)";
+    PlanSpec spec{{{1, 2}, {2, 3}, {3, 5}}, {}, 2, 2, 16, gpus, DType::kBF16};
+    const plan::Plan kept_plan = MakeTestPlan(m, spec);
+    spec.base_streamed = true;
+    const plan::Plan streamed_plan = MakeTestPlan(m, spec);
+    std::vector<std::unique_ptr<CpuDevice>> kept_devs =
+        MakeDevices(gpus, kept_plan.memory.gpu.total());
+    // Random delays (0-1 ms) in every stream of the streaming devices: an image is packed again
+    // only once its last upload is done.
+    std::vector<std::unique_ptr<CpuDevice>> streamed_devs =
+        MakeDevices(gpus, streamed_plan.memory.gpu.total(), 1000, 7);
+    ActivationStore kept_store, streamed_store;
+    Result<std::unique_ptr<PipelineExecutor>> kept =
+        CreateExecutor(kept_devs, m, kept_plan, kept_store);
+    Result<std::unique_ptr<PipelineExecutor>> streamed =
+        CreateExecutor(streamed_devs, m, streamed_plan, streamed_store);
+    ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+    ASSERT_TRUE(streamed.ok()) << streamed.status().ToString();
+    const Batches b = MakeBatches(m, spec.micro_batches, spec.batch * spec.seq_len, 8);
+    // Each executor's master copy, whose adapters a weights_read hook changes as an update that
+    // waits for the step's reads would: a range's stages must all have packed them by then (the
+    // streamed backward stage packs them again), else the two runs part. Each range is reported
+    // once a step.
+    HostTensors kept_w = served, streamed_w = served;
+    std::map<std::pair<int64_t, int64_t>, int> reported;
+    auto hooks_for = [&](HostTensors& master, bool count) {
+      StepHooks h;
+      h.weights_read = [&master, &reported, count](int64_t first, int64_t last) {
+        if (count) ++reported[{first, last}];
+        for (auto& [name, t] : master.tensors) {
+          for (int64_t li = first; li < last; ++li) {
+            if (li == 0 ||
+                name.find("layers." + std::to_string(li - 1) + ".") == std::string::npos ||
+                name.find("lora_") == std::string::npos) {
+              continue;
+            }
+            for (float& v : t) v *= 1.5f;
+          }
+        }
+        return Status::Ok();
+      };
+      return h;
+    };
+    uint64_t last_step_read = 0;
+    for (int step = 0; step < 3; ++step) {
+      HostTensors want = ZeroGrads(m), got = ZeroGrads(m);
+      const uint64_t before = (*streamed)->stats().base_bytes_streamed;
+      reported.clear();
+      Result<double> kept_loss = (*kept)->Step(kept_w, b.inputs, want, hooks_for(kept_w, false));
+      Result<double> streamed_loss =
+          (*streamed)->Step(streamed_w, b.inputs, got, hooks_for(streamed_w, true));
+      for (const auto& [range, calls] : reported) {
+        EXPECT_EQ(calls, 1) << range.first << "-" << range.second << ", " << what;
+      }
+      EXPECT_EQ(reported.size(), spec.stages.size() + 2) << what;  // embedding, stages, head
+      ExpectSameBits(streamed_w, kept_w, "the master copies, " + what);
+      ASSERT_TRUE(kept_loss.ok()) << kept_loss.status().ToString();
+      ASSERT_TRUE(streamed_loss.ok()) << streamed_loss.status().ToString();
+      EXPECT_EQ(*streamed_loss, *kept_loss) << what << ", step " << step;
+      ExpectSameBits(got, want, "with the base streamed, " + what);
+      last_step_read = (*streamed)->stats().base_bytes_streamed - before;
+      for (HostTensors* master : {&kept_w, &streamed_w}) {
+        for (auto& [name, t] : master->tensors) {
+          if (name.find("lora_") == std::string::npos) continue;
+          for (size_t i = 0; i < t.size(); ++i) t[i] += 0.01f * float((i + size_t(step)) % 5 + 1);
+        }
+      }
+    }
+    EXPECT_GT(last_step_read, 0u) << what;
+    EXPECT_EQ(double(last_step_read),
+              plan::StreamedBaseBytes(layers, DType::kBF16, spec.stages, gpus))
+        << what;
+    std::map<std::string, uint64_t> pinned, planned;
+    for (const plan::Allocation& a : (*streamed)->stats().host_pinned) pinned[a.name] = a.bytes;
+    for (const plan::Allocation& a : streamed_plan.memory.pinned_host.allocations) {
+      planned[a.name] = a.bytes;
+    }
+    EXPECT_EQ(pinned, planned) << what;
+    EXPECT_EQ(pinned.count("weights.upload"), 0u) << what;
+    EXPECT_GT(pinned.count("weights.nvme_staging"), 0u) << what;
+  }
+}
+
+// A plan that streams the frozen base needs a base the model's files serve: one held in RAM is
+// refused at the step, naming a weight, never run from RAM against the plan.
+TEST(ExecutorFileBaseTest, AStreamedPlanRefusesABaseHeldInRam) {
+  const Model m = LoadModel("llama", 4);
+  PlanSpec spec{{{1, 3}, {3, 5}}, {}, 2, 2, 16, 2, DType::kBF16};
+  spec.base_streamed = true;
+  const plan::Plan p = MakeTestPlan(m, spec);
+  std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(spec.gpus, p.memory.gpu.total());
+  ActivationStore store;
+  Result<std::unique_ptr<PipelineExecutor>> e = CreateExecutor(devs, m, p, store);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  const Batches b = MakeBatches(m, spec.micro_batches, spec.batch * spec.seq_len, 8);
+  HostTensors g = ZeroGrads(m);
+  Result<double> loss = (*e)->Step(RandomWeights(m, 3), b.inputs, g);
+  ASSERT_FALSE(loss.ok());
+  EXPECT_EQ(loss.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(loss.status().message().find("is not served from them"), std::string::npos)
+      << loss.status().ToString();
+}
+
 // QLoRA from a model folder: each NF4 weight is made from the file when its stage is packed
 // (HostTensors::nf4_served: quantized from a bf16 file, or read as a pre-quantized folder would
 // be), never held. Over two steps of one executor (the second reuses the mirrors' base and makes
@@ -825,14 +962,8 @@ TEST(ExecutorFileBaseTest, AnNf4BaseMadeWhenPackedEqualsTheSameBaseHeld) {
   const std::vector<LayerSpec> layers = BuildLayerSpecs(m.config, m.lora);
   HostTensors random = RandomWeights(m, 29);
   testing::TempDir dir;
-  ASSERT_FALSE(dir.path().empty());
-  ModelFolderWriteOptions as;
-  as.dtype = DType::kBF16;
-  ASSERT_TRUE(WriteModelFolder(dir.path(), m.config, layers, random, as).ok());
-  Result<FolderWeights> folder = FolderWeights::Open(dir.path());
-  ASSERT_TRUE(folder.ok()) << folder.status().ToString();
   HostTensors served;
-  ASSERT_TRUE(LoadBaseWeights(*folder, m.config, layers, served).ok());
+  ASSERT_NO_FATAL_FAILURE(ServeFromFolder(m, layers, random, dir.path(), served));
   EXPECT_TRUE(served.nf4.empty());
   HostTensors held = served;  // the same weights, each made once and kept
   size_t made = 0;

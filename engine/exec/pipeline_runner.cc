@@ -37,6 +37,7 @@ class PipelineRunner final : public ModelRunner {
   RunnerStats stats() const override {
     RunnerStats s;
     s.block_forward_calls = e_->stats().block_forward_calls;
+    s.base_bytes_streamed = e_->stats().base_bytes_streamed;
     return s;
   }
 

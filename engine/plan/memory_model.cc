@@ -238,7 +238,9 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     for (int i = s.first; i < s.last; ++i) {
       const LayerSpec& l = layers[size_t(i)];
       w += LayerWeightBytes(l, cd);
-      w_host += LayerWeightBytes(l, cd, /*trainable_only=*/in.frozen_weights_on_nvme);
+      // Frozen weights streamed from NVMe: no mirror per range; the staging images hold the
+      // trainable tensors too.
+      if (!in.frozen_weights_on_nvme) w_host += LayerWeightBytes(l, cd);
       g += LayerGradBytes(l);
     }
     stage_weights = std::max(stage_weights, w);
@@ -360,13 +362,14 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
         continue;
       }
       if (served) params.from_files += uint64_t(p.numel());
-      if (!p.trainable && in.frozen_weights_on_nvme) {
+      // The model's files are the NVMe copy of a base they serve; else a converted one.
+      if (!p.trainable && in.frozen_weights_on_nvme && !(in.frozen_base_from_files && !p.nf4)) {
         upload_frozen_nvme += p.nf4 ? p.bytes() : bytes;
       }
     }
   }
   Add(e.pinned_host, "weights.upload", upload_mirrors, P);
-  if (upload_frozen_nvme > 0) {
+  if (in.frozen_weights_on_nvme) {
     Add(e.pinned_host, "weights.nvme_staging", 2 * gpus * stage_weights, P);
     Add(e.nvme, "weights.frozen", upload_frozen_nvme, kNvmeBlockBytes);
   }

@@ -46,11 +46,12 @@
 // test compares the pool's peak with their total both ways:
 //   pinned   weights.upload: one upload mirror per layer range (each block stage, the head), in
 //            the device layout of its weight slot (aligned tensors, gate|up fused, LoRA B
-//            block-diagonal), since a mirror is copied into the slot verbatim; frozen weights are
-//            left out when they live on NVMe. (Once counted as the weights' raw bytes, which the
-//            slot layout exceeds.)
-//            weights.nvme_staging (two stage buffers per GPU when frozen weights stream from
-//            NVMe).
+//            block-diagonal), since a mirror is copied into the slot verbatim; none when frozen
+//            weights stream from NVMe. (Once counted as the weights' raw bytes, which the slot
+//            layout exceeds.)
+//            weights.nvme_staging (frozen weights streamed from NVMe): per GPU, two images of the
+//            largest range's weights in that layout, which its stages pack in turn (the frozen
+//            base read from NVMe, the trainable tensors from the master copy) and upload from.
 //            grads.landing: one fp32 gradient mirror per layer range, in the device layout of
 //            grads.accum. (Once "one stage buffer per GPU": but the host adds a stage's landed
 //            gradients only once the whole step is enqueued, in stage order, so a device's next
@@ -85,13 +86,14 @@
 //            upload mirrors hold the base); activations.store (saved activations on NVMe): the
 //            store's own bounce buffers, kActivationQueueDepth blocks (mapped by the store, locked
 //            when io_uring registers them; the devices never copy from them).
-// NVMe (4096-byte blocks): whichever groups the plan places there (weights.frozen,
-// activations.saved, optimizer.slots). activations.saved: per micro-batch, every block input that
-// does not start a stage and every block's saved set unless recomputed, each an entry of its own
-// in whole blocks (MemoryEstimate::nvme_activation_block_bytes), plus two entries per GPU being
-// rewritten (a rewrite takes
-// new blocks and frees the old ones when it completes; each GPU has two in flight); a step writes
-// and reads each entry once (MemoryEstimate::nvme_activation_step_bytes).
+// NVMe (4096-byte blocks): whichever groups the plan places there (weights.frozen: the frozen
+// base converted to the compute dtype, none when the model's files serve it: they are its copy,
+// read as they are stored; activations.saved, optimizer.slots). activations.saved: per
+// micro-batch, every block input that does not start a stage and every block's saved set unless
+// recomputed, each an entry of its own in whole blocks
+// (MemoryEstimate::nvme_activation_block_bytes), plus two entries per GPU being rewritten (a
+// rewrite takes new blocks and frees the old ones when it completes; each GPU has two in flight); a
+// step writes and reads each entry once (MemoryEstimate::nvme_activation_step_bytes).
 // optimizer.slots: per layer with trainable parameters, its fp32 master weights and both moments
 // (12 bytes a parameter) as one record kept in two versioned slots, each VersionedSlotBytes
 // (offload/versioned_store.h: a header, 4096-byte blocks); a step reads one slot of every layer and

@@ -189,10 +189,9 @@ TEST(MemoryModel, LoraWithFrozenWeightsAndActivationsOnNvmeByHand) {
   EXPECT_EQ(gpu.at("saved.slot0"), 3584u);
 
   const auto pinned = Named(e.pinned_host);
-  // Trainable only (the frozen base streams from NVMe), in the slots' layout: 4 tensors of at
-  // most 32 B per block, each at a 256-byte offset, twice: 2048 -> 4096.
-  EXPECT_EQ(pinned.at("weights.upload"), 4096u);
-  // Two stage buffers per GPU for frozen weights read from NVMe: 2 x 2 x 3328 = 13312 -> 16384.
+  // No mirror per range: two images of a stage's weights per GPU, packed in turn (the frozen base
+  // read from NVMe, the adapters from the master copy): 2 x 2 x 3328 = 13312 -> 16384.
+  EXPECT_EQ(pinned.count("weights.upload"), 0u);
   EXPECT_EQ(pinned.at("weights.nvme_staging"), 16384u);
   // Four slots per GPU, each the larger of the hidden state (64) and the saved set's slot (3584),
   // page-rounded: 2 x 4 x 4096.
@@ -220,6 +219,14 @@ TEST(MemoryModel, LoraWithFrozenWeightsAndActivationsOnNvmeByHand) {
   // A frozen LM head gets no dW at all (the fused op skips it): no gradient sink on the GPU.
   EXPECT_EQ(gpu.count("grads.sink"), 0u);
   for (const Allocation& a : e.gpu.allocations) EXPECT_EQ(a.name.find("sink"), std::string::npos);
+
+  // Served by the model's files, the base has no converted copy on NVMe (the files are read as
+  // they are stored), and the host holds the same images.
+  in.frozen_base_from_files = true;
+  const MemoryEstimate served = ComputeMemory(in);
+  EXPECT_EQ(Named(served.nvme).count("weights.frozen"), 0u);
+  EXPECT_EQ(Named(served.pinned_host).at("weights.nvme_staging"), 16384u);
+  EXPECT_EQ(served.nvme.total(), e.nvme.total() - 4096u);
 }
 
 // A LoRA base served from the model's files (frozen_base_from_files) has no fp32 copy on the

@@ -227,6 +227,23 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
   std::vector<int> pack_of(K, kNone);
   std::vector<bool> prepared(K, false);
   auto add_pack = [&](int k) {
+    if (job.streamed_base) {  // the stage's own image, its base read first unless held
+      const bool held = size_t(k) < job.base_resident.size() && job.base_resident[size_t(k)];
+      int read = kNone;
+      if (!held && all[k].base_read_bytes > 0) {
+        SimTask t =
+            MakeTask(name_of('R', k, -1), TaskKind::kNvmeRead, {LaneKind::kNvmeRead, 0}, k, -1);
+        t.bytes = all[k].base_read_bytes;
+        if (host != kNone) t.deps.push_back(host);
+        read = host = s.Add(std::move(t));
+      }
+      const int t = AddHostWork(s, held ? all[k].trainable_pack : all[k].full_pack,
+                                name_of('P', k, -1), TaskKind::kWeightPack, -1, {host, read});
+      if (t == kNone) return;
+      s.tasks[t].stage = k;
+      pack_of[k] = host = t;
+      return;
+    }
     const int r = range_of(k);
     if (prepared[r]) return;
     prepared[r] = true;
@@ -240,8 +257,8 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
     if (k < G) add_pack(k);
     if (k + G < K) add_pack(k + G);
   }
-  // The packing a stage's upload waits for: its layer range's.
-  auto packed = [&](int k) { return pack_of[range_of(k)]; };
+  // The packing a stage's upload waits for: its layer range's (streamed: its own).
+  auto packed = [&](int k) { return pack_of[job.streamed_base ? k : range_of(k)]; };
 
   // What micro-batch j of stage k waits for: the previous stage's output (or compute), or the
   // embedding's gather for the first stage.

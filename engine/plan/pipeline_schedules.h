@@ -53,6 +53,11 @@ struct StageCost {
   // backward stages as forward ones, the sign that the partitions differ), and adds a stage's
   // downloaded gradients into the master gradients before its update ("A…").
   HostWork pack = {}, add_grads = {};
+  // A base streamed from NVMe (RoundRobinJob::streamed_base): the stage's frozen base as read
+  // there, packing all of its weights, and packing its trainable ones only (its slot holds the
+  // base), whichever stage it is.
+  double base_read_bytes = 0;
+  HostWork full_pack = {}, trainable_pack = {};
 };
 
 // GPipe: stage s on GPU s (p = stages.size() GPUs); all forwards, then all backwards. Activations
@@ -102,6 +107,11 @@ struct RoundRobinJob {
   // slot holds its layers' frozen base from an earlier step (a LoRA job, ResidentBases), so its
   // upload moves StageCost::trainable_weight_bytes only.
   std::vector<bool> base_resident;
+  // The frozen base streamed from NVMe (a LoRA job's frozen weights there): every stage packs its
+  // own image on the host thread, reading its base (StageCost::base_read_bytes, on the NVMe read
+  // lane) and then packing all of its weights (full_pack), unless base_resident, then its
+  // trainable ones only (trainable_pack), as the executor does.
+  bool streamed_base = false;
 };
 
 // The executor's round robin of stages over devices and their two weight slots

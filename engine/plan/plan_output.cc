@@ -142,9 +142,10 @@ std::string PlanSummary(const Plan& p) {
       " layers recomputed), saved on " + std::string(TierName(p.activations)) +
       "; optimizer state on " + std::string(TierName(p.optimizer_state)) +
       (p.job.lora.enabled() ? "; frozen weights on " + std::string(TierName(p.frozen_weights)) +
-                                  (p.job.frozen_base_from_files && p.frozen_weights == Tier::kHost
+                                  (!p.job.frozen_base_from_files ? ""
+                                   : p.frozen_weights == Tier::kHost
                                        ? " (packed from the model's files, no fp32 copy)"
-                                       : "")
+                                       : " (streamed from the model's files each step)")
                             : std::string()) +
       (p.job.stale_updates ? "; one-step-stale updates (opted in)\n" : "; synchronous updates\n");
   out += Format("  predicted: %.3f s/step, %.0f tokens/s, bubble %.1f%%\n", p.step_s,

@@ -116,10 +116,15 @@ std::vector<PlanSuggestion> SuggestChanges(const std::string& model_name, const 
       const std::string space = tight.nvme.space_bytes % gib == 0
                                     ? std::to_string(tight.nvme.space_bytes / gib) + "GiB"
                                     : std::to_string(tight.nvme.space_bytes) + "B";
-      out.push_back({"--nvme-dir DIR --nvme-space " + space + " (the plan puts " +
-                         FormatByteSize(need) + " there; " +
-                         std::to_string(kNvmeSpaceMarginPercent) + "% more for margin)",
-                     proved ? std::move(*proved) : std::move(*p)});
+      Plan& plan = proved ? *proved : *p;
+      // A base streamed from the model's files reads that drive, and takes no space.
+      const std::string why =
+          need == 0 && plan.frozen_weights == Tier::kNvme
+              ? "the frozen base streams from the model's files each step; give the drive that "
+                "holds them, the plan puts nothing there"
+              : "the plan puts " + FormatByteSize(need) + " there; " +
+                    std::to_string(kNvmeSpaceMarginPercent) + "% more for margin";
+      out.push_back({"--nvme-dir DIR --nvme-space " + space + " (" + why + ")", std::move(plan)});
     }
   }
   return out;

@@ -22,8 +22,11 @@ struct LayerNumbers {
   double trainable_weights = 0;  // of which trainable (what an update changes)
   double grads = 0;              // fp32 gradient bytes downloaded
   double pack = 0;               // host bytes of packing the weights for upload
-  double trainable = 0;          // parameters the optimizer updates
-  bool measured = false;         // fwd_s, bwd_s from the profile's layer_times
+  // A base streamed from NVMe: packing all of the weights, packing the trainable ones only, and
+  // the frozen base as stored there (LayerBaseBytes).
+  double full_pack = 0, trainable_pack = 0, base_read = 0;
+  double trainable = 0;   // parameters the optimizer updates
+  bool measured = false;  // fwd_s, bwd_s from the profile's layer_times
   // The embedding (on the host) when not measured: host bytes its gather / scatter-add move.
   double host_fwd_bytes = 0, host_bwd_bytes = 0;
 };
@@ -86,6 +89,9 @@ std::vector<LayerNumbers> NumbersFor(const Context& c, BatchShape micro) {
       // A LoRA job's steps repack the adapters only: the host mirror keeps the frozen base.
       const bool lora_steps = c.job.lora.enabled() && !c.job.forward_only;
       n.pack = double(lora_steps ? d.trainable_pack : d.pack);
+      n.full_pack = double(d.pack);
+      n.trainable_pack = double(d.trainable_pack);
+      n.base_read = LayerBaseBytes(c.layers[i], StreamedBaseDType(c.model, c.job));
     }
     for (const ParamSpec& p : c.layers[i].params) {
       if (p.trainable && p.tied_to.empty()) n.trainable += double(p.numel());
@@ -232,6 +238,9 @@ std::vector<StageCost> StageCosts(const std::vector<LayerNumbers>& n,
       const double kept = keep ? 0 : l.input + (recompute[size_t(i)] ? 0 : l.saved);
       sc.weight_bytes += l.weights;
       sc.trainable_weight_bytes += l.trainable_weights;
+      sc.full_pack.bytes += l.full_pack;
+      sc.trainable_pack.bytes += l.trainable_pack;
+      sc.base_read_bytes += l.base_read;
       if (!backward) {
         sc.fwd_s += l.fwd_s;
         sc.pack.bytes += l.pack;  // the backward stage over these layers reuses the mirror
@@ -278,6 +287,7 @@ RoundRobinJob BuildJob(const std::vector<LayerNumbers>& n, const Candidate& k, i
   job.tail.bwd_s = head.bwd_s;
   job.tail.weight_bytes = head.weights;
   job.tail.trainable_weight_bytes = head.trainable_weights;
+  job.streamed_base = k.frozen == Tier::kNvme;
   if (resident_base) {
     const int S = int(k.stages.size());
     std::vector<int> ranges;
@@ -288,6 +298,9 @@ RoundRobinJob BuildJob(const std::vector<LayerNumbers>& n, const Candidate& k, i
   job.tail.output_bytes = head.input;  // dh
   job.tail.grad_bytes = head.grads;
   job.tail.pack.bytes = head.pack;
+  job.tail.full_pack.bytes = head.full_pack;
+  job.tail.trainable_pack.bytes = head.trainable_pack;
+  job.tail.base_read_bytes = head.base_read;
   job.tail.add_grads.bytes = kGradAddPasses * head.grads;
   job.tail.param_count = head.trainable;
   job.backward.back().param_count += n.front().trainable;  // the embedding, updated on the host
@@ -332,9 +345,12 @@ Result<Timing> SimulateJob(const RoundRobinJob& job, const HardwareProfile& hw) 
 }
 
 // NVMe traffic per step of the groups a candidate places there.
-void NvmeTraffic(const MemoryEstimate& m, Plan& p) {
+void NvmeTraffic(const Context& c, const MemoryEstimate& m, Plan& p) {
+  if (p.frozen_weights == Tier::kNvme) {
+    p.nvme_read_bytes +=
+        StreamedBaseBytes(c.layers, StreamedBaseDType(c.model, c.job), p.stages, p.gpus);
+  }
   for (const Allocation& a : m.nvme.allocations) {
-    if (a.name == "weights.frozen") p.nvme_read_bytes += double(a.bytes);
     if (a.name == "activations.saved") {  // each entry written and read once; a.bytes is space
       p.nvme_write_bytes += double(m.nvme_activation_step_bytes);
       p.nvme_read_bytes += double(m.nvme_activation_step_bytes);
@@ -459,6 +475,38 @@ std::string UnusedLayerTimesWarning(const ModelConfig& model, const PlanJob& job
 
 }  // namespace
 
+double StreamedBaseBytes(const std::vector<LayerSpec>& layers, DType stored,
+                         const std::vector<LayerRange>& stages, int gpus) {
+  auto base_of = [&](LayerRange r) {
+    double bytes = 0;
+    for (int i = r.first; i < r.last; ++i) bytes += LayerBaseBytes(layers[size_t(i)], stored);
+    return bytes;
+  };
+  const int S = int(stages.size()), head = int(layers.size()) - 1;
+  std::vector<int> ranges;
+  for (int i = 0; i <= 2 * S; ++i) ranges.push_back(StepStageRange(i, S));
+  const std::vector<bool> resident = ResidentBases(ranges, gpus);
+  double bytes = 0;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    if (resident[i]) continue;
+    bytes += base_of(ranges[i] < S ? stages[size_t(ranges[i])] : LayerRange{head, head + 1});
+  }
+  return bytes;
+}
+
+double LayerBaseBytes(const LayerSpec& layer, DType stored) {
+  if (layer.kind == LayerKind::kEmbedding) return 0;  // gathered on the host, never streamed
+  double bytes = 0;
+  for (const ParamSpec& p : layer.params) {
+    if (!p.trainable) bytes += double(p.nf4 ? p.bytes() : p.numel() * DTypeSize(stored));
+  }
+  return bytes;
+}
+
+DType StreamedBaseDType(const ModelConfig& model, const PlanJob& job) {
+  return job.frozen_base_from_files ? model.weights_dtype : job.compute_dtype;
+}
+
 MemoryPlanInput MemoryInputOf(const ModelConfig& model, const Plan& plan) {
   MemoryPlanInput in;
   in.model = model;
@@ -558,13 +606,16 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
   const std::vector<Tier> tiers =
       hw.HasNvme() ? std::vector<Tier>{Tier::kHost, Tier::kNvme} : std::vector<Tier>{Tier::kHost};
   const std::vector<Tier> host_only{Tier::kHost};
-  const std::vector<Tier>& frozen_tiers =
-      job.lora.enabled() && !job.host_frozen_weights ? tiers : host_only;
+  // The executor streams a LoRA training job's frozen base from the model's own files (never an
+  // NF4 one, nor a converted copy).
+  const bool base_streams = job.lora.enabled() && !job.host_frozen_weights && !job.forward_only &&
+                            job.frozen_base_from_files && job.lora.quantize == BaseQuant::kNone;
+  const std::vector<Tier>& frozen_tiers = base_streams ? tiers : host_only;
 
   PlanOutcome outcome;
   bool have = false;
   Plan best;
-  std::tuple<double, double, double> best_key;
+  std::tuple<double, double, double, double> best_key;
   double closest = std::numeric_limits<double>::infinity();
   Fit closest_fit;
   uint64_t closest_gpu = 0, closest_host = 0, closest_nvme = 0;
@@ -586,7 +637,7 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
         k.keep = keep;
         if (!keep && std::find(seen.begin(), seen.end(), k.recompute) != seen.end()) continue;
         if (!keep) seen.push_back(k.recompute);
-        std::optional<Timing> timing;  // simulated once per (m, stages, policy)
+        std::optional<Timing> timing_of[2];  // once per (m, stages, policy), base held/streamed
         for (Tier act : tiers) {
           if (keep && act != Tier::kHost) continue;
           for (Tier opt : tiers) {
@@ -606,6 +657,7 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
                 }
                 continue;
               }
+              std::optional<Timing>& timing = timing_of[frozen == Tier::kNvme];
               if (!timing) {
                 FERRY_ASSIGN_OR_RETURN(Timing t,
                                        SimulateJob(BuildJob(n, k, gpus, ResidentBase(c.job)), hw));
@@ -623,11 +675,14 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
               p.memory = mem;
               for (const LayerNumbers& l : n) p.measured_times.push_back(l.measured);
               p.job = job;
-              NvmeTraffic(mem, p);
+              p.gpus = gpus;
+              NvmeTraffic(c, mem, p);
               ApplyTiming(*timing, hw, p);
               const double host = double(mem.pinned_host.total() + mem.pageable_host.total());
-              const std::tuple<double, double, double> key{p.step_s, double(mem.nvme.total()),
-                                                           host};
+              // Equal speed: less NVMe space, then fewer NVMe reads (a base kept in RAM over one
+              // streamed from the files), then less host memory.
+              const std::tuple<double, double, double, double> key{
+                  p.step_s, double(mem.nvme.total()), p.nvme_read_bytes, host};
               if (!have || key < best_key) {
                 have = true;
                 best_key = key;
@@ -670,11 +725,6 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
            std::to_string(int64_t(double(hw.nvme.endurance_bytes_written) / per_day)) + " days";
     }
     best.warnings.push_back(w);
-  }
-  if (best.frozen_weights == Tier::kNvme) {  // never for ferry train's own plans
-    best.warnings.push_back(
-        "the frozen base is planned on NVMe, which `ferry train` does not run yet: it keeps the "
-        "frozen base in host RAM, so give it more host RAM (--host-memory) or a smaller model");
   }
   if (std::string w = UnusedLayerTimesWarning(model, job, hw); !w.empty()) {
     best.warnings.push_back(std::move(w));

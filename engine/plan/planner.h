@@ -66,9 +66,9 @@ struct PlanJob {
   // f32 (decode attention's storage). `logit_rows`: the most tokens a step returns logits of.
   int64_t generate_positions = 0;
   int64_t logit_rows = 1;
-  // The frozen base stays in host RAM (what `ferry train` runs today: the executor does not serve
-  // frozen weights from NVMe yet, though it takes saved activations and optimizer state there),
-  // so no plan it must refuse is chosen.
+  // The frozen base stays in host RAM. Without it, a LoRA training job whose base the model's
+  // files serve (frozen_base_from_files, not NF4) may stream that base from them each step (the
+  // frozen weights on NVMe), as the executor runs it.
   bool host_frozen_weights = false;
   // The frozen base comes from the model's safetensors files, which serve it (memory_model.h's
   // MemoryPlanInput::frozen_base_from_files): any model but `tiny`, whose base is made from the
@@ -143,6 +143,19 @@ struct Plan {
 // device count and tiers, so ComputeMemory(MemoryInputOf(model, plan)) is its memory map (for a
 // plan made or changed outside the planner).
 MemoryPlanInput MemoryInputOf(const ModelConfig& model, const Plan& plan);
+
+// The bytes of the frozen base a LoRA training step reads from NVMe when it streams it (the frozen
+// weights on NVMe), over `layers` (BuildLayerSpecs) split into `stages` on `gpus` devices: each
+// stage's layers' base as stored there (`stored`: the model files' dtype, or the compute dtype of
+// a converted copy; NF4 weights as packed), unless its device's weight slot holds them already
+// (ResidentBases, as the executor places the stages step after step).
+double StreamedBaseBytes(const std::vector<LayerSpec>& layers, DType stored,
+                         const std::vector<LayerRange>& stages, int gpus);
+// A block's or the head's frozen base as stored (NF4 weights as packed; an embedding: 0).
+double LayerBaseBytes(const LayerSpec& layer, DType stored);
+// The dtype a streamed base is stored in: the model files' (they serve it), else the compute
+// dtype (a converted copy).
+DType StreamedBaseDType(const ModelConfig& model, const PlanJob& job);
 
 // The margin NVMe advice adds to the space a plan puts on the drive (PlanSuggestion).
 inline constexpr uint64_t kNvmeSpaceMarginPercent = 10;

@@ -474,47 +474,62 @@ TEST(Planner, SuggestionsForTooLittleHostMemoryEachFit) {
   EXPECT_TRUE(nvme) << OutcomeSummary(*r);  // optimizer state moves to the NVMe directory
 }
 
-// `ferry train` serves no frozen base from NVMe yet: with host_frozen_weights no budget gets a
-// plan with frozen weights there (which the executor would refuse), though without it some
-// budgets do (so the check is not moot), with a warning saying `ferry train` cannot run them;
+// A LoRA job's frozen base goes to NVMe only where the executor streams it: from the model's own
+// files, not NF4, in training. Some budgets put it there (so the check is not moot), with its reads
+// in the step's NVMe traffic; with host_frozen_weights, a seeded base or an NF4 one none does, and
 // optimizer state still goes there when RAM is short.
-TEST(Planner, HostFrozenWeightsKeepsTheFrozenBaseInRam) {
-  const ModelConfig m = SmallModel(4, 128, 1000);
+TEST(Planner, TheFrozenBaseStreamsFromTheModelFilesOnly) {
+  const ModelConfig m = SmallModel(12, 128, 1000);  // stages a few blocks each
   PlanJob job;
   job.global_batch = 4;
   job.seq_len = 64;
+  job.frozen_base_from_files = true;
   HardwareProfile h = SmallMachine(2);
   h.nvme.dir = "/nvme";
   h.nvme.space_bytes = 1ull << 30;
   int frozen_on_nvme = 0, optimizer_on_nvme = 0;
   for (int rank : {4, 0}) {  // LoRA (frozen weights may move) and full fine-tuning
-    for (uint64_t host = 1u << 20; host <= 48u << 20; host += 1u << 18) {
+    for (uint64_t host = 1u << 20; host <= 48u << 20; host += 1u << 20) {
       job.lora =
           rank > 0 ? LoraConfig{.rank = rank, .alpha = 8, .targets = kLoraAll} : LoraConfig{};
       h.host.ram_usable_bytes = host;
-      PlanJob restricted = job;
-      restricted.host_frozen_weights = true;
+      PlanJob in_ram = job, seeded = job, nf4 = job;
+      in_ram.host_frozen_weights = true;
+      seeded.frozen_base_from_files = false;
+      nf4.lora.quantize = BaseQuant::kNf4;
       Result<PlanOutcome> free = MakePlan("small", m, job, h, /*suggest=*/false);
-      Result<PlanOutcome> only = MakePlan("small", m, restricted, h, /*suggest=*/false);
-      ASSERT_TRUE(free.ok() && only.ok());
+      ASSERT_TRUE(free.ok());
       if (free->feasible && free->plan.frozen_weights == Tier::kNvme) {
-        ++frozen_on_nvme;  // said so, as `ferry train` would refuse it
-        const std::vector<std::string>& w = free->plan.warnings;
-        EXPECT_TRUE(std::ranges::any_of(w, [](const std::string& s) {
-          return s.find("which `ferry train` does not run yet") != std::string::npos;
-        })) << host;
+        ++frozen_on_nvme;
+        ExpectFits(free->plan, h);
+        EXPECT_GE(free->plan.nvme_read_bytes,
+                  StreamedBaseBytes(BuildLayerSpecs(m, job.lora), m.weights_dtype,
+                                    free->plan.stages, free->plan.gpus))
+            << host;
+        for (const plan::Allocation& a : free->plan.memory.nvme.allocations) {
+          EXPECT_FALSE(a.name == "weights.frozen" && a.bytes > 0) << "the files are its copy";
+        }
       }
-      if (!only->feasible) continue;
-      ExpectFits(only->plan, h);
-      EXPECT_EQ(only->plan.frozen_weights, Tier::kHost) << host;
-      for (const std::string& w : only->plan.warnings) {
-        EXPECT_EQ(w.find("frozen base is planned on NVMe"), std::string::npos) << w;
+      for (const PlanJob* restricted : {&in_ram, &seeded, &nf4}) {
+        if (restricted == &nf4 && rank == 0) continue;  // NF4 is a LoRA base
+        Result<PlanOutcome> only = MakePlan("small", m, *restricted, h, /*suggest=*/false);
+        ASSERT_TRUE(only.ok()) << only.status().ToString();
+        if (!only->feasible) continue;
+        ExpectFits(only->plan, h);
+        EXPECT_EQ(only->plan.frozen_weights, Tier::kHost) << host;
+        if (restricted == &in_ram) optimizer_on_nvme += only->plan.optimizer_state == Tier::kNvme;
       }
-      optimizer_on_nvme += only->plan.optimizer_state == Tier::kNvme;
     }
   }
   EXPECT_GT(frozen_on_nvme, 0);
   EXPECT_GT(optimizer_on_nvme, 0);
+  // With RAM enough, the base stays there: streaming is no faster, and it reads the drive.
+  job.lora = LoraConfig{.rank = 4, .alpha = 8, .targets = kLoraAll};
+  h.host.ram_usable_bytes = 1ull << 30;
+  Result<PlanOutcome> roomy = MakePlan("small", m, job, h, /*suggest=*/false);
+  ASSERT_TRUE(roomy.ok() && roomy->feasible);
+  EXPECT_EQ(roomy->plan.frozen_weights, Tier::kHost);
+  EXPECT_EQ(roomy->plan.nvme_read_bytes, 0.0);
 }
 
 TEST(Planner, LoraDoesNoWeightGradientWorkForFrozenWeights) {

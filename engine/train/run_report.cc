@@ -100,16 +100,18 @@ std::string MeasuredVsPredicted(const plan::Plan& plan, const MeasuredRun& run) 
   table.Add("host peak", host,
             "planned " + FormatByteSize(pinned + pageable) + " (pinned " + FormatByteSize(pinned) +
                 " + pageable " + FormatByteSize(pageable) + ")");
-  if (const uint64_t nvme = plan.memory.nvme.total(); nvme > 0) {
+  if (const uint64_t nvme = plan.memory.nvme.total(); nvme > 0 || plan.nvme_read_bytes > 0) {
     std::string parts;
     if (run.nvme_bytes > 0) parts = "optimizer state";
     if (run.nvme_activation_bytes > 0)
       parts += std::string(parts.empty() ? "" : " + ") + "activations";
-    table.Add("NVMe",
-              parts.empty()
-                  ? std::string("not measured")
-                  : FormatByteSize(run.nvme_bytes + run.nvme_activation_bytes) + " (" + parts + ")",
-              "planned " + FormatByteSize(nvme));
+    if (nvme > 0) {  // a base streamed from the model's files takes no space
+      table.Add("NVMe",
+                parts.empty() ? std::string("not measured")
+                              : FormatByteSize(run.nvme_bytes + run.nvme_activation_bytes) + " (" +
+                                    parts + ")",
+                "planned " + FormatByteSize(nvme));
+    }
     table.Add("NVMe/step",
               FormatByteSize(uint64_t(run.nvme_read_per_step)) + " read, " +
                   FormatByteSize(uint64_t(run.nvme_written_per_step)) + " written",

@@ -32,7 +32,8 @@ struct MeasuredRun {
   uint64_t host_start_bytes = 0;
   // Optimizer state on NVMe (the trainer's VersionedStore): the space its files take; saved
   // activations on NVMe: the space their store's files take; the bytes both read and wrote over
-  // the run's steps, per step (checkpoints' reads left out).
+  // the run's steps, per step (checkpoints' reads left out); a frozen base streamed from the
+  // model's files: its bytes read in the last step, added to the reads.
   uint64_t nvme_bytes = 0, nvme_activation_bytes = 0;
   double nvme_read_per_step = 0, nvme_written_per_step = 0;
 };

@@ -173,6 +173,10 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
   ProgressBar progress(stderr, ::isatty(::fileno(stderr)) != 0,
                        std::max<int64_t>(1, job.steps / 20));
   MeasuredRun measured;
+  // A streamed frozen base: the bytes the last step read from the model's files (a step whose
+  // devices' slots held no base yet, the first, reads more than the steady state the plan
+  // prices).
+  uint64_t base_last_step = 0;
   // NVMe traffic of the steps this run makes (not of creating or rebuilding the store).
   const int64_t steps_at_start = trainer->steps_done();
   const VersionedStoreStats nvme_at_start =
@@ -211,6 +215,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
       measured.nvme_written_per_step +=
           double(now.disk_bytes_written - activations_at_start.disk_bytes_written) / steps;
     }
+    measured.nvme_read_per_step += double(base_last_step);
     std::fprintf(stderr, "ferry train: %s", MeasuredVsPredicted(*devices.plan, measured).c_str());
     if (devices.trace == nullptr) return Status::Ok();
     FERRY_RETURN_IF_ERROR(WriteTextFile(control.trace, devices.trace->ChromeTraceJson())
@@ -234,7 +239,9 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
     std::vector<MicroBatch> batch;
     for (int64_t m = 0; m < job.micro_batches; ++m) batch.push_back(batcher.MakeMicroBatch(k, m));
     const auto update_start = std::chrono::steady_clock::now();
+    const uint64_t base_before = runner->stats().base_bytes_streamed;
     Result<StepStats> st = trainer->Step(batch);
+    base_last_step = runner->stats().base_bytes_streamed - base_before;
     if (!st.ok()) return st.status().WithContext("step " + std::to_string(k));
     measured.step_seconds.push_back(seconds_since(update_start));
     if (!std::isfinite(st->loss)) {

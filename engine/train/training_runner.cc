@@ -175,7 +175,6 @@ Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, 
   const bool resident_first = generate_positions > 0 && pj.max_stages == 0;
   if (resident_first) pj.max_stages = int(job.devices);
   pj.scratch = ScratchOf(job, threads);
-  pj.host_frozen_weights = true;  // the executor does not serve the frozen base from NVMe yet
   pj.frozen_base_from_files = job.model != "tiny";
   // A CPU device never needs more than the whole model as one stage: that bounds its budget. A
   // GPU's is its free memory.
@@ -427,6 +426,7 @@ Result<TrainingRunner> CreateTrainingRunner(const JobSpec& unresolved, const Mod
     nvme += ", optimizer state on NVMe in " + t.optimizer_folder.dir() + " (" +
             nvme_bytes("optimizer.slots") + ")";
   }
+  if (p.frozen_weights == Tier::kNvme) nvme += ", the frozen base streamed from the model's files";
   t.summary = DevicesCountText(job) + ", " + std::to_string(p.stages.size()) + " stage" +
               (p.stages.size() == 1 ? "" : "s") + ", activations " + p.activation_policy + ", " +
               FormatBytes(p.memory.gpu.total()) + " per device" + nvme;

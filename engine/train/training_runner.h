@@ -11,7 +11,8 @@
 // The profile's host RAM is --host-memory (else physical RAM) and its NVMe the free space of
 // --nvme-dir (else none); the plan may put saved activations there (the runner's activation
 // store, in ActivationsDir) and optimizer state (then optimizer_nvme_dir() tells the Trainer
-// where), but not the frozen base (PlanJob::host_frozen_weights).
+// where), and a LoRA job's frozen base, which the executor then streams from the model's files
+// each step.
 //
 // Ownership: TrainingRunner owns its devices, the trace and the runner (declared after them, so
 // destroyed first). Thread-safety: one host thread at a time.
