@@ -226,8 +226,13 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
   auto range_of = [&](int k) { return k <= nf || !mirrored ? k : 2 * nf - k; };
   std::vector<int> pack_of(K, kNone);
   std::vector<bool> prepared(K, false);
+  // Stage k finds its weights in its buffer: the stage before it there (k - 2G) was the forward
+  // stage over its layers (backward stage k runs forward stage 2 nf - k's layers).
+  auto resident = [&](int k) { return k > nf && k - 2 * G >= 0 && k - 2 * G == 2 * nf - k; };
+  std::vector<int> image_first(K, kNone);  // streamed: the first task of stage k's packing
   auto add_pack = [&](int k) {
-    if (job.streamed_base) {  // the stage's own image, its base read first unless held
+    if (job.streamed_base) {    // the stage's own image, its base read first unless held
+      if (resident(k)) return;  // its slot holds all of its weights: nothing to pack
       const bool held = size_t(k) < job.base_resident.size() && job.base_resident[size_t(k)];
       int read = kNone;
       if (!held && all[k].base_read_bytes > 0) {
@@ -239,9 +244,10 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
       }
       const int t = AddHostWork(s, held ? all[k].trainable_pack : all[k].full_pack,
                                 name_of('P', k, -1), TaskKind::kWeightPack, -1, {host, read});
-      if (t == kNone) return;
-      s.tasks[t].stage = k;
-      pack_of[k] = host = t;
+      if (t != kNone) s.tasks[t].stage = k;
+      pack_of[k] = t != kNone ? t : read;
+      image_first[k] = read != kNone ? read : t;
+      if (pack_of[k] != kNone) host = pack_of[k];
       return;
     }
     const int r = range_of(k);
@@ -278,9 +284,6 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
     weights_last[k] = s.Add(std::move(t));
   };
 
-  // Stage k finds its weights in its buffer: the stage before it there (k - 2G) was the forward
-  // stage over its layers (backward stage k runs forward stage 2 nf - k's layers).
-  auto resident = [&](int k) { return k > nf && k - 2 * G >= 0 && k - 2 * G == 2 * nf - k; };
   for (int k = 0; k < K; ++k) {
     const int d = k % G;
     const StageCost& c = all[k];
@@ -380,6 +383,10 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
       s.Add(std::move(t));
     }
   }
+  // Streamed: a stage packs the device's image its stage before last uploaded from, once that
+  // upload is done (the host thread waits for it).
+  for (int k = 2 * G; job.streamed_base && k < K; ++k)
+    AddDep(s, image_first[k], weights_last[k - 2 * G]);
   return s;
 }
 

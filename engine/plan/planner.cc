@@ -615,7 +615,7 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
   PlanOutcome outcome;
   bool have = false;
   Plan best;
-  std::tuple<double, double, double, double> best_key;
+  std::tuple<double, bool, double, double, double> best_key;
   double closest = std::numeric_limits<double>::infinity();
   Fit closest_fit;
   uint64_t closest_gpu = 0, closest_host = 0, closest_nvme = 0;
@@ -679,10 +679,11 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
               NvmeTraffic(c, mem, p);
               ApplyTiming(*timing, hw, p);
               const double host = double(mem.pinned_host.total() + mem.pageable_host.total());
-              // Equal speed: less NVMe space, then fewer NVMe reads (a base kept in RAM over one
-              // streamed from the files), then less host memory.
-              const std::tuple<double, double, double, double> key{
-                  p.step_s, double(mem.nvme.total()), p.nvme_read_bytes, host};
+              // Equal speed: the base kept in RAM over one streamed from the files, then less
+              // NVMe space, then fewer NVMe reads, then less host memory.
+              const std::tuple<double, bool, double, double, double> key{
+                  p.step_s, frozen == Tier::kNvme, double(mem.nvme.total()), p.nvme_read_bytes,
+                  host};
               if (!have || key < best_key) {
                 have = true;
                 best_key = key;

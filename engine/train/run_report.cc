@@ -114,7 +114,11 @@ std::string MeasuredVsPredicted(const plan::Plan& plan, const MeasuredRun& run) 
     }
     table.Add("NVMe/step",
               FormatByteSize(uint64_t(run.nvme_read_per_step)) + " read, " +
-                  FormatByteSize(uint64_t(run.nvme_written_per_step)) + " written",
+                  FormatByteSize(uint64_t(run.nvme_written_per_step)) + " written" +
+                  (run.base_reads_measured
+                       ? ""
+                       : " (the frozen base's reads not measured: the last step was the run's "
+                         "first or followed an evaluation)"),
               "planned " + FormatByteSize(uint64_t(plan.nvme_read_bytes)) + " read, " +
                   FormatByteSize(uint64_t(plan.nvme_write_bytes)) + " written");
   }

@@ -36,6 +36,9 @@ struct MeasuredRun {
   // model's files: its bytes read in the last step, added to the reads.
   uint64_t nvme_bytes = 0, nvme_activation_bytes = 0;
   double nvme_read_per_step = 0, nvme_written_per_step = 0;
+  // A streamed base: whether its reads are in nvme_read_per_step (not when the last step was the
+  // run's first here or followed an evaluation).
+  bool base_reads_measured = true;
 };
 
 // Lines like (`ferry train --devices 2 --steps 3` on two shared cores)

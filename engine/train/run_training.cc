@@ -173,10 +173,12 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
   ProgressBar progress(stderr, ::isatty(::fileno(stderr)) != 0,
                        std::max<int64_t>(1, job.steps / 20));
   MeasuredRun measured;
-  // A streamed frozen base: the bytes the last step read from the model's files (a step whose
-  // devices' slots held no base yet, the first, reads more than the steady state the plan
-  // prices).
+  // A streamed frozen base: the bytes the last step read from the model's files, measured only
+  // when that step followed another of this process with no evaluation between (a first step, or
+  // one after an evaluation, finds other weights in the devices' slots than the steady state the
+  // plan prices).
   uint64_t base_last_step = 0;
+  bool base_warm = false, after_step = false;
   // NVMe traffic of the steps this run makes (not of creating or rebuilding the store).
   const int64_t steps_at_start = trainer->steps_done();
   const VersionedStoreStats nvme_at_start =
@@ -215,7 +217,10 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
       measured.nvme_written_per_step +=
           double(now.disk_bytes_written - activations_at_start.disk_bytes_written) / steps;
     }
-    measured.nvme_read_per_step += double(base_last_step);
+    if (devices.plan->frozen_weights == Tier::kNvme) {
+      measured.base_reads_measured = base_warm;
+      if (base_warm) measured.nvme_read_per_step += double(base_last_step);
+    }
     std::fprintf(stderr, "ferry train: %s", MeasuredVsPredicted(*devices.plan, measured).c_str());
     if (devices.trace == nullptr) return Status::Ok();
     FERRY_RETURN_IF_ERROR(WriteTextFile(control.trace, devices.trace->ChromeTraceJson())
@@ -242,6 +247,8 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
     const uint64_t base_before = runner->stats().base_bytes_streamed;
     Result<StepStats> st = trainer->Step(batch);
     base_last_step = runner->stats().base_bytes_streamed - base_before;
+    base_warm = after_step;
+    after_step = true;
     if (!st.ok()) return st.status().WithContext("step " + std::to_string(k));
     measured.step_seconds.push_back(seconds_since(update_start));
     if (!std::isfinite(st->loss)) {
@@ -268,6 +275,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
       // A pipeline evaluates the master weights: the step's updates first (a synchronization
       // point for stale updates, as a checkpoint is).
       FERRY_RETURN_IF_ERROR(trainer->FinishUpdates());
+      after_step = false;  // the evaluation leaves other weights in the devices' slots
       Result<EvalResult> val =
           EvaluateRows(*runner, *data->validation(), shape.batch, job.eval_batches);
       if (!val.ok()) return val.status().WithContext("validation after step " + std::to_string(k));
