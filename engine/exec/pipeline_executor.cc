@@ -1036,11 +1036,8 @@ class Executor final : public PipelineExecutor {
     }
     // The range's last reader this step: the backward stage (or the tail, which is both); in a
     // forward-only call, its only one.
-    if (st.kind != StageKind::kForward || forward_only_) {
-      packed_[r] = weights_version_;
-      return WeightsRead(st.range);
-    }
-    return Status::Ok();
+    const bool last_reader = st.kind != StageKind::kForward || forward_only_;
+    return last_reader ? WeightsRead(st.range) : Status::Ok();
   }
 
   // The plan streams the frozen base from the model's files: every frozen block and head weight
@@ -1778,15 +1775,13 @@ Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const
   // than run in RAM against its own memory figures; saved activations go there only through a
   // store. (Optimizer state on NVMe is the Trainer's to honour,
   // OptimizerStateOptions::nvme_dir: the executor never touches it.)
-  if (p.frozen_weights != Tier::kHost) {
+  if (p.frozen_weights != Tier::kHost && !plan::CanStreamBase(p.job)) {
     const bool nf4 = p.job.lora.quantize != BaseQuant::kNone;
-    if (!p.job.lora.enabled() || p.job.forward_only || nf4 || !p.job.frozen_base_from_files) {
-      return Status::InvalidArgument(
-          std::string("the plan puts frozen weights on NVMe, which the executor streams from the "
-                      "model's files for LoRA training only, ") +
-          (nf4 ? "not for an NF4 base" : "not for this job") +
-          ": plan with more host memory, or without an NVMe budget");
-    }
+    return Status::InvalidArgument(
+        std::string("the plan puts frozen weights on NVMe, which the executor streams from the "
+                    "model's files for LoRA training only, ") +
+        (nf4 ? "not for an NF4 base" : "not for this job") +
+        ": plan with more host memory, or without an NVMe budget");
   }
   if (p.activations != Tier::kHost && !p.job.forward_only) {
     if (activation_store == nullptr) {

@@ -507,6 +507,11 @@ DType StreamedBaseDType(const ModelConfig& model, const PlanJob& job) {
   return job.frozen_base_from_files ? model.weights_dtype : job.compute_dtype;
 }
 
+bool CanStreamBase(const PlanJob& job) {
+  return job.lora.enabled() && !job.forward_only && job.frozen_base_from_files &&
+         job.lora.quantize == BaseQuant::kNone;
+}
+
 MemoryPlanInput MemoryInputOf(const ModelConfig& model, const Plan& plan) {
   MemoryPlanInput in;
   in.model = model;
@@ -606,11 +611,8 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
   const std::vector<Tier> tiers =
       hw.HasNvme() ? std::vector<Tier>{Tier::kHost, Tier::kNvme} : std::vector<Tier>{Tier::kHost};
   const std::vector<Tier> host_only{Tier::kHost};
-  // The executor streams a LoRA training job's frozen base from the model's own files (never an
-  // NF4 one, nor a converted copy).
-  const bool base_streams = job.lora.enabled() && !job.host_frozen_weights && !job.forward_only &&
-                            job.frozen_base_from_files && job.lora.quantize == BaseQuant::kNone;
-  const std::vector<Tier>& frozen_tiers = base_streams ? tiers : host_only;
+  const std::vector<Tier>& frozen_tiers =
+      !job.host_frozen_weights && CanStreamBase(job) ? tiers : host_only;
 
   PlanOutcome outcome;
   bool have = false;

@@ -156,6 +156,11 @@ double LayerBaseBytes(const LayerSpec& layer, DType stored);
 // The dtype a streamed base is stored in: the model files' (they serve it), else the compute
 // dtype (a converted copy).
 DType StreamedBaseDType(const ModelConfig& model, const PlanJob& job);
+// Whether the executor can stream `job`'s frozen base from the model's files (its frozen weights
+// on NVMe): LoRA training over a base the files serve, not NF4 (never a converted copy). The
+// planner offers that tier only then (and not with host_frozen_weights); the executor refuses any
+// other plan that puts frozen weights there.
+bool CanStreamBase(const PlanJob& job);
 
 // The margin NVMe advice adds to the space a plan puts on the drive (PlanSuggestion).
 inline constexpr uint64_t kNvmeSpaceMarginPercent = 10;
