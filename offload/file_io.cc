@@ -1,6 +1,7 @@
 #include "offload/file_io.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -153,6 +154,48 @@ Status AppendFile::Append(std::string_view text) {
 Status AppendFile::Sync() {
   if (::fsync(fd_) != 0) return Status::FromErrno(errno, "fsync " + path_);
   return Status::Ok();
+}
+
+Result<UnnamedMapping> WriteUnnamedAndMap(const std::string& dir, size_t count,
+                                          const PieceSource& piece) {
+  const std::string what = dir + "/(a file with no name)";
+  int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
+    // No O_TMPFILE here: a named file, unlinked before anything is written to it.
+    std::string name = dir + "/.ferry-scratch-XXXXXX";
+    fd = ::mkostemp(name.data(), O_CLOEXEC);
+    if (fd >= 0 && ::unlink(name.c_str()) != 0) {
+      const Status s = Status::FromErrno(errno, "unlink " + name);
+      ::close(fd);
+      return s;
+    }
+  }
+  if (fd < 0) return CreateError(errno, what);
+  Status s;
+  uint64_t size = 0;
+  for (size_t i = 0; i < count && s.ok(); ++i) {
+    Result<std::span<const std::byte>> bytes = piece(i);
+    s = bytes.ok() ? WriteAll(fd, *bytes, what) : bytes.status();
+    if (bytes.ok()) size += bytes->size();
+  }
+  // Written back before it is read: a write-back error (a full thin volume, a failing drive) is
+  // reported here, not met later as a bad page of the mapping.
+  if (s.ok() && ::fsync(fd) != 0) s = Status::FromErrno(errno, "fsync " + what);
+  UnnamedMapping m;
+  if (s.ok() && size > 0) {
+    void* p = ::mmap(nullptr, size_t(size), PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      s = Status::FromErrno(errno, "mmap " + what);
+    } else {
+      m.owner = std::shared_ptr<const void>(
+          p, [size](const void* q) { ::munmap(const_cast<void*>(q), size_t(size)); });
+      m.bytes = {static_cast<const std::byte*>(p), size_t(size)};
+    }
+  }
+  // The mapping keeps the file; its blocks go with the mapping.
+  if (::close(fd) != 0 && s.ok()) s = Status::FromErrno(errno, "close " + what);
+  if (!s.ok()) return s;
+  return m;
 }
 
 Result<uint64_t> FreeSpace(const std::string& dir) {

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -83,6 +84,22 @@ using PieceSource = std::function<Result<std::span<const std::byte>>(size_t)>;
 [[nodiscard]] Status WriteProducedAtomically(const std::string& path, size_t count,
                                              const PieceSource& piece);
 [[nodiscard]] Status SyncDirectory(const std::string& dir);
+
+// A read-only mapping of a file with no name, for scratch a run reads back many times (a LoRA
+// base converted once and streamed from NVMe each step). Copies share the mapping; the last one
+// unmaps it, and the file's blocks are freed then.
+struct UnnamedMapping {
+  std::shared_ptr<const void> owner;  // keeps the mapping alive; null when empty
+  std::span<const std::byte> bytes;
+};
+// Writes the `count` pieces `piece` makes one at a time into a file in `dir` that has no name
+// (O_TMPFILE; where the filesystem lacks it, a file created and unlinked at once, so only a kill
+// in the instant between leaves a ".ferry-scratch-*" there), so nothing is left behind however the
+// process ends, a kill -9 included; fsyncs it, then maps it read-only. Errors name
+// `dir` and the reason: IOError for a missing or unwritable folder, NoSpace when it fills up; an
+// error from `piece` is returned as it is. Nothing is left in `dir` after an error either.
+Result<UnnamedMapping> WriteUnnamedAndMap(const std::string& dir, size_t count,
+                                          const PieceSource& piece);
 
 // The bytes an unprivileged user may still write in the filesystem that holds `dir` (statvfs:
 // f_bavail x f_frsize). Errors name the folder and the reason.

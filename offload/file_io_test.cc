@@ -130,5 +130,60 @@ TEST(FileIo, FullDeviceSaysTheDiskIsFull) {
   EXPECT_EQ(FreeSpace("/nonexistent-dir/ferry").status().code(), StatusCode::kNotFound);
 }
 
+// A file with no name: the pieces read back through the mapping, byte for byte, and nothing is
+// ever listed in the folder (before, during or after); a full disk (RLIMIT_FSIZE's EFBIG) and a
+// missing folder fail naming the folder; a piece's error comes back as it is.
+TEST(FileIo, AnUnnamedFileIsMappedAndLeavesNothing) {
+  const std::string dir = ScratchDir() + "/unnamed";
+  std::filesystem::create_directories(dir);
+  auto entries = [&dir] {
+    return std::distance(std::filesystem::directory_iterator(dir),
+                         std::filesystem::directory_iterator());
+  };
+  std::string want;
+  std::string piece;
+  Result<UnnamedMapping> m = WriteUnnamedAndMap(dir, 3, [&](size_t i) {
+    EXPECT_EQ(entries(), 0) << "piece " << i;
+    piece = std::string(100000 * (i + 1), char('a' + i));
+    want += piece;
+    return Result<std::span<const std::byte>>(AsBytes(piece));
+  });
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(entries(), 0);
+  ASSERT_EQ(m->bytes.size(), want.size());
+  EXPECT_EQ(std::string_view(reinterpret_cast<const char*>(m->bytes.data()), m->bytes.size()),
+            want);
+  UnnamedMapping copy = *m;  // copies share the mapping
+  *m = {};
+  EXPECT_EQ(char(copy.bytes[want.size() - 1]), 'c');
+
+  Result<UnnamedMapping> missing = WriteUnnamedAndMap(dir + "/absent", 1, [&](size_t) {
+    return Result<std::span<const std::byte>>(AsBytes(want));
+  });
+  EXPECT_EQ(missing.status().code(), StatusCode::kIOError);
+  EXPECT_NE(missing.status().message().find(dir + "/absent"), std::string::npos)
+      << missing.status().ToString();
+  Result<UnnamedMapping> failed =
+      WriteUnnamedAndMap(dir, 2, [&](size_t i) -> Result<std::span<const std::byte>> {
+        if (i == 1) return Status::NotFound("no such weight");
+        return AsBytes(want);
+      });
+  EXPECT_EQ(failed.status().code(), StatusCode::kNotFound);
+
+  void (*old_handler)(int) = ::signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of the signal
+  struct rlimit saved {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
+  struct rlimit small = saved;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  Result<UnnamedMapping> full = WriteUnnamedAndMap(
+      dir, 1, [&](size_t) { return Result<std::span<const std::byte>>(AsBytes(want)); });
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &saved), 0);
+  ::signal(SIGXFSZ, old_handler);
+  EXPECT_EQ(full.status().code(), StatusCode::kNoSpace);
+  EXPECT_NE(full.status().message().find(dir), std::string::npos) << full.status().ToString();
+  EXPECT_EQ(entries(), 0);
+}
+
 }  // namespace
 }  // namespace ferry

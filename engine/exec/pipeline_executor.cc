@@ -87,11 +87,11 @@ struct DeviceState {
   // Isolated compute (Create's `isolate_compute`): a stage's weights are up, recorded on the
   // upload stream for the compute stream to wait for.
   std::vector<Event> weights_up;
-  // The frozen base streamed from the model's files (plan.frozen_weights on NVMe): the device's
-  // two pinned stage images ("weights.nvme_staging"), packed in turn by its stages (the frozen
-  // base read from the files, the trainable tensors from the master copy) and uploaded from
-  // there; image_free[k] is recorded on the upload stream after image k's last copy, and
-  // image_busy[k] says a record is outstanding, which the next packing of k waits for.
+  // The frozen base streamed from NVMe (plan.frozen_weights there): the device's two pinned
+  // stage images ("weights.nvme_staging"), packed in turn by its stages (the frozen base read
+  // from the model's files or its converted copy, the trainable tensors from the master copy) and
+  // uploaded from there; image_free[k] is recorded on the upload stream after image k's last copy,
+  // and image_busy[k] says a record is outstanding, which the next packing of k waits for.
   HostMemorySpan images[2];
   std::vector<Event> image_free;
   bool image_busy[2] = {false, false};
@@ -370,8 +370,8 @@ class Executor final : public PipelineExecutor {
   // plan's, else naming both sizes). Without a caller's pool the executor makes one whose budget
   // is exactly the plan's pinned total, in one mapping registered once with each device.
   //  - weights.upload / grads.landing: each layer range's weight and gradient mirrors
-  //    (DeviceParams::Measure), in range order; with the frozen base streamed from the model's
-  //    files, no weight mirrors but weights.nvme_staging: two images of the largest range's
+  //    (DeviceParams::Measure), in range order; with the frozen base streamed from NVMe, no
+  //    weight mirrors but weights.nvme_staging: two images of the largest range's
   //    weights per device (DeviceState::images);
   //  - activations.saved: per layer, per micro-batch, its input and (unless recomputed; never
   //    the head's) its saved slot's bytes;
@@ -995,12 +995,12 @@ class Executor final : public PipelineExecutor {
     return WeightsRead(st.range);
   }
 
-  // Stage i's parameters over its device's next image, the frozen base streamed from the model's
-  // files: packed whole (the base read from its files) unless the device's weight slot already
-  // holds its layers' base (ResidentBases), then its trainable tensors only; nothing when the slot
-  // holds all of its weights. The image's last upload is waited for first. Both stages over a
-  // range pack its trainable tensors: the updates of its layers wait (StepHooks::weights_read)
-  // until the last of them has.
+  // Stage i's parameters over its device's next image, the frozen base streamed from NVMe:
+  // packed whole (the base read from the model's files or its converted copy) unless the device's
+  // weight slot already holds its layers' base (ResidentBases), then its trainable tensors only;
+  // nothing when the slot holds all of its weights. The image's last upload is waited for first.
+  // Both stages over a range pack its trainable tensors: the updates of its layers wait
+  // (StepHooks::weights_read) until the last of them has.
   Status PrepareStreamed(size_t i, const std::vector<LayerSpec>& layers,
                          const HostTensors& weights) {
     StageRun& st = runs_[i];
@@ -1040,32 +1040,41 @@ class Executor final : public PipelineExecutor {
     return last_reader ? WeightsRead(st.range) : Status::Ok();
   }
 
-  // The plan streams the frozen base from the model's files: every frozen block and head weight
-  // must be served from them (HostTensors::files), never silently held in RAM.
+  // The plan streams the frozen base from NVMe: every frozen block and head weight must be served
+  // from a file there (HostTensors::files or nf4_served: the model's own, or the copy converted
+  // for it, engine/model/converted_base.h), never silently held in RAM.
   Status BaseServedFromFiles(const HostTensors& weights) const {
     for (const LayerSpec& l : layers_) {
       if (l.kind == LayerKind::kEmbedding) continue;  // gathered on the host, not streamed
       for (const ParamSpec& p : l.params) {
         const std::string& owner = p.tied_to.empty() ? p.name : p.tied_to;
-        if (p.trainable || weights.files.contains(owner)) continue;
+        if (p.trainable || weights.files.contains(owner) || weights.nf4_served.contains(owner)) {
+          continue;
+        }
         return Status::InvalidArgument(
-            "the plan streams the frozen base from the model's files, and '" + owner +
-            "' is not served from them (a base held in RAM, or converted): plan with the frozen "
-            "weights in host RAM");
+            "the plan streams the frozen base from NVMe, and '" + owner +
+            "' is served neither from the model's files nor from a copy converted there (it is "
+            "held in RAM): convert it to NVMe first, or plan with the frozen weights in host "
+            "RAM");
       }
     }
     return Status::Ok();
   }
 
-  // The bytes of the frozen tensors of `layers` that the model's files serve, as stored there.
+  // The bytes of the frozen tensors of `layers` served from files, as stored there (an NF4
+  // weight's codes and quant state).
   static uint64_t ServedFrozenBytes(const std::vector<LayerSpec>& layers,
                                     const HostTensors& weights) {
     uint64_t bytes = 0;
     for (const LayerSpec& l : layers) {
       for (const ParamSpec& p : l.params) {
         if (p.trainable) continue;
-        auto f = weights.files.find(p.tied_to.empty() ? p.name : p.tied_to);
-        if (f != weights.files.end()) bytes += f->second.bytes.size();
+        const std::string& owner = p.tied_to.empty() ? p.name : p.tied_to;
+        if (auto f = weights.files.find(owner); f != weights.files.end()) {
+          bytes += f->second.bytes.size();
+        } else if (p.nf4 && weights.nf4_served.contains(owner)) {
+          bytes += uint64_t(p.bytes());
+        }
       }
     }
     return bytes;
@@ -1718,8 +1727,9 @@ class Executor final : public PipelineExecutor {
   // latest write, set on the writing device's download stream and read on the reading device's
   // upload stream after the landed event that orders them.
   const bool spill_ = p_.activations == Tier::kNvme && !p_.job.forward_only && !keep_;
-  // The frozen base streamed from the model's files each step (a LoRA training plan's frozen
-  // weights on NVMe): DeviceState::images instead of per-range weight mirrors.
+  // The frozen base streamed from NVMe each step (a LoRA training plan's frozen weights there:
+  // the model's files, or a copy converted once): DeviceState::images instead of per-range weight
+  // mirrors.
   const bool stream_base_ = p_.frozen_weights == Tier::kNvme;
   std::vector<PendingIo> written_;
   // Training and evaluation stages over the devices and their slots; a LoRA job's step starts
@@ -1770,18 +1780,15 @@ Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const
         "f16, not " +
         std::string(DTypeName(p.job.compute_dtype)));
   }
-  // Frozen weights on NVMe are streamed from the model's files, for LoRA training only (not an
-  // NF4 base, nor a converted copy): any other such plan is refused here, before any step, rather
-  // than run in RAM against its own memory figures; saved activations go there only through a
-  // store. (Optimizer state on NVMe is the Trainer's to honour,
+  // Frozen weights on NVMe are streamed from there (the model's files, or a copy converted once:
+  // BaseServedFromFiles), for LoRA training only: any other such plan is refused here, before
+  // any step, rather than run in RAM against its own memory figures; saved activations go there
+  // only through a store. (Optimizer state on NVMe is the Trainer's to honour,
   // OptimizerStateOptions::nvme_dir: the executor never touches it.)
   if (p.frozen_weights != Tier::kHost && !plan::CanStreamBase(p.job)) {
-    const bool nf4 = p.job.lora.quantize != BaseQuant::kNone;
     return Status::InvalidArgument(
-        std::string("the plan puts frozen weights on NVMe, which the executor streams from the "
-                    "model's files for LoRA training only, ") +
-        (nf4 ? "not for an NF4 base" : "not for this job") +
-        ": plan with more host memory, or without an NVMe budget");
+        "the plan puts frozen weights on NVMe, which the executor streams for LoRA training "
+        "only, not for this job: plan with more host memory, or without an NVMe budget");
   }
   if (p.activations != Tier::kHost && !p.job.forward_only) {
     if (activation_store == nullptr) {

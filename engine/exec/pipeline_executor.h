@@ -141,9 +141,9 @@ struct ExecutorStats {
   // job's host mirror keeps its frozen base, packed from the same master copy, from step to step,
   // and any job's the tensors the model's files serve (an evaluation's whole base).
   int64_t frozen_packs_skipped = 0;
-  // With the frozen base streamed from the model's files (plan.frozen_weights on NVMe): the bytes
-  // of it read from the files so far, as stored there (a stage whose weight slot holds its
-  // layers' base reads none).
+  // With the frozen base streamed from NVMe (plan.frozen_weights there: the model's files, or a
+  // copy converted once): the bytes of it read from there so far, as stored (a stage whose weight
+  // slot holds its layers' base reads none).
   uint64_t base_bytes_streamed = 0;
   // Per plan allocation name: the most bytes any component used of it (<= its planned size).
   std::vector<plan::Allocation> used;

@@ -22,11 +22,13 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include "engine/exec/pipeline_runner.h"
 #include "engine/json.h"
+#include "engine/model/converted_base.h"
 #include "engine/model/device_params.h"
 #include "engine/model/master_weights.h"
 #include "engine/model/model_folder.h"
@@ -153,7 +155,7 @@ struct PlanSpec {
   bool optimizer_on_nvme = false;
   bool keep = false;                 // one device keeps every saved activation (policy "keep")
   bool activations_on_nvme = false;  // saved activations in an NVMe store (Tier::kNvme)
-  bool base_streamed = false;        // a LoRA base streamed from the model's files (frozen on NVMe)
+  bool base_streamed = false;        // a LoRA base streamed from NVMe (the frozen weights there)
 };
 
 plan::Plan MakeTestPlan(const Model& m, const PlanSpec& s) {
@@ -816,38 +818,46 @@ TEST(ExecutorFileBaseTest, ABaseServedFromItsFilesEqualsItsFp32Copy) {
   }
 }
 
-// `weights`' base written to a bf16 model folder in `dir` and served from it (LoadBaseWeights)
-// into `served`.
+// `weights`' base written to a model folder in `dir` (in `dtype`) and served from it
+// (LoadBaseWeights) into `served`.
 void ServeFromFolder(const Model& m, const std::vector<LayerSpec>& layers,
-                     const HostTensors& weights, const std::string& dir, HostTensors& served) {
+                     const HostTensors& weights, const std::string& dir, HostTensors& served,
+                     DType dtype = DType::kBF16) {
   ASSERT_FALSE(dir.empty());
   ModelFolderWriteOptions as;
-  as.dtype = DType::kBF16;
+  as.dtype = dtype;
   ASSERT_TRUE(WriteModelFolder(dir, m.config, layers, weights, as).ok());
   Result<FolderWeights> folder = FolderWeights::Open(dir);
   ASSERT_TRUE(folder.ok()) << folder.status().ToString();
   ASSERT_TRUE(LoadBaseWeights(*folder, m.config, layers, served).ok());
 }
 
-// A LoRA job's frozen base streamed from the model's files (the plan's frozen weights on NVMe):
-// each stage packs its device's next pinned image, the base read from the files unless the
-// device's weight slot holds it already. Over three steps, the adapters changed between them as
-// updates change them, the losses and adapter gradients equal those of the base kept in the host
-// mirrors, bit for bit, on two devices and on one (whose slots keep more of the base), with random
-// stream delays and a weights_read hook that changes the adapters; the pinned staging is the
-// plan's images, and the last step reads the plan's bytes from the files.
-TEST(ExecutorFileBaseTest, AStreamedBaseEqualsTheBaseKeptInTheMirrors) {
-  const Model m = LoadModel("llama", 4);
+// Three steps of a LoRA job with its frozen base streamed and kept in the host mirrors, as
+// AStreamedBaseEqualsTheBaseKeptInTheMirrors says: the base served from a model folder in
+// `folder` dtype when given (else held), then what the files do not serve moved to a converted
+// copy (MoveBaseToNvme) when `convert`.
+void StreamBaseSteps(const Model& m, const std::string& source, std::optional<DType> folder,
+                     bool convert, const std::vector<int>& device_counts = {2, 1}) {
   const std::vector<LayerSpec> layers = BuildLayerSpecs(m.config, m.lora);
   const HostTensors random = RandomWeights(m, 31);
-  testing::TempDir dir;
-  HostTensors served;
-  ASSERT_NO_FATAL_FAILURE(ServeFromFolder(m, layers, random, dir.path(), served));
-  for (const ParamSpec* q : StorageParams(layers)) {
-    if (q->lora) served.tensors[q->name] = random.tensors.at(q->name);
+  testing::TempDir dir, nvme;
+  HostTensors served = random;
+  if (folder) {
+    served = {};
+    ASSERT_NO_FATAL_FAILURE(ServeFromFolder(m, layers, random, dir.path(), served, *folder));
+    for (const ParamSpec* q : StorageParams(layers)) {
+      if (q->lora) served.tensors[q->name] = random.tensors.at(q->name);
+    }
   }
-  for (const int gpus : {2, 1}) {
-    const std::string what = std::to_string(gpus) + " device(s)";
+  const HostTensors kept_base = served;
+  if (convert) {
+    Result<ConvertedBase> moved =
+        MoveBaseToNvme(layers, DType::kBF16, folder.value_or(DType::kF32), nvme.path(), served);
+    ASSERT_TRUE(moved.ok()) << moved.status().ToString();
+    ASSERT_GT(moved->weights, 0);
+  }
+  for (const int gpus : device_counts) {
+    const std::string what = std::to_string(gpus) + " device(s), " + source;
     PlanSpec spec{{{1, 2}, {2, 3}, {3, 5}}, {}, 2, 2, 16, gpus, DType::kBF16};
     const plan::Plan kept_plan = MakeTestPlan(m, spec);
     spec.base_streamed = true;
@@ -870,7 +880,7 @@ TEST(ExecutorFileBaseTest, AStreamedBaseEqualsTheBaseKeptInTheMirrors) {
     // waits for the step's reads would: a range's stages must all have packed them by then (the
     // streamed backward stage packs them again), else the two runs part. Each range is reported
     // once a step.
-    HostTensors kept_w = served, streamed_w = served;
+    HostTensors kept_w = kept_base, streamed_w = served;
     std::map<std::pair<int64_t, int64_t>, int> reported;
     auto hooks_for = [&](HostTensors& master, bool count) {
       StepHooks h;
@@ -902,7 +912,7 @@ TEST(ExecutorFileBaseTest, AStreamedBaseEqualsTheBaseKeptInTheMirrors) {
         EXPECT_EQ(calls, 1) << range.first << "-" << range.second << ", " << what;
       }
       EXPECT_EQ(reported.size(), spec.stages.size() + 2) << what;  // embedding, stages, head
-      ExpectSameBits(streamed_w, kept_w, "the master copies, " + what);
+      ExpectSameBits(kept_w, streamed_w, "the master copies, " + what);
       ASSERT_TRUE(kept_loss.ok()) << kept_loss.status().ToString();
       ASSERT_TRUE(streamed_loss.ok()) << streamed_loss.status().ToString();
       EXPECT_EQ(*streamed_loss, *kept_loss) << what << ", step " << step;
@@ -917,7 +927,11 @@ TEST(ExecutorFileBaseTest, AStreamedBaseEqualsTheBaseKeptInTheMirrors) {
     }
     EXPECT_GT(last_step_read, 0u) << what;
     EXPECT_EQ(double(last_step_read),
-              plan::StreamedBaseBytes(layers, DType::kBF16, spec.stages, gpus))
+              plan::StreamedBaseBytes(layers,
+                                      {.from_files = folder.has_value(),
+                                       .files = folder.value_or(DType::kF32),
+                                       .upload = DType::kBF16},
+                                      spec.stages, gpus))
         << what;
     std::map<std::string, uint64_t> pinned, planned;
     for (const plan::Allocation& a : (*streamed)->stats().host_pinned) pinned[a.name] = a.bytes;
@@ -930,8 +944,29 @@ TEST(ExecutorFileBaseTest, AStreamedBaseEqualsTheBaseKeptInTheMirrors) {
   }
 }
 
-// A plan that streams the frozen base needs a base the model's files serve: one held in RAM is
-// refused at the step, naming a weight, never run from RAM against the plan.
+// A LoRA job's frozen base streamed from NVMe (the plan's frozen weights there): each stage packs
+// its device's next pinned image, the base read from the model's files (a bf16 folder) or from a
+// copy converted once (MoveBaseToNvme: a base held in fp32, QLoRA's NF4 base, GPT-2's f32 files
+// with transposed weights and a tied head) unless the
+// device's weight slot holds it already. Over three steps, the adapters changed between them as
+// updates change them, the losses and adapter gradients equal those of the base kept in the host
+// mirrors, bit for bit, on two devices and on one (whose slots keep more of the base), with random
+// stream delays and a weights_read hook that changes the adapters; the pinned staging is the
+// plan's images, and the last step reads the plan's bytes from NVMe.
+TEST(ExecutorFileBaseTest, AStreamedBaseEqualsTheBaseKeptInTheMirrors) {
+  ASSERT_NO_FATAL_FAILURE(StreamBaseSteps(LoadModel("llama", 4), "files", DType::kBF16, false));
+  ASSERT_NO_FATAL_FAILURE(StreamBaseSteps(LoadModel("llama", 4), "converted", {}, true));
+  ASSERT_NO_FATAL_FAILURE(
+      StreamBaseSteps(LoadModel("llama", 4, /*nf4=*/true), "converted nf4", {}, true, {2}));
+  // GPT-2 from f32 files into bf16: its transposed and f32 weights converted, the tied head's
+  // table kept in the file (the embedding adds the positions to its f32 values).
+  ASSERT_NO_FATAL_FAILURE(
+      StreamBaseSteps(LoadModel("gpt2", 4), "gpt2 f32 files", DType::kF32, true, {2}));
+}
+
+// A plan that streams the frozen base needs a base served from NVMe (the model's files or a
+// converted copy): one held in RAM is refused at the step, naming a weight, never run from RAM
+// against the plan.
 TEST(ExecutorFileBaseTest, AStreamedPlanRefusesABaseHeldInRam) {
   const Model m = LoadModel("llama", 4);
   PlanSpec spec{{{1, 3}, {3, 5}}, {}, 2, 2, 16, 2, DType::kBF16};
@@ -946,7 +981,7 @@ TEST(ExecutorFileBaseTest, AStreamedPlanRefusesABaseHeldInRam) {
   Result<double> loss = (*e)->Step(RandomWeights(m, 3), b.inputs, g);
   ASSERT_FALSE(loss.ok());
   EXPECT_EQ(loss.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(loss.status().message().find("is not served from them"), std::string::npos)
+  EXPECT_NE(loss.status().message().find("(it is held in RAM)"), std::string::npos)
       << loss.status().ToString();
 }
 

@@ -78,7 +78,8 @@ struct StepHooks {
 struct RunnerStats {
   int64_t block_forward_calls = 0;  // counts recomputation too
   size_t arena_peak_bytes = 0;
-  // Bytes of the frozen base read from the model's files to stream it, so far (a plan that
+  // Bytes of the frozen base read from NVMe (the model's files or its converted copy) to stream
+  // it, so far (a plan that
   // streams the base, its frozen weights on NVMe; else 0).
   uint64_t base_bytes_streamed = 0;
 };

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string_view>
 
+#include "engine/model/converted_base.h"
 #include "engine/model/head.h"
 #include "engine/model/model_stack.h"
 #include "kernels/ops/attention.h"
@@ -112,7 +113,7 @@ struct ParamCounts {
 // hold the rest.
 void AddNf4Base(MemoryEstimate& e, const MemoryPlanInput& in, uint64_t held, uint64_t staging) {
   if (held == 0) return;
-  if (in.frozen_base_from_files) {
+  if (in.frozen_base_from_files || in.frozen_weights_on_nvme) {
     Add(e.pageable_host, "weights.nf4_staging", staging, kHostPageBytes);
   } else {
     Add(e.pageable_host, "weights.nf4", held, kHostPageBytes);
@@ -326,6 +327,9 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   uint64_t upload_frozen_nvme = 0;
   ParamCounts params;
   uint64_t embedding_frozen_copy = 0;
+  // A frozen embedding held in fp32 (a seeded model's, not tied): it stays on the host when the
+  // rest of the base goes to NVMe.
+  uint64_t embedding_frozen_fp32 = 0;
   uint64_t optimizer_slots = 0;  // two versioned slots per layer with trainable parameters
   uint64_t largest_slot = 0;
   // QLoRA's base from the model's files is made into NF4 as each stage is packed, one weight at a
@@ -358,13 +362,17 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
           params.from_files += uint64_t(p.numel());
         } else if (!p.trainable && !in.model.tie_word_embeddings) {
           embedding_frozen_copy += bytes;
+          embedding_frozen_fp32 += uint64_t(p.numel()) * kF32;
         }
         continue;
       }
       if (served) params.from_files += uint64_t(p.numel());
-      // The model's files are the NVMe copy of a base they serve; else a converted one.
-      if (!p.trainable && in.frozen_weights_on_nvme && !(in.frozen_base_from_files && !p.nf4)) {
-        upload_frozen_nvme += p.nf4 ? p.bytes() : bytes;
+      // The model's files are the NVMe copy of a weight they serve; else a converted one
+      // (engine/model/converted_base.h: FileServesStreamedWeight).
+      if (!p.trainable && in.frozen_weights_on_nvme &&
+          !(in.frozen_base_from_files &&
+            FileServesStreamedWeight(p, in.model.weights_dtype, in.compute_dtype))) {
+        upload_frozen_nvme += RoundUp(p.nf4 ? p.bytes() : bytes, kConvertedBaseAlign);
       }
     }
   }
@@ -450,9 +458,10 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   // serves it from NVMe or the model's files serve it (packed into the upload mirrors straight
   // from there); QLoRA's block projections as NF4 codes and quant state instead, at their real
   // size.
-  if (!in.frozen_weights_on_nvme) {
-    Add(e.pageable_host, "weights.frozen", (params.frozen - params.from_files) * kF32, P);
-  }
+  Add(e.pageable_host, "weights.frozen",
+      in.frozen_weights_on_nvme ? embedding_frozen_fp32
+                                : (params.frozen - params.from_files) * kF32,
+      P);
   AddNf4Base(e, in, params.nf4_bytes, nf4_staging);
   return e;
 }

@@ -80,17 +80,18 @@
 //            weights.embedding: a frozen, untied embedding's compute-dtype copy (the gather runs
 //            on the host), or the embedding's tables as mapped from the model's file when the
 //            files serve them (frozen_base_from_files); weights.frozen: the frozen base in fp32
-//            unless the files serve it; weights.nf4: QLoRA's NF4 base (codes and quant state)
-//            held whole, or weights.nf4_staging when the model's files serve it (each weight made
-//            into NF4 as its stage is packed: the largest one's fp32 values and NF4 form; the
-//            upload mirrors hold the base); activations.store (saved activations on NVMe): the
+//            unless the files serve it (with the base on NVMe: a seeded, untied embedding's
+//            only); weights.nf4: QLoRA's NF4 base (codes and quant state) held whole, or
+//            weights.nf4_staging when the model's files or NVMe serve it (each weight made into
+//            NF4 as its stage is packed: the largest one's fp32 values and NF4 form; the upload
+//            mirrors or images hold the base); activations.store (saved activations on NVMe): the
 //            store's own bounce buffers, kActivationQueueDepth blocks (mapped by the store, locked
 //            when io_uring registers them; the devices never copy from them).
 // NVMe (4096-byte blocks): whichever groups the plan places there (weights.frozen: the frozen
-// base converted to the compute dtype, none when the model's files serve it: they are its copy,
-// read as they are stored; activations.saved, optimizer.slots). activations.saved: per
-// micro-batch, every block input that does not start a stage and every block's saved set unless
-// recomputed, each an entry of its own in whole blocks
+// base converted to the compute dtype, NF4 weights as packed, written once at the start: none
+// when the model's files serve it in that dtype, not NF4: they are its copy; activations.saved,
+// optimizer.slots). activations.saved: per micro-batch, every block input that does not start a
+// stage and every block's saved set unless recomputed, each an entry of its own in whole blocks
 // (MemoryEstimate::nvme_activation_block_bytes), plus two entries per GPU being rewritten (a
 // rewrite takes new blocks and frees the old ones when it completes; each GPU has two in flight); a
 // step writes and reads each entry once (MemoryEstimate::nvme_activation_step_bytes).

@@ -220,13 +220,25 @@ TEST(MemoryModel, LoraWithFrozenWeightsAndActivationsOnNvmeByHand) {
   EXPECT_EQ(gpu.count("grads.sink"), 0u);
   for (const Allocation& a : e.gpu.allocations) EXPECT_EQ(a.name.find("sink"), std::string::npos);
 
-  // Served by the model's files, the base has no converted copy on NVMe (the files are read as
-  // they are stored), and the host holds the same images.
+  // The seeded embedding (frozen, untied) stays on the host in fp32: 80 x 4 B.
+  EXPECT_EQ(pageable.at("weights.frozen"), 4096u);
+
+  // Files in a wider dtype than the upload's (f32) still need the converted copy.
   in.frozen_base_from_files = true;
+  EXPECT_EQ(Named(ComputeMemory(in).nvme).at("weights.frozen"), 4096u);
+  // Served by the model's files in the upload dtype, the base has no converted copy on NVMe (the
+  // files are read as they are stored), nor an fp32 embedding, and the host holds the same images;
+  // so with files narrower than the uploads (f16 into f32).
+  in.model.weights_dtype = in.compute_dtype;
   const MemoryEstimate served = ComputeMemory(in);
+  EXPECT_EQ(Named(served.pageable_host).count("weights.frozen"), 0u);
   EXPECT_EQ(Named(served.nvme).count("weights.frozen"), 0u);
   EXPECT_EQ(Named(served.pinned_host).at("weights.nvme_staging"), 16384u);
   EXPECT_EQ(served.nvme.total(), e.nvme.total() - 4096u);
+  MemoryPlanInput widened = in;
+  widened.model.weights_dtype = DType::kF16;
+  widened.compute_dtype = DType::kF32;
+  EXPECT_EQ(Named(ComputeMemory(widened).nvme).count("weights.frozen"), 0u);
 }
 
 // A LoRA base served from the model's files (frozen_base_from_files) has no fp32 copy on the

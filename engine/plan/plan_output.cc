@@ -137,16 +137,23 @@ std::string PlanSummary(const Plan& p) {
   out += "), fused head+loss tail; round-robin over " + std::to_string(p.gpus) + " GPU(s)\n";
   int recomputed = 0;
   for (bool r : p.recompute) recomputed += r ? 1 : 0;
+  uint64_t converted = 0;  // a streamed base's copy on NVMe (none: the model's files serve it)
+  for (const Allocation& a : p.memory.nvme.allocations) {
+    if (a.name == "weights.frozen") converted += a.bytes;
+  }
   out +=
       "  activations: " + p.activation_policy + " (" + std::to_string(recomputed) +
       " layers recomputed), saved on " + std::string(TierName(p.activations)) +
       "; optimizer state on " + std::string(TierName(p.optimizer_state)) +
-      (p.job.lora.enabled() ? "; frozen weights on " + std::string(TierName(p.frozen_weights)) +
-                                  (!p.job.frozen_base_from_files ? ""
-                                   : p.frozen_weights == Tier::kHost
-                                       ? " (packed from the model's files, no fp32 copy)"
-                                       : " (streamed from the model's files each step)")
-                            : std::string()) +
+      (p.job.lora.enabled()
+           ? "; frozen weights on " + std::string(TierName(p.frozen_weights)) +
+                 (p.frozen_weights == Tier::kNvme
+                      ? converted > 0 ? " (a copy converted at the start, " + Gib(converted) +
+                                            ", streamed each step)"
+                                      : " (streamed from the model's files each step)"
+                  : p.job.frozen_base_from_files ? " (packed from the model's files, no fp32 copy)"
+                                                 : "")
+           : std::string()) +
       (p.job.stale_updates ? "; one-step-stale updates (opted in)\n" : "; synchronous updates\n");
   out += Format("  predicted: %.3f s/step, %.0f tokens/s, bubble %.1f%%\n", p.step_s,
                 p.tokens_per_s, 100.0 * p.bubble_fraction);

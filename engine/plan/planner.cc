@@ -7,6 +7,8 @@
 #include <optional>
 #include <tuple>
 
+#include "engine/model/converted_base.h"
+#include "engine/plan/byte_size.h"
 #include "engine/plan/simulator.h"
 
 namespace ferry::plan {
@@ -91,7 +93,7 @@ std::vector<LayerNumbers> NumbersFor(const Context& c, BatchShape micro) {
       n.pack = double(lora_steps ? d.trainable_pack : d.pack);
       n.full_pack = double(d.pack);
       n.trainable_pack = double(d.trainable_pack);
-      n.base_read = LayerBaseBytes(c.layers[i], StreamedBaseDType(c.model, c.job));
+      n.base_read = LayerBaseBytes(c.layers[i], StreamedBaseSourceOf(c.model, c.job));
     }
     for (const ParamSpec& p : c.layers[i].params) {
       if (p.trainable && p.tied_to.empty()) n.trainable += double(p.numel());
@@ -348,7 +350,7 @@ Result<Timing> SimulateJob(const RoundRobinJob& job, const HardwareProfile& hw) 
 void NvmeTraffic(const Context& c, const MemoryEstimate& m, Plan& p) {
   if (p.frozen_weights == Tier::kNvme) {
     p.nvme_read_bytes +=
-        StreamedBaseBytes(c.layers, StreamedBaseDType(c.model, c.job), p.stages, p.gpus);
+        StreamedBaseBytes(c.layers, StreamedBaseSourceOf(c.model, c.job), p.stages, p.gpus);
   }
   for (const Allocation& a : m.nvme.allocations) {
     if (a.name == "activations.saved") {  // each entry written and read once; a.bytes is space
@@ -433,12 +435,6 @@ Status ValidateInputs(const ModelConfig& model, const PlanJob& job, const Hardwa
   return Status::Ok();
 }
 
-std::string Bytes(double b) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.2f GiB", b / double(1ull << 30));
-  return buf;
-}
-
 // When `hw` has layer times but none that a plan of `job` looks up: a warning saying this plan
 // prices its layers with the FLOP formulas, and how to use the times — plan with another
 // --dtype when they were measured for this job in that dtype (`ferry probe --model` measures
@@ -475,11 +471,23 @@ std::string UnusedLayerTimesWarning(const ModelConfig& model, const PlanJob& job
 
 }  // namespace
 
-double StreamedBaseBytes(const std::vector<LayerSpec>& layers, DType stored,
+double StreamedBaseSource::BytesOf(const ParamSpec& p) const {
+  if (p.nf4) return double(p.bytes());
+  const bool served = from_files && FileServesStreamedWeight(p, files, upload);
+  return double(p.numel()) * double(DTypeSize(served ? files : upload));
+}
+
+StreamedBaseSource StreamedBaseSourceOf(const ModelConfig& model, const PlanJob& job) {
+  return {.from_files = job.frozen_base_from_files,
+          .files = model.weights_dtype,
+          .upload = job.compute_dtype};
+}
+
+double StreamedBaseBytes(const std::vector<LayerSpec>& layers, const StreamedBaseSource& source,
                          const std::vector<LayerRange>& stages, int gpus) {
   auto base_of = [&](LayerRange r) {
     double bytes = 0;
-    for (int i = r.first; i < r.last; ++i) bytes += LayerBaseBytes(layers[size_t(i)], stored);
+    for (int i = r.first; i < r.last; ++i) bytes += LayerBaseBytes(layers[size_t(i)], source);
     return bytes;
   };
   const int S = int(stages.size()), head = int(layers.size()) - 1;
@@ -494,23 +502,16 @@ double StreamedBaseBytes(const std::vector<LayerSpec>& layers, DType stored,
   return bytes;
 }
 
-double LayerBaseBytes(const LayerSpec& layer, DType stored) {
+double LayerBaseBytes(const LayerSpec& layer, const StreamedBaseSource& source) {
   if (layer.kind == LayerKind::kEmbedding) return 0;  // gathered on the host, never streamed
   double bytes = 0;
   for (const ParamSpec& p : layer.params) {
-    if (!p.trainable) bytes += double(p.nf4 ? p.bytes() : p.numel() * DTypeSize(stored));
+    if (!p.trainable) bytes += source.BytesOf(p);
   }
   return bytes;
 }
 
-DType StreamedBaseDType(const ModelConfig& model, const PlanJob& job) {
-  return job.frozen_base_from_files ? model.weights_dtype : job.compute_dtype;
-}
-
-bool CanStreamBase(const PlanJob& job) {
-  return job.lora.enabled() && !job.forward_only && job.frozen_base_from_files &&
-         job.lora.quantize == BaseQuant::kNone;
-}
+bool CanStreamBase(const PlanJob& job) { return job.lora.enabled() && !job.forward_only; }
 
 MemoryPlanInput MemoryInputOf(const ModelConfig& model, const Plan& plan) {
   MemoryPlanInput in;
@@ -702,12 +703,12 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
                            ? "GPU memory"
                            : (closest_fit.host >= closest_fit.nvme ? "host memory" : "NVMe space");
     outcome.binding = std::string(tier) + " is short: the plan closest to fitting needs " +
-                      Bytes(double(closest_gpu)) + " per GPU (usable " +
-                      Bytes(double(hw.gpu.memory_usable_bytes)) + "), " +
-                      Bytes(double(closest_host)) + " of host RAM (usable " +
-                      Bytes(double(hw.host.ram_usable_bytes)) + "), " +
-                      Bytes(double(closest_nvme)) + " of NVMe (" +
-                      (hw.HasNvme() ? Bytes(double(hw.nvme.space_bytes)) : "no --nvme-dir") + ")";
+                      FormatByteSize(closest_gpu) + " per GPU (usable " +
+                      FormatByteSize(hw.gpu.memory_usable_bytes) + "), " +
+                      FormatByteSize(closest_host) + " of host RAM (usable " +
+                      FormatByteSize(hw.host.ram_usable_bytes) + "), " +
+                      FormatByteSize(closest_nvme) + " of NVMe (" +
+                      (hw.HasNvme() ? FormatByteSize(hw.nvme.space_bytes) : "no --nvme-dir") + ")";
     if (suggest) outcome.suggestions = SuggestChanges(model_name, model, job, hw);
     return outcome;
   }
@@ -721,8 +722,9 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
   best.tokens_per_s = double(job.global_batch * job.seq_len) / best.step_s;
   if (best.optimizer_state == Tier::kNvme || best.activations == Tier::kNvme) {
     const double per_day = best.nvme_write_bytes / best.step_s * 86400.0;
-    std::string w = "NVMe: " + Bytes(best.nvme_write_bytes) + " of hot data written per step (" +
-                    Bytes(per_day) + " per day of training)";
+    std::string w = "NVMe: " + FormatByteSize(uint64_t(best.nvme_write_bytes)) +
+                    " of hot data written per step (" + FormatByteSize(uint64_t(per_day)) +
+                    " per day of training)";
     if (hw.nvme.endurance_bytes_written > 0) {
       w += "; the drive's rated endurance lasts " +
            std::to_string(int64_t(double(hw.nvme.endurance_bytes_written) / per_day)) + " days";

@@ -66,9 +66,10 @@ struct PlanJob {
   // f32 (decode attention's storage). `logit_rows`: the most tokens a step returns logits of.
   int64_t generate_positions = 0;
   int64_t logit_rows = 1;
-  // The frozen base stays in host RAM. Without it, a LoRA training job whose base the model's
-  // files serve (frozen_base_from_files, not NF4) may stream that base from them each step (the
-  // frozen weights on NVMe), as the executor runs it.
+  // The frozen base stays in host RAM. Without it, a LoRA training job may stream its base from
+  // NVMe each step (the frozen weights there), as the executor runs it: from the model's files
+  // where they serve it as uploaded, else from a copy converted once, which the memory model
+  // counts (weights.frozen on NVMe; engine/model/converted_base.h).
   bool host_frozen_weights = false;
   // The frozen base comes from the model's safetensors files, which serve it (memory_model.h's
   // MemoryPlanInput::frozen_base_from_files): any model but `tiny`, whose base is made from the
@@ -144,22 +145,29 @@ struct Plan {
 // plan made or changed outside the planner).
 MemoryPlanInput MemoryInputOf(const ModelConfig& model, const Plan& plan);
 
+// Where a streamed base's weights are read from, as stored: the model's files where they serve a
+// weight (engine/model/converted_base.h: FileServesStreamedWeight), else the copy converted to
+// the upload dtype (NF4 weights as packed).
+struct StreamedBaseSource {
+  bool from_files = false;      // PlanJob::frozen_base_from_files
+  DType files = DType::kF32;    // their dtype (ModelConfig::weights_dtype)
+  DType upload = DType::kBF16;  // the compute dtype
+  // The bytes `p` is read as.
+  double BytesOf(const ParamSpec& p) const;
+};
+StreamedBaseSource StreamedBaseSourceOf(const ModelConfig& model, const PlanJob& job);
+
 // The bytes of the frozen base a LoRA training step reads from NVMe when it streams it (the frozen
 // weights on NVMe), over `layers` (BuildLayerSpecs) split into `stages` on `gpus` devices: each
-// stage's layers' base as stored there (`stored`: the model files' dtype, or the compute dtype of
-// a converted copy; NF4 weights as packed), unless its device's weight slot holds them already
+// stage's layers' base as `source` stores it, unless its device's weight slot holds them already
 // (ResidentBases, as the executor places the stages step after step).
-double StreamedBaseBytes(const std::vector<LayerSpec>& layers, DType stored,
+double StreamedBaseBytes(const std::vector<LayerSpec>& layers, const StreamedBaseSource& source,
                          const std::vector<LayerRange>& stages, int gpus);
-// A block's or the head's frozen base as stored (NF4 weights as packed; an embedding: 0).
-double LayerBaseBytes(const LayerSpec& layer, DType stored);
-// The dtype a streamed base is stored in: the model files' (they serve it), else the compute
-// dtype (a converted copy).
-DType StreamedBaseDType(const ModelConfig& model, const PlanJob& job);
-// Whether the executor can stream `job`'s frozen base from the model's files (its frozen weights
-// on NVMe): LoRA training over a base the files serve, not NF4 (never a converted copy). The
-// planner offers that tier only then (and not with host_frozen_weights); the executor refuses any
-// other plan that puts frozen weights there.
+// A block's or the head's frozen base as `source` stores it (an embedding: 0).
+double LayerBaseBytes(const LayerSpec& layer, const StreamedBaseSource& source);
+// Whether the executor can stream `job`'s frozen base from NVMe (its frozen weights there): LoRA
+// training. The planner offers that tier only then (and not with host_frozen_weights); the
+// executor refuses any other plan that puts frozen weights there.
 bool CanStreamBase(const PlanJob& job);
 
 // The margin NVMe advice adds to the space a plan puts on the drive (PlanSuggestion).

@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 #include <random>
 
 #include "engine/json.h"
+#include "engine/model/converted_base.h"
 
 namespace ferry::plan {
 namespace {
@@ -474,20 +477,23 @@ TEST(Planner, SuggestionsForTooLittleHostMemoryEachFit) {
   EXPECT_TRUE(nvme) << OutcomeSummary(*r);  // optimizer state moves to the NVMe directory
 }
 
-// A LoRA job's frozen base goes to NVMe only where the executor streams it: from the model's own
-// files, not NF4, in training. Some budgets put it there (so the check is not moot), with its reads
-// in the step's NVMe traffic; with host_frozen_weights, a seeded base or an NF4 one none does, and
-// optimizer state still goes there when RAM is short.
-TEST(Planner, TheFrozenBaseStreamsFromTheModelFilesOnly) {
-  const ModelConfig m = SmallModel(12, 128, 1000);  // stages a few blocks each
+// When host RAM is short, a LoRA job's frozen base streams from NVMe: from the model's files when
+// they serve it (nothing of it counted on the drive), else from a copy converted once (a seeded
+// base, files in a wider dtype than the upload's, QLoRA's NF4 base), whose bytes the plan counts;
+// a step reads at least the streamed base's bytes. Never with host_frozen_weights, never for full
+// fine-tuning, and with RAM enough the base stays there.
+TEST(Planner, TheFrozenBaseStreamsFromItsFilesOrAConvertedCopy) {
+  ModelConfig m = SmallModel(12, 128, 1000);  // stages a few blocks each
   PlanJob job;
   job.global_batch = 4;
   job.seq_len = 64;
   job.frozen_base_from_files = true;
+  m.weights_dtype = job.compute_dtype;
   HardwareProfile h = SmallMachine(2);
   h.nvme.dir = "/nvme";
   h.nvme.space_bytes = 1ull << 30;
-  int frozen_on_nvme = 0, optimizer_on_nvme = 0;
+  std::map<std::string, int> frozen_on_nvme;
+  int optimizer_on_nvme = 0;
   for (int rank : {4, 0}) {  // LoRA (frozen weights may move) and full fine-tuning
     for (uint64_t host = 1u << 20; host <= 48u << 20; host += 1u << 20) {
       job.lora =
@@ -497,31 +503,57 @@ TEST(Planner, TheFrozenBaseStreamsFromTheModelFilesOnly) {
       in_ram.host_frozen_weights = true;
       seeded.frozen_base_from_files = false;
       nf4.lora.quantize = BaseQuant::kNf4;
-      Result<PlanOutcome> free = MakePlan("small", m, job, h, /*suggest=*/false);
-      ASSERT_TRUE(free.ok());
-      if (free->feasible && free->plan.frozen_weights == Tier::kNvme) {
-        ++frozen_on_nvme;
-        ExpectFits(free->plan, h);
-        EXPECT_GE(free->plan.nvme_read_bytes,
-                  StreamedBaseBytes(BuildLayerSpecs(m, job.lora), m.weights_dtype,
-                                    free->plan.stages, free->plan.gpus))
-            << host;
-        for (const plan::Allocation& a : free->plan.memory.nvme.allocations) {
-          EXPECT_FALSE(a.name == "weights.frozen" && a.bytes > 0) << "the files are its copy";
+      ModelConfig f32_files = m;
+      f32_files.weights_dtype = DType::kF32;
+      struct Variant {
+        const char* name;
+        const ModelConfig& model;
+        const PlanJob& job;
+      };
+      for (const Variant& v :
+           {Variant{"files", m, job}, Variant{"in ram", m, in_ram}, Variant{"seeded", m, seeded},
+            Variant{"nf4", m, nf4}, Variant{"f32 files", f32_files, job}}) {
+        if (rank == 0 && std::string(v.name) == "nf4") continue;  // NF4 is a LoRA base
+        Result<PlanOutcome> o = MakePlan("small", v.model, v.job, h, /*suggest=*/false);
+        ASSERT_TRUE(o.ok()) << o.status().ToString();
+        if (!o->feasible) continue;
+        const Plan& p = o->plan;
+        ExpectFits(p, h);
+        if (&v.job == &in_ram) optimizer_on_nvme += p.optimizer_state == Tier::kNvme;
+        if (p.frozen_weights != Tier::kNvme) continue;
+        ++frozen_on_nvme[v.name];
+        EXPECT_TRUE(rank > 0 && &v.job != &in_ram) << v.name << ", " << host;
+        const std::vector<LayerSpec> layers = BuildLayerSpecs(v.model, v.job.lora);
+        EXPECT_GE(p.nvme_read_bytes,
+                  StreamedBaseBytes(layers, StreamedBaseSourceOf(v.model, v.job), p.stages, p.gpus))
+            << v.name << ", " << host;
+        uint64_t copy = 0;
+        for (const plan::Allocation& a : p.memory.nvme.allocations) {
+          if (a.name == "weights.frozen") copy += a.bytes;
         }
-      }
-      for (const PlanJob* restricted : {&in_ram, &seeded, &nf4}) {
-        if (restricted == &nf4 && rank == 0) continue;  // NF4 is a LoRA base
-        Result<PlanOutcome> only = MakePlan("small", m, *restricted, h, /*suggest=*/false);
-        ASSERT_TRUE(only.ok()) << only.status().ToString();
-        if (!only->feasible) continue;
-        ExpectFits(only->plan, h);
-        EXPECT_EQ(only->plan.frozen_weights, Tier::kHost) << host;
-        if (restricted == &in_ram) optimizer_on_nvme += only->plan.optimizer_state == Tier::kNvme;
+        // The copy holds every frozen block and head weight the files do not serve (NF4 ones, a
+        // wider dtype, a seeded base).
+        const bool files_serve = v.job.frozen_base_from_files &&
+                                 DTypeSize(v.model.weights_dtype) <= DTypeSize(v.job.compute_dtype);
+        double converted = 0;
+        for (const LayerSpec& l : layers) {
+          if (l.kind == LayerKind::kEmbedding) continue;
+          for (const ParamSpec& q : l.params) {
+            if (q.trainable || (files_serve && !q.nf4)) continue;
+            const double b = double(q.nf4 ? q.bytes() : q.numel() * DTypeSize(v.job.compute_dtype));
+            converted += std::ceil(b / kConvertedBaseAlign) * kConvertedBaseAlign;  // padded
+          }
+        }
+        EXPECT_EQ(copy > 0, std::string(v.name) != "files") << v.name;
+        EXPECT_GE(double(copy), converted) << v.name;
+        EXPECT_LT(double(copy), converted + 4096) << v.name;
       }
     }
   }
-  EXPECT_GT(frozen_on_nvme, 0);
+  for (const char* v : {"files", "seeded", "nf4", "f32 files"}) {
+    EXPECT_GT(frozen_on_nvme[v], 0) << v;
+  }
+  EXPECT_EQ(frozen_on_nvme["in ram"], 0);
   EXPECT_GT(optimizer_on_nvme, 0);
   // With RAM enough, the base stays there: streaming is no faster, and it reads the drive.
   job.lora = LoraConfig{.rank = 4, .alpha = 8, .targets = kLoraAll};

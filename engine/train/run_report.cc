@@ -105,11 +105,14 @@ std::string MeasuredVsPredicted(const plan::Plan& plan, const MeasuredRun& run) 
     if (run.nvme_bytes > 0) parts = "optimizer state";
     if (run.nvme_activation_bytes > 0)
       parts += std::string(parts.empty() ? "" : " + ") + "activations";
+    if (run.nvme_base_copy_bytes > 0)
+      parts += std::string(parts.empty() ? "" : " + ") + "the frozen base's copy";
     if (nvme > 0) {  // a base streamed from the model's files takes no space
       table.Add("NVMe",
                 parts.empty() ? std::string("not measured")
-                              : FormatByteSize(run.nvme_bytes + run.nvme_activation_bytes) + " (" +
-                                    parts + ")",
+                              : FormatByteSize(run.nvme_bytes + run.nvme_activation_bytes +
+                                               run.nvme_base_copy_bytes) +
+                                    " (" + parts + ")",
                 "planned " + FormatByteSize(nvme));
     }
     table.Add("NVMe/step",

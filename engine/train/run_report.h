@@ -35,6 +35,8 @@ struct MeasuredRun {
   // the run's steps, per step (checkpoints' reads left out); a frozen base streamed from the
   // model's files: its bytes read in the last step, added to the reads.
   uint64_t nvme_bytes = 0, nvme_activation_bytes = 0;
+  // The frozen base's copy converted to NVMe (engine/model/converted_base.h), as written.
+  uint64_t nvme_base_copy_bytes = 0;
   double nvme_read_per_step = 0, nvme_written_per_step = 0;
   // A streamed base: whether its reads are in nvme_read_per_step (not when the last step was the
   // run's first here or followed an evaluation).

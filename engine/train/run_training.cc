@@ -13,6 +13,7 @@
 #include "engine/job/job_devices.h"
 #include "engine/job/run_folder.h"
 #include "engine/json.h"
+#include "engine/model/converted_base.h"
 #include "engine/model/master_weights.h"
 #include "engine/model/model_folder.h"
 #include "engine/model/model_runner.h"
@@ -22,6 +23,7 @@
 #include "engine/train/trainer.h"
 #include "engine/train/training_data.h"
 #include "engine/train/training_runner.h"
+#include "kernels/arena.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/onednn.h"
 #include "offload/file_io.h"
@@ -81,6 +83,38 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
                      }));
     if (control.on_resume) FERRY_RETURN_IF_ERROR(control.on_resume(resumed->step));
     FERRY_RETURN_IF_ERROR(ApplyCheckpointWeights(*resumed, layers, weights));
+  }
+  // A plan that streams the frozen base from NVMe: what the model's files do not serve as it
+  // streams (a seeded base, a wider dtype, NF4) is converted there now, once, and the RAM it held
+  // freed; the plan reserved its space (weights.frozen).
+  uint64_t base_copy_bytes = 0;
+  if (devices.plan && devices.plan->frozen_weights == Tier::kNvme) {
+    const auto converting = std::chrono::steady_clock::now();
+    const DType dtype = devices.plan->job.compute_dtype;
+    Result<ConvertedBase> converted =
+        MoveBaseToNvme(layers, dtype, model.weights_dtype, job.nvme_dir, weights);
+    if (!converted.ok()) return converted.status().WithContext("--nvme-dir");
+    uint64_t planned = 0;
+    for (const plan::Allocation& a : devices.plan->memory.nvme.allocations) {
+      if (a.name == "weights.frozen") planned += a.bytes;
+    }
+    if (converted->bytes > planned) {
+      return Status::InvalidArgument(
+          "the frozen base's copy converted to " + std::string(DTypeName(dtype)) + " takes " +
+          FormatBytes(converted->bytes) + " in --nvme-dir " + job.nvme_dir + ", the plan " +
+          FormatBytes(planned) + ": the model's files store weights in other dtypes than its " +
+          "config.json says (" + std::string(DTypeName(model.weights_dtype)) +
+          "); give it more --host-memory, so that the base stays in RAM");
+    }
+    base_copy_bytes = converted->bytes;
+    if (converted->weights > 0) {
+      std::fprintf(stderr,
+                   "ferry train: the frozen base converted to %s on NVMe in %s: %lld weights, "
+                   "%s, %.1f s\n",
+                   std::string(DTypeName(dtype)).c_str(), job.nvme_dir.c_str(),
+                   (long long)converted->weights, FormatBytes(converted->bytes).c_str(),
+                   seconds_since(converting));
+    }
   }
   ThreadPool optimizer_pool(threads);
   const OptimizerOptions optimizer{
@@ -218,6 +252,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
           double(now.disk_bytes_written - activations_at_start.disk_bytes_written) / steps;
     }
     if (devices.plan->frozen_weights == Tier::kNvme) {
+      measured.nvme_base_copy_bytes = base_copy_bytes;
       measured.base_reads_measured = base_warm;
       if (base_warm) measured.nvme_read_per_step += double(base_last_step);
     }
@@ -307,9 +342,21 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
   FERRY_RETURN_IF_ERROR(report());
   FERRY_RETURN_IF_ERROR(save_checkpoint(seconds_since(train_start)).status());  // finishes updates
   // A folder's frozen base stays where it is (the adapter loads onto it); its tokenizer is copied.
-  FERRY_RETURN_IF_ERROR(WriteFinalWeights(job.out, model, job.lora, trainer->layers(),
-                                          trainer->weights(),
-                                          /*with_base=*/job.model == "tiny"));
+  // The seeded base goes with the adapter; converted to NVMe it was rounded to the compute dtype,
+  // so it is seeded again (it never trains), with the trained adapters over it.
+  if (job.model == "tiny" && base_copy_bytes > 0) {
+    FERRY_ASSIGN_OR_RETURN(HostTensors seeded,
+                           InitialWeights(job.model, model, trainer->layers(), job.seed));
+    for (const ParamSpec* p : StorageParams(trainer->layers())) {
+      if (p->trainable) seeded.tensors[p->name] = trainer->weights().tensors.at(p->name);
+    }
+    FERRY_RETURN_IF_ERROR(WriteFinalWeights(job.out, model, job.lora, trainer->layers(), seeded,
+                                            /*with_base=*/true));
+  } else {
+    FERRY_RETURN_IF_ERROR(WriteFinalWeights(job.out, model, job.lora, trainer->layers(),
+                                            trainer->weights(),
+                                            /*with_base=*/job.model == "tiny"));
+  }
   if (job.model != "tiny") FERRY_RETURN_IF_ERROR(CopyTokenizerFiles(job.model, job.out));
   const LossScalerState scaler_final = trainer->loss_scaler_state();  // trainer may go below
   if (devices.optimizer_folder.held()) {

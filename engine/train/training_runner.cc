@@ -1,5 +1,6 @@
 #include "engine/train/training_runner.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <set>
@@ -426,7 +427,15 @@ Result<TrainingRunner> CreateTrainingRunner(const JobSpec& unresolved, const Mod
     nvme += ", optimizer state on NVMe in " + t.optimizer_folder.dir() + " (" +
             nvme_bytes("optimizer.slots") + ")";
   }
-  if (p.frozen_weights == Tier::kNvme) nvme += ", the frozen base streamed from the model's files";
+  if (p.frozen_weights == Tier::kNvme) {
+    // What the model's files do not serve as uploaded is converted to a copy first.
+    const bool copy = std::any_of(
+        p.memory.nvme.allocations.begin(), p.memory.nvme.allocations.end(),
+        [](const plan::Allocation& a) { return a.name == "weights.frozen" && a.bytes > 0; });
+    nvme += copy ? ", the frozen base streamed from a copy converted on NVMe in " + job.nvme_dir +
+                       " (" + nvme_bytes("weights.frozen") + ")"
+                 : ", the frozen base streamed from the model's files";
+  }
   t.summary = DevicesCountText(job) + ", " + std::to_string(p.stages.size()) + " stage" +
               (p.stages.size() == 1 ? "" : "s") + ", activations " + p.activation_policy + ", " +
               FormatBytes(p.memory.gpu.total()) + " per device" + nvme;

@@ -1,0 +1,209 @@
+#include "engine/model/converted_base.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "engine/model/master_weights.h"
+#include "engine/model/model_folder.h"
+#include "engine/testing/tiny_models.h"
+#include "offload/offload_test_util.h"
+
+namespace ferry {
+namespace {
+
+using testing::kTinyModels;
+using testing::TempDir;
+using testing::TinyModel;
+
+// The owners of the frozen weights the blocks and the head read (a tied head's included), found
+// here independently of MoveBaseToNvme.
+std::set<std::string> StreamedOwners(const std::vector<LayerSpec>& layers) {
+  std::set<std::string> out;
+  for (const LayerSpec& l : layers) {
+    if (l.kind == LayerKind::kEmbedding) continue;
+    for (const ParamSpec& p : l.params) {
+      if (!p.trainable) out.insert(p.tied_to.empty() ? p.name : p.tied_to);
+    }
+  }
+  return out;
+}
+
+size_t Entries(const std::string& dir) {
+  return size_t(std::distance(std::filesystem::directory_iterator(dir),
+                              std::filesystem::directory_iterator()));
+}
+
+ModelConfig Config(const TinyModel& tm) {
+  Result<ModelConfig> c = ParseHfConfig(tm.config_json);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? *c : ModelConfig{};
+}
+
+// Every frozen weight a stage reads moves to the file, in bf16, each value what ConvertFromFloat
+// makes of it; the rest (adapters, norms that train, an untied embedding) stays as it was, and
+// the folder lists nothing. Its sources: fp32 tensors (a seeded base), an f32 model folder served
+// from its files (GPT-2's transposed Conv1D weights and tied head included), and a bf16 one, whose
+// weights stay served from their file unless transposed.
+TEST(ConvertedBaseTest, MovesTheFrozenBaseTheStagesReadInTheUploadDtype) {
+  for (const TinyModel& tm : kTinyModels) {
+    for (const DType folder_dtype : {DType::kI32, DType::kF32, DType::kBF16}) {
+      const bool from_files = folder_dtype != DType::kI32;  // kI32: no folder, a seeded base
+      const std::string what =
+          std::string(tm.name) +
+          (from_files ? ", from a " + std::string(DTypeName(folder_dtype)) + " folder" : "");
+      const ModelConfig c = Config(tm);
+      const std::vector<LayerSpec> layers = BuildLayerSpecs(c, testing::TinyLora());
+      const HostTensors original = testing::TinyWeights(layers, 7);
+      HostTensors w = original;
+      TempDir folder, nvme;
+      if (from_files) {
+        ModelFolderWriteOptions as;
+        as.dtype = folder_dtype;
+        ASSERT_TRUE(WriteModelFolder(folder.path(), c, layers, original, as).ok()) << what;
+        Result<FolderWeights> f = FolderWeights::Open(folder.path());
+        ASSERT_TRUE(f.ok()) << f.status().ToString();
+        w = {};
+        ASSERT_TRUE(LoadBaseWeights(*f, c, layers, w).ok()) << what;
+        for (const auto& [name, t] : original.tensors) {
+          if (!w.tensors.contains(name) && !w.files.contains(name)) w.tensors[name] = t;
+        }
+      }
+      std::set<std::string> owners = StreamedOwners(layers);
+      // Served from the folder: in bf16, or tied (the embedding gathers from it too), unless
+      // transposed.
+      std::set<std::string> tied;
+      for (const LayerSpec& l : layers) {
+        for (const ParamSpec& p : l.params) {
+          if (!p.tied_to.empty()) tied.insert(p.tied_to);
+        }
+      }
+      std::map<std::string, const std::byte*> stays;
+      for (const auto& [name, f] : w.files) {
+        if (owners.contains(name) && !f.transposed &&
+            (f.dtype == DType::kBF16 || tied.contains(name))) {
+          stays[name] = f.bytes.data();
+          owners.erase(name);
+        }
+      }
+      EXPECT_EQ(stays.size() > tied.size(), folder_dtype == DType::kBF16) << what;
+      Result<ConvertedBase> r = MoveBaseToNvme(
+          layers, DType::kBF16, from_files ? folder_dtype : DType::kF32, nvme.path(), w);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_EQ(Entries(nvme.path()), 0u) << what;
+      EXPECT_EQ(r->weights, int64_t(owners.size())) << what;
+      for (const auto& [name, at] : stays) {
+        EXPECT_EQ(w.files.at(name).bytes.data(), at) << name << ", " << what;
+      }
+      uint64_t values = 0;
+      for (const auto& [name, t] : original.tensors) {
+        if (stays.contains(name)) continue;
+        if (!owners.contains(name)) {
+          const bool kept = w.tensors.contains(name) ? w.tensors.at(name) == t
+                                                     : w.files.contains(name) && from_files;
+          EXPECT_TRUE(kept) << name << ", " << what;
+          continue;
+        }
+        EXPECT_FALSE(w.tensors.contains(name)) << name << ", " << what;
+        ASSERT_TRUE(w.files.contains(name)) << name << ", " << what;
+        const FileTensor& f = w.files.at(name);
+        EXPECT_EQ(f.dtype, DType::kBF16);
+        EXPECT_FALSE(f.transposed);
+        ASSERT_EQ(f.numel(), int64_t(t.size())) << name;
+        ASSERT_EQ(f.bytes.size(), t.size() * 2) << name;
+        std::vector<std::byte> want(t.size() * 2);
+        ConvertFromFloat(t.data(), DType::kBF16, want.data(), t.size());
+        EXPECT_EQ(std::memcmp(want.data(), f.bytes.data(), want.size()), 0) << name << ", " << what;
+        values += t.size();
+      }
+      if (owners.empty()) continue;  // nothing written
+      EXPECT_GE(r->bytes, values * 2) << what;
+      EXPECT_LE(r->bytes, values * 2 + 63 * owners.size()) << what;
+    }
+  }
+}
+
+// QLoRA: each NF4 weight moves as its codes and quant state, and what its source makes is the
+// weight it replaced, field for field (double-quantized or not).
+TEST(ConvertedBaseTest, AnNf4BaseMovesAsItsCodesAndQuantState) {
+  const ModelConfig c = Config(kTinyModels[0]);
+  for (const bool nested : {true, false}) {
+    LoraConfig lora = testing::TinyLora();
+    lora.quantize = BaseQuant::kNf4;
+    lora.double_quant = nested;
+    const std::vector<LayerSpec> layers = BuildLayerSpecs(c, lora);
+    HostTensors w = testing::TinyWeights(layers, 9);
+    ASSERT_TRUE(QuantizeFrozenBase(layers, w).ok());
+    const HostTensors original = w;
+    ASSERT_FALSE(original.nf4.empty());
+    TempDir nvme;
+    Result<ConvertedBase> r = MoveBaseToNvme(layers, DType::kBF16, DType::kF32, nvme.path(), w);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_TRUE(w.nf4.empty());
+    // As a device holds each (ParamSpec::bytes(), what the memory model counts), padded; the
+    // dense frozen weights (norms, head) as bf16.
+    uint64_t want = 0;
+    for (const LayerSpec& l : layers) {
+      if (l.kind == LayerKind::kEmbedding) continue;
+      for (const ParamSpec& p : l.params) {
+        if (p.trainable) continue;
+        const uint64_t b = p.nf4 ? p.bytes() : uint64_t(p.numel()) * 2;
+        want += (b + kConvertedBaseAlign - 1) / kConvertedBaseAlign * kConvertedBaseAlign;
+      }
+    }
+    EXPECT_EQ(r->bytes, want);
+    for (const auto& [name, q] : original.nf4) {
+      ASSERT_TRUE(w.nf4_served.contains(name)) << name;
+      EXPECT_EQ(w.nf4_served.at(name).shape, q.shape);
+      Nf4Host made;
+      Result<const Nf4Host*> got = w.FindNf4(name, made);
+      ASSERT_TRUE(got.ok() && *got != nullptr) << name;
+      const Nf4Host& g = **got;
+      EXPECT_EQ(g.shape, q.shape) << name;
+      EXPECT_EQ(g.block, q.block) << name;
+      EXPECT_EQ(g.code, q.code) << name;
+      EXPECT_EQ(g.packed, q.packed) << name;
+      EXPECT_EQ(g.absmax, q.absmax) << name;
+      EXPECT_EQ(g.absmax_q, q.absmax_q) << name;
+      EXPECT_EQ(g.nested_absmax, q.nested_absmax) << name;
+      EXPECT_EQ(g.nested_code, q.nested_code) << name;
+      EXPECT_EQ(g.nested_block, q.nested_block) << name;
+      EXPECT_EQ(g.nested_offset, q.nested_offset) << name;
+      EXPECT_EQ(g.nested(), nested) << name;
+    }
+  }
+}
+
+// A folder that is not there fails naming it, and a base that lacks a weight names the weight;
+// the weights are left as they were either way.
+TEST(ConvertedBaseTest, FailuresNameTheFolderOrTheWeightAndChangeNothing) {
+  const ModelConfig c = Config(kTinyModels[0]);
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(c, testing::TinyLora());
+  HostTensors w = testing::TinyWeights(layers, 3);
+  const HostTensors original = w;
+  TempDir nvme;
+  Result<ConvertedBase> r =
+      MoveBaseToNvme(layers, DType::kBF16, DType::kF32, nvme.path() + "/absent", w);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kIOError);
+  EXPECT_NE(r.status().message().find(nvme.path() + "/absent"), std::string::npos)
+      << r.status().ToString();
+  EXPECT_EQ(w.tensors, original.tensors);
+  EXPECT_TRUE(w.files.empty());
+  const std::string lost = *StreamedOwners(layers).begin();
+  w.tensors.erase(lost);
+  r = MoveBaseToNvme(layers, DType::kBF16, DType::kF32, nvme.path(), w);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find("'" + lost + "'"), std::string::npos)
+      << r.status().ToString();
+  EXPECT_EQ(w.tensors.size(), original.tensors.size() - 1);
+  EXPECT_TRUE(w.files.empty());
+  EXPECT_EQ(Entries(nvme.path()), 0u);
+}
+
+}  // namespace
+}  // namespace ferry
