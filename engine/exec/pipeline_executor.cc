@@ -1047,7 +1047,7 @@ class Executor final : public PipelineExecutor {
     for (const LayerSpec& l : layers_) {
       if (l.kind == LayerKind::kEmbedding) continue;  // gathered on the host, not streamed
       for (const ParamSpec& p : l.params) {
-        const std::string& owner = p.tied_to.empty() ? p.name : p.tied_to;
+        const std::string& owner = p.storage_name();
         if (p.trainable || weights.files.contains(owner) || weights.nf4_served.contains(owner)) {
           continue;
         }
@@ -1069,7 +1069,7 @@ class Executor final : public PipelineExecutor {
     for (const LayerSpec& l : layers) {
       for (const ParamSpec& p : l.params) {
         if (p.trainable) continue;
-        const std::string& owner = p.tied_to.empty() ? p.name : p.tied_to;
+        const std::string& owner = p.storage_name();
         if (auto f = weights.files.find(owner); f != weights.files.end()) {
           bytes += f->second.bytes.size();
         } else if (p.nf4 && weights.nf4_served.contains(owner)) {

@@ -47,9 +47,9 @@ Nf4Host Unpack(std::span<const std::byte> bytes, const Nf4Layout& l) {
   Nf4Host q = l.meta;
   size_t at = 0;
   q.packed = Take<uint8_t>(bytes, at, l.packed);
-  q.code = Take<float>(bytes, at, l.code);
   q.absmax = Take<float>(bytes, at, l.absmax);
   q.absmax_q = Take<uint8_t>(bytes, at, l.absmax_q);
+  q.code = Take<float>(bytes, at, l.code);
   q.nested_absmax = Take<float>(bytes, at, l.nested_absmax);
   q.nested_code = Take<float>(bytes, at, l.nested_code);
   if (q.nested()) q.nested_offset = Take<float>(bytes, at, 1)[0];
@@ -77,7 +77,7 @@ Result<ConvertedBase> MoveBaseToNvme(const std::vector<LayerSpec>& layers, DType
   for (const LayerSpec& l : layers) {
     if (l.kind == LayerKind::kEmbedding) continue;  // gathered on the host
     for (const ParamSpec& p : l.params) {
-      const std::string& name = p.tied_to.empty() ? p.name : p.tied_to;
+      const std::string& name = p.storage_name();
       auto o = owners.find(name);
       if (p.trainable || o == owners.end() || o->second->trainable) continue;
       if (!seen.insert(name).second) continue;
@@ -125,10 +125,11 @@ Result<ConvertedBase> MoveBaseToNvme(const std::vector<LayerSpec>& layers, DType
       l.absmax_q = q->absmax_q.size();
       l.nested_absmax = q->nested_absmax.size();
       l.nested_code = q->nested_code.size();
+      // In Nf4Slot order, as a device holds it (absmax: the 8-bit one when nested).
       Append(buf, q->packed);
-      Append(buf, q->code);
       Append(buf, q->absmax);
       Append(buf, q->absmax_q);
+      Append(buf, q->code);
       Append(buf, q->nested_absmax);
       Append(buf, q->nested_code);
       if (q->nested()) Append(buf, std::vector<float>{q->nested_offset});  // as a device holds it
@@ -180,13 +181,26 @@ Result<ConvertedBase> MoveBaseToNvme(const std::vector<LayerSpec>& layers, DType
     const std::span<const std::byte> bytes = file->bytes.subspan(e.offset, e.bytes);
     if (e.nf4) {
       weights.nf4.erase(name);
+      const Nf4Layout& l = e.layout;
+      std::vector<std::span<const std::byte>> parts;
+      size_t at = 0;
+      for (const size_t n :
+           {l.packed, l.absmax * sizeof(float) + l.absmax_q, l.code * sizeof(float),
+            l.nested_absmax * sizeof(float), l.nested_code * sizeof(float),
+            l.absmax_q > 0 ? sizeof(float) : size_t(0)}) {
+        if (n == 0 && parts.size() >= 3) break;  // not nested: three tensors
+        parts.push_back(bytes.subspan(at, n));
+        at += n;
+      }
       weights.nf4_served[name] =
           Nf4Source{.shape = e.layout.meta.shape,
                     .make = [owner = file->owner, bytes, layout = e.layout]() -> Result<Nf4Host> {
                       Nf4Host q = Unpack(bytes, layout);
                       ReleaseMappedPages(bytes);  // read once per packing, as a model file's
                       return q;
-                    }};
+                    },
+                    .device_parts = std::move(parts),
+                    .nested = l.absmax_q > 0};
     } else {
       weights.tensors.erase(name);
       weights.files[name] = FileTensor{.owner = file->owner,

@@ -26,7 +26,7 @@ std::set<std::string> StreamedOwners(const std::vector<LayerSpec>& layers) {
   for (const LayerSpec& l : layers) {
     if (l.kind == LayerKind::kEmbedding) continue;
     for (const ParamSpec& p : l.params) {
-      if (!p.trainable) out.insert(p.tied_to.empty() ? p.name : p.tied_to);
+      if (!p.trainable) out.insert(p.storage_name());
     }
   }
   return out;
@@ -126,8 +126,9 @@ TEST(ConvertedBaseTest, MovesTheFrozenBaseTheStagesReadInTheUploadDtype) {
   }
 }
 
-// QLoRA: each NF4 weight moves as its codes and quant state, and what its source makes is the
-// weight it replaced, field for field (double-quantized or not).
+// QLoRA: each NF4 weight moves as a device holds it (its tensors, in the device's order and
+// sizes, for an image to copy), and what its source makes is the weight it replaced, field for
+// field (double-quantized or not).
 TEST(ConvertedBaseTest, AnNf4BaseMovesAsItsCodesAndQuantState) {
   const ModelConfig c = Config(kTinyModels[0]);
   for (const bool nested : {true, false}) {
@@ -158,6 +159,15 @@ TEST(ConvertedBaseTest, AnNf4BaseMovesAsItsCodesAndQuantState) {
     for (const auto& [name, q] : original.nf4) {
       ASSERT_TRUE(w.nf4_served.contains(name)) << name;
       EXPECT_EQ(w.nf4_served.at(name).shape, q.shape);
+      // Stored as a device holds it: the packing copies these straight into an image.
+      const Nf4Source& src = w.nf4_served.at(name);
+      const std::vector<size_t> sizes = Nf4DeviceTensorBytes(q.numel(), nested);
+      ASSERT_EQ(src.device_parts.size(), sizes.size()) << name;
+      EXPECT_EQ(src.nested, nested);
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        EXPECT_EQ(src.device_parts[k].size(), sizes[k]) << name << " part " << k;
+      }
+      EXPECT_EQ(std::memcmp(src.device_parts[0].data(), q.packed.data(), q.packed.size()), 0);
       Nf4Host made;
       Result<const Nf4Host*> got = w.FindNf4(name, made);
       ASSERT_TRUE(got.ok() && *got != nullptr) << name;

@@ -316,6 +316,26 @@ Status DeviceParams::PackWeights(const HostTensors& weights, ThreadPool* pool, b
       continue;
     }
     if (!dp.nf4.empty()) {
+      const DeviceParam::Nf4Part& part = dp.nf4[0];
+      // Stored as a device holds it (a converted copy): its tensors straight from the mapping.
+      if (auto s = weights.nf4_served.find(dp.host_name);
+          s != weights.nf4_served.end() && !s->second.device_parts.empty()) {
+        const std::vector<size_t> sizes = Nf4DeviceTensorBytes(dp.w.numel(), part.nested());
+        const std::vector<std::span<const std::byte>>& parts = s->second.device_parts;
+        bool same = parts.size() == sizes.size() && s->second.nested == part.nested();
+        for (size_t k = 0; same && k < sizes.size(); ++k) same = parts[k].size() == sizes[k];
+        if (!same) {
+          return Status::InvalidArgument("NF4 tensor '" + dp.host_name +
+                                         "' as stored does not match the device layout of " +
+                                         std::to_string(dp.w.numel()) + " elements (" +
+                                         (part.nested() ? "" : "not ") + "double-quantized)");
+        }
+        for (size_t k = 0; k < sizes.size(); ++k) {
+          std::memcpy(mirror + part.offset[k], parts[k].data(), sizes[k]);
+          ReleaseMappedPages(parts[k]);  // read once per packing, as a model file's
+        }
+        continue;
+      }
       Nf4Host made;  // a served weight's, made for this packing only
       FERRY_ASSIGN_OR_RETURN(const Nf4Host* found, weights.FindNf4(dp.host_name, made));
       if (found == nullptr || found->numel() != dp.w.numel()) {
@@ -331,7 +351,6 @@ Status DeviceParams::PackWeights(const HostTensors& weights, ThreadPool* pool, b
                                        std::to_string(q.block) + "; ferry computes with " +
                                        std::to_string(kNf4Block) + " only");
       }
-      const DeviceParam::Nf4Part& part = dp.nf4[0];
       if (q.nested() != part.nested() || (q.nested() && q.nested_block != kNf4NestedBlock)) {
         return Status::InvalidArgument(
             "NF4 tensor '" + dp.host_name + "' is " + (q.nested() ? "" : "not ") +

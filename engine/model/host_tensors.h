@@ -49,6 +49,11 @@ struct FileTensor {
 struct Nf4Source {
   std::vector<int64_t> shape;  // the logical (dequantized) shape, (out, in)
   std::function<Result<Nf4Host>()> make;
+  // Set when the weight is stored as a device holds it (a copy converted on NVMe,
+  // engine/model/converted_base.h): its tensors' bytes in Nf4Slot order (param_spec.h), which an
+  // upload image copies straight from the mapping, making no Nf4Host; `nested` as made.
+  std::vector<std::span<const std::byte>> device_parts = {};
+  bool nested = false;
   int64_t numel() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;

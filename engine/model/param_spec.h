@@ -40,6 +40,8 @@ struct ParamSpec {
   // layer): it has no storage, gradient buffer or optimizer state of its own, and its gradient is
   // added to the owner's on the host before the update.
   std::string tied_to;
+  // The name the host keeps this parameter's values under (HostTensors): its own, or its owner's.
+  const std::string& storage_name() const { return tied_to.empty() ? name : tied_to; }
   bool transposed = false;  // stored (in, out) (GPT-2 Conv1D); the GEMM wants (out, in)
   bool lora = false;        // a LoRA A or B matrix (PEFT adapter name)
   // A frozen base projection weight stored in NF4 (LoraConfig::quantize, kernels/nf4.h): the

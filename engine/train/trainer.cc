@@ -78,7 +78,7 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(ModelRunner* runner, std::vecto
     std::vector<size_t>& lands = t->lands_.emplace_back();
     std::vector<size_t>& reads = t->reads_.emplace_back();
     for (const ParamSpec& p : l.params) {
-      auto it = index.find(p.tied_to.empty() ? p.name : p.tied_to);
+      auto it = index.find(p.storage_name());
       if (it == index.end()) continue;
       if (p.tied_to.empty()) lands.push_back(it->second);
       reads.push_back(it->second);
