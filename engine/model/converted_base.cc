@@ -23,6 +23,7 @@ struct Nf4Layout {
 struct Entry {
   const ParamSpec* spec = nullptr;  // the owner's
   bool nf4 = false;
+  DType dtype = DType::kF32;  // a dense one's, in the copy
   int64_t pieces = 1;
   uint64_t offset = 0;  // in the file
   uint64_t bytes = 0;   // without the padding behind it
@@ -73,7 +74,6 @@ Result<ConvertedBase> MoveBaseToNvme(const std::vector<LayerSpec>& layers, DType
   }
   std::vector<Entry> entries;
   std::set<std::string> seen;
-  const int64_t size = int64_t(DTypeSize(dtype));
   for (const LayerSpec& l : layers) {
     if (l.kind == LayerKind::kEmbedding) continue;  // gathered on the host
     for (const ParamSpec& p : l.params) {
@@ -87,12 +87,15 @@ Result<ConvertedBase> MoveBaseToNvme(const std::vector<LayerSpec>& layers, DType
       Entry e;
       e.spec = o->second;
       e.nf4 = o->second->nf4;
+      // A tied table held in fp32 (a seeded base) stays fp32: the embedding gathers from it too.
+      e.dtype = p.tied_to.empty() ? dtype : DType::kF32;
       const bool held = e.nf4 ? weights.nf4.contains(name) || weights.nf4_served.contains(name)
                               : weights.tensors.contains(name) || weights.files.contains(name);
       if (!held) {
         return Status::NotFound("the frozen base has no " + std::string(e.nf4 ? "NF4 " : "") +
                                 "weight '" + name + "' to convert");
       }
+      const int64_t size = int64_t(DTypeSize(e.dtype));
       if (!e.nf4)
         e.pieces = std::max<int64_t>(1, (p.numel() * size + kPieceBytes - 1) / kPieceBytes);
       entries.push_back(std::move(e));
@@ -115,6 +118,15 @@ Result<ConvertedBase> MoveBaseToNvme(const std::vector<LayerSpec>& layers, DType
     if (e.nf4) {
       Nf4Host made;
       FERRY_ASSIGN_OR_RETURN(const Nf4Host* q, weights.FindNf4(name, made));
+      // Stored as a device holds it: only the layout ferry computes with.
+      FERRY_RETURN_IF_ERROR(ValidateNf4(*q, name));
+      if (q->block != kNf4Block || (q->nested() && q->nested_block != kNf4NestedBlock)) {
+        return Status::InvalidArgument(
+            "NF4 tensor '" + name + "' is quantized in blocks of " + std::to_string(q->block) +
+            (q->nested() ? " nested in blocks of " + std::to_string(q->nested_block) : "") +
+            "; ferry computes with blocks of " + std::to_string(kNf4Block) + " nested in " +
+            std::to_string(kNf4NestedBlock) + " only");
+      }
       Nf4Layout& l = e.layout;
       l.meta.shape = q->shape;
       l.meta.block = q->block;
@@ -135,11 +147,12 @@ Result<ConvertedBase> MoveBaseToNvme(const std::vector<LayerSpec>& layers, DType
       if (q->nested()) Append(buf, std::vector<float>{q->nested_offset});  // as a device holds it
       e.bytes = buf.size();
     } else {
+      const int64_t size = int64_t(DTypeSize(e.dtype));
       const int64_t numel = e.spec->numel(), per = kPieceBytes / size;
       const int64_t begin = j * per, end = std::min(numel, begin + per);
       buf.resize(size_t((end - begin) * size));
       if (auto t = weights.tensors.find(name); t != weights.tensors.end()) {
-        ConvertFromFloat(t->second.data() + begin, dtype, buf.data(), size_t(end - begin));
+        ConvertFromFloat(t->second.data() + begin, e.dtype, buf.data(), size_t(end - begin));
       } else {
         const FileTensor& f = weights.files.at(name);
         if (f.numel() != numel) {
@@ -148,13 +161,13 @@ Result<ConvertedBase> MoveBaseToNvme(const std::vector<LayerSpec>& layers, DType
                                          " elements, expected " + std::to_string(numel));
         }
         if (!f.transposed) {
-          ConvertFileRange(f, begin, end, dtype, buf.data());
+          ConvertFileRange(f, begin, end, e.dtype, buf.data());
         } else {
           if (j == 0) {
             whole.resize(size_t(numel));
             ReadFileTensor(f, whole);
           }
-          ConvertFromFloat(whole.data() + begin, dtype, buf.data(), size_t(end - begin));
+          ConvertFromFloat(whole.data() + begin, e.dtype, buf.data(), size_t(end - begin));
         }
         if (end == numel) {
           ReleaseFilePages(f);
@@ -205,7 +218,7 @@ Result<ConvertedBase> MoveBaseToNvme(const std::vector<LayerSpec>& layers, DType
       weights.tensors.erase(name);
       weights.files[name] = FileTensor{.owner = file->owner,
                                        .bytes = bytes,
-                                       .dtype = dtype,
+                                       .dtype = e.dtype,
                                        .shape = MasterShape(*e.spec),
                                        .transposed = false,
                                        .path = where};

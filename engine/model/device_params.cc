@@ -330,10 +330,17 @@ Status DeviceParams::PackWeights(const HostTensors& weights, ThreadPool* pool, b
                                          std::to_string(dp.w.numel()) + " elements (" +
                                          (part.nested() ? "" : "not ") + "double-quantized)");
         }
-        for (size_t k = 0; k < sizes.size(); ++k) {
+        // The codes (most of it) split over the pool, as a file's weight; the rest is small.
+        SplitOver(pool, int64_t(sizes[0]), [&](int64_t begin, int64_t end) {
+          std::memcpy(mirror + part.offset[0] + begin, parts[0].data() + begin,
+                      size_t(end - begin));
+        });
+        for (size_t k = 1; k < sizes.size(); ++k) {
           std::memcpy(mirror + part.offset[k], parts[k].data(), sizes[k]);
-          ReleaseMappedPages(parts[k]);  // read once per packing, as a model file's
         }
+        // Read once per packing, as a model file's (the parts lie one after another).
+        ReleaseMappedPages({parts.front().data(), size_t(parts.back().data() + parts.back().size() -
+                                                         parts.front().data())});
         continue;
       }
       Nf4Host made;  // a served weight's, made for this packing only

@@ -372,7 +372,11 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
       if (!p.trainable && in.frozen_weights_on_nvme &&
           !(in.frozen_base_from_files &&
             FileServesStreamedWeight(p, in.model.weights_dtype, in.compute_dtype))) {
-        upload_frozen_nvme += RoundUp(p.nf4 ? p.bytes() : bytes, kConvertedBaseAlign);
+        // A tied table converted (held in fp32: a seeded base) stays fp32 there.
+        const uint64_t stored = p.nf4                ? p.bytes()
+                                : !p.tied_to.empty() ? uint64_t(p.numel()) * kF32
+                                                     : bytes;
+        upload_frozen_nvme += RoundUp(stored, kConvertedBaseAlign);
       }
     }
   }

@@ -200,7 +200,8 @@ TEST(MemoryModel, LoraWithFrozenWeightsAndActivationsOnNvmeByHand) {
   EXPECT_EQ(pinned.at("activations.saved"), 4096u);
 
   const auto nvme = Named(e.nvme);
-  // Frozen bf16: blocks 2 x 592 x 2 B + head 88 x 2 B = 2544 -> one 4096-byte block.
+  // Frozen bf16: blocks 2 x 592 x 2 B + head 88 x 2 B = 2544, each weight padded to 64 B (the
+  // copy's layout, converted_base.h) -> one 4096-byte block.
   EXPECT_EQ(nvme.at("weights.frozen"), 4096u);
   // Saved: both blocks start a stage, so only their saved sets go there, each micro-batch's an
   // entry of its own in whole blocks of the largest entry's pages (4096: under 1 MiB), 2 x 3,

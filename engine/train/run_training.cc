@@ -93,7 +93,10 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
     const DType dtype = devices.plan->job.compute_dtype;
     Result<ConvertedBase> converted =
         MoveBaseToNvme(layers, dtype, model.weights_dtype, job.nvme_dir, weights);
-    if (!converted.ok()) return converted.status().WithContext("--nvme-dir");
+    if (!converted.ok()) {
+      return converted.status().WithContext("the frozen base's copy for --nvme-dir " +
+                                            job.nvme_dir);
+    }
     uint64_t planned = 0;
     for (const plan::Allocation& a : devices.plan->memory.nvme.allocations) {
       if (a.name == "weights.frozen") planned += a.bytes;
@@ -101,10 +104,12 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
     if (converted->bytes > planned) {
       return Status::InvalidArgument(
           "the frozen base's copy converted to " + std::string(DTypeName(dtype)) + " takes " +
-          FormatBytes(converted->bytes) + " in --nvme-dir " + job.nvme_dir + ", the plan " +
-          FormatBytes(planned) + ": the model's files store weights in other dtypes than its " +
-          "config.json says (" + std::string(DTypeName(model.weights_dtype)) +
-          "); give it more --host-memory, so that the base stays in RAM");
+          FormatBytes(converted->bytes) + " in --nvme-dir " + job.nvme_dir +
+          ", more than the plan reserved (" + FormatBytes(planned) +
+          "): some weights the plan took the model's files to serve (as config.json's " +
+          "torch_dtype, " + std::string(DTypeName(model.weights_dtype)) +
+          ", says) were read into RAM instead (an F64 file); give it more --host-memory, so "
+          "that the base stays in RAM");
     }
     base_copy_bytes = converted->bytes;
     if (converted->weights > 0) {
