@@ -63,6 +63,10 @@ bool FileServesStreamedWeight(const ParamSpec& p, DType stored, DType upload) {
   return !p.nf4 && !p.transposed && (!p.tied_to.empty() || DTypeSize(stored) <= DTypeSize(upload));
 }
 
+DType ConvertedDType(const ParamSpec& p, DType upload) {
+  return p.tied_to.empty() ? upload : DType::kF32;
+}
+
 Result<ConvertedBase> MoveBaseToNvme(const std::vector<LayerSpec>& layers, DType dtype,
                                      DType files_dtype, const std::string& dir,
                                      HostTensors& weights) {
@@ -87,8 +91,7 @@ Result<ConvertedBase> MoveBaseToNvme(const std::vector<LayerSpec>& layers, DType
       Entry e;
       e.spec = o->second;
       e.nf4 = o->second->nf4;
-      // A tied table held in fp32 (a seeded base) stays fp32: the embedding gathers from it too.
-      e.dtype = p.tied_to.empty() ? dtype : DType::kF32;
+      e.dtype = ConvertedDType(p, dtype);
       const bool held = e.nf4 ? weights.nf4.contains(name) || weights.nf4_served.contains(name)
                               : weights.tensors.contains(name) || weights.files.contains(name);
       if (!held) {

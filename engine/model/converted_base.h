@@ -28,6 +28,11 @@ namespace ferry {
 // it.
 bool FileServesStreamedWeight(const ParamSpec& p, DType stored, DType upload);
 
+// The dtype a dense frozen weight `p` (as a stage reads it) takes in the copy: the upload dtype,
+// or f32 for a tied head's table (held in fp32 by a seeded base: the embedding gathers from the
+// same entry, and GPT-2 adds its positions to the f32 values before rounding).
+DType ConvertedDType(const ParamSpec& p, DType upload);
+
 // Each weight of the copy starts on this boundary (its bytes padded to it): what the memory model
 // counts per weight.
 inline constexpr uint64_t kConvertedBaseAlign = 64;
@@ -43,17 +48,16 @@ struct ConvertedBase {
 // except a weight served from the model's files (weights.files) that FileServesStreamedWeight
 // says they serve, taking them to store `files_dtype` (ModelConfig::weights_dtype, as the plan
 // does, whatever a tensor's own dtype): dense weights as `dtype` (f32, bf16 or f16) in the master
-// layout (a tied head's table, held in fp32 by a seeded base, as f32: the embedding gathers from
-// it too), NF4 weights as a device holds them (codes, quant state and maps: ParamSpec::bytes()),
-// each padded to kConvertedBaseAlign. Each one's entry in weights.tensors, nf4, files or
-// nf4_served is replaced by one over the file's read-only mapping (files: a FileTensor in `dtype`;
-// nf4_served: an Nf4Source that copies it out), so the executor packs them as it packs a base the
-// model's files serve, with the same bits as from the entry they replace; the RAM they held is
-// freed. Weights are converted one at a time (a dense one in pieces of at most 4 MiB). With
-// nothing to move, `dir` is not touched.
-// Errors: a weight `weights` lacks (NotFound, naming it), one of another size than `layers` says,
-// or an NF4 one invalid or in other blocks than ferry's (InvalidArgument); the folder's, naming it
-// (IOError when it is missing or read-only, NoSpace when it fills up); then `weights` is as it was.
+// layout (ConvertedDType: a tied head's table as f32), NF4 weights as a device holds them (codes,
+// quant state and maps: ParamSpec::bytes()), each padded to kConvertedBaseAlign. Each one's entry
+// in weights.tensors, nf4, files or nf4_served is replaced by one over the file's read-only mapping
+// (files: a FileTensor in `dtype`; nf4_served: an Nf4Source that copies it out), so the executor
+// packs them as it packs a base the model's files serve, with the same bits as from the entry they
+// replace; the RAM they held is freed. Weights are converted one at a time (a dense one in pieces
+// of at most 4 MiB). With nothing to move, `dir` is not touched. Errors: a weight `weights` lacks
+// (NotFound, naming it), one of another size than `layers` says, or an NF4 one invalid or in other
+// blocks than ferry's (InvalidArgument); the folder's, naming it (IOError when it is missing or
+// read-only, NoSpace when it fills up); then `weights` is as it was.
 Result<ConvertedBase> MoveBaseToNvme(const std::vector<LayerSpec>& layers, DType dtype,
                                      DType files_dtype, const std::string& dir,
                                      HostTensors& weights);

@@ -163,6 +163,12 @@ uint64_t TierMemory::total() const {
   return t;
 }
 
+uint64_t TierMemory::bytes_of(std::string_view name) const {
+  uint64_t t = 0;
+  for (const Allocation& a : allocations) t += a.name == name ? a.bytes : 0;
+  return t;
+}
+
 uint64_t OpScratchBytes(const ModelConfig& model, const LayerSpec& layer, BatchShape micro_batch,
                         DType compute_dtype, ScratchTarget target) {
   const int64_t n = micro_batch.tokens();
@@ -372,10 +378,9 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
       if (!p.trainable && in.frozen_weights_on_nvme &&
           !(in.frozen_base_from_files &&
             FileServesStreamedWeight(p, in.model.weights_dtype, in.compute_dtype))) {
-        // A tied table converted (held in fp32: a seeded base) stays fp32 there.
-        const uint64_t stored = p.nf4                ? p.bytes()
-                                : !p.tied_to.empty() ? uint64_t(p.numel()) * kF32
-                                                     : bytes;
+        const uint64_t stored =
+            p.nf4 ? p.bytes()
+                  : uint64_t(p.numel()) * DTypeSize(ConvertedDType(p, in.compute_dtype));
         upload_frozen_nvme += RoundUp(stored, kConvertedBaseAlign);
       }
     }

@@ -147,6 +147,8 @@ struct Allocation {
 struct TierMemory {
   std::vector<Allocation> allocations;
   uint64_t total() const;
+  // The bytes of the allocations named `name` (0 when none).
+  uint64_t bytes_of(std::string_view name) const;
 };
 
 // Layer ranges index BuildLayerSpecs' vector (0 = embedding, 1..N = blocks, N+1

@@ -137,10 +137,8 @@ std::string PlanSummary(const Plan& p) {
   out += "), fused head+loss tail; round-robin over " + std::to_string(p.gpus) + " GPU(s)\n";
   int recomputed = 0;
   for (bool r : p.recompute) recomputed += r ? 1 : 0;
-  uint64_t converted = 0;  // a streamed base's copy on NVMe (none: the model's files serve it)
-  for (const Allocation& a : p.memory.nvme.allocations) {
-    if (a.name == "weights.frozen") converted += a.bytes;
-  }
+  // A streamed base's copy on NVMe (none: the model's files serve it).
+  const uint64_t converted = p.memory.nvme.bytes_of("weights.frozen");
   out +=
       "  activations: " + p.activation_policy + " (" + std::to_string(recomputed) +
       " layers recomputed), saved on " + std::string(TierName(p.activations)) +

@@ -474,8 +474,7 @@ std::string UnusedLayerTimesWarning(const ModelConfig& model, const PlanJob& job
 double StreamedBaseSource::BytesOf(const ParamSpec& p) const {
   if (p.nf4) return double(p.bytes());
   const bool served = from_files && FileServesStreamedWeight(p, files, upload);
-  // A tied table converted (held in fp32) stays fp32 in the copy (MoveBaseToNvme).
-  const DType stored = served ? files : !p.tied_to.empty() ? DType::kF32 : upload;
+  const DType stored = served ? files : ConvertedDType(p, upload);
   return double(p.numel()) * double(DTypeSize(stored));
 }
 

@@ -97,10 +97,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
       return converted.status().WithContext("the frozen base's copy for --nvme-dir " +
                                             job.nvme_dir);
     }
-    uint64_t planned = 0;
-    for (const plan::Allocation& a : devices.plan->memory.nvme.allocations) {
-      if (a.name == "weights.frozen") planned += a.bytes;
-    }
+    const uint64_t planned = devices.plan->memory.nvme.bytes_of("weights.frozen");
     if (converted->bytes > planned) {
       return Status::InvalidArgument(
           "the frozen base's copy converted to " + std::string(DTypeName(dtype)) + " takes " +

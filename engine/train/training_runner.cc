@@ -1,6 +1,5 @@
 #include "engine/train/training_runner.h"
 
-#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <set>
@@ -401,9 +400,7 @@ Result<TrainingRunner> CreateTrainingRunner(const JobSpec& unresolved, const Mod
   if (trace) t.trace = std::make_unique<exec::TraceRecorder>(p, job.steps);
   std::string nvme;  // what the plan puts on NVMe, for the summary
   auto nvme_bytes = [&p](std::string_view name) {
-    uint64_t b = 0;
-    for (const plan::Allocation& a : p.memory.nvme.allocations) b += a.name == name ? a.bytes : 0;
-    return FormatBytes(b);
+    return FormatBytes(p.memory.nvme.bytes_of(name));
   };
   if (p.activations == Tier::kNvme && !p.job.forward_only) {
     // Scratch for this run only: a killed run's leftovers go first, and the folder goes with the
@@ -429,12 +426,10 @@ Result<TrainingRunner> CreateTrainingRunner(const JobSpec& unresolved, const Mod
   }
   if (p.frozen_weights == Tier::kNvme) {
     // What the model's files do not serve as uploaded is converted to a copy first.
-    const bool copy = std::any_of(
-        p.memory.nvme.allocations.begin(), p.memory.nvme.allocations.end(),
-        [](const plan::Allocation& a) { return a.name == "weights.frozen" && a.bytes > 0; });
-    nvme += copy ? ", the frozen base streamed from a copy converted on NVMe in " + job.nvme_dir +
-                       " (" + nvme_bytes("weights.frozen") + ")"
-                 : ", the frozen base streamed from the model's files";
+    nvme += p.memory.nvme.bytes_of("weights.frozen") > 0
+                ? ", the frozen base streamed from a copy converted on NVMe in " + job.nvme_dir +
+                      " (" + nvme_bytes("weights.frozen") + ")"
+                : ", the frozen base streamed from the model's files";
   }
   t.summary = DevicesCountText(job) + ", " + std::to_string(p.stages.size()) + " stage" +
               (p.stages.size() == 1 ? "" : "s") + ", activations " + p.activation_policy + ", " +
