@@ -87,10 +87,13 @@ std::string MeasuredVsPredicted(const plan::Plan& plan, const MeasuredRun& run) 
   const uint64_t pageable = plan.memory.pageable_host.total();
   std::string host = "unknown";
   if (run.host_peak_bytes > 0 && run.host_start_bytes > 0) {
-    const uint64_t known = run.host_start_bytes + arenas;
+    const uint64_t known = run.host_start_bytes + arenas + run.host_file_growth_bytes;
     host = FormatByteSize(run.host_peak_bytes) +
            " (process RSS: " + FormatByteSize(run.host_start_bytes) + " at start + " +
            FormatByteSize(arenas) + " device arenas in RAM + " +
+           (run.host_file_growth_bytes > 0
+                ? FormatByteSize(run.host_file_growth_bytes) + " code and files paged in + "
+                : std::string()) +
            FormatByteSize(run.host_peak_bytes > known ? run.host_peak_bytes - known : 0) +
            " the rest)";
   } else if (run.host_peak_bytes > 0) {
@@ -146,6 +149,10 @@ Result<uint64_t> ProcStatusBytes(std::string_view key, std::string_view what) {
 Result<uint64_t> PeakResidentBytes() { return ProcStatusBytes("VmHWM", "peak resident set"); }
 
 Result<uint64_t> ResidentBytes() { return ProcStatusBytes("VmRSS", "resident set"); }
+
+Result<uint64_t> ResidentFileBytes() {
+  return ProcStatusBytes("RssFile", "file-backed resident set");
+}
 
 Status ResetPeakResidentBytes() {
   // Written in place (WriteTextFile would write a new file and rename it over this one).

@@ -30,6 +30,11 @@ struct MeasuredRun {
   // Its resident set when the run started (ferry's code and libraries, the parsed job): what the
   // plan does not count; 0: unknown.
   uint64_t host_start_bytes = 0;
+  // File-backed pages the run added to the resident set, measured at its end (RssFile then minus
+  // at the start): libraries' code paged in at first use (a GEMM library's kernels, say) and
+  // pages of mapped files. The kernel drops them when memory is short, and the plan, which counts
+  // what ferry allocates, does not hold them; 0: none or unknown.
+  uint64_t host_file_growth_bytes = 0;
   // Optimizer state on NVMe (the trainer's VersionedStore): the space its files take; saved
   // activations on NVMe: the space their store's files take; the bytes both read and wrote over
   // the run's steps, per step (checkpoints' reads left out); a frozen base streamed from the
@@ -49,12 +54,13 @@ struct MeasuredRun {
 //     cpu0 peak  83.30 MiB (arena)                                              planned 83.30 MiB
 //     cpu1 peak  83.30 MiB (arena)                                              planned 83.30 MiB
 //     host peak  476.87 MiB (process RSS: 234.10 MiB at start + 101.20 MiB device arenas in RAM
-//                + 141.57 MiB the rest)    planned 138.04 MiB (pinned 112.48 MiB + pageable
-//                25.56 MiB)                                                   [one line]
-//   ("the rest", what the run's data and plan took beyond the arenas, is what compares with the
-//   plan's host total; the arenas count the pages they filled, not their size, since a CPU
-//   device's arena is mapped whole and filled as used; without a start figure: "(process RSS;
-//   101.20 MiB of it device arenas in RAM)")
+//                + 6.32 MiB code and files paged in + 135.25 MiB the rest)    planned
+//                138.04 MiB (pinned 112.48 MiB + pageable 25.56 MiB)          [one line]
+//   ("the rest", what the run's data and plan took beyond the arenas and the file-backed pages,
+//   is what compares with the plan's host total; the arenas count the pages they filled, not
+//   their size, since a CPU device's arena is mapped whole and filled as used; "code and files
+//   paged in" only when there are any; without a start figure: "(process RSS; 101.20 MiB of it
+//   device arenas in RAM)")
 //     NVMe       38.36 MiB (optimizer state)                               planned 38.36 MiB
 //     NVMe/step  19.18 MiB read, 19.18 MiB written                         planned 19.18 MiB each
 //   (the NVMe rows only when the plan puts bytes there)
@@ -67,6 +73,8 @@ std::string MeasuredVsPredicted(const plan::Plan& plan, const MeasuredRun& run);
 Result<uint64_t> PeakResidentBytes();
 // The process's resident set size now (VmRSS), likewise.
 Result<uint64_t> ResidentBytes();
+// The file-backed part of it now (RssFile: mapped code and files), likewise.
+Result<uint64_t> ResidentFileBytes();
 // Resets the process's peak resident set (VmHWM) to its resident set now (writes 5 to
 // /proc/self/clear_refs, Linux 4.0 and later). Errors: NotFound when the kernel has no
 // clear_refs; IOError when it refuses.

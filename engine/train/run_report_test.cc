@@ -1,11 +1,18 @@
 #include "engine/train/run_report.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/magic.h>
+#include <sys/mman.h>
+#include <sys/vfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "kernels/host_memory.h"
+#include "offload/offload_test_util.h"
 
 namespace ferry {
 namespace {
@@ -49,6 +56,14 @@ TEST(RunReport, ComparesSteadyStepsAndEveryTierWithThePlan) {
                  "16.00 KiB the rest)"),
       std::string::npos)
       << split;
+  // File-backed pages paged in (libraries' code): shown, and not in the rest.
+  run.host_file_growth_bytes = 4 << 10;
+  EXPECT_NE(MeasuredVsPredicted(TwoDevicePlan(), run)
+                .find("8.00 KiB device arenas in RAM + 4.00 KiB code and files paged in + "
+                      "12.00 KiB the rest)"),
+            std::string::npos)
+      << MeasuredVsPredicted(TwoDevicePlan(), run);
+  run.host_file_growth_bytes = 0;
   run.host_start_bytes = 1 << 20;  // nothing left beyond start and arenas: 0, not a wrap-around
   EXPECT_NE(MeasuredVsPredicted(TwoDevicePlan(), run).find("+ 0 B the rest"), std::string::npos);
   // Arenas mapped but one page filled: only that page is theirs.
@@ -112,6 +127,44 @@ TEST(RunReport, PeakResidentBytesIsThisProcesss) {
   Result<uint64_t> rss = PeakResidentBytes();
   ASSERT_TRUE(rss.ok()) << rss.status().ToString();
   EXPECT_GE(*rss, *now);  // the peak since the start, read after `now`
+}
+
+// Pages of a mapped file count as file-backed; an anonymous allocation's do not. The kernel's
+// counters may lag by a few pages (batched per CPU before Linux 6.16), hence the margins.
+TEST(RunReport, ResidentFileBytesCountsMappedFilesOnly) {
+  constexpr size_t kBytes = 8 << 20;
+  ferry::testing::TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  struct statfs fs {};
+  ASSERT_EQ(::statfs(dir.path().c_str(), &fs), 0);
+  if (fs.f_type == TMPFS_MAGIC) {
+    GTEST_SKIP() << dir.path() << " is on tmpfs, whose mapped pages count as shared memory, not "
+                 << "as file-backed: set FERRY_TEST_DIR to a disk-backed folder";
+  }
+  const std::string path = dir.path() + "/mapped";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  const std::vector<char> data(kBytes, 'x');
+  const ssize_t wrote = ::write(fd, data.data(), kBytes);
+  void* map =
+      wrote == ssize_t(kBytes) ? ::mmap(nullptr, kBytes, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+  ::close(fd);
+  ASSERT_NE(map, MAP_FAILED) << "wrote " << wrote << " bytes";
+  Result<uint64_t> before = ResidentFileBytes();
+  ASSERT_TRUE(before.ok()) << before.status().ToString();
+  std::vector<char> anon(kBytes);
+  for (size_t i = 0; i < kBytes; i += 4096) anon[i] = 1;
+  Result<uint64_t> after_anon = ResidentFileBytes();
+  ASSERT_TRUE(after_anon.ok());
+  EXPECT_LT(*after_anon, *before + kBytes / 4);
+  uint64_t sum = 0;
+  for (size_t i = 0; i < kBytes; i += 4096) sum += uint64_t(static_cast<const char*>(map)[i]);
+  EXPECT_EQ(sum, uint64_t('x') * (kBytes / 4096));
+  Result<uint64_t> mapped = ResidentFileBytes();
+  ASSERT_TRUE(mapped.ok());
+  ::munmap(map, kBytes);
+  EXPECT_GE(*mapped, *after_anon + kBytes * 3 / 4);
+  EXPECT_EQ(anon[4096], 1);
 }
 
 }  // namespace

@@ -41,6 +41,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
   const BatchShape shape{job.micro_batch_size(), job.seq_len};
   // What the process holds before the run's data and plan (ferry's code, its libraries).
   const Result<uint64_t> rss_at_start = ResidentBytes();
+  const Result<uint64_t> file_rss_at_start = ResidentFileBytes();
   // The data first: its documents per micro-batch size the plan's attention.
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<TrainingData> data, TrainingData::Load(job, model));
   FERRY_ASSIGN_OR_RETURN(
@@ -232,6 +233,14 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
     const Result<uint64_t> rss = PeakResidentBytes();
     measured.host_peak_bytes = rss.ok() ? *rss : 0;
     measured.host_start_bytes = rss_at_start.ok() ? *rss_at_start : 0;
+    // At the end, not at the peak: it can err either way. Code first run after the peak (the
+    // final save, say) is subtracted from a peak that did not hold it; a mapping's pages
+    // dropped before the end (a streamed base) are not subtracted though the peak held them.
+    if (const Result<uint64_t> file_rss = ResidentFileBytes();
+        file_rss.ok() && file_rss_at_start.ok()) {
+      measured.host_file_growth_bytes =
+          *file_rss > *file_rss_at_start ? *file_rss - *file_rss_at_start : 0;
+    }
     if (const VersionedStore* store = trainer->state_store(); store != nullptr) {
       FERRY_RETURN_IF_ERROR(trainer->FinishUpdates());  // the last step's traffic, when deferred
       const VersionedStoreStats now = store->stats();
