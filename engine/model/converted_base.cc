@@ -216,6 +216,7 @@ Result<ConvertedBase> MoveBaseToNvme(const std::vector<LayerSpec>& layers, DType
                       return q;
                     },
                     .device_parts = std::move(parts),
+                    .parts_owner = file->owner,
                     .nested = l.absmax_q > 0};
     } else {
       weights.tensors.erase(name);

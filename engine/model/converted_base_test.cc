@@ -202,6 +202,18 @@ TEST(ConvertedBaseTest, AnNf4BaseMovesAsItsCodesAndQuantState) {
       EXPECT_EQ(g.nested_offset, q.nested_offset) << name;
       EXPECT_EQ(g.nested(), nested) << name;
     }
+    // The parts keep their mapping by themselves, with the weights (and `make`, whose closure
+    // holds it too) gone.
+    const auto& [name, q] = *original.nf4.begin();
+    const Nf4Source alone{.shape = {},
+                          .make = {},
+                          .device_parts = w.nf4_served.at(name).device_parts,
+                          .parts_owner = w.nf4_served.at(name).parts_owner};
+    w = HostTensors{};
+    ASSERT_FALSE(alone.device_parts.empty());
+    EXPECT_EQ(
+        std::memcmp(alone.device_parts[Nf4Slot::kPacked].data(), q.packed.data(), q.packed.size()),
+        0);
   }
 }
 

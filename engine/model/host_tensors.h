@@ -53,6 +53,7 @@ struct Nf4Source {
   // engine/model/converted_base.h): its tensors' bytes in Nf4Slot order (param_spec.h), which an
   // upload image copies straight from the mapping, making no Nf4Host; `nested` as made.
   std::vector<std::span<const std::byte>> device_parts = {};
+  std::shared_ptr<const void> parts_owner = {};  // keeps the mapping device_parts point into
   bool nested = false;
   int64_t numel() const {
     int64_t n = 1;
