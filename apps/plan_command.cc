@@ -160,6 +160,9 @@ void AddPlanCommand(CLI::App& parent, PlanCommand* cmd) {
                 "f32 (CPU devices)")
       ->capture_default_str();
   p->add_flag("--json", cmd->json, "Print the plan as JSON instead of the summary");
+  p->add_flag("--explain", cmd->explain,
+              "Also show the candidates the planner weighed: the fastest runners-up, what each "
+              "lost on, and those closest to fitting (with --json: every candidate)");
   p->add_option("--svg", cmd->svg, "Write the predicted timeline of one step as an SVG Gantt");
   p->add_option("--trace", cmd->trace, "Write the timeline as Chrome-trace JSON (Perfetto)");
 }
@@ -200,9 +203,12 @@ int RunPlanCommand(PlanCommand& cmd) {
   Result<plan::PlanOutcome> outcome = plan::MakePlan(cmd.job.model, *model, *job, *hw);
   if (!outcome.ok()) return fail(outcome.status());
   if (cmd.json) {
-    std::printf("%s\n", plan::OutcomeToJson(*outcome).dump(2).c_str());
+    nlohmann::json j = plan::OutcomeToJson(*outcome);
+    if (cmd.explain) j["candidates"] = plan::CandidatesToJson(outcome->candidates);
+    std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("%s", plan::OutcomeSummary(*outcome).c_str());
+    if (cmd.explain) std::printf("%s", plan::ExplainCandidates(*outcome).c_str());
   }
   if (!outcome->feasible) return 3;
   if (Status s = WriteTimeline(cmd, *model, outcome->plan, *hw); !s.ok()) return fail(s);

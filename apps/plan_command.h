@@ -24,6 +24,7 @@ struct PlanCommand {
   std::string hardware = "1x-rtx4090-pcie4";
   std::string gpu_memory, host_memory, nvme_dir, nvme_space;
   bool json = false;
+  bool explain = false;  // --explain: the candidates weighed and why the plan won
   std::string svg, trace;
   std::string dtype = "bf16";  // --dtype: bf16, fp16, or f32 (CPU devices)
 };

@@ -47,6 +47,39 @@ TEST_F(PlanCliTest, JsonFitsItsBudgets) {
   EXPECT_GT(p["predicted"]["tokens_per_s"].get<double>(), 0);
 }
 
+// --explain: the candidates weighed, the chosen plan first in the table; with --json every
+// candidate, the chosen plan's among them.
+TEST_F(PlanCliTest, ExplainListsTheCandidatesAndTheChosenPlanAmongThem) {
+  const std::string job =
+      "plan --model qwen3-0.6b --hardware 2x-rtx4090-pcie4 --seq-len 512 --batch-size 6 "
+      "--gpu-memory 20GiB --explain";
+  CommandResult text = Ferry(job);
+  ASSERT_EQ(text.code, 0) << text.output;
+  EXPECT_NE(text.output.find("Candidates weighed: "), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("(chosen)"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("% step"), std::string::npos) << text.output;
+  CommandResult json = Ferry(job + " --json");
+  ASSERT_EQ(json.code, 0) << json.output;
+  const nlohmann::json j = nlohmann::json::parse(json.output);
+  const nlohmann::json& p = j["plan"];
+  ASSERT_TRUE(j["candidates"].is_array());
+  EXPECT_GT(j["candidates"].size(), 1u);
+  int chosen = 0;
+  for (const nlohmann::json& k : j["candidates"]) {
+    if (!k["fits"].get<bool>()) continue;
+    EXPECT_GE(k["step_s"].get<double>(), p["predicted"]["step_s"].get<double>());
+    chosen += k["step_s"].get<double>() == p["predicted"]["step_s"].get<double>() &&
+              k["micro_batches"] == p["micro_batches"] &&
+              k["stages"].get<size_t>() == p["forward_stages"].size();
+  }
+  EXPECT_GE(chosen, 1);
+  // Without --explain the JSON stays as it was.
+  CommandResult plain =
+      Ferry(job.substr(0, job.size() - std::string(" --explain").size()) + " --json");
+  ASSERT_EQ(plain.code, 0) << plain.output;
+  EXPECT_FALSE(nlohmann::json::parse(plain.output).contains("candidates"));
+}
+
 // Packed data's documents are counted from --data (as `ferry train` plans them): short examples
 // share rows, so a micro-batch of 2 rows holds more than 2 documents; without --data, one each.
 TEST_F(PlanCliTest, PackedDocumentsAreCountedFromTheData) {

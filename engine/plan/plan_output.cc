@@ -2,7 +2,9 @@
 // table for people.
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "engine/json.h"
 #include "engine/plan/byte_size.h"
@@ -40,7 +42,129 @@ void TableRows(std::string& out, const char* tier, const TierMemory& t, uint64_t
   }
 }
 
+// "recompute (28 recomputed) on host": the policy, the blocks it recomputes, the tier the saved
+// activations go to.
+std::string ActivationsOf(const PlanCandidate& k) {
+  return k.policy + " (" + std::to_string(k.recomputed) + " recomputed) on " +
+         std::string(TierName(k.activations));
+}
+
+// What `r` lost to `chosen` on (Preferred's order).
+std::string LostOn(const PlanCandidate& r, const PlanCandidate& chosen) {
+  if (r.step_s > chosen.step_s) {
+    const double percent = 100.0 * (r.step_s / chosen.step_s - 1);
+    return percent >= 0.01 ? Format("%+.2f%% step", percent) : std::string("+<0.01% step");
+  }
+  if (r.frozen == Tier::kNvme && chosen.frozen != Tier::kNvme) {
+    return "equal speed, base streamed from NVMe";
+  }
+  if (r.nvme_bytes > chosen.nvme_bytes) {
+    return "equal speed, " + FormatByteSize(r.nvme_bytes - chosen.nvme_bytes) + " more NVMe space";
+  }
+  if (r.nvme_read_bytes > chosen.nvme_read_bytes) {
+    return "equal speed, " + FormatByteSize(uint64_t(r.nvme_read_bytes - chosen.nvme_read_bytes)) +
+           " more NVMe reads per step";
+  }
+  if (r.host_bytes > chosen.host_bytes) {
+    return "equal speed, " + FormatByteSize(r.host_bytes - chosen.host_bytes) + " more host memory";
+  }
+  return "equal on every count (the first found wins)";
+}
+
 }  // namespace
+
+nlohmann::json CandidatesToJson(const std::vector<PlanCandidate>& candidates) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const PlanCandidate& k : candidates) {
+    nlohmann::json j = {{"micro_batches", k.micro_batches},
+                        {"stages", k.stages},
+                        {"activation_policy", k.policy},
+                        {"recomputed_blocks", k.recomputed},
+                        {"activations", TierName(k.activations)},
+                        {"optimizer_state", TierName(k.optimizer)},
+                        {"frozen_weights", TierName(k.frozen)},
+                        {"fits", k.fits},
+                        {"need_ratio", k.need_ratio},
+                        {"tightest", k.tightest},
+                        {"gpu_bytes", k.gpu_bytes},
+                        {"host_bytes", k.host_bytes},
+                        {"nvme_bytes", k.nvme_bytes}};
+    if (k.fits) {
+      j["step_s"] = k.step_s;
+      j["bubble_fraction"] = k.bubble_fraction;
+      j["nvme_read_bytes"] = k.nvme_read_bytes;
+    }
+    list.push_back(std::move(j));
+  }
+  return list;
+}
+
+std::string ExplainCandidates(const PlanOutcome& o, size_t most) {
+  std::vector<const PlanCandidate*> fitting, short_of;
+  std::map<std::string, int> tight;
+  for (const PlanCandidate& k : o.candidates) {
+    if (k.fits) {
+      fitting.push_back(&k);
+    } else {
+      short_of.push_back(&k);
+      ++tight[k.tightest];
+    }
+  }
+  std::string out = "Candidates weighed: " + std::to_string(o.candidates.size()) + ", " +
+                    std::to_string(fitting.size()) + " fit";
+  for (auto it = tight.begin(); it != tight.end(); ++it) {
+    out += (it == tight.begin() ? "; short of " : ", ") + it->first + ": " +
+           std::to_string(it->second);
+  }
+  out += "\n";
+  const bool lora = o.plan.job.lora.enabled();  // MakePlan sets the job when nothing fits too
+  if (!fitting.empty()) {
+    std::stable_sort(
+        fitting.begin(), fitting.end(),
+        [](const PlanCandidate* a, const PlanCandidate* b) { return Preferred(*a, *b); });
+    const PlanCandidate& chosen = *fitting.front();
+    out +=
+        "The chosen plan and the fastest runners-up (at equal speed: the frozen base in RAM, "
+        "then less NVMe space, fewer NVMe reads, less host memory):\n";
+    char buf[320];
+    std::snprintf(buf, sizeof buf, "  %3s %9s %7s %6s %6s  %-34s %-9s %-9s %10s %10s %10s  %s\n",
+                  "#", "s/step", "bubble", "micro", "stages", "activations", "optimizer",
+                  lora ? "frozen" : "", "GPU", "host", "NVMe", "not chosen because");
+    out += buf;
+    for (size_t i = 0; i < fitting.size() && i <= most; ++i) {
+      const PlanCandidate& k = *fitting[i];
+      std::snprintf(
+          buf, sizeof buf, "  %3zu %9.3f %6.1f%% %6d %6d  %-34s %-9s %-9s %10s %10s %10s  %s\n",
+          i + 1, k.step_s, 100.0 * k.bubble_fraction, k.micro_batches, k.stages,
+          ActivationsOf(k).c_str(), std::string(TierName(k.optimizer)).c_str(),
+          lora ? std::string(TierName(k.frozen)).c_str() : "", FormatByteSize(k.gpu_bytes).c_str(),
+          FormatByteSize(k.host_bytes).c_str(), FormatByteSize(k.nvme_bytes).c_str(),
+          i == 0 ? "(chosen)" : LostOn(k, chosen).c_str());
+      out += buf;
+    }
+  }
+  if (!short_of.empty()) {
+    std::stable_sort(short_of.begin(), short_of.end(),
+                     [](const PlanCandidate* a, const PlanCandidate* b) {
+                       return a->need_ratio < b->need_ratio;
+                     });
+    out += "Closest to fitting of the rest (not simulated):\n";
+    for (size_t i = 0; i < short_of.size() && i < 3; ++i) {
+      const PlanCandidate& k = *short_of[i];
+      const uint64_t need = k.tightest == "GPU memory"    ? k.gpu_bytes
+                            : k.tightest == "host memory" ? k.host_bytes
+                                                          : k.nvme_bytes;
+      out += "  " + std::to_string(k.micro_batches) +
+             (k.micro_batches == 1 ? " micro-batch, " : " micro-batches, ") +
+             std::to_string(k.stages) + (k.stages == 1 ? " stage" : " stages") + ", activations " +
+             ActivationsOf(k) + ", optimizer on " + std::string(TierName(k.optimizer)) +
+             (lora ? ", frozen base on " + std::string(TierName(k.frozen)) : std::string()) + ": " +
+             k.tightest + " " + FormatByteSize(need) +
+             Format(", %.2fx what is usable\n", k.need_ratio);
+    }
+  }
+  return out;
+}
 
 nlohmann::json PlanToJson(const Plan& p) {
   nlohmann::json j;

@@ -208,6 +208,10 @@ MemoryEstimate MemoryOf(const Context& c, const Candidate& k, int gpus) {
 struct Fit {
   double gpu = 0, host = 0, nvme = 0;
   double worst() const { return std::max({gpu, host, nvme}); }
+  const char* tightest() const {
+    return gpu >= host && gpu >= nvme ? "GPU memory"
+                                      : (host >= nvme ? "host memory" : "NVMe space");
+  }
 };
 Fit FitOf(const MemoryEstimate& m, const HardwareProfile& hw) {
   auto ratio = [](double need, double have) {
@@ -619,7 +623,7 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
   PlanOutcome outcome;
   bool have = false;
   Plan best;
-  std::tuple<double, bool, double, double, double> best_key;
+  PlanCandidate best_candidate;
   double closest = std::numeric_limits<double>::infinity();
   Fit closest_fit;
   uint64_t closest_gpu = 0, closest_host = 0, closest_nvme = 0;
@@ -651,7 +655,22 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
               k.frozen = frozen;
               const MemoryEstimate mem = MemoryOf(c, k, gpus);
               const Fit fit = FitOf(mem, hw);
-              if (fit.worst() > 1.0) {
+              const bool fits = fit.worst() <= 1.0;
+              PlanCandidate& record = outcome.candidates.emplace_back(PlanCandidate{
+                  .micro_batches = int(m),
+                  .stages = int(k.stages.size()),
+                  .policy = k.policy,
+                  .recomputed = int(std::count(k.recompute.begin(), k.recompute.end(), true)),
+                  .activations = act,
+                  .optimizer = opt,
+                  .frozen = frozen,
+                  .fits = fits,
+                  .need_ratio = fit.worst(),
+                  .tightest = fit.tightest(),
+                  .gpu_bytes = mem.gpu.total(),
+                  .host_bytes = mem.pinned_host.total() + mem.pageable_host.total(),
+                  .nvme_bytes = mem.nvme.total()});
+              if (!fits) {
                 if (fit.worst() < closest) {
                   closest = fit.worst();
                   closest_fit = fit;
@@ -682,15 +701,12 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
               p.gpus = gpus;
               NvmeTraffic(c, mem, p);
               ApplyTiming(*timing, hw, p);
-              const double host = double(mem.pinned_host.total() + mem.pageable_host.total());
-              // Equal speed: the base kept in RAM over one streamed from the files, then less
-              // NVMe space, then fewer NVMe reads, then less host memory.
-              const std::tuple<double, bool, double, double, double> key{
-                  p.step_s, frozen == Tier::kNvme, double(mem.nvme.total()), p.nvme_read_bytes,
-                  host};
-              if (!have || key < best_key) {
+              record.step_s = p.step_s;
+              record.bubble_fraction = p.bubble_fraction;
+              record.nvme_read_bytes = p.nvme_read_bytes;
+              if (!have || Preferred(record, best_candidate)) {
                 have = true;
-                best_key = key;
+                best_candidate = record;
                 best = std::move(p);
               }
             }
@@ -700,16 +716,14 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
     }
   }
   if (!have) {
-    const char* tier = closest_fit.gpu >= closest_fit.host && closest_fit.gpu >= closest_fit.nvme
-                           ? "GPU memory"
-                           : (closest_fit.host >= closest_fit.nvme ? "host memory" : "NVMe space");
-    outcome.binding = std::string(tier) + " is short: the plan closest to fitting needs " +
-                      FormatByteSize(closest_gpu) + " per GPU (usable " +
-                      FormatByteSize(hw.gpu.memory_usable_bytes) + "), " +
-                      FormatByteSize(closest_host) + " of host RAM (usable " +
-                      FormatByteSize(hw.host.ram_usable_bytes) + "), " +
-                      FormatByteSize(closest_nvme) + " of NVMe (" +
-                      (hw.HasNvme() ? FormatByteSize(hw.nvme.space_bytes) : "no --nvme-dir") + ")";
+    outcome.plan.job = job;  // what the candidates were weighed for (ExplainCandidates)
+    outcome.binding =
+        std::string(closest_fit.tightest()) + " is short: the plan closest to fitting needs " +
+        FormatByteSize(closest_gpu) + " per GPU (usable " +
+        FormatByteSize(hw.gpu.memory_usable_bytes) + "), " + FormatByteSize(closest_host) +
+        " of host RAM (usable " + FormatByteSize(hw.host.ram_usable_bytes) + "), " +
+        FormatByteSize(closest_nvme) + " of NVMe (" +
+        (hw.HasNvme() ? FormatByteSize(hw.nvme.space_bytes) : "no --nvme-dir") + ")";
     if (suggest) outcome.suggestions = SuggestChanges(model_name, model, job, hw);
     return outcome;
   }
@@ -738,6 +752,14 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
   outcome.feasible = true;
   outcome.plan = std::move(best);
   return outcome;
+}
+
+bool Preferred(const PlanCandidate& a, const PlanCandidate& b) {
+  auto key = [](const PlanCandidate& k) {
+    return std::tuple{k.step_s, k.frozen == Tier::kNvme, k.nvme_bytes, k.nvme_read_bytes,
+                      k.host_bytes};
+  };
+  return key(a) < key(b);
 }
 
 RoundRobinJob RoundRobinJobOf(const ModelConfig& model, const Plan& plan,

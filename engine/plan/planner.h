@@ -178,11 +178,38 @@ struct PlanSuggestion {
   Plan plan;           // the re-planned job, which fits
 };
 
+// One candidate MakePlan weighed: its choices, whether it fits, and (when it fits) what the
+// simulator predicts for it. `ferry plan --explain` lists them (ExplainCandidates).
+struct PlanCandidate {
+  int micro_batches = 0;
+  int stages = 0;
+  std::string policy;  // activation policy: keep, save, per-layer, recompute
+  int recomputed = 0;  // blocks recomputed in backward
+  Tier activations = Tier::kHost, optimizer = Tier::kHost, frozen = Tier::kHost;
+  bool fits = false;
+  // The tightest tier's need over its budget (<= 1: fits) and its name ("GPU memory", "host
+  // memory", "NVMe space").
+  double need_ratio = 0;
+  std::string tightest;
+  // Simulated, for a candidate that fits only: the step (the job's update mode) and its bubble.
+  double step_s = 0, bubble_fraction = 0;
+  uint64_t gpu_bytes = 0, host_bytes = 0, nvme_bytes = 0;  // per GPU; pinned + pageable; space
+  double nvme_read_bytes = 0;                              // per step
+};
+
+// The order MakePlan chooses by, among candidates that fit: the shorter step, then at equal
+// speed the frozen base kept in RAM over one streamed from NVMe, then less NVMe space, fewer NVMe
+// reads, less host memory. True when `a` wins over `b`.
+bool Preferred(const PlanCandidate& a, const PlanCandidate& b);
+
 struct PlanOutcome {
   bool feasible = false;
-  Plan plan;            // the chosen plan when feasible
+  Plan plan;            // the chosen plan when feasible; else only its `job` is set
   std::string binding;  // when infeasible: what is short, with the numbers
   std::vector<PlanSuggestion> suggestions;
+  // Every candidate the search weighed, in search order, fitting or not; the chosen plan's is
+  // the first of them in Preferred order.
+  std::vector<PlanCandidate> candidates;
 };
 
 // Validates the inputs (InvalidArgument naming the option), then searches.
@@ -252,5 +279,14 @@ std::vector<LayerTimeQuery> LayerTimeQueries(const ModelConfig& model, const Pla
 
 std::string PlanSummary(const Plan& plan);
 std::string OutcomeSummary(const PlanOutcome& outcome);
+// Why the plan won (`ferry plan --explain`): how many candidates were weighed and how many fit
+// (and, of the rest, which tier each was short of), a table of the chosen plan and the `most`
+// fastest runners-up in Preferred order, each with what lost it the choice ("+4.10% step", "equal
+// speed, base streamed from NVMe", "equal speed, 3.33 GiB more NVMe space", ...), then the
+// candidates that came closest to fitting, up to 3, with what they are short of. Each line ends in
+// '\n'.
+std::string ExplainCandidates(const PlanOutcome& outcome, size_t most = 10);
+// The candidates as JSON (an array of objects, in search order), for `--json --explain`.
+nlohmann::json CandidatesToJson(const std::vector<PlanCandidate>& candidates);
 
 }  // namespace ferry::plan

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -54,6 +55,119 @@ void ExpectFits(const Plan& p, const HardwareProfile& h) {
   EXPECT_LE(p.memory.gpu.total(), h.gpu.memory_usable_bytes);
   EXPECT_LE(HostTotal(p), h.host.ram_usable_bytes);
   EXPECT_LE(p.memory.nvme.total(), h.HasNvme() ? h.nvme.space_bytes : 0);
+}
+
+// The chosen plan is the first candidate that fits in Preferred order, and every candidate is
+// recorded: those that fit with their simulated step, the others with the tier they are short of.
+TEST(Planner, RecordsEveryCandidateAndChoosesTheFirstInPreferredOrder) {
+  const ModelConfig m = SmallModel(6, 64, 300);
+  PlanJob job = JobOf(6, 32, /*micro_batches=*/0);  // the search picks them
+  HardwareProfile h = SmallMachine(2);
+  Result<PlanOutcome> roomy = MakePlan("small", m, job, h);
+  ASSERT_TRUE(roomy.ok() && roomy->feasible);
+  // A GPU budget between the candidates' smallest and largest needs: some fit, some do not.
+  std::vector<uint64_t> needs;
+  for (const PlanCandidate& k : roomy->candidates) needs.push_back(k.gpu_bytes);
+  std::sort(needs.begin(), needs.end());
+  ASSERT_LT(needs.front(), needs.back());
+  h.gpu.memory_usable_bytes = needs[needs.size() / 2];
+  Result<PlanOutcome> o = MakePlan("small", m, job, h);
+  ASSERT_TRUE(o.ok() && o->feasible);
+  EXPECT_EQ(o->candidates.size(), roomy->candidates.size());
+  const PlanCandidate* chosen = nullptr;
+  int fit = 0, short_of = 0;
+  for (const PlanCandidate& k : o->candidates) {
+    EXPECT_EQ(k.fits, k.gpu_bytes <= h.gpu.memory_usable_bytes);
+    EXPECT_EQ(k.fits, k.need_ratio <= 1.0);
+    if (!k.fits) {
+      ++short_of;
+      EXPECT_EQ(k.tightest, "GPU memory");
+      EXPECT_EQ(k.step_s, 0.0);  // not simulated
+      continue;
+    }
+    ++fit;
+    EXPECT_GT(k.step_s, 0.0);
+    EXPECT_GE(k.step_s, o->plan.step_s);
+    if (chosen == nullptr || Preferred(k, *chosen)) chosen = &k;
+  }
+  EXPECT_GT(fit, 0);
+  EXPECT_GT(short_of, 0);
+  ASSERT_NE(chosen, nullptr);
+  EXPECT_EQ(chosen->step_s, o->plan.step_s);
+  EXPECT_EQ(chosen->stages, int(o->plan.stages.size()));
+  EXPECT_EQ(chosen->micro_batches, o->plan.micro_batches);
+  EXPECT_EQ(chosen->policy, o->plan.activation_policy);
+  EXPECT_EQ(chosen->gpu_bytes, o->plan.memory.gpu.total());
+  EXPECT_EQ(chosen->host_bytes, HostTotal(o->plan));
+  // A candidate's recorded step is what the planner finds for it alone: the best with at most
+  // two stages equals the plan made with --max-stages 2.
+  job.max_stages = 2;
+  Result<PlanOutcome> two = MakePlan("small", m, job, h);
+  ASSERT_TRUE(two.ok() && two->feasible);
+  double best_two = std::numeric_limits<double>::infinity();
+  for (const PlanCandidate& k : o->candidates) {
+    if (k.fits && k.stages <= 2) best_two = std::min(best_two, k.step_s);
+  }
+  EXPECT_EQ(best_two, two->plan.step_s);
+}
+
+// `ferry plan --explain`: the counts, the chosen plan first, each runner-up with what it lost
+// on, and the candidates closest to fitting; nothing fitting lists those alone.
+TEST(Planner, ExplainShowsTheRunnersUpAndWhatTheyLostOn) {
+  PlanOutcome o;
+  o.feasible = true;
+  auto fits = [](double step, uint64_t nvme, uint64_t host) {
+    return PlanCandidate{.micro_batches = 2,
+                         .stages = 3,
+                         .policy = "recompute",
+                         .recomputed = 6,
+                         .fits = true,
+                         .need_ratio = 0.5,
+                         .tightest = "GPU memory",
+                         .step_s = step,
+                         .gpu_bytes = 1 << 20,
+                         .host_bytes = host,
+                         .nvme_bytes = nvme};
+  };
+  o.candidates = {fits(2.0, 0, 100), fits(1.0, 0, 100), fits(1.0, 4096, 100), fits(1.0, 0, 2148)};
+  PlanCandidate big = fits(0, 0, 100);
+  big.fits = false;
+  big.need_ratio = 1.25;
+  big.tightest = "host memory";
+  big.stages = 1;
+  o.candidates.push_back(big);
+  const std::string text = ExplainCandidates(o);
+  EXPECT_NE(text.find("Candidates weighed: 5, 4 fit; short of host memory: 1\n"), std::string::npos)
+      << text;
+  const size_t chosen = text.find("(chosen)");
+  const size_t host = text.find("equal speed, 2.00 KiB more host memory");
+  const size_t nvme = text.find("equal speed, 4.00 KiB more NVMe space");
+  const size_t slower = text.find("+100.00% step");
+  ASSERT_NE(chosen, std::string::npos) << text;
+  ASSERT_NE(host, std::string::npos) << text;
+  ASSERT_NE(nvme, std::string::npos) << text;
+  ASSERT_NE(slower, std::string::npos) << text;
+  // Preferred order: NVMe space counts before host memory, so more host memory loses less.
+  EXPECT_LT(chosen, host);
+  EXPECT_LT(host, nvme);
+  EXPECT_LT(nvme, slower);
+  EXPECT_NE(text.find("2 micro-batches, 1 stage, activations recompute (6 recomputed) on host, "
+                      "optimizer on host: host memory 100 B, 1.25x what is usable"),
+            std::string::npos)
+      << text;
+  // Nothing fits: the closest alone, with a LoRA job's frozen tier.
+  PlanOutcome none;
+  none.plan.job.lora.rank = 8;
+  none.candidates = {big};
+  const std::string closest = ExplainCandidates(none);
+  EXPECT_NE(closest.find("Candidates weighed: 1, 0 fit"), std::string::npos) << closest;
+  EXPECT_EQ(closest.find("(chosen)"), std::string::npos) << closest;
+  EXPECT_NE(closest.find("frozen base on host: host memory"), std::string::npos) << closest;
+  // At most `most` runners-up after the chosen plan.
+  EXPECT_EQ(ExplainCandidates(o, 1).find("+100.00% step"), std::string::npos);
+  EXPECT_EQ(CandidatesToJson(o.candidates).size(), 5u);
+  EXPECT_EQ(CandidatesToJson(o.candidates)[4]["fits"], false);
+  EXPECT_FALSE(CandidatesToJson(o.candidates)[4].contains("step_s"));
 }
 
 // Stale updates are priced on every plan, never chosen unasked, and never slower: the optimizer
