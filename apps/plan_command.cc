@@ -200,7 +200,8 @@ int RunPlanCommand(PlanCommand& cmd) {
   }
   Result<plan::HardwareProfile> hw = ResolveHardware(cmd);
   if (!hw.ok()) return fail(hw.status());
-  Result<plan::PlanOutcome> outcome = plan::MakePlan(cmd.job.model, *model, *job, *hw);
+  Result<plan::PlanOutcome> outcome =
+      plan::MakePlan(cmd.job.model, *model, *job, *hw, /*suggest=*/true, cmd.explain);
   if (!outcome.ok()) return fail(outcome.status());
   if (cmd.json) {
     nlohmann::json j = plan::OutcomeToJson(*outcome);

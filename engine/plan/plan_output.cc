@@ -1,6 +1,7 @@
 // Plan output (planner.h): JSON for machines, a summary and a per-device memory
 // table for people.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -89,7 +90,7 @@ nlohmann::json CandidatesToJson(const std::vector<PlanCandidate>& candidates) {
                         {"gpu_bytes", k.gpu_bytes},
                         {"host_bytes", k.host_bytes},
                         {"nvme_bytes", k.nvme_bytes}};
-    if (k.fits) {
+    if (k.step_s > 0) {  // simulated (when it does not fit: what it would take)
       j["step_s"] = k.step_s;
       j["bubble_fraction"] = k.bubble_fraction;
       j["nvme_read_bytes"] = k.nvme_read_bytes;
@@ -122,7 +123,7 @@ std::string ExplainCandidates(const PlanOutcome& o, size_t most) {
     std::stable_sort(
         fitting.begin(), fitting.end(),
         [](const PlanCandidate* a, const PlanCandidate* b) { return Preferred(*a, *b); });
-    const PlanCandidate& chosen = *fitting.front();
+    const PlanCandidate& best = *fitting.front();
     out +=
         "The chosen plan and the fastest runners-up (at equal speed: the frozen base in RAM, "
         "then less NVMe space, fewer NVMe reads, less host memory):\n";
@@ -139,29 +140,53 @@ std::string ExplainCandidates(const PlanOutcome& o, size_t most) {
           ActivationsOf(k).c_str(), std::string(TierName(k.optimizer)).c_str(),
           lora ? std::string(TierName(k.frozen)).c_str() : "", FormatByteSize(k.gpu_bytes).c_str(),
           FormatByteSize(k.host_bytes).c_str(), FormatByteSize(k.nvme_bytes).c_str(),
-          i == 0 ? "(chosen)" : LostOn(k, chosen).c_str());
+          i == 0 ? "(chosen)" : LostOn(k, best).c_str());
       out += buf;
     }
   }
+  // A candidate that does not fit: its choices, its step if it fit (against the chosen plan's),
+  // and what it is short of.
+  const PlanCandidate* chosen = fitting.empty() ? nullptr : fitting.front();
+  auto misfit = [&](const PlanCandidate& k) {
+    const uint64_t need = k.tightest == "GPU memory"    ? k.gpu_bytes
+                          : k.tightest == "host memory" ? k.host_bytes
+                                                        : k.nvme_bytes;
+    std::string step = "not simulated";
+    if (k.step_s > 0) {
+      step = Format("%.3f s/step", k.step_s);
+      const double percent = chosen != nullptr ? 100.0 * (k.step_s / chosen->step_s - 1) : 0.0;
+      if (chosen != nullptr) {
+        step += std::abs(percent) >= 0.05 ? Format(" (%+.1f%%)", percent) : " (about the same)";
+      }
+    }
+    return "  " + std::to_string(k.micro_batches) +
+           (k.micro_batches == 1 ? " micro-batch, " : " micro-batches, ") +
+           std::to_string(k.stages) + (k.stages == 1 ? " stage" : " stages") + ", activations " +
+           ActivationsOf(k) + ", optimizer on " + std::string(TierName(k.optimizer)) +
+           (lora ? ", frozen base on " + std::string(TierName(k.frozen)) : std::string()) + ": " +
+           step + "; " + k.tightest + " " + FormatByteSize(need) +
+           Format(", %.2fx what is usable\n", k.need_ratio);
+  };
   if (!short_of.empty()) {
+    // What more memory would buy: the fastest that do not fit, when faster than the chosen plan.
+    std::vector<const PlanCandidate*> faster;
+    for (const PlanCandidate* k : short_of) {
+      if (k->step_s > 0 && (chosen == nullptr || k->step_s < chosen->step_s)) faster.push_back(k);
+    }
+    std::stable_sort(
+        faster.begin(), faster.end(),
+        [](const PlanCandidate* a, const PlanCandidate* b) { return a->step_s < b->step_s; });
+    if (!faster.empty()) {
+      out += chosen != nullptr ? "Faster if they fit (what more memory would buy):\n"
+                               : "Fastest if they fit:\n";
+    }
+    for (size_t i = 0; i < faster.size() && i < 3; ++i) out += misfit(*faster[i]);
     std::stable_sort(short_of.begin(), short_of.end(),
                      [](const PlanCandidate* a, const PlanCandidate* b) {
                        return a->need_ratio < b->need_ratio;
                      });
-    out += "Closest to fitting of the rest (not simulated):\n";
-    for (size_t i = 0; i < short_of.size() && i < 3; ++i) {
-      const PlanCandidate& k = *short_of[i];
-      const uint64_t need = k.tightest == "GPU memory"    ? k.gpu_bytes
-                            : k.tightest == "host memory" ? k.host_bytes
-                                                          : k.nvme_bytes;
-      out += "  " + std::to_string(k.micro_batches) +
-             (k.micro_batches == 1 ? " micro-batch, " : " micro-batches, ") +
-             std::to_string(k.stages) + (k.stages == 1 ? " stage" : " stages") + ", activations " +
-             ActivationsOf(k) + ", optimizer on " + std::string(TierName(k.optimizer)) +
-             (lora ? ", frozen base on " + std::string(TierName(k.frozen)) : std::string()) + ": " +
-             k.tightest + " " + FormatByteSize(need) +
-             Format(", %.2fx what is usable\n", k.need_ratio);
-    }
+    out += "Closest to fitting:\n";
+    for (size_t i = 0; i < short_of.size() && i < 3; ++i) out += misfit(*short_of[i]);
   }
   return out;
 }

@@ -609,7 +609,8 @@ std::string_view Plan::LayerTimeSource() const {
 }
 
 Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& model,
-                             const PlanJob& job, const HardwareProfile& hw, bool suggest) {
+                             const PlanJob& job, const HardwareProfile& hw, bool suggest,
+                             bool explain) {
   FERRY_RETURN_IF_ERROR(ValidateInputs(model, job, hw));
   Context c{model, job, hw, BuildLayerSpecs(model, job.lora, job.compute_dtype)};
   const int gpus = hw.gpu.count;
@@ -678,13 +679,17 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
                   closest_host = mem.pinned_host.total() + mem.pageable_host.total();
                   closest_nvme = mem.nvme.total();
                 }
-                continue;
+                if (!explain) continue;
               }
+              // When explaining, simulated whether it fits or not: what more memory would buy.
               std::optional<Timing>& timing = timing_of[frozen == Tier::kNvme];
               if (!timing) {
-                FERRY_ASSIGN_OR_RETURN(Timing t,
-                                       SimulateJob(BuildJob(n, k, gpus, ResidentBase(c.job)), hw));
-                timing = t;
+                Result<Timing> t = SimulateJob(BuildJob(n, k, gpus, ResidentBase(c.job)), hw);
+                if (!t.ok()) {
+                  if (fits) return t.status();
+                  continue;  // it could not run anyway: left unsimulated (step_s 0)
+                }
+                timing = *t;
               }
               Plan p;
               p.stages = k.stages;
@@ -704,6 +709,7 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
               record.step_s = p.step_s;
               record.bubble_fraction = p.bubble_fraction;
               record.nvme_read_bytes = p.nvme_read_bytes;
+              if (!fits) continue;
               if (!have || Preferred(record, best_candidate)) {
                 have = true;
                 best_candidate = record;

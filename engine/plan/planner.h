@@ -178,8 +178,9 @@ struct PlanSuggestion {
   Plan plan;           // the re-planned job, which fits
 };
 
-// One candidate MakePlan weighed: its choices, whether it fits, and (when it fits) what the
-// simulator predicts for it. `ferry plan --explain` lists them (ExplainCandidates).
+// One candidate MakePlan weighed: its choices, whether it fits, and what the simulator predicts
+// for it (for one that does not fit, only when explaining). `ferry plan --explain` lists them
+// (ExplainCandidates).
 struct PlanCandidate {
   int micro_batches = 0;
   int stages = 0;
@@ -191,7 +192,9 @@ struct PlanCandidate {
   // memory", "NVMe space").
   double need_ratio = 0;
   std::string tightest;
-  // Simulated, for a candidate that fits only: the step (the job's update mode) and its bubble.
+  // Simulated: the step (the job's update mode) and its bubble; for one that does not fit, what
+  // it would take if the budgets allowed it, and 0 unless MakePlan was explaining (or when its
+  // schedule could not be simulated).
   double step_s = 0, bubble_fraction = 0;
   uint64_t gpu_bytes = 0, host_bytes = 0, nvme_bytes = 0;  // per GPU; pinned + pageable; space
   double nvme_read_bytes = 0;                              // per step
@@ -214,10 +217,11 @@ struct PlanOutcome {
 
 // Validates the inputs (InvalidArgument naming the option), then searches.
 // `suggest`: compute suggestions when nothing fits (each re-plans the job
-// several times).
+// several times). `explain`: simulate the candidates that do not fit too (what more memory
+// would buy, ExplainCandidates); the choice is the same either way.
 [[nodiscard]] Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& model,
                                            const PlanJob& job, const HardwareProfile& hardware,
-                                           bool suggest = true);
+                                           bool suggest = true, bool explain = false);
 
 // When `job` fits nowhere on `hardware`: the smallest changes that do fit, each
 // re-planned (the longest sequence that fits, one sequence per micro-batch,
@@ -282,9 +286,10 @@ std::string OutcomeSummary(const PlanOutcome& outcome);
 // Why the plan won (`ferry plan --explain`): how many candidates were weighed and how many fit
 // (and, of the rest, which tier each was short of), a table of the chosen plan and the `most`
 // fastest runners-up in Preferred order, each with what lost it the choice ("+4.10% step", "equal
-// speed, base streamed from NVMe", "equal speed, 3.33 GiB more NVMe space", ...), then the
-// candidates that came closest to fitting, up to 3, with what they are short of. Each line ends in
-// '\n'.
+// speed, base streamed from NVMe", "equal speed, 3.33 GiB more NVMe space", ...); then, of those
+// that do not fit, up to 3 that would be faster than the chosen plan (what more memory would
+// buy; the 3 fastest when nothing fits) and the 3 that came closest to fitting, each with its
+// step when simulated and what it is short of. Each line ends in '\n'.
 std::string ExplainCandidates(const PlanOutcome& outcome, size_t most = 10);
 // The candidates as JSON (an array of objects, in search order), for `--json --explain`.
 nlohmann::json CandidatesToJson(const std::vector<PlanCandidate>& candidates);

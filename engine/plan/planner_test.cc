@@ -65,14 +65,20 @@ TEST(Planner, RecordsEveryCandidateAndChoosesTheFirstInPreferredOrder) {
   HardwareProfile h = SmallMachine(2);
   Result<PlanOutcome> roomy = MakePlan("small", m, job, h);
   ASSERT_TRUE(roomy.ok() && roomy->feasible);
-  // A GPU budget between the candidates' smallest and largest needs: some fit, some do not.
-  std::vector<uint64_t> needs;
-  for (const PlanCandidate& k : roomy->candidates) needs.push_back(k.gpu_bytes);
-  std::sort(needs.begin(), needs.end());
-  ASSERT_LT(needs.front(), needs.back());
-  h.gpu.memory_usable_bytes = needs[needs.size() / 2];
-  Result<PlanOutcome> o = MakePlan("small", m, job, h);
+  // A GPU budget one byte short of the roomy plan's: some candidates still fit, that one does not.
+  uint64_t smallest = std::numeric_limits<uint64_t>::max();
+  for (const PlanCandidate& k : roomy->candidates) smallest = std::min(smallest, k.gpu_bytes);
+  ASSERT_LT(smallest, roomy->plan.memory.gpu.total());
+  h.gpu.memory_usable_bytes = roomy->plan.memory.gpu.total() - 1;
+  Result<PlanOutcome> o = MakePlan("small", m, job, h, /*suggest=*/true, /*explain=*/true);
   ASSERT_TRUE(o.ok() && o->feasible);
+  // Without explaining, the same choice, and the misfits are not simulated.
+  Result<PlanOutcome> quiet = MakePlan("small", m, job, h);
+  ASSERT_TRUE(quiet.ok() && quiet->feasible);
+  EXPECT_EQ(quiet->plan.step_s, o->plan.step_s);
+  EXPECT_EQ(quiet->plan.stages, o->plan.stages);
+  EXPECT_EQ(quiet->plan.activation_policy, o->plan.activation_policy);
+  for (const PlanCandidate& k : quiet->candidates) EXPECT_EQ(k.step_s > 0, k.fits);
   EXPECT_EQ(o->candidates.size(), roomy->candidates.size());
   const PlanCandidate* chosen = nullptr;
   int fit = 0, short_of = 0;
@@ -82,7 +88,7 @@ TEST(Planner, RecordsEveryCandidateAndChoosesTheFirstInPreferredOrder) {
     if (!k.fits) {
       ++short_of;
       EXPECT_EQ(k.tightest, "GPU memory");
-      EXPECT_EQ(k.step_s, 0.0);  // not simulated
+      EXPECT_GT(k.step_s, 0.0);  // simulated all the same: what more memory would buy
       continue;
     }
     ++fit;
@@ -99,6 +105,20 @@ TEST(Planner, RecordsEveryCandidateAndChoosesTheFirstInPreferredOrder) {
   EXPECT_EQ(chosen->policy, o->plan.activation_policy);
   EXPECT_EQ(chosen->gpu_bytes, o->plan.memory.gpu.total());
   EXPECT_EQ(chosen->host_bytes, HostTotal(o->plan));
+  // A candidate's step does not depend on the budgets: the roomy plan's, recorded here whether it
+  // fits or not, is the step that plan predicted.
+  const Plan& r = roomy->plan;
+  int same = 0;
+  for (const PlanCandidate& k : o->candidates) {
+    if (k.stages == int(r.stages.size()) && k.micro_batches == r.micro_batches &&
+        k.policy == r.activation_policy && k.activations == r.activations &&
+        k.optimizer == r.optimizer_state && k.frozen == r.frozen_weights) {
+      ++same;
+      EXPECT_FALSE(k.fits);
+      EXPECT_EQ(k.step_s, r.step_s);
+    }
+  }
+  EXPECT_EQ(same, 1);
   // A candidate's recorded step is what the planner finds for it alone: the best with at most
   // two stages equals the plan made with --max-stages 2.
   job.max_stages = 2;
@@ -136,8 +156,14 @@ TEST(Planner, ExplainShowsTheRunnersUpAndWhatTheyLostOn) {
   big.tightest = "host memory";
   big.stages = 1;
   o.candidates.push_back(big);
+  PlanCandidate faster = big;  // would beat the chosen plan with more GPU memory
+  faster.step_s = 0.5;
+  faster.tightest = "GPU memory";
+  faster.need_ratio = 2;
+  o.candidates.push_back(faster);
   const std::string text = ExplainCandidates(o);
-  EXPECT_NE(text.find("Candidates weighed: 5, 4 fit; short of host memory: 1\n"), std::string::npos)
+  EXPECT_NE(text.find("Candidates weighed: 6, 4 fit; short of GPU memory: 1, host memory: 1\n"),
+            std::string::npos)
       << text;
   const size_t chosen = text.find("(chosen)");
   const size_t host = text.find("equal speed, 2.00 KiB more host memory");
@@ -151,23 +177,34 @@ TEST(Planner, ExplainShowsTheRunnersUpAndWhatTheyLostOn) {
   EXPECT_LT(chosen, host);
   EXPECT_LT(host, nvme);
   EXPECT_LT(nvme, slower);
-  EXPECT_NE(text.find("2 micro-batches, 1 stage, activations recompute (6 recomputed) on host, "
-                      "optimizer on host: host memory 100 B, 1.25x what is usable"),
+  EXPECT_NE(text.find("Closest to fitting:\n  2 micro-batches, 1 stage, activations "
+                      "recompute (6 recomputed) on host, optimizer on host: not simulated; host "
+                      "memory 100 B, 1.25x what is usable"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("Faster if they fit (what more memory would buy):\n  2 micro-batches, 1 "
+                      "stage, activations recompute (6 recomputed) on host, optimizer on host: "
+                      "0.500 s/step (-50.0%); GPU memory 1.00 MiB, 2.00x what is usable\n"),
             std::string::npos)
       << text;
   // Nothing fits: the closest alone, with a LoRA job's frozen tier.
   PlanOutcome none;
   none.plan.job.lora.rank = 8;
-  none.candidates = {big};
+  none.candidates = {big, faster};
   const std::string closest = ExplainCandidates(none);
-  EXPECT_NE(closest.find("Candidates weighed: 1, 0 fit"), std::string::npos) << closest;
+  EXPECT_NE(closest.find("Candidates weighed: 2, 0 fit"), std::string::npos) << closest;
+  EXPECT_NE(closest.find("Fastest if they fit:\n"), std::string::npos) << closest;
+  EXPECT_NE(closest.find("frozen base on host: 0.500 s/step; GPU memory"), std::string::npos)
+      << closest;
   EXPECT_EQ(closest.find("(chosen)"), std::string::npos) << closest;
-  EXPECT_NE(closest.find("frozen base on host: host memory"), std::string::npos) << closest;
+  EXPECT_NE(closest.find("frozen base on host: not simulated; host memory"), std::string::npos)
+      << closest;
   // At most `most` runners-up after the chosen plan.
   EXPECT_EQ(ExplainCandidates(o, 1).find("+100.00% step"), std::string::npos);
-  EXPECT_EQ(CandidatesToJson(o.candidates).size(), 5u);
+  EXPECT_EQ(CandidatesToJson(o.candidates).size(), 6u);
   EXPECT_EQ(CandidatesToJson(o.candidates)[4]["fits"], false);
-  EXPECT_FALSE(CandidatesToJson(o.candidates)[4].contains("step_s"));
+  EXPECT_FALSE(CandidatesToJson(o.candidates)[4].contains("step_s"));  // not simulated
+  EXPECT_EQ(CandidatesToJson(o.candidates)[5]["step_s"], 0.5);
 }
 
 // Stale updates are priced on every plan, never chosen unasked, and never slower: the optimizer
