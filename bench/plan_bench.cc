@@ -100,19 +100,22 @@ int RoundPipeTable(const std::string& configs, const HardwareProfile& hw) {
       const double tokens = 20.0 * 2048;
       const double sync = tokens / p.sync_step_s, stale = tokens / p.stale_step_s;
       std::printf(
-          "%-13s %-8s %10.0f %6.0f%% %10.0f | %10.0f %10.0f | %9.2f %9.2f  %zu stages, %s\n",
+          "%-13s %-8s %10.0f %6.0f%% %10.0f | %10.0f %10.0f | %9.2f %9.2f  %zu stages, tail in "
+          "%d, %s\n",
           rp.model, mode.name, sync, 100 * p.bubble_fraction, stale, rp.sync_tokens_per_s,
           rp.stale_tokens_per_s, sync / rp.sync_tokens_per_s, stale / rp.stale_tokens_per_s,
-          p.stages.size(), p.activation_policy.c_str());
+          p.stages.size(), p.tail_parts, p.activation_policy.c_str());
     }
     if (fp16acc) {  // not runnable yet: ferry's executor starts a step after the last one ends
       const RoundRobinJob rr = RoundRobinJobOf(*m, *fp16acc, hw);
       Result<Schedule> one = BuildRoundRobinSchedule(rr);
-      Result<double> period =
-          one.ok() ? OverlappedIterationPeriod(
-                         *one, static_cast<int>(rr.forward.size() + 1 + rr.backward.size()), 0,
-                         LaneRatesFromProfile(hw, true))
-                   : Result<double>(one.status());
+      Result<double> period = one.ok()
+                                  ? OverlappedIterationPeriod(
+                                        *one,
+                                        static_cast<int>(rr.forward.size() + size_t(rr.tail_parts) +
+                                                         rr.backward.size()),
+                                        0, LaneRatesFromProfile(hw, true))
+                                  : Result<double>(one.status());
       if (!period.ok()) {
         std::fprintf(stderr, "plan_bench: %s\n", period.status().message().c_str());
         return 1;

@@ -22,11 +22,11 @@ plan::LaneKind LaneOf(StreamId s) {
 }  // namespace
 
 Result<std::unique_ptr<DeviceTimeline>> DeviceTimeline::Create(Device& device, int gpu,
-                                                               int forward_stages) {
+                                                               int forward_stages, int tail_parts) {
   FERRY_ASSIGN_OR_RETURN(Event before, device.CreateTimedEvent());
   FERRY_ASSIGN_OR_RETURN(Event after, device.CreateTimedEvent());
-  return std::unique_ptr<DeviceTimeline>(
-      new DeviceTimeline(device, gpu, forward_stages, std::move(before), std::move(after)));
+  return std::unique_ptr<DeviceTimeline>(new DeviceTimeline(device, gpu, forward_stages, tail_parts,
+                                                            std::move(before), std::move(after)));
 }
 
 Status DeviceTimeline::BeginStep(const TraceRecorder& recorder) {
@@ -74,7 +74,7 @@ Status DeviceTimeline::End(StreamId stream, char what, plan::TaskKind kind, int 
   FERRY_ASSIGN_OR_RETURN(const size_t e, NextEvent());
   FERRY_RETURN_IF_ERROR(device_.Record(events_[e], stream));
   if (what == 0) {
-    what = stage < forward_stages_ ? 'F' : stage == forward_stages_ ? 'T' : 'B';
+    what = stage < forward_stages_ ? 'F' : stage < forward_stages_ + tail_parts_ ? 'T' : 'B';
     kind = what == 'F'   ? plan::TaskKind::kForward
            : what == 'T' ? plan::TaskKind::kTail
                          : plan::TaskKind::kBackward;
@@ -82,7 +82,7 @@ Status DeviceTimeline::End(StreamId stream, char what, plan::TaskKind kind, int 
   Task t{.begin = *begin,
          .end = e,
          .stream = stream,
-         .name = plan::RoundRobinTaskName(what, stage, forward_stages_, micro_batch),
+         .name = plan::RoundRobinTaskName(what, stage, forward_stages_, micro_batch, tail_parts_),
          .kind = kind,
          .stage = stage,
          .micro_batch = micro_batch,

@@ -34,9 +34,13 @@ namespace ferry::exec {
 
 class DeviceTimeline {
  public:
-  // `gpu`: the device's index in the trace; `forward_stages`: the plan's, for task names.
-  static Result<std::unique_ptr<DeviceTimeline>> Create(Device& device, int gpu,
-                                                        int forward_stages);
+  // `gpu`: the device's index in the trace; `forward_stages` and `tail_parts`: the plan's, for
+  // task names.
+  static Result<std::unique_ptr<DeviceTimeline>> Create(Device& device, int gpu, int forward_stages,
+                                                        int tail_parts = 1);
+  // The tail's parts in the step being enqueued (an evaluation of fewer micro-batches than the
+  // plan's parts runs fewer).
+  void set_tail_parts(int parts) { tail_parts_ = parts; }
 
   // Starts a step: forgets the last step's marks and enqueues the clock anchor, which reads
   // `recorder`'s clock (the recorder must outlive the step's Collect).
@@ -44,8 +48,9 @@ class DeviceTimeline {
   // Marks the start of a task on `stream`.
   Status Begin(StreamId stream);
   // Marks the end of the task begun on `stream` and labels it as the round-robin schedule does
-  // (plan::RoundRobinTaskName(what, stage, forward_stages, micro_batch), then "/<chunk>" when
-  // chunk >= 0). what == 0: the stage's own compute (F, T or B, and its task kind).
+  // (plan::RoundRobinTaskName(what, stage, forward_stages, micro_batch, tail_parts), then
+  // "/<chunk>" when chunk >= 0). what == 0: the stage's own compute (F, T or B, and its task
+  // kind).
   // REQUIRES: Begin(stream) since the last End(stream).
   Status End(StreamId stream, char what, plan::TaskKind kind, int stage, int micro_batch,
              double bytes = 0, int chunk = -1);
@@ -61,10 +66,12 @@ class DeviceTimeline {
   Status Reserve(size_t events);
 
  private:
-  DeviceTimeline(Device& device, int gpu, int forward_stages, Event before, Event after)
+  DeviceTimeline(Device& device, int gpu, int forward_stages, int tail_parts, Event before,
+                 Event after)
       : device_(device),
         gpu_(gpu),
         forward_stages_(forward_stages),
+        tail_parts_(tail_parts),
         anchor_before_(std::move(before)),
         anchor_after_(std::move(after)) {}
   // The next unused event of the pool, created when the pool runs out (the first step only).
@@ -82,6 +89,7 @@ class DeviceTimeline {
   Device& device_;
   const int gpu_;
   const int forward_stages_;
+  int tail_parts_;
   Event anchor_before_, anchor_after_;
   // Written by the anchor's host function on the stream; read once anchor_after_ has completed.
   double anchor_host_s_ = 0;

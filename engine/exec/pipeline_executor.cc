@@ -214,8 +214,12 @@ struct StageRun {
   StageKind kind = StageKind::kForward;
   plan::LayerRange range;  // layers [first, last); the tail: {head, head + 1}
   int64_t forward = -1;    // a backward stage: the index of the forward stage over its layers
-  size_t device = 0;       // index into the executor's devices
-  int slot = 0;            // its weights go to weights.slot<slot>
+  // The micro-batches it runs, [first, last): a part of the tail its share (plan.tail_parts),
+  // every other stage all of the step's.
+  size_t first_micro_batch = 0, last_micro_batch = 0;
+  int part = -1;      // a tail's part: its index among the step's
+  size_t device = 0;  // index into the executor's devices
+  int slot = 0;       // its weights go to weights.slot<slot>
   // Kept activations: the entry of its first block's micro-batch 0 in its device's
   // "activations.keep" (a backward stage's are its forward stage's, on the same device).
   size_t kept_first = 0;
@@ -273,7 +277,8 @@ class Executor final : public PipelineExecutor {
     layers_ = BuildLayerSpecs(c_, lora_);
     shape_ = plan::MicroBatchShape(p_.job, p_.micro_batch_size);
     const int64_t N = shape_.tokens(), C = c_.hidden_size;
-    const size_t stages = 2 * p_.stages.size() + 1, hb = HiddenBytes();
+    const size_t stages = 2 * p_.stages.size() + size_t(std::max(p_.tail_parts, 1));
+    const size_t hb = HiddenBytes();
     for (DeviceState& ds : devices_) {
       for (const plan::Allocation& a : p_.memory.gpu.allocations) {
         // The device carves its libraries' workspace (cuBLAS's) from its arena when it is
@@ -316,8 +321,8 @@ class Executor final : public PipelineExecutor {
       if (stream_base_) FERRY_RETURN_IF_ERROR(CreateEvents(*ds.device, 2, ds.image_free));
       if (trace_ != nullptr) {
         FERRY_ASSIGN_OR_RETURN(
-            ds.timeline,
-            DeviceTimeline::Create(*ds.device, int(&ds - devices_.data()), int(p_.stages.size())));
+            ds.timeline, DeviceTimeline::Create(*ds.device, int(&ds - devices_.data()),
+                                                int(p_.stages.size()), std::max(p_.tail_parts, 1)));
       }
     }
     saved_bytes_ = devices_[0].regions.at("saved.slot0").bytes;
@@ -336,6 +341,11 @@ class Executor final : public PipelineExecutor {
     if (dtype_ != DType::kF32) embed_f32_.resize(size_t(N * C));
     for (size_t r = 0; r <= p_.stages.size(); ++r) {
       mirrors_.push_back(std::make_shared<HostMirrors>());
+    }
+    // The tail's parts after the first land their gradients apart (their weights are the head
+    // range's mirror).
+    for (int part = 1; part < p_.tail_parts && !p_.job.forward_only; ++part) {
+      tail_landing_.push_back(std::make_shared<HostMirrors>());
     }
     packed_.assign(mirrors_.size(), -1);
     mirror_frozen_.assign(mirrors_.size(), nullptr);
@@ -397,6 +407,7 @@ class Executor final : public PipelineExecutor {
       if (!fo) need["grads.landing"] += b.grads;
       mirror_bytes.push_back(b);
     }
+    need["grads.landing"] += tail_landing_.size() * mirror_bytes.back().grads;
     for (size_t li = 1; li <= head; ++li) {
       if (fo || keep_ || spill_) {  // only stage inputs stay in host RAM
         if (StageInput(li)) need["activations.saved"] += M * hb;
@@ -462,6 +473,10 @@ class Executor final : public PipelineExecutor {
     for (size_t r = 0; r < mirrors_.size(); ++r) {
       if (!stream_base_) mirrors_[r]->weights = carve("weights.upload", mirror_bytes[r].weights);
       mirrors_[r]->grads = carve("grads.landing", mirror_bytes[r].grads);
+    }
+    for (std::shared_ptr<HostMirrors>& m : tail_landing_) {
+      m->weights = mirrors_.back()->weights;
+      m->grads = carve("grads.landing", mirror_bytes.back().grads);
     }
     if (stream_base_) {
       for (DeviceState& ds : devices_) {
@@ -682,6 +697,7 @@ class Executor final : public PipelineExecutor {
     s.pinned = host_pool_->stats(HostMemoryKind::kPinned);
     s.host_mappings = int64_t(s.pinned.mappings);
     for (const auto& m : mirrors_) s.host_mappings += m->mapped;
+    for (const auto& m : tail_landing_) s.host_mappings += m->mapped;
     for (const auto& [name, block] : pinned_) {
       s.host_pinned.push_back({name, plan::RoundUp(block.size(), plan::kHostPageBytes)});
     }
@@ -788,15 +804,16 @@ class Executor final : public PipelineExecutor {
       FERRY_RETURN_IF_ERROR(ds.device->Synchronize(ds.grads_landed[i]));
       HostSpan span;  // a stage with gradients (not a LoRA job's frozen head), as the plan has it
       if (trace_ != nullptr && runs_[i].params->grads_bytes() > 0) {
-        span =
-            HostSpan(trace_, plan::LaneKind::kHostMemory, plan::TaskKind::kGradientAdd,
-                     plan::RoundRobinTaskName('A', int(i), int(p_.stages.size()), -1), -1, int(i));
+        span = HostSpan(trace_, plan::LaneKind::kHostMemory, plan::TaskKind::kGradientAdd,
+                        TaskName('A', i, -1), -1, int(i));
       }
       FERRY_RETURN_IF_ERROR(runs_[i].params->AddGrads(*grads, ow, host_threads_));
       span.End();
-      // What lands here is final unless it is tied to the embedding (its layer lands last), and
-      // the caller's optimizer may use it while the devices go on.
-      if (hooks_->grads_landed) {
+      // What lands here is final (after the tail's last part) unless it is tied to the embedding
+      // (its layer lands last), and the caller's optimizer may use it while the devices go on.
+      const bool more_parts = runs_[i].kind == StageKind::kTail && i + 1 < runs_.size() &&
+                              runs_[i + 1].kind == StageKind::kTail;
+      if (hooks_->grads_landed && !more_parts) {
         FERRY_RETURN_IF_ERROR(hooks_->grads_landed(runs_[i].range.first, runs_[i].range.last));
       }
     }
@@ -825,9 +842,16 @@ class Executor final : public PipelineExecutor {
   // and the weight slot each takes there (plan::StageRoundRobin, which the planner prices).
   Status ScheduleStages() {
     const int64_t S = int64_t(p_.stages.size()), head = int64_t(layers_.size()) - 1;
+    // The tail's parts (plan.tail_parts; one in generation, at most one per micro-batch of an
+    // evaluation).
+    parts_ = decoding_ ? 1 : std::clamp<int64_t>(p_.tail_parts, 1, int64_t(M_));
+    const int64_t P = parts_;
+    for (DeviceState& ds : devices_) {
+      if (ds.timeline) ds.timeline->set_tail_parts(int(P));
+    }
     std::vector<size_t> kept(devices_.size(), 0);  // per device: entries its stages keep so far
     runs_.clear();
-    runs_.resize(size_t(forward_only_ ? S + 1 : 2 * S + 1));
+    runs_.resize(size_t(forward_only_ ? S + P : 2 * S + P));
     // An evaluation starts where the next step will (a copy of the round robin): its stages find
     // the frozen base where the last step left it, and leave it where the next step looks.
     std::vector<plan::StageRoundRobin::Placement> at;
@@ -837,15 +861,20 @@ class Executor final : public PipelineExecutor {
     }
     for (int64_t i = 0; i < int64_t(runs_.size()); ++i) {
       StageRun& st = runs_[size_t(i)];
+      st.first_micro_batch = 0;
+      st.last_micro_batch = M_;
       if (i < S) {
         st.kind = StageKind::kForward;
         st.range = p_.stages[size_t(i)];
-      } else if (i == S) {
+      } else if (i < S + P) {
         st.kind = StageKind::kTail;
         st.range = {int(head), int(head) + 1};
+        st.part = int(i - S);
+        st.first_micro_batch = size_t(i - S) * M_ / size_t(P);
+        st.last_micro_batch = size_t(i - S + 1) * M_ / size_t(P);
       } else {
         st.kind = StageKind::kBackward;
-        st.forward = 2 * S - i;
+        st.forward = 2 * S + P - 1 - i;
         st.range = p_.stages[size_t(st.forward)];
       }
       if (decoding_) {
@@ -875,11 +904,19 @@ class Executor final : public PipelineExecutor {
     return Status::Ok();
   }
 
-  // The stages whose downloads of a micro-batch stage i reads: the stage before it and, for a
-  // backward stage, the forward stages that saved its layers' inputs and activations.
-  std::vector<size_t> Producers(size_t i) const {
+  // The stages whose downloads of micro-batch m stage i reads: the stage before it that ran m (a
+  // tail's part reads the last forward stage; the first backward stage the part that ran m)
+  // and, for a backward stage, the forward stages that saved its layers' inputs and activations.
+  std::vector<size_t> Producers(size_t i, size_t m) const {
     std::vector<size_t> from;
-    if (i > 0) from.push_back(i - 1);
+    size_t before = i;
+    while (before > 0) {
+      const StageRun& b = runs_[--before];
+      if (m >= b.first_micro_batch && m < b.last_micro_batch) {
+        from.push_back(before);
+        break;
+      }
+    }
     const StageRun& st = runs_[i];
     if (st.kind == StageKind::kBackward) {
       from.push_back(size_t(st.forward));
@@ -892,13 +929,28 @@ class Executor final : public PipelineExecutor {
   Status AwaitInputs(size_t i, size_t m) {
     Device& d = *devices_[runs_[i].device].device;
     std::vector<size_t> waited;
-    for (size_t j : Producers(i)) {
+    for (size_t j : Producers(i, m)) {
       const size_t from = runs_[j].device;
       if (std::find(waited.begin(), waited.end(), from) != waited.end()) continue;
       waited.push_back(from);
       FERRY_RETURN_IF_ERROR(d.Wait(StreamId::kUpload, devices_[from].landed[m]));
     }
     return Status::Ok();
+  }
+
+  // The host mirrors stage i's parameters use: its range's, but a tail's later part lands its
+  // gradients in a buffer of its own (its weights span is the range's).
+  const std::shared_ptr<HostMirrors>& MirrorsOf(size_t i) const {
+    const StageRun& st = runs_[i];
+    const std::shared_ptr<HostMirrors>& range = mirrors_[RangeIndex(i)];
+    if (st.kind != StageKind::kTail || st.part < 1 || size_t(st.part) > tail_landing_.size()) {
+      return range;
+    }
+    return tail_landing_[size_t(st.part - 1)];
+  }
+  // The plan's name for a task of stage i (plan::RoundRobinTaskName).
+  std::string TaskName(char what, size_t i, int micro_batch) const {
+    return plan::RoundRobinTaskName(what, int(i), int(p_.stages.size()), micro_batch, int(parts_));
   }
 
   // The layer range (its index: forward stage, or the head's after them) stage i runs.
@@ -972,7 +1024,7 @@ class Executor final : public PipelineExecutor {
         DeviceParams params,
         DeviceParams::Create(*ds.device, c_, lora_, layers, st.source.get(),
                              p_.job.forward_only ? ParamGrads::kNone : ParamGrads::kAllocate,
-                             dtype_, mirrors_[r]));
+                             dtype_, MirrorsOf(i)));
     st.params = std::make_unique<DeviceParams>(std::move(params));
     if (packed_[r] == weights_version_) return Status::Ok();
     // A LoRA job's frozen base in the mirror was packed from this master copy, whose frozen
@@ -1015,7 +1067,7 @@ class Executor final : public PipelineExecutor {
     st.image = k;
     auto mirrors = std::make_shared<HostMirrors>();
     mirrors->weights = ds.images[k];
-    mirrors->grads = mirrors_[r]->grads;
+    mirrors->grads = MirrorsOf(i)->grads;
     FERRY_ASSIGN_OR_RETURN(DeviceParams params,
                            DeviceParams::Create(*ds.device, c_, lora_, layers, st.source.get(),
                                                 ParamGrads::kAllocate, dtype_, std::move(mirrors)));
@@ -1034,9 +1086,10 @@ class Executor final : public PipelineExecutor {
         stats_.base_bytes_streamed += ServedFrozenBytes(layers, weights);
       }
     }
-    // The range's last reader this step: the backward stage (or the tail, which is both); in a
-    // forward-only call, its only one.
-    const bool last_reader = st.kind != StageKind::kForward || forward_only_;
+    // The range's last reader this step: the backward stage (or the tail's last part, the tail
+    // being both); in a forward-only call, its only one.
+    const bool last_reader = st.kind == StageKind::kBackward || forward_only_ ||
+                             (st.kind == StageKind::kTail && st.part + 1 == parts_);
     return last_reader ? WeightsRead(st.range) : Status::Ok();
   }
 
@@ -1082,7 +1135,7 @@ class Executor final : public PipelineExecutor {
 
   HostSpan PackSpan(size_t i) const {
     return HostSpan(trace_, plan::LaneKind::kHostMemory, plan::TaskKind::kWeightPack,
-                    plan::RoundRobinTaskName('P', int(i), int(p_.stages.size()), -1), -1, int(i));
+                    TaskName('P', i, -1), -1, int(i));
   }
 
   // Enqueues chunk k of `chunks` of stage i's weights on its device's upload stream; the first
@@ -1183,7 +1236,7 @@ class Executor final : public PipelineExecutor {
         break;
       }
       case StageKind::kTail: {
-        Prefetch next = NextOnDevice(i, M, weights);
+        Prefetch next = NextOnDevice(i, st.last_micro_batch - st.first_micro_batch, weights);
         FERRY_RETURN_IF_ERROR(decoding_ ? LogitsTail(i, next) : Tail(i, batches, next));
         break;
       }
@@ -1547,10 +1600,10 @@ class Executor final : public PipelineExecutor {
     Head& hd = *st.head;
     // Zeroing the gradients is traced as micro-batch 0's compute ("T.0", "B<s>.0"): the plan's
     // schedule has no task of its own for it and counts it in the stage's first compute.
-    ds.task_stage = int(i), ds.task_micro_batch = 0;
+    ds.task_stage = int(i), ds.task_micro_batch = int(st.first_micro_batch);
     if (!forward_only_) FERRY_RETURN_IF_ERROR(ZeroGrads(ds, *st.params));
     HiddenRotation h;
-    for (size_t m = 0; m < batches.size(); ++m) {
+    for (size_t m = st.first_micro_batch; m < st.last_micro_batch; ++m) {
       ds.task_micro_batch = int(m);
       const int xi = h.in, dxi = h.other;
       const Tensor x = Hidden(ds, xi), dx = Hidden(ds, dxi);
@@ -1712,6 +1765,10 @@ class Executor final : public PipelineExecutor {
   // Per layer range (forward stage index; the head last): its host mirrors, and the weights
   // version last packed into them.
   std::vector<std::shared_ptr<HostMirrors>> mirrors_;
+  // The gradient landing of the tail's parts after the first (training plans with
+  // plan.tail_parts > 1), in part order.
+  std::vector<std::shared_ptr<HostMirrors>> tail_landing_;
+  int64_t parts_ = 1;  // the step in flight's tail parts
   std::vector<int64_t> packed_;
   std::vector<DeviceState> devices_;
   std::vector<LayerSpec> layers_;
@@ -1818,6 +1875,17 @@ Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const
   }
   if (p.micro_batches < 1 || p.micro_batch_size < 1 || p.job.seq_len < 1) {
     return Status::InvalidArgument("the plan's micro-batches must be at least 1 x 1 x 1");
+  }
+  if (p.tail_parts < 1 || p.tail_parts > p.micro_batches) {
+    return Status::InvalidArgument("the plan splits the tail into " + std::to_string(p.tail_parts) +
+                                   " parts; it takes 1 to " + std::to_string(p.micro_batches) +
+                                   " (its micro-batches)");
+  }
+  if (p.tail_parts > 1 && p.keep_activations && !p.job.forward_only) {
+    // A backward stage runs where its forward stage ran only when the tail is one stage.
+    return Status::InvalidArgument(
+        "the plan keeps activations on the device and splits the tail: a kept plan runs the "
+        "tail in one part (plan it again)");
   }
   if (c.learned_positions && p.job.seq_len > c.max_position_embeddings) {
     return Status::InvalidArgument("seq_len " + std::to_string(p.job.seq_len) +

@@ -2,7 +2,11 @@
 // (DESIGN.md, "Execution"): the forward stages, then the fused head + loss tail, then the backward
 // stages in reverse, each handed to the next device in turn (round robin, plan::StageRoundRobin;
 // a LoRA job's step starts where the last one ended); that device runs the stage for every
-// micro-batch.
+// micro-batch. The tail may run in parts (plan.tail_parts): its micro-batches split over that
+// many consecutive stages, each on the next device, each part uploading the head, zeroing and
+// downloading its own gradients (every part after the first into a pinned landing buffer of its
+// own, "grads.landing" counting the head's once per part) and adding them on the host in part
+// order; the first backward stage reads each micro-batch from the part that ran it.
 //
 //  - Device memory: at Create, each device allocates exactly the plan's GPU allocation map
 //    (plan.memory.gpu: names and sizes from engine/plan/memory_model.h), one arena block per

@@ -156,6 +156,7 @@ struct PlanSpec {
   bool keep = false;                 // one device keeps every saved activation (policy "keep")
   bool activations_on_nvme = false;  // saved activations in an NVMe store (Tier::kNvme)
   bool base_streamed = false;        // a LoRA base streamed from NVMe (the frozen weights there)
+  int tail_parts = 1;  // the tail's micro-batches over this many devices (plan.tail_parts)
 };
 
 plan::Plan MakeTestPlan(const Model& m, const PlanSpec& s) {
@@ -171,6 +172,7 @@ plan::Plan MakeTestPlan(const Model& m, const PlanSpec& s) {
   p.micro_batches = s.micro_batches;
   p.micro_batch_size = s.batch;
   p.stages = s.stages;
+  p.tail_parts = s.tail_parts;
   p.recompute.assign(size_t(m.config.num_layers) + 2, false);
   for (int li : s.recomputed) p.recompute[size_t(li)] = true;
   p.activations = s.activations_on_nvme ? Tier::kNvme : Tier::kHost;
@@ -337,7 +339,9 @@ void PrintTo(const Case& c, std::ostream* os) {
       << c.spec.micro_batches << " micro-batches, " << c.devices << " devices, "
       << DTypeName(c.spec.dtype) << (c.packed ? ", packed rows" : "") << (c.nf4 ? ", nf4" : "")
       << (c.spec.keep ? ", activations kept" : "")
-      << (c.spec.activations_on_nvme ? ", activations on NVMe" : "");
+      << (c.spec.activations_on_nvme ? ", activations on NVMe" : "")
+      << (c.spec.tail_parts > 1 ? ", the tail in " + std::to_string(c.spec.tail_parts) + " parts"
+                                : "");
 }
 
 Batches MakeCaseBatches(const Model& m, const Case& k, uint32_t seed) {
@@ -350,7 +354,9 @@ class ExecutorTest : public ::testing::TestWithParam<Case> {};
 std::string CaseName(const ::testing::TestParamInfo<Case>& i) {
   return std::string(i.param.golden) + (i.param.lora_rank ? "_lora" : "") +
          (i.param.nf4 ? "_nf4" : "") + (i.param.packed ? "_packed" : "") +
-         (i.param.spec.activations_on_nvme ? "_nvme" : "") + "_" + std::to_string(i.index);
+         (i.param.spec.activations_on_nvme ? "_nvme" : "") +
+         (i.param.spec.tail_parts > 1 ? "_tail" + std::to_string(i.param.spec.tail_parts) : "") +
+         "_" + std::to_string(i.index);
 }
 
 // Tolerance: the executor runs the same kernels in the same order on the same inputs (layer
@@ -388,9 +394,9 @@ TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
     return !b.ok() ? 0 : uint64_t(trainable_only ? b->trainable_weights : b->weights);
   };
   const int S = int(k.spec.stages.size()), head = int(specs.size()) - 1;
+  const int stages = 2 * S + k.spec.tail_parts;
   std::vector<plan::LayerRange> ranges;  // per stage of a step
-  for (int i = 0; i <= 2 * S; ++i) {
-    const int r = plan::StepStageRange(i, S);
+  for (int r : plan::StepStageRanges(S, k.spec.tail_parts)) {
     ranges.push_back(r < S ? k.spec.stages[size_t(r)] : plan::LayerRange{head, head + 1});
   }
   if (m.lora.enabled()) {
@@ -400,8 +406,8 @@ TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
   std::map<std::pair<int, int>, std::pair<int, int>> held;  // slot -> (first layer, step)
   auto step_weights = [&](int step) {
     uint64_t bytes = 0;
-    const auto at = placement.Place(2 * S + 1, m.lora.enabled());
-    for (int i = 0; i <= 2 * S; ++i) {
+    const auto at = placement.Place(stages, m.lora.enabled());
+    for (int i = 0; i < stages; ++i) {
       auto it = held.try_emplace({at[size_t(i)].device, at[size_t(i)].slot}, -1, -1).first;
       if (it->second != std::pair{ranges[size_t(i)].first, step}) {
         bytes += range_bytes(ranges[size_t(i)],
@@ -469,7 +475,7 @@ TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
       EXPECT_EQ(store.get()->bounce_bytes(), planned);
     }
     const ExecutorStats st = (*e)->stats();
-    EXPECT_EQ(st.stages_run, int64_t(2 * k.spec.stages.size() + 1));
+    EXPECT_EQ(st.stages_run, int64_t(stages));
     weights_uploaded += step_weights(step);
     EXPECT_EQ(st.weight_bytes_uploaded, weights_uploaded) << "step " << step;
     // A LoRA job's second step packs the adapters only (each forward range and the head's): the
@@ -1085,19 +1091,26 @@ TEST(ExecutorFileBaseTest, EvaluationsKeepTheServedBasePacked) {
 // seeds, leave the results bit for bit unchanged and do not deadlock: every copy is ordered
 // against the compute that reads or writes its buffer, and every hand-off between devices is an
 // event.
+// A LoRA job, and a full one with the tail split over the three devices (each part's head
+// gradients landing apart while the backward stages read the parts' outputs).
 TEST(ExecutorRaceTest, RandomStreamDelaysChangeNothing) {
-  const Model m = LoadModel("llama", 2);
-  const PlanSpec spec{{{1, 2}, {2, 4}, {4, 5}}, {2}, 3, 2, 16, 3};
-  const plan::Plan p = MakeTestPlan(m, spec);
-  const HostTensors w = RandomWeights(m, 9);
-  const Batches b = MakeBatches(m, spec.micro_batches, spec.batch * spec.seq_len, 4);
-  HostTensors plain = ZeroGrads(m);
-  const double want = ExecutorStep(m, p, 3, w, b, plain);
-  constexpr int kSeeds = 5;
-  for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
-    HostTensors delayed = ZeroGrads(m);
-    EXPECT_EQ(ExecutorStep(m, p, 3, w, b, delayed, 2000, seed), want) << "seed " << seed;
-    ExpectSameBits(delayed, plain, "with delays, seed " + std::to_string(seed));
+  for (const int rank : {2, 0}) {
+    const Model m = LoadModel("llama", rank);
+    PlanSpec spec{{{1, 2}, {2, 4}, {4, 5}}, {2}, 3, 2, 16, 3};
+    if (rank == 0) spec.tail_parts = 3;
+    const plan::Plan p = MakeTestPlan(m, spec);
+    const HostTensors w = RandomWeights(m, 9);
+    const Batches b = MakeBatches(m, spec.micro_batches, spec.batch * spec.seq_len, 4);
+    HostTensors plain = ZeroGrads(m);
+    const double want = ExecutorStep(m, p, 3, w, b, plain);
+    constexpr int kSeeds = 5;
+    for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
+      HostTensors delayed = ZeroGrads(m);
+      const std::string what =
+          "rank " + std::to_string(rank) + ", with delays, seed " + std::to_string(seed);
+      EXPECT_EQ(ExecutorStep(m, p, 3, w, b, delayed, 2000, seed), want) << what;
+      ExpectSameBits(delayed, plain, what);
+    }
   }
 }
 
@@ -1650,6 +1663,41 @@ INSTANTIATE_TEST_SUITE_P(
         // tied) at awkward sizes (25 tokens, rank 3).
         Case{"llama", 4, {{{1, 3}, {3, 5}}, {2}, 2}, 2, false, true},
         Case{"qwen3", 3, {{{1, 2}, {2, 5}}, {3}, 2, 1, 25}, 3, false, true}),
+    CaseName);
+
+// The tail's micro-batches split over devices (plan.tail_parts): each part uploads the head,
+// runs its share of the micro-batches, lands its gradients in a buffer of its own and adds them
+// on the host, and the first backward stage reads each micro-batch from the part that ran it.
+// The head's gradient sums reassociate (tolerance as with several micro-batches). Parts on
+// every device and fewer parts than devices; full (Llama), tied heads (Qwen3; GPT-2 with packed
+// rows), LoRA (a frozen head: parts without gradients), bf16, activations on NVMe.
+Case SplitTail(Case c, int parts) {
+  c.spec.tail_parts = parts;
+  return c;
+}
+INSTANTIATE_TEST_SUITE_P(
+    SplitTailPlans, ExecutorTest,
+    ::testing::Values(
+        SplitTail(Case{"llama", 0, {{{1, 2}, {2, 4}, {4, 5}}, {2}, 4}, 3}, 3),
+        SplitTail(Case{"qwen3", 0, {{{1, 3}, {3, 5}}, {1}, 3}, 2}, 2),
+        SplitTail(Case{"gpt2", 0, {{{1, 3}, {3, 5}}, {2}, 3}, 3, true}, 2),
+        SplitTail(Case{"llama", 4, {{{1, 3}, {3, 5}}, {4}, 2}, 2}, 2),
+        SplitTail(Case{"qwen3", 0, {{{1, 3}, {3, 5}}, {2}, 3, 2, 32, 3, DType::kBF16}, 3}, 3),
+        SplitTail(Case{"llama",
+                       0,
+                       {{{1, 2}, {2, 4}, {4, 5}},
+                        {2},
+                        3,
+                        2,
+                        32,
+                        3,
+                        DType::kF32,
+                        false,
+                        false,
+                        false,
+                        true},
+                       3},
+                  2)),
     CaseName);
 
 // bf16 plans (bf16 weights, activations, activation gradients and their host staging; fp32

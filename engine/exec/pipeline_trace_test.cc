@@ -85,8 +85,17 @@ class PipelineTraceTest : public ::testing::Test {
 };
 Traced* PipelineTraceTest::traced_ = nullptr;
 
+// The micro-batches stage k of a step runs: a part of the tail (plan.tail_parts) its share, every
+// other stage all of them.
+std::pair<int, int> MicroBatchesOf(const plan::Plan& p, int k) {
+  const int S = int(p.stages.size()), P = p.tail_parts, M = p.micro_batches;
+  if (k < S || k >= S + P) return {0, M};
+  return {(k - S) * M / P, (k - S + 1) * M / P};
+}
+
 TEST_F(PipelineTraceTest, EveryStageOfEveryStepHasItsTasksOnItsDevicesLanes) {
-  const int S = int(Plan().stages.size()), M = Plan().micro_batches, K = 2 * S + 1;
+  const int S = int(Plan().stages.size()), M = Plan().micro_batches, P = Plan().tail_parts;
+  const int K = 2 * S + P;
   ASSERT_EQ(Plan().gpus, 2);
   ASSERT_GE(M, 3);
   // name -> (step -> lanes)
@@ -106,28 +115,31 @@ TEST_F(PipelineTraceTest, EveryStageOfEveryStepHasItsTasksOnItsDevicesLanes) {
     }
   };
   for (int k = 0; k < K; ++k) {
-    const char letter = k < S ? 'F' : k == S ? 'T' : 'B';
-    for (int m = 0; m < M; ++m) {
-      expect(plan::RoundRobinTaskName(letter, k, S, m), LaneKind::kCompute, k);
-      expect(plan::RoundRobinTaskName('I', k, S, m), LaneKind::kHostToDevice, k);
-      if (k + 1 < K) expect(plan::RoundRobinTaskName('O', k, S, m), LaneKind::kDeviceToHost, k);
+    const char letter = k < S ? 'F' : k < S + P ? 'T' : 'B';
+    const auto [first, last] = MicroBatchesOf(Plan(), k);
+    for (int m = first; m < last; ++m) {
+      expect(plan::RoundRobinTaskName(letter, k, S, m, P), LaneKind::kCompute, k);
+      expect(plan::RoundRobinTaskName('I', k, S, m, P), LaneKind::kHostToDevice, k);
+      if (k + 1 < K) {
+        expect(plan::RoundRobinTaskName('O', k, S, m, P), LaneKind::kDeviceToHost, k);
+      }
     }
-    // Stage S + 2 (D = 2 <= S) finds its forward stage's weights still in its slot: no copy,
-    // as the schedule says (pipeline_schedules.h).
-    const std::string w = plan::RoundRobinTaskName('W', k, S, -1) + "/0";
-    if (k == S + 2) {
+    // A backward stage two stages per device after its forward stage (D = 2) finds that stage's
+    // weights still in its slot: no copy, as the schedule says (pipeline_schedules.h).
+    const std::string w = plan::RoundRobinTaskName('W', k, S, -1, P) + "/0";
+    if (k >= S + P && k - 4 == plan::StepStageRange(k, S, P)) {
       EXPECT_TRUE(seen[w].empty()) << w;
     } else {
       expect(w, LaneKind::kHostToDevice, k);
     }
-    if (k >= S) expect(plan::RoundRobinTaskName('G', k, S, -1), LaneKind::kDeviceToHost, k);
+    if (k >= S) expect(plan::RoundRobinTaskName('G', k, S, -1, P), LaneKind::kDeviceToHost, k);
   }
   for (int m = 0; m < M; ++m) {
     expect("E." + std::to_string(m), LaneKind::kHostMemory, -1);
     expect("EB." + std::to_string(m), LaneKind::kHostMemory, -1);
   }
-  // Both steps enqueue the same tasks (on the other device each: K is odd), and the second creates
-  // no events: it reuses the first one's.
+  // Both steps enqueue the same tasks, and the second creates no events: it reuses the first
+  // one's.
   std::map<int64_t, int> per_step;
   for (const TraceSpan& s : Spans()) ++per_step[s.step];
   EXPECT_EQ(per_step.size(), 2u);
@@ -159,14 +171,20 @@ TEST_F(PipelineTraceTest, TasksOnOneStreamDoNotOverlap) {
 // mapping error (device times are mapped onto the host clock never early, at most that late; the
 // larger device's is taken).
 TEST_F(PipelineTraceTest, HandOffsBetweenDevicesAreOrdered) {
-  const int S = int(Plan().stages.size()), M = Plan().micro_batches, K = 2 * S + 1;
+  const int S = int(Plan().stages.size()), M = Plan().micro_batches, P = Plan().tail_parts;
+  const int K = 2 * S + P;
   const std::vector<TraceSpan> spans = Spans();
   int checked = 0;
   for (int64_t step = 0; step < 2; ++step) {
     for (int k = 1; k < K; ++k) {
-      for (int m = 0; m < M; ++m) {
-        const std::string in = plan::RoundRobinTaskName('I', k, S, m),
-                          out = plan::RoundRobinTaskName('O', k - 1, S, m);
+      const auto [first, last] = MicroBatchesOf(Plan(), k);
+      for (int m = first; m < last; ++m) {
+        int from = k - 1;  // the stage before k that ran m (a tail's part, or the last forward)
+        while (m < MicroBatchesOf(Plan(), from).first || m >= MicroBatchesOf(Plan(), from).second) {
+          --from;
+        }
+        const std::string in = plan::RoundRobinTaskName('I', k, S, m, P),
+                          out = plan::RoundRobinTaskName('O', from, S, m, P);
         const double error =
             std::max(traced_->run.trace->clock_error_s(0), traced_->run.trace->clock_error_s(1));
         for (const TraceSpan& u : spans) {
@@ -180,7 +198,7 @@ TEST_F(PipelineTraceTest, HandOffsBetweenDevicesAreOrdered) {
       }
     }
   }
-  EXPECT_GE(checked, 2 * (K - 1) * M);
+  EXPECT_GE(checked, 2 * (2 * S - 1) * M);  // every stage's micro-batches but the first stage's
 }
 
 // The measured trace is written by `ferry plan --trace`'s writer: the JSON parses, and its
@@ -236,12 +254,14 @@ TEST_F(PipelineTraceTest, JsonHasThePredictedTimelinesLanesAndNames) {
 TEST_F(PipelineTraceTest, OptimizerSpansAreNamedAsThePlansUpdates) {
   TraceRecorder trace(Plan(), 1);  // its own: the run's stays as the executor left it
   const int S = int(Plan().stages.size()), layers = int(Plan().recompute.size());
-  EXPECT_EQ(trace.UpdateTask(layers - 1).name, "UT");
-  EXPECT_EQ(trace.UpdateTask(0).stage, 2 * S);  // the embedding: with the last backward stage
+  const int P = Plan().tail_parts;
+  // The head's: with the tail's last part ("UT" in one part, "UT<p>" in several).
+  EXPECT_EQ(trace.UpdateTask(layers - 1).name, P == 1 ? "UT" : "UT" + std::to_string(P - 1));
+  EXPECT_EQ(trace.UpdateTask(0).stage, 2 * S + P - 1);  // the embedding: the last backward stage
   for (int f = 0; f < S; ++f) {
-    const int k = 2 * S - f;
+    const int k = 2 * S + P - 1 - f;
     EXPECT_EQ(trace.UpdateTask(Plan().stages[size_t(f)].first).name,
-              plan::RoundRobinTaskName('U', k, S, -1));
+              plan::RoundRobinTaskName('U', k, S, -1, P));
   }
   { HostSpan span = OptimizerSpan(&trace, 1); }
   { HostSpan none = OptimizerSpan(nullptr, 1); }

@@ -101,6 +101,7 @@ class TraceRecorder {
   const ClockFn clock_;  // empty: steady clock since origin_
   const int devices_;
   const int forward_stages_;
+  const int tail_parts_;
   const int64_t expected_steps_;
   std::vector<int> update_stage_;  // per layer: the stage whose gradients its update needs
   std::atomic<int64_t> step_{-1};

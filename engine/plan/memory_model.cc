@@ -253,7 +253,8 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     stage_weights = std::max(stage_weights, w);
     stage_grads = std::max(stage_grads, g);
     upload_mirrors += w_host;
-    landing += g;
+    // The tail's parts after the first land their gradients apart (MemoryPlanInput::tail_parts).
+    landing += g * uint64_t(s.first == head ? std::max(in.tail_parts, 1) : 1);
   }
   uint64_t saved_set = 0, scratch = 0, work = 0;
   const int64_t tokens = in.micro_batch.tokens();

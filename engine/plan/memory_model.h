@@ -172,7 +172,11 @@ struct MemoryPlanInput {
   // the host; engine/train/loss_scaler.h).
   DType compute_dtype = DType::kBF16;
   std::vector<LayerRange> stages;  // block stages in layer order; the head is the fused tail
-  std::vector<bool> recompute;     // per layer of BuildLayerSpecs (embedding, blocks, head)
+  // The tail's micro-batches run in this many parts, each on its device (RoundRobinJob::
+  // tail_parts); every part after the first lands its gradients in a buffer of its own, so
+  // "grads.landing" holds the head's gradients once per part.
+  int tail_parts = 1;
+  std::vector<bool> recompute;  // per layer of BuildLayerSpecs (embedding, blocks, head)
   bool activations_on_nvme = false;
   // Each device keeps the input and saved set of every micro-batch of the blocks of its forward
   // stages ("activations.keep": per block and micro-batch, its input then its saved slot, each

@@ -130,6 +130,19 @@ TEST(MemoryModel, FullFineTuningByHand) {
   EXPECT_EQ(e.nvme.total(), 0u);
 }
 
+// The tail in three parts: each part after the first lands the head's gradients (768 bytes by
+// hand above) in a host buffer of its own: 6912 + 2 x 768 = 8448 -> 12288. Nothing else moves.
+TEST(MemoryModel, TailPartsLandTheHeadsGradientsApart) {
+  MemoryPlanInput in = HandInput();
+  const MemoryEstimate one = ComputeMemory(in);
+  in.tail_parts = 3;
+  const MemoryEstimate three = ComputeMemory(in);
+  EXPECT_EQ(Named(three.pinned_host).at("grads.landing"), 12288u);
+  EXPECT_EQ(three.pinned_host.total(), one.pinned_host.total() + 4096);
+  EXPECT_EQ(three.gpu.total(), one.gpu.total());
+  EXPECT_EQ(three.pageable_host.total(), one.pageable_host.total());
+}
+
 // One micro-batch: nothing uploads for a next one, so the row layout has one slot and the
 // backward's residual gradient two buffers (no "hidden.4").
 TEST(MemoryModel, OneMicroBatchPlansOneLayoutSlotAndTwoGradientBuffers) {

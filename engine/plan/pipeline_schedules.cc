@@ -26,8 +26,8 @@ std::string Tag(char letter, int stage, int micro_batch) {
   return s;
 }
 
-// F, T or B: stage k's kind, with nf forward stages.
-char StageLetter(int k, int nf) { return k < nf ? 'F' : k == nf ? 'T' : 'B'; }
+// F, T or B: stage k's kind, with nf forward stages and the tail in `parts` parts.
+char StageLetter(int k, int nf, int parts) { return k < nf ? 'F' : k < nf + parts ? 'T' : 'B'; }
 
 void AddDep(Schedule& s, int task, int dep) {
   if (task != kNone && dep != kNone) s.tasks[task].deps.push_back(dep);
@@ -168,12 +168,15 @@ Result<Schedule> Build1F1BSchedule(const std::vector<StageCost>& stages, int mic
   return BuildPinned("1F1B", stages, m, order);
 }
 
-std::string RoundRobinTaskName(char what, int stage, int forward_stages, int micro_batch) {
-  const char letter = StageLetter(stage, forward_stages);
+std::string RoundRobinTaskName(char what, int stage, int forward_stages, int micro_batch,
+                               int tail_parts) {
+  const char letter = StageLetter(stage, forward_stages, tail_parts);
   std::string n(1, what);
   if (what != letter) n += letter;  // e.g. "IB2.0": input of backward stage 2
   if (letter != 'T') {
-    n += std::to_string(stage < forward_stages ? stage : stage - forward_stages - 1);
+    n += std::to_string(stage < forward_stages ? stage : stage - forward_stages - tail_parts);
+  } else if (tail_parts > 1 && micro_batch < 0) {  // a part's own task: "WT1", "GT0"
+    n += std::to_string(stage - forward_stages);
   }
   if (micro_batch >= 0) n += "." + std::to_string(micro_batch);
   return n;
@@ -181,8 +184,15 @@ std::string RoundRobinTaskName(char what, int stage, int forward_stages, int mic
 
 Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
   if (job.gpus < 1) return Status::InvalidArgument("round-robin: gpus must be >= 1");
+  const int P = job.tail_parts;
+  if (P < 1 || P > std::min(job.micro_batches, job.gpus)) {
+    return Status::InvalidArgument("round-robin: tail_parts must be 1 to min(micro-batches, gpus)");
+  }
   std::vector<StageCost> all = job.forward;
-  all.push_back(job.tail);
+  for (int p = 0; p < P; ++p) {  // the tail's update follows its last part
+    all.push_back(job.tail);
+    if (p + 1 < P) all.back().param_count = 0;
+  }
   all.insert(all.end(), job.backward.begin(), job.backward.end());
   FERRY_RETURN_IF_ERROR(CheckStages(all, job.micro_batches, "round-robin"));
   for (const HostWork& w : {job.embedding_forward, job.embedding_backward}) {
@@ -200,10 +210,13 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
   const int chunks = job.weight_chunks > 0 ? job.weight_chunks : m;
 
   auto kind_of = [&](int k) {
-    return k < nf ? TaskKind::kForward : k == nf ? TaskKind::kTail : TaskKind::kBackward;
+    return k < nf ? TaskKind::kForward : k < nf + P ? TaskKind::kTail : TaskKind::kBackward;
   };
-  auto letter_of = [&](int k) { return StageLetter(k, nf); };
-  auto name_of = [&](char prefix, int k, int j) { return RoundRobinTaskName(prefix, k, nf, j); };
+  auto letter_of = [&](int k) { return StageLetter(k, nf, P); };
+  auto name_of = [&](char prefix, int k, int j) { return RoundRobinTaskName(prefix, k, nf, j, P); };
+  // The micro-batches stage k runs: [lo(k), hi(k)) (a tail part its share, every other stage all).
+  auto lo = [&](int k) { return kind_of(k) == TaskKind::kTail ? (k - nf) * m / P : 0; };
+  auto hi = [&](int k) { return kind_of(k) == TaskKind::kTail ? (k - nf + 1) * m / P : m; };
 
   Schedule s;
   s.name = "round-robin";
@@ -221,14 +234,19 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
   // is), each layer range's once, by the first of its stages (forward or backward) prepared;
   // its work is the forward stage's (or the tail's) StageCost::pack.
   int host = m > 0 ? gather[m - 1] : kNone;
-  // A backward stage runs a forward stage's layers when the partitions are the same.
+  // A backward stage runs a forward stage's layers when the partitions are the same; the tail's
+  // parts run one range.
   const bool mirrored = job.backward.size() == job.forward.size();
-  auto range_of = [&](int k) { return k <= nf || !mirrored ? k : 2 * nf - k; };
+  auto range_of = [&](int k) {
+    return k < nf ? k : k < nf + P ? nf : mirrored ? StepStageRange(k, nf, P) : k;
+  };
   std::vector<int> pack_of(K, kNone);
   std::vector<bool> prepared(K, false);
   // Stage k finds its weights in its buffer: the stage before it there (k - 2G) was the forward
-  // stage over its layers (backward stage k runs forward stage 2 nf - k's layers).
-  auto resident = [&](int k) { return k > nf && k - 2 * G >= 0 && k - 2 * G == 2 * nf - k; };
+  // stage over its layers (backward stage k runs forward stage 2 nf + P - 1 - k's layers).
+  auto resident = [&](int k) {
+    return k >= nf + P && k - 2 * G >= 0 && k - 2 * G == StepStageRange(k, nf, P);
+  };
   std::vector<int> image_first(K, kNone);  // streamed: the first task of stage k's packing
   auto add_pack = [&](int k) {
     if (job.streamed_base) {    // the stage's own image, its base read first unless held
@@ -266,12 +284,16 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
   // The packing a stage's upload waits for: its layer range's (streamed: its own).
   auto packed = [&](int k) { return pack_of[job.streamed_base ? k : range_of(k)]; };
 
-  // What micro-batch j of stage k waits for: the previous stage's output (or compute), or the
-  // embedding's gather for the first stage.
+  // What micro-batch j of stage k waits for: the output (or compute) of the stage before it that
+  // ran j (the tail's part that ran it, for the first backward stage), or the embedding's gather
+  // for the first stage.
   auto before = [&](int k, int j) {
-    if (k == 0) return gather[j];
-    return out[k - 1][j] != kNone ? out[k - 1][j] : compute[k - 1][j];
+    int b = k - 1;
+    while (b >= 0 && (j < lo(b) || j >= hi(b))) --b;
+    if (b < 0) return gather[j];
+    return out[b][j] != kNone ? out[b][j] : compute[b][j];
   };
+  auto last_of = [&](int k) { return compute[k][hi(k) - 1]; };  // stage k's last computation
 
   auto add_weight_chunk = [&](int k, int c) {
     const int d = k % G;
@@ -279,7 +301,7 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
                          {LaneKind::kHostToDevice, d}, k, -1);
     const bool base = size_t(k) < job.base_resident.size() && job.base_resident[size_t(k)];
     t.bytes = (base ? all[k].trainable_weight_bytes : all[k].weight_bytes) / chunks;
-    if (k - 2 * G >= 0) t.deps.push_back(compute[k - 2 * G][m - 1]);  // buffer is free
+    if (k - 2 * G >= 0) t.deps.push_back(last_of(k - 2 * G));  // buffer is free
     if (packed(k) != kNone) t.deps.push_back(packed(k));
     weights_last[k] = s.Add(std::move(t));
   };
@@ -292,7 +314,8 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
     }
     const int next = k + G < K ? k + G : kNone;
     int next_chunk = 0;
-    for (int j = 0; j < m; ++j) {
+    const int first = lo(k), count = hi(k) - lo(k);
+    for (int j = first; j < hi(k); ++j) {
       if (c.input_bytes > 0) {
         SimTask t = MakeTask(name_of('I', k, j), TaskKind::kActivationUpload,
                              {LaneKind::kHostToDevice, d}, k, j);
@@ -302,11 +325,11 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
       }
       // The next stage's weight chunks queue behind this stage's activation uploads.
       while (next != kNone && all[next].weight_bytes > 0 && !resident(next) &&
-             next_chunk < chunks && static_cast<long>(next_chunk) * m / chunks <= j) {
+             next_chunk < chunks && static_cast<long>(next_chunk) * count / chunks <= j - first) {
         add_weight_chunk(next, next_chunk++);
       }
     }
-    for (int j = 0; j < m; ++j) {
+    for (int j = first; j < hi(k); ++j) {
       SimTask t = MakeTask(name_of(letter_of(k), k, j), kind_of(k), {LaneKind::kCompute, d}, k, j);
       t.duration_s = kind_of(k) == TaskKind::kForward ? c.fwd_s
                      : kind_of(k) == TaskKind::kTail  ? c.fwd_s + c.bwd_s
@@ -321,14 +344,16 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
     }
     if (job.executor_buffers) {
       const int slots = std::max(job.input_slots, 1);
-      for (int j = slots; j < m; ++j) AddDep(s, in[k][j], compute[k][j - slots]);
+      for (int j = first + slots; j < hi(k); ++j) AddDep(s, in[k][j], compute[k][j - slots]);
       // The device's stage before this one may still be downloading the slot it reuses.
-      if (k >= G && all[k - G].reuses_saved_slot) AddDep(s, compute[k][0], out[k - G][m - 1]);
-      // ... or the gradients its micro-batch 0 zeroes (one accumulator per device).
-      if (k >= G && c.grad_bytes > 0) AddDep(s, compute[k][0], grads_of[k - G]);
+      if (k >= G && all[k - G].reuses_saved_slot) {
+        AddDep(s, compute[k][first], out[k - G][hi(k - G) - 1]);
+      }
+      // ... or the gradients its first micro-batch zeroes (one accumulator per device).
+      if (k >= G && c.grad_bytes > 0) AddDep(s, compute[k][first], grads_of[k - G]);
     }
     if (c.output_bytes > 0) {
-      for (int j = 0; j < m; ++j) {
+      for (int j = first; j < hi(k); ++j) {
         SimTask t = MakeTask(name_of('O', k, j), TaskKind::kActivationDownload,
                              {LaneKind::kDeviceToHost, d}, k, j);
         t.bytes = c.output_bytes;
@@ -336,10 +361,10 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
         out[k][j] = s.Add(std::move(t));
       }
       if (job.executor_buffers && c.reuses_saved_slot) {
-        for (int j = 1; j < m; ++j) AddDep(s, compute[k][j], out[k][j - 1]);
+        for (int j = first + 1; j < hi(k); ++j) AddDep(s, compute[k][j], out[k][j - 1]);
       }
       if (job.executor_buffers) {
-        for (int j = 2; j < m; ++j) {
+        for (int j = first + 2; j < hi(k); ++j) {
           // Micro-batch j's input lands in the buffer j - 2's output left (three turn over; a
           // kept forward stage's input has an entry of its own, an approximation there) ...
           AddDep(s, in[k][j], out[k][j - 2]);
@@ -356,11 +381,11 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
       SimTask t = MakeTask(name_of('G', k, -1), TaskKind::kGradientDownload,
                            {LaneKind::kDeviceToHost, d}, k, -1);
       t.bytes = c.grad_bytes;
-      t.deps.push_back(compute[k][m - 1]);
+      t.deps.push_back(last_of(k));
       grads = s.Add(std::move(t));
       grads_of[k] = grads;
     }
-    const int landed = grads != kNone ? grads : compute[k][m - 1];
+    const int landed = grads != kNone ? grads : last_of(k);
     const int added = AddHostWork(s, c.add_grads, name_of('A', k, -1), TaskKind::kGradientAdd, -1,
                                   {landed, host});
     if (added != kNone) {
@@ -402,6 +427,14 @@ std::vector<StageRoundRobin::Placement> StageRoundRobin::Place(int stages, bool 
   }
   if (!out.empty()) last_ = out.back();
   return out;
+}
+
+std::vector<int> StepStageRanges(int forward_stages, int tail_parts) {
+  std::vector<int> ranges;
+  for (int i = 0; i < 2 * forward_stages + tail_parts; ++i) {
+    ranges.push_back(StepStageRange(i, forward_stages, tail_parts));
+  }
+  return ranges;
 }
 
 std::vector<bool> ResidentBases(const std::vector<int>& ranges, int gpus) {

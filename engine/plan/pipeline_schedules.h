@@ -81,6 +81,13 @@ struct RoundRobinJob {
   std::vector<StageCost> forward;   // forward stages in layer order (fwd_s used)
   StageCost tail;                   // head + loss, fwd_s + bwd_s per micro-batch on one device
   std::vector<StageCost> backward;  // backward stages in execution order, last layers first
+  // The tail's micro-batches split among this many consecutive stages of the round robin (each
+  // on the next device): part p runs micro-batches [p m / P, (p + 1) m / P), each part uploads the
+  // head's weights, downloads its own gradients (into a landing buffer of its own) once after its
+  // last micro-batch and adds them on the host thread. The tail's update (StageCost::
+  // param_count) follows the last part's adding. 1 to min(micro_batches, gpus); 1: the tail on
+  // one device.
+  int tail_parts = 1;
   // Weight uploads are split into this many chunks queued behind the activation uploads of the
   // stage that runs before (0 = one chunk per micro-batch).
   int weight_chunks = 0;
@@ -141,10 +148,15 @@ class StageRoundRobin {
 };
 
 // The layer range (forward stage index; the tail's is `forward_stages`) that stage `stage` of a
-// step runs: forward stages, then the tail, then the backward stages in reverse.
-inline int StepStageRange(int stage, int forward_stages) {
-  return stage <= forward_stages ? stage : 2 * forward_stages - stage;
+// step runs: forward stages, then the tail (in `tail_parts` parts), then the backward stages in
+// reverse.
+inline int StepStageRange(int stage, int forward_stages, int tail_parts = 1) {
+  return stage < forward_stages                ? stage
+         : stage < forward_stages + tail_parts ? forward_stages
+                                               : 2 * forward_stages + tail_parts - 1 - stage;
 }
+// StepStageRange of every stage of a training step, in order.
+std::vector<int> StepStageRanges(int forward_stages, int tail_parts = 1);
 
 // Per stage of a LoRA training step after many (StageRoundRobin with resume, every step alike),
 // whether its weight slot still holds its layers' frozen base when the stage starts: the stage
@@ -172,10 +184,12 @@ std::vector<bool> ResidentBases(const std::vector<int>& ranges, int gpus);
 // The round-robin schedule's name for a task of stage `stage` (its index in the step: forward
 // stages, the tail, backward stages; `forward_stages` of them forward): `what` is the stage's own
 // letter (F, T, B) for its compute, or a task letter (I, O, W, G, U, ...) followed by the stage's
-// letter; then the stage's index among its kind (none for the tail) and ".<micro_batch>" unless
-// micro_batch < 0. (1 forward stage) 'I', stage 3, micro-batch 1 -> "IB1.1"; 'T', 1, 0 -> "T.0".
-// The executor's measured trace (engine/exec/trace_recorder.h) names its tasks with it, so a
-// measured and a predicted timeline match task for task.
-std::string RoundRobinTaskName(char what, int stage, int forward_stages, int micro_batch);
+// letter; then the stage's index among its kind (none for the tail in one part; its part when
+// split, for tasks not per micro-batch) and ".<micro_batch>" unless micro_batch < 0. (1 forward
+// stage) 'I', stage 3, micro-batch 1 -> "IB1.1"; 'T', 1, 0 -> "T.0"; 'G', 2, -1, 2 parts ->
+// "GT1". The executor's measured trace (engine/exec/trace_recorder.h) names its tasks with it,
+// so a measured and a predicted timeline match task for task.
+std::string RoundRobinTaskName(char what, int stage, int forward_stages, int micro_batch,
+                               int tail_parts = 1);
 
 }  // namespace ferry::plan

@@ -200,6 +200,78 @@ TEST(PipelineSchedules, RoundRobinInputUploadsWaitForTheComputeThatFreesTheirSlo
   EXPECT_NEAR(f3_end(true, 1), 12.0, kTol);
 }
 
+// The tail split over devices (RoundRobinJob::tail_parts). Two GPUs, two micro-batches, a forward
+// stage of 1 s, a tail of 4 s, a backward stage of 1 s per micro-batch, free transfers. In one
+// part: F0 on GPU 0 [0, 2), T.0 and T.1 on GPU 1 [1, 9), B0 on GPU 0 after each: B0.1 ends at 10.
+// In two: T.0 on GPU 1 [1, 5), T.1 on GPU 0 once F0.1 is done [2, 6), B0 (stage 3) on GPU 1
+// reads micro-batch 0 from the first part and 1 from the second: [5, 6) and [6, 7).
+// Each part downloads its gradients (1 GB: 1 s) once its micro-batch is done and the tail's update
+// (1e9 parameters: 1 s) follows the last part's: GT0 [5, 6) on GPU 1, GT1 [6, 7) on GPU 0, UT1
+// [7, 8).
+TEST(PipelineSchedules, RoundRobinSplitsTheTailsMicroBatchesOverDevices) {
+  RoundRobinJob job;
+  job.gpus = 2;
+  job.micro_batches = 2;
+  job.forward = EqualStages(1, 1.0, 0.0);
+  job.tail.fwd_s = 2.0;
+  job.tail.bwd_s = 2.0;
+  job.backward = EqualStages(1, 0.0, 1.0);
+  struct Ran {
+    LaneId lane;
+    TaskTiming at;
+  };
+  struct Step {
+    double makespan = 0;
+    std::map<std::string, Ran> tasks;
+  };
+  auto run = [&](int parts) {
+    job.tail_parts = parts;
+    Step step;
+    Result<Schedule> s = BuildRoundRobinSchedule(job);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (!s.ok()) return step;
+    Result<SimResult> r = Simulate(*s, FastLinks());
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (!r.ok()) return step;
+    step.makespan = r->makespan_s;
+    for (size_t i = 0; i < s->tasks.size(); ++i) {
+      step.tasks[s->tasks[i].name] = {s->tasks[i].lane, r->timing[i]};
+    }
+    return step;
+  };
+  EXPECT_NEAR(run(1).makespan, 10.0, kTol);
+  Step two = run(2);
+  EXPECT_NEAR(two.makespan, 7.0, kTol);
+  EXPECT_EQ(two.tasks["T.0"].lane, (LaneId{LaneKind::kCompute, 1}));
+  EXPECT_EQ(two.tasks["T.1"].lane, (LaneId{LaneKind::kCompute, 0}));
+  EXPECT_NEAR(two.tasks["T.1"].at.start_s, 2.0, kTol);
+  EXPECT_NEAR(two.tasks["B0.0"].at.start_s, 5.0, kTol);  // not held back by the second part
+  EXPECT_EQ(two.tasks["B0.0"].lane, (LaneId{LaneKind::kCompute, 1}));
+  job.tail.grad_bytes = 1e9;
+  job.tail.param_count = 1e9;
+  two = run(2);
+  EXPECT_NEAR(two.makespan, 8.0, kTol);
+  EXPECT_EQ(two.tasks["GT0"].lane, (LaneId{LaneKind::kDeviceToHost, 1}));
+  EXPECT_NEAR(two.tasks["GT0"].at.start_s, 5.0, kTol);
+  EXPECT_EQ(two.tasks["GT1"].lane, (LaneId{LaneKind::kDeviceToHost, 0}));
+  EXPECT_NEAR(two.tasks["GT1"].at.start_s, 6.0, kTol);
+  EXPECT_NEAR(two.tasks["UT1"].at.start_s, 7.0, kTol);
+  EXPECT_EQ(two.tasks.count("UT0"), 0u);  // one update, after the last part
+  EXPECT_EQ(two.tasks.count("UT"), 0u);
+}
+
+// Task names and layer ranges with the tail in parts.
+TEST(PipelineSchedules, TailPartsNameTheirTasksAndRunTheHeadsRange) {
+  EXPECT_EQ(RoundRobinTaskName('T', 2, 1, 3, 2), "T.3");    // per micro-batch: no part
+  EXPECT_EQ(RoundRobinTaskName('G', 2, 1, -1, 2), "GT1");   // the second part's gradients
+  EXPECT_EQ(RoundRobinTaskName('W', 1, 1, -1, 2), "WT0");   // the first part's weights
+  EXPECT_EQ(RoundRobinTaskName('W', 1, 1, -1), "WT");       // one part: unnumbered
+  EXPECT_EQ(RoundRobinTaskName('I', 3, 1, 0, 2), "IB0.0");  // the first backward stage
+  EXPECT_EQ(RoundRobinTaskName('U', 4, 2, -1, 3), "UT2");   // two forward stages, 3 parts
+  EXPECT_EQ(StepStageRanges(2, 3), (std::vector<int>{0, 1, 2, 2, 2, 1, 0}));
+  EXPECT_EQ(StepStageRanges(2), (std::vector<int>{0, 1, 2, 1, 0}));
+}
+
 TEST(PipelineSchedules, RejectsBadInput) {
   EXPECT_FALSE(BuildGpipeSchedule({}, 4).ok());
   EXPECT_FALSE(BuildGpipeSchedule(EqualStages(2, 1, 1), 0).ok());
@@ -208,6 +280,17 @@ TEST(PipelineSchedules, RejectsBadInput) {
   EXPECT_FALSE(Build1F1BSchedule(negative, 2).ok());
   RoundRobinJob job = EqualRoundRobin(0, 2);
   EXPECT_FALSE(BuildRoundRobinSchedule(job).ok());
+  // The tail's parts: 1 to min(micro-batches, GPUs).
+  for (int parts : {0, 3}) {
+    job = EqualRoundRobin(2, 4);
+    job.tail_parts = parts;
+    EXPECT_FALSE(BuildRoundRobinSchedule(job).ok()) << parts;
+  }
+  job = EqualRoundRobin(4, 2);
+  job.tail_parts = 3;
+  EXPECT_FALSE(BuildRoundRobinSchedule(job).ok());
+  job.tail_parts = 2;
+  EXPECT_TRUE(BuildRoundRobinSchedule(job).ok());
 }
 
 // The embedding's host work on one GPU, two micro-batches of forward 1 s, tail 1 s, backward 1 s:

@@ -79,6 +79,7 @@ nlohmann::json CandidatesToJson(const std::vector<PlanCandidate>& candidates) {
   for (const PlanCandidate& k : candidates) {
     nlohmann::json j = {{"micro_batches", k.micro_batches},
                         {"stages", k.stages},
+                        {"tail_parts", k.tail_parts},
                         {"activation_policy", k.policy},
                         {"recomputed_blocks", k.recomputed},
                         {"activations", TierName(k.activations)},
@@ -128,15 +129,16 @@ std::string ExplainCandidates(const PlanOutcome& o, size_t most) {
         "The chosen plan and the fastest runners-up (at equal speed: the frozen base in RAM, "
         "then less NVMe space, fewer NVMe reads, less host memory):\n";
     char buf[320];
-    std::snprintf(buf, sizeof buf, "  %3s %9s %7s %6s %6s  %-34s %-9s %-9s %10s %10s %10s  %s\n",
-                  "#", "s/step", "bubble", "micro", "stages", "activations", "optimizer",
+    std::snprintf(buf, sizeof buf,
+                  "  %3s %9s %7s %6s %6s %4s  %-34s %-9s %-9s %10s %10s %10s  %s\n", "#", "s/step",
+                  "bubble", "micro", "stages", "tail", "activations", "optimizer",
                   lora ? "frozen" : "", "GPU", "host", "NVMe", "not chosen because");
     out += buf;
     for (size_t i = 0; i < fitting.size() && i <= most; ++i) {
       const PlanCandidate& k = *fitting[i];
       std::snprintf(
-          buf, sizeof buf, "  %3zu %9.3f %6.1f%% %6d %6d  %-34s %-9s %-9s %10s %10s %10s  %s\n",
-          i + 1, k.step_s, 100.0 * k.bubble_fraction, k.micro_batches, k.stages,
+          buf, sizeof buf, "  %3zu %9.3f %6.1f%% %6d %6d %4d  %-34s %-9s %-9s %10s %10s %10s  %s\n",
+          i + 1, k.step_s, 100.0 * k.bubble_fraction, k.micro_batches, k.stages, k.tail_parts,
           ActivationsOf(k).c_str(), std::string(TierName(k.optimizer)).c_str(),
           lora ? std::string(TierName(k.frozen)).c_str() : "", FormatByteSize(k.gpu_bytes).c_str(),
           FormatByteSize(k.host_bytes).c_str(), FormatByteSize(k.nvme_bytes).c_str(),
@@ -161,8 +163,10 @@ std::string ExplainCandidates(const PlanOutcome& o, size_t most) {
     }
     return "  " + std::to_string(k.micro_batches) +
            (k.micro_batches == 1 ? " micro-batch, " : " micro-batches, ") +
-           std::to_string(k.stages) + (k.stages == 1 ? " stage" : " stages") + ", activations " +
-           ActivationsOf(k) + ", optimizer on " + std::string(TierName(k.optimizer)) +
+           std::to_string(k.stages) + (k.stages == 1 ? " stage" : " stages") +
+           (k.tail_parts > 1 ? ", the tail in " + std::to_string(k.tail_parts) + " parts" : "") +
+           ", activations " + ActivationsOf(k) + ", optimizer on " +
+           std::string(TierName(k.optimizer)) +
            (lora ? ", frozen base on " + std::string(TierName(k.frozen)) : std::string()) + ": " +
            step + "; " + k.tightest + " " + FormatByteSize(need) +
            Format(", %.2fx what is usable\n", k.need_ratio);
@@ -208,6 +212,7 @@ nlohmann::json PlanToJson(const Plan& p) {
   for (const LayerRange& s : p.stages) stages.push_back({s.first, s.last});
   j["forward_stages"] = stages;  // layer ranges [first, last); backward runs them reversed
   j["tail"] = "head+loss (fused)";
+  j["tail_parts"] = p.tail_parts;  // its micro-batches split over this many devices
   nlohmann::json recompute = nlohmann::json::array();
   for (size_t i = 0; i < p.recompute.size(); ++i) {
     if (p.recompute[i]) recompute.push_back(i);
@@ -283,7 +288,12 @@ std::string PlanSummary(const Plan& p) {
   for (const LayerRange& s : p.stages) {
     out += " " + std::to_string(s.first) + "-" + std::to_string(s.last - 1);
   }
-  out += "), fused head+loss tail; round-robin over " + std::to_string(p.gpus) + " GPU(s)\n";
+  out += "), fused head+loss tail";
+  if (p.tail_parts > 1) {
+    out += " in " + std::to_string(p.tail_parts) + " parts (its micro-batches over " +
+           std::to_string(p.tail_parts) + " GPUs)";
+  }
+  out += "; round-robin over " + std::to_string(p.gpus) + " GPU(s)\n";
   int recomputed = 0;
   for (bool r : p.recompute) recomputed += r ? 1 : 0;
   // A streamed base's copy on NVMe (none: the model's files serve it).

@@ -180,6 +180,7 @@ struct Candidate {
   std::vector<bool> recompute;
   Tier activations = Tier::kHost, optimizer = Tier::kHost, frozen = Tier::kHost;
   bool keep = false;  // policy "keep": the devices keep every saved activation
+  int tail_parts = 1;
 };
 
 MemoryEstimate MemoryOf(const Context& c, const Candidate& k, int gpus) {
@@ -191,6 +192,7 @@ MemoryEstimate MemoryOf(const Context& c, const Candidate& k, int gpus) {
   in.gpus = gpus;
   in.compute_dtype = c.job.compute_dtype;
   in.stages = k.stages;
+  in.tail_parts = k.tail_parts;
   in.recompute = k.recompute;
   in.activations_on_nvme = k.activations == Tier::kNvme;
   in.keep_activations = k.keep;
@@ -283,6 +285,7 @@ RoundRobinJob BuildJob(const std::vector<LayerNumbers>& n, const Candidate& k, i
   RoundRobinJob job;
   job.gpus = gpus;
   job.micro_batches = int(k.micro_batches);
+  job.tail_parts = k.tail_parts;
   job.executor_buffers = true;  // as the executor runs its plans
   job.input_slots = 2;
   job.forward = StageCosts(n, k.stages, k.recompute, false, k.keep);
@@ -295,10 +298,7 @@ RoundRobinJob BuildJob(const std::vector<LayerNumbers>& n, const Candidate& k, i
   job.tail.trainable_weight_bytes = head.trainable_weights;
   job.streamed_base = k.frozen == Tier::kNvme;
   if (resident_base) {
-    const int S = int(k.stages.size());
-    std::vector<int> ranges;
-    for (int i = 0; i <= 2 * S; ++i) ranges.push_back(StepStageRange(i, S));
-    job.base_resident = ResidentBases(ranges, gpus);
+    job.base_resident = ResidentBases(StepStageRanges(int(k.stages.size()), k.tail_parts), gpus);
   }
   job.tail.input_bytes = head.input;
   job.tail.output_bytes = head.input;  // dh
@@ -353,8 +353,8 @@ Result<Timing> SimulateJob(const RoundRobinJob& job, const HardwareProfile& hw) 
 // NVMe traffic per step of the groups a candidate places there.
 void NvmeTraffic(const Context& c, const MemoryEstimate& m, Plan& p) {
   if (p.frozen_weights == Tier::kNvme) {
-    p.nvme_read_bytes +=
-        StreamedBaseBytes(c.layers, StreamedBaseSourceOf(c.model, c.job), p.stages, p.gpus);
+    p.nvme_read_bytes += StreamedBaseBytes(c.layers, StreamedBaseSourceOf(c.model, c.job), p.stages,
+                                           p.gpus, p.tail_parts);
   }
   for (const Allocation& a : m.nvme.allocations) {
     if (a.name == "activations.saved") {  // each entry written and read once; a.bytes is space
@@ -392,6 +392,7 @@ Candidate CandidateOf(const Plan& plan) {
   k.optimizer = plan.optimizer_state;
   k.frozen = plan.frozen_weights;
   k.keep = plan.keep_activations;
+  k.tail_parts = plan.tail_parts;
   return k;
 }
 
@@ -404,6 +405,9 @@ Status ValidateInputs(const ModelConfig& model, const PlanJob& job, const Hardwa
   if (job.global_batch < 1) return Status::InvalidArgument("--batch-size must be at least 1");
   if (job.seq_len < 1) return Status::InvalidArgument("--seq-len must be at least 1");
   if (job.max_stages < 0) return Status::InvalidArgument("max_stages must be 0 (any) or more");
+  if (job.max_tail_parts < 0) {
+    return Status::InvalidArgument("max_tail_parts must be 0 (any) or more");
+  }
   if (job.micro_batches < 0 || (job.micro_batches > 0 && job.global_batch % job.micro_batches)) {
     return Status::InvalidArgument("--micro-batches " + std::to_string(job.micro_batches) +
                                    " must divide --batch-size " + std::to_string(job.global_batch) +
@@ -489,15 +493,14 @@ StreamedBaseSource StreamedBaseSourceOf(const ModelConfig& model, const PlanJob&
 }
 
 double StreamedBaseBytes(const std::vector<LayerSpec>& layers, const StreamedBaseSource& source,
-                         const std::vector<LayerRange>& stages, int gpus) {
+                         const std::vector<LayerRange>& stages, int gpus, int tail_parts) {
   auto base_of = [&](LayerRange r) {
     double bytes = 0;
     for (int i = r.first; i < r.last; ++i) bytes += LayerBaseBytes(layers[size_t(i)], source);
     return bytes;
   };
   const int S = int(stages.size()), head = int(layers.size()) - 1;
-  std::vector<int> ranges;
-  for (int i = 0; i <= 2 * S; ++i) ranges.push_back(StepStageRange(i, S));
+  const std::vector<int> ranges = StepStageRanges(S, tail_parts);
   const std::vector<bool> resident = ResidentBases(ranges, gpus);
   double bytes = 0;
   for (size_t i = 0; i < ranges.size(); ++i) {
@@ -527,6 +530,7 @@ MemoryPlanInput MemoryInputOf(const ModelConfig& model, const Plan& plan) {
   in.gpus = plan.gpus;
   in.compute_dtype = plan.job.compute_dtype;
   in.stages = plan.stages;
+  in.tail_parts = plan.tail_parts;
   in.recompute = plan.recompute;
   in.activations_on_nvme = plan.activations == Tier::kNvme;
   in.keep_activations = plan.keep_activations;
@@ -646,74 +650,83 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
         k.keep = keep;
         if (!keep && std::find(seen.begin(), seen.end(), k.recompute) != seen.end()) continue;
         if (!keep) seen.push_back(k.recompute);
-        std::optional<Timing> timing_of[2];  // once per (m, stages, policy), base held/streamed
-        for (Tier act : tiers) {
-          if (keep && act != Tier::kHost) continue;
-          for (Tier opt : tiers) {
-            for (Tier frozen : frozen_tiers) {
-              k.activations = act;
-              k.optimizer = opt;
-              k.frozen = frozen;
-              const MemoryEstimate mem = MemoryOf(c, k, gpus);
-              const Fit fit = FitOf(mem, hw);
-              const bool fits = fit.worst() <= 1.0;
-              PlanCandidate& record = outcome.candidates.emplace_back(PlanCandidate{
-                  .micro_batches = int(m),
-                  .stages = int(k.stages.size()),
-                  .policy = k.policy,
-                  .recomputed = int(std::count(k.recompute.begin(), k.recompute.end(), true)),
-                  .activations = act,
-                  .optimizer = opt,
-                  .frozen = frozen,
-                  .fits = fits,
-                  .need_ratio = fit.worst(),
-                  .tightest = fit.tightest(),
-                  .gpu_bytes = mem.gpu.total(),
-                  .host_bytes = mem.pinned_host.total() + mem.pageable_host.total(),
-                  .nvme_bytes = mem.nvme.total()});
-              if (!fits) {
-                if (fit.worst() < closest) {
-                  closest = fit.worst();
-                  closest_fit = fit;
-                  closest_gpu = mem.gpu.total();
-                  closest_host = mem.pinned_host.total() + mem.pageable_host.total();
-                  closest_nvme = mem.nvme.total();
+        // Kept activations need each backward stage on its forward stage's device: one part.
+        const int64_t asked = job.max_tail_parts > 0 ? job.max_tail_parts : m;
+        const int most_parts = keep ? 1 : int(std::clamp<int64_t>(std::min(asked, m), 1, gpus));
+        for (int parts = 1; parts <= most_parts; ++parts) {
+          k.tail_parts = parts;
+          // Once per (m, stages, policy, tail parts), base held or streamed.
+          std::optional<Timing> timing_of[2];
+          for (Tier act : tiers) {
+            if (keep && act != Tier::kHost) continue;
+            for (Tier opt : tiers) {
+              for (Tier frozen : frozen_tiers) {
+                k.activations = act;
+                k.optimizer = opt;
+                k.frozen = frozen;
+                const MemoryEstimate mem = MemoryOf(c, k, gpus);
+                const Fit fit = FitOf(mem, hw);
+                const bool fits = fit.worst() <= 1.0;
+                PlanCandidate& record = outcome.candidates.emplace_back(PlanCandidate{
+                    .micro_batches = int(m),
+                    .stages = int(k.stages.size()),
+                    .tail_parts = parts,
+                    .policy = k.policy,
+                    .recomputed = int(std::count(k.recompute.begin(), k.recompute.end(), true)),
+                    .activations = act,
+                    .optimizer = opt,
+                    .frozen = frozen,
+                    .fits = fits,
+                    .need_ratio = fit.worst(),
+                    .tightest = fit.tightest(),
+                    .gpu_bytes = mem.gpu.total(),
+                    .host_bytes = mem.pinned_host.total() + mem.pageable_host.total(),
+                    .nvme_bytes = mem.nvme.total()});
+                if (!fits) {
+                  if (fit.worst() < closest) {
+                    closest = fit.worst();
+                    closest_fit = fit;
+                    closest_gpu = mem.gpu.total();
+                    closest_host = mem.pinned_host.total() + mem.pageable_host.total();
+                    closest_nvme = mem.nvme.total();
+                  }
+                  if (!explain) continue;
                 }
-                if (!explain) continue;
-              }
-              // When explaining, simulated whether it fits or not: what more memory would buy.
-              std::optional<Timing>& timing = timing_of[frozen == Tier::kNvme];
-              if (!timing) {
-                Result<Timing> t = SimulateJob(BuildJob(n, k, gpus, ResidentBase(c.job)), hw);
-                if (!t.ok()) {
-                  if (fits) return t.status();
-                  continue;  // it could not run anyway: left unsimulated (step_s 0)
+                // When explaining, simulated whether it fits or not: what more memory would buy.
+                std::optional<Timing>& timing = timing_of[frozen == Tier::kNvme];
+                if (!timing) {
+                  Result<Timing> t = SimulateJob(BuildJob(n, k, gpus, ResidentBase(c.job)), hw);
+                  if (!t.ok()) {
+                    if (fits) return t.status();
+                    continue;  // it could not run anyway: left unsimulated (step_s 0)
+                  }
+                  timing = *t;
                 }
-                timing = *t;
-              }
-              Plan p;
-              p.stages = k.stages;
-              p.recompute = k.recompute;
-              p.activation_policy = k.policy;
-              p.activations = act;
-              p.keep_activations = k.keep;
-              p.optimizer_state = opt;
-              p.frozen_weights = frozen;
-              p.micro_batches = int(m);
-              p.memory = mem;
-              for (const LayerNumbers& l : n) p.measured_times.push_back(l.measured);
-              p.job = job;
-              p.gpus = gpus;
-              NvmeTraffic(c, mem, p);
-              ApplyTiming(*timing, hw, p);
-              record.step_s = p.step_s;
-              record.bubble_fraction = p.bubble_fraction;
-              record.nvme_read_bytes = p.nvme_read_bytes;
-              if (!fits) continue;
-              if (!have || Preferred(record, best_candidate)) {
-                have = true;
-                best_candidate = record;
-                best = std::move(p);
+                Plan p;
+                p.stages = k.stages;
+                p.tail_parts = parts;
+                p.recompute = k.recompute;
+                p.activation_policy = k.policy;
+                p.activations = act;
+                p.keep_activations = k.keep;
+                p.optimizer_state = opt;
+                p.frozen_weights = frozen;
+                p.micro_batches = int(m);
+                p.memory = mem;
+                for (const LayerNumbers& l : n) p.measured_times.push_back(l.measured);
+                p.job = job;
+                p.gpus = gpus;
+                NvmeTraffic(c, mem, p);
+                ApplyTiming(*timing, hw, p);
+                record.step_s = p.step_s;
+                record.bubble_fraction = p.bubble_fraction;
+                record.nvme_read_bytes = p.nvme_read_bytes;
+                if (!fits) continue;
+                if (!have || Preferred(record, best_candidate)) {
+                  have = true;
+                  best_candidate = record;
+                  best = std::move(p);
+                }
               }
             }
           }

@@ -58,6 +58,11 @@ struct PlanJob {
   // The most forward stages a plan may have (0: any). `ferry train` on one CPU device asks for
   // 1: there a copy takes the cores the compute needs, so streaming weights never pays.
   int max_stages = 0;
+  // The most parts the fused head + loss tail's micro-batches may be split into, each part a
+  // stage of the round robin on the next device (RoundRobinJob::tail_parts; each part after the
+  // first lands the head's gradients in a host buffer of its own); 0: up to min(micro-batches,
+  // GPUs); 1: the tail on one device.
+  int max_tail_parts = 0;
   // Forward only (evaluation): the memory model's forward-only map (memory_model.h); the
   // predicted times still price a training step.
   bool forward_only = false;
@@ -99,6 +104,7 @@ struct Plan {
   int micro_batches = 1;
   int64_t micro_batch_size = 1;    // sequences
   std::vector<LayerRange> stages;  // forward stages in layer order; backward runs them reversed
+  int tail_parts = 1;              // the tail's micro-batches over this many devices
   std::vector<bool> recompute;     // per layer (embedding, blocks, head)
   // "keep" (each device keeps its blocks' inputs and saved sets: keep_activations), "save",
   // "per-layer", "recompute".
@@ -159,10 +165,11 @@ StreamedBaseSource StreamedBaseSourceOf(const ModelConfig& model, const PlanJob&
 
 // The bytes of the frozen base a LoRA training step reads from NVMe when it streams it (the frozen
 // weights on NVMe), over `layers` (BuildLayerSpecs) split into `stages` on `gpus` devices: each
-// stage's layers' base as `source` stores it, unless its device's weight slot holds them already
-// (ResidentBases, as the executor places the stages step after step).
+// stage's layers' base as `source` stores it (each of the tail's `tail_parts` parts the head's),
+// unless its device's weight slot holds them already (ResidentBases, as the executor places the
+// stages step after step).
 double StreamedBaseBytes(const std::vector<LayerSpec>& layers, const StreamedBaseSource& source,
-                         const std::vector<LayerRange>& stages, int gpus);
+                         const std::vector<LayerRange>& stages, int gpus, int tail_parts = 1);
 // A block's or the head's frozen base as `source` stores it (an embedding: 0).
 double LayerBaseBytes(const LayerSpec& layer, const StreamedBaseSource& source);
 // Whether the executor can stream `job`'s frozen base from NVMe (its frozen weights there): LoRA
@@ -184,6 +191,7 @@ struct PlanSuggestion {
 struct PlanCandidate {
   int micro_batches = 0;
   int stages = 0;
+  int tail_parts = 1;
   std::string policy;  // activation policy: keep, save, per-layer, recompute
   int recomputed = 0;  // blocks recomputed in backward
   Tier activations = Tier::kHost, optimizer = Tier::kHost, frozen = Tier::kHost;

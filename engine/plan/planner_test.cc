@@ -472,6 +472,48 @@ TEST(Planner, MaxStagesBoundsTheStageCount) {
   EXPECT_NE(bad.status().message().find("max_stages"), std::string::npos);
 }
 
+// A head-heavy model (a vocabulary of 30,000 over a hidden size of 64) on four GPUs: one device
+// would run the fused head + loss of every micro-batch, so the planner splits the tail's
+// micro-batches over devices (PlanJob::max_tail_parts 0: up to min(micro-batches, GPUs)) and the
+// step is shorter than with the tail in one part; max_tail_parts bounds the parts, kept
+// activations take one, and the plan prices and counts what it chose.
+TEST(Planner, SplitsAHeavyTailOverDevices) {
+  const ModelConfig m = SmallModel(4, 64, 30000);
+  PlanJob job = JobOf(8, 64, 4);
+  const HardwareProfile h = SmallMachine(4);
+  Result<PlanOutcome> split = MakePlan("small", m, job, h);
+  ASSERT_TRUE(split.ok() && split->feasible) << (split.ok() ? split->binding : "");
+  const Plan& p = split->plan;
+  EXPECT_GT(p.tail_parts, 1);
+  EXPECT_LE(p.tail_parts, 4);
+  ExpectFits(p, h);
+  EXPECT_EQ(p.memory.pinned_host.total(),
+            ComputeMemory(MemoryInputOf(m, p)).pinned_host.total());  // the parts' landing
+  Plan priced = p;
+  ASSERT_TRUE(PricePlan(m, h, priced).ok());
+  EXPECT_EQ(priced.step_s, p.step_s);
+  int parts_seen = 0;
+  for (const PlanCandidate& c : split->candidates) parts_seen = std::max(parts_seen, c.tail_parts);
+  EXPECT_EQ(parts_seen, 4);
+  job.max_tail_parts = 1;
+  Result<PlanOutcome> one = MakePlan("small", m, job, h);
+  ASSERT_TRUE(one.ok() && one->feasible);
+  EXPECT_EQ(one->plan.tail_parts, 1);
+  EXPECT_LT(p.step_s, one->plan.step_s);
+  for (const PlanCandidate& c : one->candidates) EXPECT_EQ(c.tail_parts, 1);
+  job.max_tail_parts = 2;
+  Result<PlanOutcome> two = MakePlan("small", m, job, h);
+  ASSERT_TRUE(two.ok() && two->feasible);
+  EXPECT_LE(two->plan.tail_parts, 2);
+  for (const PlanCandidate& c : split->candidates) {
+    if (c.policy == "keep") {
+      EXPECT_EQ(c.tail_parts, 1);
+    }
+  }
+  job.max_tail_parts = -1;
+  EXPECT_FALSE(MakePlan("small", m, job, h).ok());
+}
+
 // Over a slow link the devices keep their activations when they fit: one device or two (where
 // round-robin runs each backward stage on its forward stage's device), each sized for the
 // device whose forward stages hold the most blocks; never three.
