@@ -188,6 +188,7 @@ RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o
   plan::Plan p = outcome->plan;
   if (like != nullptr) {
     p.stages = like->stages;
+    p.tail_parts = like->tail_parts;
     p.recompute = like->recompute;
     p.micro_batches = like->micro_batches;
     p.micro_batch_size = like->micro_batch_size;

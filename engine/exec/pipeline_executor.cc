@@ -380,7 +380,8 @@ class Executor final : public PipelineExecutor {
   // plan's, else naming both sizes). Without a caller's pool the executor makes one whose budget
   // is exactly the plan's pinned total, in one mapping registered once with each device.
   //  - weights.upload / grads.landing: each layer range's weight and gradient mirrors
-  //    (DeviceParams::Measure), in range order; with the frozen base streamed from NVMe, no
+  //    (DeviceParams::Measure), in range order, then the gradient landing of each tail part
+  //    after the first (the head's size); with the frozen base streamed from NVMe, no
   //    weight mirrors but weights.nvme_staging: two images of the largest range's
   //    weights per device (DeviceState::images);
   //  - activations.saved: per layer, per micro-batch, its input and (unless recomputed; never
@@ -900,6 +901,9 @@ class Executor final : public PipelineExecutor {
         }
       }
     }
+    range_readers_.assign(mirrors_.size(), 0);
+    range_prepared_.assign(mirrors_.size(), 0);
+    for (size_t i = 0; i < runs_.size(); ++i) ++range_readers_[RangeIndex(i)];
     stats_.stages_run = int64_t(runs_.size());
     return Status::Ok();
   }
@@ -1086,10 +1090,11 @@ class Executor final : public PipelineExecutor {
         stats_.base_bytes_streamed += ServedFrozenBytes(layers, weights);
       }
     }
-    // The range's last reader this step: the backward stage (or the tail's last part, the tail
-    // being both); in a forward-only call, its only one.
-    const bool last_reader = st.kind == StageKind::kBackward || forward_only_ ||
-                             (st.kind == StageKind::kTail && st.part + 1 == parts_);
+    // The range's last reader this step: the last of its stages to be prepared (a forward stage
+    // and its backward stage, or the tail's parts). Not always the last in the step: a stage is
+    // prepared when its device's stage before it is enqueued, so with more devices than that gap a
+    // backward stage, or a later part, is prepared before an earlier stage over its layers.
+    const bool last_reader = ++range_prepared_[r] == range_readers_[r];
     return last_reader ? WeightsRead(st.range) : Status::Ok();
   }
 
@@ -1598,8 +1603,8 @@ class Executor final : public PipelineExecutor {
     const int head = int(layers_.size()) - 1;
     const std::string_view w = kWeights[st.slot];
     Head& hd = *st.head;
-    // Zeroing the gradients is traced as micro-batch 0's compute ("T.0", "B<s>.0"): the plan's
-    // schedule has no task of its own for it and counts it in the stage's first compute.
+    // Zeroing the gradients is traced as the part's first micro-batch's compute ("T.<first>"):
+    // the plan's schedule has no task of its own for it and counts it in the stage's first compute.
     ds.task_stage = int(i), ds.task_micro_batch = int(st.first_micro_batch);
     if (!forward_only_) FERRY_RETURN_IF_ERROR(ZeroGrads(ds, *st.params));
     HiddenRotation h;
@@ -1769,6 +1774,9 @@ class Executor final : public PipelineExecutor {
   // plan.tail_parts > 1), in part order.
   std::vector<std::shared_ptr<HostMirrors>> tail_landing_;
   int64_t parts_ = 1;  // the step in flight's tail parts
+  // Per layer range (RangeIndex): the step's stages over it, and those PrepareStreamed has
+  // prepared so far.
+  std::vector<int> range_readers_, range_prepared_;
   std::vector<int64_t> packed_;
   std::vector<DeviceState> devices_;
   std::vector<LayerSpec> layers_;
@@ -1876,10 +1884,11 @@ Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const
   if (p.micro_batches < 1 || p.micro_batch_size < 1 || p.job.seq_len < 1) {
     return Status::InvalidArgument("the plan's micro-batches must be at least 1 x 1 x 1");
   }
-  if (p.tail_parts < 1 || p.tail_parts > p.micro_batches) {
+  const int64_t most_parts = std::min<int64_t>(p.micro_batches, int64_t(devices.size()));
+  if (p.tail_parts < 1 || p.tail_parts > most_parts) {
     return Status::InvalidArgument("the plan splits the tail into " + std::to_string(p.tail_parts) +
-                                   " parts; it takes 1 to " + std::to_string(p.micro_batches) +
-                                   " (its micro-batches)");
+                                   " parts; it takes 1 to " + std::to_string(most_parts) +
+                                   " (its micro-batches, at most one part per device)");
   }
   if (p.tail_parts > 1 && p.keep_activations && !p.job.forward_only) {
     // A backward stage runs where its forward stage ran only when the tail is one stage.

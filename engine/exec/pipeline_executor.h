@@ -104,7 +104,9 @@
 // as the plan counts it; a task is one span per layer or tensor, its name repeated), uploads
 // "IF1.0", "IB0.1" (inputs, saved sets, layouts, targets), downloads "OF0.1", weights
 // "WF1/<chunk>", gradients "GB0"; on the host the embedding, "E.0" and "EB.0", each range's
-// weight packing "PF1" / "PT" and each stage's gradient adding "AT" / "AB0"). At the step's end
+// weight packing "PF1" / "PT" and each stage's gradient adding "AT" / "AB0"; a tail in parts
+// numbers its parts' own tasks, "WT1/<chunk>", "GT0", "AT1", "PT0", and zeroes in each part's
+// first micro-batch). At the step's end
 // the executor waits for the traced work only, then reads the events. The events are created in
 // the first step and reused.
 // Ownership: borrows the devices (they must outlive the executor) and a caller's host pool (it
@@ -167,10 +169,10 @@ enum class Enqueued {
   kStage,    // all of a stage's work, its last copy included
 };
 // A test seam (production passes none): called on the thread that runs Step right after the
-// executor enqueued `what` of stage `stage` (its index in the step: forward stages, the tail,
-// backward stages) on `device`, before the executor waits on any of it, so a test can put its own
-// work behind the executor's on the device's streams (hold a stream; record an event to learn
-// when the executor's work has run).
+// executor enqueued `what` of stage `stage` (its index in the step: forward stages, the tail's
+// parts, backward stages) on `device`, before the executor waits on any of it, so a test can put
+// its own work behind the executor's on the device's streams (hold a stream; record an event to
+// learn when the executor's work has run).
 using EnqueueObserver = std::function<void(Enqueued what, int64_t stage, Device& device)>;
 
 // The options of a store for `plan`'s saved activations on NVMe in `directory`: the memory

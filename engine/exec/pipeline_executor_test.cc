@@ -709,6 +709,23 @@ TEST(ExecutorPlannerTest, PlannerChosenPlanRunsInItsPredictedBytes) {
 
 // Devices with other thread counts than the plan's scratch was sized for are refused at Create,
 // naming the threads.
+// A tail in more parts than the plan's micro-batches or the executor's devices is refused.
+TEST(ExecutorRaceTest, RefusesMoreTailPartsThanMicroBatchesOrDevices) {
+  const Model m = LoadModel("llama");
+  for (const auto& [micro_batches, parts] : {std::pair{3, 3}, {1, 2}, {3, 0}}) {
+    PlanSpec spec{{{1, 3}, {3, 5}}, {}, micro_batches};
+    spec.tail_parts = parts;
+    const plan::Plan p = MakeTestPlan(m, spec);
+    std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(2, p.memory.gpu.total());
+    Result<std::unique_ptr<PipelineExecutor>> e = PipelineExecutor::Create(Raw(devs), m.config, p);
+    ASSERT_FALSE(e.ok()) << parts << " parts";
+    EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(e.status().message().find("splits the tail into " + std::to_string(parts)),
+              std::string::npos)
+        << e.status().ToString();
+  }
+}
+
 TEST(ExecutorRaceTest, RefusesDevicesThePlanWasNotSizedFor) {
   const Model m = LoadModel("llama");
   const plan::Plan p = MakeTestPlan(m, {{{1, 3}, {3, 5}}, {}, 1, 2, 16, 2});
@@ -843,7 +860,8 @@ void ServeFromFolder(const Model& m, const std::vector<LayerSpec>& layers,
 // `folder` dtype when given (else held), then what the files do not serve moved to a converted
 // copy (MoveBaseToNvme) when `convert`.
 void StreamBaseSteps(const Model& m, const std::string& source, std::optional<DType> folder,
-                     bool convert, const std::vector<int>& device_counts = {2, 1}) {
+                     bool convert, const std::vector<int>& device_counts = {2, 1},
+                     int tail_parts = 1) {
   const std::vector<LayerSpec> layers = BuildLayerSpecs(m.config, m.lora);
   const HostTensors random = RandomWeights(m, 31);
   testing::TempDir dir, nvme;
@@ -865,6 +883,7 @@ void StreamBaseSteps(const Model& m, const std::string& source, std::optional<DT
   for (const int gpus : device_counts) {
     const std::string what = std::to_string(gpus) + " device(s), " + source;
     PlanSpec spec{{{1, 2}, {2, 3}, {3, 5}}, {}, 2, 2, 16, gpus, DType::kBF16};
+    spec.tail_parts = tail_parts;
     const plan::Plan kept_plan = MakeTestPlan(m, spec);
     spec.base_streamed = true;
     const plan::Plan streamed_plan = MakeTestPlan(m, spec);
@@ -937,7 +956,7 @@ void StreamBaseSteps(const Model& m, const std::string& source, std::optional<DT
                                       {.from_files = folder.has_value(),
                                        .files = folder.value_or(DType::kF32),
                                        .upload = DType::kBF16},
-                                      spec.stages, gpus))
+                                      spec.stages, gpus, tail_parts))
         << what;
     std::map<std::string, uint64_t> pinned, planned;
     for (const plan::Allocation& a : (*streamed)->stats().host_pinned) pinned[a.name] = a.bytes;
@@ -968,6 +987,12 @@ TEST(ExecutorFileBaseTest, AStreamedBaseEqualsTheBaseKeptInTheMirrors) {
   // table kept in the file (the embedding adds the positions to its f32 values).
   ASSERT_NO_FATAL_FAILURE(
       StreamBaseSteps(LoadModel("gpt2", 4), "gpt2 f32 files", DType::kF32, true, {2}));
+  // The tail in two parts, each packing the head's base into its device's image, on four
+  // devices: stages are prepared out of step order there (the backward stage over the last
+  // forward stage's layers is prefetched behind stage 0, before that forward stage packs), so a
+  // range is reported read only once all of its stages have packed.
+  ASSERT_NO_FATAL_FAILURE(StreamBaseSteps(LoadModel("llama", 4), "files, the tail in 2 parts",
+                                          DType::kBF16, false, {4}, 2));
 }
 
 // A plan that streams the frozen base needs a base served from NVMe (the model's files or a
@@ -1682,6 +1707,10 @@ INSTANTIATE_TEST_SUITE_P(
         SplitTail(Case{"qwen3", 0, {{{1, 3}, {3, 5}}, {1}, 3}, 2}, 2),
         SplitTail(Case{"gpt2", 0, {{{1, 3}, {3, 5}}, {2}, 3}, 3, true}, 2),
         SplitTail(Case{"llama", 4, {{{1, 3}, {3, 5}}, {4}, 2}, 2}, 2),
+        SplitTail(Case{"llama", 4, {{{1, 2}, {2, 3}, {3, 5}}, {}, 2, 2, 16, 4, DType::kBF16}, 4},
+                  2),
+        SplitTail(Case{"llama", 0, {{{1, 2}, {2, 3}, {3, 5}}, {}, 2, 2, 16, 4, DType::kBF16}, 4},
+                  2),
         SplitTail(Case{"qwen3", 0, {{{1, 3}, {3, 5}}, {2}, 3, 2, 32, 3, DType::kBF16}, 3}, 3),
         SplitTail(Case{"llama",
                        0,
@@ -1973,10 +2002,13 @@ INSTANTIATE_TEST_SUITE_P(Tiers, ExecutorAllocationTest, ::testing::Bool(),
 // the single-device runner's EvaluateLoss bit for bit (f32: the same kernels in the same order),
 // for one micro-batch and for fewer than the plan's; it leaves the training step unchanged; and
 // more micro-batches than the plan runs are refused.
+// With the tail in two parts too: an evaluation of one micro-batch runs it in one.
 TEST(ExecutorEvaluateTest, EqualsTheRunnersForwardOnlyLoss) {
-  for (const char* name : {"llama", "gpt2", "qwen3"}) {
+  for (const auto& [name, parts] :
+       {std::pair{"llama", 1}, {"gpt2", 1}, {"qwen3", 1}, {"llama", 2}, {"qwen3", 2}}) {
     const Model m = LoadModel(name);
-    const PlanSpec spec{{{1, 2}, {2, 4}, {4, 5}}, {2}, 3};
+    PlanSpec spec{{{1, 2}, {2, 4}, {4, 5}}, {2}, 3};
+    spec.tail_parts = parts;
     const plan::Plan p = MakeTestPlan(m, spec);
     const HostTensors w = RandomWeights(m, 9);
     const Batches b = MakeBatches(m, spec.micro_batches, spec.batch * spec.seq_len, 77);

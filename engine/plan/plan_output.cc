@@ -150,9 +150,7 @@ std::string ExplainCandidates(const PlanOutcome& o, size_t most) {
   // and what it is short of.
   const PlanCandidate* chosen = fitting.empty() ? nullptr : fitting.front();
   auto misfit = [&](const PlanCandidate& k) {
-    const uint64_t need = k.tightest == "GPU memory"    ? k.gpu_bytes
-                          : k.tightest == "host memory" ? k.host_bytes
-                                                        : k.nvme_bytes;
+    const uint64_t need = k.tightest_bytes;
     std::string step = "not simulated";
     if (k.step_s > 0) {
       step = Format("%.3f s/step", k.step_s);

@@ -1,6 +1,7 @@
 #include "engine/plan/planner.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -210,9 +211,10 @@ MemoryEstimate MemoryOf(const Context& c, const Candidate& k, int gpus) {
 struct Fit {
   double gpu = 0, host = 0, nvme = 0;
   double worst() const { return std::max({gpu, host, nvme}); }
+  // The tightest tier: 0 GPU, 1 host, 2 NVMe.
+  int tightest_tier() const { return gpu >= host && gpu >= nvme ? 0 : (host >= nvme ? 1 : 2); }
   const char* tightest() const {
-    return gpu >= host && gpu >= nvme ? "GPU memory"
-                                      : (host >= nvme ? "host memory" : "NVMe space");
+    return std::array{"GPU memory", "host memory", "NVMe space"}[size_t(tightest_tier())];
   }
 };
 Fit FitOf(const MemoryEstimate& m, const HardwareProfile& hw) {
@@ -650,9 +652,12 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
         k.keep = keep;
         if (!keep && std::find(seen.begin(), seen.end(), k.recompute) != seen.end()) continue;
         if (!keep) seen.push_back(k.recompute);
-        // Kept activations need each backward stage on its forward stage's device: one part.
+        // Kept activations need each backward stage on its forward stage's device, and
+        // generation runs its head on one device: one part.
         const int64_t asked = job.max_tail_parts > 0 ? job.max_tail_parts : m;
-        const int most_parts = keep ? 1 : int(std::clamp<int64_t>(std::min(asked, m), 1, gpus));
+        const int most_parts = keep || job.generate_positions > 0
+                                   ? 1
+                                   : int(std::clamp<int64_t>(std::min(asked, m), 1, gpus));
         for (int parts = 1; parts <= most_parts; ++parts) {
           k.tail_parts = parts;
           // Once per (m, stages, policy, tail parts), base held or streamed.
@@ -667,6 +672,9 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
                 const MemoryEstimate mem = MemoryOf(c, k, gpus);
                 const Fit fit = FitOf(mem, hw);
                 const bool fits = fit.worst() <= 1.0;
+                const std::array<uint64_t, 3> tier_bytes{
+                    mem.gpu.total(), mem.pinned_host.total() + mem.pageable_host.total(),
+                    mem.nvme.total()};
                 PlanCandidate& record = outcome.candidates.emplace_back(PlanCandidate{
                     .micro_batches = int(m),
                     .stages = int(k.stages.size()),
@@ -679,9 +687,10 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
                     .fits = fits,
                     .need_ratio = fit.worst(),
                     .tightest = fit.tightest(),
-                    .gpu_bytes = mem.gpu.total(),
-                    .host_bytes = mem.pinned_host.total() + mem.pageable_host.total(),
-                    .nvme_bytes = mem.nvme.total()});
+                    .tightest_bytes = tier_bytes[size_t(fit.tightest_tier())],
+                    .gpu_bytes = tier_bytes[0],
+                    .host_bytes = tier_bytes[1],
+                    .nvme_bytes = tier_bytes[2]});
                 if (!fits) {
                   if (fit.worst() < closest) {
                     closest = fit.worst();

@@ -200,6 +200,7 @@ struct PlanCandidate {
   // memory", "NVMe space").
   double need_ratio = 0;
   std::string tightest;
+  uint64_t tightest_bytes = 0;  // that tier's need (one of the three below)
   // Simulated: the step (the job's update mode) and its bubble; for one that does not fit, what
   // it would take if the budgets allowed it, and 0 unless MakePlan was explaining (or when its
   // schedule could not be simulated).

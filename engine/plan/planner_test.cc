@@ -88,6 +88,7 @@ TEST(Planner, RecordsEveryCandidateAndChoosesTheFirstInPreferredOrder) {
     if (!k.fits) {
       ++short_of;
       EXPECT_EQ(k.tightest, "GPU memory");
+      EXPECT_EQ(k.tightest_bytes, k.gpu_bytes);
       EXPECT_GT(k.step_s, 0.0);  // simulated all the same: what more memory would buy
       continue;
     }
@@ -144,6 +145,7 @@ TEST(Planner, ExplainShowsTheRunnersUpAndWhatTheyLostOn) {
                          .fits = true,
                          .need_ratio = 0.5,
                          .tightest = "GPU memory",
+                         .tightest_bytes = 1 << 20,
                          .step_s = step,
                          .gpu_bytes = 1 << 20,
                          .host_bytes = host,
@@ -154,11 +156,13 @@ TEST(Planner, ExplainShowsTheRunnersUpAndWhatTheyLostOn) {
   big.fits = false;
   big.need_ratio = 1.25;
   big.tightest = "host memory";
+  big.tightest_bytes = big.host_bytes;
   big.stages = 1;
   o.candidates.push_back(big);
   PlanCandidate faster = big;  // would beat the chosen plan with more GPU memory
   faster.step_s = 0.5;
   faster.tightest = "GPU memory";
+  faster.tightest_bytes = faster.gpu_bytes;
   faster.need_ratio = 2;
   o.candidates.push_back(faster);
   const std::string text = ExplainCandidates(o);
@@ -505,11 +509,29 @@ TEST(Planner, SplitsAHeavyTailOverDevices) {
   Result<PlanOutcome> two = MakePlan("small", m, job, h);
   ASSERT_TRUE(two.ok() && two->feasible);
   EXPECT_LE(two->plan.tail_parts, 2);
-  for (const PlanCandidate& c : split->candidates) {
+  // On two GPUs kept activations are weighed, in one part only; the others in up to two.
+  Result<PlanOutcome> pair = MakePlan("small", m, JobOf(8, 64, 4), SmallMachine(2));
+  ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+  int kept = 0, split_two = 0;
+  for (const PlanCandidate& c : pair->candidates) {
+    EXPECT_LE(c.tail_parts, 2);
     if (c.policy == "keep") {
+      ++kept;
       EXPECT_EQ(c.tail_parts, 1);
     }
+    split_two += c.tail_parts == 2;
   }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(split_two, 0);
+  // Generation runs its head on one device: one part.
+  PlanJob generate = JobOf(1, 16, 1);
+  generate.forward_only = true;
+  generate.generate_positions = 32;
+  generate.compute_dtype = DType::kF32;
+  generate.scratch = {.cuda = false, .cpu_threads = 1};  // f32: CPU devices
+  Result<PlanOutcome> g = MakePlan("small", m, generate, h);
+  ASSERT_TRUE(g.ok() && g->feasible) << (g.ok() ? g->binding : g.status().ToString());
+  for (const PlanCandidate& c : g->candidates) EXPECT_EQ(c.tail_parts, 1);
   job.max_tail_parts = -1;
   EXPECT_FALSE(MakePlan("small", m, job, h).ok());
 }
