@@ -1411,6 +1411,7 @@ struct PerLayerCase {
   const char* model;
   int lora_rank;
   double grad_clip;
+  int tail_parts = 1;  // the head's gradients land once its last part has
 };
 
 class PerLayerOptimizerTest : public ::testing::TestWithParam<PerLayerCase> {};
@@ -1421,7 +1422,8 @@ class PerLayerOptimizerTest : public ::testing::TestWithParam<PerLayerCase> {};
 TEST_P(PerLayerOptimizerTest, EqualsTheWholeStepOrderBitForBit) {
   const PerLayerCase c = GetParam();
   const Model m = LoadModel(c.model, c.lora_rank);
-  const PlanSpec spec{{{1, 2}, {2, 4}, {4, 5}}, {3}, 2, 2, 16, 2};
+  PlanSpec spec{{{1, 2}, {2, 4}, {4, 5}}, {3}, 2, 2, 16, 2};
+  spec.tail_parts = c.tail_parts;
   const plan::Plan p = MakeTestPlan(m, spec);
   const HostTensors w = RandomWeights(m, 5);
   OptimizerOptions o;
@@ -1505,13 +1507,16 @@ TEST_P(PerLayerOptimizerTest, EqualsTheWholeStepOrderBitForBit) {
 INSTANTIATE_TEST_SUITE_P(Cases, PerLayerOptimizerTest,
                          ::testing::Values(PerLayerCase{"llama", 0, 1.0},
                                            PerLayerCase{"llama", 0, 0.0},
-                                           PerLayerCase{"qwen3", 0, 1.0},   // tied head
-                                           PerLayerCase{"gpt2", 0, 0.0},    // tied, biases
-                                           PerLayerCase{"qwen3", 2, 0.5}),  // LoRA
+                                           PerLayerCase{"qwen3", 0, 1.0},  // tied head
+                                           PerLayerCase{"gpt2", 0, 0.0},   // tied, biases
+                                           PerLayerCase{"qwen3", 2, 0.5},  // LoRA
+                                           PerLayerCase{"llama", 0, 0.0, 2},
+                                           PerLayerCase{"qwen3", 0, 1.0, 2}),
                          [](const ::testing::TestParamInfo<PerLayerCase>& i) {
                            return std::string(i.param.model) +
                                   (i.param.lora_rank > 0 ? "_lora" : "") +
-                                  (i.param.grad_clip > 0 ? "_clip" : "_noclip");
+                                  (i.param.grad_clip > 0 ? "_clip" : "_noclip") +
+                                  (i.param.tail_parts > 1 ? "_tail2" : "");
                          });
 
 // torch.optim.AdamW's element update on fp32 tensors, written out here from its definition
