@@ -707,8 +707,6 @@ TEST(ExecutorPlannerTest, PlannerChosenPlanRunsInItsPredictedBytes) {
   for (const auto& d : devs) EXPECT_EQ(d->arena_stats().peak, predicted) << d->name();
 }
 
-// Devices with other thread counts than the plan's scratch was sized for are refused at Create,
-// naming the threads.
 // A tail in more parts than the plan's micro-batches or the executor's devices is refused.
 TEST(ExecutorRaceTest, RefusesMoreTailPartsThanMicroBatchesOrDevices) {
   const Model m = LoadModel("llama");
@@ -726,6 +724,8 @@ TEST(ExecutorRaceTest, RefusesMoreTailPartsThanMicroBatchesOrDevices) {
   }
 }
 
+// Devices with other thread counts than the plan's scratch was sized for are refused at Create,
+// naming the threads.
 TEST(ExecutorRaceTest, RefusesDevicesThePlanWasNotSizedFor) {
   const Model m = LoadModel("llama");
   const plan::Plan p = MakeTestPlan(m, {{{1, 3}, {3, 5}}, {}, 1, 2, 16, 2});

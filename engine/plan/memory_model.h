@@ -53,24 +53,26 @@
 //            largest range's weights in that layout, which its stages pack in turn (the frozen
 //            base read from NVMe, the trainable tensors from the master copy) and upload from.
 //            grads.landing: one fp32 gradient mirror per layer range, in the device layout of
-//            grads.accum, and the head's once more per tail part after the first. (Once "one stage
-//            buffer per GPU": but the host adds a stage's landed gradients only once the whole step
-//            is enqueued, in stage order, so a device's next stage cannot reuse its landing buffer
-//            within the step; per-GPU landing needs the host to consume each landing while it
-//            enqueues, the per-layer optimizer's work.) activations.saved: each layer's input (a
-//            hidden buffer) for all micro-batches, and a block's saved set — a whole saved slot's
-//            layout, as it is downloaded — unless recomputed; the head's set never leaves the
-//            device (the fused tail runs its forward and backward at once), so the head counts its
-//            input only. With activations on NVMe only the stage inputs (the head's included) stay
-//            here. activations.staging (saved activations on NVMe): per GPU, kNvmeStagingSlots
-//            slots of the larger of a hidden buffer and a saved set, page-rounded: two that
-//            downloads fill while the disk writes the other, two that the disk reads into while
-//            uploads drain the other. activations.grad: one activation gradient (a hidden buffer)
-//            per micro-batch. (Once "two stage boundaries": a backward stage reads its input
-//            gradient before it writes its output gradient over it, ordered by its device's
-//            streams, and the next stage waits for that write, so one buffer per micro-batch serves
-//            every boundary.) batch.io: per micro-batch and token, positions and document ids,
-//            targets (i32, all uploaded) and the per-token loss (fp32, downloaded): 16 bytes.
+//            grads.accum, and the head's once more per tail part after the first. (Once "one
+//            stage buffer per GPU": but the host adds a stage's landed gradients only once the
+//            whole step is enqueued, in stage order, so a device's next stage cannot reuse its
+//            landing buffer within the step; per-GPU landing needs the host to consume each
+//            landing while it enqueues, the per-layer optimizer's work.)
+//            activations.saved: each layer's input (a hidden buffer) for all micro-batches, and
+//            a block's saved set — a whole saved slot's layout, as it is downloaded — unless
+//            recomputed; the head's set never leaves the device (the fused tail runs its forward
+//            and backward at once), so the head counts its input only. With activations on NVMe
+//            only the stage inputs (the head's included) stay here.
+//            activations.staging (saved activations on NVMe): per GPU, kNvmeStagingSlots slots of
+//            the larger of a hidden buffer and a saved set, page-rounded: two that downloads
+//            fill while the disk writes the other, two that the disk reads into while uploads
+//            drain the other.
+//            activations.grad: one activation gradient (a hidden buffer) per micro-batch. (Once
+//            "two stage boundaries": a backward stage reads its input gradient before it writes
+//            its output gradient over it, ordered by its device's streams, and the next stage
+//            waits for that write, so one buffer per micro-batch serves every boundary.)
+//            batch.io: per micro-batch and token, positions and document ids, targets (i32, all
+//            uploaded) and the per-token loss (fp32, downloaded): 16 bytes.
 //            rope.inv_freq: RoPE's table (models without learned positions), uploaded once.
 //   pageable optimizer.master fp32 trainable weights, grads.update (fp32 gradients for the
 //            update), optimizer.moments (2 x fp32) for trainable parameters only; optimizer state

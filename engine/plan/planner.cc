@@ -652,12 +652,10 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
         k.keep = keep;
         if (!keep && std::find(seen.begin(), seen.end(), k.recompute) != seen.end()) continue;
         if (!keep) seen.push_back(k.recompute);
-        // Kept activations need each backward stage on its forward stage's device, and
-        // generation runs its head on one device: one part.
+        // Kept activations need each backward stage on its forward stage's device: one part
+        // (and generation, one micro-batch, has one).
         const int64_t asked = job.max_tail_parts > 0 ? job.max_tail_parts : m;
-        const int most_parts = keep || job.generate_positions > 0
-                                   ? 1
-                                   : int(std::clamp<int64_t>(std::min(asked, m), 1, gpus));
+        const int most_parts = keep ? 1 : int(std::clamp<int64_t>(std::min(asked, m), 1, gpus));
         for (int parts = 1; parts <= most_parts; ++parts) {
           k.tail_parts = parts;
           // Once per (m, stages, policy, tail parts), base held or streamed.
