@@ -74,10 +74,8 @@ Status DeviceTimeline::End(StreamId stream, char what, plan::TaskKind kind, int 
   FERRY_ASSIGN_OR_RETURN(const size_t e, NextEvent());
   FERRY_RETURN_IF_ERROR(device_.Record(events_[e], stream));
   if (what == 0) {
-    what = stage < forward_stages_ ? 'F' : stage < forward_stages_ + tail_parts_ ? 'T' : 'B';
-    kind = what == 'F'   ? plan::TaskKind::kForward
-           : what == 'T' ? plan::TaskKind::kTail
-                         : plan::TaskKind::kBackward;
+    what = plan::StepStageLetter(stage, forward_stages_, tail_parts_);
+    kind = plan::StepStageKind(stage, forward_stages_, tail_parts_);
   }
   Task t{.begin = *begin,
          .end = e,

@@ -871,11 +871,11 @@ class Executor final : public PipelineExecutor {
         st.kind = StageKind::kTail;
         st.range = {int(head), int(head) + 1};
         st.part = int(i - S);
-        st.first_micro_batch = size_t(i - S) * M_ / size_t(P);
-        st.last_micro_batch = size_t(i - S + 1) * M_ / size_t(P);
+        st.first_micro_batch = size_t(plan::TailPartStart(i - S, int64_t(M_), P));
+        st.last_micro_batch = size_t(plan::TailPartStart(i - S + 1, int64_t(M_), P));
       } else {
         st.kind = StageKind::kBackward;
-        st.forward = 2 * S + P - 1 - i;
+        st.forward = plan::StepStageRange(int(i), int(S), int(P));
         st.range = p_.stages[size_t(st.forward)];
       }
       if (decoding_) {

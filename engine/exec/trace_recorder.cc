@@ -17,19 +17,18 @@ TraceRecorder::TraceRecorder(const plan::Plan& plan, int64_t expected_steps, Clo
       tail_parts_(std::max(plan.tail_parts, 1)),
       expected_steps_(std::max<int64_t>(expected_steps, 1)),
       clock_error_(size_t(std::max(plan.gpus, 0)), 0.0) {
-  // Stage indices as the executor counts them: forward stages 0..S-1, the tail's P parts S..
-  // S+P-1, and the backward stage over forward stage f at 2S + P - 1 - f. The embedding's
-  // gradient lands with the last backward stage (the one over the first blocks), the head's
-  // with the tail's last part.
+  // A layer updates after the last stage over its range (plan::LastStageOver): the embedding's
+  // gradient lands with the backward stage over the first blocks, the head's with the tail's
+  // last part.
   const int S = forward_stages_, P = tail_parts_;
   const int layers = int(plan.recompute.size());
-  update_stage_.assign(size_t(std::max(layers, 0)), 2 * S + P - 1);
+  update_stage_.assign(size_t(std::max(layers, 0)), plan::LastStageOver(0, S, P));
   for (int f = 0; f < S; ++f) {
     for (int l = plan.stages[size_t(f)].first; l < plan.stages[size_t(f)].last && l < layers; ++l) {
-      update_stage_[size_t(l)] = 2 * S + P - 1 - f;
+      update_stage_[size_t(l)] = plan::LastStageOver(f, S, P);
     }
   }
-  if (layers > 0) update_stage_.back() = S + P - 1;
+  if (layers > 0) update_stage_.back() = plan::LastStageOver(S, S, P);
 }
 
 double TraceRecorder::Now() const {
@@ -71,7 +70,7 @@ int64_t TraceRecorder::events_created_after_first_step() const {
 TraceRecorder::TaskLabel TraceRecorder::UpdateTask(int layer) const {
   const int stage = layer >= 0 && size_t(layer) < update_stage_.size()
                         ? update_stage_[size_t(layer)]
-                        : 2 * forward_stages_ + tail_parts_ - 1;
+                        : plan::LastStageOver(0, forward_stages_, tail_parts_);
   return {plan::RoundRobinTaskName('U', stage, forward_stages_, -1, tail_parts_), stage};
 }
 

@@ -26,9 +26,6 @@ std::string Tag(char letter, int stage, int micro_batch) {
   return s;
 }
 
-// F, T or B: stage k's kind, with nf forward stages and the tail in `parts` parts.
-char StageLetter(int k, int nf, int parts) { return k < nf ? 'F' : k < nf + parts ? 'T' : 'B'; }
-
 void AddDep(Schedule& s, int task, int dep) {
   if (task != kNone && dep != kNone) s.tasks[task].deps.push_back(dep);
 }
@@ -168,9 +165,20 @@ Result<Schedule> Build1F1BSchedule(const std::vector<StageCost>& stages, int mic
   return BuildPinned("1F1B", stages, m, order);
 }
 
+char StepStageLetter(int stage, int forward_stages, int tail_parts) {
+  switch (StepStageKind(stage, forward_stages, tail_parts)) {
+    case TaskKind::kForward:
+      return 'F';
+    case TaskKind::kTail:
+      return 'T';
+    default:
+      return 'B';
+  }
+}
+
 std::string RoundRobinTaskName(char what, int stage, int forward_stages, int micro_batch,
                                int tail_parts) {
-  const char letter = StageLetter(stage, forward_stages, tail_parts);
+  const char letter = StepStageLetter(stage, forward_stages, tail_parts);
   std::string n(1, what);
   if (what != letter) n += letter;  // e.g. "IB2.0": input of backward stage 2
   if (letter != 'T') {
@@ -209,14 +217,16 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
   const int nf = static_cast<int>(job.forward.size());
   const int chunks = job.weight_chunks > 0 ? job.weight_chunks : m;
 
-  auto kind_of = [&](int k) {
-    return k < nf ? TaskKind::kForward : k < nf + P ? TaskKind::kTail : TaskKind::kBackward;
-  };
-  auto letter_of = [&](int k) { return StageLetter(k, nf, P); };
+  auto kind_of = [&](int k) { return StepStageKind(k, nf, P); };
+  auto letter_of = [&](int k) { return StepStageLetter(k, nf, P); };
   auto name_of = [&](char prefix, int k, int j) { return RoundRobinTaskName(prefix, k, nf, j, P); };
   // The micro-batches stage k runs: [lo(k), hi(k)) (a tail part its share, every other stage all).
-  auto lo = [&](int k) { return kind_of(k) == TaskKind::kTail ? (k - nf) * m / P : 0; };
-  auto hi = [&](int k) { return kind_of(k) == TaskKind::kTail ? (k - nf + 1) * m / P : m; };
+  auto lo = [&](int k) {
+    return kind_of(k) == TaskKind::kTail ? int(TailPartStart(k - nf, m, P)) : 0;
+  };
+  auto hi = [&](int k) {
+    return kind_of(k) == TaskKind::kTail ? int(TailPartStart(k - nf + 1, m, P)) : m;
+  };
 
   Schedule s;
   s.name = "round-robin";

@@ -12,6 +12,7 @@
 // Pure functions; thread-safe.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -157,6 +158,26 @@ inline int StepStageRange(int stage, int forward_stages, int tail_parts = 1) {
 }
 // StepStageRange of every stage of a training step, in order.
 std::vector<int> StepStageRanges(int forward_stages, int tail_parts = 1);
+// The last stage of a training step over layer range `range` (StepStageRange's ids): the backward
+// stage over a forward stage's layers, the tail's last part for the tail. Its gradients are the
+// range's last to land, so the range's update follows it.
+inline int LastStageOver(int range, int forward_stages, int tail_parts = 1) {
+  return range < forward_stages ? 2 * forward_stages + tail_parts - 1 - range
+                                : forward_stages + tail_parts - 1;
+}
+// The kind of stage `stage` of a step (forward stages, the tail's parts, backward stages) and its
+// letter in task names: F, T or B.
+inline TaskKind StepStageKind(int stage, int forward_stages, int tail_parts = 1) {
+  return stage < forward_stages                ? TaskKind::kForward
+         : stage < forward_stages + tail_parts ? TaskKind::kTail
+                                               : TaskKind::kBackward;
+}
+char StepStageLetter(int stage, int forward_stages, int tail_parts = 1);
+// The first micro-batch of the tail's part `part` (of `tail_parts`) in a step of `micro_batches`:
+// part p runs [TailPartStart(p), TailPartStart(p + 1)).
+inline int64_t TailPartStart(int64_t part, int64_t micro_batches, int64_t tail_parts) {
+  return part * micro_batches / tail_parts;
+}
 
 // Per stage of a LoRA training step after many (StageRoundRobin with resume, every step alike),
 // whether its weight slot still holds its layers' frozen base when the stage starts: the stage

@@ -627,13 +627,91 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
   const std::vector<Tier>& frozen_tiers =
       !job.host_frozen_weights && CanStreamBase(job) ? tiers : host_only;
 
+  // Every (activations, optimizer state, frozen base) placement a candidate is weighed with.
+  struct Tiers {
+    Tier act, opt, frozen;
+  };
+  std::vector<Tiers> placements;
+  for (Tier act : tiers) {
+    for (Tier opt : tiers) {
+      for (Tier frozen : frozen_tiers) placements.push_back({act, opt, frozen});
+    }
+  }
+
   PlanOutcome outcome;
   bool have = false;
   Plan best;
   PlanCandidate best_candidate;
-  double closest = std::numeric_limits<double>::infinity();
+  std::optional<size_t> closest;  // the misfit nearest to fitting, in outcome.candidates
   Fit closest_fit;
-  uint64_t closest_gpu = 0, closest_host = 0, closest_nvme = 0;
+  // Weighs candidate `k` (its tiers set): records it and, when it fits (or when explaining: what
+  // more memory would buy), simulates it, once per base held or streamed (`timing_of`), and keeps
+  // it when it beats the best so far. `n`: the layers' numbers at its micro-batch size.
+  auto weigh = [&](const Candidate& k, const std::vector<LayerNumbers>& n,
+                   std::optional<Timing>(&timing_of)[2]) -> Status {
+    const MemoryEstimate mem = MemoryOf(c, k, gpus);
+    const Fit fit = FitOf(mem, hw);
+    const bool fits = fit.worst() <= 1.0;
+    const std::array<uint64_t, 3> tier_bytes{
+        mem.gpu.total(), mem.pinned_host.total() + mem.pageable_host.total(), mem.nvme.total()};
+    PlanCandidate& record = outcome.candidates.emplace_back(
+        PlanCandidate{.micro_batches = int(k.micro_batches),
+                      .stages = int(k.stages.size()),
+                      .tail_parts = k.tail_parts,
+                      .policy = k.policy,
+                      .recomputed = int(std::count(k.recompute.begin(), k.recompute.end(), true)),
+                      .activations = k.activations,
+                      .optimizer = k.optimizer,
+                      .frozen = k.frozen,
+                      .fits = fits,
+                      .need_ratio = fit.worst(),
+                      .tightest = fit.tightest(),
+                      .tightest_bytes = tier_bytes[size_t(fit.tightest_tier())],
+                      .gpu_bytes = tier_bytes[0],
+                      .host_bytes = tier_bytes[1],
+                      .nvme_bytes = tier_bytes[2]});
+    if (!fits) {
+      if (!closest || fit.worst() < outcome.candidates[*closest].need_ratio) {
+        closest = outcome.candidates.size() - 1;
+        closest_fit = fit;
+      }
+      if (!explain) return Status::Ok();
+    }
+    std::optional<Timing>& timing = timing_of[k.frozen == Tier::kNvme];
+    if (!timing) {
+      Result<Timing> t = SimulateJob(BuildJob(n, k, gpus, ResidentBase(c.job)), hw);
+      if (!t.ok()) {
+        if (fits) return t.status();
+        return Status::Ok();  // it could not run anyway: left unsimulated (step_s 0)
+      }
+      timing = *t;
+    }
+    Plan p;
+    p.stages = k.stages;
+    p.tail_parts = k.tail_parts;
+    p.recompute = k.recompute;
+    p.activation_policy = k.policy;
+    p.activations = k.activations;
+    p.keep_activations = k.keep;
+    p.optimizer_state = k.optimizer;
+    p.frozen_weights = k.frozen;
+    p.micro_batches = int(k.micro_batches);
+    p.memory = mem;
+    for (const LayerNumbers& l : n) p.measured_times.push_back(l.measured);
+    p.job = job;
+    p.gpus = gpus;
+    NvmeTraffic(c, mem, p);
+    ApplyTiming(*timing, hw, p);
+    record.step_s = p.step_s;
+    record.bubble_fraction = p.bubble_fraction;
+    record.nvme_read_bytes = p.nvme_read_bytes;
+    if (fits && (!have || Preferred(record, best_candidate))) {
+      have = true;
+      best_candidate = record;
+      best = std::move(p);
+    }
+    return Status::Ok();
+  };
   for (int64_t m : MicroBatchCandidates(job, gpus)) {
     const BatchShape micro = MicroBatchShape(job, job.global_batch / m);
     const std::vector<LayerNumbers> n = NumbersFor(c, micro);
@@ -658,84 +736,13 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
         const int most_parts = keep ? 1 : int(std::clamp<int64_t>(std::min(asked, m), 1, gpus));
         for (int parts = 1; parts <= most_parts; ++parts) {
           k.tail_parts = parts;
-          // Once per (m, stages, policy, tail parts), base held or streamed.
-          std::optional<Timing> timing_of[2];
-          for (Tier act : tiers) {
-            if (keep && act != Tier::kHost) continue;
-            for (Tier opt : tiers) {
-              for (Tier frozen : frozen_tiers) {
-                k.activations = act;
-                k.optimizer = opt;
-                k.frozen = frozen;
-                const MemoryEstimate mem = MemoryOf(c, k, gpus);
-                const Fit fit = FitOf(mem, hw);
-                const bool fits = fit.worst() <= 1.0;
-                const std::array<uint64_t, 3> tier_bytes{
-                    mem.gpu.total(), mem.pinned_host.total() + mem.pageable_host.total(),
-                    mem.nvme.total()};
-                PlanCandidate& record = outcome.candidates.emplace_back(PlanCandidate{
-                    .micro_batches = int(m),
-                    .stages = int(k.stages.size()),
-                    .tail_parts = parts,
-                    .policy = k.policy,
-                    .recomputed = int(std::count(k.recompute.begin(), k.recompute.end(), true)),
-                    .activations = act,
-                    .optimizer = opt,
-                    .frozen = frozen,
-                    .fits = fits,
-                    .need_ratio = fit.worst(),
-                    .tightest = fit.tightest(),
-                    .tightest_bytes = tier_bytes[size_t(fit.tightest_tier())],
-                    .gpu_bytes = tier_bytes[0],
-                    .host_bytes = tier_bytes[1],
-                    .nvme_bytes = tier_bytes[2]});
-                if (!fits) {
-                  if (fit.worst() < closest) {
-                    closest = fit.worst();
-                    closest_fit = fit;
-                    closest_gpu = mem.gpu.total();
-                    closest_host = mem.pinned_host.total() + mem.pageable_host.total();
-                    closest_nvme = mem.nvme.total();
-                  }
-                  if (!explain) continue;
-                }
-                // When explaining, simulated whether it fits or not: what more memory would buy.
-                std::optional<Timing>& timing = timing_of[frozen == Tier::kNvme];
-                if (!timing) {
-                  Result<Timing> t = SimulateJob(BuildJob(n, k, gpus, ResidentBase(c.job)), hw);
-                  if (!t.ok()) {
-                    if (fits) return t.status();
-                    continue;  // it could not run anyway: left unsimulated (step_s 0)
-                  }
-                  timing = *t;
-                }
-                Plan p;
-                p.stages = k.stages;
-                p.tail_parts = parts;
-                p.recompute = k.recompute;
-                p.activation_policy = k.policy;
-                p.activations = act;
-                p.keep_activations = k.keep;
-                p.optimizer_state = opt;
-                p.frozen_weights = frozen;
-                p.micro_batches = int(m);
-                p.memory = mem;
-                for (const LayerNumbers& l : n) p.measured_times.push_back(l.measured);
-                p.job = job;
-                p.gpus = gpus;
-                NvmeTraffic(c, mem, p);
-                ApplyTiming(*timing, hw, p);
-                record.step_s = p.step_s;
-                record.bubble_fraction = p.bubble_fraction;
-                record.nvme_read_bytes = p.nvme_read_bytes;
-                if (!fits) continue;
-                if (!have || Preferred(record, best_candidate)) {
-                  have = true;
-                  best_candidate = record;
-                  best = std::move(p);
-                }
-              }
-            }
+          std::optional<Timing> timing_of[2];  // simulated once per base held or streamed
+          for (const Tiers& t : placements) {
+            if (keep && t.act != Tier::kHost) continue;
+            k.activations = t.act;
+            k.optimizer = t.opt;
+            k.frozen = t.frozen;
+            FERRY_RETURN_IF_ERROR(weigh(k, n, timing_of));
           }
         }
       }
@@ -743,12 +750,14 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
   }
   if (!have) {
     outcome.plan.job = job;  // what the candidates were weighed for (ExplainCandidates)
+    if (!closest) return Status::Internal("the planner weighed no candidate");
+    const PlanCandidate nearest = outcome.candidates[*closest];
     outcome.binding =
         std::string(closest_fit.tightest()) + " is short: the plan closest to fitting needs " +
-        FormatByteSize(closest_gpu) + " per GPU (usable " +
-        FormatByteSize(hw.gpu.memory_usable_bytes) + "), " + FormatByteSize(closest_host) +
+        FormatByteSize(nearest.gpu_bytes) + " per GPU (usable " +
+        FormatByteSize(hw.gpu.memory_usable_bytes) + "), " + FormatByteSize(nearest.host_bytes) +
         " of host RAM (usable " + FormatByteSize(hw.host.ram_usable_bytes) + "), " +
-        FormatByteSize(closest_nvme) + " of NVMe (" +
+        FormatByteSize(nearest.nvme_bytes) + " of NVMe (" +
         (hw.HasNvme() ? FormatByteSize(hw.nvme.space_bytes) : "no --nvme-dir") + ")";
     if (suggest) outcome.suggestions = SuggestChanges(model_name, model, job, hw);
     return outcome;
