@@ -34,9 +34,10 @@ struct Region {
 // "doc_ids", written together; micro-batch m's in slot m % 2).
 // ("scratch" is compute-only; "rope.inv_freq" is written once, at Create, before any compute.)
 constexpr std::string_view kTracked[] = {
-    "hidden.0",    "hidden.1",         "hidden.2",      "hidden.3",     "hidden.4",  "saved.slot0",
-    "saved.slot1", "weights.slot0",    "weights.slot1", "grads.accum",  "grad.work", "layout.0",
-    "layout.1",    "activations.keep", "keep.input.0",  "keep.input.1", "logits"};
+    "hidden.0",     "hidden.1",    "hidden.2",      "hidden.3",         "hidden.4",
+    "saved.slot0",  "saved.slot1", "weights.slot0", "weights.slot1",    "grads.accum",
+    "grad.work",    "layout.0",    "layout.1",      "activations.keep", "keep.input.0",
+    "keep.input.1", "logits",      "grads.accum1"};
 constexpr std::string_view kHidden[5] = {"hidden.0", "hidden.1", "hidden.2", "hidden.3",
                                          "hidden.4"};
 constexpr std::string_view kLayout[2] = {"layout.0", "layout.1"};
@@ -47,6 +48,9 @@ constexpr std::string_view kLayout[2] = {"layout.0", "layout.1"};
 constexpr std::string_view kKeepInput[2] = {"keep.input.0", "keep.input.1"};
 constexpr std::string_view kSaved[2] = {"saved.slot0", "saved.slot1"};
 constexpr std::string_view kWeights[2] = {"weights.slot0", "weights.slot1"};
+// A device's gradient accumulators (plan.grad_accumulators): with two, a stage accumulates in the
+// one of its weight slot, so the device's consecutive stages alternate.
+constexpr std::string_view kGrads[2] = {"grads.accum", "grads.accum1"};
 
 // A transfer to or from the activation store and what it moves, for its error.
 struct PendingIo {
@@ -148,11 +152,12 @@ struct KeptSlots {
 
 class PlannedSource final : public CarveSource {
  public:
-  PlannedSource(DeviceState& ds, int weight_slot, std::optional<KeptSlots> kept = std::nullopt)
+  PlannedSource(DeviceState& ds, int weight_slot, std::string_view grads,
+                std::optional<KeptSlots> kept = std::nullopt)
       : ds_(ds), kept_(kept) {
     const std::string w = "weights.slot" + std::to_string(weight_slot);
     map_ = {{"params.weights", w},
-            {"params.grads", "grads.accum"},
+            {"params.grads", std::string(grads)},
             {"blocks.saved.0", "saved.slot0"},
             {"blocks.saved.1", "saved.slot1"},
             {"head.saved", "saved.slot0"},
@@ -302,6 +307,11 @@ class Executor final : public PipelineExecutor {
         if (!ds.regions.count(name)) {
           return Status::InvalidArgument(std::string("the plan's GPU map lacks '") + name + "'");
         }
+      }
+      if (accumulators_ > 1 && !ds.regions.count(std::string(kGrads[1]))) {
+        return Status::InvalidArgument(
+            "the plan has two gradient accumulators per device and its GPU map lacks '" +
+            std::string(kGrads[1]) + "'");
       }
       const size_t layout = LayoutStride() * std::min<size_t>(size_t(p_.micro_batches), 2);
       if (ds.regions.at("doc_ids").bytes < layout ||
@@ -975,7 +985,7 @@ class Executor final : public PipelineExecutor {
     if (keep_ && st.kind != StageKind::kTail) {
       kept = KeptSlots{st.kept_first, kept_stride_, kept_input_};
     }
-    st.source = std::make_unique<PlannedSource>(ds, st.slot, kept);
+    st.source = std::make_unique<PlannedSource>(ds, st.slot, GradsOf(st), kept);
     std::vector<LayerSpec> layers(layers_.begin() + st.range.first,
                                   layers_.begin() + st.range.last);
     FERRY_RETURN_IF_ERROR(stream_base_ ? PrepareStreamed(i, layers, weights)
@@ -1448,13 +1458,17 @@ class Executor final : public PipelineExecutor {
     return ds.hazards.After(StreamId::kUpload, {}, {kLayout[m % 2]});
   }
 
-  Status ZeroGrads(DeviceState& ds, DeviceParams& params) {
-    return Compute(ds, {}, {"grads.accum"}, [&] { return params.ZeroGrads(*ds.device); });
+  // The accumulator stage `st` adds its gradients into.
+  std::string_view GradsOf(const StageRun& st) const {
+    return kGrads[accumulators_ > 1 ? st.slot : 0];
+  }
+  Status ZeroGrads(DeviceState& ds, const StageRun& st) {
+    return Compute(ds, {}, {GradsOf(st)}, [&] { return st.params->ZeroGrads(*ds.device); });
   }
   // Stage i's gradients to its host mirror, then grads_landed[i].
   Status DownloadGrads(size_t i) {
     DeviceState& ds = devices_[runs_[i].device];
-    FERRY_RETURN_IF_ERROR(ds.hazards.Before(StreamId::kDownload, {"grads.accum"}, {}));
+    FERRY_RETURN_IF_ERROR(ds.hazards.Before(StreamId::kDownload, {GradsOf(runs_[i])}, {}));
     // A stage without gradients (a LoRA job's frozen head) copies nothing: no span, as the plan
     // has no task for it.
     const bool traced = ds.timeline && runs_[i].params->grads_bytes() > 0;
@@ -1465,7 +1479,7 @@ class Executor final : public PipelineExecutor {
                                              plan::TaskKind::kGradientDownload, int(i), -1,
                                              double(runs_[i].params->grads_bytes())));
     }
-    FERRY_RETURN_IF_ERROR(ds.hazards.After(StreamId::kDownload, {"grads.accum"}, {}));
+    FERRY_RETURN_IF_ERROR(ds.hazards.After(StreamId::kDownload, {GradsOf(runs_[i])}, {}));
     return ds.device->Record(ds.grads_landed[i], StreamId::kDownload);
   }
 
@@ -1606,7 +1620,7 @@ class Executor final : public PipelineExecutor {
     // Zeroing the gradients is traced as the part's first micro-batch's compute ("T.<first>"):
     // the plan's schedule has no task of its own for it and counts it in the stage's first compute.
     ds.task_stage = int(i), ds.task_micro_batch = int(st.first_micro_batch);
-    if (!forward_only_) FERRY_RETURN_IF_ERROR(ZeroGrads(ds, *st.params));
+    if (!forward_only_) FERRY_RETURN_IF_ERROR(ZeroGrads(ds, st));
     HiddenRotation h;
     for (size_t m = st.first_micro_batch; m < st.last_micro_batch; ++m) {
       ds.task_micro_batch = int(m);
@@ -1621,7 +1635,7 @@ class Executor final : public PipelineExecutor {
       FERRY_RETURN_IF_ERROR(PrefetchChunk(next));
       // The per-token loss lives in the head's saved set (saved.slot0).
       FERRY_RETURN_IF_ERROR(
-          Compute(ds, {kHidden[xi], w}, {kHidden[dxi], kSaved[0], "grads.accum", "grad.work"}, [&] {
+          Compute(ds, {kHidden[xi], w}, {kHidden[dxi], kSaved[0], GradsOf(st), "grad.work"}, [&] {
             return forward_only_
                        ? hd.Forward(x)
                        : hd.ForwardBackward(x, batches[m].normalizer, dx, batches[m].loss_scale);
@@ -1665,7 +1679,7 @@ class Executor final : public PipelineExecutor {
     // Zeroing the gradients is traced as micro-batch 0's compute ("T.0", "B<s>.0"): the plan's
     // schedule has no task of its own for it and counts it in the stage's first compute.
     ds.task_stage = int(i), ds.task_micro_batch = 0;
-    FERRY_RETURN_IF_ERROR(ZeroGrads(ds, *st.params));
+    FERRY_RETURN_IF_ERROR(ZeroGrads(ds, st));
     // Layer inputs alternate between hidden.1 and hidden.3 (one running counter over the stage's
     // layers and micro-batches), so a layer's input uploads while the layer before it (in
     // backward order) still computes from the other; kept activations are where the forward
@@ -1689,7 +1703,7 @@ class Executor final : public PipelineExecutor {
           const Tensor x = Kept(ds, st, li, m), dy = Hidden(ds, dyi), dx = Hidden(ds, dxi);
           const int kept = int(size_t(li - st.range.first) * size_t(p_.micro_batches) + m);
           FERRY_RETURN_IF_ERROR(Compute(ds, {"activations.keep", kHidden[dyi], w, kLayout[m % 2]},
-                                        {kHidden[dxi], "grads.accum", "grad.work"},
+                                        {kHidden[dxi], GradsOf(st), "grad.work"},
                                         [&] { return st.blocks->Backward(b, kept, x, dy, dx); }));
           std::swap(dyi, dxi);
           continue;
@@ -1716,7 +1730,7 @@ class Executor final : public PipelineExecutor {
                       [&] { return st.blocks->Forward(b, int(b % 2), x, dx); }));
         }
         FERRY_RETURN_IF_ERROR(Compute(ds, {kHidden[xi], kHidden[dyi], slot, w, kLayout[m % 2]},
-                                      {kHidden[dxi], "grads.accum", "grad.work"}, [&] {
+                                      {kHidden[dxi], GradsOf(st), "grad.work"}, [&] {
                                         return st.blocks->Backward(b, int(b % 2), x, dy, dx);
                                       }));
         std::swap(dyi, dxi);
@@ -1787,6 +1801,8 @@ class Executor final : public PipelineExecutor {
   // StageRun::kept_first + (block - the stage's first) * M + m: Kept), its input then its saved
   // slot, kept_stride_ bytes in all, the input's share kept_input_.
   const bool keep_ = p_.keep_activations && !p_.job.forward_only;
+  // Gradient accumulators per device (plan.grad_accumulators; none in a forward-only plan).
+  const int accumulators_ = p_.job.forward_only ? 1 : p_.grad_accumulators;
   size_t kept_stride_ = 0, kept_input_ = 0;
   // Saved activations on NVMe (a training plan's activations tier): per entry (EntryIndex), its
   // latest write, set on the writing device's download stream and read on the reading device's
@@ -1889,6 +1905,10 @@ Status Validate(const std::vector<Device*>& devices, const ModelConfig& c, const
     return Status::InvalidArgument("the plan splits the tail into " + std::to_string(p.tail_parts) +
                                    " parts; it takes 1 to " + std::to_string(most_parts) +
                                    " (its micro-batches, at most one part per device)");
+  }
+  if (p.grad_accumulators < 1 || p.grad_accumulators > 2) {
+    return Status::InvalidArgument("the plan has " + std::to_string(p.grad_accumulators) +
+                                   " gradient accumulators per device; it takes 1 or 2");
   }
   if (p.tail_parts > 1 && p.keep_activations && !p.job.forward_only) {
     // A backward stage runs where its forward stage ran only when the tail is one stage.

@@ -156,7 +156,8 @@ struct PlanSpec {
   bool keep = false;                 // one device keeps every saved activation (policy "keep")
   bool activations_on_nvme = false;  // saved activations in an NVMe store (Tier::kNvme)
   bool base_streamed = false;        // a LoRA base streamed from NVMe (the frozen weights there)
-  int tail_parts = 1;  // the tail's micro-batches over this many devices (plan.tail_parts)
+  int tail_parts = 1;         // the tail's micro-batches over this many devices (plan.tail_parts)
+  int grad_accumulators = 1;  // per device (plan.grad_accumulators)
 };
 
 plan::Plan MakeTestPlan(const Model& m, const PlanSpec& s) {
@@ -173,6 +174,7 @@ plan::Plan MakeTestPlan(const Model& m, const PlanSpec& s) {
   p.micro_batch_size = s.batch;
   p.stages = s.stages;
   p.tail_parts = s.tail_parts;
+  p.grad_accumulators = s.grad_accumulators;
   p.recompute.assign(size_t(m.config.num_layers) + 2, false);
   for (int li : s.recomputed) p.recompute[size_t(li)] = true;
   p.activations = s.activations_on_nvme ? Tier::kNvme : Tier::kHost;
@@ -271,7 +273,8 @@ Result<std::unique_ptr<PipelineExecutor>> CreateExecutor(
 // allocation is what the code takes from it, rounded up to the arena's alignment: both ways, so
 // an over-count fails as well as an under-count. The two weight slots count as one: which stages
 // a slot holds moves from step to step with the global counter, so both are sized for the
-// largest stage, and one step fills one of them with it.
+// largest stage, and one step fills one of them with it; so do two gradient accumulators, which
+// follow the weight slots.
 void ExpectArenasAreThePlan(const std::vector<std::unique_ptr<CpuDevice>>& devs,
                             const PipelineExecutor& e, const plan::Plan& p) {
   for (const auto& d : devs) {
@@ -294,6 +297,10 @@ void ExpectArenasAreThePlan(const std::vector<std::unique_ptr<CpuDevice>>& devs,
     uint64_t took = used.count(name) ? used.at(name) : 0;
     if (name.rfind("weights.slot", 0) == 0) {
       took = std::max(used["weights.slot0"], used["weights.slot1"]);
+    }
+    if (name.rfind("grads.accum", 0) == 0 && planned.count("grads.accum1")) {
+      took = std::max(used["grads.accum"], used["grads.accum1"]);
+      EXPECT_GT(used[name], 0u) << name << ": a stage accumulates in each";
     }
     EXPECT_EQ((took + plan::kArenaAlignment - 1) / plan::kArenaAlignment * plan::kArenaAlignment,
               bytes)
@@ -341,7 +348,8 @@ void PrintTo(const Case& c, std::ostream* os) {
       << (c.spec.keep ? ", activations kept" : "")
       << (c.spec.activations_on_nvme ? ", activations on NVMe" : "")
       << (c.spec.tail_parts > 1 ? ", the tail in " + std::to_string(c.spec.tail_parts) + " parts"
-                                : "");
+                                : "")
+      << (c.spec.grad_accumulators > 1 ? ", two gradient accumulators" : "");
 }
 
 Batches MakeCaseBatches(const Model& m, const Case& k, uint32_t seed) {
@@ -356,7 +364,7 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& i) {
          (i.param.nf4 ? "_nf4" : "") + (i.param.packed ? "_packed" : "") +
          (i.param.spec.activations_on_nvme ? "_nvme" : "") +
          (i.param.spec.tail_parts > 1 ? "_tail" + std::to_string(i.param.spec.tail_parts) : "") +
-         "_" + std::to_string(i.index);
+         (i.param.spec.grad_accumulators > 1 ? "_acc2" : "") + "_" + std::to_string(i.index);
 }
 
 // Tolerance: the executor runs the same kernels in the same order on the same inputs (layer
@@ -719,6 +727,26 @@ TEST(ExecutorRaceTest, RefusesMoreTailPartsThanMicroBatchesOrDevices) {
     ASSERT_FALSE(e.ok()) << parts << " parts";
     EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(e.status().message().find("splits the tail into " + std::to_string(parts)),
+              std::string::npos)
+        << e.status().ToString();
+  }
+}
+
+// A plan with other than one or two gradient accumulators per device is refused, and so is one
+// that asks for two while its GPU map holds one (a map made for one accumulator).
+TEST(ExecutorRaceTest, RefusesGradientAccumulatorsItDoesNotHave) {
+  const Model m = LoadModel("llama");
+  for (const int accumulators : {0, 3, 2}) {
+    PlanSpec spec{{{1, 3}, {3, 5}}, {}, 2};
+    plan::Plan p = MakeTestPlan(m, spec);  // sized for one
+    p.grad_accumulators = accumulators;
+    std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(2, p.memory.gpu.total());
+    Result<std::unique_ptr<PipelineExecutor>> e = PipelineExecutor::Create(Raw(devs), m.config, p);
+    ASSERT_FALSE(e.ok()) << accumulators;
+    EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(e.status().message().find(accumulators == 2 ? "lacks 'grads.accum1'"
+                                                          : std::to_string(accumulators) +
+                                                                " gradient accumulators"),
               std::string::npos)
         << e.status().ToString();
   }
@@ -1117,12 +1145,13 @@ TEST(ExecutorFileBaseTest, EvaluationsKeepTheServedBasePacked) {
 // against the compute that reads or writes its buffer, and every hand-off between devices is an
 // event.
 // A LoRA job, and a full one with the tail split over the three devices (each part's head
-// gradients landing apart while the backward stages read the parts' outputs).
+// gradients landing apart while the backward stages read the parts' outputs) and two gradient
+// accumulators per device (a stage's accumulating racing the download of the one before).
 TEST(ExecutorRaceTest, RandomStreamDelaysChangeNothing) {
   for (const int rank : {2, 0}) {
     const Model m = LoadModel("llama", rank);
     PlanSpec spec{{{1, 2}, {2, 4}, {4, 5}}, {2}, 3, 2, 16, 3};
-    if (rank == 0) spec.tail_parts = 3;
+    if (rank == 0) spec.tail_parts = 3, spec.grad_accumulators = 2;
     const plan::Plan p = MakeTestPlan(m, spec);
     const HostTensors w = RandomWeights(m, 9);
     const Batches b = MakeBatches(m, spec.micro_batches, spec.batch * spec.seq_len, 4);
@@ -1754,6 +1783,29 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"qwen3", 0, {{{1, 3}, {3, 5}}, {2}, 3, 2, 32, 3, DType::kBF16}, 3},
         // QLoRA in bf16: NF4 dequantized straight to bf16.
         Case{"llama", 4, {{{1, 3}, {3, 5}}, {}, 1, 2, 32, 2, DType::kBF16}, 2, false, true}),
+    CaseName);
+
+// Two gradient accumulators per device (plan.grad_accumulators): a device's consecutive stages
+// alternate between them as they alternate weight slots, so a stage accumulates while the one
+// before it downloads. The single-device runner's results, each arena the plan's map (the second
+// accumulator sized and used like the first), the pinned host the plan's: one device (all its
+// stages alternate), two and four, the tail in parts (a part's head gradients in one, the next
+// backward stage's in the other), full, tied and LoRA heads, bf16, kept activations.
+Case TwoAccumulators(Case c) {
+  c.spec.grad_accumulators = 2;
+  return c;
+}
+INSTANTIATE_TEST_SUITE_P(
+    TwoAccumulatorPlans, ExecutorTest,
+    ::testing::Values(
+        TwoAccumulators(Case{"llama", 0, {{{1, 2}, {2, 4}, {4, 5}}, {2}, 2}, 1}),
+        TwoAccumulators(SplitTail(Case{"llama", 0, {{{1, 2}, {2, 4}, {4, 5}}, {2}, 4}, 3}, 3)),
+        TwoAccumulators(SplitTail(Case{"qwen3", 0, {{{1, 3}, {3, 5}}, {1}, 3}, 2}, 2)),
+        TwoAccumulators(Case{"llama", 4, {{{1, 3}, {3, 5}}, {4}, 2}, 2}),
+        TwoAccumulators(Case{
+            "llama", 0, {{{1, 2}, {2, 3}, {3, 5}}, {}, 2, 2, 16, 4, DType::kBF16}, 4}),
+        TwoAccumulators(Case{
+            "llama", 0, {{{1, 3}, {3, 5}}, {}, 2, 2, 32, 2, DType::kF32, false, false, true}, 2})),
     CaseName);
 
 // Devices keeping every block's input and saved set ("activations.keep": no saved activation

@@ -2,8 +2,8 @@
 // tiny model on CPU devices, its trace is replayed through the plan's round-robin schedule
 // (engine/exec/trace_replay.h), for plans that differ in stage count, micro-batches,
 // recomputation, device count, compute dtype (bf16 halves the bytes moved), LoRA (the base
-// stays in the slots and the host mirrors; adapters move) and the tail's parts (its micro-batches
-// split over devices). Asserted: every task
+// stays in the slots and the host mirrors; adapters move), the tail's parts (its micro-batches
+// split over devices) and two gradient accumulators per device. Asserted: every task
 // of the schedule is in the trace (bar the optimizer's, not run here), every span maps to a task,
 // and the replayed step is within 15% of the recorded one.
 //
@@ -17,7 +17,8 @@
 // host work and load stretch the recorded step).
 //
 // Where the ratios come from (0.983, 1.004, 1.005, 1.094, 0.999, 0.987, 1.013 for cases 0-6; the
-// tail split in parts, cases 7 and 8: 1.060 and 1.020): the
+// tail split in parts, cases 7 and 8: 1.060 and 1.020; two accumulators, cases 9 and 10: 0.990
+// and 0.986): the
 // schedule's tasks are whole stages per micro-batch, while the executor works layer by layer
 // inside a stage: a forward stage downloads each block's saved set and output as soon as the block
 // has run (its "O" spans overlap its later blocks' compute), and a backward stage starts its last
@@ -27,8 +28,8 @@
 // recorded one would mean a dependency of the executor's that the schedule lacks: cases 2 and 5
 // (then numbered 2 and 4) were at 0.973 and 0.979 until the schedule learnt that a stage's
 // gradient zeroing waits for the gradient download of the device's stage before it (one
-// accumulator per device). Cases 0, 4 and 5 now replay up to 1.7% short: within the bound, and
-// not yet traced to a task.
+// accumulator per device). Cases 0, 4, 5, 9 and 10 now replay up to 1.7% short: within the
+// bound, and not yet traced to a task.
 //
 // Tiers: every case keeps activations, optimizer state and weights in host RAM. NVMe tiers are not
 // covered: the executor refuses a plan that puts a group on NVMe (pipeline_executor.cc, Validate).
@@ -74,6 +75,7 @@ struct Case {
   DType dtype = DType::kF32;  // compute dtype: bf16 halves the weights' and activations' bytes
   int lora_rank = 0;          // > 0: a LoRA job (every projection adapted; the base frozen)
   int tail_parts = 1;         // the tail's micro-batches over this many devices
+  int grad_accumulators = 1;  // per device
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -92,6 +94,7 @@ plan::Plan MakePlan(const ModelConfig& model, const Case& c) {
   p.micro_batch_size = 2;
   p.stages = c.stages;
   p.tail_parts = c.tail_parts;
+  p.grad_accumulators = c.grad_accumulators;
   p.recompute.assign(size_t(model.num_layers) + 2, false);
   for (int li : c.recomputed) p.recompute[size_t(li)] = true;
   p.activation_policy = c.recomputed.empty() ? "save" : "per-layer";
@@ -104,8 +107,9 @@ class TraceReplayTest : public ::testing::TestWithParam<Case> {};
 constexpr int kSteps = 4;
 
 // Runs kSteps steps of the case's plan on CPU devices (on `clock` when given) and replays all but
-// the first (which creates what later steps reuse).
-void RunAndReplay(const Case& c, VirtualClock* clock, std::vector<StepReplay>& replays) {
+// the first (which creates what later steps reuse); `spans`, when given, gets the recording.
+void RunAndReplay(const Case& c, VirtualClock* clock, std::vector<StepReplay>& replays,
+                  std::vector<TraceSpan>* spans = nullptr) {
   const ModelConfig model = TinyLlamaPreset();
   const plan::Plan p = MakePlan(model, c);
   std::vector<std::unique_ptr<CpuDevice>> devices;
@@ -166,6 +170,7 @@ void RunAndReplay(const Case& c, VirtualClock* clock, std::vector<StepReplay>& r
                 r->replayed_step_s * 1e3, r->ratio());
     replays.push_back(*std::move(r));
   }
+  if (spans != nullptr) *spans = trace.spans();
 }
 
 // On the virtual clock every replayed step is within kBound of the recorded one, and the
@@ -195,6 +200,42 @@ TEST_P(TraceReplayTest, TheReplayedStepIsWithinBoundOfTheRecordedOne) {
                 1e-9 * replays[i].replayed_step_s);
   }
   ::testing::Test::RecordProperty("ratio", std::to_string(replays.front().ratio()));
+}
+
+// Two gradient accumulators per device, on the virtual clock: a stage's first compute (its
+// zeroing) starts while the gradients of its device's stage before it still download, which with
+// one accumulator it never does. Per step after the first, per gradient download: does a later
+// stage on its device start computing before it ends?
+TEST(TraceReplayVirtualClock, TwoAccumulatorsOverlapAStageWithTheDownloadBeforeIt) {
+  for (const int accumulators : {1, 2}) {
+    Case c{"2 stages, 3 micro-batches, saved, 1 device", {{1, 3}, {3, 5}}, {}, 3, 1};
+    c.grad_accumulators = accumulators;
+    std::vector<StepReplay> replays;
+    std::vector<TraceSpan> spans;
+    {
+      VirtualClock clock(&KernelSeconds);
+      ASSERT_NO_FATAL_FAILURE(RunAndReplay(c, &clock, replays, &spans));
+    }
+    int downloads = 0, overlapped = 0;
+    for (const TraceSpan& g : spans) {
+      if (g.step < 1 || g.kind != plan::TaskKind::kGradientDownload) continue;
+      ++downloads;
+      for (const TraceSpan& s : spans) {
+        if (s.step == g.step && s.lane == plan::LaneId{plan::LaneKind::kCompute, g.lane.gpu} &&
+            s.stage > g.stage && s.start_s < g.end_s) {
+          ++overlapped;
+          break;
+        }
+      }
+    }
+    EXPECT_GT(downloads, 0);
+    if (accumulators == 1) {
+      EXPECT_EQ(overlapped, 0) << "a stage zeroed the one accumulator while it downloaded";
+    } else {
+      EXPECT_GT(overlapped, 0) << "no stage ran while the one before it downloaded";
+    }
+    for (const StepReplay& r : replays) EXPECT_NEAR(r.ratio(), 1.0, kBound);
+  }
 }
 
 // The first case on real time (throttled links): the mapping is whole; the ratio is printed, not
@@ -251,6 +292,24 @@ INSTANTIATE_TEST_SUITE_P(
              2,
              DType::kF32,
              0,
+             2},
+        Case{"3 stages, 3 micro-batches, 2 accumulators, tail in 2, 2 devices",
+             {{1, 2}, {2, 4}, {4, 5}},
+             {2},
+             3,
+             2,
+             DType::kF32,
+             0,
+             2,
+             2},
+        Case{"2 stages, 3 micro-batches, 2 accumulators, 1 device",
+             {{1, 3}, {3, 5}},
+             {},
+             3,
+             1,
+             DType::kF32,
+             0,
+             1,
              2}),
     [](const ::testing::TestParamInfo<Case>& i) { return "case" + std::to_string(i.index); });
 

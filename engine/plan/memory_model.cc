@@ -283,7 +283,10 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   const bool keep = in.keep_activations && !in.forward_only;
   Add(e.gpu, "weights.slot0", stage_weights, A);
   Add(e.gpu, "weights.slot1", stage_weights, A);
-  if (!in.forward_only) Add(e.gpu, "grads.accum", stage_grads, A);
+  if (!in.forward_only) {
+    Add(e.gpu, "grads.accum", stage_grads, A);
+    if (in.grad_accumulators > 1) Add(e.gpu, "grads.accum1", stage_grads, A);
+  }
   // Forward stages and the tail rotate three hidden buffers. Backward stages rotate the residual
   // gradient through three (with two micro-batches or more: the next one's dY uploads while this
   // one computes and its dX downloads) and alternate their layer inputs between two more,

@@ -15,6 +15,9 @@
 //                       block-diagonal B, as engine/model/device_params.h lays them out);
 //   grads.accum         fp32 gradient accumulators of the largest stage's trainable weights
 //                       (accumulated across micro-batches, downloaded once per stage);
+//   grads.accum1        a second set of them with two accumulators (grad_accumulators): a
+//                       device's consecutive stages alternate, so a stage accumulates while the
+//                       gradients of the device's stage before it still download;
 //   hidden.0..4         five hidden-state buffers (B*T, C): forward stages and the tail rotate
 //                       three (a micro-batch's input uploads while the one before computes);
 //                       backward rotates the residual gradient through three (0, 2, 4: the
@@ -177,6 +180,9 @@ struct MemoryPlanInput {
   // tail_parts); every part after the first lands its gradients in a buffer of its own, so
   // "grads.landing" holds the head's gradients once per part.
   int tail_parts = 1;
+  // Gradient accumulators per device (RoundRobinJob::grad_accumulators): 1, or 2 ("grads.accum1"
+  // beside "grads.accum", each the largest stage's).
+  int grad_accumulators = 1;
   std::vector<bool> recompute;  // per layer of BuildLayerSpecs (embedding, blocks, head)
   bool activations_on_nvme = false;
   // Each device keeps the input and saved set of every micro-batch of the blocks of its forward

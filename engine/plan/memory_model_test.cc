@@ -143,6 +143,26 @@ TEST(MemoryModel, TailPartsLandTheHeadsGradientsApart) {
   EXPECT_EQ(three.pageable_host.total(), one.pageable_host.total());
 }
 
+// Two gradient accumulators: a second "grads.accum1" the size of the first, right after it on
+// each GPU; nothing else moves. A forward-only plan has neither.
+TEST(MemoryModel, TwoGradientAccumulatorsAddASecondOfTheSameSize) {
+  MemoryPlanInput in = HandInput();
+  const MemoryEstimate one = ComputeMemory(in);
+  in.grad_accumulators = 2;
+  const MemoryEstimate two = ComputeMemory(in);
+  const auto gpu = Named(two.gpu);
+  ASSERT_EQ(gpu.count("grads.accum1"), 1u);
+  EXPECT_EQ(gpu.at("grads.accum1"), gpu.at("grads.accum"));
+  EXPECT_EQ(two.gpu.total(), one.gpu.total() + gpu.at("grads.accum"));
+  EXPECT_EQ(Named(one.gpu).count("grads.accum1"), 0u);
+  EXPECT_EQ(two.pinned_host.total(), one.pinned_host.total());
+  EXPECT_EQ(two.pageable_host.total(), one.pageable_host.total());
+  in.forward_only = true;
+  const auto forward = Named(ComputeMemory(in).gpu);
+  EXPECT_EQ(forward.count("grads.accum"), 0u);
+  EXPECT_EQ(forward.count("grads.accum1"), 0u);
+}
+
 // One micro-batch: nothing uploads for a next one, so the row layout has one slot and the
 // backward's residual gradient two buffers (no "hidden.4").
 TEST(MemoryModel, OneMicroBatchPlansOneLayoutSlotAndTwoGradientBuffers) {

@@ -211,6 +211,9 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
   if (job.weight_chunks < 0) {
     return Status::InvalidArgument("round-robin: weight_chunks must be >= 0");
   }
+  if (job.grad_accumulators < 1 || job.grad_accumulators > 2) {
+    return Status::InvalidArgument("round-robin: grad_accumulators must be 1 or 2");
+  }
   const int K = static_cast<int>(all.size());
   const int G = job.gpus;
   const int m = job.micro_batches;
@@ -359,8 +362,10 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
       if (k >= G && all[k - G].reuses_saved_slot) {
         AddDep(s, compute[k][first], out[k - G][hi(k - G) - 1]);
       }
-      // ... or the gradients its first micro-batch zeroes (one accumulator per device).
-      if (k >= G && c.grad_bytes > 0) AddDep(s, compute[k][first], grads_of[k - G]);
+      // ... or the gradients its first micro-batch zeroes (its accumulator's last user on the
+      // device: the stage before it, or with two accumulators the one before that).
+      const int back = G * job.grad_accumulators;
+      if (k >= back && c.grad_bytes > 0) AddDep(s, compute[k][first], grads_of[k - back]);
     }
     if (c.output_bytes > 0) {
       for (int j = first; j < hi(k); ++j) {

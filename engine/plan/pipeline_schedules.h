@@ -89,6 +89,10 @@ struct RoundRobinJob {
   // param_count) follows the last part's adding. 1 to min(micro_batches, gpus); 1: the tail on
   // one device.
   int tail_parts = 1;
+  // Gradient accumulators per GPU, 1 or 2. With one, a stage's first micro-batch waits until the
+  // gradients of the GPU's stage before it have downloaded; with two the GPU's consecutive stages
+  // alternate between them (as they alternate weight buffers), so it waits for the one two back.
+  int grad_accumulators = 1;
   // Weight uploads are split into this many chunks queued behind the activation uploads of the
   // stage that runs before (0 = one chunk per micro-batch).
   int weight_chunks = 0;

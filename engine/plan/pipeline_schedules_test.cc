@@ -208,6 +208,31 @@ TEST(PipelineSchedules, RoundRobinInputUploadsWaitForTheComputeThatFreesTheirSlo
 // Each part downloads its gradients (1 GB: 1 s) once its micro-batch is done and the tail's update
 // (1e9 parameters: 1 s) follows the last part's: GT0 [5, 6) on GPU 1, GT1 [6, 7) on GPU 0, UT1
 // [7, 8).
+// A round-robin job's step on FastLinks: its makespan and each task's lane and timing by name
+// (the test fails, and the step is empty, when it does not build or simulate).
+struct Ran {
+  LaneId lane;
+  TaskTiming at;
+};
+struct Step {
+  double makespan = 0;
+  std::map<std::string, Ran> tasks;
+};
+Step RunRoundRobin(const RoundRobinJob& job) {
+  Step step;
+  Result<Schedule> s = BuildRoundRobinSchedule(job);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  if (!s.ok()) return step;
+  Result<SimResult> r = Simulate(*s, FastLinks());
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  if (!r.ok()) return step;
+  step.makespan = r->makespan_s;
+  for (size_t i = 0; i < s->tasks.size(); ++i) {
+    step.tasks[s->tasks[i].name] = {s->tasks[i].lane, r->timing[i]};
+  }
+  return step;
+}
+
 TEST(PipelineSchedules, RoundRobinSplitsTheTailsMicroBatchesOverDevices) {
   RoundRobinJob job;
   job.gpus = 2;
@@ -216,28 +241,9 @@ TEST(PipelineSchedules, RoundRobinSplitsTheTailsMicroBatchesOverDevices) {
   job.tail.fwd_s = 2.0;
   job.tail.bwd_s = 2.0;
   job.backward = EqualStages(1, 0.0, 1.0);
-  struct Ran {
-    LaneId lane;
-    TaskTiming at;
-  };
-  struct Step {
-    double makespan = 0;
-    std::map<std::string, Ran> tasks;
-  };
   auto run = [&](int parts) {
     job.tail_parts = parts;
-    Step step;
-    Result<Schedule> s = BuildRoundRobinSchedule(job);
-    EXPECT_TRUE(s.ok()) << s.status().ToString();
-    if (!s.ok()) return step;
-    Result<SimResult> r = Simulate(*s, FastLinks());
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    if (!r.ok()) return step;
-    step.makespan = r->makespan_s;
-    for (size_t i = 0; i < s->tasks.size(); ++i) {
-      step.tasks[s->tasks[i].name] = {s->tasks[i].lane, r->timing[i]};
-    }
-    return step;
+    return RunRoundRobin(job);
   };
   EXPECT_NEAR(run(1).makespan, 10.0, kTol);
   Step two = run(2);
@@ -258,6 +264,39 @@ TEST(PipelineSchedules, RoundRobinSplitsTheTailsMicroBatchesOverDevices) {
   EXPECT_NEAR(two.tasks["UT1"].at.start_s, 7.0, kTol);
   EXPECT_EQ(two.tasks.count("UT0"), 0u);  // one update, after the last part
   EXPECT_EQ(two.tasks.count("UT"), 0u);
+}
+
+// Gradient accumulators (RoundRobinJob::grad_accumulators). One GPU, one micro-batch, two
+// forward stages of 1 s, a tail of 1 s and two backward stages of 1 s, each with 2 GB of gradients
+// (2 s to download) and no update cost: the GPU runs F0 [0, 1), F1 [1, 2), T [2, 3) (no
+// gradients), B0 [3, 4); its gradients download [4, 6). With one accumulator B1 zeroes it only
+// after that: [6, 7), its download [7, 9). With two, B1 uses the other: [4, 5), its download
+// waits for the link: [6, 8).
+TEST(PipelineSchedules, TwoGradientAccumulatorsLetAStageRunWhileTheOneBeforeDownloads) {
+  RoundRobinJob job;
+  job.gpus = 1;
+  job.micro_batches = 1;
+  job.executor_buffers = true;  // the accumulators are the executor's buffers
+  job.forward = EqualStages(2, 1.0, 0.0);
+  job.tail.fwd_s = 0.5;
+  job.tail.bwd_s = 0.5;
+  job.backward = EqualStages(2, 0.0, 1.0);
+  for (StageCost& c : job.backward) c.grad_bytes = 2e9;
+  auto run = [&](int accumulators) {
+    job.grad_accumulators = accumulators;
+    return RunRoundRobin(job);
+  };
+  Step one = run(1), two = run(2);
+  EXPECT_NEAR(one.tasks["GB0"].at.start_s, 4.0, kTol);
+  EXPECT_NEAR(one.tasks["B1.0"].at.start_s, 6.0, kTol);
+  EXPECT_NEAR(one.makespan, 9.0, kTol);
+  EXPECT_NEAR(two.tasks["B1.0"].at.start_s, 4.0, kTol);
+  EXPECT_NEAR(two.tasks["GB1"].at.start_s, 6.0, kTol);
+  EXPECT_NEAR(two.makespan, 8.0, kTol);
+  for (int accumulators : {0, 3}) {
+    job.grad_accumulators = accumulators;
+    EXPECT_FALSE(BuildRoundRobinSchedule(job).ok()) << accumulators;
+  }
 }
 
 // Task names and layer ranges with the tail in parts.

@@ -69,6 +69,10 @@ std::string LostOn(const PlanCandidate& r, const PlanCandidate& chosen) {
   if (r.host_bytes > chosen.host_bytes) {
     return "equal speed, " + FormatByteSize(r.host_bytes - chosen.host_bytes) + " more host memory";
   }
+  if (r.gpu_bytes > chosen.gpu_bytes) {
+    return "equal speed, " + FormatByteSize(r.gpu_bytes - chosen.gpu_bytes) +
+           " more GPU memory per GPU";
+  }
   return "equal on every count (the first found wins)";
 }
 
@@ -80,6 +84,7 @@ nlohmann::json CandidatesToJson(const std::vector<PlanCandidate>& candidates) {
     nlohmann::json j = {{"micro_batches", k.micro_batches},
                         {"stages", k.stages},
                         {"tail_parts", k.tail_parts},
+                        {"grad_accumulators", k.grad_accumulators},
                         {"activation_policy", k.policy},
                         {"recomputed_blocks", k.recomputed},
                         {"activations", TierName(k.activations)},
@@ -127,19 +132,21 @@ std::string ExplainCandidates(const PlanOutcome& o, size_t most) {
     const PlanCandidate& best = *fitting.front();
     out +=
         "The chosen plan and the fastest runners-up (at equal speed: the frozen base in RAM, "
-        "then less NVMe space, fewer NVMe reads, less host memory):\n";
+        "then less NVMe space, fewer NVMe reads, less host memory, less GPU memory; acc: gradient "
+        "accumulators per GPU):\n";
     char buf[320];
     std::snprintf(buf, sizeof buf,
-                  "  %3s %9s %7s %6s %6s %4s  %-34s %-9s %-9s %10s %10s %10s  %s\n", "#", "s/step",
-                  "bubble", "micro", "stages", "tail", "activations", "optimizer",
+                  "  %3s %9s %7s %6s %6s %4s %3s  %-34s %-9s %-9s %10s %10s %10s  %s\n", "#",
+                  "s/step", "bubble", "micro", "stages", "tail", "acc", "activations", "optimizer",
                   lora ? "frozen" : "", "GPU", "host", "NVMe", "not chosen because");
     out += buf;
     for (size_t i = 0; i < fitting.size() && i <= most; ++i) {
       const PlanCandidate& k = *fitting[i];
       std::snprintf(
-          buf, sizeof buf, "  %3zu %9.3f %6.1f%% %6d %6d %4d  %-34s %-9s %-9s %10s %10s %10s  %s\n",
-          i + 1, k.step_s, 100.0 * k.bubble_fraction, k.micro_batches, k.stages, k.tail_parts,
-          ActivationsOf(k).c_str(), std::string(TierName(k.optimizer)).c_str(),
+          buf, sizeof buf,
+          "  %3zu %9.3f %6.1f%% %6d %6d %4d %3d  %-34s %-9s %-9s %10s %10s %10s  %s\n", i + 1,
+          k.step_s, 100.0 * k.bubble_fraction, k.micro_batches, k.stages, k.tail_parts,
+          k.grad_accumulators, ActivationsOf(k).c_str(), std::string(TierName(k.optimizer)).c_str(),
           lora ? std::string(TierName(k.frozen)).c_str() : "", FormatByteSize(k.gpu_bytes).c_str(),
           FormatByteSize(k.host_bytes).c_str(), FormatByteSize(k.nvme_bytes).c_str(),
           i == 0 ? "(chosen)" : LostOn(k, best).c_str());
@@ -163,8 +170,8 @@ std::string ExplainCandidates(const PlanOutcome& o, size_t most) {
            (k.micro_batches == 1 ? " micro-batch, " : " micro-batches, ") +
            std::to_string(k.stages) + (k.stages == 1 ? " stage" : " stages") +
            (k.tail_parts > 1 ? ", the tail in " + std::to_string(k.tail_parts) + " parts" : "") +
-           ", activations " + ActivationsOf(k) + ", optimizer on " +
-           std::string(TierName(k.optimizer)) +
+           (k.grad_accumulators > 1 ? ", two gradient accumulators" : "") + ", activations " +
+           ActivationsOf(k) + ", optimizer on " + std::string(TierName(k.optimizer)) +
            (lora ? ", frozen base on " + std::string(TierName(k.frozen)) : std::string()) + ": " +
            step + "; " + k.tightest + " " + FormatByteSize(need) +
            Format(", %.2fx what is usable\n", k.need_ratio);
@@ -210,7 +217,8 @@ nlohmann::json PlanToJson(const Plan& p) {
   for (const LayerRange& s : p.stages) stages.push_back({s.first, s.last});
   j["forward_stages"] = stages;  // layer ranges [first, last); backward runs them reversed
   j["tail"] = "head+loss (fused)";
-  j["tail_parts"] = p.tail_parts;  // its micro-batches split over this many devices
+  j["tail_parts"] = p.tail_parts;                // its micro-batches split over this many devices
+  j["grad_accumulators"] = p.grad_accumulators;  // per device: consecutive stages alternate
   nlohmann::json recompute = nlohmann::json::array();
   for (size_t i = 0; i < p.recompute.size(); ++i) {
     if (p.recompute[i]) recompute.push_back(i);
@@ -291,7 +299,11 @@ std::string PlanSummary(const Plan& p) {
     out += " in " + std::to_string(p.tail_parts) + " parts (its micro-batches over " +
            std::to_string(p.tail_parts) + " GPUs)";
   }
-  out += "; round-robin over " + std::to_string(p.gpus) + " GPU(s)\n";
+  out += "; round-robin over " + std::to_string(p.gpus) + " GPU(s)";
+  if (p.grad_accumulators > 1) {
+    out += ", two gradient accumulators per GPU (its consecutive stages alternate)";
+  }
+  out += "\n";
   int recomputed = 0;
   for (bool r : p.recompute) recomputed += r ? 1 : 0;
   // A streamed base's copy on NVMe (none: the model's files serve it).

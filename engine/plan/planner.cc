@@ -182,6 +182,7 @@ struct Candidate {
   Tier activations = Tier::kHost, optimizer = Tier::kHost, frozen = Tier::kHost;
   bool keep = false;  // policy "keep": the devices keep every saved activation
   int tail_parts = 1;
+  int grad_accumulators = 1;
 };
 
 MemoryEstimate MemoryOf(const Context& c, const Candidate& k, int gpus) {
@@ -194,6 +195,7 @@ MemoryEstimate MemoryOf(const Context& c, const Candidate& k, int gpus) {
   in.compute_dtype = c.job.compute_dtype;
   in.stages = k.stages;
   in.tail_parts = k.tail_parts;
+  in.grad_accumulators = k.grad_accumulators;
   in.recompute = k.recompute;
   in.activations_on_nvme = k.activations == Tier::kNvme;
   in.keep_activations = k.keep;
@@ -288,6 +290,7 @@ RoundRobinJob BuildJob(const std::vector<LayerNumbers>& n, const Candidate& k, i
   job.gpus = gpus;
   job.micro_batches = int(k.micro_batches);
   job.tail_parts = k.tail_parts;
+  job.grad_accumulators = k.grad_accumulators;
   job.executor_buffers = true;  // as the executor runs its plans
   job.input_slots = 2;
   job.forward = StageCosts(n, k.stages, k.recompute, false, k.keep);
@@ -395,6 +398,7 @@ Candidate CandidateOf(const Plan& plan) {
   k.frozen = plan.frozen_weights;
   k.keep = plan.keep_activations;
   k.tail_parts = plan.tail_parts;
+  k.grad_accumulators = plan.grad_accumulators;
   return k;
 }
 
@@ -533,6 +537,7 @@ MemoryPlanInput MemoryInputOf(const ModelConfig& model, const Plan& plan) {
   in.compute_dtype = plan.job.compute_dtype;
   in.stages = plan.stages;
   in.tail_parts = plan.tail_parts;
+  in.grad_accumulators = plan.grad_accumulators;
   in.recompute = plan.recompute;
   in.activations_on_nvme = plan.activations == Tier::kNvme;
   in.keep_activations = plan.keep_activations;
@@ -648,7 +653,7 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
   // more memory would buy), simulates it, once per base held or streamed (`timing_of`), and keeps
   // it when it beats the best so far. `n`: the layers' numbers at its micro-batch size.
   auto weigh = [&](const Candidate& k, const std::vector<LayerNumbers>& n,
-                   std::optional<Timing>(&timing_of)[2]) -> Status {
+                   std::optional<Timing>(&timing_of)[2][2]) -> Status {
     const MemoryEstimate mem = MemoryOf(c, k, gpus);
     const Fit fit = FitOf(mem, hw);
     const bool fits = fit.worst() <= 1.0;
@@ -658,6 +663,7 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
         PlanCandidate{.micro_batches = int(k.micro_batches),
                       .stages = int(k.stages.size()),
                       .tail_parts = k.tail_parts,
+                      .grad_accumulators = k.grad_accumulators,
                       .policy = k.policy,
                       .recomputed = int(std::count(k.recompute.begin(), k.recompute.end(), true)),
                       .activations = k.activations,
@@ -677,7 +683,7 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
       }
       if (!explain) return Status::Ok();
     }
-    std::optional<Timing>& timing = timing_of[k.frozen == Tier::kNvme];
+    std::optional<Timing>& timing = timing_of[k.frozen == Tier::kNvme][k.grad_accumulators - 1];
     if (!timing) {
       Result<Timing> t = SimulateJob(BuildJob(n, k, gpus, ResidentBase(c.job)), hw);
       if (!t.ok()) {
@@ -689,6 +695,7 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
     Plan p;
     p.stages = k.stages;
     p.tail_parts = k.tail_parts;
+    p.grad_accumulators = k.grad_accumulators;
     p.recompute = k.recompute;
     p.activation_policy = k.policy;
     p.activations = k.activations;
@@ -736,13 +743,17 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
         const int most_parts = keep ? 1 : int(std::clamp<int64_t>(std::min(asked, m), 1, gpus));
         for (int parts = 1; parts <= most_parts; ++parts) {
           k.tail_parts = parts;
-          std::optional<Timing> timing_of[2];  // simulated once per base held or streamed
-          for (const Tiers& t : placements) {
-            if (keep && t.act != Tier::kHost) continue;
-            k.activations = t.act;
-            k.optimizer = t.opt;
-            k.frozen = t.frozen;
-            FERRY_RETURN_IF_ERROR(weigh(k, n, timing_of));
+          // Simulated once per base held or streamed and gradient accumulators per device.
+          std::optional<Timing> timing_of[2][2];
+          for (int accumulators = 1; accumulators <= (job.forward_only ? 1 : 2); ++accumulators) {
+            k.grad_accumulators = accumulators;
+            for (const Tiers& t : placements) {
+              if (keep && t.act != Tier::kHost) continue;
+              k.activations = t.act;
+              k.optimizer = t.opt;
+              k.frozen = t.frozen;
+              FERRY_RETURN_IF_ERROR(weigh(k, n, timing_of));
+            }
           }
         }
       }
@@ -791,8 +802,9 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
 
 bool Preferred(const PlanCandidate& a, const PlanCandidate& b) {
   auto key = [](const PlanCandidate& k) {
-    return std::tuple{k.step_s, k.frozen == Tier::kNvme, k.nvme_bytes, k.nvme_read_bytes,
-                      k.host_bytes};
+    return std::tuple{k.step_s,     k.frozen == Tier::kNvme,
+                      k.nvme_bytes, k.nvme_read_bytes,
+                      k.host_bytes, k.gpu_bytes};
   };
   return key(a) < key(b);
 }

@@ -105,6 +105,7 @@ struct Plan {
   int64_t micro_batch_size = 1;    // sequences
   std::vector<LayerRange> stages;  // forward stages in layer order; backward runs them reversed
   int tail_parts = 1;              // the tail's micro-batches over this many devices
+  int grad_accumulators = 1;       // per device, 1 or 2 (RoundRobinJob::grad_accumulators)
   std::vector<bool> recompute;     // per layer (embedding, blocks, head)
   // "keep" (each device keeps its blocks' inputs and saved sets: keep_activations), "save",
   // "per-layer", "recompute".
@@ -192,6 +193,7 @@ struct PlanCandidate {
   int micro_batches = 0;
   int stages = 0;
   int tail_parts = 1;
+  int grad_accumulators = 1;
   std::string policy;  // activation policy: keep, save, per-layer, recompute
   int recomputed = 0;  // blocks recomputed in backward
   Tier activations = Tier::kHost, optimizer = Tier::kHost, frozen = Tier::kHost;
@@ -211,7 +213,7 @@ struct PlanCandidate {
 
 // The order MakePlan chooses by, among candidates that fit: the shorter step, then at equal
 // speed the frozen base kept in RAM over one streamed from NVMe, then less NVMe space, fewer NVMe
-// reads, less host memory. True when `a` wins over `b`.
+// reads, less host memory, less GPU memory. True when `a` wins over `b`.
 bool Preferred(const PlanCandidate& a, const PlanCandidate& b);
 
 struct PlanOutcome {

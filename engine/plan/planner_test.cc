@@ -113,7 +113,8 @@ TEST(Planner, RecordsEveryCandidateAndChoosesTheFirstInPreferredOrder) {
   for (const PlanCandidate& k : o->candidates) {
     if (k.stages == int(r.stages.size()) && k.micro_batches == r.micro_batches &&
         k.policy == r.activation_policy && k.activations == r.activations &&
-        k.optimizer == r.optimizer_state && k.frozen == r.frozen_weights) {
+        k.optimizer == r.optimizer_state && k.frozen == r.frozen_weights &&
+        k.tail_parts == r.tail_parts && k.grad_accumulators == r.grad_accumulators) {
       ++same;
       EXPECT_FALSE(k.fits);
       EXPECT_EQ(k.step_s, r.step_s);
@@ -474,6 +475,61 @@ TEST(Planner, MaxStagesBoundsTheStageCount) {
   Result<PlanOutcome> bad = MakePlan("small", m, job, h);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("max_stages"), std::string::npos);
+}
+
+// Two gradient accumulators per GPU (Plan::grad_accumulators): every training candidate is
+// weighed with one and with two, the second costing the first's bytes again on each GPU. Eight
+// one-layer stages on two GPUs whose gradient downloads (2 GB/s) outlast the next stage's compute,
+// with a host optimizer fast enough not to hide it: the planner takes two, faster than the best
+// with one; with GPU memory one byte short of that plan it is not chosen; a forward-only job
+// weighs one. The choice is priced as planned (PricePlan), so the simulator schedules what the
+// plan says.
+TEST(Planner, TakesTwoGradientAccumulatorsWhenTheyPayAndFit) {
+  const ModelConfig m = SmallModel(8, 256, 300);
+  const PlanJob job = JobOf(2, 16, 2);
+  HardwareProfile h = SmallMachine(2);
+  h.gpu.memory_usable_bytes = h.gpu.memory_label_bytes;
+  h.optimizer.cpu_adamw_params_per_s = 1e12;
+  h.pcie.d2h_pinned = 2e9;
+  Result<PlanOutcome> o = MakePlan("small", m, job, h);
+  ASSERT_TRUE(o.ok() && o->feasible) << (o.ok() ? o->binding : o.status().ToString());
+  const Plan& p = o->plan;
+  int ones = 0, twos = 0;
+  double best_one = std::numeric_limits<double>::infinity();
+  for (const PlanCandidate& c : o->candidates) {
+    (c.grad_accumulators == 1 ? ones : twos) += 1;
+    if (c.grad_accumulators == 1 && c.fits) best_one = std::min(best_one, c.step_s);
+  }
+  EXPECT_EQ(ones, twos);
+  EXPECT_EQ(p.grad_accumulators, 2);
+  EXPECT_LT(p.step_s, best_one);
+  ExpectFits(p, h);
+  uint64_t accum = 0, accum1 = 0;
+  for (const Allocation& a : p.memory.gpu.allocations) {
+    if (a.name == "grads.accum") accum = a.bytes;
+    if (a.name == "grads.accum1") accum1 = a.bytes;
+  }
+  EXPECT_GT(accum, 0u);
+  EXPECT_EQ(accum1, accum);
+  Plan priced = p;
+  ASSERT_TRUE(PricePlan(m, h, priced).ok());
+  EXPECT_EQ(priced.step_s, p.step_s);
+  priced.grad_accumulators = 1;
+  ASSERT_TRUE(PricePlan(m, h, priced).ok());
+  EXPECT_GT(priced.step_s, p.step_s);
+
+  h.gpu.memory_usable_bytes = p.memory.gpu.total() - 1;
+  Result<PlanOutcome> tight = MakePlan("small", m, job, h);
+  ASSERT_TRUE(tight.ok() && tight->feasible);
+  ExpectFits(tight->plan, h);
+  EXPECT_GE(tight->plan.step_s, p.step_s);
+
+  PlanJob eval = job;
+  eval.forward_only = true;
+  Result<PlanOutcome> f = MakePlan("small", m, eval, SmallMachine(2));
+  ASSERT_TRUE(f.ok() && f->feasible);
+  EXPECT_EQ(f->plan.grad_accumulators, 1);
+  for (const PlanCandidate& c : f->candidates) EXPECT_EQ(c.grad_accumulators, 1);
 }
 
 // A head-heavy model (a vocabulary of 30,000 over a hidden size of 64) on four GPUs: one device

@@ -434,8 +434,8 @@ Result<TrainingRunner> CreateTrainingRunner(const JobSpec& unresolved, const Mod
   t.summary = DevicesCountText(job) + ", " + std::to_string(p.stages.size()) + " stage" +
               (p.stages.size() == 1 ? "" : "s") +
               (p.tail_parts > 1 ? ", the tail in " + std::to_string(p.tail_parts) + " parts" : "") +
-              ", activations " + p.activation_policy + ", " + FormatBytes(p.memory.gpu.total()) +
-              " per device" + nvme;
+              (p.grad_accumulators > 1 ? ", two gradient accumulators" : "") + ", activations " +
+              p.activation_policy + ", " + FormatBytes(p.memory.gpu.total()) + " per device" + nvme;
   t.plan = p;
   return t;
 }
