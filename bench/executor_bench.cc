@@ -131,6 +131,14 @@ struct RunResult {
   plan::Plan plan;         // the plan it ran
 };
 
+// One byte less device memory than kept plan `kept` would take with one gradient accumulator: a
+// cap under which no plan keeps activations (a second accumulator is not what keeping costs).
+uint64_t BelowKept(const ModelConfig& model, const plan::Plan& kept) {
+  plan::Plan one = kept;
+  one.grad_accumulators = 1;
+  return plan::ComputeMemory(plan::MemoryInputOf(model, one)).gpu.total() - 1;
+}
+
 plan::PlanJob JobOf(const LoraConfig& lora, const Options& o) {
   plan::PlanJob pj;
   pj.global_batch = o.micro_batches;
@@ -162,9 +170,9 @@ std::vector<LayerProbeEntry> ProbeLayers(const ModelConfig& model, const plan::P
 // `link`: bytes/s of each device's links (0: unthrottled); `times`: the layers' measured times;
 // `nvme_dir` non-empty: the plan's saved activations go to an NVMe store there (removed after).
 // `gpu_cap` > 0: the profile's device memory, so that plans needing more are out.
-// `like` non-null: run that plan's stages, micro-batches, recomputation, activation policy, kept
-// activations and activation tier (sized and priced again for this job: plan::PricePlan), not
-// the planner's own choice.
+// `like` non-null: run that plan's stages, the tail's parts, gradient accumulators, micro-batches,
+// recomputation, activation policy, kept activations and activation tier (sized and priced again
+// for this job: plan::PricePlan), not the planner's own choice.
 RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o, int devices,
               double link, const std::vector<LayerProbeEntry>& times,
               const std::string& nvme_dir = "", uint64_t gpu_cap = 0,
@@ -189,6 +197,7 @@ RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o
   if (like != nullptr) {
     p.stages = like->stages;
     p.tail_parts = like->tail_parts;
+    p.grad_accumulators = like->grad_accumulators;
     p.recompute = like->recompute;
     p.micro_batches = like->micro_batches;
     p.micro_batch_size = like->micro_batch_size;
@@ -378,7 +387,9 @@ int main(int argc, char** argv) {
       // The same link without kept activations (device memory one byte short of the kept plan):
       // what keeping them saves.
       const ferry::RunResult via_host =
-          ferry::Run(model, lora, o, 2, link, times2, "", throttled.gpu_bytes - 1);
+          ferry::Run(model, lora, o, 2, link, times2, "", ferry::BelowKept(model, throttled.plan));
+      if (via_host.policy == "keep")
+        ferry::bench::Check(ferry::Status::Internal("still kept"), "not kept");
       ferry::Print("  the same, not kept", via_host);
       std::printf("kept activations: %.2fx the step rate of the plan without them\n",
                   ferry::plan::MedianOf(via_host.step_s) / ferry::plan::MedianOf(throttled.step_s));
@@ -391,9 +402,11 @@ int main(int argc, char** argv) {
     // the disk's own rates measured alongside. A plan that keeps them on the devices has none to
     // store: then the plan without (device memory one byte short of the kept plan's), in RAM and
     // on NVMe.
-    const uint64_t cap = two.policy == "keep" ? two.gpu_bytes - 1 : 0;
+    const uint64_t cap = two.policy == "keep" ? ferry::BelowKept(model, two.plan) : 0;
     const ferry::RunResult in_ram =
         cap > 0 ? ferry::Run(model, lora, o, 2, 0, times2, "", cap) : two;
+    if (in_ram.policy == "keep")
+      ferry::bench::Check(ferry::Status::Internal("still kept"), "in RAM");
     auto rate = ferry::MeasureStoreRate(
         {.directory = o.nvme_dir + "/executor_bench.rate", .log = [](std::string_view) {}},
         size_t(256) << 20);

@@ -104,11 +104,11 @@ int RoundPipeTable(const std::string& configs, const HardwareProfile& hw) {
       const double no_bubble = sync / (1.0 - p.bubble_fraction);
       std::printf(
           "%-13s %-8s %10.0f %6.0f%% %10.0f %10.0f | %10.0f %10.0f | %9.2f %9.2f %9.2f  %zu "
-          "stages, tail in %d, %s\n",
+          "stages, tail in %d, %d accumulator(s), %s\n",
           rp.model, mode.name, sync, 100 * p.bubble_fraction, stale, no_bubble,
           rp.sync_tokens_per_s, rp.stale_tokens_per_s, sync / rp.sync_tokens_per_s,
           stale / rp.stale_tokens_per_s, no_bubble / rp.stale_tokens_per_s, p.stages.size(),
-          p.tail_parts, p.activation_policy.c_str());
+          p.tail_parts, p.grad_accumulators, p.activation_policy.c_str());
     }
     if (fp16acc) {  // not runnable yet: ferry's executor starts a step after the last one ends
       const RoundRobinJob rr = RoundRobinJobOf(*m, *fp16acc, hw);
@@ -157,8 +157,10 @@ int RoundPipeTable(const std::string& configs, const HardwareProfile& hw) {
       "RP sim: RoundPipe's own schedule (its partition, fused head + loss tail, recompute "
       "everything) replayed on this profile in fp16acc; RP pub: RoundPipe's published figures; "
       "x pub: ratio to them (issue 17 asks >= 1.2 of ferry's fp16acc plans). no bubble: the "
-      "plan's GPU work with no GPU ever idle (sync / (1 - bubble)), the most any schedule of that "
-      "work reaches, sync or stale; x no bub: that against RoundPipe's stale figure. fp16acc is a "
+      "plan's GPU work spread evenly with no GPU ever idle (sync / (1 - mean bubble)), the most "
+      "any "
+      "schedule of that work reaches, sync or stale; x no bub: that against RoundPipe's stale "
+      "figure. fp16acc is a "
       "price "
       "only: ferry's executor does not run fp16 accumulation yet. fp16acc*: ferry's fp16acc plan "
       "with stale steps overlapped as RoundPipe overlaps them (the next step's stages queue behind "

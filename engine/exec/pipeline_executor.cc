@@ -224,7 +224,8 @@ struct StageRun {
   size_t first_micro_batch = 0, last_micro_batch = 0;
   int part = -1;      // a tail's part: its index among the step's
   size_t device = 0;  // index into the executor's devices
-  int slot = 0;       // its weights go to weights.slot<slot>
+  int slot = 0;       // its weights go to weights.slot<slot>; with two accumulators, its
+                      // gradients to the slot's (kGrads)
   // Kept activations: the entry of its first block's micro-batch 0 in its device's
   // "activations.keep" (a backward stage's are its forward stage's, on the same device).
   size_t kept_first = 0;

@@ -13,7 +13,8 @@
 //    entry, named as the plan names it, and nothing else, ever. The model's components (the
 //    decoder blocks, the head, the stage's DeviceParams) are then placed into those blocks through
 //    a CarveSource: "params.weights" -> weights.slot0/1 (alternating per stage on a device),
-//    "params.grads" -> grads.accum, "blocks.saved.<k>" and "head.saved" -> saved.slot<k>,
+//    "params.grads" -> grads.accum (grads.accum1 for a stage in weight slot 1 when the plan has
+//    two accumulators), "blocks.saved.<k>" and "head.saved" -> saved.slot<k>,
 //    "blocks.workspace" and "head.workspace" -> grad.work, "blocks.scratch" and "head.scratch" ->
 //    scratch; the executor itself fills "positions" (RoPE ids),
 //    "rope.inv_freq" (RopeInvFreq: plain or Llama 3-scaled) and "doc_ids" (packed rows, per

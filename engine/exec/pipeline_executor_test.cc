@@ -1148,10 +1148,11 @@ TEST(ExecutorFileBaseTest, EvaluationsKeepTheServedBasePacked) {
 // gradients landing apart while the backward stages read the parts' outputs) and two gradient
 // accumulators per device (a stage's accumulating racing the download of the one before).
 TEST(ExecutorRaceTest, RandomStreamDelaysChangeNothing) {
-  for (const int rank : {2, 0}) {
+  for (const auto& [rank, accumulators] : {std::pair{2, 1}, {0, 1}, {0, 2}}) {
     const Model m = LoadModel("llama", rank);
     PlanSpec spec{{{1, 2}, {2, 4}, {4, 5}}, {2}, 3, 2, 16, 3};
-    if (rank == 0) spec.tail_parts = 3, spec.grad_accumulators = 2;
+    if (rank == 0) spec.tail_parts = 3;
+    spec.grad_accumulators = accumulators;
     const plan::Plan p = MakeTestPlan(m, spec);
     const HostTensors w = RandomWeights(m, 9);
     const Batches b = MakeBatches(m, spec.micro_batches, spec.batch * spec.seq_len, 4);
@@ -1160,8 +1161,9 @@ TEST(ExecutorRaceTest, RandomStreamDelaysChangeNothing) {
     constexpr int kSeeds = 5;
     for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
       HostTensors delayed = ZeroGrads(m);
-      const std::string what =
-          "rank " + std::to_string(rank) + ", with delays, seed " + std::to_string(seed);
+      const std::string what = "rank " + std::to_string(rank) + ", " +
+                               std::to_string(accumulators) +
+                               " accumulator(s), with delays, seed " + std::to_string(seed);
       EXPECT_EQ(ExecutorStep(m, p, 3, w, b, delayed, 2000, seed), want) << what;
       ExpectSameBits(delayed, plain, what);
     }

@@ -29,7 +29,11 @@
 // (then numbered 2 and 4) were at 0.973 and 0.979 until the schedule learnt that a stage's
 // gradient zeroing waits for the gradient download of the device's stage before it (one
 // accumulator per device). Cases 0, 4, 5, 9 and 10 now replay up to 1.7% short: within the
-// bound, and not yet traced to a task.
+// bound. Case 0's is traced: the backward stage's first upload (dY into hidden.0) waits in the
+// executor for the forward stage's last download, which read hidden.0 (three hidden buffers turn
+// over), a wait the schedule lacks. Adding it to every stage's first upload overshoots (case 0
+// 1.068, case 4 1.094): the schedule starts a stage's downloads after its whole compute where the
+// executor starts them block by block, so the wait it adds is longer than the executor's.
 //
 // Tiers: every case keeps activations, optimizer state and weights in host RAM. NVMe tiers are not
 // covered: the executor refuses a plan that puts a group on NVMe (pipeline_executor.cc, Validate).

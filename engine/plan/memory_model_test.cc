@@ -143,8 +143,8 @@ TEST(MemoryModel, TailPartsLandTheHeadsGradientsApart) {
   EXPECT_EQ(three.pageable_host.total(), one.pageable_host.total());
 }
 
-// Two gradient accumulators: a second "grads.accum1" the size of the first, right after it on
-// each GPU; nothing else moves. A forward-only plan has neither.
+// Two gradient accumulators: a second "grads.accum1" the size of the first on each GPU; nothing
+// else moves. A forward-only plan has neither.
 TEST(MemoryModel, TwoGradientAccumulatorsAddASecondOfTheSameSize) {
   MemoryPlanInput in = HandInput();
   const MemoryEstimate one = ComputeMemory(in);

@@ -200,14 +200,6 @@ TEST(PipelineSchedules, RoundRobinInputUploadsWaitForTheComputeThatFreesTheirSlo
   EXPECT_NEAR(f3_end(true, 1), 12.0, kTol);
 }
 
-// The tail split over devices (RoundRobinJob::tail_parts). Two GPUs, two micro-batches, a forward
-// stage of 1 s, a tail of 4 s, a backward stage of 1 s per micro-batch, free transfers. In one
-// part: F0 on GPU 0 [0, 2), T.0 and T.1 on GPU 1 [1, 9), B0 on GPU 0 after each: B0.1 ends at 10.
-// In two: T.0 on GPU 1 [1, 5), T.1 on GPU 0 once F0.1 is done [2, 6), B0 (stage 3) on GPU 1
-// reads micro-batch 0 from the first part and 1 from the second: [5, 6) and [6, 7).
-// Each part downloads its gradients (1 GB: 1 s) once its micro-batch is done and the tail's update
-// (1e9 parameters: 1 s) follows the last part's: GT0 [5, 6) on GPU 1, GT1 [6, 7) on GPU 0, UT1
-// [7, 8).
 // A round-robin job's step on FastLinks: its makespan and each task's lane and timing by name
 // (the test fails, and the step is empty, when it does not build or simulate).
 struct Ran {
@@ -233,6 +225,14 @@ Step RunRoundRobin(const RoundRobinJob& job) {
   return step;
 }
 
+// The tail split over devices (RoundRobinJob::tail_parts). Two GPUs, two micro-batches, a forward
+// stage of 1 s, a tail of 4 s, a backward stage of 1 s per micro-batch, free transfers. In one
+// part: F0 on GPU 0 [0, 2), T.0 and T.1 on GPU 1 [1, 9), B0 on GPU 0 after each: B0.1 ends at 10.
+// In two: T.0 on GPU 1 [1, 5), T.1 on GPU 0 once F0.1 is done [2, 6), B0 (stage 3) on GPU 1
+// reads micro-batch 0 from the first part and 1 from the second: [5, 6) and [6, 7).
+// Each part downloads its gradients (1 GB: 1 s) once its micro-batch is done and the tail's update
+// (1e9 parameters: 1 s) follows the last part's: GT0 [5, 6) on GPU 1, GT1 [6, 7) on GPU 0, UT1
+// [7, 8).
 TEST(PipelineSchedules, RoundRobinSplitsTheTailsMicroBatchesOverDevices) {
   RoundRobinJob job;
   job.gpus = 2;

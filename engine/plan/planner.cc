@@ -650,8 +650,9 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
   std::optional<size_t> closest;  // the misfit nearest to fitting, in outcome.candidates
   Fit closest_fit;
   // Weighs candidate `k` (its tiers set): records it and, when it fits (or when explaining: what
-  // more memory would buy), simulates it, once per base held or streamed (`timing_of`), and keeps
-  // it when it beats the best so far. `n`: the layers' numbers at its micro-batch size.
+  // more memory would buy), simulates it, once per base held or streamed and accumulator count
+  // (`timing_of`), and keeps it when it beats the best so far. `n`: the layers' numbers at its
+  // micro-batch size.
   auto weigh = [&](const Candidate& k, const std::vector<LayerNumbers>& n,
                    std::optional<Timing>(&timing_of)[2][2]) -> Status {
     const MemoryEstimate mem = MemoryOf(c, k, gpus);

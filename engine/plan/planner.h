@@ -5,14 +5,13 @@
 // from the simulator's round-robin schedule (DESIGN.md, "Plan").
 //
 // Search: every candidate in a fixed grid — layers per stage, micro-batch
-// count, activation policy (save all, per-layer choice, recompute all) and tier
-// of each group (host or NVMe) — is sized by the memory model; the fastest
-// candidate that fits every budget wins (ties: fewer NVMe bytes, then less host
-// memory). Since the grid does not depend on the budgets, more memory can only
-// add candidates, so it never yields a slower predicted step. When nothing
-// fits, the outcome names the binding constraint (the tier short by the largest
-// factor in the candidate closest to fitting) and the smallest changes that fit
-// — each re-planned.
+// count, activation policy (keep, save all, per-layer choice, recompute all),
+// the tail's parts, gradient accumulators per device (one or two) and tier of
+// each group (host or NVMe) — is sized by the memory model; the fastest
+// candidate that fits every budget wins (ties: Preferred's order). Since the grid does not depend
+// on the budgets, more memory can only add candidates, so it never yields a slower predicted step.
+// When nothing fits, the outcome names the binding constraint (the tier short by the largest factor
+// in the candidate closest to fitting) and the smallest changes that fit — each re-planned.
 //
 // Stages: forward and backward stages use the same layer ranges (balanced by
 // forward plus backward cost); the head + loss is the fused tail.
@@ -242,13 +241,14 @@ std::vector<PlanSuggestion> SuggestChanges(const std::string& model_name, const 
                                            const PlanJob& job, const HardwareProfile& hardware);
 
 // Re-prices `plan` (made by MakePlan for `model`, maybe on another profile) on `hardware`: the
-// same stages, micro-batches, recomputation, kept activations and tiers, simulated with its rates
-// and layer times, so its step, bubble, traffic, host work, measured_times and tokens/s are what
-// MakePlan would have found for that candidate on `hardware` (hardware_name becomes its name).
-// Memory, budgets, NVMe traffic and warnings are left as they are (an NVMe warning's per-day
-// figure stays the first pricing's). Errors: InvalidArgument when the model, job or profile do not
-// validate, or the profile's device count or the model's layers are not the plan's; those of
-// building and simulating the schedule. On an error the plan is unchanged.
+// same stages, tail parts, gradient accumulators, micro-batches, recomputation, kept activations
+// and tiers, simulated with its rates and layer times, so its step, bubble, traffic, host work,
+// measured_times and tokens/s are what MakePlan would have found for that candidate on `hardware`
+// (hardware_name becomes its name). Memory, budgets, NVMe traffic and warnings are left as they
+// are (an NVMe warning's per-day figure stays the first pricing's). Errors: InvalidArgument when
+// the model, job or profile do not validate, or the profile's device count or the model's layers
+// are not the plan's; those of building and simulating the schedule. On an error the plan is
+// unchanged.
 [[nodiscard]] Status PricePlan(const ModelConfig& model, const HardwareProfile& hardware,
                                Plan& plan);
 

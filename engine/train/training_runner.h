@@ -140,8 +140,9 @@ Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, 
 // The bytes of the whole model as one stage on one CPU device of `threads` threads, every
 // activation saved (on the device itself for one device: the "keep" policy; or, `forward_only`,
 // nothing saved), by the memory model
-// (engine/plan/memory_model.h): no stage of any plan of `job` needs more, so it bounds each CPU
-// device's budget.
+// (engine/plan/memory_model.h), with one gradient accumulator: no stage of a plan of `job` with
+// one accumulator per device needs more, so it bounds each CPU device's budget (a plan with two
+// is weighed too, and chosen only where the second fits within it: not for this one stage).
 uint64_t WholeModelBytes(const JobSpec& job, const ModelConfig& model, int threads,
                          bool forward_only = false, int64_t generate_positions = 0);
 
