@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/json.h"
@@ -176,6 +177,24 @@ std::string ExplainCandidates(const PlanOutcome& o, size_t most) {
            step + "; " + k.tightest + " " + FormatByteSize(need) +
            Format(", %.2fx what is usable\n", k.need_ratio);
   };
+  // The first three of `list`, a candidate left out when one listed differs from it only in its
+  // gradient accumulators (twins that need about the same and run about as fast).
+  auto first_three = [&](const std::vector<const PlanCandidate*>& list) {
+    std::vector<const PlanCandidate*> shown;
+    for (const PlanCandidate* k : list) {
+      if (shown.size() == 3) break;
+      auto twin = [&](const PlanCandidate* s) {
+        return std::tie(s->micro_batches, s->stages, s->tail_parts, s->policy, s->recomputed,
+                        s->activations, s->optimizer, s->frozen) ==
+               std::tie(k->micro_batches, k->stages, k->tail_parts, k->policy, k->recomputed,
+                        k->activations, k->optimizer, k->frozen);
+      };
+      if (std::none_of(shown.begin(), shown.end(), twin)) shown.push_back(k);
+    }
+    std::string text;
+    for (const PlanCandidate* k : shown) text += misfit(*k);
+    return text;
+  };
   if (!short_of.empty()) {
     // What more memory would buy: the fastest that do not fit, when faster than the chosen plan.
     std::vector<const PlanCandidate*> faster;
@@ -189,13 +208,13 @@ std::string ExplainCandidates(const PlanOutcome& o, size_t most) {
       out += chosen != nullptr ? "Faster if they fit (what more memory would buy):\n"
                                : "Fastest if they fit:\n";
     }
-    for (size_t i = 0; i < faster.size() && i < 3; ++i) out += misfit(*faster[i]);
+    out += first_three(faster);
     std::stable_sort(short_of.begin(), short_of.end(),
                      [](const PlanCandidate* a, const PlanCandidate* b) {
                        return a->need_ratio < b->need_ratio;
                      });
     out += "Closest to fitting:\n";
-    for (size_t i = 0; i < short_of.size() && i < 3; ++i) out += misfit(*short_of[i]);
+    out += first_three(short_of);
   }
   return out;
 }

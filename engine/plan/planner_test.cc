@@ -210,6 +210,34 @@ TEST(Planner, ExplainShowsTheRunnersUpAndWhatTheyLostOn) {
   EXPECT_EQ(CandidatesToJson(o.candidates)[4]["fits"], false);
   EXPECT_FALSE(CandidatesToJson(o.candidates)[4].contains("step_s"));  // not simulated
   EXPECT_EQ(CandidatesToJson(o.candidates)[5]["step_s"], 0.5);
+  EXPECT_EQ(CandidatesToJson(o.candidates)[5]["grad_accumulators"], 1);
+
+  // Two gradient accumulators: at equal speed a twin with more GPU memory loses on it, and is
+  // shown with its accumulators; among the misfits a twin that differs only in them is listed once
+  // (the first in the list's order), the next distinct candidate after it.
+  PlanOutcome t = o;
+  PlanCandidate more_gpu = fits(1.0, 0, 100);
+  more_gpu.grad_accumulators = 2;
+  more_gpu.gpu_bytes = 3 << 20;
+  t.candidates.push_back(more_gpu);
+  PlanCandidate twin = faster;
+  twin.grad_accumulators = 2;
+  twin.need_ratio = 2.5;
+  t.candidates.push_back(twin);
+  PlanCandidate slower_misfit = faster;
+  slower_misfit.stages = 2;
+  slower_misfit.step_s = 0.75;
+  t.candidates.push_back(slower_misfit);
+  const std::string twins = ExplainCandidates(t);
+  EXPECT_NE(twins.find("1   2  recompute (6 recomputed) on host"), std::string::npos) << twins;
+  EXPECT_NE(twins.find("equal speed, 2.00 MiB more GPU memory per GPU"), std::string::npos)
+      << twins;
+  const size_t listed = twins.find("Faster if they fit");
+  ASSERT_NE(listed, std::string::npos) << twins;
+  EXPECT_EQ(twins.find("two gradient accumulators", listed), std::string::npos) << twins;
+  EXPECT_NE(twins.find("2 micro-batches, 2 stages, activations recompute", listed),
+            std::string::npos)
+      << twins;
 }
 
 // Stale updates are priced on every plan, never chosen unasked, and never slower: the optimizer
