@@ -9,22 +9,27 @@
 #include <span>
 #include <string>
 
+#include "offload/offload_test_util.h"
+
 namespace ferry {
 namespace {
 
-std::string ScratchDir() {
-  const std::string dir = ::testing::TempDir() + "/ferry_file_io_" + std::to_string(::getpid());
-  std::filesystem::create_directories(dir);
-  return dir;
-}
+// Each test's scratch folder, removed when the test ends.
+class FileIo : public ::testing::Test {
+ protected:
+  std::string ScratchDir() const { return dir_.path(); }
 
-TEST(FileIo, WriteTextFileReportsTheFailingPath) {
+ private:
+  testing::TempDir dir_;
+};
+
+TEST_F(FileIo, WriteTextFileReportsTheFailingPath) {
   Status s = WriteTextFile("/nonexistent-dir/ferry/x.svg", "x");
   EXPECT_EQ(s.code(), StatusCode::kIOError);
   EXPECT_NE(s.message().find("/nonexistent-dir/ferry/x.svg"), std::string::npos);
 }
 
-TEST(FileIo, ReadsBackEveryByte) {
+TEST_F(FileIo, ReadsBackEveryByte) {
   const std::string path = ScratchDir() + "/bytes";
   std::string bytes = "line one\n";
   bytes += std::string("\0\xff\r\n", 4);
@@ -44,7 +49,7 @@ TEST(FileIo, ReadsBackEveryByte) {
 
 // One convention: the call, the path and the operating system's reason; NotFound only when the
 // file does not exist.
-TEST(FileIo, ReadErrorsNameThePathAndTheReason) {
+TEST_F(FileIo, ReadErrorsNameThePathAndTheReason) {
   Result<std::string> missing = ReadWholeFile("/nonexistent-dir/ferry/config.json");
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
   EXPECT_EQ(missing.status().message(),
@@ -56,7 +61,7 @@ TEST(FileIo, ReadErrorsNameThePathAndTheReason) {
 }
 
 // Files whose size says nothing (/proc, sysfs) are read to their end.
-TEST(FileIo, ReadsFilesWithoutASize) {
+TEST_F(FileIo, ReadsFilesWithoutASize) {
   Result<std::string> status = ReadWholeFile("/proc/self/status");
   ASSERT_TRUE(status.ok()) << status.status().ToString();
   EXPECT_NE(status->find("Name:"), std::string::npos);
@@ -64,7 +69,7 @@ TEST(FileIo, ReadsFilesWithoutASize) {
 
 // Pieces made one at a time into one reused buffer are written in order; a piece that fails
 // midway leaves the old file as it was and no temporary file.
-TEST(FileIo, ProducedPiecesAreWrittenInOrderOrNotAtAll) {
+TEST_F(FileIo, ProducedPiecesAreWrittenInOrderOrNotAtAll) {
   const std::string dir = ScratchDir(), path = dir + "/w.bin";
   std::string buffer;
   std::vector<size_t> asked;
@@ -90,7 +95,7 @@ TEST(FileIo, ProducedPiecesAreWrittenInOrderOrNotAtAll) {
 
 // The file size limit (as a full disk would) stops a write midway: an appended record is cut back
 // off, a rewritten file keeps its old contents, and nothing partial is left.
-TEST(FileIo, FailedWritesLeaveNoPartialFile) {
+TEST_F(FileIo, FailedWritesLeaveNoPartialFile) {
   const std::string dir = ScratchDir();
   Result<AppendFile> log = AppendFile::Open(dir + "/metrics.jsonl", /*truncate=*/true);
   ASSERT_TRUE(log.ok()) << log.status().ToString();
@@ -118,7 +123,7 @@ TEST(FileIo, FailedWritesLeaveNoPartialFile) {
 }
 
 // A device is written in place (never replaced by a file), and ENOSPC says the disk is full.
-TEST(FileIo, FullDeviceSaysTheDiskIsFull) {
+TEST_F(FileIo, FullDeviceSaysTheDiskIsFull) {
   const Status s = WriteTextFile("/dev/full", "x");
   EXPECT_EQ(s.code(), StatusCode::kNoSpace);
   EXPECT_NE(s.message().find("/dev/full: No space left on device (the disk is full)"),
@@ -133,7 +138,7 @@ TEST(FileIo, FullDeviceSaysTheDiskIsFull) {
 // A file with no name: the pieces read back through the mapping, byte for byte, and nothing is
 // ever listed in the folder (before, during or after); a full disk (RLIMIT_FSIZE's EFBIG) and a
 // missing folder fail naming the folder; a piece's error comes back as it is.
-TEST(FileIo, AnUnnamedFileIsMappedAndLeavesNothing) {
+TEST_F(FileIo, AnUnnamedFileIsMappedAndLeavesNothing) {
   const std::string dir = ScratchDir() + "/unnamed";
   std::filesystem::create_directories(dir);
   auto entries = [&dir] {
