@@ -9,6 +9,7 @@
 
 #include "engine/exec/device_timeline.h"
 #include "engine/exec/stream_hazards.h"
+#include "engine/model/base_reader.h"
 #include "engine/model/device_params.h"
 #include "engine/model/model_stack.h"
 #include "engine/plan/pipeline_schedules.h"
@@ -361,6 +362,11 @@ class Executor final : public PipelineExecutor {
     packed_.assign(mirrors_.size(), -1);
     mirror_frozen_.assign(mirrors_.size(), nullptr);
     FERRY_RETURN_IF_ERROR(TakeHostStaging());
+    for (const plan::Allocation& a : p_.memory.pageable_host.allocations) {
+      if (a.name != "weights.base_read" || !stream_base_ || a.bytes == 0) continue;
+      FERRY_ASSIGN_OR_RETURN(BaseFileReader reader, BaseFileReader::Create(a.bytes));
+      base_reader_ = std::move(reader);
+    }
     if (c_.learned_positions) return Status::Ok();
     // RoPE's inverse frequencies (plain or Llama 3-scaled), uploaded once to every device; the
     // upload completes here, before any compute can read it.
@@ -706,6 +712,10 @@ class Executor final : public PipelineExecutor {
 
   ExecutorStats stats() const override {
     ExecutorStats s = stats_;
+    if (base_reader_) {
+      s.base_file_bytes = base_reader_->tensor_bytes();
+      s.base_bytes_from_drive = base_reader_->disk_bytes();
+    }
     s.pinned = host_pool_->stats(HostMemoryKind::kPinned);
     s.host_mappings = int64_t(s.pinned.mappings);
     for (const auto& m : mirrors_) s.host_mappings += m->mapped;
@@ -1093,7 +1103,8 @@ class Executor final : public PipelineExecutor {
     if (!holds) {
       HostSpan span;
       if (trace_ != nullptr) span = PackSpan(i);
-      FERRY_RETURN_IF_ERROR(st.params->PackWeights(weights, host_threads_, base_held));
+      FERRY_RETURN_IF_ERROR(st.params->PackWeights(weights, host_threads_, base_held, false,
+                                                   base_reader_ ? &*base_reader_ : nullptr));
       span.End();
       if (base_held) {
         ++stats_.frozen_packs_skipped;
@@ -1813,6 +1824,8 @@ class Executor final : public PipelineExecutor {
   // the model's files, or a copy converted once): DeviceState::images instead of per-range weight
   // mirrors.
   const bool stream_base_ = p_.frozen_weights == Tier::kNvme;
+  // What reads the model files' share of a streamed base from the drive (plan "weights.base_read").
+  std::optional<BaseFileReader> base_reader_;
   std::vector<PendingIo> written_;
   // Training and evaluation stages over the devices and their slots; a LoRA job's step starts
   // where the last one ended, so its stages find their frozen base where the last step left it.

@@ -10,11 +10,13 @@
 //    prefetches its next stage's weights; random delays on every stream change no bit.
 #include "engine/exec/pipeline_executor.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -216,6 +218,16 @@ uint64_t MajorFaults() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return uint64_t(u.ru_majflt);
+}
+
+// Whether files in `dir` open with O_DIRECT (not on tmpfs): then reads bypass the page cache and
+// /proc/self/io counts every one.
+bool DirectIoWorks(const std::string& dir) {
+  const std::string path = dir + "/.direct_probe";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd >= 0) ::close(fd);
+  ::unlink(path.c_str());
+  return fd >= 0;
 }
 
 // This process's storage I/O counter `key` ("read_bytes", "write_bytes") from /proc/self/io.
@@ -914,7 +926,9 @@ void StreamBaseSteps(const Model& m, const std::string& source, std::optional<DT
     spec.tail_parts = tail_parts;
     const plan::Plan kept_plan = MakeTestPlan(m, spec);
     spec.base_streamed = true;
-    const plan::Plan streamed_plan = MakeTestPlan(m, spec);
+    Model stored = m;  // as the folder stores it: the plan reads what the files serve from them
+    if (folder) stored.config.weights_dtype = *folder;
+    const plan::Plan streamed_plan = MakeTestPlan(stored, spec);
     std::vector<std::unique_ptr<CpuDevice>> kept_devs =
         MakeDevices(gpus, kept_plan.memory.gpu.total());
     // Random delays (0-1 ms) in every stream of the streaming devices: an image is packed again
@@ -954,13 +968,25 @@ void StreamBaseSteps(const Model& m, const std::string& source, std::optional<DT
       return h;
     };
     uint64_t last_step_read = 0;
+    // The model files' share of each step after the first: its tensors' bytes, what the reader
+    // took from the drive for them, and what the kernel counted (/proc/self/io) with no page of
+    // the process read back meanwhile (else 0 kernel bytes are compared).
+    std::vector<std::array<uint64_t, 3>> file_steps;
     for (int step = 0; step < 3; ++step) {
       HostTensors want = ZeroGrads(m), got = ZeroGrads(m);
-      const uint64_t before = (*streamed)->stats().base_bytes_streamed;
+      const ExecutorStats before = (*streamed)->stats();
       reported.clear();
       Result<double> kept_loss = (*kept)->Step(kept_w, b.inputs, want, hooks_for(kept_w, false));
+      const uint64_t io0 = ProcIo("read_bytes"), faults0 = MajorFaults();
       Result<double> streamed_loss =
           (*streamed)->Step(streamed_w, b.inputs, got, hooks_for(streamed_w, true));
+      const uint64_t io = ProcIo("read_bytes") - io0;
+      const ExecutorStats after = (*streamed)->stats();
+      if (step > 0) {
+        file_steps.push_back({after.base_file_bytes - before.base_file_bytes,
+                              after.base_bytes_from_drive - before.base_bytes_from_drive,
+                              MajorFaults() == faults0 ? io : 0});
+      }
       for (const auto& [range, calls] : reported) {
         EXPECT_EQ(calls, 1) << range.first << "-" << range.second << ", " << what;
       }
@@ -970,7 +996,7 @@ void StreamBaseSteps(const Model& m, const std::string& source, std::optional<DT
       ASSERT_TRUE(streamed_loss.ok()) << streamed_loss.status().ToString();
       EXPECT_EQ(*streamed_loss, *kept_loss) << what << ", step " << step;
       ExpectSameBits(got, want, "with the base streamed, " + what);
-      last_step_read = (*streamed)->stats().base_bytes_streamed - before;
+      last_step_read = after.base_bytes_streamed - before.base_bytes_streamed;
       for (HostTensors* master : {&kept_w, &streamed_w}) {
         for (auto& [name, t] : master->tensors) {
           if (name.find("lora_") == std::string::npos) continue;
@@ -979,6 +1005,37 @@ void StreamBaseSteps(const Model& m, const std::string& source, std::optional<DT
       }
     }
     EXPECT_GT(last_step_read, 0u) << what;
+    // The model files' tensors come from the drive in whole blocks: at most two more per tensor
+    // and read (a block range's stages read its tensors once each, the tail's parts the head's),
+    // and, with O_DIRECT, exactly what the kernel counts in one fault-free step at least.
+    uint64_t slack = 0;  // the blocks around every file tensor, each read as often as any can be
+    for (const auto& [name, t] : served.files) {
+      if (t.offset < 0) continue;  // a converted copy's: read from its mapping
+      const uint64_t begin = uint64_t(t.offset) / 4096 * 4096;
+      const uint64_t end = (uint64_t(t.offset) + t.bytes.size() + 4095) / 4096 * 4096;
+      slack += (end - begin - t.bytes.size()) * uint64_t(std::max(2, tail_parts));
+    }
+    bool counted = false;
+    for (const auto& [tensors, drive, kernel] : file_steps) {
+      std::printf(
+          "streamed base, %s: the files' tensors %llu B, read from the drive %llu B, "
+          "/proc/self/io %llu B\n",
+          what.c_str(), (unsigned long long)tensors, (unsigned long long)drive,
+          (unsigned long long)kernel);
+      EXPECT_EQ(tensors > 0, folder.has_value()) << what;
+      EXPECT_GE(drive, tensors) << what;
+      EXPECT_LE(drive, tensors + slack) << what;
+      if (folder && !convert) {  // the files serve the whole base
+        EXPECT_EQ(tensors, last_step_read) << what;
+      }
+      if (kernel > 0 && DirectIoWorks(dir.path())) {
+        EXPECT_EQ(kernel, drive) << what;
+        counted = true;
+      }
+    }
+    if (folder && DirectIoWorks(dir.path())) {
+      EXPECT_TRUE(counted) << what << ": no step was counted";
+    }
     EXPECT_EQ(double(last_step_read),
               plan::StreamedBaseBytes(layers,
                                       {.from_files = folder.has_value(),

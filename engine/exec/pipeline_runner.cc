@@ -36,8 +36,10 @@ class PipelineRunner final : public ModelRunner {
   }
   RunnerStats stats() const override {
     RunnerStats s;
-    s.block_forward_calls = e_->stats().block_forward_calls;
-    s.base_bytes_streamed = e_->stats().base_bytes_streamed;
+    const ExecutorStats e = e_->stats();
+    s.block_forward_calls = e.block_forward_calls;
+    s.base_bytes_streamed = e.base_bytes_streamed;
+    s.base_block_bytes = e.base_bytes_from_drive - e.base_file_bytes;
     return s;
   }
 

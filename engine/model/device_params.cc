@@ -288,25 +288,43 @@ void ConvertFromFloatOn(ThreadPool* pool, const float* src, DType dtype, std::by
 }
 
 // A weight served from its model file (HostTensors::files) into `dst` as `dtype`, split over
-// `pool`; then its pages leave the resident set (they are read once per packing).
-void PackFileTensorOn(ThreadPool* pool, const FileTensor& t, DType dtype, std::byte* dst) {
+// `pool`: read from the drive through `reader` when given (and the weight is a model file's), else
+// from the file's mapping, whose pages then leave the resident set (read once per packing).
+Status PackFileTensorOn(ThreadPool* pool, BaseFileReader* reader, const FileTensor& t, DType dtype,
+                        std::byte* dst) {
+  const bool drive = reader != nullptr && t.offset >= 0;
   if (t.transposed) {
     std::vector<float> values(size_t(t.numel()));
-    ReadFileTensor(t, values);
+    if (drive) {
+      FERRY_RETURN_IF_ERROR(ReadFileTensor(t, *reader, values));
+    } else {
+      ReadFileTensor(t, values);
+    }
     ConvertFromFloatOn(pool, values.data(), dtype, dst, t.numel());
+  } else if (drive) {
+    const size_t in = DTypeSize(t.dtype), out = DTypeSize(dtype);
+    FERRY_RETURN_IF_ERROR(
+        reader->Read(t, [&](std::span<const std::byte> bytes, int64_t first, int64_t n) {
+          SplitOver(pool, n, [&](int64_t begin, int64_t end) {
+            ConvertStored(t.dtype, bytes.data() + size_t(begin) * in, size_t(end - begin), dtype,
+                          dst + size_t(first + begin) * out);
+          });
+          return Status::Ok();
+        }));
   } else {
     const size_t size = DTypeSize(dtype);
     SplitOver(pool, t.numel(), [&](int64_t begin, int64_t end) {
       ConvertFileRange(t, begin, end, dtype, dst + size_t(begin) * size);
     });
   }
-  ReleaseFilePages(t);
+  if (!drive) ReleaseFilePages(t);
+  return Status::Ok();
 }
 
 }  // namespace
 
 Status DeviceParams::PackWeights(const HostTensors& weights, ThreadPool* pool, bool trainable_only,
-                                 bool keep_served) {
+                                 bool keep_served, BaseFileReader* reader) {
   std::byte* mirror = mirrors_->weights.data();
   for (const auto& [name, dp] : params_) {
     if (dp.fused) continue;  // filled by its parts
@@ -391,7 +409,8 @@ Status DeviceParams::PackWeights(const HostTensors& weights, ThreadPool* pool, b
                                        std::to_string(f->second.numel()) + " elements, expected " +
                                        std::to_string(dp.w.numel()));
       }
-      PackFileTensorOn(pool, f->second, dtype_, mirror + dp.w_offset);
+      FERRY_RETURN_IF_ERROR(PackFileTensorOn(pool, reader, f->second, dtype_, mirror + dp.w_offset)
+                                .WithContext("packing '" + dp.host_name + "'"));
       continue;
     }
     FERRY_RETURN_IF_ERROR(CheckHost(weights, dp.host_name, dp.w.numel(), "the weights"));

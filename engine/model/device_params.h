@@ -45,6 +45,8 @@
 
 namespace ferry {
 
+class BaseFileReader;
+
 struct DeviceParam {
   Tensor w;             // master-layout shape
   Tensor grad;          // same shape; null data when frozen
@@ -195,9 +197,11 @@ class DeviceParams {
   // `trainable_only`: the mirror's frozen tensors are already packed from the same values; only
   // the trainable ones (and the LoRA packs) are written. `keep_served`: so are the tensors served
   // from the model's files (HostTensors::files and nf4_served: a file's view never changes), not
-  // written again.
+  // written again. `reader`: the tensors of model files (HostTensors::files) are read from the
+  // drive through it (a base streamed every step) rather than from their mappings.
   Status PackWeights(const HostTensors& weights, ThreadPool* pool = nullptr,
-                     bool trainable_only = false, bool keep_served = false);
+                     bool trainable_only = false, bool keep_served = false,
+                     BaseFileReader* reader = nullptr);
   size_t weights_bytes() const { return weights_bytes_; }
   size_t grads_bytes() const { return grads_bytes_; }
   // Whether any packed weight is trainable (a LoRA stage's adapters; none in a frozen head).

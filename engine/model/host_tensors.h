@@ -35,6 +35,9 @@ struct FileTensor {
   std::vector<int64_t> shape;        // as stored (ParamSpec::shape)
   bool transposed = false;           // stored (in, out), the master layout (out, in) (GPT-2 Conv1D)
   std::string path;                  // the file, for messages
+  // Where `bytes` start in the model file `path`, which a streamed base reads directly
+  // (engine/model/base_reader.h); -1 for a copy only its mapping reaches (a converted base).
+  int64_t offset = -1;
   int64_t numel() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;

@@ -79,9 +79,11 @@ struct RunnerStats {
   int64_t block_forward_calls = 0;  // counts recomputation too
   size_t arena_peak_bytes = 0;
   // Bytes of the frozen base read from NVMe (the model's files or its converted copy) to stream
-  // it, so far (a plan that
-  // streams the base, its frozen weights on NVMe; else 0).
+  // it, so far, as stored (a plan that streams the base, its frozen weights on NVMe; else 0).
   uint64_t base_bytes_streamed = 0;
+  // What the drive moved beyond those bytes: the model files' share is read in whole 4096-byte
+  // blocks (ExecutorStats::base_bytes_from_drive).
+  uint64_t base_block_bytes = 0;
 };
 
 class ModelRunner {

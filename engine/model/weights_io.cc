@@ -67,30 +67,35 @@ Result<FileTensor> ServeParameter(std::shared_ptr<const void> owner, const Safet
   }
   t.owner = std::move(owner);
   t.bytes = file.Data(*info);
+  t.offset = int64_t(info->offset);
   return t;
+}
+
+void ConvertStored(DType stored, const std::byte* src, size_t n, DType dtype, std::byte* dst) {
+  if (dtype == stored) {
+    std::memcpy(dst, src, n * DTypeSize(stored));
+    return;
+  }
+  if (dtype == DType::kF32) {  // the bytes may sit at any byte: ConvertToFloat allows it
+    ConvertToFloat(stored, src, reinterpret_cast<float*>(dst), n);
+    return;
+  }
+  // Through fp32 in pieces.
+  const size_t in = DTypeSize(stored), out = DTypeSize(dtype);
+  constexpr size_t kPiece = 2048;
+  float f32[kPiece];
+  for (size_t i = 0; i < n; i += kPiece) {
+    const size_t k = std::min(kPiece, n - i);
+    ConvertToFloat(stored, src + i * in, f32, k);
+    ConvertFromFloat(f32, dtype, dst + i * out, k);
+  }
 }
 
 void ConvertFileRange(const FileTensor& t, int64_t begin, int64_t end, DType dtype,
                       std::byte* dst) {
   assert(!t.transposed && 0 <= begin && begin <= end && end <= t.numel());
-  const size_t in = DTypeSize(t.dtype), out = DTypeSize(dtype);
-  const std::byte* src = t.bytes.data() + size_t(begin) * in;
-  if (dtype == t.dtype) {
-    std::memcpy(dst, src, size_t(end - begin) * in);
-    return;
-  }
-  if (dtype == DType::kF32) {  // the file's bytes may sit at any byte: ConvertToFloat allows it
-    ConvertToFloat(t.dtype, src, reinterpret_cast<float*>(dst), size_t(end - begin));
-    return;
-  }
-  // Through fp32 in pieces.
-  constexpr int64_t kPiece = 2048;
-  float f32[kPiece];
-  for (int64_t i = begin; i < end; i += kPiece) {
-    const size_t n = size_t(std::min(kPiece, end - i));
-    ConvertToFloat(t.dtype, src + size_t(i - begin) * in, f32, n);
-    ConvertFromFloat(f32, dtype, dst + size_t(i - begin) * out, n);
-  }
+  ConvertStored(t.dtype, t.bytes.data() + size_t(begin) * DTypeSize(t.dtype), size_t(end - begin),
+                dtype, dst);
 }
 
 void ReadFileTensor(const FileTensor& t, std::span<float> out) {
@@ -104,6 +109,20 @@ void ReadFileTensor(const FileTensor& t, std::span<float> out) {
   std::vector<float> stored(out.size());
   ConvertFileRange(plain, 0, t.numel(), DType::kF32, reinterpret_cast<std::byte*>(stored.data()));
   Transpose(stored.data(), t.shape[0], t.shape[1], out.data());
+}
+
+Status ReadFileTensor(const FileTensor& t, BaseFileReader& reader, std::span<float> out) {
+  assert(out.size() == size_t(t.numel()));
+  std::vector<float> stored(t.transposed ? out.size() : 0);
+  float* to = t.transposed ? stored.data() : out.data();
+  FERRY_RETURN_IF_ERROR(
+      reader.Read(t, [&](std::span<const std::byte> bytes, int64_t first, int64_t n) {
+        ConvertStored(t.dtype, bytes.data(), size_t(n), DType::kF32,
+                      reinterpret_cast<std::byte*>(to + first));
+        return Status::Ok();
+      }));
+  if (t.transposed) Transpose(stored.data(), t.shape[0], t.shape[1], out.data());
+  return Status::Ok();
 }
 
 void ReleaseFilePages(const FileTensor& t) { ReleaseMappedPages(t.bytes); }

@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "engine/model/base_reader.h"
 #include "engine/model/host_tensors.h"
 #include "engine/model/param_spec.h"
 #include "engine/model/safetensors.h"
@@ -35,15 +36,23 @@ Status LoadParameter(const SafetensorsFile& file, const ParamSpec& p, std::span<
 Result<FileTensor> ServeParameter(std::shared_ptr<const void> owner, const SafetensorsFile& file,
                                   const ParamSpec& p);
 
+// `n` values stored as `stored` at `src` (which may sit at any byte) into `dst` as `dtype` (f32,
+// bf16 or f16): a copy when the dtypes agree, else converted through fp32, rounding to nearest
+// even. REQUIRES: dst holds n values of `dtype`, aligned for it.
+void ConvertStored(DType stored, const std::byte* src, size_t n, DType dtype, std::byte* dst);
+
 // The values [begin, end) of `t` in the master layout, stored into `dst` as `dtype` (f32, bf16 or
 // f16: a copy when it is t's dtype, else converted through fp32, rounding to nearest even).
 // REQUIRES: !t.transposed (a transposed tensor is read whole: ReadFileTensor); 0 <= begin <= end
-// <= t.numel(); dst holds (end - begin) values of `dtype`, aligned for it (the file's bytes may
-// sit at any byte).
+// <= t.numel(); dst holds (end - begin) values of `dtype`, aligned for it.
 void ConvertFileRange(const FileTensor& t, int64_t begin, int64_t end, DType dtype, std::byte* dst);
 
 // All of `t` in fp32, in the master layout. REQUIRES: out.size() == t.numel().
 void ReadFileTensor(const FileTensor& t, std::span<float> out);
+
+// The same, read from the drive through `reader` (engine/model/base_reader.h). Errors: the
+// reader's. REQUIRES: out.size() == t.numel(); t.offset >= 0.
+Status ReadFileTensor(const FileTensor& t, BaseFileReader& reader, std::span<float> out);
 
 // Tells the kernel this process will not read `t`'s pages again soon (MADV_DONTNEED on the whole
 // pages inside it): they leave the process's resident set and stay in the page cache, read back

@@ -214,7 +214,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
   // when that step followed another of this process with no evaluation between (a first step, or
   // one after an evaluation, finds other weights in the devices' slots than the steady state the
   // plan prices).
-  uint64_t base_last_step = 0;
+  uint64_t base_last_step = 0, base_blocks_last_step = 0;
   bool base_warm = false, after_step = false;
   // NVMe traffic of the steps this run makes (not of creating or rebuilding the store).
   const int64_t steps_at_start = trainer->steps_done();
@@ -265,7 +265,10 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
     if (devices.plan->frozen_weights == Tier::kNvme) {
       measured.nvme_base_copy_bytes = base_copy_bytes;
       measured.base_reads_measured = base_warm;
-      if (base_warm) measured.nvme_read_per_step += double(base_last_step);
+      if (base_warm) {
+        measured.nvme_read_per_step += double(base_last_step);
+        measured.base_block_bytes_per_step = double(base_blocks_last_step);
+      }
     }
     std::fprintf(stderr, "ferry train: %s", MeasuredVsPredicted(*devices.plan, measured).c_str());
     if (devices.trace == nullptr) return Status::Ok();
@@ -290,9 +293,10 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
     std::vector<MicroBatch> batch;
     for (int64_t m = 0; m < job.micro_batches; ++m) batch.push_back(batcher.MakeMicroBatch(k, m));
     const auto update_start = std::chrono::steady_clock::now();
-    const uint64_t base_before = runner->stats().base_bytes_streamed;
+    const RunnerStats base_before = runner->stats();
     Result<StepStats> st = trainer->Step(batch);
-    base_last_step = runner->stats().base_bytes_streamed - base_before;
+    base_last_step = runner->stats().base_bytes_streamed - base_before.base_bytes_streamed;
+    base_blocks_last_step = runner->stats().base_block_bytes - base_before.base_block_bytes;
     base_warm = after_step;
     after_step = true;
     if (!st.ok()) return st.status().WithContext("step " + std::to_string(k));

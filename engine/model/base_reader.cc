@@ -1,0 +1,89 @@
+#include "engine/model/base_reader.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "kernels/dtype.h"
+
+namespace ferry {
+
+Result<BaseFileReader> BaseFileReader::Create(size_t buffer_bytes) {
+  assert(buffer_bytes >= 2 * kBaseReadBlockBytes && buffer_bytes % kBaseReadBlockBytes == 0);
+  FERRY_ASSIGN_OR_RETURN(HostAllocation buffer,
+                         HostAllocation::Map(buffer_bytes, "weights.base_read"));
+  return BaseFileReader(std::move(buffer));
+}
+
+BaseFileReader::OpenFile::~OpenFile() {
+  if (fd >= 0) ::close(fd);
+}
+
+Result<const BaseFileReader::OpenFile*> BaseFileReader::FileOf(const std::string& path) {
+  if (auto it = files_.find(path); it != files_.end()) return &it->second;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+  const bool direct = fd >= 0;
+  if (fd < 0 && errno == EINVAL) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return Status::FromErrno(errno, "open " + path + " (the frozen base, streamed every step)");
+  }
+  return &files_.emplace(path, OpenFile(fd, direct)).first->second;
+}
+
+Status BaseFileReader::Read(const FileTensor& t, const Use& use) {
+  assert(t.offset >= 0);
+  FERRY_ASSIGN_OR_RETURN(const OpenFile* file, FileOf(t.path));
+  const OpenFile& f = *file;
+  constexpr uint64_t A = kBaseReadBlockBytes;
+  const size_t element = DTypeSize(t.dtype);
+  const uint64_t begin = uint64_t(t.offset), end = begin + t.bytes.size();
+  const uint64_t last = (end + A - 1) / A * A;  // the end of the block holding the last byte
+  std::byte* const data = buffer_.data() + A;   // reads land here; a split element's head before
+  const uint64_t room = buffer_.size() - A;
+  size_t carry = 0;
+  int64_t first = 0;
+  for (uint64_t pos = begin / A * A; pos < last;) {
+    const uint64_t want = std::min(room, last - pos);
+    uint64_t got = 0;
+    while (got < want) {
+      const ssize_t n = ::pread(f.fd, data + got, want - got, off_t(pos + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        return Status::FromErrno(errno, "read " + std::to_string(want) + " bytes at offset " +
+                                            std::to_string(pos) + " of " + t.path);
+      }
+      if (n == 0) break;  // the file's end: its last block is partial
+      got += uint64_t(n);
+    }
+    disk_bytes_ += (got + A - 1) / A * A;
+    if (pos + got < std::min(end, pos + want)) {
+      return Status::IOError(t.path + " ends at byte " + std::to_string(pos + got) +
+                             ", inside the bytes [" + std::to_string(begin) + ", " +
+                             std::to_string(end) +
+                             ") of a frozen weight: the file is shorter than its header says "
+                             "(cut short while copied or downloaded? fetch the model again)");
+    }
+    const uint64_t from = std::max(begin, pos), to = std::min(end, pos + got);
+    const std::byte* src = data + (from - pos) - carry;
+    const size_t avail = carry + size_t(to - from);
+    const int64_t n = int64_t(avail / element);
+    if (n > 0) FERRY_RETURN_IF_ERROR(use({src, size_t(n) * element}, first, n));
+    first += n;
+    carry = avail - size_t(n) * element;
+    std::memmove(data - carry, src + size_t(n) * element, carry);
+    if (!f.direct) {  // buffered: the base's pages leave the page cache again
+      ::posix_fadvise(f.fd, off_t(pos), off_t(got), POSIX_FADV_DONTNEED);
+    }
+    pos += want;
+  }
+  assert(carry == 0 && first == t.numel());
+  tensor_bytes_ += t.bytes.size();
+  return Status::Ok();
+}
+
+}  // namespace ferry

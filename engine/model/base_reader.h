@@ -1,0 +1,79 @@
+// BaseFileReader: the frozen base a plan streams from NVMe, read from the model's own safetensors
+// files (FileTensor) with O_DIRECT through one bounce buffer, so every byte a step reads comes from
+// the drive, the process's own I/O counters (/proc/self/io: read_bytes) see it, and the page cache
+// keeps none of the base (a base larger than RAM does not push out what the host holds).
+//
+// O_DIRECT moves whole 4096-byte blocks: a tensor's read starts at the block holding its first
+// byte and ends at the block holding its last (disk_bytes() counts them), so per tensor it reads
+// up to two blocks beyond the tensor's own bytes (where its neighbours lie). On a filesystem that
+// refuses O_DIRECT (tmpfs) the same reads are buffered and their pages dropped from the page cache
+// after each piece (posix_fadvise DONTNEED).
+//
+// Files are opened at their first read and kept open. Not thread-safe: one packing thread (the
+// executor's host thread) uses it; the conversion callback may fan out over a pool.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "engine/model/host_tensors.h"
+#include "kernels/host_memory.h"
+#include "kernels/status.h"
+
+namespace ferry {
+
+inline constexpr size_t kBaseReadBlockBytes = 4096;  // O_DIRECT's alignment
+inline constexpr size_t kBaseReadBufferMaxBytes = size_t(4) << 20;
+
+// The reader's bounce buffer when the largest tensor it reads has `largest` bytes (0: it reads
+// none, and takes none): one block that keeps the bytes of an element split between two reads,
+// then room for that tensor's blocks in one read, at most 4 MiB in all (a larger tensor is read in
+// pieces). The memory model counts it ("weights.base_read").
+constexpr size_t BaseReadBufferBytes(uint64_t largest) {
+  if (largest == 0) return 0;
+  const uint64_t blocks = (largest + kBaseReadBlockBytes - 1) / kBaseReadBlockBytes + 2;
+  return size_t(std::min<uint64_t>(blocks * kBaseReadBlockBytes, kBaseReadBufferMaxBytes));
+}
+
+class BaseFileReader {
+ public:
+  // Maps a bounce buffer of `buffer_bytes` (BaseReadBufferBytes; OutOfMemory naming it when
+  // refused). REQUIRES: buffer_bytes is at least two blocks, a whole number of them.
+  static Result<BaseFileReader> Create(size_t buffer_bytes);
+
+  // Reads `t`'s stored bytes and hands them to `use` in order, in pieces of whole elements:
+  // use(bytes, first, n) gets elements [first, first + n) as stored (t.dtype, row-major as
+  // stored). `bytes` is valid during the call only. Errors name the file and the offset (IOError;
+  // a file shorter than its header says is one); `use`'s own error stops the read and is
+  // returned. REQUIRES: t.offset >= 0 (a tensor of a model file).
+  using Use = std::function<Status(std::span<const std::byte> bytes, int64_t first, int64_t n)>;
+  Status Read(const FileTensor& t, const Use& use);
+
+  uint64_t disk_bytes() const { return disk_bytes_; }      // the blocks read so far
+  uint64_t tensor_bytes() const { return tensor_bytes_; }  // the tensors' own bytes among them
+
+ private:
+  // An open file, closed with it (move-only).
+  struct OpenFile {
+    OpenFile(int fd, bool direct) : fd(fd), direct(direct) {}
+    OpenFile(OpenFile&& o) noexcept : fd(std::exchange(o.fd, -1)), direct(o.direct) {}
+    OpenFile& operator=(OpenFile&&) = delete;
+    ~OpenFile();
+    int fd;
+    bool direct;
+  };
+  explicit BaseFileReader(HostAllocation buffer) : buffer_(std::move(buffer)) {}
+  Result<const OpenFile*> FileOf(const std::string& path);
+
+  HostAllocation buffer_;
+  std::map<std::string, OpenFile> files_;
+  uint64_t disk_bytes_ = 0, tensor_bytes_ = 0;
+};
+
+}  // namespace ferry

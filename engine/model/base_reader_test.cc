@@ -1,0 +1,123 @@
+#include "engine/model/base_reader.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "offload/offload_test_util.h"
+
+namespace ferry {
+namespace {
+
+using testing::TempDir;
+
+// A tensor of `numel` elements of `dtype` at byte `offset` of `path`, whose bytes are `file`'s.
+FileTensor At(const std::string& path, const std::vector<std::byte>& file, int64_t offset,
+              int64_t numel, DType dtype) {
+  FileTensor t;
+  t.bytes = {file.data() + offset, size_t(numel) * DTypeSize(dtype)};
+  t.dtype = dtype;
+  t.shape = {numel};
+  t.path = path;
+  t.offset = offset;
+  return t;
+}
+
+// Every element reaches `use` once, in order, as the file holds it, whatever the tensor's
+// alignment, its element size and the buffer's size (pieces split elements between reads); the
+// drive moves the blocks from the one holding the first byte to the one holding the last.
+TEST(BaseFileReader, HandsOverEveryElementInOrderAndCountsTheBlocks) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string path = dir.path() + "/model.safetensors";
+  const std::vector<std::byte> file = testing::Pattern(5 * 4096 + 123, 7);
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(file.data()), std::streamsize(file.size()));
+  }
+  struct Case {
+    int64_t offset, numel;
+    DType dtype;
+    size_t buffer;
+  };
+  for (const Case& c :
+       {Case{0, 1, DType::kF32, 2 * 4096}, Case{4093, 3, DType::kF32, 2 * 4096},
+        Case{4094, 2000, DType::kF32, 2 * 4096}, Case{1, 9000, DType::kBF16, 2 * 4096},
+        Case{4095, 5000, DType::kF16, 3 * 4096},
+        Case{8190, 3000, DType::kF32, BaseReadBufferBytes(12000)},
+        Case{100, (5 * 4096 + 123 - 100) / 2, DType::kBF16, 2 * 4096}}) {
+    const std::string what = "offset " + std::to_string(c.offset) + ", " + std::to_string(c.numel) +
+                             " x " + std::string(DTypeName(c.dtype)) + ", buffer " +
+                             std::to_string(c.buffer);
+    Result<BaseFileReader> reader = BaseFileReader::Create(c.buffer);
+    ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+    const FileTensor t = At(path, file, c.offset, c.numel, c.dtype);
+    std::vector<std::byte> got;
+    int64_t next = 0, calls = 0;
+    const Status s =
+        reader->Read(t, [&](std::span<const std::byte> bytes, int64_t first, int64_t n) {
+          EXPECT_EQ(first, next) << what;
+          EXPECT_EQ(bytes.size(), size_t(n) * DTypeSize(c.dtype)) << what;
+          got.insert(got.end(), bytes.begin(), bytes.end());
+          next = first + n;
+          ++calls;
+          return Status::Ok();
+        });
+    ASSERT_TRUE(s.ok()) << s.ToString() << ", " << what;
+    EXPECT_EQ(next, c.numel) << what;
+    ASSERT_EQ(got.size(), t.bytes.size()) << what;
+    EXPECT_EQ(std::memcmp(got.data(), t.bytes.data(), got.size()), 0) << what;
+    const uint64_t begin = uint64_t(c.offset) / 4096 * 4096;
+    const uint64_t end =
+        std::min<uint64_t>((uint64_t(c.offset) + t.bytes.size() + 4095) / 4096 * 4096,
+                           (file.size() + 4095) / 4096 * 4096);
+    EXPECT_EQ(reader->disk_bytes(), end - begin) << what;
+    EXPECT_EQ(reader->tensor_bytes(), t.bytes.size()) << what;
+    // Pieces of at most the buffer's room: as many calls as reads (or one fewer when a read
+    // ended inside the first element).
+    EXPECT_GE(calls, int64_t((end - begin + c.buffer - 4096 - 1) / (c.buffer - 4096)) - 1) << what;
+  }
+}
+
+// A file shorter than a tensor's bytes, a missing file and the caller's own error each stop the
+// read with an error naming the file (or returning the caller's).
+TEST(BaseFileReader, ShortOrMissingFilesAndTheCallersErrorsStopTheRead) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string path = dir.path() + "/short.safetensors";
+  const std::vector<std::byte> file = testing::Pattern(3 * 4096, 3);
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(file.data()), 2 * 4096 + 10);  // truncated
+  }
+  Result<BaseFileReader> reader = BaseFileReader::Create(2 * 4096);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  auto ignore = [](std::span<const std::byte>, int64_t, int64_t) { return Status::Ok(); };
+  Status s = reader->Read(At(path, file, 100, 2100, DType::kF32), ignore);
+  EXPECT_EQ(s.code(), StatusCode::kIOError) << s.ToString();
+  EXPECT_NE(s.message().find(path), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("shorter than its header says"), std::string::npos) << s.ToString();
+
+  s = reader->Read(At(dir.path() + "/missing.safetensors", file, 0, 4, DType::kF32), ignore);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
+  EXPECT_NE(s.message().find("missing.safetensors"), std::string::npos) << s.ToString();
+
+  s = reader->Read(
+      At(path, file, 0, 4, DType::kF32),
+      [](std::span<const std::byte>, int64_t, int64_t) { return Status::Cancelled("stop"); });
+  EXPECT_EQ(s.code(), StatusCode::kCancelled) << s.ToString();
+}
+
+TEST(BaseFileReader, BufferTakesTheLargestTensorsBlocksAndOneMoreUpToFourMiB) {
+  EXPECT_EQ(BaseReadBufferBytes(0), 0u);
+  EXPECT_EQ(BaseReadBufferBytes(1), 3 * 4096u);
+  EXPECT_EQ(BaseReadBufferBytes(4096), 3 * 4096u);
+  EXPECT_EQ(BaseReadBufferBytes(4097), 4 * 4096u);
+  EXPECT_EQ(BaseReadBufferBytes(uint64_t(1) << 30), kBaseReadBufferMaxBytes);
+}
+
+}  // namespace
+}  // namespace ferry
