@@ -390,7 +390,24 @@ void ApplyTiming(const Timing& t, const HardwareProfile& hw, Plan& p) {
   p.host_embedding_s = t.embedding;
 }
 
-// The candidate a plan was made from.
+// A plan of candidate `k`'s choices (its stages, tiers, policies, tail parts and accumulators),
+// nothing else set: CandidateOf's inverse.
+Plan PlanOf(const Candidate& k) {
+  Plan p;
+  p.stages = k.stages;
+  p.micro_batches = int(k.micro_batches);
+  p.activation_policy = k.policy;
+  p.recompute = k.recompute;
+  p.activations = k.activations;
+  p.optimizer_state = k.optimizer;
+  p.frozen_weights = k.frozen;
+  p.keep_activations = k.keep;
+  p.tail_parts = k.tail_parts;
+  p.grad_accumulators = k.grad_accumulators;
+  return p;
+}
+
+// The candidate a plan was made from: PlanOf's inverse.
 Candidate CandidateOf(const Plan& plan) {
   Candidate k{plan.stages, plan.micro_batches, plan.activation_policy, plan.recompute};
   k.activations = plan.activations;
@@ -693,17 +710,7 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
       }
       timing = *t;
     }
-    Plan p;
-    p.stages = k.stages;
-    p.tail_parts = k.tail_parts;
-    p.grad_accumulators = k.grad_accumulators;
-    p.recompute = k.recompute;
-    p.activation_policy = k.policy;
-    p.activations = k.activations;
-    p.keep_activations = k.keep;
-    p.optimizer_state = k.optimizer;
-    p.frozen_weights = k.frozen;
-    p.micro_batches = int(k.micro_batches);
+    Plan p = PlanOf(k);
     p.memory = mem;
     for (const LayerNumbers& l : n) p.measured_times.push_back(l.measured);
     p.job = job;
