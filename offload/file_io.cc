@@ -198,6 +198,13 @@ Result<UnnamedMapping> WriteUnnamedAndMap(const std::string& dir, size_t count,
   return m;
 }
 
+Result<FileIdentity> IdentityOf(int fd, std::string_view what) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return Status::FromErrno(errno, "stat " + std::string(what));
+  return FileIdentity{
+      .device = uint64_t(st.st_dev), .inode = uint64_t(st.st_ino), .size = int64_t(st.st_size)};
+}
+
 Result<uint64_t> FreeSpace(const std::string& dir) {
   struct statvfs st {};
   if (::statvfs(dir.c_str(), &st) != 0) return Status::FromErrno(errno, "statvfs " + dir);

@@ -101,6 +101,17 @@ struct UnnamedMapping {
 Result<UnnamedMapping> WriteUnnamedAndMap(const std::string& dir, size_t count,
                                           const PieceSource& piece);
 
+// Which file an open descriptor is (fstat: its device and inode) and its size then: a file read
+// again by name later (a model's weights, streamed) can be told from another that took its name.
+struct FileIdentity {
+  uint64_t device = 0, inode = 0;  // 0, 0: unknown
+  int64_t size = -1;
+  bool known() const { return device != 0 || inode != 0; }
+  bool operator==(const FileIdentity&) const = default;
+};
+// Errors: fstat's, naming `what`.
+Result<FileIdentity> IdentityOf(int fd, std::string_view what);
+
 // The bytes an unprivileged user may still write in the filesystem that holds `dir` (statvfs:
 // f_bavail x f_frsize). Errors name the folder and the reason.
 Result<uint64_t> FreeSpace(const std::string& dir);

@@ -1128,6 +1128,15 @@ class Executor final : public PipelineExecutor {
       if (l.kind == LayerKind::kEmbedding) continue;  // gathered on the host, not streamed
       for (const ParamSpec& p : l.params) {
         const std::string& owner = p.storage_name();
+        if (auto f = weights.files.find(owner);
+            f != weights.files.end() && f->second.offset >= 0 && !base_reader_) {
+          return Status::FailedPrecondition(
+              "the plan reads none of the frozen base from the model's files (it takes them to "
+              "hold " +
+              std::string(DTypeName(c_.weights_dtype)) + "), yet '" + owner + "' is served from " +
+              f->second.path + " in " + std::string(DTypeName(f->second.dtype)) +
+              ": re-plan with the files' dtype, or convert the base to NVMe first");
+        }
         if (p.trainable || weights.files.contains(owner) || weights.nf4_served.contains(owner)) {
           continue;
         }

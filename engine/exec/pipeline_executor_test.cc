@@ -12,7 +12,9 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/magic.h>
 #include <sys/resource.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -220,9 +222,12 @@ uint64_t MajorFaults() {
   return uint64_t(u.ru_majflt);
 }
 
-// Whether files in `dir` open with O_DIRECT (not on tmpfs): then reads bypass the page cache and
-// /proc/self/io counts every one.
+// Whether files in `dir` open with O_DIRECT on a drive (not tmpfs, which takes O_DIRECT since
+// Linux 6.6 but reads no drive): then reads bypass the page cache and /proc/self/io counts every
+// block (on a filesystem of 4096-byte blocks, as every test machine's is).
 bool DirectIoWorks(const std::string& dir) {
+  struct statfs fs {};
+  if (::statfs(dir.c_str(), &fs) != 0 || fs.f_type == TMPFS_MAGIC) return false;  // RAM: no drive
   const std::string path = dir + "/.direct_probe";
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
   if (fd >= 0) ::close(fd);
@@ -1098,6 +1103,23 @@ TEST(ExecutorFileBaseTest, AStreamedPlanRefusesABaseHeldInRam) {
   ASSERT_FALSE(loss.ok());
   EXPECT_EQ(loss.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(loss.status().message().find("(it is held in RAM)"), std::string::npos)
+      << loss.status().ToString();
+
+  // Files the plan takes to hold f32 (wider than the bf16 uploads: read from none of them) that
+  // serve the base in bf16: refused naming a weight and the file, never read from the mappings
+  // behind the plan's back.
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(m.config, m.lora);
+  testing::TempDir dir;
+  HostTensors served;
+  ASSERT_NO_FATAL_FAILURE(ServeFromFolder(m, layers, RandomWeights(m, 3), dir.path(), served));
+  for (const ParamSpec* q : StorageParams(layers)) {
+    if (q->lora) served.tensors[q->name] = RandomWeights(m, 3).tensors.at(q->name);
+  }
+  ASSERT_EQ(m.config.weights_dtype, DType::kF32);
+  loss = (*e)->Step(served, b.inputs, g);
+  ASSERT_FALSE(loss.ok());
+  EXPECT_EQ(loss.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(loss.status().message().find("model.safetensors in bf16: re-plan"), std::string::npos)
       << loss.status().ToString();
 }
 

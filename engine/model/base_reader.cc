@@ -14,7 +14,11 @@
 namespace ferry {
 
 Result<BaseFileReader> BaseFileReader::Create(size_t buffer_bytes) {
-  assert(buffer_bytes >= 2 * kBaseReadBlockBytes && buffer_bytes % kBaseReadBlockBytes == 0);
+  if (buffer_bytes < 2 * kBaseReadBlockBytes || buffer_bytes % kBaseReadBlockBytes != 0) {
+    return Status::InvalidArgument("the frozen base's read buffer (weights.base_read) of " +
+                                   std::to_string(buffer_bytes) +
+                                   " bytes is not two or more whole 4096-byte blocks: re-plan");
+  }
   FERRY_ASSIGN_OR_RETURN(HostAllocation buffer,
                          HostAllocation::Map(buffer_bytes, "weights.base_read"));
   return BaseFileReader(std::move(buffer));
@@ -24,21 +28,39 @@ BaseFileReader::OpenFile::~OpenFile() {
   if (fd >= 0) ::close(fd);
 }
 
-Result<const BaseFileReader::OpenFile*> BaseFileReader::FileOf(const std::string& path) {
-  if (auto it = files_.find(path); it != files_.end()) return &it->second;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-  const bool direct = fd >= 0;
-  if (fd < 0 && errno == EINVAL) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+namespace {
+
+// What to do when a model file read every step fails or changed.
+constexpr std::string_view kRestore =
+    "the model folder was moved, replaced or damaged after the run loaded it, or the drive "
+    "failed (see dmesg): restore the folder and rerun (checkpoints are kept)";
+
+}  // namespace
+
+Result<BaseFileReader::OpenFile*> BaseFileReader::FileOf(const FileTensor& t, bool direct) {
+  auto it = files_.find(t.path);
+  if (it != files_.end() && (direct || !it->second.direct)) return &it->second;
+  int fd = direct ? ::open(t.path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT) : -1;
+  const bool took_direct = fd >= 0;
+  if (fd < 0 && (!direct || errno == EINVAL)) fd = ::open(t.path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    return Status::FromErrno(errno, "open " + path + " (the frozen base, streamed every step)");
+    return Status::FromErrno(errno, "open " + t.path + " (the frozen base, streamed every step; " +
+                                        std::string(kRestore) + ")");
   }
-  return &files_.emplace(path, OpenFile(fd, direct)).first->second;
+  OpenFile f(fd, took_direct);
+  FERRY_ASSIGN_OR_RETURN(const FileIdentity now, IdentityOf(fd, t.path));
+  if (t.identity.known() && !(now == t.identity)) {
+    return Status::FailedPrecondition(
+        t.path + " is not the file the run loaded (another file " +
+        "now has its name, or it changed size): " + std::string(kRestore));
+  }
+  if (it != files_.end()) files_.erase(it);
+  return &files_.emplace(t.path, std::move(f)).first->second;
 }
 
 Status BaseFileReader::Read(const FileTensor& t, const Use& use) {
   assert(t.offset >= 0);
-  FERRY_ASSIGN_OR_RETURN(const OpenFile* file, FileOf(t.path));
-  const OpenFile& f = *file;
+  FERRY_ASSIGN_OR_RETURN(OpenFile * f, FileOf(t, /*direct=*/true));
   constexpr uint64_t A = kBaseReadBlockBytes;
   const size_t element = DTypeSize(t.dtype);
   const uint64_t begin = uint64_t(t.offset), end = begin + t.bytes.size();
@@ -51,22 +73,28 @@ Status BaseFileReader::Read(const FileTensor& t, const Use& use) {
     const uint64_t want = std::min(room, last - pos);
     uint64_t got = 0;
     while (got < want) {
-      const ssize_t n = ::pread(f.fd, data + got, want - got, off_t(pos + got));
+      const ssize_t n = ::pread(f->fd, data + got, want - got, off_t(pos + got));
       if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EINVAL && f->direct) {  // opened with O_DIRECT, refused at the read
+        FERRY_ASSIGN_OR_RETURN(f, FileOf(t, /*direct=*/false));
+        got = 0;
+        continue;
+      }
       if (n < 0) {
         return Status::FromErrno(errno, "read " + std::to_string(want) + " bytes at offset " +
-                                            std::to_string(pos) + " of " + t.path);
+                                            std::to_string(pos) + " of " + t.path + " (" +
+                                            std::string(kRestore) + ")");
       }
-      if (n == 0) break;  // the file's end: its last block is partial
       got += uint64_t(n);
+      // The file's end (with O_DIRECT, a read that stops inside a block is the last).
+      if (n == 0 || (f->direct && uint64_t(n) % A != 0)) break;
     }
     disk_bytes_ += (got + A - 1) / A * A;
     if (pos + got < std::min(end, pos + want)) {
       return Status::IOError(t.path + " ends at byte " + std::to_string(pos + got) +
                              ", inside the bytes [" + std::to_string(begin) + ", " +
                              std::to_string(end) +
-                             ") of a frozen weight: the file is shorter than its header says "
-                             "(cut short while copied or downloaded? fetch the model again)");
+                             ") of a frozen weight: " + std::string(kRestore));
     }
     const uint64_t from = std::max(begin, pos), to = std::min(end, pos + got);
     const std::byte* src = data + (from - pos) - carry;
@@ -76,8 +104,8 @@ Status BaseFileReader::Read(const FileTensor& t, const Use& use) {
     first += n;
     carry = avail - size_t(n) * element;
     std::memmove(data - carry, src + size_t(n) * element, carry);
-    if (!f.direct) {  // buffered: the base's pages leave the page cache again
-      ::posix_fadvise(f.fd, off_t(pos), off_t(got), POSIX_FADV_DONTNEED);
+    if (!f->direct) {  // buffered: the base's pages leave the page cache again
+      ::posix_fadvise(f->fd, off_t(pos), off_t(got), POSIX_FADV_DONTNEED);
     }
     pos += want;
   }

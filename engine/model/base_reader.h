@@ -5,12 +5,17 @@
 //
 // O_DIRECT moves whole 4096-byte blocks: a tensor's read starts at the block holding its first
 // byte and ends at the block holding its last (disk_bytes() counts them), so per tensor it reads
-// up to two blocks beyond the tensor's own bytes (where its neighbours lie). On a filesystem that
-// refuses O_DIRECT (tmpfs) the same reads are buffered and their pages dropped from the page cache
-// after each piece (posix_fadvise DONTNEED).
+// up to two blocks beyond the tensor's own bytes (where its neighbours lie); the process's
+// read_bytes counts the same on a drive formatted in 4096-byte blocks (tmpfs, which takes O_DIRECT
+// since Linux 6.6, counts nothing). Where a filesystem refuses O_DIRECT, at the open or at a
+// read, the same reads are buffered and their pages dropped from the page cache after each piece
+// (posix_fadvise DONTNEED).
 //
-// Files are opened at their first read and kept open. Not thread-safe: one packing thread (the
-// executor's host thread) uses it; the conversion callback may fan out over a pool.
+// A file is opened at its first read, checked to be the one the run loaded (a model folder
+// replaced in between is refused, never read at the old offsets), and kept open.
+//
+// Not thread-safe: one packing thread (the executor's host thread) uses it; the conversion
+// callback may fan out over a pool.
 #pragma once
 
 #include <algorithm>
@@ -44,14 +49,15 @@ constexpr size_t BaseReadBufferBytes(uint64_t largest) {
 class BaseFileReader {
  public:
   // Maps a bounce buffer of `buffer_bytes` (BaseReadBufferBytes; OutOfMemory naming it when
-  // refused). REQUIRES: buffer_bytes is at least two blocks, a whole number of them.
+  // refused; InvalidArgument unless it is two or more whole blocks).
   static Result<BaseFileReader> Create(size_t buffer_bytes);
 
   // Reads `t`'s stored bytes and hands them to `use` in order, in pieces of whole elements:
   // use(bytes, first, n) gets elements [first, first + n) as stored (t.dtype, row-major as
-  // stored). `bytes` is valid during the call only. Errors name the file and the offset (IOError;
-  // a file shorter than its header says is one); `use`'s own error stops the read and is
-  // returned. REQUIRES: t.offset >= 0 (a tensor of a model file).
+  // stored). `bytes` is valid during the call only. Errors name the file and the offset, and say
+  // what to do (IOError; a file shorter than its header says is one; FailedPrecondition when
+  // another file has taken its name); `use`'s own error stops the read and is returned.
+  // REQUIRES: t.offset >= 0 (a tensor of a model file).
   using Use = std::function<Status(std::span<const std::byte> bytes, int64_t first, int64_t n)>;
   Status Read(const FileTensor& t, const Use& use);
 
@@ -69,7 +75,9 @@ class BaseFileReader {
     bool direct;
   };
   explicit BaseFileReader(HostAllocation buffer) : buffer_(std::move(buffer)) {}
-  Result<const OpenFile*> FileOf(const std::string& path);
+  // t's file, opened at its first read (with O_DIRECT when `direct` and the filesystem takes it)
+  // and checked to be the file the run loaded (FileTensor::identity); !direct: reopened without.
+  Result<OpenFile*> FileOf(const FileTensor& t, bool direct);
 
   HostAllocation buffer_;
   std::map<std::string, OpenFile> files_;

@@ -1,7 +1,10 @@
 #include "engine/model/base_reader.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -99,7 +102,9 @@ TEST(BaseFileReader, ShortOrMissingFilesAndTheCallersErrorsStopTheRead) {
   Status s = reader->Read(At(path, file, 100, 2100, DType::kF32), ignore);
   EXPECT_EQ(s.code(), StatusCode::kIOError) << s.ToString();
   EXPECT_NE(s.message().find(path), std::string::npos) << s.ToString();
-  EXPECT_NE(s.message().find("shorter than its header says"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find(" ends at byte 8202, inside the bytes [100, 8500)"), std::string::npos)
+      << s.ToString();
+  EXPECT_NE(s.message().find("restore the folder"), std::string::npos) << s.ToString();
 
   s = reader->Read(At(dir.path() + "/missing.safetensors", file, 0, 4, DType::kF32), ignore);
   EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
@@ -111,7 +116,47 @@ TEST(BaseFileReader, ShortOrMissingFilesAndTheCallersErrorsStopTheRead) {
   EXPECT_EQ(s.code(), StatusCode::kCancelled) << s.ToString();
 }
 
+// A model file replaced after the run loaded it (another file under its name, as a folder copied
+// or downloaded again) is refused, naming it, rather than read at the old offsets; the file it
+// loaded is read.
+TEST(BaseFileReader, AFileReplacedSinceItWasLoadedIsRefused) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string path = dir.path() + "/model.safetensors";
+  const std::vector<std::byte> file = testing::Pattern(3 * 4096, 5);
+  auto write = [&](const std::string& to) {
+    std::ofstream out(to, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(file.data()), std::streamsize(file.size()));
+  };
+  write(path);
+  FileTensor t = At(path, file, 10, 100, DType::kF32);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  Result<FileIdentity> loaded = IdentityOf(fd, path);
+  ::close(fd);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  t.identity = *loaded;
+  auto ignore = [](std::span<const std::byte>, int64_t, int64_t) { return Status::Ok(); };
+  {
+    Result<BaseFileReader> reader = BaseFileReader::Create(2 * 4096);
+    ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+    const Status s = reader->Read(t, ignore);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  write(path + ".new");  // the same bytes, another file
+  ASSERT_EQ(std::rename((path + ".new").c_str(), path.c_str()), 0);
+  Result<BaseFileReader> reader = BaseFileReader::Create(2 * 4096);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  const Status s = reader->Read(t, ignore);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_NE(s.message().find(path + " is not the file the run loaded"), std::string::npos)
+      << s.ToString();
+  EXPECT_NE(s.message().find("restore the folder"), std::string::npos) << s.ToString();
+}
+
 TEST(BaseFileReader, BufferTakesTheLargestTensorsBlocksAndOneMoreUpToFourMiB) {
+  EXPECT_EQ(BaseFileReader::Create(4096).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(BaseFileReader::Create(3 * 4096 + 1).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(BaseReadBufferBytes(0), 0u);
   EXPECT_EQ(BaseReadBufferBytes(1), 3 * 4096u);
   EXPECT_EQ(BaseReadBufferBytes(4096), 3 * 4096u);

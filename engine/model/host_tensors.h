@@ -18,6 +18,7 @@
 #include "kernels/dtype.h"
 #include "kernels/nf4.h"
 #include "kernels/status.h"
+#include "offload/file_io.h"
 
 namespace ferry {
 
@@ -26,8 +27,9 @@ namespace ferry {
 // the tensor's bytes in the file's read-only memory mapping, which `owner` keeps alive. The host
 // packs it into each upload mirror straight from the file (a copy when the file's dtype is the
 // upload dtype, else converted on the fly: engine/model/weights_io.h), so the base never exists
-// in fp32 in RAM as a whole (a transposed tensor is read whole into fp32 while it is packed). The
-// pages read stay the kernel's page cache, which it may reclaim.
+// in fp32 in RAM as a whole (a transposed tensor is read whole into fp32 while it is packed).
+// Packed from the mapping, the pages read stay the kernel's page cache, which it may reclaim; a
+// base streamed every step is read from the drive instead (engine/model/base_reader.h).
 struct FileTensor {
   std::shared_ptr<const void> owner;
   std::span<const std::byte> bytes;  // as stored: row-major `shape`, `dtype`; alignment not given
@@ -36,8 +38,10 @@ struct FileTensor {
   bool transposed = false;           // stored (in, out), the master layout (out, in) (GPT-2 Conv1D)
   std::string path;                  // the file, for messages
   // Where `bytes` start in the model file `path`, which a streamed base reads directly
-  // (engine/model/base_reader.h); -1 for a copy only its mapping reaches (a converted base).
+  // (engine/model/base_reader.h), and which file that was when mapped (its name may later be
+  // another's); -1 for a copy only its mapping reaches (a converted base).
   int64_t offset = -1;
+  FileIdentity identity = {};
   int64_t numel() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;

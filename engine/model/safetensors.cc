@@ -234,6 +234,7 @@ SafetensorsFile::~SafetensorsFile() { Release(); }
 
 SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
     : path_(std::move(o.path_)),
+      identity_(o.identity_),
       map_(std::exchange(o.map_, nullptr)),
       size_(std::exchange(o.size_, 0)),
       header_(std::move(o.header_)) {}
@@ -242,6 +243,7 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
   if (this != &o) {
     Release();
     path_ = std::move(o.path_);
+    identity_ = o.identity_;
     map_ = std::exchange(o.map_, nullptr);
     size_ = std::exchange(o.size_, 0);
     header_ = std::move(o.header_);
@@ -270,6 +272,7 @@ Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   }
   SafetensorsFile f;
   f.path_ = path;
+  f.identity_ = {.device = uint64_t(st.st_dev), .inode = uint64_t(st.st_ino), .size = st.st_size};
   f.size_ = size_t(st.st_size);
   if (f.size_ > 0) {
     void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd, 0);

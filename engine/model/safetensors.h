@@ -93,6 +93,8 @@ class SafetensorsFile {
   static Result<SafetensorsFile> Open(const std::string& path);
 
   const std::string& path() const { return path_; }
+  // The file mapped (its device, inode and size when opened).
+  const FileIdentity& identity() const { return identity_; }
   const std::vector<SafetensorsTensorInfo>& tensors() const { return header_.tensors; }
   const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
   // nullptr when absent.
@@ -116,6 +118,7 @@ class SafetensorsFile {
  private:
   void Release();
   std::string path_;
+  FileIdentity identity_;
   const std::byte* map_ = nullptr;
   size_t size_ = 0;
   SafetensorsHeader header_;

@@ -68,6 +68,7 @@ Result<FileTensor> ServeParameter(std::shared_ptr<const void> owner, const Safet
   t.owner = std::move(owner);
   t.bytes = file.Data(*info);
   t.offset = int64_t(info->offset);
+  t.identity = file.identity();
   return t;
 }
 
