@@ -181,18 +181,23 @@ Result<UnnamedMapping> WriteUnnamedAndMap(const std::string& dir, size_t count,
   // Written back before it is read: a write-back error (a full thin volume, a failing drive) is
   // reported here, not met later as a bad page of the mapping.
   if (s.ok() && ::fsync(fd) != 0) s = Status::FromErrno(errno, "fsync " + what);
+  if (s.ok()) ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // a hint: nothing fails
   UnnamedMapping m;
   if (s.ok() && size > 0) {
     void* p = ::mmap(nullptr, size_t(size), PROT_READ, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
       s = Status::FromErrno(errno, "mmap " + what);
     } else {
-      m.owner = std::shared_ptr<const void>(
-          p, [size](const void* q) { ::munmap(const_cast<void*>(q), size_t(size)); });
+      // The mapping and the descriptor keep the file; its blocks go with the last of them.
+      m.owner = std::shared_ptr<const void>(p, [size, fd](const void* q) {
+        ::munmap(const_cast<void*>(q), size_t(size));
+        ::close(fd);
+      });
       m.bytes = {static_cast<const std::byte*>(p), size_t(size)};
+      m.fd = fd;
+      return m;
     }
   }
-  // The mapping keeps the file; its blocks go with the mapping.
   if (::close(fd) != 0 && s.ok()) s = Status::FromErrno(errno, "close " + what);
   if (!s.ok()) return s;
   return m;

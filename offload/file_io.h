@@ -91,13 +91,18 @@ using PieceSource = std::function<Result<std::span<const std::byte>>(size_t)>;
 struct UnnamedMapping {
   std::shared_ptr<const void> owner;  // keeps the mapping alive; null when empty
   std::span<const std::byte> bytes;
+  // The file's descriptor, open as long as `owner` lives, to read it again other than through the
+  // mapping (open("/proc/self/fd/<fd>") with O_DIRECT, say); -1 when empty.
+  int fd = -1;
 };
 // Writes the `count` pieces `piece` makes one at a time into a file in `dir` that has no name
 // (O_TMPFILE; where the filesystem lacks it, a file created and unlinked at once, so only a kill
 // in the instant between leaves a ".ferry-scratch-*" there), so nothing is left behind however the
 // process ends, a kill -9 included; fsyncs it, then maps it read-only. Errors name
 // `dir` and the reason: IOError for a missing or unwritable folder, NoSpace when it fills up; an
-// error from `piece` is returned as it is. Nothing is left in `dir` after an error either.
+// error from `piece` is returned as it is. Nothing is left in `dir` after an error either. The
+// written pages are dropped from the page cache once on disk (a copy larger than RAM pushes out
+// nothing the host holds); reads fetch them again.
 Result<UnnamedMapping> WriteUnnamedAndMap(const std::string& dir, size_t count,
                                           const PieceSource& piece);
 

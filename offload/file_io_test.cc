@@ -1,10 +1,13 @@
 #include "offload/file_io.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <span>
 #include <string>
@@ -161,6 +164,15 @@ TEST_F(FileIo, AnUnnamedFileIsMappedAndLeavesNothing) {
   UnnamedMapping copy = *m;  // copies share the mapping
   *m = {};
   EXPECT_EQ(char(copy.bytes[want.size() - 1]), 'c');
+  // Its descriptor, open while the mapping lives, reads the same bytes again (as a streamed base
+  // does, through /proc/self/fd).
+  const int again =
+      ::open(("/proc/self/fd/" + std::to_string(copy.fd)).c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(again, 0) << std::strerror(errno);
+  char last = 0;
+  EXPECT_EQ(::pread(again, &last, 1, off_t(want.size() - 1)), 1);
+  EXPECT_EQ(last, 'c');
+  ::close(again);
 
   Result<UnnamedMapping> missing = WriteUnnamedAndMap(dir + "/absent", 1, [&](size_t) {
     return Result<std::span<const std::byte>>(AsBytes(want));

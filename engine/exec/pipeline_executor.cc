@@ -1131,11 +1131,9 @@ class Executor final : public PipelineExecutor {
         if (auto f = weights.files.find(owner);
             f != weights.files.end() && f->second.offset >= 0 && !base_reader_) {
           return Status::FailedPrecondition(
-              "the plan reads none of the frozen base from the model's files (it takes them to "
-              "hold " +
-              std::string(DTypeName(c_.weights_dtype)) + "), yet '" + owner + "' is served from " +
-              f->second.path + " in " + std::string(DTypeName(f->second.dtype)) +
-              ": re-plan with the files' dtype, or convert the base to NVMe first");
+              "the plan streams the frozen base from NVMe but holds no buffer to read it through "
+              "(weights.base_read: a plan from an older version?), yet '" +
+              owner + "' is read from " + f->second.path + ": re-plan with this version");
         }
         if (p.trainable || weights.files.contains(owner) || weights.nf4_served.contains(owner)) {
           continue;

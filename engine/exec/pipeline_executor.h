@@ -152,10 +152,10 @@ struct ExecutorStats {
   // copy converted once): the bytes of it read from there so far, as stored (a stage whose weight
   // slot holds its layers' base reads none).
   uint64_t base_bytes_streamed = 0;
-  // Of that, the model files' share (base_file_bytes) went through the drive in whole 4096-byte
-  // blocks (engine/model/base_reader.h): base_bytes_from_drive, up to two blocks a tensor more
-  // (where its neighbours lie); O_DIRECT where the filesystem takes it, so the process's own I/O
-  // counters (/proc/self/io) show the same. A converted copy's share is read from its mapping.
+  // All of it is read from the drive (engine/model/base_reader.h: the model's files, the copy
+  // through its descriptor): base_file_bytes of tensors, in base_bytes_from_drive of whole
+  // 4096-byte blocks, up to two blocks a tensor more (where its neighbours lie); O_DIRECT where
+  // the filesystem takes it, so the process's own I/O counters (/proc/self/io) show the same.
   uint64_t base_file_bytes = 0;
   uint64_t base_bytes_from_drive = 0;
   // Per plan allocation name: the most bytes any component used of it (<= its planned size).

@@ -973,9 +973,9 @@ void StreamBaseSteps(const Model& m, const std::string& source, std::optional<DT
       return h;
     };
     uint64_t last_step_read = 0;
-    // The model files' share of each step after the first: its tensors' bytes, what the reader
-    // took from the drive for them, and what the kernel counted (/proc/self/io) with no page of
-    // the process read back meanwhile (else 0 kernel bytes are compared).
+    // Each step after the first: the base's bytes read (the files' and the copy's), what the
+    // reader took from the drive for them, and what the kernel counted (/proc/self/io) with no
+    // page of the process read back meanwhile (else 0 kernel bytes are compared).
     std::vector<std::array<uint64_t, 3>> file_steps;
     for (int step = 0; step < 3; ++step) {
       HostTensors want = ZeroGrads(m), got = ZeroGrads(m);
@@ -1010,35 +1010,35 @@ void StreamBaseSteps(const Model& m, const std::string& source, std::optional<DT
       }
     }
     EXPECT_GT(last_step_read, 0u) << what;
-    // The model files' tensors come from the drive in whole blocks: at most two more per tensor
-    // and read (a block range's stages read its tensors once each, the tail's parts the head's),
-    // and, with O_DIRECT, exactly what the kernel counts in one fault-free step at least.
-    uint64_t slack = 0;  // the blocks around every file tensor, each read as often as any can be
-    for (const auto& [name, t] : served.files) {
-      if (t.offset < 0) continue;  // a converted copy's: read from its mapping
+    // The base comes from the drive in whole blocks: at most two more per tensor and read (a
+    // block range's stages read its tensors once each, the tail's parts the head's), and, with
+    // O_DIRECT, exactly what the kernel counts in one fault-free step at least.
+    uint64_t slack = 0;  // the blocks around every tensor read, each read as often as any can be
+    auto add_slack = [&](const FileTensor& t) {
+      ASSERT_GE(t.offset, 0) << "a streamed weight without its place in a file: " << t.path;
       const uint64_t begin = uint64_t(t.offset) / 4096 * 4096;
       const uint64_t end = (uint64_t(t.offset) + t.bytes.size() + 4095) / 4096 * 4096;
       slack += (end - begin - t.bytes.size()) * uint64_t(std::max(2, tail_parts));
-    }
+    };
+    for (const auto& [name, t] : served.files) ASSERT_NO_FATAL_FAILURE(add_slack(t));
+    for (const auto& [name, q] : served.nf4_served)
+      ASSERT_NO_FATAL_FAILURE(add_slack(q.parts_file));
     bool counted = false;
     for (const auto& [tensors, drive, kernel] : file_steps) {
       std::printf(
-          "streamed base, %s: the files' tensors %llu B, read from the drive %llu B, "
+          "streamed base, %s: its tensors %llu B, read from the drive %llu B, "
           "/proc/self/io %llu B\n",
           what.c_str(), (unsigned long long)tensors, (unsigned long long)drive,
           (unsigned long long)kernel);
-      EXPECT_EQ(tensors > 0, folder.has_value()) << what;
-      EXPECT_GE(drive, tensors) << what;
+      // Every byte of the base a step reads, the files' and the copy's, comes from the drive.
+      EXPECT_EQ(tensors, last_step_read) << what;
       EXPECT_LE(drive, tensors + slack) << what;
-      if (folder && !convert) {  // the files serve the whole base
-        EXPECT_EQ(tensors, last_step_read) << what;
-      }
-      if (kernel > 0 && DirectIoWorks(dir.path())) {
+      if (kernel > 0 && DirectIoWorks(dir.path()) && DirectIoWorks(nvme.path())) {
         EXPECT_EQ(kernel, drive) << what;
         counted = true;
       }
     }
-    if (folder && DirectIoWorks(dir.path())) {
+    if (DirectIoWorks(dir.path()) && DirectIoWorks(nvme.path())) {
       EXPECT_TRUE(counted) << what << ": no step was counted";
     }
     EXPECT_EQ(double(last_step_read),
@@ -1105,9 +1105,19 @@ TEST(ExecutorFileBaseTest, AStreamedPlanRefusesABaseHeldInRam) {
   EXPECT_NE(loss.status().message().find("(it is held in RAM)"), std::string::npos)
       << loss.status().ToString();
 
-  // Files the plan takes to hold f32 (wider than the bf16 uploads: read from none of them) that
-  // serve the base in bf16: refused naming a weight and the file, never read from the mappings
+  // A plan with no buffer to read the base through (made by an older version) and a base served
+  // from the model's files: refused naming a weight and the file, never read from the mappings
   // behind the plan's back.
+  plan::Plan old = p;
+  std::erase_if(old.memory.pageable_host.allocations,
+                [](const plan::Allocation& a) { return a.name == "weights.base_read"; });
+  ASSERT_EQ(old.memory.pageable_host.allocations.size() + 1,
+            p.memory.pageable_host.allocations.size());
+  std::vector<std::unique_ptr<CpuDevice>> older_devs =
+      MakeDevices(spec.gpus, old.memory.gpu.total());
+  ActivationStore older_store;
+  Result<std::unique_ptr<PipelineExecutor>> older = CreateExecutor(older_devs, m, old, older_store);
+  ASSERT_TRUE(older.ok()) << older.status().ToString();
   const std::vector<LayerSpec> layers = BuildLayerSpecs(m.config, m.lora);
   testing::TempDir dir;
   HostTensors served;
@@ -1115,12 +1125,15 @@ TEST(ExecutorFileBaseTest, AStreamedPlanRefusesABaseHeldInRam) {
   for (const ParamSpec* q : StorageParams(layers)) {
     if (q->lora) served.tensors[q->name] = RandomWeights(m, 3).tensors.at(q->name);
   }
-  ASSERT_EQ(m.config.weights_dtype, DType::kF32);
-  loss = (*e)->Step(served, b.inputs, g);
+  loss = (*older)->Step(served, b.inputs, g);
   ASSERT_FALSE(loss.ok());
   EXPECT_EQ(loss.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(loss.status().message().find("model.safetensors in bf16: re-plan"), std::string::npos)
+  EXPECT_NE(loss.status().message().find("model.safetensors: re-plan with this version"),
+            std::string::npos)
       << loss.status().ToString();
+  // The same base through the plan's buffer runs.
+  loss = (*e)->Step(served, b.inputs, g);
+  EXPECT_TRUE(loss.ok()) << loss.status().ToString();
 }
 
 // QLoRA from a model folder: each NF4 weight is made from the file when its stage is packed

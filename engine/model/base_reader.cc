@@ -38,24 +38,31 @@ constexpr std::string_view kRestore =
 }  // namespace
 
 Result<BaseFileReader::OpenFile*> BaseFileReader::FileOf(const FileTensor& t, bool direct) {
-  auto it = files_.find(t.path);
-  if (it != files_.end() && (direct || !it->second.direct)) return &it->second;
-  int fd = direct ? ::open(t.path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT) : -1;
+  // A file with no name is opened again through its descriptor.
+  const std::string path = t.fd >= 0 ? "/proc/self/fd/" + std::to_string(t.fd) : t.path;
+  auto it = files_.find(path);
+  // Kept open: the same file (a descriptor's number may be another file's later), buffered
+  // when asked or already.
+  if (it != files_.end() && (!t.identity.known() || it->second.identity == t.identity) &&
+      (direct || !it->second.direct)) {
+    return &it->second;
+  }
+  int fd = direct ? ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT) : -1;
   const bool took_direct = fd >= 0;
-  if (fd < 0 && (!direct || errno == EINVAL)) fd = ::open(t.path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 && (!direct || errno == EINVAL)) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return Status::FromErrno(errno, "open " + t.path + " (the frozen base, streamed every step; " +
                                         std::string(kRestore) + ")");
   }
   OpenFile f(fd, took_direct);
-  FERRY_ASSIGN_OR_RETURN(const FileIdentity now, IdentityOf(fd, t.path));
-  if (t.identity.known() && !(now == t.identity)) {
+  FERRY_ASSIGN_OR_RETURN(f.identity, IdentityOf(fd, t.path));
+  if (t.identity.known() && !(f.identity == t.identity)) {
     return Status::FailedPrecondition(
         t.path + " is not the file the run loaded (another file " +
         "now has its name, or it changed size): " + std::string(kRestore));
   }
   if (it != files_.end()) files_.erase(it);
-  return &files_.emplace(t.path, std::move(f)).first->second;
+  return &files_.emplace(path, std::move(f)).first->second;
 }
 
 Status BaseFileReader::Read(const FileTensor& t, const Use& use) {

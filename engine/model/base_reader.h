@@ -1,7 +1,8 @@
 // BaseFileReader: the frozen base a plan streams from NVMe, read from the model's own safetensors
-// files (FileTensor) with O_DIRECT through one bounce buffer, so every byte a step reads comes from
-// the drive, the process's own I/O counters (/proc/self/io: read_bytes) see it, and the page cache
-// keeps none of the base (a base larger than RAM does not push out what the host holds).
+// files or the copy converted there (FileTensor; a file with no name through its descriptor) with
+// O_DIRECT through one bounce buffer, so every byte a step reads comes from the drive, the
+// process's own I/O counters (/proc/self/io: read_bytes) see it, and the page cache keeps none of
+// the base (a base larger than RAM does not push out what the host holds).
 //
 // O_DIRECT moves whole 4096-byte blocks: a tensor's read starts at the block holding its first
 // byte and ends at the block holding its last (disk_bytes() counts them), so per tensor it reads
@@ -68,11 +69,13 @@ class BaseFileReader {
   // An open file, closed with it (move-only).
   struct OpenFile {
     OpenFile(int fd, bool direct) : fd(fd), direct(direct) {}
-    OpenFile(OpenFile&& o) noexcept : fd(std::exchange(o.fd, -1)), direct(o.direct) {}
+    OpenFile(OpenFile&& o) noexcept
+        : fd(std::exchange(o.fd, -1)), direct(o.direct), identity(o.identity) {}
     OpenFile& operator=(OpenFile&&) = delete;
     ~OpenFile();
     int fd;
     bool direct;
+    FileIdentity identity;
   };
   explicit BaseFileReader(HostAllocation buffer) : buffer_(std::move(buffer)) {}
   // t's file, opened at its first read (with O_DIRECT when `direct` and the filesystem takes it)

@@ -191,6 +191,23 @@ Result<ConvertedBase> MoveBaseToNvme(const std::vector<LayerSpec>& layers, DType
                                      std::string(DTypeName(dtype)) + " for NVMe");
   }
   const std::string where = dir + " (the frozen base in " + std::string(DTypeName(dtype)) + ")";
+  // Each weight is read again from the drive through the file's descriptor (FileTensor::fd).
+  FileIdentity identity;
+  if (file->fd >= 0) {
+    FERRY_ASSIGN_OR_RETURN(identity, IdentityOf(file->fd, where));
+  }
+  auto in_file = [&](const Entry& e, std::span<const std::byte> bytes, DType as,
+                     std::vector<int64_t> shape) {
+    return FileTensor{.owner = file->owner,
+                      .bytes = bytes,
+                      .dtype = as,
+                      .shape = std::move(shape),
+                      .transposed = false,
+                      .path = where,
+                      .offset = int64_t(e.offset),
+                      .identity = identity,
+                      .fd = file->fd};
+  };
   ConvertedBase out{.bytes = file->bytes.size(), .weights = int64_t(entries.size())};
   for (const Entry& e : entries) {
     const std::string& name = e.spec->name;
@@ -217,15 +234,11 @@ Result<ConvertedBase> MoveBaseToNvme(const std::vector<LayerSpec>& layers, DType
                     },
                     .device_parts = std::move(parts),
                     .parts_owner = file->owner,
+                    .parts_file = in_file(e, bytes.first(at), DType::kU8, {int64_t(at)}),
                     .nested = l.absmax_q > 0};
     } else {
       weights.tensors.erase(name);
-      weights.files[name] = FileTensor{.owner = file->owner,
-                                       .bytes = bytes,
-                                       .dtype = e.dtype,
-                                       .shape = MasterShape(*e.spec),
-                                       .transposed = false,
-                                       .path = where};
+      weights.files[name] = in_file(e, bytes, e.dtype, MasterShape(*e.spec));
     }
   }
   return out;

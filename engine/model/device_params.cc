@@ -348,7 +348,29 @@ Status DeviceParams::PackWeights(const HostTensors& weights, ThreadPool* pool, b
                                          std::to_string(dp.w.numel()) + " elements (" +
                                          (part.nested() ? "" : "not ") + "double-quantized)");
         }
-        // The codes (most of it) split over the pool, as a file's weight; the rest is small.
+        // The parts lie one after another: read from the drive through `reader` when given, each
+        // piece copied to the parts it covers; else from the mapping, the codes (most of it)
+        // split over the pool, as a file's weight, and then released (read once per packing).
+        const FileTensor& run = s->second.parts_file;
+        if (reader != nullptr && run.offset >= 0) {
+          FERRY_RETURN_IF_ERROR(
+              reader
+                  ->Read(run,
+                         [&](std::span<const std::byte> bytes, int64_t first, int64_t) {
+                           size_t at = 0;  // part k's first byte in the run
+                           for (size_t k = 0; k < sizes.size(); at += sizes[k], ++k) {
+                             const size_t from = std::max(at, size_t(first));
+                             const size_t to =
+                                 std::min(at + sizes[k], size_t(first) + bytes.size());
+                             if (from >= to) continue;
+                             std::memcpy(mirror + part.offset[k] + (from - at),
+                                         bytes.data() + (from - size_t(first)), to - from);
+                           }
+                           return Status::Ok();
+                         })
+                  .WithContext("packing '" + dp.host_name + "'"));
+          continue;
+        }
         SplitOver(pool, int64_t(sizes[0]), [&](int64_t begin, int64_t end) {
           std::memcpy(mirror + part.offset[0] + begin, parts[0].data() + begin,
                       size_t(end - begin));
@@ -356,7 +378,6 @@ Status DeviceParams::PackWeights(const HostTensors& weights, ThreadPool* pool, b
         for (size_t k = 1; k < sizes.size(); ++k) {
           std::memcpy(mirror + part.offset[k], parts[k].data(), sizes[k]);
         }
-        // Read once per packing, as a model file's (the parts lie one after another).
         ReleaseMappedPages({parts.front().data(), size_t(parts.back().data() + parts.back().size() -
                                                          parts.front().data())});
         continue;

@@ -33,15 +33,18 @@ namespace ferry {
 struct FileTensor {
   std::shared_ptr<const void> owner;
   std::span<const std::byte> bytes;  // as stored: row-major `shape`, `dtype`; alignment not given
-  DType dtype = DType::kF32;         // kF32, kBF16 or kF16
+  DType dtype = DType::kF32;         // kF32, kBF16 or kF16 (kU8: Nf4Source::parts_file's bytes)
   std::vector<int64_t> shape;        // as stored (ParamSpec::shape)
   bool transposed = false;           // stored (in, out), the master layout (out, in) (GPT-2 Conv1D)
   std::string path;                  // the file, for messages
-  // Where `bytes` start in the model file `path`, which a streamed base reads directly
+  // Where `bytes` start in the file, which a streamed base reads directly
   // (engine/model/base_reader.h), and which file that was when mapped (its name may later be
-  // another's); -1 for a copy only its mapping reaches (a converted base).
+  // another's); -1: only the mapping reaches it.
   int64_t offset = -1;
   FileIdentity identity = {};
+  // A file with no name (a converted copy: offload/file_io.h, WriteUnnamedAndMap): its descriptor,
+  // open while `owner` lives, read through /proc/self/fd; -1: read `path`.
+  int fd = -1;
   int64_t numel() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
@@ -61,6 +64,9 @@ struct Nf4Source {
   // upload image copies straight from the mapping, making no Nf4Host; `nested` as made.
   std::vector<std::span<const std::byte>> device_parts = {};
   std::shared_ptr<const void> parts_owner = {};  // keeps the mapping device_parts point into
+  // The same parts as one run of bytes in their file (kU8, offset and descriptor set), which a
+  // streamed base reads from the drive (engine/model/base_reader.h); offset -1 when not given.
+  FileTensor parts_file = {};
   bool nested = false;
   int64_t numel() const {
     int64_t n = 1;

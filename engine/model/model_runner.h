@@ -81,8 +81,8 @@ struct RunnerStats {
   // Bytes of the frozen base read from NVMe (the model's files or its converted copy) to stream
   // it, so far, as stored (a plan that streams the base, its frozen weights on NVMe; else 0).
   uint64_t base_bytes_streamed = 0;
-  // What the drive moved beyond those bytes: the model files' share is read in whole 4096-byte
-  // blocks (ExecutorStats::base_bytes_from_drive).
+  // What the drive moved beyond those bytes: the base is read in whole 4096-byte blocks
+  // (ExecutorStats::base_bytes_from_drive).
   uint64_t base_block_bytes = 0;
 };
 

@@ -336,7 +336,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   // Host and NVMe.
   const uint64_t P = kHostPageBytes;
   uint64_t upload_frozen_nvme = 0;
-  uint64_t largest_file_read = 0;  // the largest weight a streamed base reads from the files
+  uint64_t largest_read = 0;  // the largest weight a streamed base reads (files or copy)
   ParamCounts params;
   uint64_t embedding_frozen_copy = 0;
   // A frozen embedding held in fp32 (a seeded model's, not tied): it stays on the host when the
@@ -384,14 +384,15 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
       const bool file_read = in.frozen_base_from_files &&
                              FileServesStreamedWeight(p, in.model.weights_dtype, in.compute_dtype);
       if (!p.trainable && in.frozen_weights_on_nvme && file_read) {
-        largest_file_read =
-            std::max(largest_file_read, uint64_t(p.numel()) * DTypeSize(in.model.weights_dtype));
+        largest_read =
+            std::max(largest_read, uint64_t(p.numel()) * DTypeSize(in.model.weights_dtype));
       }
       if (!p.trainable && in.frozen_weights_on_nvme && !file_read) {
         const uint64_t stored =
             p.nf4 ? p.bytes()
                   : uint64_t(p.numel()) * DTypeSize(ConvertedDType(p, in.compute_dtype));
         upload_frozen_nvme += RoundUp(stored, kConvertedBaseAlign);
+        largest_read = std::max(largest_read, stored);
       }
     }
   }
@@ -399,7 +400,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   if (in.frozen_weights_on_nvme) {
     Add(e.pinned_host, "weights.nvme_staging", 2 * gpus * stage_weights, P);
     Add(e.nvme, "weights.frozen", upload_frozen_nvme, kNvmeBlockBytes);
-    Add(e.pageable_host, "weights.base_read", BaseReadBufferBytes(largest_file_read), P);
+    Add(e.pageable_host, "weights.base_read", BaseReadBufferBytes(largest_read), P);
   }
   if (!in.forward_only) Add(e.pinned_host, "grads.landing", landing, P);
   // Every layer's input; a block's saved set (a whole slot's layout) unless recomputed; the

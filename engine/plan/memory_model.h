@@ -91,8 +91,8 @@
 //            mirrors or images hold the base); activations.store (saved activations on NVMe): the
 //            store's own bounce buffers, kActivationQueueDepth blocks (mapped by the store, locked
 //            when io_uring registers them; the devices never copy from them); weights.base_read
-//            (a base streamed from the model's files): the bounce buffer its reads from the drive
-//            go through (engine/model/base_reader.h).
+//            (a base streamed from NVMe): the bounce buffer its reads from the drive go through
+//            (engine/model/base_reader.h), the model's files or the converted copy.
 // NVMe (4096-byte blocks): whichever groups the plan places there (weights.frozen: the frozen
 // base converted to the compute dtype, NF4 weights as packed, written once at the start: none
 // when the model's files serve it in that dtype, not NF4: they are its copy; activations.saved,

@@ -46,7 +46,7 @@ struct MeasuredRun {
   // A streamed base: whether its reads are in nvme_read_per_step (not when the last step was the
   // run's first here or followed an evaluation).
   bool base_reads_measured = true;
-  // Those reads of the model's files move whole 4096-byte blocks: what the drive read beyond the
+  // Those reads move whole 4096-byte blocks: what the drive read beyond the
   // tensors' own bytes (which the plan counts) in that step.
   double base_block_bytes_per_step = 0;
 };
