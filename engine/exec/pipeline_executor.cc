@@ -1128,12 +1128,16 @@ class Executor final : public PipelineExecutor {
       if (l.kind == LayerKind::kEmbedding) continue;  // gathered on the host, not streamed
       for (const ParamSpec& p : l.params) {
         const std::string& owner = p.storage_name();
-        if (auto f = weights.files.find(owner);
-            f != weights.files.end() && f->second.offset >= 0 && !base_reader_) {
+        const FileTensor* in_file = nullptr;  // where the drive would read it from
+        if (auto f = weights.files.find(owner); f != weights.files.end()) in_file = &f->second;
+        if (auto q = weights.nf4_served.find(owner); q != weights.nf4_served.end()) {
+          in_file = &q->second.parts_file;
+        }
+        if (in_file != nullptr && in_file->offset >= 0 && !base_reader_) {
           return Status::FailedPrecondition(
               "the plan streams the frozen base from NVMe but holds no buffer to read it through "
               "(weights.base_read: a plan from an older version?), yet '" +
-              owner + "' is read from " + f->second.path + ": re-plan with this version");
+              owner + "' is read from " + in_file->path + ": re-plan with this version");
         }
         if (p.trainable || weights.files.contains(owner) || weights.nf4_served.contains(owner)) {
           continue;
@@ -1831,7 +1835,8 @@ class Executor final : public PipelineExecutor {
   // the model's files, or a copy converted once): DeviceState::images instead of per-range weight
   // mirrors.
   const bool stream_base_ = p_.frozen_weights == Tier::kNvme;
-  // What reads the model files' share of a streamed base from the drive (plan "weights.base_read").
+  // What reads a streamed base from the drive, the model's files and the converted copy (plan
+  // "weights.base_read").
   std::optional<BaseFileReader> base_reader_;
   std::vector<PendingIo> written_;
   // Training and evaluation stages over the devices and their slots; a LoRA job's step starts

@@ -1134,6 +1134,31 @@ TEST(ExecutorFileBaseTest, AStreamedPlanRefusesABaseHeldInRam) {
   // The same base through the plan's buffer runs.
   loss = (*e)->Step(served, b.inputs, g);
   EXPECT_TRUE(loss.ok()) << loss.status().ToString();
+
+  // So with QLoRA's NF4 base in a copy converted on NVMe.
+  const Model q = LoadModel("llama", 4, /*nf4=*/true);
+  plan::Plan q_old = MakeTestPlan(q, spec);
+  std::erase_if(q_old.memory.pageable_host.allocations,
+                [](const plan::Allocation& a) { return a.name == "weights.base_read"; });
+  std::vector<std::unique_ptr<CpuDevice>> q_devs = MakeDevices(spec.gpus, q_old.memory.gpu.total());
+  ActivationStore q_store;
+  Result<std::unique_ptr<PipelineExecutor>> q_older = CreateExecutor(q_devs, q, q_old, q_store);
+  ASSERT_TRUE(q_older.ok()) << q_older.status().ToString();
+  HostTensors q_weights = RandomWeights(q, 3);
+  testing::TempDir nvme;
+  Result<ConvertedBase> moved = MoveBaseToNvme(BuildLayerSpecs(q.config, q.lora), DType::kBF16,
+                                               DType::kF32, nvme.path(), q_weights);
+  ASSERT_TRUE(moved.ok()) << moved.status().ToString();
+  ASSERT_FALSE(q_weights.nf4_served.empty());
+  // Only the NF4 weights keep their place in the copy, so they are the ones refused.
+  for (auto& [name, t] : q_weights.files) t.offset = -1;
+  HostTensors q_grads = ZeroGrads(q);
+  loss = (*q_older)->Step(q_weights, b.inputs, q_grads);
+  ASSERT_FALSE(loss.ok());
+  EXPECT_EQ(loss.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(loss.status().message().find("(the frozen base in bf16): re-plan with this version"),
+            std::string::npos)
+      << loss.status().ToString();
 }
 
 // QLoRA from a model folder: each NF4 weight is made from the file when its stage is packed

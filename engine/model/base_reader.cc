@@ -30,10 +30,16 @@ BaseFileReader::OpenFile::~OpenFile() {
 
 namespace {
 
-// What to do when a model file read every step fails or changed.
-constexpr std::string_view kRestore =
-    "the model folder was moved, replaced or damaged after the run loaded it, or the drive "
-    "failed (see dmesg): restore the folder and rerun (checkpoints are kept)";
+// What to do when a file read every step fails or changed: a model file, or the copy converted
+// on NVMe (a file with no name, made again by the next run).
+std::string WhatToDo(const FileTensor& t) {
+  if (t.fd >= 0) {
+    return "the drive holding the frozen base's copy failed (see dmesg): check it, or give "
+           "--nvme-dir another, and rerun (checkpoints are kept; the copy is made again)";
+  }
+  return "the model folder was moved, replaced or damaged after the run loaded it, or the drive "
+         "failed (see dmesg): restore the folder and rerun (checkpoints are kept)";
+}
 
 }  // namespace
 
@@ -51,15 +57,14 @@ Result<BaseFileReader::OpenFile*> BaseFileReader::FileOf(const FileTensor& t, bo
   const bool took_direct = fd >= 0;
   if (fd < 0 && (!direct || errno == EINVAL)) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    return Status::FromErrno(errno, "open " + t.path + " (the frozen base, streamed every step; " +
-                                        std::string(kRestore) + ")");
+    return Status::FromErrno(
+        errno, "open " + t.path + " (the frozen base, streamed every step; " + WhatToDo(t) + ")");
   }
   OpenFile f(fd, took_direct);
   FERRY_ASSIGN_OR_RETURN(f.identity, IdentityOf(fd, t.path));
   if (t.identity.known() && !(f.identity == t.identity)) {
-    return Status::FailedPrecondition(
-        t.path + " is not the file the run loaded (another file " +
-        "now has its name, or it changed size): " + std::string(kRestore));
+    return Status::FailedPrecondition(t.path + " is not the file the run loaded (another file " +
+                                      "now has its name, or it changed size): " + WhatToDo(t));
   }
   if (it != files_.end()) files_.erase(it);
   return &files_.emplace(path, std::move(f)).first->second;
@@ -90,7 +95,7 @@ Status BaseFileReader::Read(const FileTensor& t, const Use& use) {
       if (n < 0) {
         return Status::FromErrno(errno, "read " + std::to_string(want) + " bytes at offset " +
                                             std::to_string(pos) + " of " + t.path + " (" +
-                                            std::string(kRestore) + ")");
+                                            WhatToDo(t) + ")");
       }
       got += uint64_t(n);
       // The file's end (with O_DIRECT, a read that stops inside a block is the last).
@@ -100,8 +105,7 @@ Status BaseFileReader::Read(const FileTensor& t, const Use& use) {
     if (pos + got < std::min(end, pos + want)) {
       return Status::IOError(t.path + " ends at byte " + std::to_string(pos + got) +
                              ", inside the bytes [" + std::to_string(begin) + ", " +
-                             std::to_string(end) +
-                             ") of a frozen weight: " + std::string(kRestore));
+                             std::to_string(end) + ") of a frozen weight: " + WhatToDo(t));
     }
     const uint64_t from = std::max(begin, pos), to = std::min(end, pos + got);
     const std::byte* src = data + (from - pos) - carry;

@@ -58,7 +58,8 @@ class BaseFileReader {
   // stored). `bytes` is valid during the call only. Errors name the file and the offset, and say
   // what to do (IOError; a file shorter than its header says is one; FailedPrecondition when
   // another file has taken its name); `use`'s own error stops the read and is returned.
-  // REQUIRES: t.offset >= 0 (a tensor of a model file).
+  // REQUIRES: t.offset >= 0 (a tensor whose place in its file is known: a model file's, or the
+  // converted copy's).
   using Use = std::function<Status(std::span<const std::byte> bytes, int64_t first, int64_t n)>;
   Status Read(const FileTensor& t, const Use& use);
 

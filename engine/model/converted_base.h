@@ -51,7 +51,9 @@ struct ConvertedBase {
 // layout (ConvertedDType: a tied head's table as f32), NF4 weights as a device holds them (codes,
 // quant state and maps: ParamSpec::bytes()), each padded to kConvertedBaseAlign. Each one's entry
 // in weights.tensors, nf4, files or nf4_served is replaced by one over the file's read-only mapping
-// (files: a FileTensor in `dtype`; nf4_served: an Nf4Source that copies it out), so the executor
+// (files: a FileTensor in `dtype`; nf4_served: an Nf4Source that copies it out), with its place in
+// the file and the file's descriptor, through which a streamed base reads it from the drive
+// (FileTensor::offset, fd; Nf4Source::parts_file), so the executor
 // packs them as it packs a base the model's files serve, with the same bits as from the entry they
 // replace; the RAM they held is freed. Weights are converted one at a time (a dense one in pieces
 // of at most 4 MiB). With nothing to move, `dir` is not touched. Errors: a weight `weights` lacks

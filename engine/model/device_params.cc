@@ -287,9 +287,10 @@ void ConvertFromFloatOn(ThreadPool* pool, const float* src, DType dtype, std::by
   });
 }
 
-// A weight served from its model file (HostTensors::files) into `dst` as `dtype`, split over
-// `pool`: read from the drive through `reader` when given (and the weight is a model file's), else
-// from the file's mapping, whose pages then leave the resident set (read once per packing).
+// A weight served from a file (HostTensors::files: the model's, or the converted copy) into `dst`
+// as `dtype`, split over `pool`: read from the drive through `reader` when given (and the weight's
+// place in its file is known), else from the file's mapping, whose pages then leave the resident
+// set (read once per packing).
 Status PackFileTensorOn(ThreadPool* pool, BaseFileReader* reader, const FileTensor& t, DType dtype,
                         std::byte* dst) {
   const bool drive = reader != nullptr && t.offset >= 0;

@@ -197,7 +197,8 @@ class DeviceParams {
   // `trainable_only`: the mirror's frozen tensors are already packed from the same values; only
   // the trainable ones (and the LoRA packs) are written. `keep_served`: so are the tensors served
   // from the model's files (HostTensors::files and nf4_served: a file's view never changes), not
-  // written again. `reader`: the tensors of model files (HostTensors::files) are read from the
+  // written again. `reader`: the tensors whose place in a file is known (HostTensors::files with
+  // an offset, nf4_served's parts_file: the model's files, the converted copy) are read from the
   // drive through it (a base streamed every step) rather than from their mappings.
   Status PackWeights(const HostTensors& weights, ThreadPool* pool = nullptr,
                      bool trainable_only = false, bool keep_served = false,
