@@ -9,6 +9,7 @@
 #include "apps/job_options.h"
 #include "engine/job/model_source.h"
 #include "engine/json.h"
+#include "engine/model/model_folder.h"
 #include "engine/plan/byte_size.h"
 #include "engine/plan/planner.h"
 #include "engine/plan/simulator.h"
@@ -184,6 +185,13 @@ int RunPlanCommand(PlanCommand& cmd) {
       PlanJobOf(cmd.job, cmd.lora_targets, cmd.app->count("--micro-batches") > 0, cmd.dtype);
   if (!job.ok()) return fail(job.status());
   job->stale_updates = cmd.job.stale_updates;  // every plan prices both modes
+  // A LoRA base streamed from a folder's files is read in whole blocks of the drive: counted from
+  // where its tensors lie there.
+  if (job->frozen_base_from_files && plan::CanStreamBase(*job)) {
+    Result<std::shared_ptr<const TensorFileOffsets>> offsets = FolderTensorOffsets(cmd.job.model);
+    if (!offsets.ok()) return fail(offsets.status().WithContext("--model"));
+    job->base_file_offsets = *offsets;
+  }
   // Packed data's documents size the GPU attention (as `ferry train` plans them): read --data
   // when the model has a tokenizer to read it with (a folder, or the built-in tiny model).
   if (cmd.job.data != "builtin") {

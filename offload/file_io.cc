@@ -206,8 +206,11 @@ Result<UnnamedMapping> WriteUnnamedAndMap(const std::string& dir, size_t count,
 Result<FileIdentity> IdentityOf(int fd, std::string_view what) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) return Status::FromErrno(errno, "stat " + std::string(what));
-  return FileIdentity{
-      .device = uint64_t(st.st_dev), .inode = uint64_t(st.st_ino), .size = int64_t(st.st_size)};
+  return IdentityOf(st);
+}
+
+FileIdentity IdentityOf(const struct ::stat& st) {
+  return {.device = uint64_t(st.st_dev), .inode = uint64_t(st.st_ino), .size = int64_t(st.st_size)};
 }
 
 Result<uint64_t> FreeSpace(const std::string& dir) {

@@ -24,6 +24,8 @@
 
 #include "kernels/status.h"
 
+struct stat;  // <sys/stat.h>
+
 namespace ferry {
 
 // The whole file, its bytes as they are (text or binary). Errors name the call, the path and the
@@ -116,6 +118,8 @@ struct FileIdentity {
 };
 // Errors: fstat's, naming `what`.
 Result<FileIdentity> IdentityOf(int fd, std::string_view what);
+// Of a file already stat'ed.
+FileIdentity IdentityOf(const struct ::stat& st);
 
 // The bytes an unprivileged user may still write in the filesystem that holds `dir` (statvfs:
 // f_bavail x f_frsize). Errors name the folder and the reason.

@@ -38,8 +38,7 @@ class PipelineRunner final : public ModelRunner {
     RunnerStats s;
     const ExecutorStats e = e_->stats();
     s.block_forward_calls = e.block_forward_calls;
-    s.base_bytes_streamed = e.base_bytes_streamed;
-    s.base_block_bytes = e.base_bytes_from_drive - e.base_file_bytes;
+    s.base_bytes_from_drive = e.base_bytes_from_drive;
     return s;
   }
 

@@ -47,6 +47,23 @@ constexpr size_t BaseReadBufferBytes(uint64_t largest) {
   return size_t(std::min<uint64_t>(blocks * kBaseReadBlockBytes, kBaseReadBufferMaxBytes));
 }
 
+// The blocks Read takes from the drive for a tensor of `bytes` bytes at `offset` in its file
+// (disk_bytes()): from the block holding its first byte to the one holding its last.
+constexpr uint64_t BaseReadDiskBytes(uint64_t offset, uint64_t bytes) {
+  if (bytes == 0) return 0;
+  constexpr uint64_t A = kBaseReadBlockBytes;
+  return ((offset + bytes + A - 1) / A - offset / A) * A;
+}
+// The most they can be where the tensor's place in its file is not known: one block more than
+// its bytes take when it starts on a block's last byte.
+constexpr uint64_t BaseReadMostDiskBytes(uint64_t bytes) {
+  return BaseReadDiskBytes(kBaseReadBlockBytes - 1, bytes);
+}
+
+// Where each tensor of a model's safetensors files starts in its file, by name
+// (FolderWeights::TensorOffsets): what a plan needs to count the blocks a streamed base reads.
+using TensorFileOffsets = std::map<std::string, uint64_t, std::less<>>;
+
 class BaseFileReader {
  public:
   // Maps a bounce buffer of `buffer_bytes` (BaseReadBufferBytes; OutOfMemory naming it when

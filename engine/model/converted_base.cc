@@ -67,6 +67,26 @@ DType ConvertedDType(const ParamSpec& p, DType upload) {
   return p.tied_to.empty() ? upload : DType::kF32;
 }
 
+bool StreamedBaseSource::FromFiles(const ParamSpec& p) const {
+  return from_files && FileServesStreamedWeight(p, files, upload);
+}
+
+uint64_t StreamedBaseSource::StoredBytes(const ParamSpec& p) const {
+  if (p.nf4) return p.bytes();
+  return uint64_t(p.numel()) * DTypeSize(FromFiles(p) ? files : ConvertedDType(p, upload));
+}
+
+uint64_t StreamedBaseSource::DriveBytes(const ParamSpec& p) const {
+  const uint64_t bytes = StoredBytes(p);
+  if (!FromFiles(p)) return BaseReadDiskBytes(0, bytes);
+  if (file_offsets != nullptr) {
+    if (auto it = file_offsets->find(p.storage_name()); it != file_offsets->end()) {
+      return BaseReadDiskBytes(it->second, bytes);
+    }
+  }
+  return BaseReadMostDiskBytes(bytes);
+}
+
 Result<ConvertedBase> MoveBaseToNvme(const std::vector<LayerSpec>& layers, DType dtype,
                                      DType files_dtype, const std::string& dir,
                                      HostTensors& weights) {

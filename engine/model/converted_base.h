@@ -8,9 +8,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/model/base_reader.h"
 #include "engine/model/host_tensors.h"
 #include "engine/model/param_spec.h"
 #include "kernels/dtype.h"
@@ -33,9 +35,30 @@ bool FileServesStreamedWeight(const ParamSpec& p, DType stored, DType upload);
 // same entry, and GPT-2 adds its positions to the f32 values before rounding).
 DType ConvertedDType(const ParamSpec& p, DType upload);
 
-// Each weight of the copy starts on this boundary (its bytes padded to it): what the memory model
-// counts per weight.
-inline constexpr uint64_t kConvertedBaseAlign = 64;
+// Each weight of the copy starts on a block of the drive (its bytes padded to it), so a step reads
+// exactly the blocks its bytes take: what the memory model counts per weight.
+inline constexpr uint64_t kConvertedBaseAlign = kBaseReadBlockBytes;
+
+// Where a streamed base's weights are read from, as stored: the model's files where they serve a
+// weight (FileServesStreamedWeight), else the copy converted to the upload dtype (NF4 weights as a
+// device holds them). The memory model and the planner count the copy and the reads by it;
+// MoveBaseToNvme writes the copy and BaseFileReader reads both.
+struct StreamedBaseSource {
+  bool from_files = false;      // the model's files hold the base (PlanJob::frozen_base_from_files)
+  DType files = DType::kF32;    // their dtype (ModelConfig::weights_dtype)
+  DType upload = DType::kBF16;  // the compute dtype
+  // Where each tensor lies in the files; nullptr where not known (a plan made from a config).
+  std::shared_ptr<const TensorFileOffsets> file_offsets = nullptr;
+
+  // Whether the model's files serve frozen weight `p` (else the copy holds it).
+  bool FromFiles(const ParamSpec& p) const;
+  // The bytes `p` is stored as where it is read from.
+  uint64_t StoredBytes(const ParamSpec& p) const;
+  // The bytes of the drive's blocks a step reads for `p` (BaseFileReader::disk_bytes): from its
+  // block in the copy; in a file, from its place there (file_offsets, by the name it is stored
+  // under), else the most they can be (BaseReadMostDiskBytes).
+  uint64_t DriveBytes(const ParamSpec& p) const;
+};
 
 struct ConvertedBase {
   uint64_t bytes = 0;  // written to NVMe: the plan's weights.frozen there

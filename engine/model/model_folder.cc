@@ -181,6 +181,23 @@ std::vector<std::string> FolderWeights::Names() const {
   return out;
 }
 
+TensorFileOffsets FolderWeights::TensorOffsets() const {
+  TensorFileOffsets out;
+  for (const auto& [name, k] : index_) {
+    if (const SafetensorsTensorInfo* t = (*files_)[k].Find(name)) out.emplace(name, t->offset);
+  }
+  return out;
+}
+
+Result<std::shared_ptr<const TensorFileOffsets>> FolderTensorOffsets(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir + "/" + kIndexFile, ec) && !fs::exists(dir + "/" + kSingleFile, ec)) {
+    return std::shared_ptr<const TensorFileOffsets>();
+  }
+  FERRY_ASSIGN_OR_RETURN(const FolderWeights folder, FolderWeights::Open(dir));
+  return std::make_shared<const TensorFileOffsets>(folder.TensorOffsets());
+}
+
 Status LoadBaseWeights(const FolderWeights& folder, const ModelConfig& config,
                        const std::vector<LayerSpec>& layers, HostTensors& weights,
                        const std::set<std::string, std::less<>>& held_elsewhere,

@@ -40,6 +40,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/model/base_reader.h"
 #include "engine/model/lora_config.h"
 #include "engine/model/model_config.h"
 #include "engine/model/model_runner.h"
@@ -92,6 +93,8 @@ class FolderWeights {
   const SafetensorsFile* FileOf(std::string_view name) const;
   // Every tensor name, sorted.
   std::vector<std::string> Names() const;
+  // Where each tensor starts in its file, by name.
+  TensorFileOffsets TensorOffsets() const;
   const std::string& dir() const { return dir_; }
   // What keeps the files' mappings alive (FileTensor::owner): they outlive this object while a
   // copy of it exists.
@@ -103,6 +106,11 @@ class FolderWeights {
       std::make_shared<std::vector<SafetensorsFile>>();
   std::map<std::string, size_t, std::less<>> index_;  // tensor -> files_ index
 };
+
+// Where the tensors of `dir`'s safetensors weights lie (FolderWeights::TensorOffsets): nullptr
+// when `dir` is no folder or holds none (a config alone); FolderWeights::Open's errors when they
+// are malformed.
+Result<std::shared_ptr<const TensorFileOffsets>> FolderTensorOffsets(const std::string& dir);
 
 // Fills the base (non-LoRA) parameters of `layers` in `weights` from `folder` (creating their
 // entries), after checking that every expected tensor is present with its shape and that the

@@ -78,12 +78,10 @@ struct StepHooks {
 struct RunnerStats {
   int64_t block_forward_calls = 0;  // counts recomputation too
   size_t arena_peak_bytes = 0;
-  // Bytes of the frozen base read from NVMe (the model's files or its converted copy) to stream
-  // it, so far, as stored (a plan that streams the base, its frozen weights on NVMe; else 0).
-  uint64_t base_bytes_streamed = 0;
-  // What the drive moved beyond those bytes: the base is read in whole 4096-byte blocks
-  // (ExecutorStats::base_bytes_from_drive).
-  uint64_t base_block_bytes = 0;
+  // Bytes the drive read of the frozen base to stream it (the model's files or its converted
+  // copy), so far, in whole 4096-byte blocks (ExecutorStats::base_bytes_from_drive): a plan that
+  // streams the base (its frozen weights on NVMe); else 0.
+  uint64_t base_bytes_from_drive = 0;
 };
 
 class ModelRunner {

@@ -272,7 +272,7 @@ Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   }
   SafetensorsFile f;
   f.path_ = path;
-  f.identity_ = {.device = uint64_t(st.st_dev), .inode = uint64_t(st.st_ino), .size = st.st_size};
+  f.identity_ = IdentityOf(st);
   f.size_ = size_t(st.st_size);
   if (f.size_ > 0) {
     void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd, 0);

@@ -337,6 +337,9 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   const uint64_t P = kHostPageBytes;
   uint64_t upload_frozen_nvme = 0;
   uint64_t largest_read = 0;  // the largest weight a streamed base reads (files or copy)
+  const StreamedBaseSource streamed{.from_files = in.frozen_base_from_files,
+                                    .files = in.model.weights_dtype,
+                                    .upload = in.compute_dtype};
   ParamCounts params;
   uint64_t embedding_frozen_copy = 0;
   // A frozen embedding held in fp32 (a seeded model's, not tied): it stays on the host when the
@@ -379,19 +382,10 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
         continue;
       }
       if (served) params.from_files += uint64_t(p.numel());
-      // The model's files are the NVMe copy of a weight they serve; else a converted one
-      // (engine/model/converted_base.h: FileServesStreamedWeight).
-      const bool file_read = in.frozen_base_from_files &&
-                             FileServesStreamedWeight(p, in.model.weights_dtype, in.compute_dtype);
-      if (!p.trainable && in.frozen_weights_on_nvme && file_read) {
-        largest_read =
-            std::max(largest_read, uint64_t(p.numel()) * DTypeSize(in.model.weights_dtype));
-      }
-      if (!p.trainable && in.frozen_weights_on_nvme && !file_read) {
-        const uint64_t stored =
-            p.nf4 ? p.bytes()
-                  : uint64_t(p.numel()) * DTypeSize(ConvertedDType(p, in.compute_dtype));
-        upload_frozen_nvme += RoundUp(stored, kConvertedBaseAlign);
+      // The model's files are the NVMe copy of a weight they serve; else a converted one.
+      if (!p.trainable && in.frozen_weights_on_nvme) {
+        const uint64_t stored = streamed.StoredBytes(p);
+        if (!streamed.FromFiles(p)) upload_frozen_nvme += RoundUp(stored, kConvertedBaseAlign);
         largest_read = std::max(largest_read, stored);
       }
     }

@@ -234,9 +234,10 @@ TEST(MemoryModel, LoraWithFrozenWeightsAndActivationsOnNvmeByHand) {
   EXPECT_EQ(pinned.at("activations.saved"), 4096u);
 
   const auto nvme = Named(e.nvme);
-  // Frozen bf16: blocks 2 x 592 x 2 B + head 88 x 2 B = 2544, each weight padded to 64 B (the
-  // copy's layout, converted_base.h) -> one 4096-byte block.
-  EXPECT_EQ(nvme.at("weights.frozen"), 4096u);
+  // Frozen bf16: 2 blocks x 9 weights (two norms, q, k, v, o, gate, up, down; 592 x 2 B) and the
+  // head's norm and table (88 x 2 B), each starting a 4096-byte block of its own (the copy's
+  // layout, converted_base.h: a step reads only its own blocks): 20 x 4096.
+  EXPECT_EQ(nvme.at("weights.frozen"), 20 * 4096u);
   // Saved: both blocks start a stage, so only their saved sets go there, each micro-batch's an
   // entry of its own in whole blocks of the largest entry's pages (4096: under 1 MiB), 2 x 3,
   // plus two being rewritten per GPU: 10 x 4096 of space; a step moves each entry's pages once
@@ -264,7 +265,7 @@ TEST(MemoryModel, LoraWithFrozenWeightsAndActivationsOnNvmeByHand) {
   EXPECT_EQ(pageable.at("weights.base_read"), 3 * 4096u);
   // Files in a wider dtype than the upload's (f32) still need the converted copy.
   in.frozen_base_from_files = true;
-  EXPECT_EQ(Named(ComputeMemory(in).nvme).at("weights.frozen"), 4096u);
+  EXPECT_EQ(Named(ComputeMemory(in).nvme).at("weights.frozen"), 20 * 4096u);
   EXPECT_EQ(Named(ComputeMemory(in).pageable_host).at("weights.base_read"), 3 * 4096u);
   // Served by the model's files in the upload dtype, the base has no converted copy on NVMe (the
   // files are read as they are stored), nor an fp32 embedding, and the host holds the same images;
@@ -274,7 +275,7 @@ TEST(MemoryModel, LoraWithFrozenWeightsAndActivationsOnNvmeByHand) {
   EXPECT_EQ(Named(served.pageable_host).count("weights.frozen"), 0u);
   EXPECT_EQ(Named(served.nvme).count("weights.frozen"), 0u);
   EXPECT_EQ(Named(served.pinned_host).at("weights.nvme_staging"), 16384u);
-  EXPECT_EQ(served.nvme.total(), e.nvme.total() - 4096u);
+  EXPECT_EQ(served.nvme.total(), e.nvme.total() - 20 * 4096u);
   // So are the files' tensors, through the same buffer.
   EXPECT_EQ(Named(served.pageable_host).at("weights.base_read"), 3 * 4096u);
   MemoryPlanInput widened = in;

@@ -249,6 +249,9 @@ nlohmann::json PlanToJson(const Plan& p) {
                 {"frozen_weights", TierName(p.frozen_weights)}};
   // The frozen base is packed from the model's files, with no fp32 copy in RAM (PlanJob).
   j["frozen_base_from_files"] = p.job.frozen_base_from_files;
+  // Where those files hold each tensor is known (a plan made from the folder): a streamed base's
+  // reads are the drive's blocks it takes; else the most they can be.
+  j["frozen_base_layout_known"] = p.job.base_file_offsets != nullptr;
   j["updates"] = "synchronous";
   j["budgets"] = {
       {"gpu_bytes", p.gpu_budget}, {"host_bytes", p.host_budget}, {"nvme_bytes", p.nvme_budget}};

@@ -26,7 +26,7 @@ struct LayerNumbers {
   double grads = 0;              // fp32 gradient bytes downloaded
   double pack = 0;               // host bytes of packing the weights for upload
   // A base streamed from NVMe: packing all of the weights, packing the trainable ones only, and
-  // the frozen base as stored there (LayerBaseBytes).
+  // the drive's blocks the frozen base takes there (LayerBaseBytes).
   double full_pack = 0, trainable_pack = 0, base_read = 0;
   double trainable = 0;   // parameters the optimizer updates
   bool measured = false;  // fwd_s, bwd_s from the profile's layer_times
@@ -502,17 +502,11 @@ std::string UnusedLayerTimesWarning(const ModelConfig& model, const PlanJob& job
 
 }  // namespace
 
-double StreamedBaseSource::BytesOf(const ParamSpec& p) const {
-  if (p.nf4) return double(p.bytes());
-  const bool served = from_files && FileServesStreamedWeight(p, files, upload);
-  const DType stored = served ? files : ConvertedDType(p, upload);
-  return double(p.numel()) * double(DTypeSize(stored));
-}
-
 StreamedBaseSource StreamedBaseSourceOf(const ModelConfig& model, const PlanJob& job) {
   return {.from_files = job.frozen_base_from_files,
           .files = model.weights_dtype,
-          .upload = job.compute_dtype};
+          .upload = job.compute_dtype,
+          .file_offsets = job.base_file_offsets};
 }
 
 double StreamedBaseBytes(const std::vector<LayerSpec>& layers, const StreamedBaseSource& source,
@@ -537,7 +531,7 @@ double LayerBaseBytes(const LayerSpec& layer, const StreamedBaseSource& source) 
   if (layer.kind == LayerKind::kEmbedding) return 0;  // gathered on the host, never streamed
   double bytes = 0;
   for (const ParamSpec& p : layer.params) {
-    if (!p.trainable) bytes += source.BytesOf(p);
+    if (!p.trainable) bytes += double(source.DriveBytes(p));
   }
   return bytes;
 }

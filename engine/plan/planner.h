@@ -28,11 +28,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "engine/json_fwd.h"
+#include "engine/model/converted_base.h"
 #include "engine/model/lora_config.h"
 #include "engine/model/model_config.h"
 #include "engine/plan/hardware_profile.h"
@@ -79,6 +81,10 @@ struct PlanJob {
   // MemoryPlanInput::frozen_base_from_files): any model but `tiny`, whose base is made from the
   // seed and held in fp32.
   bool frozen_base_from_files = false;
+  // Where each tensor lies in those files (FolderWeights::TensorOffsets), when the plan is made
+  // from the folder: a streamed base is read in whole blocks of the drive, and the plan counts
+  // them. nullptr: the most they can be (StreamedBaseSource::DriveBytes).
+  std::shared_ptr<const TensorFileOffsets> base_file_offsets = nullptr;
   // Packed data's documents: [b - 1] is the most documents any b of its rows hold (a row's pieces
   // and its padding each count; PackedRows::MostDocuments), for b up to global_batch. Empty: one
   // per sequence. A micro-batch of B rows is planned (and run) with max_documents [B - 1].
@@ -151,26 +157,18 @@ struct Plan {
 // plan made or changed outside the planner).
 MemoryPlanInput MemoryInputOf(const ModelConfig& model, const Plan& plan);
 
-// Where a streamed base's weights are read from, as stored: the model's files where they serve a
-// weight (engine/model/converted_base.h: FileServesStreamedWeight), else the copy converted to
-// the upload dtype (NF4 weights as packed).
-struct StreamedBaseSource {
-  bool from_files = false;      // PlanJob::frozen_base_from_files
-  DType files = DType::kF32;    // their dtype (ModelConfig::weights_dtype)
-  DType upload = DType::kBF16;  // the compute dtype
-  // The bytes `p` is read as.
-  double BytesOf(const ParamSpec& p) const;
-};
+// Where `job`'s streamed base is read from (engine/model/converted_base.h).
 StreamedBaseSource StreamedBaseSourceOf(const ModelConfig& model, const PlanJob& job);
 
 // The bytes of the frozen base a LoRA training step reads from NVMe when it streams it (the frozen
-// weights on NVMe), over `layers` (BuildLayerSpecs) split into `stages` on `gpus` devices: each
-// stage's layers' base as `source` stores it (each of the tail's `tail_parts` parts the head's),
-// unless its device's weight slot holds them already (ResidentBases, as the executor places the
-// stages step after step).
+// weights on NVMe), over `layers` (BuildLayerSpecs) split into `stages` on `gpus` devices: the
+// drive's blocks that each stage's layers' base takes where `source` reads it (each of the tail's
+// `tail_parts` parts the head's), unless its device's weight slot holds them already
+// (ResidentBases, as the executor places the stages step after step).
 double StreamedBaseBytes(const std::vector<LayerSpec>& layers, const StreamedBaseSource& source,
                          const std::vector<LayerRange>& stages, int gpus, int tail_parts = 1);
-// A block's or the head's frozen base as `source` stores it (an embedding: 0).
+// The drive's blocks a block's or the head's frozen base takes where `source` reads it (an
+// embedding: 0).
 double LayerBaseBytes(const LayerSpec& layer, const StreamedBaseSource& source);
 // Whether the executor can stream `job`'s frozen base from NVMe (its frozen weights there): LoRA
 // training. The planner offers that tier only then (and not with host_frozen_weights); the

@@ -122,13 +122,9 @@ std::string MeasuredVsPredicted(const plan::Plan& plan, const MeasuredRun& run) 
         "NVMe/step",
         FormatByteSize(uint64_t(run.nvme_read_per_step)) + " read, " +
             FormatByteSize(uint64_t(run.nvme_written_per_step)) + " written" +
-            (!run.base_reads_measured
-                 ? " (the frozen base's reads not measured: the last step was the run's "
-                   "first or followed an evaluation)"
-             : run.base_block_bytes_per_step > 0
-                 ? " (the drive read " + FormatByteSize(uint64_t(run.base_block_bytes_per_step)) +
-                       " more: the base's tensors in whole 4096-byte blocks)"
-                 : ""),
+            (run.base_reads_measured ? ""
+                                     : " (the frozen base's reads not measured: the last step "
+                                       "was the run's first or followed an evaluation)"),
         "planned " + FormatByteSize(uint64_t(plan.nvme_read_bytes)) + " read, " +
             FormatByteSize(uint64_t(plan.nvme_write_bytes)) + " written");
   }

@@ -37,8 +37,8 @@ struct MeasuredRun {
   uint64_t host_file_growth_bytes = 0;
   // Optimizer state on NVMe (the trainer's VersionedStore): the space its files take; saved
   // activations on NVMe: the space their store's files take; the bytes both read and wrote over
-  // the run's steps, per step (checkpoints' reads left out); a frozen base streamed from the
-  // model's files: its bytes read in the last step, added to the reads.
+  // the run's steps, per step (checkpoints' reads left out); a streamed frozen base: the blocks
+  // the drive read of it in the last step (the model's files or its copy), added to the reads.
   uint64_t nvme_bytes = 0, nvme_activation_bytes = 0;
   // The frozen base's copy converted to NVMe (engine/model/converted_base.h), as written.
   uint64_t nvme_base_copy_bytes = 0;
@@ -46,9 +46,6 @@ struct MeasuredRun {
   // A streamed base: whether its reads are in nvme_read_per_step (not when the last step was the
   // run's first here or followed an evaluation).
   bool base_reads_measured = true;
-  // Those reads move whole 4096-byte blocks: what the drive read beyond the
-  // tensors' own bytes (which the plan counts) in that step.
-  double base_block_bytes_per_step = 0;
 };
 
 // Lines like (`ferry train --devices 2 --steps 3` on two shared cores)

@@ -210,11 +210,11 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
   ProgressBar progress(stderr, ::isatty(::fileno(stderr)) != 0,
                        std::max<int64_t>(1, job.steps / 20));
   MeasuredRun measured;
-  // A streamed frozen base: the bytes the last step read from the model's files, measured only
+  // A streamed frozen base: the bytes the last step read from the drive, measured only
   // when that step followed another of this process with no evaluation between (a first step, or
   // one after an evaluation, finds other weights in the devices' slots than the steady state the
   // plan prices).
-  uint64_t base_last_step = 0, base_blocks_last_step = 0;
+  uint64_t base_last_step = 0;
   bool base_warm = false, after_step = false;
   // NVMe traffic of the steps this run makes (not of creating or rebuilding the store).
   const int64_t steps_at_start = trainer->steps_done();
@@ -267,7 +267,6 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
       measured.base_reads_measured = base_warm;
       if (base_warm) {
         measured.nvme_read_per_step += double(base_last_step);
-        measured.base_block_bytes_per_step = double(base_blocks_last_step);
       }
     }
     std::fprintf(stderr, "ferry train: %s", MeasuredVsPredicted(*devices.plan, measured).c_str());
@@ -295,8 +294,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
     const auto update_start = std::chrono::steady_clock::now();
     const RunnerStats base_before = runner->stats();
     Result<StepStats> st = trainer->Step(batch);
-    base_last_step = runner->stats().base_bytes_streamed - base_before.base_bytes_streamed;
-    base_blocks_last_step = runner->stats().base_block_bytes - base_before.base_block_bytes;
+    base_last_step = runner->stats().base_bytes_from_drive - base_before.base_bytes_from_drive;
     base_warm = after_step;
     after_step = true;
     if (!st.ok()) return st.status().WithContext("step " + std::to_string(k));

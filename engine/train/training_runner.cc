@@ -9,6 +9,7 @@
 #include "engine/exec/pipeline_runner.h"
 #include "engine/exec/planned_generator.h"
 #include "engine/job/job_devices.h"
+#include "engine/model/model_folder.h"
 #include "engine/plan/byte_size.h"
 #include "engine/plan/planner.h"
 #include "kernels/arena.h"
@@ -176,6 +177,11 @@ Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, 
   if (resident_first) pj.max_stages = int(job.devices);
   pj.scratch = ScratchOf(job, threads);
   pj.frozen_base_from_files = job.model != "tiny";
+  // A LoRA base streamed from the model's files is read in whole blocks of the drive: the plan
+  // counts them from where its tensors lie in the files.
+  if (pj.frozen_base_from_files && plan::CanStreamBase(pj)) {
+    FERRY_ASSIGN_OR_RETURN(pj.base_file_offsets, FolderTensorOffsets(job.model));
+  }
   // A CPU device never needs more than the whole model as one stage: that bounds its budget. A
   // GPU's is its free memory.
   FERRY_ASSIGN_OR_RETURN(const uint64_t gpu_budget, JobGpuBudget(job, census));
