@@ -13,7 +13,7 @@
 
 namespace ferry {
 
-Result<BaseFileReader> BaseFileReader::Create(size_t buffer_bytes) {
+Result<BaseFileReader> BaseFileReader::Create(size_t buffer_bytes, BaseReadMode mode) {
   if (buffer_bytes < 2 * kBaseReadBlockBytes || buffer_bytes % kBaseReadBlockBytes != 0) {
     return Status::InvalidArgument("the frozen base's read buffer (weights.base_read) of " +
                                    std::to_string(buffer_bytes) +
@@ -21,7 +21,7 @@ Result<BaseFileReader> BaseFileReader::Create(size_t buffer_bytes) {
   }
   FERRY_ASSIGN_OR_RETURN(HostAllocation buffer,
                          HostAllocation::Map(buffer_bytes, "weights.base_read"));
-  return BaseFileReader(std::move(buffer));
+  return BaseFileReader(std::move(buffer), mode == BaseReadMode::kDirect);
 }
 
 BaseFileReader::OpenFile::~OpenFile() {
@@ -60,6 +60,7 @@ Result<BaseFileReader::OpenFile*> BaseFileReader::FileOf(const FileTensor& t, bo
     return Status::FromErrno(
         errno, "open " + t.path + " (the frozen base, streamed every step; " + WhatToDo(t) + ")");
   }
+  if (!took_direct) ::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);  // no readahead
   OpenFile f(fd, took_direct);
   FERRY_ASSIGN_OR_RETURN(f.identity, IdentityOf(fd, t.path));
   if (t.identity.known() && !(f.identity == t.identity)) {
@@ -72,7 +73,7 @@ Result<BaseFileReader::OpenFile*> BaseFileReader::FileOf(const FileTensor& t, bo
 
 Status BaseFileReader::Read(const FileTensor& t, const Use& use) {
   assert(t.offset >= 0);
-  FERRY_ASSIGN_OR_RETURN(OpenFile * f, FileOf(t, /*direct=*/true));
+  FERRY_ASSIGN_OR_RETURN(OpenFile * f, FileOf(t, direct_));
   constexpr uint64_t A = kBaseReadBlockBytes;
   const size_t element = DTypeSize(t.dtype);
   const uint64_t begin = uint64_t(t.offset), end = begin + t.bytes.size();

@@ -6,11 +6,11 @@
 //
 // O_DIRECT moves whole 4096-byte blocks: a tensor's read starts at the block holding its first
 // byte and ends at the block holding its last (disk_bytes() counts them), so per tensor it reads
-// up to two blocks beyond the tensor's own bytes (where its neighbours lie); the process's
-// read_bytes counts the same on a drive formatted in 4096-byte blocks (tmpfs, which takes O_DIRECT
-// since Linux 6.6, counts nothing). Where a filesystem refuses O_DIRECT, at the open or at a
-// read, the same reads are buffered and their pages dropped from the page cache after each piece
-// (posix_fadvise DONTNEED).
+// up to two blocks beyond the tensor's own bytes (where its neighbours lie; the plan counts them:
+// BaseReadDiskBytes); the process's read_bytes counts the same on a drive formatted in 4096-byte
+// blocks (tmpfs, which takes O_DIRECT since Linux 6.6, counts nothing). Where a filesystem refuses
+// O_DIRECT, at the open or at a read, the same reads are buffered, with no readahead, and their
+// pages dropped from the page cache after each piece (posix_fadvise RANDOM, DONTNEED).
 //
 // A file is opened at its first read, checked to be the one the run loaded (a model folder
 // replaced in between is refused, never read at the old offsets), and kept open.
@@ -64,11 +64,16 @@ constexpr uint64_t BaseReadMostDiskBytes(uint64_t bytes) {
 // (FolderWeights::TensorOffsets): what a plan needs to count the blocks a streamed base reads.
 using TensorFileOffsets = std::map<std::string, uint64_t, std::less<>>;
 
+// How the reader reads: O_DIRECT where the filesystem takes it, or buffered (what a filesystem
+// that refuses O_DIRECT gets; asked for by tests on filesystems that take it).
+enum class BaseReadMode { kDirect, kBuffered };
+
 class BaseFileReader {
  public:
   // Maps a bounce buffer of `buffer_bytes` (BaseReadBufferBytes; OutOfMemory naming it when
   // refused; InvalidArgument unless it is two or more whole blocks).
-  static Result<BaseFileReader> Create(size_t buffer_bytes);
+  static Result<BaseFileReader> Create(size_t buffer_bytes,
+                                       BaseReadMode mode = BaseReadMode::kDirect);
 
   // Reads `t`'s stored bytes and hands them to `use` in order, in pieces of whole elements:
   // use(bytes, first, n) gets elements [first, first + n) as stored (t.dtype, row-major as
@@ -95,12 +100,16 @@ class BaseFileReader {
     bool direct;
     FileIdentity identity;
   };
-  explicit BaseFileReader(HostAllocation buffer) : buffer_(std::move(buffer)) {}
+  BaseFileReader(HostAllocation buffer, bool direct)
+      : buffer_(std::move(buffer)), direct_(direct) {}
   // t's file, opened at its first read (with O_DIRECT when `direct` and the filesystem takes it)
-  // and checked to be the file the run loaded (FileTensor::identity); !direct: reopened without.
+  // and checked to be the file the run loaded (FileTensor::identity); !direct: reopened without,
+  // with no readahead (the reads are exactly the blocks asked for, and the pages they bring in
+  // are dropped again).
   Result<OpenFile*> FileOf(const FileTensor& t, bool direct);
 
   HostAllocation buffer_;
+  bool direct_ = true;
   std::map<std::string, OpenFile> files_;
   uint64_t disk_bytes_ = 0, tensor_bytes_ = 0;
 };

@@ -2,8 +2,12 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/magic.h>
+#include <sys/mman.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -152,6 +156,52 @@ TEST(BaseFileReader, AFileReplacedSinceItWasLoadedIsRefused) {
   EXPECT_NE(s.message().find(path + " is not the file the run loaded"), std::string::npos)
       << s.ToString();
   EXPECT_NE(s.message().find("restore the folder"), std::string::npos) << s.ToString();
+}
+
+// Read as a filesystem that refuses O_DIRECT gets it: buffered, the same elements and blocks, and
+// no page of the file left in the page cache after it (no readahead past the tensor, and what it
+// read dropped again). Not on tmpfs, whose pages are the file.
+TEST(BaseFileReader, BufferedReadsLeaveNoPageOfTheFileCached) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  struct statfs fs {};
+  if (::statfs(dir.path().c_str(), &fs) != 0 || fs.f_type == TMPFS_MAGIC) {
+    GTEST_SKIP() << dir.path() << " is on tmpfs: its pages are the file";
+  }
+  const std::string path = dir.path() + "/model.safetensors";
+  constexpr size_t kPages = 64;
+  const std::vector<std::byte> file = testing::Pattern(kPages * 4096, 3);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(::write(fd, file.data(), file.size()), ssize_t(file.size()));
+  ASSERT_EQ(::fsync(fd), 0);  // clean pages, which the kernel drops when asked
+  ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  void* map = ::mmap(nullptr, file.size(), PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  auto cached = [&] {
+    std::vector<unsigned char> in(kPages);
+    EXPECT_EQ(::mincore(map, file.size(), in.data()), 0) << std::strerror(errno);
+    size_t n = 0;
+    for (unsigned char c : in) n += c & 1;
+    return n;
+  };
+  ASSERT_EQ(cached(), 0u) << "the kernel kept the written pages: nothing to check";
+  Result<BaseFileReader> reader = BaseFileReader::Create(4 * 4096, BaseReadMode::kBuffered);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  // 20,000 bf16 elements from byte 4094: blocks 0 to 10 (11), read 3 at a time.
+  const FileTensor t = At(path, file, 4094, 20000, DType::kBF16);
+  std::vector<std::byte> got;
+  const Status s = reader->Read(t, [&](std::span<const std::byte> bytes, int64_t, int64_t) {
+    got.insert(got.end(), bytes.begin(), bytes.end());
+    return Status::Ok();
+  });
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(got.size(), t.bytes.size());
+  EXPECT_EQ(std::memcmp(got.data(), t.bytes.data(), got.size()), 0);
+  EXPECT_EQ(reader->disk_bytes(), 11 * 4096u);
+  EXPECT_EQ(cached(), 0u);
+  ::munmap(map, file.size());
+  ::close(fd);
 }
 
 TEST(BaseFileReader, BufferTakesTheLargestTensorsBlocksAndOneMoreUpToFourMiB) {
