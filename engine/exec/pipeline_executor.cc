@@ -366,6 +366,7 @@ class Executor final : public PipelineExecutor {
       if (a.name != "weights.base_read" || !stream_base_ || a.bytes == 0) continue;
       FERRY_ASSIGN_OR_RETURN(BaseFileReader reader, BaseFileReader::Create(a.bytes));
       base_reader_ = std::move(reader);
+      if (trace_ != nullptr) base_reader_->set_clock([trace = trace_] { return trace->Now(); });
     }
     if (c_.learned_positions) return Status::Ok();
     // RoPE's inverse frequencies (plain or Llama 3-scaled), uploaded once to every device; the
@@ -1101,11 +1102,15 @@ class Executor final : public PipelineExecutor {
     const bool base_held =
         ds.slot_frozen[st.slot] == std::pair<size_t, const HostTensors*>{r, packed_from_};
     if (!holds) {
-      HostSpan span;
-      if (trace_ != nullptr) span = PackSpan(i);
+      const double started = trace_ != nullptr ? trace_->Now() : 0;
+      const uint64_t drive = base_reader_ ? base_reader_->disk_bytes() : 0;
+      const double reading = base_reader_ ? base_reader_->read_seconds() : 0;
       FERRY_RETURN_IF_ERROR(st.params->PackWeights(weights, host_threads_, base_held, false,
                                                    base_reader_ ? &*base_reader_ : nullptr));
-      span.End();
+      if (trace_ != nullptr) {
+        TraceStreamedPack(i, started, base_reader_ ? base_reader_->disk_bytes() - drive : 0,
+                          base_reader_ ? base_reader_->read_seconds() - reading : 0);
+      }
       if (base_held) {
         ++stats_.frozen_packs_skipped;
       } else {
@@ -1169,6 +1174,33 @@ class Executor final : public PipelineExecutor {
       }
     }
     return bytes;
+  }
+
+  // A streamed stage's packing that began at `started` (trace clock) and ends now: its reads
+  // from the drive (`drive_bytes` in `read_s` seconds), then the rest, as the plan's "R" task on
+  // the NVMe read lane and its "P" task (the reads are interleaved with the converting; their
+  // times are summed and shown first, as the plan orders them).
+  void TraceStreamedPack(size_t i, double started, uint64_t drive_bytes, double read_s) const {
+    const int64_t step = trace_->step();
+    double at = started;
+    if (drive_bytes > 0) {
+      trace_->Add({.name = TaskName('R', i, -1),
+                   .kind = plan::TaskKind::kNvmeRead,
+                   .lane = {plan::LaneKind::kNvmeRead, 0},
+                   .step = step,
+                   .stage = int(i),
+                   .bytes = double(drive_bytes),
+                   .start_s = at,
+                   .end_s = at + read_s});
+      at += read_s;
+    }
+    trace_->Add({.name = TaskName('P', i, -1),
+                 .kind = plan::TaskKind::kWeightPack,
+                 .lane = {plan::LaneKind::kHostMemory, 0},
+                 .step = step,
+                 .stage = int(i),
+                 .start_s = at,
+                 .end_s = std::max(at, trace_->Now())});
   }
 
   HostSpan PackSpan(size_t i) const {

@@ -3,7 +3,8 @@
 // (engine/exec/trace_replay.h), for plans that differ in stage count, micro-batches,
 // recomputation, device count, compute dtype (bf16 halves the bytes moved), LoRA (the base
 // stays in the slots and the host mirrors; adapters move), the tail's parts (its micro-batches
-// split over devices), two gradient accumulators per device and saved activations on NVMe.
+// split over devices), two gradient accumulators per device, saved activations on NVMe and a
+// LoRA base streamed from NVMe.
 // Asserted: every task of the schedule is in the trace (bar the optimizer's, not run here), every
 // span maps to a task, and the replayed step is within 15% of the recorded one.
 //
@@ -43,11 +44,14 @@
 // schedule's order: both record and replay the very steps they do with their activations in RAM
 // (checked by running them so: the spill adds no wait on the device's streams). Case 12 replays
 // 4.7% short either way, a wait of the executor's the schedule lacks (within the bound; not
-// traced). A base streamed from NVMe is not replayed: the schedule reads
-// it in "R" tasks before each stage's packing, where the executor reads it inside the packing
-// (one "P" span), so the replay would find the reads missing. Optimizer state stays in RAM: the
-// CPU optimizer is not run here (the Trainer's, not the executor's): its "U…" tasks are the only
-// ones the replay may find missing.
+// traced). Cases 13 and 14 stream a LoRA job's base from a copy converted to NVMe (ratios 1.024
+// and 1.006): the schedule reads each stage's base in an "R" task on the NVMe read lane before
+// its packing ("P"), unless the device's slot or image holds it; the executor traces the reads
+// its packing did as that "R" (their summed time, then the rest as "P"), and every one of them is
+// in both. On the virtual clock the reads and the packing take no time, so these cases check the
+// order around them: each image packed once its last upload is done, each read skipped where
+// the schedule skips it. Optimizer state stays in RAM: the CPU optimizer is not run here (the
+// Trainer's, not the executor's): its "U…" tasks are the only ones the replay may find missing.
 #include "engine/exec/trace_replay.h"
 
 #include <gtest/gtest.h>
@@ -57,6 +61,7 @@
 #include <random>
 
 #include "engine/exec/pipeline_executor.h"
+#include "engine/model/converted_base.h"
 #include "engine/model/master_weights.h"
 #include "engine/plan/memory_model.h"
 #include "engine/plan/pipeline_schedules.h"
@@ -92,6 +97,7 @@ struct Case {
   int tail_parts = 1;         // the tail's micro-batches over this many devices
   int grad_accumulators = 1;  // per device
   bool activations_on_nvme = false;  // saved activations in an NVMe store (Tier::kNvme)
+  bool base_streamed = false;        // a LoRA job's seeded base streamed from a copy on NVMe
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -115,6 +121,7 @@ plan::Plan MakePlan(const ModelConfig& model, const Case& c) {
   for (int li : c.recomputed) p.recompute[size_t(li)] = true;
   p.activation_policy = c.recomputed.empty() ? "save" : "per-layer";
   p.activations = c.activations_on_nvme ? Tier::kNvme : Tier::kHost;
+  p.frozen_weights = c.base_streamed ? Tier::kNvme : Tier::kHost;
   p.memory = plan::ComputeMemory(plan::MemoryInputOf(model, p));
   return p;
 }
@@ -160,7 +167,12 @@ void RunAndReplay(const Case& c, VirtualClock* clock, std::vector<StepReplay>& r
   ASSERT_TRUE(e.ok()) << e.status().ToString();
 
   const std::vector<LayerSpec> layers = BuildLayerSpecs(model, p.job.lora);
-  const HostTensors weights = InitMasterWeights(layers, 3);
+  HostTensors weights = InitMasterWeights(layers, 3);
+  if (c.base_streamed) {  // converted once; each stage's packing reads its base from the drive
+    Result<ConvertedBase> moved =
+        MoveBaseToNvme(layers, c.dtype, DType::kF32, nvme.path(), weights);
+    ASSERT_TRUE(moved.ok()) << moved.status().ToString();
+  }
   HostTensors grads;
   for (const LayerSpec& l : layers) {
     for (const ParamSpec& ps : l.params) {
@@ -197,6 +209,17 @@ void RunAndReplay(const Case& c, VirtualClock* clock, std::vector<StepReplay>& r
       EXPECT_EQ(name[0], 'U') << name << ": a schedule task the executor did not run";
     }
     EXPECT_TRUE(r->unmatched.empty()) << "first: " << r->unmatched.front();
+    // A streamed base: the schedule reads each stage's base in an "R" task on the NVMe read lane
+    // (none missing, above), and the trace has each with the blocks the drive read.
+    size_t reads = 0, traced = 0;
+    for (const plan::SimTask& t : r->schedule.tasks) {
+      reads += t.lane.kind == plan::LaneKind::kNvmeRead;
+    }
+    for (const TraceSpan& s : trace.spans()) {
+      traced += s.step == step && s.lane.kind == plan::LaneKind::kNvmeRead && s.bytes > 0;
+    }
+    EXPECT_EQ(reads > 0, c.base_streamed) << reads;
+    EXPECT_EQ(traced, reads);
 
     std::printf("[ replay ] %-48s %s step %d recorded %7.2f ms  replayed %7.2f ms  ratio %.3f\n",
                 c.name, clock ? "virtual" : "real", step, r->recorded_step_s * 1e3,
@@ -363,6 +386,28 @@ INSTANTIATE_TEST_SUITE_P(
              0,
              1,
              1,
+             true},
+        Case{"3 stages, 3 micro-batches, LoRA, the base streamed, 2 devices",
+             {{1, 2}, {2, 4}, {4, 5}},
+             {},
+             3,
+             2,
+             DType::kF32,
+             4,
+             1,
+             1,
+             false,
+             true},
+        Case{"2 stages, 3 micro-batches, LoRA, the base streamed, 1 device",
+             {{1, 3}, {3, 5}},
+             {2},
+             3,
+             1,
+             DType::kF32,
+             4,
+             1,
+             1,
+             false,
              true}),
     [](const ::testing::TestParamInfo<Case>& i) { return "case" + std::to_string(i.index); });
 

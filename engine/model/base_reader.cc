@@ -84,6 +84,7 @@ Status BaseFileReader::Read(const FileTensor& t, const Use& use) {
   int64_t first = 0;
   for (uint64_t pos = begin / A * A; pos < last;) {
     const uint64_t want = std::min(room, last - pos);
+    const double started = clock_ ? clock_() : 0;
     uint64_t got = 0;
     while (got < want) {
       const ssize_t n = ::pread(f->fd, data + got, want - got, off_t(pos + got));
@@ -103,6 +104,7 @@ Status BaseFileReader::Read(const FileTensor& t, const Use& use) {
       if (n == 0 || (f->direct && uint64_t(n) % A != 0)) break;
     }
     disk_bytes_ += (got + A - 1) / A * A;
+    if (clock_) read_seconds_ += clock_() - started;
     if (pos + got < std::min(end, pos + want)) {
       return Status::IOError(t.path + " ends at byte " + std::to_string(pos + got) +
                              ", inside the bytes [" + std::to_string(begin) + ", " +
