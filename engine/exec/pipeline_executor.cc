@@ -65,6 +65,20 @@ struct PendingIo {
   }
 };
 
+// Three hidden buffers turned over between micro-batches: a micro-batch reads its input from `in`
+// and ping-pongs its layers' outputs between `in` and `other`, while `idle` still downloads the
+// output of the one before.
+struct HiddenRotation {
+  int in = 0, other = 1, idle = 2;
+  // After a micro-batch whose output is in buffer `out` (`in` or `other`).
+  void Next(int out) {
+    const int spare = out == in ? other : in;
+    in = idle;
+    other = spare;
+    idle = out;
+  }
+};
+
 // One device's planned arena blocks, by plan name, and what orders the work on its streams.
 struct DeviceState {
   Device* device = nullptr;
@@ -83,6 +97,10 @@ struct DeviceState {
   // from its "kv_cache" allocation; other blocks' entries are empty.
   KvCache kv;
   StreamHazards hazards;
+  // The forward stages' and the tail's hidden buffers (0, 1, 2), turned over from one stage to
+  // the next on this device as between micro-batches: a stage's first input uploads into the
+  // buffer its device's stage before freed first, not into one its last micro-batch still uses.
+  HiddenRotation forward_hidden;
   // Per micro-batch m, recorded on the download stream after each stage's downloads of m: a stage
   // reading them (on any device) waits for its latest record, which covers every earlier copy on
   // this stream.
@@ -1568,17 +1586,6 @@ class Executor final : public PipelineExecutor {
 
   // The hidden buffers of forward stages and the tail turn over: a micro-batch reads its input
   // from the one its predecessor left idle, so that upload overlaps the predecessor's compute.
-  struct HiddenRotation {
-    int in = 0, other = 1, idle = 2;
-    // After a micro-batch whose output is in buffer `out` (`in` or `other`).
-    void Next(int out) {
-      const int spare = out == in ? other : in;
-      in = idle;
-      other = spare;
-      idle = out;
-    }
-  };
-
   // Kept activations: the input of stage `st`'s layer `li` (a block) for micro-batch m in its
   // device's "activations.keep".
   Tensor Kept(DeviceState& ds, const StageRun& st, int li, size_t m) const {
@@ -1628,7 +1635,7 @@ class Executor final : public PipelineExecutor {
     DeviceState& ds = devices_[st.device];
     const size_t hb = HiddenBytes(), head = layers_.size() - 1;
     const std::string_view w = kWeights[st.slot];
-    HiddenRotation h;
+    HiddenRotation& h = ds.forward_hidden;
     for (size_t m = 0; m < M_; ++m) {
       ds.task_stage = int(i), ds.task_micro_batch = int(m);
       int xi = h.in, yi = h.other;
@@ -1676,7 +1683,7 @@ class Executor final : public PipelineExecutor {
     // the plan's schedule has no task of its own for it and counts it in the stage's first compute.
     ds.task_stage = int(i), ds.task_micro_batch = int(st.first_micro_batch);
     if (!forward_only_) FERRY_RETURN_IF_ERROR(ZeroGrads(ds, st));
-    HiddenRotation h;
+    HiddenRotation& h = ds.forward_hidden;
     for (size_t m = st.first_micro_batch; m < st.last_micro_batch; ++m) {
       ds.task_micro_batch = int(m);
       const int xi = h.in, dxi = h.other;
