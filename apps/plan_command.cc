@@ -186,11 +186,19 @@ int RunPlanCommand(PlanCommand& cmd) {
   if (!job.ok()) return fail(job.status());
   job->stale_updates = cmd.job.stale_updates;  // every plan prices both modes
   // A LoRA base streamed from a folder's files is read in whole blocks of the drive: counted from
-  // where its tensors lie there.
+  // where its tensors lie there. A folder whose weights cannot be read yet (shards not downloaded)
+  // still plans, counting the most the reads can take.
   if (job->frozen_base_from_files && plan::CanStreamBase(*job)) {
-    Result<std::shared_ptr<const TensorFileOffsets>> offsets = FolderTensorOffsets(cmd.job.model);
-    if (!offsets.ok()) return fail(offsets.status().WithContext("--model"));
-    job->base_file_offsets = *offsets;
+    Result<std::shared_ptr<const TensorFileLayout>> layout =
+        FolderTensorLayout(cmd.job.model, *model);
+    if (layout.ok()) {
+      job->base_file_layout = *layout;
+    } else {
+      std::fprintf(stderr,
+                   "ferry plan: note: %s: a base streamed from NVMe is counted at the most its "
+                   "reads can take\n",
+                   layout.status().ToString().c_str());
+    }
   }
   // Packed data's documents size the GPU attention (as `ferry train` plans them): read --data
   // when the model has a tokenizer to read it with (a folder, or the built-in tiny model).

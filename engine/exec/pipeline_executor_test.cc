@@ -1013,13 +1013,14 @@ void StreamBaseSteps(const Model& m, const std::string& source, std::optional<DT
     // The base comes from the drive in whole blocks: the plan counts them from where the folder's
     // files hold its tensors (as `ferry train` plans it) and where the copy puts each weight (on
     // a block of its own), and, with O_DIRECT, the kernel counts them too in a fault-free step.
-    Result<std::shared_ptr<const TensorFileOffsets>> offsets = FolderTensorOffsets(dir.path());
+    Result<std::shared_ptr<const TensorFileLayout>> offsets =
+        FolderTensorLayout(dir.path(), m.config);
     ASSERT_TRUE(offsets.ok()) << offsets.status().ToString();
     EXPECT_EQ(*offsets != nullptr, folder.has_value()) << what;
     const StreamedBaseSource source{.from_files = folder.has_value(),
                                     .files = folder.value_or(DType::kF32),
                                     .upload = DType::kBF16,
-                                    .file_offsets = *offsets};
+                                    .file_layout = *offsets};
     const double planned_read =
         plan::StreamedBaseBytes(layers, source, spec.stages, gpus, tail_parts);
     bool counted = false;
@@ -1044,7 +1045,7 @@ void StreamBaseSteps(const Model& m, const std::string& source, std::optional<DT
     // blocks can be.
     if (folder) {
       StreamedBaseSource unknown = source;
-      unknown.file_offsets = nullptr;
+      unknown.file_layout = nullptr;
       EXPECT_GT(plan::StreamedBaseBytes(layers, unknown, spec.stages, gpus, tail_parts),
                 planned_read)
           << what;

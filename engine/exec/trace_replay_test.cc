@@ -221,7 +221,14 @@ void RunAndReplay(const Case& c, VirtualClock* clock, std::vector<StepReplay>& r
       reads += t.lane.kind == plan::LaneKind::kNvmeRead;
     }
     for (const TraceSpan& s : trace.spans()) {
-      traced += s.step == step && s.lane.kind == plan::LaneKind::kNvmeRead && s.bytes > 0;
+      if (s.step != step || s.lane.kind != plan::LaneKind::kNvmeRead) continue;
+      ++traced;
+      // The blocks the packing read are the plan's for that stage (StreamedBaseSource).
+      for (const plan::SimTask& t : schedule->tasks) {
+        if (t.name == s.name) {
+          EXPECT_EQ(s.bytes, t.bytes) << s.name;
+        }
+      }
     }
     EXPECT_EQ(reads > 0, c.base_streamed) << reads;
     EXPECT_EQ(traced, reads);

@@ -73,6 +73,7 @@ Result<BaseFileReader::OpenFile*> BaseFileReader::FileOf(const FileTensor& t, bo
 
 Status BaseFileReader::Read(const FileTensor& t, const Use& use) {
   assert(t.offset >= 0);
+  if (t.bytes.empty()) return Status::Ok();  // no block holds it (BaseReadDiskBytes: 0)
   FERRY_ASSIGN_OR_RETURN(OpenFile * f, FileOf(t, direct_));
   constexpr uint64_t A = kBaseReadBlockBytes;
   const size_t element = DTypeSize(t.dtype);

@@ -60,9 +60,13 @@ constexpr uint64_t BaseReadMostDiskBytes(uint64_t bytes) {
   return BaseReadDiskBytes(kBaseReadBlockBytes - 1, bytes);
 }
 
-// Where each tensor of a model's safetensors files starts in its file, by name
-// (FolderWeights::TensorOffsets): what a plan needs to count the blocks a streamed base reads.
-using TensorFileOffsets = std::map<std::string, uint64_t, std::less<>>;
+// Where a tensor lies in its file: its first byte, and its bytes as stored there.
+struct FileExtent {
+  uint64_t offset = 0, bytes = 0;
+};
+// Where each tensor of a model's safetensors files lies, by the name a model's parameter has
+// (FolderTensorLayout): what a plan needs to count the blocks a streamed base reads.
+using TensorFileLayout = std::map<std::string, FileExtent, std::less<>>;
 
 // How the reader reads: O_DIRECT where the filesystem takes it, or buffered (what a filesystem
 // that refuses O_DIRECT gets; asked for by tests on filesystems that take it).

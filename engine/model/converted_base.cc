@@ -79,9 +79,9 @@ uint64_t StreamedBaseSource::StoredBytes(const ParamSpec& p) const {
 uint64_t StreamedBaseSource::DriveBytes(const ParamSpec& p) const {
   const uint64_t bytes = StoredBytes(p);
   if (!FromFiles(p)) return BaseReadDiskBytes(0, bytes);
-  if (file_offsets != nullptr) {
-    if (auto it = file_offsets->find(p.storage_name()); it != file_offsets->end()) {
-      return BaseReadDiskBytes(it->second, bytes);
+  if (file_layout != nullptr) {
+    if (auto it = file_layout->find(p.storage_name()); it != file_layout->end()) {
+      return BaseReadDiskBytes(it->second.offset, it->second.bytes);
     }
   }
   return BaseReadMostDiskBytes(bytes);

@@ -47,16 +47,17 @@ struct StreamedBaseSource {
   bool from_files = false;      // the model's files hold the base (PlanJob::frozen_base_from_files)
   DType files = DType::kF32;    // their dtype (ModelConfig::weights_dtype)
   DType upload = DType::kBF16;  // the compute dtype
-  // Where each tensor lies in the files; nullptr where not known (a plan made from a config).
-  std::shared_ptr<const TensorFileOffsets> file_offsets = nullptr;
+  // Where each tensor lies in the files (its bytes as stored there, whatever `files` says);
+  // nullptr where not known (a plan made from a config).
+  std::shared_ptr<const TensorFileLayout> file_layout = nullptr;
 
   // Whether the model's files serve frozen weight `p` (else the copy holds it).
   bool FromFiles(const ParamSpec& p) const;
   // The bytes `p` is stored as where it is read from.
   uint64_t StoredBytes(const ParamSpec& p) const;
   // The bytes of the drive's blocks a step reads for `p` (BaseFileReader::disk_bytes): from its
-  // block in the copy; in a file, from its place there (file_offsets, by the name it is stored
-  // under), else the most they can be (BaseReadMostDiskBytes).
+  // block in the copy; in a file, its extent there (file_layout, by the name it is stored under),
+  // else the most its StoredBytes can take (BaseReadMostDiskBytes).
   uint64_t DriveBytes(const ParamSpec& p) const;
 };
 

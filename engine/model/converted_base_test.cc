@@ -172,6 +172,7 @@ TEST(ConvertedBaseTest, AnNf4BaseMovesAsItsCodesAndQuantState) {
       EXPECT_EQ(w.nf4_served.at(name).shape, q.shape);
       // Stored as a device holds it: the packing copies these straight into an image.
       const Nf4Source& src = w.nf4_served.at(name);
+      EXPECT_EQ(src.parts_file.offset % 4096, 0) << name;  // on a block of its own
       const std::vector<size_t> sizes = Nf4DeviceTensorBytes(q.numel(), nested);
       ASSERT_EQ(src.device_parts.size(), sizes.size()) << name;
       EXPECT_EQ(src.nested, nested);
@@ -265,6 +266,29 @@ TEST(ConvertedBaseTest, FailuresNameTheFolderOrTheWeightAndChangeNothing) {
   EXPECT_EQ(r->bytes, 0u);
 }
 
+// The blocks a streamed weight takes where it is read: in the copy from a block of its own; in
+// the model's file from its extent there (its bytes as stored: an f32 tensor in a bf16 folder
+// takes its own), else the most its bytes can take.
+TEST(ConvertedBaseTest, DriveBytesAreTheBlocksWhereTheWeightLies) {
+  ParamSpec p;
+  p.name = "w";
+  p.shape = {1000};
+  p.trainable = false;
+  StreamedBaseSource s{.from_files = true, .files = DType::kBF16, .upload = DType::kBF16};
+  EXPECT_TRUE(s.FromFiles(p));
+  EXPECT_EQ(s.StoredBytes(p), 2000u);
+  EXPECT_EQ(s.DriveBytes(p), 2 * 4096u);  // not known: it may straddle two blocks
+  auto layout = std::make_shared<TensorFileLayout>();
+  (*layout)["w"] = {.offset = 100, .bytes = 2000};
+  s.file_layout = layout;
+  EXPECT_EQ(s.DriveBytes(p), 4096u);
+  (*layout)["w"] = {.offset = 3000, .bytes = 4000};  // stored as f32: bytes 3000 .. 6999
+  EXPECT_EQ(s.DriveBytes(p), 2 * 4096u);
+  s.from_files = false;  // the copy, in bf16 from a block
+  EXPECT_FALSE(s.FromFiles(p));
+  EXPECT_EQ(s.DriveBytes(p), 4096u);
+}
+
 // What the memory model reserves on NVMe for the copy (weights.frozen) is what MoveBaseToNvme
 // writes, rounded to the drive's 4096-byte blocks, for every tiny architecture (tied heads,
 // biases, GPT-2's transposed weights) from a seeded base, an f32 folder and a bf16 one into bf16
@@ -333,9 +357,9 @@ TEST(ConvertedBaseTest, TheMemoryModelReservesWhatIsWritten) {
       // And the planner's reads of the whole base are the blocks the packing reads: where the
       // folder's files hold a tensor (their layout, as `ferry train` plans with it) and where the
       // copy put it.
-      std::shared_ptr<const TensorFileOffsets> offsets;
+      std::shared_ptr<const TensorFileLayout> offsets;
       if (src.folder) {
-        Result<std::shared_ptr<const TensorFileOffsets>> o = FolderTensorOffsets(folder.path());
+        Result<std::shared_ptr<const TensorFileLayout>> o = FolderTensorLayout(folder.path(), c);
         ASSERT_TRUE(o.ok() && *o != nullptr) << o.status().ToString();
         offsets = *o;
       }
@@ -343,7 +367,7 @@ TEST(ConvertedBaseTest, TheMemoryModelReservesWhatIsWritten) {
       const StreamedBaseSource source{.from_files = src.folder.has_value(),
                                       .files = c.weights_dtype,
                                       .upload = DType::kBF16,
-                                      .file_offsets = offsets};
+                                      .file_layout = offsets};
       for (const LayerSpec& l : layers) read += plan::LayerBaseBytes(l, source);
       uint64_t blocks = 0;
       auto add = [&blocks](const FileTensor& t) {

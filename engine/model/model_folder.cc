@@ -181,21 +181,34 @@ std::vector<std::string> FolderWeights::Names() const {
   return out;
 }
 
-TensorFileOffsets FolderWeights::TensorOffsets() const {
-  TensorFileOffsets out;
+TensorFileLayout FolderWeights::TensorLayout() const {
+  TensorFileLayout out;
   for (const auto& [name, k] : index_) {
-    if (const SafetensorsTensorInfo* t = (*files_)[k].Find(name)) out.emplace(name, t->offset);
+    if (const SafetensorsTensorInfo* t = (*files_)[k].Find(name)) {
+      out.emplace(name, FileExtent{.offset = t->offset, .bytes = t->bytes});
+    }
   }
   return out;
 }
 
-Result<std::shared_ptr<const TensorFileOffsets>> FolderTensorOffsets(const std::string& dir) {
+Result<std::shared_ptr<const TensorFileLayout>> FolderTensorLayout(const std::string& dir,
+                                                                   const ModelConfig& config) {
   std::error_code ec;
   if (!fs::exists(dir + "/" + kIndexFile, ec) && !fs::exists(dir + "/" + kSingleFile, ec)) {
-    return std::shared_ptr<const TensorFileOffsets>();
+    return std::shared_ptr<const TensorFileLayout>();
   }
   FERRY_ASSIGN_OR_RETURN(const FolderWeights folder, FolderWeights::Open(dir));
-  return std::make_shared<const TensorFileOffsets>(folder.TensorOffsets());
+  const TensorFileLayout stored = folder.TensorLayout();
+  TensorFileLayout layout = stored;
+  // A bare checkpoint's names, as LoadOne falls back to them: under the full name too, unless the
+  // folder has a tensor of that name (which LoadOne takes first).
+  const std::string& prefix = NamesOf(config).bare_prefix;
+  if (!prefix.empty()) {
+    for (const auto& [name, extent] : stored) {
+      if (!name.starts_with(prefix)) layout.emplace(prefix + name, extent);
+    }
+  }
+  return std::make_shared<const TensorFileLayout>(std::move(layout));
 }
 
 Status LoadBaseWeights(const FolderWeights& folder, const ModelConfig& config,

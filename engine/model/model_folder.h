@@ -93,8 +93,8 @@ class FolderWeights {
   const SafetensorsFile* FileOf(std::string_view name) const;
   // Every tensor name, sorted.
   std::vector<std::string> Names() const;
-  // Where each tensor starts in its file, by name.
-  TensorFileOffsets TensorOffsets() const;
+  // Where each tensor lies in its file, by its name there.
+  TensorFileLayout TensorLayout() const;
   const std::string& dir() const { return dir_; }
   // What keeps the files' mappings alive (FileTensor::owner): they outlive this object while a
   // copy of it exists.
@@ -107,10 +107,12 @@ class FolderWeights {
   std::map<std::string, size_t, std::less<>> index_;  // tensor -> files_ index
 };
 
-// Where the tensors of `dir`'s safetensors weights lie (FolderWeights::TensorOffsets): nullptr
-// when `dir` is no folder or holds none (a config alone); FolderWeights::Open's errors when they
-// are malformed.
-Result<std::shared_ptr<const TensorFileOffsets>> FolderTensorOffsets(const std::string& dir);
+// Where the tensors of `dir`'s safetensors weights lie (FolderWeights::TensorLayout), by the
+// names `config`'s parameters have (a bare GPT2Model checkpoint's "h.0..." as
+// "transformer.h.0...", as LoadBaseWeights reads them): nullptr when `dir` is no folder or holds
+// none (a config alone); FolderWeights::Open's errors when they are malformed or missing.
+Result<std::shared_ptr<const TensorFileLayout>> FolderTensorLayout(const std::string& dir,
+                                                                   const ModelConfig& config);
 
 // Fills the base (non-LoRA) parameters of `layers` in `weights` from `folder` (creating their
 // entries), after checking that every expected tensor is present with its shape and that the

@@ -133,6 +133,44 @@ TEST(ModelFolderTest, ShardsHoldEveryTensorOnceAndBf16RoundsToNearest) {
   }
 }
 
+// Where a folder's tensors lie (what `ferry train` and `ferry plan` count a streamed base's reads
+// by): every tensor of every shard at its offset and size in its own file; none for a folder with
+// a config alone; the error naming a shard the index lists and the folder lacks.
+TEST(ModelFolderTest, TensorLayoutIsWhereEachShardHoldsItsTensors) {
+  Result<ModelConfig> c = ParseHfConfig(kTinyModels[0].config_json);
+  ASSERT_TRUE(c.ok());
+  const std::vector<LayerSpec> layers = BuildLayerSpecs(*c, LoraConfig{});
+  TempDir dir("layout");
+  ASSERT_TRUE(
+      WriteModelFolder(dir.path(), *c, layers, TinyWeights(layers, 7),
+                       {.dtype = DType::kBF16, .max_shard_bytes = 2048, .tokenizer_from = ""})
+          .ok());
+  Result<std::shared_ptr<const TensorFileLayout>> layout = FolderTensorLayout(dir.path(), *c);
+  ASSERT_TRUE(layout.ok() && *layout != nullptr) << layout.status().ToString();
+  json index = json::parse(testing::ReadTextFile(dir.path() + "/model.safetensors.index.json"));
+  EXPECT_EQ((*layout)->size(), index["weight_map"].size());
+  for (const auto& [tensor, shard] : index["weight_map"].items()) {
+    Result<SafetensorsFile> f = SafetensorsFile::Open(dir.path() + "/" + shard.get<std::string>());
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    const SafetensorsTensorInfo* info = f->Find(tensor);
+    ASSERT_NE(info, nullptr) << tensor;
+    ASSERT_TRUE((*layout)->contains(tensor)) << tensor;
+    EXPECT_EQ((*layout)->at(tensor).offset, info->offset) << tensor;
+    EXPECT_EQ((*layout)->at(tensor).bytes, info->bytes) << tensor;
+  }
+  TempDir config_only("config_only");
+  WriteText(config_only.path() + "/config.json", kTinyModels[0].config_json);
+  Result<std::shared_ptr<const TensorFileLayout>> none = FolderTensorLayout(config_only.path(), *c);
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_EQ(*none, nullptr);
+  const std::string shard = index["weight_map"].begin()->get<std::string>();
+  std::filesystem::remove(dir.path() + "/" + shard);
+  Result<std::shared_ptr<const TensorFileLayout>> missing = FolderTensorLayout(dir.path(), *c);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find(shard), std::string::npos)
+      << missing.status().ToString();
+}
+
 // PEFT's own adapter output (the llama_lora golden, written by peft.save_pretrained) loads onto
 // its base with the rank, alpha and targets PEFT recorded and the exact A/B values.
 TEST(ModelFolderTest, LoadsPeftAdapterOntoItsBase) {
@@ -301,6 +339,18 @@ TEST(ModelFolderTest, ReadsGpt2SavedWithoutItsPrefix) {
   Result<LoadedModel> m = LoadModelFolder(dir.path());
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ(Fp32Values(*m), w.tensors);
+  // The layout has each parameter under the name it has (as loaded), at its bare tensor's place.
+  Result<std::shared_ptr<const TensorFileLayout>> layout = FolderTensorLayout(dir.path(), *c);
+  ASSERT_TRUE(layout.ok() && *layout != nullptr) << layout.status().ToString();
+  Result<SafetensorsFile> f = SafetensorsFile::Open(dir.path() + "/model.safetensors");
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  for (const std::string& name :
+       {std::string("transformer.wte.weight"), std::string("transformer.h.0.attn.c_attn.weight")}) {
+    const SafetensorsTensorInfo* info = f->Find(name.substr(std::string("transformer.").size()));
+    ASSERT_NE(info, nullptr) << name;
+    ASSERT_TRUE((*layout)->contains(name)) << name;
+    EXPECT_EQ((*layout)->at(name).offset, info->offset) << name;
+  }
 }
 
 TEST(ModelFolderTest, AdapterConfigErrorsNameTheField) {

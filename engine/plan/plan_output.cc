@@ -249,9 +249,11 @@ nlohmann::json PlanToJson(const Plan& p) {
                 {"frozen_weights", TierName(p.frozen_weights)}};
   // The frozen base is packed from the model's files, with no fp32 copy in RAM (PlanJob).
   j["frozen_base_from_files"] = p.job.frozen_base_from_files;
-  // Where those files hold each tensor is known (a plan made from the folder): a streamed base's
-  // reads are the drive's blocks it takes; else the most they can be.
-  j["frozen_base_layout_known"] = p.job.base_file_offsets != nullptr;
+  // A base the files may stream: where they hold each tensor is known (a plan made from the
+  // folder), so its reads are the drive's blocks it takes; else the most they can be.
+  if (p.job.frozen_base_from_files && CanStreamBase(p.job)) {
+    j["frozen_base_layout_known"] = p.job.base_file_layout != nullptr;
+  }
   j["updates"] = "synchronous";
   j["budgets"] = {
       {"gpu_bytes", p.gpu_budget}, {"host_bytes", p.host_budget}, {"nvme_bytes", p.nvme_budget}};
@@ -297,6 +299,26 @@ nlohmann::json OutcomeToJson(const PlanOutcome& o) {
   return j;
 }
 
+namespace {
+
+// How a LoRA plan's frozen base is held, after its tier: `converted` bytes of a copy on NVMe.
+std::string FrozenBaseNote(const Plan& p, uint64_t converted) {
+  if (p.frozen_weights != Tier::kNvme) {
+    return p.job.frozen_base_from_files ? " (packed from the model's files, no fp32 copy)" : "";
+  }
+  std::string note =
+      converted > 0 ? " (a copy converted at the start, " + Gib(converted) + ", streamed each step"
+                    : " (streamed from the model's files each step";
+  if (p.job.frozen_base_from_files && p.job.base_file_layout == nullptr) {
+    note +=
+        "; their reads counted at the most they can take: plan the model's folder to count "
+        "them";
+  }
+  return note + ")";
+}
+
+}  // namespace
+
 std::string PlanSummary(const Plan& p) {
   std::string out = "Plan: " + p.model_name + " on " + p.hardware_name + "\n";
   out += "  job: batch " + std::to_string(p.job.global_batch) + " x " +
@@ -334,15 +356,9 @@ std::string PlanSummary(const Plan& p) {
       "  activations: " + p.activation_policy + " (" + std::to_string(recomputed) +
       " layers recomputed), saved on " + std::string(TierName(p.activations)) +
       "; optimizer state on " + std::string(TierName(p.optimizer_state)) +
-      (p.job.lora.enabled()
-           ? "; frozen weights on " + std::string(TierName(p.frozen_weights)) +
-                 (p.frozen_weights == Tier::kNvme
-                      ? converted > 0 ? " (a copy converted at the start, " + Gib(converted) +
-                                            ", streamed each step)"
-                                      : " (streamed from the model's files each step)"
-                  : p.job.frozen_base_from_files ? " (packed from the model's files, no fp32 copy)"
-                                                 : "")
-           : std::string()) +
+      (p.job.lora.enabled() ? "; frozen weights on " + std::string(TierName(p.frozen_weights)) +
+                                  FrozenBaseNote(p, converted)
+                            : std::string()) +
       (p.job.stale_updates ? "; one-step-stale updates (opted in)\n" : "; synchronous updates\n");
   out += Format("  predicted: %.3f s/step, %.0f tokens/s, bubble %.1f%%\n", p.step_s,
                 p.tokens_per_s, 100.0 * p.bubble_fraction);

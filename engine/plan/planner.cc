@@ -506,7 +506,7 @@ StreamedBaseSource StreamedBaseSourceOf(const ModelConfig& model, const PlanJob&
   return {.from_files = job.frozen_base_from_files,
           .files = model.weights_dtype,
           .upload = job.compute_dtype,
-          .file_offsets = job.base_file_offsets};
+          .file_layout = job.base_file_layout};
 }
 
 double StreamedBaseBytes(const std::vector<LayerSpec>& layers, const StreamedBaseSource& source,

@@ -81,10 +81,10 @@ struct PlanJob {
   // MemoryPlanInput::frozen_base_from_files): any model but `tiny`, whose base is made from the
   // seed and held in fp32.
   bool frozen_base_from_files = false;
-  // Where each tensor lies in those files (FolderWeights::TensorOffsets), when the plan is made
+  // Where each tensor lies in those files (FolderTensorLayout), when the plan is made
   // from the folder: a streamed base is read in whole blocks of the drive, and the plan counts
   // them. nullptr: the most they can be (StreamedBaseSource::DriveBytes).
-  std::shared_ptr<const TensorFileOffsets> base_file_offsets = nullptr;
+  std::shared_ptr<const TensorFileLayout> base_file_layout = nullptr;
   // Packed data's documents: [b - 1] is the most documents any b of its rows hold (a row's pieces
   // and its padding each count; PackedRows::MostDocuments), for b up to global_batch. Empty: one
   // per sequence. A micro-batch of B rows is planned (and run) with max_documents [B - 1].

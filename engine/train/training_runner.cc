@@ -180,7 +180,7 @@ Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, 
   // A LoRA base streamed from the model's files is read in whole blocks of the drive: the plan
   // counts them from where its tensors lie in the files.
   if (pj.frozen_base_from_files && plan::CanStreamBase(pj)) {
-    FERRY_ASSIGN_OR_RETURN(pj.base_file_offsets, FolderTensorOffsets(job.model));
+    FERRY_ASSIGN_OR_RETURN(pj.base_file_layout, FolderTensorLayout(job.model, model));
   }
   // A CPU device never needs more than the whole model as one stage: that bounds its budget. A
   // GPU's is its free memory.
