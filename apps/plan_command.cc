@@ -187,17 +187,15 @@ int RunPlanCommand(PlanCommand& cmd) {
   job->stale_updates = cmd.job.stale_updates;  // every plan prices both modes
   // A LoRA base streamed from a folder's files is read in whole blocks of the drive: counted from
   // where its tensors lie there. A folder whose weights cannot be read yet (shards not downloaded)
-  // still plans, counting the most the reads can take.
+  // still plans, counting the most the reads can take, and says why when the plan streams it.
+  Status unread_layout;
   if (job->frozen_base_from_files && plan::CanStreamBase(*job)) {
     Result<std::shared_ptr<const TensorFileLayout>> layout =
         FolderTensorLayout(cmd.job.model, *model);
     if (layout.ok()) {
       job->base_file_layout = *layout;
     } else {
-      std::fprintf(stderr,
-                   "ferry plan: note: %s: a base streamed from NVMe is counted at the most its "
-                   "reads can take\n",
-                   layout.status().ToString().c_str());
+      unread_layout = layout.status();
     }
   }
   // Packed data's documents size the GPU attention (as `ferry train` plans them): read --data
@@ -219,6 +217,12 @@ int RunPlanCommand(PlanCommand& cmd) {
   Result<plan::PlanOutcome> outcome =
       plan::MakePlan(cmd.job.model, *model, *job, *hw, /*suggest=*/true, cmd.explain);
   if (!outcome.ok()) return fail(outcome.status());
+  if (outcome->feasible && outcome->plan.base_reads_at_most && !unread_layout.ok()) {
+    std::fprintf(stderr,
+                 "ferry plan: note: %s: the frozen base's reads from NVMe are counted at the most "
+                 "they can take\n",
+                 unread_layout.ToString().c_str());
+  }
   if (cmd.json) {
     nlohmann::json j = plan::OutcomeToJson(*outcome);
     if (cmd.explain) j["candidates"] = plan::CandidatesToJson(outcome->candidates);

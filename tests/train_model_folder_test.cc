@@ -88,7 +88,8 @@ constexpr const char* kStreamedLlama = R"({"model_type": "llama", "vocab_size": 
 
 // `ferry plan` on a model folder counts the drive's blocks a streamed LoRA base takes where the
 // folder's files hold its tensors; from the config alone (a folder without weights) it counts the
-// most they can take: more, for the same stages and tiers. Malformed files are refused.
+// most they can take: more, for the same stages and tiers; so does a folder whose weights cannot be
+// read (a shard not downloaded yet), saying why.
 TEST_F(TrainModelFolderTest, PlanCountsTheBlocksWhereTheFolderHoldsTheBase) {
   const std::string src = dir_ + "/src", config_only = dir_ + "/config_only";
   ASSERT_NO_FATAL_FAILURE(WriteSource(src, kStreamedLlama, 5));
@@ -117,8 +118,8 @@ TEST_F(TrainModelFolderTest, PlanCountsTheBlocksWhereTheFolderHoldsTheBase) {
   EXPECT_EQ(from_files.at("tiers"), from_config.at("tiers"));
   EXPECT_EQ(from_files.at("tiers").at("frozen_weights"), "nvme") << from_files.dump();
   EXPECT_EQ(from_files.at("forward_stages"), from_config.at("forward_stages"));
-  EXPECT_TRUE(from_files.at("frozen_base_layout_known").get<bool>());
-  EXPECT_FALSE(from_config.at("frozen_base_layout_known").get<bool>());
+  EXPECT_FALSE(from_files.at("frozen_base_reads_at_most").get<bool>());
+  EXPECT_TRUE(from_config.at("frozen_base_reads_at_most").get<bool>());
   const double exact = from_files.at("predicted").at("nvme_read_bytes_per_step").get<double>();
   const double most = from_config.at("predicted").at("nvme_read_bytes_per_step").get<double>();
   EXPECT_GT(exact, 0);
@@ -129,7 +130,7 @@ TEST_F(TrainModelFolderTest, PlanCountsTheBlocksWhereTheFolderHoldsTheBase) {
   const nlohmann::json unread = plan(src, job);
   ASSERT_TRUE(unread.contains("predicted")) << unread.dump();
   EXPECT_EQ(unread.at("predicted").at("nvme_read_bytes_per_step").get<double>(), most);
-  EXPECT_FALSE(unread.at("frozen_base_layout_known").get<bool>());
+  EXPECT_TRUE(unread.at("frozen_base_reads_at_most").get<bool>());
   CommandResult text = Ferry("plan --model " + src + job.substr(0, job.find(" --json")) +
                              job.substr(job.find(" --json") + 7));
   EXPECT_EQ(text.code, 0) << text.output;

@@ -1584,8 +1584,6 @@ class Executor final : public PipelineExecutor {
     return ds.regions.at(std::string(kSaved[block % 2])).data;
   }
 
-  // The hidden buffers of forward stages and the tail turn over: a micro-batch reads its input
-  // from the one its predecessor left idle, so that upload overlaps the predecessor's compute.
   // Kept activations: the input of stage `st`'s layer `li` (a block) for micro-batch m in its
   // device's "activations.keep".
   Tensor Kept(DeviceState& ds, const StageRun& st, int li, size_t m) const {

@@ -249,11 +249,9 @@ nlohmann::json PlanToJson(const Plan& p) {
                 {"frozen_weights", TierName(p.frozen_weights)}};
   // The frozen base is packed from the model's files, with no fp32 copy in RAM (PlanJob).
   j["frozen_base_from_files"] = p.job.frozen_base_from_files;
-  // A base the files may stream: where they hold each tensor is known (a plan made from the
-  // folder), so its reads are the drive's blocks it takes; else the most they can be.
-  if (p.job.frozen_base_from_files && CanStreamBase(p.job)) {
-    j["frozen_base_layout_known"] = p.job.base_file_layout != nullptr;
-  }
+  // A base streamed from the model's files whose layout the plan lacks: its reads are counted
+  // at the most they can take (else they are the drive's blocks it takes).
+  if (p.frozen_weights == Tier::kNvme) j["frozen_base_reads_at_most"] = p.base_reads_at_most;
   j["updates"] = "synchronous";
   j["budgets"] = {
       {"gpu_bytes", p.gpu_budget}, {"host_bytes", p.host_budget}, {"nvme_bytes", p.nvme_budget}};
@@ -309,7 +307,7 @@ std::string FrozenBaseNote(const Plan& p, uint64_t converted) {
   std::string note =
       converted > 0 ? " (a copy converted at the start, " + Gib(converted) + ", streamed each step"
                     : " (streamed from the model's files each step";
-  if (p.job.frozen_base_from_files && p.job.base_file_layout == nullptr) {
+  if (p.base_reads_at_most) {
     note +=
         "; their reads counted at the most they can take: plan the model's folder to count "
         "them";

@@ -358,8 +358,15 @@ Result<Timing> SimulateJob(const RoundRobinJob& job, const HardwareProfile& hw) 
 // NVMe traffic per step of the groups a candidate places there.
 void NvmeTraffic(const Context& c, const MemoryEstimate& m, Plan& p) {
   if (p.frozen_weights == Tier::kNvme) {
-    p.nvme_read_bytes += StreamedBaseBytes(c.layers, StreamedBaseSourceOf(c.model, c.job), p.stages,
-                                           p.gpus, p.tail_parts);
+    const StreamedBaseSource source = StreamedBaseSourceOf(c.model, c.job);
+    p.nvme_read_bytes += StreamedBaseBytes(c.layers, source, p.stages, p.gpus, p.tail_parts);
+    for (const LayerSpec& l : c.layers) {
+      for (const ParamSpec& q : l.params) {
+        p.base_reads_at_most = p.base_reads_at_most ||
+                               (source.file_layout == nullptr && l.kind != LayerKind::kEmbedding &&
+                                !q.trainable && source.FromFiles(q));
+      }
+    }
   }
   for (const Allocation& a : m.nvme.allocations) {
     if (a.name == "activations.saved") {  // each entry written and read once; a.bytes is space

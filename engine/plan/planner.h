@@ -133,6 +133,9 @@ struct Plan {
   double pcie_d2h_bytes = 0;
   double nvme_read_bytes = 0;
   double nvme_write_bytes = 0;
+  // A base streamed from the model's files whose layout the plan lacks (PlanJob::base_file_layout):
+  // the reads of the weights they serve are counted at the most they can take.
+  bool base_reads_at_most = false;
   // The executor's host thread per step, as the simulator ran it (synchronous updates): packing
   // the weights into the upload mirrors, adding the landed gradients, the embedding's gather and
   // scatter-add: each task's simulated time, its share of the host's bandwidth beside the copies

@@ -823,6 +823,12 @@ TEST(Planner, TheFrozenBaseStreamsFromItsFilesOrAConvertedCopy) {
         EXPECT_GE(p.nvme_read_bytes,
                   StreamedBaseBytes(layers, StreamedBaseSourceOf(v.model, v.job), p.stages, p.gpus))
             << v.name << ", " << host;
+        // Made without the files' layout, the reads the files serve are counted at the most: the
+        // bf16 files serve the base (with NF4 its norms and head); a seeded base, or f32 files
+        // under bf16 uploads, come from the copy only.
+        EXPECT_EQ(p.base_reads_at_most,
+                  std::string(v.name) == "files" || std::string(v.name) == "nf4")
+            << v.name << ", " << host;
         uint64_t copy = 0;
         for (const plan::Allocation& a : p.memory.nvme.allocations) {
           if (a.name == "weights.frozen") copy += a.bytes;
