@@ -1578,10 +1578,10 @@ class Executor final : public PipelineExecutor {
     return Status::Ok();
   }
 
-  // The start of block `block`'s saved-set slot: its tensors (compute-dtype activations, fp32
-  // statistics) travel as saved_bytes_ raw bytes.
-  static DevicePtr<std::byte> SlotData(DeviceState& ds, int64_t block) {
-    return ds.regions.at(std::string(kSaved[block % 2])).data;
+  // The start of saved-set slot `slot` (0 or 1): a block's tensors (compute-dtype activations,
+  // fp32 statistics) travel as saved_bytes_ raw bytes.
+  static DevicePtr<std::byte> SlotData(DeviceState& ds, int slot) {
+    return ds.regions.at(std::string(kSaved[slot])).data;
   }
 
   // Kept activations: the input of stage `st`'s layer `li` (a block) for micro-batch m in its
@@ -1634,6 +1634,10 @@ class Executor final : public PipelineExecutor {
     const size_t hb = HiddenBytes(), head = layers_.size() - 1;
     const std::string_view w = kWeights[st.slot];
     HiddenRotation& h = ds.forward_hidden;
+    // Saved sets alternate between the two slots (one running counter over the stage's layers and
+    // micro-batches), so a block computes into one while the other's set downloads, also from
+    // one micro-batch to the next in a stage of one block.
+    int saves = 0;
     for (size_t m = 0; m < M_; ++m) {
       ds.task_stage = int(i), ds.task_micro_batch = int(m);
       int xi = h.in, yi = h.other;
@@ -1644,17 +1648,18 @@ class Executor final : public PipelineExecutor {
       FERRY_RETURN_IF_ERROR(PrefetchChunk(next));
       for (int li = st.range.first; li < st.range.last; ++li) {
         const int64_t b = li - 1;
+        const int s = saves++ % 2;
         const Tensor x = Hidden(ds, xi), y = Hidden(ds, yi);
         ++stats_.block_forward_calls;
         FERRY_RETURN_IF_ERROR(Compute(ds, {kHidden[xi], w, kLayout[m % 2]},
-                                      {kHidden[yi], kSaved[b % 2], "grad.work"},
-                                      [&] { return st.blocks->Forward(b, int(b % 2), x, y); }));
+                                      {kHidden[yi], kSaved[s], "grad.work"},
+                                      [&] { return st.blocks->Forward(b, s, x, y); }));
         // Forward only: nothing is saved, and only the stage's output travels.
         if (!p_.recompute[size_t(li)] && !forward_only_) {
-          FERRY_RETURN_IF_ERROR(spill_ ? Spill(ds, i, kSavedSet, size_t(li), m, kSaved[b % 2],
-                                               SlotData(ds, b), saved_bytes_)
-                                       : ToHost(ds, saved_[size_t(li)][m], kSaved[b % 2],
-                                                SlotData(ds, b), saved_bytes_));
+          FERRY_RETURN_IF_ERROR(
+              spill_
+                  ? Spill(ds, i, kSavedSet, size_t(li), m, kSaved[s], SlotData(ds, s), saved_bytes_)
+                  : ToHost(ds, saved_[size_t(li)][m], kSaved[s], SlotData(ds, s), saved_bytes_));
         }
         if (size_t(li) + 1 <= head && (!forward_only_ || li + 1 == st.range.last)) {
           FERRY_RETURN_IF_ERROR(
@@ -1746,7 +1751,9 @@ class Executor final : public PipelineExecutor {
     // stage left them. The residual gradient ping-pongs within a micro-batch and turns over
     // three buffers between them (0, 2 and 4; 0, 2 and 1 when the inputs are kept), so the next
     // micro-batch's dY uploads while this one computes and the one before's dX downloads.
-    int inputs = 0;
+    // Saved sets alternate between the slots as in the forward stages, from slot 1: slot 0 is the
+    // head's (the tail's set), which the first backward stage after it would wait for.
+    int inputs = 0, saves = 1;
     HiddenRotation g{.in = 0, .other = 2, .idle = keep_ ? 1 : 4};
     for (size_t m = 0; m < M_; ++m) {
       ds.task_micro_batch = int(m);
@@ -1768,15 +1775,16 @@ class Executor final : public PipelineExecutor {
           std::swap(dyi, dxi);
           continue;
         }
-        const std::string_view slot = kSaved[b % 2];
+        const int s = saves++ % 2;  // as the forward stages alternate them
+        const std::string_view slot = kSaved[s];
         const int xi = inputs++ % 2 == 0 ? 1 : 3;
         const Tensor x = Hidden(ds, xi), dy = Hidden(ds, dyi), dx = Hidden(ds, dxi);
         // The saved set first: its slot is idle while the layer before computes, the input's
         // buffer is not.
         if (!p_.recompute[size_t(li)]) {
           FERRY_RETURN_IF_ERROR(
-              spill_ ? Fetch(ds, i, slot, SlotData(ds, b), saved_bytes_)
-                     : ToDevice(ds, slot, SlotData(ds, b), saved_[size_t(li)][m], saved_bytes_));
+              spill_ ? Fetch(ds, i, slot, SlotData(ds, s), saved_bytes_)
+                     : ToDevice(ds, slot, SlotData(ds, s), saved_[size_t(li)][m], saved_bytes_));
         }
         FERRY_RETURN_IF_ERROR(
             spill_ && !StageInput(size_t(li))
@@ -1787,12 +1795,11 @@ class Executor final : public PipelineExecutor {
           ++stats_.block_forward_calls;
           FERRY_RETURN_IF_ERROR(  // dx: scratch output
               Compute(ds, {kHidden[xi], w, kLayout[m % 2]}, {kHidden[dxi], slot, "grad.work"},
-                      [&] { return st.blocks->Forward(b, int(b % 2), x, dx); }));
+                      [&] { return st.blocks->Forward(b, s, x, dx); }));
         }
         FERRY_RETURN_IF_ERROR(Compute(ds, {kHidden[xi], kHidden[dyi], slot, w, kLayout[m % 2]},
-                                      {kHidden[dxi], GradsOf(st), "grad.work"}, [&] {
-                                        return st.blocks->Backward(b, int(b % 2), x, dy, dx);
-                                      }));
+                                      {kHidden[dxi], GradsOf(st), "grad.work"},
+                                      [&] { return st.blocks->Backward(b, s, x, dy, dx); }));
         std::swap(dyi, dxi);
       }
       FERRY_RETURN_IF_ERROR(
