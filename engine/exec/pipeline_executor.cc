@@ -101,6 +101,11 @@ struct DeviceState {
   // the next on this device as between micro-batches: a stage's first input uploads into the
   // buffer its device's stage before freed first, not into one its last micro-batch still uses.
   HiddenRotation forward_hidden;
+  // The saved-set slot (0 or 1) the forward stages' next block writes: they alternate over the
+  // blocks and micro-batches of every forward stage on this device, so a block never computes into
+  // the slot whose set is still downloading (also across a stage of one block, or to the next
+  // stage).
+  int next_saved_slot = 0;
   // Per micro-batch m, recorded on the download stream after each stage's downloads of m: a stage
   // reading them (on any device) waits for its latest record, which covers every earlier copy on
   // this stream.
@@ -1634,10 +1639,6 @@ class Executor final : public PipelineExecutor {
     const size_t hb = HiddenBytes(), head = layers_.size() - 1;
     const std::string_view w = kWeights[st.slot];
     HiddenRotation& h = ds.forward_hidden;
-    // Saved sets alternate between the two slots (one running counter over the stage's layers and
-    // micro-batches), so a block computes into one while the other's set downloads, also from
-    // one micro-batch to the next in a stage of one block.
-    int saves = 0;
     for (size_t m = 0; m < M_; ++m) {
       ds.task_stage = int(i), ds.task_micro_batch = int(m);
       int xi = h.in, yi = h.other;
@@ -1648,7 +1649,7 @@ class Executor final : public PipelineExecutor {
       FERRY_RETURN_IF_ERROR(PrefetchChunk(next));
       for (int li = st.range.first; li < st.range.last; ++li) {
         const int64_t b = li - 1;
-        const int s = saves++ % 2;
+        const int s = std::exchange(ds.next_saved_slot, 1 - ds.next_saved_slot);
         const Tensor x = Hidden(ds, xi), y = Hidden(ds, yi);
         ++stats_.block_forward_calls;
         FERRY_RETURN_IF_ERROR(Compute(ds, {kHidden[xi], w, kLayout[m % 2]},

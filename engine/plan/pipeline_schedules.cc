@@ -358,10 +358,6 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
     if (job.executor_buffers) {
       const int slots = std::max(job.input_slots, 1);
       for (int j = first + slots; j < hi(k); ++j) AddDep(s, in[k][j], compute[k][j - slots]);
-      // The device's stage before this one may still be downloading the slot it reuses.
-      if (k >= G && all[k - G].reuses_saved_slot) {
-        AddDep(s, compute[k][first], out[k - G][hi(k - G) - 1]);
-      }
       // ... or the gradients its first micro-batch zeroes (its accumulator's last user on the
       // device: the stage before it, or with two accumulators the one before that).
       const int back = G * job.grad_accumulators;
@@ -374,9 +370,6 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
         t.bytes = c.output_bytes;
         t.deps.push_back(compute[k][j]);
         out[k][j] = s.Add(std::move(t));
-      }
-      if (job.executor_buffers && c.reuses_saved_slot) {
-        for (int j = first + 1; j < hi(k); ++j) AddDep(s, compute[k][j], out[k][j - 1]);
       }
       if (job.executor_buffers) {
         for (int j = first + 2; j < hi(k); ++j) {

@@ -43,10 +43,6 @@ struct StageCost {
   double grad_bytes = 0;       // downloaded once after the last micro-batch (round-robin)
   double param_count = 0;      // parameters the CPU optimizer updates after the gradients land
   double gpu_optimizer_s = 0;  // baselines: on-GPU optimizer step after the last backward
-  // Round-robin forward stages: every micro-batch writes the same saved-set slot (one block whose
-  // activations are saved), so its compute waits for the slot's download of the micro-batch before
-  // (RoundRobinJob::executor_buffers).
-  bool reuses_saved_slot = false;
   // Round-robin: the executor's host thread (engine/exec/pipeline_executor.h) packs a layer
   // range's weights from the master copy into their upload mirror once a step, before the first
   // upload of a stage over them ("P…", named for the first such stage it prepares; the work is
@@ -105,10 +101,6 @@ struct RoundRobinJob {
   //  - a forward stage computes micro-batch j once its downloads of j - 2 are done (its layers
   //    write two hidden buffers and two saved slots in turn, each once its download is done, so
   //    its compute runs at most about a micro-batch ahead of its downloads);
-  //  - a forward stage with StageCost::reuses_saved_slot computes micro-batch j once its downloads
-  //    of j-1 are done (a block's saved set has one slot per block parity; a longer stage's
-  //    downloads of j-1 run ahead of its compute of j, slot by slot), and the device's next stage
-  //    computes once those downloads of its last micro-batch are done;
   //  - a stage with gradients computes micro-batch 0 (which zeroes the device's one gradient
   //    accumulator) once the gradient download of the device's stage before it is done;
   // Measured on CPU devices, leaving them out made the replayed step 13-23% shorter than the

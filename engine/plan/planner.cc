@@ -268,8 +268,6 @@ std::vector<StageCost> StageCosts(const std::vector<LayerNumbers>& n,
     const LayerNumbers& first = n[size_t(s.first)];
     if (!backward) sc.input_bytes = first.input;
     if (!backward && keep) sc.output_bytes = n[size_t(s.last - 1)].output;
-    sc.reuses_saved_slot = !keep && !backward && s.last - s.first == 1 &&
-                           !recompute[size_t(s.first)] && first.saved > 0;
     if (backward) {
       sc.input_bytes += n[size_t(s.last - 1)].output;  // dY
       sc.output_bytes = first.input;                   // dX
