@@ -59,6 +59,7 @@ struct Context {
 
 std::vector<LayerNumbers> NumbersFor(const Context& c, BatchShape micro) {
   const double rate = c.hw.gpu.EffectiveFlops(c.job.fp16_accumulate);
+  const StreamedBaseSource base_source = StreamedBaseSourceOf(c.model, c.job);
   std::vector<LayerNumbers> out(c.layers.size());
   for (size_t i = 0; i < c.layers.size(); ++i) {
     const LayerCost cost =
@@ -94,7 +95,7 @@ std::vector<LayerNumbers> NumbersFor(const Context& c, BatchShape micro) {
       n.pack = double(lora_steps ? d.trainable_pack : d.pack);
       n.full_pack = double(d.pack);
       n.trainable_pack = double(d.trainable_pack);
-      n.base_read = LayerBaseBytes(c.layers[i], StreamedBaseSourceOf(c.model, c.job));
+      n.base_read = LayerBaseBytes(c.layers[i], base_source);
     }
     for (const ParamSpec& p : c.layers[i].params) {
       if (p.trainable && p.tied_to.empty()) n.trainable += double(p.numel());
@@ -184,30 +185,6 @@ struct Candidate {
   int tail_parts = 1;
   int grad_accumulators = 1;
 };
-
-MemoryEstimate MemoryOf(const Context& c, const Candidate& k, int gpus) {
-  MemoryPlanInput in;
-  in.model = c.model;
-  in.lora = c.job.lora;
-  in.micro_batch = MicroBatchShape(c.job, c.job.global_batch / k.micro_batches);
-  in.micro_batches = int(k.micro_batches);
-  in.gpus = gpus;
-  in.compute_dtype = c.job.compute_dtype;
-  in.stages = k.stages;
-  in.tail_parts = k.tail_parts;
-  in.grad_accumulators = k.grad_accumulators;
-  in.recompute = k.recompute;
-  in.activations_on_nvme = k.activations == Tier::kNvme;
-  in.keep_activations = k.keep;
-  in.forward_only = c.job.forward_only;
-  in.generate_positions = c.job.generate_positions;
-  in.logit_rows = c.job.logit_rows;
-  in.optimizer_on_nvme = k.optimizer == Tier::kNvme;
-  in.frozen_weights_on_nvme = k.frozen == Tier::kNvme;
-  in.scratch = c.job.scratch;
-  in.frozen_base_from_files = c.job.frozen_base_from_files;
-  return ComputeMemory(in);
-}
 
 // How far over its budget each tier is (need / budget); <= 1 everywhere: fits.
 struct Fit {
@@ -358,13 +335,14 @@ void NvmeTraffic(const Context& c, const MemoryEstimate& m, Plan& p) {
   if (p.frozen_weights == Tier::kNvme) {
     const StreamedBaseSource source = StreamedBaseSourceOf(c.model, c.job);
     p.nvme_read_bytes += StreamedBaseBytes(c.layers, source, p.stages, p.gpus, p.tail_parts);
-    for (const LayerSpec& l : c.layers) {
-      for (const ParamSpec& q : l.params) {
-        p.base_reads_at_most = p.base_reads_at_most ||
-                               (source.file_layout == nullptr && l.kind != LayerKind::kEmbedding &&
-                                !q.trainable && source.FromFiles(q));
-      }
-    }
+    // Without the files' layout a streamed weight the files serve is counted at the most.
+    p.base_reads_at_most =
+        source.file_layout == nullptr && std::ranges::any_of(c.layers, [&](const LayerSpec& l) {
+          return l.kind != LayerKind::kEmbedding &&
+                 std::ranges::any_of(l.params, [&](const ParamSpec& q) {
+                   return !q.trainable && source.FromFiles(q);
+                 });
+        });
   }
   for (const Allocation& a : m.nvme.allocations) {
     if (a.name == "activations.saved") {  // each entry written and read once; a.bytes is space
@@ -422,6 +400,15 @@ Candidate CandidateOf(const Plan& plan) {
   k.tail_parts = plan.tail_parts;
   k.grad_accumulators = plan.grad_accumulators;
   return k;
+}
+
+// Candidate `k`'s memory on `gpus` devices: the memory model's input as a plan of it gives it.
+MemoryEstimate MemoryOf(const Context& c, const Candidate& k, int gpus) {
+  Plan p = PlanOf(k);
+  p.job = c.job;
+  p.gpus = gpus;
+  p.micro_batch_size = c.job.global_batch / k.micro_batches;
+  return ComputeMemory(MemoryInputOf(c.model, p));
 }
 
 Status ValidateInputs(const ModelConfig& model, const PlanJob& job, const HardwareProfile& hw) {
