@@ -8,6 +8,7 @@
 #include <set>
 
 #include "engine/json.h"
+#include "engine/model/model_stack.h"
 #include "engine/model/weights_io.h"
 #include "offload/file_io.h"
 
@@ -463,8 +464,9 @@ Status LoadBnb4bitBase(const FolderWeights& folder, const ModelConfig& config,
               "model folder " + folder.dir() + " is pre-quantized by bitsandbytes (NF4, '" +
               p.name +
               "'), but the model was set up to hold that weight unquantized: ferry keeps NF4 the "
-              "block projections of Llama-family models (Llama, Mistral, Qwen2, Qwen3) only, with "
-              "--quantize nf4 (training: with --lora-rank N too)");
+              "block projections of " +
+              Nf4ModelTypes() +
+              " models only, with --quantize nf4 (training: with --lora-rank N too)");
         }
         FERRY_RETURN_IF_ERROR(ValidateNf4(w, p.name));
         held.insert(p.name);

@@ -1,5 +1,6 @@
 #include "engine/model/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numbers>
@@ -354,6 +355,26 @@ Status Positive(const char* field, int64_t v) {
 
 std::string_view ModelFamilyName(ModelFamily f) { return SchemaOf(f).name; }
 
+std::vector<ModelFamily> ModelFamilies() {
+  std::vector<ModelFamily> out;
+  for (const ConfigSchema& s : Schemas()) out.push_back(s.family);
+  return out;
+}
+
+const std::vector<std::string_view>& ModelTypesOf(ModelFamily f) { return SchemaOf(f).model_types; }
+
+std::string ModelTypesList(const std::vector<ModelFamily>& families) {
+  std::vector<std::string_view> types;
+  for (ModelFamily f : families) {
+    types.insert(types.end(), ModelTypesOf(f).begin(), ModelTypesOf(f).end());
+  }
+  std::string out;
+  for (size_t i = 0; i < types.size(); ++i) {
+    out += (i == 0 ? "" : i + 1 == types.size() ? " and " : ", ") + std::string(types[i]);
+  }
+  return out;
+}
+
 Result<ModelConfig> ParseHfConfig(std::string_view json_text) {
   json j = json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Status::InvalidArgument("config.json is not well-formed JSON");
@@ -369,20 +390,14 @@ Result<ModelConfig> ParseHfConfig(std::string_view json_text) {
     return Status::InvalidArgument("config.json: field 'model_type' is missing");
   }
   const ConfigSchema* schema = nullptr;
-  std::string known;  // "llama, mistral, qwen2, qwen3 and gpt2"
   for (const ConfigSchema& sc : Schemas()) {
-    for (std::string_view type : sc.model_types) {
-      if (type == c.model_type) schema = &sc;
-      known += (known.empty() ? "" : ", ") + std::string(type);
-    }
-  }
-  if (const size_t last = known.rfind(", "); last != std::string::npos) {
-    known.replace(last, 2, " and ");
+    if (std::ranges::find(sc.model_types, c.model_type) != sc.model_types.end()) schema = &sc;
   }
   if (schema == nullptr) {
     std::string arch = c.architecture.empty() ? "" : " (" + c.architecture + ")";
     return Status::InvalidArgument("config.json: model_type '" + c.model_type + "'" + arch +
-                                   " is not supported; ferry runs " + known);
+                                   " is not supported; ferry runs " +
+                                   ModelTypesList(ModelFamilies()));
   }
   c.family = schema->family;
   FERRY_RETURN_IF_ERROR(schema->parse(j, f, &c));

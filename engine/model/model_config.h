@@ -33,6 +33,13 @@ enum class NormKind { kRmsNorm, kLayerNorm };
 enum class Activation { kSiluGlu, kGeluTanh, kGeluExact };  // SwiGLU | GPT-2 "gelu_new" | "gelu"
 
 std::string_view ModelFamilyName(ModelFamily f);  // "llama", "gpt2"
+// Every family ferry describes, in its schema table's order (model_config.cc).
+std::vector<ModelFamily> ModelFamilies();
+// The model types (config.json's model_type) family `f` reads: "llama", "mistral", "qwen2",
+// "qwen3" for kLlama.
+const std::vector<std::string_view>& ModelTypesOf(ModelFamily f);
+// The model types of `families` as a message lists them: "llama, mistral, qwen2 and qwen3".
+std::string ModelTypesList(const std::vector<ModelFamily>& families);
 
 // Llama 3's RoPE frequency scaling (rope_type "llama3"); kind kNone: plain RoPE.
 struct RopeScaling {

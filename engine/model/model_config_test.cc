@@ -89,6 +89,36 @@ TEST(ModelConfigTest, LegacyFieldsAndDefaults) {
   EXPECT_FALSE(q2->o_bias);   // and none on o_proj
 }
 
+// The family table lists each model type once; each parses into its family, whose written
+// config.json reads back as the same family, and an unknown type's error lists them all.
+TEST(ModelConfigTest, EveryModelTypeOfTheTableParsesIntoItsFamily) {
+  EXPECT_EQ(ModelTypesList(ModelFamilies()), "llama, mistral, qwen2, qwen3 and gpt2");
+  EXPECT_EQ(ModelTypesList({ModelFamily::kLlama}), "llama, mistral, qwen2 and qwen3");
+  EXPECT_EQ(ModelTypesList({ModelFamily::kGpt2}), "gpt2");
+  EXPECT_EQ(ModelTypesList({}), "");
+  for (ModelFamily f : ModelFamilies()) {
+    for (std::string_view type : ModelTypesOf(f)) {
+      const std::string text =
+          f == ModelFamily::kGpt2
+              ? R"({"model_type": "gpt2", "vocab_size": 10, "n_embd": 8, "n_layer": 1,
+                   "n_head": 2, "n_positions": 16})"
+              : R"({"model_type": ")" + std::string(type) + R"(", "vocab_size": 10,
+                   "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
+                   "num_attention_heads": 2})";
+      Result<ModelConfig> c = ParseHfConfig(text);
+      ASSERT_TRUE(c.ok()) << type << ": " << c.status().ToString();
+      EXPECT_EQ(c->family, f) << type;
+      EXPECT_EQ(c->model_type, type);
+      Result<ModelConfig> again = ParseHfConfig(ToHfConfigJson(*c).dump());
+      ASSERT_TRUE(again.ok()) << type << ": " << again.status().ToString();
+      EXPECT_EQ(again->family, f) << type;
+    }
+  }
+  ExpectRefused(R"({"model_type": "bert"})",
+                "model_type 'bert' is not supported; ferry runs llama, mistral, qwen2, qwen3 and "
+                "gpt2");
+}
+
 TEST(ModelConfigTest, RefusesWhatItCannotRun) {
   ExpectRefused("{not json", "well-formed");
   ExpectRefused(R"({"model_type": "bert", "architectures": ["BertModel"]})", "BertModel");

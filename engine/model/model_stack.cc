@@ -58,9 +58,16 @@ const FamilyNames& NamesOf(ModelFamily family) { return FamilyOf(family).names; 
 Status CheckBaseQuant(const ModelConfig& c, BaseQuant quantize) {
   const char* no_nf4 = FamilyOf(c.family).no_nf4;
   if (quantize == BaseQuant::kNone || no_nf4 == nullptr) return Status::Ok();
-  return Status::InvalidArgument(
-      "ferry holds NF4 projections for Llama-family models (Llama, Mistral, Qwen2, Qwen3) only; " +
-      std::string(no_nf4));
+  return Status::InvalidArgument("ferry holds NF4 projections of " + Nf4ModelTypes() +
+                                 " models only; " + std::string(no_nf4));
+}
+
+std::string Nf4ModelTypes() {
+  std::vector<ModelFamily> able;
+  for (ModelFamily f : ModelFamilies()) {
+    if (FamilyOf(f).no_nf4 == nullptr) able.push_back(f);
+  }
+  return ModelTypesList(able);
 }
 
 std::string BlockPrefix(const ModelConfig& c, int64_t block) {

@@ -45,6 +45,9 @@ inline const FamilyNames& NamesOf(const ModelConfig& c) { return NamesOf(c.famil
 // InvalidArgument saying which families can, and why this one cannot, otherwise. Callers add what
 // the user should do.
 Status CheckBaseQuant(const ModelConfig& c, BaseQuant quantize);
+// The model types whose block projections NF4 can hold, as messages list them: "llama, mistral,
+// qwen2 and qwen3".
+std::string Nf4ModelTypes();
 
 // The prefix of block `block`'s parameters, e.g. "model.layers.3.".
 std::string BlockPrefix(const ModelConfig& c, int64_t block);

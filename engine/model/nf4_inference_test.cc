@@ -124,6 +124,10 @@ TEST(Nf4InferenceTest, OnlyTheLlamaFamilyHoldsNf4Projections) {
   const Status refused = CheckBaseQuant(gpt2, BaseQuant::kNf4);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.message().find("GPT-2"), std::string::npos) << refused.ToString();
+  EXPECT_EQ(Nf4ModelTypes(), "llama, mistral, qwen2 and qwen3");
+  EXPECT_NE(refused.message().find("of llama, mistral, qwen2 and qwen3 models only"),
+            std::string::npos)
+      << refused.ToString();
   JobSpec job;
   job.lora = {.rank = 4, .quantize = BaseQuant::kNf4};
   EXPECT_TRUE(ValidateJobSpec(job, TinyLlamaPreset()).ok());
