@@ -146,7 +146,7 @@ TEST_F(PipelineCliTest, SkipRateProbeKeepsTheNominalPredictionAndTheSameWeights)
       << probed.output;
   EXPECT_EQ(skipped.output.find("measured in"), std::string::npos) << skipped.output;
   EXPECT_EQ(skipped.output.find("rates measured here"), std::string::npos) << skipped.output;
-  EXPECT_NE(skipped.output.find("plan for profile cpu-devices, 1 devices"), std::string::npos)
+  EXPECT_NE(skipped.output.find("plan for profile cpu-devices, 1 device,"), std::string::npos)
       << skipped.output;
   const std::string a = FileBytes(dir_ + "/probed/model.safetensors");
   EXPECT_FALSE(a.empty());

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "engine/plan/byte_size.h"
 #include "offload/file_io.h"
@@ -30,27 +31,35 @@ std::string Seconds(double s) {
   return buf;
 }
 
-// Rows of (label, measured, predicted), each column padded to its widest entry.
+// Rows of (label, measured, predicted), each column padded to its widest entry; a row's notes
+// follow it on lines of their own, under its measured column.
 class Table {
  public:
-  void Add(std::string label, std::string measured, std::string predicted) {
-    rows_.push_back({std::move(label), std::move(measured), std::move(predicted)});
+  void Add(std::string label, std::string measured, std::string predicted,
+           std::vector<std::string> notes = {}) {
+    rows_.push_back(
+        {{std::move(label), std::move(measured), std::move(predicted)}, std::move(notes)});
   }
   std::string Text() const {
     size_t w[2] = {0, 0};
-    for (const auto& r : rows_) {
-      for (size_t c = 0; c < 2; ++c) w[c] = std::max(w[c], r[c].size());
+    for (const Row& r : rows_) {
+      for (size_t c = 0; c < 2; ++c) w[c] = std::max(w[c], r.cells[c].size());
     }
     std::string out;
-    for (const auto& r : rows_) {
-      out += "  " + r[0] + std::string(w[0] - r[0].size() + 2, ' ') + r[1] +
-             std::string(w[1] - r[1].size() + 3, ' ') + r[2] + "\n";
+    for (const Row& r : rows_) {
+      out += "  " + r.cells[0] + std::string(w[0] - r.cells[0].size() + 2, ' ') + r.cells[1] +
+             std::string(w[1] - r.cells[1].size() + 3, ' ') + r.cells[2] + "\n";
+      for (const std::string& note : r.notes) out += std::string(w[0] + 4, ' ') + note + "\n";
     }
     return out;
   }
 
  private:
-  std::vector<std::array<std::string, 3>> rows_;
+  struct Row {
+    std::array<std::string, 3> cells;
+    std::vector<std::string> notes;
+  };
+  std::vector<Row> rows_;
 };
 
 // The median update after the first (which also creates what later steps reuse), with the range.
@@ -73,7 +82,8 @@ std::string MeasuredVsPredicted(const plan::Plan& plan, const MeasuredRun& run) 
   using plan::FormatByteSize;
   const size_t stages = plan.stages.size();
   const std::string head = "measured vs predicted (plan for profile " + plan.hardware_name + ", " +
-                           std::to_string(plan.gpus) + " devices, " + std::to_string(stages) +
+                           std::to_string(plan.gpus) +
+                           (plan.gpus == 1 ? " device, " : " devices, ") + std::to_string(stages) +
                            (stages == 1 ? " forward stage" : " forward stages") + "):\n";
   Table table;
   table.Add("step time", StepTime(run.step_seconds), "predicted " + Seconds(plan.step_s));
@@ -85,24 +95,30 @@ std::string MeasuredVsPredicted(const plan::Plan& plan, const MeasuredRun& run) 
   }
   const uint64_t pinned = plan.memory.pinned_host.total();
   const uint64_t pageable = plan.memory.pageable_host.total();
+  // With the resident set at the start known, the row compares the rest of the peak (what the
+  // run's own allocations added) with the plan, and a note shows how the peak splits.
   std::string host = "unknown";
+  std::vector<std::string> notes;
   if (run.host_peak_bytes > 0 && run.host_start_bytes > 0) {
     const uint64_t known = run.host_start_bytes + arenas + run.host_file_growth_bytes;
-    host = FormatByteSize(run.host_peak_bytes) +
-           " (process RSS: " + FormatByteSize(run.host_start_bytes) + " at start + " +
-           FormatByteSize(arenas) + " device arenas in RAM + " +
-           (run.host_file_growth_bytes > 0
-                ? FormatByteSize(run.host_file_growth_bytes) + " code and files paged in + "
-                : std::string()) +
-           FormatByteSize(run.host_peak_bytes > known ? run.host_peak_bytes - known : 0) +
-           " the rest)";
+    const std::string rest =
+        FormatByteSize(run.host_peak_bytes > known ? run.host_peak_bytes - known : 0);
+    host = rest + " (the rest of the process's peak RSS, below)";
+    notes.push_back("peak RSS " + FormatByteSize(run.host_peak_bytes) + " = " +
+                    FormatByteSize(run.host_start_bytes) + " at start + " + FormatByteSize(arenas) +
+                    " device arenas in RAM");
+    notes.push_back("  + " +
+                    (run.host_file_growth_bytes > 0 ? FormatByteSize(run.host_file_growth_bytes) +
+                                                          " code and files paged in + "
+                                                    : std::string()) +
+                    rest + " the rest");
   } else if (run.host_peak_bytes > 0) {
     host = FormatByteSize(run.host_peak_bytes) + " (process RSS; " + FormatByteSize(arenas) +
            " of it device arenas in RAM)";
   }
-  table.Add("host peak", host,
-            "planned " + FormatByteSize(pinned + pageable) + " (pinned " + FormatByteSize(pinned) +
-                " + pageable " + FormatByteSize(pageable) + ")");
+  notes.push_back("planned: pinned " + FormatByteSize(pinned) + " + pageable " +
+                  FormatByteSize(pageable));
+  table.Add("host peak", host, "planned " + FormatByteSize(pinned + pageable), std::move(notes));
   if (const uint64_t nvme = plan.memory.nvme.total(); nvme > 0 || plan.nvme_read_bytes > 0) {
     std::string parts;
     if (run.nvme_bytes > 0) parts = "optimizer state";
