@@ -17,6 +17,7 @@
 #include "apps/eval_command.h"
 #include "apps/generate_command.h"
 #include "apps/job_file.h"
+#include "apps/merge_command.h"
 #include "apps/plan_command.h"
 #include "apps/probe_command.h"
 #include "apps/tokenize_command.h"
@@ -71,6 +72,8 @@ int Main(int argc, char** argv) {
   generate.job_file = &job_file;
   ferry::TokenizeCommand tokenize;
   ferry::AddTokenizeCommand(app, &tokenize);
+  ferry::MergeCommand merge;
+  ferry::AddMergeCommand(app, &merge);
   ferry::RefuseOutOfRangeIntegers(app);  // CLI11 2.1 would saturate 99999999999999999999
   try {
     app.parse(argc, argv);
@@ -108,6 +111,7 @@ int Main(int argc, char** argv) {
   if (eval.app->parsed()) code = ferry::RunEvalCommand(eval);
   if (generate.app->parsed()) code = ferry::RunGenerateCommand(generate);
   if (tokenize.app->parsed()) code = ferry::RunTokenizeCommand(tokenize);
+  if (merge.app->parsed()) code = ferry::RunMergeCommand(merge);
   // Output that could not be written (stdout on a full disk, `> /dev/full`) is a failure too.
   errno = 0;
   if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {

@@ -267,6 +267,57 @@ TEST_F(ModelFolderCliTest, LoraRunFolderAndAdapter) {
   EXPECT_LT(with_adapter, ExpectedLoss(src_, ""));
 }
 
+// `ferry merge`: the run's adapter merged into its base is one plain model folder that computes
+// what base and adapter computed together (f32: to rounding; the base's bf16 by default: to its
+// rounding), sharded as asked; refusals are one line and write nothing.
+TEST_F(ModelFolderCliTest, MergeWritesOneFolderThatComputesWhatBaseAndAdapterDid) {
+  namespace fs = std::filesystem;
+  const std::string run = TrainLora();
+  const double with_adapter = ExpectedLoss(src_, run);
+  const std::string merged = dir_ + "/merged";
+  CommandResult r = Ferry("merge --model " + run + " --out " + merged + " --dtype f32");
+  ASSERT_EQ(r.code, 0) << r.output;
+  // Every projection of both blocks (q, k, v, o, gate, up, down).
+  EXPECT_NE(r.output.find("merged 14 adapted projections (rank 2"), std::string::npos) << r.output;
+  for (const char* file : {"config.json", "model.safetensors", "tokenizer.json"}) {
+    EXPECT_TRUE(fs::exists(merged + "/" + file)) << file;
+  }
+  EXPECT_FALSE(fs::exists(merged + "/adapter_config.json"));
+  EXPECT_NEAR(EvalLoss("--model " + merged, data_), with_adapter, 1e-5 * with_adapter);
+  EXPECT_NE(ExpectedLoss(merged, ""), ExpectedLoss(src_, "")) << "the merge changed nothing";
+
+  const std::string bf16 = dir_ + "/merged-bf16";
+  CommandResult b = Ferry("merge --model " + src_ + " --adapter " + run + " --out " + bf16 +
+                          " --max-shard-size 8KiB");
+  ASSERT_EQ(b.code, 0) << b.output;
+  EXPECT_TRUE(fs::exists(bf16 + "/model.safetensors.index.json"));
+  Result<ModelConfig> c = LoadHfConfig(bf16 + "/config.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->weights_dtype, DType::kBF16);
+  EXPECT_NEAR(EvalLoss("--model " + bf16, data_), with_adapter, 1e-2 * with_adapter);
+
+  const auto merged_size = fs::file_size(merged + "/model.safetensors");
+  const struct {
+    std::string args, says;
+  } refused[] = {
+      {"--model " + src_ + " --out " + dir_ + "/none", "no LoRA adapter"},
+      {"--model " + run + " --out " + merged, "not an empty folder"},
+      {"--model " + run + " --out " + dir_ + "/i32 --dtype i32", "f32, bf16 or f16"},
+      {"--model " + run + " --out " + dir_ + "/bad --max-shard-size lots", "lots"},
+  };
+  for (const auto& c : refused) {
+    CommandResult e = Ferry("merge " + c.args);
+    EXPECT_EQ(e.code, 1) << c.args << ": " << e.output;
+    EXPECT_EQ(e.output.find('\n'), e.output.size() - 1) << c.args << ": " << e.output;
+    EXPECT_NE(e.output.find(c.says), std::string::npos) << c.args << ": " << e.output;
+  }
+  for (const char* gone : {"/none", "/i32", "/bad"}) EXPECT_FALSE(fs::exists(dir_ + gone)) << gone;
+  EXPECT_EQ(fs::file_size(merged + "/model.safetensors"), merged_size);
+  for (const fs::directory_entry& e : fs::directory_iterator(dir_)) {
+    EXPECT_EQ(e.path().filename().string().find(".merging-"), std::string::npos) << e.path();
+  }
+}
+
 TEST_F(ModelFolderCliTest, BadFoldersAreOneLineErrors) {
   namespace fs = std::filesystem;
   const std::string run = TrainLora();

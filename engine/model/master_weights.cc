@@ -57,7 +57,7 @@ Status LoadMasterWeights(const SafetensorsFile& file, const std::vector<LayerSpe
 }
 
 Status WriteParameters(const std::string& path, std::span<const ParamSpec* const> params,
-                       const HostTensors& weights, DType dtype) {
+                       const HostTensors& weights, DType dtype, const ParamAdjust& adjust) {
   std::vector<SafetensorsWriteTensor> tensors;
   tensors.reserve(params.size());
   for (const ParamSpec* p : params)
@@ -74,6 +74,11 @@ Status WriteParameters(const std::string& path, std::span<const ParamSpec* const
                                          std::to_string(values.size()) + " values of '" + p.name +
                                          "', its shape " + ShapeToString(p.shape) + " needs " +
                                          std::to_string(p.numel()));
+        }
+        if (adjust) {
+          if (values.data() != read.data()) read.assign(values.begin(), values.end());
+          FERRY_RETURN_IF_ERROR(adjust(p, std::span<float>(read)));
+          values = read;
         }
         const std::span<const float> stored = CheckpointLayout(p, values, laid);
         bytes.resize(stored.size() * DTypeSize(dtype));

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -45,9 +46,12 @@ Status LoadMasterWeights(const SafetensorsFile& file, const std::vector<LayerSpe
 // and checkpoint layout, as `dtype`, one tensor at a time as the file is written: the file's image
 // is never whole in memory (a 70B model's final weights take no second 280 GB). Errors: a
 // parameter `weights` lacks or holds at another size, named; an I/O error naming the file.
-// Neither leaves a file at `path`.
+// Neither leaves a file at `path`. `adjust`, when set, changes each parameter's fp32 values (master
+// layout, MasterShape) before they are stored; its error stops the write.
+using ParamAdjust = std::function<Status(const ParamSpec& p, std::span<float> values)>;
 Status WriteParameters(const std::string& path, std::span<const ParamSpec* const> params,
-                       const HostTensors& weights, DType dtype);
+                       const HostTensors& weights, DType dtype,
+                       const ParamAdjust& adjust = nullptr);
 
 // WriteParameters of the selected parameters.
 Status SaveMasterWeights(const std::string& path, const std::vector<LayerSpec>& layers,

@@ -390,7 +390,7 @@ Status WriteModelFolder(const std::string& dir, const ModelConfig& config,
     shard_bytes += bytes;
     total_bytes += bytes;
   }
-  const bool sharded = options.max_shard_bytes > 0;
+  const bool sharded = shards.size() > 1;  // one shard: model.safetensors, as transformers writes
   json weight_map = json::object();
   for (size_t s = 0; s < shards.size(); ++s) {
     std::string name = kSingleFile;
@@ -400,8 +400,9 @@ Status WriteModelFolder(const std::string& dir, const ModelConfig& config,
       name = buf;
     }
     for (const ParamSpec* p : shards[s]) weight_map[p->name] = name;
-    FERRY_RETURN_IF_ERROR(WriteParameters(dir + "/" + name, shards[s], weights, options.dtype)
-                              .WithContext("writing model folder " + dir));
+    FERRY_RETURN_IF_ERROR(
+        WriteParameters(dir + "/" + name, shards[s], weights, options.dtype, options.adjust)
+            .WithContext("writing model folder " + dir));
   }
   if (sharded) {
     json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};

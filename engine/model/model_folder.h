@@ -42,6 +42,7 @@
 
 #include "engine/model/base_reader.h"
 #include "engine/model/lora_config.h"
+#include "engine/model/master_weights.h"
 #include "engine/model/model_config.h"
 #include "engine/model/model_runner.h"
 #include "engine/model/param_spec.h"
@@ -142,10 +143,13 @@ Status LoadAdapterWeights(const std::string& adapter_dir, const std::vector<Laye
                           HostTensors& weights);
 
 struct ModelFolderWriteOptions {
-  DType dtype = DType::kF32;   // storage dtype of the weights: F32, BF16 or F16
-  size_t max_shard_bytes = 0;  // 0: one model.safetensors; otherwise shards of at most this
-                               // many bytes each (a larger tensor gets a shard of its own)
-  std::string tokenizer_from;  // folder whose tokenizer/generation files are copied; "" none
+  DType dtype = DType::kF32;     // storage dtype of the weights: F32, BF16 or F16
+  size_t max_shard_bytes = 0;    // 0: one model.safetensors; otherwise shards of at most this
+                                 // many bytes each (a larger tensor gets a shard of its own), with
+                                 // model.safetensors.index.json; a model within one shard is one
+                                 // model.safetensors
+  std::string tokenizer_from;    // folder whose tokenizer/generation files are copied; "" none
+  ParamAdjust adjust = nullptr;  // changes each parameter's values before they are stored
 };
 
 // Writes `config` and the base parameters of `layers` (values in `weights`) as a Hugging Face

@@ -1,0 +1,136 @@
+// The merge of a LoRA adapter into its base, element by element against the sum written out here
+// in double (W + alpha / r * B A) for a Llama model (gate/up fused on devices) and for GPT-2
+// (Conv1D weights stored (in, out), its q/k/v one fused c_attn); every other tensor as it was;
+// errors.
+#include "engine/model/lora_merge.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+
+#include "engine/model/weights_io.h"
+#include "engine/testing/tiny_models.h"
+#include "offload/offload_test_util.h"
+
+namespace ferry {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kLlama[] = R"({"model_type": "llama", "vocab_size": 40, "hidden_size": 16,
+  "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 2,
+  "num_key_value_heads": 1, "torch_dtype": "bfloat16"})";
+constexpr char kGpt2[] = R"({"model_type": "gpt2", "vocab_size": 40, "n_embd": 16, "n_layer": 2,
+  "n_head": 2, "n_positions": 32})";
+
+// A model of `config_json` with a rank-3 adapter on every projection, every tensor (the LoRA B
+// matrices too) drawn at random.
+LoadedModel Model(const char* config_json) {
+  Result<ModelConfig> c = ParseHfConfig(config_json);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  LoadedModel m;
+  m.config = *c;
+  m.lora = {.rank = 3, .alpha = 5.0};
+  m.layers = BuildLayerSpecs(m.config, m.lora);
+  m.weights = testing::TinyWeights(m.layers, 11);
+  return m;
+}
+
+// Writes the merge of `m` into a fresh folder and checks each tensor of its model.safetensors.
+void ExpectMerged(const LoadedModel& m, const std::string& dir, int64_t want_projections) {
+  ModelFolderWriteOptions f32;
+  f32.dtype = DType::kF32;
+  Result<MergeSummary> s = WriteMergedModelFolder(dir, m, f32);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->projections, want_projections);
+  Result<SafetensorsFile> f = SafetensorsFile::Open(dir + "/model.safetensors");
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  const double scaling = m.lora.scaling();
+  int64_t merged = 0, tensors = 0;
+  for (const LayerSpec& layer : m.layers) {
+    for (const ParamSpec& p : layer.params) {
+      if (!p.tied_to.empty()) continue;
+      if (p.lora) {
+        EXPECT_EQ(f->Find(p.name), nullptr) << p.name << ": no adapter in a merged folder";
+        continue;
+      }
+      ++tensors;
+      Result<std::vector<float>> got = f->ReadFloats(p.name, &p.shape);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      const std::vector<float>& w = m.weights.tensors.at(p.name);  // master layout (out, in)
+      const std::string module = p.name.substr(0, p.name.size() - std::string(".weight").size());
+      const std::string a_name = std::string(kPeftPrefix) + module + ".lora_A.weight";
+      auto a = m.weights.tensors.find(a_name);
+      if (!p.name.ends_with(".weight") || a == m.weights.tensors.end()) {
+        // Not adapted: written as it was (f32 to f32, laid out as stored).
+        std::vector<float> laid;
+        const std::span<const float> stored = CheckpointLayout(p, w, laid);
+        ASSERT_EQ(got->size(), stored.size()) << p.name;
+        for (size_t i = 0; i < stored.size(); ++i) ASSERT_EQ((*got)[i], stored[i]) << p.name;
+        continue;
+      }
+      ++merged;
+      const std::vector<float>& b =
+          m.weights.tensors.at(std::string(kPeftPrefix) + module + ".lora_B.weight");
+      const std::vector<int64_t> master = MasterShape(p);
+      const int64_t out = master[0], in = master[1], r = m.lora.rank;
+      for (int64_t o = 0; o < out; ++o) {
+        for (int64_t i = 0; i < in; ++i) {
+          double delta = 0, size = 0;
+          for (int64_t k = 0; k < r; ++k) {
+            delta += double(b[size_t(o * r + k)]) * double(a->second[size_t(k * in + i)]);
+            size += std::abs(double(b[size_t(o * r + k)]) * double(a->second[size_t(k * in + i)]));
+          }
+          const double want = double(w[size_t(o * in + i)]) + scaling * delta;
+          // Stored (in, out) when the checkpoint transposes (GPT-2's Conv1D).
+          const size_t at = size_t(p.transposed ? i * out + o : o * in + i);
+          ASSERT_NEAR((*got)[at], want, 1e-6 * (std::abs(want) + scaling * size) + 1e-30)
+              << p.name << " [" << o << ", " << i << "]";
+        }
+      }
+    }
+  }
+  EXPECT_EQ(merged, want_projections);
+  EXPECT_EQ(s->tensors, tensors);
+  // A plain model folder: config.json reads back as the model, with no adapter beside it.
+  Result<ModelConfig> c = LoadHfConfig(dir + "/config.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->family, m.config.family);
+  EXPECT_EQ(c->weights_dtype, DType::kF32);
+  EXPECT_FALSE(fs::exists(dir + "/adapter_config.json"));
+}
+
+TEST(LoraMerge, LlamaProjectionsGainScaledBATheRestAsWritten) {
+  testing::TempDir tmp;
+  // Seven projections a block: q, k, v, o, gate, up, down.
+  ExpectMerged(Model(kLlama), tmp.path() + "/llama", 2 * 7);
+}
+
+TEST(LoraMerge, Gpt2Conv1DWeightsMergeInTheirStoredLayout) {
+  testing::TempDir tmp;
+  // c_attn (q, k and v fused), attn.c_proj, mlp.c_fc, mlp.c_proj a block.
+  ExpectMerged(Model(kGpt2), tmp.path() + "/gpt2", 2 * 4);
+}
+
+TEST(LoraMerge, RefusesAModelWithoutAnAdapterOrWithAMissingMatrix) {
+  testing::TempDir tmp;
+  LoadedModel m = Model(kLlama);
+  LoadedModel base = m;
+  base.lora = {};
+  base.layers = BuildLayerSpecs(base.config, base.lora);
+  Result<MergeSummary> none = WriteMergedModelFolder(tmp.path() + "/none", base, {});
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("no LoRA adapter"), std::string::npos)
+      << none.status().ToString();
+  const std::string b = std::string(kPeftPrefix) + "model.layers.1.mlp.down_proj.lora_B.weight";
+  ASSERT_EQ(m.weights.tensors.erase(b), 1u);
+  Result<MergeSummary> lacking = WriteMergedModelFolder(tmp.path() + "/lacking", m, {});
+  ASSERT_FALSE(lacking.ok());
+  EXPECT_NE(lacking.status().message().find(b), std::string::npos) << lacking.status().ToString();
+  EXPECT_FALSE(fs::exists(tmp.path() + "/lacking"));
+}
+
+}  // namespace
+}  // namespace ferry
