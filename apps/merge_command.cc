@@ -33,9 +33,7 @@ Status Run(const MergeCommand& cmd) {
         " has no LoRA adapter to merge: give a LoRA run folder of ferry train, or a model "
         "folder with --adapter naming a PEFT adapter folder");
   }
-  FERRY_ASSIGN_OR_RETURN(InferenceModel loaded,
-                         LoadInferenceModel(cmd.model, cmd.adapter, cmd.seed));
-  const LoadedModel& m = loaded.model;
+  FERRY_ASSIGN_OR_RETURN(const LoadedModel m, LoadSourceWeights(source, cmd.seed));
   ModelFolderWriteOptions options;
   options.dtype = m.config.weights_dtype;
   if (cmd.dtype != "auto") {

@@ -163,26 +163,28 @@ LoraConfig InferenceBaseStorage(const ModelSource& s, BaseQuant quantize, bool d
   return base;
 }
 
+Result<LoadedModel> LoadSourceWeights(const ModelSource& s, uint64_t seed, BaseQuant quantize,
+                                      bool double_quant) {
+  const LoraConfig base = InferenceBaseStorage(s, quantize, double_quant);
+  if (!s.tiny)
+    return LoadModelFolder(s.weights_dir, s.adapter_dir, base.quantize, base.double_quant);
+  // Untrained (initialized from `seed`): a smoke test of the pipeline, not of the text.
+  LoadedModel m;
+  m.config = s.config;
+  m.lora.quantize = base.quantize;
+  m.lora.double_quant = base.double_quant;
+  m.layers = BuildLayerSpecs(s.config, m.lora);
+  m.weights = InitMasterWeights(m.layers, seed);
+  FERRY_RETURN_IF_ERROR(QuantizeFrozenBase(m.layers, m.weights));
+  return m;
+}
+
 Result<InferenceModel> LoadInferenceModel(const std::string& model, const std::string& adapter,
                                           uint64_t seed, BaseQuant quantize, bool double_quant) {
   InferenceModel m;
   FERRY_ASSIGN_OR_RETURN(m.source, ResolveModelSource(model, adapter, ModelUse::kInference));
   const ModelSource& s = m.source;
-  const LoraConfig base = InferenceBaseStorage(s, quantize, double_quant);
-  quantize = base.quantize;
-  double_quant = base.double_quant;
-  if (s.tiny) {
-    // Untrained (initialized from `seed`): a smoke test of the pipeline, not of the text.
-    m.model.config = s.config;
-    m.model.lora.quantize = quantize;
-    m.model.lora.double_quant = double_quant;
-    m.model.layers = BuildLayerSpecs(s.config, m.model.lora);
-    m.model.weights = InitMasterWeights(m.model.layers, seed);
-    FERRY_RETURN_IF_ERROR(QuantizeFrozenBase(m.model.layers, m.model.weights));
-  } else {
-    FERRY_ASSIGN_OR_RETURN(m.model,
-                           LoadModelFolder(s.weights_dir, s.adapter_dir, quantize, double_quant));
-  }
+  FERRY_ASSIGN_OR_RETURN(m.model, LoadSourceWeights(s, seed, quantize, double_quant));
   if (!s.tokenizer_dir.empty()) {
     FERRY_ASSIGN_OR_RETURN(m.tokenizer, LoadTokenizer(s.tokenizer_dir));
     m.template_source = s.tokenizer_dir;

@@ -72,6 +72,13 @@ Result<ModelSource> ResolveModelSource(const std::string& model, const std::stri
 // rank is 0.
 LoraConfig InferenceBaseStorage(const ModelSource& s, BaseQuant quantize, bool double_quant);
 
+// The weights of resolved source `s` (kInference) as inference holds them
+// (InferenceBaseStorage): a model folder's base with its adapter (LoadModelFolder), or "tiny"
+// initialized from `seed`. No tokenizer is needed.
+Result<LoadedModel> LoadSourceWeights(const ModelSource& s, uint64_t seed,
+                                      BaseQuant quantize = BaseQuant::kNone,
+                                      bool double_quant = true);
+
 // A model ready for inference: config, adapter, layers and weights (fp32, or NF4 block
 // projections), and its tokenizer.
 struct InferenceModel {

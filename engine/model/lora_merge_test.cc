@@ -7,10 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 
 #include "engine/model/weights_io.h"
+#include "engine/testing/golden_files.h"
 #include "engine/testing/tiny_models.h"
 #include "offload/offload_test_util.h"
 
@@ -112,6 +116,114 @@ TEST(LoraMerge, Gpt2Conv1DWeightsMergeInTheirStoredLayout) {
   testing::TempDir tmp;
   // c_attn (q, k and v fused), attn.c_proj, mlp.c_fc, mlp.c_proj a block.
   ExpectMerged(Model(kGpt2), tmp.path() + "/gpt2", 2 * 4);
+}
+
+// PEFT's own merge_and_unload of the llama_lora golden adapter (B not zero) onto its base
+// (scripts/make_merge_goldens.py), in fp32 and with the base in bf16 (PEFT adds its fp32 delta to
+// the bf16 weight and rounds once, as ferry does; ferry reads that base from a bf16 copy of the
+// golden's fp32 folder, rounded as torch rounds). On the machine that wrote this every value
+// matched bit for bit; the bounds allow what another BLAS kernel may do: PEFT's B A and ferry's
+// SGEMM each sum the rank's four products in their own order, so an fp32 value may be a rounding
+// or two away, and a bf16 one a step away where those sums straddle a rounding boundary.
+TEST(LoraMerge, MatchesPeftsMergeAndUnload) {
+  testing::TempDir tmp;
+  const std::string base = testing::GoldenPath("llama", "");
+  const std::string adapter = testing::GoldenPath("llama_lora", "");
+  {
+    Result<LoadedModel> f32 = LoadModelFolder(base);
+    ASSERT_TRUE(f32.ok()) << f32.status().ToString();
+    ModelFolderWriteOptions bf16;
+    bf16.dtype = DType::kBF16;
+    ASSERT_TRUE(
+        WriteModelFolder(tmp.path() + "/base_bf16", f32->config, f32->layers, f32->weights, bf16)
+            .ok());
+  }
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    Result<LoadedModel> m =
+        LoadModelFolder(dtype == DType::kF32 ? base : tmp.path() + "/base_bf16", adapter);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    const std::string dir = tmp.path() + "/" + std::string(DTypeName(dtype));
+    ModelFolderWriteOptions options;
+    options.dtype = dtype;
+    Result<MergeSummary> s = WriteMergedModelFolder(dir, *m, options);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_EQ(s->projections, 2 * 7);
+    Result<SafetensorsFile> got = SafetensorsFile::Open(dir + "/model.safetensors");
+    Result<SafetensorsFile> want = SafetensorsFile::Open(testing::GoldenPath(
+        "llama_lora", dtype == DType::kF32 ? "merged.safetensors" : "merged_bf16.safetensors"));
+    ASSERT_TRUE(got.ok() && want.ok());
+    ASSERT_EQ(got->tensors().size(), want->tensors().size());
+    int64_t values = 0, off = 0;
+    for (const SafetensorsTensorInfo& t : want->tensors()) {
+      const SafetensorsTensorInfo* g = got->Find(t.name);
+      ASSERT_NE(g, nullptr) << t.name;
+      ASSERT_EQ(g->dtype, t.dtype) << t.name;
+      ASSERT_EQ(g->shape, t.shape) << t.name;
+      Result<std::vector<float>> a = got->ReadFloats(t.name), b = want->ReadFloats(t.name);
+      ASSERT_TRUE(a.ok() && b.ok()) << t.name;
+      for (size_t i = 0; i < b->size(); ++i) {
+        ++values;
+        if ((*a)[i] == (*b)[i]) continue;
+        ++off;
+        if (dtype == DType::kF32) {
+          EXPECT_NEAR((*a)[i], (*b)[i], 4e-7 * (std::abs((*b)[i]) + 0.05)) << t.name << " " << i;
+        } else {  // one bf16 step apart: their f32 bit patterns differ by 1 << 16
+          uint32_t x, y;
+          std::memcpy(&x, &(*a)[i], 4);
+          std::memcpy(&y, &(*b)[i], 4);
+          EXPECT_EQ(x > y ? x - y : y - x, 1u << 16) << t.name << " " << i;
+        }
+      }
+    }
+    std::printf("[ INFO     ] %s: %lld of %lld values differ from PEFT's merge\n",
+                std::string(DTypeName(dtype)).c_str(), (long long)off, (long long)values);
+    EXPECT_LT(off, values / (dtype == DType::kF32 ? 4 : 100)) << DTypeName(dtype);
+  }
+}
+
+// A QLoRA base (a folder pre-quantized by bitsandbytes) is dequantized and merged: each adapted
+// weight is bitsandbytes' own dequantization of it (the llama_bnb4 golden's dequant.safetensors)
+// plus scaling * B A, written unquantized.
+TEST(LoraMerge, DequantizesAnNf4BaseAndMergesIntoIt) {
+  testing::TempDir tmp;
+  Result<LoadedModel> m = LoadModelFolder(testing::GoldenPath("llama_bnb4", ""),
+                                          testing::GoldenPath("llama_qlora", ""));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_EQ(m->lora.quantize, BaseQuant::kNf4);
+  ModelFolderWriteOptions f32;
+  f32.dtype = DType::kF32;
+  Result<MergeSummary> s = WriteMergedModelFolder(tmp.path() + "/merged", *m, f32);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->projections, 2 * 7);
+  Result<SafetensorsFile> got = SafetensorsFile::Open(tmp.path() + "/merged/model.safetensors");
+  Result<SafetensorsFile> dequant =
+      SafetensorsFile::Open(testing::GoldenPath("llama_bnb4", "dequant.safetensors"));
+  ASSERT_TRUE(got.ok() && dequant.ok());
+  const double scaling = m->lora.scaling();
+  for (const SafetensorsTensorInfo& t : dequant->tensors()) {
+    Result<std::vector<float>> w = dequant->ReadFloats(t.name), g = got->ReadFloats(t.name);
+    ASSERT_TRUE(w.ok() && g.ok()) << t.name;
+    const std::string module = t.name.substr(0, t.name.size() - std::string(".weight").size());
+    const std::vector<float>& a =
+        m->weights.tensors.at(std::string(kPeftPrefix) + module + ".lora_A.weight");
+    const std::vector<float>& b =
+        m->weights.tensors.at(std::string(kPeftPrefix) + module + ".lora_B.weight");
+    const int64_t out = t.shape[0], in = t.shape[1], r = m->lora.rank;
+    for (int64_t o = 0; o < out; ++o) {
+      for (int64_t i = 0; i < in; ++i) {
+        double delta = 0;
+        for (int64_t k = 0; k < r; ++k) delta += double(b[o * r + k]) * double(a[k * in + i]);
+        const double want = double((*w)[o * in + i]) + scaling * delta;
+        ASSERT_NEAR((*g)[o * in + i], want, 1e-6 * (std::abs(want) + 0.05))
+            << t.name << " [" << o << ", " << i << "]";
+      }
+    }
+  }
+  Result<ModelConfig> c = LoadHfConfig(tmp.path() + "/merged/config.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  Result<LoadedModel> plain = LoadModelFolder(tmp.path() + "/merged");
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ(plain->lora.quantize, BaseQuant::kNone) << "the merged folder is not quantized";
 }
 
 TEST(LoraMerge, RefusesAModelWithoutAnAdapterOrWithAMissingMatrix) {
