@@ -495,6 +495,18 @@ def make_bnb4(out, base):
     return info
 
 
+def golden_setup(doc):
+    """The --out folder of a golden script described by `doc` (default tests/goldens/), parsed from
+    the command line, with torch made deterministic on one thread as every golden is written."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(here, "..", "tests", "goldens"))
+    args = ap.parse_args()
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    return args.out
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

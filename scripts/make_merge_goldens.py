@@ -18,7 +18,6 @@ tests/goldens/llama_lora/ gains:
   merge.json               the package versions and what was merged
 """
 
-import argparse
 import json
 import os
 import sys
@@ -40,14 +39,9 @@ def merged_weights(base_dir, adapter_dir, dtype):
 
 
 def main():
-    here = os.path.dirname(os.path.abspath(__file__))
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(here, "..", "tests", "goldens"))
-    args = ap.parse_args()
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
-    base = os.path.join(args.out, "llama")
-    d = os.path.join(args.out, "llama_lora")
+    out = mg.golden_setup(__doc__)
+    base = os.path.join(out, "llama")
+    d = os.path.join(out, "llama_lora")
     f32 = merged_weights(base, d, torch.float32)
     bf16 = merged_weights(base, d, torch.bfloat16)
     save_file(f32, os.path.join(d, "merged.safetensors"), metadata={"format": "pt"})

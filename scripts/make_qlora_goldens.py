@@ -27,7 +27,6 @@ then multiplies), attention "eager", dropout 0; the loss, schedule, clipping and
 make_goldens.py (its docstring states them).
 """
 
-import argparse
 import json
 import os
 import sys
@@ -122,13 +121,8 @@ def make_qlora(out):
 
 
 def main():
-    here = os.path.dirname(os.path.abspath(__file__))
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(here, "..", "tests", "goldens"))
-    args = ap.parse_args()
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
-    info = make_qlora(args.out)
+    out = mg.golden_setup(__doc__)
+    info = make_qlora(out)
     print(f"llama_qlora: {info['num_trainable']} trainable, loss {info['loss']}, "
           f"final loss {info['steps'][-1]['loss']}")
 
