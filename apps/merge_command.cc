@@ -1,29 +1,73 @@
 #include "apps/merge_command.h"
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <system_error>
 
+#include "apps/job_options.h"
 #include "engine/job/model_source.h"
+#include "engine/json.h"
 #include "engine/model/lora_merge.h"
 #include "engine/plan/byte_size.h"
+#include "offload/file_io.h"
 
 namespace ferry {
 namespace {
 
 namespace fs = std::filesystem;
 
+// The folders earlier merges into `out` left beside it when they were killed
+// (".NAME.merging-PID" whose process is gone), removed.
+void RemoveStalePartials(const fs::path& out) {
+  const std::string prefix = "." + out.filename().string() + ".merging-";
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(out.parent_path(), ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with(prefix)) continue;
+    const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
+    if (pid > 0 && kill(pid_t(pid), 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ec);
+  }
+}
+
+// config.json of the merged folder: the base's own (every field transformers wrote, token ids
+// included), with the dtype written and without a quantization_config.
+Status WriteMergedConfig(const std::string& base_config, DType dtype, const std::string& dir) {
+  FERRY_ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(base_config));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return Status::InvalidArgument(base_config + " is not a JSON object");
+  const char* torch_name = dtype == DType::kF32    ? "float32"
+                           : dtype == DType::kBF16 ? "bfloat16"
+                                                   : "float16";
+  j.erase("quantization_config");
+  if (j.contains("dtype")) j["dtype"] = torch_name;  // transformers 5's name
+  j["torch_dtype"] = torch_name;
+  return WriteTextFile(dir + "/config.json", j.dump(2) + "\n");
+}
+
 Status Run(const MergeCommand& cmd) {
   if (cmd.out.empty()) return Status::InvalidArgument("--out DIR is required");
   std::error_code ec;
-  if (fs::exists(cmd.out, ec) && !(fs::is_directory(cmd.out, ec) && fs::is_empty(cmd.out, ec))) {
+  fs::path out = fs::absolute(cmd.out, ec).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();  // "merged/", "."
+  if (ec || !out.has_filename() || out == out.root_path()) {
+    return Status::InvalidArgument("--out " + cmd.out + ": give a new folder to write");
+  }
+  if (fs::is_symlink(out, ec)) {
+    return Status::InvalidArgument("--out " + cmd.out +
+                                   " is a symbolic link: give the folder it names, or a new one");
+  }
+  if (fs::exists(out, ec) && !(fs::is_directory(out, ec) && fs::is_empty(out, ec))) {
     return Status::InvalidArgument("--out " + cmd.out +
                                    " exists and is not an empty folder: give a new folder (the "
                                    "merge never writes over files)");
   }
-  FERRY_ASSIGN_OR_RETURN(const uint64_t shard, plan::ParseByteSize(cmd.max_shard_size));
+  Result<uint64_t> shard = plan::ParseByteSize(cmd.max_shard_size);
+  if (!shard.ok()) return shard.status().WithContext("--max-shard-size");
   // Resolved before anything is loaded: a folder without an adapter fails here.
   FERRY_ASSIGN_OR_RETURN(const ModelSource source,
                          ResolveModelSource(cmd.model, cmd.adapter, ModelUse::kInference));
@@ -33,7 +77,8 @@ Status Run(const MergeCommand& cmd) {
         " has no LoRA adapter to merge: give a LoRA run folder of ferry train, or a model "
         "folder with --adapter naming a PEFT adapter folder");
   }
-  FERRY_ASSIGN_OR_RETURN(const LoadedModel m, LoadSourceWeights(source, cmd.seed));
+  FERRY_ASSIGN_OR_RETURN(const LoadedModel m,
+                         LoadSourceWeights(source, /*seed=*/0, cmd.quantize, cmd.double_quant));
   ModelFolderWriteOptions options;
   options.dtype = m.config.weights_dtype;
   if (cmd.dtype != "auto") {
@@ -45,14 +90,20 @@ Status Run(const MergeCommand& cmd) {
                                    ": the merged weights are written as "
                                    "f32, bf16 or f16 (auto: the base's)");
   }
-  options.max_shard_bytes = size_t(shard);
+  options.max_shard_bytes = size_t(*shard);
   options.tokenizer_from = source.tokenizer_dir;
   // Written beside --out, then renamed onto it: a failure leaves no half-written model there.
-  const fs::path out = fs::absolute(cmd.out, ec).lexically_normal();
+  RemoveStalePartials(out);
   const fs::path partial =
       out.parent_path() / ("." + out.filename().string() + ".merging-" + std::to_string(getpid()));
   fs::remove_all(partial, ec);
   Result<MergeSummary> merged = WriteMergedModelFolder(partial.string(), m, options);
+  if (merged.ok() && !source.config_path.empty()) {
+    if (Status c = WriteMergedConfig(source.config_path, options.dtype, partial.string());
+        !c.ok()) {
+      merged = c;
+    }
+  }
   if (merged.ok()) {
     fs::remove(out, ec);  // the empty folder, if any
     fs::rename(partial, out, ec);
@@ -95,7 +146,7 @@ void AddMergeCommand(CLI::App& parent, MergeCommand* cmd) {
   m->add_option("--max-shard-size", cmd->max_shard_size,
                 "Largest safetensors file (e.g. 5GB, 2GiB; 0: one model.safetensors)")
       ->capture_default_str();
-  m->add_option("--seed", cmd->seed, "Initialization seed of --model tiny")->capture_default_str();
+  AddQuantizeOptions(*m, &cmd->quantize, &cmd->double_quant, QuantizeUse::kInference);
 }
 
 int RunMergeCommand(MergeCommand& cmd) {

@@ -256,7 +256,7 @@ if job_step "make the model" 60 "$logs/job_make.log" python3 "$repo/scripts/gpu_
       summary+=("job $name train: ${tokps:-?} tok/s; model FLOP/s (6 x params x tok/s) $mfu of\
  the probed bf16 GEMM rate (${bf16:-?} TFLOP/s)")
       while IFS= read -r line; do summary+=("job $name train: $(echo "$line" | tr -s ' ')"); done \
-        < <(grep -E '^  (step time|cuda[0-9.]* peak|host peak)|^ +(peak RSS|planned:) ' "$log")
+        < <(grep -E '^  (step time|cuda[0-9.]* peak|host peak)|^ +(peak RSS|planned:|\+ ) ' "$log")
       # Where a step's time went, lane by lane, from the run's own trace.
       while IFS= read -r line; do summary+=("job $name $(echo "$line" | tr -s ' ')"); done \
         < <(timeout 30 python3 "$repo/scripts/trace_summary.py" "$logs/job_trace_$name.json" 2>&1)

@@ -274,9 +274,25 @@ TEST_F(ModelFolderCliTest, MergeWritesOneFolderThatComputesWhatBaseAndAdapterDid
   namespace fs = std::filesystem;
   const std::string run = TrainLora();
   const double with_adapter = ExpectedLoss(src_, run);
+  {  // A field ferry does not read, which the merged config.json keeps.
+    std::ifstream in(src_ + "/config.json");
+    json config = json::parse(in);
+    config["bos_token_id"] = 7;
+    std::ofstream(src_ + "/config.json") << config.dump(2);
+  }
+  // What a killed merge left beside --out (its process is gone) is removed by the next one.
+  const std::string stale = dir_ + "/.merged.merging-999999999";
+  fs::create_directories(stale);
   const std::string merged = dir_ + "/merged";
-  CommandResult r = Ferry("merge --model " + run + " --out " + merged + " --dtype f32");
+  CommandResult r = Ferry("merge --model " + run + " --out " + merged + "/ --dtype f32");
   ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_FALSE(fs::exists(stale));
+  {
+    std::ifstream in(merged + "/config.json");
+    const json config = json::parse(in);
+    EXPECT_EQ(config.value("bos_token_id", 0), 7);
+    EXPECT_EQ(config.value("torch_dtype", ""), "float32");
+  }
   // Every projection of both blocks (q, k, v, o, gate, up, down).
   EXPECT_NE(r.output.find("merged 14 adapted projections (rank 2"), std::string::npos) << r.output;
   for (const char* file : {"config.json", "model.safetensors", "tokenizer.json"}) {
@@ -296,6 +312,13 @@ TEST_F(ModelFolderCliTest, MergeWritesOneFolderThatComputesWhatBaseAndAdapterDid
   EXPECT_EQ(c->weights_dtype, DType::kBF16);
   EXPECT_NEAR(EvalLoss("--model " + bf16, data_), with_adapter, 1e-2 * with_adapter);
 
+  // --quantize nf4: into the base the adapter would have been trained over in QLoRA.
+  const std::string nf4 = dir_ + "/merged-nf4";
+  CommandResult q = Ferry("merge --model " + run + " --quantize nf4 --dtype f32 --out " + nf4);
+  ASSERT_EQ(q.code, 0) << q.output;
+  const double nf4_loss = ExpectedLoss(src_, run, BaseQuant::kNf4);
+  EXPECT_NEAR(EvalLoss("--model " + nf4, data_), nf4_loss, 1e-5 * nf4_loss);
+
   const auto merged_size = fs::file_size(merged + "/model.safetensors");
   const struct {
     std::string args, says;
@@ -303,8 +326,11 @@ TEST_F(ModelFolderCliTest, MergeWritesOneFolderThatComputesWhatBaseAndAdapterDid
       {"--model " + src_ + " --out " + dir_ + "/none", "no LoRA adapter"},
       {"--model " + run + " --out " + merged, "not an empty folder"},
       {"--model " + run + " --out " + dir_ + "/i32 --dtype i32", "f32, bf16 or f16"},
-      {"--model " + run + " --out " + dir_ + "/bad --max-shard-size lots", "lots"},
+      {"--model " + run + " --out " + dir_ + "/bad --max-shard-size lots", "--max-shard-size: "},
+      {"--model " + run + " --out " + dir_ + "/link", "symbolic link"},
   };
+  fs::create_directories(dir_ + "/target");
+  fs::create_directory_symlink(dir_ + "/target", dir_ + "/link");
   for (const auto& c : refused) {
     CommandResult e = Ferry("merge " + c.args);
     EXPECT_EQ(e.code, 1) << c.args << ": " << e.output;
@@ -313,6 +339,7 @@ TEST_F(ModelFolderCliTest, MergeWritesOneFolderThatComputesWhatBaseAndAdapterDid
   }
   for (const char* gone : {"/none", "/i32", "/bad"}) EXPECT_FALSE(fs::exists(dir_ + gone)) << gone;
   EXPECT_EQ(fs::file_size(merged + "/model.safetensors"), merged_size);
+  EXPECT_TRUE(fs::is_empty(dir_ + "/target"));
   for (const fs::directory_entry& e : fs::directory_iterator(dir_)) {
     EXPECT_EQ(e.path().filename().string().find(".merging-"), std::string::npos) << e.path();
   }

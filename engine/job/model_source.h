@@ -1,5 +1,6 @@
 // ModelSource: what `--model NAME [--adapter DIR]` names, resolved in one place for every command
-// (train, plan, eval, generate), and the loading of it for inference (eval, generate).
+// (train, plan, eval, generate, merge), and the loading of it for inference (eval, generate,
+// merge).
 //
 // --model is one of:
 //  - "tiny": the built-in preset (random initialization from a seed) with the byte tokenizer;
@@ -40,7 +41,7 @@ namespace ferry {
 enum class ModelUse {
   kConfigOnly,  // plan: the config is enough (presets and config.json files allowed)
   kTrain,       // train: the base weights of a model folder (no adapter)
-  kInference,   // eval, generate: base weights, an adapter, a tokenizer
+  kInference,   // eval, generate, merge: base weights, an adapter, a tokenizer
 };
 
 struct ModelSource {

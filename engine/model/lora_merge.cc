@@ -50,23 +50,25 @@ Result<MergeSummary> WriteMergedModelFolder(const std::string& dir, const Loaded
   const float scaling = float(m.lora.scaling());
   MergeSummary summary;
   ModelFolderWriteOptions write = options;
-  write.adjust = [&](const ParamSpec& p, std::span<float> w) -> Status {
+  write.adjust = [&](const ParamSpec& p, std::span<const float> values,
+                     std::vector<float>& scratch) -> Result<std::span<const float>> {
     ++summary.tensors;
     auto it = adapters.find(p.name);
-    if (it == adapters.end()) return Status::Ok();
+    if (it == adapters.end()) return values;            // stored as loaded, with no copy
     const std::vector<int64_t> shape = MasterShape(p);  // (out, in)
     const Adapter& ad = it->second;
     if (shape.size() != 2 || ad.a.size() != size_t(ad.rank * shape[1]) ||
-        ad.b.size() != size_t(shape[0] * ad.rank) || w.size() != size_t(shape[0] * shape[1])) {
-      return Status::InvalidArgument("the adapter of '" + p.name + "' does not fit its shape " +
-                                     ShapeToString(p.shape));
+        ad.b.size() != size_t(shape[0] * ad.rank) || values.size() != size_t(shape[0] * shape[1])) {
+      return Status::InvalidArgument("the adapter of '" + p.name + "' does not fit its weight of " +
+                                     ShapeToString(shape) + " (out, in)");
     }
-    // w (out, in) += scaling * B (out, r) A (r, in), in fp32.
+    // W (out, in) + scaling * B (out, r) A (r, in), in fp32.
+    scratch.assign(values.begin(), values.end());
     const int out = int(shape[0]), in = int(shape[1]), r = int(ad.rank);
     cpu::Blas().Sgemm(false, false, out, in, r, scaling, ad.b.data(), r, ad.a.data(), in, 1.0f,
-                      w.data(), in);
+                      scratch.data(), in);
     ++summary.projections;
-    return Status::Ok();
+    return std::span<const float>(scratch);
   };
   FERRY_RETURN_IF_ERROR(WriteModelFolder(dir, m.config, m.layers, m.weights, write));
   if (summary.projections != int64_t(adapters.size())) {

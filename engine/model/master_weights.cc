@@ -62,8 +62,9 @@ Status WriteParameters(const std::string& path, std::span<const ParamSpec* const
   tensors.reserve(params.size());
   for (const ParamSpec* p : params)
     tensors.push_back({.name = p->name, .dtype = dtype, .shape = p->shape});
-  std::vector<float> read, laid;  // a tensor read from its file or dequantized; its transpose
-  std::vector<std::byte> bytes;   // the tensor as stored
+  // A tensor read from its file or dequantized; as `adjust` changed it; its transpose.
+  std::vector<float> read, adjusted, laid;
+  std::vector<std::byte> bytes;  // the tensor as stored
   return WriteSafetensors(
       path, tensors,
       [&](size_t i) -> Result<std::span<const std::byte>> {
@@ -76,9 +77,7 @@ Status WriteParameters(const std::string& path, std::span<const ParamSpec* const
                                          std::to_string(p.numel()));
         }
         if (adjust) {
-          if (values.data() != read.data()) read.assign(values.begin(), values.end());
-          FERRY_RETURN_IF_ERROR(adjust(p, std::span<float>(read)));
-          values = read;
+          FERRY_ASSIGN_OR_RETURN(values, adjust(p, values, adjusted));
         }
         const std::span<const float> stored = CheckpointLayout(p, values, laid);
         bytes.resize(stored.size() * DTypeSize(dtype));

@@ -46,9 +46,11 @@ Status LoadMasterWeights(const SafetensorsFile& file, const std::vector<LayerSpe
 // and checkpoint layout, as `dtype`, one tensor at a time as the file is written: the file's image
 // is never whole in memory (a 70B model's final weights take no second 280 GB). Errors: a
 // parameter `weights` lacks or holds at another size, named; an I/O error naming the file.
-// Neither leaves a file at `path`. `adjust`, when set, changes each parameter's fp32 values (master
-// layout, MasterShape) before they are stored; its error stops the write.
-using ParamAdjust = std::function<Status(const ParamSpec& p, std::span<float> values)>;
+// Neither leaves a file at `path`. `adjust`, when set, sees each parameter's fp32 values (master
+// layout, MasterShape) and returns those to store: `values` as they are, or changed ones it keeps
+// in `scratch` (valid until the next call); its error stops the write.
+using ParamAdjust = std::function<Result<std::span<const float>>(
+    const ParamSpec& p, std::span<const float> values, std::vector<float>& scratch)>;
 Status WriteParameters(const std::string& path, std::span<const ParamSpec* const> params,
                        const HostTensors& weights, DType dtype,
                        const ParamAdjust& adjust = nullptr);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <numbers>
+#include <set>
 #include <string>
 
 #include "engine/json.h"
@@ -96,12 +97,14 @@ TEST(ModelConfigTest, EveryModelTypeOfTheTableParsesIntoItsFamily) {
   EXPECT_EQ(ModelTypesList({ModelFamily::kLlama}), "llama, mistral, qwen2 and qwen3");
   EXPECT_EQ(ModelTypesList({ModelFamily::kGpt2}), "gpt2");
   EXPECT_EQ(ModelTypesList({}), "");
+  std::set<std::string_view> seen;
   for (ModelFamily f : ModelFamilies()) {
     for (std::string_view type : ModelTypesOf(f)) {
+      EXPECT_TRUE(seen.insert(type).second) << type << " listed twice";
       const std::string text =
           f == ModelFamily::kGpt2
-              ? R"({"model_type": "gpt2", "vocab_size": 10, "n_embd": 8, "n_layer": 1,
-                   "n_head": 2, "n_positions": 16})"
+              ? R"({"model_type": ")" + std::string(type) + R"(", "vocab_size": 10, "n_embd": 8,
+                   "n_layer": 1, "n_head": 2, "n_positions": 16})"
               : R"({"model_type": ")" + std::string(type) + R"(", "vocab_size": 10,
                    "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
                    "num_attention_heads": 2})";

@@ -149,7 +149,7 @@ struct ModelFolderWriteOptions {
                                  // model.safetensors.index.json; a model within one shard is one
                                  // model.safetensors
   std::string tokenizer_from;    // folder whose tokenizer/generation files are copied; "" none
-  ParamAdjust adjust = nullptr;  // changes each parameter's values before they are stored
+  ParamAdjust adjust = nullptr;  // may change each parameter's values before they are stored
 };
 
 // Writes `config` and the base parameters of `layers` (values in `weights`) as a Hugging Face
