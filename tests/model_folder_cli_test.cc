@@ -159,6 +159,9 @@ class ModelFolderCliTest : public testing::CliTest {
                             run);
     EXPECT_EQ(r.code, 0) << r.output;
     EXPECT_FALSE(std::filesystem::exists(run + "/model.safetensors"));
+    // The run's last line says how to make one model folder of it.
+    EXPECT_NE(r.output.find("`ferry merge --model " + run + " --out DIR`"), std::string::npos)
+        << r.output;
     return run;
   }
 

@@ -389,6 +389,12 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
                FormatDuration(seconds_since(start)).c_str(), last_loss, scaling.c_str(),
                job.out.c_str(),
                job.lora.enabled() ? "adapter_model.safetensors" : "model.safetensors");
+  if (job.lora.enabled()) {
+    std::fprintf(stderr,
+                 "ferry train: `ferry merge --model %s --out DIR` writes the adapter merged into "
+                 "its base as one model folder\n",
+                 job.out.c_str());
+  }
   return Status::Ok();
 }
 
