@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <system_error>
 
@@ -26,16 +26,22 @@ namespace fs = std::filesystem;
 void RemoveStalePartials(const fs::path& out) {
   const std::string prefix = "." + out.filename().string() + ".merging-";
   std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(out.parent_path(), ec)) {
-    const std::string name = e.path().filename().string();
+  for (fs::directory_iterator it(out.parent_path(), ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
     if (!name.starts_with(prefix)) continue;
-    const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
-    if (pid > 0 && kill(pid_t(pid), 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ec);
+    pid_t pid = 0;  // the whole rest of the name, or it is not such a folder
+    const char* first = name.data() + prefix.size();
+    const char* last = name.data() + name.size();
+    const auto [ptr, err] = std::from_chars(first, last, pid);
+    if (err != std::errc() || ptr != last || pid <= 0) continue;
+    std::error_code removed;
+    if (kill(pid, 0) != 0 && errno == ESRCH) fs::remove_all(it->path(), removed);
   }
 }
 
 // config.json of the merged folder: the base's own (every field transformers wrote, token ids
-// included), with the dtype written and without a quantization_config.
+// included), with the dtype written and without a quantization_config or an auto_map (the custom
+// code it names is not copied; ferry's families are transformers' own classes).
 Status WriteMergedConfig(const std::string& base_config, DType dtype, const std::string& dir) {
   FERRY_ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(base_config));
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -44,6 +50,7 @@ Status WriteMergedConfig(const std::string& base_config, DType dtype, const std:
                            : dtype == DType::kBF16 ? "bfloat16"
                                                    : "float16";
   j.erase("quantization_config");
+  j.erase("auto_map");  // custom modelling code, which the folder does not carry
   if (j.contains("dtype")) j["dtype"] = torch_name;  // transformers 5's name
   j["torch_dtype"] = torch_name;
   return WriteTextFile(dir + "/config.json", j.dump(2) + "\n");
@@ -54,7 +61,7 @@ Status Run(const MergeCommand& cmd) {
   std::error_code ec;
   fs::path out = fs::absolute(cmd.out, ec).lexically_normal();
   if (!out.has_filename()) out = out.parent_path();  // "merged/", "."
-  if (ec || !out.has_filename() || out == out.root_path()) {
+  if (ec || !out.has_filename() || out == fs::current_path(ec)) {
     return Status::InvalidArgument("--out " + cmd.out + ": give a new folder to write");
   }
   if (fs::is_symlink(out, ec)) {

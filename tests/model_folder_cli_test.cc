@@ -341,6 +341,17 @@ TEST_F(ModelFolderCliTest, MergeWritesOneFolderThatComputesWhatBaseAndAdapterDid
     EXPECT_NE(e.output.find(c.says), std::string::npos) << c.args << ": " << e.output;
   }
   for (const char* gone : {"/none", "/i32", "/bad"}) EXPECT_FALSE(fs::exists(dir_ + gone)) << gone;
+  // A folder pre-quantized by bitsandbytes merges into a plain one: no quantization_config.
+  const std::string bnb = dir_ + "/merged-bnb";
+  CommandResult n = Ferry("merge --model " + testing::GoldenPath("llama_bnb4", "") + " --adapter " +
+                          testing::GoldenPath("llama_qlora", "") + " --out " + bnb);
+  ASSERT_EQ(n.code, 0) << n.output;
+  {
+    std::ifstream in(bnb + "/config.json");
+    const json config = json::parse(in);
+    EXPECT_FALSE(config.contains("quantization_config")) << config.dump();
+    EXPECT_TRUE(config.contains("architectures")) << config.dump();
+  }
   EXPECT_EQ(fs::file_size(merged + "/model.safetensors"), merged_size);
   EXPECT_TRUE(fs::is_empty(dir_ + "/target"));
   for (const fs::directory_entry& e : fs::directory_iterator(dir_)) {
