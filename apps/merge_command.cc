@@ -11,7 +11,6 @@
 
 #include "apps/job_options.h"
 #include "engine/job/model_source.h"
-#include "engine/json.h"
 #include "engine/model/lora_merge.h"
 #include "engine/plan/byte_size.h"
 #include "offload/file_io.h"
@@ -37,23 +36,6 @@ void RemoveStalePartials(const fs::path& out) {
     std::error_code removed;
     if (kill(pid, 0) != 0 && errno == ESRCH) fs::remove_all(it->path(), removed);
   }
-}
-
-// config.json of the merged folder: the base's own (every field transformers wrote, token ids
-// included), with the dtype written and without a quantization_config or an auto_map (the custom
-// code it names is not copied; ferry's families are transformers' own classes).
-Status WriteMergedConfig(const std::string& base_config, DType dtype, const std::string& dir) {
-  FERRY_ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(base_config));
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return Status::InvalidArgument(base_config + " is not a JSON object");
-  const char* torch_name = dtype == DType::kF32    ? "float32"
-                           : dtype == DType::kBF16 ? "bfloat16"
-                                                   : "float16";
-  j.erase("quantization_config");
-  j.erase("auto_map");  // custom modelling code, which the folder does not carry
-  if (j.contains("dtype")) j["dtype"] = torch_name;  // transformers 5's name
-  j["torch_dtype"] = torch_name;
-  return WriteTextFile(dir + "/config.json", j.dump(2) + "\n");
 }
 
 Status Run(const MergeCommand& cmd) {
@@ -106,8 +88,7 @@ Status Run(const MergeCommand& cmd) {
   fs::remove_all(partial, ec);
   Result<MergeSummary> merged = WriteMergedModelFolder(partial.string(), m, options);
   if (merged.ok() && !source.config_path.empty()) {
-    if (Status c = WriteMergedConfig(source.config_path, options.dtype, partial.string());
-        !c.ok()) {
+    if (Status c = WriteConfigFrom(source.config_path, options.dtype, partial.string()); !c.ok()) {
       merged = c;
     }
   }

@@ -55,6 +55,13 @@ TEST_F(TrainModelFolderTest, LoraTrainsOnTheFolderAndWritesALoadableAdapter) {
 
 TEST_F(TrainModelFolderTest, FullFineTuningWritesALoadableModelFolder) {
   WriteSource(dir_ + "/src");
+  {  // Fields ferry does not read, which the run's config.json keeps (token ids among them).
+    std::ifstream in(dir_ + "/src/config.json");
+    nlohmann::json config = nlohmann::json::parse(in);
+    config["eos_token_id"] = 257;
+    config["initializer_range"] = 0.01;
+    std::ofstream(dir_ + "/src/config.json") << config.dump(2);
+  }
   CommandResult r = Ferry("train --model " + dir_ + "/src --steps 2 --batch-size 2 --seq-len 16 " +
                           "--out " + dir_ + "/run");
   ASSERT_EQ(r.code, 0) << r.output;
@@ -63,6 +70,11 @@ TEST_F(TrainModelFolderTest, FullFineTuningWritesALoadableModelFolder) {
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ(m->config.model_type, "qwen2");
   EXPECT_EQ(m->config.weights_dtype, ferry::DType::kF32);
+  std::ifstream in(dir_ + "/run/config.json");
+  const nlohmann::json config = nlohmann::json::parse(in);
+  EXPECT_EQ(config.value("eos_token_id", 0), 257) << config.dump();
+  EXPECT_EQ(config.value("initializer_range", 0.0), 0.01) << config.dump();
+  EXPECT_EQ(config.value("torch_dtype", ""), "float32") << config.dump();
 }
 
 TEST_F(TrainModelFolderTest, BadFoldersAreOneLineErrors) {

@@ -418,6 +418,20 @@ Status WriteModelFolder(const std::string& dir, const ModelConfig& config,
   return Status::Ok();
 }
 
+Status WriteConfigFrom(const std::string& source_config, DType dtype, const std::string& dir) {
+  FERRY_ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(source_config));
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return Status::InvalidArgument(source_config + " is not a JSON object");
+  const char* torch_name = dtype == DType::kF32    ? "float32"
+                           : dtype == DType::kBF16 ? "bfloat16"
+                                                   : "float16";
+  j.erase("quantization_config");
+  j.erase("auto_map");
+  if (j.contains("dtype")) j["dtype"] = torch_name;  // transformers 5's name
+  j["torch_dtype"] = torch_name;
+  return WriteTextFile(dir + "/config.json", j.dump(2) + "\n");
+}
+
 Status CopyTokenizerFiles(const std::string& from_dir, const std::string& to_dir) {
   std::error_code ec;
   if (fs::equivalent(from_dir, to_dir, ec)) return Status::Ok();

@@ -158,6 +158,14 @@ Status WriteModelFolder(const std::string& dir, const ModelConfig& config,
                         const std::vector<LayerSpec>& layers, const HostTensors& weights,
                         const ModelFolderWriteOptions& options = {});
 
+// Writes `dir`/config.json from the model folder config.json `source_config`: every field the
+// source has (token ids, fields ferry does not model), the weights' dtype set to `dtype`
+// (torch_dtype, and transformers 5's dtype where present), without a quantization_config or an
+// auto_map (the custom code it names is not copied; ferry's families are transformers' own
+// classes). For folders made from a model folder: a fine-tuned or merged model. Errors name the
+// file.
+Status WriteConfigFrom(const std::string& source_config, DType dtype, const std::string& dir);
+
 // The tokenizer and generation files CopyTokenizerFiles copies.
 inline constexpr const char* kTokenizerFileNames[] = {"tokenizer.json",
                                                       "tokenizer_config.json",

@@ -370,7 +370,11 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
                                             trainer->weights(),
                                             /*with_base=*/job.model == "tiny"));
   }
-  if (job.model != "tiny") FERRY_RETURN_IF_ERROR(CopyTokenizerFiles(job.model, job.out));
+  if (job.model != "tiny") {
+    FERRY_RETURN_IF_ERROR(CopyTokenizerFiles(job.model, job.out));
+    // The source's own config.json (its token ids, fields ferry does not model), as f32 weights.
+    FERRY_RETURN_IF_ERROR(WriteConfigFrom(job.model + "/config.json", DType::kF32, job.out));
+  }
   const LossScalerState scaler_final = trainer->loss_scaler_state();  // trainer may go below
   if (devices.optimizer_folder.held()) {
     // The final checkpoint holds the state; a resume rebuilds the store from it. (A failed or
