@@ -81,17 +81,13 @@ Status Run(const MergeCommand& cmd) {
   }
   options.max_shard_bytes = size_t(*shard);
   options.tokenizer_from = source.tokenizer_dir;
+  options.config_from = source.config_path;  // the base's own fields kept
   // Written beside --out, then renamed onto it: a failure leaves no half-written model there.
   RemoveStalePartials(out);
   const fs::path partial =
       out.parent_path() / ("." + out.filename().string() + ".merging-" + std::to_string(getpid()));
   fs::remove_all(partial, ec);
   Result<MergeSummary> merged = WriteMergedModelFolder(partial.string(), m, options);
-  if (merged.ok() && !source.config_path.empty()) {
-    if (Status c = WriteConfigFrom(source.config_path, options.dtype, partial.string()); !c.ok()) {
-      merged = c;
-    }
-  }
   if (merged.ok()) {
     fs::remove(out, ec);  // the empty folder, if any
     fs::rename(partial, out, ec);

@@ -22,8 +22,8 @@ Status WriteCase(const std::string& out, const testing::TinyModel& m) {
   const std::vector<LayerSpec> layers = BuildLayerSpecs(c, lora);
   const HostTensors w = testing::TinyWeights(layers, 2026);
   FERRY_RETURN_IF_ERROR(WriteModelFolder(dir + "/model", c, layers, w));
-  FERRY_RETURN_IF_ERROR(WriteModelFolder(dir + "/model_sharded", c, layers, w,
-                                         {.max_shard_bytes = 4096, .tokenizer_from = ""}));
+  FERRY_RETURN_IF_ERROR(
+      WriteModelFolder(dir + "/model_sharded", c, layers, w, {.max_shard_bytes = 4096}));
   std::filesystem::create_directories(dir + "/adapter");
   FERRY_RETURN_IF_ERROR(WriteFinalWeights(dir + "/adapter", c, lora, layers, w, false));
   FERRY_ASSIGN_OR_RETURN(std::vector<float> base,

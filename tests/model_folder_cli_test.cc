@@ -80,10 +80,9 @@ class ModelFolderCliTest : public testing::CliTest {
                       "max_position_embeddings": 64, "torch_dtype": "bfloat16"})");
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     const std::vector<LayerSpec> layers = BuildLayerSpecs(*c, {});
-    ASSERT_TRUE(
-        WriteModelFolder(dir, *c, layers, testing::TinyWeights(layers, 7),
-                         {.dtype = DType::kBF16, .max_shard_bytes = 8192, .tokenizer_from = ""})
-            .ok());
+    ASSERT_TRUE(WriteModelFolder(dir, *c, layers, testing::TinyWeights(layers, 7),
+                                 {.dtype = DType::kBF16, .max_shard_bytes = 8192})
+                    .ok());
     ASSERT_TRUE(std::filesystem::exists(dir + "/model.safetensors.index.json"));
     std::ofstream(dir + "/tokenizer.json") << TokenizerJson();
   }

@@ -32,9 +32,8 @@ class TrainModelFolderTest : public ferry::testing::CliTest {
     ferry::Result<ferry::ModelConfig> c = ferry::ParseHfConfig(config);
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     const std::vector<ferry::LayerSpec> layers = ferry::BuildLayerSpecs(*c, {});
-    ASSERT_TRUE(ferry::WriteModelFolder(
-                    dir, *c, layers, ferry::testing::TinyWeights(layers, seed),
-                    {.dtype = ferry::DType::kBF16, .max_shard_bytes = 0, .tokenizer_from = ""})
+    ASSERT_TRUE(ferry::WriteModelFolder(dir, *c, layers, ferry::testing::TinyWeights(layers, seed),
+                                        {.dtype = ferry::DType::kBF16, .max_shard_bytes = 0})
                     .ok());
     std::ofstream(dir + "/tokenizer.json") << "{}";
   }

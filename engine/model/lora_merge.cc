@@ -21,10 +21,7 @@ struct Adapter {
 Result<MergeSummary> WriteMergedModelFolder(const std::string& dir, const LoadedModel& m,
                                             const ModelFolderWriteOptions& options) {
   if (!m.lora.enabled()) {
-    return Status::InvalidArgument(
-        "the model has no LoRA adapter to merge: give a LoRA run "
-        "folder of ferry train as --model, or a PEFT adapter folder "
-        "with --adapter");
+    return Status::InvalidArgument("the model has no LoRA adapter to merge");
   }
   if (options.adjust) return Status::InvalidArgument("a merge sets the write's adjust itself");
   FERRY_RETURN_IF_ERROR(cpu::CpuBlas::Load().status());

@@ -193,7 +193,7 @@ nlohmann::json PeftAdapterConfig(const ModelConfig& model, const LoraConfig& lor
 
 Status WriteFinalWeights(const std::string& dir, const ModelConfig& model, const LoraConfig& lora,
                          const std::vector<LayerSpec>& layers, const HostTensors& weights,
-                         bool with_base) {
+                         bool with_base, const std::string& config_from) {
   if (lora.enabled()) {
     FERRY_RETURN_IF_ERROR(SaveMasterWeights(dir + "/adapter_model.safetensors", layers,
                                             ParamSelection::kLora, weights));
@@ -204,9 +204,8 @@ Status WriteFinalWeights(const std::string& dir, const ModelConfig& model, const
     FERRY_RETURN_IF_ERROR(
         SaveMasterWeights(dir + "/model.safetensors", layers, ParamSelection::kBase, weights));
   }
-  ModelConfig written = model;
-  written.weights_dtype = DType::kF32;  // what SaveMasterWeights wrote
-  return WriteTextFile(dir + "/config.json", ToHfConfigJson(written).dump(2) + "\n");
+  return WriteFolderConfig(dir, model, DType::kF32,
+                           config_from);  // f32: what SaveMasterWeights wrote
 }
 
 }  // namespace ferry

@@ -85,10 +85,12 @@ Result<std::span<const float>> ParameterValues(const ParamSpec& p, const HostTen
 // Writes a run's final weights into `dir`: full fine-tuning: model.safetensors; LoRA:
 // adapter_model.safetensors + adapter_config.json (PEFT's format: `peft` loads them onto the base
 // model), plus the frozen base as model.safetensors when `with_base` (a base initialized from the
-// seed exists nowhere else). Either way config.json (the Hugging Face config of the model).
+// seed exists nowhere else). Either way config.json: from `config_from` (the source model folder's
+// config.json, every field kept: WriteConfigFrom) when given, else the Hugging Face config of
+// `model`.
 Status WriteFinalWeights(const std::string& dir, const ModelConfig& model, const LoraConfig& lora,
                          const std::vector<LayerSpec>& layers, const HostTensors& weights,
-                         bool with_base);
+                         bool with_base, const std::string& config_from = "");
 
 // The weights a run starts from: `model` "tiny": InitMasterWeights(layers, seed); otherwise
 // `model` is a Hugging Face model folder whose weights fill the base parameters

@@ -490,15 +490,20 @@ Status ValidateModelConfig(const ModelConfig& c) {
   return Status::Ok();
 }
 
+const char* TorchDTypeName(DType d) {
+  for (auto [dtype, torch_name] : kTorchDTypes) {
+    if (dtype == d) return torch_name;
+  }
+  return nullptr;
+}
+
 nlohmann::json ToHfConfigJson(const ModelConfig& c) {
   json j;
   j["architectures"] = {c.architecture};
   j["model_type"] = c.model_type;
   j["vocab_size"] = c.vocab_size;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  for (auto [dtype, torch_name] : kTorchDTypes) {
-    if (dtype == c.weights_dtype) j["torch_dtype"] = torch_name;
-  }
+  if (const char* torch_name = TorchDTypeName(c.weights_dtype)) j["torch_dtype"] = torch_name;
   SchemaOf(c.family).write(c, j);
   return j;
 }

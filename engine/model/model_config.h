@@ -33,6 +33,10 @@ enum class NormKind { kRmsNorm, kLayerNorm };
 enum class Activation { kSiluGlu, kGeluTanh, kGeluExact };  // SwiGLU | GPT-2 "gelu_new" | "gelu"
 
 std::string_view ModelFamilyName(ModelFamily f);  // "llama", "gpt2"
+
+// The name config.json's torch_dtype gives `d`: "float32", "bfloat16" or "float16"; nullptr for
+// any other dtype.
+const char* TorchDTypeName(DType d);
 // Every family ferry describes, in its schema table's order (model_config.cc).
 std::vector<ModelFamily> ModelFamilies();
 // The model types (config.json's model_type) family `f` reads: "llama", "mistral", "qwen2",

@@ -408,10 +408,7 @@ Status WriteModelFolder(const std::string& dir, const ModelConfig& config,
     json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
     FERRY_RETURN_IF_ERROR(WriteTextFile(dir + "/" + kIndexFile, index.dump(2) + "\n"));
   }
-  ModelConfig written = config;
-  written.weights_dtype = options.dtype;
-  FERRY_RETURN_IF_ERROR(
-      WriteTextFile(dir + "/config.json", ToHfConfigJson(written).dump(2) + "\n"));
+  FERRY_RETURN_IF_ERROR(WriteFolderConfig(dir, config, options.dtype, options.config_from));
   if (!options.tokenizer_from.empty()) {
     FERRY_RETURN_IF_ERROR(CopyTokenizerFiles(options.tokenizer_from, dir));
   }
@@ -422,14 +419,24 @@ Status WriteConfigFrom(const std::string& source_config, DType dtype, const std:
   FERRY_ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(source_config));
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return Status::InvalidArgument(source_config + " is not a JSON object");
-  const char* torch_name = dtype == DType::kF32    ? "float32"
-                           : dtype == DType::kBF16 ? "bfloat16"
-                                                   : "float16";
+  const char* torch_name = TorchDTypeName(dtype);
+  if (torch_name == nullptr) {
+    return Status::InvalidArgument(std::string("config.json names no weights dtype ") +
+                                   std::string(DTypeName(dtype)));
+  }
   j.erase("quantization_config");
   j.erase("auto_map");
   if (j.contains("dtype")) j["dtype"] = torch_name;  // transformers 5's name
   j["torch_dtype"] = torch_name;
   return WriteTextFile(dir + "/config.json", j.dump(2) + "\n");
+}
+
+Status WriteFolderConfig(const std::string& dir, const ModelConfig& config, DType dtype,
+                         const std::string& config_from) {
+  if (!config_from.empty()) return WriteConfigFrom(config_from, dtype, dir);
+  ModelConfig written = config;
+  written.weights_dtype = dtype;
+  return WriteTextFile(dir + "/config.json", ToHfConfigJson(written).dump(2) + "\n");
 }
 
 Status CopyTokenizerFiles(const std::string& from_dir, const std::string& to_dir) {

@@ -143,13 +143,15 @@ Status LoadAdapterWeights(const std::string& adapter_dir, const std::vector<Laye
                           HostTensors& weights);
 
 struct ModelFolderWriteOptions {
-  DType dtype = DType::kF32;     // storage dtype of the weights: F32, BF16 or F16
-  size_t max_shard_bytes = 0;    // 0: one model.safetensors; otherwise shards of at most this
-                                 // many bytes each (a larger tensor gets a shard of its own), with
-                                 // model.safetensors.index.json; a model within one shard is one
-                                 // model.safetensors
-  std::string tokenizer_from;    // folder whose tokenizer/generation files are copied; "" none
-  ParamAdjust adjust = nullptr;  // may change each parameter's values before they are stored
+  DType dtype = DType::kF32;   // storage dtype of the weights: F32, BF16 or F16
+  size_t max_shard_bytes = 0;  // 0: one model.safetensors; otherwise shards of at most this
+                               // many bytes each (a larger tensor gets a shard of its own), with
+                               // model.safetensors.index.json; a model within one shard is one
+                               // model.safetensors
+  std::string tokenizer_from = "";  // folder whose tokenizer/generation files are copied; "" none
+  ParamAdjust adjust = nullptr;     // may change each parameter's values before they are stored
+  std::string config_from = "";     // non-empty: config.json from this one (WriteConfigFrom), the
+                                    // source folder's; empty: ToHfConfigJson's
 };
 
 // Writes `config` and the base parameters of `layers` (values in `weights`) as a Hugging Face
@@ -165,6 +167,11 @@ Status WriteModelFolder(const std::string& dir, const ModelConfig& config,
 // classes). For folders made from a model folder: a fine-tuned or merged model. Errors name the
 // file.
 Status WriteConfigFrom(const std::string& source_config, DType dtype, const std::string& dir);
+
+// Writes `dir`/config.json for weights stored as `dtype`: from `config_from` (WriteConfigFrom)
+// when given, else ToHfConfigJson of `config` (the fields ferry models).
+Status WriteFolderConfig(const std::string& dir, const ModelConfig& config, DType dtype,
+                         const std::string& config_from);
 
 // The tokenizer and generation files CopyTokenizerFiles copies.
 inline constexpr const char* kTokenizerFileNames[] = {"tokenizer.json",

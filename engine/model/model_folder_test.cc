@@ -77,8 +77,7 @@ TEST(ModelFolderTest, RoundTripsEveryArchitectureBitForBit) {
     const HostTensors w = TinyWeights(layers, 42);
     Result<std::vector<float>> want = TinyLogits(*c, LoraConfig{}, w, TinyTokens());
     ASSERT_TRUE(want.ok()) << name << ": " << want.status().ToString();
-    for (const Case& k :
-         {Case{"single", {}}, Case{"sharded", {.max_shard_bytes = 4096, .tokenizer_from = ""}}}) {
+    for (const Case& k : {Case{"single", {}}, Case{"sharded", {.max_shard_bytes = 4096}}}) {
       TempDir src(std::string(name) + "_src"), dir(std::string(name) + "_" + k.name);
       WriteText(src.path() + "/tokenizer.json", "{\"model\": {}}");
       ModelFolderWriteOptions options = k.options;
@@ -110,8 +109,7 @@ TEST(ModelFolderTest, ShardsHoldEveryTensorOnceAndBf16RoundsToNearest) {
   const HostTensors w = TinyWeights(layers, 7);
   TempDir dir("1");
   ASSERT_TRUE(
-      WriteModelFolder(dir.path(), *c, layers, w,
-                       {.dtype = DType::kBF16, .max_shard_bytes = 2048, .tokenizer_from = ""})
+      WriteModelFolder(dir.path(), *c, layers, w, {.dtype = DType::kBF16, .max_shard_bytes = 2048})
           .ok());
   json index = json::parse(testing::ReadTextFile(dir.path() + "/model.safetensors.index.json"));
   std::set<std::string> shards;
@@ -141,10 +139,9 @@ TEST(ModelFolderTest, TensorLayoutIsWhereEachShardHoldsItsTensors) {
   ASSERT_TRUE(c.ok());
   const std::vector<LayerSpec> layers = BuildLayerSpecs(*c, LoraConfig{});
   TempDir dir("layout");
-  ASSERT_TRUE(
-      WriteModelFolder(dir.path(), *c, layers, TinyWeights(layers, 7),
-                       {.dtype = DType::kBF16, .max_shard_bytes = 2048, .tokenizer_from = ""})
-          .ok());
+  ASSERT_TRUE(WriteModelFolder(dir.path(), *c, layers, TinyWeights(layers, 7),
+                               {.dtype = DType::kBF16, .max_shard_bytes = 2048})
+                  .ok());
   Result<std::shared_ptr<const TensorFileLayout>> layout = FolderTensorLayout(dir.path(), *c);
   ASSERT_TRUE(layout.ok() && *layout != nullptr) << layout.status().ToString();
   json index = json::parse(testing::ReadTextFile(dir.path() + "/model.safetensors.index.json"));
@@ -197,10 +194,9 @@ void WriteTinyFolder(const std::string& dir, bool sharded) {
   Result<ModelConfig> c = ParseHfConfig(kTinyModels[0].config_json);
   ASSERT_TRUE(c.ok());
   const std::vector<LayerSpec> layers = BuildLayerSpecs(*c, LoraConfig{});
-  ASSERT_TRUE(
-      WriteModelFolder(dir, *c, layers, TinyWeights(layers, 3),
-                       {.max_shard_bytes = sharded ? size_t(4096) : 0, .tokenizer_from = ""})
-          .ok());
+  ASSERT_TRUE(WriteModelFolder(dir, *c, layers, TinyWeights(layers, 3),
+                               {.max_shard_bytes = sharded ? size_t(4096) : 0})
+                  .ok());
 }
 
 void ExpectLoadError(const std::string& dir, const std::vector<std::string>& needles) {

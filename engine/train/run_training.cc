@@ -366,15 +366,13 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
     FERRY_RETURN_IF_ERROR(WriteFinalWeights(job.out, model, job.lora, trainer->layers(), seeded,
                                             /*with_base=*/true));
   } else {
-    FERRY_RETURN_IF_ERROR(WriteFinalWeights(job.out, model, job.lora, trainer->layers(),
-                                            trainer->weights(),
-                                            /*with_base=*/job.model == "tiny"));
+    // A folder's run keeps the source's own config.json (its token ids, fields ferry does not
+    // model), its dtype set to the f32 written.
+    FERRY_RETURN_IF_ERROR(WriteFinalWeights(
+        job.out, model, job.lora, trainer->layers(), trainer->weights(),
+        /*with_base=*/job.model == "tiny", job.model == "tiny" ? "" : job.model + "/config.json"));
   }
-  if (job.model != "tiny") {
-    FERRY_RETURN_IF_ERROR(CopyTokenizerFiles(job.model, job.out));
-    // The source's own config.json (its token ids, fields ferry does not model), as f32 weights.
-    FERRY_RETURN_IF_ERROR(WriteConfigFrom(job.model + "/config.json", DType::kF32, job.out));
-  }
+  if (job.model != "tiny") FERRY_RETURN_IF_ERROR(CopyTokenizerFiles(job.model, job.out));
   const LossScalerState scaler_final = trainer->loss_scaler_state();  // trainer may go below
   if (devices.optimizer_folder.held()) {
     // The final checkpoint holds the state; a resume rebuilds the store from it. (A failed or
