@@ -61,10 +61,22 @@ void AddJobOptions(CLI::App& app, JobSpec& j, std::string* lora_targets) {
                  "Micro-batches per update (gradients accumulate; must divide --batch-size)")
       ->capture_default_str();
   app.add_option("--seq-len", j.seq_len, "Tokens per sequence")->capture_default_str();
-  app.add_option("--warmup-steps", j.warmup_steps, "Linear warm-up updates before the cosine decay")
+  app.add_option("--warmup-steps", j.warmup_steps, "Linear warm-up updates before the decay")
       ->capture_default_str();
-  app.add_option("--min-lr-ratio", j.min_lr_ratio, "The cosine ends at this fraction of --lr")
+  app.add_option("--min-lr-ratio", j.min_lr_ratio,
+                 "The decay ends at this fraction of --lr (cosine and linear)")
       ->capture_default_str();
+  app.add_option_function<std::string>(
+         "--lr-schedule",
+         [&j](const std::string& v) {
+           Result<LrDecay> d = ParseLrDecay(v);
+           if (!d.ok()) throw CLI::ValidationError("--lr-schedule", d.status().message());
+           j.lr_schedule = *d;
+         },
+         "The decay after the warm-up: cosine (default; down to --min-lr-ratio), linear (a "
+         "straight line down to it) or constant")
+      ->type_name("TEXT")
+      ->default_str("cosine");
   app.add_option("--weight-decay", j.weight_decay,
                  "AdamW decoupled weight decay (never on norms and biases)")
       ->capture_default_str();

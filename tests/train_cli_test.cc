@@ -93,16 +93,59 @@ TEST_F(TrainCliTest, JobFileSetsKeysAndFlagsWin) {
   EXPECT_NE(r.output.find("stepz"), std::string::npos) << r.output;
 }
 
-// The default job cut to three updates of four sequences (quick under the
-// sanitizers): the run folder a user gets.
-// The losses of a run, from its metrics.jsonl.
-std::vector<double> Losses(const std::string& run) {
+// One field of every line of a run's metrics.jsonl ("loss", "lr"), step by step.
+std::vector<double> Metric(const std::string& run, const char* key) {
   std::ifstream metrics(run + "/metrics.jsonl");
-  std::vector<double> losses;
+  std::vector<double> values;
   for (std::string line; std::getline(metrics, line);) {
-    losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    values.push_back(nlohmann::json::parse(line)[key].get<double>());
   }
-  return losses;
+  return values;
+}
+
+// The losses of a run.
+std::vector<double> Losses(const std::string& run) { return Metric(run, "loss"); }
+
+// --lr-schedule: the rates a run records follow the decay it names (linear down to 0 is
+// transformers' get_linear_schedule_with_warmup after the warm-up, (T - k) / (T - w)); a job file
+// sets it too; job.json keeps it and --resume refuses another; an unknown one is one line.
+TEST_F(TrainCliTest, LrScheduleShapesTheRates) {
+  const int64_t steps = 5, warmup = 2;  // kQuickTrain's warm-up
+  const double lr = 0.01;
+  const std::string linear = dir_ + "/linear";
+  CommandResult r = Ferry("train --steps 5 --lr 0.01 --min-lr-ratio 0 --lr-schedule linear --out " +
+                          linear + kQuickTrain);
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::vector<double> rates = Metric(linear, "lr");
+  ASSERT_EQ(rates.size(), size_t(steps));
+  for (int64_t k = 0; k < steps; ++k) {
+    const double want = k < warmup ? lr * double(k + 1) / double(warmup)
+                                   : lr * double(steps - k) / double(steps - warmup);
+    EXPECT_NEAR(rates[size_t(k)], want, 1e-12) << "linear, step " << k;
+  }
+  EXPECT_EQ(nlohmann::json::parse(ReadFile(linear + "/job.json"))["lr_schedule"], "linear");
+  r = Ferry("train --lr-schedule cosine --resume " + linear);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--lr-schedule"), std::string::npos) << r.output;
+
+  {
+    std::ofstream f(dir_ + "/constant.toml");
+    f << "lr-schedule = \"constant\"\nlr = 0.01\nsteps = 4\n";
+  }
+  const std::string constant = dir_ + "/constant";
+  r = Ferry("train --config " + dir_ + "/constant.toml --out " + constant + kQuickTrain);
+  ASSERT_EQ(r.code, 0) << r.output;
+  rates = Metric(constant, "lr");
+  ASSERT_EQ(rates.size(), 4u);
+  for (size_t k = 0; k < rates.size(); ++k) {
+    EXPECT_NEAR(rates[k], k < size_t(warmup) ? lr * double(k + 1) / double(warmup) : lr, 1e-12)
+        << "constant, step " << k;
+  }
+
+  r = Ferry("train --lr-schedule exponential --out " + dir_ + "/bad");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_EQ(Lines(r.output), 1) << r.output;
+  EXPECT_NE(r.output.find("cosine, linear, constant"), std::string::npos) << r.output;
 }
 
 // --dtype bf16 trains (bf16 weights and activations on the device, fp32 master weights): its
@@ -140,6 +183,8 @@ TEST_F(TrainCliTest, Bf16TrainsBesideF32AndResumesInBf16) {
   EXPECT_NE(r.output.find("--dtype"), std::string::npos) << r.output;
 }
 
+// The default job cut to three updates of four sequences (quick under the
+// sanitizers): the run folder a user gets.
 TEST_F(TrainCliTest, DefaultJobWritesRunFolder) {
   const std::string out = dir_ + "/run";
   CommandResult r = Ferry("train --steps 3 --batch-size 4 --out " + out);

@@ -96,6 +96,7 @@ void ForEachJobOption(Job& job, Visit&& visit) {
   visit("lr", job.lr);
   visit("warmup_steps", job.warmup_steps);
   visit("min_lr_ratio", job.min_lr_ratio);
+  visit("lr_schedule", NamedField{job.lr_schedule, &LrDecayName, &ParseLrDecay});
   visit("weight_decay", job.weight_decay);
   visit("beta1", job.beta1);
   visit("beta2", job.beta2);
@@ -278,7 +279,10 @@ nlohmann::json JobSpecToJson(const JobSpec& job, const ModelConfig& model) {
     j["model_path"] = ec ? job.model : abs.lexically_normal().string();
   }
   j["micro_batch_size"] = job.micro_batch_size();
-  j["schedule"] = "linear warm-up, then cosine to min_lr_ratio * lr (engine/train/lr_schedule.h)";
+  j["schedule"] = job.lr_schedule == LrDecay::kConstant
+                      ? "linear warm-up, then constant lr (engine/train/lr_schedule.h)"
+                      : "linear warm-up, then " + std::string(LrDecayName(job.lr_schedule)) +
+                            " to min_lr_ratio * lr (engine/train/lr_schedule.h)";
   j["model_config"] = ToHfConfigJson(model);
   return j;
 }

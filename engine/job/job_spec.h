@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/job/lr_decay.h"
 #include "engine/json_fwd.h"
 #include "engine/model/lora_config.h"
 #include "engine/model/model_config.h"
@@ -38,8 +39,9 @@ struct JobSpec {
   int64_t seq_len = 128;      // tokens per sequence
   double lr = 3e-3;           // peak learning rate
   int64_t warmup_steps = 20;
-  double min_lr_ratio = 0.1;  // the cosine ends at min_lr_ratio * lr
-  double weight_decay = 0.1;  // decoupled; never on norms and biases
+  double min_lr_ratio = 0.1;               // the decay ends at min_lr_ratio * lr
+  LrDecay lr_schedule = LrDecay::kCosine;  // the decay after the warm-up
+  double weight_decay = 0.1;               // decoupled; never on norms and biases
   double beta1 = 0.9;
   double beta2 = 0.95;
   double adam_eps = 1e-8;

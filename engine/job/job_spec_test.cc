@@ -112,6 +112,7 @@ JobSpec EveryOptionSet() {
   job.lr = 0.0123;
   job.warmup_steps = 5;
   job.min_lr_ratio = 0.25;
+  job.lr_schedule = LrDecay::kLinear;
   job.weight_decay = 0.01;
   job.beta1 = 0.8;
   job.beta2 = 0.99;
@@ -157,13 +158,21 @@ TEST(JobSpecTest, JsonRoundTrip) {
   EXPECT_TRUE(*back == job) << JobSpecToJson(*back, TinyLlamaPreset()).dump(2);
   EXPECT_EQ(JobSpecToJson(*back, TinyLlamaPreset()), j);
 
+  // A job.json from before --lr-schedule existed resumes with the cosine it ran.
+  nlohmann::json older = j;
+  older.erase("lr_schedule");
+  Result<JobSpec> old_job = JobSpecFromJson(older, "job.json");
+  ASSERT_TRUE(old_job.ok()) << old_job.status().ToString();
+  EXPECT_EQ(old_job->lr_schedule, LrDecay::kCosine);
+
   nlohmann::json bad = j;
   bad["seq_len"] = "long";
   Result<JobSpec> r = JobSpecFromJson(bad, "job.json");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("seq_len"), std::string::npos) << r.status().message();
-  // Named values (lora_targets, quantize) are parsed, and a bad one names its key.
-  for (const auto& [key, value] : {std::pair{"lora_targets", "q,x"}, {"quantize", "nf5"}}) {
+  // Named values (lora_targets, quantize, lr_schedule) are parsed, and a bad one names its key.
+  for (const auto& [key, value] :
+       {std::pair{"lora_targets", "q,x"}, {"quantize", "nf5"}, {"lr_schedule", "step"}}) {
     nlohmann::json named = j;
     named[key] = value;
     Result<JobSpec> n = JobSpecFromJson(named, "job.json");
