@@ -54,6 +54,11 @@ void AddJobOptions(CLI::App& app, JobSpec& j, std::string* lora_targets) {
   app.add_flag("--skip-bad-lines", j.skip_bad_lines,
                "Skip malformed .jsonl lines (and report how many) instead of stopping");
   app.add_option("--steps", j.steps, "Optimizer updates")->capture_default_str();
+  app.add_option("--epochs", j.epochs,
+                 "Passes over --data's training rows instead of --steps: the run takes "
+                 "ceil(epochs x rows / --batch-size) updates, counted once the data is packed "
+                 "(0: --steps decides)")
+      ->capture_default_str();
   app.add_option("--lr", j.lr, "Peak learning rate")->capture_default_str();
   app.add_option("--batch-size", j.batch_size, "Sequences per optimizer update (global batch)")
       ->capture_default_str();

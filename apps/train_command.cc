@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <memory>
 #include <optional>
-#include <set>
 
 #include "apps/job_file.h"
 #include "apps/job_options.h"
@@ -87,7 +86,8 @@ void AddTrainCommand(CLI::App& parent, TrainCommand* cmd) {
               "compares the run with a prediction at nominal rates");
   t->add_option("--resume", cmd->resume,
                 "Continue the run in RUN_DIR from its newest intact checkpoint (job from "
-                "RUN_DIR/job.json; only --steps, --threads and the checkpoint options may change)");
+                "RUN_DIR/job.json; only --steps or --epochs, --threads and the checkpoint options "
+                "may change)");
 }
 
 namespace {
@@ -109,8 +109,6 @@ Result<JobSpec> ResumedJob(const TrainCommand& cmd) {
   // A run saved before job.json had device_kind ran on CPU devices.
   if (!saved.contains("device_kind")) job.device_kind = "cpu";
   nlohmann::json merged = JobSpecToJson(job, model);
-  const std::set<std::string> may_change = {"steps", "threads", "save_every", "keep_checkpoints",
-                                            "checkpoint_compress"};
   for (const CLI::Option* opt : cmd.app->get_options()) {
     if (opt->count() == 0) continue;
     std::string key = opt->get_name();
@@ -135,13 +133,15 @@ Result<JobSpec> ResumedJob(const TrainCommand& cmd) {
       return Status::InvalidArgument("--out cannot be combined with --resume (the run folder is " +
                                      cmd.resume + ")");
     }
-    if (may_change.count(key) != 0) {
+    if (IsResumableJobKey(key)) {
       merged[key] = given[key];
+      // A count of updates given to a run of epochs takes over from them.
+      if (key == "steps") merged["epochs"] = 0;
     } else if (given[key] != merged[key]) {
       return Status::InvalidArgument(opt->get_name() + " " + given[key].dump() +
                                      " differs from the run's " + merged[key].dump() + " (" + path +
-                                     "); a resumed run keeps its job: only --steps, "
-                                     "--threads and the checkpoint options may change");
+                                     "); a resumed run keeps its job: only --steps or "
+                                     "--epochs, --threads and the checkpoint options may change");
     }
   }
   merged["out"] = cmd.resume;
@@ -160,6 +160,11 @@ int RunTrainCommand(TrainCommand& cmd) {
   if (!targets.ok()) return fail(targets.status().WithContext("--lora-targets"));
   job.lora.targets = *targets;
   RunControl control;
+  // Two ways to say how long the run is: one at a time (a job file's key counts as given).
+  if (cmd.app->get_option("--steps")->count() > 0 && cmd.app->get_option("--epochs")->count() > 0) {
+    return fail(Status::InvalidArgument(
+        "--steps and --epochs both set the run's length; give one of them"));
+  }
   if (!cmd.resume.empty()) {
     Result<JobSpec> resumed = ResumedJob(cmd);
     if (!resumed.ok()) return fail(resumed.status().WithContext("--resume"));
@@ -229,14 +234,20 @@ int RunTrainCommand(TrainCommand& cmd) {
   if (!control.resume) {
     if (Status s = WriteJobJson(job, *model); !s.ok()) return fail(s);
   }
-  control.on_resume = [&job, &model](int64_t checkpoint_step) {
-    if (job.steps < checkpoint_step) {
-      return Status::InvalidArgument("--steps " + std::to_string(job.steps) +
-                                     " is below the checkpoint's step " +
+  control.on_resume = [&model](int64_t checkpoint_step, const JobSpec& run) {
+    if (run.steps < checkpoint_step) {
+      char length[96];
+      if (run.epochs > 0) {
+        std::snprintf(length, sizeof length, "--epochs %g (%lld updates)", run.epochs,
+                      (long long)run.steps);
+      } else {
+        std::snprintf(length, sizeof length, "--steps %lld", (long long)run.steps);
+      }
+      return Status::InvalidArgument(std::string(length) + " is below the checkpoint's step " +
                                      std::to_string(checkpoint_step) + "; give --steps " +
                                      std::to_string(checkpoint_step) + " or more");
     }
-    return WriteJobJson(job, *model);
+    return WriteJobJson(run, *model);
   };
   Result<StopSignals> signals = StopSignals::Install();
   if (signals.ok()) {

@@ -27,7 +27,7 @@ struct TrainCommand {
 void AddTrainCommand(CLI::App& parent, TrainCommand* cmd);
 
 // Validates the parsed job, prepares the run folder, writes job.json and trains (or, with
-// --resume RUN_DIR, reads RUN_DIR/job.json — only --steps, --threads, --save-every,
+// --resume RUN_DIR, reads RUN_DIR/job.json — only --steps or --epochs, --threads, --save-every,
 // --keep-checkpoints and --checkpoint-compress may differ from it — and continues the run).
 // SIGINT/SIGTERM stop the run after the current update with a checkpoint (StopSignals).
 // Returns the process exit code: 0 done, 1 bad input or I/O failure (one line on stderr saying

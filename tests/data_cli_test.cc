@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -130,6 +132,62 @@ TEST_F(DataCliTest, BadLineIsOneLineWithFileAndLineUnlessSkipped) {
   r = Ferry("eval --data " + dir_ + "/missing.jsonl");
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("missing.jsonl"), std::string::npos) << r.output;
+}
+
+// --epochs sets the run's length from the packed rows: ceil(epochs x rows / --batch-size) updates
+// (the rows as the run's data line counts them), job.json saying so; --resume --epochs 3 goes on
+// to three epochs' updates, and fewer than the checkpoint's is refused naming --epochs; --steps
+// beside --epochs, and --epochs on the built-in text, are refused.
+TEST_F(DataCliTest, EpochsSetTheRunsLength) {
+  const std::string data = Write("train.jsonl", Dataset());
+  const std::string out = dir_ + "/epochs";
+  const std::string job =
+      "train --data " + data + " --batch-size 4 --seq-len 16 --warmup-steps 1 --threads 2 --out ";
+  CommandResult r = Ferry(job + out + " --epochs 2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const size_t at = r.output.find("training: ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const long long rows = std::atoll(r.output.c_str() + at + std::strlen("training: "));
+  ASSERT_GT(rows, 4) << r.output;
+  const size_t two = size_t((2 * rows + 3) / 4), three = size_t((3 * rows + 3) / 4);
+  EXPECT_NE(r.output.find("--epochs 2 of " + std::to_string(rows) +
+                          " training rows: " + std::to_string(two) + " updates of 4 rows"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(Metrics(out + "/metrics.jsonl").size(), two);
+  EXPECT_EQ(r.output.find("--warmup-steps"), std::string::npos) << r.output;  // 1 of `two`
+  nlohmann::json saved = nlohmann::json::parse(std::ifstream(out + "/job.json"));
+  EXPECT_EQ(saved["steps"], two);
+  EXPECT_EQ(saved["epochs"], 2.0);
+
+  r = Ferry("train --resume " + out + " --epochs 3");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(Metrics(out + "/metrics.jsonl").size(), three);
+  saved = nlohmann::json::parse(std::ifstream(out + "/job.json"));
+  EXPECT_EQ(saved["steps"], three);
+  r = Ferry("train --resume " + out + " --epochs 1");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--epochs 1 ("), std::string::npos) << r.output;
+  EXPECT_EQ(Metrics(out + "/metrics.jsonl").size(), three);  // nothing lost
+  // A count of updates takes over from the epochs.
+  r = Ferry("train --resume " + out + " --steps " + std::to_string(three + 1));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(Metrics(out + "/metrics.jsonl").size(), three + 1);
+  saved = nlohmann::json::parse(std::ifstream(out + "/job.json"));
+  EXPECT_EQ(saved["epochs"], 0.0);
+
+  r = Ferry(job + dir_ + "/both --epochs 2 --steps 5");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--steps and --epochs"), std::string::npos) << r.output;
+  // A warm-up longer than the run is said to be so.
+  r = Ferry("train --data " + data +
+            " --batch-size 4 --seq-len 16 --threads 2 --epochs 0.5 --out " + dir_ + "/short");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("note: --warmup-steps 20 is more than the run's"), std::string::npos)
+      << r.output;
+  r = Ferry("train --epochs 1 --out " + dir_ + "/builtin");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--epochs needs a --data file"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -90,6 +90,7 @@ void ForEachJobOption(Job& job, Visit&& visit) {
   visit("long_examples", job.long_examples);
   visit("skip_bad_lines", job.skip_bad_lines);
   visit("steps", job.steps);
+  visit("epochs", job.epochs);
   visit("batch_size", job.batch_size);
   visit("micro_batches", job.micro_batches);
   visit("seq_len", job.seq_len);
@@ -199,6 +200,14 @@ Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
 
 Status ValidateJobShape(const JobSpec& job, const ModelConfig& model, bool micro_batches_auto) {
   if (job.steps <= 0) return Bad("--steps must be at least 1");
+  if (!(job.epochs >= 0) || !std::isfinite(job.epochs)) {
+    return Bad("--epochs must be 0 (off: --steps decides) or a positive number");
+  }
+  if (job.epochs > 0 && job.data == "builtin") {
+    return Bad(
+        "--epochs needs a --data file: the built-in text is drawn in random windows, "
+        "which make no epochs; give --steps");
+  }
   if (job.batch_size <= 0) return Bad("--batch-size must be at least 1");
   if (job.micro_batches < (micro_batches_auto ? 0 : 1)) {
     return Bad(micro_batches_auto ? "--micro-batches must be 0 (auto) or more"

@@ -33,7 +33,10 @@ struct JobSpec {
   std::string long_examples = "split";  // split|truncate examples longer than --seq-len
   bool skip_bad_lines = false;          // skip (and count) malformed .jsonl lines
 
-  int64_t steps = 300;        // optimizer updates
+  int64_t steps = 300;  // optimizer updates
+  // > 0: passes over the training rows of a --data file; the run sets `steps` from it once the
+  // data is packed (StepsForEpochs: ceil(epochs x rows / batch_size)). 0: `steps` decides.
+  double epochs = 0;
   int64_t batch_size = 16;    // sequences per optimizer update (the global batch)
   int64_t micro_batches = 1;  // the global batch is split into this many micro-batches
   int64_t seq_len = 128;      // tokens per sequence

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -55,6 +56,12 @@ TEST(JobSpecTest, RefusesImpossibleSizes) {
   ExpectRefused(with([](JobSpec& j) { j.data = "x.jsonl", j.long_examples = "drop"; }),
                 "--long-examples");
   ExpectRefused(with([](JobSpec& j) { j.devices = 0; }), "--devices");
+  ExpectRefused(with([](JobSpec& j) { j.data = "x.jsonl", j.epochs = -1; }), "--epochs");
+  ExpectRefused(with([](JobSpec& j) { j.data = "x.jsonl", j.epochs = std::nan(""); }), "--epochs");
+  ExpectRefused(with([](JobSpec& j) { j.epochs = 2; }), "--epochs needs a --data file");
+  EXPECT_TRUE(ValidateJobSpec(with([](JobSpec& j) { j.data = "x.jsonl", j.epochs = 0.5; }),
+                              TinyLlamaPreset())
+                  .ok());
   // Budgets are a plan's, and every device count runs one (one device included).
   EXPECT_TRUE(
       ValidateJobSpec(with([](JobSpec& j) { j.nvme_dir = "/nvme"; }), TinyLlamaPreset()).ok());
@@ -113,6 +120,7 @@ JobSpec EveryOptionSet() {
   job.warmup_steps = 5;
   job.min_lr_ratio = 0.25;
   job.lr_schedule = LrDecay::kLinear;
+  job.epochs = 1.5;
   job.weight_decay = 0.01;
   job.beta1 = 0.8;
   job.beta2 = 0.99;

@@ -31,8 +31,8 @@ constexpr std::string_view kRunFolderNames[] = {kRunMarker,
                                                 "checkpoints",
                                                 ".ferry-write-test"};
 
-constexpr std::string_view kResumableKeys[] = {"steps", "threads", "save_every", "keep_checkpoints",
-                                               "checkpoint_compress"};
+constexpr std::string_view kResumableKeys[] = {
+    "steps", "epochs", "threads", "save_every", "keep_checkpoints", "checkpoint_compress"};
 // Not compared: where the run is, and what JobSpecToJson adds for the reader.
 constexpr std::string_view kUncomparedKeys[] = {"out", "model_path", "schedule", "model_config"};
 

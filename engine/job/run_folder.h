@@ -62,7 +62,8 @@ class FileLock {
 };
 using RunFolderLock = FileLock;  // the run folder's marker (kRunMarker)
 
-// The job.json keys a resumed run may change (--steps, --threads, the checkpoint options).
+// The job.json keys a resumed run may change (--steps or --epochs, --threads, the checkpoint
+// options).
 bool IsResumableJobKey(std::string_view key);
 
 // Ok when `saved` (a job.json or a checkpoint's saved job) describes the job `current`

@@ -31,7 +31,8 @@
 
 namespace ferry {
 
-Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunControl& control) {
+Status RunTraining(const JobSpec& job_in, const ModelConfig& model, const RunControl& control) {
+  JobSpec job = job_in;  // with --epochs, its steps are set once the data is packed
   const auto start = std::chrono::steady_clock::now();
   auto seconds_since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -44,6 +45,17 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
   const Result<uint64_t> file_rss_at_start = ResidentFileBytes();
   // The data first: its documents per micro-batch size the plan's attention.
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<TrainingData> data, TrainingData::Load(job, model));
+  char epochs_line[160] = "";  // printed with the data's line
+  if (job.epochs > 0) {
+    job.steps = StepsForEpochs(job.epochs, data->training_rows(), job.batch_size);
+    std::snprintf(epochs_line, sizeof epochs_line,
+                  "--epochs %g of %lld training rows: %lld updates of %lld rows", job.epochs,
+                  (long long)data->training_rows(), (long long)job.steps,
+                  (long long)job.batch_size);
+    // job.json says how long the run is (a resumed run's is written once its checkpoint is
+    // accepted, control.on_resume).
+    if (!control.resume) FERRY_RETURN_IF_ERROR(WriteJobJson(job, model));
+  }
   FERRY_ASSIGN_OR_RETURN(
       TrainingRunner devices,
       CreateTrainingRunner(job, model, threads, !control.trace.empty(), /*forward_only=*/false,
@@ -82,7 +94,7 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
                      [&meta](const CheckpointState& c) {
                        return CompareSavedJob(c.meta.job, meta.job, c.dir + "/state.json");
                      }));
-    if (control.on_resume) FERRY_RETURN_IF_ERROR(control.on_resume(resumed->step));
+    if (control.on_resume) FERRY_RETURN_IF_ERROR(control.on_resume(resumed->step, job));
     FERRY_RETURN_IF_ERROR(ApplyCheckpointWeights(*resumed, layers, weights));
   }
   // A plan that streams the frozen base from NVMe: what the model's files do not serve as it
@@ -173,6 +185,15 @@ Status RunTraining(const JobSpec& job, const ModelConfig& model, const RunContro
 
   const BatchSource& batcher = data->source();
   std::fprintf(stderr, "ferry train: data: %s\n", data->summary().c_str());
+  if (epochs_line[0] != '\0') std::fprintf(stderr, "ferry train: %s\n", epochs_line);
+  if (job.warmup_steps > job.steps) {
+    std::fprintf(stderr,
+                 "ferry train: note: --warmup-steps %lld is more than the run's %lld updates: the "
+                 "rate never reaches --lr (at most %.3g of it); give --warmup-steps %lld or "
+                 "fewer\n",
+                 (long long)job.warmup_steps, (long long)job.steps,
+                 double(job.steps) / double(job.warmup_steps), (long long)job.steps);
+  }
   std::fprintf(stderr, "ferry train: CPU GEMM: %s; %s\n", cpu::Blas().Describe().c_str(),
                cpu::Bf16GemmPathDescription().c_str());
 

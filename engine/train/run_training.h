@@ -41,9 +41,9 @@ struct RunControl {
   // Polled after every update: a non-zero value (the signal's number) stops the run. May be empty.
   std::function<int()> stop_requested;
   // With `resume`: called with the step of the checkpoint chosen (one whose saved job is this
-  // job's, CompareSavedJob) before the run writes anything; a non-ok Status ends the run. May be
-  // empty.
-  std::function<Status(int64_t checkpoint_step)> on_resume;
+  // job's, CompareSavedJob) and the job as the run resolved it (--epochs' steps set) before the
+  // run writes anything; a non-ok Status ends the run. May be empty.
+  std::function<Status(int64_t checkpoint_step, const JobSpec& job)> on_resume;
   // Test-only (CheckpointOptions::fault_hook).
   std::function<Status(int64_t step, std::string_view stage)> checkpoint_fault_hook;
   // Test-only (OptimizerStateOptions::committed): with the optimizer state on NVMe.

@@ -118,6 +118,13 @@ Result<std::unique_ptr<TrainingData>> TrainingData::Load(const JobSpec& job,
   return d;
 }
 
+int64_t StepsForEpochs(double epochs, int64_t rows, int64_t batch_size) {
+  // Rounded up to whole updates, less a hair so that 2 epochs of 64 rows in batches of 16 are 8
+  // updates, not 9 after a rounding error.
+  const double updates = epochs * double(rows) / double(batch_size);
+  return std::max<int64_t>(1, int64_t(std::ceil(updates * (1 - 1e-12))));
+}
+
 std::vector<int64_t> TrainingData::MostDocuments(int64_t rows) const {
   std::vector<int64_t> most;
   for (const std::optional<PackedRows>* p : {&train_, &val_}) {

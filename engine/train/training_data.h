@@ -45,6 +45,10 @@ Result<std::vector<Example>> LoadDataset(const std::string& path, const Tokenize
 // "R rows of T (F% filled, D pieces dropped)" for the log.
 std::string DescribeRows(const PackedRows& rows);
 
+// The updates `epochs` passes over `rows` training rows take at `batch_size` rows an update:
+// ceil(epochs x rows / batch_size), at least 1. REQUIRES: epochs > 0, rows >= 0, batch_size > 0.
+int64_t StepsForEpochs(double epochs, int64_t rows, int64_t batch_size);
+
 class TrainingData {
  public:
   // REQUIRES: ValidateJobSpec(job, model) is ok.
@@ -59,6 +63,8 @@ class TrainingData {
   // (PackedRows::MostDocuments; the larger of the two): what the job's plan sizes a micro-batch's
   // attention for. Empty for the built-in text (one document per sequence).
   std::vector<int64_t> MostDocuments(int64_t rows) const;
+  // The packed training rows of a dataset file (what an epoch visits); 0 for the built-in text.
+  int64_t training_rows() const { return train_ ? train_->rows() : 0; }
 
  private:
   TrainingData() = default;
