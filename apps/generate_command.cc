@@ -15,6 +15,7 @@
 #include "engine/job/model_source.h"
 #include "engine/job/run_limits.h"
 #include "engine/model/generator.h"
+#include "engine/train/training_data.h"
 #include "engine/train/training_runner.h"
 
 namespace ferry {
@@ -37,6 +38,11 @@ Status Run(const GenerateCommand& cmd) {
   const SamplingOptions sampling{cmd.temperature, cmd.top_p, cmd.top_k, cmd.seed};
   FERRY_RETURN_IF_ERROR(ValidateSamplingOptions(sampling));
   if (cmd.max_tokens < 1) return Status::InvalidArgument("--max-tokens must be at least 1");
+  if (!cmd.chat &&
+      (!cmd.system.empty() || (cmd.app != nullptr && cmd.app->count("--chat-template") > 0))) {
+    return Status::InvalidArgument(
+        "--system and --chat-template are for a chat's prompt: give --chat too");
+  }
   if (cmd.devices.device_kind == "cuda") {
     return Status::InvalidArgument(
         "--devices names GPUs: generation runs on CPU devices for now (its KV cache is f32, and "
@@ -60,7 +66,27 @@ Status Run(const GenerateCommand& cmd) {
   FERRY_ASSIGN_OR_RETURN(InferenceModel loaded, LoadInferenceModel(cmd.model, cmd.adapter, cmd.seed,
                                                                    cmd.quantize, cmd.double_quant));
   LoadedModel& m = loaded.model;
-  const std::vector<int32_t> ids = loaded.tokenizer->Encode(prompt, /*add_special_tokens=*/true);
+  std::vector<int32_t> ids;
+  GenerateOptions o;
+  if (std::optional<int32_t> eos = loaded.tokenizer->special_ids().eos) o.stop_ids.push_back(*eos);
+  if (cmd.chat) {
+    // The prompt as the user's turn, the answer ending where the assistant's turn ends.
+    FERRY_ASSIGN_OR_RETURN(ChatTemplate chat,
+                           ResolveChatTemplate(cmd.chat_template, loaded.template_source));
+    Result<ChatPrompt> p = EncodeChatPrompt(*loaded.tokenizer, chat, cmd.system, prompt);
+    if (!p.ok()) return p.status().WithContext("--chat");
+    if (!p->end_of_turn) {
+      return Status::InvalidArgument(
+          "--chat: the model's tokenizer has no token for the chat template's end of turn " +
+          std::string(EndOfTurn(chat.format)) +
+          ", so the answer could not stop there; give the model's own template "
+          "(--chat-template) or leave out --chat");
+    }
+    o.stop_ids.push_back(*p->end_of_turn);
+    ids = std::move(p->ids);
+  } else {
+    ids = loaded.tokenizer->Encode(prompt, /*add_special_tokens=*/true);
+  }
   if (ids.empty()) return Status::InvalidArgument("the prompt is empty: give --prompt TEXT");
 
   const int threads =
@@ -93,10 +119,8 @@ Status Run(const GenerateCommand& cmd) {
   std::fprintf(stderr, "ferry generate: %s\n", runner.summary.c_str());
   Generator* gen = runner.generator.get();
 
-  GenerateOptions o;
   o.sampling = sampling;
   o.max_new_tokens = cmd.max_tokens;
-  o.eos = loaded.tokenizer->special_ids().eos;
   std::vector<int32_t> out;
   size_t printed = 0;
   const auto start = std::chrono::steady_clock::now();
@@ -141,7 +165,17 @@ void AddGenerateCommand(CLI::App& parent, GenerateCommand* cmd) {
       "PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors), e.g. a "
       "LoRA run folder; default: the model folder's own, when it has one");
   g->add_option("--prompt", cmd->prompt, "Prompt text (default: read stdin)");
-  g->add_option("--max-tokens", cmd->max_tokens, "New tokens at most (generation stops at EOS)")
+  g->add_flag("--chat", cmd->chat,
+              "The prompt is the user's turn of the model's chat template (the answer starts "
+              "after the assistant's header and stops at the end of its turn), as a chat "
+              "fine-tune was trained");
+  g->add_option("--system", cmd->system, "With --chat: a system message before the prompt");
+  g->add_option("--chat-template", cmd->chat_template,
+                "With --chat: chatml, llama3, mistral, or auto (from the model folder)")
+      ->capture_default_str();
+  g->add_option(
+       "--max-tokens", cmd->max_tokens,
+       "New tokens at most (generation stops at EOS, and with --chat at the end of the turn)")
       ->capture_default_str();
   g->add_option("--temperature", cmd->temperature, "Sampling temperature (0: greedy)")
       ->capture_default_str();

@@ -20,10 +20,13 @@ class JobFileKeys;  // apps/job_file.h
 struct GenerateCommand {
   const JobFileKeys* job_file = nullptr;  // what a --config job file set (may be null)
   CLI::App* app = nullptr;
-  std::string model = "tiny";  // "tiny" | run folder | model folder
-  std::string adapter;         // LoRA adapter folder; empty: the model folder's own, if any
-  std::string prompt;          // empty and not given: read stdin
-  int64_t max_tokens = 128;    // new tokens at most
+  std::string model = "tiny";          // "tiny" | run folder | model folder
+  std::string adapter;                 // LoRA adapter folder; empty: the model folder's own, if any
+  std::string prompt;                  // empty and not given: read stdin
+  bool chat = false;                   // --chat: the prompt is a user turn of the chat template
+  std::string system;                  // --system: a system turn before it (with --chat)
+  std::string chat_template = "auto";  // --chat-template
+  int64_t max_tokens = 128;            // new tokens at most
   double temperature = 0.8;
   double top_p = 0.95;
   int64_t top_k = 0;

@@ -36,9 +36,14 @@ void AddTokenizeCommand(CLI::App& parent, TokenizeCommand* cmd) {
                 "Show a dataset file's examples as training sees them: tokens, and which carry "
                 "the loss (between [[ and ]])");
   t->add_option("--chat-template", cmd->chat_template,
-                "With --data: template for chat 'messages': auto (from the model folder), "
-                "chatml, llama3, mistral, none")
+                "With --data or --chat: template for chat 'messages': auto (from the model "
+                "folder), chatml, llama3, mistral, none")
       ->capture_default_str();
+  t->add_flag("--chat", cmd->chat,
+              "Encode the text as the prompt `ferry generate --chat` gives the model: a user turn "
+              "of the chat template and the assistant's header (with --jsonl each line is "
+              "{\"user\": ..., \"system\": ...}; prints {\"text\", \"ids\", \"end_of_turn\"})");
+  t->add_option("--system", cmd->system, "With --chat: a system message first");
 }
 
 namespace {
@@ -96,6 +101,49 @@ int RunJsonl(const TokenizeCommand& cmd, const Tokenizer& tok) {
       r["offsets"] = e.offsets;
       out = r.dump();
     }
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fputc('\n', stdout);
+  }
+  return 0;
+}
+
+// --chat: each input (--text or stdin; with --jsonl each line's {"user", "system"}) encoded as
+// generate --chat encodes its prompt (EncodeChatPrompt).
+int RunChat(const TokenizeCommand& cmd, const Tokenizer& tok, const std::string& input) {
+  Result<ChatTemplate> chat = ResolveChatTemplate(cmd.chat_template, cmd.model);
+  if (!chat.ok()) return Fail(chat.status().message());
+  auto encode = [&](const std::string& system, const std::string& user) -> Result<ChatPrompt> {
+    Result<ChatPrompt> p = EncodeChatPrompt(tok, *chat, system, user);
+    if (!p.ok()) return p.status().WithContext("--chat");
+    return p;
+  };
+  if (!cmd.jsonl) {
+    Result<ChatPrompt> p = encode(cmd.system, input);
+    if (!p.ok()) return Fail(p.status().message());
+    std::string line;
+    for (size_t i = 0; i < p->ids.size(); ++i) line += (i ? " " : "") + std::to_string(p->ids[i]);
+    std::printf("%s\n", line.c_str());
+    std::fprintf(stderr, "%zu tokens (chat template %s): %s\n", p->ids.size(),
+                 ChatFormatName(chat->format), Quoted(p->text).c_str());
+    return 0;
+  }
+  std::istringstream in(input);
+  int64_t n = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++n;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object() || !j.contains("user") || !j["user"].is_string() ||
+        (j.contains("system") && !j["system"].is_string())) {
+      return Fail("stdin line " + std::to_string(n) +
+                  ": not a JSON object with a string \"user\" (and \"system\")");
+    }
+    Result<ChatPrompt> p = encode(j.value("system", std::string()), j["user"].get<std::string>());
+    if (!p.ok()) return Fail("stdin line " + std::to_string(n) + ": " + p.status().message());
+    nlohmann::json r;
+    r["text"] = Utf8Lossy(p->text);
+    r["ids"] = p->ids;
+    r["end_of_turn"] = p->end_of_turn ? nlohmann::json(*p->end_of_turn) : nlohmann::json();
+    const std::string out = r.dump();
     std::fwrite(out.data(), 1, out.size(), stdout);
     std::fputc('\n', stdout);
   }
@@ -179,11 +227,14 @@ int RunTokenizeCommand(TokenizeCommand& cmd) {
     tok = std::move(r).value();
   }
   if (!cmd.data.empty()) return RunData(cmd, *tok);
-  if (cmd.jsonl) return RunJsonl(cmd, *tok);
+  if (cmd.chat && cmd.decode) return Fail("--chat encodes a prompt: leave out --decode");
+  if (!cmd.chat && cmd.app->count("--system") > 0) return Fail("--system is for --chat");
+  if (cmd.jsonl && !cmd.chat) return RunJsonl(cmd, *tok);
   std::string input = cmd.text;
   if (cmd.app->count("--text") == 0) {
     input.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   }
+  if (cmd.chat) return RunChat(cmd, *tok, input);
   if (cmd.decode) {
     std::vector<int32_t> ids;
     std::string error;

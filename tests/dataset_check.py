@@ -21,6 +21,10 @@ sees them: ids and the loss mask) and checks:
    end-of-turn marker. The template is detected by ferry from tokenizer_config.json's
    chat_template, as for a downloaded model; templates ferry must refuse (Llama 2's <<SYS>>,
    Mistral v0.3's) are checked to fail with a message suggesting --chat-template.
+3. chat prompts: `ferry generate --chat`'s prompt (a user turn, with and without a system turn,
+   as `ferry tokenize --chat --jsonl` encodes it) equals the template rendered with
+   add_generation_prompt=True, its ids `tokenizers`' encoding of that text without special
+   tokens, and its stop the tokenizer's id of the template's end-of-turn marker.
 
 Exit codes: 0 all equal, 1 a mismatch or failure, 77 skipped (Python packages unavailable).
 """
@@ -232,9 +236,9 @@ def load_template(fn):
         return f.read()
 
 
-def render(tmpl, messages, bos, eos):
+def render(tmpl, messages, bos, eos, add_generation_prompt=False):
     return tmpl.render(messages=messages, bos_token=bos or "", eos_token=eos,
-                                        add_generation_prompt=False)
+                       add_generation_prompt=add_generation_prompt)
 
 
 def content():
@@ -305,6 +309,50 @@ def check_chat(fn, tok_name, family):
     print(f"{fn}: {len(convs)} conversations rendered with jinja2 and compared (text, ids, mask)")
 
 
+def check_chat_prompt(fn, tok_name, family):
+    """`ferry generate --chat`'s prompt (`ferry tokenize --chat --jsonl`: a user turn, after a
+    system turn or not) against the template rendered with add_generation_prompt=True, its ids
+    against `tokenizers`' encoding without special tokens, and the answer's stop (the template's
+    end-of-turn marker) against the tokenizer's id for it."""
+    tok, bos, eos, _ = TOKENIZERS[tok_name]
+    source = load_template(fn)
+    tmpl = ENV.from_string(source)
+    d = model_dir("chat-" + fn, tok, bos, eos, chat_template=source)
+    cases = []
+    for i in range(args.cases // 4):
+        case = {"user": content()}
+        if i % 2 == 0:  # an empty --system is no system turn: a system turn has text
+            case["system"] = content() or "Answer briefly."
+        cases.append(case)
+    stdin = "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in cases)
+    p = subprocess.run([args.ferry, "tokenize", "--model", d, "--chat", "--jsonl"],
+                       input=stdin.encode(), capture_output=True)
+    if p.returncode != 0:
+        print(f"FAIL: ferry tokenize --model {d} --chat --jsonl: "
+              f"{p.stderr.decode(errors='replace').strip()}")
+        sys.exit(1)
+    got = [json.loads(l) for l in p.stdout.decode().splitlines()]
+    stop = tok.token_to_id(MARKER[family])
+    for c, g in zip(cases, got):
+        tally.compared += 1
+        msgs = ([{"role": "system", "content": c["system"]}] if "system" in c else []) + \
+            [{"role": "user", "content": c["user"]}]
+        want = render(tmpl, msgs, bos, eos, add_generation_prompt=True)
+        if g["text"] != want:
+            report("prompt text", fn, msgs, repr(want), repr(g["text"]))
+            continue
+        ids = tok.encode(want, add_special_tokens=False).ids
+        if g["ids"] != ids:
+            report("prompt ids", fn, msgs, ids, g["ids"])
+            continue
+        if g["end_of_turn"] != stop:
+            report("end of turn", fn, msgs, stop, g["end_of_turn"])
+    if len(got) != len(cases):
+        report("prompts", fn, "all", len(cases), len(got))
+    print(f"{fn}: {len(cases)} generation prompts rendered with jinja2 and compared "
+          f"(text, ids, stop)")
+
+
 def check_refused(fn, tok_name):
     tok, bos, eos, _ = TOKENIZERS[tok_name]
     d = model_dir("chat-" + fn, tok, bos, eos, chat_template=load_template(fn))
@@ -324,6 +372,7 @@ for name, (tok, bos, eos, specials) in TOKENIZERS.items():
 print("boundaries: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
 for fn, tok_name, family in CHATS:
     check_chat(fn, tok_name, family)
+    check_chat_prompt(fn, tok_name, family)
 check_refused("llama2.jinja", "mistral")
 check_refused("mistral-v0.3.jinja", "mistral")
 print(f"{tally.compared} comparisons, {tally.mismatches} mismatches "

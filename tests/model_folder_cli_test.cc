@@ -88,15 +88,26 @@ class ModelFolderCliTest : public testing::CliTest {
   }
 
   // What `ferry generate` prints for the model loaded in-process (`quantize`: --quantize) with
-  // the folder's tokenizer: greedy, same limits.
+  // the folder's tokenizer: greedy, same limits; with `chat`, the prompt a user turn of it (after
+  // `system`'s turn when non-empty) as EncodeChatPrompt writes it, stopping at its end of turn.
   std::string ExpectedText(const std::string& dir, const std::string& adapter,
-                           BaseQuant quantize = BaseQuant::kNone) {
+                           BaseQuant quantize = BaseQuant::kNone,
+                           const ChatTemplate* chat = nullptr, const std::string& system = "") {
     Result<LoadedModel> m = LoadModelFolder(dir, adapter, quantize);
     EXPECT_TRUE(m.ok()) << m.status().ToString();
     Result<std::unique_ptr<Tokenizer>> tok = LoadTokenizer(dir);
     EXPECT_TRUE(tok.ok()) << tok.status().ToString();
     if (!m.ok() || !tok.ok()) return "";
-    const std::vector<int32_t> ids = (*tok)->Encode(kPrompt, true);
+    std::vector<int32_t> ids = (*tok)->Encode(kPrompt, true);
+    GenerateOptions o;
+    if (std::optional<int32_t> eos = (*tok)->special_ids().eos) o.stop_ids = {*eos};
+    if (chat != nullptr) {
+      Result<ChatPrompt> p = EncodeChatPrompt(**tok, *chat, system, kPrompt);
+      EXPECT_TRUE(p.ok() && p->end_of_turn) << p.status().ToString();
+      if (!p.ok() || !p->end_of_turn) return "";
+      ids = p->ids;
+      o.stop_ids.push_back(*p->end_of_turn);
+    }
     Result<std::unique_ptr<CpuDevice>> device =
         CpuDevice::Create({.memory_bytes = size_t(64) << 20, .compute_threads = kThreads});
     EXPECT_TRUE(device.ok());
@@ -109,10 +120,8 @@ class ModelFolderCliTest : public testing::CliTest {
         exec::CreatePlannedGenerator({device->get()}, m->config, p, m->weights);
     EXPECT_TRUE(gen.ok()) << gen.status().ToString();
     if (!gen.ok()) return "";
-    GenerateOptions o;
     o.max_new_tokens = 12;
     o.sampling.temperature = 0;
-    o.eos = (*tok)->special_ids().eos;
     Result<std::vector<int32_t>> out =
         ferry::Generate(**gen, ids, o, [](int32_t) { return Status::Ok(); });
     EXPECT_TRUE(out.ok()) << out.status().ToString();
@@ -199,6 +208,69 @@ std::string LetterTokenizerJson() {
       {"model",
        {{"type", "BPE"}, {"unk_token", "<unk>"}, {"vocab", vocab}, {"merges", json::array()}}}}
       .dump();
+}
+
+// generate --chat: the prompt as a user turn of the folder's chat template (detected from its
+// tokenizer_config.json) with the assistant's header after it, the answer stopping at the end of
+// the turn: the greedy text of those ids in-process, with and without --system. Refused: a
+// folder without a template, a tokenizer without the end-of-turn token (the tiny model's bytes),
+// --system without --chat.
+TEST_F(ModelFolderCliTest, GenerateChatPromptsInTheTemplate) {
+  const std::string dir = dir_ + "/chat";
+  WriteFolder(dir, 300);
+  json tok = testing::ByteLevelTokenizerJson();
+  for (const auto& [id, text] : {std::pair{262, "<|im_start|>"}, {263, "<|im_end|>"}}) {
+    json added = tok["added_tokens"][0];
+    added["id"] = id;
+    added["content"] = text;
+    tok["added_tokens"].push_back(added);
+  }
+  std::ofstream(dir + "/tokenizer.json") << tok.dump();
+  std::ofstream(dir + "/tokenizer_config.json")
+      << json{{"chat_template",
+               "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+               "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"}}
+             .dump();
+  const ChatTemplate chatml{.format = ChatFormat::kChatMl};
+  CommandResult g = Generate("--model " + dir + " --chat");
+  ASSERT_EQ(g.code, 0) << g.output;
+  EXPECT_EQ(g.output, ExpectedText(dir, "", BaseQuant::kNone, &chatml));
+  g = Generate("--model " + dir + " --chat --system 'Answer briefly.'");
+  ASSERT_EQ(g.code, 0) << g.output;
+  EXPECT_EQ(g.output, ExpectedText(dir, "", BaseQuant::kNone, &chatml, "Answer briefly."));
+
+  CommandResult r =
+      Ferry("generate --model " + src_ + " --chat --prompt hi --max-tokens 8");  // no template
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--chat-template"), std::string::npos) << r.output;
+  r = Ferry("generate --chat --prompt hi");  // tiny: chatml, in bytes
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("no token for the chat template's end of turn <|im_end|>"),
+            std::string::npos)
+      << r.output;
+  r = Ferry("generate --model " + dir + " --system hi --prompt hi");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("give --chat too"), std::string::npos) << r.output;
+
+  // `ferry tokenize --chat` shows the same prompt: its ids, and with --jsonl the text and the stop.
+  Result<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(dir);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  Result<ChatPrompt> want = EncodeChatPrompt(**tokenizer, chatml, "Be brief.", kPrompt);
+  ASSERT_TRUE(want.ok() && want->end_of_turn == 263) << want.status().ToString();
+  std::string ids;
+  for (int32_t id : want->ids) ids += (ids.empty() ? "" : " ") + std::to_string(id);
+  const std::string out = dir_ + "/chat.ids";
+  r = Ferry("tokenize --model " + dir + " --chat --system 'Be brief.' --text '" + kPrompt + "'", "",
+            out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(testing::ReadTextFile(out), ids + "\n");
+  std::ofstream(dir_ + "/chat.jsonl") << json{{"user", kPrompt}, {"system", "Be brief."}}.dump();
+  r = Ferry("tokenize --model " + dir + " --chat --jsonl < " + dir_ + "/chat.jsonl", "", out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const json line = json::parse(testing::ReadTextFile(out));
+  EXPECT_EQ(line["text"], want->text);
+  EXPECT_EQ(line["ids"], want->ids);
+  EXPECT_EQ(line["end_of_turn"], 263);
 }
 
 // A folder pre-quantized by transformers + bitsandbytes (tests/goldens/llama_bnb4, with a

@@ -379,13 +379,21 @@ TEST(Generator, GreedyEqualsArgmaxOfRepeatedFullForwards) {
       seq.push_back(token);
     }
     // An EOS equal to the first greedy token stops at once; nothing is streamed.
-    o.eos = (*out)[0];
+    o.stop_ids = {(*out)[0]};
     Result<std::vector<int32_t>> none = Generate(*g, prompt, o, [](int32_t) {
       ADD_FAILURE() << "EOS was streamed";
       return Status::Ok();
     });
     ASSERT_TRUE(none.ok());
     EXPECT_TRUE(none->empty());
+    // Any of several stop ids stops (a chat's end of turn beside EOS): at the first token drawn
+    // that is one of them.
+    o.stop_ids = {-1, (*out)[2]};
+    Result<std::vector<int32_t>> until =
+        Generate(*g, prompt, o, [](int32_t) { return Status::Ok(); });
+    ASSERT_TRUE(until.ok());
+    EXPECT_EQ(*until,
+              std::vector<int32_t>(out->begin(), std::find(out->begin(), out->end(), (*out)[2])));
   }
 }
 

@@ -27,7 +27,7 @@ Result<std::vector<int32_t>> Generate(Generator& g, std::span<const int32_t> pro
   std::span<const float> last(logits.data(), vocab);
   for (int64_t i = 0; i < o.max_new_tokens; ++i) {
     const int32_t token = SampleToken(last, o.sampling, uint64_t(i));
-    if (o.eos && token == *o.eos) break;
+    if (std::find(o.stop_ids.begin(), o.stop_ids.end(), token) != o.stop_ids.end()) break;
     out.push_back(token);
     FERRY_RETURN_IF_ERROR(on_token(token));
     if (i + 1 == o.max_new_tokens) break;

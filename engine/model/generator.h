@@ -48,7 +48,9 @@ class Generator {
 struct GenerateOptions {
   SamplingOptions sampling;
   int64_t max_new_tokens = 0;  // >= 0
-  std::optional<int32_t> eos;  // stop when drawn (it is neither passed on nor returned)
+  // Stop when one of these is drawn (EOS, a chat template's end of turn); it is neither passed on
+  // nor returned.
+  std::vector<int32_t> stop_ids;
 };
 
 // Resets `g`, runs `prompt` (>= 1 token) in one step, then draws up to max_new_tokens tokens (draw

@@ -103,30 +103,39 @@ Result<RenderedText> RenderMistral(std::span<const ChatMessage> messages) {
   return std::move(w.out);
 }
 
+// Per format: its --chat-template name, the marker that ends an assistant's turn, and the header
+// add_generation_prompt=True adds for the answer (Mistral v0.2's " [/INST]" needs none).
+struct FormatInfo {
+  ChatFormat format;
+  const char* name;
+  const char* end_of_turn;
+  const char* answer_header;
+};
+constexpr FormatInfo kFormats[] = {
+    {ChatFormat::kChatMl, "chatml", "<|im_end|>", "<|im_start|>assistant\n"},
+    {ChatFormat::kLlama3, "llama3", "<|eot_id|>",
+     "<|start_header_id|>assistant<|end_header_id|>\n\n"},
+    {ChatFormat::kMistral, "mistral", "</s>", ""},
+    {ChatFormat::kNone, "none", "", ""}};
+
+const FormatInfo& InfoOf(ChatFormat f) {
+  for (const FormatInfo& i : kFormats) {
+    if (i.format == f) return i;
+  }
+  return kFormats[3];
+}
+
 }  // namespace
 
 Result<ChatFormat> ParseChatFormat(std::string_view name) {
-  if (name == "chatml") return ChatFormat::kChatMl;
-  if (name == "llama3") return ChatFormat::kLlama3;
-  if (name == "mistral") return ChatFormat::kMistral;
-  if (name == "none") return ChatFormat::kNone;
+  for (const FormatInfo& f : kFormats) {
+    if (name == f.name) return f.format;
+  }
   return Status::InvalidArgument("--chat-template '" + std::string(name) +
                                  "' is not one of chatml, llama3, mistral, none");
 }
 
-const char* ChatFormatName(ChatFormat f) {
-  switch (f) {
-    case ChatFormat::kChatMl:
-      return "chatml";
-    case ChatFormat::kLlama3:
-      return "llama3";
-    case ChatFormat::kMistral:
-      return "mistral";
-    case ChatFormat::kNone:
-      break;
-  }
-  return "none";
-}
+const char* ChatFormatName(ChatFormat f) { return InfoOf(f).name; }
 
 ChatTemplate ChatTemplateFromText(std::string_view text) {
   auto has = [&](std::string_view marker) { return text.find(marker) != std::string_view::npos; };
@@ -243,5 +252,12 @@ Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessa
   }
   return std::move(w.out);
 }
+
+Result<std::string> RenderChatPrompt(const ChatTemplate& t, std::span<const ChatMessage> messages) {
+  FERRY_ASSIGN_OR_RETURN(RenderedText r, RenderChat(t, messages));
+  return r.text + InfoOf(t.format).answer_header;
+}
+
+std::string_view EndOfTurn(ChatFormat f) { return InfoOf(f).end_of_turn; }
 
 }  // namespace ferry

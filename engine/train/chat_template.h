@@ -83,4 +83,13 @@ ChatTemplate ChatTemplateFromText(std::string_view template_text);
 // conversation, and for mistral a system message not first or roles that do not alternate.
 Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessage> messages);
 
+// The text a model continues to answer `messages` (apply_chat_template with
+// add_generation_prompt=True): RenderChat's text, then the assistant's header, chatml's
+// "<|im_start|>assistant\n" or llama3's "<|start_header_id|>assistant<|end_header_id|>\n\n"
+// (mistral's " [/INST]" already hands the turn over). Errors: RenderChat's.
+Result<std::string> RenderChatPrompt(const ChatTemplate& t, std::span<const ChatMessage> messages);
+
+// What ends an assistant's turn: "<|im_end|>", "<|eot_id|>", "</s>"; "" for kNone.
+std::string_view EndOfTurn(ChatFormat f);
+
 }  // namespace ferry

@@ -157,6 +157,32 @@ TEST(ChatTemplateTest, NoTemplateIsAnErrorNamingTheOption) {
   EXPECT_EQ(*ParseChatFormat("llama3"), ChatFormat::kLlama3);
 }
 
+// A generation prompt (add_generation_prompt=True): the conversation, then the assistant's header
+// (the templates' own `if add_generation_prompt` branches; Mistral v0.2's has none), and the
+// marker that ends the answer.
+TEST(ChatTemplateTest, GenerationPromptAddsTheAssistantsHeader) {
+  const std::vector<ChatMessage> ask = {{"system", "You are terse."}, {"user", "2+2?"}};
+  Result<std::string> chatml = RenderChatPrompt({.format = ChatFormat::kChatMl}, ask);
+  ASSERT_TRUE(chatml.ok()) << chatml.status().ToString();
+  EXPECT_EQ(*chatml,
+            "<|im_start|>system\nYou are terse.<|im_end|>\n"
+            "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n");
+  Result<std::string> llama3 = RenderChatPrompt({.format = ChatFormat::kLlama3}, ask);
+  ASSERT_TRUE(llama3.ok()) << llama3.status().ToString();
+  EXPECT_EQ(*llama3,
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are "
+            "terse.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n2+2?<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  Result<std::string> mistral = RenderChatPrompt({.format = ChatFormat::kMistral}, ask);
+  ASSERT_TRUE(mistral.ok()) << mistral.status().ToString();
+  EXPECT_EQ(*mistral, "<s> [INST] You are terse.\n\n2+2? [/INST]");
+  EXPECT_FALSE(RenderChatPrompt({}, ask).ok());  // no template
+  EXPECT_EQ(EndOfTurn(ChatFormat::kChatMl), "<|im_end|>");
+  EXPECT_EQ(EndOfTurn(ChatFormat::kLlama3), "<|eot_id|>");
+  EXPECT_EQ(EndOfTurn(ChatFormat::kMistral), "</s>");
+  EXPECT_EQ(EndOfTurn(ChatFormat::kNone), "");
+}
+
 TEST(ChatTemplateTest, DetectsFromModelFolder) {
   const std::filesystem::path dir =
       std::filesystem::path(::testing::TempDir()) / "ferry_chat_template_test";

@@ -29,6 +29,20 @@ Result<ChatTemplate> ResolveChatTemplate(const std::string& name, const std::str
   return DetectChatTemplate(model);
 }
 
+Result<ChatPrompt> EncodeChatPrompt(const Tokenizer& tokenizer, const ChatTemplate& chat,
+                                    const std::string& system, const std::string& user) {
+  std::vector<ChatMessage> messages;
+  if (!system.empty()) messages.push_back({.role = "system", .content = system});
+  messages.push_back({.role = "user", .content = user});
+  ChatPrompt p;
+  FERRY_ASSIGN_OR_RETURN(p.text, RenderChatPrompt(chat, messages));
+  p.ids = tokenizer.Encode(p.text, /*add_special_tokens=*/false);
+  const std::vector<int32_t> end =
+      tokenizer.Encode(std::string(EndOfTurn(chat.format)), /*add_special_tokens=*/false);
+  if (end.size() == 1) p.end_of_turn = end[0];
+  return p;
+}
+
 int32_t PadId(const Tokenizer& tokenizer) {
   const SpecialTokenIds s = tokenizer.special_ids();
   return s.pad.value_or(s.eos.value_or(0));

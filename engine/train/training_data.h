@@ -14,11 +14,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/job/job_spec.h"
 #include "engine/model/model_config.h"
 #include "engine/model/model_runner.h"
 #include "engine/text/tokenizer.h"
+#include "engine/train/chat_template.h"
 #include "engine/train/dataset.h"
 #include "engine/train/packed_dataset.h"
 #include "kernels/status.h"
@@ -32,6 +34,19 @@ Result<std::unique_ptr<Tokenizer>> ModelTokenizer(const std::string& model);
 // The chat template for --chat-template `name` ("auto": detected from the model folder; the tiny
 // model uses chatml).
 Result<ChatTemplate> ResolveChatTemplate(const std::string& name, const std::string& model);
+
+// A generation prompt in a chat template: one user turn (after a system turn when `system` is
+// non-empty) with the assistant's header after it (RenderChatPrompt): the text, its ids (encoded
+// without added special tokens: the template writes its own), and the id of the template's end
+// of turn when the tokenizer holds it as one token (the stop of the answer).
+struct ChatPrompt {
+  std::string text;
+  std::vector<int32_t> ids;
+  std::optional<int32_t> end_of_turn;
+};
+// Errors: RenderChat's.
+Result<ChatPrompt> EncodeChatPrompt(const Tokenizer& tokenizer, const ChatTemplate& chat,
+                                    const std::string& system, const std::string& user);
 
 // The pad id for packed rows: the tokenizer's PAD, else its EOS, else 0 (padding is masked).
 int32_t PadId(const Tokenizer& tokenizer);
