@@ -147,6 +147,17 @@ void AddPlanCommand(CLI::App& parent, PlanCommand* cmd) {
                    "accepted so train job files plan as they are (the plan's GPUs are "
                    "--hardware's)");
   p->add_option("--out", cmd->job.out, "Accepted so train job files plan as they are");
+  // The rest of a train job's keys, which change no plan.
+  p->add_option("--loss-scale", cmd->job.loss_scale,
+                "Accepted so train job files plan as they are");
+  p->add_option("--loss-scale-growth-interval", cmd->job.loss_scale_growth_interval,
+                "Accepted so train job files plan as they are");
+  p->add_option("--save-every", cmd->job.save_every,
+                "Accepted so train job files plan as they are");
+  p->add_option("--keep-checkpoints", cmd->job.keep_checkpoints,
+                "Accepted so train job files plan as they are");
+  p->add_flag("--checkpoint-compress", cmd->job.checkpoint_compress,
+              "Accepted so train job files plan as they are");
   p->add_option("--hardware", cmd->hardware,
                 "Hardware profile: a name in configs/hardware (1x-rtx4090-pcie4, "
                 "8x-rtx4090-pcie4, ...) or a path (ferry probe writes one)")

@@ -2,12 +2,14 @@
 // timelines, and the exit code when nothing fits.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
 
 #include "engine/json.h"
+#include "engine/testing/golden_files.h"
 #include "tests/cli_testing.h"
 
 namespace {
@@ -16,6 +18,38 @@ using ferry::testing::CommandResult;
 using ferry::testing::Ferry;
 
 class PlanCliTest : public ferry::testing::CliTest {};
+
+// Each example job in configs/jobs plans as its "# plan:" line says (the model a preset of the
+// file's model folder; a job with an nvme-dir gets one that exists), and fits; `ferry train`
+// reads every key of it (it stops at the model folder, which is the user's to give).
+TEST_F(PlanCliTest, ExampleJobFilesPlanAndParse) {
+  const std::string jobs = ferry::testing::SourceDir() + "/configs/jobs";
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(jobs)) {
+    if (entry.path().extension() != ".toml") continue;
+    ++files;
+    const std::string path = entry.path().string();
+    std::ifstream in(path);
+    std::string line, plan;
+    bool nvme = false;
+    while (std::getline(in, line)) {
+      if (line.rfind("# plan: ferry ", 0) == 0) plan = line.substr(std::strlen("# plan: ferry "));
+      nvme = nvme || line.rfind("nvme-dir", 0) == 0;
+    }
+    ASSERT_FALSE(plan.empty()) << path << " has no \"# plan: ferry ...\" line";
+    const std::string rel = "--config configs/jobs/" + entry.path().filename().string();
+    const size_t at = plan.find(rel);
+    ASSERT_NE(at, std::string::npos) << path << ": " << plan;
+    plan.replace(at, rel.size(), "--config " + path);
+    CommandResult r = Ferry(plan + (nvme ? " --nvme-dir " + dir_ : ""));
+    EXPECT_EQ(r.code, 0) << path << ": " << r.output;
+    EXPECT_NE(r.output.find("predicted: "), std::string::npos) << path << ": " << r.output;
+    r = Ferry("train --config " + path + " --model " + dir_ + "/no-such-model");
+    EXPECT_EQ(r.code, 1) << path << ": " << r.output;
+    EXPECT_NE(r.output.find("no-such-model"), std::string::npos) << path << ": " << r.output;
+  }
+  EXPECT_GE(files, 4);
+}
 
 TEST_F(PlanCliTest, PresetOnAProfilePrintsThePlanAndMemoryTable) {
   CommandResult r = Ferry(
