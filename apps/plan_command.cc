@@ -14,6 +14,7 @@
 #include "engine/plan/planner.h"
 #include "engine/plan/simulator.h"
 #include "engine/plan/timeline_writers.h"
+#include "engine/train/progress_bar.h"
 #include "engine/train/training_data.h"
 #include "offload/file_io.h"
 
@@ -128,6 +129,27 @@ Status WriteTimeline(const PlanCommand& cmd, const ModelConfig& model, const pla
   return Status::Ok();
 }
 
+// "  run: ..." — the run's length at the plan's step: its updates (--steps, or --epochs' over
+// `rows` packed training rows; `updates` 0: the data was not read) and their time.
+std::string RunLine(const JobSpec& job, int64_t rows, int64_t updates, double seconds) {
+  char what[160];
+  if (job.epochs > 0 && updates == 0) {
+    std::snprintf(what, sizeof what,
+                  "--epochs %g: its updates are counted from the packed data (plan a model folder "
+                  "to count them)",
+                  job.epochs);
+    return std::string("  run: ") + what + "\n";
+  }
+  if (job.epochs > 0) {
+    std::snprintf(what, sizeof what, "--epochs %g of %lld training rows: %lld updates", job.epochs,
+                  (long long)rows, (long long)updates);
+  } else {
+    std::snprintf(what, sizeof what, "%lld updates (--steps)", (long long)updates);
+  }
+  return std::string("  run: ") + what + " in about " + FormatDuration(seconds) +
+         " at the predicted step (start-up, validation and checkpoints not counted)\n";
+}
+
 }  // namespace
 
 void AddPlanCommand(CLI::App& parent, PlanCommand* cmd) {
@@ -211,11 +233,13 @@ int RunPlanCommand(PlanCommand& cmd) {
   }
   // Packed data's documents size the GPU attention (as `ferry train` plans them): read --data
   // when the model has a tokenizer to read it with (a folder, or the built-in tiny model).
+  int64_t training_rows = 0;  // what --epochs counts its updates by; 0: not read
   if (cmd.job.data != "builtin") {
     if (cmd.job.model == "tiny" || fs::is_directory(cmd.job.model)) {
       Result<std::unique_ptr<TrainingData>> data = TrainingData::Load(cmd.job, *model);
       if (!data.ok()) return fail(data.status().WithContext("--data"));
       job->documents_in_rows = (*data)->MostDocuments(job->global_batch);
+      training_rows = (*data)->training_rows();
     } else {
       std::fprintf(stderr,
                    "ferry plan: note: --data %s is not read (the preset '%s' has no tokenizer): "
@@ -234,12 +258,24 @@ int RunPlanCommand(PlanCommand& cmd) {
                  "they can take\n",
                  unread_layout.ToString().c_str());
   }
+  // The run's updates: --steps, or --epochs' once the data is packed (0: not read).
+  const int64_t updates = cmd.job.epochs == 0 ? cmd.job.steps
+                          : training_rows > 0
+                              ? StepsForEpochs(cmd.job.epochs, training_rows, cmd.job.batch_size)
+                              : 0;
+  const double run_s = double(updates) * outcome->plan.step_s;
   if (cmd.json) {
     nlohmann::json j = plan::OutcomeToJson(*outcome);
     if (cmd.explain) j["candidates"] = plan::CandidatesToJson(outcome->candidates);
+    if (outcome->feasible) {
+      j["run"] = {{"updates", updates > 0 ? nlohmann::json(updates) : nlohmann::json()},
+                  {"seconds", updates > 0 ? nlohmann::json(run_s) : nlohmann::json()}};
+    }
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("%s", plan::OutcomeSummary(*outcome).c_str());
+    if (outcome->feasible)
+      std::printf("%s", RunLine(cmd.job, training_rows, updates, run_s).c_str());
     if (cmd.explain) std::printf("%s", plan::ExplainCandidates(*outcome).c_str());
   }
   if (!outcome->feasible) return 3;

@@ -51,6 +51,47 @@ TEST_F(PlanCliTest, ExampleJobFilesPlanAndParse) {
   EXPECT_GE(files, 4);
 }
 
+// The run's length at the predicted step: --steps' updates; --epochs' counted from the data the
+// plan reads (the tiny model's tokenizer reads it), as ferry train counts them; not counted for
+// a preset, which has no tokenizer.
+TEST_F(PlanCliTest, RunLengthIsTheUpdatesAtThePredictedStep) {
+  CommandResult r = Ferry("plan --model qwen3-0.6b --steps 500 --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  nlohmann::json j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["run"]["updates"], 500);
+  EXPECT_DOUBLE_EQ(j["run"]["seconds"].get<double>(),
+                   500 * j["plan"]["predicted"]["step_s"].get<double>());
+  r = Ferry("plan --model qwen3-0.6b --steps 500");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("run: 500 updates (--steps) in about "), std::string::npos) << r.output;
+
+  const std::string data = dir_ + "/d.jsonl";
+  {
+    std::ofstream f(data);
+    for (int i = 0; i < 30; ++i)
+      f << R"({"text": "The ferry leaves at )" << i << R"( o'clock."})"
+        << "\n";
+  }
+  const std::string job = " --data " + data + " --epochs 2 --batch-size 8 --seq-len 32";
+  r = Ferry("plan --model tiny --hardware 1x-rtx4090-pcie4" + job);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string out = dir_ + "/run";
+  CommandResult t = Ferry("train --threads 2 --out " + out + job);
+  ASSERT_EQ(t.code, 0) << t.output;
+  // The updates ferry train counts for the same job.
+  const size_t at = t.output.find("training rows: ");
+  ASSERT_NE(at, std::string::npos) << t.output;
+  const long long updates = std::atoll(t.output.c_str() + at + std::strlen("training rows: "));
+  EXPECT_NE(r.output.find("training rows: " + std::to_string(updates) + " updates in about "),
+            std::string::npos)
+      << r.output;
+  r = Ferry("plan --model qwen3-0.6b" + job);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("run: --epochs 2: its updates are counted from the packed data"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST_F(PlanCliTest, PresetOnAProfilePrintsThePlanAndMemoryTable) {
   CommandResult r = Ferry(
       "plan --model qwen3-0.6b --hardware 1x-rtx4090-pcie4 "
