@@ -45,20 +45,46 @@ Result<std::string> StringField(const nlohmann::json& j, const char* key) {
   return v.get<std::string>();
 }
 
-Result<std::vector<ChatMessage>> ParseMessages(const nlohmann::json& j) {
-  if (!j.is_array()) return Status::InvalidArgument("'messages' must be an array");
+// ShareGPT's speakers ("from") as chat roles; nullptr for one it does not name.
+const char* ShareGptRole(std::string_view from) {
+  constexpr std::pair<std::string_view, const char*> kRoles[] = {
+      {"system", "system"}, {"human", "user"},          {"user", "user"},
+      {"gpt", "assistant"}, {"assistant", "assistant"}, {"model", "assistant"}};
+  for (auto [name, role] : kRoles) {
+    if (name == from) return role;
+  }
+  return nullptr;
+}
+
+// A chat's turns: `j` is the line's "messages" ({"role", "content"} each, any role) or, when
+// `sharegpt`, its "conversations" ({"from", "value"} each: human/user -> user,
+// gpt/assistant/model -> assistant, system -> system).
+Result<std::vector<ChatMessage>> ParseTurns(const nlohmann::json& j, bool sharegpt) {
+  const std::string list = sharegpt ? "'conversations'" : "'messages'";
+  const char* role_key = sharegpt ? "from" : "role";
+  const char* text_key = sharegpt ? "value" : "content";
+  if (!j.is_array()) return Status::InvalidArgument(list + " must be an array");
   std::vector<ChatMessage> out;
   for (size_t i = 0; i < j.size(); ++i) {
     const nlohmann::json& m = j[i];
-    const std::string where = "'messages'[" + std::to_string(i) + "]";
+    const std::string where = list + "[" + std::to_string(i) + "]";
     if (!m.is_object()) return Status::InvalidArgument(where + " must be an object");
-    if (!m.contains("role") || !m["role"].is_string()) {
-      return Status::InvalidArgument(where + " needs a string 'role'");
+    for (const char* key : {role_key, text_key}) {
+      if (!m.contains(key) || !m[key].is_string()) {
+        return Status::InvalidArgument(where + " needs a string '" + key + "'");
+      }
     }
-    if (!m.contains("content") || !m["content"].is_string()) {
-      return Status::InvalidArgument(where + " needs a string 'content'");
+    std::string role = m[role_key].get<std::string>();
+    if (sharegpt) {
+      const char* mapped = ShareGptRole(role);
+      if (mapped == nullptr) {
+        return Status::InvalidArgument(where + ": 'from' \"" + role +
+                                       "\" is not one of human, gpt, system (or user, "
+                                       "assistant, model)");
+      }
+      role = mapped;
     }
-    out.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    out.push_back({std::move(role), m[text_key].get<std::string>()});
   }
   return out;
 }
@@ -178,8 +204,13 @@ Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, s
   if (j.is_discarded()) return Status::InvalidArgument("not valid JSON");
   if (!j.is_object()) return Status::InvalidArgument("not a JSON object");
   const Tokenizer& tok = *o.tokenizer;
-  if (j.contains("messages")) {
-    FERRY_ASSIGN_OR_RETURN(std::vector<ChatMessage> messages, ParseMessages(j["messages"]));
+  if (j.contains("messages") || j.contains("conversations")) {
+    if (j.contains("messages") && j.contains("conversations")) {
+      return Status::InvalidArgument("'messages' and 'conversations' both hold a chat; keep one");
+    }
+    FERRY_ASSIGN_OR_RETURN(std::vector<ChatMessage> messages,
+                           j.contains("messages") ? ParseTurns(j["messages"], false)
+                                                  : ParseTurns(j["conversations"], true));
     FERRY_ASSIGN_OR_RETURN(RenderedText r, RenderChat(o.chat_template, messages));
     if (text != nullptr) *text = r.text;
     return TokenizeMasked(tok, r, /*add_special_tokens=*/false);
@@ -204,7 +235,8 @@ Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, s
     if (text != nullptr) *text = std::move(whole);
     return e;
   }
-  return Status::InvalidArgument("a line needs 'text', 'prompt' and 'completion', or 'messages'");
+  return Status::InvalidArgument(
+      "a line needs 'text', 'prompt' and 'completion', 'messages', or 'conversations'");
 }
 
 Result<LoadedExamples> LoadExamples(const std::string& path, const ExampleOptions& o) {

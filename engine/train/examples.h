@@ -7,6 +7,9 @@
 //            {"messages": [{"role": "...", "content": "..."}, ...]}
 //                                       rendered with the chat template (chat_template.h);
 //                                       loss on the assistant turns only
+//            {"conversations": [{"from": "human", "value": "..."}, ...]}
+//                                       ShareGPT's: the same, "from" human/user -> user,
+//                                       gpt/assistant/model -> assistant, system -> system
 //  .txt    documents separated by blank lines, all tokens trained
 //  .bin / .tok  pre-tokenized ids, all trained, in one of
 //            ferry's token file (WriteTokenFile below): "FERRYTOK" magic, uint32 version (1),

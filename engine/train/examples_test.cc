@@ -102,6 +102,41 @@ TEST(ExamplesTest, MessagesTrainOnlyAssistantTurns) {
                                   .size());
 }
 
+// ShareGPT's conversations are the messages they name: the same text and mask; a speaker it does
+// not name, and a line with both forms, are refused naming them.
+TEST(ExamplesTest, ShareGptConversationsAreMessages) {
+  std::unique_ptr<Tokenizer> tok = MakeByteTokenizer();
+  const ExampleOptions o{
+      .tokenizer = tok.get(), .chat_template = {.format = ChatFormat::kChatMl}, .vocab_size = 0};
+  std::string messages_text, conversations_text;
+  Result<Example> m = ParseJsonlLine(
+      R"({"messages": [{"role": "system", "content": "be"}, {"role": "user", "content": "hi"},)"
+      R"( {"role": "assistant", "content": "yo"}, {"role": "user", "content": "x"},)"
+      R"( {"role": "assistant", "content": "z"}]})",
+      o, &messages_text);
+  Result<Example> c = ParseJsonlLine(
+      R"({"conversations": [{"from": "system", "value": "be"}, {"from": "human", "value": "hi"},)"
+      R"( {"from": "gpt", "value": "yo"}, {"from": "user", "value": "x"},)"
+      R"( {"from": "model", "value": "z"}]})",
+      o, &conversations_text);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(conversations_text, messages_text);
+  EXPECT_EQ(c->tokens, m->tokens);
+  EXPECT_EQ(c->trained, m->trained);
+  Result<Example> bad =
+      ParseJsonlLine(R"({"conversations": [{"from": "tool", "value": "hi"}]})", o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'from' \"tool\""), std::string::npos)
+      << bad.status().message();
+  bad = ParseJsonlLine(R"({"conversations": [{"from": "human"}]})", o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'value'"), std::string::npos) << bad.status().message();
+  bad = ParseJsonlLine(R"({"messages": [], "conversations": []})", o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("keep one"), std::string::npos) << bad.status().message();
+}
+
 // Mutated lines (bytes flipped, inserted, cut) are parsed or refused with a message, never a
 // crash (the sanitizer builds check the memory side). A bounded stand-in for a fuzz target.
 TEST(ExamplesTest, MutatedLinesNeverCrash) {
