@@ -38,10 +38,16 @@ Status Run(const GenerateCommand& cmd) {
   const SamplingOptions sampling{cmd.temperature, cmd.top_p, cmd.top_k, cmd.seed};
   FERRY_RETURN_IF_ERROR(ValidateSamplingOptions(sampling));
   if (cmd.max_tokens < 1) return Status::InvalidArgument("--max-tokens must be at least 1");
-  if (!cmd.chat &&
-      (!cmd.system.empty() || (cmd.app != nullptr && cmd.app->count("--chat-template") > 0))) {
+  if (!cmd.chat && cmd.app != nullptr &&
+      (cmd.app->count("--system") > 0 || cmd.app->count("--chat-template") > 0)) {
     return Status::InvalidArgument(
         "--system and --chat-template are for a chat's prompt: give --chat too");
+  }
+  if (cmd.chat && cmd.chat_template != "auto") {  // a bad name before the model loads
+    FERRY_ASSIGN_OR_RETURN(ChatFormat f, ParseChatFormat(cmd.chat_template));
+    if (f == ChatFormat::kNone) {
+      return Status::InvalidArgument("--chat-template none renders no chat: leave out --chat");
+    }
   }
   if (cmd.devices.device_kind == "cuda") {
     return Status::InvalidArgument(
@@ -62,6 +68,11 @@ Status Run(const GenerateCommand& cmd) {
   std::string prompt = cmd.prompt;
   if (cmd.app == nullptr || cmd.app->count("--prompt") == 0) {
     prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    // A chat's turn ends where its text does: not with the line end that closed the input.
+    if (cmd.chat && !prompt.empty() && prompt.back() == '\n') {
+      prompt.pop_back();
+      if (!prompt.empty() && prompt.back() == '\r') prompt.pop_back();
+    }
   }
   FERRY_ASSIGN_OR_RETURN(InferenceModel loaded, LoadInferenceModel(cmd.model, cmd.adapter, cmd.seed,
                                                                    cmd.quantize, cmd.double_quant));
@@ -169,7 +180,9 @@ void AddGenerateCommand(CLI::App& parent, GenerateCommand* cmd) {
               "The prompt is the user's turn of the model's chat template (the answer starts "
               "after the assistant's header and stops at the end of its turn), as a chat "
               "fine-tune was trained");
-  g->add_option("--system", cmd->system, "With --chat: a system message before the prompt");
+  g->add_option("--system", cmd->system,
+                "With --chat: a system message before the prompt (without one, or empty: the "
+                "template's default, if it has one, as Qwen2.5's)");
   g->add_option("--chat-template", cmd->chat_template,
                 "With --chat: chatml, llama3, mistral, or auto (from the model folder)")
       ->capture_default_str();

@@ -45,6 +45,8 @@ class JobFileKeys {
   // "FILE:LINE" of the `item`-th item (0-based) of the file.
   std::string Location(size_t item) const;
   const std::string& file() const { return file_; }
+  // Whether the file gave `option` ("--steps") a value.
+  bool Sets(const std::string& option) const { return options_.count(option) > 0; }
 
  private:
   std::string file_, text_;

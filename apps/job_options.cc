@@ -1,5 +1,6 @@
 #include "apps/job_options.h"
 
+#include "apps/job_file.h"
 #include "engine/job/job_devices.h"
 
 namespace ferry {
@@ -127,6 +128,21 @@ void AddQuantizeOptions(CLI::App& app, BaseQuant* quantize, bool* double_quant, 
                            "(QLoRA's double quantization") +
                    (training ? ")" : "; it changes the values a little, so match the training)"))
       ->capture_default_str();
+}
+
+Status SettleRunLength(const CLI::App& app, const JobFileKeys* file, JobSpec& job) {
+  if (app.count("--steps") == 0 || app.count("--epochs") == 0 || job.epochs == 0) {
+    return Status::Ok();
+  }
+  const bool steps_in_file = file != nullptr && file->Sets("--steps");
+  const bool epochs_in_file = file != nullptr && file->Sets("--epochs");
+  if (steps_in_file == epochs_in_file) {
+    return Status::InvalidArgument(std::string("--steps and --epochs both set the run's length") +
+                                   (steps_in_file ? " in the job file" : "") +
+                                   "; give one of them");
+  }
+  if (epochs_in_file) job.epochs = 0;  // --steps on the command line wins
+  return Status::Ok();
 }
 
 }  // namespace ferry

@@ -14,6 +14,13 @@ namespace ferry {
 // (parse it with ParseLoraTargets). `job` and `lora_targets` must outlive parsing.
 void AddJobOptions(CLI::App& app, JobSpec& job, std::string* lora_targets);
 
+class JobFileKeys;  // apps/job_file.h
+
+// The run's length, --steps or --epochs, from one place: given on the command line, either wins
+// over the other from a job file `file` (a --steps there turns the file's epochs off; --epochs 0
+// is off anyway); both from the same place is refused, naming them. Call after parsing.
+Status SettleRunLength(const CLI::App& app, const JobFileKeys* file, JobSpec& job);
+
 // --devices (engine/job/job_devices.h: a count, cpu,cpu, cuda:0,cuda:1 or cuda:0,cuda:0), parsed
 // into job.devices, job.device_kind and job.gpus; a malformed value is a CLI11 validation error
 // naming the item. `help` ends the option's description. `job` must outlive parsing.

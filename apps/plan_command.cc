@@ -132,21 +132,17 @@ Status WriteTimeline(const PlanCommand& cmd, const ModelConfig& model, const pla
 // "  run: ..." — the run's length at the plan's step: its updates (--steps, or --epochs' over
 // `rows` packed training rows; `updates` 0: the data was not read) and their time.
 std::string RunLine(const JobSpec& job, int64_t rows, int64_t updates, double seconds) {
-  char what[160];
   if (job.epochs > 0 && updates == 0) {
+    char what[160];
     std::snprintf(what, sizeof what,
                   "--epochs %g: its updates are counted from the packed data (plan a model folder "
                   "to count them)",
                   job.epochs);
     return std::string("  run: ") + what + "\n";
   }
-  if (job.epochs > 0) {
-    std::snprintf(what, sizeof what, "--epochs %g of %lld training rows: %lld updates", job.epochs,
-                  (long long)rows, (long long)updates);
-  } else {
-    std::snprintf(what, sizeof what, "%lld updates (--steps)", (long long)updates);
-  }
-  return std::string("  run: ") + what + " in about " + FormatDuration(seconds) +
+  const std::string what = job.epochs > 0 ? EpochsUpdates(job.epochs, rows, updates)
+                                          : std::to_string(updates) + " updates (--steps)";
+  return "  run: " + what + " in about " + FormatDuration(seconds) +
          " at the predicted step (start-up, validation and checkpoints not counted)\n";
 }
 
@@ -206,6 +202,7 @@ int RunPlanCommand(PlanCommand& cmd) {
     std::fprintf(stderr, "ferry plan: %s\n", AnnotateJobFile(cmd.job_file, s).message().c_str());
     return 1;
   };
+  if (Status s = SettleRunLength(*cmd.app, cmd.job_file, cmd.job); !s.ok()) return fail(s);
   // A folder pre-quantized by bitsandbytes plans as QLoRA, as `ferry train` runs it.
   if (fs::is_directory(cmd.job.model)) {
     if (Status s = AdoptPreQuantizedBase(cmd.job); !s.ok()) return fail(s);

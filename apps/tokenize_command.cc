@@ -43,7 +43,8 @@ void AddTokenizeCommand(CLI::App& parent, TokenizeCommand* cmd) {
               "Encode the text as the prompt `ferry generate --chat` gives the model: a user turn "
               "of the chat template and the assistant's header (with --jsonl each line is "
               "{\"user\": ..., \"system\": ...}; prints {\"text\", \"ids\", \"end_of_turn\"})");
-  t->add_option("--system", cmd->system, "With --chat: a system message first");
+  t->add_option("--system", cmd->system,
+                "With --chat: a system message first (with --jsonl: for lines without one)");
 }
 
 namespace {
@@ -137,7 +138,8 @@ int RunChat(const TokenizeCommand& cmd, const Tokenizer& tok, const std::string&
       return Fail("stdin line " + std::to_string(n) +
                   ": not a JSON object with a string \"user\" (and \"system\")");
     }
-    Result<ChatPrompt> p = encode(j.value("system", std::string()), j["user"].get<std::string>());
+    // A line without "system" takes --system's.
+    Result<ChatPrompt> p = encode(j.value("system", cmd.system), j["user"].get<std::string>());
     if (!p.ok()) return Fail("stdin line " + std::to_string(n) + ": " + p.status().message());
     nlohmann::json r;
     r["text"] = Utf8Lossy(p->text);
@@ -226,7 +228,12 @@ int RunTokenizeCommand(TokenizeCommand& cmd) {
     if (!r.ok()) return Fail(r.status().message());
     tok = std::move(r).value();
   }
-  if (!cmd.data.empty()) return RunData(cmd, *tok);
+  if (!cmd.data.empty()) {
+    if (cmd.chat || cmd.app->count("--system") > 0) {
+      return Fail("--chat and --system encode a prompt; --data shows a dataset: give one of them");
+    }
+    return RunData(cmd, *tok);
+  }
   if (cmd.chat && cmd.decode) return Fail("--chat encodes a prompt: leave out --decode");
   if (!cmd.chat && cmd.app->count("--system") > 0) return Fail("--system is for --chat");
   if (cmd.jsonl && !cmd.chat) return RunJsonl(cmd, *tok);

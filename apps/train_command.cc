@@ -160,11 +160,7 @@ int RunTrainCommand(TrainCommand& cmd) {
   if (!targets.ok()) return fail(targets.status().WithContext("--lora-targets"));
   job.lora.targets = *targets;
   RunControl control;
-  // Two ways to say how long the run is: one at a time (a job file's key counts as given).
-  if (cmd.app->get_option("--steps")->count() > 0 && cmd.app->get_option("--epochs")->count() > 0) {
-    return fail(Status::InvalidArgument(
-        "--steps and --epochs both set the run's length; give one of them"));
-  }
+  if (Status s = SettleRunLength(*cmd.app, cmd.job_file, job); !s.ok()) return fail(s);
   if (!cmd.resume.empty()) {
     Result<JobSpec> resumed = ResumedJob(cmd);
     if (!resumed.ok()) return fail(resumed.status().WithContext("--resume"));

@@ -251,6 +251,12 @@ TEST_F(ModelFolderCliTest, GenerateChatPromptsInTheTemplate) {
   r = Ferry("generate --model " + dir + " --system hi --prompt hi");
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("give --chat too"), std::string::npos) << r.output;
+  r = Ferry("generate --model " + dir + " --chat --chat-template none --prompt hi");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--chat-template none renders no chat"), std::string::npos) << r.output;
+  r = Ferry("tokenize --model " + dir + " --chat --data " + data_);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("give one of them"), std::string::npos) << r.output;
 
   // `ferry tokenize --chat` shows the same prompt: its ids, and with --jsonl the text and the stop.
   Result<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(dir);

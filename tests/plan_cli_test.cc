@@ -20,8 +20,8 @@ using ferry::testing::Ferry;
 class PlanCliTest : public ferry::testing::CliTest {};
 
 // Each example job in configs/jobs plans as its "# plan:" line says (the model a preset of the
-// file's model folder; a job with an nvme-dir gets one that exists), and fits; `ferry train`
-// reads every key of it (it stops at the model folder, which is the user's to give).
+// file's model folder) and fits; `ferry train` reads every key of it (it stops at the model
+// folder, which is the user's to give).
 TEST_F(PlanCliTest, ExampleJobFilesPlanAndParse) {
   const std::string jobs = ferry::testing::SourceDir() + "/configs/jobs";
   int files = 0;
@@ -31,17 +31,15 @@ TEST_F(PlanCliTest, ExampleJobFilesPlanAndParse) {
     const std::string path = entry.path().string();
     std::ifstream in(path);
     std::string line, plan;
-    bool nvme = false;
     while (std::getline(in, line)) {
       if (line.rfind("# plan: ferry ", 0) == 0) plan = line.substr(std::strlen("# plan: ferry "));
-      nvme = nvme || line.rfind("nvme-dir", 0) == 0;
     }
     ASSERT_FALSE(plan.empty()) << path << " has no \"# plan: ferry ...\" line";
     const std::string rel = "--config configs/jobs/" + entry.path().filename().string();
     const size_t at = plan.find(rel);
     ASSERT_NE(at, std::string::npos) << path << ": " << plan;
     plan.replace(at, rel.size(), "--config " + path);
-    CommandResult r = Ferry(plan + (nvme ? " --nvme-dir " + dir_ : ""));
+    CommandResult r = Ferry(plan);
     EXPECT_EQ(r.code, 0) << path << ": " << r.output;
     EXPECT_NE(r.output.find("predicted: "), std::string::npos) << path << ": " << r.output;
     r = Ferry("train --config " + path + " --model " + dir_ + "/no-such-model");
@@ -88,6 +86,31 @@ TEST_F(PlanCliTest, RunLengthIsTheUpdatesAtThePredictedStep) {
   r = Ferry("plan --model qwen3-0.6b" + job);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("run: --epochs 2: its updates are counted from the packed data"),
+            std::string::npos)
+      << r.output;
+
+  // A job file's epochs give way to --steps on the command line (and its steps to --epochs);
+  // both in one place are refused, by plan as by train.
+  const std::string file = dir_ + "/epochs.toml";
+  std::ofstream(file) << "epochs = 2\n";
+  r = Ferry("plan --config " + file + " --model qwen3-0.6b --steps 7");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("run: 7 updates (--steps)"), std::string::npos) << r.output;
+  std::ofstream(file) << "steps = 7\n";
+  r = Ferry("plan --config " + file + job);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("run: --epochs 2 of "), std::string::npos) << r.output;
+  std::ofstream(file) << "steps = 7\nepochs = 2\n";
+  for (const std::string command : {"plan", "train"}) {
+    r = Ferry(command + " --config " + file + " --data " + data);
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_NE(r.output.find("--steps and --epochs both set the run's length in the job file"),
+              std::string::npos)
+        << r.output;
+  }
+  r = Ferry("plan --model qwen3-0.6b --steps 5" + job);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--steps and --epochs both set the run's length; give one"),
             std::string::npos)
       << r.output;
 }

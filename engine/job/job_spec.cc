@@ -163,7 +163,7 @@ Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
   if (!(job.lr > 0) || !std::isfinite(job.lr)) return Bad("--lr must be a positive number");
   if (job.warmup_steps < 0) return Bad("--warmup-steps must be 0 or more");
   // A warm-up longer than the run is allowed (the run warms up for all of it: `--steps 3`
-  // with the default 20 warm-up updates is a smoke test, not a mistake).
+  // with the default 20 warm-up updates is a smoke test, not a mistake); the run notes it.
   if (!(job.min_lr_ratio >= 0 && job.min_lr_ratio <= 1)) {
     return Bad("--min-lr-ratio must lie in [0, 1]");
   }
@@ -200,8 +200,8 @@ Status ValidateJobSpec(const JobSpec& job, const ModelConfig& model) {
 
 Status ValidateJobShape(const JobSpec& job, const ModelConfig& model, bool micro_batches_auto) {
   if (job.steps <= 0) return Bad("--steps must be at least 1");
-  if (!(job.epochs >= 0) || !std::isfinite(job.epochs)) {
-    return Bad("--epochs must be 0 (off: --steps decides) or a positive number");
+  if (!(job.epochs >= 0) || !(job.epochs <= 1e6)) {
+    return Bad("--epochs must be 0 (off: --steps decides) or a positive number up to 1e6");
   }
   if (job.epochs > 0 && job.data == "builtin") {
     return Bad(

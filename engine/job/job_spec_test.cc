@@ -59,6 +59,7 @@ TEST(JobSpecTest, RefusesImpossibleSizes) {
   ExpectRefused(with([](JobSpec& j) { j.data = "x.jsonl", j.epochs = -1; }), "--epochs");
   ExpectRefused(with([](JobSpec& j) { j.data = "x.jsonl", j.epochs = std::nan(""); }), "--epochs");
   ExpectRefused(with([](JobSpec& j) { j.epochs = 2; }), "--epochs needs a --data file");
+  ExpectRefused(with([](JobSpec& j) { j.data = "x.jsonl", j.epochs = 1e30; }), "--epochs");
   EXPECT_TRUE(ValidateJobSpec(with([](JobSpec& j) { j.data = "x.jsonl", j.epochs = 0.5; }),
                               TinyLlamaPreset())
                   .ok());

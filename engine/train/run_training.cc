@@ -45,13 +45,11 @@ Status RunTraining(const JobSpec& job_in, const ModelConfig& model, const RunCon
   const Result<uint64_t> file_rss_at_start = ResidentFileBytes();
   // The data first: its documents per micro-batch size the plan's attention.
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<TrainingData> data, TrainingData::Load(job, model));
-  char epochs_line[160] = "";  // printed with the data's line
+  std::string epochs_line;  // printed with the data's line
   if (job.epochs > 0) {
     job.steps = StepsForEpochs(job.epochs, data->training_rows(), job.batch_size);
-    std::snprintf(epochs_line, sizeof epochs_line,
-                  "--epochs %g of %lld training rows: %lld updates of %lld rows", job.epochs,
-                  (long long)data->training_rows(), (long long)job.steps,
-                  (long long)job.batch_size);
+    epochs_line = EpochsUpdates(job.epochs, data->training_rows(), job.steps) + " of " +
+                  std::to_string(job.batch_size) + " rows";
     // job.json says how long the run is (a resumed run's is written once its checkpoint is
     // accepted, control.on_resume).
     if (!control.resume) FERRY_RETURN_IF_ERROR(WriteJobJson(job, model));
@@ -185,14 +183,13 @@ Status RunTraining(const JobSpec& job_in, const ModelConfig& model, const RunCon
 
   const BatchSource& batcher = data->source();
   std::fprintf(stderr, "ferry train: data: %s\n", data->summary().c_str());
-  if (epochs_line[0] != '\0') std::fprintf(stderr, "ferry train: %s\n", epochs_line);
+  if (!epochs_line.empty()) std::fprintf(stderr, "ferry train: %s\n", epochs_line.c_str());
   if (job.warmup_steps > job.steps) {
     std::fprintf(stderr,
                  "ferry train: note: --warmup-steps %lld is more than the run's %lld updates: the "
-                 "rate never reaches --lr (at most %.3g of it); give --warmup-steps %lld or "
-                 "fewer\n",
+                 "rate never reaches --lr (at most %.3g of it)\n",
                  (long long)job.warmup_steps, (long long)job.steps,
-                 double(job.steps) / double(job.warmup_steps), (long long)job.steps);
+                 double(job.steps) / double(job.warmup_steps));
   }
   std::fprintf(stderr, "ferry train: CPU GEMM: %s; %s\n", cpu::Blas().Describe().c_str(),
                cpu::Bf16GemmPathDescription().c_str());

@@ -31,6 +31,11 @@ Result<ChatTemplate> ResolveChatTemplate(const std::string& name, const std::str
 
 Result<ChatPrompt> EncodeChatPrompt(const Tokenizer& tokenizer, const ChatTemplate& chat,
                                     const std::string& system, const std::string& user) {
+  if (chat.format == ChatFormat::kNone) {
+    return Status::InvalidArgument(
+        "the model has no chat template ferry knows (its tokenizer_config.json names none it "
+        "renders, nor does its model type); pass --chat-template chatml|llama3|mistral");
+  }
   std::vector<ChatMessage> messages;
   if (!system.empty()) messages.push_back({.role = "system", .content = system});
   messages.push_back({.role = "user", .content = user});
@@ -137,6 +142,13 @@ int64_t StepsForEpochs(double epochs, int64_t rows, int64_t batch_size) {
   // updates, not 9 after a rounding error.
   const double updates = epochs * double(rows) / double(batch_size);
   return std::max<int64_t>(1, int64_t(std::ceil(updates * (1 - 1e-12))));
+}
+
+std::string EpochsUpdates(double epochs, int64_t rows, int64_t updates) {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "--epochs %g of %lld training rows: %lld updates", epochs,
+                (long long)rows, (long long)updates);
+  return buf;
 }
 
 std::vector<int64_t> TrainingData::MostDocuments(int64_t rows) const {

@@ -44,7 +44,7 @@ struct ChatPrompt {
   std::vector<int32_t> ids;
   std::optional<int32_t> end_of_turn;
 };
-// Errors: RenderChat's.
+// Errors: InvalidArgument for no template (kNone) naming --chat-template; RenderChat's.
 Result<ChatPrompt> EncodeChatPrompt(const Tokenizer& tokenizer, const ChatTemplate& chat,
                                     const std::string& system, const std::string& user);
 
@@ -63,6 +63,8 @@ std::string DescribeRows(const PackedRows& rows);
 // The updates `epochs` passes over `rows` training rows take at `batch_size` rows an update:
 // ceil(epochs x rows / batch_size), at least 1. REQUIRES: epochs > 0, rows >= 0, batch_size > 0.
 int64_t StepsForEpochs(double epochs, int64_t rows, int64_t batch_size);
+// "--epochs 2 of 60 training rows: 15 updates": how `ferry train` and `ferry plan` say it.
+std::string EpochsUpdates(double epochs, int64_t rows, int64_t updates);
 
 class TrainingData {
  public:
