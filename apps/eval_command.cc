@@ -85,7 +85,9 @@ Status Run(const EvalCommand& cmd) {
   FERRY_ASSIGN_OR_RETURN(
       TrainingRunner devices,
       CreateTrainingRunner(job, m.config, threads, /*trace=*/false,
-                           /*forward_only=*/true, rows.MostDocuments(job.batch_size)));
+                           /*forward_only=*/true,
+                           plan::DataCounts{.documents_in_rows = rows.MostDocuments(job.batch_size),
+                                            .host_bytes = rows.host_bytes()}));
   FERRY_RETURN_IF_ERROR(devices.runner->UploadWeights(m.weights));
   FERRY_ASSIGN_OR_RETURN(EvalResult r,
                          EvaluateRows(*devices.runner, rows, cmd.batch_size, cmd.max_batches));

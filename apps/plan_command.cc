@@ -235,7 +235,9 @@ int RunPlanCommand(PlanCommand& cmd) {
     if (cmd.job.model == "tiny" || fs::is_directory(cmd.job.model)) {
       Result<std::unique_ptr<TrainingData>> data = TrainingData::Load(cmd.job, *model);
       if (!data.ok()) return fail(data.status().WithContext("--data"));
-      job->documents_in_rows = (*data)->MostDocuments(job->global_batch);
+      plan::DataCounts counts = (*data)->Counts(job->global_batch);
+      job->documents_in_rows = std::move(counts.documents_in_rows);
+      job->data_host_bytes = counts.host_bytes;
       training_rows = (*data)->training_rows();
     } else {
       std::fprintf(stderr,

@@ -450,6 +450,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
         (params.trainable + params.frozen - params.from_files) * kF32, P);
     AddNf4Base(e, in, params.nf4_bytes, nf4_staging);
     Add(e.pageable_host, "weights.embedding", embedding_frozen_copy, P);
+    Add(e.pageable_host, "data.rows", in.data_bytes, P);
     return e;
   }
   const uint64_t master = params.trainable * kF32;
@@ -468,6 +469,7 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
   // largest layer's slot (VersionedStore: one layer updated while the next one is read).
   if (in.optimizer_on_nvme) Add(e.pageable_host, "optimizer.staging", 2 * largest_slot, P);
   Add(e.pageable_host, "grads.update", master, P);
+  Add(e.pageable_host, "data.rows", in.data_bytes, P);
   Add(e.pageable_host, "weights.embedding", embedding_frozen_copy, P);
   // The frozen base (LoRA) in fp32, which each stage's upload is packed from, unless the plan
   // serves it from NVMe or the model's files serve it (packed into the upload mirrors straight

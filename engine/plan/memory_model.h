@@ -92,7 +92,9 @@
 //            store's own bounce buffers, kActivationQueueDepth blocks (mapped by the store, locked
 //            when io_uring registers them; the devices never copy from them); weights.base_read
 //            (a base streamed from NVMe): the bounce buffer its reads from the drive go through
-//            (engine/model/base_reader.h), the model's files or the converted copy.
+//            (engine/model/base_reader.h), the model's files or the converted copy; data.rows:
+//            the packed dataset's rows (training and validation, PlanJob::data_host_bytes), held
+//            for the whole run.
 // NVMe (4096-byte blocks): whichever groups the plan places there (weights.frozen: the frozen
 // base converted to the compute dtype, NF4 weights as packed, written once at the start: none
 // when the model's files serve it in that dtype, not NF4: they are its copy; activations.saved,
@@ -206,6 +208,8 @@ struct MemoryPlanInput {
   // mapped table in the file's dtype (ModelConfig::weights_dtype, config.json's torch_dtype, is
   // taken for it; an F64 file, which is read into fp32, is not counted so), "weights.embedding".
   // False: a base made from the seed (`tiny`), held in fp32.
+  // The packed data's rows in host RAM (PlanJob::data_host_bytes): pageable "data.rows".
+  uint64_t data_bytes = 0;
   bool frozen_base_from_files = false;
   ScratchTarget scratch;
   // Forward only (evaluation, PipelineExecutor::Evaluate on such a plan): nothing only a backward

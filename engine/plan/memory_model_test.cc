@@ -144,6 +144,22 @@ TEST(MemoryModel, TailPartsLandTheHeadsGradientsApart) {
   EXPECT_EQ(three.pageable_host.total(), one.pageable_host.total());
 }
 
+// The packed data's rows: a pageable "data.rows" of their bytes in whole pages, training and
+// forward-only alike; nothing else moves, and no data, no entry.
+TEST(MemoryModel, DataRowsArePageableHostMemory) {
+  MemoryPlanInput in = HandInput();
+  const MemoryEstimate none = ComputeMemory(in);
+  EXPECT_EQ(Named(none.pageable_host).count("data.rows"), 0u);
+  in.data_bytes = 10000;
+  const MemoryEstimate rows = ComputeMemory(in);
+  EXPECT_EQ(Named(rows.pageable_host).at("data.rows"), 12288u);
+  EXPECT_EQ(rows.pageable_host.total(), none.pageable_host.total() + 12288);
+  EXPECT_EQ(rows.pinned_host.total(), none.pinned_host.total());
+  EXPECT_EQ(rows.gpu.total(), none.gpu.total());
+  in.forward_only = true;
+  EXPECT_EQ(Named(ComputeMemory(in).pageable_host).at("data.rows"), 12288u);
+}
+
 // Two gradient accumulators: a second "grads.accum1" the size of the first on each GPU; nothing
 // else moves. A forward-only plan has neither.
 TEST(MemoryModel, TwoGradientAccumulatorsAddASecondOfTheSameSize) {

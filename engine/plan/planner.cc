@@ -551,6 +551,7 @@ MemoryPlanInput MemoryInputOf(const ModelConfig& model, const Plan& plan) {
   in.forward_only = plan.job.forward_only;
   in.generate_positions = plan.job.generate_positions;
   in.logit_rows = plan.job.logit_rows;
+  in.data_bytes = plan.job.data_host_bytes;
   return in;
 }
 

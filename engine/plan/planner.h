@@ -89,6 +89,16 @@ struct PlanJob {
   // and its padding each count; PackedRows::MostDocuments), for b up to global_batch. Empty: one
   // per sequence. A micro-batch of B rows is planned (and run) with max_documents [B - 1].
   std::vector<int64_t> documents_in_rows = {};
+  // The packed data's rows in host RAM (training and validation: PackedRows::host_bytes), which
+  // the plan counts as "data.rows" (pageable). 0: none counted (the built-in text, a preset's
+  // data that is not read).
+  uint64_t data_host_bytes = 0;
+};
+
+// What a job's data tells its plan: PlanJob::documents_in_rows and data_host_bytes.
+struct DataCounts {
+  std::vector<int64_t> documents_in_rows = {};
+  uint64_t host_bytes = 0;
 };
 
 // One micro-batch of `micro_batch_size` sequences of the job: B x T and the most documents B rows

@@ -142,6 +142,17 @@ PackedRows PackedRows::Pack(std::span<const Example> examples, int64_t seq_len, 
   return p;
 }
 
+uint64_t PackedRows::host_bytes() const {
+  uint64_t b = 0;
+  for (const std::vector<int32_t>* v : {&tokens_, &targets_, &doc_ids_, &positions_}) {
+    b += v->capacity() * sizeof(int32_t);
+  }
+  for (const std::vector<int64_t>* v : {&row_valid_, &row_documents_}) {
+    b += v->capacity() * sizeof(int64_t);
+  }
+  return b;
+}
+
 std::vector<int64_t> PackedRows::MostDocuments(int64_t max_rows) const {
   std::vector<int64_t> counts = row_documents_;
   std::sort(counts.begin(), counts.end(), std::greater<>());

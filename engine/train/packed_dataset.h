@@ -63,6 +63,8 @@ class PackedRows {
   // rows() is one): what a micro-batch of b rows is planned for (plan::PlanJob::
   // documents_in_rows).
   std::vector<int64_t> MostDocuments(int64_t max_rows) const;
+  // The host memory the rows take (their arrays' capacities): what a plan counts as data.rows.
+  uint64_t host_bytes() const;
 
   // Copies row `row` into row `slot` of `mb` (sized B x T with doc_ids and positions); returns its
   // valid targets. A row >= rows() writes a fully masked padding row.

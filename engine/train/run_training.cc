@@ -1,5 +1,6 @@
 #include "engine/train/run_training.h"
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -57,7 +58,7 @@ Status RunTraining(const JobSpec& job_in, const ModelConfig& model, const RunCon
   FERRY_ASSIGN_OR_RETURN(
       TrainingRunner devices,
       CreateTrainingRunner(job, model, threads, !control.trace.empty(), /*forward_only=*/false,
-                           data->MostDocuments(job.micro_batch_size())));
+                           data->Counts(job.micro_batch_size())));
   ModelRunner* runner = devices.runner.get();
   // The plan's prediction on this machine's rates (CPU devices: the profile's are nominal),
   // measured while nothing else runs.
@@ -71,7 +72,9 @@ Status RunTraining(const JobSpec& job_in, const ModelConfig& model, const RunCon
                   : "warning: the prediction stays at nominal rates: " + line.status().ToString();
   }
   // The run's own host peak starts here: what loading the data and pricing the plan held for a
-  // while (the probe's buffers) is gone, with or without a probe.
+  // while (the probe's buffers) is gone, with or without a probe, and the heap gives back the
+  // pages it kept of it (the examples before packing, the tokenizer's work).
+  ::malloc_trim(0);
   if (Status s = ResetPeakResidentBytes(); !s.ok()) {
     pricing += std::string(pricing.empty() ? "" : "; ") +
                "warning: the host peak includes what the start held for a while: " + s.ToString();

@@ -4,8 +4,12 @@
 #include "engine/train/run_training.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
@@ -18,6 +22,7 @@
 #include "engine/model/model_config.h"
 #include "engine/model/param_spec.h"
 #include "engine/testing/golden_files.h"
+#include "engine/train/training_data.h"
 #include "engine/train/training_runner.h"
 #include "kernels/cpu/cpu_device.h"
 #include "kernels/testing/gpu_testing.h"
@@ -57,6 +62,36 @@ TEST(TrainingDevicesBytes, IsWhatCreateTrainingRunnerCreates) {
       }
     }
   }
+}
+
+// A dataset file's packed rows are in the plan: "data.rows", their host bytes (at least the four
+// int32 arrays of rows x T and two int64 per row) in whole pages.
+TEST(CreateTrainingRunner, ThePlanCountsThePackedRows) {
+  const std::string data =
+      ::testing::TempDir() + "/ferry_rows_" + std::to_string(::getpid()) + ".jsonl";
+  {
+    std::ofstream f(data);
+    for (int i = 0; i < 50; ++i)
+      f << R"({"text": "row )" << i << R"( of the ferry's data"})"
+        << "\n";
+  }
+  JobSpec job;
+  job.data = data;
+  job.batch_size = 4;
+  job.seq_len = 32;
+  Result<ModelConfig> model = ResolveModel(job);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  Result<std::unique_ptr<TrainingData>> loaded = TrainingData::Load(job, *model);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  const plan::DataCounts counts = (*loaded)->Counts(job.micro_batch_size());
+  const uint64_t rows = uint64_t((*loaded)->training_rows());
+  ASSERT_GT(rows, 0u);
+  EXPECT_GE(counts.host_bytes, rows * 32 * 16 + rows * 16);
+  Result<TrainingRunner> t = CreateTrainingRunner(job, *model, kThreads, false, false, counts);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->plan->memory.pageable_host.bytes_of("data.rows"),
+            (counts.host_bytes + 4095) / 4096 * 4096);
+  std::remove(data.c_str());
 }
 
 // CreateTrainingRunner on --devices cpu,cpu: CPU devices named as JobDeviceNames names them,

@@ -151,6 +151,14 @@ std::string EpochsUpdates(double epochs, int64_t rows, int64_t updates) {
   return buf;
 }
 
+plan::DataCounts TrainingData::Counts(int64_t rows) const {
+  plan::DataCounts c{.documents_in_rows = MostDocuments(rows)};
+  for (const std::optional<PackedRows>* p : {&train_, &val_}) {
+    if (p->has_value()) c.host_bytes += (*p)->host_bytes();
+  }
+  return c;
+}
+
 std::vector<int64_t> TrainingData::MostDocuments(int64_t rows) const {
   std::vector<int64_t> most;
   for (const std::optional<PackedRows>* p : {&train_, &val_}) {

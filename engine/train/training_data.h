@@ -19,6 +19,7 @@
 #include "engine/job/job_spec.h"
 #include "engine/model/model_config.h"
 #include "engine/model/model_runner.h"
+#include "engine/plan/planner.h"
 #include "engine/text/tokenizer.h"
 #include "engine/train/chat_template.h"
 #include "engine/train/dataset.h"
@@ -80,6 +81,9 @@ class TrainingData {
   // (PackedRows::MostDocuments; the larger of the two): what the job's plan sizes a micro-batch's
   // attention for. Empty for the built-in text (one document per sequence).
   std::vector<int64_t> MostDocuments(int64_t rows) const;
+  // What the plan is told: MostDocuments(rows) and the packed rows' host bytes (training and
+  // validation; none for the built-in text, whose tokens are part of the program).
+  plan::DataCounts Counts(int64_t rows) const;
   // The packed training rows of a dataset file (what an epoch visits); 0 for the built-in text.
   int64_t training_rows() const { return train_ ? train_->rows() : 0; }
 

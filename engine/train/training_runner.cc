@@ -153,11 +153,12 @@ Status ApplyJobBudgets(const JobSpec& job, plan::HardwareProfile& hw) {
 
 Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, int threads,
                                   bool forward_only, const GpuCensus& census,
-                                  const std::vector<int64_t>& documents_in_rows,
-                                  int64_t generate_positions, plan::HardwareProfile* profile) {
+                                  const plan::DataCounts& data, int64_t generate_positions,
+                                  plan::HardwareProfile* profile) {
   forward_only = forward_only || generate_positions > 0;
   plan::PlanJob pj;
-  pj.documents_in_rows = documents_in_rows;
+  pj.documents_in_rows = data.documents_in_rows;
+  pj.data_host_bytes = data.host_bytes;
   pj.global_batch = job.batch_size;
   pj.seq_len = job.seq_len;
   pj.micro_batches = job.micro_batches;
@@ -385,7 +386,7 @@ uint64_t TrainingDevicesBytes(const JobSpec& unresolved, const ModelConfig& mode
 
 Result<TrainingRunner> CreateTrainingRunner(const JobSpec& unresolved, const ModelConfig& model,
                                             int threads, bool trace, bool forward_only,
-                                            const std::vector<int64_t>& documents_in_rows) {
+                                            const plan::DataCounts& data) {
   TrainingRunner t;
   const GpuCensus census = CensusFor(unresolved);
   JobSpec job = unresolved;
@@ -398,8 +399,8 @@ Result<TrainingRunner> CreateTrainingRunner(const JobSpec& unresolved, const Mod
     }
   }
   FERRY_ASSIGN_OR_RETURN(const plan::Plan p,
-                         PlanJobDevices(job, model, threads, forward_only, census,
-                                        documents_in_rows, /*generate_positions=*/0, &t.profile));
+                         PlanJobDevices(job, model, threads, forward_only, census, data,
+                                        /*generate_positions=*/0, &t.profile));
   FERRY_ASSIGN_OR_RETURN(t.devices, exec::CreateJobDevices(job, p.memory.gpu.total(), threads));
   std::vector<Device*> raw;
   for (const std::unique_ptr<Device>& d : t.devices) raw.push_back(d.get());

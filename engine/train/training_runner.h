@@ -126,15 +126,14 @@ Result<uint64_t> JobGpuBudget(const JobSpec& job, const GpuCensus& census);
 // The plan of a settled job (ResolveJobDevices) on its devices: CPU devices bounded by the whole
 // model (one stage on one CPU device), CUDA devices by JobGpuBudget (a budget below the model's
 // bytes streams stages through the devices round-robin); the job's --host-memory and --nvme-dir.
-// `forward_only` and `documents_in_rows`: as CreateTrainingRunner's. Errors: JobGpuBudget's;
+// `forward_only` and `data`: as CreateTrainingRunner's. Errors: JobGpuBudget's;
 // InvalidArgument when no plan fits (naming the binding constraint).
 // `generate_positions` > 0: a generation plan (forward only, a KV cache of that many positions,
 // plan::PlanJob::generate_positions; job.seq_len is the longest step).
 // `profile` (optional) receives the profile it planned on.
 Result<plan::Plan> PlanJobDevices(const JobSpec& job, const ModelConfig& model, int threads,
                                   bool forward_only, const GpuCensus& census,
-                                  const std::vector<int64_t>& documents_in_rows = {},
-                                  int64_t generate_positions = 0,
+                                  const plan::DataCounts& data = {}, int64_t generate_positions = 0,
                                   plan::HardwareProfile* profile = nullptr);
 
 // The bytes of the whole model as one stage on one CPU device of `threads` threads, every
@@ -158,15 +157,16 @@ uint64_t TrainingDevicesBytes(const JobSpec& job, const ModelConfig& model, int 
 // `trace`: record what the pipeline runs (TrainingRunner::trace, sized for job.steps steps).
 // `forward_only`: a forward-only plan (evaluation, `ferry eval`: no gradients, no optimizer
 // state; memory_model.h): the runner's EvaluateLoss runs, its AccumulateStep fails.
-// `documents_in_rows`: the data's documents (plan::PlanJob::documents_in_rows,
-// TrainingData::MostDocuments; empty: one per sequence), which size the CUDA attention.
+// `data`: what the data tells the plan (TrainingData::Counts): its documents
+// (plan::PlanJob::documents_in_rows; empty: one per sequence), which size the CUDA attention, and
+// its rows' host bytes, which the plan counts (data.rows).
 // `job`'s devices and dtype may still be "auto" (settled here as ResolveJobDevices does).
 // Errors: those of ResolveJobDevices; InvalidArgument when the planner finds no plan for the
 // devices (naming the binding constraint); those of the device and runner factories.
 Result<TrainingRunner> CreateTrainingRunner(const JobSpec& job, const ModelConfig& model,
                                             int threads, bool trace = false,
                                             bool forward_only = false,
-                                            const std::vector<int64_t>& documents_in_rows = {});
+                                            const plan::DataCounts& data = {});
 
 // What `ferry generate` runs: the job's devices and a generation plan of the model over them
 // (PlanJobDevices with `positions`: prompt and new tokens; job.seq_len is the prompt, the longest
