@@ -73,6 +73,7 @@ Status Run(const EvalCommand& cmd) {
       std::vector<Example> examples,
       LoadDataset(cmd.data, *loaded.tokenizer, chat, m.config, cmd.skip_bad_lines, &log));
   const PackedRows rows = PackedRows::Pack(examples, cmd.seq_len, mode, PadId(*loaded.tokenizer));
+  std::vector<Example>().swap(examples);  // the rows hold what the evaluation reads
   if (rows.rows() == 0) {
     return Status::InvalidArgument(cmd.data + " has no target to score (" + log + ")");
   }
@@ -82,12 +83,9 @@ Status Run(const EvalCommand& cmd) {
   }
 
   job.lora = m.lora;
-  FERRY_ASSIGN_OR_RETURN(
-      TrainingRunner devices,
-      CreateTrainingRunner(job, m.config, threads, /*trace=*/false,
-                           /*forward_only=*/true,
-                           plan::DataCounts{.documents_in_rows = rows.MostDocuments(job.batch_size),
-                                            .host_bytes = rows.host_bytes()}));
+  FERRY_ASSIGN_OR_RETURN(TrainingRunner devices,
+                         CreateTrainingRunner(job, m.config, threads, /*trace=*/false,
+                                              /*forward_only=*/true, rows.Counts(job.batch_size)));
   FERRY_RETURN_IF_ERROR(devices.runner->UploadWeights(m.weights));
   FERRY_ASSIGN_OR_RETURN(EvalResult r,
                          EvaluateRows(*devices.runner, rows, cmd.batch_size, cmd.max_batches));

@@ -44,10 +44,7 @@ Status Run(const GenerateCommand& cmd) {
         "--system and --chat-template are for a chat's prompt: give --chat too");
   }
   if (cmd.chat && cmd.chat_template != "auto") {  // a bad name before the model loads
-    FERRY_ASSIGN_OR_RETURN(ChatFormat f, ParseChatFormat(cmd.chat_template));
-    if (f == ChatFormat::kNone) {
-      return Status::InvalidArgument("--chat-template none renders no chat: leave out --chat");
-    }
+    FERRY_RETURN_IF_ERROR(ChatPromptTemplate(cmd.chat_template, "").status());
   }
   if (cmd.devices.device_kind == "cuda") {
     return Status::InvalidArgument(
@@ -68,11 +65,7 @@ Status Run(const GenerateCommand& cmd) {
   std::string prompt = cmd.prompt;
   if (cmd.app == nullptr || cmd.app->count("--prompt") == 0) {
     prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-    // A chat's turn ends where its text does: not with the line end that closed the input.
-    if (cmd.chat && !prompt.empty() && prompt.back() == '\n') {
-      prompt.pop_back();
-      if (!prompt.empty() && prompt.back() == '\r') prompt.pop_back();
-    }
+    if (cmd.chat) prompt = ChatTurnFromInput(std::move(prompt));
   }
   FERRY_ASSIGN_OR_RETURN(InferenceModel loaded, LoadInferenceModel(cmd.model, cmd.adapter, cmd.seed,
                                                                    cmd.quantize, cmd.double_quant));
@@ -83,7 +76,7 @@ Status Run(const GenerateCommand& cmd) {
   if (cmd.chat) {
     // The prompt as the user's turn, the answer ending where the assistant's turn ends.
     FERRY_ASSIGN_OR_RETURN(ChatTemplate chat,
-                           ResolveChatTemplate(cmd.chat_template, loaded.template_source));
+                           ChatPromptTemplate(cmd.chat_template, loaded.template_source));
     Result<ChatPrompt> p = EncodeChatPrompt(*loaded.tokenizer, chat, cmd.system, prompt);
     if (!p.ok()) return p.status().WithContext("--chat");
     if (!p->end_of_turn) {

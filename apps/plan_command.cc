@@ -242,7 +242,8 @@ int RunPlanCommand(PlanCommand& cmd) {
     } else {
       std::fprintf(stderr,
                    "ferry plan: note: --data %s is not read (the preset '%s' has no tokenizer): "
-                   "planned as one document per sequence; plan a model folder to count them\n",
+                   "planned as one document per sequence, its rows not in host memory; plan a "
+                   "model folder to count them\n",
                    cmd.job.data.c_str(), cmd.job.model.c_str());
     }
   }

@@ -111,7 +111,7 @@ int RunJsonl(const TokenizeCommand& cmd, const Tokenizer& tok) {
 // --chat: each input (--text or stdin; with --jsonl each line's {"user", "system"}) encoded as
 // generate --chat encodes its prompt (EncodeChatPrompt).
 int RunChat(const TokenizeCommand& cmd, const Tokenizer& tok, const std::string& input) {
-  Result<ChatTemplate> chat = ResolveChatTemplate(cmd.chat_template, cmd.model);
+  Result<ChatTemplate> chat = ChatPromptTemplate(cmd.chat_template, cmd.model);
   if (!chat.ok()) return Fail(chat.status().message());
   auto encode = [&](const std::string& system, const std::string& user) -> Result<ChatPrompt> {
     Result<ChatPrompt> p = EncodeChatPrompt(tok, *chat, system, user);
@@ -241,7 +241,11 @@ int RunTokenizeCommand(TokenizeCommand& cmd) {
   if (cmd.app->count("--text") == 0) {
     input.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   }
-  if (cmd.chat) return RunChat(cmd, *tok, input);
+  if (cmd.chat) {
+    // Read from stdin, one turn as generate --chat reads it (--jsonl: lines of turns).
+    const bool stdin_turn = cmd.app->count("--text") == 0 && !cmd.jsonl;
+    return RunChat(cmd, *tok, stdin_turn ? ChatTurnFromInput(std::move(input)) : input);
+  }
   if (cmd.decode) {
     std::vector<int32_t> ids;
     std::string error;

@@ -270,6 +270,12 @@ TEST_F(ModelFolderCliTest, GenerateChatPromptsInTheTemplate) {
             out);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(testing::ReadTextFile(out), ids + "\n");
+  // From stdin the line end that closes the input is not part of the turn, as for generate.
+  std::ofstream(dir_ + "/prompt.txt") << kPrompt << "\n";
+  r = Ferry("tokenize --model " + dir + " --chat --system 'Be brief.' < " + dir_ + "/prompt.txt",
+            "", out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(testing::ReadTextFile(out), ids + "\n");
   std::ofstream(dir_ + "/chat.jsonl") << json{{"user", kPrompt}, {"system", "Be brief."}}.dump();
   r = Ferry("tokenize --model " + dir + " --chat --jsonl < " + dir_ + "/chat.jsonl", "", out);
   ASSERT_EQ(r.code, 0) << r.output;

@@ -121,6 +121,7 @@ plan::Plan LayerProbePlan(const ModelConfig& model, const plan::PlanJob& job, Ba
   p.job.seq_len = micro.seq_len;
   p.job.micro_batches = 1;
   p.job.scratch = {.cuda = !o.device_memory_is_host, .cpu_threads = o.cpu_threads};
+  p.job.data_host_bytes = 0;  // the probe holds no data (the job's rows are resident already)
   // MicroBatchShape(p.job, B) is then `micro`, its most documents included.
   if (p.job.documents_in_rows.size() > size_t(micro.batch)) {
     p.job.documents_in_rows.resize(size_t(micro.batch));

@@ -199,7 +199,7 @@ ChatTemplate DetectChatTemplate(const std::string& model_dir) {
 Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessage> messages) {
   if (t.format == ChatFormat::kNone) {
     return Status::InvalidArgument(
-        "'messages' need a chat template and the model has none that ferry knows; pass "
+        "a chat needs a chat template and the model has none that ferry knows; pass "
         "--chat-template chatml|llama3|mistral");
   }
   if (!t.unsupported.empty()) {
@@ -207,7 +207,7 @@ Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessa
                                    ") is not one ferry renders exactly; pass --chat-template "
                                    "chatml|llama3|mistral to choose one ferry knows");
   }
-  if (messages.empty()) return Status::InvalidArgument("'messages' is empty");
+  if (messages.empty()) return Status::InvalidArgument("the chat has no turn");
   if (t.format == ChatFormat::kMistral) return RenderMistral(messages);
   Writer w;
   if (t.format == ChatFormat::kChatMl) {

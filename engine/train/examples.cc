@@ -204,14 +204,18 @@ Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, s
   if (j.is_discarded()) return Status::InvalidArgument("not valid JSON");
   if (!j.is_object()) return Status::InvalidArgument("not a JSON object");
   const Tokenizer& tok = *o.tokenizer;
-  if (j.contains("messages") || j.contains("conversations")) {
-    if (j.contains("messages") && j.contains("conversations")) {
+  // A chat is "messages" or ShareGPT's "conversations" (a null one, as some exports write the
+  // other form's key, is absent).
+  const bool messages = j.contains("messages") && !j["messages"].is_null();
+  const bool conversations = j.contains("conversations") && !j["conversations"].is_null();
+  if (messages || conversations) {
+    if (messages && conversations) {
       return Status::InvalidArgument("'messages' and 'conversations' both hold a chat; keep one");
     }
-    FERRY_ASSIGN_OR_RETURN(std::vector<ChatMessage> messages,
-                           j.contains("messages") ? ParseTurns(j["messages"], false)
-                                                  : ParseTurns(j["conversations"], true));
-    FERRY_ASSIGN_OR_RETURN(RenderedText r, RenderChat(o.chat_template, messages));
+    FERRY_ASSIGN_OR_RETURN(
+        std::vector<ChatMessage> turns,
+        messages ? ParseTurns(j["messages"], false) : ParseTurns(j["conversations"], true));
+    FERRY_ASSIGN_OR_RETURN(RenderedText r, RenderChat(o.chat_template, turns));
     if (text != nullptr) *text = r.text;
     return TokenizeMasked(tok, r, /*add_special_tokens=*/false);
   }

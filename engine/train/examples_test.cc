@@ -135,6 +135,14 @@ TEST(ExamplesTest, ShareGptConversationsAreMessages) {
   bad = ParseJsonlLine(R"({"messages": [], "conversations": []})", o);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("keep one"), std::string::npos) << bad.status().message();
+  // A null key of the other form (as some exports write it) is absent.
+  Result<Example> with_null =
+      ParseJsonlLine(R"({"messages": null, "conversations": [{"from": "system", "value": "be"}, )"
+                     R"({"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}, )"
+                     R"({"from": "user", "value": "x"}, {"from": "model", "value": "z"}]})",
+                     o);
+  ASSERT_TRUE(with_null.ok()) << with_null.status().ToString();
+  EXPECT_EQ(with_null->tokens, c->tokens);
 }
 
 // Mutated lines (bytes flipped, inserted, cut) are parsed or refused with a message, never a

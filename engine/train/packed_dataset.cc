@@ -109,34 +109,33 @@ PackedRows PackedRows::Pack(std::span<const Example> examples, int64_t seq_len, 
   p.rows_ = int64_t(rows.size());
   const size_t total = size_t(p.rows_ * T);
   p.tokens_.assign(total, pad_id);
-  p.targets_.assign(total, kIgnoreTarget);
-  p.doc_ids_.assign(total, 0);
-  p.positions_.assign(total, 0);
+  p.next_trained_.assign(total, 0);
+  p.row_pieces_.assign(size_t(p.rows_) + 1, 0);
   p.row_valid_.assign(size_t(p.rows_), 0);
   p.row_documents_.assign(size_t(p.rows_), 0);
+  size_t pieces = 0;
+  for (const std::vector<Piece>& row : rows) pieces += row.size();
+  p.piece_lengths_.reserve(pieces);
   for (size_t r = 0; r < rows.size(); ++r) {
     size_t at = r * size_t(T);
-    int32_t doc = 0;
+    int64_t doc = 0;
     for (const Piece& piece : rows[r]) {
       const Example& e = examples[piece.example];
       for (int64_t t = piece.begin; t < piece.end; ++t, ++at) {
         p.tokens_[at] = e.tokens[size_t(t)];
-        p.doc_ids_[at] = doc;
-        p.positions_[at] = int32_t(t - piece.begin);
         if (t + 1 < piece.end && e.trained[size_t(t) + 1] != 0) {
-          p.targets_[at] = e.tokens[size_t(t) + 1];
+          p.next_trained_[at] = 1;
           ++p.row_valid_[r];
         }
       }
+      p.piece_lengths_.push_back(int32_t(piece.end - piece.begin));
       ++doc;
       ++p.pieces_;
     }
-    p.row_documents_[r] = doc + (at < (r + 1) * size_t(T) ? 1 : 0);
-    for (int32_t pos = 0; at < (r + 1) * size_t(T); ++at, ++pos) {
-      p.doc_ids_[at] = doc;
-      p.positions_[at] = pos;
-      ++p.padding_;
-    }
+    p.row_pieces_[r + 1] = int64_t(p.piece_lengths_.size());
+    const int64_t padding = int64_t((r + 1) * size_t(T) - at);
+    p.row_documents_[r] = doc + (padding > 0 ? 1 : 0);
+    p.padding_ += padding;
     p.valid_targets_ += p.row_valid_[r];
   }
   return p;
@@ -144,13 +143,16 @@ PackedRows PackedRows::Pack(std::span<const Example> examples, int64_t seq_len, 
 
 uint64_t PackedRows::host_bytes() const {
   uint64_t b = 0;
-  for (const std::vector<int32_t>* v : {&tokens_, &targets_, &doc_ids_, &positions_}) {
-    b += v->capacity() * sizeof(int32_t);
-  }
-  for (const std::vector<int64_t>* v : {&row_valid_, &row_documents_}) {
+  b += tokens_.capacity() * sizeof(int32_t) + next_trained_.capacity() * sizeof(uint8_t) +
+       piece_lengths_.capacity() * sizeof(int32_t);
+  for (const std::vector<int64_t>* v : {&row_pieces_, &row_valid_, &row_documents_}) {
     b += v->capacity() * sizeof(int64_t);
   }
   return b;
+}
+
+plan::DataCounts PackedRows::Counts(int64_t max_rows) const {
+  return {.documents_in_rows = MostDocuments(max_rows), .host_bytes = host_bytes()};
 }
 
 std::vector<int64_t> PackedRows::MostDocuments(int64_t max_rows) const {
@@ -180,9 +182,23 @@ int64_t PackedRows::CopyRow(int64_t row, MicroBatch& mb, int64_t slot) const {
   }
   const size_t src = size_t(row) * T;
   std::copy_n(tokens_.begin() + int64_t(src), T, mb.tokens.begin() + int64_t(dst));
-  std::copy_n(targets_.begin() + int64_t(src), T, mb.targets.begin() + int64_t(dst));
-  std::copy_n(doc_ids_.begin() + int64_t(src), T, mb.doc_ids.begin() + int64_t(dst));
-  std::copy_n(positions_.begin() + int64_t(src), T, mb.positions.begin() + int64_t(dst));
+  // A trained position's target is the next id: the same piece's, so never past the row.
+  for (size_t t = 0; t < T; ++t) {
+    mb.targets[dst + t] = next_trained_[src + t] != 0 ? tokens_[src + t + 1] : kIgnoreTarget;
+  }
+  // Each piece a document with positions from 0; the padding after them one more.
+  size_t at = dst;
+  int32_t doc = 0;
+  for (int64_t k = row_pieces_[size_t(row)]; k < row_pieces_[size_t(row) + 1]; ++k, ++doc) {
+    for (int32_t pos = 0; pos < piece_lengths_[size_t(k)]; ++pos, ++at) {
+      mb.doc_ids[at] = doc;
+      mb.positions[at] = pos;
+    }
+  }
+  for (int32_t pos = 0; at < dst + T; ++pos, ++at) {
+    mb.doc_ids[at] = doc;
+    mb.positions[at] = pos;
+  }
   return row_valid_[size_t(row)];
 }
 

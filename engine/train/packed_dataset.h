@@ -24,6 +24,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/plan/planner.h"
 #include "engine/train/dataset.h"
 #include "engine/train/examples.h"
 #include "kernels/status.h"
@@ -65,6 +66,8 @@ class PackedRows {
   std::vector<int64_t> MostDocuments(int64_t max_rows) const;
   // The host memory the rows take (their arrays' capacities): what a plan counts as data.rows.
   uint64_t host_bytes() const;
+  // What a plan is told of these rows: MostDocuments(max_rows) and host_bytes().
+  plan::DataCounts Counts(int64_t max_rows) const;
 
   // Copies row `row` into row `slot` of `mb` (sized B x T with doc_ids and positions); returns its
   // valid targets. A row >= rows() writes a fully masked padding row.
@@ -73,9 +76,16 @@ class PackedRows {
  private:
   int64_t seq_len_ = 0, rows_ = 0, pieces_ = 0, dropped_ = 0, valid_targets_ = 0, padding_ = 0;
   int32_t pad_id_ = 0;
-  std::vector<int32_t> tokens_, targets_, doc_ids_, positions_;  // (rows, T) each
-  std::vector<int64_t> row_valid_;                               // (rows)
-  std::vector<int64_t> row_documents_;                           // (rows)
+  // What CopyRow writes, held in 5 bytes a token: the ids, and whether each position's target is
+  // the next id (else it is masked); the documents' ids and positions follow from the lengths of
+  // the pieces each row holds, in order (row r's are piece_lengths_[row_pieces_[r] ..
+  // row_pieces_[r + 1])), the padding after them a document of its own.
+  std::vector<int32_t> tokens_;        // (rows, T)
+  std::vector<uint8_t> next_trained_;  // (rows, T)
+  std::vector<int32_t> piece_lengths_;
+  std::vector<int64_t> row_pieces_;     // (rows + 1)
+  std::vector<int64_t> row_valid_;      // (rows)
+  std::vector<int64_t> row_documents_;  // (rows)
 };
 
 // An empty B x T micro-batch with doc_ids and positions, for CopyRow.

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <numeric>
+#include <random>
 #include <set>
 
 namespace ferry {
@@ -103,6 +105,75 @@ TEST(PackedRowsTest, LongExamplesSplitWithoutLosingTargetsOrTruncate) {
   const PackedRows trunc = PackedRows::Pack(ex, 4, LongExamples::kTruncate, 0);
   EXPECT_EQ(trunc.pieces(), 1);
   EXPECT_EQ(trunc.valid_targets(), 3);
+}
+
+// Random examples (token ex * 1000 + i, so each id says where it came from; random masks, some
+// longer than a row), packed at several row lengths: every row reads as documents that are
+// slices of one example each, their positions from 0 and their targets the next id where the
+// example trains it, then padding; and in split mode every trained target of every example is
+// predicted exactly once.
+TEST(PackedRowsTest, RowsAreSlicesOfTheExamplesAndPredictEveryTargetOnce) {
+  std::mt19937 rng(7);
+  std::vector<Example> ex;
+  for (int32_t x = 0; x < 60; ++x) {
+    const int n = 1 + int(rng() % 40);
+    Example e;
+    for (int i = 0; i < n; ++i) {
+      e.tokens.push_back(x * 1000 + i);
+      e.trained.push_back(uint8_t(rng() % 4 != 0));
+    }
+    ex.push_back(std::move(e));
+  }
+  constexpr int32_t kPad = 999999;
+  for (int64_t T : {2, 5, 16, 64}) {
+    for (LongExamples mode : {LongExamples::kSplit, LongExamples::kTruncate}) {
+      const PackedRows p = PackedRows::Pack(ex, T, mode, kPad);
+      std::map<std::pair<int32_t, int32_t>, int> predicted;  // (example, position) -> times
+      int64_t valid = 0;
+      for (int64_t r = 0; r < p.rows(); ++r) {
+        const MicroBatch mb = SequentialMicroBatch(p, r, 1);
+        int64_t row_valid = 0;
+        for (size_t t = 0; t < size_t(T);) {
+          const int32_t doc = mb.doc_ids[t];
+          ASSERT_EQ(doc, t == 0 ? 0 : mb.doc_ids[t - 1] + 1) << "T " << T << " row " << r;
+          size_t end = t;
+          while (end < size_t(T) && mb.doc_ids[end] == doc) ++end;
+          const bool padding = mb.tokens[t] == kPad;
+          const int32_t x = mb.tokens[t] / 1000, b = mb.tokens[t] % 1000;
+          for (size_t i = t; i < end; ++i) {
+            ASSERT_EQ(mb.positions[i], int32_t(i - t));
+            if (padding) {
+              ASSERT_EQ(end, size_t(T)) << "padding ends the row";
+              ASSERT_EQ(mb.tokens[i], kPad);
+              ASSERT_EQ(mb.targets[i], kIgnoreTarget);
+              continue;
+            }
+            const int32_t at = b + int32_t(i - t);
+            ASSERT_EQ(mb.tokens[i], x * 1000 + at);
+            const bool trains = i + 1 < end && ex[size_t(x)].trained[size_t(at) + 1] != 0;
+            ASSERT_EQ(mb.targets[i], trains ? x * 1000 + at + 1 : kIgnoreTarget)
+                << "T " << T << " row " << r << " token " << i;
+            if (trains) ++predicted[{x, at + 1}], ++row_valid;
+          }
+          if (!padding && mode == LongExamples::kTruncate) {
+            ASSERT_EQ(b, 0);
+          }
+          t = end;
+        }
+        EXPECT_EQ(mb.valid_targets, row_valid);
+        valid += row_valid;
+      }
+      EXPECT_EQ(p.valid_targets(), valid);
+      if (mode != LongExamples::kSplit) continue;
+      for (int32_t x = 0; x < int32_t(ex.size()); ++x) {
+        for (int32_t j = 1; j < int32_t(ex[size_t(x)].tokens.size()); ++j) {
+          const auto it = predicted.find({x, j});
+          EXPECT_EQ(it == predicted.end() ? 0 : it->second, ex[size_t(x)].trained[size_t(j)])
+              << "T " << T << " example " << x << " target " << j;
+        }
+      }
+    }
+  }
 }
 
 TEST(PackedRowsTest, DropsExamplesWithNothingToLearn) {

@@ -74,7 +74,9 @@ Status RunTraining(const JobSpec& job_in, const ModelConfig& model, const RunCon
   // The run's own host peak starts here: what loading the data and pricing the plan held for a
   // while (the probe's buffers) is gone, with or without a probe, and the heap gives back the
   // pages it kept of it (the examples before packing, the tokenizer's work).
+#if defined(__GLIBC__)
   ::malloc_trim(0);
+#endif
   if (Status s = ResetPeakResidentBytes(); !s.ok()) {
     pricing += std::string(pricing.empty() ? "" : "; ") +
                "warning: the host peak includes what the start held for a while: " + s.ToString();

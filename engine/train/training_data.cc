@@ -29,6 +29,19 @@ Result<ChatTemplate> ResolveChatTemplate(const std::string& name, const std::str
   return DetectChatTemplate(model);
 }
 
+Result<ChatTemplate> ChatPromptTemplate(const std::string& name, const std::string& model) {
+  if (name == "none") {
+    return Status::InvalidArgument("--chat-template none renders no chat: leave out --chat");
+  }
+  return ResolveChatTemplate(name, model);
+}
+
+std::string ChatTurnFromInput(std::string input) {
+  if (!input.empty() && input.back() == '\n') input.pop_back();
+  if (!input.empty() && input.back() == '\r') input.pop_back();
+  return input;
+}
+
 Result<ChatPrompt> EncodeChatPrompt(const Tokenizer& tokenizer, const ChatTemplate& chat,
                                     const std::string& system, const std::string& user) {
   if (chat.format == ChatFormat::kNone) {
@@ -153,9 +166,8 @@ std::string EpochsUpdates(double epochs, int64_t rows, int64_t updates) {
 
 plan::DataCounts TrainingData::Counts(int64_t rows) const {
   plan::DataCounts c{.documents_in_rows = MostDocuments(rows)};
-  for (const std::optional<PackedRows>* p : {&train_, &val_}) {
-    if (p->has_value()) c.host_bytes += (*p)->host_bytes();
-  }
+  if (val_) c.host_bytes = val_->host_bytes();
+  if (train_) c.host_bytes += train_->host_bytes();
   return c;
 }
 

@@ -45,6 +45,11 @@ struct ChatPrompt {
   std::vector<int32_t> ids;
   std::optional<int32_t> end_of_turn;
 };
+// The template a chat prompt (generate and tokenize --chat) is rendered in: ResolveChatTemplate,
+// "none" refused (it renders no chat).
+Result<ChatTemplate> ChatPromptTemplate(const std::string& name, const std::string& model);
+// A chat turn read from stdin: `input` without the line end that closed it.
+std::string ChatTurnFromInput(std::string input);
 // Errors: InvalidArgument for no template (kNone) naming --chat-template; RenderChat's.
 Result<ChatPrompt> EncodeChatPrompt(const Tokenizer& tokenizer, const ChatTemplate& chat,
                                     const std::string& system, const std::string& user);
