@@ -89,6 +89,32 @@ Result<std::vector<ChatMessage>> ParseTurns(const nlohmann::json& j, bool shareg
   return out;
 }
 
+// Alpaca's {"instruction", "input", "output"} (and "system") as a chat: the user's turn is the
+// instruction and the input, those that are not empty, joined by a line end (as LLaMA-Factory
+// joins them), the assistant's the output.
+Result<std::vector<ChatMessage>> AlpacaTurns(const nlohmann::json& j) {
+  for (const char* key : {"instruction", "output"}) {
+    if (!j.contains(key)) {
+      return Status::InvalidArgument("'instruction' and 'output' go together; '" +
+                                     std::string(key) + "' is missing");
+    }
+  }
+  FERRY_ASSIGN_OR_RETURN(std::string user, StringField(j, "instruction"));
+  FERRY_ASSIGN_OR_RETURN(std::string output, StringField(j, "output"));
+  std::vector<ChatMessage> turns;
+  if (j.contains("system") && !j["system"].is_null()) {
+    FERRY_ASSIGN_OR_RETURN(std::string system, StringField(j, "system"));
+    if (!system.empty()) turns.push_back({"system", std::move(system)});
+  }
+  if (j.contains("input") && !j["input"].is_null()) {
+    FERRY_ASSIGN_OR_RETURN(std::string input, StringField(j, "input"));
+    if (!input.empty()) user += (user.empty() ? "" : "\n") + input;  // the non-empty ones, joined
+  }
+  turns.push_back({"user", std::move(user)});
+  turns.push_back({"assistant", std::move(output)});
+  return turns;
+}
+
 template <typename T>
 T ReadLe(const char* p) {
   T v;
@@ -204,17 +230,21 @@ Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, s
   if (j.is_discarded()) return Status::InvalidArgument("not valid JSON");
   if (!j.is_object()) return Status::InvalidArgument("not a JSON object");
   const Tokenizer& tok = *o.tokenizer;
-  // A chat is "messages" or ShareGPT's "conversations" (a null one, as some exports write the
-  // other form's key, is absent).
-  const bool messages = j.contains("messages") && !j["messages"].is_null();
-  const bool conversations = j.contains("conversations") && !j["conversations"].is_null();
-  if (messages || conversations) {
-    if (messages && conversations) {
-      return Status::InvalidArgument("'messages' and 'conversations' both hold a chat; keep one");
+  // A chat is "messages", ShareGPT's "conversations" or Alpaca's "instruction" and "output" (a
+  // null key, as some exports write the other forms' keys, is absent).
+  auto has = [&j](const char* key) { return j.contains(key) && !j[key].is_null(); };
+  const bool messages = has("messages"), conversations = has("conversations"),
+             alpaca = has("instruction") || has("output");
+  if (messages || conversations || alpaca) {
+    if (int(messages) + int(conversations) + int(alpaca) > 1) {
+      return Status::InvalidArgument(
+          "the line holds more than one chat ('messages', 'conversations', 'instruction'); keep "
+          "one");
     }
-    FERRY_ASSIGN_OR_RETURN(
-        std::vector<ChatMessage> turns,
-        messages ? ParseTurns(j["messages"], false) : ParseTurns(j["conversations"], true));
+    FERRY_ASSIGN_OR_RETURN(std::vector<ChatMessage> turns,
+                           messages        ? ParseTurns(j["messages"], false)
+                           : conversations ? ParseTurns(j["conversations"], true)
+                                           : AlpacaTurns(j));
     FERRY_ASSIGN_OR_RETURN(RenderedText r, RenderChat(o.chat_template, turns));
     if (text != nullptr) *text = r.text;
     return TokenizeMasked(tok, r, /*add_special_tokens=*/false);
@@ -240,7 +270,8 @@ Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, s
     return e;
   }
   return Status::InvalidArgument(
-      "a line needs 'text', 'prompt' and 'completion', 'messages', or 'conversations'");
+      "a line needs 'text', 'prompt' and 'completion', 'messages', 'conversations', or "
+      "'instruction' and 'output'");
 }
 
 Result<LoadedExamples> LoadExamples(const std::string& path, const ExampleOptions& o) {

@@ -10,6 +10,10 @@
 //            {"conversations": [{"from": "human", "value": "..."}, ...]}
 //                                       ShareGPT's: the same, "from" human/user -> user,
 //                                       gpt/assistant/model -> assistant, system -> system
+//            {"instruction": "...", "input": "...", "output": "..."}
+//                                       Alpaca's: the same chat, the user's turn the
+//                                       instruction (+ "\n" + input when non-empty), the
+//                                       assistant's the output ("system" optional)
 //  .txt    documents separated by blank lines, all tokens trained
 //  .bin / .tok  pre-tokenized ids, all trained, in one of
 //            ferry's token file (WriteTokenFile below): "FERRYTOK" magic, uint32 version (1),

@@ -134,7 +134,8 @@ TEST(ExamplesTest, ShareGptConversationsAreMessages) {
   EXPECT_NE(bad.status().message().find("'value'"), std::string::npos) << bad.status().message();
   bad = ParseJsonlLine(R"({"messages": [], "conversations": []})", o);
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("keep one"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("more than one chat"), std::string::npos)
+      << bad.status().message();
   // A null key of the other form (as some exports write it) is absent.
   Result<Example> with_null =
       ParseJsonlLine(R"({"messages": null, "conversations": [{"from": "system", "value": "be"}, )"
@@ -143,6 +144,39 @@ TEST(ExamplesTest, ShareGptConversationsAreMessages) {
                      o);
   ASSERT_TRUE(with_null.ok()) << with_null.status().ToString();
   EXPECT_EQ(with_null->tokens, c->tokens);
+}
+
+// Alpaca's instruction/input/output (and system) lines are the chat they name: the instruction
+// and its input on the next line the user's turn, the output the assistant's; an empty input or
+// system adds nothing. A missing output, or a value that is not a string, is refused naming it.
+TEST(ExamplesTest, AlpacaLinesAreUserAndAssistantTurns) {
+  std::unique_ptr<Tokenizer> tok = MakeByteTokenizer();
+  const ExampleOptions o{
+      .tokenizer = tok.get(), .chat_template = {.format = ChatFormat::kChatMl}, .vocab_size = 0};
+  auto same = [&](const char* alpaca, const char* messages) {
+    std::string a_text, m_text;
+    Result<Example> a = ParseJsonlLine(alpaca, o, &a_text);
+    Result<Example> m = ParseJsonlLine(messages, o, &m_text);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_EQ(a_text, m_text);
+    EXPECT_EQ(a->tokens, m->tokens);
+    EXPECT_EQ(a->trained, m->trained);
+  };
+  same(R"({"instruction": "Add", "input": "2 and 3", "output": "5", "system": "Be brief."})",
+       R"({"messages": [{"role": "system", "content": "Be brief."},)"
+       R"( {"role": "user", "content": "Add\n2 and 3"}, {"role": "assistant", "content": "5"}]})");
+  same(R"({"instruction": "Say hi", "input": "", "output": "hi", "system": ""})",
+       R"({"messages": [{"role": "user", "content": "Say hi"},)"
+       R"( {"role": "assistant", "content": "hi"}]})");
+  Result<Example> bad = ParseJsonlLine(R"({"instruction": "Say hi"})", o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'output' is missing"), std::string::npos)
+      << bad.status().message();
+  bad = ParseJsonlLine(R"({"instruction": "Say hi", "input": 3, "output": "x"})", o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'input' must be a string"), std::string::npos)
+      << bad.status().message();
 }
 
 // Mutated lines (bytes flipped, inserted, cut) are parsed or refused with a message, never a
