@@ -120,7 +120,8 @@ void AddEvalCommand(CLI::App& parent, EvalCommand* cmd) {
   e->add_option("--adapter", cmd->adapter,
                 "PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors); "
                 "default: the model folder's own, when it has one");
-  e->add_option("--data", cmd->data, "Dataset file: .jsonl, .txt, .bin/.tok (as ferry train)")
+  e->add_option("--data", cmd->data,
+                "Dataset file: .jsonl, .json, .txt, .bin/.tok (as ferry train)")
       ->required();
   e->add_option("--seq-len", cmd->seq_len, "Tokens per packed row")->capture_default_str();
   e->add_option("--batch-size", cmd->batch_size, "Rows per forward pass")->capture_default_str();
@@ -132,7 +133,8 @@ void AddEvalCommand(CLI::App& parent, EvalCommand* cmd) {
   e->add_option("--long-examples", cmd->long_examples,
                 "Examples longer than --seq-len: split or truncate")
       ->capture_default_str();
-  e->add_flag("--skip-bad-lines", cmd->skip_bad_lines, "Skip malformed .jsonl lines");
+  e->add_flag("--skip-bad-lines", cmd->skip_bad_lines,
+              "Skip malformed .jsonl lines (or .json array elements)");
   e->add_option("--seed", cmd->seed, "Initialization seed of --model tiny")->capture_default_str();
   e->add_option("--threads", cmd->threads, "CPU threads (0: all cores)")->capture_default_str();
   e->add_flag("--json", cmd->json, "Print one JSON object instead of text");

@@ -32,8 +32,9 @@ void AddJobOptions(CLI::App& app, JobSpec& j, std::string* lora_targets) {
                  "Model: 'tiny' (built-in preset) or a Hugging Face model folder")
       ->capture_default_str();
   app.add_option("--data", j.data,
-                 "Dataset: 'builtin', or a file: .jsonl (text | prompt+completion | messages), "
-                 ".txt, .bin/.tok token ids")
+                 "Dataset: 'builtin', or a file: .jsonl (text | prompt+completion | messages | "
+                 "conversations | instruction+output), .json (those in a JSON array), .txt, "
+                 ".bin/.tok token ids")
       ->capture_default_str();
   app.add_option("--val-data", j.val_data, "Validation dataset file (same formats as --data)");
   app.add_option("--val-fraction", j.val_fraction,
@@ -53,7 +54,8 @@ void AddJobOptions(CLI::App& app, JobSpec& j, std::string* lora_targets) {
                  "Examples longer than --seq-len: split (into pieces, nothing lost) or truncate")
       ->capture_default_str();
   app.add_flag("--skip-bad-lines", j.skip_bad_lines,
-               "Skip malformed .jsonl lines (and report how many) instead of stopping");
+               "Skip malformed .jsonl lines (or .json array elements) and report how many, "
+               "instead of stopping");
   app.add_option("--steps", j.steps, "Optimizer updates")->capture_default_str();
   app.add_option("--epochs", j.epochs,
                  "Passes over --data's training rows instead of --steps: the run takes "

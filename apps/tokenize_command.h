@@ -9,7 +9,7 @@
 // the trained (loss-carrying) tokens between [[ and ]], or with --show-tokens one token a line
 // marked "train"/"ctx"; with --jsonl one JSON object per example:
 //   {"line": N, "text": "...", "ids": [...], "trained": [0, 1, ...]}
-// ("line" and "text" for .jsonl; "text" for .txt).
+// ("line" and "text" for .jsonl and .json, an array element's line its first; "text" for .txt).
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -134,6 +134,31 @@ TEST_F(DataCliTest, BadLineIsOneLineWithFileAndLineUnlessSkipped) {
   EXPECT_NE(r.output.find("missing.jsonl"), std::string::npos) << r.output;
 }
 
+// A .json file holding the dataset's objects as one JSON array trains as the .jsonl file does:
+// the same losses step by step; a truncated array stops the run naming the file and line.
+TEST_F(DataCliTest, JsonArrayTrainsAsItsLines) {
+  std::string array = "[\n";
+  for (char c : Dataset()) array += c == '\n' ? std::string(",\n  ") : std::string(1, c);
+  array.resize(array.size() - 4);  // the last ",\n  "
+  array += "\n]\n";
+  const std::string job = " --batch-size 4 --seq-len 32 --steps 2 --threads 2 --out ";
+  CommandResult lines =
+      Ferry("train --data " + Write("train.jsonl", Dataset()) + job + dir_ + "/a");
+  ASSERT_EQ(lines.code, 0) << lines.output;
+  CommandResult json = Ferry("train --data " + Write("train.json", array) + job + dir_ + "/b");
+  ASSERT_EQ(json.code, 0) << json.output << array;
+  const std::vector<nlohmann::json> a = Metrics(dir_ + "/a/metrics.jsonl"),
+                                    b = Metrics(dir_ + "/b/metrics.jsonl");
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i]["loss"], b[i]["loss"]) << i;
+  const std::string cut = Write("cut.json", array.substr(0, array.size() / 2));
+  CommandResult r = Ferry("train --data " + cut + job + dir_ + "/c");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find(cut + ": line "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(a truncated file?)"), std::string::npos) << r.output;
+}
+
 // --epochs sets the run's length from the packed rows: ceil(epochs x rows / --batch-size) updates
 // (the rows as the run's data line counts them), job.json saying so; --resume --epochs 3 goes on
 // to three epochs' updates, and fewer than the checkpoint's is refused naming --epochs; --steps

@@ -23,7 +23,7 @@ struct JobSpec {
   // config.json + safetensors weights, engine/model/model_folder.h).
   std::string model = "tiny";
   // Data: "builtin" (the built-in dataset) or a dataset file (engine/train/examples.h: .jsonl,
-  // .txt, .bin/.tok), packed into rows (engine/train/packed_dataset.h).
+  // .json, .txt, .bin/.tok), packed into rows (engine/train/packed_dataset.h).
   std::string data = "builtin";
   std::string val_data;                 // validation file; empty: --val-fraction of --data
   double val_fraction = 0;              // share of --data's examples held out for validation
@@ -31,7 +31,7 @@ struct JobSpec {
   int64_t eval_batches = 0;             // micro-batches per validation; 0: the whole set
   std::string chat_template = "auto";   // chatml|llama3|mistral|none, or auto (from the model)
   std::string long_examples = "split";  // split|truncate examples longer than --seq-len
-  bool skip_bad_lines = false;          // skip (and count) malformed .jsonl lines
+  bool skip_bad_lines = false;          // skip (and count) malformed .jsonl lines, .json elements
 
   int64_t steps = 300;  // optimizer updates
   // > 0: passes over the training rows of a --data file; the run sets `steps` from it once the

@@ -12,6 +12,7 @@ namespace {
 constexpr char kTokenMagic[8] = {'F', 'E', 'R', 'R', 'Y', 'T', 'O', 'K'};
 constexpr uint32_t kTokenVersion = 1;
 constexpr int32_t kLlmcMagic = 20240520;
+constexpr std::string_view kUtf8Bom = "\xEF\xBB\xBF";
 
 bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
@@ -274,17 +275,101 @@ Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, s
       "'instruction' and 'output'");
 }
 
+Result<std::vector<JsonArrayElement>> SplitJsonArray(std::string_view text) {
+  size_t i = text.starts_with(kUtf8Bom) ? kUtf8Bom.size() : 0;
+  int64_t line = 1;
+  auto skip_space = [&] {
+    for (; i < text.size(); ++i) {
+      const char c = text[i];
+      if (c == '\n') {
+        ++line;
+      } else if (c != ' ' && c != '\t' && c != '\r') {
+        break;
+      }
+    }
+  };
+  auto at = [&line](const std::string& what) {
+    return Status::InvalidArgument("line " + std::to_string(line) + ": " + what);
+  };
+  skip_space();
+  if (i == text.size() || text[i] != '[') return at("a JSON array of examples must start with '['");
+  ++i;
+  std::vector<JsonArrayElement> elements;
+  // The brackets open inside the current element, with the line each opened on.
+  std::vector<std::pair<char, int64_t>> open;
+  for (;;) {
+    skip_space();
+    if (i < text.size() && text[i] == ']' && elements.empty()) {  // []
+      ++i;
+      break;
+    }
+    const int64_t element_line = line;
+    const size_t begin = i;
+    size_t end = begin;  // past the element's last non-space byte
+    bool in_string = false;
+    for (; i < text.size(); ++i) {
+      const char c = text[i];
+      if (c == '\n') ++line;
+      if (in_string) {
+        if (c == '\\') {
+          ++i;  // the escaped byte (a '"' or '\\' among them)
+          if (i < text.size() && text[i] == '\n') ++line;
+        } else if (c == '"') {
+          in_string = false;
+        }
+        end = i + 1;
+        continue;
+      }
+      if (c == '"') {
+        in_string = true;
+      } else if (c == '[' || c == '{') {
+        open.emplace_back(c, line);
+      } else if (c == ']' || c == '}') {
+        if (open.empty()) {
+          if (c == ']') break;  // the array's own
+          return at("a '}' with no '{' open");
+        }
+        if ((c == ']') != (open.back().first == '[')) {
+          return at(std::string("a '") + c + "' closes the '" + open.back().first +
+                    "' opened on line " + std::to_string(open.back().second));
+        }
+        open.pop_back();
+      } else if (c == ',' && open.empty()) {
+        break;
+      } else if (c == ' ' || c == '\t' || c == '\r' || c == '\n') {
+        continue;
+      }
+      end = i + 1;
+    }
+    if (i >= text.size()) {
+      return at(std::string(in_string ? "the file ends inside a string"
+                                      : "the file ends before the array's ']'") +
+                " (a truncated file?); the last element starts on line " +
+                std::to_string(element_line));
+    }
+    if (end == begin) {
+      return at(text[i] == ',' ? "an empty element (a ',' with nothing before it)"
+                               : "an empty element (a ',' before ']')");
+    }
+    elements.push_back({.text = text.substr(begin, end - begin), .line = element_line});
+    if (text[i++] == ']') break;
+  }
+  skip_space();
+  if (i < text.size()) return at("text after the JSON array's closing ']'");
+  return elements;
+}
+
 Result<LoadedExamples> LoadExamples(const std::string& path, const ExampleOptions& o) {
   if (EndsWith(path, ".bin") || EndsWith(path, ".tok")) return LoadTokenFile(path, o);
-  const bool jsonl = EndsWith(path, ".jsonl");
-  if (!jsonl && !EndsWith(path, ".txt")) {
-    return Status::InvalidArgument("--data " + path +
-                                   ": unknown format; use .jsonl, .txt, or .bin/.tok token files");
+  const bool json = EndsWith(path, ".jsonl") || EndsWith(path, ".json");
+  if (!json && !EndsWith(path, ".txt")) {
+    return Status::InvalidArgument(
+        "--data " + path + ": unknown format; use .jsonl, .json, .txt, or .bin/.tok token files");
   }
   if (o.tokenizer == nullptr) return Status::InvalidArgument("no tokenizer to read " + path);
   FERRY_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   LoadedExamples out;
-  if (!jsonl) {
+  if (!json) {
     for (std::string_view doc : SplitDocuments(text)) {
       out.examples.push_back(WholeText(*o.tokenizer, doc));
       AppendEos(*o.tokenizer, out.examples.back());
@@ -292,27 +377,44 @@ Result<LoadedExamples> LoadExamples(const std::string& path, const ExampleOption
     }
     return out;
   }
-  size_t pos = 0;
-  for (int64_t line_no = 1; pos < text.size(); ++line_no) {
-    size_t nl = text.find('\n', pos);
-    if (nl == std::string::npos) nl = text.size();
-    std::string_view line(text.data() + pos, nl - pos);
-    pos = nl + 1;
-    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    std::string line_text;
-    Result<Example> e = ParseJsonlLine(line, o, o.keep_text ? &line_text : nullptr);
+  // One JSON object per record: the array's elements, or the lines (blank ones skipped).
+  std::string_view body = text;
+  if (body.starts_with(kUtf8Bom)) body.remove_prefix(kUtf8Bom.size());
+  const size_t first = body.find_first_not_of(" \t\r\n");
+  const bool array =
+      EndsWith(path, ".json") && first != std::string_view::npos && body[first] == '[';
+  std::vector<JsonArrayElement> records;
+  if (array) {
+    Result<std::vector<JsonArrayElement>> elements = SplitJsonArray(text);
+    if (!elements.ok()) return Status::InvalidArgument(path + ": " + elements.status().message());
+    records = std::move(*elements);
+  } else {
+    size_t pos = 0;
+    for (int64_t line_no = 1; pos < text.size(); ++line_no) {
+      size_t nl = text.find('\n', pos);
+      if (nl == std::string::npos) nl = text.size();
+      std::string_view line(text.data() + pos, nl - pos);
+      pos = nl + 1;
+      if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+      records.push_back({.text = line, .line = line_no});
+    }
+  }
+  for (const JsonArrayElement& record : records) {
+    std::string record_text;
+    Result<Example> e = ParseJsonlLine(record.text, o, o.keep_text ? &record_text : nullptr);
     if (!e.ok()) {
       if (o.skip_bad_lines) {
         ++out.skipped_lines;
         continue;
       }
-      return Status::InvalidArgument(path + ":" + std::to_string(line_no) + ": " +
-                                     e.status().message() + " (--skip-bad-lines skips such lines)");
+      return Status::InvalidArgument(path + ":" + std::to_string(record.line) + ": " +
+                                     e.status().message() + " (--skip-bad-lines skips such " +
+                                     (array ? "elements" : "lines") + ")");
     }
     out.examples.push_back(std::move(*e));
     if (o.keep_text) {
-      out.texts.push_back(std::move(line_text));
-      out.lines.push_back(line_no);
+      out.texts.push_back(std::move(record_text));
+      out.lines.push_back(record.line);
     }
   }
   return out;

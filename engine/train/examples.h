@@ -14,6 +14,9 @@
 //                                       Alpaca's: the same chat, the user's turn the
 //                                       instruction (+ "\n" + input when non-empty), the
 //                                       assistant's the output ("system" optional)
+//  .json   the same objects as a JSON array ("[{...}, {...}]", as Alpaca's and ShareGPT's files
+//          are published), or one object a line as .jsonl (what Hugging Face's `datasets` reads
+//          from a .json file that does not start with '[')
 //  .txt    documents separated by blank lines, all tokens trained
 //  .bin / .tok  pre-tokenized ids, all trained, in one of
 //            ferry's token file (WriteTokenFile below): "FERRYTOK" magic, uint32 version (1),
@@ -34,8 +37,10 @@
 // Tokens with an empty range (BOS/EOS added by the post-processor) are never trained, except the
 // EOS this loader appends.
 //
-// Errors name the file and line: "data.jsonl:17: 'messages' must be an array". With
-// skip_bad_lines a bad line is counted (LoadedExamples::skipped_lines) and skipped.
+// Errors name the file and line: "data.jsonl:17: 'messages' must be an array" (for a JSON array,
+// the line its element starts on). With skip_bad_lines a bad line or element is counted
+// (LoadedExamples::skipped_lines) and skipped; a JSON array whose brackets do not match, or that
+// is not closed, is not skipped: its elements' bounds are unknown.
 //
 // Plain functions; thread-safe.
 #pragma once
@@ -63,7 +68,7 @@ struct Example {
 };
 
 struct ExampleOptions {
-  const Tokenizer* tokenizer = nullptr;  // REQUIRED for .jsonl and .txt; EOS for nanoGPT files
+  const Tokenizer* tokenizer = nullptr;  // REQUIRED for .jsonl, .json, .txt; EOS for nanoGPT
   ChatTemplate chat_template = {};       // for `messages`
   int64_t vocab_size = 0;                // > 0: ids of token files must be below it
   bool skip_bad_lines = false;
@@ -72,9 +77,10 @@ struct ExampleOptions {
 
 struct LoadedExamples {
   std::vector<Example> examples;
-  int64_t skipped_lines = 0;  // with skip_bad_lines
-  // With keep_text, for .jsonl and .txt files: each example's text as tokenized (the rendered
-  // chat, prompt + completion, or the text) and, for .jsonl, its line number (1-based).
+  int64_t skipped_lines = 0;  // with skip_bad_lines: lines, or a JSON array's elements
+  // With keep_text, for .jsonl, .json and .txt files: each example's text as tokenized (the
+  // rendered chat, prompt + completion, or the text) and, for .jsonl and .json, its line number
+  // (1-based; an array element's first line).
   std::vector<std::string> texts;
   std::vector<int64_t> lines;
 };
@@ -87,6 +93,21 @@ Result<LoadedExamples> LoadExamples(const std::string& path, const ExampleOption
 // when given, receives the text that was tokenized.
 Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& options,
                                std::string* text = nullptr);
+
+// One element of a top-level JSON array: its text and the line it starts on (1-based).
+struct JsonArrayElement {
+  std::string_view text;
+  int64_t line = 0;
+};
+
+// The elements of the JSON array `text` holds (a UTF-8 BOM and white space around it allowed),
+// found by following its brackets and strings instead of building the whole document: a parsed
+// document takes several times the file's size (ShareGPT's published .json is 670 MB). Errors
+// start "line N: " and name what is wrong: no '[' first, a closing bracket that does not match,
+// an empty element, an array not closed, text after it. Each element's own JSON (numbers,
+// literals, escapes) is its parser's to check. On a valid JSON array the result is exactly its
+// elements, in order (tests/fuzz/json_array_fuzz.cc checks this against nlohmann::json).
+Result<std::vector<JsonArrayElement>> SplitJsonArray(std::string_view text);
 
 // Tokenizes r.text once and marks the tokens overlapping r.trained (the rule above).
 Example TokenizeMasked(const Tokenizer& tokenizer, const RenderedText& r, bool add_special_tokens);

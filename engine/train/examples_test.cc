@@ -2,10 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
+
+#include "engine/json.h"
 
 namespace ferry {
 namespace {
@@ -314,8 +318,175 @@ TEST_F(ExampleFilesTest, NanoGptRawUint16SplitsAtEos) {
   EXPECT_EQ(r->examples[2].tokens, (std::vector<int32_t>{'d'}));
 }
 
+// A .json file holding an array of the .jsonl objects reads as the .jsonl file does, however the
+// array is laid out (pretty-printed over several lines, a BOM, brackets, commas and escaped
+// quotes inside strings); each example's line is the line its element starts on. A .json file
+// that does not start with '[' is JSON lines, as Hugging Face's `datasets` reads one.
+TEST_F(ExampleFilesTest, JsonArrayReadsAsJsonLines) {
+  const std::vector<std::string> objects = {
+      R"({"text": "a [b], {c} \"d\" \\"})", R"({"prompt": "p,", "completion": "]c"})",
+      R"({"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]})",
+      R"({"instruction": "i", "input": "", "output": "o"})"};
+  std::string jsonl;
+  for (const std::string& o : objects) jsonl += o + "\n";
+  const ExampleOptions o{
+      .tokenizer = tok_.get(), .chat_template = {.format = ChatFormat::kChatMl}, .keep_text = true};
+  Result<LoadedExamples> want = LoadExamples(Write("data.jsonl", jsonl), o);
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+  ASSERT_EQ(want->examples.size(), objects.size());
+  std::string pretty = "\xEF\xBB\xBF\n[\n";  // a BOM, then the array from line 2
+  std::vector<int64_t> lines;
+  int64_t line = 2;
+  for (size_t i = 0; i < objects.size(); ++i) {
+    const nlohmann::json j = nlohmann::json::parse(objects[i]);
+    const std::string text = j.dump(i % 2 == 0 ? 2 : -1);
+    lines.push_back(line + 1);
+    pretty += "  " + text + (i + 1 < objects.size() ? " ,\r\n" : "\n");
+    line += 1 + int64_t(std::count(text.begin(), text.end(), '\n'));
+  }
+  pretty += "]\n\n";
+  for (const std::string& body : {pretty, "[" + jsonl.substr(0, jsonl.size() - 1) + "]"}) {
+    std::string array = body;
+    for (size_t at = 0; (at = array.find("}\n{", at)) != std::string::npos;) array[at + 1] = ',';
+    Result<LoadedExamples> got = LoadExamples(Write("data.json", array), o);
+    ASSERT_TRUE(got.ok()) << got.status().ToString() << "\n" << array;
+    ASSERT_EQ(got->examples.size(), objects.size());
+    for (size_t i = 0; i < objects.size(); ++i) {
+      EXPECT_EQ(got->examples[i].tokens, want->examples[i].tokens) << i;
+      EXPECT_EQ(got->examples[i].trained, want->examples[i].trained) << i;
+      EXPECT_EQ(got->texts[i], want->texts[i]) << i;
+    }
+    if (body == pretty) {
+      EXPECT_EQ(got->lines, lines);
+    }
+  }
+  Result<LoadedExamples> lines_json = LoadExamples(Write("lines.json", jsonl), o);
+  ASSERT_TRUE(lines_json.ok()) << lines_json.status().ToString();
+  EXPECT_EQ(lines_json->lines, want->lines);
+  Result<LoadedExamples> empty = LoadExamples(Write("empty.json", " [ ]\n"), o);
+  ASSERT_TRUE(empty.ok()) << empty.status().ToString();
+  EXPECT_TRUE(empty->examples.empty());
+}
+
+// A bad element is named by its first line and skipped with skip_bad_lines; an array whose bounds
+// are unknown (a bracket that does not match, a missing ']', an empty element, text after it)
+// stops the load naming the line, skipping or not.
+TEST_F(ExampleFilesTest, JsonArrayErrorsNameTheLine) {
+  ExampleOptions o{.tokenizer = tok_.get()};
+  const std::string bad = Write("bad.json",
+                                "[{\"text\": \"a\"},\n"
+                                " {\"messages\":\n"
+                                "   {\"role\": \"user\"}},\n"
+                                " 7,\n"
+                                " {\"text\": \"b\"}]\n");
+  Result<LoadedExamples> r = LoadExamples(bad, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(),
+            bad + ":2: 'messages' must be an array (--skip-bad-lines skips such elements)");
+  o.skip_bad_lines = true;
+  r = LoadExamples(bad, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->skipped_lines, 2);
+  ASSERT_EQ(r->examples.size(), 2u);
+  EXPECT_EQ(r->examples[1].tokens, (std::vector<int32_t>{256, 'b', 257}));
+  const std::pair<const char*, const char*> broken[] = {
+      {"[{\"text\": \"a\"},\n {\"text\": [\"b\"}]",
+       "line 2: a '}' closes the '[' opened on line 2"},
+      {"[{\"text\": \"a\"},\n {\"text\": \"b\"}",
+       "line 2: the file ends before the array's ']' "
+       "(a truncated file?); the last element starts "
+       "on line 2"},
+      {"[{\"text\": \"a\"},\n {\"text\": \"b",
+       "line 2: the file ends inside a string (a "
+       "truncated file?); the last element starts on "
+       "line 2"},
+      {"[{\"text\": \"a\"},\n\n]", "line 3: an empty element (a ',' before ']')"},
+      {"[ , {\"text\": \"a\"}]", "line 1: an empty element (a ',' with nothing before it)"},
+      {"[{\"text\": \"a\"}]\n[]", "line 2: text after the JSON array's closing ']'"},
+      {"[{\"text\": \"a\"}}]", "line 1: a '}' with no '{' open"},
+  };
+  for (const auto& [text, message] : broken) {
+    const std::string path = Write("broken.json", text);
+    r = LoadExamples(path, o);
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_EQ(r.status().message(), path + ": " + message) << text;
+  }
+  EXPECT_FALSE(SplitJsonArray("{\"text\": \"a\"}").ok());
+}
+
+// On random arrays, laid out in several ways, SplitJsonArray gives exactly the elements
+// nlohmann::json parses, on the lines they start on; on those texts cut or with a byte changed,
+// whenever nlohmann still parses an array, the same holds (the fuzz target's property, on seeds
+// every build runs).
+TEST(JsonArrayTest, SplitMatchesNlohmann) {
+  std::mt19937 rng(5);
+  std::function<nlohmann::json(int)> value = [&](int depth) -> nlohmann::json {
+    switch (rng() % (depth > 2 ? 4 : 6)) {
+      case 0:
+        return int64_t(rng() % 2000) - 1000;
+      case 1: {
+        static const char* kStrings[] = {"", "a,b", "]}", "q\"uo\\te", "x\ny", "[{", "\u00e9"};
+        return kStrings[rng() % 7];
+      }
+      case 2:
+        return rng() % 2 == 0;
+      case 3:
+        return nullptr;
+      case 4: {
+        nlohmann::json a = nlohmann::json::array();
+        for (int n = int(rng() % 4); n > 0; --n) a.push_back(value(depth + 1));
+        return a;
+      }
+      default: {
+        nlohmann::json o = nlohmann::json::object();
+        for (int n = int(rng() % 4); n > 0; --n)
+          o["k" + std::to_string(rng() % 5)] = value(depth + 1);
+        return o;
+      }
+    }
+  };
+  auto check = [](const std::string& text, const nlohmann::json& whole) {
+    Result<std::vector<JsonArrayElement>> split = SplitJsonArray(text);
+    ASSERT_TRUE(split.ok()) << split.status().ToString() << "\n" << text;
+    ASSERT_EQ(split->size(), whole.size()) << text;
+    for (size_t i = 0; i < whole.size(); ++i) {
+      const JsonArrayElement& e = (*split)[i];
+      EXPECT_EQ(nlohmann::json::parse(e.text), whole[i]) << text;
+      const size_t at = size_t(e.text.data() - text.data());
+      EXPECT_EQ(e.line, 1 + std::count(text.begin(), text.begin() + int64_t(at), '\n')) << text;
+    }
+  };
+  int arrays = 0;
+  for (int round = 0; round < 300; ++round) {
+    nlohmann::json whole = nlohmann::json::array();
+    for (int n = int(rng() % 5); n > 0; --n) whole.push_back(value(0));
+    const std::string text = whole.dump(int(rng() % 4) - 1);
+    check(text, whole);
+    for (int k = 0; k < 5; ++k) {
+      std::string mutated = text;
+      const size_t at = rng() % mutated.size();
+      if (rng() % 2 == 0) {
+        mutated.resize(at);
+      } else {
+        mutated[at] = "[]{},\"\\ \n"[rng() % 9];
+      }
+      const nlohmann::json again = nlohmann::json::parse(mutated, nullptr, false);
+      if (again.is_discarded() || !again.is_array()) {
+        (void)SplitJsonArray(mutated);  // an error or a split: never a crash
+        continue;
+      }
+      ++arrays;
+      check(mutated, again);
+    }
+  }
+  EXPECT_GT(arrays, 50);
+}
+
 TEST_F(ExampleFilesTest, UnknownExtensionAndMissingFile) {
-  EXPECT_FALSE(LoadExamples(Write("data.csv", "a,b"), {.tokenizer = tok_.get()}).ok());
+  Result<LoadedExamples> csv = LoadExamples(Write("data.csv", "a,b"), {.tokenizer = tok_.get()});
+  ASSERT_FALSE(csv.ok());
+  EXPECT_NE(csv.status().message().find("use .jsonl, .json, .txt, or .bin/.tok"), std::string::npos)
+      << csv.status().message();
   Result<LoadedExamples> r =
       LoadExamples((dir_ / "none.jsonl").string(), {.tokenizer = tok_.get()});
   ASSERT_FALSE(r.ok());
