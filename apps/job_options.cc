@@ -100,6 +100,9 @@ void AddJobOptions(CLI::App& app, JobSpec& j, std::string* lora_targets) {
       ->capture_default_str();
   app.add_option("--lora-alpha", j.lora.alpha, "LoRA alpha (scaling = alpha / rank)")
       ->capture_default_str();
+  app.add_flag("--lora-rslora", j.lora.rslora,
+               "rsLoRA: scaling = alpha / sqrt(rank), so higher ranks learn as fast (PEFT's "
+               "use_rslora)");
   app.add_option("--lora-targets", *lora_targets,
                  "Projections that get adapters: comma-separated q,k,v,o,gate,up,down, or all")
       ->capture_default_str();

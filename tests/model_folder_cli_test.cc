@@ -353,6 +353,36 @@ TEST_F(ModelFolderCliTest, LoraRunFolderAndAdapter) {
   EXPECT_LT(with_adapter, ExpectedLoss(src_, ""));
 }
 
+// rsLoRA scales the adapter by alpha / sqrt(rank): rank 4 with alpha 8 trains what alpha 16
+// without it trains (both scale by 4), to the bit; the adapter says use_rslora, and eval (on the
+// run folder or through --adapter, as PEFT would load it) and merge honour it.
+TEST_F(ModelFolderCliTest, RsLoraScalesByTheRootOfTheRank) {
+  const std::string job = "train --model " + src_ + " --data " + data_ +
+                          " --steps 2 --batch-size 2 --seq-len 16 --lr 0.05 --lora-rank 4 "
+                          "--threads 2 --out ";
+  const std::string plain = dir_ + "/plain", rs = dir_ + "/rs";
+  CommandResult r = Ferry(job + plain + " --lora-alpha 16");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = Ferry(job + rs + " --lora-alpha 8 --lora-rslora");
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_EQ(bytes(rs + "/adapter_model.safetensors"), bytes(plain + "/adapter_model.safetensors"));
+  const json config = json::parse(bytes(rs + "/adapter_config.json"));
+  EXPECT_EQ(config["use_rslora"], true);
+  EXPECT_EQ(config["lora_alpha"], 8.0);
+  EXPECT_EQ(json::parse(bytes(plain + "/adapter_config.json"))["use_rslora"], false);
+  const double loss = ExpectedLoss(src_, plain);
+  EXPECT_EQ(ExpectedLoss(src_, rs), loss);
+  EXPECT_EQ(EvalLoss("--model " + rs, data_), loss);
+  EXPECT_EQ(EvalLoss("--model " + src_ + " --adapter " + rs, data_), loss);
+  r = Ferry("merge --model " + rs + " --dtype f32 --out " + dir_ + "/merged");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NEAR(EvalLoss("--model " + dir_ + "/merged", data_), loss, 1e-5 * loss);
+}
+
 // `ferry merge`: the run's adapter merged into its base is one plain model folder that computes
 // what base and adapter computed together (f32: to rounding; the base's bf16 by default: to its
 // rounding), sharded as asked; refusals are one line and write nothing.

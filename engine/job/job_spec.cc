@@ -107,6 +107,7 @@ void ForEachJobOption(Job& job, Visit&& visit) {
   visit("seed", job.seed);
   visit("lora_rank", job.lora.rank);
   visit("lora_alpha", job.lora.alpha);
+  visit("lora_rslora", job.lora.rslora);
   visit("lora_targets", NamedField{job.lora.targets, &LoraTargetsToString, &ParseLoraTargets});
   visit("quantize", NamedField{job.lora.quantize, &BaseQuantName, &ParseBaseQuant});
   visit("double_quant", job.lora.double_quant);

@@ -133,7 +133,8 @@ JobSpec EveryOptionSet() {
               .alpha = 8,
               .targets = kLoraQ | kLoraV,
               .quantize = BaseQuant::kNf4,
-              .double_quant = false};
+              .double_quant = false,
+              .rslora = true};
   job.threads = 2;
   job.devices = 3;
   job.device_kind = "cuda";

@@ -1,14 +1,15 @@
 // LoraConfig: which linear projections get a LoRA adapter, its rank and alpha.
 //
 // A LoRA'd projection computes y = x W^T + scaling * (x A^T) B^T with A (r, in), B (out, r) and
-// scaling = alpha / r (PEFT's convention, no rsLoRA); the base weight W is frozen (no gradient, no
-// optimizer state), A and B train. Targets are named by the Llama projection they wrap; on GPT-2,
-// q, k or v select the fused c_attn, o selects attn.c_proj, up mlp.c_fc, down mlp.c_proj (GPT-2
-// has no gate projection).
+// scaling = alpha / r (PEFT's convention; with rsLoRA alpha / sqrt(r)); the base weight W is frozen
+// (no gradient, no optimizer state), A and B train. Targets are named by the Llama projection they
+// wrap; on GPT-2, q, k or v select the fused c_attn, o selects attn.c_proj, up mlp.c_fc, down
+// mlp.c_proj (GPT-2 has no gate projection).
 //
 // Plain value type; thread-compatible.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -43,11 +44,15 @@ struct LoraConfig {
   // NF4's absmax itself 8-bit quantized (bitsandbytes' bnb_4bit_use_double_quant) in the host
   // tiers; the device copy keeps fp32 absmax.
   bool double_quant = true;
+  // rsLoRA (PEFT's use_rslora): the adapter scaled by alpha / sqrt(rank) instead of alpha / rank,
+  // so an update's size does not shrink as the rank grows (arXiv 2312.03732).
+  bool rslora = false;
 
   bool enabled() const { return rank > 0; }
   // The base weights do not train: they are under LoRA, or stored quantized.
   bool base_frozen() const { return enabled() || quantize != BaseQuant::kNone; }
-  double scaling() const { return alpha / double(rank); }  // REQUIRES: enabled()
+  // REQUIRES: enabled()
+  double scaling() const { return rslora ? alpha / std::sqrt(double(rank)) : alpha / double(rank); }
   bool Targets(LoraTarget t) const { return enabled() && (targets & t) != 0; }
   friend bool operator==(const LoraConfig&, const LoraConfig&) = default;
 };

@@ -183,7 +183,7 @@ nlohmann::json PeftAdapterConfig(const ModelConfig& model, const LoraConfig& lor
           {"lora_dropout", 0.0},
           {"bias", "none"},
           {"fan_in_fan_out", PeftFanInFanOut(model)},
-          {"use_rslora", false},
+          {"use_rslora", lora.rslora},
           {"use_dora", false},
           {"inference_mode", true},
           {"init_lora_weights", true},

@@ -266,10 +266,12 @@ Result<LoraConfig> ParsePeftAdapterConfig(std::string_view json_text, const Mode
     return bad("field 'lora_alpha' must be a positive number");
   }
   lora.alpha = alpha->get<double>();
-  for (const char* flag : {"use_rslora", "use_dora"}) {
-    if (const json* f = get(flag); f != nullptr && (!f->is_boolean() || f->get<bool>())) {
-      return bad(std::string("field '") + flag + "' = true is not supported");
-    }
+  if (const json* f = get("use_rslora"); f != nullptr) {
+    if (!f->is_boolean()) return bad("field 'use_rslora' must be true or false");
+    lora.rslora = f->get<bool>();
+  }
+  if (const json* f = get("use_dora"); f != nullptr && (!f->is_boolean() || f->get<bool>())) {
+    return bad("field 'use_dora' = true is not supported (DoRA)");
   }
   if (const json* b = get("bias"); b != nullptr && *b != "none") {
     return bad("field 'bias' must be \"none\" (ferry's LoRA trains no biases)");

@@ -363,6 +363,9 @@ TEST(ModelFolderTest, AdapterConfigErrorsNameTheField) {
            Bad{R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"],
                    "use_dora": true})",
                "use_dora"},
+           Bad{R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"],
+                   "use_rslora": "yes"})",
+               "use_rslora"},
            Bad{R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["lm_head"]})",
                "lm_head"},
        }) {
@@ -376,6 +379,22 @@ TEST(ModelFolderTest, AdapterConfigErrorsNameTheField) {
       *c);
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ(ok->targets, uint32_t(kLoraQ | kLoraV));
+  EXPECT_FALSE(ok->rslora);
+  EXPECT_EQ(ok->scaling(), 2.0);
+  // rsLoRA, as PEFT scales it: lora_alpha / sqrt(r); ferry's own adapter_config.json says so.
+  Result<LoraConfig> rs = ParsePeftAdapterConfig(
+      R"({"peft_type": "LORA", "r": 16, "lora_alpha": 8, "target_modules": ["q_proj"],
+          "use_rslora": true})",
+      *c);
+  ASSERT_TRUE(rs.ok()) << rs.status().ToString();
+  EXPECT_TRUE(rs->rslora);
+  EXPECT_EQ(rs->scaling(), 2.0);
+  for (const bool rslora : {false, true}) {
+    const LoraConfig lora{.rank = 16, .alpha = 8, .targets = kLoraQ, .rslora = rslora};
+    Result<LoraConfig> back = ParsePeftAdapterConfig(PeftAdapterConfig(*c, lora).dump(), *c);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(*back, lora);
+  }
 }
 
 }  // namespace
