@@ -135,8 +135,9 @@ Result<JobSpec> ResumedJob(const TrainCommand& cmd) {
     }
     if (IsResumableJobKey(key)) {
       merged[key] = given[key];
-      // A count of updates given to a run of epochs takes over from them.
-      if (key == "steps") merged["epochs"] = 0;
+      // The run's length is the pair SettleRunLength settled: --steps given to a run of epochs
+      // takes over from them (the given epochs are 0 then), whichever option comes first.
+      if (key == "steps") merged["epochs"] = given["epochs"];
     } else if (given[key] != merged[key]) {
       return Status::InvalidArgument(opt->get_name() + " " + given[key].dump() +
                                      " differs from the run's " + merged[key].dump() + " (" + path +

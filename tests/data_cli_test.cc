@@ -200,6 +200,15 @@ TEST_F(DataCliTest, EpochsSetTheRunsLength) {
   EXPECT_EQ(Metrics(out + "/metrics.jsonl").size(), three + 1);
   saved = nlohmann::json::parse(std::ifstream(out + "/job.json"));
   EXPECT_EQ(saved["epochs"], 0.0);
+  // --epochs on the command line beats a job file's steps on a resume too.
+  const size_t four = size_t(rows);  // 4 epochs of 4-row updates
+  r = Ferry("train --config " + Write("steps.toml", "steps = 2\n") + " --resume " + out +
+            " --epochs 4");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(Metrics(out + "/metrics.jsonl").size(), four);
+  saved = nlohmann::json::parse(std::ifstream(out + "/job.json"));
+  EXPECT_EQ(saved["epochs"], 4.0);
+  EXPECT_EQ(saved["steps"], four);
 
   r = Ferry(job + dir_ + "/both --epochs 2 --steps 5");
   EXPECT_EQ(r.code, 1) << r.output;
