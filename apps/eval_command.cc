@@ -69,9 +69,12 @@ Status Run(const EvalCommand& cmd) {
                          ResolveChatTemplate(cmd.chat_template, loaded.template_source));
   FERRY_ASSIGN_OR_RETURN(LongExamples mode, ParseLongExamples(cmd.long_examples));
   std::string log;
-  FERRY_ASSIGN_OR_RETURN(
-      std::vector<Example> examples,
-      LoadDataset(cmd.data, *loaded.tokenizer, chat, m.config, cmd.skip_bad_lines, &log));
+  const ExampleOptions reading{.tokenizer = loaded.tokenizer.get(),
+                               .chat_template = chat,
+                               .skip_bad_lines = cmd.skip_bad_lines,
+                               .train_on_prompt = cmd.train_on_prompt};
+  FERRY_ASSIGN_OR_RETURN(std::vector<Example> examples,
+                         LoadDataset(cmd.data, reading, m.config, &log));
   const PackedRows rows = PackedRows::Pack(examples, cmd.seq_len, mode, PadId(*loaded.tokenizer));
   std::vector<Example>().swap(examples);  // the rows hold what the evaluation reads
   if (rows.rows() == 0) {
@@ -133,6 +136,9 @@ void AddEvalCommand(CLI::App& parent, EvalCommand* cmd) {
   e->add_option("--long-examples", cmd->long_examples,
                 "Examples longer than --seq-len: split or truncate")
       ->capture_default_str();
+  e->add_flag("--train-on-prompt", cmd->train_on_prompt,
+              "Score every token of a chat or prompt+completion example, as a run with "
+              "--train-on-prompt trains them (default: the answers only)");
   e->add_flag("--skip-bad-lines", cmd->skip_bad_lines,
               "Skip malformed .jsonl lines (or .json array elements)");
   e->add_option("--seed", cmd->seed, "Initialization seed of --model tiny")->capture_default_str();

@@ -32,7 +32,8 @@ struct EvalCommand {
   std::string chat_template = "auto";
   std::string long_examples = "split";
   bool skip_bad_lines = false;
-  uint64_t seed = 1234;  // the tiny model's initialization
+  bool train_on_prompt = false;  // score prompts and user turns too
+  uint64_t seed = 1234;          // the tiny model's initialization
   int64_t threads = 0;
   BaseQuant quantize = BaseQuant::kNone;  // --quantize nf4: the base's projections in NF4
   bool double_quant = true;               // --[no-]double-quant: NF4's absmax nested

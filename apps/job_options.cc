@@ -56,6 +56,9 @@ void AddJobOptions(CLI::App& app, JobSpec& j, std::string* lora_targets) {
   app.add_flag("--skip-bad-lines", j.skip_bad_lines,
                "Skip malformed .jsonl lines (or .json array elements) and report how many, "
                "instead of stopping");
+  app.add_flag("--train-on-prompt", j.train_on_prompt,
+               "The loss on every token of a chat or prompt+completion example (system and user "
+               "turns, prompts, the template's tokens), not only on the answers");
   app.add_option("--steps", j.steps, "Optimizer updates")->capture_default_str();
   app.add_option("--epochs", j.epochs,
                  "Passes over --data's training rows instead of --steps: the run takes "

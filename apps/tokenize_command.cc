@@ -35,6 +35,9 @@ void AddTokenizeCommand(CLI::App& parent, TokenizeCommand* cmd) {
   t->add_option("--data", cmd->data,
                 "Show a dataset file's examples as training sees them: tokens, and which carry "
                 "the loss (between [[ and ]])");
+  t->add_flag("--train-on-prompt", cmd->train_on_prompt,
+              "With --data: as ferry train --train-on-prompt (every token of a chat or "
+              "prompt+completion carries the loss)");
   t->add_option("--chat-template", cmd->chat_template,
                 "With --data or --chat: template for chat 'messages': auto (from the model "
                 "folder), chatml, llama3, mistral, none")
@@ -166,6 +169,7 @@ int RunData(const TokenizeCommand& cmd, const Tokenizer& tok) {
   o.chat_template = *chat;
   o.vocab_size = tok.vocab_size();
   o.keep_text = true;
+  o.train_on_prompt = cmd.train_on_prompt;
   Result<LoadedExamples> loaded = LoadExamples(cmd.data, o);
   if (!loaded.ok()) return Fail(loaded.status().message());
   int64_t tokens = 0, trained = 0;

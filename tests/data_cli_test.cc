@@ -57,7 +57,7 @@ TEST_F(DataCliTest, HelpDocumentsTheDataOptions) {
   EXPECT_EQ(r.code, 0);
   for (const char* opt :
        {"--data", "--val-data", "--val-fraction", "--eval-every", "--eval-batches",
-        "--chat-template", "--long-examples", "--skip-bad-lines"}) {
+        "--chat-template", "--long-examples", "--skip-bad-lines", "--train-on-prompt"}) {
     EXPECT_NE(r.output.find(opt), std::string::npos) << opt;
   }
   r = Ferry("eval --help");
@@ -132,6 +132,40 @@ TEST_F(DataCliTest, BadLineIsOneLineWithFileAndLineUnlessSkipped) {
   r = Ferry("eval --data " + dir_ + "/missing.jsonl");
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("missing.jsonl"), std::string::npos) << r.output;
+}
+
+// --train-on-prompt puts the loss on the prompt too: a prompt+completion file then scores what the
+// same text as {"text": ...} scores, to the bit (same tokens, same mask), in eval and in
+// tokenize's view; without it fewer targets count. A run keeps the choice in job.json.
+TEST_F(DataCliTest, TrainOnPromptScoresThePromptsToo) {
+  std::string pairs, texts;
+  for (int i = 0; i < 6; ++i) {
+    const std::string p = "Q: " + std::to_string(i) + " + 2? A:", c = " " + std::to_string(i + 2);
+    pairs += nlohmann::json{{"prompt", p}, {"completion", c}}.dump() + "\n";
+    texts += nlohmann::json{{"text", p + c}}.dump() + "\n";
+  }
+  const std::string pc = Write("pc.jsonl", pairs), text = Write("text.jsonl", texts);
+  auto eval = [&](const std::string& data, const std::string& flag) {
+    CommandResult r =
+        Ferry("eval --model tiny --data " + data + flag + " --seq-len 32 --batch-size 2 --json");
+    EXPECT_EQ(r.code, 0) << r.output;
+    return r.code == 0 ? nlohmann::json::parse(r.output) : nlohmann::json();
+  };
+  const nlohmann::json all = eval(pc, " --train-on-prompt"), whole = eval(text, "");
+  EXPECT_EQ(all["loss"], whole["loss"]);
+  EXPECT_EQ(all["targets"], whole["targets"]);
+  EXPECT_LT(eval(pc, "")["targets"].get<int64_t>(), all["targets"].get<int64_t>());
+  CommandResult r = Ferry("tokenize --model tiny --data " + pc + " --train-on-prompt --jsonl");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json first = nlohmann::json::parse(r.output.substr(0, r.output.find('\n')));
+  std::vector<int> want(first["ids"].size(), 1);
+  want[0] = 0;  // the BOS the tokenizer adds
+  EXPECT_EQ(first["trained"].get<std::vector<int>>(), want);
+  const std::string out = dir_ + "/run";
+  r = Ferry("train --data " + pc + " --train-on-prompt --steps 1 --batch-size 2 --seq-len 32 " +
+            "--threads 2 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(out + "/job.json"))["train_on_prompt"], true);
 }
 
 // A .json file holding the dataset's objects as one JSON array trains as the .jsonl file does:

@@ -140,7 +140,7 @@ class ModelFolderCliTest : public testing::CliTest {
     Result<ChatTemplate> chat = ResolveChatTemplate("auto", dir);
     EXPECT_TRUE(chat.ok()) << chat.status().ToString();
     Result<std::vector<Example>> examples =
-        LoadDataset(data_, **tok, *chat, m->config, false, nullptr);
+        LoadDataset(data_, {.tokenizer = tok->get(), .chat_template = *chat}, m->config, nullptr);
     EXPECT_TRUE(examples.ok()) << examples.status().ToString();
     if (!chat.ok() || !examples.ok()) return NAN;
     const PackedRows rows = PackedRows::Pack(*examples, 16, LongExamples::kSplit, PadId(**tok));

@@ -89,6 +89,7 @@ void ForEachJobOption(Job& job, Visit&& visit) {
   visit("chat_template", job.chat_template);
   visit("long_examples", job.long_examples);
   visit("skip_bad_lines", job.skip_bad_lines);
+  visit("train_on_prompt", job.train_on_prompt);
   visit("steps", job.steps);
   visit("epochs", job.epochs);
   visit("batch_size", job.batch_size);

@@ -32,6 +32,7 @@ struct JobSpec {
   std::string chat_template = "auto";   // chatml|llama3|mistral|none, or auto (from the model)
   std::string long_examples = "split";  // split|truncate examples longer than --seq-len
   bool skip_bad_lines = false;          // skip (and count) malformed .jsonl lines, .json elements
+  bool train_on_prompt = false;         // the loss on prompts and user turns too (examples.h)
 
   int64_t steps = 300;  // optimizer updates
   // > 0: passes over the training rows of a --data file; the run sets `steps` from it once the

@@ -113,6 +113,7 @@ JobSpec EveryOptionSet() {
   job.chat_template = "llama3";
   job.long_examples = "truncate";
   job.skip_bad_lines = true;
+  job.train_on_prompt = true;
   job.steps = 77;
   job.batch_size = 24;
   job.micro_batches = 3;

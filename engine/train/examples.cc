@@ -247,6 +247,7 @@ Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, s
                            : conversations ? ParseTurns(j["conversations"], true)
                                            : AlpacaTurns(j));
     FERRY_ASSIGN_OR_RETURN(RenderedText r, RenderChat(o.chat_template, turns));
+    if (o.train_on_prompt) r.trained = {{0, r.text.size()}};
     if (text != nullptr) *text = r.text;
     return TokenizeMasked(tok, r, /*add_special_tokens=*/false);
   }
@@ -256,8 +257,9 @@ Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, s
     }
     FERRY_ASSIGN_OR_RETURN(std::string prompt, StringField(j, "prompt"));
     FERRY_ASSIGN_OR_RETURN(std::string completion, StringField(j, "completion"));
-    RenderedText r{.text = prompt + completion,
-                   .trained = {{prompt.size(), prompt.size() + completion.size()}}};
+    RenderedText r{
+        .text = prompt + completion,
+        .trained = {{o.train_on_prompt ? 0 : prompt.size(), prompt.size() + completion.size()}}};
     Example e = TokenizeMasked(tok, r, /*add_special_tokens=*/true);
     AppendEos(tok, e);
     if (text != nullptr) *text = std::move(r.text);

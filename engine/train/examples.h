@@ -26,7 +26,8 @@
 //            llm.c's: a 256 x int32 header (magic 20240520, version 1, token count), uint16 ids
 //            nanoGPT's: raw uint16 ids with no header; documents end at the tokenizer's EOS
 //
-// Tokenization and the mask. text and prompt + completion are encoded with the tokenizer's
+// Tokenization and the mask (ExampleOptions::train_on_prompt trains the whole rendered text of
+// every form instead). text and prompt + completion are encoded with the tokenizer's
 // special tokens (its BOS), and the tokenizer's EOS is appended (trained) when the text does not
 // already end in it; a rendered chat is encoded as it is (templates write their own BOS and
 // end-of-turn tokens). The whole text is tokenized ONCE, so tokens across the prompt/completion
@@ -72,6 +73,10 @@ struct ExampleOptions {
   ChatTemplate chat_template = {};       // for `messages`
   int64_t vocab_size = 0;                // > 0: ids of token files must be below it
   bool skip_bad_lines = false;
+  // Every token of a chat or prompt + completion carries the loss (the prompt, the system and
+  // user turns, the template's own tokens), as a text example's do: axolotl's train_on_inputs,
+  // LLaMA-Factory's train_on_prompt. Tokens the post-processor adds (BOS) still do not.
+  bool train_on_prompt = false;
   bool keep_text = false;  // fill LoadedExamples::texts (for `ferry tokenize --data`)
 };
 

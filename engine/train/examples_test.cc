@@ -185,6 +185,35 @@ TEST(ExamplesTest, AlpacaLinesAreUserAndAssistantTurns) {
 
 // Mutated lines (bytes flipped, inserted, cut) are parsed or refused with a message, never a
 // crash (the sanitizer builds check the memory side). A bounded stand-in for a fuzz target.
+// train_on_prompt: every form gives the same tokens, and every token the text covers trained
+// (the chats' whole template, the prompt); without it a subset of those.
+TEST(ExamplesTest, TrainOnPromptTrainsTheWholeText) {
+  std::unique_ptr<Tokenizer> tok = MakeByteTokenizer();
+  const std::string lines[] = {
+      R"({"prompt": "p q", "completion": " c"})",
+      R"({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                      {"role": "assistant", "content": "a"}]})",
+      R"({"conversations": [{"from": "human", "value": "u"}, {"from": "gpt", "value": "a"}]})",
+      R"({"instruction": "i", "input": "x", "output": "o"})"};
+  for (const std::string& line : lines) {
+    ExampleOptions o{.tokenizer = tok.get(), .chat_template = {.format = ChatFormat::kChatMl}};
+    Result<Example> answers = ParseJsonlLine(line, o);
+    o.train_on_prompt = true;
+    Result<Example> all = ParseJsonlLine(line, o);
+    ASSERT_TRUE(answers.ok() && all.ok()) << line;
+    EXPECT_EQ(all->tokens, answers->tokens) << line;
+    // The byte tokenizer adds BOS (256) to a prompt+completion: the one token not trained.
+    const size_t bos = all->tokens[0] == 256 ? 1 : 0;
+    EXPECT_EQ(std::vector<uint8_t>(all->trained.begin() + int64_t(bos), all->trained.end()),
+              std::vector<uint8_t>(all->tokens.size() - bos, 1))
+        << line;
+    for (size_t i = 0; i < all->tokens.size(); ++i) {
+      EXPECT_LE(answers->trained[i], all->trained[i]) << line << " token " << i;
+    }
+    EXPECT_LT(answers->valid_targets(), all->valid_targets()) << line;
+  }
+}
+
 TEST(ExamplesTest, MutatedLinesNeverCrash) {
   std::unique_ptr<Tokenizer> tok = MakeByteTokenizer();
   for (ChatFormat f : {ChatFormat::kChatMl, ChatFormat::kLlama3, ChatFormat::kMistral}) {

@@ -66,14 +66,18 @@ int32_t PadId(const Tokenizer& tokenizer) {
   return s.pad.value_or(s.eos.value_or(0));
 }
 
-Result<std::vector<Example>> LoadDataset(const std::string& path, const Tokenizer& tokenizer,
-                                         const ChatTemplate& chat, const ModelConfig& model,
-                                         bool skip_bad_lines, std::string* log) {
-  ExampleOptions o;
-  o.tokenizer = &tokenizer;
-  o.chat_template = chat;
+ExampleOptions JobExampleOptions(const JobSpec& job, const Tokenizer& tokenizer,
+                                 const ChatTemplate& chat) {
+  return {.tokenizer = &tokenizer,
+          .chat_template = chat,
+          .skip_bad_lines = job.skip_bad_lines,
+          .train_on_prompt = job.train_on_prompt};
+}
+
+Result<std::vector<Example>> LoadDataset(const std::string& path, const ExampleOptions& reading,
+                                         const ModelConfig& model, std::string* log) {
+  ExampleOptions o = reading;
   o.vocab_size = model.vocab_size;
-  o.skip_bad_lines = skip_bad_lines;
   FERRY_ASSIGN_OR_RETURN(LoadedExamples loaded, LoadExamples(path, o));
   for (size_t i = 0; i < loaded.examples.size(); ++i) {
     for (int32_t id : loaded.examples[i].tokens) {
@@ -117,8 +121,9 @@ Result<std::unique_ptr<TrainingData>> TrainingData::Load(const JobSpec& job,
   FERRY_ASSIGN_OR_RETURN(ChatTemplate chat, ResolveChatTemplate(job.chat_template, job.model));
   FERRY_ASSIGN_OR_RETURN(LongExamples mode, ParseLongExamples(job.long_examples));
   std::string log;
+  const ExampleOptions reading = JobExampleOptions(job, *tok, chat);
   FERRY_ASSIGN_OR_RETURN(std::vector<Example> examples,
-                         LoadDataset(job.data, *tok, chat, model, job.skip_bad_lines, &log));
+                         LoadDataset(job.data, reading, model, &log));
   examples = ShuffleExamples(std::move(examples), job.seed);
   std::vector<Example> val;
   if (job.val_fraction > 0) {
@@ -126,8 +131,7 @@ Result<std::unique_ptr<TrainingData>> TrainingData::Load(const JobSpec& job,
     log += " (" + std::to_string(val.size()) + " held out for validation)";
   } else if (!job.val_data.empty()) {
     log += "; ";
-    FERRY_ASSIGN_OR_RETURN(val,
-                           LoadDataset(job.val_data, *tok, chat, model, job.skip_bad_lines, &log));
+    FERRY_ASSIGN_OR_RETURN(val, LoadDataset(job.val_data, reading, model, &log));
   }
   const int32_t pad = PadId(*tok);
   d->train_ = PackedRows::Pack(examples, job.seq_len, mode, pad);

@@ -23,6 +23,7 @@
 #include "engine/text/tokenizer.h"
 #include "engine/train/chat_template.h"
 #include "engine/train/dataset.h"
+#include "engine/train/examples.h"
 #include "engine/train/packed_dataset.h"
 #include "kernels/status.h"
 
@@ -57,11 +58,15 @@ Result<ChatPrompt> EncodeChatPrompt(const Tokenizer& tokenizer, const ChatTempla
 // The pad id for packed rows: the tokenizer's PAD, else its EOS, else 0 (padding is masked).
 int32_t PadId(const Tokenizer& tokenizer);
 
-// Reads a dataset file's examples (LoadExamples) and checks their ids against the model's
-// vocabulary; appends "FILE: N examples[, K bad lines skipped]" to `log`.
-Result<std::vector<Example>> LoadDataset(const std::string& path, const Tokenizer& tokenizer,
-                                         const ChatTemplate& chat, const ModelConfig& model,
-                                         bool skip_bad_lines, std::string* log);
+// Reads a dataset file's examples (LoadExamples, read as `reading` says; its tokenizer REQUIRED,
+// its vocabulary the model's) and checks their ids against the model's vocabulary; appends
+// "FILE: N examples[, K bad lines skipped]" to `log`.
+Result<std::vector<Example>> LoadDataset(const std::string& path, const ExampleOptions& reading,
+                                         const ModelConfig& model, std::string* log);
+
+// How a job reads its dataset files: the chat template and its data options.
+ExampleOptions JobExampleOptions(const JobSpec& job, const Tokenizer& tokenizer,
+                                 const ChatTemplate& chat);
 
 // "R rows of T (F% filled, D pieces dropped)" for the log.
 std::string DescribeRows(const PackedRows& rows);
