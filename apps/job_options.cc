@@ -101,7 +101,8 @@ void AddJobOptions(CLI::App& app, JobSpec& j, std::string* lora_targets) {
                "optimizer overlaps the next step (changes the numerics)");
   app.add_option("--lora-rank", j.lora.rank, "LoRA rank (0: full fine-tuning)")
       ->capture_default_str();
-  app.add_option("--lora-alpha", j.lora.alpha, "LoRA alpha (scaling = alpha / rank)")
+  app.add_option("--lora-alpha", j.lora.alpha,
+                 "LoRA alpha (scaling = alpha / rank; alpha / sqrt(rank) with --lora-rslora)")
       ->capture_default_str();
   app.add_flag("--lora-rslora", j.lora.rslora,
                "rsLoRA: scaling = alpha / sqrt(rank), so higher ranks learn as fast (PEFT's "

@@ -240,6 +240,9 @@ int RunTokenizeCommand(TokenizeCommand& cmd) {
   }
   if (cmd.chat && cmd.decode) return Fail("--chat encodes a prompt: leave out --decode");
   if (!cmd.chat && cmd.app->count("--system") > 0) return Fail("--system is for --chat");
+  if (cmd.train_on_prompt) {
+    return Fail("--train-on-prompt is for a dataset's loss mask: give --data FILE");
+  }
   if (cmd.jsonl && !cmd.chat) return RunJsonl(cmd, *tok);
   std::string input = cmd.text;
   if (cmd.app->count("--text") == 0) {

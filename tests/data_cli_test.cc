@@ -127,7 +127,7 @@ TEST_F(DataCliTest, BadLineIsOneLineWithFileAndLineUnlessSkipped) {
   r = Ferry("train --data " + data + " --skip-bad-lines --steps 1 --batch-size 2 --seq-len 32 " +
             "--out " + dir_ + "/run");
   EXPECT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("24 examples, 1 bad lines skipped"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("24 examples, 1 bad line skipped"), std::string::npos) << r.output;
 
   r = Ferry("eval --data " + dir_ + "/missing.jsonl");
   EXPECT_EQ(r.code, 1) << r.output;
@@ -161,6 +161,10 @@ TEST_F(DataCliTest, TrainOnPromptScoresThePromptsToo) {
   std::vector<int> want(first["ids"].size(), 1);
   want[0] = 0;  // the BOS the tokenizer adds
   EXPECT_EQ(first["trained"].get<std::vector<int>>(), want);
+  r = Ferry("tokenize --model tiny --text hi --train-on-prompt");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--train-on-prompt is for a dataset's loss mask"), std::string::npos)
+      << r.output;
   const std::string out = dir_ + "/run";
   r = Ferry("train --data " + pc + " --train-on-prompt --steps 1 --batch-size 2 --seq-len 32 " +
             "--threads 2 --out " + out);
@@ -189,7 +193,7 @@ TEST_F(DataCliTest, JsonArrayTrainsAsItsLines) {
   const std::string cut = Write("cut.json", array.substr(0, array.size() / 2));
   CommandResult r = Ferry("train --data " + cut + job + dir_ + "/c");
   EXPECT_EQ(r.code, 1) << r.output;
-  EXPECT_NE(r.output.find(cut + ": line "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(cut + ":8: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("(a truncated file?)"), std::string::npos) << r.output;
 }
 

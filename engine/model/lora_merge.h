@@ -1,10 +1,11 @@
 // Merging a LoRA adapter into its base (PEFT's merge_and_unload): each adapted projection's
-// weight becomes W + scaling * B A, with A (r, in), B (out, r) and scaling = alpha / r
-// (engine/model/lora_config.h), so that the model computes what base and adapter computed together,
-// with no adapter. The sum is taken in fp32 from the base's values (read from its files, or
-// dequantized from NF4: a QLoRA base is written unquantized) and rounded once to the dtype
-// written; every other tensor is written as loaded. The folder is a plain Hugging Face model
-// folder (config.json, safetensors, the tokenizer's files), which transformers loads without peft.
+// weight becomes W + scaling * B A, with A (r, in), B (out, r) and scaling = alpha / r (alpha /
+// sqrt(r) for rsLoRA: LoraConfig::scaling) (engine/model/lora_config.h), so that the model computes
+// what base and adapter computed together, with no adapter. The sum is taken in fp32 from the
+// base's values (read from its files, or dequantized from NF4: a QLoRA base is written unquantized)
+// and rounded once to the dtype written; every other tensor is written as loaded. The folder is a
+// plain Hugging Face model folder (config.json, safetensors, the tokenizer's files), which
+// transformers loads without peft.
 //
 // Stateless; thread-compatible.
 #pragma once

@@ -13,6 +13,8 @@ constexpr char kTokenMagic[8] = {'F', 'E', 'R', 'R', 'Y', 'T', 'O', 'K'};
 constexpr uint32_t kTokenVersion = 1;
 constexpr int32_t kLlmcMagic = 20240520;
 constexpr std::string_view kUtf8Bom = "\xEF\xBB\xBF";
+// Deeper than any dataset nests; bounds what a damaged file's run of '[' costs SplitJsonArray.
+constexpr size_t kMaxJsonDepth = 10000;
 
 bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
@@ -277,7 +279,8 @@ Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, s
       "'instruction' and 'output'");
 }
 
-Result<std::vector<JsonArrayElement>> SplitJsonArray(std::string_view text) {
+Result<std::vector<JsonArrayElement>> SplitJsonArray(std::string_view text,
+                                                     std::string_view source) {
   size_t i = text.starts_with(kUtf8Bom) ? kUtf8Bom.size() : 0;
   int64_t line = 1;
   auto skip_space = [&] {
@@ -290,8 +293,8 @@ Result<std::vector<JsonArrayElement>> SplitJsonArray(std::string_view text) {
       }
     }
   };
-  auto at = [&line](const std::string& what) {
-    return Status::InvalidArgument("line " + std::to_string(line) + ": " + what);
+  auto at = [&line, source](const std::string& what) {
+    return Status::InvalidArgument(std::string(source) + ":" + std::to_string(line) + ": " + what);
   };
   skip_space();
   if (i == text.size() || text[i] != '[') return at("a JSON array of examples must start with '['");
@@ -309,6 +312,9 @@ Result<std::vector<JsonArrayElement>> SplitJsonArray(std::string_view text) {
     const size_t begin = i;
     size_t end = begin;  // past the element's last non-space byte
     bool in_string = false;
+    // A whole value at the element's top level: only ',' or ']' may follow it (a valid element is
+    // one value, with no space inside it outside its brackets).
+    bool whole = false;
     for (; i < text.size(); ++i) {
       const char c = text[i];
       if (c == '\n') ++line;
@@ -318,28 +324,32 @@ Result<std::vector<JsonArrayElement>> SplitJsonArray(std::string_view text) {
           if (i < text.size() && text[i] == '\n') ++line;
         } else if (c == '"') {
           in_string = false;
+          whole = open.empty();
         }
         end = i + 1;
         continue;
       }
+      if (c == ' ' || c == '\t' || c == '\r' || c == '\n') {
+        whole = whole || (open.empty() && end > begin);
+        continue;
+      }
+      if (open.empty() && (c == ',' || c == ']')) break;  // the element's end; ']' the array's
+      if (c == '}' && open.empty()) return at("a '}' with no '{' open");
+      if (whole && open.empty()) return at("a ',' is missing between two elements");
       if (c == '"') {
         in_string = true;
       } else if (c == '[' || c == '{') {
+        if (open.size() == kMaxJsonDepth) {
+          return at("brackets nested more than " + std::to_string(kMaxJsonDepth) + " deep");
+        }
         open.emplace_back(c, line);
       } else if (c == ']' || c == '}') {
-        if (open.empty()) {
-          if (c == ']') break;  // the array's own
-          return at("a '}' with no '{' open");
-        }
         if ((c == ']') != (open.back().first == '[')) {
           return at(std::string("a '") + c + "' closes the '" + open.back().first +
                     "' opened on line " + std::to_string(open.back().second));
         }
         open.pop_back();
-      } else if (c == ',' && open.empty()) {
-        break;
-      } else if (c == ' ' || c == '\t' || c == '\r' || c == '\n') {
-        continue;
+        whole = open.empty();
       }
       end = i + 1;
     }
@@ -363,7 +373,8 @@ Result<std::vector<JsonArrayElement>> SplitJsonArray(std::string_view text) {
 
 Result<LoadedExamples> LoadExamples(const std::string& path, const ExampleOptions& o) {
   if (EndsWith(path, ".bin") || EndsWith(path, ".tok")) return LoadTokenFile(path, o);
-  const bool json = EndsWith(path, ".jsonl") || EndsWith(path, ".json");
+  const bool jsonl = EndsWith(path, ".jsonl");
+  const bool json = jsonl || EndsWith(path, ".json");
   if (!json && !EndsWith(path, ".txt")) {
     return Status::InvalidArgument(
         "--data " + path + ": unknown format; use .jsonl, .json, .txt, or .bin/.tok token files");
@@ -386,10 +397,9 @@ Result<LoadedExamples> LoadExamples(const std::string& path, const ExampleOption
   const bool array =
       EndsWith(path, ".json") && first != std::string_view::npos && body[first] == '[';
   std::vector<JsonArrayElement> records;
+  out.json_array = array;
   if (array) {
-    Result<std::vector<JsonArrayElement>> elements = SplitJsonArray(text);
-    if (!elements.ok()) return Status::InvalidArgument(path + ": " + elements.status().message());
-    records = std::move(*elements);
+    FERRY_ASSIGN_OR_RETURN(records, SplitJsonArray(text, path));
   } else {
     size_t pos = 0;
     for (int64_t line_no = 1; pos < text.size(); ++line_no) {
@@ -399,6 +409,15 @@ Result<LoadedExamples> LoadExamples(const std::string& path, const ExampleOption
       pos = nl + 1;
       if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
       records.push_back({.text = line, .line = line_no});
+    }
+    // One object over several lines ({"data": [...]}, pretty-printed) is neither form: say so,
+    // rather than report each of its lines as a bad example.
+    if (!jsonl && !records.empty() && !nlohmann::json::accept(records[0].text)) {
+      return Status::InvalidArgument(
+          path + ":" + std::to_string(records[0].line) +
+          ": not a whole JSON value; a .json dataset holds one JSON array of examples "
+          "([{...}, {...}]) or one JSON object a line, and one object over several lines is "
+          "neither");
     }
   }
   for (const JsonArrayElement& record : records) {

@@ -83,6 +83,7 @@ struct ExampleOptions {
 struct LoadedExamples {
   std::vector<Example> examples;
   int64_t skipped_lines = 0;  // with skip_bad_lines: lines, or a JSON array's elements
+  bool json_array = false;    // the file is a JSON array: skipped_lines counts elements
   // With keep_text, for .jsonl, .json and .txt files: each example's text as tokenized (the
   // rendered chat, prompt + completion, or the text) and, for .jsonl and .json, its line number
   // (1-based; an array element's first line).
@@ -108,11 +109,13 @@ struct JsonArrayElement {
 // The elements of the JSON array `text` holds (a UTF-8 BOM and white space around it allowed),
 // found by following its brackets and strings instead of building the whole document: a parsed
 // document takes several times the file's size (ShareGPT's published .json is 670 MB). Errors
-// start "line N: " and name what is wrong: no '[' first, a closing bracket that does not match,
-// an empty element, an array not closed, text after it. Each element's own JSON (numbers,
+// read "SOURCE:LINE: what is wrong": no '[' first, a closing bracket that does not match, a
+// missing ',' between elements, an empty element, an array not closed, text after it, brackets
+// nested more than 10000 deep. Each element's own JSON (numbers,
 // literals, escapes) is its parser's to check. On a valid JSON array the result is exactly its
 // elements, in order (tests/fuzz/json_array_fuzz.cc checks this against nlohmann::json).
-Result<std::vector<JsonArrayElement>> SplitJsonArray(std::string_view text);
+Result<std::vector<JsonArrayElement>> SplitJsonArray(std::string_view text,
+                                                     std::string_view source);
 
 // Tokenizes r.text once and marks the tokens overlapping r.trained (the rule above).
 Example TokenizeMasked(const Tokenizer& tokenizer, const RenderedText& r, bool add_special_tokens);

@@ -183,8 +183,6 @@ TEST(ExamplesTest, AlpacaLinesAreUserAndAssistantTurns) {
       << bad.status().message();
 }
 
-// Mutated lines (bytes flipped, inserted, cut) are parsed or refused with a message, never a
-// crash (the sanitizer builds check the memory side). A bounded stand-in for a fuzz target.
 // train_on_prompt: every form gives the same tokens, and every token the text covers trained
 // (the chats' whole template, the prompt); without it a subset of those.
 TEST(ExamplesTest, TrainOnPromptTrainsTheWholeText) {
@@ -214,6 +212,8 @@ TEST(ExamplesTest, TrainOnPromptTrainsTheWholeText) {
   }
 }
 
+// Mutated lines (bytes flipped, inserted, cut) are parsed or refused with a message, never a
+// crash (the sanitizer builds check the memory side). A bounded stand-in for a fuzz target.
 TEST(ExamplesTest, MutatedLinesNeverCrash) {
   std::unique_ptr<Tokenizer> tok = MakeByteTokenizer();
   for (ChatFormat f : {ChatFormat::kChatMl, ChatFormat::kLlama3, ChatFormat::kMistral}) {
@@ -418,29 +418,42 @@ TEST_F(ExampleFilesTest, JsonArrayErrorsNameTheLine) {
   EXPECT_EQ(r->skipped_lines, 2);
   ASSERT_EQ(r->examples.size(), 2u);
   EXPECT_EQ(r->examples[1].tokens, (std::vector<int32_t>{256, 'b', 257}));
-  const std::pair<const char*, const char*> broken[] = {
-      {"[{\"text\": \"a\"},\n {\"text\": [\"b\"}]",
-       "line 2: a '}' closes the '[' opened on line 2"},
+  const std::string deep = "[" + std::string(10001, '[');
+  const std::pair<std::string, const char*> broken[] = {
+      {"[{\"text\": \"a\"},\n {\"text\": [\"b\"}]", "2: a '}' closes the '[' opened on line 2"},
       {"[{\"text\": \"a\"},\n {\"text\": \"b\"}",
-       "line 2: the file ends before the array's ']' "
+       "2: the file ends before the array's ']' "
        "(a truncated file?); the last element starts "
        "on line 2"},
       {"[{\"text\": \"a\"},\n {\"text\": \"b",
-       "line 2: the file ends inside a string (a "
+       "2: the file ends inside a string (a "
        "truncated file?); the last element starts on "
        "line 2"},
-      {"[{\"text\": \"a\"},\n\n]", "line 3: an empty element (a ',' before ']')"},
-      {"[ , {\"text\": \"a\"}]", "line 1: an empty element (a ',' with nothing before it)"},
-      {"[{\"text\": \"a\"}]\n[]", "line 2: text after the JSON array's closing ']'"},
-      {"[{\"text\": \"a\"}}]", "line 1: a '}' with no '{' open"},
+      {"[{\"text\": \"a\"},\n\n]", "3: an empty element (a ',' before ']')"},
+      {"[ , {\"text\": \"a\"}]", "1: an empty element (a ',' with nothing before it)"},
+      {"[{\"text\": \"a\"}]\n[]", "2: text after the JSON array's closing ']'"},
+      {"[{\"text\": \"a\"}}]", "1: a '}' with no '{' open"},
+      {"[{\"text\": \"a\"}\n {\"text\": \"b\"}]", "2: a ',' is missing between two elements"},
+      {"[\"a\" \"b\"]", "1: a ',' is missing between two elements"},
+      {"[1\n2]", "2: a ',' is missing between two elements"},
+      {deep, "1: brackets nested more than 10000 deep"},
   };
   for (const auto& [text, message] : broken) {
     const std::string path = Write("broken.json", text);
     r = LoadExamples(path, o);
-    ASSERT_FALSE(r.ok()) << text;
-    EXPECT_EQ(r.status().message(), path + ": " + message) << text;
+    ASSERT_FALSE(r.ok()) << text.substr(0, 80);
+    EXPECT_EQ(r.status().message(), path + ":" + message) << text.substr(0, 80);
   }
-  EXPECT_FALSE(SplitJsonArray("{\"text\": \"a\"}").ok());
+  // One object over several lines is neither an array nor JSON lines: said once, not per line.
+  const std::string object = Write("object.json", "{\"data\": [\n  {\"text\": \"a\"}\n]}\n");
+  r = LoadExamples(object, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(),
+            object +
+                ":1: not a whole JSON value; a .json dataset holds one JSON array of "
+                "examples ([{...}, {...}]) or one JSON object a line, and one object over "
+                "several lines is neither");
+  EXPECT_FALSE(SplitJsonArray("{\"text\": \"a\"}", "x.json").ok());
 }
 
 // On random arrays, laid out in several ways, SplitJsonArray gives exactly the elements
@@ -475,7 +488,7 @@ TEST(JsonArrayTest, SplitMatchesNlohmann) {
     }
   };
   auto check = [](const std::string& text, const nlohmann::json& whole) {
-    Result<std::vector<JsonArrayElement>> split = SplitJsonArray(text);
+    Result<std::vector<JsonArrayElement>> split = SplitJsonArray(text, "x.json");
     ASSERT_TRUE(split.ok()) << split.status().ToString() << "\n" << text;
     ASSERT_EQ(split->size(), whole.size()) << text;
     for (size_t i = 0; i < whole.size(); ++i) {
@@ -501,7 +514,7 @@ TEST(JsonArrayTest, SplitMatchesNlohmann) {
       }
       const nlohmann::json again = nlohmann::json::parse(mutated, nullptr, false);
       if (again.is_discarded() || !again.is_array()) {
-        (void)SplitJsonArray(mutated);  // an error or a split: never a crash
+        (void)SplitJsonArray(mutated, "x.json");  // an error or a split: never a crash
         continue;
       }
       ++arrays;

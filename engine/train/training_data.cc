@@ -92,7 +92,9 @@ Result<std::vector<Example>> LoadDataset(const std::string& path, const ExampleO
   if (log != nullptr) {
     *log += path + ": " + std::to_string(loaded.examples.size()) + " examples";
     if (loaded.skipped_lines > 0) {
-      *log += ", " + std::to_string(loaded.skipped_lines) + " bad lines skipped";
+      *log += ", " + std::to_string(loaded.skipped_lines) + " bad " +
+              (loaded.json_array ? "element" : "line") + (loaded.skipped_lines == 1 ? "" : "s") +
+              " skipped";
     }
   }
   return std::move(loaded.examples);

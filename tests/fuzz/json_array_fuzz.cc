@@ -8,7 +8,8 @@
 #include "tests/fuzz/fuzz_target.h"
 
 FERRY_FUZZ_TARGET(text) {
-  const ferry::Result<std::vector<ferry::JsonArrayElement>> split = ferry::SplitJsonArray(text);
+  const ferry::Result<std::vector<ferry::JsonArrayElement>> split =
+      ferry::SplitJsonArray(text, "fuzz.json");
   const nlohmann::json whole = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   // nlohmann ends its input at a NUL byte (what follows one is not read); the split reads it all.
   const bool has_nul = text.find('\0') != std::string_view::npos;
