@@ -131,7 +131,7 @@ void AddEvalCommand(CLI::App& parent, EvalCommand* cmd) {
   e->add_option("--max-batches", cmd->max_batches, "Stop after this many batches (0: all)")
       ->capture_default_str();
   e->add_option("--chat-template", cmd->chat_template,
-                "Chat template for 'messages': chatml, llama3, mistral, none, or auto")
+                "Chat template for 'messages': chatml, qwen3, llama3, mistral, none, or auto")
       ->capture_default_str();
   e->add_option("--long-examples", cmd->long_examples,
                 "Examples longer than --seq-len: split or truncate")

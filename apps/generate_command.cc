@@ -177,7 +177,7 @@ void AddGenerateCommand(CLI::App& parent, GenerateCommand* cmd) {
                 "With --chat: a system message before the prompt (without one, or empty: the "
                 "template's default, if it has one, as Qwen2.5's)");
   g->add_option("--chat-template", cmd->chat_template,
-                "With --chat: chatml, llama3, mistral, or auto (from the model folder)")
+                "With --chat: chatml, qwen3, llama3, mistral, or auto (from the model folder)")
       ->capture_default_str();
   g->add_option(
        "--max-tokens", cmd->max_tokens,

@@ -46,9 +46,10 @@ void AddJobOptions(CLI::App& app, JobSpec& j, std::string* lora_targets) {
   app.add_option("--eval-batches", j.eval_batches,
                  "Micro-batches per validation (0: the whole validation set)")
       ->capture_default_str();
-  app.add_option("--chat-template", j.chat_template,
-                 "Chat template for 'messages': chatml, llama3, mistral, none, or auto (from the "
-                 "model folder)")
+  app.add_option(
+         "--chat-template", j.chat_template,
+         "Chat template for 'messages': chatml, qwen3, llama3, mistral, none, or auto (from the "
+         "model folder)")
       ->capture_default_str();
   app.add_option("--long-examples", j.long_examples,
                  "Examples longer than --seq-len: split (into pieces, nothing lost) or truncate")

@@ -40,7 +40,7 @@ void AddTokenizeCommand(CLI::App& parent, TokenizeCommand* cmd) {
               "prompt+completion carries the loss)");
   t->add_option("--chat-template", cmd->chat_template,
                 "With --data or --chat: template for chat 'messages': auto (from the model "
-                "folder), chatml, llama3, mistral, none")
+                "folder), chatml, qwen3, llama3, mistral, none")
       ->capture_default_str();
   t->add_flag("--chat", cmd->chat,
               "Encode the text as the prompt `ferry generate --chat` gives the model: a user turn "

@@ -251,25 +251,68 @@ def content():
     return s
 
 
-def conversation(with_system):
+def conversation(with_system, family=None):
     msgs = []
     if with_system:
         msgs.append({"role": "system", "content": content()})
     for _ in range(rng.randint(1, 4)):
         msgs.append({"role": "user", "content": content()})
         msgs.append({"role": "assistant", "content": content()})
+        if family == "qwen3":
+            think(msgs[-1])
+            if rng.random() < 0.15:  # a tool's response is not a user query
+                msgs.append({"role": "user",
+                             "content": "<tool_response>" + text() + "</tool_response>"})
+                msgs.append({"role": "assistant", "content": content()})
+                think(msgs[-1])
     if rng.random() < 0.1:
         msgs.pop()  # ends with a user turn
     return msgs
 
 
-MARKER = {"chatml": "<|im_end|>", "llama3": "<|eot_id|>", "mistral": "</s>"}
+def think(m):
+    """Qwen3's reasoning, in the ways a dataset gives it: none, a <think> block in the content
+    (with the newlines around it varied, empty or not), or a separate reasoning_content."""
+    r = rng.random()
+    nl = lambda: rng.choice(["", "\n", "\n\n"])
+    if r < 0.4:
+        m["content"] = ("<think>" + nl() + rng.choice(["", text()]) + nl() + "</think>" + nl() +
+                        m["content"])
+    elif r < 0.55:
+        m["reasoning_content"] = rng.choice(["", "\n", text(), "\n" + text() + "\n"])
+
+
+MARKER = {"chatml": "<|im_end|>", "qwen3": "<|im_end|>", "llama3": "<|eot_id|>", "mistral": "</s>"}
+
+
+def qwen3_ranges(full, msgs):
+    """Qwen3 renders a turn differently once a user query follows it, so its turns are found in
+    the whole conversation: each assistant turn's answer and <|im_end|>, and its <think> block
+    when the block holds reasoning (an empty one is context, as in the enable_thinking=False
+    prompt)."""
+    ranges, at = [], 0
+    header, open_, close = "<|im_start|>assistant\n", "<think>\n", "\n</think>\n\n"
+    for m in msgs:
+        if m["role"] != "assistant":
+            continue
+        at = full.index(header, at) + len(header)
+        end = full.index("<|im_end|>", at) + len("<|im_end|>")
+        start = at
+        if full.startswith(open_, at):
+            shut = full.index(close, at)
+            if shut == at + len(open_):  # "<think>\n\n</think>\n\n": nothing thought
+                start = shut + len(close)
+        ranges.append((start, end))
+        at = end
+    return ranges
 
 
 def trained_ranges(tmpl, msgs, bos, eos, family):
     """Each assistant turn's content as the template writes it plus its end-of-turn marker, found
     in what rendering that turn adds to the conversation before it."""
     full = render(tmpl, msgs, bos, eos)
+    if family == "qwen3":
+        return full, qwen3_ranges(full, msgs)
     ranges = []
     for k, m in enumerate(msgs):
         if m["role"] != "assistant":
@@ -282,7 +325,8 @@ def trained_ranges(tmpl, msgs, bos, eos, family):
     return full, ranges
 
 
-CHATS = [("qwen2.5.jinja", "qwen", "chatml"), ("llama3.jinja", "llama3", "llama3"),
+CHATS = [("qwen2.5.jinja", "qwen", "chatml"), ("qwen3.jinja", "qwen", "qwen3"),
+         ("llama3.jinja", "llama3", "llama3"),
          ("llama3.1.jinja", "llama3", "llama3"), ("mistral-v0.2.jinja", "mistral", "mistral")]
 
 
@@ -291,7 +335,7 @@ def check_chat(fn, tok_name, family):
     source = load_template(fn)
     tmpl = ENV.from_string(source)
     d = model_dir("chat-" + fn, tok, bos, eos, chat_template=source)
-    convs = [conversation(i % 2 == 0) for i in range(args.cases)]
+    convs = [conversation(i % 2 == 0, family) for i in range(args.cases)]
     got = ferry_data(d, [{"messages": c} for c in convs])
     for c, g in zip(convs, got):
         tally.compared += 1
@@ -353,9 +397,9 @@ def check_chat_prompt(fn, tok_name, family):
           f"(text, ids, stop)")
 
 
-def check_refused(fn, tok_name):
+def check_refused(fn, tok_name, source=None):
     tok, bos, eos, _ = TOKENIZERS[tok_name]
-    d = model_dir("chat-" + fn, tok, bos, eos, chat_template=load_template(fn))
+    d = model_dir("chat-" + fn, tok, bos, eos, chat_template=source or load_template(fn))
     p = ferry_data(d, [{"messages": [{"role": "user", "content": "hi"},
                                      {"role": "assistant", "content": "yo"}]}], expect_fail=True)
     err = p.stderr.decode(errors="replace")
@@ -375,6 +419,10 @@ for fn, tok_name, family in CHATS:
     check_chat_prompt(fn, tok_name, family)
 check_refused("llama2.jinja", "mistral")
 check_refused("mistral-v0.3.jinja", "mistral")
+# A <think> template that renders otherwise than Qwen3's (here: every turn after the last query
+# gets its block only when it has reasoning) is refused, not rendered as Qwen3's.
+check_refused("qwen3-altered.jinja", "qwen", load_template("qwen3.jinja").replace(
+    "loop.last or (not loop.last and reasoning_content)", "reasoning_content"))
 print(f"{tally.compared} comparisons, {tally.mismatches} mismatches "
       f"(tokenizers {tokenizers.__version__}, jinja2 {jinja2.__version__})")
 sys.exit(1 if tally.mismatches else 0)

@@ -25,11 +25,11 @@ struct JobSpec {
   // Data: "builtin" (the built-in dataset) or a dataset file (engine/train/examples.h: .jsonl,
   // .json, .txt, .bin/.tok), packed into rows (engine/train/packed_dataset.h).
   std::string data = "builtin";
-  std::string val_data;                 // validation file; empty: --val-fraction of --data
-  double val_fraction = 0;              // share of --data's examples held out for validation
-  int64_t eval_every = 0;               // validation loss every N updates (and at the end); 0: off
-  int64_t eval_batches = 0;             // micro-batches per validation; 0: the whole set
-  std::string chat_template = "auto";   // chatml|llama3|mistral|none, or auto (from the model)
+  std::string val_data;                // validation file; empty: --val-fraction of --data
+  double val_fraction = 0;             // share of --data's examples held out for validation
+  int64_t eval_every = 0;              // validation loss every N updates (and at the end); 0: off
+  int64_t eval_batches = 0;            // micro-batches per validation; 0: the whole set
+  std::string chat_template = "auto";  // chatml|qwen3|llama3|mistral|none, or auto (from the model)
   std::string long_examples = "split";  // split|truncate examples longer than --seq-len
   bool skip_bad_lines = false;          // skip (and count) malformed .jsonl lines, .json elements
   bool train_on_prompt = false;         // the loss on prompts and user turns too (examples.h)

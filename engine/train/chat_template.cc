@@ -1,5 +1,6 @@
 #include "engine/train/chat_template.h"
 
+#include <iterator>
 #include <utility>
 
 #include "engine/json.h"
@@ -12,6 +13,18 @@ namespace {
 constexpr std::string_view kQwen25System =
     "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
 constexpr std::string_view kQwen2System = "You are a helpful assistant.";
+// Qwen3's release template (Qwen3-0.6B ... 235B-A22B, 2025-04): what RenderQwen3 writes, as the
+// template's text says it (each marker is in it; a <think> template without one of them renders
+// otherwise).
+constexpr std::string_view kQwen3Markers[] = {
+    "message.content.split('</think>')[-1].lstrip('\\n')",
+    "message.content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n')",
+    "loop.index0 > ns.last_query_index",
+    "loop.last or (not loop.last and reasoning_content)",
+    "'\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + "
+    "content.lstrip('\\n')",
+    "message.content.startswith('<tool_response>') and "
+    "message.content.endswith('</tool_response>')"};
 // Llama 3.1+'s system preamble with the templates' default date.
 constexpr std::string_view kKnowledgeDate =
     "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n";
@@ -103,6 +116,62 @@ Result<RenderedText> RenderMistral(std::span<const ChatMessage> messages) {
   return std::move(w.out);
 }
 
+// Python's str.strip / lstrip / rstrip of '\n' only, as the Qwen3 template calls them.
+std::string_view StripNewlines(std::string_view s, bool front, bool back) {
+  while (front && s.starts_with('\n')) s.remove_prefix(1);
+  while (back && s.ends_with('\n')) s.remove_suffix(1);
+  return s;
+}
+
+Result<RenderedText> RenderQwen3(std::span<const ChatMessage> messages) {
+  // The last user query: a user message that is not a tool's response (none: the last message).
+  size_t last_query = messages.size() - 1;
+  for (size_t k = messages.size(); k-- > 0;) {
+    const std::string_view c = messages[k].content;
+    if (messages[k].role == "user" &&
+        !(c.starts_with("<tool_response>") && c.ends_with("</tool_response>"))) {
+      last_query = k;
+      break;
+    }
+  }
+  Writer w;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "system" || m.role == "user") {
+      w.Context("<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n");
+      continue;
+    }
+    if (m.role != "assistant") {
+      return Status::InvalidArgument(
+          "the qwen3 template takes system, user and assistant roles; "
+          "got '" +
+          m.role + "' in message " + std::to_string(i));
+    }
+    std::string_view answer = m.content, reasoning;
+    if (m.reasoning.has_value()) {
+      reasoning = *m.reasoning;
+    } else if (const size_t end = answer.find("</think>"); end != std::string_view::npos) {
+      reasoning = StripNewlines(answer.substr(0, end), false, true);
+      if (const size_t open = reasoning.rfind("<think>"); open != std::string_view::npos) {
+        reasoning.remove_prefix(open + std::string_view("<think>").size());
+      }
+      reasoning = StripNewlines(reasoning, true, false);
+      answer = StripNewlines(answer.substr(answer.rfind("</think>") + 8), true, false);
+    }
+    w.Context("<|im_start|>assistant\n");
+    if (i > last_query && (i + 1 == messages.size() || !reasoning.empty())) {
+      const std::string_view thought = StripNewlines(reasoning, true, true);
+      const std::string block = "<think>\n" + std::string(thought) + "\n</think>\n\n";
+      thought.empty() ? w.Context(block) : w.Trained(block);
+      answer = StripNewlines(answer, true, false);
+    }
+    w.Trained(answer);
+    w.Trained("<|im_end|>");
+    w.Context("\n");
+  }
+  return std::move(w.out);
+}
+
 // Per format: its --chat-template name, the marker that ends an assistant's turn, and the header
 // add_generation_prompt=True adds for the answer (Mistral v0.2's " [/INST]" needs none).
 struct FormatInfo {
@@ -113,6 +182,7 @@ struct FormatInfo {
 };
 constexpr FormatInfo kFormats[] = {
     {ChatFormat::kChatMl, "chatml", "<|im_end|>", "<|im_start|>assistant\n"},
+    {ChatFormat::kQwen3, "qwen3", "<|im_end|>", "<|im_start|>assistant\n"},
     {ChatFormat::kLlama3, "llama3", "<|eot_id|>",
      "<|start_header_id|>assistant<|end_header_id|>\n\n"},
     {ChatFormat::kMistral, "mistral", "</s>", ""},
@@ -122,7 +192,7 @@ const FormatInfo& InfoOf(ChatFormat f) {
   for (const FormatInfo& i : kFormats) {
     if (i.format == f) return i;
   }
-  return kFormats[3];
+  return kFormats[std::size(kFormats) - 1];  // none
 }
 
 }  // namespace
@@ -132,7 +202,7 @@ Result<ChatFormat> ParseChatFormat(std::string_view name) {
     if (name == f.name) return f.format;
   }
   return Status::InvalidArgument("--chat-template '" + std::string(name) +
-                                 "' is not one of chatml, llama3, mistral, none");
+                                 "' is not one of chatml, qwen3, llama3, mistral, none");
 }
 
 const char* ChatFormatName(ChatFormat f) { return InfoOf(f).name; }
@@ -140,7 +210,16 @@ const char* ChatFormatName(ChatFormat f) { return InfoOf(f).name; }
 ChatTemplate ChatTemplateFromText(std::string_view text) {
   auto has = [&](std::string_view marker) { return text.find(marker) != std::string_view::npos; };
   ChatTemplate t;
-  if (has("<|im_start|>")) {
+  if (has("<|im_start|>") && has("<think>")) {
+    t.format = ChatFormat::kQwen3;
+    for (std::string_view marker : kQwen3Markers) {
+      if (!has(marker)) {
+        t.unsupported =
+            "a ChatML template with <think> blocks other than Qwen3's (QwQ's, or a "
+            "later Qwen3 release's)";
+      }
+    }
+  } else if (has("<|im_start|>")) {
     t.format = ChatFormat::kChatMl;
     if (has(kQwen25System)) {
       t.default_system = kQwen25System;
@@ -189,7 +268,8 @@ ChatTemplate DetectChatTemplate(const std::string& model_dir) {
     const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     const std::string type = j.is_object() ? j.value("model_type", "") : "";
     ChatTemplate t;
-    if (type == "qwen2" || type == "qwen3") t.format = ChatFormat::kChatMl;
+    if (type == "qwen2") t.format = ChatFormat::kChatMl;
+    if (type == "qwen3") t.format = ChatFormat::kQwen3;
     if (type == "mistral") t.format = ChatFormat::kMistral;
     return t;
   }
@@ -200,15 +280,16 @@ Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessa
   if (t.format == ChatFormat::kNone) {
     return Status::InvalidArgument(
         "a chat needs a chat template and the model has none that ferry knows; pass "
-        "--chat-template chatml|llama3|mistral");
+        "--chat-template chatml|qwen3|llama3|mistral");
   }
   if (!t.unsupported.empty()) {
     return Status::InvalidArgument("the model's chat template (" + t.unsupported +
                                    ") is not one ferry renders exactly; pass --chat-template "
-                                   "chatml|llama3|mistral to choose one ferry knows");
+                                   "chatml|qwen3|llama3|mistral to choose one ferry knows");
   }
   if (messages.empty()) return Status::InvalidArgument("the chat has no turn");
   if (t.format == ChatFormat::kMistral) return RenderMistral(messages);
+  if (t.format == ChatFormat::kQwen3) return RenderQwen3(messages);
   Writer w;
   if (t.format == ChatFormat::kChatMl) {
     if (!t.default_system.empty() && messages[0].role != "system") {

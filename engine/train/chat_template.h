@@ -1,12 +1,24 @@
 // Chat templates: a conversation (`messages`: role + content) rendered as text the way the model
 // family's Hugging Face chat template renders it (apply_chat_template, tokenize=False,
 // add_generation_prompt=False), with the byte ranges that carry the loss. There is no Jinja
-// engine: the three families' templates are written out here.
+// engine: the families' templates are written out here.
 //
-//  chatml   (Qwen2/2.5/3): for each message
+//  chatml   (Qwen2/2.5): for each message
 //             "<|im_start|>" role "\n" content "<|im_end|>\n"
 //           with `default_system` first when the template has one and the conversation has no
 //           system message (Qwen2.5's "You are Qwen, created by Alibaba Cloud. ...").
+//  qwen3    (Qwen3's release template: ChatML with <think> blocks; roles system, user, assistant):
+//           an assistant message's content splits at "</think>" into reasoning (after the last
+//           "<think>" before the first "</think>", newlines trimmed) and the answer (after the
+//           last "</think>", leading newlines trimmed), unless the message gives
+//           `reasoning_content`. An assistant turn after the last user query (a user message
+//           that is not a "<tool_response>...</tool_response>") is written
+//             "<|im_start|>assistant\n<think>\n" reasoning "\n</think>\n\n" answer "<|im_end|>\n"
+//           when it is the last message or has reasoning (so a conversation's final answer always
+//           carries the block, empty or not); every other assistant turn is
+//             "<|im_start|>assistant\n" answer "<|im_end|>\n"  (earlier reasoning dropped).
+//           The template is not incremental: a turn renders differently once a user query
+//           follows it.
 //  llama3   (Llama 3 / 3.x header format): "<|begin_of_text|>" then for each message
 //             "<|start_header_id|>" role "<|end_header_id|>\n\n" trim(content) "<|eot_id|>"
 //           Llama 3.1/3.2/3.3's templates (detected by their "Cutting Knowledge Date" text:
@@ -28,12 +40,15 @@
 //
 // Trained ranges: each assistant message's content and its end-of-turn marker ("<|im_end|>",
 // "<|eot_id|>", "</s>"); the role header, the newline after "<|im_end|>" and everything else is
-// context only.
+// context only. qwen3: the answer and "<|im_end|>", and a <think> block when it holds reasoning
+// (the model wrote it); an empty block is context, as the template's prompt with
+// enable_thinking=False holds it.
 //
 // Plain functions and value types; thread-safe.
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -44,7 +59,7 @@
 
 namespace ferry {
 
-enum class ChatFormat { kNone, kChatMl, kLlama3, kMistral };
+enum class ChatFormat { kNone, kChatMl, kQwen3, kLlama3, kMistral };
 
 struct ChatTemplate {
   ChatFormat format = ChatFormat::kNone;
@@ -58,6 +73,9 @@ struct ChatTemplate {
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant" (chatml and llama3 accept any role)
   std::string content;
+  // An assistant message's `reasoning_content` (qwen3 writes it in the <think> block; the other
+  // templates ignore it, as theirs do).
+  std::optional<std::string> reasoning = std::nullopt;
 };
 
 // Rendered conversation: `text`, and the byte ranges [begin, end) of it that carry the loss, in
@@ -67,13 +85,16 @@ struct RenderedText {
   std::vector<std::pair<size_t, size_t>> trained;
 };
 
-// "chatml" | "llama3" | "mistral" | "none"; InvalidArgument naming --chat-template otherwise.
+// "chatml" | "qwen3" | "llama3" | "mistral" | "none"; InvalidArgument naming --chat-template
+// otherwise.
 Result<ChatFormat> ParseChatFormat(std::string_view name);
 const char* ChatFormatName(ChatFormat f);
 
 // The template of a Hugging Face model folder: from tokenizer_config.json's `chat_template` text
-// (the markers it contains) when present, else from config.json's model_type (qwen2/qwen3 ->
-// chatml, mistral -> mistral); kNone when neither tells.
+// (the markers it contains) when present, else from config.json's model_type (qwen2 -> chatml,
+// qwen3 -> qwen3, mistral -> mistral); kNone when neither tells. A ChatML template with <think>
+// blocks other than Qwen3's release template (QwQ's, later Qwen3 releases') is detected as qwen3
+// but marked unsupported.
 ChatTemplate DetectChatTemplate(const std::string& model_dir);
 // The same from a chat_template text alone.
 ChatTemplate ChatTemplateFromText(std::string_view template_text);
@@ -84,8 +105,9 @@ ChatTemplate ChatTemplateFromText(std::string_view template_text);
 Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessage> messages);
 
 // The text a model continues to answer `messages` (apply_chat_template with
-// add_generation_prompt=True): RenderChat's text, then the assistant's header, chatml's
-// "<|im_start|>assistant\n" or llama3's "<|start_header_id|>assistant<|end_header_id|>\n\n"
+// add_generation_prompt=True): RenderChat's text, then the assistant's header, chatml's and
+// qwen3's "<|im_start|>assistant\n" (qwen3 without enable_thinking: the model may think) or
+// llama3's "<|start_header_id|>assistant<|end_header_id|>\n\n"
 // (mistral's " [/INST]" already hands the turn over). Errors: RenderChat's.
 Result<std::string> RenderChatPrompt(const ChatTemplate& t, std::span<const ChatMessage> messages);
 

@@ -15,6 +15,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "engine/testing/golden_files.h"
+#include "offload/file_io.h"
+
 namespace ferry {
 namespace {
 
@@ -132,6 +135,67 @@ TEST(ChatTemplateTest, RefusesTemplatesItCannotRenderExactly) {
   EXPECT_TRUE(v02.unsupported.empty());
 }
 
+// Qwen3's release template (tests/chat_templates/qwen3.jinja) is detected as qwen3; a <think>
+// template that differs from it in what it renders is detected but refused. Rendered: reasoning
+// split from the content at "</think>" (or given as reasoning_content), a <think> block on the
+// turns after the last user query that are last or have reasoning (trained when it holds some),
+// earlier turns' reasoning dropped, a tool's response not a query.
+TEST(ChatTemplateTest, Qwen3) {
+  Result<std::string> source =
+      ReadWholeFile(testing::SourceDir() + "/tests/chat_templates/qwen3.jinja");
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  const ChatTemplate t = ChatTemplateFromText(*source);
+  EXPECT_EQ(t.format, ChatFormat::kQwen3);
+  EXPECT_TRUE(t.unsupported.empty()) << t.unsupported;
+  std::string altered = *source;
+  const std::string clause = "loop.last or (not loop.last and reasoning_content)";
+  ASSERT_NE(altered.find(clause), std::string::npos);
+  altered.replace(altered.find(clause), clause.size(), "reasoning_content");
+  EXPECT_FALSE(ChatTemplateFromText(altered).unsupported.empty());
+  EXPECT_EQ(*ParseChatFormat("qwen3"), ChatFormat::kQwen3);
+
+  const std::vector<ChatMessage> chat = {
+      {"system", "Be brief."},
+      {"user", "Hi!"},
+      {"assistant", "<think>\nold\n</think>\n\nHello."},  // before the last query: no block
+      {"user", "2+2?"},
+      {"assistant", "\n4"},  // last and no reasoning: an empty block, context
+  };
+  Result<RenderedText> r = RenderChat(t, chat);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->text,
+            "<|im_start|>system\nBe brief.<|im_end|>\n"
+            "<|im_start|>user\nHi!<|im_end|>\n"
+            "<|im_start|>assistant\nHello.<|im_end|>\n"
+            "<|im_start|>user\n2+2?<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n4<|im_end|>\n");
+  EXPECT_EQ(TrainedParts(*r), (std::vector<std::string>{"Hello.<|im_end|>", "4<|im_end|>"}));
+
+  const std::vector<ChatMessage> tool = {
+      {"user", "Sum 2 and 2."},
+      {"assistant", "", "\nCall the tool.\n"},  // after the query, with reasoning: its block
+      {"user", "<tool_response>4</tool_response>"},
+      {"assistant", "It is 4."},
+  };
+  r = RenderChat(t, tool);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->text,
+            "<|im_start|>user\nSum 2 and 2.<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\nCall the tool.\n</think>\n\n<|im_end|>\n"
+            "<|im_start|>user\n<tool_response>4</tool_response><|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\nIt is 4.<|im_end|>\n");
+  EXPECT_EQ(TrainedParts(*r),
+            (std::vector<std::string>{"<think>\nCall the tool.\n</think>\n\n<|im_end|>",
+                                      "It is 4.<|im_end|>"}));
+  Result<std::string> prompt = RenderChatPrompt(t, std::span(chat).first(4));
+  ASSERT_TRUE(prompt.ok());
+  EXPECT_TRUE(prompt->ends_with("<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"));
+  EXPECT_EQ(EndOfTurn(ChatFormat::kQwen3), "<|im_end|>");
+  r = RenderChat(t, std::vector<ChatMessage>{{"tool", "4"}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("'tool'"), std::string::npos) << r.status().message();
+}
+
 TEST(ChatTemplateTest, Mistral) {
   Result<RenderedText> r = RenderChat({.format = ChatFormat::kMistral}, kConversation);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -192,6 +256,8 @@ TEST(ChatTemplateTest, DetectsFromModelFolder) {
   };
   write("config.json", R"({"model_type": "mistral"})");
   EXPECT_EQ(DetectChatTemplate(dir.string()).format, ChatFormat::kMistral);
+  write("config.json", R"({"model_type": "qwen3"})");
+  EXPECT_EQ(DetectChatTemplate(dir.string()).format, ChatFormat::kQwen3);
   write("tokenizer_config.json",
         R"({"chat_template": "{{ '<|start_header_id|>' + message['role'] }}"})");
   EXPECT_EQ(DetectChatTemplate(dir.string()).format, ChatFormat::kLlama3);

@@ -87,7 +87,14 @@ Result<std::vector<ChatMessage>> ParseTurns(const nlohmann::json& j, bool shareg
       }
       role = mapped;
     }
-    out.push_back({std::move(role), m[text_key].get<std::string>()});
+    ChatMessage message{.role = std::move(role), .content = m[text_key].get<std::string>()};
+    if (!sharegpt && m.contains("reasoning_content") && !m["reasoning_content"].is_null()) {
+      if (!m["reasoning_content"].is_string()) {
+        return Status::InvalidArgument(where + ": 'reasoning_content' must be a string");
+      }
+      message.reasoning = m["reasoning_content"].get<std::string>();
+    }
+    out.push_back(std::move(message));
   }
   return out;
 }

@@ -1,6 +1,6 @@
 // Fuzzes ParseJsonlLine (one dataset .jsonl line: text, prompt/completion or chat messages) with
-// the byte tokenizer; the first input byte picks the chat template. An accepted line must give
-// one mask entry per token and ids inside the vocabulary.
+// the byte tokenizer; the first input byte picks the chat template (and its options). An accepted
+// line must give one mask entry per token and ids inside the vocabulary.
 #include <memory>
 
 #include "engine/train/examples.h"
@@ -13,11 +13,11 @@ FERRY_FUZZ_TARGET(text) {
   ferry::ExampleOptions o;
   o.tokenizer = tok.get();
   constexpr ferry::ChatFormat kFormats[] = {ferry::ChatFormat::kNone, ferry::ChatFormat::kChatMl,
-                                            ferry::ChatFormat::kLlama3,
-                                            ferry::ChatFormat::kMistral};
-  o.chat_template.format = kFormats[pick % 4];
-  o.chat_template.knowledge_date = (pick & 4) != 0;
-  if (pick & 8) o.chat_template.default_system = "You are a helpful assistant.";
+                                            ferry::ChatFormat::kLlama3, ferry::ChatFormat::kMistral,
+                                            ferry::ChatFormat::kQwen3};
+  o.chat_template.format = kFormats[pick % 5];
+  o.chat_template.knowledge_date = (pick & 8) != 0;
+  if (pick & 16) o.chat_template.default_system = "You are a helpful assistant.";
   std::string rendered;
   ferry::Result<ferry::Example> e = ferry::ParseJsonlLine(text.substr(1), o, &rendered);
   if (!e.ok()) return;
