@@ -39,9 +39,10 @@ Status Run(const GenerateCommand& cmd) {
   FERRY_RETURN_IF_ERROR(ValidateSamplingOptions(sampling));
   if (cmd.max_tokens < 1) return Status::InvalidArgument("--max-tokens must be at least 1");
   if (!cmd.chat && cmd.app != nullptr &&
-      (cmd.app->count("--system") > 0 || cmd.app->count("--chat-template") > 0)) {
+      (cmd.app->count("--system") > 0 || cmd.app->count("--chat-template") > 0 ||
+       cmd.no_thinking)) {
     return Status::InvalidArgument(
-        "--system and --chat-template are for a chat's prompt: give --chat too");
+        "--system, --chat-template and --no-thinking are for a chat's prompt: give --chat too");
   }
   if (cmd.chat && cmd.chat_template != "auto") {  // a bad name before the model loads
     FERRY_RETURN_IF_ERROR(ChatPromptTemplate(cmd.chat_template, "").status());
@@ -75,8 +76,9 @@ Status Run(const GenerateCommand& cmd) {
   if (std::optional<int32_t> eos = loaded.tokenizer->special_ids().eos) o.stop_ids.push_back(*eos);
   if (cmd.chat) {
     // The prompt as the user's turn, the answer ending where the assistant's turn ends.
-    FERRY_ASSIGN_OR_RETURN(ChatTemplate chat,
-                           ChatPromptTemplate(cmd.chat_template, loaded.template_source));
+    FERRY_ASSIGN_OR_RETURN(
+        ChatTemplate chat,
+        ChatPromptTemplate(cmd.chat_template, loaded.template_source, !cmd.no_thinking));
     Result<ChatPrompt> p = EncodeChatPrompt(*loaded.tokenizer, chat, cmd.system, prompt);
     if (!p.ok()) return p.status().WithContext("--chat");
     if (!p->end_of_turn) {
@@ -176,6 +178,9 @@ void AddGenerateCommand(CLI::App& parent, GenerateCommand* cmd) {
   g->add_option("--system", cmd->system,
                 "With --chat: a system message before the prompt (without one, or empty: the "
                 "template's default, if it has one, as Qwen2.5's)");
+  g->add_flag("--no-thinking", cmd->no_thinking,
+              "With --chat on a Qwen3 model: answer without thinking (the template's "
+              "enable_thinking=False: an empty <think> block ends the prompt)");
   g->add_option("--chat-template", cmd->chat_template,
                 "With --chat: chatml, qwen3, llama3, mistral, or auto (from the model folder)")
       ->capture_default_str();

@@ -25,6 +25,7 @@ struct GenerateCommand {
   std::string prompt;                  // empty and not given: read stdin
   bool chat = false;                   // --chat: the prompt is a user turn of the chat template
   std::string system;                  // --system: a system turn before it (with --chat)
+  bool no_thinking = false;            // --no-thinking: Qwen3's enable_thinking=False
   std::string chat_template = "auto";  // --chat-template
   int64_t max_tokens = 128;            // new tokens at most
   double temperature = 0.8;

@@ -46,6 +46,8 @@ void AddTokenizeCommand(CLI::App& parent, TokenizeCommand* cmd) {
               "Encode the text as the prompt `ferry generate --chat` gives the model: a user turn "
               "of the chat template and the assistant's header (with --jsonl each line is "
               "{\"user\": ..., \"system\": ...}; prints {\"text\", \"ids\", \"end_of_turn\"})");
+  t->add_flag("--no-thinking", cmd->no_thinking,
+              "With --chat on a Qwen3 model: the prompt generate --chat --no-thinking gives");
   t->add_option("--system", cmd->system,
                 "With --chat: a system message first (with --jsonl: for lines without one)");
 }
@@ -114,7 +116,7 @@ int RunJsonl(const TokenizeCommand& cmd, const Tokenizer& tok) {
 // --chat: each input (--text or stdin; with --jsonl each line's {"user", "system"}) encoded as
 // generate --chat encodes its prompt (EncodeChatPrompt).
 int RunChat(const TokenizeCommand& cmd, const Tokenizer& tok, const std::string& input) {
-  Result<ChatTemplate> chat = ChatPromptTemplate(cmd.chat_template, cmd.model);
+  Result<ChatTemplate> chat = ChatPromptTemplate(cmd.chat_template, cmd.model, !cmd.no_thinking);
   if (!chat.ok()) return Fail(chat.status().message());
   auto encode = [&](const std::string& system, const std::string& user) -> Result<ChatPrompt> {
     Result<ChatPrompt> p = EncodeChatPrompt(tok, *chat, system, user);
@@ -233,13 +235,16 @@ int RunTokenizeCommand(TokenizeCommand& cmd) {
     tok = std::move(r).value();
   }
   if (!cmd.data.empty()) {
-    if (cmd.chat || cmd.app->count("--system") > 0) {
-      return Fail("--chat and --system encode a prompt; --data shows a dataset: give one of them");
+    if (cmd.chat || cmd.app->count("--system") > 0 || cmd.no_thinking) {
+      return Fail(
+          "--chat, --system and --no-thinking encode a prompt; --data shows a dataset: give one "
+          "of them");
     }
     return RunData(cmd, *tok);
   }
   if (cmd.chat && cmd.decode) return Fail("--chat encodes a prompt: leave out --decode");
   if (!cmd.chat && cmd.app->count("--system") > 0) return Fail("--system is for --chat");
+  if (!cmd.chat && cmd.no_thinking) return Fail("--no-thinking is for --chat");
   if (cmd.train_on_prompt) {
     return Fail("--train-on-prompt is for a dataset's loss mask: give --data FILE");
   }

@@ -32,6 +32,7 @@ struct TokenizeCommand {
   std::string chat_template = "auto";  // with --data or --chat
   bool chat = false;   // --chat: the text is a user turn of the chat template, as generate --chat
   std::string system;  // with --chat: a system turn first
+  bool no_thinking = false;  // with --chat: Qwen3's enable_thinking=False
 };
 
 // Adds the `tokenize` subcommand to `parent`; `cmd` must outlive parsing.

@@ -236,9 +236,9 @@ def load_template(fn):
         return f.read()
 
 
-def render(tmpl, messages, bos, eos, add_generation_prompt=False):
+def render(tmpl, messages, bos, eos, add_generation_prompt=False, **extra):
     return tmpl.render(messages=messages, bos_token=bos or "", eos_token=eos,
-                       add_generation_prompt=add_generation_prompt)
+                       add_generation_prompt=add_generation_prompt, **extra)
 
 
 def content():
@@ -336,6 +336,18 @@ def check_chat(fn, tok_name, family):
     tmpl = ENV.from_string(source)
     d = model_dir("chat-" + fn, tok, bos, eos, chat_template=source)
     convs = [conversation(i % 2 == 0, family) for i in range(args.cases)]
+    if family == "qwen3":  # the template's corners that random conversations rarely reach
+        convs += [
+            [{"role": "assistant", "content": "<think>a</think>b</think>\n\nc"},
+             {"role": "user", "content": "q"}],
+            [{"role": "user", "content": "q"}, {"role": "system", "content": "late"},
+             {"role": "assistant", "content": "x<think>y"}],
+            [{"role": "assistant", "content": "only"}],
+            [{"role": "user", "content": "<tool_response>r</tool_response>"},
+             {"role": "assistant", "content": "<think>\nt\n</think>a", "reasoning_content": None}],
+            [{"role": "user", "content": "q"},
+             {"role": "assistant", "content": "a", "reasoning_content": "\n"}],
+        ]
     got = ferry_data(d, [{"messages": c} for c in convs])
     for c, g in zip(convs, got):
         tally.compared += 1
@@ -353,7 +365,7 @@ def check_chat(fn, tok_name, family):
     print(f"{fn}: {len(convs)} conversations rendered with jinja2 and compared (text, ids, mask)")
 
 
-def check_chat_prompt(fn, tok_name, family):
+def check_chat_prompt(fn, tok_name, family, thinking=True):
     """`ferry generate --chat`'s prompt (`ferry tokenize --chat --jsonl`: a user turn, after a
     system turn or not) against the template rendered with add_generation_prompt=True, its ids
     against `tokenizers`' encoding without special tokens, and the answer's stop (the template's
@@ -369,7 +381,9 @@ def check_chat_prompt(fn, tok_name, family):
             case["system"] = content() or "Answer briefly."
         cases.append(case)
     stdin = "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in cases)
-    p = subprocess.run([args.ferry, "tokenize", "--model", d, "--chat", "--jsonl"],
+    extra = {} if thinking else {"enable_thinking": False}
+    p = subprocess.run([args.ferry, "tokenize", "--model", d, "--chat", "--jsonl"] +
+                       ([] if thinking else ["--no-thinking"]),
                        input=stdin.encode(), capture_output=True)
     if p.returncode != 0:
         print(f"FAIL: ferry tokenize --model {d} --chat --jsonl: "
@@ -381,7 +395,7 @@ def check_chat_prompt(fn, tok_name, family):
         tally.compared += 1
         msgs = ([{"role": "system", "content": c["system"]}] if "system" in c else []) + \
             [{"role": "user", "content": c["user"]}]
-        want = render(tmpl, msgs, bos, eos, add_generation_prompt=True)
+        want = render(tmpl, msgs, bos, eos, add_generation_prompt=True, **extra)
         if g["text"] != want:
             report("prompt text", fn, msgs, repr(want), repr(g["text"]))
             continue
@@ -394,7 +408,7 @@ def check_chat_prompt(fn, tok_name, family):
     if len(got) != len(cases):
         report("prompts", fn, "all", len(cases), len(got))
     print(f"{fn}: {len(cases)} generation prompts rendered with jinja2 and compared "
-          f"(text, ids, stop)")
+          f"(text, ids, stop){'' if thinking else ' with enable_thinking=False'}")
 
 
 def check_refused(fn, tok_name, source=None):
@@ -417,6 +431,8 @@ print("boundaries: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
 for fn, tok_name, family in CHATS:
     check_chat(fn, tok_name, family)
     check_chat_prompt(fn, tok_name, family)
+    if family == "qwen3":
+        check_chat_prompt(fn, tok_name, family, thinking=False)
 check_refused("llama2.jinja", "mistral")
 check_refused("mistral-v0.3.jinja", "mistral")
 # A <think> template that renders otherwise than Qwen3's (here: every turn after the last query

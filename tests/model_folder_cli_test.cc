@@ -283,6 +283,31 @@ TEST_F(ModelFolderCliTest, GenerateChatPromptsInTheTemplate) {
   EXPECT_EQ(line["text"], want->text);
   EXPECT_EQ(line["ids"], want->ids);
   EXPECT_EQ(line["end_of_turn"], 263);
+
+  // --no-thinking is Qwen3's enable_thinking=False: an empty <think> block ends the prompt (a
+  // system and a user turn render in Qwen3's template as in ChatML); another template refuses
+  // it, and it needs --chat.
+  r = Ferry("tokenize --model " + dir + " --chat --chat-template qwen3 --no-thinking --jsonl < " +
+                dir_ + "/chat.jsonl",
+            "", out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(json::parse(testing::ReadTextFile(out))["text"],
+            want->text + "<think>\n\n</think>\n\n");
+  const ChatTemplate qwen3{.format = ChatFormat::kQwen3, .enable_thinking = false};
+  g = Generate("--model " + dir + " --chat --chat-template qwen3 --no-thinking");
+  ASSERT_EQ(g.code, 0) << g.output;
+  EXPECT_EQ(g.output, ExpectedText(dir, "", BaseQuant::kNone, &qwen3));
+  for (const std::string& args :
+       {"tokenize --model " + dir + " --chat --no-thinking --text hi",
+        "generate --model " + dir + " --chat --no-thinking --prompt hi --max-tokens 4"}) {
+    r = Ferry(args);
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_NE(r.output.find("--no-thinking is for Qwen3's template"), std::string::npos)
+        << r.output;
+  }
+  r = Ferry("generate --model " + dir + " --no-thinking --prompt hi");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("give --chat too"), std::string::npos) << r.output;
 }
 
 // A folder pre-quantized by transformers + bitsandbytes (tests/goldens/llama_bnb4, with a

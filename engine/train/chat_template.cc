@@ -336,7 +336,9 @@ Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessa
 
 Result<std::string> RenderChatPrompt(const ChatTemplate& t, std::span<const ChatMessage> messages) {
   FERRY_ASSIGN_OR_RETURN(RenderedText r, RenderChat(t, messages));
-  return r.text + InfoOf(t.format).answer_header;
+  std::string prompt = r.text + InfoOf(t.format).answer_header;
+  if (t.format == ChatFormat::kQwen3 && !t.enable_thinking) prompt += "<think>\n\n</think>\n\n";
+  return prompt;
 }
 
 std::string_view EndOfTurn(ChatFormat f) { return InfoOf(f).end_of_turn; }

@@ -65,6 +65,9 @@ struct ChatTemplate {
   ChatFormat format = ChatFormat::kNone;
   std::string default_system = {};  // chatml only: a system message used when none is given
   bool knowledge_date = false;      // llama3 only: Llama 3.1+'s "Cutting Knowledge Date" preamble
+  // qwen3 only, for RenderChatPrompt: false is the template's enable_thinking=False (the prompt
+  // ends with an empty <think> block, so the model answers without thinking).
+  bool enable_thinking = true;
   // Non-empty: the model's template, detected as this (e.g. "Llama 2's <<SYS>> template"), is one
   // ferry cannot render exactly; RenderChat refuses it.
   std::string unsupported = {};
@@ -106,7 +109,8 @@ Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessa
 
 // The text a model continues to answer `messages` (apply_chat_template with
 // add_generation_prompt=True): RenderChat's text, then the assistant's header, chatml's and
-// qwen3's "<|im_start|>assistant\n" (qwen3 without enable_thinking: the model may think) or
+// qwen3's "<|im_start|>assistant\n" (qwen3: then "<think>\n\n</think>\n\n" when
+// !enable_thinking; transformers' default leaves it out and the model may think) or
 // llama3's "<|start_header_id|>assistant<|end_header_id|>\n\n"
 // (mistral's " [/INST]" already hands the turn over). Errors: RenderChat's.
 Result<std::string> RenderChatPrompt(const ChatTemplate& t, std::span<const ChatMessage> messages);

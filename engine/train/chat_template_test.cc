@@ -190,6 +190,11 @@ TEST(ChatTemplateTest, Qwen3) {
   Result<std::string> prompt = RenderChatPrompt(t, std::span(chat).first(4));
   ASSERT_TRUE(prompt.ok());
   EXPECT_TRUE(prompt->ends_with("<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"));
+  ChatTemplate no_thinking = t;
+  no_thinking.enable_thinking = false;  // enable_thinking=False
+  Result<std::string> quick = RenderChatPrompt(no_thinking, std::span(chat).first(4));
+  ASSERT_TRUE(quick.ok());
+  EXPECT_EQ(*quick, *prompt + "<think>\n\n</think>\n\n");
   EXPECT_EQ(EndOfTurn(ChatFormat::kQwen3), "<|im_end|>");
   r = RenderChat(t, std::vector<ChatMessage>{{"tool", "4"}});
   ASSERT_FALSE(r.ok());

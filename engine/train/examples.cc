@@ -322,6 +322,7 @@ Result<std::vector<JsonArrayElement>> SplitJsonArray(std::string_view text,
     // A whole value at the element's top level: only ',' or ']' may follow it (a valid element is
     // one value, with no space inside it outside its brackets).
     bool whole = false;
+    bool scalar = false;  // a number or literal (true, null, ...) began at the top level
     for (; i < text.size(); ++i) {
       const char c = text[i];
       if (c == '\n') ++line;
@@ -342,7 +343,10 @@ Result<std::vector<JsonArrayElement>> SplitJsonArray(std::string_view text,
       }
       if (open.empty() && (c == ',' || c == ']')) break;  // the element's end; ']' the array's
       if (c == '}' && open.empty()) return at("a '}' with no '{' open");
-      if (whole && open.empty()) return at("a ',' is missing between two elements");
+      if (open.empty() && (whole || (scalar && (c == '"' || c == '[' || c == '{')))) {
+        return at("a ',' is missing between two elements");
+      }
+      if (open.empty() && c != '"' && c != '[' && c != '{' && c != '}') scalar = true;
       if (c == '"') {
         in_string = true;
       } else if (c == '[' || c == '{') {
@@ -417,9 +421,10 @@ Result<LoadedExamples> LoadExamples(const std::string& path, const ExampleOption
       if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
       records.push_back({.text = line, .line = line_no});
     }
-    // One object over several lines ({"data": [...]}, pretty-printed) is neither form: say so,
-    // rather than report each of its lines as a bad example.
-    if (!jsonl && !records.empty() && !nlohmann::json::accept(records[0].text)) {
+    // One object over several lines ({"data": [...]}, pretty-printed: the file is one JSON
+    // value) is neither form: say so, rather than report each of its lines as a bad example.
+    if (!jsonl && !records.empty() && !nlohmann::json::accept(records[0].text) &&
+        nlohmann::json::accept(body)) {
       return Status::InvalidArgument(
           path + ":" + std::to_string(records[0].line) +
           ": not a whole JSON value; a .json dataset holds one JSON array of examples "

@@ -110,7 +110,8 @@ struct JsonArrayElement {
 // found by following its brackets and strings instead of building the whole document: a parsed
 // document takes several times the file's size (ShareGPT's published .json is 670 MB). Errors
 // read "SOURCE:LINE: what is wrong": no '[' first, a closing bracket that does not match, a
-// missing ',' between elements, an empty element, an array not closed, text after it, brackets
+// missing ',' between elements (one whose elements' bounds it can tell; the rest is the
+// element's parser's), an empty element, an array not closed, text after it, brackets
 // nested more than 10000 deep. Each element's own JSON (numbers,
 // literals, escapes) is its parser's to check. On a valid JSON array the result is exactly its
 // elements, in order (tests/fuzz/json_array_fuzz.cc checks this against nlohmann::json).

@@ -436,6 +436,8 @@ TEST_F(ExampleFilesTest, JsonArrayErrorsNameTheLine) {
       {"[{\"text\": \"a\"}\n {\"text\": \"b\"}]", "2: a ',' is missing between two elements"},
       {"[\"a\" \"b\"]", "1: a ',' is missing between two elements"},
       {"[1\n2]", "2: a ',' is missing between two elements"},
+      {"[1{\"text\": \"a\"}]", "1: a ',' is missing between two elements"},
+      {"[true[]]", "1: a ',' is missing between two elements"},
       {deep, "1: brackets nested more than 10000 deep"},
   };
   for (const auto& [text, message] : broken) {

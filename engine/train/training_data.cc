@@ -29,11 +29,20 @@ Result<ChatTemplate> ResolveChatTemplate(const std::string& name, const std::str
   return DetectChatTemplate(model);
 }
 
-Result<ChatTemplate> ChatPromptTemplate(const std::string& name, const std::string& model) {
+Result<ChatTemplate> ChatPromptTemplate(const std::string& name, const std::string& model,
+                                        bool thinking) {
   if (name == "none") {
     return Status::InvalidArgument("--chat-template none renders no chat: leave out --chat");
   }
-  return ResolveChatTemplate(name, model);
+  FERRY_ASSIGN_OR_RETURN(ChatTemplate t, ResolveChatTemplate(name, model));
+  if (!thinking && t.format != ChatFormat::kQwen3) {
+    return Status::InvalidArgument(std::string("--no-thinking is for Qwen3's template (it ends the "
+                                               "prompt with an empty <think> block); this chat "
+                                               "template is ") +
+                                   ChatFormatName(t.format));
+  }
+  t.enable_thinking = thinking;
+  return t;
 }
 
 std::string ChatTurnFromInput(std::string input) {

@@ -47,8 +47,10 @@ struct ChatPrompt {
   std::optional<int32_t> end_of_turn;
 };
 // The template a chat prompt (generate and tokenize --chat) is rendered in: ResolveChatTemplate,
-// "none" refused (it renders no chat).
-Result<ChatTemplate> ChatPromptTemplate(const std::string& name, const std::string& model);
+// "none" refused (it renders no chat); !thinking (--no-thinking) is Qwen3's enable_thinking=False,
+// refused for another template.
+Result<ChatTemplate> ChatPromptTemplate(const std::string& name, const std::string& model,
+                                        bool thinking = true);
 // A chat turn read from stdin: `input` without the line end that closed it.
 std::string ChatTurnFromInput(std::string input);
 // Errors: InvalidArgument for no template (kNone) naming --chat-template; RenderChat's.
