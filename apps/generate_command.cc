@@ -45,7 +45,7 @@ Status Run(const GenerateCommand& cmd) {
         "--system, --chat-template and --no-thinking are for a chat's prompt: give --chat too");
   }
   if (cmd.chat && cmd.chat_template != "auto") {  // a bad name before the model loads
-    FERRY_RETURN_IF_ERROR(ChatPromptTemplate(cmd.chat_template, "").status());
+    FERRY_RETURN_IF_ERROR(ChatPromptTemplate(cmd.chat_template, "", !cmd.no_thinking).status());
   }
   if (cmd.devices.device_kind == "cuda") {
     return Status::InvalidArgument(

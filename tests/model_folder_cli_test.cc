@@ -299,7 +299,10 @@ TEST_F(ModelFolderCliTest, GenerateChatPromptsInTheTemplate) {
   EXPECT_EQ(g.output, ExpectedText(dir, "", BaseQuant::kNone, &qwen3));
   for (const std::string& args :
        {"tokenize --model " + dir + " --chat --no-thinking --text hi",
-        "generate --model " + dir + " --chat --no-thinking --prompt hi --max-tokens 4"}) {
+        "generate --model " + dir + " --chat --no-thinking --prompt hi --max-tokens 4",
+        // A template named on the command line is checked before anything else (the default
+        // --max-tokens is more than this model's positions).
+        "generate --model " + dir + " --chat --chat-template chatml --no-thinking --prompt hi"}) {
     r = Ferry(args);
     EXPECT_EQ(r.code, 1) << r.output;
     EXPECT_NE(r.output.find("--no-thinking is for Qwen3's template"), std::string::npos)

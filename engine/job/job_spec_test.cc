@@ -48,6 +48,7 @@ TEST(JobSpecTest, RefusesImpossibleSizes) {
   ExpectRefused(with([](JobSpec& j) { j.grad_clip = -1; }), "--grad-clip");
   ExpectRefused(with([](JobSpec& j) { j.beta2 = 1.0; }), "--beta1 and --beta2");
   ExpectRefused(with([](JobSpec& j) { j.lora.rank = -2; }), "--lora-rank");
+  ExpectRefused(with([](JobSpec& j) { j.lora.rslora = true; }), "--lora-rslora scales");
   ExpectRefused(with([](JobSpec& j) { j.val_fraction = 0.1; }), "--data FILE");
   ExpectRefused(with([](JobSpec& j) { j.data = "x.jsonl", j.val_fraction = 1; }), "--val-fraction");
   ExpectRefused(with([](JobSpec& j) { j.data = "x.jsonl", j.eval_every = 5; }), "--eval-every");

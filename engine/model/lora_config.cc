@@ -88,6 +88,10 @@ Status ValidateLoraConfig(const LoraConfig& c) {
 
 Status ValidateTrainingLora(const LoraConfig& c) {
   FERRY_RETURN_IF_ERROR(ValidateLoraConfig(c));
+  if (!c.enabled() && c.rslora) {
+    return Status::InvalidArgument(
+        "--lora-rslora scales a LoRA adapter; give --lora-rank too, or drop --lora-rslora");
+  }
   if (!c.enabled() && c.quantize != BaseQuant::kNone) {
     return Status::InvalidArgument(
         "--quantize " + std::string(BaseQuantName(c.quantize)) +
