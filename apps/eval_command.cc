@@ -7,6 +7,7 @@
 #include "apps/job_file.h"
 #include "apps/job_options.h"
 #include "engine/exec/job_device_factory.h"
+#include "engine/job/chat_format.h"
 #include "engine/job/job_devices.h"
 #include "engine/job/job_spec.h"
 #include "engine/job/model_source.h"
@@ -131,7 +132,7 @@ void AddEvalCommand(CLI::App& parent, EvalCommand* cmd) {
   e->add_option("--max-batches", cmd->max_batches, "Stop after this many batches (0: all)")
       ->capture_default_str();
   e->add_option("--chat-template", cmd->chat_template,
-                "Chat template for 'messages': chatml, qwen3, llama3, mistral, none, or auto")
+                "Chat template for 'messages': " + ChatFormatNames() + ", or auto")
       ->capture_default_str();
   e->add_option("--long-examples", cmd->long_examples,
                 "Examples longer than --seq-len: split or truncate")

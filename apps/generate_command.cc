@@ -11,6 +11,7 @@
 
 #include "apps/job_file.h"
 #include "apps/job_options.h"
+#include "engine/job/chat_format.h"
 #include "engine/job/job_spec.h"
 #include "engine/job/model_source.h"
 #include "engine/job/run_limits.h"
@@ -182,7 +183,8 @@ void AddGenerateCommand(CLI::App& parent, GenerateCommand* cmd) {
               "With --chat on a Qwen3 model: answer without thinking (the template's "
               "enable_thinking=False: an empty <think> block ends the prompt)");
   g->add_option("--chat-template", cmd->chat_template,
-                "With --chat: chatml, qwen3, llama3, mistral, or auto (from the model folder)")
+                "With --chat: " + ChatFormatNames(", ", /*with_none=*/false) +
+                    ", or auto (from the model folder)")
       ->capture_default_str();
   g->add_option(
        "--max-tokens", cmd->max_tokens,

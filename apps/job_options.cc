@@ -1,6 +1,7 @@
 #include "apps/job_options.h"
 
 #include "apps/job_file.h"
+#include "engine/job/chat_format.h"
 #include "engine/job/job_devices.h"
 
 namespace ferry {
@@ -48,8 +49,7 @@ void AddJobOptions(CLI::App& app, JobSpec& j, std::string* lora_targets) {
       ->capture_default_str();
   app.add_option(
          "--chat-template", j.chat_template,
-         "Chat template for 'messages': chatml, qwen3, llama3, mistral, none, or auto (from the "
-         "model folder)")
+         "Chat template for 'messages': " + ChatFormatNames() + ", or auto (from the model folder)")
       ->capture_default_str();
   app.add_option("--long-examples", j.long_examples,
                  "Examples longer than --seq-len: split (into pieces, nothing lost) or truncate")

@@ -7,6 +7,7 @@
 #include <memory>
 #include <sstream>
 
+#include "engine/job/chat_format.h"
 #include "engine/json.h"
 #include "engine/text/tokenizer.h"
 #include "engine/text/utf8_text.h"
@@ -40,7 +41,8 @@ void AddTokenizeCommand(CLI::App& parent, TokenizeCommand* cmd) {
               "prompt+completion carries the loss)");
   t->add_option("--chat-template", cmd->chat_template,
                 "With --data or --chat: template for chat 'messages': auto (from the model "
-                "folder), chatml, qwen3, llama3, mistral, none")
+                "folder), " +
+                    ChatFormatNames())
       ->capture_default_str();
   t->add_flag("--chat", cmd->chat,
               "Encode the text as the prompt `ferry generate --chat` gives the model: a user turn "

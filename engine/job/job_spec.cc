@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "engine/job/chat_format.h"
 #include "engine/job/job_devices.h"
 #include "engine/job/model_source.h"
 #include "engine/job/run_limits.h"
@@ -46,11 +47,9 @@ Status ValidateDataOptions(const JobSpec& job) {
   if (job.eval_every > 0 && job.val_data.empty() && !(job.val_fraction > 0)) {
     return Bad("--eval-every needs a validation set: --val-data FILE or --val-fraction F");
   }
-  const std::string_view templates[] = {"auto", "chatml", "qwen3", "llama3", "mistral", "none"};
-  if (std::find(std::begin(templates), std::end(templates), job.chat_template) ==
-      std::end(templates)) {
-    return Bad("--chat-template '" + job.chat_template +
-               "' is not one of auto, chatml, qwen3, llama3, mistral, none");
+  if (job.chat_template != "auto" && !ParseChatFormat(job.chat_template).ok()) {
+    return Bad("--chat-template '" + job.chat_template + "' is not one of auto, " +
+               ChatFormatNames());
   }
   if (job.long_examples != "split" && job.long_examples != "truncate") {
     return Bad("--long-examples '" + job.long_examples + "' is not one of split, truncate");

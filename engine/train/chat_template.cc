@@ -147,16 +147,17 @@ Result<RenderedText> RenderQwen3(std::span<const ChatMessage> messages) {
           "got '" +
           m.role + "' in message " + std::to_string(i));
     }
+    constexpr std::string_view kOpen = "<think>", kClose = "</think>";
     std::string_view answer = m.content, reasoning;
     if (m.reasoning.has_value()) {
       reasoning = *m.reasoning;
-    } else if (const size_t end = answer.find("</think>"); end != std::string_view::npos) {
+    } else if (const size_t end = answer.find(kClose); end != std::string_view::npos) {
       reasoning = StripNewlines(answer.substr(0, end), false, true);
-      if (const size_t open = reasoning.rfind("<think>"); open != std::string_view::npos) {
-        reasoning.remove_prefix(open + std::string_view("<think>").size());
+      if (const size_t open = reasoning.rfind(kOpen); open != std::string_view::npos) {
+        reasoning.remove_prefix(open + kOpen.size());
       }
       reasoning = StripNewlines(reasoning, true, false);
-      answer = StripNewlines(answer.substr(answer.rfind("</think>") + 8), true, false);
+      answer = StripNewlines(answer.substr(answer.rfind(kClose) + kClose.size()), true, false);
     }
     w.Context("<|im_start|>assistant\n");
     if (i > last_query && (i + 1 == messages.size() || !reasoning.empty())) {
@@ -172,21 +173,19 @@ Result<RenderedText> RenderQwen3(std::span<const ChatMessage> messages) {
   return std::move(w.out);
 }
 
-// Per format: its --chat-template name, the marker that ends an assistant's turn, and the header
-// add_generation_prompt=True adds for the answer (Mistral v0.2's " [/INST]" needs none).
+// Per format: the marker that ends an assistant's turn, and the header add_generation_prompt=True
+// adds for the answer (Mistral v0.2's " [/INST]" needs none).
 struct FormatInfo {
   ChatFormat format;
-  const char* name;
   const char* end_of_turn;
   const char* answer_header;
 };
 constexpr FormatInfo kFormats[] = {
-    {ChatFormat::kChatMl, "chatml", "<|im_end|>", "<|im_start|>assistant\n"},
-    {ChatFormat::kQwen3, "qwen3", "<|im_end|>", "<|im_start|>assistant\n"},
-    {ChatFormat::kLlama3, "llama3", "<|eot_id|>",
-     "<|start_header_id|>assistant<|end_header_id|>\n\n"},
-    {ChatFormat::kMistral, "mistral", "</s>", ""},
-    {ChatFormat::kNone, "none", "", ""}};
+    {ChatFormat::kChatMl, "<|im_end|>", "<|im_start|>assistant\n"},
+    {ChatFormat::kQwen3, "<|im_end|>", "<|im_start|>assistant\n"},
+    {ChatFormat::kLlama3, "<|eot_id|>", "<|start_header_id|>assistant<|end_header_id|>\n\n"},
+    {ChatFormat::kMistral, "</s>", ""},
+    {ChatFormat::kNone, "", ""}};
 
 const FormatInfo& InfoOf(ChatFormat f) {
   for (const FormatInfo& i : kFormats) {
@@ -196,16 +195,6 @@ const FormatInfo& InfoOf(ChatFormat f) {
 }
 
 }  // namespace
-
-Result<ChatFormat> ParseChatFormat(std::string_view name) {
-  for (const FormatInfo& f : kFormats) {
-    if (name == f.name) return f.format;
-  }
-  return Status::InvalidArgument("--chat-template '" + std::string(name) +
-                                 "' is not one of chatml, qwen3, llama3, mistral, none");
-}
-
-const char* ChatFormatName(ChatFormat f) { return InfoOf(f).name; }
 
 ChatTemplate ChatTemplateFromText(std::string_view text) {
   auto has = [&](std::string_view marker) { return text.find(marker) != std::string_view::npos; };
@@ -280,12 +269,14 @@ Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessa
   if (t.format == ChatFormat::kNone) {
     return Status::InvalidArgument(
         "a chat needs a chat template and the model has none that ferry knows; pass "
-        "--chat-template chatml|qwen3|llama3|mistral");
+        "--chat-template " +
+        ChatFormatNames("|", /*with_none=*/false));
   }
   if (!t.unsupported.empty()) {
     return Status::InvalidArgument("the model's chat template (" + t.unsupported +
-                                   ") is not one ferry renders exactly; pass --chat-template "
-                                   "chatml|qwen3|llama3|mistral to choose one ferry knows");
+                                   ") is not one ferry renders exactly; pass --chat-template " +
+                                   ChatFormatNames("|", /*with_none=*/false) +
+                                   " to choose one ferry knows");
   }
   if (messages.empty()) return Status::InvalidArgument("the chat has no turn");
   if (t.format == ChatFormat::kMistral) return RenderMistral(messages);

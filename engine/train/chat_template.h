@@ -55,11 +55,10 @@
 #include <utility>
 #include <vector>
 
+#include "engine/job/chat_format.h"
 #include "kernels/status.h"
 
 namespace ferry {
-
-enum class ChatFormat { kNone, kChatMl, kQwen3, kLlama3, kMistral };
 
 struct ChatTemplate {
   ChatFormat format = ChatFormat::kNone;
@@ -87,11 +86,6 @@ struct RenderedText {
   std::string text;
   std::vector<std::pair<size_t, size_t>> trained;
 };
-
-// "chatml" | "qwen3" | "llama3" | "mistral" | "none"; InvalidArgument naming --chat-template
-// otherwise.
-Result<ChatFormat> ParseChatFormat(std::string_view name);
-const char* ChatFormatName(ChatFormat f);
 
 // The template of a Hugging Face model folder: from tokenizer_config.json's `chat_template` text
 // (the markers it contains) when present, else from config.json's model_type (qwen2 -> chatml,

@@ -286,8 +286,7 @@ Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, s
       "'instruction' and 'output'");
 }
 
-Result<std::vector<JsonArrayElement>> SplitJsonArray(std::string_view text,
-                                                     std::string_view source) {
+Result<std::vector<JsonRecord>> SplitJsonArray(std::string_view text, std::string_view source) {
   size_t i = text.starts_with(kUtf8Bom) ? kUtf8Bom.size() : 0;
   int64_t line = 1;
   auto skip_space = [&] {
@@ -306,7 +305,7 @@ Result<std::vector<JsonArrayElement>> SplitJsonArray(std::string_view text,
   skip_space();
   if (i == text.size() || text[i] != '[') return at("a JSON array of examples must start with '['");
   ++i;
-  std::vector<JsonArrayElement> elements;
+  std::vector<JsonRecord> elements;
   // The brackets open inside the current element, with the line each opened on.
   std::vector<std::pair<char, int64_t>> open;
   for (;;) {
@@ -407,7 +406,7 @@ Result<LoadedExamples> LoadExamples(const std::string& path, const ExampleOption
   const size_t first = body.find_first_not_of(" \t\r\n");
   const bool array =
       EndsWith(path, ".json") && first != std::string_view::npos && body[first] == '[';
-  std::vector<JsonArrayElement> records;
+  std::vector<JsonRecord> records;
   out.json_array = array;
   if (array) {
     FERRY_ASSIGN_OR_RETURN(records, SplitJsonArray(text, path));
@@ -432,7 +431,7 @@ Result<LoadedExamples> LoadExamples(const std::string& path, const ExampleOption
           "neither");
     }
   }
-  for (const JsonArrayElement& record : records) {
+  for (const JsonRecord& record : records) {
     std::string record_text;
     Result<Example> e = ParseJsonlLine(record.text, o, o.keep_text ? &record_text : nullptr);
     if (!e.ok()) {

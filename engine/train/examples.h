@@ -40,8 +40,9 @@
 //
 // Errors name the file and line: "data.jsonl:17: 'messages' must be an array" (for a JSON array,
 // the line its element starts on). With skip_bad_lines a bad line or element is counted
-// (LoadedExamples::skipped_lines) and skipped; a JSON array whose brackets do not match, or that
-// is not closed, is not skipped: its elements' bounds are unknown.
+// (LoadedExamples::skipped_lines) and skipped; a JSON array whose elements' bounds are unknown
+// (the errors SplitJsonArray lists below: mismatched brackets, a missing ',', an array not
+// closed, ...) is not skipped: the run stops naming the line.
 //
 // Plain functions; thread-safe.
 #pragma once
@@ -100,8 +101,9 @@ Result<LoadedExamples> LoadExamples(const std::string& path, const ExampleOption
 Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& options,
                                std::string* text = nullptr);
 
-// One element of a top-level JSON array: its text and the line it starts on (1-based).
-struct JsonArrayElement {
+// One JSON record of a dataset file: a top-level JSON array's element or a JSON line, with the
+// line it starts on (1-based).
+struct JsonRecord {
   std::string_view text;
   int64_t line = 0;
 };
@@ -115,8 +117,7 @@ struct JsonArrayElement {
 // nested more than 10000 deep. Each element's own JSON (numbers,
 // literals, escapes) is its parser's to check. On a valid JSON array the result is exactly its
 // elements, in order (tests/fuzz/json_array_fuzz.cc checks this against nlohmann::json).
-Result<std::vector<JsonArrayElement>> SplitJsonArray(std::string_view text,
-                                                     std::string_view source);
+Result<std::vector<JsonRecord>> SplitJsonArray(std::string_view text, std::string_view source);
 
 // Tokenizes r.text once and marks the tokens overlapping r.trained (the rule above).
 Example TokenizeMasked(const Tokenizer& tokenizer, const RenderedText& r, bool add_special_tokens);

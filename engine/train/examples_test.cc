@@ -490,11 +490,11 @@ TEST(JsonArrayTest, SplitMatchesNlohmann) {
     }
   };
   auto check = [](const std::string& text, const nlohmann::json& whole) {
-    Result<std::vector<JsonArrayElement>> split = SplitJsonArray(text, "x.json");
+    Result<std::vector<JsonRecord>> split = SplitJsonArray(text, "x.json");
     ASSERT_TRUE(split.ok()) << split.status().ToString() << "\n" << text;
     ASSERT_EQ(split->size(), whole.size()) << text;
     for (size_t i = 0; i < whole.size(); ++i) {
-      const JsonArrayElement& e = (*split)[i];
+      const JsonRecord& e = (*split)[i];
       EXPECT_EQ(nlohmann::json::parse(e.text), whole[i]) << text;
       const size_t at = size_t(e.text.data() - text.data());
       EXPECT_EQ(e.line, 1 + std::count(text.begin(), text.begin() + int64_t(at), '\n')) << text;

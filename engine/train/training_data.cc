@@ -56,7 +56,8 @@ Result<ChatPrompt> EncodeChatPrompt(const Tokenizer& tokenizer, const ChatTempla
   if (chat.format == ChatFormat::kNone) {
     return Status::InvalidArgument(
         "the model has no chat template ferry knows (its tokenizer_config.json names none it "
-        "renders, nor does its model type); pass --chat-template chatml|qwen3|llama3|mistral");
+        "renders, nor does its model type); pass --chat-template " +
+        ChatFormatNames("|", /*with_none=*/false));
   }
   std::vector<ChatMessage> messages;
   if (!system.empty()) messages.push_back({.role = "system", .content = system});

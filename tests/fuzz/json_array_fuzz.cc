@@ -8,7 +8,7 @@
 #include "tests/fuzz/fuzz_target.h"
 
 FERRY_FUZZ_TARGET(text) {
-  const ferry::Result<std::vector<ferry::JsonArrayElement>> split =
+  const ferry::Result<std::vector<ferry::JsonRecord>> split =
       ferry::SplitJsonArray(text, "fuzz.json");
   const nlohmann::json whole = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   // nlohmann ends its input at a NUL byte (what follows one is not read); the split reads it all.
@@ -24,7 +24,7 @@ FERRY_FUZZ_TARGET(text) {
   }
   if (!split.ok()) return;
   const char* after = text.data();
-  for (const ferry::JsonArrayElement& e : *split) {
+  for (const ferry::JsonRecord& e : *split) {
     FERRY_FUZZ_CHECK(!e.text.empty());
     FERRY_FUZZ_CHECK(e.text.data() >= after &&
                      e.text.data() + e.text.size() <= text.data() + text.size());
