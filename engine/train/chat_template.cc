@@ -229,6 +229,9 @@ ChatTemplate ChatTemplateFromText(std::string_view text) {
       t.unsupported = "an [INST] template other than Mistral v0.2's (v0.1, v0.3 or later)";
     }
   }
+  // Qwen2.5's and Qwen3's write `tools`, `tool_calls` and "tool" results; Llama 3.1's too
+  // ("ipython"); templates without tool use name none of them.
+  t.renders_tools = t.format != ChatFormat::kNone && (has("tool_calls") || has("tools"));
   return t;
 }
 
@@ -279,6 +282,16 @@ Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessa
                                    " to choose one ferry knows");
   }
   if (messages.empty()) return Status::InvalidArgument("the chat has no turn");
+  for (size_t i = 0; t.renders_tools && i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.tool_calls || m.role == "tool" || m.role == "ipython") {
+      return Status::InvalidArgument(
+          "message " + std::to_string(i) + " is a tool " +
+          (m.tool_calls ? std::string("call ('tool_calls')") : "result (role '" + m.role + "')") +
+          ": the model's chat template renders tool use in its own format, which ferry does "
+          "not render yet; leave tool conversations out (--skip-bad-lines skips them)");
+    }
+  }
   if (t.format == ChatFormat::kMistral) return RenderMistral(messages);
   if (t.format == ChatFormat::kQwen3) return RenderQwen3(messages);
   Writer w;

@@ -70,6 +70,12 @@ struct ChatTemplate {
   // Non-empty: the model's template, detected as this (e.g. "Llama 2's <<SYS>> template"), is one
   // ferry cannot render exactly; RenderChat refuses it.
   std::string unsupported = {};
+  // The model's template renders tool use in its own format (Qwen2.5's, Qwen3's and Llama 3.1's:
+  // a line's `tools` in the system or first user turn, an assistant's `tool_calls`, results as
+  // "tool"/"ipython" turns); ferry does not render tool use, so RenderChat refuses a tool call or
+  // result and LoadExamples a `tools` list. A template chosen by name (--chat-template) renders
+  // every role as written and ignores `tool_calls`, as a template without tool use does.
+  bool renders_tools = false;
 };
 
 struct ChatMessage {
@@ -78,6 +84,7 @@ struct ChatMessage {
   // An assistant message's `reasoning_content` (qwen3 writes it in the <think> block; the other
   // templates ignore it, as theirs do).
   std::optional<std::string> reasoning = std::nullopt;
+  bool tool_calls = false;  // the message has a non-empty `tool_calls` list
 };
 
 // Rendered conversation: `text`, and the byte ranges [begin, end) of it that carry the loss, in
@@ -97,8 +104,9 @@ ChatTemplate DetectChatTemplate(const std::string& model_dir);
 ChatTemplate ChatTemplateFromText(std::string_view template_text);
 
 // Renders `messages`. Errors (InvalidArgument, one line): no template (kNone), an unsupported
-// detected template, an empty
-// conversation, and for mistral a system message not first or roles that do not alternate.
+// detected template, an empty conversation, a tool call or result where the template renders
+// tool use (renders_tools), and for mistral a system message not first or roles that do not
+// alternate.
 Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessage> messages);
 
 // The text a model continues to answer `messages` (apply_chat_template with

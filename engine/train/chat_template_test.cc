@@ -252,6 +252,46 @@ TEST(ChatTemplateTest, GenerationPromptAddsTheAssistantsHeader) {
   EXPECT_EQ(EndOfTurn(ChatFormat::kNone), "");
 }
 
+// Tool use: the templates that write it their own way (Qwen2.5's <tool_call>/<tool_response>,
+// Qwen3's the same, Llama 3.1's JSON calls and ipython turns) are marked, and a tool call or
+// result is refused there; the templates without tool use, and one chosen by name, render the
+// roles as written (a generic ChatML template writes "<|im_start|>tool").
+TEST(ChatTemplateTest, ToolUseIsRefusedWhereTheTemplateRendersIt) {
+  for (const char* name : {"qwen2.5", "qwen3", "llama3.1", "llama3", "mistral-v0.2"}) {
+    Result<std::string> text = ReadWholeFile(testing::SourceDir() + "/tests/chat_templates/" +
+                                             std::string(name) + ".jinja");
+    ASSERT_TRUE(text.ok()) << text.status().ToString();
+    const ChatTemplate t = ChatTemplateFromText(*text);
+    const bool tools = std::string(name).starts_with("qwen") || std::string(name) == "llama3.1";
+    EXPECT_EQ(t.renders_tools, tools) << name;
+    if (!tools) continue;
+    EXPECT_TRUE(RenderChat(t, kConversation).ok()) << name;
+    std::vector<ChatMessage> chat = {{"user", "2+2?"}, {"assistant", ""}, {"tool", "4"}};
+    chat[1].tool_calls = true;
+    Result<RenderedText> r = RenderChat(t, chat);
+    ASSERT_FALSE(r.ok()) << name;
+    EXPECT_EQ(r.status().message(),
+              "message 1 is a tool call ('tool_calls'): the model's chat template renders tool "
+              "use in its own format, which ferry does not render yet; leave tool conversations "
+              "out (--skip-bad-lines skips them)")
+        << name;
+    chat[1].tool_calls = false;
+    for (const char* role : {"tool", "ipython"}) {
+      chat[2].role = role;
+      r = RenderChat(t, chat);
+      ASSERT_FALSE(r.ok()) << name;
+      EXPECT_NE(r.status().message().find("message 2 is a tool result (role '" + std::string(role) +
+                                          "')"),
+                std::string::npos)
+          << r.status().message();
+    }
+  }
+  const std::vector<ChatMessage> chat = {{"user", "2+2?"}, {"tool", "4"}};
+  Result<RenderedText> r = RenderChat({.format = ChatFormat::kChatMl}, chat);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->text, "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>tool\n4<|im_end|>\n");
+}
+
 TEST(ChatTemplateTest, DetectsFromModelFolder) {
   const std::filesystem::path dir =
       std::filesystem::path(::testing::TempDir()) / "ferry_chat_template_test";

@@ -72,7 +72,11 @@ Result<std::vector<ChatMessage>> ParseTurns(const nlohmann::json& j, bool shareg
     const nlohmann::json& m = j[i];
     const std::string where = list + "[" + std::to_string(i) + "]";
     if (!m.is_object()) return Status::InvalidArgument(where + " must be an object");
+    // An assistant's tool call (OpenAI's form) may have a null content.
+    const bool tool_calls = !sharegpt && m.contains("tool_calls") && !m["tool_calls"].is_null() &&
+                            !m["tool_calls"].empty();
     for (const char* key : {role_key, text_key}) {
+      if (tool_calls && key == text_key && m.contains(key) && m[key].is_null()) continue;
       if (!m.contains(key) || !m[key].is_string()) {
         return Status::InvalidArgument(where + " needs a string '" + key + "'");
       }
@@ -87,7 +91,9 @@ Result<std::vector<ChatMessage>> ParseTurns(const nlohmann::json& j, bool shareg
       }
       role = mapped;
     }
-    ChatMessage message{.role = std::move(role), .content = m[text_key].get<std::string>()};
+    ChatMessage message{.role = std::move(role),
+                        .content = m[text_key].is_null() ? "" : m[text_key].get<std::string>(),
+                        .tool_calls = tool_calls};
     if (!sharegpt && m.contains("reasoning_content") && !m["reasoning_content"].is_null()) {
       if (!m["reasoning_content"].is_string()) {
         return Status::InvalidArgument(where + ": 'reasoning_content' must be a string");
@@ -255,6 +261,12 @@ Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, s
                            messages        ? ParseTurns(j["messages"], false)
                            : conversations ? ParseTurns(j["conversations"], true)
                                            : AlpacaTurns(j));
+    if (o.chat_template.renders_tools && has("tools") && !j["tools"].empty()) {
+      return Status::InvalidArgument(
+          "the line lists 'tools': the model's chat template renders tool use in its own "
+          "format, which ferry does not render yet; leave tool conversations out "
+          "(--skip-bad-lines skips them)");
+    }
     FERRY_ASSIGN_OR_RETURN(RenderedText r, RenderChat(o.chat_template, turns));
     if (o.train_on_prompt) r.trained = {{0, r.text.size()}};
     if (text != nullptr) *text = r.text;

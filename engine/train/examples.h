@@ -6,7 +6,9 @@
 //            {"prompt": "...", "completion": "..."}           loss on the completion only
 //            {"messages": [{"role": "...", "content": "..."}, ...]}
 //                                       rendered with the chat template (chat_template.h);
-//                                       loss on the assistant turns only
+//                                       loss on the assistant turns only; tool use (a
+//                                       "tools" list, "tool_calls", "tool" turns) refused
+//                                       where the template renders it its own way
 //            {"conversations": [{"from": "human", "value": "..."}, ...]}
 //                                       ShareGPT's: the same, "from" human/user -> user,
 //                                       gpt/assistant/model -> assistant, system -> system

@@ -106,6 +106,41 @@ TEST(ExamplesTest, MessagesTrainOnlyAssistantTurns) {
                                   .size());
 }
 
+// A line with tool use, where the template renders it its own way: a `tools` list and a
+// `tool_calls` message (its content null, as OpenAI's form writes it) are refused naming them; an
+// empty or null list is no tool use, and a template chosen by name takes the line as written.
+TEST(ExamplesTest, ToolUseIsRefusedWhereTheTemplateRendersIt) {
+  std::unique_ptr<Tokenizer> tok = MakeByteTokenizer();
+  ExampleOptions o{.tokenizer = tok.get(),
+                   .chat_template = {.format = ChatFormat::kChatMl, .renders_tools = true}};
+  const std::string chat = R"("messages": [{"role": "user", "content": "hi"},)"
+                           R"( {"role": "assistant", "content": "yo"}])";
+  const std::string call =
+      R"("messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null,)"
+      R"( "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]}])";
+  Result<Example> r = ParseJsonlLine(R"({"tools": [{"type": "function"}], )" + chat + "}", o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("the line lists 'tools'"), std::string::npos)
+      << r.status().message();
+  r = ParseJsonlLine("{" + call + "}", o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("message 1 is a tool call"), std::string::npos)
+      << r.status().message();
+  for (const char* none : {R"("tools": [], )", R"("tools": null, )", ""}) {
+    EXPECT_TRUE(ParseJsonlLine("{" + std::string(none) + chat + "}", o).ok()) << none;
+  }
+  o.chat_template.renders_tools = false;  // --chat-template chatml
+  EXPECT_TRUE(ParseJsonlLine(R"({"tools": [{"type": "function"}], )" + chat + "}", o).ok());
+  std::string text;
+  ASSERT_TRUE(ParseJsonlLine("{" + call + "}", o, &text).ok());
+  EXPECT_EQ(text, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n");
+  // A null content is only a tool call's.
+  r = ParseJsonlLine(R"({"messages": [{"role": "user", "content": null}]})", o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("needs a string 'content'"), std::string::npos)
+      << r.status().message();
+}
+
 // ShareGPT's conversations are the messages they name: the same text and mask; a speaker it does
 // not name, and a line with both forms, are refused naming them.
 TEST(ExamplesTest, ShareGptConversationsAreMessages) {
