@@ -25,6 +25,10 @@ sees them: ids and the loss mask) and checks:
    as `ferry tokenize --chat --jsonl` encodes it) equals the template rendered with
    add_generation_prompt=True, its ids `tokenizers`' encoding of that text without special
    tokens, and its stop the tokenizer's id of the template's end-of-turn marker.
+4. tool use (a 'tools' list, an assistant's tool_calls, a 'tool' result): where the template
+   writes it its own way (Qwen2.5's, Qwen3's, Llama 3.1's: checked with jinja2), ferry refuses
+   the line naming it; where the template ignores it (Llama 3.0's, Mistral v0.2's), ferry's text
+   equals jinja2's.
 
 Exit codes: 0 all equal, 1 a mismatch or failure, 77 skipped (Python packages unavailable).
 """
@@ -425,6 +429,52 @@ def check_refused(fn, tok_name, source=None):
         print(f"{fn}: refused as expected: {err.strip()}")
 
 
+TOOL_CALL = {"role": "assistant", "content": "",
+             "tool_calls": [{"type": "function",
+                             "function": {"name": "add", "arguments": {"a": 2, "b": 2}}}]}
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "a + b",
+                                           "parameters": {"type": "object"}}}]
+
+
+def check_tool_use(fn, tok_name, renders_tools):
+    """A line with tool use: a 'tools' list, an assistant's tool_calls, a 'tool' result. Where the
+    template writes tool use its own way (jinja2's text differs from the same chat without it, or
+    has no "tool" turn header), ferry refuses the line naming it; where it ignores it (the
+    templates without tool use), ferry renders what jinja2 renders."""
+    tok, bos, eos, _ = TOKENIZERS[tok_name]
+    source = load_template(fn)
+    tmpl = ENV.from_string(source)
+    d = model_dir("tools-" + fn, tok, bos, eos, chat_template=source)
+    ask = [{"role": "user", "content": "2+2?"}]
+    plain = ask + [{"role": "assistant", "content": ""}]
+    cases = [("tools", {"messages": plain, "tools": TOOLS},
+              render(tmpl, plain, bos, eos, tools=TOOLS), render(tmpl, plain, bos, eos)),
+             ("tool_calls", {"messages": ask + [TOOL_CALL]},
+              render(tmpl, ask + [TOOL_CALL], bos, eos), render(tmpl, plain, bos, eos))]
+    if fn != "mistral-v0.2.jinja":  # its roles are user and assistant only
+        result = ask + [{"role": "tool", "content": "4"}]
+        header = "<|start_header_id|>tool" if tok_name == "llama3" else "<|im_start|>tool"
+        cases.append(("tool result", {"messages": result}, render(tmpl, result, bos, eos),
+                      None if renders_tools else render(tmpl, result, bos, eos)))
+    for what, line, full, without in cases:
+        tally.compared += 1
+        if renders_tools:
+            # The premise: the template writes it (a "tool" result under no "tool" header).
+            if (full == without) if without is not None else (header in full):
+                report("tool use", fn, what, "the template to render it its own way", full)
+            p = ferry_data(d, [line], expect_fail=True)
+            err = p.stderr.decode(errors="replace")
+            if p.returncode == 0 or "tool" not in err or "data.jsonl:1:" not in err:
+                report("tool refusal", fn, what, "an error naming the tool use",
+                       f"exit {p.returncode}: {err.strip()}")
+        else:
+            got = ferry_data(d, [line])
+            if full != without or got[0]["text"] != full:
+                report("tool use ignored", fn, what, full, got[0]["text"])
+    print(f"{fn}: {len(cases)} tool-use lines checked (to be "
+          f"{'refused' if renders_tools else 'rendered as jinja2 renders them'})")
+
+
 for name, (tok, bos, eos, specials) in TOKENIZERS.items():
     check_boundary(name, tok, bos, eos, specials)
 print("boundaries: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
@@ -433,6 +483,9 @@ for fn, tok_name, family in CHATS:
     check_chat_prompt(fn, tok_name, family)
     if family == "qwen3":
         check_chat_prompt(fn, tok_name, family, thinking=False)
+for fn, tok_name, family in CHATS:
+    check_tool_use(fn, tok_name,
+                   renders_tools=fn in ("qwen2.5.jinja", "qwen3.jinja", "llama3.1.jinja"))
 check_refused("llama2.jinja", "mistral")
 check_refused("mistral-v0.3.jinja", "mistral")
 # A <think> template that renders otherwise than Qwen3's (here: every turn after the last query
