@@ -39,6 +39,9 @@ void AddTokenizeCommand(CLI::App& parent, TokenizeCommand* cmd) {
   t->add_flag("--train-on-prompt", cmd->train_on_prompt,
               "With --data: as ferry train --train-on-prompt (every token of a chat or "
               "prompt+completion carries the loss)");
+  t->add_flag("--skip-bad-lines", cmd->skip_bad_lines,
+              "With --data: as ferry train --skip-bad-lines (skip malformed lines or .json array "
+              "elements, and say how many)");
   t->add_option("--chat-template", cmd->chat_template,
                 "With --data or --chat: template for chat 'messages': auto (from the model "
                 "folder), " +
@@ -174,6 +177,7 @@ int RunData(const TokenizeCommand& cmd, const Tokenizer& tok) {
   o.vocab_size = tok.vocab_size();
   o.keep_text = true;
   o.train_on_prompt = cmd.train_on_prompt;
+  o.skip_bad_lines = cmd.skip_bad_lines;
   Result<LoadedExamples> loaded = LoadExamples(cmd.data, o);
   if (!loaded.ok()) return Fail(loaded.status().message());
   int64_t tokens = 0, trained = 0;
@@ -218,8 +222,9 @@ int RunData(const TokenizeCommand& cmd, const Tokenizer& tok) {
   if (std::fflush(stdout) != 0) {
     return Fail(Status::FromErrno(errno, "write the output (stdout)").message());
   }
-  std::fprintf(stderr, "%zu examples, %lld tokens, %lld trained (%s; chat template %s)\n",
-               loaded->examples.size(), static_cast<long long>(tokens),
+  const std::string skipped = loaded->skipped_lines > 0 ? ", " + SkippedText(*loaded) : "";
+  std::fprintf(stderr, "%zu examples%s, %lld tokens, %lld trained (%s; chat template %s)\n",
+               loaded->examples.size(), skipped.c_str(), static_cast<long long>(tokens),
                static_cast<long long>(trained), tok.Describe().c_str(),
                ChatFormatName(chat->format));
   return 0;
@@ -250,6 +255,7 @@ int RunTokenizeCommand(TokenizeCommand& cmd) {
   if (cmd.train_on_prompt) {
     return Fail("--train-on-prompt is for a dataset's loss mask: give --data FILE");
   }
+  if (cmd.skip_bad_lines) return Fail("--skip-bad-lines is for a dataset: give --data FILE");
   if (cmd.jsonl && !cmd.chat) return RunJsonl(cmd, *tok);
   std::string input = cmd.text;
   if (cmd.app->count("--text") == 0) {

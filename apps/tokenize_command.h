@@ -29,6 +29,7 @@ struct TokenizeCommand {
   bool jsonl = false;
   std::string data;                    // --data: show a dataset file's examples
   bool train_on_prompt = false;        // with --data: as ferry train --train-on-prompt
+  bool skip_bad_lines = false;         // with --data: as ferry train --skip-bad-lines
   std::string chat_template = "auto";  // with --data or --chat
   bool chat = false;   // --chat: the text is a user turn of the chat template, as generate --chat
   std::string system;  // with --chat: a system turn first

@@ -128,6 +128,16 @@ TEST_F(DataCliTest, BadLineIsOneLineWithFileAndLineUnlessSkipped) {
             "--out " + dir_ + "/run");
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("24 examples, 1 bad line skipped"), std::string::npos) << r.output;
+  // `ferry tokenize --data` shows what training sees, the skip too (--jsonl: one object a line).
+  r = Ferry("tokenize --model tiny --data " + data + " --jsonl");
+  EXPECT_EQ(r.code, 1) << r.output;
+  r = Ferry("tokenize --model tiny --data " + data + " --skip-bad-lines --jsonl");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '{'), 24) << r.output;
+  EXPECT_NE(r.output.find("\n24 examples, 1 bad line skipped, "), std::string::npos) << r.output;
+  r = Ferry("tokenize --model tiny --text hi --skip-bad-lines");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--skip-bad-lines is for a dataset"), std::string::npos) << r.output;
 
   r = Ferry("eval --data " + dir_ + "/missing.jsonl");
   EXPECT_EQ(r.code, 1) << r.output;

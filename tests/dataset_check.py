@@ -25,10 +25,10 @@ sees them: ids and the loss mask) and checks:
    as `ferry tokenize --chat --jsonl` encodes it) equals the template rendered with
    add_generation_prompt=True, its ids `tokenizers`' encoding of that text without special
    tokens, and its stop the tokenizer's id of the template's end-of-turn marker.
-4. tool use (a 'tools' list, an assistant's tool_calls, a 'tool' result): where the template
-   writes it its own way (Qwen2.5's, Qwen3's, Llama 3.1's: checked with jinja2), ferry refuses
-   the line naming it; where the template ignores it (Llama 3.0's, Mistral v0.2's), ferry's text
-   equals jinja2's.
+4. tool use (a 'tools' list, an empty one, an assistant's tool_calls, a 'tool' result): where the
+   template writes it its own way (Qwen2.5's, Qwen3's, Llama 3.1's: checked with jinja2), ferry
+   refuses the line naming it, and a tool call under every template; where the template ignores
+   it (Llama 3.0's, Mistral v0.2's; an empty list under Qwen's), ferry's text equals jinja2's.
 
 Exit codes: 0 all equal, 1 a mismatch or failure, 77 skipped (Python packages unavailable).
 """
@@ -436,32 +436,44 @@ TOOLS = [{"type": "function", "function": {"name": "add", "description": "a + b"
                                            "parameters": {"type": "object"}}}]
 
 
-def check_tool_use(fn, tok_name, renders_tools):
-    """A line with tool use: a 'tools' list, an assistant's tool_calls, a 'tool' result. Where the
-    template writes tool use its own way (jinja2's text differs from the same chat without it, or
-    has no "tool" turn header), ferry refuses the line naming it; where it ignores it (the
-    templates without tool use), ferry renders what jinja2 renders."""
+def check_tool_use(fn, tok_name, tool_use):
+    """Lines with tool use: a 'tools' list (and an empty one), an assistant's tool_calls, a 'tool'
+    result. ferry renders no tool use: where the template writes it (jinja2's text differs from
+    the same chat without it, or has no "tool" turn header) ferry refuses the line naming it, and a
+    tool call under every template (one without tool use drops the calls from the turn); where
+    the template ignores it, ferry's text equals jinja2's. `tool_use`: None (no tool use),
+    "truthy" (Qwen's `if tools`) or "present" (Llama 3.1's `tools is not none`)."""
     tok, bos, eos, _ = TOKENIZERS[tok_name]
     source = load_template(fn)
     tmpl = ENV.from_string(source)
     d = model_dir("tools-" + fn, tok, bos, eos, chat_template=source)
     ask = [{"role": "user", "content": "2+2?"}]
-    plain = ask + [{"role": "assistant", "content": ""}]
+    plain = ask + [{"role": "assistant", "content": "4"}]
+    without = render(tmpl, plain, bos, eos)
+    # (what, line, jinja2's text, whether ferry refuses it)
     cases = [("tools", {"messages": plain, "tools": TOOLS},
-              render(tmpl, plain, bos, eos, tools=TOOLS), render(tmpl, plain, bos, eos)),
+              render(tmpl, plain, bos, eos, tools=TOOLS), tool_use is not None),
+             ("empty tools", {"messages": plain, "tools": []},
+              render(tmpl, plain, bos, eos, tools=[]), tool_use == "present"),
              ("tool_calls", {"messages": ask + [TOOL_CALL]},
-              render(tmpl, ask + [TOOL_CALL], bos, eos), render(tmpl, plain, bos, eos))]
+              render(tmpl, ask + [TOOL_CALL], bos, eos), True)]
     if fn != "mistral-v0.2.jinja":  # its roles are user and assistant only
-        result = ask + [{"role": "tool", "content": "4"}]
-        header = "<|start_header_id|>tool" if tok_name == "llama3" else "<|im_start|>tool"
+        result = plain + [{"role": "tool", "content": "5"}]
         cases.append(("tool result", {"messages": result}, render(tmpl, result, bos, eos),
-                      None if renders_tools else render(tmpl, result, bos, eos)))
-    for what, line, full, without in cases:
+                      tool_use is not None))
+    header = "<|start_header_id|>tool" if tok_name == "llama3" else "<|im_start|>tool"
+    for what, line, full, refused in cases:
         tally.compared += 1
-        if renders_tools:
-            # The premise: the template writes it (a "tool" result under no "tool" header).
-            if (full == without) if without is not None else (header in full):
-                report("tool use", fn, what, "the template to render it its own way", full)
+        # The premise: jinja2 writes what ferry refuses its own way, and ignores what it takes.
+        if what == "tool result":
+            written = header not in full
+        elif what == "tool_calls":
+            written = full != render(tmpl, ask + [{"role": "assistant", "content": ""}], bos, eos)
+        else:
+            written = full != without
+        if written != (refused and not (what == "tool_calls" and tool_use is None)):
+            report("tool premise", fn, what, f"written by the template: {not written}", full)
+        if refused:
             p = ferry_data(d, [line], expect_fail=True)
             err = p.stderr.decode(errors="replace")
             if p.returncode == 0 or "tool" not in err or "data.jsonl:1:" not in err:
@@ -469,10 +481,10 @@ def check_tool_use(fn, tok_name, renders_tools):
                        f"exit {p.returncode}: {err.strip()}")
         else:
             got = ferry_data(d, [line])
-            if full != without or got[0]["text"] != full:
+            if got[0]["text"] != full:
                 report("tool use ignored", fn, what, full, got[0]["text"])
-    print(f"{fn}: {len(cases)} tool-use lines checked (to be "
-          f"{'refused' if renders_tools else 'rendered as jinja2 renders them'})")
+    print(f"{fn}: {len(cases)} tool-use lines checked ("
+          f"{sum(c[3] for c in cases)} to be refused, the rest rendered as jinja2 renders them)")
 
 
 for name, (tok, bos, eos, specials) in TOKENIZERS.items():
@@ -483,9 +495,9 @@ for fn, tok_name, family in CHATS:
     check_chat_prompt(fn, tok_name, family)
     if family == "qwen3":
         check_chat_prompt(fn, tok_name, family, thinking=False)
+TOOL_USE = {"qwen2.5.jinja": "truthy", "qwen3.jinja": "truthy", "llama3.1.jinja": "present"}
 for fn, tok_name, family in CHATS:
-    check_tool_use(fn, tok_name,
-                   renders_tools=fn in ("qwen2.5.jinja", "qwen3.jinja", "llama3.1.jinja"))
+    check_tool_use(fn, tok_name, TOOL_USE.get(fn))
 check_refused("llama2.jinja", "mistral")
 check_refused("mistral-v0.3.jinja", "mistral")
 # A <think> template that renders otherwise than Qwen3's (here: every turn after the last query

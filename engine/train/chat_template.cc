@@ -231,7 +231,9 @@ ChatTemplate ChatTemplateFromText(std::string_view text) {
   }
   // Qwen2.5's and Qwen3's write `tools`, `tool_calls` and "tool" results; Llama 3.1's too
   // ("ipython"); templates without tool use name none of them.
-  t.renders_tools = t.format != ChatFormat::kNone && (has("tool_calls") || has("tools"));
+  if (t.format != ChatFormat::kNone && (has("tool_calls") || has("tools"))) {
+    t.tool_use = t.format == ChatFormat::kLlama3 ? ToolUse::kIfPresent : ToolUse::kIfTruthy;
+  }
   return t;
 }
 
@@ -262,6 +264,8 @@ ChatTemplate DetectChatTemplate(const std::string& model_dir) {
     ChatTemplate t;
     if (type == "qwen2") t.format = ChatFormat::kChatMl;
     if (type == "qwen3") t.format = ChatFormat::kQwen3;
+    // Qwen2.5's and Qwen3's templates write tool use (Qwen2's does not; refusing is the safe side).
+    if (type == "qwen2" || type == "qwen3") t.tool_use = ToolUse::kIfTruthy;
     if (type == "mistral") t.format = ChatFormat::kMistral;
     return t;
   }
@@ -282,15 +286,8 @@ Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessa
                                    " to choose one ferry knows");
   }
   if (messages.empty()) return Status::InvalidArgument("the chat has no turn");
-  for (size_t i = 0; t.renders_tools && i < messages.size(); ++i) {
-    const ChatMessage& m = messages[i];
-    if (m.tool_calls || m.role == "tool" || m.role == "ipython") {
-      return Status::InvalidArgument(
-          "message " + std::to_string(i) + " is a tool " +
-          (m.tool_calls ? std::string("call ('tool_calls')") : "result (role '" + m.role + "')") +
-          ": the model's chat template renders tool use in its own format, which ferry does "
-          "not render yet; leave tool conversations out (--skip-bad-lines skips them)");
-    }
+  if (std::string why = RefusedToolUse(t, messages, false); !why.empty()) {
+    return Status::InvalidArgument(why);
   }
   if (t.format == ChatFormat::kMistral) return RenderMistral(messages);
   if (t.format == ChatFormat::kQwen3) return RenderQwen3(messages);
@@ -336,6 +333,34 @@ Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessa
     }
   }
   return std::move(w.out);
+}
+
+std::string RefusedToolUse(const ChatTemplate& t, std::span<const ChatMessage> messages,
+                           bool tools_listed) {
+  const std::string own_way =
+      ": the model's chat template writes tool use in its own format, which ferry does not "
+      "render yet; leave tool conversations out";
+  if (tools_listed && t.tool_use != ToolUse::kNone) return "the line lists 'tools'" + own_way;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    const std::string which = "message " + std::to_string(i);
+    if (m.tool_calls || (m.tool_calls_key && t.tool_use == ToolUse::kIfPresent)) {
+      return which + " has 'tool_calls': ferry does not render tool calls yet (a template " +
+             "without tool use would train the turn without them); leave tool conversations out";
+    }
+    const bool result =
+        m.role == "tool" || (m.role == "ipython" && t.tool_use == ToolUse::kIfPresent);
+    if (t.tool_use != ToolUse::kNone && result) {
+      return which + " is a tool result (role '" + m.role + "')" + own_way;
+    }
+    if (t.tool_use == ToolUse::kIfTruthy && m.role != "system" && m.role != "user" &&
+        m.role != "assistant") {
+      return which + " has role '" + m.role +
+             "', which the model's chat template does not write (it takes system, user, assistant "
+             "and tool)";
+    }
+  }
+  return "";
 }
 
 Result<std::string> RenderChatPrompt(const ChatTemplate& t, std::span<const ChatMessage> messages) {

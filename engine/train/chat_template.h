@@ -35,7 +35,7 @@
 // Detected but refused (ChatTemplate::unsupported, RenderChat says so and suggests
 // --chat-template): Llama 2's "<<SYS>>" template and [INST] templates other than v0.2's
 // (Mistral v0.1's, v0.3's "[INST]" without spaces and trimmed answers, tool-calling v0.3+).
-// tests/chat_template_check.py renders the real Jinja templates (tests/chat_templates/) with jinja2
+// tests/dataset_check.py renders the real Jinja templates (tests/chat_templates/) with jinja2
 // and compares them with ferry's rendering.
 //
 // Trained ranges: each assistant message's content and its end-of-turn marker ("<|im_end|>",
@@ -60,6 +60,15 @@
 
 namespace ferry {
 
+// Tool use in a chat template, for the refusals (ferry renders no tool use):
+enum class ToolUse {
+  kNone,       // none (Llama 3.0's, Mistral v0.2's): `tools` ignored, every role written as is
+  kIfTruthy,   // Qwen2.5's and Qwen3's: `if tools`, `if message.tool_calls`; results are "tool"
+               // turns (written as <tool_response> user turns), other roles are not written
+  kIfPresent,  // Llama 3.1's: `tools is not none`, `'tool_calls' in message`, "tool"/"ipython"
+               // results (written as ipython turns)
+};
+
 struct ChatTemplate {
   ChatFormat format = ChatFormat::kNone;
   std::string default_system = {};  // chatml only: a system message used when none is given
@@ -70,21 +79,22 @@ struct ChatTemplate {
   // Non-empty: the model's template, detected as this (e.g. "Llama 2's <<SYS>> template"), is one
   // ferry cannot render exactly; RenderChat refuses it.
   std::string unsupported = {};
-  // The model's template renders tool use in its own format (Qwen2.5's, Qwen3's and Llama 3.1's:
-  // a line's `tools` in the system or first user turn, an assistant's `tool_calls`, results as
-  // "tool"/"ipython" turns); ferry does not render tool use, so RenderChat refuses a tool call or
-  // result and LoadExamples a `tools` list. A template chosen by name (--chat-template) renders
-  // every role as written and ignores `tool_calls`, as a template without tool use does.
-  bool renders_tools = false;
+  // How the template treats tool use (a line's `tools`, an assistant's `tool_calls`, "tool" or
+  // "ipython" results), which ferry does not render: see ToolUse. kNone for chatml, llama3 and
+  // mistral by name; qwen3 by name is Qwen3's release template, kIfTruthy.
+  ToolUse tool_use = ToolUse::kNone;
 };
 
 struct ChatMessage {
-  std::string role;  // "system", "user", "assistant" (chatml and llama3 accept any role)
+  std::string role;  // "system", "user", "assistant" (chatml and llama3: any, as ToolUse says)
   std::string content;
   // An assistant message's `reasoning_content` (qwen3 writes it in the <think> block; the other
   // templates ignore it, as theirs do).
   std::optional<std::string> reasoning = std::nullopt;
-  bool tool_calls = false;  // the message has a non-empty `tool_calls` list
+  // The message's `tool_calls`: present (any value, null too), and listing calls (not null,
+  // false, 0, "", [] or {}: what a Jinja `if` takes as none).
+  bool tool_calls_key = false;
+  bool tool_calls = false;
 };
 
 // Rendered conversation: `text`, and the byte ranges [begin, end) of it that carry the loss, in
@@ -104,10 +114,17 @@ ChatTemplate DetectChatTemplate(const std::string& model_dir);
 ChatTemplate ChatTemplateFromText(std::string_view template_text);
 
 // Renders `messages`. Errors (InvalidArgument, one line): no template (kNone), an unsupported
-// detected template, an empty conversation, a tool call or result where the template renders
-// tool use (renders_tools), and for mistral a system message not first or roles that do not
-// alternate.
+// detected template, an empty conversation, tool use (RefusedToolUse), and for mistral a system
+// message not first or roles that do not alternate.
 Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessage> messages);
+
+// Why ferry refuses the chat's tool use under `t` (empty: none to refuse): a message listing
+// tool calls (under any template: ferry renders none, and a template without tool use would
+// train the turn without them), and as t.tool_use says, a tool result or a role the template
+// does not write, or `tools_listed` (the line's `tools` is one the template writes: any
+// non-null one for kIfPresent, one a Jinja `if` takes as some for kIfTruthy).
+std::string RefusedToolUse(const ChatTemplate& t, std::span<const ChatMessage> messages,
+                           bool tools_listed);
 
 // The text a model continues to answer `messages` (apply_chat_template with
 // add_generation_prompt=True): RenderChat's text, then the assistant's header, chatml's and

@@ -253,37 +253,56 @@ TEST(ChatTemplateTest, GenerationPromptAddsTheAssistantsHeader) {
 }
 
 // Tool use: the templates that write it their own way (Qwen2.5's <tool_call>/<tool_response>,
-// Qwen3's the same, Llama 3.1's JSON calls and ipython turns) are marked, and a tool call or
-// result is refused there; the templates without tool use, and one chosen by name, render the
-// roles as written (a generic ChatML template writes "<|im_start|>tool").
+// Qwen3's the same, Llama 3.1's JSON calls and ipython turns) are marked, and a tool result, or a
+// role Qwen's do not write, is refused there; a tool call is refused under every template (one
+// without tool use would train the turn without its calls). The templates without tool use, and
+// chatml by name, write the roles as they are (a generic ChatML template writes
+// "<|im_start|>tool").
 TEST(ChatTemplateTest, ToolUseIsRefusedWhereTheTemplateRendersIt) {
-  for (const char* name : {"qwen2.5", "qwen3", "llama3.1", "llama3", "mistral-v0.2"}) {
+  const std::pair<const char*, ToolUse> kTemplates[] = {{"qwen2.5", ToolUse::kIfTruthy},
+                                                        {"qwen3", ToolUse::kIfTruthy},
+                                                        {"llama3.1", ToolUse::kIfPresent},
+                                                        {"llama3", ToolUse::kNone},
+                                                        {"mistral-v0.2", ToolUse::kNone}};
+  for (auto [name, tool_use] : kTemplates) {
     Result<std::string> text = ReadWholeFile(testing::SourceDir() + "/tests/chat_templates/" +
                                              std::string(name) + ".jinja");
     ASSERT_TRUE(text.ok()) << text.status().ToString();
     const ChatTemplate t = ChatTemplateFromText(*text);
-    const bool tools = std::string(name).starts_with("qwen") || std::string(name) == "llama3.1";
-    EXPECT_EQ(t.renders_tools, tools) << name;
-    if (!tools) continue;
+    EXPECT_EQ(t.tool_use, tool_use) << name;
     EXPECT_TRUE(RenderChat(t, kConversation).ok()) << name;
+    EXPECT_EQ(RefusedToolUse(t, kConversation, /*tools_listed=*/true).empty(),
+              tool_use == ToolUse::kNone)
+        << name;
     std::vector<ChatMessage> chat = {{"user", "2+2?"}, {"assistant", ""}, {"tool", "4"}};
-    chat[1].tool_calls = true;
+    chat[1].tool_calls_key = chat[1].tool_calls = true;
     Result<RenderedText> r = RenderChat(t, chat);
     ASSERT_FALSE(r.ok()) << name;
     EXPECT_EQ(r.status().message(),
-              "message 1 is a tool call ('tool_calls'): the model's chat template renders tool "
-              "use in its own format, which ferry does not render yet; leave tool conversations "
-              "out (--skip-bad-lines skips them)")
+              "message 1 has 'tool_calls': ferry does not render tool calls yet (a template "
+              "without tool use would train the turn without them); leave tool conversations out")
         << name;
-    chat[1].tool_calls = false;
-    for (const char* role : {"tool", "ipython"}) {
+    chat[1].tool_calls = false;  // "tool_calls": [] or null: Llama 3.1's takes the key as a call
+    EXPECT_EQ(RefusedToolUse(t, std::span(chat).first(2), false).empty(),
+              tool_use != ToolUse::kIfPresent)
+        << name;
+    chat[1].tool_calls_key = false;
+    if (tool_use == ToolUse::kNone) continue;
+    for (const char* role : {"tool", "ipython", "function"}) {
       chat[2].role = role;
-      r = RenderChat(t, chat);
-      ASSERT_FALSE(r.ok()) << name;
-      EXPECT_NE(r.status().message().find("message 2 is a tool result (role '" + std::string(role) +
-                                          "')"),
-                std::string::npos)
-          << r.status().message();
+      const std::string why = RefusedToolUse(t, chat, false);
+      if (tool_use == ToolUse::kIfPresent && std::string(role) == "function") {
+        EXPECT_EQ(why, "") << name;  // Llama 3.1's writes any other role's header
+        continue;
+      }
+      const bool result = std::string(role) == "tool" ||
+                          (std::string(role) == "ipython" && tool_use == ToolUse::kIfPresent);
+      const std::string want = !result ? "message 2 has role '" + std::string(role) +
+                                             "', which the model's chat template does not write"
+                                       : "message 2 is a tool result (role '" + std::string(role) +
+                                             "'): the model's chat template writes tool use in its "
+                                             "own format";
+      EXPECT_EQ(why.substr(0, want.size()), want) << name;
     }
   }
   const std::vector<ChatMessage> chat = {{"user", "2+2?"}, {"tool", "4"}};

@@ -48,6 +48,15 @@ Result<std::string> StringField(const nlohmann::json& j, const char* key) {
   return v.get<std::string>();
 }
 
+// What a Jinja `if` takes as none: null, false, 0, "", [], {}.
+bool JinjaFalsy(const nlohmann::json& v) {
+  if (v.is_null()) return true;
+  if (v.is_boolean()) return !v.get<bool>();
+  if (v.is_number()) return v.get<double>() == 0;
+  if (v.is_string()) return v.get_ref<const std::string&>().empty();
+  return v.empty();  // arrays and objects
+}
+
 // ShareGPT's speakers ("from") as chat roles; nullptr for one it does not name.
 const char* ShareGptRole(std::string_view from) {
   constexpr std::pair<std::string_view, const char*> kRoles[] = {
@@ -72,9 +81,9 @@ Result<std::vector<ChatMessage>> ParseTurns(const nlohmann::json& j, bool shareg
     const nlohmann::json& m = j[i];
     const std::string where = list + "[" + std::to_string(i) + "]";
     if (!m.is_object()) return Status::InvalidArgument(where + " must be an object");
-    // An assistant's tool call (OpenAI's form) may have a null content.
-    const bool tool_calls = !sharegpt && m.contains("tool_calls") && !m["tool_calls"].is_null() &&
-                            !m["tool_calls"].empty();
+    // An assistant's tool call (OpenAI's form) may have a null content (its refusal says more).
+    const bool tool_calls_key = !sharegpt && m.contains("tool_calls");
+    const bool tool_calls = tool_calls_key && !JinjaFalsy(m["tool_calls"]);
     for (const char* key : {role_key, text_key}) {
       if (tool_calls && key == text_key && m.contains(key) && m[key].is_null()) continue;
       if (!m.contains(key) || !m[key].is_string()) {
@@ -93,6 +102,7 @@ Result<std::vector<ChatMessage>> ParseTurns(const nlohmann::json& j, bool shareg
     }
     ChatMessage message{.role = std::move(role),
                         .content = m[text_key].is_null() ? "" : m[text_key].get<std::string>(),
+                        .tool_calls_key = tool_calls_key,
                         .tool_calls = tool_calls};
     if (!sharegpt && m.contains("reasoning_content") && !m["reasoning_content"].is_null()) {
       if (!m["reasoning_content"].is_string()) {
@@ -261,11 +271,11 @@ Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, s
                            messages        ? ParseTurns(j["messages"], false)
                            : conversations ? ParseTurns(j["conversations"], true)
                                            : AlpacaTurns(j));
-    if (o.chat_template.renders_tools && has("tools") && !j["tools"].empty()) {
-      return Status::InvalidArgument(
-          "the line lists 'tools': the model's chat template renders tool use in its own "
-          "format, which ferry does not render yet; leave tool conversations out "
-          "(--skip-bad-lines skips them)");
+    const bool tools_listed = o.chat_template.tool_use == ToolUse::kIfPresent
+                                  ? has("tools")
+                                  : has("tools") && !JinjaFalsy(j["tools"]);
+    if (std::string why = RefusedToolUse(o.chat_template, turns, tools_listed); !why.empty()) {
+      return Status::InvalidArgument(why);
     }
     FERRY_ASSIGN_OR_RETURN(RenderedText r, RenderChat(o.chat_template, turns));
     if (o.train_on_prompt) r.trained = {{0, r.text.size()}};
@@ -296,6 +306,12 @@ Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, s
   return Status::InvalidArgument(
       "a line needs 'text', 'prompt' and 'completion', 'messages', 'conversations', or "
       "'instruction' and 'output'");
+}
+
+std::string SkippedText(const LoadedExamples& loaded) {
+  if (loaded.skipped_lines == 0) return "";
+  return std::to_string(loaded.skipped_lines) + " bad " + (loaded.json_array ? "element" : "line") +
+         (loaded.skipped_lines == 1 ? "" : "s") + " skipped";
 }
 
 Result<std::vector<JsonRecord>> SplitJsonArray(std::string_view text, std::string_view source) {

@@ -6,9 +6,8 @@
 //            {"prompt": "...", "completion": "..."}           loss on the completion only
 //            {"messages": [{"role": "...", "content": "..."}, ...]}
 //                                       rendered with the chat template (chat_template.h);
-//                                       loss on the assistant turns only; tool use (a
-//                                       "tools" list, "tool_calls", "tool" turns) refused
-//                                       where the template renders it its own way
+//                                       loss on the assistant turns only; tool use
+//                                       refused as RefusedToolUse says
 //            {"conversations": [{"from": "human", "value": "..."}, ...]}
 //                                       ShareGPT's: the same, "from" human/user -> user,
 //                                       gpt/assistant/model -> assistant, system -> system
@@ -96,6 +95,9 @@ struct LoadedExamples {
 
 // Reads and tokenizes a dataset file (format by extension, see above).
 Result<LoadedExamples> LoadExamples(const std::string& path, const ExampleOptions& options);
+
+// "1 bad line skipped", "3 bad elements skipped" (a JSON array's); "" when none was.
+std::string SkippedText(const LoadedExamples& loaded);
 
 // One .jsonl line (without its newline) as an Example; errors without the file:line prefix.
 // The pure entry point of the .jsonl reader (LoadExamples and the fuzz target call it). `text`,

@@ -106,34 +106,44 @@ TEST(ExamplesTest, MessagesTrainOnlyAssistantTurns) {
                                   .size());
 }
 
-// A line with tool use, where the template renders it its own way: a `tools` list and a
-// `tool_calls` message (its content null, as OpenAI's form writes it) are refused naming them; an
-// empty or null list is no tool use, and a template chosen by name takes the line as written.
+// A line with tool use: a `tools` list is refused where the template writes it (Qwen's `if
+// tools`: not a falsy value; Llama 3.1's `tools is not none`: any), ignored where it does not; a
+// `tool_calls` message (its content null, as OpenAI's form writes it) is refused under any
+// template, a falsy one only where the key alone means a call (Llama 3.1's).
 TEST(ExamplesTest, ToolUseIsRefusedWhereTheTemplateRendersIt) {
   std::unique_ptr<Tokenizer> tok = MakeByteTokenizer();
-  ExampleOptions o{.tokenizer = tok.get(),
-                   .chat_template = {.format = ChatFormat::kChatMl, .renders_tools = true}};
+  ExampleOptions o{
+      .tokenizer = tok.get(),
+      .chat_template = {.format = ChatFormat::kChatMl, .tool_use = ToolUse::kIfTruthy}};
   const std::string chat = R"("messages": [{"role": "user", "content": "hi"},)"
                            R"( {"role": "assistant", "content": "yo"}])";
+  auto line = [&](const std::string& tools) { return "{\"tools\": " + tools + ", " + chat + "}"; };
   const std::string call =
-      R"("messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null,)"
-      R"( "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]}])";
-  Result<Example> r = ParseJsonlLine(R"({"tools": [{"type": "function"}], )" + chat + "}", o);
+      R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null,)"
+      R"( "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]})";
+  Result<Example> r = ParseJsonlLine(line(R"([{"type": "function"}])"), o);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("the line lists 'tools'"), std::string::npos)
-      << r.status().message();
-  r = ParseJsonlLine("{" + call + "}", o);
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("message 1 is a tool call"), std::string::npos)
-      << r.status().message();
-  for (const char* none : {R"("tools": [], )", R"("tools": null, )", ""}) {
-    EXPECT_TRUE(ParseJsonlLine("{" + std::string(none) + chat + "}", o).ok()) << none;
+  EXPECT_EQ(r.status().message().substr(0, 53),
+            "the line lists 'tools': the model's chat template wri");
+  for (const char* falsy : {"[]", "null", "\"\"", "false", "0", "{}"}) {
+    EXPECT_TRUE(ParseJsonlLine(line(falsy), o).ok()) << falsy;
   }
-  o.chat_template.renders_tools = false;  // --chat-template chatml
-  EXPECT_TRUE(ParseJsonlLine(R"({"tools": [{"type": "function"}], )" + chat + "}", o).ok());
-  std::string text;
-  ASSERT_TRUE(ParseJsonlLine("{" + call + "}", o, &text).ok());
-  EXPECT_EQ(text, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n");
+  EXPECT_FALSE(ParseJsonlLine(line("\"x\""), o).ok());  // `for tool in tools` over its letters
+  o.chat_template = {.format = ChatFormat::kLlama3, .tool_use = ToolUse::kIfPresent};
+  EXPECT_FALSE(ParseJsonlLine(line("[]"), o).ok());  // the tool preamble, with no tools
+  EXPECT_TRUE(ParseJsonlLine(line("null"), o).ok());
+  const std::string empty_calls = R"({"messages": [{"role": "user", "content": "hi"},)"
+                                  R"( {"role": "assistant", "content": "yo", "tool_calls": []}]})";
+  EXPECT_FALSE(ParseJsonlLine(empty_calls, o).ok());
+  o.chat_template = {.format = ChatFormat::kChatMl};  // --chat-template chatml: no tool use
+  EXPECT_TRUE(ParseJsonlLine(line(R"([{"type": "function"}])"), o).ok());
+  EXPECT_TRUE(ParseJsonlLine(empty_calls, o).ok());
+  for (ToolUse u : {ToolUse::kNone, ToolUse::kIfTruthy, ToolUse::kIfPresent}) {
+    o.chat_template.tool_use = u;
+    r = ParseJsonlLine(call, o);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().message().substr(0, 34), "message 1 has 'tool_calls': ferry ");
+  }
   // A null content is only a tool call's.
   r = ParseJsonlLine(R"({"messages": [{"role": "user", "content": null}]})", o);
   ASSERT_FALSE(r.ok());

@@ -19,6 +19,7 @@ Result<ChatTemplate> ResolveChatTemplate(const std::string& name, const std::str
     FERRY_ASSIGN_OR_RETURN(ChatFormat f, ParseChatFormat(name));
     ChatTemplate t;
     t.format = f;
+    if (f == ChatFormat::kQwen3) t.tool_use = ToolUse::kIfTruthy;  // the release template's
     return t;
   }
   if (model == "tiny") {
@@ -101,11 +102,7 @@ Result<std::vector<Example>> LoadDataset(const std::string& path, const ExampleO
   }
   if (log != nullptr) {
     *log += path + ": " + std::to_string(loaded.examples.size()) + " examples";
-    if (loaded.skipped_lines > 0) {
-      *log += ", " + std::to_string(loaded.skipped_lines) + " bad " +
-              (loaded.json_array ? "element" : "line") + (loaded.skipped_lines == 1 ? "" : "s") +
-              " skipped";
-    }
+    if (loaded.skipped_lines > 0) *log += ", " + SkippedText(loaded);
   }
   return std::move(loaded.examples);
 }
