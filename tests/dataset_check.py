@@ -25,10 +25,14 @@ sees them: ids and the loss mask) and checks:
    as `ferry tokenize --chat --jsonl` encodes it) equals the template rendered with
    add_generation_prompt=True, its ids `tokenizers`' encoding of that text without special
    tokens, and its stop the tokenizer's id of the template's end-of-turn marker.
-4. tool use (a 'tools' list, an empty one, an assistant's tool_calls, a 'tool' result): where the
-   template writes it its own way (Qwen2.5's, Qwen3's, Llama 3.1's: checked with jinja2), ferry
-   refuses the line naming it, and a tool call under every template; where the template ignores
-   it (Llama 3.0's, Mistral v0.2's; an empty list under Qwen's), ferry's text equals jinja2's.
+4. tool use: under Qwen2.5's and Qwen3's templates, random chats with a `tools` list, tool calls
+   (OpenAI's form or bare; arguments objects holding every kind of JSON value, or JSON strings)
+   and runs of 'tool' results, rendered with transformers' `tojson` (json.dumps,
+   ensure_ascii=False): text, ids and mask equal. Under the others, four lines (a 'tools' list,
+   an empty one, tool_calls, a 'tool' result): where the template writes tool use its own way
+   (Llama 3.1's, checked with jinja2) ferry refuses the line naming it, and a tool call under
+   every template; where the template ignores it (Llama 3.0's, Mistral v0.2's) ferry's text
+   equals jinja2's.
 
 Exit codes: 0 all equal, 1 a mismatch or failure, 77 skipped (Python packages unavailable).
 """
@@ -233,6 +237,10 @@ def raise_exception(msg):
 ENV = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                    extensions=[jinja2.ext.loopcontrols])
 ENV.globals["raise_exception"] = raise_exception
+# transformers' own `tojson` (chat_template_utils.py): json.dumps, no HTML escaping, keys in order.
+ENV.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, \
+    sort_keys=False: json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
+                                separators=separators, sort_keys=sort_keys)
 
 
 def load_template(fn):
@@ -429,6 +437,91 @@ def check_refused(fn, tok_name, source=None):
         print(f"{fn}: refused as expected: {err.strip()}")
 
 
+def json_value(depth=0):
+    """A random JSON value of the kinds tool schemas and arguments hold: nested objects (keys in
+    random order), lists, strings with escapes and non-ASCII text, ints, floats over many
+    exponents (Python's repr writes them), booleans and null."""
+    r = rng.random()
+    if depth < 3 and r < 0.25:
+        return {rng.choice(["type", "name", "a", "b", "z", "ключ", "x y", "q\"", "n\n"]) +
+                str(k): json_value(depth + 1) for k in range(rng.randint(0, 4))}
+    if depth < 3 and r < 0.35:
+        return [json_value(depth + 1) for _ in range(rng.randint(0, 3))]
+    if r < 0.55:
+        return rng.choice(["", "\"quoted\"", "back\\slash", "tab\tnew\nline", "\x01\x1f\x7f",
+                           "<tag>&'", "/"]) + text(n=rng.randint(0, 3))
+    if r < 0.7:
+        return rng.choice([0, 1, -7, 42, 2 ** 53 + 1, -(2 ** 63), 2 ** 64 - 1])
+    if r < 0.85:
+        return rng.choice([0.0, -0.0, 1.0, 0.1, 1e16, 1e15, 1e-5, 0.0001, 2.5e300, 5e-324,
+                           rng.uniform(-1, 1) * 10 ** rng.randint(-12, 22)])
+    return rng.choice([True, False, None])
+
+
+def tool_conversation(family):
+    """A chat with tool use as Qwen's templates take it: maybe a system message and a `tools`
+    list; user queries each answered directly or by tool calls (in OpenAI's {"type", "function"}
+    form or bare, arguments an object or a JSON string, content empty or not), one to three
+    'tool' results and a final answer."""
+    msgs = []
+    if rng.random() < 0.5:
+        msgs.append({"role": "system", "content": content()})
+    for _ in range(rng.randint(1, 3)):
+        msgs.append({"role": "user", "content": content()})
+        if rng.random() < 0.6:
+            calls = []
+            for _ in range(rng.randint(1, 3)):
+                args = {k: json_value(1) for k in rng.sample(["a", "b", "city", "ω"], rng.randint(0, 3))}
+                if rng.random() < 0.3:
+                    args = json.dumps(args, ensure_ascii=rng.random() < 0.5)
+                name = rng.choice(["add", "get_weather", "search"])
+                call = {"name": name, "arguments": args}
+                calls.append({"type": "function", "function": call} if rng.random() < 0.7 else call)
+            msgs.append({"role": "assistant", "content": "" if rng.random() < 0.6 else content(),
+                         "tool_calls": calls})
+            if family == "qwen3":
+                think(msgs[-1])
+            for _ in range(rng.randint(1, 3)):
+                msgs.append({"role": "tool", "content": content()})
+        msgs.append({"role": "assistant", "content": content()})
+        if family == "qwen3":
+            think(msgs[-1])
+    line = {"messages": msgs}
+    if rng.random() < 0.6:
+        line["tools"] = [{"type": "function",
+                          "function": {"name": rng.choice(["add", "search"]),
+                                       "description": text(n=3), "parameters": json_value()}}
+                         for _ in range(rng.randint(1, 3))]
+    return line
+
+
+def check_tool_chats(fn, family):
+    """Chats with tool use (tool_conversation) rendered by Qwen's real templates with jinja2 and
+    transformers' `tojson` (json.dumps, ensure_ascii=False): ferry's text, ids and mask (each
+    assistant turn after its header: answer, tool calls, <|im_end|>) must equal them."""
+    tok, bos, eos, _ = TOKENIZERS["qwen"]
+    source = load_template(fn)
+    tmpl = ENV.from_string(source)
+    d = model_dir("tool-chats-" + fn, tok, bos, eos, chat_template=source)
+    lines = [tool_conversation(family) for _ in range(args.cases // 2)]
+    got = ferry_data(d, lines)
+    for line, g in zip(lines, got):
+        tally.compared += 1
+        want = render(tmpl, line["messages"], bos, eos, tools=line.get("tools"))
+        if g["text"] != want:
+            report("tool chat text", fn, line, repr(want), repr(g["text"]))
+            continue
+        enc = tok.encode(want, add_special_tokens=False)
+        if g["ids"] != enc.ids:
+            report("tool chat ids", fn, line, enc.ids, g["ids"])
+            continue
+        mask = mask_from_offsets(enc, qwen3_ranges(want, line["messages"]))
+        if g["trained"] != mask:
+            report("tool chat mask", fn, line, mask, g["trained"])
+    print(f"{fn}: {len(lines)} chats with tool use rendered with jinja2 and compared "
+          "(text, ids, mask)")
+
+
 TOOL_CALL = {"role": "assistant", "content": "",
              "tool_calls": [{"type": "function",
                              "function": {"name": "add", "arguments": {"a": 2, "b": 2}}}]}
@@ -495,9 +588,12 @@ for fn, tok_name, family in CHATS:
     check_chat_prompt(fn, tok_name, family)
     if family == "qwen3":
         check_chat_prompt(fn, tok_name, family, thinking=False)
-TOOL_USE = {"qwen2.5.jinja": "truthy", "qwen3.jinja": "truthy", "llama3.1.jinja": "present"}
+TOOL_USE = {"llama3.1.jinja": "present"}
 for fn, tok_name, family in CHATS:
-    check_tool_use(fn, tok_name, TOOL_USE.get(fn))
+    if tok_name == "qwen":
+        check_tool_chats(fn, family)
+    else:
+        check_tool_use(fn, tok_name, TOOL_USE.get(fn))
 check_refused("llama2.jinja", "mistral")
 check_refused("mistral-v0.3.jinja", "mistral")
 # A <think> template that renders otherwise than Qwen3's (here: every turn after the last query

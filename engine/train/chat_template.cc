@@ -25,6 +25,35 @@ constexpr std::string_view kQwen3Markers[] = {
     "content.lstrip('\\n')",
     "message.content.startswith('<tool_response>') and "
     "message.content.endswith('</tool_response>')"};
+// The tool clauses of Qwen2.5's and Qwen3's release templates, as their text says them.
+constexpr std::string_view kQwenToolMarkers[] = {
+    "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou "
+    "are provided with function signatures within <tools></tools> XML tags:\\n<tools>\"",
+    "{{- tool | tojson }}",
+    "\"\\n</tools>\\n\\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": "
+    "<function-name>, \\\"arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\"",
+    "'<|im_start|>user'",
+    "'\\n<tool_response>\\n'",
+    "'\\n</tool_response>'",
+    "messages[loop.index0 + 1].role != \"tool\"",
+    "<tool_call>\\n{\"name\": \"'",
+    "'\", \"arguments\": '",
+    "'}\\n</tool_call>'"};
+constexpr std::string_view kQwen25ToolMarkers[] = {
+    "message.role == \"assistant\" and not message.tool_calls",
+    "{{- '\\n' + message.content }}",
+    "{%- if tool_call.function is defined %}",
+    "'\\n<tool_call>\\n{\"name\": \"'",
+    "{{- tool_call.arguments | tojson }}",
+    "(loop.index0 == 0) or (messages[loop.index0 - 1].role != \"tool\")"};
+constexpr std::string_view kQwen3ToolMarkers[] = {
+    "{%- if (loop.first and content) or (not loop.first) %}",
+    "{%- if tool_call.function %}",
+    "{{- '<tool_call>\\n{\"name\": \"' }}",
+    "{%- if tool_call.arguments is string %}",
+    "loop.first or (messages[loop.index0 - 1].role != \"tool\")",
+    "{{- messages[0].content + '\\n\\n' }}"};
 // Llama 3.1+'s system preamble with the templates' default date.
 constexpr std::string_view kKnowledgeDate =
     "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n";
@@ -123,7 +152,34 @@ std::string_view StripNewlines(std::string_view s, bool front, bool back) {
   return s;
 }
 
-Result<RenderedText> RenderQwen3(std::span<const ChatMessage> messages) {
+// Qwen2.5's and Qwen3's tool list, after the system text: the tools, one `tojson` a line.
+std::string ToolsPrompt(std::span<const std::string> tools) {
+  std::string out =
+      "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+      "provided with function signatures within <tools></tools> XML tags:\n<tools>";
+  for (const std::string& tool : tools) out += "\n" + tool;
+  return out +
+         "\n</tools>\n\nFor each function call, return a json object with function name and "
+         "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+         "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
+}
+
+std::string ToolCallText(const ToolCall& c, std::string_view arguments) {
+  return "<tool_call>\n{\"name\": \"" + c.name + "\", \"arguments\": " + std::string(arguments) +
+         "}\n</tool_call>";
+}
+
+// Message i, a "tool" result, as Qwen's templates write it: a run of results is one user turn,
+// each in <tool_response> tags (context).
+void WriteToolResult(Writer& w, std::span<const ChatMessage> messages, size_t i) {
+  if (i == 0 || messages[i - 1].role != "tool") w.Context("<|im_start|>user");
+  w.Context("\n<tool_response>\n" + messages[i].content + "\n</tool_response>");
+  if (i + 1 == messages.size() || messages[i + 1].role != "tool") w.Context("<|im_end|>\n");
+}
+
+// `tool_use`: the template's (kQwen: "tool" results written; else refused as another role).
+Result<RenderedText> RenderQwen3(std::span<const ChatMessage> messages,
+                                 std::span<const std::string> tools, bool tool_use) {
   // The last user query: a user message that is not a tool's response (none: the last message).
   size_t last_query = messages.size() - 1;
   for (size_t k = messages.size(); k-- > 0;) {
@@ -135,10 +191,19 @@ Result<RenderedText> RenderQwen3(std::span<const ChatMessage> messages) {
     }
   }
   Writer w;
-  for (size_t i = 0; i < messages.size(); ++i) {
+  const bool system_first = messages[0].role == "system";
+  if (!tools.empty()) {  // the system turn lists the tools
+    w.Context("<|im_start|>system\n" + (system_first ? messages[0].content + "\n\n" : "") +
+              ToolsPrompt(tools));
+  }
+  for (size_t i = !tools.empty() && system_first; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     if (m.role == "system" || m.role == "user") {
       w.Context("<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n");
+      continue;
+    }
+    if (m.role == "tool" && tool_use) {
+      WriteToolResult(w, messages, i);
       continue;
     }
     if (m.role != "assistant") {
@@ -160,6 +225,7 @@ Result<RenderedText> RenderQwen3(std::span<const ChatMessage> messages) {
       answer = StripNewlines(answer.substr(answer.rfind(kClose) + kClose.size()), true, false);
     }
     w.Context("<|im_start|>assistant\n");
+    const bool has_content = !answer.empty();  // the template's `content`, before its lstrip
     if (i > last_query && (i + 1 == messages.size() || !reasoning.empty())) {
       const std::string_view thought = StripNewlines(reasoning, true, true);
       const std::string block = "<think>\n" + std::string(thought) + "\n</think>\n\n";
@@ -167,6 +233,11 @@ Result<RenderedText> RenderQwen3(std::span<const ChatMessage> messages) {
       answer = StripNewlines(answer, true, false);
     }
     w.Trained(answer);
+    for (size_t k = 0; m.tool_calls && k < m.calls.size(); ++k) {
+      const ToolCall& c = m.calls[k];
+      if (k > 0 || has_content) w.Trained("\n");
+      w.Trained(ToolCallText(c, c.arguments_text ? *c.arguments_text : c.arguments_json));
+    }
     w.Trained("<|im_end|>");
     w.Context("\n");
   }
@@ -233,6 +304,16 @@ ChatTemplate ChatTemplateFromText(std::string_view text) {
   // ("ipython"); templates without tool use name none of them.
   if (t.format != ChatFormat::kNone && (has("tool_calls") || has("tools"))) {
     t.tool_use = t.format == ChatFormat::kLlama3 ? ToolUse::kIfPresent : ToolUse::kIfTruthy;
+    // Qwen2.5's and Qwen3's tool clauses, as ToolsPrompt, ToolCallText and WriteToolResult write
+    // them, and the ways each picks a call's fields.
+    const bool qwen3 = t.format == ChatFormat::kQwen3 && t.unsupported.empty();
+    const bool qwen25 = t.format == ChatFormat::kChatMl && t.default_system == kQwen25System;
+    bool known = qwen3 || qwen25;
+    for (std::string_view marker : kQwenToolMarkers) known = known && has(marker);
+    for (std::string_view marker : qwen3 ? kQwen3ToolMarkers : kQwen25ToolMarkers) {
+      known = known && has(marker);
+    }
+    if (known) t.tool_use = ToolUse::kQwen;
   }
   return t;
 }
@@ -264,15 +345,17 @@ ChatTemplate DetectChatTemplate(const std::string& model_dir) {
     ChatTemplate t;
     if (type == "qwen2") t.format = ChatFormat::kChatMl;
     if (type == "qwen3") t.format = ChatFormat::kQwen3;
-    // Qwen2.5's and Qwen3's templates write tool use (Qwen2's does not; refusing is the safe side).
-    if (type == "qwen2" || type == "qwen3") t.tool_use = ToolUse::kIfTruthy;
+    // Qwen3's: the release template's (as the format assumes); Qwen2's or Qwen2.5's: refused.
+    if (type == "qwen2") t.tool_use = ToolUse::kIfTruthy;
+    if (type == "qwen3") t.tool_use = ToolUse::kQwen;
     if (type == "mistral") t.format = ChatFormat::kMistral;
     return t;
   }
   return {};
 }
 
-Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessage> messages) {
+Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessage> messages,
+                                std::span<const std::string> tools) {
   if (t.format == ChatFormat::kNone) {
     return Status::InvalidArgument(
         "a chat needs a chat template and the model has none that ferry knows; pass "
@@ -290,13 +373,38 @@ Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessa
     return Status::InvalidArgument(why);
   }
   if (t.format == ChatFormat::kMistral) return RenderMistral(messages);
-  if (t.format == ChatFormat::kQwen3) return RenderQwen3(messages);
+  if (t.tool_use != ToolUse::kQwen) tools = {};  // ignored, or refused above
+  if (t.format == ChatFormat::kQwen3) {
+    return RenderQwen3(messages, tools, t.tool_use == ToolUse::kQwen);
+  }
   Writer w;
   if (t.format == ChatFormat::kChatMl) {
-    if (!t.default_system.empty() && messages[0].role != "system") {
+    const bool system_first = messages[0].role == "system";
+    if (!tools.empty()) {  // Qwen2.5's: the system turn lists the tools
+      w.Context("<|im_start|>system\n" +
+                std::string(system_first ? std::string_view(messages[0].content) : kQwen25System) +
+                "\n\n" + ToolsPrompt(tools));
+    } else if (!t.default_system.empty() && !system_first) {
       w.Context("<|im_start|>system\n" + t.default_system + "<|im_end|>\n");
     }
-    for (const ChatMessage& m : messages) {
+    for (size_t i = !tools.empty() && system_first; i < messages.size(); ++i) {
+      const ChatMessage& m = messages[i];
+      if (t.tool_use == ToolUse::kQwen && m.role == "tool") {
+        WriteToolResult(w, messages, i);
+        continue;
+      }
+      if (m.role == "assistant" && m.tool_calls) {  // "\n" content, then "\n<tool_call>..." each
+        w.Context("<|im_start|>assistant\n");
+        std::string body = m.content;
+        for (const ToolCall& c : m.calls) {
+          if (!body.empty()) body += "\n";
+          body += ToolCallText(c, c.arguments_json);
+        }
+        w.Trained(body);
+        w.Trained("<|im_end|>");
+        w.Context("\n");
+        continue;
+      }
       w.Context("<|im_start|>" + m.role + "\n");
       if (m.role == "assistant") {
         w.Trained(m.content);
@@ -339,14 +447,29 @@ std::string RefusedToolUse(const ChatTemplate& t, std::span<const ChatMessage> m
                            bool tools_listed) {
   const std::string own_way =
       ": the model's chat template writes tool use in its own format, which ferry does not "
-      "render yet; leave tool conversations out";
-  if (tools_listed && t.tool_use != ToolUse::kNone) return "the line lists 'tools'" + own_way;
+      "render (it renders Qwen2.5's and Qwen3's); leave tool conversations out";
+  const bool qwen = t.tool_use == ToolUse::kQwen;
+  if (tools_listed && t.tool_use != ToolUse::kNone && !qwen) {
+    return "the line lists 'tools'" + own_way;
+  }
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     const std::string which = "message " + std::to_string(i);
+    if (qwen) {
+      if (m.role != "system" && m.role != "user" && m.role != "assistant" && m.role != "tool") {
+        return which + " has role '" + m.role +
+               "', which the model's chat template does not write (it takes system, user, "
+               "assistant and tool)";
+      }
+      if (m.tool_calls && m.role != "assistant") {
+        return which + " has 'tool_calls' but is not the assistant's";
+      }
+      continue;
+    }
     if (m.tool_calls || (m.tool_calls_key && t.tool_use == ToolUse::kIfPresent)) {
-      return which + " has 'tool_calls': ferry does not render tool calls yet (a template " +
-             "without tool use would train the turn without them); leave tool conversations out";
+      return which + " has 'tool_calls': ferry renders tool calls in Qwen2.5's and Qwen3's " +
+             "templates only (one without tool use would train the turn without them); leave " +
+             "tool conversations out";
     }
     const bool result =
         m.role == "tool" || (m.role == "ipython" && t.tool_use == ToolUse::kIfPresent);

@@ -19,6 +19,16 @@
 //             "<|im_start|>assistant\n" answer "<|im_end|>\n"  (earlier reasoning dropped).
 //           The template is not incremental: a turn renders differently once a user query
 //           follows it.
+//  tools    (chatml from Qwen2.5's template, qwen3; ToolUse::kQwen): with a line's `tools`, the
+//           system turn is "<|im_start|>system\n" system "\n\n" + the tools prompt (each tool's
+//           JSON a line in <tools></tools>) + "<|im_end|>\n" (Qwen2.5: its default system when
+//           none is given; Qwen3: none, and no "\n\n"); an assistant's calls follow its answer,
+//           each "<tool_call>\n{\"name\": \"" name "\", \"arguments\": " arguments
+//           "}\n</tool_call>" (Qwen2.5: each after "\n", arguments as JSON; Qwen3: "\n" between the
+//           answer, if any, and the first and between calls, arguments that are a JSON string as
+//           they are); a run of "tool" results is one turn "<|im_start|>user" +
+//           ("\n<tool_response>\n" result
+//           "\n</tool_response>") each + "<|im_end|>\n". Calls are trained with their turn.
 //  llama3   (Llama 3 / 3.x header format): "<|begin_of_text|>" then for each message
 //             "<|start_header_id|>" role "<|end_header_id|>\n\n" trim(content) "<|eot_id|>"
 //           Llama 3.1/3.2/3.3's templates (detected by their "Cutting Knowledge Date" text:
@@ -60,11 +70,14 @@
 
 namespace ferry {
 
-// Tool use in a chat template, for the refusals (ferry renders no tool use):
+// Tool use in a chat template (a line's `tools`, an assistant's `tool_calls`, "tool" results):
 enum class ToolUse {
-  kNone,       // none (Llama 3.0's, Mistral v0.2's): `tools` ignored, every role written as is
-  kIfTruthy,   // Qwen2.5's and Qwen3's: `if tools`, `if message.tool_calls`; results are "tool"
-               // turns (written as <tool_response> user turns), other roles are not written
+  kNone,  // none (Llama 3.0's, Mistral v0.2's): `tools` ignored, every role written as is
+  kQwen,  // Qwen2.5's and Qwen3's release templates (and qwen3 by name), whose tool clauses
+          // ferry renders as they render them (below); other roles are not written
+  // Refused (RefusedToolUse): templates that write tool use in a way ferry does not render.
+  kIfTruthy,   // Qwen-like ones other than the release templates (and a qwen2 model_type without
+               // a template): `if tools`, `if message.tool_calls`; other roles not written
   kIfPresent,  // Llama 3.1's: `tools is not none`, `'tool_calls' in message`, "tool"/"ipython"
                // results (written as ipython turns)
 };
@@ -79,10 +92,19 @@ struct ChatTemplate {
   // Non-empty: the model's template, detected as this (e.g. "Llama 2's <<SYS>> template"), is one
   // ferry cannot render exactly; RenderChat refuses it.
   std::string unsupported = {};
-  // How the template treats tool use (a line's `tools`, an assistant's `tool_calls`, "tool" or
-  // "ipython" results), which ferry does not render: see ToolUse. kNone for chatml, llama3 and
-  // mistral by name; qwen3 by name is Qwen3's release template, kIfTruthy.
+  // How the template treats tool use: see ToolUse. kNone for chatml, llama3 and mistral by name;
+  // qwen3 by name is Qwen3's release template, kQwen.
   ToolUse tool_use = ToolUse::kNone;
+};
+
+// One call of an assistant's `tool_calls` ({"function": {"name", "arguments"}} or {"name",
+// "arguments"}), as kQwen templates write it.
+struct ToolCall {
+  std::string name;
+  std::string arguments_json;  // the arguments as `tojson` writes them (python_json.h)
+  // The arguments when they are a JSON string (OpenAI's form): Qwen3's template writes it as it
+  // is, Qwen2.5's quoted (arguments_json).
+  std::optional<std::string> arguments_text = std::nullopt;
 };
 
 struct ChatMessage {
@@ -95,6 +117,7 @@ struct ChatMessage {
   // false, 0, "", [] or {}: what a Jinja `if` takes as none).
   bool tool_calls_key = false;
   bool tool_calls = false;
+  std::vector<ToolCall> calls = {};  // under a kQwen template: the calls, in order
 };
 
 // Rendered conversation: `text`, and the byte ranges [begin, end) of it that carry the loss, in
@@ -113,16 +136,19 @@ ChatTemplate DetectChatTemplate(const std::string& model_dir);
 // The same from a chat_template text alone.
 ChatTemplate ChatTemplateFromText(std::string_view template_text);
 
-// Renders `messages`. Errors (InvalidArgument, one line): no template (kNone), an unsupported
-// detected template, an empty conversation, tool use (RefusedToolUse), and for mistral a system
-// message not first or roles that do not alternate.
-Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessage> messages);
+// Renders `messages`, with `tools` (a line's tool list, each as `tojson` writes it) for a kQwen
+// template. Errors (InvalidArgument, one line): no template (kNone), an unsupported detected
+// template, an empty conversation, tool use (RefusedToolUse), and for mistral a system message
+// not first or roles that do not alternate.
+Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessage> messages,
+                                std::span<const std::string> tools = {});
 
-// Why ferry refuses the chat's tool use under `t` (empty: none to refuse): a message listing
-// tool calls (under any template: ferry renders none, and a template without tool use would
-// train the turn without them), and as t.tool_use says, a tool result or a role the template
-// does not write, or `tools_listed` (the line's `tools` is one the template writes: any
-// non-null one for kIfPresent, one a Jinja `if` takes as some for kIfTruthy).
+// Why ferry refuses the chat's tool use under `t` (empty: none to refuse). Under kQwen: a role
+// other than system, user, assistant and tool, or tool calls on a message other than an
+// assistant's. Otherwise: a message listing tool calls (under any template: a template without
+// tool use would train the turn without them), and as t.tool_use says, a tool result or a role
+// the template does not write, or `tools_listed` (the line's `tools` is one the template writes:
+// any non-null one for kIfPresent, one a Jinja `if` takes as some for kIfTruthy).
 std::string RefusedToolUse(const ChatTemplate& t, std::span<const ChatMessage> messages,
                            bool tools_listed);
 

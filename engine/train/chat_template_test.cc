@@ -196,9 +196,9 @@ TEST(ChatTemplateTest, Qwen3) {
   ASSERT_TRUE(quick.ok());
   EXPECT_EQ(*quick, *prompt + "<think>\n\n</think>\n\n");
   EXPECT_EQ(EndOfTurn(ChatFormat::kQwen3), "<|im_end|>");
-  r = RenderChat(t, std::vector<ChatMessage>{{"tool", "4"}});
+  r = RenderChat(t, std::vector<ChatMessage>{{"function", "4"}});
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("'tool'"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("'function'"), std::string::npos) << r.status().message();
 }
 
 TEST(ChatTemplateTest, Mistral) {
@@ -252,36 +252,51 @@ TEST(ChatTemplateTest, GenerationPromptAddsTheAssistantsHeader) {
   EXPECT_EQ(EndOfTurn(ChatFormat::kNone), "");
 }
 
-// Tool use: the templates that write it their own way (Qwen2.5's <tool_call>/<tool_response>,
-// Qwen3's the same, Llama 3.1's JSON calls and ipython turns) are marked, and a tool result, or a
-// role Qwen's do not write, is refused there; a tool call is refused under every template (one
-// without tool use would train the turn without its calls). The templates without tool use, and
-// chatml by name, write the roles as they are (a generic ChatML template writes
-// "<|im_start|>tool").
-TEST(ChatTemplateTest, ToolUseIsRefusedWhereTheTemplateRendersIt) {
-  const std::pair<const char*, ToolUse> kTemplates[] = {{"qwen2.5", ToolUse::kIfTruthy},
-                                                        {"qwen3", ToolUse::kIfTruthy},
-                                                        {"llama3.1", ToolUse::kIfPresent},
-                                                        {"llama3", ToolUse::kNone},
-                                                        {"mistral-v0.2", ToolUse::kNone}};
+// Tool use: Qwen2.5's and Qwen3's release templates are kQwen (rendered: see QwenToolUse); a
+// Qwen template whose tool clauses differ, and Llama 3.1's, write tool use in a way ferry does
+// not render: a tool result and a role the template does not write are refused there, and a tool
+// call under every template but Qwen's (one without tool use would train the turn without its
+// calls). The templates without tool use, and chatml by name, write the roles as they are (a
+// generic ChatML template writes "<|im_start|>tool").
+TEST(ChatTemplateTest, ToolUseIsRefusedWhereFerryDoesNotRenderIt) {
+  Result<std::string> qwen25 =
+      ReadWholeFile(testing::SourceDir() + "/tests/chat_templates/qwen2.5.jinja");
+  ASSERT_TRUE(qwen25.ok());
+  std::string altered = *qwen25;  // another way to pick a call's fields
+  altered.replace(altered.find("tool_call.function is defined"), 29, "tool_call.function");
+  const std::pair<const char*, ToolUse> kTemplates[] = {
+      {"qwen2.5", ToolUse::kQwen},     {"qwen3", ToolUse::kQwen},
+      {"altered", ToolUse::kIfTruthy}, {"llama3.1", ToolUse::kIfPresent},
+      {"llama3", ToolUse::kNone},      {"mistral-v0.2", ToolUse::kNone}};
   for (auto [name, tool_use] : kTemplates) {
-    Result<std::string> text = ReadWholeFile(testing::SourceDir() + "/tests/chat_templates/" +
-                                             std::string(name) + ".jinja");
+    Result<std::string> text = std::string(name) == "altered"
+                                   ? Result<std::string>(altered)
+                                   : ReadWholeFile(testing::SourceDir() + "/tests/chat_templates/" +
+                                                   std::string(name) + ".jinja");
     ASSERT_TRUE(text.ok()) << text.status().ToString();
     const ChatTemplate t = ChatTemplateFromText(*text);
     EXPECT_EQ(t.tool_use, tool_use) << name;
     EXPECT_TRUE(RenderChat(t, kConversation).ok()) << name;
-    EXPECT_EQ(RefusedToolUse(t, kConversation, /*tools_listed=*/true).empty(),
-              tool_use == ToolUse::kNone)
-        << name;
+    const bool refuses = tool_use == ToolUse::kIfTruthy || tool_use == ToolUse::kIfPresent;
+    EXPECT_EQ(RefusedToolUse(t, kConversation, /*tools_listed=*/true).empty(), !refuses) << name;
     std::vector<ChatMessage> chat = {{"user", "2+2?"}, {"assistant", ""}, {"tool", "4"}};
     chat[1].tool_calls_key = chat[1].tool_calls = true;
-    Result<RenderedText> r = RenderChat(t, chat);
-    ASSERT_FALSE(r.ok()) << name;
-    EXPECT_EQ(r.status().message(),
-              "message 1 has 'tool_calls': ferry does not render tool calls yet (a template "
-              "without tool use would train the turn without them); leave tool conversations out")
-        << name;
+    chat[1].calls = {{.name = "add", .arguments_json = "{}"}};
+    const std::string why = RefusedToolUse(t, chat, false);
+    if (tool_use == ToolUse::kQwen) {
+      EXPECT_EQ(why, "") << name;
+      chat[0].tool_calls = true;  // a user's
+      EXPECT_EQ(RefusedToolUse(t, chat, false),
+                "message 0 has 'tool_calls' but is not the "
+                "assistant's");
+      chat[0].tool_calls = false;
+    } else {
+      EXPECT_EQ(why,
+                "message 1 has 'tool_calls': ferry renders tool calls in Qwen2.5's and Qwen3's "
+                "templates only (one without tool use would train the turn without them); leave "
+                "tool conversations out")
+          << name;
+    }
     chat[1].tool_calls = false;  // "tool_calls": [] or null: Llama 3.1's takes the key as a call
     EXPECT_EQ(RefusedToolUse(t, std::span(chat).first(2), false).empty(),
               tool_use != ToolUse::kIfPresent)
@@ -290,25 +305,92 @@ TEST(ChatTemplateTest, ToolUseIsRefusedWhereTheTemplateRendersIt) {
     if (tool_use == ToolUse::kNone) continue;
     for (const char* role : {"tool", "ipython", "function"}) {
       chat[2].role = role;
-      const std::string why = RefusedToolUse(t, chat, false);
-      if (tool_use == ToolUse::kIfPresent && std::string(role) == "function") {
-        EXPECT_EQ(why, "") << name;  // Llama 3.1's writes any other role's header
-        continue;
-      }
+      const std::string got = RefusedToolUse(t, chat, false);
       const bool result = std::string(role) == "tool" ||
                           (std::string(role) == "ipython" && tool_use == ToolUse::kIfPresent);
+      if ((tool_use == ToolUse::kIfPresent && !result) ||
+          (tool_use == ToolUse::kQwen && std::string(role) == "tool")) {
+        EXPECT_EQ(got, "") << name << " " << role;  // written: Llama 3.1's any header, Qwen's
+        continue;
+      }
       const std::string want = !result ? "message 2 has role '" + std::string(role) +
                                              "', which the model's chat template does not write"
                                        : "message 2 is a tool result (role '" + std::string(role) +
-                                             "'): the model's chat template writes tool use in its "
-                                             "own format";
-      EXPECT_EQ(why.substr(0, want.size()), want) << name;
+                                             "'): the model's chat template writes tool use in "
+                                             "its own format";
+      EXPECT_EQ(got.substr(0, want.size()), want) << name << " " << role;
     }
   }
   const std::vector<ChatMessage> chat = {{"user", "2+2?"}, {"tool", "4"}};
   Result<RenderedText> r = RenderChat({.format = ChatFormat::kChatMl}, chat);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->text, "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>tool\n4<|im_end|>\n");
+}
+
+// Qwen2.5's and Qwen3's tool use, written out from their templates: the tools listed in the
+// system turn, an assistant's calls in <tool_call> tags after its content (Qwen2.5: each on a new
+// line, arguments `tojson`; Qwen3: a new line only between content and a call, a string's
+// arguments as they are), a run of results one user turn of <tool_response>s. The calls are
+// trained with the turn; the results are context.
+TEST(ChatTemplateTest, QwenToolUse) {
+  const std::string kTools =
+      "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+      "provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"name\": "
+      "\"add\"}\n</tools>\n\nFor each function call, return a json object with function name and "
+      "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+      "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
+  std::vector<ChatMessage> chat = {{"system", "S"}, {"user", "2+2?"}, {"assistant", ""},
+                                   {"tool", "4"},   {"tool", "5"},    {"assistant", "It is 4."}};
+  chat[2].tool_calls_key = chat[2].tool_calls = true;
+  chat[2].calls = {{.name = "add", .arguments_json = "{\"b\": 2, \"a\": 2}"},
+                   {.name = "add", .arguments_json = "\"{}\"", .arguments_text = "{}"}};
+  const std::vector<std::string> tools = {"{\"name\": \"add\"}"};
+  const std::string calls25 =
+      "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"b\": 2, \"a\": 2}}\n</tool_call>\n"
+      "<tool_call>\n{\"name\": \"add\", \"arguments\": \"{}\"}\n</tool_call>";
+  const std::string results =
+      "<|im_start|>user\n<tool_response>\n4\n</tool_response>\n<tool_response>\n5\n"
+      "</tool_response><|im_end|>\n";
+  ChatTemplate qwen25{.format = ChatFormat::kChatMl,
+                      .default_system =
+                          "You are Qwen, created by Alibaba Cloud. You are a "
+                          "helpful assistant.",
+                      .tool_use = ToolUse::kQwen};
+  Result<RenderedText> r = RenderChat(qwen25, chat, tools);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->text, "<|im_start|>system\nS\n\n" + kTools + "<|im_start|>user\n2+2?<|im_end|>\n" +
+                         "<|im_start|>assistant\n" + calls25 + "<|im_end|>\n" + results +
+                         "<|im_start|>assistant\nIt is 4.<|im_end|>\n");
+  EXPECT_EQ(TrainedParts(*r),
+            (std::vector<std::string>{calls25 + "<|im_end|>", "It is 4.<|im_end|>"}));
+  chat[2].content = "Let me add.";
+  r = RenderChat(qwen25, std::span(chat).subspan(1), tools);  // no system: Qwen's default
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(
+      r->text.starts_with("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. "
+                          "You are a helpful assistant.\n\n# Tools"))
+      << r->text;
+  EXPECT_NE(r->text.find("<|im_start|>assistant\nLet me add.\n<tool_call>"), std::string::npos);
+
+  const ChatTemplate qwen3{.format = ChatFormat::kQwen3, .tool_use = ToolUse::kQwen};
+  r = RenderChat(qwen3, chat, tools);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const std::string calls3 =
+      "\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"b\": 2, \"a\": 2}}\n"
+      "</tool_call>\n<tool_call>\n{\"name\": \"add\", \"arguments\": {}}\n</tool_call>";
+  EXPECT_EQ(r->text, "<|im_start|>system\nS\n\n" + kTools + "<|im_start|>user\n2+2?<|im_end|>\n" +
+                         "<|im_start|>assistant\nLet me add." + calls3 + "<|im_end|>\n" + results +
+                         "<|im_start|>assistant\n<think>\n\n</think>\n\nIt is 4.<|im_end|>\n");
+  EXPECT_EQ(TrainedParts(*r), (std::vector<std::string>{"Let me add." + calls3 + "<|im_end|>",
+                                                        "It is 4.<|im_end|>"}));
+  chat[2].content = "";  // no content: the first call right after the header (the chat's last
+                         // turn here, so with its empty <think> block)
+  r = RenderChat(qwen3, std::span(chat).subspan(1, 2));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->text,
+            "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n\n"
+            "</think>\n\n" +
+                calls3.substr(1) + "<|im_end|>\n");
 }
 
 TEST(ChatTemplateTest, DetectsFromModelFolder) {

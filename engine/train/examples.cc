@@ -1,9 +1,12 @@
 #include "engine/train/examples.h"
 
+#include <algorithm>
+#include <charconv>
 #include <cstring>
 
 #include "engine/json.h"
 #include "engine/train/dataset.h"
+#include "engine/train/python_json.h"
 #include "offload/file_io.h"
 
 namespace ferry {
@@ -113,6 +116,87 @@ Result<std::vector<ChatMessage>> ParseTurns(const nlohmann::json& j, bool shareg
     out.push_back(std::move(message));
   }
   return out;
+}
+
+// What `text` (valid JSON) holds that Python's json reads otherwise than nlohmann, so that
+// written back as Python writes it (python_json.h) it would differ: an integer beyond 64 bits
+// (Python keeps it whole, nlohmann reads a float), and nesting deeper than kMaxPythonDepth
+// (Python stops at its recursion limit, about 1000; it keeps PythonJsonDumps' recursion short).
+constexpr int kMaxPythonDepth = 500;
+Status CheckJsonForPython(std::string_view text) {
+  int depth = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '"') {  // a string: skip it, escapes included
+      for (++i; i < text.size() && text[i] != '"'; ++i) i += text[i] == '\\';
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxPythonDepth) {
+        return Status::InvalidArgument("JSON nested more than " + std::to_string(kMaxPythonDepth) +
+                                       " deep");
+      }
+    } else if (c == ']' || c == '}') {
+      --depth;
+    } else if (c == '-' || (c >= '0' && c <= '9')) {
+      size_t end = i;
+      while (end < text.size() && std::strchr("+-0123456789.eE", text[end]) != nullptr) ++end;
+      const std::string_view number = text.substr(i, end - i);
+      int64_t signed_value = 0;
+      uint64_t unsigned_value = 0;
+      const char* last = number.data() + number.size();
+      auto whole = [&](std::from_chars_result r) { return r.ec == std::errc() && r.ptr == last; };
+      if (number.find_first_of(".eE") == std::string_view::npos &&
+          !whole(std::from_chars(number.data(), last, signed_value)) &&
+          !whole(std::from_chars(number.data(), last, unsigned_value))) {
+        return Status::InvalidArgument("the integer " + std::string(number) +
+                                       " is beyond 64 bits, which ferry does not write as Python "
+                                       "does");
+      }
+      i = end - 1;
+    }
+  }
+  return Status::Ok();
+}
+
+// The line's tool use for a kQwen template, read again keeping each object's key order (as
+// Python's json does, which the template's `tojson` writes): `tools` (when listed: each tool's
+// JSON) and each tool-calling message's calls (a name and the arguments). `turns` are the line's
+// "messages".
+Status ReadToolUse(std::string_view line, bool tools_listed, std::vector<std::string>* tools,
+                   std::vector<ChatMessage>& turns) {
+  FERRY_RETURN_IF_ERROR(CheckJsonForPython(line));
+  const nlohmann::ordered_json j = nlohmann::ordered_json::parse(line, nullptr, false);
+  if (tools_listed) {
+    if (!j["tools"].is_array()) return Status::InvalidArgument("'tools' must be an array");
+    for (const nlohmann::ordered_json& tool : j["tools"]) {
+      // transformers' apply_chat_template refuses a tool that is not a JSON schema (an object).
+      if (!tool.is_object()) return Status::InvalidArgument("each of 'tools' must be an object");
+      tools->push_back(PythonJsonDumps(tool));
+    }
+  }
+  for (size_t i = 0; i < turns.size(); ++i) {
+    if (!turns[i].tool_calls) continue;
+    const std::string where = "'messages'[" + std::to_string(i) + "]";
+    const nlohmann::ordered_json& list = j["messages"][i]["tool_calls"];
+    if (!list.is_array()) return Status::InvalidArgument(where + ": 'tool_calls' must be an array");
+    for (const nlohmann::ordered_json& call : list) {
+      // {"type": "function", "function": {"name", "arguments"}}, or the function itself.
+      const nlohmann::ordered_json& f =
+          call.is_object() && call.contains("function") ? call["function"] : call;
+      if (!f.is_object() || f.empty() || !f.contains("name") || !f["name"].is_string() ||
+          !f.contains("arguments")) {
+        return Status::InvalidArgument(where +
+                                       ": each tool call needs a string 'name' and 'arguments' "
+                                       "(in its 'function', if it has one)");
+      }
+      const nlohmann::ordered_json& args = f["arguments"];
+      turns[i].calls.push_back({.name = f["name"].get<std::string>(),
+                                .arguments_json = PythonJsonDumps(args),
+                                .arguments_text = args.is_string()
+                                                      ? std::optional(args.get<std::string>())
+                                                      : std::nullopt});
+    }
+  }
+  return Status::Ok();
 }
 
 // Alpaca's {"instruction", "input", "output"} (and "system") as a chat: the user's turn is the
@@ -277,7 +361,13 @@ Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, s
     if (std::string why = RefusedToolUse(o.chat_template, turns, tools_listed); !why.empty()) {
       return Status::InvalidArgument(why);
     }
-    FERRY_ASSIGN_OR_RETURN(RenderedText r, RenderChat(o.chat_template, turns));
+    std::vector<std::string> tools;
+    const bool calls =
+        std::any_of(turns.begin(), turns.end(), [](const ChatMessage& m) { return m.tool_calls; });
+    if (o.chat_template.tool_use == ToolUse::kQwen && (tools_listed || calls)) {
+      FERRY_RETURN_IF_ERROR(ReadToolUse(line, tools_listed, &tools, turns));
+    }
+    FERRY_ASSIGN_OR_RETURN(RenderedText r, RenderChat(o.chat_template, turns, tools));
     if (o.train_on_prompt) r.trained = {{0, r.text.size()}};
     if (text != nullptr) *text = r.text;
     return TokenizeMasked(tok, r, /*add_special_tokens=*/false);

@@ -6,8 +6,9 @@
 //            {"prompt": "...", "completion": "..."}           loss on the completion only
 //            {"messages": [{"role": "...", "content": "..."}, ...]}
 //                                       rendered with the chat template (chat_template.h);
-//                                       loss on the assistant turns only; tool use
-//                                       refused as RefusedToolUse says
+//                                       loss on the assistant turns only; a "tools"
+//                                       list and "tool_calls" rendered by Qwen's
+//                                       templates, refused as RefusedToolUse says
 //            {"conversations": [{"from": "human", "value": "..."}, ...]}
 //                                       ShareGPT's: the same, "from" human/user -> user,
 //                                       gpt/assistant/model -> assistant, system -> system

@@ -151,6 +151,62 @@ TEST(ExamplesTest, ToolUseIsRefusedWhereTheTemplateRendersIt) {
       << r.status().message();
 }
 
+// Under Qwen's templates a line's tool use is rendered: its tools and each call's arguments as
+// Python's json.dumps writes them (keys in the line's order, floats as Python's repr); a call
+// without a string name or arguments, a tool_calls that is not a list, or tools that are not,
+// are refused naming them.
+TEST(ExamplesTest, QwenToolUseKeepsTheLinesJson) {
+  std::unique_ptr<Tokenizer> tok = MakeByteTokenizer();
+  const ExampleOptions o{
+      .tokenizer = tok.get(),
+      .chat_template = {.format = ChatFormat::kQwen3, .tool_use = ToolUse::kQwen}};
+  auto line = [](const std::string& calls, const std::string& tools) {
+    return R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", )"
+           R"("content": null, "tool_calls": )" +
+           calls + R"(}, {"role": "tool", "content": "r"}], "tools": )" + tools + "}";
+  };
+  std::string text;
+  Result<Example> e = ParseJsonlLine(
+      line(R"([{"function": {"name": "f", "arguments": {"z": 1E2, "a": [0.00001, "\u00e9\t"]}}},)"
+           R"( {"name": "g", "arguments": "{\"x\":1}"}])",
+           R"([{"type": "function", "function": {"name": "f"}}])"),
+      o, &text);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_NE(text.find("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"f\"}}\n"
+                      "</tools>"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("<|im_start|>assistant\n<tool_call>\n{\"name\": "
+                      "\"f\", \"arguments\": {\"z\": 100.0, \"a\": [1e-05, \"é\\t\"]}}\n"
+                      "</tool_call>\n<tool_call>\n{\"name\": \"g\", \"arguments\": {\"x\":1}}\n"
+                      "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nr\n"
+                      "</tool_response><|im_end|>\n"),
+            std::string::npos)
+      << text;
+  const std::pair<std::string, std::string> kBad[] = {
+      {line(R"([{"function": {"arguments": {}}}])", "[]"), "needs a string 'name' and 'arguments'"},
+      {line(R"([{"function": null, "name": "f", "arguments": {}}])", "[]"),
+       "needs a string 'name' and 'arguments'"},
+      {line(R"([{"name": "f"}])", "[]"), "needs a string 'name' and 'arguments'"},
+      {line(R"({"name": "f", "arguments": {}})", "[]"), "'tool_calls' must be an array"},
+      {line(R"([{"name": "f", "arguments": {}}])", R"({"a": 1})"), "'tools' must be an array"},
+      {line(R"([{"name": "f", "arguments": {}}])", R"(["f"])"),
+       "each of 'tools' must be an object"},
+      {line(R"([{"name": "f", "arguments": {"n": 18446744073709551616}}])", "[]"),
+       "the integer 18446744073709551616 is beyond 64 bits"},
+      {line(R"([{"name": "f", "arguments": {"n": -9223372036854775809}}])", "[]"),
+       "the integer -9223372036854775809 is beyond 64 bits"},
+      {line(
+           R"([{"name": "f", "arguments": )" + std::string(600, '[') + std::string(600, ']') + "}]",
+           "[]"),
+       "JSON nested more than 500 deep"}};
+  for (const auto& [bad, want] : kBad) {
+    Result<Example> r = ParseJsonlLine(bad, o);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().message();
+  }
+}
+
 // ShareGPT's conversations are the messages they name: the same text and mask; a speaker it does
 // not name, and a line with both forms, are refused naming them.
 TEST(ExamplesTest, ShareGptConversationsAreMessages) {

@@ -19,7 +19,7 @@ Result<ChatTemplate> ResolveChatTemplate(const std::string& name, const std::str
     FERRY_ASSIGN_OR_RETURN(ChatFormat f, ParseChatFormat(name));
     ChatTemplate t;
     t.format = f;
-    if (f == ChatFormat::kQwen3) t.tool_use = ToolUse::kIfTruthy;  // the release template's
+    if (f == ChatFormat::kQwen3) t.tool_use = ToolUse::kQwen;  // the release template's
     return t;
   }
   if (model == "tiny") {

@@ -18,9 +18,9 @@ FERRY_FUZZ_TARGET(text) {
   o.chat_template.format = kFormats[pick % 5];
   o.chat_template.knowledge_date = (pick & 8) != 0;
   if (pick & 16) o.chat_template.default_system = "You are a helpful assistant.";
-  constexpr ferry::ToolUse kToolUse[] = {ferry::ToolUse::kNone, ferry::ToolUse::kIfTruthy,
-                                         ferry::ToolUse::kIfPresent};
-  o.chat_template.tool_use = kToolUse[(pick >> 5) % 3];
+  constexpr ferry::ToolUse kToolUse[] = {ferry::ToolUse::kNone, ferry::ToolUse::kQwen,
+                                         ferry::ToolUse::kIfTruthy, ferry::ToolUse::kIfPresent};
+  o.chat_template.tool_use = kToolUse[(pick >> 5) % 4];
   std::string rendered;
   ferry::Result<ferry::Example> e = ferry::ParseJsonlLine(text.substr(1), o, &rendered);
   if (!e.ok()) return;
