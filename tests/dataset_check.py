@@ -337,6 +337,22 @@ def trained_ranges(tmpl, msgs, bos, eos, family):
     return full, ranges
 
 
+def compare_example(label, fn, case, g, tok, want, ranges):
+    """ferry's example `g` (tokenize --data --jsonl) against the rendered text `want`: the text,
+    its ids as `tokenizers` encodes it without special tokens, and the mask over `ranges()`
+    (called once the text matches); the first difference is reported as `label` + what."""
+    if g["text"] != want:
+        report(label + "text", fn, case, repr(want), repr(g["text"]))
+        return
+    enc = tok.encode(want, add_special_tokens=False)
+    if g["ids"] != enc.ids:
+        report(label + "ids", fn, case, enc.ids, g["ids"])
+        return
+    mask = mask_from_offsets(enc, ranges())
+    if g["trained"] != mask:
+        report(label + "mask", fn, case, mask, g["trained"])
+
+
 CHATS = [("qwen2.5.jinja", "qwen", "chatml"), ("qwen3.jinja", "qwen", "qwen3"),
          ("llama3.jinja", "llama3", "llama3"),
          ("llama3.1.jinja", "llama3", "llama3"), ("mistral-v0.2.jinja", "mistral", "mistral")]
@@ -364,16 +380,7 @@ def check_chat(fn, tok_name, family):
     for c, g in zip(convs, got):
         tally.compared += 1
         want, ranges = trained_ranges(tmpl, c, bos, eos, family)
-        if g["text"] != want:
-            report("text", fn, c, repr(want), repr(g["text"]))
-            continue
-        enc = tok.encode(want, add_special_tokens=False)
-        if g["ids"] != enc.ids:
-            report("ids", fn, c, enc.ids, g["ids"])
-            continue
-        mask = mask_from_offsets(enc, ranges)
-        if g["trained"] != mask:
-            report("mask", fn, c, mask, g["trained"])
+        compare_example("", fn, c, g, tok, want, lambda: ranges)
     print(f"{fn}: {len(convs)} conversations rendered with jinja2 and compared (text, ids, mask)")
 
 
@@ -508,16 +515,8 @@ def check_tool_chats(fn, family):
     for line, g in zip(lines, got):
         tally.compared += 1
         want = render(tmpl, line["messages"], bos, eos, tools=line.get("tools"))
-        if g["text"] != want:
-            report("tool chat text", fn, line, repr(want), repr(g["text"]))
-            continue
-        enc = tok.encode(want, add_special_tokens=False)
-        if g["ids"] != enc.ids:
-            report("tool chat ids", fn, line, enc.ids, g["ids"])
-            continue
-        mask = mask_from_offsets(enc, qwen3_ranges(want, line["messages"]))
-        if g["trained"] != mask:
-            report("tool chat mask", fn, line, mask, g["trained"])
+        compare_example("tool chat ", fn, line, g, tok, want,
+                        lambda: qwen3_ranges(want, line["messages"]))
     print(f"{fn}: {len(lines)} chats with tool use rendered with jinja2 and compared "
           "(text, ids, mask)")
 

@@ -8,44 +8,6 @@
 namespace ferry {
 namespace {
 
-void AppendString(std::string& out, const std::string& s) {
-  out += '"';
-  for (const char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-}
-
 // Python's repr of a float.
 void AppendFloat(std::string& out, double x) {
   if (std::isnan(x)) {
@@ -87,52 +49,30 @@ void AppendFloat(std::string& out, double x) {
 }
 
 void Append(std::string& out, const nlohmann::ordered_json& v) {
-  switch (v.type()) {
-    case nlohmann::ordered_json::value_t::null:
-      out += "null";
-      break;
-    case nlohmann::ordered_json::value_t::boolean:
-      out += v.get<bool>() ? "true" : "false";
-      break;
-    case nlohmann::ordered_json::value_t::number_integer:
-      out += std::to_string(v.get<int64_t>());
-      break;
-    case nlohmann::ordered_json::value_t::number_unsigned:
-      out += std::to_string(v.get<uint64_t>());
-      break;
-    case nlohmann::ordered_json::value_t::number_float:
-      AppendFloat(out, v.get<double>());
-      break;
-    case nlohmann::ordered_json::value_t::string:
-      AppendString(out, v.get_ref<const std::string&>());
-      break;
-    case nlohmann::ordered_json::value_t::array: {
-      out += '[';
-      bool first = true;
-      for (const nlohmann::ordered_json& e : v) {
-        if (!first) out += ", ";
-        first = false;
-        Append(out, e);
-      }
-      out += ']';
-      break;
+  if (v.is_array()) {
+    out += '[';
+    for (size_t k = 0; k < v.size(); ++k) {
+      if (k > 0) out += ", ";
+      Append(out, v[k]);
     }
-    case nlohmann::ordered_json::value_t::object: {
-      out += '{';
-      bool first = true;
-      for (const auto& [key, e] : v.items()) {
-        if (!first) out += ", ";
-        first = false;
-        AppendString(out, key);
-        out += ": ";
-        Append(out, e);
-      }
-      out += '}';
-      break;
+    out += ']';
+  } else if (v.is_object()) {
+    out += '{';
+    bool first = true;
+    for (const auto& [key, e] : v.items()) {
+      if (!first) out += ", ";
+      first = false;
+      out += nlohmann::ordered_json(key).dump() + ": ";
+      Append(out, e);
     }
-    default:
-      out += "null";
-      break;  // binary and discarded values: not from JSON text
+    out += '}';
+  } else if (v.is_number_float()) {
+    AppendFloat(out, v.get<double>());
+  } else {
+    // Strings, integers, booleans and null: nlohmann writes them as Python does (without
+    // ensure_ascii: '"', '\\', \b \f \n \r \t escaped, other bytes below 0x20 as \u00XX in
+    // lowercase hex, the rest as it is).
+    out += v.dump();
   }
 }
 
