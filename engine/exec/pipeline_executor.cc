@@ -1706,10 +1706,12 @@ class Executor final : public PipelineExecutor {
                        ? hd.Forward(x)
                        : hd.ForwardBackward(x, batches[m].normalizer, dx, batches[m].loss_scale);
           }));
+      // The loss first: the next micro-batch's compute overwrites it (its slot is the head's
+      // one saved set), and behind the gradient's download it would wait for that too.
+      FERRY_RETURN_IF_ERROR(ToHost(ds, loss_[m], kSaved[0], hd.token_loss().data, size_t(N) * 4));
       if (!forward_only_) {
         FERRY_RETURN_IF_ERROR(ToHost(ds, bgrad_[m], kHidden[dxi], dx.data, HiddenBytes()));
       }
-      FERRY_RETURN_IF_ERROR(ToHost(ds, loss_[m], kSaved[0], hd.token_loss().data, size_t(N) * 4));
       FERRY_RETURN_IF_ERROR(ds.device->Record(ds.landed[m], StreamId::kDownload));
       h.Next(dxi);
     }
@@ -1803,8 +1805,12 @@ class Executor final : public PipelineExecutor {
                                       [&] { return st.blocks->Backward(b, s, x, dy, dx); }));
         std::swap(dyi, dxi);
       }
-      FERRY_RETURN_IF_ERROR(
-          ToHost(ds, bgrad_[m], kHidden[dyi], Hidden(ds, dyi).data, HiddenBytes()));
+      // The first block's input gradient feeds the embedding's scatter-add, or nothing when the
+      // embedding is frozen (a LoRA job): then it stays on the device.
+      if (st.range.first > 1 || !lora_.enabled()) {
+        FERRY_RETURN_IF_ERROR(
+            ToHost(ds, bgrad_[m], kHidden[dyi], Hidden(ds, dyi).data, HiddenBytes()));
+      }
       FERRY_RETURN_IF_ERROR(ds.device->Record(ds.landed[m], StreamId::kDownload));
       g.Next(dyi);  // the last layer's input gradient (swapped into dy)
     }

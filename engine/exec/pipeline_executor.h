@@ -48,7 +48,11 @@
 //    backward stage where its forward stage ran), and only stage inputs and outputs cross the
 //    host. Stage outputs and input gradients travel
 //    device -> host -> device. The embedding gather and its scatter-add run on the host in fp32,
-//    converted to and from the compute dtype (HostEmbedding::ForwardAs, BackwardFrom).
+//    converted to and from the compute dtype (HostEmbedding::ForwardAs, BackwardFrom); a LoRA
+//    job's embedding is frozen, so its last backward stage downloads no input gradient (as the
+//    plan's schedule has it). The tail downloads each micro-batch's per-token losses before its
+//    input gradient: the next micro-batch's head overwrites the losses' buffer, and would
+//    otherwise wait for the gradient's copy too.
 //  - Semantics as ModelRunner (engine/model/model_runner.h): each micro-batch's loss is
 //    sum(-log p) over its non-masked targets / normalizer; gradients are added into `grads`.
 //

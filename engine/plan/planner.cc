@@ -57,6 +57,8 @@ struct Context {
   std::vector<LayerSpec> layers;
 };
 
+bool LoraStep(const PlanJob& job) { return job.lora.enabled() && !job.forward_only; }
+
 std::vector<LayerNumbers> NumbersFor(const Context& c, BatchShape micro) {
   const double rate = c.hw.gpu.EffectiveFlops(c.job.fp16_accumulate);
   const StreamedBaseSource base_source = StreamedBaseSourceOf(c.model, c.job);
@@ -91,8 +93,7 @@ std::vector<LayerNumbers> NumbersFor(const Context& c, BatchShape micro) {
       n.trainable_weights = double(d.trainable_weights);
       n.grads = double(d.grads);
       // A LoRA job's steps repack the adapters only: the host mirror keeps the frozen base.
-      const bool lora_steps = c.job.lora.enabled() && !c.job.forward_only;
-      n.pack = double(lora_steps ? d.trainable_pack : d.pack);
+      n.pack = double(LoraStep(c.job) ? d.trainable_pack : d.pack);
       n.full_pack = double(d.pack);
       n.trainable_pack = double(d.trainable_pack);
       n.base_read = LayerBaseBytes(c.layers[i], base_source);
@@ -254,13 +255,12 @@ std::vector<StageCost> StageCosts(const std::vector<LayerNumbers>& n,
   return out;
 }
 
-bool ResidentBase(const PlanJob& job) { return job.lora.enabled() && !job.forward_only; }
-
-// `resident_base`: a LoRA training step, whose stages find their layers' frozen base in their
+// `lora_step`: a LoRA training step, whose stages find their layers' frozen base in their
 // weight slots where an earlier step left it (ResidentBases, as the executor places them): they
-// upload the adapters only.
+// upload the adapters only; and whose frozen embedding needs no input gradient: the last
+// backward stage downloads none.
 RoundRobinJob BuildJob(const std::vector<LayerNumbers>& n, const Candidate& k, int gpus,
-                       bool resident_base) {
+                       bool lora_step) {
   RoundRobinJob job;
   job.gpus = gpus;
   job.micro_batches = int(k.micro_batches);
@@ -277,7 +277,8 @@ RoundRobinJob BuildJob(const std::vector<LayerNumbers>& n, const Candidate& k, i
   job.tail.weight_bytes = head.weights;
   job.tail.trainable_weight_bytes = head.trainable_weights;
   job.streamed_base = k.frozen == Tier::kNvme;
-  if (resident_base) {
+  if (lora_step) {
+    job.backward.back().output_bytes = 0;
     job.base_resident = ResidentBases(StepStageRanges(int(k.stages.size()), k.tail_parts), gpus);
   }
   job.tail.input_bytes = head.input;
@@ -690,7 +691,7 @@ Result<PlanOutcome> MakePlan(const std::string& model_name, const ModelConfig& m
     }
     std::optional<Timing>& timing = timing_of[k.frozen == Tier::kNvme][k.grad_accumulators - 1];
     if (!timing) {
-      Result<Timing> t = SimulateJob(BuildJob(n, k, gpus, ResidentBase(c.job)), hw);
+      Result<Timing> t = SimulateJob(BuildJob(n, k, gpus, LoraStep(c.job)), hw);
       if (!t.ok()) {
         if (fits) return t.status();
         return Status::Ok();  // it could not run anyway: left unsimulated (step_s 0)
@@ -809,7 +810,7 @@ RoundRobinJob RoundRobinJobOf(const ModelConfig& model, const Plan& plan,
   Context c{model, plan.job, hw, BuildLayerSpecs(model, plan.job.lora, plan.job.compute_dtype)};
   const std::vector<LayerNumbers> n =
       NumbersFor(c, MicroBatchShape(plan.job, plan.micro_batch_size));
-  return BuildJob(n, CandidateOf(plan), plan.gpus, ResidentBase(plan.job));
+  return BuildJob(n, CandidateOf(plan), plan.gpus, LoraStep(plan.job));
 }
 
 Status PricePlan(const ModelConfig& model, const HardwareProfile& hw, Plan& plan) {
@@ -828,7 +829,7 @@ Status PricePlan(const ModelConfig& model, const HardwareProfile& hw, Plan& plan
   }
   FERRY_ASSIGN_OR_RETURN(
       const Timing t,
-      SimulateJob(BuildJob(n, CandidateOf(plan), plan.gpus, ResidentBase(plan.job)), hw));
+      SimulateJob(BuildJob(n, CandidateOf(plan), plan.gpus, LoraStep(plan.job)), hw));
   ApplyTiming(t, hw, plan);
   plan.measured_times.clear();
   for (const LayerNumbers& l : n) plan.measured_times.push_back(l.measured);
