@@ -309,6 +309,44 @@ TEST(TraceReplayVirtualClock, TwoAccumulatorsOverlapAStageWithTheDownloadBeforeI
   }
 }
 
+// The tail's head overwrites its per-token losses each micro-batch, so it downloads them before
+// the micro-batch's input gradient: on the virtual clock (the head computes longer than a hidden
+// state takes to download) the next micro-batch's head starts while that gradient still
+// downloads. Downloading the losses last makes every head wait for both copies of the one before.
+TEST(TraceReplayVirtualClock, TheTailsNextHeadStartsWhileTheGradientBeforeDownloads) {
+  const Case c{"2 stages, 3 micro-batches, saved, 1 device", {{1, 3}, {3, 5}}, {}, 3, 1};
+  std::vector<StepReplay> replays;
+  std::vector<TraceSpan> spans;
+  {
+    VirtualClock clock(&KernelSeconds);
+    ASSERT_NO_FATAL_FAILURE(RunAndReplay(c, &clock, replays, &spans));
+  }
+  int pairs = 0, overlapped = 0;
+  for (int64_t step = 1; step < kSteps; ++step) {
+    for (int m = 0; m + 1 < c.micro_batches; ++m) {
+      double gradient_end = -1, head_start = -1;  // the larger "OT.m" copy: the gradient
+      double gradient_bytes = 0;
+      for (const TraceSpan& s : spans) {
+        if (s.step != step) continue;
+        if (s.name == "OT." + std::to_string(m) && s.bytes > gradient_bytes) {
+          gradient_bytes = s.bytes;
+          gradient_end = s.end_s;
+        }
+        if (s.name == "T." + std::to_string(m + 1) && s.lane.kind == plan::LaneKind::kCompute &&
+            (head_start < 0 || s.start_s < head_start)) {
+          head_start = s.start_s;
+        }
+      }
+      ASSERT_GT(gradient_end, 0) << "no gradient download of micro-batch " << m;
+      ASSERT_GE(head_start, 0) << "no head of micro-batch " << m + 1;
+      ++pairs;
+      if (head_start < gradient_end) ++overlapped;
+    }
+  }
+  EXPECT_EQ(pairs, (kSteps - 1) * (c.micro_batches - 1));
+  EXPECT_GT(overlapped, 0) << "every head waited for the gradient download before it";
+}
+
 // The first case on real time (throttled links): the mapping is whole; the ratio is printed, not
 // asserted (quiet-machine ratios were 0.88-1.11 over the cases; load stretches the recording).
 TEST(TraceReplayRealTime, EveryRecordedTaskMapsAndTheStepReplays) {
