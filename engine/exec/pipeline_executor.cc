@@ -50,7 +50,7 @@ constexpr std::string_view kKeepInput[2] = {"keep.input.0", "keep.input.1"};
 constexpr std::string_view kSaved[2] = {"saved.slot0", "saved.slot1"};
 constexpr std::string_view kWeights[2] = {"weights.slot0", "weights.slot1"};
 // A device's gradient accumulators (plan.grad_accumulators): with two, a stage accumulates in the
-// one of its weight slot, so the device's consecutive stages alternate.
+// one of its weight slot, so the device's stages with gradients alternate between them.
 constexpr std::string_view kGrads[2] = {"grads.accum", "grads.accum1"};
 
 // A transfer to or from the activation store and what it moves, for its error.
@@ -864,7 +864,8 @@ class Executor final : public PipelineExecutor {
       }
     }
     if (ow != nullptr) ow->ZeroUnwritten(*grads);
-    // The step's end: the losses and the last input gradients are read on the host below.
+    // The step's end: the losses and the last input gradients (unless the embedding is frozen)
+    // are read on the host below.
     for (DeviceState& ds : devices_) FERRY_RETURN_IF_ERROR(ds.device->Synchronize());
     if (!lora_.enabled()) FERRY_RETURN_IF_ERROR(EmbeddingGrads(batches, *grads));
     if (hooks_->grads_landed) FERRY_RETURN_IF_ERROR(hooks_->grads_landed(0, 1));
@@ -903,7 +904,9 @@ class Executor final : public PipelineExecutor {
     std::vector<plan::StageRoundRobin::Placement> at;
     if (!decoding_) {
       plan::StageRoundRobin eval = round_robin_;
-      at = (forward_only_ ? eval : round_robin_).Place(int(runs_.size()), lora_.enabled());
+      std::vector<int> ranges = plan::StepStageRanges(int(S), int(P));
+      ranges.resize(runs_.size());  // an evaluation's: its forward stages and the tail's parts
+      at = (forward_only_ ? eval : round_robin_).Place(int(runs_.size()), lora_.enabled(), ranges);
     }
     for (int64_t i = 0; i < int64_t(runs_.size()); ++i) {
       StageRun& st = runs_[size_t(i)];

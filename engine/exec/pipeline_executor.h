@@ -12,7 +12,8 @@
 //    (plan.memory.gpu: names and sizes from engine/plan/memory_model.h), one arena block per
 //    entry, named as the plan names it, and nothing else, ever. The model's components (the
 //    decoder blocks, the head, the stage's DeviceParams) are then placed into those blocks through
-//    a CarveSource: "params.weights" -> weights.slot0/1 (alternating per stage on a device),
+//    a CarveSource: "params.weights" -> weights.slot0/1 (alternating per stage on a device;
+//    a backward stage right after its forward stage there takes that stage's slot),
 //    "params.grads" -> grads.accum (grads.accum1 for a stage in weight slot 1 when the plan has
 //    two accumulators), "blocks.saved.<k>" and "head.saved" -> saved.slot<k>,
 //    "blocks.workspace" and "head.workspace" -> grad.work, "blocks.scratch" and "head.scratch" ->
@@ -143,10 +144,12 @@ struct ExecutorStats {
   int64_t block_forward_calls = 0;  // counts recomputation too
   // Bytes of weights copied to the devices so far. A stage whose weight slot still holds its
   // weights, packed from the same master copy, copies none: in a step, the backward stage that
-  // follows its own forward stage into that slot (one device and one stage: the only backward
-  // stage); in generation, every stage that keeps its slot from token to token. In a LoRA job's
-  // steps and evaluations, a stage whose slot holds its layers' frozen base, packed from the
-  // same master copy, copies only the trainable ranges (DeviceParams::UploadTrainableWeights).
+  // follows its own forward stage into that slot (plan::StageRoundRobin: usually two stages
+  // later on the device; right after it, taking its slot; or, the device's stage after such a
+  // stage, three stages later); in generation, every stage that keeps its slot
+  // from token to token. In a LoRA job's steps and evaluations, a stage whose slot holds its
+  // layers' frozen base, packed from the same master copy, copies only the trainable ranges
+  // (DeviceParams::UploadTrainableWeights).
   uint64_t weight_bytes_uploaded = 0;
   // Weight packings (one per layer range a step) that wrote the trainable tensors only: a LoRA
   // job's host mirror keeps its frozen base, packed from the same master copy, from step to step,

@@ -317,7 +317,17 @@ void ExpectArenasAreThePlan(const std::vector<std::unique_ptr<CpuDevice>>& devs,
     }
     if (name.rfind("grads.accum", 0) == 0 && planned.count("grads.accum1")) {
       took = std::max(used["grads.accum"], used["grads.accum1"]);
-      EXPECT_GT(used[name], 0u) << name << ": a stage accumulates in each";
+      // A stage with gradients accumulates in its weight slot's accumulator (a step's first,
+      // placed afresh by plan::StageRoundRobin): a backward stage, and the tail's parts unless
+      // the head is frozen (a LoRA job).
+      const int S = int(p.stages.size()), P = p.tail_parts, K = 2 * S + P;
+      const auto at = plan::StageRoundRobin(p.gpus).Place(K, false, plan::StepStageRanges(S, P));
+      bool in_slot = false;
+      for (int k = S; k < K; ++k) {
+        const bool grads = k >= S + P || !p.job.lora.enabled();
+        in_slot |= grads && at[size_t(k)].slot == (name == "grads.accum1" ? 1 : 0);
+      }
+      EXPECT_EQ(used[name] > 0, in_slot) << name << ": a stage accumulates in it";
     }
     EXPECT_EQ((took + plan::kArenaAlignment - 1) / plan::kArenaAlignment * plan::kArenaAlignment,
               bytes)
@@ -409,8 +419,8 @@ TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   // The weights a step copies, stage by stage as plan::StageRoundRobin places them: none when the
   // stage's slot holds its layers from earlier in the step (a backward stage after the forward
-  // stage over its layers there); in a LoRA job, only the adapters when the slot holds the
-  // layers' frozen base from an earlier step; else all of them.
+  // stage over its layers there); in a LoRA job, only the adapters when the slot holds the layers'
+  // frozen base from an earlier step; else all of them.
   const std::vector<LayerSpec> specs = BuildLayerSpecs(m.config, m.lora);
   auto range_bytes = [&](plan::LayerRange r, bool trainable_only) {
     Result<DeviceParams::Bytes> b = DeviceParams::Measure(
@@ -431,7 +441,8 @@ TEST_P(ExecutorTest, MatchesSingleDeviceRunner) {
   std::map<std::pair<int, int>, std::pair<int, int>> held;  // slot -> (first layer, step)
   auto step_weights = [&](int step) {
     uint64_t bytes = 0;
-    const auto at = placement.Place(stages, m.lora.enabled());
+    const auto at =
+        placement.Place(stages, m.lora.enabled(), plan::StepStageRanges(S, k.spec.tail_parts));
     for (int i = 0; i < stages; ++i) {
       auto it = held.try_emplace({at[size_t(i)].device, at[size_t(i)].slot}, -1, -1).first;
       if (it->second != std::pair{ranges[size_t(i)].first, step}) {

@@ -15,9 +15,9 @@
 //                       block-diagonal B, as engine/model/device_params.h lays them out);
 //   grads.accum         fp32 gradient accumulators of the largest stage's trainable weights
 //                       (accumulated across micro-batches, downloaded once per stage);
-//   grads.accum1        a second set of them with two accumulators (grad_accumulators): a
-//                       device's consecutive stages alternate, so a stage accumulates while the
-//                       gradients of the device's stage before it still download;
+//   grads.accum1        a second set of them with two accumulators (grad_accumulators), one
+//                       per weight slot: a device's stages with gradients alternate, so a stage
+//                       accumulates while the gradients of the one before it still download;
 //   hidden.0..4         five hidden-state buffers (B*T, C): forward stages and the tail rotate
 //                       three (a micro-batch's input uploads while the one before computes);
 //                       backward rotates the residual gradient through three (0, 2, 4: the

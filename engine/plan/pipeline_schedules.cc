@@ -255,10 +255,23 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
   };
   std::vector<int> pack_of(K, kNone);
   std::vector<bool> prepared(K, false);
-  // Stage k finds its weights in its buffer: the stage before it there (k - 2G) was the forward
-  // stage over its layers (backward stage k runs forward stage 2 nf + P - 1 - k's layers).
+  // Each stage's weight buffer as the executor places it (StageRoundRobin, stage k on GPU k mod
+  // G), and the stage before it there (kNone: none this step).
+  std::vector<int> slot_before(size_t(K), kNone);
+  {
+    std::vector<int> ranges;
+    for (int k = 0; k < K; ++k) ranges.push_back(range_of(k));
+    const std::vector<StageRoundRobin::Placement> at = StageRoundRobin(G).Place(K, false, ranges);
+    std::vector<int> last(size_t(2 * G), kNone);
+    for (int k = 0; k < K; ++k) {
+      slot_before[size_t(k)] = std::exchange(last[size_t(2 * at[k].device + at[k].slot)], k);
+    }
+  }
+  // Stage k finds its weights in its buffer: the stage before it there was the forward stage over
+  // its layers (backward stage k runs forward stage 2 nf + P - 1 - k's layers).
   auto resident = [&](int k) {
-    return k >= nf + P && k - 2 * G >= 0 && k - 2 * G == StepStageRange(k, nf, P);
+    return k >= nf + P && slot_before[size_t(k)] != kNone &&
+           slot_before[size_t(k)] == StepStageRange(k, nf, P);
   };
   std::vector<int> image_first(K, kNone);  // streamed: the first task of stage k's packing
   auto add_pack = [&](int k) {
@@ -314,7 +327,7 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
                          {LaneKind::kHostToDevice, d}, k, -1);
     const bool base = size_t(k) < job.base_resident.size() && job.base_resident[size_t(k)];
     t.bytes = (base ? all[k].trainable_weight_bytes : all[k].weight_bytes) / chunks;
-    if (k - 2 * G >= 0) t.deps.push_back(last_of(k - 2 * G));  // buffer is free
+    if (slot_before[size_t(k)] != kNone) t.deps.push_back(last_of(slot_before[size_t(k)]));
     if (packed(k) != kNone) t.deps.push_back(packed(k));
     weights_last[k] = s.Add(std::move(t));
   };
@@ -359,9 +372,11 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
       const int slots = std::max(job.input_slots, 1);
       for (int j = first + slots; j < hi(k); ++j) AddDep(s, in[k][j], compute[k][j - slots]);
       // ... or the gradients its first micro-batch zeroes (its accumulator's last user on the
-      // device: the stage before it, or with two accumulators the one before that).
-      const int back = G * job.grad_accumulators;
-      if (k >= back && c.grad_bytes > 0) AddDep(s, compute[k][first], grads_of[k - back]);
+      // device: the stage before it, or with two accumulators, one per weight buffer, the stage
+      // before it in its buffer).
+      const int prior =
+          job.grad_accumulators == 1 ? (k >= G ? k - G : kNone) : slot_before[size_t(k)];
+      if (prior != kNone && c.grad_bytes > 0) AddDep(s, compute[k][first], grads_of[prior]);
     }
     if (c.output_bytes > 0) {
       for (int j = first; j < hi(k); ++j) {
@@ -423,14 +438,22 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
   return s;
 }
 
-std::vector<StageRoundRobin::Placement> StageRoundRobin::Place(int stages, bool resume) {
+std::vector<StageRoundRobin::Placement> StageRoundRobin::Place(int stages, bool resume,
+                                                               std::span<const int> ranges) {
   std::vector<Placement> out;
+  std::vector<int> before(size_t(gpus_), -1);  // per device: its stage before, in this step
   for (int k = 0; k < stages; ++k) {
     if (k == 0 && resume && last_) {
       counter_ = last_->device;
       runs_[size_t(last_->device)] = last_->slot;
     }
     const int d = int(counter_++ % gpus_);
+    const int b = before[size_t(d)];
+    before[size_t(d)] = k;
+    if (b >= 0 && size_t(k) < ranges.size() && ranges[size_t(b)] == ranges[size_t(k)]) {
+      out.push_back({d, out[size_t(b)].slot});  // its weights are there
+      continue;
+    }
     out.push_back({d, int(runs_[size_t(d)]++ % 2)});
   }
   if (!out.empty()) last_ = out.back();
@@ -452,7 +475,7 @@ std::vector<bool> ResidentBases(const std::vector<int>& ranges, int gpus) {
   // Enough steps for the placement to settle into its cycle; the last one is reported.
   const int steps = 2 * gpus + 2;
   for (int step = 0; step < steps; ++step) {
-    const std::vector<StageRoundRobin::Placement> at = rr.Place(int(ranges.size()), true);
+    const std::vector<StageRoundRobin::Placement> at = rr.Place(int(ranges.size()), true, ranges);
     for (size_t k = 0; k < ranges.size(); ++k) {
       int& h = held[size_t(2 * at[k].device + at[k].slot)];
       if (step + 1 == steps) resident[k] = h == ranges[k];

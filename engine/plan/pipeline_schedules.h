@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -86,8 +87,9 @@ struct RoundRobinJob {
   // one device.
   int tail_parts = 1;
   // Gradient accumulators per GPU, 1 or 2. With one, a stage's first micro-batch waits until the
-  // gradients of the GPU's stage before it have downloaded; with two the GPU's consecutive stages
-  // alternate between them (as they alternate weight buffers), so it waits for the one two back.
+  // gradients of the GPU's stage before it have downloaded; with two a stage accumulates in the one
+  // of its weight buffer (StageRoundRobin's slot), so it waits for the stage before it in that
+  // buffer: the stages with gradients on a GPU alternate between them.
   int grad_accumulators = 1;
   // Weight uploads are split into this many chunks queued behind the activation uploads of the
   // stage that runs before (0 = one chunk per micro-batch).
@@ -120,9 +122,15 @@ struct RoundRobinJob {
 
 // The executor's round robin of stages over devices and their two weight slots
 // (engine/exec/pipeline_executor.cc): stage k of a step runs on the device after stage k - 1's,
-// in that device's slots in turn. With `resume` a step's first stage goes to the device and slot
-// of the previous step's last stage (in training, the backward stage over the same layers), so a
-// LoRA job's frozen base is still there; without, the counter runs on from the previous step.
+// in that device's slots in turn, except that a stage over the same layers as the stage before it
+// on its device (given `ranges`: a backward stage right after its forward stage there, which
+// happens to one layer range a step when the device count plus the tail's parts is odd and the
+// device count is below the step's stage count) takes that stage's slot, where its weights
+// already are; the device's next stage then takes the other slot, which may still hold its own
+// forward stage's weights. With `resume` a step's first stage goes to the
+// device and slot of the previous step's last stage (in training, the backward stage over the
+// same layers), so a LoRA job's frozen base is still there; without, the counter runs on from the
+// previous step.
 // (The executor places an evaluation on a copy, so it starts where the next step will.)
 // Thread-compatible.
 class StageRoundRobin {
@@ -132,8 +140,9 @@ class StageRoundRobin {
     int slot = 0;
   };
   explicit StageRoundRobin(int gpus) : gpus_(gpus), runs_(size_t(gpus), 0) {}
-  // Places a step's `stages` stages, in order.
-  std::vector<Placement> Place(int stages, bool resume);
+  // Places a step's `stages` stages, in order; `ranges` (empty, or one per stage: its layer
+  // range, any id) finds the stages that take the slot of the stage before them.
+  std::vector<Placement> Place(int stages, bool resume, std::span<const int> ranges = {});
   // Forgets the previous step (after a failed one: the next step starts afresh).
   void Forget() { last_.reset(); }
 
@@ -182,20 +191,20 @@ std::vector<bool> ResidentBases(const std::vector<int>& ranges, int gpus);
 
 // Round-robin dispatch: a global counter hands stage k (forward stages, the tail, then backward
 // stages) to GPU k mod gpus, which runs it for every micro-batch. Each GPU holds two weight
-// buffers: stage k's weights upload (in chunks, behind the activation uploads of the stage the GPU
-// runs before it) once stage k - 2*gpus has finished with the buffer, unless that stage left the
-// very weights there: the backward stage over the layers of forward stage k - 2*gpus (with one GPU
-// and one forward stage, the backward stage reuses the forward stage's upload). Micro-batch j of
-// stage k
-// uploads its input after stage k-1 downloaded its output for j. Gradients download once per
-// stage after its last micro-batch; the CPU optimizer then updates that stage's parameters, in
-// the order the gradients land.
-// The host work runs as the executor's one host thread does it, one task after another: the
-// embedding's gathers, then the weight packing in the order the stages are enqueued (a device's
-// first stage as it is enqueued, every later stage while the stage before it on its device is
-// enqueued, as its weights are prefetched), then each stage's gradient adding in stage order,
-// each once its gradients have landed, then the embedding's scatter-adds. A stage's weight upload
-// waits for the packing of its layers, its update for its gradient adding.
+// buffers (StageRoundRobin's slots): stage k's weights upload (in chunks, behind the activation
+// uploads of the stage the GPU runs before it) once the stage before it in its buffer has
+// finished with it, unless that stage left the very weights there: a backward stage whose buffer
+// last held its forward stage (usually k - 2*gpus; k - gpus where it takes the slot of the stage
+// before it, and then the device's next stage finds its own three stages back; with one GPU and
+// one forward stage, the backward stage reuses the forward stage's upload). Micro-batch j of stage
+// k uploads its input after stage k-1 downloaded its output for j. Gradients download once per
+// stage after its last micro-batch; the CPU optimizer then updates that stage's parameters, in the
+// order the gradients land. The host work runs as the executor's one host thread does it, one task
+// after another: the embedding's gathers, then the weight packing in the order the stages are
+// enqueued (a device's first stage as it is enqueued, every later stage while the stage before it
+// on its device is enqueued, as its weights are prefetched), then each stage's gradient adding in
+// stage order, each once its gradients have landed, then the embedding's scatter-adds. A stage's
+// weight upload waits for the packing of its layers, its update for its gradient adding.
 [[nodiscard]] Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job);
 
 // The round-robin schedule's name for a task of stage `stage` (its index in the step: forward

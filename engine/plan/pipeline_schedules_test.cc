@@ -459,11 +459,43 @@ TEST(StageRoundRobin, ResidentBasesOfASteadyStep) {
   for (int i = 0; i < 5; ++i) ranges.push_back(StepStageRange(i, 2));
   EXPECT_EQ(ranges, (std::vector<int>{0, 1, 2, 1, 0}));
   EXPECT_EQ(ResidentBases({0, 1, 2, 1, 0}, 2), std::vector<bool>(5, true));
+  // Three forward stages on two devices: the backward stage over range 2 follows its forward
+  // stage on device 0 and takes its slot; then each device's next stage finds its range's base in
+  // its other slot. Ranges 1 and 3 share device 1's slot 0 (and 3 its slot 1 with range 1's
+  // backward stage from the step before), so they move their base each step.
   EXPECT_EQ(ResidentBases({0, 1, 2, 3, 2, 1, 0}, 2),
-            (std::vector<bool>{true, false, true, false, false, true, false}));
+            (std::vector<bool>{true, false, true, false, true, true, true}));
   EXPECT_EQ(ResidentBases({0, 1, 0}, 1), std::vector<bool>(3, true));
   // Eight devices, more slots than ranges: every base stays.
   EXPECT_EQ(ResidentBases({0, 1, 2, 1, 0}, 8), std::vector<bool>(5, true));
+}
+
+// A stage over the layers of the stage before it on its device takes that stage's slot, where
+// its weights are; the device's next stage takes the other. Without ranges, or where the ranges
+// differ, a device's stages take its slots in turn.
+TEST(StageRoundRobin, ABackwardStageRightAfterItsForwardStageTakesItsSlot) {
+  using P = StageRoundRobin::Placement;
+  auto slots = [](const std::vector<P>& at) {
+    std::vector<std::pair<int, int>> v;
+    for (const P& p : at) v.push_back({p.device, p.slot});
+    return v;
+  };
+  using V = std::vector<std::pair<int, int>>;
+  // Two forward stages, the tail, two backward stages (ranges 0 1 2 1 0) on two devices: the
+  // backward stage over range 1 follows its forward stage on device 1.
+  const std::vector<int> two = StepStageRanges(2);
+  EXPECT_EQ(slots(StageRoundRobin(2).Place(5, false, two)),
+            (V{{0, 0}, {1, 0}, {0, 1}, {1, 0}, {0, 0}}));
+  EXPECT_EQ(slots(StageRoundRobin(2).Place(5, false)), (V{{0, 0}, {1, 0}, {0, 1}, {1, 1}, {0, 0}}));
+  // One forward stage on two devices (ranges 0 1 0): the backward stage follows it on device 0,
+  // and the next step, resumed there, starts in the same slot.
+  StageRoundRobin rr(2);
+  const std::vector<int> one = StepStageRanges(1);
+  EXPECT_EQ(slots(rr.Place(3, true, one)), (V{{0, 0}, {1, 0}, {0, 0}}));
+  EXPECT_EQ(slots(rr.Place(3, true, one)), (V{{0, 0}, {1, 1}, {0, 0}}));
+  // One device, two forward stages: never right after its own forward stage.
+  EXPECT_EQ(slots(StageRoundRobin(1).Place(5, false, two)),
+            (V{{0, 0}, {0, 1}, {0, 0}, {0, 1}, {0, 0}}));
 }
 
 // A stage whose base is resident uploads its trainable bytes only.

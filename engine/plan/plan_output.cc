@@ -237,7 +237,7 @@ nlohmann::json PlanToJson(const Plan& p) {
   j["forward_stages"] = stages;  // layer ranges [first, last); backward runs them reversed
   j["tail"] = "head+loss (fused)";
   j["tail_parts"] = p.tail_parts;                // its micro-batches split over this many devices
-  j["grad_accumulators"] = p.grad_accumulators;  // per device: consecutive stages alternate
+  j["grad_accumulators"] = p.grad_accumulators;  // per device: one per weight slot
   nlohmann::json recompute = nlohmann::json::array();
   for (size_t i = 0; i < p.recompute.size(); ++i) {
     if (p.recompute[i]) recompute.push_back(i);
@@ -343,7 +343,7 @@ std::string PlanSummary(const Plan& p) {
   }
   out += "; round-robin over " + std::to_string(p.gpus) + " GPU(s)";
   if (p.grad_accumulators > 1) {
-    out += ", two gradient accumulators per GPU (its consecutive stages alternate)";
+    out += ", two gradient accumulators per GPU (one per weight slot)";
   }
   out += "\n";
   int recomputed = 0;
