@@ -26,7 +26,9 @@
 // the same run (offload/store_rate.h).
 //
 // Usage: executor_bench [--steps N] [--seq-len T] [--micro-batches M] [--nvme-dir DIR]
-//                       [--qlora-only]
+//                       [--link MB/s] [--qlora-only]
+// --link: the throttled runs' link rate, not chosen from this run's (to compare builds at one
+// rate; the QLoRA runs choose their own still).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -67,6 +69,7 @@ struct Options {
   bool qlora_only = false;     // skip the overlap runs
   bool stale = false;          // one-step-stale updates (planned and run)
   std::string nvme_dir = ".";  // where the activations-on-NVMe run keeps its store
+  double link = 0;             // bytes/s of the throttled runs' link (0: chosen from this run)
 };
 
 // One step's lanes, from the trace: seconds busy per device and lane, and the host optimizer's.
@@ -319,6 +322,14 @@ int main(int argc, char** argv) {
       o.nvme_dir = argv[++i];
       continue;
     }
+    if (flag == "--link" && i + 1 < argc) {
+      o.link = std::atof(argv[++i]) * 1e6;
+      if (!(o.link > 0)) {
+        std::fprintf(stderr, "executor_bench: --link must be > 0 MB/s\n");
+        return 2;
+      }
+      continue;
+    }
     const long long v = i + 1 < argc ? std::atoll(argv[++i]) : 0;
     if (flag == "--steps")
       o.steps = int(v);
@@ -329,7 +340,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: executor_bench [--steps N] [--seq-len T] [--micro-batches M] "
-                   "[--nvme-dir DIR] [--qlora-only]\n");
+                   "[--nvme-dir DIR] [--link MB/s] [--qlora-only]\n");
       return 2;
     }
   }
@@ -363,8 +374,8 @@ int main(int argc, char** argv) {
       return ferry::plan::MedianOf(r.uploaded_bytes) / ferry::plan::MedianOf(r.compute_s);
     };
     const ferry::Options quick = ferry::OneStep(o);
-    double link = throttle(two);
-    for (int run = 0; run < 4; ++run) {
+    double link = o.link > 0 ? o.link : throttle(two);
+    for (int run = 0; run < 4 && o.link <= 0; ++run) {
       const double next = throttle(ferry::Run(model, lora, quick, 2, link, times2));
       const bool settled = next > 0.8 * link && next < 1.25 * link;
       link = next;
