@@ -114,6 +114,11 @@ TEST_F(PipelineTraceTest, EveryStageOfEveryStepHasItsTasksOnItsDevicesLanes) {
           << name << " step " << step << " on " << plan::LaneLabel({lane, gpu});
     }
   };
+  // Both steps' weight slots, as the executor places them.
+  const std::vector<int> ranges = plan::StepStageRanges(S, P);
+  plan::StageRoundRobin placement(2);
+  std::vector<std::vector<plan::StageRoundRobin::Placement>> placed;
+  for (int step = 0; step < 2; ++step) placed.push_back(placement.Place(K, false, ranges));
   for (int k = 0; k < K; ++k) {
     const char letter = k < S ? 'F' : k < S + P ? 'T' : 'B';
     const auto [first, last] = MicroBatchesOf(Plan(), k);
@@ -127,10 +132,8 @@ TEST_F(PipelineTraceTest, EveryStageOfEveryStepHasItsTasksOnItsDevicesLanes) {
     // A backward stage whose slot held its forward stage's weights last (as plan::StageRoundRobin
     // places them) copies none, as the schedule says (pipeline_schedules.h).
     const std::string w = plan::RoundRobinTaskName('W', k, S, -1, P) + "/0";
-    const std::vector<int> ranges = plan::StepStageRanges(S, P);
-    plan::StageRoundRobin placement(2);
     for (int64_t step = 0; step < 2; ++step) {
-      const auto at = placement.Place(K, false, ranges);
+      const std::vector<plan::StageRoundRobin::Placement>& at = placed[size_t(step)];
       int before = -1;  // the stage before k in its slot this step
       for (int j = 0; j < k; ++j) {
         if (at[size_t(j)].device == at[size_t(k)].device &&

@@ -164,9 +164,20 @@ std::string ToolsPrompt(std::span<const std::string> tools) {
          "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
 }
 
-std::string ToolCallText(const ToolCall& c, std::string_view arguments) {
-  return "<tool_call>\n{\"name\": \"" + c.name + "\", \"arguments\": " + std::string(arguments) +
-         "}\n</tool_call>";
+// An assistant turn's tool calls as Qwen's templates write them after its content: each in
+// <tool_call> tags, on a line of its own after the content (when there is some) and after the
+// call before it. `arguments_as_text`: Qwen3's (a string's text as it is); else Qwen2.5's
+// (always `tojson`).
+std::string ToolCallsText(const ChatMessage& m, bool after_content, bool arguments_as_text) {
+  std::string out;
+  for (size_t k = 0; m.tool_calls && k < m.calls.size(); ++k) {
+    const ToolCall& c = m.calls[k];
+    if (k > 0 || after_content) out += "\n";
+    out += "<tool_call>\n{\"name\": \"" + c.name + "\", \"arguments\": " +
+           (arguments_as_text && c.arguments_text ? *c.arguments_text : c.arguments_json) +
+           "}\n</tool_call>";
+  }
+  return out;
 }
 
 // Message i, a "tool" result, as Qwen's templates write it: a run of results is one user turn,
@@ -233,11 +244,7 @@ Result<RenderedText> RenderQwen3(std::span<const ChatMessage> messages,
       answer = StripNewlines(answer, true, false);
     }
     w.Trained(answer);
-    for (size_t k = 0; m.tool_calls && k < m.calls.size(); ++k) {
-      const ToolCall& c = m.calls[k];
-      if (k > 0 || has_content) w.Trained("\n");
-      w.Trained(ToolCallText(c, c.arguments_text ? *c.arguments_text : c.arguments_json));
-    }
+    w.Trained(ToolCallsText(m, has_content, /*arguments_as_text=*/true));
     w.Trained("<|im_end|>");
     w.Context("\n");
   }
@@ -395,12 +402,7 @@ Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessa
       }
       if (m.role == "assistant" && m.tool_calls) {  // "\n" content, then "\n<tool_call>..." each
         w.Context("<|im_start|>assistant\n");
-        std::string body = m.content;
-        for (const ToolCall& c : m.calls) {
-          if (!body.empty()) body += "\n";
-          body += ToolCallText(c, c.arguments_json);
-        }
-        w.Trained(body);
+        w.Trained(m.content + ToolCallsText(m, !m.content.empty(), /*arguments_as_text=*/false));
         w.Trained("<|im_end|>");
         w.Context("\n");
         continue;
@@ -455,11 +457,14 @@ std::string RefusedToolUse(const ChatTemplate& t, std::span<const ChatMessage> m
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     const std::string which = "message " + std::to_string(i);
+    auto unwritten_role = [&] {  // built only when refused: this runs for every line
+      return which + " has role '" + m.role +
+             "', which the model's chat template does not write (it takes system, user, "
+             "assistant and tool)";
+    };
     if (qwen) {
       if (m.role != "system" && m.role != "user" && m.role != "assistant" && m.role != "tool") {
-        return which + " has role '" + m.role +
-               "', which the model's chat template does not write (it takes system, user, "
-               "assistant and tool)";
+        return unwritten_role();
       }
       if (m.tool_calls && m.role != "assistant") {
         return which + " has 'tool_calls' but is not the assistant's";
@@ -478,9 +483,7 @@ std::string RefusedToolUse(const ChatTemplate& t, std::span<const ChatMessage> m
     }
     if (t.tool_use == ToolUse::kIfTruthy && m.role != "system" && m.role != "user" &&
         m.role != "assistant") {
-      return which + " has role '" + m.role +
-             "', which the model's chat template does not write (it takes system, user, assistant "
-             "and tool)";
+      return unwritten_role();
     }
   }
   return "";
