@@ -227,6 +227,13 @@ HostPoolStats HostPool::stats(HostMemoryKind kind) const {
   return stats_[int(kind)];
 }
 
+size_t HostPool::ResidentBytes() const {
+  std::lock_guard lock(mu_);
+  size_t bytes = 0;
+  for (const Chunk& c : chunks_) bytes += c.mapping.ResidentBytes();
+  return bytes;
+}
+
 // ---- HostBlock ------------------------------------------------------------------------------
 
 HostBlock::~HostBlock() { Release(); }

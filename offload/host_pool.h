@@ -97,6 +97,9 @@ class HostPool {
   // REQUIRES: bytes > 0.
   Result<HostBlock> Allocate(size_t bytes, HostMemoryKind kind, std::string_view requester);
   HostPoolStats stats(HostMemoryKind kind) const;
+  // The pages of the pool's mappings now in RAM (HostAllocation::ResidentBytes): all of them once
+  // locked for a GPU, else those written so far.
+  size_t ResidentBytes() const;
   const std::string& numa_report() const { return numa_report_; }
   // Number of NUMA nodes with memory on this machine (1 when it cannot tell).
   static int NumaNodes();

@@ -734,6 +734,7 @@ class Executor final : public PipelineExecutor {
     return r;
   }
 
+  size_t HostResidentBytes() const override { return own_pool_ ? own_pool_->ResidentBytes() : 0; }
   ExecutorStats stats() const override {
     ExecutorStats s = stats_;
     if (base_reader_) {

@@ -34,6 +34,7 @@ class PipelineRunner final : public ModelRunner {
         "the pipeline executor does not compute full logits: use the generator (engine/exec/"
         "planned_generator.h) or, in tests, the reference runner");
   }
+  uint64_t host_resident_bytes() const override { return e_->HostResidentBytes(); }
   RunnerStats stats() const override {
     RunnerStats s;
     const ExecutorStats e = e_->stats();

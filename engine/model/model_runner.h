@@ -131,6 +131,9 @@ class ModelRunner {
     return Status::Unavailable("this runner has no packed logits");
   }
   virtual RunnerStats stats() const = 0;
+  // Host RAM the runner's own buffers occupy now (a pipeline's pinned staging, as it is filled or
+  // locked: PipelineExecutor::HostResidentBytes); 0 for a runner with none.
+  virtual uint64_t host_resident_bytes() const { return 0; }
 };
 
 }  // namespace ferry

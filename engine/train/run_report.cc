@@ -100,13 +100,17 @@ std::string MeasuredVsPredicted(const plan::Plan& plan, const MeasuredRun& run) 
   std::string host = "unknown";
   std::vector<std::string> notes;
   if (run.host_peak_bytes > 0 && run.host_start_bytes > 0) {
-    const uint64_t known = run.host_start_bytes + arenas + run.host_file_growth_bytes;
+    const uint64_t known =
+        run.host_start_bytes + run.host_setup_bytes + arenas + run.host_file_growth_bytes;
     const std::string rest =
         FormatByteSize(run.host_peak_bytes > known ? run.host_peak_bytes - known : 0);
     host = rest + " (the rest of the process's peak RSS, below)";
     notes.push_back("peak RSS " + FormatByteSize(run.host_peak_bytes) + " = " +
-                    FormatByteSize(run.host_start_bytes) + " at start + " + FormatByteSize(arenas) +
-                    " device arenas in RAM");
+                    FormatByteSize(run.host_start_bytes) + " at start + " +
+                    (run.host_setup_bytes > 0
+                         ? FormatByteSize(run.host_setup_bytes) + " set-up (threads, libraries) + "
+                         : std::string()) +
+                    FormatByteSize(arenas) + " device arenas in RAM");
     notes.push_back("  + " +
                     (run.host_file_growth_bytes > 0 ? FormatByteSize(run.host_file_growth_bytes) +
                                                           " code and files paged in + "

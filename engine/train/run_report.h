@@ -30,6 +30,12 @@ struct MeasuredRun {
   // Its resident set when the run started (ferry's code and libraries, the parsed job): what the
   // plan does not count; 0: unknown.
   uint64_t host_start_bytes = 0;
+  // What the resident set, less its file-backed pages, grew by from the start until the run's
+  // first step, less the plan's own memory in RAM by then (the data's rows, pinned staging locked
+  // for a GPU): the run's threads (their stacks and heaps), its libraries' state once initialized
+  // (a GEMM library's buffers, the CUDA runtime's), the tokenizer, none of which the plan counts;
+  // 0: none or unknown.
+  uint64_t host_setup_bytes = 0;
   // File-backed pages the run added to the resident set, measured at its end (RssFile then minus
   // at the start): libraries' code paged in at first use (a GEMM library's kernels, say) and
   // pages of mapped files. The kernel drops them when memory is short, and the plan, which counts
@@ -48,19 +54,21 @@ struct MeasuredRun {
   bool base_reads_measured = true;
 };
 
-// Lines like (`ferry train --devices 2 --steps 3` on two shared cores)
-//   measured vs predicted (plan for profile cpu-devices, 2 devices, 1 forward stage):
-//     step time  546 ms (median of 2 after the first; min 534 ms, max 558 ms)   predicted 450 ms
-//     cpu0 peak  83.30 MiB (arena)                                              planned 83.30 MiB
-//     cpu1 peak  83.30 MiB (arena)                                              planned 83.30 MiB
-//     host peak  476.87 MiB (process RSS: 234.10 MiB at start + 101.20 MiB device arenas in RAM
-//                + 6.32 MiB code and files paged in + 135.25 MiB the rest)    planned
-//                138.04 MiB (pinned 112.48 MiB + pageable 25.56 MiB)          [one line]
-//   ("the rest", what the run's data and plan took beyond the arenas and the file-backed pages,
-//   is what compares with the plan's host total; the arenas count the pages they filled, not
-//   their size, since a CPU device's arena is mapped whole and filled as used; "code and files
-//   paged in" only when there are any; without a start figure: "(process RSS; 101.20 MiB of it
-//   device arenas in RAM)")
+// Lines like (`ferry train --devices 2 --steps 6` on two shared cores)
+//   measured vs predicted (plan for profile cpu-devices, rates measured here, 2 devices, 4 ...):
+//     step time  223 ms (median of 5 after the first; min 210 ms, max 250 ms)   predicted 378 ms
+//     cpu0 peak  74.30 MiB (arena)                                              planned 74.30 MiB
+//     cpu1 peak  74.30 MiB (arena)                                              planned 74.30 MiB
+//     host peak  48.37 MiB (the rest of the process's peak RSS, below)          planned 46.99 MiB
+//                peak RSS 395.30 MiB = 187.18 MiB at start + 4.56 MiB set-up (threads,
+//                libraries) + 148.60 MiB device arenas in RAM                   [one line]
+//                  + 6.59 MiB code and files paged in + 48.37 MiB the rest
+//                planned: pinned 21.43 MiB + pageable 25.56 MiB
+//   ("the rest", what the run's own buffers took beyond the arenas, is what compares with the
+//   plan's host total; the arenas count the pages they filled, not their size, since a CPU
+//   device's arena is mapped whole and filled as used; "set-up (threads, libraries)"
+//   (MeasuredRun::host_setup_bytes) and "code and files paged in" only when there are any;
+//   without a start figure: "(process RSS; 148.60 MiB of it device arenas in RAM)")
 //     NVMe       38.36 MiB (optimizer state)                               planned 38.36 MiB
 //     NVMe/step  19.18 MiB read, 19.18 MiB written                         planned 19.18 MiB each
 //   (the NVMe rows only when the plan puts bytes there)

@@ -71,6 +71,15 @@ TEST(RunReport, ComparesSteadyStepsAndEveryTierWithThePlan) {
                       "paged in + 12.00 KiB the rest\n"),
             std::string::npos)
       << MeasuredVsPredicted(TwoDevicePlan(), run);
+  // What the set-up left resident for the run (threads, libraries): shown, and not in the rest.
+  run.host_setup_bytes = 8 << 10;
+  EXPECT_NE(MeasuredVsPredicted(TwoDevicePlan(), run)
+                .find("1000.00 KiB at start + 8.00 KiB set-up (threads, libraries) + 8.00 KiB "
+                      "device arenas in RAM\n               + 4.00 KiB code and files paged in + "
+                      "4.00 KiB the rest\n"),
+            std::string::npos)
+      << MeasuredVsPredicted(TwoDevicePlan(), run);
+  run.host_setup_bytes = 0;
   run.host_file_growth_bytes = 0;
   run.host_start_bytes = 1 << 20;  // nothing left beyond start and arenas: 0, not a wrap-around
   EXPECT_NE(MeasuredVsPredicted(TwoDevicePlan(), run).find("+ 0 B the rest"), std::string::npos);

@@ -81,6 +81,21 @@ Status RunTraining(const JobSpec& job_in, const ModelConfig& model, const RunCon
     pricing += std::string(pricing.empty() ? "" : "; ") +
                "warning: the host peak includes what the start held for a while: " + s.ToString();
   }
+  // What the start left resident that the plan does not count: the run's threads (stacks, their
+  // heaps), its libraries' state once initialized (a GEMM library's, the CUDA runtime's), the
+  // tokenizer; the plan's own memory already in RAM (the data's rows, pinned staging locked for a
+  // GPU, arena pages) is not part of it.
+  uint64_t setup_bytes = 0;
+  if (const Result<uint64_t> rss = ResidentBytes(), file_rss = ResidentFileBytes();
+      rss.ok() && file_rss.ok() && rss_at_start.ok() && file_rss_at_start.ok()) {
+    uint64_t planned_resident = data->host_bytes() + runner->host_resident_bytes();
+    for (const auto& d : devices.devices) planned_resident += d->host_resident_bytes();
+    const uint64_t anon_now = *rss > *file_rss ? *rss - *file_rss : 0;
+    const uint64_t anon_start =
+        *rss_at_start > *file_rss_at_start ? *rss_at_start - *file_rss_at_start : 0;
+    const uint64_t grew = anon_now > anon_start ? anon_now - anon_start : 0;
+    setup_bytes = grew > planned_resident ? grew - planned_resident : 0;
+  }
 
   std::vector<LayerSpec> layers = BuildLayerSpecs(model, job.lora);
   FERRY_ASSIGN_OR_RETURN(HostTensors weights, InitialWeights(job.model, model, layers, job.seed));
@@ -257,6 +272,7 @@ Status RunTraining(const JobSpec& job_in, const ModelConfig& model, const RunCon
     const Result<uint64_t> rss = PeakResidentBytes();
     measured.host_peak_bytes = rss.ok() ? *rss : 0;
     measured.host_start_bytes = rss_at_start.ok() ? *rss_at_start : 0;
+    measured.host_setup_bytes = setup_bytes;
     // At the end, not at the peak: it can err either way. Code first run after the peak (the
     // final save, say) is subtracted from a peak that did not hold it; a mapping's pages
     // dropped before the end (a streamed base) are not subtracted though the peak held them.

@@ -178,10 +178,11 @@ std::string EpochsUpdates(double epochs, int64_t rows, int64_t updates) {
 }
 
 plan::DataCounts TrainingData::Counts(int64_t rows) const {
-  plan::DataCounts c{.documents_in_rows = MostDocuments(rows)};
-  if (val_) c.host_bytes = val_->host_bytes();
-  if (train_) c.host_bytes += train_->host_bytes();
-  return c;
+  return {.documents_in_rows = MostDocuments(rows), .host_bytes = host_bytes()};
+}
+
+uint64_t TrainingData::host_bytes() const {
+  return (val_ ? val_->host_bytes() : 0) + (train_ ? train_->host_bytes() : 0);
 }
 
 std::vector<int64_t> TrainingData::MostDocuments(int64_t rows) const {

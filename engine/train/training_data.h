@@ -96,6 +96,9 @@ class TrainingData {
   // What the plan is told: MostDocuments(rows) and the packed rows' host bytes (training and
   // validation; none for the built-in text, whose tokens are part of the program).
   plan::DataCounts Counts(int64_t rows) const;
+  // The host memory the packed rows take, training and validation (PackedRows::host_bytes): what
+  // a plan counts as data.rows.
+  uint64_t host_bytes() const;
   // The packed training rows of a dataset file (what an epoch visits); 0 for the built-in text.
   int64_t training_rows() const { return train_ ? train_->rows() : 0; }
 
