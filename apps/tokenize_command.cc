@@ -223,10 +223,13 @@ int RunData(const TokenizeCommand& cmd, const Tokenizer& tok) {
     return Fail(Status::FromErrno(errno, "write the output (stdout)").message());
   }
   const std::string skipped = loaded->skipped_lines > 0 ? ", " + SkippedText(*loaded) : "";
-  std::fprintf(stderr, "%zu examples%s, %lld tokens, %lld trained (%s; chat template %s)\n",
-               loaded->examples.size(), skipped.c_str(), static_cast<long long>(tokens),
-               static_cast<long long>(trained), tok.Describe().c_str(),
-               ChatFormatName(chat->format));
+  std::fprintf(stderr, "%zu example%s%s, %lld tokens, %lld trained (%s; chat template %s)\n",
+               loaded->examples.size(), loaded->examples.size() == 1 ? "" : "s", skipped.c_str(),
+               static_cast<long long>(tokens), static_cast<long long>(trained),
+               tok.Describe().c_str(), ChatFormatName(chat->format));
+  if (std::string note = UnusedTrainOnPrompt(*loaded, o); !note.empty()) {
+    std::fprintf(stderr, "ferry tokenize: note: %s\n", note.c_str());
+  }
   return 0;
 }
 

@@ -335,7 +335,9 @@ Example TokenizeMasked(const Tokenizer& tokenizer, const RenderedText& r, bool a
   return e;
 }
 
-Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, std::string* text) {
+Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, std::string* text,
+                               bool* has_prompt) {
+  if (has_prompt != nullptr) *has_prompt = false;
   const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Status::InvalidArgument("not valid JSON");
   if (!j.is_object()) return Status::InvalidArgument("not a JSON object");
@@ -370,6 +372,7 @@ Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, s
     FERRY_ASSIGN_OR_RETURN(RenderedText r, RenderChat(o.chat_template, turns, tools));
     if (o.train_on_prompt) r.trained = {{0, r.text.size()}};
     if (text != nullptr) *text = r.text;
+    if (has_prompt != nullptr) *has_prompt = true;
     return TokenizeMasked(tok, r, /*add_special_tokens=*/false);
   }
   if (j.contains("prompt") || j.contains("completion")) {
@@ -384,6 +387,7 @@ Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, s
     Example e = TokenizeMasked(tok, r, /*add_special_tokens=*/true);
     AppendEos(tok, e);
     if (text != nullptr) *text = std::move(r.text);
+    if (has_prompt != nullptr) *has_prompt = true;
     return e;
   }
   if (j.contains("text")) {
@@ -402,6 +406,12 @@ std::string SkippedText(const LoadedExamples& loaded) {
   if (loaded.skipped_lines == 0) return "";
   return std::to_string(loaded.skipped_lines) + " bad " + (loaded.json_array ? "element" : "line") +
          (loaded.skipped_lines == 1 ? "" : "s") + " skipped";
+}
+
+std::string UnusedTrainOnPrompt(const LoadedExamples& loaded, const ExampleOptions& o) {
+  if (!o.train_on_prompt || loaded.with_prompt > 0 || loaded.examples.empty()) return "";
+  return "--train-on-prompt changes nothing here: no example has a prompt, and a text's every "
+         "token already counts";
 }
 
 Result<std::vector<JsonRecord>> SplitJsonArray(std::string_view text, std::string_view source) {
@@ -551,7 +561,9 @@ Result<LoadedExamples> LoadExamples(const std::string& path, const ExampleOption
   }
   for (const JsonRecord& record : records) {
     std::string record_text;
-    Result<Example> e = ParseJsonlLine(record.text, o, o.keep_text ? &record_text : nullptr);
+    bool prompted = false;
+    Result<Example> e =
+        ParseJsonlLine(record.text, o, o.keep_text ? &record_text : nullptr, &prompted);
     if (!e.ok()) {
       if (o.skip_bad_lines) {
         ++out.skipped_lines;
@@ -562,6 +574,7 @@ Result<LoadedExamples> LoadExamples(const std::string& path, const ExampleOption
                                      (array ? "elements" : "lines") + ")");
     }
     out.examples.push_back(std::move(*e));
+    out.with_prompt += prompted ? 1 : 0;
     if (o.keep_text) {
       out.texts.push_back(std::move(record_text));
       out.lines.push_back(record.line);

@@ -86,7 +86,10 @@ struct ExampleOptions {
 struct LoadedExamples {
   std::vector<Example> examples;
   int64_t skipped_lines = 0;  // with skip_bad_lines: lines, or a JSON array's elements
-  bool json_array = false;    // the file is a JSON array: skipped_lines counts elements
+  // Examples with a prompt (chats, prompt + completion): those train_on_prompt changes; 0 for
+  // text and token files.
+  int64_t with_prompt = 0;
+  bool json_array = false;  // the file is a JSON array: skipped_lines counts elements
   // With keep_text, for .jsonl, .json and .txt files: each example's text as tokenized (the
   // rendered chat, prompt + completion, or the text) and, for .jsonl and .json, its line number
   // (1-based; an array element's first line).
@@ -99,12 +102,16 @@ Result<LoadedExamples> LoadExamples(const std::string& path, const ExampleOption
 
 // "1 bad line skipped", "3 bad elements skipped" (a JSON array's); "" when none was.
 std::string SkippedText(const LoadedExamples& loaded);
+// With train_on_prompt over examples none of which has a prompt (a text or token file, text
+// lines), a note that the option changes nothing; else "".
+std::string UnusedTrainOnPrompt(const LoadedExamples& loaded, const ExampleOptions& options);
 
 // One .jsonl line (without its newline) as an Example; errors without the file:line prefix.
 // The pure entry point of the .jsonl reader (LoadExamples and the fuzz target call it). `text`,
-// when given, receives the text that was tokenized.
+// when given, receives the text that was tokenized; `has_prompt`, whether the example has a
+// prompt (a chat or prompt + completion: what train_on_prompt trains too).
 Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& options,
-                               std::string* text = nullptr);
+                               std::string* text = nullptr, bool* has_prompt = nullptr);
 
 // One JSON record of a dataset file: a top-level JSON array's element or a JSON line, with the
 // line it starts on (1-based).

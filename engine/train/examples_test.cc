@@ -408,6 +408,34 @@ TEST_F(ExampleFilesTest, TextFileSplitsAtBlankLines) {
   EXPECT_EQ(r->examples[1].tokens, (std::vector<int32_t>{256, 'e', 'f', 257}));
 }
 
+// --train-on-prompt over a file without prompts (text lines, a text file) changes no mask: a
+// note says so; one prompt among the examples (a chat, prompt + completion) and it has work.
+TEST_F(ExampleFilesTest, TrainOnPromptWithoutPromptsIsNoted) {
+  const ExampleOptions o{.tokenizer = tok_.get(),
+                         .chat_template = {.format = ChatFormat::kChatMl},
+                         .train_on_prompt = true};
+  for (const auto& [name, bytes] :
+       {std::pair{"text.txt", "ab\n\ncd\n"},
+        std::pair{"text.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\"}\n"}}) {
+    Result<LoadedExamples> r = LoadExamples(Write(name, bytes), o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->with_prompt, 0) << name;
+    EXPECT_NE(UnusedTrainOnPrompt(*r, o).find("--train-on-prompt changes nothing here"),
+              std::string::npos)
+        << name;
+    EXPECT_EQ(UnusedTrainOnPrompt(*r, {.tokenizer = tok_.get()}), "") << name;  // not asked for
+  }
+  for (const char* line : {"{\"prompt\": \"p\", \"completion\": \"c\"}",
+                           "{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}, "
+                           "{\"role\": \"assistant\", \"content\": \"a\"}]}"}) {
+    Result<LoadedExamples> r =
+        LoadExamples(Write("mixed.jsonl", std::string("{\"text\": \"a\"}\n") + line + "\n"), o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->with_prompt, 1) << line;
+    EXPECT_EQ(UnusedTrainOnPrompt(*r, o), "") << line;
+  }
+}
+
 TEST_F(ExampleFilesTest, TokenFileRoundTrip) {
   const std::vector<std::vector<int32_t>> docs = {{1, 2, 3}, {}, {70000, 5}};
   const std::string path = (dir_ / "data.tok").string();

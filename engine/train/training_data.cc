@@ -101,8 +101,12 @@ Result<std::vector<Example>> LoadDataset(const std::string& path, const ExampleO
     }
   }
   if (log != nullptr) {
-    *log += path + ": " + std::to_string(loaded.examples.size()) + " examples";
+    *log += path + ": " + std::to_string(loaded.examples.size()) +
+            (loaded.examples.size() == 1 ? " example" : " examples");
     if (loaded.skipped_lines > 0) *log += ", " + SkippedText(loaded);
+    if (std::string note = UnusedTrainOnPrompt(loaded, o); !note.empty()) {
+      *log += " (" + note + ")";
+    }
   }
   return std::move(loaded.examples);
 }
