@@ -25,13 +25,14 @@ sees them: ids and the loss mask) and checks:
    as `ferry tokenize --chat --jsonl` encodes it) equals the template rendered with
    add_generation_prompt=True, its ids `tokenizers`' encoding of that text without special
    tokens, and its stop the tokenizer's id of the template's end-of-turn marker.
-4. tool use: under Qwen2.5's and Qwen3's templates, random chats with a `tools` list, tool calls
-   (OpenAI's form or bare; arguments objects holding every kind of JSON value, or JSON strings)
-   and runs of 'tool' results, rendered with transformers' `tojson` (json.dumps,
-   ensure_ascii=False): text, ids and mask equal. Under the others, four lines (a 'tools' list,
-   an empty one, tool_calls, a 'tool' result): where the template writes tool use its own way
-   (Llama 3.1's, checked with jinja2) ferry refuses the line naming it, and a tool call under
-   every template; where the template ignores it (Llama 3.0's, Mistral v0.2's) ferry's text
+4. tool use: under Qwen2.5's, Qwen3's and Llama 3.1's templates, random chats with a `tools`
+   list, tool calls (OpenAI's form or bare for Qwen; arguments objects holding every kind of JSON
+   value, or JSON strings) and runs of 'tool' results (Llama: 'ipython' too), rendered with
+   transformers' `tojson` (json.dumps, ensure_ascii=False; Llama's tools with indent=4): text,
+   ids and mask equal. Under the others, four lines (a 'tools' list, an empty one, tool_calls, a
+   'tool' result): where the template writes tool use its own way (a Llama 3.1 template with
+   other tool clauses, checked with jinja2) ferry refuses the line naming it, and a tool call
+   under every template; where the template ignores it (Llama 3.0's, Mistral v0.2's) ferry's text
    equals jinja2's.
 
 Exit codes: 0 all equal, 1 a mismatch or failure, 77 skipped (Python packages unavailable).
@@ -469,7 +470,10 @@ def tool_conversation(family):
     """A chat with tool use as Qwen's templates take it: maybe a system message and a `tools`
     list; user queries each answered directly or by tool calls (in OpenAI's {"type", "function"}
     form or bare, arguments an object or a JSON string, content empty or not), one to three
-    'tool' results and a final answer."""
+    'tool' results and a final answer. Llama 3.1's (family llama3): one call a message, in
+    OpenAI's form (its content the template drops), one or two 'tool' or 'ipython' results, and
+    `tools` listed, `[]` or not given."""
+    llama = family == "llama3"
     msgs = []
     if rng.random() < 0.5:
         msgs.append({"role": "system", "content": content()})
@@ -477,48 +481,71 @@ def tool_conversation(family):
         msgs.append({"role": "user", "content": content()})
         if rng.random() < 0.6:
             calls = []
-            for _ in range(rng.randint(1, 3)):
+            for _ in range(1 if llama else rng.randint(1, 3)):
                 args = {k: json_value(1) for k in rng.sample(["a", "b", "city", "ω"], rng.randint(0, 3))}
                 if rng.random() < 0.3:
                     args = json.dumps(args, ensure_ascii=rng.random() < 0.5)
                 name = rng.choice(["add", "get_weather", "search"])
                 call = {"name": name, "arguments": args}
-                calls.append({"type": "function", "function": call} if rng.random() < 0.7 else call)
+                calls.append({"type": "function", "function": call}
+                             if llama or rng.random() < 0.7 else call)
             msgs.append({"role": "assistant", "content": "" if rng.random() < 0.6 else content(),
                          "tool_calls": calls})
             if family == "qwen3":
                 think(msgs[-1])
-            for _ in range(rng.randint(1, 3)):
-                msgs.append({"role": "tool", "content": content()})
+            for _ in range(rng.randint(1, 2 if llama else 3)):
+                msgs.append({"role": rng.choice(["tool", "ipython"]) if llama else "tool",
+                             "content": content()})
         msgs.append({"role": "assistant", "content": content()})
         if family == "qwen3":
             think(msgs[-1])
     line = {"messages": msgs}
-    if rng.random() < 0.6:
+    r = rng.random()
+    if r < 0.6:
         line["tools"] = [{"type": "function",
                           "function": {"name": rng.choice(["add", "search"]),
                                        "description": text(n=3), "parameters": json_value()}}
                          for _ in range(rng.randint(1, 3))]
+    elif llama and r < 0.7:
+        line["tools"] = []
     return line
 
 
 def check_tool_chats(fn, family):
-    """Chats with tool use (tool_conversation) rendered by Qwen's real templates with jinja2 and
-    transformers' `tojson` (json.dumps, ensure_ascii=False): ferry's text, ids and mask (each
-    assistant turn after its header: answer, tool calls, <|im_end|>) must equal them."""
-    tok, bos, eos, _ = TOKENIZERS["qwen"]
+    """Chats with tool use (tool_conversation) rendered by
+    the real templates with jinja2 and transformers' `tojson` (json.dumps, ensure_ascii=False):
+    ferry's text, ids and mask (each assistant turn after its header: answer or tool calls, and
+    the end-of-turn marker) must equal them."""
+    llama = family == "llama3"
+    tok, bos, eos, _ = TOKENIZERS["llama3" if llama else "qwen"]
     source = load_template(fn)
     tmpl = ENV.from_string(source)
     d = model_dir("tool-chats-" + fn, tok, bos, eos, chat_template=source)
     lines = [tool_conversation(family) for _ in range(args.cases // 2)]
     got = ferry_data(d, lines)
+    ranges = llama_ranges if llama else qwen3_ranges
     for line, g in zip(lines, got):
         tally.compared += 1
         want = render(tmpl, line["messages"], bos, eos, tools=line.get("tools"))
         compare_example("tool chat ", fn, line, g, tok, want,
-                        lambda: qwen3_ranges(want, line["messages"]))
+                        lambda: ranges(want, line["messages"]))
     print(f"{fn}: {len(lines)} chats with tool use rendered with jinja2 and compared "
           "(text, ids, mask)")
+
+
+def llama_ranges(full, msgs):
+    """Each assistant turn after its header up to and including <|eot_id|>: its trimmed answer,
+    or its one tool call's {"name", "parameters"} JSON."""
+    ranges, at = [], 0
+    header = "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    for m in msgs:
+        if m["role"] != "assistant":
+            continue
+        at = full.index(header, at) + len(header)
+        end = full.index("<|eot_id|>", at) + len("<|eot_id|>")
+        ranges.append((at, end))
+        at = end
+    return ranges
 
 
 TOOL_CALL = {"role": "assistant", "content": "",
@@ -528,15 +555,16 @@ TOOLS = [{"type": "function", "function": {"name": "add", "description": "a + b"
                                            "parameters": {"type": "object"}}}]
 
 
-def check_tool_use(fn, tok_name, tool_use):
+def check_tool_use(fn, tok_name, tool_use, source=None):
     """Lines with tool use: a 'tools' list (and an empty one), an assistant's tool_calls, a 'tool'
     result. ferry renders no tool use: where the template writes it (jinja2's text differs from
     the same chat without it, or has no "tool" turn header) ferry refuses the line naming it, and a
     tool call under every template (one without tool use drops the calls from the turn); where
     the template ignores it, ferry's text equals jinja2's. `tool_use`: None (no tool use),
-    "truthy" (Qwen's `if tools`) or "present" (Llama 3.1's `tools is not none`)."""
+    "truthy" (Qwen's `if tools`) or "present" (Llama 3.1's `tools is not none`; an altered
+    Llama 3.1 template, `source`, since ferry renders Llama 3.1's own)."""
     tok, bos, eos, _ = TOKENIZERS[tok_name]
-    source = load_template(fn)
+    source = source or load_template(fn)
     tmpl = ENV.from_string(source)
     d = model_dir("tools-" + fn, tok, bos, eos, chat_template=source)
     ask = [{"role": "user", "content": "2+2?"}]
@@ -587,12 +615,16 @@ for fn, tok_name, family in CHATS:
     check_chat_prompt(fn, tok_name, family)
     if family == "qwen3":
         check_chat_prompt(fn, tok_name, family, thinking=False)
-TOOL_USE = {"llama3.1.jinja": "present"}
 for fn, tok_name, family in CHATS:
     if tok_name == "qwen":
         check_tool_chats(fn, family)
+    elif fn == "llama3.1.jinja":
+        check_tool_chats(fn, family)
     else:
-        check_tool_use(fn, tok_name, TOOL_USE.get(fn))
+        check_tool_use(fn, tok_name, None)
+# A Llama 3.1 template whose tool clauses differ (here: the tools indented by 2): refused.
+check_tool_use("llama3.1-altered.jinja", "llama3", "present",
+               load_template("llama3.1.jinja").replace("tojson(indent=4)", "tojson(indent=2)"))
 check_refused("llama2.jinja", "mistral")
 check_refused("mistral-v0.3.jinja", "mistral")
 # A <think> template that renders otherwise than Qwen3's (here: every turn after the last query

@@ -5,6 +5,7 @@
 
 #include "engine/json.h"
 #include "engine/text/utf8_text.h"
+#include "engine/train/python_json.h"
 #include "offload/file_io.h"
 
 namespace ferry {
@@ -54,6 +55,34 @@ constexpr std::string_view kQwen3ToolMarkers[] = {
     "{%- if tool_call.arguments is string %}",
     "loop.first or (messages[loop.index0 - 1].role != \"tool\")",
     "{{- messages[0].content + '\\n\\n' }}"};
+// The tool clauses of Llama 3.1's template (Meta's Llama-3.1 and 3.3 Instruct), as its text says
+// them: what RenderChat writes for kLlama31.
+constexpr std::string_view kLlama31ToolMarkers[] = {
+    "set tools_in_user_message = true",
+    "\"Environment: ipython\\n\"",
+    "first_user_message = messages[0]['content']|trim",
+    "'<|start_header_id|>user<|end_header_id|>\\n\\n'",
+    "\"Given the following functions, please respond with a JSON for a function call \"",
+    "\"with its proper arguments that best answers the given prompt.\\n\\n\"",
+    "'Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name "
+    "and its value}.'",
+    "\"Do not use variables.\\n\\n\"",
+    "t | tojson(indent=4)",
+    "first_user_message + \"<|eot_id|>\"",
+    "not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message)",
+    "not message.tool_calls|length == 1",
+    "message.tool_calls[0].function",
+    "'{\"name\": \"' + tool_call.name + '\", '",
+    "'\"parameters\": '",
+    "tool_call.arguments | tojson",
+    "\"<|start_header_id|>ipython<|end_header_id|>\\n\\n\"",
+    "message.content is mapping or message.content is iterable",
+    "message.content | tojson"};
+constexpr std::string_view kLlama31ToolsPreamble =
+    "Given the following functions, please respond with a JSON for a function call with its "
+    "proper arguments that best answers the given prompt.\n\nRespond in the format {\"name\": "
+    "function name, \"parameters\": dictionary of argument name and its value}.Do not use "
+    "variables.\n\n";
 // Llama 3.1+'s system preamble with the templates' default date.
 constexpr std::string_view kKnowledgeDate =
     "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n";
@@ -321,6 +350,9 @@ ChatTemplate ChatTemplateFromText(std::string_view text) {
       known = known && has(marker);
     }
     if (known) t.tool_use = ToolUse::kQwen;
+    bool llama31 = t.format == ChatFormat::kLlama3 && t.knowledge_date;
+    for (std::string_view marker : kLlama31ToolMarkers) llama31 = llama31 && has(marker);
+    if (llama31) t.tool_use = ToolUse::kLlama31;
   }
   return t;
 }
@@ -362,7 +394,7 @@ ChatTemplate DetectChatTemplate(const std::string& model_dir) {
 }
 
 Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessage> messages,
-                                std::span<const std::string> tools) {
+                                std::span<const std::string> tools, bool tools_listed) {
   if (t.format == ChatFormat::kNone) {
     return Status::InvalidArgument(
         "a chat needs a chat template and the model has none that ferry knows; pass "
@@ -376,11 +408,13 @@ Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessa
                                    " to choose one ferry knows");
   }
   if (messages.empty()) return Status::InvalidArgument("the chat has no turn");
-  if (std::string why = RefusedToolUse(t, messages, false); !why.empty()) {
+  const bool llama31 = t.tool_use == ToolUse::kLlama31;
+  tools_listed = llama31 && (tools_listed || !tools.empty());
+  if (std::string why = RefusedToolUse(t, messages, tools_listed); !why.empty()) {
     return Status::InvalidArgument(why);
   }
   if (t.format == ChatFormat::kMistral) return RenderMistral(messages);
-  if (t.tool_use != ToolUse::kQwen) tools = {};  // ignored, or refused above
+  if (t.tool_use != ToolUse::kQwen && !llama31) tools = {};  // ignored, or refused above
   if (t.format == ChatFormat::kQwen3) {
     return RenderQwen3(messages, tools, t.tool_use == ToolUse::kQwen);
   }
@@ -428,11 +462,39 @@ Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessa
       rest = rest.subspan(1);
     }
     w.Context("<|start_header_id|>system<|end_header_id|>\n\n");
+    if (tools_listed) w.Context("Environment: ipython\n");
     w.Context(kKnowledgeDate);
     w.Context(system);
     w.Context("<|eot_id|>");
   }
-  for (const ChatMessage& m : rest) {
+  if (tools_listed) {  // the tools go in the first user message (RefusedToolUse: there is one)
+    w.Context("<|start_header_id|>user<|end_header_id|>\n\n");
+    w.Context(kLlama31ToolsPreamble);
+    for (const std::string& tool : tools) w.Context(tool + "\n\n");
+    w.Context(Trim(rest[0].content));
+    w.Context("<|eot_id|>");
+    rest = rest.subspan(1);
+  }
+  for (size_t i = 0; i < rest.size(); ++i) {
+    const ChatMessage& m = rest[i];
+    if (llama31 && m.tool_calls_key && m.calls.size() != 1) {
+      return Status::InvalidArgument(
+          "message " + std::to_string(i + size_t(rest.data() - messages.data())) + " has " +
+          std::to_string(m.calls.size()) +
+          " tool calls: the model's chat template (Llama 3.1's) takes one call a message");
+    }
+    if (llama31 && (m.role == "tool" || m.role == "ipython")) {  // the content's `tojson`
+      w.Context("<|start_header_id|>ipython<|end_header_id|>\n\n" +
+                PythonJsonDumps(nlohmann::ordered_json(m.content)) + "<|eot_id|>");
+      continue;
+    }
+    if (llama31 && m.tool_calls_key) {  // its one call (RefusedToolUse), in place of its content
+      w.Context("<|start_header_id|>assistant<|end_header_id|>\n\n");
+      w.Trained("{\"name\": \"" + m.calls.at(0).name +
+                "\", \"parameters\": " + m.calls.at(0).arguments_json + "}");
+      w.Trained("<|eot_id|>");
+      continue;
+    }
     w.Context("<|start_header_id|>" + m.role + "<|end_header_id|>\n\n");
     if (m.role == "assistant") {
       w.Trained(Trim(m.content));
@@ -449,8 +511,28 @@ std::string RefusedToolUse(const ChatTemplate& t, std::span<const ChatMessage> m
                            bool tools_listed) {
   const std::string own_way =
       ": the model's chat template writes tool use in its own format, which ferry does not "
-      "render (it renders Qwen2.5's and Qwen3's); leave tool conversations out";
+      "render (it renders Qwen2.5's, Qwen3's and Llama 3.1's); leave tool conversations out";
   const bool qwen = t.tool_use == ToolUse::kQwen;
+  if (t.tool_use == ToolUse::kLlama31) {
+    const size_t first = messages[0].role == "system" ? 1 : 0;
+    if (tools_listed && (first == messages.size() || messages[first].role != "user")) {
+      return "the line lists 'tools', which the model's chat template (Llama 3.1's) puts in the "
+             "first user message, and message " +
+             std::to_string(first) + " is not the user's";
+    }
+    for (size_t i = 0; i < messages.size(); ++i) {
+      const ChatMessage& m = messages[i];
+      if ((m.tool_calls_key || m.tool_calls) && m.role != "assistant") {
+        return "message " + std::to_string(i) + " has 'tool_calls' but is not the assistant's";
+      }
+      if (m.tool_calls_key && !m.tool_calls) {
+        return "message " + std::to_string(i) +
+               " has 'tool_calls' that list no call: the model's chat template (Llama 3.1's) "
+               "takes one call a message";
+      }
+    }
+    return "";
+  }
   if (tools_listed && t.tool_use != ToolUse::kNone && !qwen) {
     return "the line lists 'tools'" + own_way;
   }
@@ -472,7 +554,8 @@ std::string RefusedToolUse(const ChatTemplate& t, std::span<const ChatMessage> m
       continue;
     }
     if (m.tool_calls || (m.tool_calls_key && t.tool_use == ToolUse::kIfPresent)) {
-      return which + " has 'tool_calls': ferry renders tool calls in Qwen2.5's and Qwen3's " +
+      return which +
+             " has 'tool_calls': ferry renders tool calls in Qwen2.5's, Qwen3's and Llama 3.1's " +
              "templates only (one without tool use would train the turn without them); leave " +
              "tool conversations out";
     }

@@ -37,6 +37,16 @@
 //           (the system message, if any, moves there; "26 Jul 2024" is the templates' own default
 //           date — Llama 3.2's uses today's date when the caller provides strftime_now; ferry
 //           keeps the fixed one so that a dataset tokenizes the same every day).
+//  tools    (Llama 3.1's template, ToolUse::kLlama31): with a line's `tools` (any list, [] too),
+//           the system turn's content starts "Environment: ipython\n", and the first message
+//           after the system's (a user's) becomes
+//             "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, ..."
+//             + each tool's `tojson(indent=4)` + "\n\n" + trim(content) + "<|eot_id|>";
+//           an assistant's one tool call (its `function`) is the whole turn, its content dropped:
+//             header "{\"name\": \"" name "\", \"parameters\": " tojson(arguments) "}<|eot_id|>"
+//           (trained as the turn's content); a "tool" or "ipython" result is
+//             "<|start_header_id|>ipython<|end_header_id|>\n\n" tojson(content) "<|eot_id|>"
+//           (a string's JSON, quotes and escapes: the template's `is iterable` takes strings).
 //  mistral  (Mistral-7B-Instruct-v0.2 / Mixtral): "<s>" then, after an optional first system
 //           message, strictly alternating user/assistant turns:
 //             user       " [INST] " [system "\n\n" on the first user turn] content " [/INST]"
@@ -72,14 +82,15 @@ namespace ferry {
 
 // Tool use in a chat template (a line's `tools`, an assistant's `tool_calls`, "tool" results):
 enum class ToolUse {
-  kNone,  // none (Llama 3.0's, Mistral v0.2's): `tools` ignored, every role written as is
-  kQwen,  // Qwen2.5's and Qwen3's release templates (and qwen3 by name), whose tool clauses
-          // ferry renders as they render them (below); other roles are not written
+  kNone,     // none (Llama 3.0's, Mistral v0.2's): `tools` ignored, every role written as is
+  kQwen,     // Qwen2.5's and Qwen3's release templates (and qwen3 by name), whose tool clauses
+             // ferry renders as they render them (below); other roles are not written
+  kLlama31,  // Llama 3.1's (found by its tool clauses' text), rendered as it renders them
   // Refused (RefusedToolUse): templates that write tool use in a way ferry does not render.
   kIfTruthy,   // Qwen-like ones other than the release templates (and a qwen2 model_type without
                // a template): `if tools`, `if message.tool_calls`; other roles not written
-  kIfPresent,  // Llama 3.1's: `tools is not none`, `'tool_calls' in message`, "tool"/"ipython"
-               // results (written as ipython turns)
+  kIfPresent,  // Llama 3.1-like ones other than Llama 3.1's: `tools is not none`, `'tool_calls'
+               // in message`, "tool"/"ipython" results (written as ipython turns)
 };
 
 struct ChatTemplate {
@@ -98,7 +109,7 @@ struct ChatTemplate {
 };
 
 // One call of an assistant's `tool_calls` ({"function": {"name", "arguments"}} or {"name",
-// "arguments"}), as kQwen templates write it.
+// "arguments"}; kLlama31: the first form only), as kQwen and kLlama31 templates write it.
 struct ToolCall {
   std::string name;
   std::string arguments_json;  // the arguments as `tojson` writes them (python_json.h)
@@ -117,7 +128,7 @@ struct ChatMessage {
   // false, 0, "", [] or {}: what a Jinja `if` takes as none).
   bool tool_calls_key = false;
   bool tool_calls = false;
-  std::vector<ToolCall> calls = {};  // under a kQwen template: the calls, in order
+  std::vector<ToolCall> calls = {};  // under a kQwen or kLlama31 template: the calls, in order
 };
 
 // Rendered conversation: `text`, and the byte ranges [begin, end) of it that carry the loss, in
@@ -136,19 +147,23 @@ ChatTemplate DetectChatTemplate(const std::string& model_dir);
 // The same from a chat_template text alone.
 ChatTemplate ChatTemplateFromText(std::string_view template_text);
 
-// Renders `messages`, with `tools` (a line's tool list, each as `tojson` writes it) for a kQwen
-// template. Errors (InvalidArgument, one line): no template (kNone), an unsupported detected
-// template, an empty conversation, tool use (RefusedToolUse), and for mistral a system message
-// not first or roles that do not alternate.
+// Renders `messages`, with `tools` (a line's tool list, each as the template's `tojson` writes it:
+// kQwen one line, kLlama31 indent=4) for a kQwen or kLlama31 template; `tools_listed`: the line
+// lists tools, maybe none (kLlama31's `tools is not none`). Errors (InvalidArgument, one line):
+// no template (kNone), an unsupported detected template, an empty conversation, tool use
+// (RefusedToolUse), and for mistral a system message not first or roles that do not alternate.
 Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessage> messages,
-                                std::span<const std::string> tools = {});
+                                std::span<const std::string> tools = {}, bool tools_listed = false);
 
 // Why ferry refuses the chat's tool use under `t` (empty: none to refuse). Under kQwen: a role
 // other than system, user, assistant and tool, or tool calls on a message other than an
-// assistant's. Otherwise: a message listing tool calls (under any template: a template without
-// tool use would train the turn without them), and as t.tool_use says, a tool result or a role
-// the template does not write, or `tools_listed` (the line's `tools` is one the template writes:
-// any non-null one for kIfPresent, one a Jinja `if` takes as some for kIfTruthy).
+// assistant's. Under kLlama31: `tool_calls` on a message other than an assistant's or listing no
+// call, and with `tools_listed` a conversation whose first message after the system's is not the
+// user's (the template puts the tools there). Otherwise: a message listing tool calls (under any
+// template: a template without tool use would train the turn without them), and as t.tool_use says,
+// a tool result or a role the template does not write, or `tools_listed` (the line's `tools` is one
+// the template writes: any non-null one for kIfPresent, one a Jinja `if` takes as some for
+// kIfTruthy).
 std::string RefusedToolUse(const ChatTemplate& t, std::span<const ChatMessage> messages,
                            bool tools_listed);
 

@@ -252,27 +252,39 @@ TEST(ChatTemplateTest, GenerationPromptAddsTheAssistantsHeader) {
   EXPECT_EQ(EndOfTurn(ChatFormat::kNone), "");
 }
 
-// Tool use: Qwen2.5's and Qwen3's release templates are kQwen (rendered: see QwenToolUse); a
-// Qwen template whose tool clauses differ, and Llama 3.1's, write tool use in a way ferry does
-// not render: a tool result and a role the template does not write are refused there, and a tool
-// call under every template but Qwen's (one without tool use would train the turn without its
-// calls). The templates without tool use, and chatml by name, write the roles as they are (a
-// generic ChatML template writes "<|im_start|>tool").
+// Tool use: Qwen2.5's and Qwen3's release templates are kQwen (rendered: see QwenToolUse), Llama
+// 3.1's kLlama31 (Llama31ToolUse); a Qwen or Llama 3.1 template whose tool clauses differ writes
+// tool use in a way ferry does not render: a tool result and a role the template does not write
+// are refused there, and a tool call under every template but those (one without tool use would
+// train the turn without its calls). The templates without tool use, and chatml by name, write the
+// roles as they are (a generic ChatML template writes "<|im_start|>tool").
 TEST(ChatTemplateTest, ToolUseIsRefusedWhereFerryDoesNotRenderIt) {
   Result<std::string> qwen25 =
       ReadWholeFile(testing::SourceDir() + "/tests/chat_templates/qwen2.5.jinja");
   ASSERT_TRUE(qwen25.ok());
   std::string altered = *qwen25;  // another way to pick a call's fields
   altered.replace(altered.find("tool_call.function is defined"), 29, "tool_call.function");
-  const std::pair<const char*, ToolUse> kTemplates[] = {
-      {"qwen2.5", ToolUse::kQwen},     {"qwen3", ToolUse::kQwen},
-      {"altered", ToolUse::kIfTruthy}, {"llama3.1", ToolUse::kIfPresent},
-      {"llama3", ToolUse::kNone},      {"mistral-v0.2", ToolUse::kNone}};
+  Result<std::string> llama31 =
+      ReadWholeFile(testing::SourceDir() + "/tests/chat_templates/llama3.1.jinja");
+  ASSERT_TRUE(llama31.ok());
+  std::string altered_llama = *llama31;  // the tools indented otherwise
+  for (size_t at; (at = altered_llama.find("tojson(indent=4)")) != std::string::npos;) {
+    altered_llama.replace(at, 16, "tojson(indent=2)");
+  }
+  const std::pair<const char*, ToolUse> kTemplates[] = {{"qwen2.5", ToolUse::kQwen},
+                                                        {"qwen3", ToolUse::kQwen},
+                                                        {"altered", ToolUse::kIfTruthy},
+                                                        {"llama3.1", ToolUse::kLlama31},
+                                                        {"altered llama", ToolUse::kIfPresent},
+                                                        {"llama3", ToolUse::kNone},
+                                                        {"mistral-v0.2", ToolUse::kNone}};
   for (auto [name, tool_use] : kTemplates) {
-    Result<std::string> text = std::string(name) == "altered"
-                                   ? Result<std::string>(altered)
-                                   : ReadWholeFile(testing::SourceDir() + "/tests/chat_templates/" +
-                                                   std::string(name) + ".jinja");
+    const std::string n = name;
+    Result<std::string> text =
+        n == "altered" ? Result<std::string>(altered)
+        : n == "altered llama"
+            ? Result<std::string>(altered_llama)
+            : ReadWholeFile(testing::SourceDir() + "/tests/chat_templates/" + n + ".jinja");
     ASSERT_TRUE(text.ok()) << text.status().ToString();
     const ChatTemplate t = ChatTemplateFromText(*text);
     EXPECT_EQ(t.tool_use, tool_use) << name;
@@ -283,7 +295,8 @@ TEST(ChatTemplateTest, ToolUseIsRefusedWhereFerryDoesNotRenderIt) {
     chat[1].tool_calls_key = chat[1].tool_calls = true;
     chat[1].calls = {{.name = "add", .arguments_json = "{}"}};
     const std::string why = RefusedToolUse(t, chat, false);
-    if (tool_use == ToolUse::kQwen) {
+    const bool renders = tool_use == ToolUse::kQwen || tool_use == ToolUse::kLlama31;
+    if (renders) {
       EXPECT_EQ(why, "") << name;
       chat[0].tool_calls = true;  // a user's
       EXPECT_EQ(RefusedToolUse(t, chat, false),
@@ -292,14 +305,15 @@ TEST(ChatTemplateTest, ToolUseIsRefusedWhereFerryDoesNotRenderIt) {
       chat[0].tool_calls = false;
     } else {
       EXPECT_EQ(why,
-                "message 1 has 'tool_calls': ferry renders tool calls in Qwen2.5's and Qwen3's "
-                "templates only (one without tool use would train the turn without them); leave "
+                "message 1 has 'tool_calls': ferry renders tool calls in Qwen2.5's, Qwen3's and "
+                "Llama 3.1's templates only (one without tool use would train the turn without "
+                "them); leave "
                 "tool conversations out")
           << name;
     }
     chat[1].tool_calls = false;  // "tool_calls": [] or null: Llama 3.1's takes the key as a call
     EXPECT_EQ(RefusedToolUse(t, std::span(chat).first(2), false).empty(),
-              tool_use != ToolUse::kIfPresent)
+              tool_use != ToolUse::kIfPresent && tool_use != ToolUse::kLlama31)
         << name;
     chat[1].tool_calls_key = false;
     if (tool_use == ToolUse::kNone) continue;
@@ -308,7 +322,7 @@ TEST(ChatTemplateTest, ToolUseIsRefusedWhereFerryDoesNotRenderIt) {
       const std::string got = RefusedToolUse(t, chat, false);
       const bool result = std::string(role) == "tool" ||
                           (std::string(role) == "ipython" && tool_use == ToolUse::kIfPresent);
-      if ((tool_use == ToolUse::kIfPresent && !result) ||
+      if ((tool_use == ToolUse::kIfPresent && !result) || tool_use == ToolUse::kLlama31 ||
           (tool_use == ToolUse::kQwen && std::string(role) == "tool")) {
         EXPECT_EQ(got, "") << name << " " << role;  // written: Llama 3.1's any header, Qwen's
         continue;
@@ -391,6 +405,70 @@ TEST(ChatTemplateTest, QwenToolUse) {
             "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n\n"
             "</think>\n\n" +
                 calls3.substr(1) + "<|im_end|>\n");
+}
+
+// Llama 3.1's tool use, written out from its template: with `tools` the system turn opens with
+// "Environment: ipython", the first user message carries the tools (`tojson(indent=4)` each) after
+// the template's instructions, an assistant's one call is its whole turn ({"name", "parameters"}:
+// its content dropped) and trained, a "tool" or "ipython" result is an ipython turn of the
+// content's JSON (context). Without `tools` the calls and results render the same, and the
+// preamble is left out; `tools: []` writes the preamble with no tool.
+TEST(ChatTemplateTest, Llama31ToolUse) {
+  Result<std::string> source =
+      ReadWholeFile(testing::SourceDir() + "/tests/chat_templates/llama3.1.jinja");
+  ASSERT_TRUE(source.ok());
+  const ChatTemplate t = ChatTemplateFromText(*source);
+  ASSERT_EQ(t.tool_use, ToolUse::kLlama31);
+  std::vector<ChatMessage> chat = {{"system", " S "},        {"user", " 2+2? "},
+                                   {"assistant", "ignored"}, {"tool", "4 \"x\"\n"},
+                                   {"ipython", "5"},         {"assistant", " It is 4. "}};
+  chat[2].tool_calls_key = chat[2].tool_calls = true;
+  chat[2].calls = {{.name = "add", .arguments_json = "{\"b\": 2, \"a\": 2}"}};
+  const std::vector<std::string> tools = {"{\n    \"name\": \"add\"\n}", "{}"};
+  const std::string head = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n";
+  const std::string date = "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n";
+  const std::string preamble =
+      "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please "
+      "respond with a JSON for a function call with its proper arguments that best answers the "
+      "given prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": "
+      "dictionary of argument name and its value}.Do not use variables.\n\n";
+  const std::string call = "{\"name\": \"add\", \"parameters\": {\"b\": 2, \"a\": 2}}<|eot_id|>";
+  const std::string rest =
+      "<|start_header_id|>assistant<|end_header_id|>\n\n" + call +
+      "<|start_header_id|>ipython<|end_header_id|>\n\n\"4 \\\"x\\\"\\n\"<|eot_id|>"
+      "<|start_header_id|>ipython<|end_header_id|>\n\n\"5\"<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\nIt is 4.<|eot_id|>";
+  Result<RenderedText> r = RenderChat(t, chat, tools, /*tools_listed=*/true);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->text, head + "Environment: ipython\n" + date + "S<|eot_id|>" + preamble +
+                         "{\n    \"name\": \"add\"\n}\n\n{}\n\n2+2?<|eot_id|>" + rest);
+  EXPECT_EQ(TrainedParts(*r), (std::vector<std::string>{call, "It is 4.<|eot_id|>"}));
+  r = RenderChat(t, chat, {}, /*tools_listed=*/true);  // `tools: []`
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->text, head + "Environment: ipython\n" + date + "S<|eot_id|>" + preamble +
+                         "2+2?<|eot_id|>" + rest);
+  r = RenderChat(t, chat);  // no `tools`
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->text, head + date + "S<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n" +
+                         "2+2?<|eot_id|>" + rest);
+
+  // What the template raises on, or writes otherwise: refused, naming the message.
+  chat[2].calls.push_back(chat[2].calls[0]);
+  r = RenderChat(t, chat);
+  EXPECT_EQ(r.status().message(),
+            "message 2 has 2 tool calls: the model's chat template (Llama 3.1's) takes one call a "
+            "message");
+  chat[2].calls.pop_back();
+  EXPECT_EQ(RefusedToolUse(t, std::span(chat).subspan(2), /*tools_listed=*/true),
+            "the line lists 'tools', which the model's chat template (Llama 3.1's) puts in the "
+            "first user message, and message 0 is not the user's");
+  EXPECT_EQ(RefusedToolUse(t, std::span(chat).first(1), /*tools_listed=*/true),
+            "the line lists 'tools', which the model's chat template (Llama 3.1's) puts in the "
+            "first user message, and message 1 is not the user's");
+  chat[2].tool_calls = false;  // "tool_calls": null or []
+  EXPECT_EQ(RefusedToolUse(t, chat, false),
+            "message 2 has 'tool_calls' that list no call: the model's chat template (Llama "
+            "3.1's) takes one call a message");
 }
 
 TEST(ChatTemplateTest, DetectsFromModelFolder) {

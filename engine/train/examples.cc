@@ -157,12 +157,13 @@ Status CheckJsonForPython(std::string_view text) {
   return Status::Ok();
 }
 
-// The line's tool use for a kQwen template, read again keeping each object's key order (as
-// Python's json does, which the template's `tojson` writes): `tools` (when listed: each tool's
-// JSON) and each tool-calling message's calls (a name and the arguments). `turns` are the line's
+// The line's tool use for a kQwen or kLlama31 template (`llama`), read again keeping each
+// object's key order (as Python's json does, which the template's `tojson` writes): `tools` (when
+// listed: each tool's JSON, kLlama31's indented by 4) and each tool-calling message's calls (a
+// name and the arguments; kLlama31 reads a call's `function` only). `turns` are the line's
 // "messages".
-Status ReadToolUse(std::string_view line, bool tools_listed, std::vector<std::string>* tools,
-                   std::vector<ChatMessage>& turns) {
+Status ReadToolUse(std::string_view line, bool llama, bool tools_listed,
+                   std::vector<std::string>* tools, std::vector<ChatMessage>& turns) {
   FERRY_RETURN_IF_ERROR(CheckJsonForPython(line));
   const nlohmann::ordered_json j = nlohmann::ordered_json::parse(line, nullptr, false);
   if (tools_listed) {
@@ -170,7 +171,7 @@ Status ReadToolUse(std::string_view line, bool tools_listed, std::vector<std::st
     for (const nlohmann::ordered_json& tool : j["tools"]) {
       // transformers' apply_chat_template refuses a tool that is not a JSON schema (an object).
       if (!tool.is_object()) return Status::InvalidArgument("each of 'tools' must be an object");
-      tools->push_back(PythonJsonDumps(tool));
+      tools->push_back(PythonJsonDumps(tool, llama ? 4 : -1));
     }
   }
   for (size_t i = 0; i < turns.size(); ++i) {
@@ -179,7 +180,14 @@ Status ReadToolUse(std::string_view line, bool tools_listed, std::vector<std::st
     const nlohmann::ordered_json& list = j["messages"][i]["tool_calls"];
     if (!list.is_array()) return Status::InvalidArgument(where + ": 'tool_calls' must be an array");
     for (const nlohmann::ordered_json& call : list) {
-      // {"type": "function", "function": {"name", "arguments"}}, or the function itself.
+      // {"type": "function", "function": {"name", "arguments"}}, or the function itself (not
+      // under Llama 3.1's template, which reads `tool_calls[0].function`).
+      if (llama && !(call.is_object() && call.contains("function"))) {
+        return Status::InvalidArgument(
+            where +
+            ": the model's chat template (Llama 3.1's) reads a tool call's 'function' "
+            "({\"type\": \"function\", \"function\": {\"name\", \"arguments\"}})");
+      }
       const nlohmann::ordered_json& f =
           call.is_object() && call.contains("function") ? call["function"] : call;
       if (!f.is_object() || f.empty() || !f.contains("name") || !f["name"].is_string() ||
@@ -357,7 +365,9 @@ Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, s
                            messages        ? ParseTurns(j["messages"], false)
                            : conversations ? ParseTurns(j["conversations"], true)
                                            : AlpacaTurns(j));
-    const bool tools_listed = o.chat_template.tool_use == ToolUse::kIfPresent
+    const ToolUse tool_use = o.chat_template.tool_use;
+    const bool llama = tool_use == ToolUse::kLlama31;
+    const bool tools_listed = tool_use == ToolUse::kIfPresent || llama
                                   ? has("tools")
                                   : has("tools") && !JinjaFalsy(j["tools"]);
     if (std::string why = RefusedToolUse(o.chat_template, turns, tools_listed); !why.empty()) {
@@ -366,10 +376,10 @@ Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, s
     std::vector<std::string> tools;
     const bool calls =
         std::any_of(turns.begin(), turns.end(), [](const ChatMessage& m) { return m.tool_calls; });
-    if (o.chat_template.tool_use == ToolUse::kQwen && (tools_listed || calls)) {
-      FERRY_RETURN_IF_ERROR(ReadToolUse(line, tools_listed, &tools, turns));
+    if ((tool_use == ToolUse::kQwen || llama) && (tools_listed || calls)) {
+      FERRY_RETURN_IF_ERROR(ReadToolUse(line, llama, tools_listed, &tools, turns));
     }
-    FERRY_ASSIGN_OR_RETURN(RenderedText r, RenderChat(o.chat_template, turns, tools));
+    FERRY_ASSIGN_OR_RETURN(RenderedText r, RenderChat(o.chat_template, turns, tools, tools_listed));
     if (o.train_on_prompt) r.trained = {{0, r.text.size()}};
     if (text != nullptr) *text = r.text;
     if (has_prompt != nullptr) *has_prompt = true;

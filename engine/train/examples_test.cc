@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <span>
 
 #include "engine/json.h"
 
@@ -151,6 +152,24 @@ TEST(ExamplesTest, ToolUseIsRefusedWhereTheTemplateRendersIt) {
       << r.status().message();
 }
 
+// A line asking a question answered by `calls` (the assistant's tool_calls) and a tool's result
+// "r", listing `tools`.
+std::string ToolLine(const std::string& calls, const std::string& tools) {
+  return R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", )"
+         R"("content": null, "tool_calls": )" +
+         calls + R"(}, {"role": "tool", "content": "r"}], "tools": )" + tools + "}";
+}
+
+// Each line refused with an error holding its text.
+void ExpectRefused(std::span<const std::pair<std::string, std::string>> bad,
+                   const ExampleOptions& o) {
+  for (const auto& [line, want] : bad) {
+    Result<Example> r = ParseJsonlLine(line, o);
+    ASSERT_FALSE(r.ok()) << line;
+    EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().message();
+  }
+}
+
 // Under Qwen's templates a line's tool use is rendered: its tools and each call's arguments as
 // Python's json.dumps writes them (keys in the line's order, floats as Python's repr); a call
 // without a string name or arguments, a tool_calls that is not a list, or tools that are not,
@@ -160,16 +179,12 @@ TEST(ExamplesTest, QwenToolUseKeepsTheLinesJson) {
   const ExampleOptions o{
       .tokenizer = tok.get(),
       .chat_template = {.format = ChatFormat::kQwen3, .tool_use = ToolUse::kQwen}};
-  auto line = [](const std::string& calls, const std::string& tools) {
-    return R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", )"
-           R"("content": null, "tool_calls": )" +
-           calls + R"(}, {"role": "tool", "content": "r"}], "tools": )" + tools + "}";
-  };
   std::string text;
   Result<Example> e = ParseJsonlLine(
-      line(R"([{"function": {"name": "f", "arguments": {"z": 1E2, "a": [0.00001, "\u00e9\t"]}}},)"
-           R"( {"name": "g", "arguments": "{\"x\":1}"}])",
-           R"([{"type": "function", "function": {"name": "f"}}])"),
+      ToolLine(
+          R"([{"function": {"name": "f", "arguments": {"z": 1E2, "a": [0.00001, "\u00e9\t"]}}},)"
+          R"( {"name": "g", "arguments": "{\"x\":1}"}])",
+          R"([{"type": "function", "function": {"name": "f"}}])"),
       o, &text);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   EXPECT_NE(text.find("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"f\"}}\n"
@@ -184,27 +199,68 @@ TEST(ExamplesTest, QwenToolUseKeepsTheLinesJson) {
             std::string::npos)
       << text;
   const std::pair<std::string, std::string> kBad[] = {
-      {line(R"([{"function": {"arguments": {}}}])", "[]"), "needs a string 'name' and 'arguments'"},
-      {line(R"([{"function": null, "name": "f", "arguments": {}}])", "[]"),
+      {ToolLine(R"([{"function": {"arguments": {}}}])", "[]"),
        "needs a string 'name' and 'arguments'"},
-      {line(R"([{"name": "f"}])", "[]"), "needs a string 'name' and 'arguments'"},
-      {line(R"({"name": "f", "arguments": {}})", "[]"), "'tool_calls' must be an array"},
-      {line(R"([{"name": "f", "arguments": {}}])", R"({"a": 1})"), "'tools' must be an array"},
-      {line(R"([{"name": "f", "arguments": {}}])", R"(["f"])"),
+      {ToolLine(R"([{"function": null, "name": "f", "arguments": {}}])", "[]"),
+       "needs a string 'name' and 'arguments'"},
+      {ToolLine(R"([{"name": "f"}])", "[]"), "needs a string 'name' and 'arguments'"},
+      {ToolLine(R"({"name": "f", "arguments": {}})", "[]"), "'tool_calls' must be an array"},
+      {ToolLine(R"([{"name": "f", "arguments": {}}])", R"({"a": 1})"), "'tools' must be an array"},
+      {ToolLine(R"([{"name": "f", "arguments": {}}])", R"(["f"])"),
        "each of 'tools' must be an object"},
-      {line(R"([{"name": "f", "arguments": {"n": 18446744073709551616}}])", "[]"),
+      {ToolLine(R"([{"name": "f", "arguments": {"n": 18446744073709551616}}])", "[]"),
        "the integer 18446744073709551616 is beyond 64 bits"},
-      {line(R"([{"name": "f", "arguments": {"n": -9223372036854775809}}])", "[]"),
+      {ToolLine(R"([{"name": "f", "arguments": {"n": -9223372036854775809}}])", "[]"),
        "the integer -9223372036854775809 is beyond 64 bits"},
-      {line(
+      {ToolLine(
            R"([{"name": "f", "arguments": )" + std::string(600, '[') + std::string(600, ']') + "}]",
            "[]"),
        "JSON nested more than 500 deep"}};
-  for (const auto& [bad, want] : kBad) {
-    Result<Example> r = ParseJsonlLine(bad, o);
-    ASSERT_FALSE(r.ok()) << bad;
-    EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().message();
-  }
+  ExpectRefused(kBad, o);
+}
+
+// Under Llama 3.1's template a line's tool use is rendered: its tools as json.dumps(indent=4)
+// writes them in the first user message, each call's arguments on one line; a call without its
+// `function` (the template reads tool_calls[0].function), two calls, and a user's calls are
+// refused naming them.
+TEST(ExamplesTest, Llama31ToolUseKeepsTheLinesJson) {
+  std::unique_ptr<Tokenizer> tok = MakeByteTokenizer();
+  const ExampleOptions o{
+      .tokenizer = tok.get(),
+      .chat_template = {
+          .format = ChatFormat::kLlama3, .knowledge_date = true, .tool_use = ToolUse::kLlama31}};
+  std::string text;
+  Result<Example> e = ParseJsonlLine(
+      ToolLine(
+          R"([{"function": {"name": "f", "arguments": {"z": 1E2, "a": [0.00001, "\u00e9\t"]}}}])",
+          R"([{"type": "function", "function": {"name": "f", "p": []}}])"),
+      o, &text);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_NE(text.find("Do not use variables.\n\n{\n    \"type\": \"function\",\n    "
+                      "\"function\": {\n        \"name\": \"f\",\n        \"p\": []\n    }\n}\n\n"
+                      "q<|eot_id|>"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"f\", "
+                      "\"parameters\": {\"z\": 100.0, \"a\": [1e-05, \"é\\t\"]}}<|eot_id|>"
+                      "<|start_header_id|>ipython<|end_header_id|>\n\n\"r\"<|eot_id|>"),
+            std::string::npos)
+      << text;
+  const std::pair<std::string, std::string> kBad[] = {
+      {ToolLine(R"([{"name": "f", "arguments": {}}])", "[]"), "reads a tool call's 'function'"},
+      {ToolLine(R"([{"function": {"name": "f", "arguments": {}}}, )"
+                R"({"function": {"name": "g", "arguments": {}}}])",
+                "[]"),
+       "message 1 has 2 tool calls"},
+      {R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", )"
+       R"("content": "a", "tool_calls": null}]})",
+       "message 1 has 'tool_calls' that list no call"},
+      {R"({"messages": [{"role": "user", "content": "q", "tool_calls": [{"function": )"
+       R"({"name": "f", "arguments": {}}}]}]})",
+       "message 0 has 'tool_calls' but is not the assistant's"},
+      {R"({"tools": [], "messages": [{"role": "assistant", "content": "a"}]})",
+       "puts in the first user message, and message 0 is not the user's"}};
+  ExpectRefused(kBad, o);
 }
 
 // ShareGPT's conversations are the messages they name: the same text and mask; a speaker it does

@@ -48,23 +48,29 @@ void AppendFloat(std::string& out, double x) {
   out += buf;
 }
 
-void Append(std::string& out, const nlohmann::ordered_json& v) {
+// `indent` < 0: one line; else `level` is the depth of `v` (its elements go one deeper).
+void Append(std::string& out, const nlohmann::ordered_json& v, int indent, int level) {
+  const bool lines = indent >= 0 && !v.empty() && (v.is_array() || v.is_object());
+  const std::string inner = lines ? "\n" + std::string(size_t(indent * (level + 1)), ' ') : "";
+  const std::string between = lines ? "," + inner : ", ";
   if (v.is_array()) {
-    out += '[';
+    out += '[' + inner;
     for (size_t k = 0; k < v.size(); ++k) {
-      if (k > 0) out += ", ";
-      Append(out, v[k]);
+      if (k > 0) out += between;
+      Append(out, v[k], indent, level + 1);
     }
+    if (lines) out += "\n" + std::string(size_t(indent * level), ' ');
     out += ']';
   } else if (v.is_object()) {
-    out += '{';
+    out += '{' + inner;
     bool first = true;
     for (const auto& [key, e] : v.items()) {
-      if (!first) out += ", ";
+      if (!first) out += between;
       first = false;
       out += nlohmann::ordered_json(key).dump() + ": ";
-      Append(out, e);
+      Append(out, e, indent, level + 1);
     }
+    if (lines) out += "\n" + std::string(size_t(indent * level), ' ');
     out += '}';
   } else if (v.is_number_float()) {
     AppendFloat(out, v.get<double>());
@@ -78,9 +84,9 @@ void Append(std::string& out, const nlohmann::ordered_json& v) {
 
 }  // namespace
 
-std::string PythonJsonDumps(const nlohmann::ordered_json& v) {
+std::string PythonJsonDumps(const nlohmann::ordered_json& v, int indent) {
   std::string out;
-  Append(out, v);
+  Append(out, v, indent, 0);
   return out;
 }
 

@@ -12,6 +12,10 @@
 //    in [-4, 16), else as "1e-05", "1.5e+16" (Infinity and NaN as Python's, though no JSON text
 //    nlohmann reads holds them)
 //
+// With `indent` >= 0 (json.dumps(indent=N), a template's `tojson(indent=4)`): each element and
+// member on a line of its own, indented N spaces a level, "," between them (no space), ": " after
+// a key; an empty array or object stays "[]", "{}".
+//
 // Limits: integers beyond 64 bits, which nlohmann reads as floats, are written as floats.
 // Plain function; thread-safe.
 #pragma once
@@ -22,6 +26,6 @@
 
 namespace ferry {
 
-std::string PythonJsonDumps(const nlohmann::ordered_json& v);
+std::string PythonJsonDumps(const nlohmann::ordered_json& v, int indent = -1);
 
 }  // namespace ferry

@@ -19,6 +19,25 @@ TEST(PythonJson, SeparatorsAndKeyOrderAsPythonWritesThem) {
   EXPECT_EQ(Dumps("-9223372036854775808"), "-9223372036854775808");
 }
 
+// json.dumps(indent=N), a template's tojson(indent=4): a line per element and member, "," between,
+// empty containers as they are (Python 3's output).
+TEST(PythonJson, IndentedAsPythonIndents) {
+  const auto v = nlohmann::ordered_json::parse(
+      R"({"type":"function","function":{"name":"add","parameters":{"a":[1,[],{}],)"
+      R"("b":{"c":null}},"e":[]}})");
+  EXPECT_EQ(
+      PythonJsonDumps(v, 4),
+      "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"add\",\n"
+      "        \"parameters\": {\n            \"a\": [\n                1,\n                [],\n"
+      "                {}\n            ],\n            \"b\": {\n                \"c\": null\n"
+      "            }\n        },\n        \"e\": []\n    }\n}");
+  EXPECT_EQ(PythonJsonDumps(nlohmann::ordered_json::parse(R"([1, {"x": "ω"}])"), 2),
+            "[\n  1,\n  {\n    \"x\": \"ω\"\n  }\n]");
+  EXPECT_EQ(PythonJsonDumps(nlohmann::ordered_json::parse("5"), 4), "5");
+  EXPECT_EQ(PythonJsonDumps(nlohmann::ordered_json::parse("{}"), 4), "{}");
+  EXPECT_EQ(PythonJsonDumps(v, -1), Dumps(v.dump().c_str()));  // no indent: one line
+}
+
 TEST(PythonJson, FloatsAsPythonsRepr) {
   const std::pair<const char*, const char*> kCases[] = {
       {"1.0", "1.0"},          {"1E2", "100.0"},
