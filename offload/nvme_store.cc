@@ -383,6 +383,7 @@ bool NvmeStore::direct_io() const { return impl_->direct; }
 unsigned NvmeStore::registered_buffers() const { return impl_->engine->registered_buffers(); }
 size_t NvmeStore::block_bytes() const { return impl_->options.block_bytes; }
 size_t NvmeStore::bounce_bytes() const { return impl_->bounce.size(); }
+size_t NvmeStore::bounce_resident_bytes() const { return impl_->bounce.ResidentBytes(); }
 const std::string& NvmeStore::report() const { return impl_->report; }
 
 StoreStats NvmeStore::stats() const {

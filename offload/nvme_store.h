@@ -141,6 +141,9 @@ class NvmeStore {
   size_t block_bytes() const;
   // Host bytes of its bounce buffers (queue_depth blocks): all the host memory it maps itself.
   size_t bounce_bytes() const;
+  // Of those, the pages now in RAM (HostAllocation::ResidentBytes): all of them once io_uring has
+  // registered them, else those used so far.
+  size_t bounce_resident_bytes() const;
   // The line logged at Open: backend, O_DIRECT, registration, and why any fallback was taken.
   const std::string& report() const;
   StoreStats stats() const;

@@ -372,8 +372,16 @@ class Executor final : public PipelineExecutor {
     }
     if (p_.job.generate_positions > 0) FERRY_RETURN_IF_ERROR(CarveKvCaches());
     // The embedding's fp32 gather and gradient when the compute dtype is not f32 (ForwardAs /
-    // BackwardFrom convert through it): host-only, pageable.
-    if (dtype_ != DType::kF32) embed_f32_.resize(size_t(N * C));
+    // BackwardFrom convert through it): host-only, pageable "activations.embedding".
+    if (dtype_ != DType::kF32) {
+      const uint64_t need = plan::RoundUp(uint64_t(N * C) * sizeof(float), plan::kHostPageBytes);
+      if (p_.memory.pageable_host.bytes_of("activations.embedding") < need) {
+        return Status::OutOfMemory("the embedding's fp32 gather needs " + FormatBytes(need) +
+                                   " of pageable host memory, more than the plan's "
+                                   "'activations.embedding' (the memory model undercounts)");
+      }
+      embed_f32_.resize(size_t(N * C));
+    }
     for (size_t r = 0; r <= p_.stages.size(); ++r) {
       mirrors_.push_back(std::make_shared<HostMirrors>());
     }
@@ -734,7 +742,9 @@ class Executor final : public PipelineExecutor {
     return r;
   }
 
-  size_t HostResidentBytes() const override { return own_pool_ ? own_pool_->ResidentBytes() : 0; }
+  size_t HostResidentBytes() const override {
+    return (own_pool_ ? own_pool_->ResidentBytes() : 0) + embed_f32_.capacity() * sizeof(float);
+  }
   ExecutorStats stats() const override {
     ExecutorStats s = stats_;
     if (base_reader_) {

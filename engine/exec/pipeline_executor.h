@@ -264,9 +264,9 @@ class PipelineExecutor {
                                             std::span<const int32_t> tokens, int64_t past,
                                             bool last_only, const StepHooks& hooks = {}) = 0;
   virtual ExecutorStats stats() const = 0;
-  // Host RAM the executor's own pinned staging occupies now (HostPool::ResidentBytes of its pool;
-  // 0 with a borrowed pool, which its owner measures): the plan's pinned host total, counted once
-  // its pages are in RAM.
+  // Host RAM the executor's own buffers occupy now: its pinned staging's pages in RAM
+  // (HostPool::ResidentBytes of its pool; none of a borrowed pool, which its owner measures) and
+  // the embedding's fp32 gather (pageable "activations.embedding", filled at Create).
   virtual size_t HostResidentBytes() const = 0;
 };
 

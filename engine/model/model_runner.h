@@ -132,7 +132,8 @@ class ModelRunner {
   }
   virtual RunnerStats stats() const = 0;
   // Host RAM the runner's own buffers occupy now (a pipeline's pinned staging, as it is filled or
-  // locked: PipelineExecutor::HostResidentBytes); 0 for a runner with none.
+  // locked, and its other host buffers: PipelineExecutor::HostResidentBytes); 0 for a runner
+  // with none.
   virtual uint64_t host_resident_bytes() const { return 0; }
 };
 

@@ -443,6 +443,12 @@ MemoryEstimate ComputeMemory(const MemoryPlanInput& in) {
     Add(e.pinned_host, "rope.inv_freq", uint64_t(in.model.head_dim / 2) * 4, P);
   }
   Add(e.pinned_host, "logits", logits, P);
+  // The embedding's fp32 gather (and gradient) on the host when the compute dtype is not f32:
+  // the executor converts through it, one micro-batch at a time.
+  if (in.compute_dtype != DType::kF32) {
+    Add(e.pageable_host, "activations.embedding",
+        uint64_t(in.micro_batch.tokens() * in.model.hidden_size) * kF32, P);
+  }
 
   if (in.forward_only) {
     // The fp32 weights the host packs each stage's upload from (and gathers the embedding from).

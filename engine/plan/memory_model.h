@@ -94,7 +94,8 @@
 //            (a base streamed from NVMe): the bounce buffer its reads from the drive go through
 //            (engine/model/base_reader.h), the model's files or the converted copy; data.rows:
 //            the packed dataset's rows (training and validation, PlanJob::data_host_bytes), held
-//            for the whole run.
+//            for the whole run; activations.embedding (a compute dtype other than f32): the
+//            embedding's fp32 gather and gradient for one micro-batch, which the host converts.
 // NVMe (4096-byte blocks): whichever groups the plan places there (weights.frozen: the frozen
 // base converted to the compute dtype, NF4 weights as packed, written once at the start: none
 // when the model's files serve it in that dtype, not NF4: they are its copy; activations.saved,

@@ -122,12 +122,14 @@ TEST(MemoryModel, FullFineTuningByHand) {
   EXPECT_EQ(e.pinned_host.total(), 8192u + 8192 + 20480 + 4096 + 4096 + 4096);
 
   // Pageable: trainable = embedding 80 + 2 x 592 + head 88 = 1352 parameters: fp32 master 5408
-  // -> 8192, moments 10816 -> 12288, update gradients 5408 -> 8192.
+  // -> 8192, moments 10816 -> 12288, update gradients 5408 -> 8192; in bf16 the embedding's fp32
+  // gather of a micro-batch, 4 tokens x 8 x 4 B = 128 -> 4096.
   const auto pageable = Named(e.pageable_host);
   EXPECT_EQ(pageable.at("optimizer.master"), 8192u);
   EXPECT_EQ(pageable.at("optimizer.moments"), 12288u);
   EXPECT_EQ(pageable.at("grads.update"), 8192u);
-  EXPECT_EQ(e.pageable_host.total(), 8192u + 12288 + 8192);
+  EXPECT_EQ(pageable.at("activations.embedding"), 4096u);
+  EXPECT_EQ(e.pageable_host.total(), 8192u + 12288 + 8192 + 4096);
   EXPECT_EQ(e.nvme.total(), 0u);
 }
 

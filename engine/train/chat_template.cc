@@ -514,7 +514,7 @@ std::string RefusedToolUse(const ChatTemplate& t, std::span<const ChatMessage> m
       "render (it renders Qwen2.5's, Qwen3's and Llama 3.1's); leave tool conversations out";
   const bool qwen = t.tool_use == ToolUse::kQwen;
   if (t.tool_use == ToolUse::kLlama31) {
-    const size_t first = messages[0].role == "system" ? 1 : 0;
+    const size_t first = !messages.empty() && messages[0].role == "system" ? 1 : 0;
     if (tools_listed && (first == messages.size() || messages[first].role != "user")) {
       return "the line lists 'tools', which the model's chat template (Llama 3.1's) puts in the "
              "first user message, and message " +

@@ -259,7 +259,9 @@ TEST(ExamplesTest, Llama31ToolUseKeepsTheLinesJson) {
        R"({"name": "f", "arguments": {}}}]}]})",
        "message 0 has 'tool_calls' but is not the assistant's"},
       {R"({"tools": [], "messages": [{"role": "assistant", "content": "a"}]})",
-       "puts in the first user message, and message 0 is not the user's"}};
+       "puts in the first user message, and message 0 is not the user's"},
+      {R"({"tools": [], "messages": []})", "message 0 is not the user's"},
+      {R"({"messages": []})", "the chat has no turn"}};
   ExpectRefused(kBad, o);
 }
 

@@ -30,11 +30,12 @@ struct MeasuredRun {
   // Its resident set when the run started (ferry's code and libraries, the parsed job): what the
   // plan does not count; 0: unknown.
   uint64_t host_start_bytes = 0;
-  // What the resident set, less its file-backed pages, grew by from the start until the run's
-  // first step, less the plan's own memory in RAM by then (the data's rows, pinned staging locked
-  // for a GPU): the run's threads (their stacks and heaps), its libraries' state once initialized
-  // (a GEMM library's buffers, the CUDA runtime's), the tokenizer, none of which the plan counts;
-  // 0: none or unknown.
+  // What the resident set, less its file-backed pages, grew by from the start while the run set
+  // up its data, devices and plan (measured before the weights are built), less the plan's own
+  // memory in RAM by then (the data's rows, pinned staging locked for a GPU, the executor's
+  // embedding gather, NVMe bounce buffers registered with io_uring): the threads started by then
+  // (their stacks and heaps), the libraries' state once initialized (a GEMM library's buffers,
+  // the CUDA runtime's), the tokenizer, none of which the plan counts; 0: none or unknown.
   uint64_t host_setup_bytes = 0;
   // File-backed pages the run added to the resident set, measured at its end (RssFile then minus
   // at the start): libraries' code paged in at first use (a GEMM library's kernels, say) and

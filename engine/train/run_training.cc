@@ -71,6 +71,8 @@ Status RunTraining(const JobSpec& job_in, const ModelConfig& model, const RunCon
                   ? *line
                   : "warning: the prediction stays at nominal rates: " + line.status().ToString();
   }
+  // The host's optimizer threads, started before the set-up is measured (below).
+  ThreadPool optimizer_pool(threads);
   // The run's own host peak starts here: what loading the data and pricing the plan held for a
   // while (the probe's buffers) is gone, with or without a probe, and the heap gives back the
   // pages it kept of it (the examples before packing, the tokenizer's work).
@@ -81,14 +83,17 @@ Status RunTraining(const JobSpec& job_in, const ModelConfig& model, const RunCon
     pricing += std::string(pricing.empty() ? "" : "; ") +
                "warning: the host peak includes what the start held for a while: " + s.ToString();
   }
-  // What the start left resident that the plan does not count: the run's threads (stacks, their
-  // heaps), its libraries' state once initialized (a GEMM library's, the CUDA runtime's), the
-  // tokenizer; the plan's own memory already in RAM (the data's rows, pinned staging locked for a
-  // GPU, arena pages) is not part of it.
+  // What the start left resident that the plan does not count: the threads started so far
+  // (stacks, their heaps: the devices', the optimizer's pool above), the libraries' state once
+  // initialized (a GEMM library's, the CUDA runtime's), the tokenizer; the plan's own memory
+  // already in RAM (the data's rows, pinned staging locked for a GPU, arena pages, the NVMe
+  // activation store's bounce buffers registered with io_uring) is not part of it.
   uint64_t setup_bytes = 0;
   if (const Result<uint64_t> rss = ResidentBytes(), file_rss = ResidentFileBytes();
       rss.ok() && file_rss.ok() && rss_at_start.ok() && file_rss_at_start.ok()) {
     uint64_t planned_resident = data->host_bytes() + runner->host_resident_bytes();
+    if (devices.activation_store)
+      planned_resident += devices.activation_store->bounce_resident_bytes();
     for (const auto& d : devices.devices) planned_resident += d->host_resident_bytes();
     const uint64_t anon_now = *rss > *file_rss ? *rss - *file_rss : 0;
     const uint64_t anon_start =
@@ -149,7 +154,6 @@ Status RunTraining(const JobSpec& job_in, const ModelConfig& model, const RunCon
                    seconds_since(converting));
     }
   }
-  ThreadPool optimizer_pool(threads);
   const OptimizerOptions optimizer{
       .schedule = {.lr = job.lr,
                    .warmup_steps = job.warmup_steps,
