@@ -12,7 +12,8 @@
 //  - except that A and B both bf16 (C f32 or bf16) run on oneDNN's bf16 kernels where the CPU
 //    has AVX512-BF16 or AMX (kernels/cpu/onednn.h): C split into one block per worker, in place,
 //    fp32 accumulation. The scratch reported stays the conversion path's, so a plan is the same
-//    whichever path the host takes.
+//    whichever path the host takes; oneDNN's scratchpad is each worker's slice of it (a block
+//    whose scratchpad is larger runs in smaller blocks).
 // Thread-safety: ParallelFor's per-worker index gives each worker its own scratch slice.
 #pragma once
 

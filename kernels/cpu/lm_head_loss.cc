@@ -194,7 +194,9 @@ Status Run(ThreadPool& pool, const LmHeadLossArgs& a, bool backward) {
                                                 .b = w + v_begin * C,
                                                 .ldb = C,
                                                 .c = logits + v_begin,
-                                                .ldc = V});
+                                                .ldc = V,
+                                                .scratch = thread_piece(worker, L.w_panel),
+                                                .scratch_bytes = size_t(kWBlockRows * C) * 4});
             continue;
           }
         }

@@ -38,6 +38,9 @@ struct OneDnnApi {
   decltype(&dnnl_primitive_attr_destroy) attr_destroy;
   decltype(&dnnl_primitive_attr_set_output_scales) attr_set_output_scales;
   decltype(&dnnl_primitive_attr_set_post_ops) attr_set_post_ops;
+  decltype(&dnnl_primitive_attr_set_scratchpad_mode) attr_set_scratchpad_mode;
+  decltype(&dnnl_primitive_desc_query_md) pd_query_md;
+  decltype(&dnnl_memory_desc_get_size) md_get_size;
   decltype(&dnnl_post_ops_create) post_ops_create;
   decltype(&dnnl_post_ops_destroy) post_ops_destroy;
   decltype(&dnnl_post_ops_append_sum) post_ops_append_sum;
@@ -84,7 +87,7 @@ struct CallObjects {
   dnnl_primitive_desc_t pd = nullptr;
   dnnl_primitive_t primitive = nullptr;
   dnnl_stream_t stream = nullptr;
-  dnnl_memory_t mem[4] = {};
+  dnnl_memory_t mem[5] = {};  // A, B, C, bias, scratchpad
   ~CallObjects() {
     for (dnnl_memory_t m : mem) api->memory_destroy(m);
     api->stream_destroy(stream);
@@ -101,9 +104,10 @@ Status Check(dnnl_status_t s, const char* call) {
                           std::to_string(int(s)));
 }
 
-// The matmul's primitive descriptor (and its attributes, owned by `o`) for `c`.
+// The matmul's primitive descriptor (and its attributes, owned by `o`) for `c`: in user
+// scratchpad mode (the caller's scratch), or with oneDNN's own scratchpad.
 Status CreateDescriptor(const OneDnnApi& api, dnnl_engine_t engine, const Bf16GemmCall& c,
-                        CallObjects& o, dnnl_memory_desc_t md[4]) {
+                        bool user_scratchpad, CallObjects& o, dnnl_memory_desc_t md[4]) {
   // Logical A (m, k) and B (k, n); a transposed operand is the same matrix with swapped strides.
   const dnnl_dims_t a_dims = {c.m, c.k}, b_dims = {c.k, c.n}, c_dims = {c.m, c.n};
   const dnnl_dims_t bias_dims = {1, c.n};
@@ -123,6 +127,10 @@ Status CreateDescriptor(const OneDnnApi& api, dnnl_engine_t engine, const Bf16Ge
       api.matmul_desc_init(&desc, &md[0], &md[1], c.bias != nullptr ? &md[3] : nullptr, &md[2]),
       "matmul_desc_init"));
   FERRY_RETURN_IF_ERROR(Check(api.attr_create(&o.attr), "primitive_attr_create"));
+  if (user_scratchpad) {
+    FERRY_RETURN_IF_ERROR(Check(api.attr_set_scratchpad_mode(o.attr, dnnl_scratchpad_mode_user),
+                                "set_scratchpad_mode"));
+  }
   if (c.alpha != 1.0f) {
     FERRY_RETURN_IF_ERROR(
         Check(api.attr_set_output_scales(o.attr, 1, 0, &c.alpha), "set_output_scales"));
@@ -169,6 +177,9 @@ struct OneDnnLoader {
     sym(api->attr_destroy, "dnnl_primitive_attr_destroy");
     sym(api->attr_set_output_scales, "dnnl_primitive_attr_set_output_scales");
     sym(api->attr_set_post_ops, "dnnl_primitive_attr_set_post_ops");
+    sym(api->attr_set_scratchpad_mode, "dnnl_primitive_attr_set_scratchpad_mode");
+    sym(api->pd_query_md, "dnnl_primitive_desc_query_md");
+    sym(api->md_get_size, "dnnl_memory_desc_get_size");
     sym(api->post_ops_create, "dnnl_post_ops_create");
     sym(api->post_ops_destroy, "dnnl_post_ops_destroy");
     sym(api->post_ops_append_sum, "dnnl_post_ops_append_sum");
@@ -216,7 +227,7 @@ struct OneDnnLoader {
     CallObjects o{api};
     dnnl_memory_desc_t md[4];
     const char* impl = nullptr;
-    if (!CreateDescriptor(*api, engine, probe, o, md).ok() ||
+    if (!CreateDescriptor(*api, engine, probe, /*user_scratchpad=*/false, o, md).ok() ||
         api->pd_query(o.pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success ||
         impl == nullptr) {
       return Status::Unavailable(version + " offers no bf16 matmul at max ISA " + IsaName(isa));
@@ -242,31 +253,111 @@ bool OneDnn::Takes(DType c, bool has_bias, DType bias, float alpha, int64_t k) {
   return k > 0 && f32_or_bf16(c) && (!has_bias || (f32_or_bf16(bias) && alpha == 1.0f));
 }
 
-Status OneDnn::Run(const Bf16GemmCall& c) const {
-  const OneDnnApi& api = *api_;
-  api.omp_set_num_threads(1);  // this thread's OpenMP teams: oneDNN runs inline, here
-  auto engine = static_cast<dnnl_engine_t>(engine_);
-  CallObjects o{api_};
-  dnnl_memory_desc_t md[4];
-  FERRY_RETURN_IF_ERROR(CreateDescriptor(api, engine, c, o, md));
+namespace {
+
+// The block (m0, n0, m, n) of call c's product: the same operands, offset.
+Bf16GemmCall Block(const Bf16GemmCall& c, int64_t m0, int64_t n0, int64_t m, int64_t n) {
+  Bf16GemmCall b = c;
+  b.m = m;
+  b.n = n;
+  const auto at = [](const void* p, int64_t elems, DType t) {
+    return static_cast<const char*>(p) + elems * int64_t(DTypeSize(t));
+  };
+  b.a = at(c.a, c.trans_a ? m0 : m0 * c.lda, DType::kBF16);
+  b.b = at(c.b, c.trans_b ? n0 * c.ldb : n0, DType::kBF16);
+  b.c = const_cast<char*>(at(c.c, m0 * c.ldc + n0, c.c_dtype));
+  if (c.bias != nullptr) b.bias = at(c.bias, n0, c.bias_dtype);
+  return b;
+}
+
+// The scratchpad bytes oneDNN asks of `o`'s primitive.
+size_t ScratchpadBytes(const OneDnnApi& api, const CallObjects& o) {
+  const dnnl_memory_desc_t* md = api.pd_query_md(o.pd, dnnl_query_scratchpad_md, 0);
+  return md != nullptr ? api.md_get_size(md) : 0;
+}
+
+// Runs the product `c` whose descriptor `o` holds, with c.scratch as its scratchpad.
+Status Execute(const OneDnnApi& api, dnnl_engine_t engine, const Bf16GemmCall& c, CallObjects& o,
+               const dnnl_memory_desc_t md[4]) {
   // The primitive comes from oneDNN's own cache after the first call of a shape.
   FERRY_RETURN_IF_ERROR(Check(api.primitive_create(&o.primitive, o.pd), "primitive_create"));
   FERRY_RETURN_IF_ERROR(
       Check(api.stream_create(&o.stream, engine, dnnl_stream_default_flags), "stream_create"));
-  void* handles[4] = {const_cast<void*>(c.a), const_cast<void*>(c.b), c.c,
-                      const_cast<void*>(c.bias)};
-  const int n_mem = c.bias != nullptr ? 4 : 3;
-  for (int i = 0; i < n_mem; ++i) {
+  const void* handles[4] = {c.a, c.b, c.c, c.bias};
+  const int kArgs[5] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS,
+                        DNNL_ARG_SCRATCHPAD};
+  dnnl_exec_arg_t args[5];
+  int n_args = 0;
+  for (int i = 0; i < 4; ++i) {
+    if (handles[i] == nullptr) continue;  // the bias, when there is none
     FERRY_RETURN_IF_ERROR(
-        Check(api.memory_create(&o.mem[i], &md[i], engine, handles[i]), "memory_create"));
+        Check(api.memory_create(&o.mem[i], &md[i], engine, const_cast<void*>(handles[i])),
+              "memory_create"));
+    args[n_args++] = {kArgs[i], o.mem[i]};
   }
-  dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, o.mem[0]},
-                             {DNNL_ARG_WEIGHTS, o.mem[1]},
-                             {DNNL_ARG_DST, o.mem[2]},
-                             {DNNL_ARG_BIAS, o.mem[3]}};
+  if (ScratchpadBytes(api, o) > 0) {
+    const dnnl_memory_desc_t* scratch_md = api.pd_query_md(o.pd, dnnl_query_scratchpad_md, 0);
+    FERRY_RETURN_IF_ERROR(
+        Check(api.memory_create(&o.mem[4], scratch_md, engine, c.scratch), "memory_create"));
+    args[n_args++] = {kArgs[4], o.mem[4]};
+  }
   FERRY_RETURN_IF_ERROR(
-      Check(api.primitive_execute(o.primitive, o.stream, n_mem, args), "primitive_execute"));
+      Check(api.primitive_execute(o.primitive, o.stream, n_args, args), "primitive_execute"));
   return Check(api.stream_wait(o.stream), "stream_wait");
+}
+
+// Runs block b: on b.scratch where oneDNN's scratchpad fits it, else on oneDNN's own.
+Status RunBlock(const OneDnnApi& api, dnnl_engine_t engine, const Bf16GemmCall& b) {
+  for (const bool user : {true, false}) {
+    CallObjects o{&api};
+    dnnl_memory_desc_t md[4];
+    FERRY_RETURN_IF_ERROR(CreateDescriptor(api, engine, b, user, o, md));
+    if (!user || ScratchpadBytes(api, o) <= b.scratch_bytes) return Execute(api, engine, b, o, md);
+  }
+  return Status::Ok();  // not reached: the library's mode always runs
+}
+
+// The next smaller block: the longer side halved to a multiple of 32 (AMX's tile height twice),
+// else the shorter one; false when neither is 64 or more.
+bool Shrink(int64_t& m, int64_t& n) {
+  for (int64_t* side : {m >= n ? &m : &n, m >= n ? &n : &m}) {
+    const int64_t half = (*side / 2) / 32 * 32;
+    if (half >= 32) {
+      *side = half;
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+Status OneDnn::Run(const Bf16GemmCall& c) const {
+  const OneDnnApi& api = *api_;
+  api.omp_set_num_threads(1);  // this thread's OpenMP teams: oneDNN runs inline, here
+  auto engine = static_cast<dnnl_engine_t>(engine_);
+  // The largest block (the whole product, then halves) whose scratchpad fits the call's scratch.
+  // Where none does (a tiny product's padded operand copies can exceed its tiny scratch), the
+  // whole product runs on oneDNN's own scratchpad, a few kilobytes.
+  int64_t mb = c.m, nb = c.n;
+  for (;;) {
+    CallObjects o{api_};
+    dnnl_memory_desc_t md[4];
+    const Bf16GemmCall first = Block(c, 0, 0, mb, nb);
+    FERRY_RETURN_IF_ERROR(CreateDescriptor(api, engine, first, /*user_scratchpad=*/true, o, md));
+    if (ScratchpadBytes(api, o) <= c.scratch_bytes) {
+      if (mb == c.m && nb == c.n) return Execute(api, engine, first, o, md);
+      break;
+    }
+    if (!Shrink(mb, nb)) return RunBlock(api, engine, Block(c, 0, 0, c.m, c.n));
+  }
+  for (int64_t m0 = 0; m0 < c.m; m0 += mb) {
+    for (int64_t n0 = 0; n0 < c.n; n0 += nb) {
+      FERRY_RETURN_IF_ERROR(
+          RunBlock(api, engine, Block(c, m0, n0, std::min(mb, c.m - m0), std::min(nb, c.n - n0))));
+    }
+  }
+  return Status::Ok();
 }
 
 std::string Bf16GemmPathDescription() {

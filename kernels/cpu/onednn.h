@@ -17,7 +17,13 @@
 // honoured; a cap below bf16 kernels, or a library that offers only its reference implementation,
 // turns the path off (Describe says why).
 //
-// Scratch: oneDNN's own (library-managed, per thread, kept across calls of the same shape).
+// Scratch: the caller's. Primitives are made in oneDNN's user scratchpad mode and get the call's
+// `scratch` (a worker's slice of the GEMM's planned scratch), so nothing is allocated per call and
+// the memory is the plan's (the library-managed scratchpad was malloc'd at every call and kept
+// megabytes in the worker threads' heaps). A product whose scratchpad (with a bf16 C, an fp32
+// buffer of C) is larger runs in blocks that fit: the longer side halved, to multiples of 32.
+// Where no block of 32 or more rows and columns fits (a tiny product whose padded operand copies
+// exceed its tiny scratch), the product runs on oneDNN's own scratchpad, a few kilobytes.
 //
 // Ownership and thread-safety: loaded once per process, like the library itself (OneDnn::Load,
 // thread-safe, idempotent); immutable afterwards, every member callable from any thread.
@@ -47,6 +53,8 @@ struct Bf16GemmCall {
   DType c_dtype = DType::kF32;
   const void* bias = nullptr;  // null: none
   DType bias_dtype = DType::kF32;
+  void* scratch = nullptr;  // oneDNN's scratchpad: this thread's alone while the call runs
+  size_t scratch_bytes = 0;
 };
 
 struct OneDnnApi;  // the C API's entry points (onednn.cc)
@@ -62,7 +70,8 @@ class OneDnn {
   // absent, k > 0, and alpha == 1 whenever there is a bias (oneDNN scales the bias with alpha).
   static bool Takes(DType c, bool has_bias, DType bias, float alpha, int64_t k);
 
-  // REQUIRES: Takes(...) for the call's dtypes; m, n, k > 0. Runs on the calling thread.
+  // REQUIRES: Takes(...) for the call's dtypes; m, n, k > 0. Runs on the calling thread, in
+  // blocks when oneDNN's scratchpad for the whole product exceeds call.scratch_bytes.
   // Errors: Internal naming the oneDNN call and its status.
   Status Run(const Bf16GemmCall& call) const;
 
