@@ -146,7 +146,8 @@ TEST_F(DataCliTest, BadLineIsOneLineWithFileAndLineUnlessSkipped) {
 
 // --train-on-prompt puts the loss on the prompt too: a prompt+completion file then scores what the
 // same text as {"text": ...} scores, to the bit (same tokens, same mask), in eval and in
-// tokenize's view; without it fewer targets count. A run keeps the choice in job.json.
+// tokenize's view; without it fewer targets count. A run keeps the choice in job.json; over the
+// built-in text it says the option changes nothing.
 TEST_F(DataCliTest, TrainOnPromptScoresThePromptsToo) {
   std::string pairs, texts;
   for (int i = 0; i < 6; ++i) {
@@ -180,6 +181,13 @@ TEST_F(DataCliTest, TrainOnPromptScoresThePromptsToo) {
             "--threads 2 --out " + out);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(nlohmann::json::parse(std::ifstream(out + "/job.json"))["train_on_prompt"], true);
+  EXPECT_EQ(r.output.find("changes nothing"), std::string::npos) << r.output;
+  // The built-in text has no prompts: the run says the option does nothing, and trains.
+  r = Ferry("train --train-on-prompt --steps 1 --batch-size 2 --seq-len 32 --threads 2 --out " +
+            dir_ + "/builtin");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("built-in text, "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--train-on-prompt changes nothing here"), std::string::npos) << r.output;
 }
 
 // A .json file holding the dataset's objects as one JSON array trains as the .jsonl file does:

@@ -182,14 +182,14 @@ Status ReadToolUse(std::string_view line, bool llama, bool tools_listed,
     for (const nlohmann::ordered_json& call : list) {
       // {"type": "function", "function": {"name", "arguments"}}, or the function itself (not
       // under Llama 3.1's template, which reads `tool_calls[0].function`).
-      if (llama && !(call.is_object() && call.contains("function"))) {
+      const bool wrapped = call.is_object() && call.contains("function");
+      if (llama && !wrapped) {
         return Status::InvalidArgument(
             where +
             ": the model's chat template (Llama 3.1's) reads a tool call's 'function' "
             "({\"type\": \"function\", \"function\": {\"name\", \"arguments\"}})");
       }
-      const nlohmann::ordered_json& f =
-          call.is_object() && call.contains("function") ? call["function"] : call;
+      const nlohmann::ordered_json& f = wrapped ? call["function"] : call;
       if (!f.is_object() || f.empty() || !f.contains("name") || !f["name"].is_string() ||
           !f.contains("arguments")) {
         return Status::InvalidArgument(where +
@@ -420,8 +420,7 @@ std::string SkippedText(const LoadedExamples& loaded) {
 
 std::string UnusedTrainOnPrompt(const LoadedExamples& loaded, const ExampleOptions& o) {
   if (!o.train_on_prompt || loaded.with_prompt > 0 || loaded.examples.empty()) return "";
-  return "--train-on-prompt changes nothing here: no example has a prompt, and a text's every "
-         "token already counts";
+  return std::string(kTrainOnPromptChangesNothing);
 }
 
 Result<std::vector<JsonRecord>> SplitJsonArray(std::string_view text, std::string_view source) {

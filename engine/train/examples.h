@@ -102,6 +102,10 @@ Result<LoadedExamples> LoadExamples(const std::string& path, const ExampleOption
 
 // "1 bad line skipped", "3 bad elements skipped" (a JSON array's); "" when none was.
 std::string SkippedText(const LoadedExamples& loaded);
+// What a run's data line says of --train-on-prompt where nothing has a prompt.
+inline constexpr std::string_view kTrainOnPromptChangesNothing =
+    "--train-on-prompt changes nothing here: no example has a prompt, and a text's every token "
+    "already counts";
 // With train_on_prompt over examples none of which has a prompt (a text or token file, text
 // lines), a note that the option changes nothing; else "".
 std::string UnusedTrainOnPrompt(const LoadedExamples& loaded, const ExampleOptions& options);

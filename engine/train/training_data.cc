@@ -128,6 +128,7 @@ Result<std::unique_ptr<TrainingData>> TrainingData::Load(const JobSpec& job,
     FERRY_ASSIGN_OR_RETURN(Batcher b, Batcher::Create(&*d->stream_, B, job.seq_len, job.seed));
     d->source_ = std::make_unique<Batcher>(b);
     d->summary_ = "built-in text, " + std::to_string(d->stream_->tokens().size()) + " tokens";
+    if (job.train_on_prompt) d->summary_ += " (" + std::string(kTrainOnPromptChangesNothing) + ")";
     return d;
   }
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, ModelTokenizer(job.model));
