@@ -178,7 +178,8 @@ Status Run(ThreadPool& pool, const LmHeadLossArgs& a, bool backward) {
     }
     // A: logits (cn, V), each part its vocabulary range. bf16 h and W go straight to oneDNN's
     // bf16 kernels where the CPU has them (exact products, fp32 sums, as the panels below), one
-    // product per part with no W panel; otherwise W is widened a block of rows at a time.
+    // product per part, the worker's W panel its scratchpad; otherwise W is widened a block of
+    // rows at a time.
     std::vector<Status> part_status(static_cast<size_t>(parts));
     pool.ParallelFor(parts, 1, [&](int64_t pb, int64_t pe, int worker) {
       for (int64_t k = pb; k < pe; ++k) {

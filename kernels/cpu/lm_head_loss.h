@@ -10,9 +10,10 @@
 //   D. backward: dh_chunk = sum of the partials in part order (deterministic for a given pool
 //      size), stored in h's dtype.
 // bf16 h and W: A runs on oneDNN's bf16 kernels where the CPU has them (kernels/cpu/onednn.h: the
-// same exact products and fp32 sums, one call per part); elsewhere, and in C (whose dL is fp32),
-// they are widened to fp32 panels in scratch (h: once per chunk; W: 128 rows at a time) so the
-// GEMMs are fp32. The scratch is the panels' either way, so a plan does not depend on the host.
+// same exact products and fp32 sums, one call per part, the worker's W panel its scratchpad);
+// elsewhere, and in C (whose dL is fp32), they are widened to fp32 panels in scratch (h: once per
+// chunk; W: 128 rows at a time) so the GEMMs are fp32. The scratch is the panels' either way, so a
+// plan does not depend on the host.
 //
 // Accumulation: dh `=` (activation gradient), dW `+=` (parameter gradient).
 // Thread-safety: one call at a time per pool (ThreadPool's rule); no other state.

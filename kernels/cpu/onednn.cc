@@ -337,8 +337,7 @@ Status OneDnn::Run(const Bf16GemmCall& c) const {
   api.omp_set_num_threads(1);  // this thread's OpenMP teams: oneDNN runs inline, here
   auto engine = static_cast<dnnl_engine_t>(engine_);
   // The largest block (the whole product, then halves) whose scratchpad fits the call's scratch.
-  // Where none does (a tiny product's padded operand copies can exceed its tiny scratch), the
-  // whole product runs on oneDNN's own scratchpad, a few kilobytes.
+  // Where none does, the whole product runs on oneDNN's own scratchpad (onednn.h).
   int64_t mb = c.m, nb = c.n;
   for (;;) {
     CallObjects o{api_};
@@ -349,7 +348,11 @@ Status OneDnn::Run(const Bf16GemmCall& c) const {
       if (mb == c.m && nb == c.n) return Execute(api, engine, first, o, md);
       break;
     }
-    if (!Shrink(mb, nb)) return RunBlock(api, engine, Block(c, 0, 0, c.m, c.n));
+    if (!Shrink(mb, nb)) {
+      CallObjects lib{api_};
+      FERRY_RETURN_IF_ERROR(CreateDescriptor(api, engine, c, /*user_scratchpad=*/false, lib, md));
+      return Execute(api, engine, c, lib, md);
+    }
   }
   for (int64_t m0 = 0; m0 < c.m; m0 += mb) {
     for (int64_t n0 = 0; n0 < c.n; n0 += nb) {

@@ -18,12 +18,17 @@
 // turns the path off (Describe says why).
 //
 // Scratch: the caller's. Primitives are made in oneDNN's user scratchpad mode and get the call's
-// `scratch` (a worker's slice of the GEMM's planned scratch), so nothing is allocated per call and
-// the memory is the plan's (the library-managed scratchpad was malloc'd at every call and kept
-// megabytes in the worker threads' heaps). A product whose scratchpad (with a bf16 C, an fp32
-// buffer of C) is larger runs in blocks that fit: the longer side halved, to multiples of 32.
-// Where no block of 32 or more rows and columns fits (a tiny product whose padded operand copies
-// exceed its tiny scratch), the product runs on oneDNN's own scratchpad, a few kilobytes.
+// `scratch` (a worker's slice of the GEMM's planned scratch), so the scratchpad is the plan's
+// memory (the library-managed one was malloc'd at every call and kept megabytes in the worker
+// threads' heaps; oneDNN still allocates its descriptors and handles per call, and with a
+// transposed B a working buffer of 0.2-0.4 MB, freed after it). A product whose scratchpad (with
+// a bf16 C, an fp32 buffer of C) is larger runs in blocks of C that fit: the longer side halved,
+// to multiples of 32 (K is never split). oneDNN's K blocking follows the block's shape, so a
+// block's sums may be taken in another order than the whole product's (C differs by rounding; the
+// split is a function of the shape and the scratch, so the same call gives the same bits). Where no
+// block fits (neither side can be halved to 32 or more: a tiny product whose padded operand copies
+// exceed its tiny scratch, or copies that grow with K), the product runs on oneDNN's own
+// scratchpad.
 //
 // Ownership and thread-safety: loaded once per process, like the library itself (OneDnn::Load,
 // thread-safe, idempotent); immutable afterwards, every member callable from any thread.
