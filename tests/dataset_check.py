@@ -469,7 +469,8 @@ def json_value(depth=0):
 def tool_conversation(family):
     """A chat with tool use as Qwen's templates take it: maybe a system message and a `tools`
     list; user queries each answered directly or by tool calls (in OpenAI's {"type", "function"}
-    form or bare, arguments an object or a JSON string, content empty or not), one to three
+    form or bare, arguments an object or a JSON string, content empty or not, and absent when
+    empty but under Qwen3's), one to three
     'tool' results and a final answer. Llama 3.1's (family llama3): one call a message, in
     OpenAI's form (its content the template drops), one or two 'tool' or 'ipython' results, and
     `tools` listed, `[]` or not given."""
@@ -493,6 +494,10 @@ def tool_conversation(family):
                          "tool_calls": calls})
             if family == "qwen3":
                 think(msgs[-1])
+            # Some exports leave an empty content out (Qwen3's template fails on that, as on a
+            # null one: `'</think>' in message.content`; ferry reads both as empty).
+            if family != "qwen3" and msgs[-1]["content"] == "" and rng.random() < 0.3:
+                del msgs[-1]["content"]
             for _ in range(rng.randint(1, 2 if llama else 3)):
                 msgs.append({"role": rng.choice(["tool", "ipython"]) if llama else "tool",
                              "content": content()})

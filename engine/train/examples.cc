@@ -84,11 +84,12 @@ Result<std::vector<ChatMessage>> ParseTurns(const nlohmann::json& j, bool shareg
     const nlohmann::json& m = j[i];
     const std::string where = list + "[" + std::to_string(i) + "]";
     if (!m.is_object()) return Status::InvalidArgument(where + " must be an object");
-    // An assistant's tool call (OpenAI's form) may have a null content (its refusal says more).
+    // An assistant's tool call (OpenAI's form) may have a null content, or none (some exports
+    // leave the key out): the templates read both as an empty one (a test of `content` is false).
     const bool tool_calls_key = !sharegpt && m.contains("tool_calls");
     const bool tool_calls = tool_calls_key && !JinjaFalsy(m["tool_calls"]);
     for (const char* key : {role_key, text_key}) {
-      if (tool_calls && key == text_key && m.contains(key) && m[key].is_null()) continue;
+      if (tool_calls && key == text_key && (!m.contains(key) || m[key].is_null())) continue;
       if (!m.contains(key) || !m[key].is_string()) {
         return Status::InvalidArgument(where + " needs a string '" + key + "'");
       }
@@ -104,7 +105,9 @@ Result<std::vector<ChatMessage>> ParseTurns(const nlohmann::json& j, bool shareg
       role = mapped;
     }
     ChatMessage message{.role = std::move(role),
-                        .content = m[text_key].is_null() ? "" : m[text_key].get<std::string>(),
+                        .content = m.contains(text_key) && m[text_key].is_string()
+                                       ? m[text_key].get<std::string>()
+                                       : "",
                         .tool_calls_key = tool_calls_key,
                         .tool_calls = tool_calls};
     if (!sharegpt && m.contains("reasoning_content") && !m["reasoning_content"].is_null()) {

@@ -160,6 +160,41 @@ std::string ToolLine(const std::string& calls, const std::string& tools) {
          calls + R"(}, {"role": "tool", "content": "r"}], "tools": )" + tools + "}";
 }
 
+// A tool call's message may leave 'content' out (some exports do): under Qwen's and Llama 3.1's
+// templates it reads as a null (empty) one, the same text; any other message without a string
+// content is still refused.
+TEST(ExamplesTest, ToolCallWithoutContentReadsAsAnEmptyOne) {
+  std::unique_ptr<Tokenizer> tok = MakeByteTokenizer();
+  const std::string calls =
+      R"([{"type": "function", "function": {"name": "f", "arguments": {"x": 1}}}])";
+  const std::string tools = R"([{"type": "function", "function": {"name": "f"}}])";
+  const std::string with_null = ToolLine(calls, tools);
+  std::string without = with_null;
+  without.erase(without.find(R"("content": null, )"),
+                std::string_view(R"("content": null, )").size());
+  for (const ChatTemplate& t :
+       {ChatTemplate{.format = ChatFormat::kQwen3, .tool_use = ToolUse::kQwen},
+        ChatTemplate{.format = ChatFormat::kChatMl, .tool_use = ToolUse::kQwen},
+        ChatTemplate{.format = ChatFormat::kLlama3,
+        .knowledge_date = true,
+        .tool_use = ToolUse::kLlama31}}) {
+    const ExampleOptions o{.tokenizer = tok.get(), .chat_template = t};
+    std::string want, got;
+    Result<Example> a = ParseJsonlLine(with_null, o, &want);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    Result<Example> b = ParseJsonlLine(without, o, &got);
+    ASSERT_TRUE(b.ok()) << b.status().ToString() << "\n" << without;
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(b->tokens, a->tokens);
+    EXPECT_EQ(b->trained, a->trained);
+    Result<Example> r = ParseJsonlLine(
+        R"({"messages": [{"role": "user"}, {"role": "assistant", "content": "a"}]})", o);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("needs a string 'content'"), std::string::npos)
+        << r.status().message();
+  }
+}
+
 // Each line refused with an error holding its text.
 void ExpectRefused(std::span<const std::pair<std::string, std::string>> bad,
                    const ExampleOptions& o) {
