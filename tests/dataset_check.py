@@ -27,7 +27,8 @@ sees them: ids and the loss mask) and checks:
    tokens, and its stop the tokenizer's id of the template's end-of-turn marker.
 4. tool use: under Qwen2.5's, Qwen3's and Llama 3.1's templates, random chats with a `tools`
    list, tool calls (OpenAI's form or bare for Qwen; arguments objects holding every kind of JSON
-   value, or JSON strings) and runs of 'tool' results (Llama: 'ipython' too), rendered with
+   value, or JSON strings) and runs of 'tool' results (Llama: 'ipython' too, and results that
+   are JSON objects or arrays), rendered with
    transformers' `tojson` (json.dumps, ensure_ascii=False; Llama's tools with indent=4): text,
    ids and mask equal. Under the others, four lines (a 'tools' list, an empty one, tool_calls, a
    'tool' result): where the template writes tool use its own way (a Llama 3.1 template with
@@ -472,7 +473,8 @@ def tool_conversation(family):
     form or bare, arguments an object or a JSON string, content empty or not, and absent when
     empty but under Qwen3's), one to three
     'tool' results and a final answer. Llama 3.1's (family llama3): one call a message, in
-    OpenAI's form (its content the template drops), one or two 'tool' or 'ipython' results, and
+    OpenAI's form (its content the template drops), one or two 'tool' or 'ipython' results (text,
+    or a JSON object or array), and
     `tools` listed, `[]` or not given."""
     llama = family == "llama3"
     msgs = []
@@ -499,8 +501,12 @@ def tool_conversation(family):
             if family != "qwen3" and msgs[-1]["content"] == "" and rng.random() < 0.3:
                 del msgs[-1]["content"]
             for _ in range(rng.randint(1, 2 if llama else 3)):
+                result = content()
+                if llama and rng.random() < 0.3:  # a result as JSON, which Llama's `tojson` writes
+                    result = ({"result": json_value(1)} if rng.random() < 0.7
+                              else [json_value(1) for _ in range(rng.randint(0, 3))])
                 msgs.append({"role": rng.choice(["tool", "ipython"]) if llama else "tool",
-                             "content": content()})
+                             "content": result})
         msgs.append({"role": "assistant", "content": content()})
         if family == "qwen3":
             think(msgs[-1])

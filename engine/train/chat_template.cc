@@ -485,7 +485,8 @@ Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessa
     }
     if (llama31 && (m.role == "tool" || m.role == "ipython")) {  // the content's `tojson`
       w.Context("<|start_header_id|>ipython<|end_header_id|>\n\n" +
-                PythonJsonDumps(nlohmann::ordered_json(m.content)) + "<|eot_id|>");
+                m.content_json.value_or(PythonJsonDumps(nlohmann::ordered_json(m.content))) +
+                "<|eot_id|>");
       continue;
     }
     if (llama31 && m.tool_calls_key) {  // its one call (RefusedToolUse), in place of its content

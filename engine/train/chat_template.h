@@ -129,6 +129,9 @@ struct ChatMessage {
   bool tool_calls_key = false;
   bool tool_calls = false;
   std::vector<ToolCall> calls = {};  // under a kQwen or kLlama31 template: the calls, in order
+  // A "tool" or "ipython" result whose content is a JSON object or array (`content` is then ""):
+  // its JSON as the template's `tojson` writes it. Only Llama 3.1's template writes one.
+  std::optional<std::string> content_json = std::nullopt;
 };
 
 // Rendered conversation: `text`, and the byte ranges [begin, end) of it that carry the loss, in

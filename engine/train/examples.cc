@@ -88,7 +88,12 @@ Result<std::vector<ChatMessage>> ParseTurns(const nlohmann::json& j, bool shareg
     // leave the key out): the templates read both as an empty one (a test of `content` is false).
     const bool tool_calls_key = !sharegpt && m.contains("tool_calls");
     const bool tool_calls = tool_calls_key && !JinjaFalsy(m["tool_calls"]);
+    // A tool's result may be a JSON object or array (Llama 3.1's template writes its JSON).
+    const bool json_result = !sharegpt && m.contains("role") && m.contains(text_key) &&
+                             (m["role"] == "tool" || m["role"] == "ipython") &&
+                             (m[text_key].is_object() || m[text_key].is_array());
     for (const char* key : {role_key, text_key}) {
+      if (key == text_key && json_result) continue;
       if (tool_calls && key == text_key && (!m.contains(key) || m[key].is_null())) continue;
       if (!m.contains(key) || !m[key].is_string()) {
         return Status::InvalidArgument(where + " needs a string '" + key + "'");
@@ -110,6 +115,7 @@ Result<std::vector<ChatMessage>> ParseTurns(const nlohmann::json& j, bool shareg
                                        : "",
                         .tool_calls_key = tool_calls_key,
                         .tool_calls = tool_calls};
+    if (json_result) message.content_json = m[text_key].dump();  // ReadToolUse: in key order
     if (!sharegpt && m.contains("reasoning_content") && !m["reasoning_content"].is_null()) {
       if (!m["reasoning_content"].is_string()) {
         return Status::InvalidArgument(where + ": 'reasoning_content' must be a string");
@@ -163,12 +169,15 @@ Status CheckJsonForPython(std::string_view text) {
 // The line's tool use for a kQwen or kLlama31 template (`llama`), read again keeping each
 // object's key order (as Python's json does, which the template's `tojson` writes): `tools` (when
 // listed: each tool's JSON, kLlama31's indented by 4) and each tool-calling message's calls (a
-// name and the arguments; kLlama31 reads a call's `function` only). `turns` are the line's
-// "messages".
+// name and the arguments; kLlama31 reads a call's `function` only), and the JSON of each tool
+// result given as an object or array (`content_json`). `turns` are the line's "messages".
 Status ReadToolUse(std::string_view line, bool llama, bool tools_listed,
                    std::vector<std::string>* tools, std::vector<ChatMessage>& turns) {
   FERRY_RETURN_IF_ERROR(CheckJsonForPython(line));
   const nlohmann::ordered_json j = nlohmann::ordered_json::parse(line, nullptr, false);
+  for (size_t i = 0; i < turns.size(); ++i) {
+    if (turns[i].content_json) turns[i].content_json = PythonJsonDumps(j["messages"][i]["content"]);
+  }
   if (tools_listed) {
     if (!j["tools"].is_array()) return Status::InvalidArgument("'tools' must be an array");
     for (const nlohmann::ordered_json& tool : j["tools"]) {
@@ -376,10 +385,21 @@ Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, s
     if (std::string why = RefusedToolUse(o.chat_template, turns, tools_listed); !why.empty()) {
       return Status::InvalidArgument(why);
     }
+    bool json_results = false;
+    for (size_t i = 0; i < turns.size(); ++i) {
+      if (!turns[i].content_json) continue;
+      if (!llama) {
+        return Status::InvalidArgument(
+            "message " + std::to_string(i) + " (" + turns[i].role +
+            ") has a JSON object or array as its content: the model's chat template writes a "
+            "string (only Llama 3.1's writes a tool result's JSON); give it as a string");
+      }
+      json_results = true;
+    }
     std::vector<std::string> tools;
     const bool calls =
         std::any_of(turns.begin(), turns.end(), [](const ChatMessage& m) { return m.tool_calls; });
-    if ((tool_use == ToolUse::kQwen || llama) && (tools_listed || calls)) {
+    if ((tool_use == ToolUse::kQwen || llama) && (tools_listed || calls || json_results)) {
       FERRY_RETURN_IF_ERROR(ReadToolUse(line, llama, tools_listed, &tools, turns));
     }
     FERRY_ASSIGN_OR_RETURN(RenderedText r, RenderChat(o.chat_template, turns, tools, tools_listed));

@@ -195,6 +195,41 @@ TEST(ExamplesTest, ToolCallWithoutContentReadsAsAnEmptyOne) {
   }
 }
 
+// A tool's result may be a JSON object or array: Llama 3.1's template writes it with `tojson`
+// (ferry: Python's json.dumps, keys in the line's order); the other templates concatenate a
+// string, and ferry refuses the line naming the message. Other roles keep needing a string.
+TEST(ExamplesTest, JsonToolResultsAreLlama31s) {
+  std::unique_ptr<Tokenizer> tok = MakeByteTokenizer();
+  const std::string calls =
+      R"([{"type": "function", "function": {"name": "f", "arguments": {"x": 1}}}])";
+  std::string line = ToolLine(calls, "null");
+  line.replace(line.find(R"("content": "r")"), std::string_view(R"("content": "r")").size(),
+               R"("content": {"z": [1.5, "é"], "a": null})");
+  ExampleOptions o{
+      .tokenizer = tok.get(),
+      .chat_template = {
+          .format = ChatFormat::kLlama3, .knowledge_date = true, .tool_use = ToolUse::kLlama31}};
+  std::string text;
+  Result<Example> e = ParseJsonlLine(line, o, &text);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_NE(text.find("<|start_header_id|>ipython<|end_header_id|>\n\n{\"z\": [1.5, \"é\"], "
+                      "\"a\": null}<|eot_id|>"),
+            std::string::npos)
+      << text;
+  o.chat_template = {.format = ChatFormat::kQwen3, .tool_use = ToolUse::kQwen};
+  Result<Example> r = ParseJsonlLine(line, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("message 2 (tool) has a JSON object or array"),
+            std::string::npos)
+      << r.status().message();
+  o.chat_template = {
+      .format = ChatFormat::kLlama3, .knowledge_date = true, .tool_use = ToolUse::kLlama31};
+  r = ParseJsonlLine(R"({"messages": [{"role": "user", "content": {"q": 1}}]})", o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("needs a string 'content'"), std::string::npos)
+      << r.status().message();
+}
+
 // Each line refused with an error holding its text.
 void ExpectRefused(std::span<const std::pair<std::string, std::string>> bad,
                    const ExampleOptions& o) {
