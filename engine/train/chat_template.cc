@@ -514,6 +514,15 @@ std::string RefusedToolUse(const ChatTemplate& t, std::span<const ChatMessage> m
       ": the model's chat template writes tool use in its own format, which ferry does not "
       "render (it renders Qwen2.5's, Qwen3's and Llama 3.1's); leave tool conversations out";
   const bool qwen = t.tool_use == ToolUse::kQwen;
+  if (t.tool_use != ToolUse::kLlama31) {
+    for (size_t i = 0; i < messages.size(); ++i) {
+      if (!messages[i].content_json) continue;
+      return "message " + std::to_string(i) + " (" + messages[i].role +
+             ") has a JSON object or array as its content, which the model's chat template "
+             "would write as Python's text of it ({'a': None}), not as JSON (only Llama 3.1's "
+             "writes a tool result's JSON); give it as a string";
+    }
+  }
   if (t.tool_use == ToolUse::kLlama31) {
     const size_t first = !messages.empty() && messages[0].role == "system" ? 1 : 0;
     if (tools_listed && (first == messages.size() || messages[first].role != "user")) {

@@ -130,7 +130,8 @@ struct ChatMessage {
   bool tool_calls = false;
   std::vector<ToolCall> calls = {};  // under a kQwen or kLlama31 template: the calls, in order
   // A "tool" or "ipython" result whose content is a JSON object or array (`content` is then ""):
-  // its JSON as the template's `tojson` writes it. Only Llama 3.1's template writes one.
+  // its JSON as the template's `tojson` writes it. Only Llama 3.1's template writes it as JSON
+  // (the others write Python's text of the object: RefusedToolUse).
   std::optional<std::string> content_json = std::nullopt;
 };
 
@@ -166,7 +167,8 @@ Result<RenderedText> RenderChat(const ChatTemplate& t, std::span<const ChatMessa
 // template: a template without tool use would train the turn without them), and as t.tool_use says,
 // a tool result or a role the template does not write, or `tools_listed` (the line's `tools` is one
 // the template writes: any non-null one for kIfPresent, one a Jinja `if` takes as some for
-// kIfTruthy).
+// kIfTruthy). Under any template but kLlama31: a tool result given as a JSON object or array
+// (the template would write Python's text of it).
 std::string RefusedToolUse(const ChatTemplate& t, std::span<const ChatMessage> messages,
                            bool tools_listed);
 

@@ -85,7 +85,8 @@ Result<std::vector<ChatMessage>> ParseTurns(const nlohmann::json& j, bool shareg
     const std::string where = list + "[" + std::to_string(i) + "]";
     if (!m.is_object()) return Status::InvalidArgument(where + " must be an object");
     // An assistant's tool call (OpenAI's form) may have a null content, or none (some exports
-    // leave the key out): the templates read both as an empty one (a test of `content` is false).
+    // leave the key out): read as an empty one, as Qwen2.5's and Llama 3.1's templates do (Qwen3's
+    // fails on both; the templates without tool use are refused a call anyway).
     const bool tool_calls_key = !sharegpt && m.contains("tool_calls");
     const bool tool_calls = tool_calls_key && !JinjaFalsy(m["tool_calls"]);
     // A tool's result may be a JSON object or array (Llama 3.1's template writes its JSON).
@@ -385,17 +386,9 @@ Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, s
     if (std::string why = RefusedToolUse(o.chat_template, turns, tools_listed); !why.empty()) {
       return Status::InvalidArgument(why);
     }
-    bool json_results = false;
-    for (size_t i = 0; i < turns.size(); ++i) {
-      if (!turns[i].content_json) continue;
-      if (!llama) {
-        return Status::InvalidArgument(
-            "message " + std::to_string(i) + " (" + turns[i].role +
-            ") has a JSON object or array as its content: the model's chat template writes a "
-            "string (only Llama 3.1's writes a tool result's JSON); give it as a string");
-      }
-      json_results = true;
-    }
+    const bool json_results = std::any_of(turns.begin(), turns.end(), [](const ChatMessage& m) {
+      return m.content_json.has_value();  // Llama 3.1's alone (RefusedToolUse)
+    });
     std::vector<std::string> tools;
     const bool calls =
         std::any_of(turns.begin(), turns.end(), [](const ChatMessage& m) { return m.tool_calls; });

@@ -187,8 +187,13 @@ TEST(ExamplesTest, ToolCallWithoutContentReadsAsAnEmptyOne) {
     EXPECT_EQ(got, want);
     EXPECT_EQ(b->tokens, a->tokens);
     EXPECT_EQ(b->trained, a->trained);
+    // Without a call (`tool_calls` empty) the message needs its content like any other.
     Result<Example> r = ParseJsonlLine(
-        R"({"messages": [{"role": "user"}, {"role": "assistant", "content": "a"}]})", o);
+        R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": []}]})",
+        o);
+    ASSERT_FALSE(r.ok());
+    r = ParseJsonlLine(R"({"messages": [{"role": "user"}, {"role": "assistant", "content": "a"}]})",
+                       o);
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.status().message().find("needs a string 'content'"), std::string::npos)
         << r.status().message();
@@ -196,8 +201,9 @@ TEST(ExamplesTest, ToolCallWithoutContentReadsAsAnEmptyOne) {
 }
 
 // A tool's result may be a JSON object or array: Llama 3.1's template writes it with `tojson`
-// (ferry: Python's json.dumps, keys in the line's order); the other templates concatenate a
-// string, and ferry refuses the line naming the message. Other roles keep needing a string.
+// (ferry: Python's json.dumps, keys in the line's order), with a call in the line or not; the
+// other templates would write Python's text of it ({'a': None}), and ferry refuses the line
+// naming the message. Other roles keep needing a string.
 TEST(ExamplesTest, JsonToolResultsAreLlama31s) {
   std::unique_ptr<Tokenizer> tok = MakeByteTokenizer();
   const std::string calls =
@@ -216,15 +222,34 @@ TEST(ExamplesTest, JsonToolResultsAreLlama31s) {
                       "\"a\": null}<|eot_id|>"),
             std::string::npos)
       << text;
-  o.chat_template = {.format = ChatFormat::kQwen3, .tool_use = ToolUse::kQwen};
-  Result<Example> r = ParseJsonlLine(line, o);
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("message 2 (tool) has a JSON object or array"),
+  // No call in the line: the result alone still keeps its key order; an array, as ipython's.
+  e = ParseJsonlLine(
+      R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},)"
+      R"( {"role": "tool", "content": {"b": 1, "a": 2}}, {"role": "ipython", "content": [{}, 3]}]})",
+      o, &text);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_NE(text.find("<|start_header_id|>ipython<|end_header_id|>\n\n{\"b\": 1, \"a\": 2}"
+                      "<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\n[{}, 3]"
+                      "<|eot_id|>"),
             std::string::npos)
-      << r.status().message();
+      << text;
+  for (const ChatTemplate& t :
+       {ChatTemplate{.format = ChatFormat::kQwen3, .tool_use = ToolUse::kQwen},
+        ChatTemplate{.format = ChatFormat::kChatMl, .tool_use = ToolUse::kQwen},
+        ChatTemplate{.format = ChatFormat::kChatMl},  // --chat-template chatml
+        ChatTemplate{.format = ChatFormat::kLlama3},  // --chat-template llama3
+        ChatTemplate{.format = ChatFormat::kLlama3, .tool_use = ToolUse::kIfPresent}}) {
+    o.chat_template = t;
+    const Result<Example> refused = ParseJsonlLine(line, o);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("message 2 (tool) has a JSON object or array"),
+              std::string::npos)
+        << refused.status().message();
+  }
   o.chat_template = {
       .format = ChatFormat::kLlama3, .knowledge_date = true, .tool_use = ToolUse::kLlama31};
-  r = ParseJsonlLine(R"({"messages": [{"role": "user", "content": {"q": 1}}]})", o);
+  const Result<Example> r =
+      ParseJsonlLine(R"({"messages": [{"role": "user", "content": {"q": 1}}]})", o);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("needs a string 'content'"), std::string::npos)
       << r.status().message();
