@@ -12,7 +12,8 @@
 //     probe of `ferry probe --model`), the throttled link's rate.
 // Runs: 2 devices with the link throttled so that one device's uploads take about as long as its
 // compute (rate chosen from an unthrottled run, then again from a first throttled run, whose plan
-// recomputes more; when the throttled plan keeps its activations on the devices, the same link
+// recomputes more, until a run's own uploads and compute agree within 20%, else the tried rate
+// that came closest; when the throttled plan keeps its activations on the devices, the same link
 // again with a plan that does not), the same link with one-step-stale updates, 2 devices
 // unthrottled, 1 device unthrottled. 16 micro-batches by default: the pipeline's fill and drain,
 // which no overlap removes (the simulator counts them), are a smaller share of a step than with 4.
@@ -26,11 +27,14 @@
 // the same run (offload/store_rate.h).
 //
 // Usage: executor_bench [--steps N] [--seq-len T] [--micro-batches M] [--nvme-dir DIR]
-//                       [--link MB/s] [--qlora-only]
+//                       [--link MB/s] [--qlora-only | --throttled-only] [--trace FILE]
 // --link: the throttled runs' link rate, not chosen from this run's (to compare builds at one
-// rate; the QLoRA runs choose their own still).
+// rate; the QLoRA runs choose their own still). --throttled-only: the 2-device throttled run
+// and its stale-update twin alone. --trace: that run's Chrome trace (as `ferry train --trace`)
+// written to FILE, its twin's to FILE.stale.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -51,6 +55,7 @@
 #include "engine/train/run_training.h"
 #include "engine/train/trainer.h"
 #include "engine/train/training_runner.h"
+#include "offload/file_io.h"
 #include "offload/store_rate.h"
 
 namespace ferry {
@@ -65,11 +70,13 @@ struct Options {
   int steps = 4;
   int64_t seq_len = 128;
   int64_t micro_batches = 16;
-  DType dtype = DType::kF32;   // compute
-  bool qlora_only = false;     // skip the overlap runs
-  bool stale = false;          // one-step-stale updates (planned and run)
-  std::string nvme_dir = ".";  // where the activations-on-NVMe run keeps its store
-  double link = 0;             // bytes/s of the throttled runs' link (0: chosen from this run)
+  DType dtype = DType::kF32;    // compute
+  bool qlora_only = false;      // skip the overlap runs
+  bool throttled_only = false;  // the 2-device throttled runs alone
+  std::string trace;            // where the throttled run's trace goes (empty: nowhere)
+  bool stale = false;           // one-step-stale updates (planned and run)
+  std::string nvme_dir = ".";   // where the activations-on-NVMe run keeps its store
+  double link = 0;              // bytes/s of the throttled runs' link (0: chosen from this run)
 };
 
 // One step's lanes, from the trace: seconds busy per device and lane, and the host optimizer's.
@@ -124,6 +131,11 @@ StepLanes LanesOf(const std::vector<exec::TraceSpan>& spans, int devices, int64_
   return l;
 }
 
+// Untimed steps first: the first maps the host mirrors; in the second a LoRA job's frozen base
+// moves to the weight slots it then keeps (plan::StageRoundRobin: a step starts where the last
+// one ended), uploading several times a steady step's bytes.
+constexpr int kWarmUpSteps = 2;
+
 struct RunResult {
   std::vector<double> step_s, bound_s, serial_s, compute_s, upload_s, uploaded_bytes, weight_bytes;
   std::vector<double> nvme_written, nvme_read;  // activations on NVMe: disk bytes per step
@@ -170,10 +182,11 @@ std::vector<LayerProbeEntry> ProbeLayers(const ModelConfig& model, const plan::P
 // `like` non-null: run that plan's stages, the tail's parts, gradient accumulators, micro-batches,
 // recomputation, activation policy, kept activations and activation tier (sized and priced again
 // for this job: plan::PricePlan), not the planner's own choice.
+// `trace_file` non-empty: the run's Chrome trace is written there.
 RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o, int devices,
               double link, const std::vector<LayerProbeEntry>& times,
               const std::string& nvme_dir = "", uint64_t gpu_cap = 0,
-              const plan::Plan* like = nullptr) {
+              const plan::Plan* like = nullptr, const std::string& trace_file = "") {
   const BatchShape shape{1, o.seq_len};
   const plan::PlanJob pj = JobOf(lora, o);
   // The profile carries this run's rates, so the planner's prediction is for this machine.
@@ -232,7 +245,7 @@ RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o
     raw.push_back(d->get());
     owned.push_back(std::move(*d));
   }
-  exec::TraceRecorder trace(p, o.steps + 1);
+  exec::TraceRecorder trace(p, o.steps + kWarmUpSteps);
   auto runner = exec::CreatePipelineRunner(raw, model, p, &trace, store.get());
   Check(runner.status(), "pipeline");
   std::vector<LayerSpec> layers = BuildLayerSpecs(model, lora);
@@ -254,14 +267,14 @@ RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o
   r.policy = p.activation_policy;
   r.gpu_bytes = p.memory.gpu.total();
   r.plan = p;
-  for (int k = 0; k <= o.steps; ++k) {
+  for (int k = 0; k < o.steps + kWarmUpSteps; ++k) {
     std::vector<MicroBatch> batch;
     for (int64_t m = 0; m < o.micro_batches; ++m) batch.push_back(batcher->MakeMicroBatch(k, m));
     const StoreStats io0 = store ? store->stats() : StoreStats{};
     const auto t0 = Clock::now();
     Check((*trainer)->Step(batch).status(), "step");
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (k == 0) continue;  // the first step warms up (and maps the host mirrors)
+    if (k < kWarmUpSteps) continue;
     if (store) {
       const StoreStats io1 = store->stats();
       r.nvme_written.push_back(double(io1.disk_bytes_written - io0.disk_bytes_written));
@@ -276,6 +289,7 @@ RunResult Run(const ModelConfig& model, const LoraConfig& lora, const Options& o
     r.uploaded_bytes.push_back(*std::max_element(l.uploaded_bytes.begin(), l.uploaded_bytes.end()));
     r.weight_bytes.push_back(l.weight_bytes);
   }
+  if (!trace_file.empty()) Check(WriteTextFile(trace_file, trace.ChromeTraceJson()), "trace");
   return r;
 }
 
@@ -318,6 +332,14 @@ int main(int argc, char** argv) {
       o.qlora_only = true;
       continue;
     }
+    if (flag == "--throttled-only") {
+      o.throttled_only = true;
+      continue;
+    }
+    if (flag == "--trace" && i + 1 < argc) {
+      o.trace = argv[++i];
+      continue;
+    }
     if (flag == "--nvme-dir" && i + 1 < argc) {
       o.nvme_dir = argv[++i];
       continue;
@@ -340,7 +362,8 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: executor_bench [--steps N] [--seq-len T] [--micro-batches M] "
-                   "[--nvme-dir DIR] [--link MB/s] [--qlora-only]\n");
+                   "[--nvme-dir DIR] [--link MB/s] [--qlora-only | --throttled-only] "
+                   "[--trace FILE]\n");
       return 2;
     }
   }
@@ -359,12 +382,14 @@ int main(int argc, char** argv) {
   if (!o.qlora_only) {
     std::printf(
         "job: llama-100M LoRA r16 (all projections), f32, %lld micro-batches of 1 x %lld, "
-        "devices of 1 thread, %d timed steps\n",
-        (long long)o.micro_batches, (long long)o.seq_len, o.steps);
+        "devices of 1 thread, %d timed steps after %d untimed\n",
+        (long long)o.micro_batches, (long long)o.seq_len, o.steps, ferry::kWarmUpSteps);
     const ferry::plan::PlanJob job = ferry::JobOf(lora, o);
-    const std::vector<ferry::LayerProbeEntry> times2 = ferry::ProbeLayers(model, job, 2),
-                                              times1 = ferry::ProbeLayers(model, job, 1);
-    const ferry::RunResult two = ferry::Run(model, lora, o, 2, 0, times2);
+    const std::vector<ferry::LayerProbeEntry> times2 = ferry::ProbeLayers(model, job, 2);
+    // The unthrottled run (skipped when only the throttled one runs, at a given rate).
+    const ferry::RunResult two = o.throttled_only && o.link > 0
+                                     ? ferry::RunResult{}
+                                     : ferry::Run(model, lora, o, 2, 0, times2);
     // The throttle: the busiest device's uploads at this rate take as long as its compute. The
     // planner prices the slower link (it recomputes instead of uploading saved activations), so
     // the throttled plan uploads less and computes more than the unthrottled one: the rate is
@@ -373,26 +398,39 @@ int main(int argc, char** argv) {
     auto throttle = [](const ferry::RunResult& r) {
       return ferry::plan::MedianOf(r.uploaded_bytes) / ferry::plan::MedianOf(r.compute_s);
     };
+    // The planner's choice can swing with the rate (a plan that keeps its activations uploads a
+    // fifth of one that does not), so the rate may not settle: then the tried rate whose own run
+    // came closest to uploads = compute is timed, never an untried one.
     const ferry::Options quick = ferry::OneStep(o);
     double link = o.link > 0 ? o.link : throttle(two);
+    double closest = 0, best_link = link;  // |log(uploads / compute)| of the closest run so far
     for (int run = 0; run < 4 && o.link <= 0; ++run) {
       const double next = throttle(ferry::Run(model, lora, quick, 2, link, times2));
-      const bool settled = next > 0.8 * link && next < 1.25 * link;
+      const double off = std::abs(std::log(next / link));  // uploads / compute = next / link
+      if (run == 0 || off < closest) {
+        closest = off;
+        best_link = link;
+      }
+      if (next > 0.8 * link && next < 1.25 * link) break;  // settled: this rate's plan fits it
       link = next;
-      if (settled) break;
     }
-    const ferry::RunResult throttled = ferry::Run(model, lora, o, 2, link, times2);
-    const ferry::RunResult one = ferry::Run(model, lora, o, 1, 0, times1);
+    if (o.link <= 0) link = best_link;
+    const ferry::RunResult throttled =
+        ferry::Run(model, lora, o, 2, link, times2, "", 0, nullptr, o.trace);
     char label[64];
-    std::snprintf(label, sizeof label, "2 devices, link %.0f MB/s", link * 1e-6);
+    std::snprintf(label, sizeof label, "2 devices, link %.1f MB/s", link * 1e-6);
     ferry::Print(label, throttled);
+    const std::vector<ferry::LayerProbeEntry> times1 = ferry::ProbeLayers(model, job, 1);
+    const ferry::RunResult one = ferry::Run(model, lora, o, 1, 0, times1);
     // One-step-stale updates (#13 item 6), the same link and plan: the next step's first uploads
     // no longer wait for this step's last updates.
     ferry::Options stale = o;
     stale.stale = true;
     const ferry::RunResult stale_run =
-        ferry::Run(model, lora, stale, 2, link, times2, "", 0, &throttled.plan);
+        ferry::Run(model, lora, stale, 2, link, times2, "", 0, &throttled.plan,
+                   o.trace.empty() ? "" : o.trace + ".stale");
     ferry::Print("  the same, stale updates", stale_run);
+    if (o.throttled_only) return 0;
     if (throttled.policy == "keep") {
       // The same link without kept activations (device memory one byte short of the least any
       // candidate that keeps them takes): what keeping them saves.
