@@ -386,13 +386,12 @@ Result<Example> ParseJsonlLine(std::string_view line, const ExampleOptions& o, s
     if (std::string why = RefusedToolUse(o.chat_template, turns, tools_listed); !why.empty()) {
       return Status::InvalidArgument(why);
     }
-    const bool json_results = std::any_of(turns.begin(), turns.end(), [](const ChatMessage& m) {
-      return m.content_json.has_value();  // Llama 3.1's alone (RefusedToolUse)
+    // A tool call, or a JSON tool result (Llama 3.1's alone: RefusedToolUse), is read below.
+    const bool calls_or_json = std::any_of(turns.begin(), turns.end(), [](const ChatMessage& m) {
+      return m.tool_calls || m.content_json.has_value();
     });
     std::vector<std::string> tools;
-    const bool calls =
-        std::any_of(turns.begin(), turns.end(), [](const ChatMessage& m) { return m.tool_calls; });
-    if ((tool_use == ToolUse::kQwen || llama) && (tools_listed || calls || json_results)) {
+    if ((tool_use == ToolUse::kQwen || llama) && (tools_listed || calls_or_json)) {
       FERRY_RETURN_IF_ERROR(ReadToolUse(line, llama, tools_listed, &tools, turns));
     }
     FERRY_ASSIGN_OR_RETURN(RenderedText r, RenderChat(o.chat_template, turns, tools, tools_listed));

@@ -295,8 +295,8 @@ Status Execute(const OneDnnApi& api, dnnl_engine_t engine, const Bf16GemmCall& c
               "memory_create"));
     args[n_args++] = {kArgs[i], o.mem[i]};
   }
-  if (ScratchpadBytes(api, o) > 0) {
-    const dnnl_memory_desc_t* scratch_md = api.pd_query_md(o.pd, dnnl_query_scratchpad_md, 0);
+  const dnnl_memory_desc_t* scratch_md = api.pd_query_md(o.pd, dnnl_query_scratchpad_md, 0);
+  if (scratch_md != nullptr && api.md_get_size(scratch_md) > 0) {
     FERRY_RETURN_IF_ERROR(
         Check(api.memory_create(&o.mem[4], scratch_md, engine, c.scratch), "memory_create"));
     args[n_args++] = {kArgs[4], o.mem[4]};
