@@ -46,6 +46,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/ops/lm_head_loss.h"
 #include "offload/offload_test_util.h"
+#include "offload/process_memory.h"
 #include "offload/versioned_store.h"
 
 namespace ferry::exec {
@@ -2099,16 +2100,6 @@ TEST(ExecutorNf4Test, RefusesWeightsNestedOtherwiseThanTheLayout) {
   }
 }
 
-// The process's resident set (VmRSS), in bytes.
-int64_t ResidentBytes() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  }
-  return -1;
-}
-
 // After the first step nothing is allocated: no arena block, no event, no host mapping (the
 // stages' host mirrors are carved from the host pool at Create and shared, though 7 stages on 2
 // devices land on the other device and weight slot from one step to the next), and the resident
@@ -2162,20 +2153,22 @@ TEST_P(ExecutorAllocationTest, NothingIsAllocatedAfterTheFirstStep) {
   // malloc arena, the kernel's page accounting under load) shows in one window only, so the
   // smaller growth of two windows is what must stay within the slack.
   for (int s = 0; s < 3; ++s) step();
-  [[maybe_unused]] const int64_t rss0 = ResidentBytes();  // unread under sanitizers
+  const Result<uint64_t> rss0 = ResidentBytes();  // unread under sanitizers
   for (int s = 0; s < 8; ++s) step();
-  [[maybe_unused]] const int64_t rss1 = ResidentBytes();
+  const Result<uint64_t> rss1 = ResidentBytes();
   for (int s = 0; s < 8; ++s) step();
-  [[maybe_unused]] const int64_t rss2 = ResidentBytes();
+  const Result<uint64_t> rss2 = ResidentBytes();
   EXPECT_TRUE(counts() == first);
   size_t weight_bytes = 0;  // what one step's mirrors hold: a leak of them would show
   for (const auto& [name, x] : w.tensors) weight_bytes += x.size() * sizeof(float);
   constexpr int64_t kSlack = 64 << 10;
   ASSERT_GT(int64_t(weight_bytes), kSlack);
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-  EXPECT_LE(std::min(rss1 - rss0, rss2 - rss1), kSlack)
-      << "the resident set grew over steps 5..12 by " << rss1 - rss0 << " bytes and over steps "
-      << "13..20 by " << rss2 - rss1;
+  ASSERT_TRUE(rss0.ok() && rss1.ok() && rss2.ok()) << rss0.status().ToString();
+  const int64_t grew1 = int64_t(*rss1) - int64_t(*rss0), grew2 = int64_t(*rss2) - int64_t(*rss1);
+  EXPECT_LE(std::min(grew1, grew2), kSlack)
+      << "the resident set grew over steps 5..12 by " << grew1 << " bytes and over steps "
+      << "13..20 by " << grew2;
 #endif
   if (store.get() != nullptr) {
     EXPECT_EQ(store.Segments(), 1);  // the entries' space, reused

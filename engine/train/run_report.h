@@ -12,6 +12,7 @@
 
 #include "engine/plan/planner.h"
 #include "kernels/status.h"
+#include "offload/process_memory.h"  // the measured side: RSS, its peak
 
 namespace ferry {
 
@@ -76,17 +77,5 @@ struct MeasuredRun {
 // each ending in '\n'. The step time is the median over the steps after the first (which also
 // creates what later steps reuse) when there are several.
 std::string MeasuredVsPredicted(const plan::Plan& plan, const MeasuredRun& run);
-
-// The process's peak resident set size (VmHWM in /proc/self/status). Errors: NotFound when the
-// kernel does not report it.
-Result<uint64_t> PeakResidentBytes();
-// The process's resident set size now (VmRSS), likewise.
-Result<uint64_t> ResidentBytes();
-// The file-backed part of it now (RssFile: mapped code and files), likewise.
-Result<uint64_t> ResidentFileBytes();
-// Resets the process's peak resident set (VmHWM) to its resident set now (writes 5 to
-// /proc/self/clear_refs, Linux 4.0 and later). Errors: NotFound when the kernel has no
-// clear_refs; IOError when it refuses.
-Status ResetPeakResidentBytes();
 
 }  // namespace ferry
