@@ -420,8 +420,6 @@ int main(int argc, char** argv) {
     char label[64];
     std::snprintf(label, sizeof label, "2 devices, link %.1f MB/s", link * 1e-6);
     ferry::Print(label, throttled);
-    const std::vector<ferry::LayerProbeEntry> times1 = ferry::ProbeLayers(model, job, 1);
-    const ferry::RunResult one = ferry::Run(model, lora, o, 1, 0, times1);
     // One-step-stale updates (#13 item 6), the same link and plan: the next step's first uploads
     // no longer wait for this step's last updates.
     ferry::Options stale = o;
@@ -431,6 +429,8 @@ int main(int argc, char** argv) {
                    o.trace.empty() ? "" : o.trace + ".stale");
     ferry::Print("  the same, stale updates", stale_run);
     if (o.throttled_only) return 0;
+    const std::vector<ferry::LayerProbeEntry> times1 = ferry::ProbeLayers(model, job, 1);
+    const ferry::RunResult one = ferry::Run(model, lora, o, 1, 0, times1);
     if (throttled.policy == "keep") {
       // The same link without kept activations (device memory one byte short of the least any
       // candidate that keeps them takes): what keeping them saves.
