@@ -65,7 +65,7 @@ Status DeviceTimeline::Begin(StreamId stream) {
 }
 
 Status DeviceTimeline::End(StreamId stream, char what, plan::TaskKind kind, int stage,
-                           int micro_batch, double bytes, int chunk) {
+                           int micro_batch, double bytes, int chunk, std::string_view suffix) {
   std::optional<size_t>& begin = open_[size_t(stream)];
   if (!begin) {
     return Status::Internal("DeviceTimeline::End on " + std::string(StreamName(stream)) +
@@ -86,6 +86,7 @@ Status DeviceTimeline::End(StreamId stream, char what, plan::TaskKind kind, int 
          .micro_batch = micro_batch,
          .bytes = bytes};
   if (chunk >= 0) t.name += "/" + std::to_string(chunk);
+  t.name += suffix;
   tasks_.push_back(std::move(t));
   begin.reset();
   return Status::Ok();

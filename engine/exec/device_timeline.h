@@ -23,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/exec/trace_recorder.h"
@@ -49,11 +50,11 @@ class DeviceTimeline {
   Status Begin(StreamId stream);
   // Marks the end of the task begun on `stream` and labels it as the round-robin schedule does
   // (plan::RoundRobinTaskName(what, stage, forward_stages, micro_batch, tail_parts), then
-  // "/<chunk>" when chunk >= 0). what == 0: the stage's own compute (F, T or B, and its task
-  // kind).
+  // "/<chunk>" when chunk >= 0, then `suffix`). what == 0: the stage's own compute (F, T or B,
+  // and its task kind).
   // REQUIRES: Begin(stream) since the last End(stream).
   Status End(StreamId stream, char what, plan::TaskKind kind, int stage, int micro_batch,
-             double bytes = 0, int chunk = -1);
+             double bytes = 0, int chunk = -1, std::string_view suffix = {});
   // Waits for the step's marks and adds the spans to `recorder` (step: recorder.step()), with
   // the number of events created since the last Collect.
   Status Collect(TraceRecorder& recorder);

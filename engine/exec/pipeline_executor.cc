@@ -49,6 +49,9 @@ constexpr std::string_view kLayout[2] = {"layout.0", "layout.1"};
 constexpr std::string_view kKeepInput[2] = {"keep.input.0", "keep.input.1"};
 constexpr std::string_view kSaved[2] = {"saved.slot0", "saved.slot1"};
 constexpr std::string_view kWeights[2] = {"weights.slot0", "weights.slot1"};
+// Appended to the trace names of the next step's first weights, read ahead (StepHooks::
+// read_ahead): "PF0 (next step)", "WF0 (next step)".
+constexpr std::string_view kNextStep = " (next step)";
 // A device's gradient accumulators (plan.grad_accumulators): with two, a stage accumulates in the
 // one of its weight slot, so the device's stages with gradients alternate between them.
 constexpr std::string_view kGrads[2] = {"grads.accum", "grads.accum1"};
@@ -115,6 +118,11 @@ struct DeviceState {
   // Isolated compute (Create's `isolate_compute`): a stage's weights are up, recorded on the
   // upload stream for the compute stream to wait for.
   std::vector<Event> weights_up;
+  // A step that reads ahead (StepHooks::read_ahead): recorded on the upload stream after each
+  // upload from the first forward stage's host mirror; `first_mirror_read` says a record is
+  // outstanding, which packing that mirror for the next step waits for.
+  std::vector<Event> first_mirror_free;
+  bool first_mirror_read = false;
   // The frozen base streamed from NVMe (plan.frozen_weights there): the device's two pinned
   // stage images ("weights.nvme_staging"), packed in turn by its stages (the frozen base read
   // from the model's files or its converted copy, the trainable tensors from the master copy) and
@@ -353,6 +361,9 @@ class Executor final : public PipelineExecutor {
       FERRY_RETURN_IF_ERROR(CreateEvents(*ds.device, size_t(p_.micro_batches), ds.landed));
       FERRY_RETURN_IF_ERROR(CreateEvents(*ds.device, stages, ds.grads_landed));
       if (isolate_) FERRY_RETURN_IF_ERROR(CreateEvents(*ds.device, 1, ds.weights_up));
+      if (!p_.job.forward_only) {
+        FERRY_RETURN_IF_ERROR(CreateEvents(*ds.device, 1, ds.first_mirror_free));
+      }
       if (stream_base_) FERRY_RETURN_IF_ERROR(CreateEvents(*ds.device, 2, ds.image_free));
       if (trace_ != nullptr) {
         FERRY_ASSIGN_OR_RETURN(
@@ -667,6 +678,7 @@ class Executor final : public PipelineExecutor {
     }
     std::vector<int32_t> positions(size_t(n), 0);
     for (int64_t t = 0; t < n; ++t) positions[size_t(t)] = int32_t(past + t);
+    DropReadAhead();
     if (past == 0) {  // a new sequence: the weights may have changed, the frozen base too
       ++weights_version_;
       ForgetFrozenBases();
@@ -794,6 +806,7 @@ class Executor final : public PipelineExecutor {
     }
     ForgetFrozenBases();
     round_robin_.Forget();
+    DropReadAhead();
   }
   // No slot's frozen base may be reused: the next upload of each stage is whole.
   void ForgetFrozenBases() {
@@ -835,6 +848,18 @@ class Executor final : public PipelineExecutor {
     }
     ++weights_version_;
     packed_from_ = &weights;
+    // The first stage's weights read ahead at the last step's end hold for this step if nothing
+    // ran between (an evaluation or a generation counts a version too) and the caller's master
+    // copy is the one read and has not changed since.
+    const bool ahead = ahead_version_ == weights_version_ && !forward_only_ &&
+                       ahead_from_ == &weights && !hooks_->weights_changed;
+    if (ahead) {
+      ahead_unread_ = true;
+      ++stats_.stages_read_ahead;
+    } else {
+      DropReadAhead();
+    }
+    ahead_version_ = -1;
     if (stream_base_) FERRY_RETURN_IF_ERROR(BaseServedFromFiles(weights));
     FERRY_RETURN_IF_ERROR(WeightsNeeded({0, 1}));
     FERRY_RETURN_IF_ERROR(Embed(weights, batches));
@@ -858,6 +883,9 @@ class Executor final : public PipelineExecutor {
     for (size_t i = 0; i < runs_.size(); ++i) {
       if (runs_[i].kind == StageKind::kForward) continue;
       DeviceState& ds = devices_[runs_[i].device];
+      // Before waiting for the last stage: the next step's first weights, read ahead, upload
+      // while its gradients download.
+      if (i + 1 == runs_.size() && ReadsAhead()) FERRY_RETURN_IF_ERROR(ReadAhead(weights));
       FERRY_RETURN_IF_ERROR(ds.device->Synchronize(ds.grads_landed[i]));
       HostSpan span;  // a stage with gradients (not a LoRA job's frozen head), as the plan has it
       if (trace_ != nullptr && runs_[i].params->grads_bytes() > 0) {
@@ -1089,25 +1117,39 @@ class Executor final : public PipelineExecutor {
                              p_.job.forward_only ? ParamGrads::kNone : ParamGrads::kAllocate,
                              dtype_, MirrorsOf(i)));
     st.params = std::make_unique<DeviceParams>(std::move(params));
-    if (packed_[r] == weights_version_) return Status::Ok();
+    if (packed_[r] == weights_version_) {
+      // Read ahead at the last step's end: the caller hears the read now.
+      const bool ahead = r == 0 && std::exchange(ahead_unread_, false);
+      return ahead ? WeightsRead(st.range) : Status::Ok();
+    }
+    FERRY_RETURN_IF_ERROR(
+        PackMirror(r, *st.params, weights, weights_version_, TaskName('P', i, -1), int(i)));
+    return WeightsRead(st.range);
+  }
+
+  // Packs range r's host mirror from `weights` through `params` (over that mirror) as weights
+  // version `version`, traced as `name` of stage `stage`.
+  Status PackMirror(size_t r, DeviceParams& params, const HostTensors& weights, int64_t version,
+                    const std::string& name, int stage) {
     // A LoRA job's frozen base in the mirror was packed from this master copy, whose frozen
     // tensors do not change between calls (Step's contract): only the trainable ones are. Nor
     // do the tensors its model's files serve (an evaluation's whole base).
     const bool same_base = !decoding_ && mirror_frozen_[r] == packed_from_;
     const bool trainable_only = lora_.enabled() && same_base;
     HostSpan span;  // traced when it writes anything, as the plan prices it
-    if (trace_ != nullptr && (!trainable_only || st.params->has_trainable_weights())) {
-      span = PackSpan(i);
+    if (trace_ != nullptr && (!trainable_only || params.has_trainable_weights())) {
+      span = HostSpan(trace_, plan::LaneKind::kHostMemory, plan::TaskKind::kWeightPack, name, -1,
+                      stage);
     }
     mirror_frozen_[r] = nullptr;  // until the packing has succeeded
-    FERRY_RETURN_IF_ERROR(
-        st.params->PackWeights(weights, host_threads_, trainable_only, same_base));
+    packed_[r] = -1;
+    FERRY_RETURN_IF_ERROR(params.PackWeights(weights, host_threads_, trainable_only, same_base));
     mirror_frozen_[r] = packed_from_;
     stats_.frozen_packs_skipped +=
         trainable_only || (same_base && (!weights.files.empty() || !weights.nf4_served.empty()));
     span.End();
-    packed_[r] = weights_version_;
-    return WeightsRead(st.range);
+    packed_[r] = version;
+    return Status::Ok();
   }
 
   // Stage i's parameters over its device's next image, the frozen base streamed from NVMe:
@@ -1240,16 +1282,17 @@ class Executor final : public PipelineExecutor {
                  .end_s = std::max(at, trace_->Now())});
   }
 
-  HostSpan PackSpan(size_t i) const {
-    return HostSpan(trace_, plan::LaneKind::kHostMemory, plan::TaskKind::kWeightPack,
-                    TaskName('P', i, -1), -1, int(i));
-  }
-
   // Enqueues chunk k of `chunks` of stage i's weights on its device's upload stream; the first
   // waits until the slot's last stage has stopped computing with it.
   Status SendWeights(size_t i, size_t k, size_t chunks) {
-    StageRun& st = runs_[i];
+    return SendWeightsOf(runs_[i], RangeIndex(i), weights_version_, int(i), k, chunks);
+  }
+  // SendWeights of `st`, over range `r`, as weights version `version`, traced as stage `stage`
+  // of the step (-1: the next step's first stage, read ahead).
+  Status SendWeightsOf(StageRun& st, size_t r, int64_t version, int stage, size_t k,
+                       size_t chunks) {
     DeviceState& ds = devices_[st.device];
+    const bool ahead = stage < 0;
     const std::string_view slot = kWeights[st.slot];
     const size_t bytes = st.params->weights_bytes();
     constexpr size_t kAlign = 64;  // chunk boundaries on cache lines
@@ -1258,16 +1301,16 @@ class Executor final : public PipelineExecutor {
     // The slot still holds these weights: packed from the same master copy for a stage over the
     // same layers before it on this device (in a step, the forward stage whose backward stage
     // is the device's next in that slot; in generation, an earlier call of the sequence).
-    const std::pair<size_t, int64_t> holds{RangeIndex(i), weights_version_};
+    const std::pair<size_t, int64_t> holds{r, version};
     if (ds.slot_holds[st.slot] == holds) {
       if (k + 1 < chunks) return Status::Ok();
       st.weights_sent = true;
-      if (observer_) observer_(Enqueued::kWeights, int64_t(i), *ds.device);
+      if (observer_ && !ahead) observer_(Enqueued::kWeights, stage, *ds.device);
       return Status::Ok();
     }
     // The slot holds these layers' frozen weights from the same master copy (a LoRA job's base):
     // only the trainable ranges change.
-    const std::pair<size_t, const HostTensors*> frozen{RangeIndex(i), packed_from_};
+    const std::pair<size_t, const HostTensors*> frozen{r, packed_from_};
     const bool trainable_only = lora_.enabled() && !decoding_ && ds.slot_frozen[st.slot] == frozen;
     if (k == 0) ds.slot_holds[st.slot] = {DeviceState::kNone, -1};
     if (k == 0 && !trainable_only) ds.slot_frozen[st.slot] = {DeviceState::kNone, nullptr};
@@ -1282,10 +1325,15 @@ class Executor final : public PipelineExecutor {
     stats_.weight_bytes_uploaded += sent;
     if (ds.timeline) {
       FERRY_RETURN_IF_ERROR(ds.timeline->End(StreamId::kUpload, 'W', plan::TaskKind::kWeightUpload,
-                                             int(i), -1, double(sent), int(k)));
+                                             std::max(stage, 0), -1, double(sent),
+                                             ahead ? -1 : int(k), ahead ? kNextStep : ""));
     }
     if (k + 1 < chunks) return Status::Ok();
     FERRY_RETURN_IF_ERROR(ds.hazards.After(StreamId::kUpload, {}, {slot}));
+    if (r == 0 && st.image < 0 && ReadsAhead()) {  // packing the mirror again waits for this copy
+      FERRY_RETURN_IF_ERROR(ds.device->Record(ds.first_mirror_free[0], StreamId::kUpload));
+      ds.first_mirror_read = true;
+    }
     if (st.image >= 0) {  // the image may be packed again once this copy is done
       FERRY_RETURN_IF_ERROR(ds.device->Record(ds.image_free[size_t(st.image)], StreamId::kUpload));
       ds.image_busy[st.image] = true;
@@ -1297,8 +1345,67 @@ class Executor final : public PipelineExecutor {
       FERRY_RETURN_IF_ERROR(ds.device->Record(ds.weights_up[0], StreamId::kUpload));
       FERRY_RETURN_IF_ERROR(ds.device->Wait(StreamId::kCompute, ds.weights_up[0]));
     }
-    if (observer_) observer_(Enqueued::kWeights, int64_t(i), *ds.device);
+    if (observer_ && !ahead) observer_(Enqueued::kWeights, stage, *ds.device);
     return Status::Ok();
+  }
+
+  // Whether the step in flight reads the next step's first weights ahead (StepHooks::read_ahead):
+  // a training step of a plan whose weights go through the host mirrors.
+  bool ReadsAhead() const {
+    return hooks_ != nullptr && hooks_->read_ahead && !forward_only_ && !decoding_ &&
+           !stream_base_ && !isolate_;
+  }
+  // The next step's first stage's weights, read now (the caller's master copy stays as it is
+  // until then: StepHooks::read_ahead) into the first range's mirror, once this step's copies from
+  // it are done, and uploaded into the weight slot the round robin will give that stage, behind
+  // the slot's last compute, so they go up while this step's last gradients come down. Kept as
+  // the next weights version, which the next step's RunStep takes or drops.
+  Status ReadAhead(const HostTensors& weights) {
+    plan::StageRoundRobin next = round_robin_;  // the next step places its stages from here
+    const int S = int(p_.stages.size());
+    const plan::StageRoundRobin::Placement at =
+        next.Place(int(runs_.size()), lora_.enabled(), plan::StepStageRanges(S, int(parts_)))
+            .front();
+    for (DeviceState& ds : devices_) {
+      if (std::exchange(ds.first_mirror_read, false)) {
+        FERRY_RETURN_IF_ERROR(ds.device->Synchronize(ds.first_mirror_free[0]));
+      }
+    }
+    StageRun& st = ahead_run_;
+    st = StageRun{};
+    st.range = p_.stages[0];
+    st.last_micro_batch = M_;
+    st.device = size_t(at.device);
+    st.slot = at.slot;
+    DeviceState& ds = devices_[st.device];
+    st.source = std::make_unique<PlannedSource>(ds, st.slot, GradsOf(st));
+    const std::vector<LayerSpec> layers(layers_.begin() + st.range.first,
+                                        layers_.begin() + st.range.last);
+    FERRY_ASSIGN_OR_RETURN(DeviceParams params,
+                           DeviceParams::Create(*ds.device, c_, lora_, layers, st.source.get(),
+                                                ParamGrads::kNone, dtype_, mirrors_[0]));
+    st.params = std::make_unique<DeviceParams>(std::move(params));
+    const int64_t version = weights_version_ + 1;
+    FERRY_RETURN_IF_ERROR(WeightsNeeded(st.range));
+    FERRY_RETURN_IF_ERROR(PackMirror(0, *st.params, weights, version,
+                                     TaskName('P', 0, -1) + std::string(kNextStep), 0));
+    FERRY_RETURN_IF_ERROR(SendWeightsOf(st, 0, version, -1, 0, 1));
+    ahead_version_ = version;
+    ahead_from_ = &weights;
+    return Status::Ok();
+  }
+  // Forgets what was read ahead: the first range's mirror and the slot it went to hold no
+  // version a later step would take.
+  void DropReadAhead() {
+    if (ahead_version_ < 0) return;
+    if (packed_[0] == ahead_version_) packed_[0] = -1;
+    for (DeviceState& ds : devices_) {
+      for (auto& h : ds.slot_holds) {
+        if (h == std::pair<size_t, int64_t>{0, ahead_version_}) h = {DeviceState::kNone, -1};
+      }
+    }
+    ahead_version_ = -1;
+    ahead_unread_ = false;
   }
 
   // Stage i's device's next stage this step, to be prefetched in `chunks` pieces (one per group
@@ -1913,6 +2020,13 @@ class Executor final : public PipelineExecutor {
   // jobs), or null.
   std::vector<const HostTensors*> mirror_frozen_;
   std::vector<StageRun> runs_;  // the step in flight
+  // The next step's first stage's weights, read ahead (ReadAhead): the stage they were sent for,
+  // the weights version they hold (-1: none) and the master copy they were packed from; and,
+  // in the step that took them, whether the caller has yet to hear their read.
+  StageRun ahead_run_;
+  int64_t ahead_version_ = -1;
+  const HostTensors* ahead_from_ = nullptr;
+  bool ahead_unread_ = false;
   // Pinned host staging (TakeHostStaging): one host-pool block per plan entry, by plan name, and
   // the spans carved from them.
   std::vector<std::pair<std::string, HostBlock>> pinned_;

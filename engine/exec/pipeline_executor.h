@@ -71,7 +71,14 @@
 //  - a device's next stage's weights are copied into its free weight slot while the current stage
 //    computes, in one bounded chunk after each group of the current stage's activation uploads
 //    (each micro-batch's; in backward stages each layer's), so they never delay those by more than
-//    a chunk (a stream runs its copies in order: stream priorities do not reorder copy engines).
+//    a chunk (a stream runs its copies in order: stream priorities do not reorder copy engines);
+//  - with one-step-stale updates (StepHooks::read_ahead: the caller's master copy does not change
+//    between this step's reads and the next step's), the next step's first stage's weights are
+//    packed once every stage is enqueued and this step's copies from its mirror are done, and
+//    uploaded into the slot the round robin gives that stage next, behind the slot's last
+//    compute, so they go up while this step's last gradients come down; the next step takes them
+//    unless the caller says its weights changed (StepHooks::weights_changed), or an evaluation or
+//    a generation ran between (ExecutorStats::stages_read_ahead counts the steps that took them).
 // Nothing is allocated inside a step after the first: every event and arena block is created at
 // Create and re-used; all host staging the devices copy to and from is pinned host-pool memory
 // taken at Create, one block per entry of the plan's pinned map (plan.memory.pinned_host), named
@@ -112,13 +119,13 @@
 // "WF1/<chunk>", gradients "GB0"; on the host the embedding, "E.0" and "EB.0", each range's
 // weight packing "PF1" / "PT" and each stage's gradient adding "AT" / "AB0"; a tail in parts
 // numbers its parts' own tasks, "WT1/<chunk>", "GT0", "AT1", "PT0", and zeroes in each part's
-// first micro-batch). At the step's end
-// the executor waits for the traced work only, then reads the events. The events are created in
-// the first step and reused.
-// Ownership: borrows the devices (they must outlive the executor) and a caller's host pool (it
-// must outlive the executor too); owns its arena blocks, its host-pool blocks and, without a
-// caller's pool, the pool. Thread-safety: one host thread drives an executor at a time (the
-// devices' stream threads run its work).
+// first micro-batch; the next step's first weights read ahead, "PF0 (next step)" and "WF0 (next
+// step)", in the step that reads them). At the step's end the executor waits for the traced work
+// only, then reads the events. The events are created in the first step and reused. Ownership:
+// borrows the devices (they must outlive the executor) and a caller's host pool (it must outlive
+// the executor too); owns its arena blocks, its host-pool blocks and, without a caller's pool, the
+// pool. Thread-safety: one host thread drives an executor at a time (the devices' stream threads
+// run its work).
 #pragma once
 
 #include <cstdint>
@@ -151,6 +158,10 @@ struct ExecutorStats {
   // layers' frozen base, packed from the same master copy, copies only the trainable ranges
   // (DeviceParams::UploadTrainableWeights).
   uint64_t weight_bytes_uploaded = 0;
+  // Steps that found their first stage's weights read ahead at the last step's end and took them
+  // (StepHooks::read_ahead; the caller's master copy unchanged since): that stage packed and
+  // uploaded nothing at the step's start.
+  int64_t stages_read_ahead = 0;
   // Weight packings (one per layer range a step) that wrote the trainable tensors only: a LoRA
   // job's host mirror keeps its frozen base, packed from the same master copy, from step to step,
   // and any job's the tensors the model's files serve (an evaluation's whole base).

@@ -1712,7 +1712,9 @@ class StaleUpdatesTest : public ::testing::TestWithParam<StaleCase> {};
 // the single-device runner (one micro-batch: the same gradients bit for bit): step k runs on
 // w_{k-1} (the first two on w_0), and w_{k+1} = AdamW(w_k, g(w_{k-1})). Losses and final
 // weights are compared bit for bit over five steps; the stale run also differs from the
-// synchronous one.
+// synchronous one. Every step after the first takes its first stage's weights read ahead at the
+// step before's end. A second stale run calls FinishUpdates after the second step (as a
+// checkpoint does): the third step then runs on the newest weights, and reads nothing ahead.
 TEST_P(StaleUpdatesTest, EqualsAReferenceStaleAdamW) {
   const StaleCase c = GetParam();
   const Model m = LoadModel(c.model);
@@ -1723,18 +1725,24 @@ TEST_P(StaleUpdatesTest, EqualsAReferenceStaleAdamW) {
   o.schedule = {2e-2, 1, 5, 0.1};
   o.weight_decay = 0.05;
   o.grad_clip = c.grad_clip;
-  constexpr int kSteps = 5;
+  constexpr int kSteps = 5, kSyncAfter = 2;
   // The same batch every step: losses compare across steps.
   const std::vector<std::vector<MicroBatch>> steps = TrainingSteps(m, spec, kSteps);
   const std::vector<LayerSpec> layers = BuildLayerSpecs(m.config, m.lora);
 
-  // The reference: R is what a step reads, W the newest weights.
-  std::vector<double> want_losses;
-  HostTensors R = w0, W = w0, mom1, mom2;
-  {
+  // The reference, synchronized after `sync_after` steps (0: never): R is what a step reads, W
+  // the newest weights.
+  struct Run {
+    std::vector<double> losses;
+    HostTensors weights;
+    int64_t read_ahead = 0;
+  };
+  auto reference = [&](int sync_after) {
+    Run r;
+    HostTensors R = w0, W = w0, mom1, mom2;
     SingleDevice one = MakeSingleDevice(m, spec.batch, spec.seq_len);
-    ASSERT_TRUE(one.runner);
-    std::unique_ptr<ModelRunner>* runner = &one.runner;
+    EXPECT_TRUE(one.runner);
+    if (!one.runner) return r;
     std::vector<const ParamSpec*> trainable;
     for (const ParamSpec* q : StorageParams(layers)) {
       if (!q->trainable) continue;
@@ -1743,13 +1751,14 @@ TEST_P(StaleUpdatesTest, EqualsAReferenceStaleAdamW) {
       mom2.tensors[q->name].assign(size_t(q->numel()), 0.0f);
     }
     for (int k = 0; k < kSteps; ++k) {
-      ASSERT_TRUE((*runner)->UploadWeights(R).ok());
+      if (k > 0 && k == sync_after) R = W;
+      EXPECT_TRUE(one.runner->UploadWeights(R).ok());
       HostTensors g = ZeroGrads(m);
       const MicroBatch& mb = steps[size_t(k)][0];
       Result<double> loss =
-          (*runner)->AccumulateGradients(RunnerInput(mb, double(mb.valid_targets)), g);
-      ASSERT_TRUE(loss.ok()) << loss.status().ToString();
-      want_losses.push_back(*loss);
+          one.runner->AccumulateGradients(RunnerInput(mb, double(mb.valid_targets)), g);
+      EXPECT_TRUE(loss.ok()) << loss.status().ToString();
+      r.losses.push_back(loss.ok() ? *loss : NAN);
       double sum_sq = 0;
       for (const ParamSpec* q : trainable) {
         for (float x : g.tensors.at(q->name)) sum_sq += double(x) * x;
@@ -1762,37 +1771,50 @@ TEST_P(StaleUpdatesTest, EqualsAReferenceStaleAdamW) {
                        o, k + 1, coef);
       }
     }
-  }
+    r.weights = W;
+    return r;
+  };
 
-  auto train = [&](bool stale, std::vector<double>& losses) -> HostTensors {
+  auto train = [&](bool stale, int sync_after) {
+    Run r;
     std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(2, p.memory.gpu.total());
     Result<std::unique_ptr<ModelRunner>> pipe = CreatePipelineRunner(Raw(devs), m.config, p);
     EXPECT_TRUE(pipe.ok()) << pipe.status().ToString();
-    if (!pipe.ok()) return {};
+    if (!pipe.ok()) return r;
     OptimizerOptions so = o;
     so.stale_updates = stale;
     auto t = Trainer::Create(pipe->get(), layers, w0, so, nullptr);
     EXPECT_TRUE(t.ok()) << t.status().ToString();
-    if (!t.ok()) return {};
-    for (const auto& mbs : steps) {
-      Result<StepStats> st = (*t)->Step(mbs);
+    if (!t.ok()) return r;
+    for (int k = 0; k < kSteps; ++k) {
+      if (k > 0 && k == sync_after) {
+        EXPECT_TRUE((*t)->FinishUpdates().ok());
+      }
+      Result<StepStats> st = (*t)->Step(steps[size_t(k)]);
       EXPECT_TRUE(st.ok()) << st.status().ToString();
-      losses.push_back(st.ok() ? st->loss : NAN);
+      r.losses.push_back(st.ok() ? st->loss : NAN);
     }
     EXPECT_TRUE((*t)->FinishUpdates().ok());
-    return (*t)->weights();
+    r.weights = (*t)->weights();
+    r.read_ahead = (*pipe)->stats().stages_read_ahead;
+    return r;
   };
-  std::vector<double> got_losses, sync_losses;
-  const HostTensors got = train(true, got_losses);
-  const HostTensors sync = train(false, sync_losses);
-  EXPECT_EQ(got_losses, want_losses);
-  EXPECT_EQ(got_losses[0], sync_losses[0]);
-  EXPECT_EQ(got_losses[1], got_losses[0]);   // the second step runs on the initial weights too
-  EXPECT_NE(got_losses[1], sync_losses[1]);  // stale is not synchronous
-  EXPECT_GT(got_losses[0], got_losses[4]);   // and it learns
-  for (const auto& [name, x] : W.tensors) {
-    EXPECT_EQ(got.tensors.at(name), x) << name;
+  const Run want = reference(0), want_synced = reference(kSyncAfter);
+  const Run got = train(true, 0), got_synced = train(true, kSyncAfter), sync = train(false, 0);
+  EXPECT_EQ(got.losses, want.losses);
+  EXPECT_EQ(got.losses[0], sync.losses[0]);
+  EXPECT_EQ(got.losses[1], got.losses[0]);   // the second step runs on the initial weights too
+  EXPECT_NE(got.losses[1], sync.losses[1]);  // stale is not synchronous
+  EXPECT_GT(got.losses[0], got.losses[4]);   // and it learns
+  EXPECT_EQ(got_synced.losses, want_synced.losses);
+  EXPECT_NE(got_synced.losses[kSyncAfter], got.losses[kSyncAfter]);
+  for (const auto& [name, x] : want.weights.tensors) {
+    EXPECT_EQ(got.weights.tensors.at(name), x) << name;
+    EXPECT_EQ(got_synced.weights.tensors.at(name), want_synced.weights.tensors.at(name)) << name;
   }
+  EXPECT_EQ(got.read_ahead, kSteps - 1);
+  EXPECT_EQ(got_synced.read_ahead, kSteps - 2);
+  EXPECT_EQ(sync.read_ahead, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, StaleUpdatesTest,

@@ -40,6 +40,7 @@ class PipelineRunner final : public ModelRunner {
     const ExecutorStats e = e_->stats();
     s.block_forward_calls = e.block_forward_calls;
     s.base_bytes_from_drive = e.base_bytes_from_drive;
+    s.stages_read_ahead = e.stages_read_ahead;
     return s;
   }
 

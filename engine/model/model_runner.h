@@ -73,6 +73,16 @@ struct StepHooks {
   // in `grads` (a tied parameter's gradient is final when its owner's layer is reported). Every
   // gradient is final when AccumulateStep returns, reported or not.
   std::function<Status(int64_t first, int64_t last)> grads_landed;
+  // Set by a caller whose master weights, once this step has read them, stay as they are until
+  // its next Step (one-step-stale updates: the Trainer applies a step's updates only as the next
+  // step reads each layer): a runner may read the next step's first layers at this step's end,
+  // so their upload overlaps the end of this step. It then calls those layers' weights_needed in
+  // this step, before reading them, and their weights_read in the next Step, where it would read
+  // them.
+  bool read_ahead = false;
+  // Whether the master weights changed since the caller's last Step (updates applied between
+  // steps, before a checkpoint or an evaluation): what was read ahead is then read again.
+  bool weights_changed = true;
 };
 
 struct RunnerStats {
@@ -82,6 +92,9 @@ struct RunnerStats {
   // copy), so far, in whole 4096-byte blocks (ExecutorStats::base_bytes_from_drive): a plan that
   // streams the base (its frozen weights on NVMe); else 0.
   uint64_t base_bytes_from_drive = 0;
+  // Steps that took the first weights read ahead at the step before's end (StepHooks::
+  // read_ahead; ExecutorStats::stages_read_ahead).
+  int64_t stages_read_ahead = 0;
 };
 
 class ModelRunner {

@@ -358,6 +358,7 @@ Status Trainer::ApplyPending(int64_t first, int64_t last) {
 }
 
 Status Trainer::FinishUpdates() {
+  if (pending_count_ > 0) changed_between_steps_ = true;
   if (!on_nvme()) return ApplyPending(0, int64_t(reads_.size()));
   // On NVMe: in the order the store reads ahead (the one a step's reads would apply them in).
   for (size_t g : update_order_) {
@@ -472,6 +473,10 @@ Result<StepStats> Trainer::Step(std::span<const MicroBatch> micro_batches) {
     };
   }
   if (streams && options_.stale_updates) {
+    // Nothing changes the weights between this step's reads and the next step's (the updates
+    // wait for those), unless FinishUpdates applies them first: the runner may read ahead.
+    hooks.read_ahead = true;
+    hooks.weights_changed = std::exchange(changed_between_steps_, false);
     // The last step's update of a parameter, once this step has read it everywhere it reads it.
     hooks.weights_read = [&](int64_t first, int64_t last) -> Status {
       FERRY_RETURN_IF_ERROR(CheckLayers(first, last));

@@ -300,6 +300,10 @@ class Trainer {
   // common hyperparameters.
   std::vector<char> pending_;
   size_t pending_count_ = 0;
+  // Stale updates: whether the weights changed since the last step (FinishUpdates applied
+  // updates; the first step has none before it), so what the runner read ahead is stale
+  // (StepHooks::weights_changed).
+  bool changed_between_steps_ = true;
   Update pending_update_;
   // Optimizer state on NVMe: one record per layer with trainable parameters (record_layer_),
   // each parameter's [master | exp_avg | exp_avg_sq] at record_offset_ floats into its record.
