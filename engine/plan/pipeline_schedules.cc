@@ -219,6 +219,7 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
   const int m = job.micro_batches;
   const int nf = static_cast<int>(job.forward.size());
   const int chunks = job.weight_chunks > 0 ? job.weight_chunks : m;
+  const bool first_ahead = job.first_weights_ahead && !job.streamed_base;
 
   auto kind_of = [&](int k) { return StepStageKind(k, nf, P); };
   auto letter_of = [&](int k) { return StepStageLetter(k, nf, P); };
@@ -295,7 +296,7 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
       return;
     }
     const int r = range_of(k);
-    if (prepared[r]) return;
+    if (prepared[r] || (r == 0 && first_ahead)) return;
     prepared[r] = true;
     const int t =
         AddHostWork(s, all[r].pack, name_of('P', k, -1), TaskKind::kWeightPack, -1, {host});
@@ -335,7 +336,7 @@ Result<Schedule> BuildRoundRobinSchedule(const RoundRobinJob& job) {
   for (int k = 0; k < K; ++k) {
     const int d = k % G;
     const StageCost& c = all[k];
-    if (k < G && c.weight_bytes > 0) {
+    if (k < G && c.weight_bytes > 0 && !(k == 0 && first_ahead)) {
       for (int ch = 0; ch < chunks; ++ch) add_weight_chunk(k, ch);
     }
     const int next = k + G < K ? k + G : kNone;

@@ -118,6 +118,10 @@ struct RoundRobinJob {
   // lane) and then packing all of its weights (full_pack), unless base_resident, then its
   // trainable ones only (trainable_pack), as the executor does.
   bool streamed_base = false;
+  // The first stage's weights were read ahead (one-step-stale updates, not with a streamed base:
+  // the executor packs and uploads them at the step before's end, StepHooks::read_ahead): the
+  // step neither packs the first range nor uploads the first stage's weights.
+  bool first_weights_ahead = false;
 };
 
 // The executor's round robin of stages over devices and their two weight slots

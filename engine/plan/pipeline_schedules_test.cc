@@ -4,6 +4,7 @@
 
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace ferry::plan {
@@ -518,6 +519,51 @@ TEST(PipelineSchedules, ResidentBaseUploadsTheTrainableBytes) {
   EXPECT_EQ(bytes[0], 3);
   EXPECT_EQ(bytes[1], 100);
   EXPECT_EQ(bytes.count(2) ? bytes[2] : 3.0, 3);  // none when it reuses stage 0's upload
+}
+
+// Read ahead (one-step-stale updates): the step neither packs the first range nor uploads the
+// first stage's weights, so its first compute starts that upload's time earlier; every other
+// stage's uploads are as they were, and a streamed base reads nothing ahead.
+TEST(PipelineSchedules, FirstWeightsReadAheadLeaveTheStep) {
+  RoundRobinJob job;
+  job.gpus = 2;
+  job.micro_batches = 2;
+  job.weight_chunks = 1;
+  StageCost c{.fwd_s = 1, .bwd_s = 2, .weight_bytes = 3e9};
+  c.pack = {.seconds = 0.5};
+  job.forward = {c, c};
+  job.tail = c;
+  job.backward = {c, c};
+  auto run = [&](bool ahead, bool streamed) {
+    RoundRobinJob j = job;
+    j.first_weights_ahead = ahead;
+    j.streamed_base = streamed;
+    std::map<std::string, double> uploads;  // per stage's upload name, its bytes
+    int packs = 0;
+    double first_compute = -1;
+    Result<Schedule> s = BuildRoundRobinSchedule(j);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (!s.ok()) return std::tuple(uploads, packs, first_compute);
+    Result<SimResult> r = Simulate(*s, FastLinks());
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (!r.ok()) return std::tuple(uploads, packs, first_compute);
+    for (size_t i = 0; i < s->tasks.size(); ++i) {
+      const SimTask& t = s->tasks[i];
+      if (t.kind == TaskKind::kWeightUpload) uploads[t.name.substr(0, t.name.find('/'))] += t.bytes;
+      packs += t.kind == TaskKind::kWeightPack;
+      if (t.name == "F0.0") first_compute = r->timing[i].start_s;
+    }
+    return std::tuple(uploads, packs, first_compute);
+  };
+  const auto [uploads, packs, first] = run(false, false);
+  const auto [ahead_uploads, ahead_packs, ahead_first] = run(true, false);
+  std::map<std::string, double> want = uploads;
+  want.erase("WF0");
+  EXPECT_TRUE(uploads.contains("WF0"));
+  EXPECT_EQ(ahead_uploads, want);
+  EXPECT_EQ(ahead_packs, packs - 1);
+  EXPECT_NEAR(first - ahead_first, 3.0 + 0.5, 1e-9);  // 3 GB at 1 GB/s, and the packing
+  EXPECT_TRUE(std::get<0>(run(true, true)).contains("WF0"));
 }
 
 }  // namespace

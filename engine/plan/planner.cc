@@ -326,8 +326,33 @@ Result<Timing> SimulateJob(const RoundRobinJob& job, const HardwareProfile& hw) 
     }
   }
   // Stale: the next step starts once this one's last transfer or compute ends; the optimizer
-  // overlaps it but must still keep up.
-  t.stale = std::max(last_non_optimizer, sim.BusySeconds({LaneKind::kCpuOptimizer, 0}));
+  // overlaps it but must still keep up. Its first stage's weights were read ahead (unless the
+  // base streams from NVMe): packed and uploaded at this step's end, after its last compute, so
+  // the step is at least that compute's end plus their upload.
+  t.stale = last_non_optimizer;
+  if (!job.streamed_base) {
+    double first_upload = 0;
+    for (size_t i = 0; i < schedule.tasks.size(); ++i) {
+      const SimTask& task = schedule.tasks[i];
+      if (task.kind == TaskKind::kWeightUpload && task.stage == 0) {
+        first_upload += sim.timing[i].end_s - sim.timing[i].start_s;
+      }
+    }
+    RoundRobinJob ahead = job;
+    ahead.first_weights_ahead = true;
+    FERRY_ASSIGN_OR_RETURN(Schedule s2, BuildRoundRobinSchedule(ahead));
+    FERRY_ASSIGN_OR_RETURN(SimResult sim2, Simulate(s2, LaneRatesFromProfile(hw, true)));
+    double last = 0, last_compute = 0;
+    for (size_t i = 0; i < s2.tasks.size(); ++i) {
+      const SimTask& task = s2.tasks[i];
+      if (task.kind != TaskKind::kOptimizer) last = std::max(last, sim2.timing[i].end_s);
+      if (task.lane.kind == LaneKind::kCompute) {
+        last_compute = std::max(last_compute, sim2.timing[i].end_s);
+      }
+    }
+    t.stale = std::max(last, last_compute + first_upload);
+  }
+  t.stale = std::max(t.stale, sim.BusySeconds({LaneKind::kCpuOptimizer, 0}));
   return t;
 }
 

@@ -20,7 +20,9 @@
 // the update of the first stage, whose gradients land last, is on the critical path). Every plan
 // also prices one-step-stale updates (the next step runs on weights one update older, so the
 // optimizer overlaps the next step: the step is bounded by the last gradient download or by the
-// optimizer's total time, whichever is longer). Stale updates change the numerics: the planner
+// optimizer's total time, whichever is longer; and its first stage's weights are read ahead, as
+// the executor does: packed and uploaded after the step before's last compute, not at the step's
+// start, RoundRobinJob::first_weights_ahead). Stale updates change the numerics: the planner
 // never chooses them by itself; PlanJob::stale_updates opts in (candidates are then ranked by the
 // stale price and step_s is it).
 //
