@@ -1704,12 +1704,14 @@ void ReferenceAdamW(std::vector<float>& p, const std::vector<float>& grad, std::
 struct StaleCase {
   const char* model;
   double grad_clip;
+  int lora_rank = 0;
+  int devices = 2;  // as many stages
 };
 
 class StaleUpdatesTest : public ::testing::TestWithParam<StaleCase> {};
 
-// --stale-updates on a 2-stage pipeline over 2 devices equals a reference stale AdamW over
-// the single-device runner (one micro-batch: the same gradients bit for bit): step k runs on
+// --stale-updates on a 2-stage pipeline over 2 devices (or 3 over 3) equals a reference stale AdamW
+// over the single-device runner (one micro-batch: the same gradients bit for bit): step k runs on
 // w_{k-1} (the first two on w_0), and w_{k+1} = AdamW(w_k, g(w_{k-1})). Losses and final
 // weights are compared bit for bit over five steps; the stale run also differs from the
 // synchronous one. Every step after the first takes its first stage's weights read ahead at the
@@ -1717,8 +1719,9 @@ class StaleUpdatesTest : public ::testing::TestWithParam<StaleCase> {};
 // checkpoint does): the third step then runs on the newest weights, and reads nothing ahead.
 TEST_P(StaleUpdatesTest, EqualsAReferenceStaleAdamW) {
   const StaleCase c = GetParam();
-  const Model m = LoadModel(c.model);
-  const PlanSpec spec{{{1, 3}, {3, 5}}, {2}, 1};
+  const Model m = LoadModel(c.model, c.lora_rank);
+  PlanSpec spec{{{1, 3}, {3, 5}}, {2}, 1};
+  if (c.devices == 3) spec = {.stages = {{1, 2}, {2, 4}, {4, 5}}, .recomputed = {2}, .gpus = 3};
   const plan::Plan p = MakeTestPlan(m, spec);
   const HostTensors w0 = RandomWeights(m, 17);
   OptimizerOptions o;
@@ -1777,7 +1780,7 @@ TEST_P(StaleUpdatesTest, EqualsAReferenceStaleAdamW) {
 
   auto train = [&](bool stale, int sync_after) {
     Run r;
-    std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(2, p.memory.gpu.total());
+    std::vector<std::unique_ptr<CpuDevice>> devs = MakeDevices(c.devices, p.memory.gpu.total());
     Result<std::unique_ptr<ModelRunner>> pipe = CreatePipelineRunner(Raw(devs), m.config, p);
     EXPECT_TRUE(pipe.ok()) << pipe.status().ToString();
     if (!pipe.ok()) return r;
@@ -1819,10 +1822,15 @@ TEST_P(StaleUpdatesTest, EqualsAReferenceStaleAdamW) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, StaleUpdatesTest,
                          ::testing::Values(StaleCase{"llama", 1.0}, StaleCase{"llama", 0.0},
-                                           StaleCase{"qwen3", 0.5}),  // tied: read twice a step
+                                           StaleCase{"qwen3", 0.5},  // tied: read twice a step
+                                           StaleCase{"llama", 1.0, 4, 3}),  // LoRA, 3 devices
                          [](const ::testing::TestParamInfo<StaleCase>& i) {
                            return std::string(i.param.model) +
-                                  (i.param.grad_clip > 0 ? "_clip" : "_noclip");
+                                  (i.param.grad_clip > 0 ? "_clip" : "_noclip") +
+                                  (i.param.lora_rank > 0 ? "_lora" : "") +
+                                  (i.param.devices != 2
+                                       ? "_" + std::to_string(i.param.devices) + "_devices"
+                                       : "");
                          });
 
 // Stale updates need the pipeline's per-layer reads: with a single-device runner they are
