@@ -854,11 +854,11 @@ class Executor final : public PipelineExecutor {
     const bool ahead = ahead_version_ == weights_version_ && !forward_only_ &&
                        ahead_from_ == &weights && !hooks_->weights_changed;
     if (ahead) {
-      ahead_unread_ = true;
       ++stats_.stages_read_ahead;
     } else {
       DropReadAhead();
     }
+    ahead_unread_ = ahead;
     ahead_version_ = -1;
     if (stream_base_) FERRY_RETURN_IF_ERROR(BaseServedFromFiles(weights));
     FERRY_RETURN_IF_ERROR(WeightsNeeded({0, 1}));
@@ -1387,12 +1387,12 @@ class Executor final : public PipelineExecutor {
     st.params = std::make_unique<DeviceParams>(std::move(params));
     const int64_t version = weights_version_ + 1;
     FERRY_RETURN_IF_ERROR(WeightsNeeded(st.range));
-    FERRY_RETURN_IF_ERROR(PackMirror(0, *st.params, weights, version,
-                                     TaskName('P', 0, -1) + std::string(kNextStep), 0));
-    FERRY_RETURN_IF_ERROR(SendWeightsOf(st, 0, version, -1, 0, 1));
+    // Marked first, so a failure part-way leaves nothing a later step would take (ForgetSlots).
     ahead_version_ = version;
     ahead_from_ = &weights;
-    return Status::Ok();
+    FERRY_RETURN_IF_ERROR(PackMirror(0, *st.params, weights, version,
+                                     TaskName('P', 0, -1) + std::string(kNextStep), 0));
+    return SendWeightsOf(st, 0, version, -1, 0, 1);
   }
   // Forgets what was read ahead: the first range's mirror and the slot it went to hold no
   // version a later step would take.

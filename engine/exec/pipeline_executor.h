@@ -121,11 +121,11 @@
 // numbers its parts' own tasks, "WT1/<chunk>", "GT0", "AT1", "PT0", and zeroes in each part's
 // first micro-batch; the next step's first weights read ahead, "PF0 (next step)" and "WF0 (next
 // step)", in the step that reads them). At the step's end the executor waits for the traced work
-// only, then reads the events. The events are created in the first step and reused. Ownership:
-// borrows the devices (they must outlive the executor) and a caller's host pool (it must outlive
-// the executor too); owns its arena blocks, its host-pool blocks and, without a caller's pool, the
-// pool. Thread-safety: one host thread drives an executor at a time (the devices' stream threads
-// run its work).
+// only, then reads the events. The events are created in the first step and reused.
+// Ownership: borrows the devices (they must outlive the executor) and a caller's host pool (it
+// must outlive the executor too); owns its arena blocks, its host-pool blocks and, without a
+// caller's pool, the pool. Thread-safety: one host thread drives an executor at a time (the
+// devices' stream threads run its work).
 #pragma once
 
 #include <cstdint>
