@@ -1374,7 +1374,6 @@ class Executor final : public PipelineExecutor {
     StageRun& st = ahead_run_;
     st = StageRun{};
     st.range = p_.stages[0];
-    st.last_micro_batch = M_;
     st.device = size_t(at.device);
     st.slot = at.slot;
     DeviceState& ds = devices_[st.device];

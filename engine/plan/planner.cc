@@ -303,13 +303,28 @@ struct Timing {
   double pack = 0, grad_add = 0, embedding = 0;  // the host thread's work (Plan::host_pack_s...)
 };
 
+// When a simulated schedule's last task that is not the optimizer's ends, and its last compute.
+struct LastEnds {
+  double non_optimizer = 0, compute = 0;
+};
+LastEnds LastEndsOf(const Schedule& schedule, const SimResult& sim) {
+  LastEnds e;
+  for (size_t i = 0; i < schedule.tasks.size(); ++i) {
+    const SimTask& task = schedule.tasks[i];
+    const double end = sim.timing[i].end_s;
+    if (task.kind != TaskKind::kOptimizer) e.non_optimizer = std::max(e.non_optimizer, end);
+    if (task.lane.kind == LaneKind::kCompute) e.compute = std::max(e.compute, end);
+  }
+  return e;
+}
+
 Result<Timing> SimulateJob(const RoundRobinJob& job, const HardwareProfile& hw) {
   FERRY_ASSIGN_OR_RETURN(Schedule schedule, BuildRoundRobinSchedule(job));
   FERRY_ASSIGN_OR_RETURN(SimResult sim, Simulate(schedule, LaneRatesFromProfile(hw, true)));
   Timing t;
   t.makespan = sim.makespan_s;
   t.bubble = sim.mean_bubble_fraction;
-  double last_non_optimizer = 0;
+  double first_upload = 0;  // the first stage's weights
   for (size_t i = 0; i < schedule.tasks.size(); ++i) {
     const SimTask& task = schedule.tasks[i];
     if (task.lane.kind == LaneKind::kHostToDevice) t.h2d += task.bytes;
@@ -321,36 +336,21 @@ Result<Timing> SimulateJob(const RoundRobinJob& job, const HardwareProfile& hw) 
         (task.kind == TaskKind::kForward || task.kind == TaskKind::kBackward)) {
       t.embedding += busy;
     }
-    if (task.kind != TaskKind::kOptimizer) {
-      last_non_optimizer = std::max(last_non_optimizer, sim.timing[i].end_s);
-    }
+    if (task.kind == TaskKind::kWeightUpload && task.stage == 0) first_upload += busy;
   }
   // Stale: the next step starts once this one's last transfer or compute ends; the optimizer
   // overlaps it but must still keep up. Its first stage's weights were read ahead (unless the
   // base streams from NVMe): packed and uploaded at this step's end, after its last compute, so
   // the step is at least that compute's end plus their upload.
-  t.stale = last_non_optimizer;
-  if (!job.streamed_base) {
-    double first_upload = 0;
-    for (size_t i = 0; i < schedule.tasks.size(); ++i) {
-      const SimTask& task = schedule.tasks[i];
-      if (task.kind == TaskKind::kWeightUpload && task.stage == 0) {
-        first_upload += sim.timing[i].end_s - sim.timing[i].start_s;
-      }
-    }
+  if (job.streamed_base) {
+    t.stale = LastEndsOf(schedule, sim).non_optimizer;
+  } else {
     RoundRobinJob ahead = job;
     ahead.first_weights_ahead = true;
     FERRY_ASSIGN_OR_RETURN(Schedule s2, BuildRoundRobinSchedule(ahead));
     FERRY_ASSIGN_OR_RETURN(SimResult sim2, Simulate(s2, LaneRatesFromProfile(hw, true)));
-    double last = 0, last_compute = 0;
-    for (size_t i = 0; i < s2.tasks.size(); ++i) {
-      const SimTask& task = s2.tasks[i];
-      if (task.kind != TaskKind::kOptimizer) last = std::max(last, sim2.timing[i].end_s);
-      if (task.lane.kind == LaneKind::kCompute) {
-        last_compute = std::max(last_compute, sim2.timing[i].end_s);
-      }
-    }
-    t.stale = std::max(last, last_compute + first_upload);
+    const LastEnds e = LastEndsOf(s2, sim2);
+    t.stale = std::max(e.non_optimizer, e.compute + first_upload);
   }
   t.stale = std::max(t.stale, sim.BusySeconds({LaneKind::kCpuOptimizer, 0}));
   return t;
